@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# .ci/deps.sh: install the Debian packages mesh needs to build and test.
+#
+# Checks each package first, so it is a quick no-op (and needs no root) when
+# all are present; otherwise runs apt-get update and installs the missing
+# ones. Written for Debian 12 as root (`make deps` runs it).
+set -euo pipefail
+
+PACKAGES=(
+    gcc make flex bison         # build: compiler, make, front-end generators
+    clang libclang-rt-14-dev    # make fuzz: clang and libFuzzer
+    pkg-config                  # mesh.pc, and finding OpenBLAS and libyaml
+    libopenblas-dev libyaml-dev # not used by the build yet (coming milestones)
+    ca-certificates
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+    status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+    [ "$status" = installed ] || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+    echo "deps: all ${#PACKAGES[@]} packages installed"
+    exit 0
+fi
+
+echo "deps: installing ${missing[*]}"
+if [ "$(id -u)" -ne 0 ]; then
+    echo "deps: error: installing packages needs root; run as root:" >&2
+    echo "  apt-get update && apt-get install -y --no-install-recommends ${missing[*]}" >&2
+    exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update
+apt-get install -y --no-install-recommends "${missing[@]}"

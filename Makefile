@@ -1,0 +1,306 @@
+# Makefile for mesh: meshc (compiler), meshrun and libmesh (runtime).
+#
+# One plain GNU Makefile (GNU make >= 4.3). Everything is built out of tree
+# under $(BUILD); nothing is probed: features are switched on explicitly.
+#
+#   make                 meshc, meshrun, libmesh.a, libmesh.so in build/
+#   make test            build, then tests/run.sh (prints `N passed, N failed`)
+#   make asan            the same in build-asan/ with ASan+UBSan+LSan
+#   make fuzz            libFuzzer on the front end for FUZZ_SECONDS (clang)
+#   make fuzz-ci         the same for 60 s
+#   make check-exports   libmesh exports only mesh_ symbols
+#   make install         PREFIX=/usr/local, DESTDIR honored; its two halves
+#                        are install-runtime (libmesh, mesh.h, mesh.pc,
+#                        meshrun) and install-compiler (meshc, lang/std)
+#   make deps            install the Debian packages the build needs (root)
+#   make demo            deps, build, then meshc on every example
+#   make clean           remove build*/
+
+# ---- Settings -----------------------------------------------------------
+
+# make's built-in default for CC is `cc`; use gcc unless CC is set.
+ifeq ($(origin CC),default)
+CC = gcc
+endif
+AR      ?= ar
+BISON   ?= bison
+FLEX    ?= flex
+NM      ?= nm
+
+CFLAGS  ?= -std=c11 -O2 -g -Wall -Wextra -Wpedantic -Wshadow \
+           -Wstrict-prototypes -Wmissing-prototypes -Wundef -Werror \
+           -D_POSIX_C_SOURCE=200809L
+LDFLAGS ?=
+LDLIBS  ?= -lm
+
+# Build folder, and sanitizers: SAN=1 is ASan+UBSan (+LSan), SAN=fuzz adds
+# libFuzzer instrumentation (clang only). `make asan` and `make fuzz` set
+# both; each sanitizer build needs its own BUILD folder.
+BUILD   ?= build
+SAN     ?= 0
+
+# Installation.
+PREFIX  ?= /usr/local
+DESTDIR ?=
+BINDIR      = $(PREFIX)/bin
+LIBDIR      = $(PREFIX)/lib
+INCLUDEDIR  = $(PREFIX)/include
+DATADIR     = $(PREFIX)/share
+
+# Fuzzing.
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 600
+FUZZ_BUILD    = build-fuzz
+
+# Minimum tool versions (checked once per build folder, see $(TOOLS_OK)).
+BISON_MIN = 3.5
+
+# ---- CUDA (off unless CUDA=1) -------------------------------------------
+CUDA      ?= 0
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+ifeq ($(CUDA),1)
+# The CUDA kernels (kernels/cuda/*.cu, built with $(NVCC) -O2 -std=c++17
+# $(CUDA_ARCH)) and their host launchers land with the CUDA milestone. Until
+# then CUDA=1 builds exactly what CUDA=0 builds; say so rather than be silent.
+$(warning CUDA=1: there are no CUDA sources yet; building the CPU-only tree)
+endif
+
+# ---- Derived settings (no need to edit below) ---------------------------
+
+# The version lives in runtime/mesh.h only.
+version_part = $(shell sed -n 's/^\#define MESH_VERSION_$(1)[[:space:]]\{1,\}\([0-9]\{1,\}\).*/\1/p' runtime/mesh.h)
+VERSION_MAJOR := $(call version_part,MAJOR)
+VERSION       := $(VERSION_MAJOR).$(call version_part,MINOR).$(call version_part,PATCH)
+SONAME         = libmesh.so.$(VERSION_MAJOR)
+
+# The public headers, by name: installed, and nothing else is.
+PUBLIC_HEADERS = runtime/mesh.h
+
+GEN      = $(BUILD)/gen
+OBJ      = $(BUILD)/obj
+PIC      = $(BUILD)/pic
+TOOLS_OK = $(BUILD)/.tools-ok
+
+ifeq ($(SAN),1)
+ifeq ($(BUILD),build)
+$(error SAN=1 needs its own build folder: use `make asan` (BUILD=build-asan))
+endif
+SAN_CFLAGS  = -fsanitize=address,undefined -fno-omit-frame-pointer \
+              -fno-sanitize-recover=all -O1
+SAN_LDFLAGS = -fsanitize=address,undefined
+else ifeq ($(SAN),fuzz)
+SAN_CFLAGS  = -fsanitize=fuzzer-no-link,address,undefined \
+              -fno-omit-frame-pointer -fno-sanitize-recover=all -O1
+SAN_LDFLAGS = -fsanitize=address,undefined
+else ifneq ($(SAN),0)
+$(error SAN must be 0, 1 or fuzz)
+endif
+
+INCLUDES  = -Ilang -I$(GEN) -Iruntime
+ALL_CFLAGS  = $(CFLAGS) $(SAN_CFLAGS) $(INCLUDES) -MMD -MP
+ALL_LDFLAGS = $(LDFLAGS) $(SAN_LDFLAGS)
+# The shared library must resolve all its symbols itself; sanitizer runtimes
+# are only resolved at program link time, so skip the check there.
+SO_LDFLAGS  = -shared -Wl,-soname,$(SONAME) \
+              -Wl,--version-script=runtime/libmesh.map
+ifeq ($(SAN),0)
+SO_LDFLAGS += -Wl,--no-undefined
+endif
+
+# ---- Sources and objects ------------------------------------------------
+
+# Front end: lang/*.c plus the generated parser and scanner.
+GEN_C      = $(GEN)/parser.c $(GEN)/lexer.c
+GEN_H      = $(GEN)/parser.h $(GEN)/lexer.h
+LANG_SRC   = $(wildcard lang/*.c)
+LANG_OBJ   = $(LANG_SRC:%.c=$(OBJ)/%.o) $(OBJ)/gen/parser.o $(OBJ)/gen/lexer.o
+
+# meshc: compiler/*.c (compiler/meshc.c has main).
+COMPILER_SRC = $(wildcard compiler/*.c)
+COMPILER_OBJ = $(COMPILER_SRC:%.c=$(OBJ)/%.o)
+
+# libmesh: runtime/*.c except meshrun's main.
+RUNTIME_SRC  = $(filter-out runtime/meshrun.c,$(wildcard runtime/*.c))
+RUNTIME_OBJ  = $(RUNTIME_SRC:%.c=$(OBJ)/%.o)
+RUNTIME_PIC  = $(RUNTIME_SRC:%.c=$(PIC)/%.o)
+
+# Unit tests: tests/unit/runner.c plus every tests/unit/test_*.c.
+UNIT_SRC     = tests/unit/runner.c $(wildcard tests/unit/test_*.c)
+UNIT_OBJ     = $(UNIT_SRC:%.c=$(OBJ)/%.o)
+
+FUZZ_OBJ     = $(OBJ)/tests/fuzz/fuzz_lang.o
+
+ALL_OBJ = $(LANG_OBJ) $(COMPILER_OBJ) $(RUNTIME_OBJ) $(RUNTIME_PIC) \
+          $(OBJ)/runtime/meshrun.o $(UNIT_OBJ) $(FUZZ_OBJ)
+
+# ---- Top-level targets --------------------------------------------------
+
+.PHONY: all test asan fuzz fuzz-ci fuzz-build check-exports install \
+        install-runtime install-compiler deps demo clean
+
+# libmesh and meshrun first: they build even while the front end does not.
+all: $(BUILD)/libmesh.a $(BUILD)/libmesh.so $(BUILD)/meshrun $(BUILD)/meshc
+
+# In sanitizer builds, LeakSanitizer checks every process at exit.
+ifneq ($(SAN),0)
+TEST_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+           UBSAN_OPTIONS=print_stacktrace=1
+endif
+
+test: all $(BUILD)/unit_tests
+	$(TEST_ENV) MESH_BUILD=$(BUILD) tests/run.sh
+
+asan:
+	$(MAKE) BUILD=build-asan SAN=1 test
+
+check-exports: $(BUILD)/libmesh.a $(BUILD)/libmesh.so
+	tests/check-exports.sh $^
+
+# ---- Front end (flex + bison) -------------------------------------------
+
+# Check the tools once per build folder, with a message that says what to do.
+$(TOOLS_OK):
+	@command -v $(BISON) >/dev/null 2>&1 || { \
+	  echo "error: $(BISON) not found (need GNU Bison >= $(BISON_MIN)); run \`make deps\`" >&2; exit 1; }
+	@v=$$($(BISON) --version | sed -n '1s/^.* \([0-9][0-9.]*\)$$/\1/p'); \
+	 if [ -z "$$v" ]; then \
+	   echo "error: cannot read the version of $(BISON) (need GNU Bison >= $(BISON_MIN))" >&2; exit 1; \
+	 elif [ "$$(printf '%s\n' "$(BISON_MIN)" "$$v" | sort -V | head -n 1)" != "$(BISON_MIN)" ]; then \
+	   echo "error: $(BISON) is version $$v, mesh needs >= $(BISON_MIN); run \`make deps\`" >&2; exit 1; \
+	 fi
+	@command -v $(FLEX) >/dev/null 2>&1 || { \
+	  echo "error: $(FLEX) not found; run \`make deps\`" >&2; exit 1; }
+	@mkdir -p $(@D) && touch $@
+
+$(GEN)/parser.c $(GEN)/parser.h &: lang/parser.y | $(TOOLS_OK)
+	@mkdir -p $(@D)
+	$(BISON) -Wall -Werror -d -o $(GEN)/parser.c lang/parser.y
+
+$(GEN)/lexer.c $(GEN)/lexer.h &: lang/lexer.l | $(TOOLS_OK)
+	@mkdir -p $(@D)
+	$(FLEX) --header-file=$(GEN)/lexer.h -o $(GEN)/lexer.c lang/lexer.l
+
+# Objects that may include a generated header wait for both headers; after
+# the first build, the -MMD dependency files track the real includes.
+$(LANG_OBJ) $(COMPILER_OBJ) $(UNIT_OBJ) $(FUZZ_OBJ): | $(GEN_H)
+
+$(BUILD)/libmeshlang.a: $(LANG_OBJ)
+	@rm -f $@
+	$(AR) rcs $@ $^
+
+# ---- meshc --------------------------------------------------------------
+
+# The standard library folder of the source tree (the folder holding std/);
+# meshc tries -I, $MESH_PATH and <exe>/../share/mesh before it.
+$(OBJ)/compiler/meshc.o: CPPFLAGS += -DMESH_STD_DIR='"$(abspath lang)"'
+
+$(BUILD)/meshc: $(COMPILER_OBJ) $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# ---- libmesh and meshrun ------------------------------------------------
+
+$(BUILD)/libmesh.a: $(RUNTIME_OBJ)
+	@rm -f $@
+	$(AR) rcs $@ $^
+
+$(BUILD)/libmesh.so: $(RUNTIME_PIC) runtime/libmesh.map
+	$(CC) $(ALL_LDFLAGS) $(SO_LDFLAGS) -o $@ $(RUNTIME_PIC) $(LDLIBS)
+	ln -sf libmesh.so $(BUILD)/$(SONAME)
+
+$(BUILD)/meshrun: $(OBJ)/runtime/meshrun.o $(BUILD)/libmesh.a
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# ---- Tests --------------------------------------------------------------
+
+$(OBJ)/tests/unit/%.o: CPPFLAGS += -Itests/unit
+
+$(BUILD)/unit_tests: $(UNIT_OBJ) $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# ---- Fuzzing (clang + libFuzzer) ----------------------------------------
+
+# The corpus folder keeps what libFuzzer finds between runs; it is seeded
+# from tests/fuzz/seeds/, examples/*.mesh and lang/std/*.mesh on every run.
+# Crashes are written to $(FUZZ_BUILD)/crash-* (and leak-*, timeout-*).
+FUZZ_DICT = $(wildcard tests/fuzz/mesh.dict)
+FUZZ_ARGS = -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 \
+            -rss_limit_mb=2048 -print_final_stats=1 \
+            -artifact_prefix=$(FUZZ_BUILD)/ $(FUZZ_DICT:%=-dict=%)
+
+fuzz:
+	$(MAKE) BUILD=$(FUZZ_BUILD) SAN=fuzz CC=$(FUZZ_CC) fuzz-build
+	@mkdir -p $(FUZZ_BUILD)/corpus
+	@for f in tests/fuzz/seeds/* examples/*.mesh lang/std/*.mesh; do \
+	  [ -f "$$f" ] || continue; \
+	  cp "$$f" "$(FUZZ_BUILD)/corpus/seed-$$(printf '%s' "$$f" | tr '/' '_')"; \
+	done
+	$(FUZZ_BUILD)/fuzz_lang $(FUZZ_ARGS) $(FUZZ_BUILD)/corpus
+
+fuzz-ci:
+	$(MAKE) fuzz FUZZ_SECONDS=60
+
+fuzz-build: $(BUILD)/fuzz_lang
+
+$(BUILD)/fuzz_lang: $(FUZZ_OBJ) $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
+	$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
+
+# ---- Install ------------------------------------------------------------
+
+install: install-runtime install-compiler
+
+# libmesh (static, and shared as libmesh.so.VERSION with the soname link and
+# the development link), the public header, mesh.pc and meshrun.
+install-runtime: $(BUILD)/libmesh.a $(BUILD)/libmesh.so $(BUILD)/meshrun
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)
+	install -m 755 $(BUILD)/meshrun $(DESTDIR)$(BINDIR)/meshrun
+	install -m 644 $(BUILD)/libmesh.a $(DESTDIR)$(LIBDIR)/libmesh.a
+	install -m 755 $(BUILD)/libmesh.so $(DESTDIR)$(LIBDIR)/libmesh.so.$(VERSION)
+	ln -sf libmesh.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libmesh.so
+	install -m 644 $(PUBLIC_HEADERS) $(DESTDIR)$(INCLUDEDIR)/
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
+	  runtime/mesh.pc.in >$(DESTDIR)$(LIBDIR)/pkgconfig/mesh.pc
+
+# meshc and the standard library it finds at <exe>/../share/mesh/std.
+install-compiler: $(BUILD)/meshc
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(DATADIR)/mesh/std
+	install -m 755 $(BUILD)/meshc $(DESTDIR)$(BINDIR)/meshc
+	for f in lang/std/*.mesh; do \
+	  [ ! -f "$$f" ] || install -m 644 "$$f" $(DESTDIR)$(DATADIR)/mesh/std/ || exit 1; \
+	done
+
+# ---- Convenience --------------------------------------------------------
+
+deps:
+	.ci/deps.sh
+
+# `make demo` on a fresh machine: packages, build, then every example.
+demo: deps
+	$(MAKE) all
+	@n=0; bad=0; for f in examples/*.mesh; do \
+	  [ -f "$$f" ] || continue; n=$$((n + 1)); \
+	  echo "== $(BUILD)/meshc $$f"; \
+	  $(BUILD)/meshc "$$f" || bad=$$((bad + 1)); \
+	done; \
+	echo "demo: $$n examples, $$bad failed"; [ $$bad -eq 0 ] && [ $$n -gt 0 ]
+
+clean:
+	rm -rf build build-*/
+
+# ---- Pattern rules ------------------------------------------------------
+
+$(OBJ)/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -c -o $@ $<
+
+$(OBJ)/gen/%.o: $(GEN)/%.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -c -o $@ $<
+
+$(PIC)/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -fPIC -c -o $@ $<
+
+-include $(ALL_OBJ:.o=.d)

@@ -1,0 +1,44 @@
+/* frontend.h — the front end as one object: load a .mesh file with its
+ * imports, apply --set overrides, check, and print results. Used by meshc
+ * and the fuzz harness; internal to mesh (not part of mesh.h).
+ *
+ * Every problem in the input is a diagnostic, never a crash: files are
+ * read only if regular and at most FE_MAX_FILE bytes, and memory exhaustion
+ * inside the front end unwinds to the entry point (status FE_NOMEM).
+ */
+#ifndef MESH_FRONTEND_H
+#define MESH_FRONTEND_H
+
+#include <stddef.h> /* size_t */
+#include <stdio.h>  /* FILE */
+
+#include "diag.h"
+
+enum { FE_MAX_FILE = 4 << 20, FE_MAX_IMPORT_DEPTH = 64 };
+
+typedef enum fe_status { FE_OK = 0, FE_ERRORS = 1, FE_USAGE = 2, FE_NOMEM = 3 } fe_status;
+
+typedef struct fe_options {
+    const char *const *include_dirs; /* -I folders, searched in order */
+    int n_include;
+    const char *std_dir;             /* the folder holding std/, or NULL */
+    diag_fn diag;                    /* where diagnostics go */
+    void *diag_ud;
+} fe_options;
+
+typedef struct fe fe;
+
+fe *fe_new(const fe_options *o);
+void fe_free(fe *f);                                       /* NULL is a no-op */
+fe_status fe_add_set(fe *f, const char *key_value);         /* before fe_load_* */
+fe_status fe_load_file(fe *f, const char *path);
+fe_status fe_load_buffer(fe *f, const char *name, const char *data, size_t len);
+fe_status fe_check(fe *f);                                 /* FE_ERRORS if any error */
+int fe_error_count(const fe *f);
+int fe_warning_count(const fe *f);
+
+void fe_dump_ast(fe *f, FILE *out);
+void fe_dump_params(fe *f, FILE *out);
+void fe_summary(fe *f, FILE *out);
+
+#endif

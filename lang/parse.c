@@ -1,0 +1,40 @@
+/* parse.c — runs the generated scanner and parser over one source. */
+#include "parse.h"
+#include "parser.h"
+
+#define YYSTYPE MESH_YYSTYPE
+#define YYLTYPE loc
+#include "lexer.h"
+
+static ast_node *run(ast_builder *b, diag_sink *d, int src, int offset, int start_token) {
+    const src_file *s = diag_source(d, src);
+    parse_ctx p = {0};
+    p.b = b;
+    p.diag = d;
+    p.src = src;
+    p.offset = offset;
+    p.start_token = start_token;
+    yyscan_t scanner;
+    if (mesh_yylex_init_extra(&p, &scanner) != 0) return NULL;
+    YY_BUFFER_STATE buf = mesh_yy_scan_bytes(s->text + offset, (int)((int)s->len - offset), scanner);
+    mesh_yyparse(scanner, &p);
+    mesh_yy_delete_buffer(buf, scanner);
+    mesh_yylex_destroy(scanner);
+    return p.result;
+}
+
+ast_node *parse_file(ast_builder *b, diag_sink *d, int src) {
+    ast_node *f = run(b, d, src, 0, 0);
+    if (!f) {
+        /* the parse aborted before reducing `start`: an empty file node */
+        loc l = {src, 0, 0};
+        f = ast_new(b, AST_FILE, l);
+    }
+    return f;
+}
+
+ast_node *parse_expr(ast_builder *b, diag_sink *d, int src, int offset) {
+    int before = diag_errors(d);
+    ast_node *e = run(b, d, src, offset, START_EXPR);
+    return diag_errors(d) == before ? e : NULL;
+}

@@ -1,0 +1,86 @@
+/*
+ * mesh.h: the public C API of libmesh, the mesh runtime library.
+ *
+ * This header is the whole API. Anything not declared here is not API: other
+ * headers, internal symbols and file formats may change in any release.
+ *
+ * Ownership: the caller owns buffers it passes in; libmesh owns what it
+ * returns until the matching _free. (Strings returned by mesh_version and
+ * mesh_status_str are static and are never freed.)
+ *
+ * Every function declared here is thread-safe.
+ */
+#ifndef MESH_H
+#define MESH_H
+
+#include <stddef.h> /* defines: size_t */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Versions ---------------------------------------------------------- */
+
+/* The version of this header. The Makefile reads these three lines, so keep
+ * each on its own line as "#define NAME NUMBER". */
+#define MESH_VERSION_MAJOR 0
+#define MESH_VERSION_MINOR 1
+#define MESH_VERSION_PATCH 0
+
+/* One comparable number: major * 10000 + minor * 100 + patch (0.1.0 is 100). */
+#define MESH_VERSION_NUM \
+    (MESH_VERSION_MAJOR * 10000 + MESH_VERSION_MINOR * 100 + MESH_VERSION_PATCH)
+
+/* The version of the linked library as "MAJOR.MINOR.PATCH". Compare
+ * mesh_version_num() with MESH_VERSION_NUM to detect a library that does not
+ * match the header you compiled against. */
+const char *mesh_version(void);
+int mesh_version_num(void);
+
+/* ---- Status codes -------------------------------------------------------- */
+
+/* X(NAME, message): one line per code. Codes are numbered in list order from
+ * MESH_OK = 0; new codes are only ever appended, so values stay stable. */
+#define MESH_STATUS_LIST(X)                                   \
+    X(OK,              "ok")                                  \
+    X(ERR_INVALID_ARG, "invalid argument")                    \
+    X(ERR_NOMEM,       "out of memory")                       \
+    X(ERR_IO,          "input/output error")                  \
+    X(ERR_PARSE,       "parse error")                         \
+    X(ERR_CHECK,       "check failed")                        \
+    X(ERR_UNSUPPORTED, "not supported")                       \
+    X(ERR_INTERNAL,    "internal error")
+
+typedef enum mesh_status {
+#define MESH_STATUS_ENUM_(name, message) MESH_##name,
+    MESH_STATUS_LIST(MESH_STATUS_ENUM_)
+#undef MESH_STATUS_ENUM_
+} mesh_status;
+
+/* The message of a status code from MESH_STATUS_LIST, or "unknown status" for
+ * any other value. */
+const char *mesh_status_str(mesh_status status);
+
+/* ---- Allocation ---------------------------------------------------------- */
+
+/* An allocator hook, as Lua's lua_Alloc. libmesh calls it as
+ * f(ud, ptr, old_size, new_size), where ud is the pointer registered with it:
+ *   - new_size == 0: free ptr (which may be NULL) and return NULL;
+ *   - ptr == NULL, new_size > 0: allocate new_size bytes (old_size is 0);
+ *   - ptr != NULL, new_size > 0: resize the old_size-byte block at ptr to
+ *     new_size bytes, keeping its contents up to the smaller size.
+ * On failure it returns NULL and leaves ptr untouched. Freeing never fails. */
+typedef void *(*mesh_alloc_fn)(void *ud, void *ptr, size_t old_size,
+                               size_t new_size);
+
+/* The default allocator: realloc and free from the C library; it ignores ud
+ * and old_size. No libmesh object takes an allocator yet in 0.1; those that
+ * will (contexts) will use this one when given NULL. */
+void *mesh_alloc_default(void *ud, void *ptr, size_t old_size,
+                         size_t new_size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MESH_H */

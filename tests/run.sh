@@ -1,0 +1,242 @@
+#!/usr/bin/env bash
+# tests/run.sh: the test driver behind `make test` and `make asan`.
+#
+# Runs every case it finds and prints one line per case, `PASS name` or
+# `FAIL name` (a failure is followed by an indented diff, at most 40 lines),
+# then exactly one last line `N passed, N failed`. Exits 1 if any case failed.
+#
+# Sections, and how each finds its cases:
+#   unit/NAME     each `ok`/`not ok` line of $MESH_BUILD/unit_tests
+#                 (tests/unit/test_list.h lists the tests)
+#   exports/LIB   tests/check-exports.sh on libmesh.a and libmesh.so
+#   golden/NAME   each tests/golden/NAME.cmd: one shell command line, run from
+#                 the repository root with $MESHC set to the meshc binary; its
+#                 stdout+stderr, then a line `exit: N`, must equal NAME.out
+#   errors/NAME   each tests/lang/errors/NAME.mesh: run in that folder as
+#                 `$MESHC [words of NAME.args] NAME.mesh`; output and
+#                 `exit: N` must equal NAME.expected
+#   meshrun/...   meshrun's command line (--version, --help, a plan, errors)
+# An expected file whose input is gone fails as NAME (orphan), so a renamed
+# test cannot silently stop running.
+#
+# Output that does not end in a newline gets the line
+# `\ no newline at end of output` before `exit: N`.
+#
+# Environment:
+#   MESH_BUILD=DIR          build folder to test (default: build)
+#   MESH_UPDATE_GOLDEN=1    rewrite .out/.expected files from the actual
+#                           output instead of comparing (review the diff!)
+#   MESH_TEST_TIMEOUT=SECS  limit per command (default: 60)
+set -u
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 1
+B=${MESH_BUILD:-build}
+case $B in /*) ;; *) B=$ROOT/$B ;; esac
+MESHC=$B/meshc
+MESHRUN=$B/meshrun
+UPDATE=${MESH_UPDATE_GOLDEN:-0}
+LIMIT=${MESH_TEST_TIMEOUT:-60}
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/mesh-test.XXXXXX") || exit 1
+trap 'rm -rf "$TMP"' EXIT
+export MESHC
+
+passed=0
+failed=0
+updated=0
+
+pass() { echo "PASS $1"; passed=$((passed + 1)); }
+
+# fail NAME [DETAIL_FILE]: the detail is indented and cut to 40 lines.
+fail() {
+    echo "FAIL $1"
+    failed=$((failed + 1))
+    if [ $# -ge 2 ] && [ -s "$2" ]; then
+        head -n 40 "$2" | sed 's/^/    /'
+        local n
+        n=$(wc -l <"$2")
+        [ "$n" -le 40 ] || echo "    ... ($((n - 40)) more lines)"
+    fi
+}
+
+# capture OUTFILE CMD...: run CMD with stdout+stderr to OUTFILE, then append
+# the marker for a missing final newline and the line `exit: N`.
+capture() {
+    local out=$1 rc
+    shift
+    timeout "$LIMIT" "$@" >"$out" 2>&1 </dev/null
+    rc=$?
+    [ $rc -ne 124 ] || echo "(timed out after ${LIMIT}s)" >>"$out"
+    if [ -s "$out" ] && [ -n "$(tail -c 1 "$out")" ]; then
+        printf '\n\\ no newline at end of output\n' >>"$out"
+    fi
+    echo "exit: $rc" >>"$out"
+}
+
+# compare NAME EXPECTED ACTUAL: pass if equal; in update mode, rewrite.
+compare() {
+    local name=$1 want=$2 got=$3
+    if cmp -s "$want" "$got"; then
+        pass "$name"
+    elif [ "$UPDATE" = 1 ]; then
+        cp "$got" "$want"
+        updated=$((updated + 1))
+        echo "UPDATED $want"
+        pass "$name"
+    elif [ ! -e "$want" ]; then
+        echo "missing $want (MESH_UPDATE_GOLDEN=1 creates it)" >"$TMP/detail"
+        fail "$name" "$TMP/detail"
+    else
+        diff -u --label "$want" --label actual "$want" "$got" >"$TMP/detail"
+        fail "$name" "$TMP/detail"
+    fi
+}
+
+# orphans SECTION DIR EXPECTED_EXT INPUT_EXT: expected files without input.
+orphans() {
+    local f base
+    for f in "$2"/*."$3"; do
+        [ -e "$f" ] || continue
+        base=${f%."$3"}
+        [ -e "$base.$4" ] || fail "$1/$(basename "$base") (orphan: $f has no .$4)"
+    done
+}
+
+# --- unit ---------------------------------------------------------------
+unit_section() {
+    local out=$TMP/unit.out detail=$TMP/unit.detail line name rc plan=-1 n=0
+    if [ ! -x "$B/unit_tests" ]; then
+        echo "$B/unit_tests not built (make test builds it)" >"$detail"
+        fail unit/unit_tests "$detail"
+        return
+    fi
+    timeout "$LIMIT" "$B/unit_tests" >"$out" 2>&1 </dev/null
+    rc=$?
+    : >"$detail"
+    while IFS= read -r line; do
+        case $line in
+            1..*) plan=${line#1..} ;;
+            "ok "*" - "*) name=${line#* - }; n=$((n + 1)); pass "unit/$name"; : >"$detail" ;;
+            "not ok "*" - "*) name=${line#* - }; n=$((n + 1)); fail "unit/$name" "$detail"; : >"$detail" ;;
+            "# "*" passed, "*" failed") ;;
+            *) printf '%s\n' "$line" >>"$detail" ;;
+        esac
+    done <"$out"
+    # A runner that died or lost count fails as a case of its own.
+    if [ "$n" != "$plan" ] || { [ $rc -ne 0 ] && [ $rc -ne 1 ]; }; then
+        { echo "unit_tests exited with status $rc after $n of $plan results"
+          cat "$detail"; } >"$TMP/unit.tail"
+        fail unit/unit_tests "$TMP/unit.tail"
+    fi
+}
+
+# --- exports ------------------------------------------------------------
+exports_section() {
+    local lib
+    for lib in libmesh.a libmesh.so; do
+        if tests/check-exports.sh "$B/$lib" >"$TMP/exports" 2>&1; then
+            pass "exports/$lib"
+        else
+            fail "exports/$lib" "$TMP/exports"
+        fi
+    done
+}
+
+# --- golden dumps -------------------------------------------------------
+golden_section() {
+    local cmd name line
+    for cmd in tests/golden/*.cmd; do
+        [ -e "$cmd" ] || continue
+        name=$(basename "$cmd" .cmd)
+        line=$(grep -v '^[[:space:]]*$' "$cmd" | head -n 1)
+        capture "$TMP/golden.out" bash -c "$line"
+        compare "golden/$name" "tests/golden/$name.out" "$TMP/golden.out"
+    done
+    orphans golden tests/golden out cmd
+}
+
+# --- error corpus -------------------------------------------------------
+errors_section() {
+    local dir=tests/lang/errors src name args
+    for src in "$dir"/*.mesh; do
+        [ -e "$src" ] || continue
+        name=$(basename "$src" .mesh)
+        args=()
+        if [ -e "$dir/$name.args" ]; then
+            set -f # word-split the args file, but never glob it
+            # shellcheck disable=SC2207
+            args=($(cat "$dir/$name.args"))
+            set +f
+        fi
+        # shellcheck disable=SC2016 # $1 and $@ belong to the inner bash
+        capture "$TMP/errors.out" \
+            bash -c 'cd "$1" && shift && exec "$@"' _ "$dir" "$MESHC" \
+            ${args[@]+"${args[@]}"} "$name.mesh"
+        compare "errors/$name" "$dir/$name.expected" "$TMP/errors.out"
+    done
+    orphans errors "$dir" expected mesh
+}
+
+# --- meshrun command line -----------------------------------------------
+# expect NAME WANT_TEXT CMD...: output plus `exit: N` must equal WANT_TEXT.
+# These are part of the suite, never rewritten by MESH_UPDATE_GOLDEN.
+expect() {
+    local name=$1 want=$2
+    shift 2
+    capture "$TMP/expect.out" "$@"
+    printf '%s\n' "$want" >"$TMP/expect.want"
+    if cmp -s "$TMP/expect.want" "$TMP/expect.out"; then
+        pass "$name"
+    else
+        diff -u --label expected --label actual "$TMP/expect.want" \
+            "$TMP/expect.out" >"$TMP/detail"
+        fail "$name" "$TMP/detail"
+    fi
+}
+
+meshrun_section() {
+    local v usage
+    # The version comes from runtime/mesh.h, the one place it is written.
+    v=$(sed -n 's/^#define MESH_VERSION_\(MAJOR\|MINOR\|PATCH\)[[:space:]]\{1,\}\([0-9]\{1,\}\).*/\2/p' \
+        runtime/mesh.h | paste -sd.)
+    usage="usage: meshrun [options] FILE.plan"
+    expect meshrun/version "meshrun $v
+exit: 0" "$MESHRUN" --version
+    : >"$TMP/empty.plan"
+    expect meshrun/plan-not-implemented "meshrun: error: executing plans is not implemented yet (the compiler's plan output lands with the next milestone)
+exit: 2" "$MESHRUN" "$TMP/empty.plan"
+    expect meshrun/plan-missing "meshrun: error: cannot open '$TMP/missing.plan': No such file or directory
+exit: 1" "$MESHRUN" "$TMP/missing.plan"
+    capture "$TMP/help.out" "$MESHRUN" --help
+    if head -n 1 "$TMP/help.out" | grep -qxF "$usage" &&
+        [ "$(tail -n 1 "$TMP/help.out")" = "exit: 0" ]; then
+        pass meshrun/help
+    else
+        fail meshrun/help "$TMP/help.out"
+    fi
+    capture "$TMP/bad.out" "$MESHRUN" --frobnicate x.plan
+    if head -n 2 "$TMP/bad.out" | diff - <(printf '%s\n' \
+        "meshrun: error: unknown option '--frobnicate'" "$usage") >/dev/null &&
+        [ "$(tail -n 1 "$TMP/bad.out")" = "exit: 2" ]; then
+        pass meshrun/unknown-option
+    else
+        fail meshrun/unknown-option "$TMP/bad.out"
+    fi
+    capture "$TMP/none.out" "$MESHRUN"
+    if head -n 1 "$TMP/none.out" | grep -qxF "meshrun: error: no plan file given" &&
+        [ "$(tail -n 1 "$TMP/none.out")" = "exit: 2" ]; then
+        pass meshrun/no-arguments
+    else
+        fail meshrun/no-arguments "$TMP/none.out"
+    fi
+}
+
+unit_section
+exports_section
+golden_section
+errors_section
+meshrun_section
+
+[ "$updated" -eq 0 ] || echo "rewrote $updated expected file(s): review with git diff"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
