@@ -194,7 +194,7 @@ $(BUILD)/libmeshlang.a: $(LANG_OBJ)
 
 # The standard library folder of the source tree (the folder holding std/);
 # meshc tries -I, $MESH_PATH and <exe>/../share/mesh before it.
-$(OBJ)/compiler/meshc.o: CPPFLAGS += -DMESH_STD_DIR='"$(abspath lang)"'
+$(OBJ)/compiler/meshc.o $(FUZZ_OBJ): CPPFLAGS += -DMESH_STD_DIR='"$(abspath lang)"'
 
 $(BUILD)/meshc: $(COMPILER_OBJ) $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS)

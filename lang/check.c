@@ -16,7 +16,7 @@ const char *const axis_names[AX_COUNT] = {"dp", "tp", "pp", "ep"};
 
 /* ---- scopes: small hash maps in the arena ---- */
 
-enum { SCOPE_BUCKETS = 64 };
+enum { SCOPE_BUCKETS = 16 };
 
 static unsigned hash_name(const char *s) {
     unsigned h = 2166136261u;
@@ -247,10 +247,10 @@ void check_run(checker *c) {
         if (!c->sets[i].used && !diag_stopped(c->diag)) {
             const set_item *s = &c->sets[i];
             if (s->section && strcmp(s->section, "model") == 0)
-                check_error(c, s->where, "--set: the model has no constant '%s'", s->key);
+                check_error(c, s->where, "the model has no constant '%s' to override", s->key);
             else if (!s->section)
-                check_error(c, s->where, "--set: no top-level constant '%s'", s->key);
+                check_error(c, s->where, "there is no top-level constant '%s' to override", s->key);
             else
-                check_error(c, s->where, "--set: '%s.%s' was not applied", s->section, s->key);
+                check_error(c, s->where, "'%s.%s' matches no section of the file (use mesh., train., model. or a top-level constant)", s->section, s->key);
         }
 }

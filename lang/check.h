@@ -118,7 +118,7 @@ typedef struct checker {
     frame *frame;
 } checker;
 
-enum { CHECK_MAX_CALL_DEPTH = 32, CHECK_MAX_WORK = 1000000 };
+enum { CHECK_MAX_CALL_DEPTH = 32, CHECK_MAX_WORK = 200000 };
 
 extern const char *const axis_names[AX_COUNT];
 

@@ -194,6 +194,8 @@ static void exec_param(checker *c, scope *s, const ast_node *st, exec_ctx *x) {
     const char *init = t.kind == V_TENSOR ? init_text(c, s, st, t.rank) : NULL;
     placement pl[4];
     int npl = check_annots(c, s, &st->list, &t, st->name, pl);
+    for (int i = 0; i < npl; i++)
+        if (pl[i].dim >= 0) t.split_axes |= 1u << pl[i].axis;
     if (!declare(c, s, st, "parameter")) return;
     binding *b = scope_add(c, s, st->name, B_PARAM, st->name_loc);
     b->v = t;

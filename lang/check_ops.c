@@ -186,8 +186,11 @@ static value op_embed(checker *c, const ast_node *e, const op_desc *d, op_args *
                     (long long)ids->i - 1, (long long)table->dims[0]);
         return value_err();
     }
+    /* An unannotated token embedding gets Megatron's vocab-parallel layout;
+     * a position table (ids from arange) stays replicated. */
     int64_t tp = c->axis[AX_TP];
-    if (tp > 1 && table->dims[0] % tp != 0)
+    int vocab_parallel = ids->i == 0 && !(table->split_axes & (1u << AX_TP));
+    if (vocab_parallel && tp > 1 && table->dims[0] % tp != 0)
         check_error(c, table->where,
                     "the embedding table has %lld rows, not divisible by tp = %lld "
                     "(vocab-parallel embedding); pad it, e.g. round_up(vocab, 128)",
@@ -195,6 +198,7 @@ static value op_embed(checker *c, const ast_node *e, const op_desc *d, op_args *
     value r = *ids;
     r.is_int = 0;
     r.i = 0;
+    r.split_axes = 0;
     r.dims[r.rank++] = table->dims[1];
     r.where = e->loc;
     return r;
@@ -355,9 +359,10 @@ static value op_moe(checker *c, const ast_node *e, const op_desc *d, op_args *a)
         }
     }
     const value *k = named_value(d, a, "top_k");
-    if (k && (k->i < 1 || k->i > ne)) {
-        check_error(c, k->where, "top_k must be between 1 and the number of experts (%lld), not %lld",
-                    (long long)ne, (long long)k->i);
+    int64_t top_k = k ? k->i : 2;
+    if (top_k < 1 || top_k > ne) {
+        check_error(c, k ? k->where : e->loc, "top_k%s must be between 1 and the number of experts (%lld), not %lld",
+                    k ? "" : " (default 2)", (long long)ne, (long long)top_k);
         return value_err();
     }
     if (!positive(c, d, a, "capacity")) return value_err();

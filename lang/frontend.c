@@ -80,7 +80,7 @@ static void *grow(fe *f, void *p, int *cap, size_t elem) {
 /* Reads a regular file of at most FE_MAX_FILE bytes. On failure returns
  * NULL with a reason in `why`. */
 static char *read_file(const char *path, size_t *len, const char **why) {
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK); /* a FIFO must not block us */
     if (fd < 0) {
         *why = strerror(errno);
         return NULL;
@@ -267,7 +267,7 @@ fe_status fe_add_set(fe *f, const char *kv) {
     int ok = eq && eq > kv && n <= 4096;
     for (const char *p = kv; ok && p < eq; p++) {
         if (*p == '.' && !dot && p > kv && p + 1 < eq) { dot = p; continue; }
-        ok = ident_char(*p, p == kv || p == dot + 1);
+        ok = ident_char(*p, p == kv || (dot && p == dot + 1));
     }
     if (!ok) {
         diag_report(f->diag, DIAG_ERROR, LOC_NONE,
@@ -354,6 +354,17 @@ void fe_dump_params(fe *f, FILE *out) {
             (long long)tensor_count(c));
 }
 
+/* 124475904 -> "124.5M" */
+static const char *human(fe *f, int64_t v) {
+    static const char *const unit[] = {"", "K", "M", "B", "T"};
+    double x = (double)v;
+    int u = 0;
+    while (x >= 1000.0 && u < 4) { x /= 1000.0; u++; }
+    return u ? arena_printf(f->arena, "%.1f%s", x, unit[u]) : arena_printf(f->arena, "%lld", (long long)v);
+}
+
+static const char *plural(int64_t n, const char *one, const char *many) { return n == 1 ? one : many; }
+
 void fe_summary(fe *f, FILE *out) {
     checker *c = &f->c;
     const src_file *s = diag_source(f->diag, f->files[f->n_files - 1]->loc.src);
@@ -364,26 +375,27 @@ void fe_summary(fe *f, FILE *out) {
     static const char *const sched[] = {"gpipe", "1f1b", "interleaved"};
     static const char *const prec[] = {"fp32", "bf16", "fp16"};
     const train_cfg *t = &c->train;
-    double m = (double)c->total_params / 1e6;
-    fprintf(out, "%s: model %s: %s parameters (%.1fM) in %lld tensors\n", s->name, c->model_node->name,
-            commas(f, c->total_params), m, (long long)tensor_count(c));
-    fprintf(out, "  mesh: dp %lld x tp %lld x pp %lld x ep %lld = %lld rank%s", (long long)c->axis[AX_DP],
+    int64_t nt = tensor_count(c);
+    fprintf(out, "%s: model %s, %s parameters (%s) in %lld %s\n", s->name, c->model_node->name,
+            commas(f, c->total_params), human(f, c->total_params), (long long)nt, plural(nt, "tensor", "tensors"));
+    fprintf(out, "  mesh:     dp %lld x tp %lld x pp %lld x ep %lld = %lld %s", (long long)c->axis[AX_DP],
             (long long)c->axis[AX_TP], (long long)c->axis[AX_PP], (long long)c->axis[AX_EP], (long long)c->world,
-            c->world == 1 ? "" : "s");
+            plural(c->world, "rank", "ranks"));
     if (c->dp_replicate || c->dp_shard)
         fprintf(out, " (dp = %lld replicate x %lld shard)", (long long)c->dp_replicate, (long long)c->dp_shard);
     fputc('\n', out);
-    if (c->layers) fprintf(out, "  layers: %lld", (long long)c->layers);
-    if (c->layers && c->axis[AX_PP] > 1)
-        fprintf(out, ", %lld per pipeline stage", (long long)(c->layers / c->axis[AX_PP]));
-    if (c->layers) fputc('\n', out);
+    if (c->layers) {
+        fprintf(out, "  layers:   %lld", (long long)c->layers);
+        if (c->axis[AX_PP] > 1) fprintf(out, " (%lld per pipeline stage)", (long long)(c->layers / c->axis[AX_PP]));
+        fputc('\n', out);
+    }
     int64_t m_per = t->global_batch / (t->micro_batch * c->axis[AX_DP]);
-    fprintf(out, "  train: global batch %lld x %lld tokens = %s tokens/step; %lld micro-batch%s of %lld per dp rank\n",
+    fprintf(out, "  batch:    %lld sequences x %lld tokens = %s tokens per step; %lld %s of %lld per dp rank\n",
             (long long)t->global_batch, (long long)t->seq_len, commas(f, t->global_batch * t->seq_len),
-            (long long)m_per, m_per == 1 ? "" : "es", (long long)t->micro_batch);
-    fprintf(out, "  schedule %s", sched[t->schedule]);
+            (long long)m_per, plural(m_per, "micro-batch", "micro-batches"), (long long)t->micro_batch);
+    fprintf(out, "  schedule: %s", sched[t->schedule]);
     if (t->schedule == SCHED_INTERLEAVED) fprintf(out, " (%d virtual stages)", t->virtual_stages);
-    fprintf(out, ", zero %d, %s, %s%s, %lld steps, adamw lr %g, %s schedule\n", t->zero, prec[t->precision],
-            t->recompute ? "full recompute" : "no recompute", t->sequence_parallel ? ", sequence parallel" : "",
-            (long long)t->steps, t->lr, t->lr_schedule);
+    fprintf(out, ", zero %d, %s%s%s, %lld %s, adamw lr %g with a %s schedule\n", t->zero, prec[t->precision],
+            t->recompute ? ", full recompute" : "", t->sequence_parallel ? ", sequence parallel" : "",
+            (long long)t->steps, plural(t->steps, "step", "steps"), t->lr, t->lr_schedule);
 }

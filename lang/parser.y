@@ -211,7 +211,7 @@ primary
     | FALSE                     { $$ = ast_bool(B, @$, 0); }
     | IDENT                     { $$ = ast_name(B, @$, $1); }
     | IDENT '(' args_opt ')'    { $$ = ast_call(B, @$, $1, @1, $3); }
-    | '(' expr ')'              { $$ = $2; }
+    | '(' expr ')'              { $$ = $2; $$->loc = @$; }
     | '(' expr ',' ')'          { $$ = ast_tuple(B, @$, list1($2)); }
     | '(' expr ',' exprs ')'    { ast_list l = list1($2);
                                   for (ast_node *n = $4.first, *nx; n; n = nx) {

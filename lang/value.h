@@ -36,6 +36,7 @@ struct value {
     int rank;             /* V_TENSOR */
     int is_int;           /* V_TENSOR of integers (token ids) */
     int64_t dims[VALUE_MAX_RANK];
+    unsigned split_axes;  /* V_TENSOR: bit per mesh axis it is annotated @split over */
     int n;                /* V_TUPLE elements, V_CALL arguments */
     value *elems;
     const char **names;   /* V_CALL argument names (NULL = positional) */

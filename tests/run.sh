@@ -231,8 +231,40 @@ exit: 1" "$MESHRUN" "$TMP/missing.plan"
     fi
 }
 
+# --- install ------------------------------------------------------------
+# `make install` into a scratch prefix; the installed meshc must find the
+# installed standard library, and a C program must build against the
+# installed header and library through pkg-config. Plain builds only.
+install_section() {
+    [ "$(basename "$B")" = build ] || return 0
+    local prefix=$TMP/inst log=$TMP/install.log
+    if ! make -s BUILD="$B" PREFIX="$prefix" install >"$log" 2>&1; then
+        fail install/make-install "$log"
+        return
+    fi
+    pass install/make-install
+    # A marker block only the installed copy has proves which std is read.
+    printf '\nblock installed_marker(x) {\n  return x\n}\n' >>"$prefix/share/mesh/std/transformer.mesh"
+    sed '/x = gpt2_block(/a\    x = installed_marker(x)' examples/gpt-tiny.mesh >"$TMP/marker.mesh"
+    if grep -q installed_marker "$TMP/marker.mesh" &&
+        (cd "$TMP" && "$prefix/bin/meshc" marker.mesh) >"$log" 2>&1; then
+        pass install/meshc-finds-installed-std
+    else
+        fail install/meshc-finds-installed-std "$log"
+    fi
+    printf '#include <mesh.h>\n#include <stdio.h>\nint main(void) { puts(mesh_version()); return mesh_version_num() == MESH_VERSION_NUM ? 0 : 1; }\n' >"$TMP/use.c"
+    if cc -std=c11 -Wall -Werror -Wl,-rpath,"$prefix/lib" -o "$TMP/use" "$TMP/use.c" \
+        $(PKG_CONFIG_PATH=$prefix/lib/pkgconfig pkg-config --cflags --libs mesh) >"$log" 2>&1 &&
+        "$TMP/use" >>"$log" 2>&1; then
+        pass install/pkg-config-program
+    else
+        fail install/pkg-config-program "$log"
+    fi
+}
+
 unit_section
 exports_section
+install_section
 golden_section
 errors_section
 meshrun_section

@@ -1,0 +1,1 @@
+$MESHC --dump=ast tests/golden/snippets/blocks.mesh

@@ -1,0 +1,1 @@
+$MESHC --dump=ast examples/llama.mesh

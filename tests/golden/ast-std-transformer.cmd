@@ -1,0 +1,1 @@
+$MESHC --dump=ast lang/std/transformer.mesh

@@ -1,0 +1,1 @@
+$MESHC examples/gpt2.mesh

@@ -1,0 +1,1 @@
+$MESHC examples/moe.mesh

@@ -1,0 +1,1 @@
+$MESHC does/not/exist.mesh

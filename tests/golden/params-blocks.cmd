@@ -1,0 +1,1 @@
+$MESHC --dump=params tests/golden/snippets/blocks.mesh

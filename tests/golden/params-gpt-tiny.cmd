@@ -1,0 +1,1 @@
+$MESHC --dump=params examples/gpt-tiny.mesh

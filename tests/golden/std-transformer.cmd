@@ -1,0 +1,1 @@
+$MESHC lang/std/transformer.mesh

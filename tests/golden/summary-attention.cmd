@@ -1,0 +1,1 @@
+$MESHC tests/golden/snippets/attention.mesh

@@ -1,0 +1,1 @@
+$MESHC --dump=tree examples/gpt2.mesh

@@ -1,0 +1,1 @@
+$MESHC --frobnicate examples/gpt2.mesh
