@@ -188,12 +188,13 @@ ast_node *ast_assign(ast_builder *b, loc l, const char *name, loc name_loc, ast_
     return n;
 }
 
-/* stmt: "input" IDENT ":" type */
-ast_node *ast_input(ast_builder *b, loc l, const char *name, loc name_loc, ast_node *type) {
+/* stmt: "input" IDENT ":" type { annot } */
+ast_node *ast_input(ast_builder *b, loc l, const char *name, loc name_loc, ast_node *type, ast_list annots) {
     ast_node *n = ast_new(b, AST_INPUT, l);
     n->name = name;
     n->name_loc = name_loc;
     n->a = type;
+    n->list = annots;
     return n;
 }
 

@@ -28,7 +28,7 @@ enum { AST_MAX_DEPTH = 500 };
     X(TYPE)    /* [name] [list of dims] */ \
     X(ANNOT)   /* @split(name, a) | @replicate(name) */ \
     X(ASSIGN)  /* name = a {list of ANNOT} */ \
-    X(INPUT)   /* input name : a(TYPE) */ \
+    X(INPUT)   /* input name : a(TYPE) {list of ANNOT, an error} */ \
     X(PARAM)   /* param name : a(TYPE) [= b] {list of ANNOT} */ \
     X(REPEAT)  /* repeat a [as name] { list } */ \
     X(RETURN)  /* return a */ \
@@ -98,7 +98,7 @@ ast_node *ast_index(ast_builder *b, loc l, ast_node *obj, ast_node *index);
 ast_node *ast_type(ast_builder *b, loc l, const char *dtype, loc dtype_loc, ast_list dims);
 ast_node *ast_annot(ast_builder *b, loc l, int kind, const char *axis, loc axis_loc, ast_node *dim);
 ast_node *ast_assign(ast_builder *b, loc l, const char *name, loc name_loc, ast_node *value, ast_list annots);
-ast_node *ast_input(ast_builder *b, loc l, const char *name, loc name_loc, ast_node *type);
+ast_node *ast_input(ast_builder *b, loc l, const char *name, loc name_loc, ast_node *type, ast_list annots);
 ast_node *ast_param(ast_builder *b, loc l, const char *name, loc name_loc, ast_node *type,
                     ast_node *init, ast_list annots);
 ast_node *ast_repeat(ast_builder *b, loc l, ast_node *count, const char *label, loc label_loc,

@@ -109,8 +109,8 @@ void check_note(checker *c, loc l, const char *fmt, ...) {
     va_end(ap);
 }
 
-void check_unknown_name(checker *c, loc l, const char *what, const char *name, const scope *s,
-                        const char *const *extra, int n_extra) {
+const char *check_unknown_name(checker *c, loc l, const char *what, const char *name, const scope *s,
+                               const char *const *extra, int n_extra) {
     suggest sg;
     suggest_init(&sg, name);
     for (; s; s = s->parent)
@@ -121,6 +121,7 @@ void check_unknown_name(checker *c, loc l, const char *what, const char *name, c
         check_error(c, l, "unknown %s '%s'; did you mean '%s'?", what, name, best);
     else
         check_error(c, l, "unknown %s '%s'", what, name);
+    return best;
 }
 
 const set_item *check_find_set(checker *c, const char *section, const char *key) {
@@ -166,6 +167,16 @@ static void main_only(checker *c, const ast_node *it, const ast_node **slot, con
     *slot = it;
 }
 
+/* The first NAME node in `e` spelled `name`, or NULL. */
+static const ast_node *find_name(const ast_node *e, const char *name) {
+    if (!e) return NULL;
+    if (e->kind == AST_NAME && strcmp(e->name, name) == 0) return e;
+    const ast_node *r = find_name(e->a, name);
+    if (!r) r = find_name(e->b, name);
+    for (const ast_node *x = e->list.first; x && !r; x = x->next) r = find_name(x, name);
+    return r;
+}
+
 static void register_block(checker *c, const ast_node *blk) {
     if (ops_is_builtin(blk->name)) {
         check_error(c, blk->name_loc, "'%s' is a built-in op; choose another block name", blk->name);
@@ -179,13 +190,23 @@ static void register_block(checker *c, const ast_node *blk) {
     }
     binding *b = scope_add(c, c->globals, blk->name, B_BLOCK, blk->name_loc);
     b->node = blk;
-    for (const ast_node *p = blk->list2.first; p; p = p->next)
+    for (const ast_node *p = blk->list2.first; p; p = p->next) {
         for (const ast_node *q = blk->list2.first; q != p; q = q->next)
             if (strcmp(p->name, q->name) == 0) {
                 check_error(c, p->name_loc, "block parameter '%s' is declared twice", p->name);
                 check_note(c, q->name_loc, "first declared here");
+                b->bad = 1;
                 break;
             }
+        for (const ast_node *q = p->next; q && p->a; q = q->next) {
+            const ast_node *use = find_name(p->a, q->name);
+            if (use) {
+                check_error(c, use->loc, "the default of '%s' uses '%s', a later parameter; defaults may use "
+                                         "only earlier parameters", p->name, q->name);
+                b->bad = 1;
+            }
+        }
+    }
 }
 
 static void define_constant(checker *c, const ast_node *it) {
@@ -243,6 +264,7 @@ void check_run(checker *c) {
     if (c->train_node) check_train(c);
     if (c->model_node && !diag_stopped(c->diag)) check_model(c);
     if (c->model_node && c->mesh_node && c->train_node && !diag_stopped(c->diag)) check_layout(c);
+    if (!diag_stopped(c->diag)) check_uncalled_blocks(c);
     for (int i = 0; i < c->n_sets; i++)
         if (!c->sets[i].used && !diag_stopped(c->diag)) {
             const set_item *s = &c->sets[i];

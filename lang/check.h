@@ -23,6 +23,7 @@ struct binding {
     loc decl;
     const ast_node *node; /* B_BLOCK: the block; B_PARAM: the declaration */
     int used;
+    int bad;              /* B_BLOCK: its declaration had errors; calls are not checked */
     binding *next;        /* hash chain */
     binding *order;       /* definition order within the scope */
 };
@@ -111,7 +112,8 @@ typedef struct checker {
     int64_t total_params;
     int params_overflow;
     int64_t layers;          /* count of the model's layer-stack repeat, 0 if none */
-    const ast_node *layers_node;
+    const ast_node *layers_node;  /* the first top-level repeat: the layer stack */
+    const ast_node *second_stack; /* another top-level repeat, if any */
     int has_moe;
     int64_t work;            /* statements evaluated, bounded */
     int call_depth;
@@ -131,8 +133,10 @@ binding *scope_add(checker *c, scope *s, const char *name, bkind kind, loc decl)
 void check_error(checker *c, loc l, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void check_warning(checker *c, loc l, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void check_note(checker *c, loc l, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-void check_unknown_name(checker *c, loc l, const char *what, const char *name, const scope *s,
-                        const char *const *extra, int n_extra);
+/* Reports an unknown name with a "did you mean" when one is close; returns
+ * the suggestion (or NULL). */
+const char *check_unknown_name(checker *c, loc l, const char *what, const char *name, const scope *s,
+                               const char *const *extra, int n_extra);
 const set_item *check_find_set(checker *c, const char *section, const char *key);
 const char *shape_str(checker *c, const value *v);
 
@@ -161,6 +165,9 @@ value tensor_value(int rank, const int64_t *dims, int is_int, loc where);
 /* check_model.c */
 void check_model(checker *c);
 value check_block_call(checker *c, scope *caller, const ast_node *call, const ast_node *block);
+
+/* check_resolve.c */
+void check_uncalled_blocks(checker *c);
 
 /* check_sections.c */
 void check_mesh(checker *c);

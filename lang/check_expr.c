@@ -2,6 +2,8 @@
  * tuples and x.shape, constant built-ins, option constructors, and dispatch
  * of tensor operators to check_ops.c and block calls to check_model.c. */
 #include <math.h>   /* sqrt, isfinite */
+#include <stdio.h>  /* snprintf */
+#include <stdlib.h> /* strtod */
 #include <string.h> /* strcmp */
 
 #include "check.h"
@@ -10,7 +12,7 @@ const char *value_kind_name(vkind k) {
     switch (k) {
     case V_ERR: return "an erroneous value";
     case V_INT: return "an integer";
-    case V_FLOAT: return "a number";
+    case V_FLOAT: return "a float";
     case V_BOOL: return "a boolean";
     case V_STR: return "a string";
     case V_WORD: return "a word";
@@ -25,7 +27,18 @@ const char *value_kind_name(vkind k) {
 const char *value_describe(checker *c, const value *v) {
     switch (v->kind) {
     case V_INT: return arena_printf(c->arena, "an integer (%lld)", (long long)v->i);
-    case V_FLOAT: return arena_printf(c->arena, "a number (%g)", v->f);
+    case V_FLOAT: {
+        char buf[64];
+        if (v->f == (double)(int64_t)v->f && v->f > -1e15 && v->f < 1e15) {
+            snprintf(buf, sizeof buf, "%.1f", v->f); /* 10000.0, not 1e+04 */
+        } else {
+            for (int prec = 1; prec <= 17; prec++) {
+                snprintf(buf, sizeof buf, "%.*g", prec, v->f);
+                if (strtod(buf, NULL) == v->f) break;
+            }
+        }
+        return arena_printf(c->arena, "a float (%s)", buf);
+    }
     case V_WORD: return arena_printf(c->arena, "the word '%s'", v->s);
     case V_STR: return arena_printf(c->arena, "a string (\"%.40s\")", v->s);
     case V_TENSOR: return arena_printf(c->arena, "a tensor %s", shape_str(c, v));
@@ -86,7 +99,14 @@ static value int_arith(checker *c, const ast_node *e, int64_t a, int64_t b) {
             return value_err();
         }
         if (a == INT64_MIN && b == -1) { bad = 1; break; }
-        if (e->op == '%') { r = a % b; break; }
+        if (e->op == '%') {
+            if (b < 0) {
+                check_error(c, e->b->loc, "the right side of '%%' must be positive, not %lld", (long long)b);
+                return value_err();
+            }
+            r = a % b;
+            break;
+        }
         if (a % b != 0) {
             check_error(c, e->loc,
                         "%lld / %lld is not a whole number (integer division must be exact; "
@@ -171,6 +191,27 @@ static value eval_unary(checker *c, scope *s, const ast_node *e, eval_mode mode)
     }
 }
 
+/* Notes for two common causes of an unknown name: a top-level constant
+ * defined further down, and a model constant used outside the model. */
+static void explain_unknown(checker *c, const ast_node *e) {
+    for (int f = 0; f < c->n_files; f++)
+        for (const ast_node *it = c->files[f]->list.first; it; it = it->next) {
+            if (it->kind == AST_ASSIGN && strcmp(it->name, e->name) == 0 &&
+                (it->loc.src != e->loc.src || it->loc.start > e->loc.start)) {
+                check_note(c, it->name_loc, "'%s' is defined later, here; constants must be defined before use",
+                           e->name);
+                return;
+            }
+            if (it->kind != AST_MODEL || c->frame) continue;
+            for (const ast_node *st = it->list.first; st; st = st->next)
+                if (st->kind == AST_ASSIGN && strcmp(st->name, e->name) == 0) {
+                    check_note(c, st->name_loc, "'%s' is a constant of model '%s', visible only inside the model; "
+                                                "move it to the top level to share it", e->name, it->name);
+                    return;
+                }
+        }
+}
+
 static value eval_name(checker *c, scope *s, const ast_node *e, eval_mode mode) {
     binding *b = scope_find(s, e->name);
     if (b) {
@@ -195,6 +236,7 @@ static value eval_name(checker *c, scope *s, const ast_node *e, eval_mode mode) 
         return value_err();
     }
     check_unknown_name(c, e->loc, "name", e->name, s, NULL, 0);
+    explain_unknown(c, e);
     return value_err();
 }
 
@@ -331,6 +373,14 @@ static value eval_option_call(checker *c, scope *s, const ast_node *e, eval_mode
 }
 
 static value eval_call(checker *c, scope *s, const ast_node *e, eval_mode mode) {
+    int named = 0;
+    for (const ast_node *a = e->list.first; a; a = a->next) {
+        if (a->name) named = 1;
+        else if (named) {
+            check_error(c, a->loc, "a positional argument cannot follow a named one");
+            return value_err();
+        }
+    }
     for (int i = 0; i < 4; i++)
         if (strcmp(e->name, const_fns[i]) == 0) return eval_const_fn(c, s, e, mode, i);
     binding *b = scope_find(s, e->name);

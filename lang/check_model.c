@@ -61,6 +61,7 @@ static int check_annots(checker *c, scope *s, const ast_list *annots, const valu
     }
     const ast_node *seen[AX_COUNT] = {0};
     int64_t split_by[VALUE_MAX_RANK];
+    const char *split_names[VALUE_MAX_RANK] = {0};
     for (int i = 0; i < VALUE_MAX_RANK; i++) split_by[i] = 1;
     for (const ast_node *an = annots->first; an; an = an->next) {
         int ax = axis_of(c, an);
@@ -88,13 +89,13 @@ static int check_annots(checker *c, scope *s, const ast_list *annots, const valu
                 continue;
             }
             int64_t size = c->axis[ax] > 0 ? c->axis[ax] : 1;
+            const char *before = split_names[nd];
             split_by[nd] *= size;
-            if (v->dims[nd] % split_by[nd] != 0) {
+            split_names[nd] = before ? arena_printf(c->arena, "%s x %s", before, axis_names[ax]) : axis_names[ax];
+            if (v->dims[nd] % split_by[nd] != 0)
                 check_error(c, an->loc, "dimension %lld of '%s' (%lld) is not divisible by %s = %lld",
-                            (long long)nd, what, (long long)v->dims[nd], axis_names[ax], (long long)size);
-                continue;
-            }
-            p.dim = (int)nd;
+                            (long long)nd, what, (long long)v->dims[nd], split_names[nd], (long long)split_by[nd]);
+            p.dim = (int)nd; /* recorded even when it does not divide: no second error downstream */
         }
         if (n < 4) out[n++] = p;
     }
@@ -142,7 +143,11 @@ static const char *init_text(checker *c, scope *s, const ast_node *pdecl, int ra
         }
         return arena_printf(c->arena, "normal(%.6g)", std);
     }
-    check_error(c, pdecl->b->loc, "unknown initialisation; use normal(std), zeros or ones");
+    if (v.kind == V_WORD || v.kind == V_CALL)
+        check_error(c, pdecl->b->loc, "unknown initialisation '%s'; use normal(std), zeros or ones", v.s);
+    else
+        check_error(c, pdecl->b->loc, "an initialisation must be normal(std), zeros or ones, not %s",
+                    value_describe(c, &v));
     return NULL;
 }
 
@@ -194,8 +199,10 @@ static void exec_param(checker *c, scope *s, const ast_node *st, exec_ctx *x) {
     const char *init = t.kind == V_TENSOR ? init_text(c, s, st, t.rank) : NULL;
     placement pl[4];
     int npl = check_annots(c, s, &st->list, &t, st->name, pl);
-    for (int i = 0; i < npl; i++)
+    for (int i = 0; i < npl; i++) {
+        t.placed_axes |= 1u << pl[i].axis;
         if (pl[i].dim >= 0) t.split_axes |= 1u << pl[i].axis;
+    }
     if (!declare(c, s, st, "parameter")) return;
     binding *b = scope_add(c, s, st->name, B_PARAM, st->name_loc);
     b->v = t;
@@ -205,9 +212,14 @@ static void exec_param(checker *c, scope *s, const ast_node *st, exec_ctx *x) {
 
 static void exec_input(checker *c, scope *s, const ast_node *st, exec_ctx *x) {
     if (x->in_block || x->repeat_scope) {
-        check_error(c, st->loc, "inputs are declared at the top of the model body");
+        check_error(c, st->loc, "inputs can only be declared in the model body, not inside a %s",
+                    x->repeat_scope ? "repeat" : "block");
+        if (!scope_find_local(s, st->name)) scope_add(c, s, st->name, B_TENSOR, st->name_loc)->v = value_err();
         return;
     }
+    if (st->list.n)
+        check_error(c, st->list.first->loc, "inputs cannot be annotated: the batch dimension of every input "
+                                            "is split over dp by the compiler");
     value t = {0};
     t.kind = V_TENSOR;
     t.where = st->name_loc;
@@ -248,6 +260,11 @@ static void exec_assign(checker *c, scope *s, const ast_node *st, exec_ctx *x) {
             check_note(c, b->decl, "declared here");
             return;
         }
+        if (b->kind == B_CONST && b->decl.src < 0) {
+            check_error(c, st->name_loc, "'%s' is built in (the train section's %s) and cannot be rebound",
+                        st->name, strcmp(st->name, "batch") == 0 ? "micro_batch" : "seq_len");
+            return;
+        }
         if (b->kind == B_CONST && b->v.kind != V_ERR) {
             check_error(c, st->name_loc, "'%s' is a constant and is already defined", st->name);
             check_note(c, b->decl, "previous definition is here");
@@ -284,9 +301,13 @@ static void exec_repeat(checker *c, scope *s, const ast_node *st, exec_ctx *x) {
         check_error(c, st->a->loc, "the repeat count must be positive, not %lld", (long long)count);
         return;
     }
-    if (!x->in_block && !x->repeat_scope && count > c->layers) {
-        c->layers = count;
-        c->layers_node = st;
+    if (!x->in_block && !x->repeat_scope) {
+        if (!c->layers_node) {
+            c->layers = count;
+            c->layers_node = st;
+        } else if (!c->second_stack) {
+            c->second_stack = st;
+        }
     }
     frame fr = *x->fr;
     fr.up = x->fr->up;
@@ -311,7 +332,10 @@ static void exec_repeat(checker *c, scope *s, const ast_node *st, exec_ctx *x) {
     }
 }
 
+/* Unused params and inputs; skipped once there are errors, since a failed
+ * expression leaves the names it used unmarked. */
 static void warn_unused(checker *c, scope *s) {
+    if (diag_errors(c->diag)) return;
     for (binding *b = s->first; b; b = b->order)
         if (!b->used && (b->kind == B_PARAM || b->kind == B_INPUT))
             check_warning(c, b->decl, "%s '%s' is never used", b->kind == B_PARAM ? "parameter" : "input", b->name);
@@ -343,7 +367,6 @@ static void exec_stmts(checker *c, scope *s, const ast_list *stmts, exec_ctx *x)
             break;
         default: break;
         }
-        if (x->repeat_scope == s) warn_unused(c, s);
     }
     if (x->repeat_scope == s) warn_unused(c, s);
 }
@@ -369,6 +392,11 @@ static const ast_node *find_bparam(const ast_node *block, const char *name, int 
 }
 
 value check_block_call(checker *c, scope *caller, const ast_node *call, const ast_node *block) {
+    binding *self = scope_find_local(c->globals, block->name);
+    if (self && self->node == block) {
+        self->used = 1;
+        if (self->bad) return value_err(); /* its declaration had errors */
+    }
     for (const frame *f = c->frame; f; f = f->up)
         if (f->block == block) {
             check_error(c, call->name_loc, "block '%s' calls itself; recursion is not allowed", block->name);
@@ -401,8 +429,10 @@ value check_block_call(checker *c, scope *caller, const ast_node *call, const as
         } else {
             k = pos++;
             if (k >= np) {
-                check_error(c, a->loc, "block '%s' takes %d argument%s, but more are given", block->name, np,
-                            np == 1 ? "" : "s");
+                int given_n = 0;
+                for (const ast_node *q = call->list.first; q; q = q->next) given_n += !q->name;
+                check_error(c, a->loc, "block '%s' takes %d argument%s, but %d are given", block->name, np,
+                            np == 1 ? "" : "s", given_n);
                 check_note(c, block->name_loc, "'%s' is declared here", block->name);
                 ok = 0;
                 break;

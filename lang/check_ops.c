@@ -189,16 +189,16 @@ static value op_embed(checker *c, const ast_node *e, const op_desc *d, op_args *
     /* An unannotated token embedding gets Megatron's vocab-parallel layout;
      * a position table (ids from arange) stays replicated. */
     int64_t tp = c->axis[AX_TP];
-    int vocab_parallel = ids->i == 0 && !(table->split_axes & (1u << AX_TP));
+    int vocab_parallel = ids->i == 0 && !(table->placed_axes & (1u << AX_TP));
     if (vocab_parallel && tp > 1 && table->dims[0] % tp != 0)
         check_error(c, table->where,
-                    "the embedding table has %lld rows, not divisible by tp = %lld "
-                    "(vocab-parallel embedding); pad it, e.g. round_up(vocab, 128)",
-                    (long long)table->dims[0], (long long)tp);
+                    "the token embedding table has %lld rows, not divisible by tp = %lld: with tp > 1 an "
+                    "unannotated token embedding is split by vocabulary; pad its rows (round_up(rows, 128)) "
+                    "or annotate it @replicate(tp)", (long long)table->dims[0], (long long)tp);
     value r = *ids;
     r.is_int = 0;
     r.i = 0;
-    r.split_axes = 0;
+    r.split_axes = r.placed_axes = 0;
     r.dims[r.rank++] = table->dims[1];
     r.where = e->loc;
     return r;
@@ -329,6 +329,7 @@ static value op_swiglu(checker *c, const ast_node *e, const op_desc *d, op_args 
 }
 
 static value op_moe(checker *c, const ast_node *e, const op_desc *d, op_args *a) {
+    c->has_moe = 1; /* even if the call has errors: no "model has no moe layer" warning */
     const char *act = named_word(d, a, "act", "swiglu");
     int n_w = strcmp(act, "gelu") == 0 ? 2 : 3;
     if (a->n_pos != 2 + n_w) {
@@ -372,12 +373,12 @@ static value op_moe(checker *c, const ast_node *e, const op_desc *d, op_args *a)
         return value_err();
     }
     int64_t ep = c->axis[AX_EP];
-    if (ep > 1 && ne % ep != 0) {
+    int annotated = (a->pos[2].split_axes >> AX_EP) & 1; /* its annotation reported it already */
+    if (ep > 1 && ne % ep != 0 && !annotated) {
         check_error(c, router->where, "%lld experts cannot be split evenly over ep = %lld", (long long)ne,
                     (long long)ep);
         return value_err();
     }
-    c->has_moe = 1;
     value r = a->pos[0];
     r.where = e->loc;
     return r;

@@ -14,8 +14,10 @@ typedef struct opt_entry {
     int index;             /* into the section's option table */
 } opt_entry;
 
+/* `guessed[k]` is set when an unknown key was probably a misspelling of
+ * key k, so that "missing k" is not reported on top of it. */
 static int section_options(checker *c, const ast_node *sec, const char *secname, const char *const *keys,
-                           int n_keys, opt_entry *out, int max) {
+                           int n_keys, opt_entry *out, int max, int *guessed) {
     int n = 0;
     const ast_node *first[64] = {0};
     for (const ast_node *o = sec->list.first; o; o = o->next) {
@@ -26,7 +28,9 @@ static int section_options(checker *c, const ast_node *sec, const char *secname,
             char what[32];
             snprintf(what, sizeof what, "%s option", secname);
             if (strcmp(secname, "mesh") == 0) snprintf(what, sizeof what, "mesh axis");
-            check_unknown_name(c, o->name_loc, what, o->name, NULL, keys, n_keys);
+            const char *best = check_unknown_name(c, o->name_loc, what, o->name, NULL, keys, n_keys);
+            for (int i = 0; best && i < n_keys; i++)
+                if (strcmp(keys[i], best) == 0) guessed[i] = 1;
             continue;
         }
         if (first[k]) {
@@ -66,7 +70,8 @@ static const char *const mesh_keys[] = {"dp", "tp", "pp", "ep", "dp_replicate", 
 void check_mesh(checker *c) {
     for (int i = 0; i < AX_COUNT; i++) c->axis[i] = 1;
     opt_entry opts[16];
-    int n = section_options(c, c->mesh_node, "mesh", mesh_keys, 6, opts, 16);
+    int guessed[6] = {0};
+    int n = section_options(c, c->mesh_node, "mesh", mesh_keys, 6, opts, 16, guessed);
     scope *ms = scope_new(c, c->globals);
     int64_t vals[6] = {1, 1, 1, 1, 0, 0};
     loc at[6];
@@ -172,8 +177,14 @@ static int call_args(checker *c, const value *v, const char *const *names, int n
         for (int j = 0; j < n; j++)
             if (strcmp(names[j], v->names[i]) == 0) k = j;
         if (k < 0) {
-            check_unknown_name(c, v->locs[i], arena_printf(c->arena, "argument of %s", v->s), v->names[i], NULL,
-                               names, n);
+            suggest sg;
+            suggest_init(&sg, v->names[i]);
+            for (int j = 0; j < n; j++) suggest_offer(&sg, names[j]);
+            const char *best = suggest_result(&sg);
+            if (best)
+                check_error(c, v->locs[i], "%s() has no argument '%s'; did you mean '%s'?", v->s, v->names[i], best);
+            else
+                check_error(c, v->locs[i], "%s() has no argument '%s'", v->s, v->names[i]);
             ok = 0;
             continue;
         }
@@ -200,6 +211,10 @@ static int num_arg(checker *c, const value *v, const char *what, double lo, int 
 static void optimizer_opt(checker *c, const value *v) {
     train_cfg *t = &c->train;
     if (v->kind == V_ERR) return;
+    if (v->kind == V_WORD && strcmp(v->s, "adamw") == 0) {
+        check_error(c, v->where, "adamw needs a learning rate: adamw(lr: 3e-4)");
+        return;
+    }
     if (v->kind != V_CALL || strcmp(v->s, "adamw") != 0) {
         if (v->kind == V_CALL || v->kind == V_WORD) {
             static const char *const opts[] = {"adamw"};
@@ -276,7 +291,8 @@ void check_train(checker *c) {
     t->seed = 1337;
     t->log_every = 1;
     opt_entry opts[64];
-    int n = section_options(c, c->train_node, "train", train_keys, T_COUNT, opts, 64);
+    int guessed[T_COUNT] = {0};
+    int n = section_options(c, c->train_node, "train", train_keys, T_COUNT, opts, 64, guessed);
     scope *ts = scope_new(c, c->globals);
     int given[T_COUNT] = {0}, bad[T_COUNT] = {0};
     loc at[T_COUNT], warmup_at = LOC_NONE;
@@ -354,7 +370,7 @@ void check_train(checker *c) {
     loc sec = {c->train_node->loc.src, c->train_node->loc.start, c->train_node->loc.start + 5};
     static const int required[] = {T_GLOBAL_BATCH, T_SEQ_LEN, T_STEPS, T_OPTIMIZER};
     for (int i = 0; i < 4; i++)
-        if (!given[required[i]])
+        if (!given[required[i]] && !guessed[required[i]])
             check_error(c, sec, "the train section needs '%s'%s", train_keys[required[i]],
                         required[i] == T_OPTIMIZER ? ", e.g. optimizer = adamw(lr: 3e-4)" : "");
     if (bad[T_GLOBAL_BATCH] || bad[T_MICRO_BATCH] || bad[T_SEQ_LEN] || !given[T_GLOBAL_BATCH] || !given[T_SEQ_LEN])
@@ -410,7 +426,13 @@ void check_train(checker *c) {
 
 void check_layout(checker *c) {
     int64_t pp = c->axis[AX_PP], v = c->train.virtual_stages;
-    if (pp > 1) {
+    if (pp > 1 && c->second_stack) {
+        check_error(c, c->second_stack->loc.start >= 0 ? (loc){c->second_stack->loc.src, c->second_stack->loc.start,
+                                                               c->second_stack->loc.start + 6} : c->second_stack->loc,
+                    "pipeline parallelism (pp = %lld) splits one layer stack, but the model has a second top-level "
+                    "repeat", (long long)pp);
+        check_note(c, c->layers_node->a->loc, "the layer stack is this repeat");
+    } else if (pp > 1) {
         if (!c->layers_node) {
             check_error(c, c->model_node->name_loc, "pp = %lld needs a layer stack: a `repeat` in the model body",
                         (long long)pp);

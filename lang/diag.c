@@ -145,13 +145,43 @@ static int line_of(const src_file *s, int off) {
     return lo;
 }
 
-static int is_cont(unsigned char c) { return (c & 0xC0) == 0x80; }
+/* Length of the valid UTF-8 sequence at t[i] (before `end`), or 0 when the
+ * byte does not start one. ASCII is 1. */
+static int utf8_len(const char *t, int i, int end) {
+    unsigned char c = (unsigned char)t[i];
+    int n = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    if (n == 0 || i + n > end || (n == 2 && c < 0xC2)) return 0;
+    for (int k = 1; k < n; k++)
+        if (((unsigned char)t[i + k] & 0xC0) != 0x80) return 0;
+    return n;
+}
 
-/* Display width of bytes [a, b) of a line: code points, tabs count one. */
+/* Steps over one display column at t[i]: a code point, or one byte of
+ * invalid UTF-8 (shown as '?'). */
+static int step(const char *t, int i, int end) {
+    int n = utf8_len(t, i, end);
+    return n ? n : 1;
+}
+
+/* Display width of bytes [a, b) of a line: one column per code point (tabs
+ * count one) and per invalid byte. */
 static int width(const char *t, int a, int b) {
     int w = 0;
-    for (int i = a; i < b; i++) w += !is_cont((unsigned char)t[i]);
+    for (int i = a; i < b; i += step(t, i, b)) w++;
     return w;
+}
+
+/* Replaces control bytes and invalid UTF-8 in p[0..n) with '?', in place. */
+static void sanitize(char *p, size_t n) {
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)p[i];
+        int k = utf8_len(p, (int)i, (int)n);
+        if (k == 0 || (c < 0x20 && c != '\t') || c == 0x7f) {
+            p[i++] = '?';
+            continue;
+        }
+        i += (size_t)k;
+    }
 }
 
 void diag_line_col(const diag_sink *d, loc l, int *line, int *col) {
@@ -179,9 +209,9 @@ static void render_snippet(sbuf *b, const src_file *s, loc l) {
     const char *pre = "", *post = "";
     if (le - ls > DIAG_WINDOW) {
         ws = off - DIAG_WINDOW / 2 > ls ? off - DIAG_WINDOW / 2 : ls;
-        while (ws > ls && is_cont((unsigned char)s->text[ws])) ws--;
+        while (ws > ls && ((unsigned char)s->text[ws] & 0xC0) == 0x80) ws--;
         we = ws + DIAG_WINDOW < le ? ws + DIAG_WINDOW : le;
-        while (we < le && is_cont((unsigned char)s->text[we])) we++;
+        while (we < le && ((unsigned char)s->text[we] & 0xC0) == 0x80) we++;
         if (ws > ls) pre = "...";
         if (we < le) post = "...";
         if (end > we) end = we;
@@ -190,16 +220,12 @@ static void render_snippet(sbuf *b, const src_file *s, loc l) {
     int nw = snprintf(num, sizeof num, "%d", ln + 1);
     if (nw < 4) nw = 4;
     sb_printf(b, " %*d | %s", nw, ln + 1, pre);
-    for (int i = ws; i < we; i++) {
-        unsigned char c = (unsigned char)s->text[i];
-        char ch = (c < 0x20 && c != '\t') || c == 0x7f ? '?' : (char)c;
-        sb_putn(b, &ch, 1);
-    }
+    size_t at = b->n;
+    sb_putn(b, s->text + ws, (size_t)(we - ws));
+    if (!b->oom) sanitize(b->p + at, (size_t)(we - ws));
     sb_printf(b, "%s\n %*s | %s", post, nw, "", *pre ? "   " : "");
-    for (int i = ws; i < off; i++) {
-        if (is_cont((unsigned char)s->text[i])) continue;
+    for (int i = ws; i < off; i += step(s->text, i, we > off ? we : off))
         sb_putn(b, s->text[i] == '\t' ? "\t" : " ", 1);
-    }
     sb_puts(b, "^");
     int under = width(s->text, off, end) - 1;
     for (int i = 0; i < under; i++) sb_puts(b, "~");
@@ -254,7 +280,9 @@ void diag_vreport(diag_sink *d, diag_level level, loc l, const char *fmt, va_lis
     } else {
         sb_printf(&b, "meshc: %s: ", names[level]);
     }
+    size_t msg = b.n;
     sb_vprintf(&b, fmt, ap);
+    if (!b.oom) sanitize(b.p + msg, b.n - msg);
     sb_puts(&b, "\n");
     if (s && l.start >= 0) render_snippet(&b, s, l);
     if (b.oom) { free(b.p); return; }

@@ -127,6 +127,11 @@ static int is_file(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+static int is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 static void add_file(fe *f, ast_node *file) {
     if (f->n_files == f->cap_files) f->files = grow(f, f->files, &f->cap_files, sizeof *f->files);
     f->files[f->n_files++] = file;
@@ -175,8 +180,15 @@ static void load_import(fe *f, const ast_node *imp, const char *importer, int de
     const char *shown;
     const char *path = resolve_import(f, importer, imp->sval, &shown);
     if (!path) {
-        diag_report(f->diag, DIAG_ERROR, imp->loc, "cannot find import \"%s\" (searched next to %s, -I folders, "
-                    "$MESH_PATH and the standard library)", imp->sval, importer);
+        const char *slash = strrchr(importer, '/');
+        const char *near = imp->sval[0] == '/' ? imp->sval
+                         : slash ? arena_printf(f->arena, "%.*s/%s", (int)(slash - importer), importer, imp->sval)
+                                 : imp->sval;
+        if (is_dir(near))
+            diag_report(f->diag, DIAG_ERROR, imp->loc, "import \"%s\" names a folder, not a .mesh file", imp->sval);
+        else
+            diag_report(f->diag, DIAG_ERROR, imp->loc, "cannot find import \"%s\" (searched next to %s, -I "
+                        "folders, $MESH_PATH and the standard library)", imp->sval, importer);
         return;
     }
     char *rp = realpath(path, NULL);
@@ -339,12 +351,16 @@ void fe_dump_params(fe *f, FILE *out) {
     if (!f->checked || !c->model_node) return;
     fprintf(out, "# parameters of model %s: name, shape, placement, init, copies\n", c->model_node->name);
     for (const pinfo *p = c->params; p; p = p->next) {
-        char place[96] = "replicated";
+        /* "auto": no annotation, the compiler chooses (Megatron's layout) */
+        char place[128] = "auto";
         int k = 0;
         for (int i = 0; i < p->n_place; i++) {
-            if (p->place[i].dim < 0) continue;
-            k += snprintf(place + k, sizeof place - (size_t)k, "%ssplit(%s, %d)", k ? " " : "",
-                          axis_names[p->place[i].axis], p->place[i].dim);
+            if (p->place[i].dim < 0)
+                k += snprintf(place + k, sizeof place - (size_t)k, "%sreplicate(%s)", k ? " " : "",
+                              axis_names[p->place[i].axis]);
+            else
+                k += snprintf(place + k, sizeof place - (size_t)k, "%ssplit(%s, %d)", k ? " " : "",
+                              axis_names[p->place[i].axis], p->place[i].dim);
         }
         fprintf(out, "%s %s %s %s", p->name, shape_str(c, &p->shape), place, p->init);
         if (p->mult > 1) fprintf(out, " x%lld", (long long)p->mult);

@@ -14,6 +14,8 @@ static ast_node *run(ast_builder *b, diag_sink *d, int src, int offset, int star
     p.src = src;
     p.offset = offset;
     p.start_token = start_token;
+    p.lex_err_end = -1;
+    p.cur_loc = p.prev_loc = (loc){src, offset, offset};
     yyscan_t scanner;
     if (mesh_yylex_init_extra(&p, &scanner) != 0) return NULL;
     YY_BUFFER_STATE buf = mesh_yy_scan_bytes(s->text + offset, (int)((int)s->len - offset), scanner);

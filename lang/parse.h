@@ -20,6 +20,9 @@ typedef struct parse_ctx {
     char mismatch_kind; /* the opener a wrong closer was matched against */
     loc mismatch_loc;
     loc comment_loc;    /* start of the block comment being skipped */
+    int cur_tok, prev_tok; /* the last two tokens returned, and where */
+    loc cur_loc, prev_loc;
+    int lex_err_end;    /* end of the last lexical error, -1 if none */
     ast_node *result;
     void *scanner;
 } parse_ctx;

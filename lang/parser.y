@@ -151,7 +151,8 @@ stmts
 
 stmt
     : IDENT '=' expr annots     { $$ = ast_assign(B, @$, $1, @1, $3, $4); }
-    | INPUT IDENT ':' type      { $$ = ast_input(B, @$, $2, @2, $4); }
+    | INPUT IDENT ':' type annots
+                                { $$ = ast_input(B, @$, $2, @2, $4, $5); }
     | PARAM IDENT ':' type init_opt annots
                                 { $$ = ast_param(B, @$, $2, @2, $4, $5, $6); }
     | REPEAT expr as_opt body   { $$ = ast_repeat(B, @$, $2, $3, @3, $4); }
@@ -271,12 +272,45 @@ static void describe(parse_ctx *p, yysymbol_kind_t k, loc l, char *buf, size_t n
     }
 }
 
+/* Is symbol k the character token c? (Their enum names depend on order.) */
+static int is_char(yysymbol_kind_t k, char c) {
+    const char *n = yysymbol_name(k);
+    return n[0] == '\'' && n[1] == c && n[2] == '\'' && n[3] == '\0';
+}
+
+/* A keyword where a name belongs: `return = 3`, `block param(x)`. Reports
+ * it and returns 1, or returns 0 if the error is something else. */
+static int keyword_as_name(const yypcontext_t *ctx, parse_ctx *p) {
+    yysymbol_kind_t tok = yypcontext_token(ctx);
+    loc kw = LOC_NONE;
+    if (tok >= YYSYMBOL_IMPORT && tok <= YYSYMBOL_FALSE) {
+        yysymbol_kind_t exp[YYNTOKENS];
+        int n = yypcontext_expected_tokens(ctx, exp, YYNTOKENS);
+        for (int i = 0; i < n; i++)
+            if (exp[i] == YYSYMBOL_IDENT) kw = *yypcontext_location(ctx);
+    } else if (is_char(tok, '=') && p->prev_tok >= IMPORT && p->prev_tok <= FALSE) {
+        kw = p->prev_loc; /* `repeat = 3`: the keyword was shifted, '=' is the error */
+    }
+    if (kw.src < 0) return 0;
+    const src_file *s = diag_source(p->diag, kw.src);
+    diag_report(p->diag, DIAG_ERROR, kw, "'%.*s' is a keyword and cannot be used as a name", kw.end - kw.start,
+                s->text + kw.start);
+    return 1;
+}
+
 /* "unexpected X; expected A, B or C", then a note at an unclosed or
  * mismatched bracket when that is the likely cause. */
 static int yyreport_syntax_error(const yypcontext_t *ctx, void *scanner, parse_ctx *p) {
     (void)scanner;
     if (p->aborted) return 0;
     enum { MAX_EXPECTED = 6 };
+    loc at = *yypcontext_location(ctx);
+    /* right after a lexical error, the syntax error is its echo */
+    if (p->lex_err_end >= 0 && p->lex_err_end > p->prev_loc.end && p->lex_err_end <= at.start + 1) {
+        p->lex_err_end = -1;
+        return 0;
+    }
+    if (keyword_as_name(ctx, p)) return 0;
     yysymbol_kind_t exp[MAX_EXPECTED];
     int n = yypcontext_expected_tokens(ctx, exp, MAX_EXPECTED);
     yysymbol_kind_t tok = yypcontext_token(ctx);
@@ -299,12 +333,21 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, void *scanner, parse_c
     } else if (n > 5) {
         snprintf(msg + k, sizeof msg - (size_t)k, " here");
     }
+    if (p->prev_tok == ',' && (is_char(tok, ')') || is_char(tok, ']')))
+        snprintf(msg + k, sizeof msg - (size_t)k > 0 ? sizeof msg - (size_t)k : 0, " (remove the trailing comma)");
     diag_report(p->diag, DIAG_ERROR, l, "%s", msg);
     if (tok == YYSYMBOL_YYEOF && p->depth > 0) {
         diag_report(p->diag, DIAG_NOTE, p->open_loc[p->depth - 1], "'%c' opened here is never closed",
                     p->open_kind[p->depth - 1]);
     } else if (p->mismatch_kind) {
         diag_report(p->diag, DIAG_NOTE, p->mismatch_loc, "to match this '%c'", p->mismatch_kind);
+    } else if (p->depth > 0 && p->open_kind[p->depth - 1] != '{') {
+        int l1, c1, l2, c2;
+        diag_line_col(p->diag, p->open_loc[p->depth - 1], &l1, &c1);
+        diag_line_col(p->diag, l, &l2, &c2);
+        if (l1 < l2)
+            diag_report(p->diag, DIAG_NOTE, p->open_loc[p->depth - 1], "'%c' opened here is not closed",
+                        p->open_kind[p->depth - 1]);
     }
     p->mismatch_kind = 0;
     return 0;

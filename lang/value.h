@@ -37,6 +37,7 @@ struct value {
     int is_int;           /* V_TENSOR of integers (token ids) */
     int64_t dims[VALUE_MAX_RANK];
     unsigned split_axes;  /* V_TENSOR: bit per mesh axis it is annotated @split over */
+    unsigned placed_axes; /* V_TENSOR: bit per mesh axis with any annotation */
     int n;                /* V_TUPLE elements, V_CALL arguments */
     value *elems;
     const char **names;   /* V_CALL argument names (NULL = positional) */

@@ -12,6 +12,11 @@
 #   golden/NAME   each tests/golden/NAME.cmd: one shell command line, run from
 #                 the repository root with $MESHC set to the meshc binary; its
 #                 stdout+stderr, then a line `exit: N`, must equal NAME.out
+#   docs/language.md:LINE  each code block of docs/language.md that
+#                 tests/docs.sh checks (LINE is its opening fence): a
+#                 `$ meshc ...` session, marked with the file it runs on,
+#                 must print what the block shows; a block marked as a file
+#                 (a tutorial step in docs/tutorial/, an example) must be it
 #   errors/NAME   each tests/lang/errors/NAME.mesh: run in that folder as
 #                 `$MESHC [words of NAME.args] NAME.mesh`; output and
 #                 `exit: N` must equal NAME.expected
@@ -24,8 +29,9 @@
 #
 # Environment:
 #   MESH_BUILD=DIR          build folder to test (default: build)
-#   MESH_UPDATE_GOLDEN=1    rewrite .out/.expected files from the actual
-#                           output instead of comparing (review the diff!)
+#   MESH_UPDATE_GOLDEN=1    rewrite .out/.expected files, and the sessions
+#                           in docs/language.md, from the actual output
+#                           instead of comparing (review the diff!)
 #   MESH_TEST_TIMEOUT=SECS  limit per command (default: 60)
 set -u
 
@@ -155,6 +161,48 @@ golden_section() {
     orphans golden tests/golden out cmd
 }
 
+# --- documentation ------------------------------------------------------
+# tests/docs.sh prints `PASS NAME`, or `FAIL NAME` and its detail indented
+# four spaces, per block; each becomes a case here.
+docs_section() {
+    local out=$TMP/docs.out detail=$TMP/docs.detail line failing='' rc
+    local before=$failed n=0
+    MESH_TEST_TIMEOUT=$LIMIT tests/docs.sh >"$out" 2>&1 </dev/null
+    rc=$?
+    : >"$detail"
+    : >"$TMP/docs.other"
+    while IFS= read -r line; do
+        case $line in
+            "    "*)
+                if [ -n "$failing" ]; then
+                    printf '%s\n' "${line#    }" >>"$detail"
+                else
+                    printf '%s\n' "$line" >>"$TMP/docs.other"
+                fi
+                continue ;;
+        esac
+        if [ -n "$failing" ]; then
+            fail "$failing" "$detail"
+            failing=
+            : >"$detail"
+        fi
+        case $line in
+            "PASS "*) n=$((n + 1)); pass "${line#PASS }" ;;
+            "FAIL "*) n=$((n + 1)); failing=${line#FAIL } ;;
+            "SKIP "*) echo "$line" ;;
+            "UPDATED "*) echo "$line"; updated=$((updated + 1)) ;;
+            *) printf '%s\n' "$line" >>"$TMP/docs.other" ;;
+        esac
+    done <"$out"
+    [ -z "$failing" ] || fail "$failing" "$detail"
+    # A checker that died, or found nothing to check, fails as a case.
+    if { [ $rc -ne 0 ] && [ "$failed" -eq "$before" ]; } || [ "$n" -eq 0 ]; then
+        { echo "tests/docs.sh exited with status $rc after $n results"
+          cat "$TMP/docs.other"; } >"$TMP/docs.tail"
+        fail docs/docs.sh "$TMP/docs.tail"
+    fi
+}
+
 # --- error corpus -------------------------------------------------------
 errors_section() {
     local dir=tests/lang/errors src name args
@@ -266,6 +314,7 @@ unit_section
 exports_section
 install_section
 golden_section
+docs_section
 errors_section
 meshrun_section
 
