@@ -149,19 +149,23 @@ const char *shape_str(checker *c, const value *v) {
 
 /* ---- top level ---- */
 
-/* An item that only the main file may hold. */
-static void main_only(checker *c, const ast_node *it, const ast_node **slot, const char *what,
-                      int is_main) {
+/* The keyword that starts an item: `model`, `mesh`, `train`. */
+static loc keyword_loc(const ast_node *it, const char *kw) {
+    loc l = it->loc;
+    l.end = l.start + (int)strlen(kw);
+    return l;
+}
+
+/* An item that only the main file may hold, at most once. */
+static void main_only(checker *c, const ast_node *it, const ast_node **slot, const char *what, int is_main) {
     if (!is_main) {
-        check_error(c, it->loc.start >= 0 ? (loc){it->loc.src, it->loc.start, it->loc.start + (int)strlen(what)} : it->loc,
-                    "an imported file may only define blocks and constants, not a %s", what);
+        check_error(c, keyword_loc(it, what), "an imported file may only define blocks and constants, not a %s",
+                    what);
         return;
     }
     if (*slot) {
-        loc l = {it->loc.src, it->loc.start, it->loc.start + (int)strlen(what)};
-        check_error(c, l, "a second %s section; a file has at most one", what);
-        loc p = {(*slot)->loc.src, (*slot)->loc.start, (*slot)->loc.start + (int)strlen(what)};
-        check_note(c, p, "the first %s is here", what);
+        check_error(c, keyword_loc(it, what), "a second %s section; a file has at most one", what);
+        check_note(c, keyword_loc(*slot, what), "the first %s is here", what);
         return;
     }
     *slot = it;
@@ -245,7 +249,6 @@ void check_run(checker *c) {
         }
     }
     if (diag_stopped(c->diag)) return;
-    const ast_node *main = c->files[c->n_files - 1];
     if (c->model_node) {
         loc at = c->model_node->name_loc;
         if (!c->mesh_node)
@@ -255,11 +258,10 @@ void check_run(checker *c) {
             check_error(c, at, "model '%s' has no train section; add one with at least "
                                "global_batch, seq_len, steps and optimizer", c->model_node->name);
     } else if (c->mesh_node || c->train_node) {
-        loc at = (c->mesh_node ? c->mesh_node : c->train_node)->loc;
-        at.end = at.start + (c->mesh_node ? 4 : 5);
-        check_error(c, at, "%s section without a model", c->mesh_node ? "mesh" : "train");
+        const char *kw = c->mesh_node ? "mesh" : "train";
+        check_error(c, keyword_loc(c->mesh_node ? c->mesh_node : c->train_node, kw), "%s section without a model",
+                    kw);
     }
-    (void)main;
     if (c->mesh_node) check_mesh(c);
     if (c->train_node) check_train(c);
     if (c->model_node && !diag_stopped(c->diag)) check_model(c);

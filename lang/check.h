@@ -147,6 +147,8 @@ typedef enum eval_mode {
     EVAL_MODEL    /* tensors, ops and block calls too */
 } eval_mode;
 value eval(checker *c, scope *s, const ast_node *e, eval_mode mode);
+enum { CHECK_N_CONST_FNS = 4 };
+extern const char *const check_const_fns[CHECK_N_CONST_FNS]; /* round_up, min, max, sqrt */
 value value_err(void);
 value value_int(int64_t i, loc where);
 value value_float(double f, loc where);

@@ -296,7 +296,7 @@ static value eval_index(checker *c, scope *s, const ast_node *e, eval_mode mode)
 }
 
 /* Constant built-ins: round_up(n, m), min(a, b), max(a, b), sqrt(x). */
-static const char *const const_fns[] = {"round_up", "min", "max", "sqrt"};
+const char *const check_const_fns[CHECK_N_CONST_FNS] = {"round_up", "min", "max", "sqrt"};
 
 static value eval_const_fn(checker *c, scope *s, const ast_node *e, eval_mode mode, int which) {
     int want = which == 3 ? 1 : 2;
@@ -381,8 +381,8 @@ static value eval_call(checker *c, scope *s, const ast_node *e, eval_mode mode) 
             return value_err();
         }
     }
-    for (int i = 0; i < 4; i++)
-        if (strcmp(e->name, const_fns[i]) == 0) return eval_const_fn(c, s, e, mode, i);
+    for (int i = 0; i < CHECK_N_CONST_FNS; i++)
+        if (strcmp(e->name, check_const_fns[i]) == 0) return eval_const_fn(c, s, e, mode, i);
     binding *b = scope_find(s, e->name);
     if (mode == EVAL_MODEL) {
         if (b && b->kind == B_BLOCK) return check_block_call(c, s, e, b->node);
@@ -394,7 +394,7 @@ static value eval_call(checker *c, scope *s, const ast_node *e, eval_mode mode) 
         const char *extra[64];
         int n = 0;
         for (int i = 0; i < ops_count && n < 60; i++) extra[n++] = ops_name(i);
-        for (int i = 0; i < 4; i++) extra[n++] = const_fns[i];
+        for (int i = 0; i < CHECK_N_CONST_FNS; i++) extra[n++] = check_const_fns[i];
         check_unknown_name(c, e->name_loc, "block or op", e->name, s, extra, n);
         return value_err();
     }
@@ -407,7 +407,7 @@ static value eval_call(checker *c, scope *s, const ast_node *e, eval_mode mode) 
         check_error(c, e->name_loc, "op '%s' works on tensors; use it inside a model or block", e->name);
         return value_err();
     }
-    check_unknown_name(c, e->name_loc, "function", e->name, NULL, const_fns, 4);
+    check_unknown_name(c, e->name_loc, "function", e->name, NULL, check_const_fns, CHECK_N_CONST_FNS);
     return value_err();
 }
 

@@ -9,12 +9,11 @@
 
 #include "check.h"
 
-static const char *const const_fns[] = {"round_up", "min", "max", "sqrt"};
 static const char *const init_words[] = {"zeros", "ones", "normal"};
 
 static int is_const_fn(const char *name) {
-    for (int i = 0; i < 4; i++)
-        if (strcmp(name, const_fns[i]) == 0) return 1;
+    for (int i = 0; i < CHECK_N_CONST_FNS; i++)
+        if (strcmp(name, check_const_fns[i]) == 0) return 1;
     return 0;
 }
 
@@ -36,7 +35,7 @@ static void resolve(checker *c, scope *s, const ast_node *e) {
             const char *extra[64];
             int n = 0;
             for (int i = 0; i < ops_count && n < 60; i++) extra[n++] = ops_name(i);
-            for (int i = 0; i < 4; i++) extra[n++] = const_fns[i];
+            for (int i = 0; i < CHECK_N_CONST_FNS; i++) extra[n++] = check_const_fns[i];
             check_unknown_name(c, e->name_loc, "block or op", e->name, s, extra, n);
         }
         for (const ast_node *a = e->list.first; a; a = a->next) {
