@@ -117,9 +117,9 @@ GEN_H      = $(GEN)/parser.h $(GEN)/lexer.h
 LANG_SRC   = $(wildcard lang/*.c)
 LANG_OBJ   = $(LANG_SRC:%.c=$(OBJ)/%.o) $(OBJ)/gen/parser.o $(OBJ)/gen/lexer.o
 
-# meshc: compiler/*.c (compiler/meshc.c has main).
-COMPILER_SRC = $(wildcard compiler/*.c)
-COMPILER_OBJ = $(COMPILER_SRC:%.c=$(OBJ)/%.o)
+# The compiler library: compiler/*.c but meshc.c (the thin program, with main).
+COMPILER_SRC = $(filter-out compiler/meshc.c,$(wildcard compiler/*.c))
+COMPILER_OBJ = $(COMPILER_SRC:%.c=$(OBJ)/%.o) $(OBJ)/compiler/meshc.o
 
 # libmesh: runtime/*.c except meshrun's main.
 RUNTIME_SRC  = $(filter-out runtime/meshrun.c,$(wildcard runtime/*.c))
@@ -196,7 +196,11 @@ $(BUILD)/libmeshlang.a: $(LANG_OBJ)
 # meshc tries -I, $MESH_PATH and <exe>/../share/mesh before it.
 $(OBJ)/compiler/meshc.o $(FUZZ_OBJ): CPPFLAGS += -DMESH_STD_DIR='"$(abspath lang)"'
 
-$(BUILD)/meshc: $(COMPILER_OBJ) $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
+$(BUILD)/libmeshcomp.a: $(filter-out $(OBJ)/compiler/meshc.o,$(COMPILER_OBJ))
+	@rm -f $@
+	$(AR) rcs $@ $^
+
+$(BUILD)/meshc: $(OBJ)/compiler/meshc.o $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # ---- libmesh and meshrun ------------------------------------------------
@@ -216,7 +220,7 @@ $(BUILD)/meshrun: $(OBJ)/runtime/meshrun.o $(BUILD)/libmesh.a
 
 $(OBJ)/tests/unit/%.o: CPPFLAGS += -Itests/unit
 
-$(BUILD)/unit_tests: $(UNIT_OBJ) $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
+$(BUILD)/unit_tests: $(UNIT_OBJ) $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # ---- Fuzzing (clang + libFuzzer) ----------------------------------------

@@ -240,8 +240,8 @@ static value op_rope(checker *c, const ast_node *e, const op_desc *d, op_args *a
     if (!positive(c, d, a, "heads") || !positive(c, d, a, "theta")) return value_err();
     int64_t h = named_int(d, a, "heads", 1), w = last(&a->pos[0]);
     if (w % h != 0 || (w / h) % 2 != 0) {
-        check_error(c, e->loc, "rope needs a last dimension of heads × an even head size; %lld is not "
-                               "divisible by 2 × %lld", (long long)w, (long long)h);
+        check_error(c, e->loc, "rope needs a last dimension of heads x an even head size; %lld is not "
+                               "divisible by 2 x %lld", (long long)w, (long long)h);
         return value_err();
     }
     value r = a->pos[0];
@@ -276,8 +276,8 @@ static value op_attention(checker *c, const ast_node *e, const op_desc *d, op_ar
     int64_t hd;
     if (a->n_pos == 1) {
         if (last(q) % (h + 2 * kv) != 0) {
-            check_error(c, q->where, "packed qkv's last dimension (%lld) must be (heads + 2 × kv_heads) "
-                                     "× head size = %lld × head size", (long long)last(q),
+            check_error(c, q->where, "packed qkv's last dimension (%lld) must be (heads + 2 x kv_heads) "
+                                     "x head size = %lld x head size", (long long)last(q),
                         (long long)(h + 2 * kv));
             return value_err();
         }
@@ -294,7 +294,7 @@ static value op_attention(checker *c, const ast_node *e, const op_desc *d, op_ar
             if (k->dims[0] != q->dims[0] || k->dims[1] != q->dims[1] || last(k) != kv * hd) {
                 int64_t want[3] = {q->dims[0], q->dims[1], kv * hd};
                 value w = tensor_value(3, want, 0, k->where);
-                check_error(c, k->where, "attention's %s must be %s (kv_heads × head size), not %s",
+                check_error(c, k->where, "attention's %s must be %s (kv_heads x head size), not %s",
                             i == 1 ? "k" : "v", shape_str(c, &w), shape_str(c, k));
                 return value_err();
             }

@@ -94,7 +94,7 @@ void check_mesh(checker *c) {
         int64_t r = given[4] ? vals[4] : 1, s = given[5] ? vals[5] : 1, prod;
         if (__builtin_mul_overflow(r, s, &prod)) prod = -1;
         if (given[0] && vals[0] != prod) {
-            check_error(c, at[0], "dp = %lld, but dp_replicate × dp_shard = %lld × %lld = %lld", (long long)vals[0],
+            check_error(c, at[0], "dp = %lld, but dp_replicate x dp_shard = %lld x %lld = %lld", (long long)vals[0],
                         (long long)r, (long long)s, (long long)prod);
         }
         vals[0] = prod > 0 ? prod : 1;
@@ -105,7 +105,7 @@ void check_mesh(checker *c) {
     c->world = 1;
     for (int i = 0; i < AX_COUNT; i++)
         if (__builtin_mul_overflow(c->world, c->axis[i], &c->world)) {
-            check_error(c, c->mesh_node->loc, "the world size (dp × tp × pp × ep) overflows 64 bits");
+            check_error(c, c->mesh_node->loc, "the world size (dp x tp x pp x ep) overflows 64 bits");
             c->world = 1;
             break;
         }
@@ -375,19 +375,25 @@ void check_train(checker *c) {
                         required[i] == T_OPTIMIZER ? ", e.g. optimizer = adamw(lr: 3e-4)" : "");
     if (bad[T_GLOBAL_BATCH] || bad[T_MICRO_BATCH] || bad[T_SEQ_LEN] || !given[T_GLOBAL_BATCH] || !given[T_SEQ_LEN])
         return;
+    /* The data-parallel ranks of the dense layers are dp x ep: expert
+     * parallelism splits the experts over ep, and the ep ranks of a dense
+     * layer work on different sequences (as in Megatron-LM and DeepSpeed-MoE). */
     int64_t dp = c->axis[AX_DP] > 0 ? c->axis[AX_DP] : 1, pp = c->axis[AX_PP] > 0 ? c->axis[AX_PP] : 1;
+    int64_t ep = c->axis[AX_EP] > 0 ? c->axis[AX_EP] : 1;
+    const char *dpn = ep > 1 ? "dp x ep" : "dp";
+    if (__builtin_mul_overflow(dp, ep, &dp)) dp = 1;
     if (!given[T_MICRO_BATCH]) {
         if (t->global_batch % dp != 0) {
-            check_error(c, at[T_GLOBAL_BATCH], "global_batch = %lld is not divisible by dp = %lld",
-                        (long long)t->global_batch, (long long)dp);
+            check_error(c, at[T_GLOBAL_BATCH], "global_batch = %lld is not divisible by %s = %lld",
+                        (long long)t->global_batch, dpn, (long long)dp);
             return;
         }
         t->micro_batch = t->global_batch / dp;
     }
     int64_t per_step;
     if (__builtin_mul_overflow(dp, t->micro_batch, &per_step) || t->global_batch % per_step != 0) {
-        check_error(c, at[T_GLOBAL_BATCH], "global_batch = %lld is not divisible by dp × micro_batch = %lld × %lld",
-                    (long long)t->global_batch, (long long)dp, (long long)t->micro_batch);
+        check_error(c, at[T_GLOBAL_BATCH], "global_batch = %lld is not divisible by %s x micro_batch = %lld x %lld",
+                    (long long)t->global_batch, dpn, (long long)dp, (long long)t->micro_batch);
         return;
     }
     t->ok = 1;
@@ -401,8 +407,8 @@ void check_train(checker *c) {
         check_error(c, at[T_VIRTUAL_STAGES], "virtual_stages > 1 needs schedule = interleaved");
     if (pp > 1 && t->schedule != SCHED_GPIPE && m < pp)
         check_error(c, at[T_GLOBAL_BATCH],
-                    "%s needs at least pp = %lld micro-batches per step, but global_batch / (dp × micro_batch) "
-                    "= %lld / (%lld × %lld) = %lld", schedules[t->schedule], (long long)pp,
+                    "%s needs at least pp = %lld micro-batches per step, but global_batch / (%s x micro_batch) "
+                    "= %lld / (%lld x %lld) = %lld", schedules[t->schedule], (long long)pp, dpn,
                     (long long)t->global_batch, (long long)dp, (long long)t->micro_batch, (long long)m);
     else if (pp > 1 && t->schedule == SCHED_INTERLEAVED && m % pp != 0)
         check_error(c, at[T_GLOBAL_BATCH], "the interleaved schedule needs a multiple of pp = %lld micro-batches "
@@ -419,10 +425,10 @@ void check_train(checker *c) {
     if (t->lr > 0 && t->min_lr > t->lr)
         check_error(c, at[T_LR_SCHEDULE], "min_lr (%g) is larger than the learning rate (%g)", t->min_lr, t->lr);
     if (t->zero > 0 && dp == 1)
-        check_warning(c, at[T_ZERO], "zero = %d has no effect with dp = 1", t->zero);
+        check_warning(c, at[T_ZERO], "zero = %d has no effect with one data-parallel rank", t->zero);
 }
 
-/* ---- model × mesh × train ---- */
+/* ---- model x mesh x train ---- */
 
 void check_layout(checker *c) {
     int64_t pp = c->axis[AX_PP], v = c->train.virtual_stages;
@@ -438,16 +444,16 @@ void check_layout(checker *c) {
                         (long long)pp);
         } else if (c->layers % (pp * v) != 0) {
             if (v > 1)
-                check_error(c, c->layers_node->a->loc, "%lld layers cannot be split evenly over pp × virtual_stages "
-                            "= %lld × %lld pipeline chunks", (long long)c->layers, (long long)pp, (long long)v);
+                check_error(c, c->layers_node->a->loc, "%lld layers cannot be split evenly over pp x virtual_stages "
+                            "= %lld x %lld pipeline chunks", (long long)c->layers, (long long)pp, (long long)v);
             else
                 check_error(c, c->layers_node->a->loc, "%lld layers cannot be split evenly over pp = %lld pipeline "
                             "stages", (long long)c->layers, (long long)pp);
         }
     }
     if (c->axis[AX_EP] > 1 && !c->has_moe) {
-        check_warning(c, c->model_node->name_loc, "ep = %lld, but model '%s' has no moe layer; the ep ranks will "
-                      "only replicate it", (long long)c->axis[AX_EP], c->model_node->name);
+        check_warning(c, c->model_node->name_loc, "ep = %lld, but model '%s' has no moe layer; the ep ranks only "
+                      "add data parallelism (use dp)", (long long)c->axis[AX_EP], c->model_node->name);
     }
     if (c->train.sequence_parallel && c->axis[AX_TP] == 1)
         check_warning(c, c->train_node->loc, "sequence_parallel has no effect with tp = 1");

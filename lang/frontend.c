@@ -405,10 +405,12 @@ void fe_summary(fe *f, FILE *out) {
         if (c->axis[AX_PP] > 1) fprintf(out, " (%lld per pipeline stage)", (long long)(c->layers / c->axis[AX_PP]));
         fputc('\n', out);
     }
-    int64_t m_per = t->global_batch / (t->micro_batch * c->axis[AX_DP]);
-    fprintf(out, "  batch:    %lld sequences x %lld tokens = %s tokens per step; %lld %s of %lld per dp rank\n",
-            (long long)t->global_batch, (long long)t->seq_len, commas(f, t->global_batch * t->seq_len),
-            (long long)m_per, plural(m_per, "micro-batch", "micro-batches"), (long long)t->micro_batch);
+    int64_t dpr = c->axis[AX_DP] * c->axis[AX_EP]; /* data-parallel ranks of the dense layers */
+    int64_t m_per = t->global_batch / (t->micro_batch * dpr);
+    fprintf(out, "  batch:    %lld sequences x %lld tokens = %s tokens per step; %lld %s of %lld per data-parallel "
+                 "rank (%s%lld)\n", (long long)t->global_batch, (long long)t->seq_len,
+            commas(f, t->global_batch * t->seq_len), (long long)m_per, plural(m_per, "micro-batch", "micro-batches"),
+            (long long)t->micro_batch, c->axis[AX_EP] > 1 ? "dp x ep = " : "dp = ", (long long)dpr);
     fprintf(out, "  schedule: %s", sched[t->schedule]);
     if (t->schedule == SCHED_INTERLEAVED) fprintf(out, " (%d virtual stages)", t->virtual_stages);
     fprintf(out, ", zero %d, %s%s%s, %lld %s, adamw lr %g with a %s schedule\n", t->zero, prec[t->precision],

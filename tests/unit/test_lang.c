@@ -182,7 +182,7 @@ TEST_IMPL(frontend_checks_buffer)
     const char *s = summary_of(f);
     ASSERT_NOT_NULL(strstr(s, "model m, 16,384 parameters"));
     ASSERT_NOT_NULL(strstr(s, "dp 2 x tp 1 x pp 1 x ep 1 = 2 ranks"));
-    ASSERT_NOT_NULL(strstr(s, "1 micro-batch of 4 per dp rank"));
+    ASSERT_NOT_NULL(strstr(s, "1 micro-batch of 4 per data-parallel rank (dp = 2)"));
     fe_free(f);
 }
 
