@@ -30,6 +30,7 @@ static const char usage_text[] =
     "options:\n"
     "  --dump=ast         print the syntax tree of FILE as stable text\n"
     "  --dump=params      print every parameter: name, shape, placement, init\n"
+    "  --dump=graph       print the model's dataflow graph (ops, shapes, repeats)\n"
     "  --set KEY=VALUE    override a value: mesh.tp=4, train.micro_batch=2,\n"
     "                     model.dim=512 (a model constant), NAME (a top-level constant)\n"
     "  -I DIR             search DIR for imports (after the importing file's folder)\n"
@@ -78,8 +79,8 @@ int main(int argc, char **argv) {
             return 0;
         } else if (strncmp(a, "--dump=", 7) == 0) {
             dump = a + 7;
-            if (strcmp(dump, "ast") != 0 && strcmp(dump, "params") != 0)
-                return usage_error("unknown dump '%s' (use --dump=ast or --dump=params)", dump);
+            if (strcmp(dump, "ast") != 0 && strcmp(dump, "params") != 0 && strcmp(dump, "graph") != 0)
+                return usage_error("unknown dump '%s' (use --dump=ast, params or graph)", dump);
         } else if (strcmp(a, "--set") == 0 || strncmp(a, "--set=", 6) == 0) {
             const char *v = a[5] == '=' ? a + 6 : (i + 1 < argc ? argv[++i] : NULL);
             if (!v) return usage_error("%s needs KEY=VALUE", "--set");
@@ -127,6 +128,7 @@ int main(int argc, char **argv) {
         if (st == FE_OK) {
             if (!dump) fe_summary(f, stdout);
             else if (strcmp(dump, "params") == 0) fe_dump_params(f, stdout);
+            else if (strcmp(dump, "graph") == 0) graph_dump(fe_graph(f), stdout);
         }
     }
     if (st == FE_NOMEM) fputs("meshc: error: out of memory\n", stderr);

@@ -9,6 +9,7 @@
 #define MESH_CHECK_H
 
 #include "ast.h"
+#include "graph.h"
 #include "value.h"
 
 typedef enum axis_id { AX_DP, AX_TP, AX_PP, AX_EP, AX_COUNT } axis_id;
@@ -116,6 +117,7 @@ typedef struct checker {
     const ast_node *second_stack; /* another top-level repeat, if any */
     int has_moe;
     int64_t work;            /* statements evaluated, bounded */
+    graph *graph;            /* where the model's dataflow is recorded, or NULL */
     int call_depth;
     frame *frame;
 } checker;
@@ -163,6 +165,12 @@ const char *ops_name(int i);
 value ops_call(checker *c, scope *s, const ast_node *call);
 value ops_binary(checker *c, const ast_node *e, const value *a, const value *b);
 value tensor_value(int rank, const int64_t *dims, int is_int, loc where);
+
+/* check_graph.c: recording the dataflow graph (no-ops when c->graph is NULL) */
+void graph_note_tensor(checker *c, value *v, g_node *n);   /* appends n, sets v->node */
+void graph_note_op(checker *c, const ast_node *call, value *result, const value *args, int n_args,
+                   const value *const *named, const char *const *named_names, int n_named);
+void graph_note_binary(checker *c, int op, value *result, const value *a, const value *b);
 
 /* check_model.c */
 void check_model(checker *c);

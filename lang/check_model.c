@@ -151,8 +151,8 @@ static const char *init_text(checker *c, scope *s, const ast_node *pdecl, int ra
     return NULL;
 }
 
-static void record_param(checker *c, exec_ctx *x, const ast_node *st, const value *t, placement *pl, int npl,
-                         const char *init) {
+static const pinfo *record_param(checker *c, exec_ctx *x, const ast_node *st, const value *t, placement *pl,
+                                 int npl, const char *init) {
     pinfo *p = arena_alloc(c->arena, sizeof *p);
     p->name = arena_printf(c->arena, "%s%s", x->fr->prefix, st->name);
     p->shape = *t;
@@ -172,6 +172,7 @@ static void record_param(checker *c, exec_ctx *x, const ast_node *st, const valu
         check_error(c, st->loc, "the parameter count overflows 64 bits");
         c->params_overflow = 1;
     }
+    return p;
 }
 
 static int declare(checker *c, scope *s, const ast_node *st, const char *what) {
@@ -204,10 +205,19 @@ static void exec_param(checker *c, scope *s, const ast_node *st, exec_ctx *x) {
         if (pl[i].dim >= 0) t.split_axes |= 1u << pl[i].axis;
     }
     if (!declare(c, s, st, "parameter")) return;
+    if (t.kind == V_TENSOR) {
+        const pinfo *p = record_param(c, x, st, &t, pl, npl, init ? init : "?");
+        g_node gn = {0};
+        gn.op = G_PARAM;
+        gn.name = p->name;
+        gn.where = st->name_loc;
+        gn.annotated = npl > 0;
+        for (int i = 0; i < npl; i++) gn.annot[gn.n_annot++] = (g_annot){pl[i].axis, pl[i].dim};
+        graph_note_tensor(c, &t, &gn);
+    }
     binding *b = scope_add(c, s, st->name, B_PARAM, st->name_loc);
     b->v = t;
     b->node = st;
-    if (t.kind == V_TENSOR) record_param(c, x, st, &t, pl, npl, init ? init : "?");
 }
 
 static void exec_input(checker *c, scope *s, const ast_node *st, exec_ctx *x) {
@@ -232,6 +242,11 @@ static void exec_input(checker *c, scope *s, const ast_node *st, exec_ctx *x) {
     t.is_int = ty->name && strcmp(ty->name, "int") == 0;
     if (!dims_of_type(c, s, ty, &t, st->name)) t.kind = V_ERR;
     if (!declare(c, s, st, "input")) return;
+    g_node gn = {0};
+    gn.op = G_INPUT;
+    gn.name = st->name;
+    gn.where = st->name_loc;
+    graph_note_tensor(c, &t, &gn);
     binding *b = scope_add(c, s, st->name, B_INPUT, st->name_loc);
     b->v = t;
     b->node = st;
@@ -250,7 +265,14 @@ static void exec_assign(checker *c, scope *s, const ast_node *st, exec_ctx *x) {
         if (ov) rhs = ov->value;
     }
     value v = eval(c, s, rhs, EVAL_MODEL);
-    check_annots(c, s, &st->list, &v, st->name, (placement[4]){{0, 0}});
+    placement pl[4];
+    int npl = check_annots(c, s, &st->list, &v, st->name, pl);
+    if (npl && c->graph && v.kind == V_TENSOR && v.node > 0) {
+        g_node *gn = &c->graph->nodes[v.node - 1];
+        gn->annotated = 1;
+        gn->n_annot = 0;
+        for (int i = 0; i < npl; i++) gn->annot[gn->n_annot++] = (g_annot){pl[i].axis, pl[i].dim};
+    }
     scope *where = NULL;
     binding *b = find_assignable(s, st->name, &where);
     if (b) {
@@ -284,6 +306,11 @@ static void exec_assign(checker *c, scope *s, const ast_node *st, exec_ctx *x) {
                 return;
             }
         }
+        if (x->repeat_scope && where != x->repeat_scope && c->graph && b->v.kind == V_TENSOR && b->v.node > 0 &&
+            v.kind == V_TENSOR && v.node > 0 &&
+            graph_region_carry(c->graph, c->graph->cur_region, b->v.node - 1, v.node - 1) < 0)
+            check_error(c, st->loc, "a repeat body may carry at most %d tensors to the next iteration",
+                        GRAPH_MAX_CARRY);
         b->v = v;
         return;
     }
@@ -324,7 +351,9 @@ static void exec_repeat(checker *c, scope *s, const ast_node *st, exec_ctx *x) {
     inner.repeat_scope = scope_new(c, s);
     frame *saved = c->frame;
     c->frame = &fr;
+    int region = c->graph ? graph_region_begin(c->graph, count, c->layers_node == st, label) : -1;
     exec_stmts(c, inner.repeat_scope, &st->list, &inner);
+    if (c->graph) graph_region_end(c->graph, region);
     c->frame = saved;
     if (inner.returned) {
         x->returned = 1;
@@ -517,6 +546,7 @@ void check_model(checker *c) {
     if (diag_stopped(c->diag) || c->work < 0) return;
     warn_unused(c, ms);
     binding *loss = scope_find_local(ms, "loss");
+    if (c->graph && loss && loss->v.kind == V_TENSOR && loss->v.node > 0) c->graph->loss = loss->v.node - 1;
     if (!loss) {
         check_error(c, m->name_loc, "model '%s' does not define 'loss' (e.g. loss = cross_entropy(logits, targets))",
                     m->name);

@@ -533,11 +533,28 @@ value ops_call(checker *c, scope *s, const ast_node *e) {
             ok = 0;
         }
     if (!ok) return value_err();
-    return d->fn(c, e, d, &a);
+    value r = d->fn(c, e, d, &a);
+    const value *named[OP_MAX_NAMED];
+    const char *names[OP_MAX_NAMED];
+    int n_named = 0;
+    for (int i = 0; i < OP_MAX_NAMED && d->named[i].name; i++) {
+        named[n_named] = a.have[i] ? &a.named[i] : NULL;
+        names[n_named++] = d->named[i].name;
+    }
+    graph_note_op(c, e, &r, a.pos, a.n_pos < OP_MAX_POS ? a.n_pos : OP_MAX_POS, named, names, n_named);
+    return r;
 }
 
 /* Tensor operators: a @ b, a + b, a - b, a * b, a / n. */
+static value binary_shape(checker *c, const ast_node *e, const value *a, const value *b);
+
 value ops_binary(checker *c, const ast_node *e, const value *a, const value *b) {
+    value r = binary_shape(c, e, a, b);
+    graph_note_binary(c, e->op, &r, a, b);
+    return r;
+}
+
+static value binary_shape(checker *c, const ast_node *e, const value *a, const value *b) {
     if (e->op == '@') {
         if (a->kind != V_TENSOR || b->kind != V_TENSOR) {
             check_error(c, e->loc, "'@' multiplies two tensors, not %s and %s", value_describe(c, a),

@@ -29,6 +29,7 @@ struct fe {
     set_item *sets;
     int n_sets, cap_sets;
     int checked;
+    graph graph;
     jmp_buf oom;
 };
 
@@ -44,6 +45,7 @@ fe *fe_new(const fe_options *o) {
     }
     f->b.arena = f->arena;
     f->b.diag = f->diag;
+    graph_init(&f->graph);
     f->loading = calloc(FE_MAX_IMPORT_DEPTH + 1, sizeof *f->loading);
     if (!f->loading) {
         fe_free(f);
@@ -60,6 +62,7 @@ void fe_free(fe *f) {
     free(f->loading);
     free(f->loaded);
     free(f->sets);
+    graph_free(&f->graph);
     free(f);
 }
 
@@ -319,9 +322,37 @@ fe_status fe_check(fe *f) {
     c->n_files = f->n_files;
     c->sets = f->sets;
     c->n_sets = f->n_sets;
+    graph_free(&f->graph);
+    c->graph = &f->graph;
     check_run(c);
     f->checked = 1;
     return diag_errors(f->diag) ? FE_ERRORS : FE_OK;
+}
+
+const graph *fe_graph(const fe *f) { return &f->graph; }
+
+fe_setup fe_get_setup(const fe *f) {
+    const checker *c = &f->c;
+    const train_cfg *t = &c->train;
+    fe_setup s = {0};
+    s.dp = c->axis[AX_DP];
+    s.tp = c->axis[AX_TP];
+    s.pp = c->axis[AX_PP];
+    s.ep = c->axis[AX_EP];
+    s.world = c->world;
+    s.global_batch = t->global_batch;
+    s.micro_batch = t->micro_batch;
+    s.seq_len = t->seq_len;
+    s.steps = t->steps;
+    s.micro_batches = t->ok ? t->global_batch / (t->micro_batch * s.dp * s.ep) : 0;
+    s.schedule = t->schedule;
+    s.virtual_stages = t->virtual_stages;
+    s.zero = t->zero;
+    s.precision = t->precision;
+    s.recompute = t->recompute;
+    s.sequence_parallel = t->sequence_parallel;
+    s.layers = c->layers;
+    return s;
 }
 
 void fe_dump_ast(fe *f, FILE *out) {

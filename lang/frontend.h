@@ -13,6 +13,7 @@
 #include <stdio.h>  /* FILE */
 
 #include "diag.h"
+#include "graph.h"
 
 enum { FE_MAX_FILE = 4 << 20, FE_MAX_IMPORT_DEPTH = 64 };
 
@@ -36,6 +37,19 @@ fe_status fe_load_buffer(fe *f, const char *name, const char *data, size_t len);
 fe_status fe_check(fe *f);                                 /* FE_ERRORS if any error */
 int fe_error_count(const fe *f);
 int fe_warning_count(const fe *f);
+
+/* What the compiler needs after a successful fe_check. */
+typedef struct fe_setup {
+    long long dp, tp, pp, ep, world;
+    long long global_batch, micro_batch, seq_len, steps, micro_batches; /* micro_batches per data-parallel rank */
+    int schedule;            /* 0 gpipe, 1 1f1b, 2 interleaved */
+    int virtual_stages, zero, precision; /* precision: 0 fp32, 1 bf16, 2 fp16 */
+    int recompute, sequence_parallel;
+    long long layers;        /* layer-stack count, 0 if none */
+} fe_setup;
+
+const graph *fe_graph(const fe *f);          /* valid after fe_check == FE_OK */
+fe_setup fe_get_setup(const fe *f);
 
 void fe_dump_ast(fe *f, FILE *out);
 void fe_dump_params(fe *f, FILE *out);

@@ -38,6 +38,7 @@ struct value {
     int64_t dims[VALUE_MAX_RANK];
     unsigned split_axes;  /* V_TENSOR: bit per mesh axis it is annotated @split over */
     unsigned placed_axes; /* V_TENSOR: bit per mesh axis with any annotation */
+    int node;             /* V_TENSOR: graph node id + 1 (graph.h); 0 when not recorded */
     int n;                /* V_TUPLE elements, V_CALL arguments */
     value *elems;
     const char **names;   /* V_CALL argument names (NULL = positional) */

@@ -1,0 +1,1 @@
+$MESHC --dump=graph tests/golden/snippets/blocks.mesh

@@ -1,0 +1,1 @@
+$MESHC --dump=graph examples/gpt2.mesh
