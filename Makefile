@@ -218,7 +218,7 @@ $(BUILD)/meshrun: $(OBJ)/runtime/meshrun.o $(BUILD)/libmesh.a
 
 # ---- Tests --------------------------------------------------------------
 
-$(OBJ)/tests/unit/%.o: CPPFLAGS += -Itests/unit
+$(OBJ)/tests/unit/%.o: CPPFLAGS += -Itests/unit -Icompiler -DMESH_STD_DIR='"$(abspath lang)"'
 
 $(BUILD)/unit_tests: $(UNIT_OBJ) $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS)

@@ -15,6 +15,7 @@
 
 #include "frontend.h"
 #include "mesh.h"
+#include "shard.h"
 
 #ifndef MESH_STD_DIR
 #define MESH_STD_DIR "lang"
@@ -31,6 +32,8 @@ static const char usage_text[] =
     "  --dump=ast         print the syntax tree of FILE as stable text\n"
     "  --dump=params      print every parameter: name, shape, placement, init\n"
     "  --dump=graph       print the model's dataflow graph (ops, shapes, repeats)\n"
+    "  --dump=placements  print every tensor's placement over the mesh and the\n"
+    "                     collectives of the forward and backward programs\n"
     "  --set KEY=VALUE    override a value: mesh.tp=4, train.micro_batch=2,\n"
     "                     model.dim=512 (a model constant), NAME (a top-level constant)\n"
     "  -I DIR             search DIR for imports (after the importing file's folder)\n"
@@ -66,6 +69,21 @@ static const char *std_dir(char *buf, size_t n) {
     return MESH_STD_DIR;
 }
 
+/* Derives the placements and the forward and backward programs. */
+static fe_status dump_placements(fe *f) {
+    fe_setup setup = fe_get_setup(f);
+    shard_prog p;
+    fe_status st = FE_OK;
+    if (shard_build(fe_graph(f), &setup, &p) == 0) {
+        shard_dump(&p, stdout);
+    } else {
+        fe_error_at(f, p.error_node >= 0 ? fe_graph(f)->nodes[p.error_node].where : LOC_NONE, p.error);
+        st = FE_ERRORS;
+    }
+    shard_free(&p);
+    return st;
+}
+
 int main(int argc, char **argv) {
     const char *includes[MAX_INCLUDES], *sets[MAX_SETS], *file = NULL, *dump = NULL;
     int n_inc = 0, n_sets = 0;
@@ -79,8 +97,9 @@ int main(int argc, char **argv) {
             return 0;
         } else if (strncmp(a, "--dump=", 7) == 0) {
             dump = a + 7;
-            if (strcmp(dump, "ast") != 0 && strcmp(dump, "params") != 0 && strcmp(dump, "graph") != 0)
-                return usage_error("unknown dump '%s' (use --dump=ast, params or graph)", dump);
+            if (strcmp(dump, "ast") != 0 && strcmp(dump, "params") != 0 && strcmp(dump, "graph") != 0 &&
+                strcmp(dump, "placements") != 0)
+                return usage_error("unknown dump '%s' (use --dump=ast, params, graph or placements)", dump);
         } else if (strcmp(a, "--set") == 0 || strncmp(a, "--set=", 6) == 0) {
             const char *v = a[5] == '=' ? a + 6 : (i + 1 < argc ? argv[++i] : NULL);
             if (!v) return usage_error("%s needs KEY=VALUE", "--set");
@@ -129,6 +148,7 @@ int main(int argc, char **argv) {
             if (!dump) fe_summary(f, stdout);
             else if (strcmp(dump, "params") == 0) fe_dump_params(f, stdout);
             else if (strcmp(dump, "graph") == 0) graph_dump(fe_graph(f), stdout);
+            else if (strcmp(dump, "placements") == 0) st = dump_placements(f);
         }
     }
     if (st == FE_NOMEM) fputs("meshc: error: out of memory\n", stderr);

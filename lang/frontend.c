@@ -331,6 +331,8 @@ fe_status fe_check(fe *f) {
 
 const graph *fe_graph(const fe *f) { return &f->graph; }
 
+void fe_error_at(fe *f, loc l, const char *msg) { diag_report(f->diag, DIAG_ERROR, l, "%s", msg); }
+
 fe_setup fe_get_setup(const fe *f) {
     const checker *c = &f->c;
     const train_cfg *t = &c->train;

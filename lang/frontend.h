@@ -49,6 +49,7 @@ typedef struct fe_setup {
 } fe_setup;
 
 const graph *fe_graph(const fe *f);          /* valid after fe_check == FE_OK */
+void fe_error_at(fe *f, loc l, const char *msg); /* a diagnostic from a later stage */
 fe_setup fe_get_setup(const fe *f);
 
 void fe_dump_ast(fe *f, FILE *out);

@@ -1,0 +1,264 @@
+/* autodiff.c — the backward program, derived from the forward one.
+ *
+ * Walks the forward compute steps in reverse. Each op's backward rule says
+ * with which placement it produces the gradient of each input; gradients of
+ * a tensor used several times (a residual, a tied weight) are summed. A
+ * conversion in the forward program has its dual here: all-reduce <->
+ * identity, reduce-scatter <-> all-gather, all-gather <-> reduce-scatter
+ * (a local slice when the gradient is already whole), all-to-all <->
+ * all-to-all. Where a gradient comes out partial but the tensor was whole
+ * (the input of a column-parallel product), it is summed over tp: the
+ * backward all-reduce of Megatron's "f" operator. Last come the gradient
+ * reductions of params: over tp where a replicated param saw split inputs
+ * (norm weights under sequence parallelism), and over dp.
+ */
+#include <stdlib.h> /* calloc, free */
+#include <string.h> /* memset */
+
+#include "shard_impl.h"
+
+typedef struct grad {
+    int has;
+    shard_pl pl;
+} grad;
+
+/* Emits a backward step on the gradient of tensor t. */
+static int emit(shard_walk *w, int t, shard_step_kind kind, int axis, int dim, int64_t elems, const char *why) {
+    shard_step s = {0};
+    s.kind = kind;
+    s.backward = 1;
+    s.node = t;
+    s.axis = axis;
+    s.dim = dim;
+    s.elems = elems;
+    s.region = t >= 0 ? w->p->g->nodes[t].region : -1;
+    s.why = why;
+    return shard__push(w->p, s) < 0 ? -1 : 0;
+}
+
+/* Converts gradient placement g of tensor t to `want` over tp. */
+static int regrad(shard_walk *w, int t, shard_pl *g, shard_pl want, const char *why) {
+    if (shard__same_tp(*g, want)) return 0;
+    int64_t e = shard__numel(&w->p->g->nodes[t]);
+    int hk = g->kind[TP], wk = want.kind[TP], rc = 0;
+    if (hk == PL_PARTIAL && wk == PL_REP) rc = emit(w, t, STEP_ALL_REDUCE, TP, -1, e, why);
+    else if (hk == PL_PARTIAL && wk == PL_SPLIT) rc = emit(w, t, STEP_REDUCE_SCATTER, TP, want.dim[TP], e, why);
+    else if (hk == PL_SPLIT && wk == PL_REP) rc = emit(w, t, STEP_ALL_GATHER, TP, g->dim[TP], e, why);
+    else if (hk == PL_REP && wk == PL_SPLIT) rc = emit(w, t, STEP_SLICE, TP, want.dim[TP], e, why);
+    else if (hk == PL_SPLIT && wk == PL_SPLIT) rc = emit(w, t, STEP_ALL_TO_ALL, TP, want.dim[TP], e, why);
+    else if (wk == PL_PARTIAL) return 0; /* a whole gradient is a valid partial one on one rank... kept whole */
+    *g = want;
+    return rc;
+}
+
+/* Adds a gradient contribution to a slot: partial contributions take the
+ * placement of whole ones (a reduction), a replicated one is sliced to a
+ * split one. */
+static int add_grad(shard_walk *w, int t, grad *slot, shard_pl c) {
+    if (!slot->has) {
+        slot->has = 1;
+        slot->pl = c;
+        return 0;
+    }
+    if (shard__same_tp(slot->pl, c)) return 0;
+    if (slot->pl.kind[TP] == PL_PARTIAL) return regrad(w, t, &slot->pl, c, "gradient contributions summed");
+    if (c.kind[TP] == PL_PARTIAL) return regrad(w, t, &c, slot->pl, "gradient contributions summed");
+    if (slot->pl.kind[TP] == PL_REP) return regrad(w, t, &slot->pl, c, "gradient contributions matched");
+    return regrad(w, t, &c, slot->pl, "gradient contributions matched");
+}
+
+/* The gradient of the version a conversion came from, given the gradient
+ * of the version it made: the dual of the conversion. */
+static int dual(shard_walk *w, const shard_version *v, shard_pl *g) {
+    int t = v->tensor;
+    int64_t e = shard__numel(&w->p->g->nodes[t]);
+    switch (v->kind) {
+    case STEP_ALL_REDUCE: /* identity; the gradient of a partial sum is whole */
+        return regrad(w, t, g, shard__with_tp(*g, PL_REP, -1), "dual of an all-reduce: gradient made whole");
+    case STEP_REDUCE_SCATTER:
+        if (regrad(w, t, g, v->to, "dual of a reduce-scatter") < 0) return -1;
+        if (emit(w, t, STEP_ALL_GATHER, TP, v->to.dim[TP], e, "dual of a reduce-scatter") < 0) return -1;
+        *g = shard__with_tp(*g, PL_REP, -1);
+        return 0;
+    case STEP_ALL_GATHER:
+        return regrad(w, t, g, v->from, "dual of an all-gather");
+    case STEP_SLICE:
+        if (g->kind[TP] == PL_PARTIAL) return regrad(w, t, g, v->from, "dual of a slice");
+        return regrad(w, t, g, v->from, "dual of a slice");
+    case STEP_ALL_TO_ALL:
+        return regrad(w, t, g, v->from, "dual of an all-to-all");
+    default:
+        return 0;
+    }
+}
+
+/* The gradient of tensor t as produced: every version's gradient carried
+ * back through its conversion's dual. */
+static int collect(shard_walk *w, int t, grad *gver, grad *gt) {
+    for (int v = w->last_ver[t]; v >= 0; v = w->vers[v].prev) {
+        if (!gver[v].has) continue;
+        shard_pl g = gver[v].pl;
+        if (dual(w, &w->vers[v], &g) < 0) return -1;
+        grad *to = w->vers[v].prev >= 0 ? &gver[w->vers[v].prev] : gt;
+        if (add_grad(w, t, to, g) < 0) return -1;
+    }
+    return 0;
+}
+
+static const shard_use *find_use(const shard_walk *w, int node, int k) {
+    for (int i = w->n_uses - 1; i >= 0; i--)
+        if (w->uses[i].node == node && w->uses[i].k == k) return &w->uses[i];
+    return NULL;
+}
+
+/* The placement an op's backward gives the gradient of input k. */
+static shard_pl contribution(const shard_walk *w, int id, int k, shard_pl u, const shard_pl *uses) {
+    const g_node *n = &w->p->g->nodes[id];
+    int xl = n->rank >= 1 ? n->rank - 1 : 0;
+    switch (n->op) {
+    case G_MATMUL: {
+        shard_pl wpl = uses[1], x = uses[0];
+        int col = wpl.kind[TP] == PL_SPLIT && wpl.dim[TP] == 1, row = wpl.kind[TP] == PL_SPLIT && wpl.dim[TP] == 0;
+        if (k == 0) return col ? shard__with_tp(u, PL_PARTIAL, -1) : u;
+        if (col || row) return u;
+        /* a replicated weight: its gradient sums over tokens, partial when
+         * the tokens are split over tp */
+        return shard__with_tp(u, x.kind[TP] == PL_SPLIT && x.dim[TP] != xl ? PL_PARTIAL : PL_REP, -1);
+    }
+    case G_BIAS_ADD:
+    case G_LAYERNORM:
+    case G_RMSNORM:
+        if (k == 0) return u;
+        if (u.kind[TP] == PL_SPLIT) return u; /* a split bias from a split output */
+        return shard__with_tp(u, uses[0].kind[TP] == PL_SPLIT && uses[0].dim[TP] != xl ? PL_PARTIAL : PL_REP, -1);
+    case G_EMBED:
+        if (u.kind[TP] == PL_SPLIT) return u; /* vocab-parallel: each rank its rows */
+        return shard__with_tp(u, w->p->pl[id].kind[TP] == PL_SPLIT ? PL_PARTIAL : PL_REP, -1);
+    case G_MOE:
+        if (k == 0) return w->p->pl[id].kind[TP] == PL_PARTIAL ? shard__with_tp(u, PL_PARTIAL, -1) : u;
+        if (k == 1) return shard__with_tp(u, uses[0].kind[TP] == PL_SPLIT ? PL_PARTIAL : PL_REP, -1);
+        return u;
+    default:
+        return u; /* pointwise, attention, rope, add, transpose, ...: as consumed */
+    }
+}
+
+/* Which params received a gradient (a fresh array, freed by the caller of
+ * shard__grad_sync). */
+static int *gt_has(const grad *gt, int n) {
+    int *has = calloc((size_t)(n > 0 ? n : 1), sizeof *has);
+    for (int i = 0; has && i < n; i++) has[i] = gt[i].has;
+    return has;
+}
+
+static int differentiable(const shard_walk *w, int t) {
+    const g_node *n = &w->p->g->nodes[t];
+    return !n->is_int && n->op != G_INPUT && n->op != G_ARANGE;
+}
+
+int shard__backward_walk(shard_walk *w) {
+    shard_prog *p = w->p;
+    const graph *g = p->g;
+    if (g->loss < 0) return 0;
+    grad *gt = calloc((size_t)(g->n ? g->n : 1), sizeof *gt);
+    grad *gver = calloc((size_t)(w->n_vers ? w->n_vers : 1), sizeof *gver);
+    char *gathered = calloc((size_t)(g->n ? g->n : 1), 1);
+    int rc = !gt || !gver || !gathered ? -1 : 0;
+    if (rc == 0) {
+        gt[g->loss].has = 1;
+        gt[g->loss].pl = p->pl[g->loss];
+    }
+    for (int i = p->n_forward - 1; i >= 0 && rc == 0; i--) {
+        const shard_step fs = p->steps[i];
+        if (fs.kind != STEP_COMPUTE || !differentiable(w, fs.node)) continue;
+        int id = fs.node;
+        const g_node *n = &g->nodes[id];
+        if (collect(w, id, gver, &gt[id]) < 0) { rc = -1; break; }
+        if (!gt[id].has) continue;
+        shard_pl expect = p->pl[id];
+        if (expect.kind[TP] == PL_PARTIAL) expect = shard__with_tp(expect, PL_REP, -1);
+        if (regrad(w, id, &gt[id].pl, expect, "partial gradient summed over tp") < 0) { rc = -1; break; }
+        if (n->op == G_MOE && p->setup.ep > 1 &&
+            emit(w, id, STEP_ALL_TO_ALL, EP, 0, p->steps[i + 1].elems, "dual of the moe combine") < 0) {
+            rc = -1;
+            break;
+        }
+        for (int k = 0; k < n->n_in && rc == 0; k++)
+            if (g->nodes[n->in[k]].op == G_PARAM && !gathered[n->in[k]]) {
+                gathered[n->in[k]] = 1;
+                rc = shard__zero3_gather(w, n->in[k], 1);
+            }
+        shard_step s = {0};
+        s.kind = STEP_COMPUTE;
+        s.backward = 1;
+        s.node = id;
+        s.axis = s.dim = -1;
+        s.region = n->region;
+        if (shard__push(p, s) < 0) { rc = -1; break; }
+        if (n->op == G_MOE && p->setup.ep > 1 &&
+            emit(w, id, STEP_ALL_TO_ALL, EP, 0, p->steps[i + 1].elems, "dual of the moe dispatch") < 0) {
+            rc = -1;
+            break;
+        }
+        shard_pl uses[GRAPH_MAX_IN];
+        const shard_use *us[GRAPH_MAX_IN];
+        for (int k = 0; k < n->n_in; k++) {
+            us[k] = find_use(w, id, k);
+            uses[k] = us[k] ? us[k]->pl : p->pl[n->in[k]];
+        }
+        for (int k = 0; k < n->n_in && rc == 0; k++) {
+            int t = n->in[k];
+            if (!differentiable(w, t) || !us[k]) continue;
+            shard_pl c = contribution(w, id, k, uses[k], uses);
+            grad *slot = us[k]->ver >= 0 ? &gver[us[k]->ver] : &gt[t];
+            rc = add_grad(w, t, slot, c);
+        }
+    }
+    /* params: gradients reduced over tp where needed, then over dp */
+    for (int t = 0; t < g->n && rc == 0; t++) {
+        const g_node *n = &g->nodes[t];
+        if (n->op != G_PARAM) continue;
+        if (collect(w, t, gver, &gt[t]) < 0) { rc = -1; break; }
+        if (!gt[t].has) continue;
+        rc = regrad(w, t, &gt[t].pl, p->pl[t], "param gradient summed over tp");
+    }
+    if (rc == 0) rc = shard__grad_sync(w, gt_has(gt, g->n));
+    free(gt);
+    free(gver);
+    free(gathered);
+    return rc;
+}
+
+/* Data parallelism, once per step after the last micro-batch: each param's
+ * gradient is summed over its data-parallel group (dp x ep for dense
+ * params, dp for experts): an all-reduce with zero = 0, a reduce-scatter
+ * with zero >= 1 (each rank then updates its shard of the optimizer state),
+ * followed after the optimizer step by an all-gather of the updated params
+ * for zero = 1 and 2. zero = 3 keeps params sharded: they are gathered
+ * before each use in forward and backward instead (shard.c). */
+int shard__grad_sync(shard_walk *w, int *has) {
+    shard_prog *p = w->p;
+    const graph *g = p->g;
+    int rc = has ? 0 : -1;
+    for (int phase = 0; phase < 2 && rc == 0; phase++)
+        for (int t = 0; t < g->n && rc == 0; t++) {
+            const g_node *n = &g->nodes[t];
+            if (n->op != G_PARAM || !has[t]) continue;
+            int64_t group = shard__dp_group(p, t);
+            if (group <= 1) continue;
+            if (phase == 1 && (p->setup.zero == 0 || p->setup.zero == 3)) continue;
+            shard_step_kind k = phase ? STEP_ALL_GATHER : p->setup.zero ? STEP_REDUCE_SCATTER : STEP_ALL_REDUCE;
+            shard_step s = {0};
+            s.kind = k;
+            s.backward = 2 + phase;
+            s.node = t;
+            s.axis = DP;
+            s.dim = 0;
+            s.elems = shard__local_numel(p, t);
+            s.region = n->region;
+            s.why = phase ? "updated params gathered (zero 1/2)" : "gradient summed over the data-parallel ranks";
+            rc = shard__push(p, s) < 0 ? -1 : 0;
+        }
+    free(has);
+    return rc;
+}
