@@ -15,7 +15,10 @@
 
 #include "frontend.h"
 #include "mesh.h"
+#include "ranks.h"
+#include "sched.h"
 #include "shard.h"
+#include "timeline.h"
 
 #ifndef MESH_STD_DIR
 #define MESH_STD_DIR "lang"
@@ -34,6 +37,9 @@ static const char usage_text[] =
     "  --dump=graph       print the model's dataflow graph (ops, shapes, repeats)\n"
     "  --dump=placements  print every tensor's placement over the mesh and the\n"
     "                     collectives of the forward and backward programs\n"
+    "  --dump=schedule    print the pipeline schedule: each stage's units in order\n"
+    "  --check            check only: print the static check's result, no summary\n"
+    "  --timeline F.svg   draw the pipeline schedule into F.svg (open it in a browser)\n"
     "  --set KEY=VALUE    override a value: mesh.tp=4, train.micro_batch=2,\n"
     "                     model.dim=512 (a model constant), NAME (a top-level constant)\n"
     "  -I DIR             search DIR for imports (after the importing file's folder)\n"
@@ -69,23 +75,88 @@ static const char *std_dir(char *buf, size_t n) {
     return MESH_STD_DIR;
 }
 
-/* Derives the placements and the forward and backward programs. */
-static fe_status dump_placements(fe *f) {
-    fe_setup setup = fe_get_setup(f);
-    shard_prog p;
+/* What a compile derives after the checks: placements and programs, the
+ * pipeline schedule, and the static check over every rank. */
+typedef struct compiled {
+    fe_setup setup;
+    shard_prog prog;
+    sched sc;
+    int have_prog, have_sched;
+    long long ops, colls, p2p;
+} compiled;
+
+static fe_status compile(fe *f, compiled *c, int run_check) {
+    memset(c, 0, sizeof *c);
+    c->setup = fe_get_setup(f);
+    const graph *g = fe_graph(f);
+    if (shard_build(g, &c->setup, &c->prog) != 0) {
+        fe_error_at(f, c->prog.error_node >= 0 ? g->nodes[c->prog.error_node].where : LOC_NONE, c->prog.error);
+        return FE_ERRORS;
+    }
+    c->have_prog = 1;
+    static const sched_kind kinds[] = {SCHED_KIND_GPIPE, SCHED_KIND_1F1B, SCHED_KIND_INTERLEAVED};
+    char err[512];
+    if (sched_build(&c->sc, kinds[c->setup.schedule], (int)c->setup.pp, (int)c->setup.micro_batches,
+                    c->setup.schedule == 2 ? c->setup.virtual_stages : 1, err, sizeof err) != 0) {
+        fe_error_at(f, LOC_NONE, err);
+        return FE_ERRORS;
+    }
+    c->have_sched = 1;
+    if (!run_check) return FE_OK;
+    rank_progs r;
     fe_status st = FE_OK;
-    if (shard_build(fe_graph(f), &setup, &p) == 0) {
-        shard_dump(&p, stdout);
-    } else {
-        fe_error_at(f, p.error_node >= 0 ? fe_graph(f)->nodes[p.error_node].where : LOC_NONE, p.error);
+    if (ranks_build(&r, &c->prog, &c->sc, err, sizeof err) != 0 || ranks_check(&r, err, sizeof err) != 0) {
+        char msg[640];
+        snprintf(msg, sizeof msg, "the plan fails the static check: %s", err);
+        fe_error_at(f, LOC_NONE, msg);
         st = FE_ERRORS;
     }
-    shard_free(&p);
+    c->colls = r.n_coll;
+    c->p2p = r.n_p2p;
+    ranks_free(&r);
     return st;
 }
 
+static void compiled_free(compiled *c) {
+    if (c->have_prog) shard_free(&c->prog);
+    if (c->have_sched) sched_free(&c->sc);
+}
+
+/* --timeline FILE.svg: the schedule with backward twice as long as forward. */
+static fe_status write_timeline(fe *f, const compiled *c, const char *path) {
+    FILE *out = fopen(path, "w");
+    if (!out || timeline_svg(&c->sc, 1.0, 2.0, out) != 0) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "cannot write the timeline to '%s'", path);
+        fe_error_at(f, LOC_NONE, msg);
+        if (out) fclose(out);
+        return FE_ERRORS;
+    }
+    return fclose(out) == 0 ? FE_OK : FE_ERRORS;
+}
+
+/* 4576 -> "4,576" */
+static void commas(long long v, char *buf, size_t n) {
+    char d[32];
+    int k = snprintf(d, sizeof d, "%lld", v), j = 0;
+    for (int i = 0; i < k && (size_t)j + 2 < n; i++) {
+        if (i > 0 && (k - i) % 3 == 0) buf[j++] = ',';
+        buf[j++] = d[i];
+    }
+    buf[j] = '\0';
+}
+
+static void print_check(const compiled *c) {
+    char a[32], b[32];
+    commas(c->colls, a, sizeof a);
+    commas(c->p2p, b, sizeof b);
+    printf("  check:    every rank's step simulated (%lld rank%s, %s collective calls, %s sends and receives): "
+           "no deadlock, every collective matched\n", c->setup.world, c->setup.world == 1 ? "" : "s", a, b);
+}
+
 int main(int argc, char **argv) {
-    const char *includes[MAX_INCLUDES], *sets[MAX_SETS], *file = NULL, *dump = NULL;
+    const char *includes[MAX_INCLUDES], *sets[MAX_SETS], *file = NULL, *dump = NULL, *timeline = NULL;
+    int check_only = 0;
     int n_inc = 0, n_sets = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -98,8 +169,13 @@ int main(int argc, char **argv) {
         } else if (strncmp(a, "--dump=", 7) == 0) {
             dump = a + 7;
             if (strcmp(dump, "ast") != 0 && strcmp(dump, "params") != 0 && strcmp(dump, "graph") != 0 &&
-                strcmp(dump, "placements") != 0)
-                return usage_error("unknown dump '%s' (use --dump=ast, params, graph or placements)", dump);
+                strcmp(dump, "placements") != 0 && strcmp(dump, "schedule") != 0)
+                return usage_error("unknown dump '%s' (use --dump=ast, params, graph, placements or schedule)", dump);
+        } else if (strcmp(a, "--check") == 0) {
+            check_only = 1;
+        } else if (strcmp(a, "--timeline") == 0 || strncmp(a, "--timeline=", 11) == 0) {
+            timeline = a[10] == '=' ? a + 11 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!timeline || !*timeline) return usage_error("%s needs a file name (an .svg)", "--timeline");
         } else if (strcmp(a, "--set") == 0 || strncmp(a, "--set=", 6) == 0) {
             const char *v = a[5] == '=' ? a + 6 : (i + 1 < argc ? argv[++i] : NULL);
             if (!v) return usage_error("%s needs KEY=VALUE", "--set");
@@ -144,12 +220,22 @@ int main(int argc, char **argv) {
             fflush(stdout);
         }
         st = fe_check(f);
-        if (st == FE_OK) {
-            if (!dump) fe_summary(f, stdout);
-            else if (strcmp(dump, "params") == 0) fe_dump_params(f, stdout);
-            else if (strcmp(dump, "graph") == 0) graph_dump(fe_graph(f), stdout);
-            else if (strcmp(dump, "placements") == 0) st = dump_placements(f);
+        int has_model = st == FE_OK && fe_graph(f)->loss >= 0;
+        if (st == FE_OK && (!dump || strcmp(dump, "ast") != 0) && has_model) {
+            int needs = !dump || strcmp(dump, "placements") == 0 || strcmp(dump, "schedule") == 0 || timeline;
+            compiled c;
+            if (needs) st = compile(f, &c, !dump);
+            if (st == FE_OK && !dump && !check_only) fe_summary(f, stdout);
+            if (st == FE_OK && !dump) print_check(&c);
+            if (st == FE_OK && dump && strcmp(dump, "placements") == 0) shard_dump(&c.prog, stdout);
+            if (st == FE_OK && dump && strcmp(dump, "schedule") == 0) sched_dump(&c.sc, stdout);
+            if (st == FE_OK && timeline) st = write_timeline(f, &c, timeline);
+            if (needs) compiled_free(&c);
+        } else if (st == FE_OK && !dump && !check_only) {
+            fe_summary(f, stdout);
         }
+        if (st == FE_OK && dump && strcmp(dump, "params") == 0) fe_dump_params(f, stdout);
+        if (st == FE_OK && dump && strcmp(dump, "graph") == 0) graph_dump(fe_graph(f), stdout);
     }
     if (st == FE_NOMEM) fputs("meshc: error: out of memory\n", stderr);
     if (st != FE_OK) rc = 1;

@@ -68,3 +68,8 @@ TEST(verify_large_mesh)
 TEST(verify_sched_grid)
 TEST(verify_sched_catches_reordered_receive)
 TEST(verify_sched_catches_dropped_send)
+
+/* compiler: every rank's program and the static check, test_ranks.c */
+TEST(ranks_generated_programs_pass)
+TEST(ranks_swapped_collectives_caught)
+TEST(ranks_missing_receive_caught)

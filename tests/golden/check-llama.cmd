@@ -1,0 +1,1 @@
+$MESHC --check examples/llama.mesh

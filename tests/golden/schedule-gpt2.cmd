@@ -1,0 +1,1 @@
+$MESHC --dump=schedule examples/gpt2.mesh

@@ -1,0 +1,1 @@
+f=$(mktemp) && $MESHC --check --timeline "$f" --set mesh.dp=1 --set mesh.tp=1 --set train.global_batch=4 --set train.micro_batch=1 --set mesh.pp=4 examples/gpt2.mesh && grep -c "<rect" "$f" && head -c 200 "$f"; echo; rm -f "$f"
