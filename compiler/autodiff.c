@@ -240,6 +240,22 @@ int shard__grad_sync(shard_walk *w, int *has) {
     shard_prog *p = w->p;
     const graph *g = p->g;
     int rc = has ? 0 : -1;
+    /* a weight used before and after the layer stack (a tied embedding and
+     * LM head) lives on the first and the last pipeline stage: the two
+     * gradients are summed between them first */
+    for (int t = 0; t < g->n && rc == 0 && p->setup.pp > 1; t++) {
+        if (g->nodes[t].op != G_PARAM || !has[t] || !shard__tied_across_stack(g, t)) continue;
+        shard_step s = {0};
+        s.kind = STEP_ALL_REDUCE;
+        s.backward = 2;
+        s.node = t;
+        s.axis = PP;
+        s.dim = -1;
+        s.elems = shard__local_numel(p, t);
+        s.region = g->nodes[t].region;
+        s.why = "tied weight: gradient summed between the first and last pipeline stages";
+        rc = shard__push(p, s) < 0 ? -1 : 0;
+    }
     for (int phase = 0; phase < 2 && rc == 0; phase++)
         for (int t = 0; t < g->n && rc == 0; t++) {
             const g_node *n = &g->nodes[t];

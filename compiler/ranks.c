@@ -1,10 +1,11 @@
 /* ranks.c — every rank's program and the static check (ranks.h). */
 #include "ranks.h"
+#include "shard_impl.h"
 
 #include <stdlib.h> /* calloc, realloc, free */
 #include <string.h> /* memset */
 
-enum { DP = 0, TP = 1, PP = 2, EP = 3, RANKS_MAX_WORLD = 1 << 20 };
+enum { RANKS_MAX_WORLD = 1 << 20 };
 
 typedef struct coords {
     int tp, ep, dp, pp;
@@ -17,7 +18,7 @@ typedef struct builder {
     int stack;                /* the layer-stack region, -1 if none */
     int chunks;               /* pp x v */
     long long layers_per_chunk;
-    int base[5];              /* first group index of: tp, ep, dp dense, dp expert */
+    int base[6];              /* first group index of: tp, ep, dp dense, dp expert, first+last stage */
     long long act_bytes;      /* an activation crossing a stage boundary */
     int elem_bytes;
 } builder;
@@ -59,15 +60,18 @@ static int build_groups(builder *b) {
     const fe_setup *s = &b->p->setup;
     rank_progs *r = b->r;
     int ntp = (int)(s->pp * s->dp * s->ep), nep = (int)(s->pp * s->dp * s->tp);
-    int ndd = (int)(s->pp * s->tp), nde = (int)(s->pp * s->ep * s->tp);
+    /* groups: tp, ep, dense dp (dp x ep), expert dp, and with pp > 1 the
+     * first and last stage ranks of equal dp/ep/tp (tied weights) */
+    int ndd = (int)(s->pp * s->tp), nde = (int)(s->pp * s->ep * s->tp), nemb = (int)(s->dp * s->ep * s->tp);
     b->base[0] = 0;
     b->base[1] = ntp;
     b->base[2] = ntp + nep;
     b->base[3] = ntp + nep + ndd;
     b->base[4] = ntp + nep + ndd + nde;
-    r->n_groups = b->base[4];
+    b->base[5] = b->base[4] + (s->pp > 1 ? nemb : 0);
+    r->n_groups = b->base[5];
     r->groups = calloc((size_t)r->n_groups, sizeof *r->groups);
-    r->group_store = calloc((size_t)r->world * 4, sizeof *r->group_store);
+    r->group_store = calloc((size_t)r->world * 5, sizeof *r->group_store);
     if (!r->groups || !r->group_store) return -1;
     int *fill = calloc((size_t)r->n_groups, sizeof *fill);
     if (!fill) return -1;
@@ -79,13 +83,20 @@ static int build_groups(builder *b) {
             r->groups[gi].n = (int)size[kind];
             off += (int)size[kind];
         }
+    for (int gi = b->base[4]; gi < b->base[5]; gi++) {
+        r->groups[gi].ranks = r->group_store + off;
+        r->groups[gi].n = 2;
+        off += 2;
+    }
     for (int rank = 0; rank < r->world; rank++) {
         coords c = coords_of(b, rank);
-        int g[4] = {b->base[0] + (int)((c.pp * s->dp + c.dp) * s->ep + c.ep),
+        int g[5] = {b->base[0] + (int)((c.pp * s->dp + c.dp) * s->ep + c.ep),
                     b->base[1] + (int)((c.pp * s->dp + c.dp) * s->tp + c.tp),
                     b->base[2] + (int)(c.pp * s->tp + c.tp),
-                    b->base[3] + (int)((c.pp * s->ep + c.ep) * s->tp + c.tp)};
-        for (int k = 0; k < 4; k++) ((int *)r->groups[g[k]].ranks)[fill[g[k]]++] = rank;
+                    b->base[3] + (int)((c.pp * s->ep + c.ep) * s->tp + c.tp),
+                    b->base[4] + (int)((c.dp * s->ep + c.ep) * s->tp + c.tp)};
+        int n = s->pp > 1 && (c.pp == 0 || c.pp == s->pp - 1) ? 5 : 4;
+        for (int k = 0; k < n; k++) ((int *)r->groups[g[k]].ranks)[fill[g[k]]++] = rank;
     }
     free(fill);
     return 0;
@@ -97,6 +108,7 @@ static int group_of(const builder *b, const shard_step *st, int rank) {
     coords c = coords_of(b, rank);
     if (st->axis == TP) return b->base[0] + (int)((c.pp * s->dp + c.dp) * s->ep + c.ep);
     if (st->axis == EP) return b->base[1] + (int)((c.pp * s->dp + c.dp) * s->tp + c.tp);
+    if (st->axis == PP) return b->base[4] + (int)((c.dp * s->ep + c.ep) * s->tp + c.tp);
     int expert = b->p->g->nodes[st->node].op == G_PARAM && b->p->pl[st->node].kind[EP] == PL_SPLIT;
     if (!expert) return b->base[2] + (int)(c.pp * s->tp + c.tp);
     return b->base[3] + (int)((c.pp * s->ep + c.ep) * s->tp + c.tp);
@@ -246,6 +258,10 @@ int ranks_build(rank_progs *r, const shard_prog *p, const sched *sc, char *err, 
                 /* a stage syncs the params of the layers it holds */
                 int part = part_of(&b, si), stage = coords_of(&b, rank).pp;
                 int mine = part == 1 || (part == 0 && stage == 0) || (part == 2 && stage == sc->pp - 1);
+                if (x->axis == PP) mine = stage == 0 || stage == sc->pp - 1;
+                if (x->axis == DP && part == 0 && stage == sc->pp - 1 && sc->pp > 1 &&
+                    shard__tied_across_stack(p->g, x->node))
+                    mine = 1; /* the last stage's copy of a tied weight is synced too */
                 long long reps = part == 1 ? b.layers_per_chunk * sc->v : 1;
                 for (long long k = 0; mine && k < reps && rc == 0; k++) rc = emit_step(&b, rank, si);
             }

@@ -80,6 +80,7 @@ int shard__vocab_parallel_ce(shard_walk *w, int id);
 int shard__backward_walk(shard_walk *w);
 int shard__grad_sync(shard_walk *w, int *has);           /* takes `has` */
 int shard__zero3_gather(shard_walk *w, int param, int backward);
+int shard__tied_across_stack(const graph *g, int t);
 int64_t shard__dp_group(const shard_prog *p, int param); /* ranks its gradient is summed over */
 int64_t shard__local_numel(const shard_prog *p, int t);  /* elements per rank after tp/ep splits */
 

@@ -250,3 +250,19 @@ int shard__zero3_gather(shard_walk *w, int param, int backward) {
     s.why = backward ? "zero 3: param gathered again for backward" : "zero 3: param gathered before use";
     return shard__push(p, s) < 0 ? -1 : 0;
 }
+
+/* Is param t used both before and after the layer stack? */
+int shard__tied_across_stack(const graph *g, int t) {
+    int stack = -1;
+    for (int r = 0; r < g->n_regions; r++)
+        if (g->regions[r].is_stack) stack = r;
+    if (stack < 0) return 0;
+    int before = 0, after = 0;
+    for (int i = 0; i < g->n; i++)
+        for (int k = 0; k < g->nodes[i].n_in; k++) {
+            if (g->nodes[i].in[k] != t) continue;
+            before |= i < g->regions[stack].first;
+            after |= i >= g->regions[stack].end;
+        }
+    return before && after;
+}
