@@ -18,6 +18,7 @@
 #include "ranks.h"
 #include "sched.h"
 #include "shard.h"
+#include "stats.h"
 #include "timeline.h"
 
 #ifndef MESH_STD_DIR
@@ -39,6 +40,9 @@ static const char usage_text[] =
     "                     collectives of the forward and backward programs\n"
     "  --dump=schedule    print the pipeline schedule: each stage's units in order\n"
     "  --check            check only: print the static check's result, no summary\n"
+    "  --stats            print per pipeline stage: memory per rank by kind, FLOPs\n"
+    "                     and collectives per step, and the schedule's bubble\n"
+    "  --memory-limit N   reject a plan needing more than N per rank (80GiB, 512MiB)\n"
     "  --timeline F.svg   draw the pipeline schedule into F.svg (open it in a browser)\n"
     "  --set KEY=VALUE    override a value: mesh.tp=4, train.micro_batch=2,\n"
     "                     model.dim=512 (a model constant), NAME (a top-level constant)\n"
@@ -81,7 +85,8 @@ typedef struct compiled {
     fe_setup setup;
     shard_prog prog;
     sched sc;
-    int have_prog, have_sched;
+    rank_progs ranks;
+    int have_prog, have_sched, have_ranks;
     long long ops, colls, p2p;
 } compiled;
 
@@ -103,21 +108,51 @@ static fe_status compile(fe *f, compiled *c, int run_check) {
     }
     c->have_sched = 1;
     if (!run_check) return FE_OK;
-    rank_progs r;
     fe_status st = FE_OK;
-    if (ranks_build(&r, &c->prog, &c->sc, err, sizeof err) != 0 || ranks_check(&r, err, sizeof err) != 0) {
+    int built = ranks_build(&c->ranks, &c->prog, &c->sc, err, sizeof err) == 0;
+    c->have_ranks = 1;
+    if (!built || ranks_check(&c->ranks, err, sizeof err) != 0) {
         char msg[640];
         snprintf(msg, sizeof msg, "the plan fails the static check: %s", err);
         fe_error_at(f, LOC_NONE, msg);
         st = FE_ERRORS;
     }
-    c->colls = r.n_coll;
-    c->p2p = r.n_p2p;
-    ranks_free(&r);
+    c->colls = c->ranks.n_coll;
+    c->p2p = c->ranks.n_p2p;
+    return st;
+}
+
+/* --stats, and --memory-limit: a stage over the limit is an error that
+ * names the stage, its ranks and the parts. */
+static fe_status cost(fe *f, compiled *c, int print, long long limit) {
+    stats s;
+    if (stats_build(&s, &c->prog, &c->sc) != 0) return FE_NOMEM;
+    if (print) stats_print(&s, &c->prog, &c->sc, &c->ranks, stdout);
+    fe_status st = FE_OK;
+    loc at = LOC_NONE;
+    if (limit <= 0 && c->setup.memory_limit > 0) {
+        limit = c->setup.memory_limit;
+        at = c->setup.memory_limit_at;
+    }
+    for (int i = 0; limit > 0 && i < s.pp; i++) {
+        const stats_stage *x = &s.stage[i];
+        if (x->total <= limit) continue;
+        char msg[512];
+        long long per = c->setup.world / c->setup.pp;
+        snprintf(msg, sizeof msg, "pipeline stage %d (ranks %lld to %lld) needs %.2f GiB per rank, over the memory "
+                 "limit of %.2f GiB: params %.2f, gradients %.2f, optimizer %.2f, activations %.2f GiB", i,
+                 i * per, (i + 1) * per - 1, (double)x->total / 1073741824.0, (double)limit / 1073741824.0,
+                 (double)x->params / 1073741824.0, (double)x->grads / 1073741824.0,
+                 (double)x->optim / 1073741824.0, (double)x->activations / 1073741824.0);
+        fe_error_at(f, at, msg);
+        st = FE_ERRORS;
+    }
+    stats_free(&s);
     return st;
 }
 
 static void compiled_free(compiled *c) {
+    if (c->have_ranks) ranks_free(&c->ranks);
     if (c->have_prog) shard_free(&c->prog);
     if (c->have_sched) sched_free(&c->sc);
 }
@@ -156,7 +191,8 @@ static void print_check(const compiled *c) {
 
 int main(int argc, char **argv) {
     const char *includes[MAX_INCLUDES], *sets[MAX_SETS], *file = NULL, *dump = NULL, *timeline = NULL;
-    int check_only = 0;
+    int check_only = 0, want_stats = 0;
+    long long memory_limit = 0;
     int n_inc = 0, n_sets = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -173,6 +209,12 @@ int main(int argc, char **argv) {
                 return usage_error("unknown dump '%s' (use --dump=ast, params, graph, placements or schedule)", dump);
         } else if (strcmp(a, "--check") == 0) {
             check_only = 1;
+        } else if (strcmp(a, "--stats") == 0) {
+            want_stats = 1;
+        } else if (strcmp(a, "--memory-limit") == 0 || strncmp(a, "--memory-limit=", 15) == 0) {
+            const char *v = a[14] == '=' ? a + 15 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!v || (memory_limit = fe_parse_bytes(v)) <= 0)
+                return usage_error("--memory-limit needs a size such as 80GiB or 512MiB, not '%s'", v ? v : "");
         } else if (strcmp(a, "--timeline") == 0 || strncmp(a, "--timeline=", 11) == 0) {
             timeline = a[10] == '=' ? a + 11 : (i + 1 < argc ? argv[++i] : NULL);
             if (!timeline || !*timeline) return usage_error("%s needs a file name (an .svg)", "--timeline");
@@ -225,8 +267,10 @@ int main(int argc, char **argv) {
             int needs = !dump || strcmp(dump, "placements") == 0 || strcmp(dump, "schedule") == 0 || timeline;
             compiled c;
             if (needs) st = compile(f, &c, !dump);
-            if (st == FE_OK && !dump && !check_only) fe_summary(f, stdout);
-            if (st == FE_OK && !dump) print_check(&c);
+            if (st == FE_OK && !dump) st = cost(f, &c, 0, memory_limit);
+            if (st == FE_OK && !dump && !check_only && !want_stats) fe_summary(f, stdout);
+            if (st == FE_OK && !dump && !want_stats) print_check(&c);
+            if (st == FE_OK && !dump && want_stats) cost(f, &c, 1, 0);
             if (st == FE_OK && dump && strcmp(dump, "placements") == 0) shard_dump(&c.prog, stdout);
             if (st == FE_OK && dump && strcmp(dump, "schedule") == 0) sched_dump(&c.sc, stdout);
             if (st == FE_OK && timeline) st = write_timeline(f, &c, timeline);

@@ -89,6 +89,8 @@ typedef struct train_cfg {
     double min_lr;
     int64_t seed, eval_every, log_every, checkpoint_every;
     const char *data, *val_data, *checkpoint_dir;
+    long long memory_limit;  /* bytes per rank, 0 = none */
+    loc memory_limit_at;
     int ok;                  /* batch and seq_len are known */
 } train_cfg;
 

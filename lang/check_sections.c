@@ -3,6 +3,7 @@
 #include <string.h> /* strcmp */
 
 #include "check.h"
+#include "frontend.h"
 #include "suggest.h"
 
 /* The options of a section, in order, with --set overrides applied and
@@ -117,13 +118,14 @@ enum {
     T_GLOBAL_BATCH, T_MICRO_BATCH, T_SEQ_LEN, T_STEPS, T_SCHEDULE, T_VIRTUAL_STAGES, T_ZERO,
     T_PRECISION, T_LOSS_SCALE, T_RECOMPUTE, T_SEQUENCE_PARALLEL, T_OPTIMIZER, T_LR_SCHEDULE,
     T_SEED, T_DATA, T_VAL_DATA, T_EVAL_EVERY, T_LOG_EVERY, T_CHECKPOINT_DIR, T_CHECKPOINT_EVERY,
-    T_COUNT
+    T_MEMORY_LIMIT, T_COUNT
 };
 
 static const char *const train_keys[T_COUNT] = {
     "global_batch", "micro_batch", "seq_len", "steps", "schedule", "virtual_stages", "zero",
     "precision", "loss_scale", "recompute", "sequence_parallel", "optimizer", "lr_schedule",
     "seed", "data", "val_data", "eval_every", "log_every", "checkpoint_dir", "checkpoint_every",
+    "memory_limit",
 };
 
 static const char *const schedules[] = {"gpipe", "1f1b", "interleaved"};
@@ -346,6 +348,17 @@ void check_train(checker *c) {
             if (v.kind != V_ERR)
                 check_error(c, v.where, "loss_scale must be dynamic or a positive number, not %s", value_describe(c, &v));
             ok = 0;
+            break;
+        case T_MEMORY_LIMIT:
+            if (v.kind == V_INT && v.i > 0) {
+                t->memory_limit = v.i;
+            } else if (v.kind == V_STR && (t->memory_limit = fe_parse_bytes(v.s)) > 0) {
+            } else if (v.kind != V_ERR) {
+                check_error(c, v.where, "memory_limit must be a size per rank such as \"80GiB\" or a number of "
+                                        "bytes, not %s", value_describe(c, &v));
+                ok = 0;
+            }
+            t->memory_limit_at = v.where;
             break;
         case T_OPTIMIZER: optimizer_opt(c, &v); break;
         case T_LR_SCHEDULE: lr_schedule_opt(c, &v, &warmup_at); break;

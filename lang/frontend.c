@@ -354,7 +354,25 @@ fe_setup fe_get_setup(const fe *f) {
     s.recompute = t->recompute;
     s.sequence_parallel = t->sequence_parallel;
     s.layers = c->layers;
+    s.memory_limit = t->memory_limit;
+    s.memory_limit_at = t->memory_limit_at;
     return s;
+}
+
+long long fe_parse_bytes(const char *text) {
+    char *end;
+    double v = strtod(text, &end);
+    if (end == text || !(v > 0) || v > 9e18) return -1;
+    static const struct { const char *suffix; double mult; } units[] = {
+        {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+        {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+    };
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (strcmp(end, units[i].suffix) == 0) {
+            double b = v * units[i].mult;
+            return b < 9e18 ? (long long)b : -1;
+        }
+    return -1;
 }
 
 void fe_dump_ast(fe *f, FILE *out) {

@@ -46,7 +46,12 @@ typedef struct fe_setup {
     int virtual_stages, zero, precision; /* precision: 0 fp32, 1 bf16, 2 fp16 */
     int recompute, sequence_parallel;
     long long layers;        /* layer-stack count, 0 if none */
+    long long memory_limit;  /* train.memory_limit in bytes per rank, 0 if none */
+    loc memory_limit_at;     /* where it is written */
 } fe_setup;
+
+/* "80GiB", "512MiB", "1.5TB", "123456" -> bytes, or -1. */
+long long fe_parse_bytes(const char *text);
 
 const graph *fe_graph(const fe *f);          /* valid after fe_check == FE_OK */
 void fe_error_at(fe *f, loc l, const char *msg); /* a diagnostic from a later stage */

@@ -10,6 +10,7 @@
 
 #include "frontend.h" /* defines: fe_* */
 #include "shard.h"    /* defines: shard_* */
+#include "stats.h"    /* defines: stats_* */
 #include "unit.h"     /* defines: TEST_IMPL, ASSERT_* */
 
 enum { B = 2, S = 16, H = 64, L = 3 };
@@ -169,4 +170,36 @@ TEST_IMPL(shard_moe_all_to_all)
     ASSERT_INT_EQ(c.elems[AR][DPX], 64 * 16 + 16 * 4);
     shard_free(&p);
     fe_free(f);
+}
+
+/* Model-state memory per rank equals ZeRO's accounting (anchors.md §1):
+ * with bf16, (2 + 2 + 12) Psi without ZeRO; 4 Psi + 12 Psi / Nd (stage 1);
+ * 2 Psi + 14 Psi / Nd (stage 2); 16 Psi / Nd (stage 3). */
+TEST_IMPL(stats_zero_memory_matches_anchors)
+{
+    const long long nd = 4;
+    for (int zero = 0; zero <= 3; zero++) {
+        char z[32];
+        snprintf(z, sizeof z, "train.zero=%d", zero);
+        const char *sets[] = {"mesh.tp=1", "mesh.dp=4", "train.global_batch=8", "train.precision=bf16", z};
+        shard_prog p;
+        fe *f = sharded(&p, sets, 5);
+        fe_setup setup = fe_get_setup(f);
+        sched sc;
+        char err[128];
+        ASSERT_INT_EQ(sched_build(&sc, SCHED_KIND_1F1B, 1, (int)setup.micro_batches, 1, err, sizeof err), 0);
+        stats s;
+        ASSERT_INT_EQ(stats_build(&s, &p, &sc), 0);
+        const long long psi = s.stage[0].n_params;
+        ASSERT_INT_EQ(psi, 256 * 64 + 16 * 64 + L * (12LL * H * H + 13 * H) + 2 * H);
+        long long want = zero == 0 ? 16 * psi : zero == 1 ? 4 * psi + 12 * psi / nd
+                       : zero == 2 ? 2 * psi + 14 * psi / nd : 16 * psi / nd;
+        long long got = s.stage[0].params + s.stage[0].grads + s.stage[0].optim;
+        /* Psi / Nd rounds per tensor; allow one byte per param tensor */
+        ASSERT_INT_LT(got > want ? got - want : want - got, 64);
+        stats_free(&s);
+        sched_free(&sc);
+        shard_free(&p);
+        fe_free(f);
+    }
 }

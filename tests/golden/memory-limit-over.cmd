@@ -1,0 +1,1 @@
+$MESHC --memory-limit 4GiB examples/gpt2.mesh

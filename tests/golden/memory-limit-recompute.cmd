@@ -1,0 +1,1 @@
+$MESHC --check --memory-limit 4GiB --set train.recompute=full examples/gpt2.mesh

@@ -1,0 +1,1 @@
+$MESHC --stats examples/moe.mesh
