@@ -137,7 +137,7 @@ ALL_OBJ = $(LANG_OBJ) $(COMPILER_OBJ) $(RUNTIME_OBJ) $(RUNTIME_PIC) \
 
 # ---- Top-level targets --------------------------------------------------
 
-.PHONY: all test asan fuzz fuzz-ci fuzz-build check-exports install \
+.PHONY: all test asan fuzz fuzz-ci fuzz-build check-exports install bench \
         install-runtime install-compiler deps demo clean
 
 # libmesh and meshrun first: they build even while the front end does not.
@@ -154,6 +154,11 @@ test: all $(BUILD)/unit_tests
 
 asan:
 	$(MAKE) BUILD=build-asan SAN=1 test
+
+# Benchmarks print numbers measured side by side in one run; they never
+# fail on a number (tests/bench/run.sh).
+bench: all
+	MESHC=$(BUILD)/meshc tests/bench/run.sh
 
 check-exports: $(BUILD)/libmesh.a $(BUILD)/libmesh.so
 	tests/check-exports.sh $^
