@@ -33,6 +33,11 @@ CFLAGS  ?= -std=c11 -O2 -g -Wall -Wextra -Wpedantic -Wshadow \
 LDFLAGS ?=
 LDLIBS  ?= -lm
 
+# libyaml, for the plan file (compiler/plan*.c): meshc and the unit tests.
+PKG_CONFIG  ?= pkg-config
+YAML_CFLAGS := $(shell $(PKG_CONFIG) --cflags yaml-0.1)
+YAML_LIBS   := $(shell $(PKG_CONFIG) --libs yaml-0.1)
+
 # Build folder, and sanitizers: SAN=1 is ASan+UBSan (+LSan), SAN=fuzz adds
 # libFuzzer instrumentation (clang only). `make asan` and `make fuzz` set
 # both; each sanitizer build needs its own BUILD folder.
@@ -199,14 +204,16 @@ $(BUILD)/libmeshlang.a: $(LANG_OBJ)
 
 # The standard library folder of the source tree (the folder holding std/);
 # meshc tries -I, $MESH_PATH and <exe>/../share/mesh before it.
-$(OBJ)/compiler/meshc.o $(FUZZ_OBJ): CPPFLAGS += -DMESH_STD_DIR='"$(abspath lang)"'
+$(OBJ)/compiler/meshc.o $(FUZZ_OBJ): CPPFLAGS += -DMESH_STD_DIR='"$(abspath lang)"' -Icompiler
 
 $(BUILD)/libmeshcomp.a: $(filter-out $(OBJ)/compiler/meshc.o,$(COMPILER_OBJ))
 	@rm -f $@
 	$(AR) rcs $@ $^
 
+$(COMPILER_OBJ): CPPFLAGS += $(YAML_CFLAGS)
+
 $(BUILD)/meshc: $(OBJ)/compiler/meshc.o $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(LDLIBS)
 
 # ---- libmesh and meshrun ------------------------------------------------
 
@@ -226,7 +233,7 @@ $(BUILD)/meshrun: $(OBJ)/runtime/meshrun.o $(BUILD)/libmesh.a
 $(OBJ)/tests/unit/%.o: CPPFLAGS += -Itests/unit -Icompiler -DMESH_STD_DIR='"$(abspath lang)"'
 
 $(BUILD)/unit_tests: $(UNIT_OBJ) $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(LDLIBS)
 
 # ---- Fuzzing (clang + libFuzzer) ----------------------------------------
 
@@ -252,8 +259,8 @@ fuzz-ci:
 
 fuzz-build: $(BUILD)/fuzz_lang
 
-$(BUILD)/fuzz_lang: $(FUZZ_OBJ) $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
-	$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
+$(BUILD)/fuzz_lang: $(FUZZ_OBJ) $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
+	$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(YAML_LIBS) $(LDLIBS)
 
 # ---- Install ------------------------------------------------------------
 

@@ -15,10 +15,7 @@
 
 #include "frontend.h"
 #include "mesh.h"
-#include "ranks.h"
-#include "sched.h"
-#include "shard.h"
-#include "stats.h"
+#include "compile.h"
 #include "timeline.h"
 
 #ifndef MESH_STD_DIR
@@ -79,84 +76,6 @@ static const char *std_dir(char *buf, size_t n) {
     return MESH_STD_DIR;
 }
 
-/* What a compile derives after the checks: placements and programs, the
- * pipeline schedule, and the static check over every rank. */
-typedef struct compiled {
-    fe_setup setup;
-    shard_prog prog;
-    sched sc;
-    rank_progs ranks;
-    int have_prog, have_sched, have_ranks;
-    long long ops, colls, p2p;
-} compiled;
-
-static fe_status compile(fe *f, compiled *c, int run_check) {
-    memset(c, 0, sizeof *c);
-    c->setup = fe_get_setup(f);
-    const graph *g = fe_graph(f);
-    if (shard_build(g, &c->setup, &c->prog) != 0) {
-        fe_error_at(f, c->prog.error_node >= 0 ? g->nodes[c->prog.error_node].where : LOC_NONE, c->prog.error);
-        return FE_ERRORS;
-    }
-    c->have_prog = 1;
-    static const sched_kind kinds[] = {SCHED_KIND_GPIPE, SCHED_KIND_1F1B, SCHED_KIND_INTERLEAVED};
-    char err[512];
-    if (sched_build(&c->sc, kinds[c->setup.schedule], (int)c->setup.pp, (int)c->setup.micro_batches,
-                    c->setup.schedule == 2 ? c->setup.virtual_stages : 1, err, sizeof err) != 0) {
-        fe_error_at(f, LOC_NONE, err);
-        return FE_ERRORS;
-    }
-    c->have_sched = 1;
-    if (!run_check) return FE_OK;
-    fe_status st = FE_OK;
-    int built = ranks_build(&c->ranks, &c->prog, &c->sc, err, sizeof err) == 0;
-    c->have_ranks = 1;
-    if (!built || ranks_check(&c->ranks, err, sizeof err) != 0) {
-        char msg[640];
-        snprintf(msg, sizeof msg, "the plan fails the static check: %s", err);
-        fe_error_at(f, LOC_NONE, msg);
-        st = FE_ERRORS;
-    }
-    c->colls = c->ranks.n_coll;
-    c->p2p = c->ranks.n_p2p;
-    return st;
-}
-
-/* --stats, and --memory-limit: a stage over the limit is an error that
- * names the stage, its ranks and the parts. */
-static fe_status cost(fe *f, compiled *c, int print, long long limit) {
-    stats s;
-    if (stats_build(&s, &c->prog, &c->sc) != 0) return FE_NOMEM;
-    if (print) stats_print(&s, &c->prog, &c->sc, &c->ranks, stdout);
-    fe_status st = FE_OK;
-    loc at = LOC_NONE;
-    if (limit <= 0 && c->setup.memory_limit > 0) {
-        limit = c->setup.memory_limit;
-        at = c->setup.memory_limit_at;
-    }
-    for (int i = 0; limit > 0 && i < s.pp; i++) {
-        const stats_stage *x = &s.stage[i];
-        if (x->total <= limit) continue;
-        char msg[512];
-        long long per = c->setup.world / c->setup.pp;
-        snprintf(msg, sizeof msg, "pipeline stage %d (ranks %lld to %lld) needs %.2f GiB per rank, over the memory "
-                 "limit of %.2f GiB: params %.2f, gradients %.2f, optimizer %.2f, activations %.2f GiB", i,
-                 i * per, (i + 1) * per - 1, (double)x->total / 1073741824.0, (double)limit / 1073741824.0,
-                 (double)x->params / 1073741824.0, (double)x->grads / 1073741824.0,
-                 (double)x->optim / 1073741824.0, (double)x->activations / 1073741824.0);
-        fe_error_at(f, at, msg);
-        st = FE_ERRORS;
-    }
-    stats_free(&s);
-    return st;
-}
-
-static void compiled_free(compiled *c) {
-    if (c->have_ranks) ranks_free(&c->ranks);
-    if (c->have_prog) shard_free(&c->prog);
-    if (c->have_sched) sched_free(&c->sc);
-}
-
 /* --timeline FILE.svg: the schedule with backward twice as long as forward. */
 static fe_status write_timeline(fe *f, const compiled *c, const char *path) {
     FILE *out = fopen(path, "w");
@@ -168,25 +87,6 @@ static fe_status write_timeline(fe *f, const compiled *c, const char *path) {
         return FE_ERRORS;
     }
     return fclose(out) == 0 ? FE_OK : FE_ERRORS;
-}
-
-/* 4576 -> "4,576" */
-static void commas(long long v, char *buf, size_t n) {
-    char d[32];
-    int k = snprintf(d, sizeof d, "%lld", v), j = 0;
-    for (int i = 0; i < k && (size_t)j + 2 < n; i++) {
-        if (i > 0 && (k - i) % 3 == 0) buf[j++] = ',';
-        buf[j++] = d[i];
-    }
-    buf[j] = '\0';
-}
-
-static void print_check(const compiled *c) {
-    char a[32], b[32];
-    commas(c->colls, a, sizeof a);
-    commas(c->p2p, b, sizeof b);
-    printf("  check:    every rank's step simulated (%lld rank%s, %s collective calls, %s sends and receives): "
-           "no deadlock, every collective matched\n", c->setup.world, c->setup.world == 1 ? "" : "s", a, b);
 }
 
 int main(int argc, char **argv) {
@@ -266,15 +166,15 @@ int main(int argc, char **argv) {
         if (st == FE_OK && (!dump || strcmp(dump, "ast") != 0) && has_model) {
             int needs = !dump || strcmp(dump, "placements") == 0 || strcmp(dump, "schedule") == 0 || timeline;
             compiled c;
-            if (needs) st = compile(f, &c, !dump);
-            if (st == FE_OK && !dump) st = cost(f, &c, 0, memory_limit);
+            if (needs) st = compile_run(f, &c, !dump);
+            if (st == FE_OK && !dump) st = compile_cost(f, &c, NULL, memory_limit);
             if (st == FE_OK && !dump && !check_only && !want_stats) fe_summary(f, stdout);
-            if (st == FE_OK && !dump && !want_stats) print_check(&c);
-            if (st == FE_OK && !dump && want_stats) cost(f, &c, 1, 0);
+            if (st == FE_OK && !dump && !want_stats) compile_print_check(&c, stdout);
+            if (st == FE_OK && !dump && want_stats) compile_cost(f, &c, stdout, 0);
             if (st == FE_OK && dump && strcmp(dump, "placements") == 0) shard_dump(&c.prog, stdout);
             if (st == FE_OK && dump && strcmp(dump, "schedule") == 0) sched_dump(&c.sc, stdout);
             if (st == FE_OK && timeline) st = write_timeline(f, &c, timeline);
-            if (needs) compiled_free(&c);
+            if (needs) compile_free(&c);
         } else if (st == FE_OK && !dump && !check_only) {
             fe_summary(f, stdout);
         }

@@ -5,7 +5,7 @@
 #include <stdlib.h> /* calloc, realloc, free */
 #include <string.h> /* memset */
 
-enum { RANKS_MAX_WORLD = 1 << 20 };
+enum { RANKS_MAX_WORLD = 1 << 20, RANKS_MAX_OPS = 1 << 25 };
 
 typedef struct coords {
     int tp, ep, dp, pp;
@@ -242,7 +242,19 @@ int ranks_build(rank_progs *r, const shard_prog *p, const sched *sc, char *err, 
     r->progs = calloc((size_t)r->world, sizeof *r->progs);
     int *idx = malloc((size_t)(p->n_steps ? p->n_steps : 1) * sizeof *idx);
     int rc = !r->ops || !r->n_ops || !r->cap_ops || !r->progs || !idx || build_groups(&b) < 0 ? -1 : 0;
+    /* The first rank of each stage first: they give the size of the whole
+     * check before the rest is built. */
+    int per_stage = r->world / sc->pp;
+    long long projected = 0;
+    for (int pass = 0; pass < 2 && rc == 0; pass++)
     for (int rank = 0; rank < r->world && rc == 0; rank++) {
+        if ((rank % per_stage == 0) != (pass == 0)) continue;
+        if (pass == 1 && rank == 1 && projected > RANKS_MAX_OPS) {
+            snprintf(err, n, "%d ranks with about %lld operations in all: beyond the check's budget of %d",
+                     r->world, projected, RANKS_MAX_OPS);
+            free(idx);
+            return -2;
+        }
         const sched_stage *st = &sc->stages[coords_of(&b, rank).pp];
         for (int u = 0; u < st->n_units && rc == 0; u++) {
             const sched_unit *un = &st->units[u];
@@ -267,6 +279,7 @@ int ranks_build(rank_progs *r, const shard_prog *p, const sched *sc, char *err, 
             }
         r->progs[rank].ops = r->ops[rank];
         r->progs[rank].n = r->n_ops[rank];
+        if (pass == 0) projected += (long long)r->n_ops[rank] * per_stage;
     }
     free(idx);
     if (rc < 0) snprintf(err, n, "out of memory building the rank programs");

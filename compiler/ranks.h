@@ -32,7 +32,9 @@ typedef struct rank_progs {
 
 /* Builds every rank's program for one step: the schedule's units in order,
  * each expanded into its chunk's collectives, then the gradient sync.
- * Returns 0, or -1 with a message (out of memory, a world too large). */
+ * Returns 0; -2 when the programs would exceed the check's budget (2^25
+ * operations over all ranks), with a message; -1 on other failures (out of
+ * memory, a world over 2^20 ranks). */
 int ranks_build(rank_progs *out, const shard_prog *p, const sched *sc, char *err, size_t n);
 void ranks_free(rank_progs *r);
 int ranks_check(const rank_progs *r, char *msg, size_t n);

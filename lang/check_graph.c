@@ -16,8 +16,21 @@ static void shape_into(g_node *n, const value *v) {
     if (v->rank > 0) memcpy(n->dims, v->dims, (size_t)v->rank * sizeof v->dims[0]);
 }
 
+/* No tensor may have more than 2^50 elements (a petabyte of bf16): beyond
+ * any device, and it keeps every size the compiler computes within 64 bits. */
+enum { GRAPH_MAX_ELEMS_LOG2 = 50 };
+
 void graph_note_tensor(checker *c, value *v, g_node *n) {
-    if (!c->graph || v->kind != V_TENSOR) return;
+    if (v->kind != V_TENSOR) return;
+    int64_t e = 1;
+    for (int i = 0; i < v->rank; i++)
+        if (__builtin_mul_overflow(e, v->dims[i], &e) || e > ((int64_t)1 << GRAPH_MAX_ELEMS_LOG2)) {
+            check_error(c, v->where, "this tensor, %s, has more than 2^%d elements", shape_str(c, v),
+                        GRAPH_MAX_ELEMS_LOG2);
+            *v = value_err();
+            return;
+        }
+    if (!c->graph) return;
     shape_into(n, v);
     if (!n->where.end && !n->where.start) n->where = v->where;
     int id = graph_add(c->graph, n);

@@ -1,5 +1,6 @@
-/* fuzz_lang.c — libFuzzer harness for the front end: lexer, parser,
- * imports, checker and the AST printer, on arbitrary bytes.
+/* fuzz_lang.c — libFuzzer harness for meshc: lexer, parser, imports,
+ * checker, the printers, and for inputs that check, the compiler (placements,
+ * backward, schedule, the static check of every rank, the cost summary).
  *
  * The input is a .mesh file. If it contains a NUL byte, the text after the
  * first NUL is taken as one `--set KEY=VALUE` argument, so overrides are
@@ -12,6 +13,7 @@
 #include <stdio.h>  /* fopen */
 #include <string.h> /* memchr */
 
+#include "compile.h"
 #include "frontend.h"
 
 #ifndef MESH_STD_DIR
@@ -48,6 +50,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (fe_check(f) == FE_OK && devnull) {
             fe_dump_params(f, devnull);
             fe_summary(f, devnull);
+            graph_dump(fe_graph(f), devnull);
+            if (fe_graph(f)->loss >= 0) {
+                compiled c;
+                if (compile_run(f, &c, 1) == FE_OK) {
+                    shard_dump(&c.prog, devnull);
+                    compile_cost(f, &c, devnull, 0);
+                }
+                compile_free(&c);
+            }
         }
     }
     fe_free(f);

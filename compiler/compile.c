@@ -1,0 +1,110 @@
+/* compile.c — the compiler's stages after the checks (compile.h). */
+#include "compile.h"
+
+#include <string.h> /* memset */
+
+#include "stats.h"
+
+
+
+fe_status compile_run(fe *f, compiled *c, int run_check) {
+    memset(c, 0, sizeof *c);
+    c->setup = fe_get_setup(f);
+    const graph *g = fe_graph(f);
+    if (shard_build(g, &c->setup, &c->prog) != 0) {
+        fe_error_at(f, c->prog.error_node >= 0 ? g->nodes[c->prog.error_node].where : LOC_NONE, c->prog.error);
+        return FE_ERRORS;
+    }
+    c->have_prog = 1;
+    if (c->setup.micro_batches > COMPILE_MAX_MICRO_BATCHES || c->setup.pp * c->setup.virtual_stages > COMPILE_MAX_CHUNKS) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "the pipeline schedule is too large to build: %lld micro-batches per step (at "
+                 "most %d) and %lld pipeline chunks (at most %d)", c->setup.micro_batches, COMPILE_MAX_MICRO_BATCHES,
+                 c->setup.pp * c->setup.virtual_stages, COMPILE_MAX_CHUNKS);
+        fe_error_at(f, LOC_NONE, msg);
+        return FE_ERRORS;
+    }
+    static const sched_kind kinds[] = {SCHED_KIND_GPIPE, SCHED_KIND_1F1B, SCHED_KIND_INTERLEAVED};
+    char err[512];
+    if (sched_build(&c->sc, kinds[c->setup.schedule], (int)c->setup.pp, (int)c->setup.micro_batches,
+                    c->setup.schedule == 2 ? c->setup.virtual_stages : 1, err, sizeof err) != 0) {
+        fe_error_at(f, LOC_NONE, err);
+        return FE_ERRORS;
+    }
+    c->have_sched = 1;
+    if (!run_check) return FE_OK;
+    fe_status st = FE_OK;
+    int built = ranks_build(&c->ranks, &c->prog, &c->sc, err, sizeof err);
+    c->have_ranks = 1;
+    if (built == -2) {
+        /* too large to simulate rank by rank: said on the check line */
+        snprintf(c->skipped, sizeof c->skipped, "%s", err);
+        return FE_OK;
+    }
+    if (built != 0 || ranks_check(&c->ranks, err, sizeof err) != 0) {
+        char msg[640];
+        snprintf(msg, sizeof msg, "the plan fails the static check: %s", err);
+        fe_error_at(f, LOC_NONE, msg);
+        st = FE_ERRORS;
+    }
+    c->colls = c->ranks.n_coll;
+    c->p2p = c->ranks.n_p2p;
+    return st;
+}
+
+fe_status compile_cost(fe *f, compiled *c, FILE *print, long long limit) {
+    stats s;
+    if (stats_build(&s, &c->prog, &c->sc) != 0) return FE_NOMEM;
+    if (print) stats_print(&s, &c->prog, &c->sc, c->have_ranks && !c->skipped[0] ? &c->ranks : NULL, print);
+    fe_status st = FE_OK;
+    loc at = LOC_NONE;
+    if (limit <= 0 && c->setup.memory_limit > 0) {
+        limit = c->setup.memory_limit;
+        at = c->setup.memory_limit_at;
+    }
+    for (int i = 0; limit > 0 && i < s.pp; i++) {
+        const stats_stage *x = &s.stage[i];
+        if (x->total <= limit) continue;
+        char msg[512];
+        long long per = c->setup.world / c->setup.pp;
+        snprintf(msg, sizeof msg, "pipeline stage %d (ranks %lld to %lld) needs %.2f GiB per rank, over the memory "
+                 "limit of %.2f GiB: params %.2f, gradients %.2f, optimizer %.2f, activations %.2f GiB", i,
+                 i * per, (i + 1) * per - 1, (double)x->total / 1073741824.0, (double)limit / 1073741824.0,
+                 (double)x->params / 1073741824.0, (double)x->grads / 1073741824.0,
+                 (double)x->optim / 1073741824.0, (double)x->activations / 1073741824.0);
+        fe_error_at(f, at, msg);
+        st = FE_ERRORS;
+    }
+    stats_free(&s);
+    return st;
+}
+
+void compile_free(compiled *c) {
+    if (c->have_ranks) ranks_free(&c->ranks);
+    if (c->have_prog) shard_free(&c->prog);
+    if (c->have_sched) sched_free(&c->sc);
+}
+
+/* 4576 -> "4,576" */
+static void commas(long long v, char *buf, size_t n) {
+    char d[32];
+    int k = snprintf(d, sizeof d, "%lld", v), j = 0;
+    for (int i = 0; i < k && (size_t)j + 2 < n; i++) {
+        if (i > 0 && (k - i) % 3 == 0) buf[j++] = ',';
+        buf[j++] = d[i];
+    }
+    buf[j] = '\0';
+}
+
+void compile_print_check(const compiled *c, FILE *out) {
+    if (c->skipped[0]) {
+        fprintf(out, "  check:    not run: %s\n", c->skipped);
+        return;
+    }
+    char a[32], b[32];
+    commas(c->colls, a, sizeof a);
+    commas(c->p2p, b, sizeof b);
+    fprintf(out, "  check:    every rank's step simulated (%lld rank%s, %s collective calls, %s sends and receives): "
+           "no deadlock, every collective matched\n", c->setup.world, c->setup.world == 1 ? "" : "s", a, b);
+}
+
