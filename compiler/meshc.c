@@ -32,7 +32,8 @@ static const char usage_text[] =
     "options:\n"
     "  --dump=ast         print the syntax tree of FILE as stable text\n"
     "  --dump=params      print every parameter: name, shape, placement, init\n"
-    "  --dump=graph       print the model's dataflow graph (ops, shapes, repeats)\n"
+    "  --dump=graph       print the model's dataflow graph (ops, shapes, repeats);\n"
+    "                     --dump=ir is the same\n"
     "  --dump=placements  print every tensor's placement over the mesh and the\n"
     "                     collectives of the forward and backward programs\n"
     "  --dump=schedule    print the pipeline schedule: each stage's units in order\n"
@@ -104,9 +105,11 @@ int main(int argc, char **argv) {
             return 0;
         } else if (strncmp(a, "--dump=", 7) == 0) {
             dump = a + 7;
+            if (strcmp(dump, "ir") == 0) dump = "graph"; /* the IR the compiler lowers is the graph */
             if (strcmp(dump, "ast") != 0 && strcmp(dump, "params") != 0 && strcmp(dump, "graph") != 0 &&
                 strcmp(dump, "placements") != 0 && strcmp(dump, "schedule") != 0)
-                return usage_error("unknown dump '%s' (use --dump=ast, params, graph, placements or schedule)", dump);
+                return usage_error("unknown dump '%s' (use --dump=ast, params, graph (or ir), placements or schedule)",
+                                   dump);
         } else if (strcmp(a, "--check") == 0) {
             check_only = 1;
         } else if (strcmp(a, "--stats") == 0) {
