@@ -1,0 +1,1 @@
+$MESHC --dump=placements examples/gpt-tiny.mesh
