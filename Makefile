@@ -145,7 +145,6 @@ ALL_OBJ = $(LANG_OBJ) $(COMPILER_OBJ) $(RUNTIME_OBJ) $(RUNTIME_PIC) \
 .PHONY: all test asan fuzz fuzz-ci fuzz-build check-exports install bench \
         install-runtime install-compiler deps demo clean
 
-# libmesh and meshrun first: they build even while the front end does not.
 all: $(BUILD)/libmesh.a $(BUILD)/libmesh.so $(BUILD)/meshrun $(BUILD)/meshc
 
 # In sanitizer builds, LeakSanitizer checks every process at exit.
@@ -225,8 +224,12 @@ $(BUILD)/libmesh.so: $(RUNTIME_PIC) runtime/libmesh.map
 	$(CC) $(ALL_LDFLAGS) $(SO_LDFLAGS) -o $@ $(RUNTIME_PIC) $(LDLIBS)
 	ln -sf libmesh.so $(BUILD)/$(SONAME)
 
-$(BUILD)/meshrun: $(OBJ)/runtime/meshrun.o $(BUILD)/libmesh.a
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(LDLIBS)
+# meshrun reads plans with the compiler library's reader (compiler/plan.h).
+$(OBJ)/runtime/meshrun.o: CPPFLAGS += -Icompiler $(YAML_CFLAGS)
+$(OBJ)/runtime/meshrun.o: | $(GEN_H)
+
+$(BUILD)/meshrun: $(OBJ)/runtime/meshrun.o $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(LDLIBS)
 
 # ---- Tests --------------------------------------------------------------
 

@@ -1,8 +1,10 @@
 /* compile.c — the compiler's stages after the checks (compile.h). */
 #include "compile.h"
 
-#include <string.h> /* memset */
+#include <errno.h>  /* errno */
+#include <string.h> /* memset, strerror */
 
+#include "plan.h"
 #include "stats.h"
 
 
@@ -108,3 +110,61 @@ void compile_print_check(const compiled *c, FILE *out) {
            "no deadlock, every collective matched\n", c->setup.world, c->setup.world == 1 ? "" : "s", a, b);
 }
 
+
+/* The default plan path: FILE.mesh -> FILE.plan, next to it. */
+static void default_path(const char *source, char *buf, size_t n) {
+    size_t len = strlen(source);
+    if (len > 5 && strcmp(source + len - 5, ".mesh") == 0) len -= 5;
+    snprintf(buf, n, "%.*s.plan", (int)len, source);
+}
+
+fe_status compile_write_plan(fe *f, const compiled *c, const char *source, const char *path, FILE *to,
+                             char *written, size_t written_len) {
+    plan pl;
+    if (plan_from(&pl, source, &c->setup, fe_graph(f), &c->prog, &c->sc) != 0) {
+        fe_error_at(f, LOC_NONE, pl.error);
+        plan_free(&pl);
+        return FE_ERRORS;
+    }
+    char err[9000], tmp[4200], dest[4096];
+    fe_status st = FE_OK;
+    if (to) {
+        if (plan_write(&pl, to, err, sizeof err) != 0) {
+            fe_error_at(f, LOC_NONE, err);
+            st = FE_ERRORS;
+        }
+        plan_free(&pl);
+        return st;
+    }
+    if (path) snprintf(dest, sizeof dest, "%s", path);
+    else default_path(source, dest, sizeof dest);
+    /* written whole to a temporary name, then renamed: a reader never sees
+     * half a plan, and a failed compile leaves the old plan in place */
+    snprintf(tmp, sizeof tmp, "%s.tmp", dest);
+    FILE *out = fopen(tmp, "w");
+    if (!out) {
+        snprintf(err, sizeof err, "cannot write the plan to '%s': %s", tmp, strerror(errno));
+        fe_error_at(f, LOC_NONE, err);
+        plan_free(&pl);
+        return FE_ERRORS;
+    }
+    int rc = plan_write(&pl, out, err, sizeof err);
+    long size = rc == 0 ? ftell(out) : -1;
+    if (fclose(out) != 0 && rc == 0) {
+        rc = -1;
+        snprintf(err, sizeof err, "cannot write the plan to '%s': %s", tmp, strerror(errno));
+    }
+    if (rc == 0 && rename(tmp, dest) != 0) {
+        rc = -1;
+        snprintf(err, sizeof err, "cannot rename '%s' to '%s': %s", tmp, dest, strerror(errno));
+    }
+    if (rc != 0) {
+        remove(tmp);
+        fe_error_at(f, LOC_NONE, err);
+        st = FE_ERRORS;
+    } else if (written) {
+        snprintf(written, written_len, "%s (%ld bytes)", dest, size);
+    }
+    plan_free(&pl);
+    return st;
+}

@@ -33,6 +33,11 @@ fe_status compile_run(fe *f, compiled *c, int run_check);
  * limit (0: train.memory_limit if set). */
 fe_status compile_cost(fe *f, compiled *c, FILE *print, long long limit);
 void compile_print_check(const compiled *c, FILE *out);
+/* Writes the plan (compiler/plan.h) to `to`, or else to `path`, or else
+ * next to the source (FILE.mesh -> FILE.plan), through a temporary file
+ * renamed into place. `written` gets "PATH (N bytes)". */
+fe_status compile_write_plan(fe *f, const compiled *c, const char *source, const char *path, FILE *to,
+                             char *written, size_t written_len);
 void compile_free(compiled *c);
 
 #endif

@@ -27,9 +27,11 @@ enum { MAX_INCLUDES = 64, MAX_SETS = 256 };
 static const char usage_text[] =
     "usage: meshc [options] FILE.mesh\n"
     "\n"
-    "Checks a .mesh model and prints a summary: parameters, mesh, schedule.\n"
+    "Checks a .mesh model, compiles it into a plan for meshrun (FILE.plan, next\n"
+    "to FILE.mesh) and prints a summary: parameters, mesh, schedule, check.\n"
     "\n"
     "options:\n"
+    "  -o PLAN            write the plan to PLAN instead of FILE.plan\n"
     "  --dump=ast         print the syntax tree of FILE as stable text\n"
     "  --dump=params      print every parameter: name, shape, placement, init\n"
     "  --dump=graph       print the model's dataflow graph (ops, shapes, repeats);\n"
@@ -37,6 +39,7 @@ static const char usage_text[] =
     "  --dump=placements  print every tensor's placement over the mesh and the\n"
     "                     collectives of the forward and backward programs\n"
     "  --dump=schedule    print the pipeline schedule: each stage's units in order\n"
+    "  --dump=plan        print the plan file (YAML) instead of writing it\n"
     "  --check            check only: print the static check's result, no summary\n"
     "  --stats            print per pipeline stage: memory per rank by kind, FLOPs\n"
     "                     and collectives per step, and the schedule's bubble\n"
@@ -92,6 +95,7 @@ static fe_status write_timeline(fe *f, const compiled *c, const char *path) {
 
 int main(int argc, char **argv) {
     const char *includes[MAX_INCLUDES], *sets[MAX_SETS], *file = NULL, *dump = NULL, *timeline = NULL;
+    const char *output = NULL;
     int check_only = 0, want_stats = 0;
     long long memory_limit = 0;
     int n_inc = 0, n_sets = 0;
@@ -107,11 +111,14 @@ int main(int argc, char **argv) {
             dump = a + 7;
             if (strcmp(dump, "ir") == 0) dump = "graph"; /* the IR the compiler lowers is the graph */
             if (strcmp(dump, "ast") != 0 && strcmp(dump, "params") != 0 && strcmp(dump, "graph") != 0 &&
-                strcmp(dump, "placements") != 0 && strcmp(dump, "schedule") != 0)
-                return usage_error("unknown dump '%s' (use --dump=ast, params, graph (or ir), placements or schedule)",
-                                   dump);
+                strcmp(dump, "placements") != 0 && strcmp(dump, "schedule") != 0 && strcmp(dump, "plan") != 0)
+                return usage_error("unknown dump '%s' (use --dump=ast, params, graph (or ir), placements, schedule "
+                                   "or plan)", dump);
         } else if (strcmp(a, "--check") == 0) {
             check_only = 1;
+        } else if (strcmp(a, "-o") == 0 || (strncmp(a, "-o", 2) == 0 && a[2])) {
+            output = a[2] ? a + 2 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!output || !*output) return usage_error("%s needs a file name", "-o");
         } else if (strcmp(a, "--stats") == 0) {
             want_stats = 1;
         } else if (strcmp(a, "--memory-limit") == 0 || strncmp(a, "--memory-limit=", 15) == 0) {
@@ -167,12 +174,19 @@ int main(int argc, char **argv) {
         st = fe_check(f);
         int has_model = st == FE_OK && fe_graph(f)->loss >= 0;
         if (st == FE_OK && (!dump || strcmp(dump, "ast") != 0) && has_model) {
-            int needs = !dump || strcmp(dump, "placements") == 0 || strcmp(dump, "schedule") == 0 || timeline;
+            int needs = !dump || strcmp(dump, "placements") == 0 || strcmp(dump, "schedule") == 0 ||
+                        strcmp(dump, "plan") == 0 || timeline;
+            int write_plan = !dump && !check_only && !want_stats;
             compiled c;
+            char written[4200] = "";
             if (needs) st = compile_run(f, &c, !dump);
             if (st == FE_OK && !dump) st = compile_cost(f, &c, NULL, memory_limit);
+            if (st == FE_OK && write_plan) st = compile_write_plan(f, &c, file, output, NULL, written, sizeof written);
             if (st == FE_OK && !dump && !check_only && !want_stats) fe_summary(f, stdout);
             if (st == FE_OK && !dump && !want_stats) compile_print_check(&c, stdout);
+            if (st == FE_OK && written[0]) printf("  plan:     %s\n", written);
+            if (st == FE_OK && dump && strcmp(dump, "plan") == 0)
+                st = compile_write_plan(f, &c, file, NULL, stdout, NULL, 0);
             if (st == FE_OK && !dump && want_stats) compile_cost(f, &c, stdout, 0);
             if (st == FE_OK && dump && strcmp(dump, "placements") == 0) shard_dump(&c.prog, stdout);
             if (st == FE_OK && dump && strcmp(dump, "schedule") == 0) sched_dump(&c.sc, stdout);

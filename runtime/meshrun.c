@@ -1,23 +1,29 @@
 /*
  * meshrun.c: the `meshrun` command, which will execute plans made by meshc.
  *
- * Today it only parses its command line: plan execution lands with the
- * milestone that gives meshc its plan output. It reports that plainly instead
- * of pretending to run anything.
+ * Today it loads and validates a plan (compiler/plan.h: magic, format
+ * version, every field) and says what it holds; executing it lands with the
+ * runtime milestone. It reports that plainly instead of pretending to run
+ * anything.
  *
  * Exit status: 0 for --help and --version, 1 when the plan file cannot be
- * opened, 2 for usage errors and for a plan (not implemented yet).
+ * read or is not a valid plan of this format, 2 for usage errors and for a
+ * valid plan (execution not implemented yet).
  */
 #include <errno.h>  /* defines: errno */
 #include <stdio.h>  /* defines: printf, fprintf, fopen */
 #include <string.h> /* defines: strcmp, strerror */
 
+#include <stdlib.h> /* defines: malloc, free */
+
 #include "mesh.h" /* defines: mesh_version */
+#include "plan.h" /* defines: plan_read, plan_free */
 
 static const char usage_text[] =
     "usage: meshrun [options] FILE.plan\n"
     "\n"
-    "Execute a plan compiled by meshc (not implemented yet).\n"
+    "Execute a plan compiled by meshc. Today it loads and validates the plan;\n"
+    "executing it is not implemented yet.\n"
     "\n"
     "options:\n"
     "  -h, --help     print this help and exit\n"
@@ -32,7 +38,7 @@ static int usage_error(const char *what, const char *arg)
     return 2;
 }
 
-/* Check the plan file can be read, then say plans cannot run yet. */
+/* Loads and validates the plan, then says plans cannot run yet. */
 static int run_plan(const char *path)
 {
     FILE *f = fopen(path, "rb");
@@ -41,16 +47,48 @@ static int run_plan(const char *path)
                 strerror(errno));
         return 1;
     }
+    size_t cap = 1 << 16, len = 0;
+    char *text = malloc(cap);
+    for (;;) {
+        if (!text) break;
+        len += fread(text + len, 1, cap - len, f);
+        if (len < cap || ferror(f)) break;
+        char *bigger = realloc(text, cap * 2);
+        if (!bigger) { free(text); text = NULL; break; }
+        text = bigger;
+        cap *= 2;
+    }
+    int bad = !text || ferror(f);
     fclose(f);
-    fputs("meshrun: error: executing plans is not implemented yet (the "
-          "compiler's plan output lands with the next milestone)\n",
-          stderr);
+    if (bad) {
+        fprintf(stderr, "meshrun: error: cannot read '%s'\n", path);
+        free(text);
+        return 1;
+    }
+    plan p;
+    char err[1024];
+    int rc = plan_read(&p, text, len, err, sizeof err);
+    free(text);
+    if (rc != 0) {
+        fprintf(stderr, "meshrun: error: %s:%s\n", path, err);
+        return 1;
+    }
+    fprintf(stderr,
+            "meshrun: %s: a valid plan for %lld rank%s (dp %lld x tp %lld x "
+            "pp %lld x ep %lld)\n"
+            "meshrun: error: executing plans is not implemented yet (it lands "
+            "with the runtime milestone)\n",
+            path, (long long)p.setup.world, p.setup.world == 1 ? "" : "s",
+            (long long)p.setup.dp,
+            (long long)p.setup.tp, (long long)p.setup.pp,
+            (long long)p.setup.ep);
+    plan_free(&p);
     return 2;
 }
 
 int main(int argc, char **argv)
 {
-    const char *plan = NULL;
+    const char *plan_path = NULL;
     int options_done = 0;
 
     for (int i = 1; i < argc; i++) {
@@ -67,13 +105,13 @@ int main(int argc, char **argv)
             } else {
                 return usage_error("unknown option", arg);
             }
-        } else if (plan) {
+        } else if (plan_path) {
             return usage_error("more than one plan file given:", arg);
         } else {
-            plan = arg;
+            plan_path = arg;
         }
     }
-    if (!plan)
+    if (!plan_path)
         return usage_error("no plan file given", NULL);
-    return run_plan(plan);
+    return run_plan(plan_path);
 }

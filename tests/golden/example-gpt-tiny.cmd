@@ -1,1 +1,1 @@
-$MESHC examples/gpt-tiny.mesh
+cp examples/gpt-tiny.mesh "$SCRATCH" && cd "$SCRATCH" && $MESHC gpt-tiny.mesh

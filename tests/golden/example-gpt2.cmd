@@ -1,1 +1,1 @@
-$MESHC examples/gpt2.mesh
+cp examples/gpt2.mesh "$SCRATCH" && cd "$SCRATCH" && $MESHC gpt2.mesh

@@ -1,1 +1,1 @@
-$MESHC examples/llama.mesh
+cp examples/llama.mesh "$SCRATCH" && cd "$SCRATCH" && $MESHC llama.mesh

@@ -1,1 +1,1 @@
-$MESHC examples/moe.mesh
+cp examples/moe.mesh "$SCRATCH" && cd "$SCRATCH" && $MESHC moe.mesh

@@ -1,1 +1,1 @@
-$MESHC -I tests/golden/snippets --set model.dim=48 examples/gpt-tiny.mesh
+cp examples/gpt-tiny.mesh "$SCRATCH" && cd "$SCRATCH" && $MESHC --set model.dim=48 gpt-tiny.mesh

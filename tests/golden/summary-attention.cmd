@@ -1,1 +1,1 @@
-$MESHC tests/golden/snippets/attention.mesh
+cp tests/golden/snippets/attention.mesh "$SCRATCH" && cd "$SCRATCH" && $MESHC attention.mesh

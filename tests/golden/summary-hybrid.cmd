@@ -1,1 +1,1 @@
-$MESHC tests/golden/snippets/hybrid.mesh
+cp tests/golden/snippets/hybrid.mesh "$SCRATCH" && cd "$SCRATCH" && $MESHC hybrid.mesh

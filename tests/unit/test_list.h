@@ -74,3 +74,12 @@ TEST(ranks_generated_programs_pass)
 TEST(ranks_swapped_collectives_caught)
 TEST(ranks_missing_receive_caught)
 TEST(stats_zero_memory_matches_anchors)
+
+/* compiler: the plan file, written and read with libyaml, test_plan.c */
+TEST(plan_roundtrip_tp)
+TEST(plan_roundtrip_pipeline)
+TEST(plan_roundtrip_examples)
+TEST(plan_from_compiled)
+TEST(plan_read_refuses_bad_plans)
+TEST(plan_write_and_from_refuse)
+TEST(plan_read_survives_mutations)
