@@ -7,6 +7,8 @@ set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 1
 MESHC=${MESHC:-build/meshc}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 
 best_of_3() {
     local best="" t
@@ -23,10 +25,19 @@ best_of_3() {
 
 printf '%-44s %10s  %s\n' "input" "seconds" "what meshc reports"
 for f in examples/*.mesh tests/bench/gpt3-175b.mesh; do
-    t=$(best_of_3 "$MESHC" "$f") || exit 1
-    check=$("$MESHC" "$f" 2>/dev/null | sed -n 's/^  check: *//p')
+    t=$(best_of_3 "$MESHC" -o "$tmp/t.plan" "$f") || exit 1
+    check=$("$MESHC" -o "$tmp/t.plan" "$f" 2>/dev/null | sed -n 's/^  check: *//p')
     printf '%-44s %10s  %s\n' "$f" "$t" "$check"
 done
 t=$(best_of_3 "$MESHC" --stats tests/bench/gpt3-175b.mesh) || exit 1
 printf '%-44s %10s\n' "gpt3-175b --stats" "$t"
 "$MESHC" --stats tests/bench/gpt3-175b.mesh 2>/dev/null | sed -n '1,4p;/^pipeline/p'
+
+# plan file sizes: SPMD, so they do not grow with dp, tp or ep
+printf '\n%-44s %12s\n' "plan file" "bytes"
+for f in examples/gpt2.mesh tests/bench/gpt3-175b.mesh; do
+    "$MESHC" -o "$tmp/p.plan" "$f" >/dev/null 2>&1 || { echo "FAILED: $f" >&2; exit 1; }
+    printf '%-44s %12s\n' "$f" "$(wc -c <"$tmp/p.plan")"
+done
+"$MESHC" -o "$tmp/p.plan" --set mesh.dp=2 --set train.global_batch=128 tests/bench/gpt3-175b.mesh >/dev/null 2>&1
+printf '%-44s %12s\n' "gpt3-175b with dp 2 instead of 24" "$(wc -c <"$tmp/p.plan")"
