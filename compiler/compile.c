@@ -2,12 +2,53 @@
 #include "compile.h"
 
 #include <errno.h>  /* errno */
+#include <stdlib.h> /* calloc */
 #include <string.h> /* memset, strerror */
 
 #include "plan.h"
 #include "stats.h"
 
 
+
+/* Splits the layer stack over the pp x v pipeline chunks: as written in
+ * train.stage_layers; equally (the checker made sure it divides); or, with
+ * stage_layers = balanced, so that the costliest chunk is as cheap as
+ * possible, counting the work before the stack (embedding) on the first
+ * chunk and after it (LM head, loss) on the last. */
+static int assign_layers(compiled *c) {
+    const graph *g = c->prog.g;
+    int chunks = c->sc.pp * c->sc.v;
+    long long total = 0;
+    for (int r = 0; r < g->n_regions; r++)
+        if (g->regions[r].is_stack) total = g->regions[r].count;
+    long long *n = calloc((size_t)chunks, sizeof *n);
+    if (!n) return -1;
+    c->sc.chunk_layers = n;
+    if (total == 0) return 0;
+    if (c->setup.stage_mode == 2) {
+        for (int i = 0; i < chunks; i++) n[i] = c->setup.stage_layers[i];
+        return 0;
+    }
+    if (c->setup.stage_mode != 1 || chunks == 1) {
+        for (int i = 0; i < chunks; i++) n[i] = total / chunks;
+        return 0;
+    }
+    double pre, layer, post;
+    stats_stack_costs(&c->prog, &pre, &layer, &post);
+    if (layer <= 0) layer = 1;
+    /* every chunk one layer, then each further layer to the cheapest chunk */
+    for (int i = 0; i < chunks; i++) n[i] = 1;
+    for (long long k = chunks; k < total; k++) {
+        int best = 0;
+        double best_cost = 0;
+        for (int i = 0; i < chunks; i++) {
+            double cost = (double)(n[i] + 1) * layer + (i == 0 ? pre : 0) + (i == chunks - 1 ? post : 0);
+            if (i == 0 || cost < best_cost) { best = i; best_cost = cost; }
+        }
+        n[best]++;
+    }
+    return 0;
+}
 
 fe_status compile_run(fe *f, compiled *c, int run_check) {
     memset(c, 0, sizeof *c);
@@ -34,6 +75,7 @@ fe_status compile_run(fe *f, compiled *c, int run_check) {
         return FE_ERRORS;
     }
     c->have_sched = 1;
+    if (assign_layers(c) < 0) return FE_NOMEM;
     if (!run_check) return FE_OK;
     fe_status st = FE_OK;
     int built = ranks_build(&c->ranks, &c->prog, &c->sc, err, sizeof err);

@@ -72,6 +72,7 @@ const char *plan__axis_name(int axis) {
 
 void plan_free(plan *p) {
     if (!p) return;
+    free(p->chunk_layers);
     free(p->meshc);
     free(p->source);
     for (int i = 0; i < p->n_tensors; i++) free(p->tensors[i].name);
@@ -215,8 +216,11 @@ int plan_from(plan *out, const char *source, const fe_setup *s, const graph *g, 
         sched_free(&one);
         if (rc < 0) return from_fail(out, "out of memory");
     }
-    int64_t chunks = (int64_t)out->pp * out->v;
-    out->layers_per_chunk = stack >= 0 && chunks > 0 ? g->regions[stack].count / chunks : 0;
+    int64_t chunks = (int64_t)out->pp * out->v, total = stack >= 0 ? g->regions[stack].count : 0;
+    out->chunk_layers = calloc((size_t)(chunks > 0 ? chunks : 1), sizeof *out->chunk_layers);
+    if (!out->chunk_layers) return from_fail(out, "out of memory");
+    for (int64_t i = 0; i < chunks; i++)
+        out->chunk_layers[i] = sc ? sched_chunk_layers(sc, (int)i, total) : total / chunks;
     return 0;
 }
 
@@ -509,7 +513,10 @@ static void write_pipeline(wr *w, const plan *p) {
     kv_num(w, "pp", p->pp);
     kv_num(w, "m", p->m);
     kv_num(w, "v", p->v);
-    kv_num(w, "layers_per_chunk", p->layers_per_chunk);
+    key(w, "chunk_layers");
+    seq_begin(w, 1);
+    for (int64_t i = 0; p->chunk_layers && i < (int64_t)p->pp * p->v; i++) num(w, p->chunk_layers[i]);
+    seq_end(w);
     key(w, "stages");
     seq_begin(w, 0);
     for (int s = 0; p->stages && s < p->pp; s++) {

@@ -99,7 +99,8 @@ typedef struct plan {
     /* pipeline */
     sched_kind kind;
     int pp, m, v;                 /* stages, micro-batches, chunks per stage */
-    int64_t layers_per_chunk;     /* layer-stack iterations per model chunk, 0 if no stack */
+    int64_t *chunk_layers;        /* layer-stack iterations run by each of the pp x v chunks
+                                     (all 0 without a stack) */
     plan_stage *stages;           /* pp entries */
     char error[256];              /* why plan_from failed */
 } plan;

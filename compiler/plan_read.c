@@ -653,7 +653,7 @@ static int read_stage(rd *r, int v, int s, plan *p) {
 }
 
 static int read_pipeline(rd *r, int m, plan *p) {
-    static const char *const keys[] = {"kind", "pp", "m", "v", "layers_per_chunk", "stages", NULL};
+    static const char *const keys[] = {"kind", "pp", "m", "v", "chunk_layers", "stages", NULL};
     int f[6], kind;
     const char *t = "pipeline";
     const fe_setup *s = &p->setup;
@@ -667,13 +667,22 @@ static int read_pipeline(rd *r, int m, plan *p) {
         return fail(r, f[3], "pipeline: pp x v = %lld chunks is too many", (long long)p->pp * p->v);
     if (kind != s->schedule)
         return fail(r, f[0], "pipeline: kind %s is not train.schedule (%s)", kind_name(kind), kind_name(s->schedule));
-    int64_t chunks = (int64_t)p->pp * p->v, want = 0;
+    int64_t chunks = (int64_t)p->pp * p->v, total = 0, sum = 0;
     for (int i = 0; i < p->n_regions; i++)
-        if (p->regions[i].is_stack) want = p->regions[i].count / chunks;
-    if (get_int(r, f[4], t, "layers_per_chunk (the layer stack's count / (pp x v))", want, want,
-                &p->layers_per_chunk) < 0 ||
-        get_seq(r, f[5], t, "stages (one per pp stage)", p->pp, p->pp) < 0)
+        if (p->regions[i].is_stack) total = p->regions[i].count;
+    if (get_seq(r, f[4], t, "chunk_layers (one per pipeline chunk, pp x v)", (int)chunks, (int)chunks) < 0)
         return -1;
+    p->chunk_layers = calloc((size_t)chunks, sizeof *p->chunk_layers);
+    if (!p->chunk_layers) return fail(r, m, "out of memory");
+    int ci = 0;
+    for (int e = r->nodes[f[4]].first; e >= 0; e = r->nodes[e].next, ci++) {
+        if (get_int(r, e, t, "a chunk's layers", total ? 1 : 0, total, &p->chunk_layers[ci]) < 0) return -1;
+        sum += p->chunk_layers[ci];
+    }
+    if (sum != total)
+        return fail(r, f[4], "pipeline: chunk_layers add up to %lld, but the layer stack has %lld iterations",
+                    (long long)sum, (long long)total);
+    if (get_seq(r, f[5], t, "stages (one per pp stage)", p->pp, p->pp) < 0) return -1;
     p->stages = calloc((size_t)p->pp, sizeof *p->stages);
     if (!p->stages) return fail(r, m, "out of memory");
     int st = 0;

@@ -17,7 +17,7 @@ typedef struct builder {
     const sched *sc;
     int stack;                /* the layer-stack region, -1 if none */
     int chunks;               /* pp x v */
-    long long layers_per_chunk;
+    long long stack_count;    /* the layer stack's iterations */
     int base[6];              /* first group index of: tp, ep, dp dense, dp expert, first+last stage */
     long long act_bytes;      /* an activation crossing a stage boundary */
     int elem_bytes;
@@ -186,7 +186,7 @@ static int emit_unit(builder *b, int rank, int phase, int chunk, int *idx) {
         int n = 0;
         for (int si = 0; si < p->n_steps; si++)
             if (p->steps[si].backward == phase && part_of(b, si) == part) idx[n++] = si;
-        long long reps = part == 1 ? b->layers_per_chunk : 1;
+        long long reps = part == 1 ? sched_chunk_layers(b->sc, chunk, b->stack_count) : 1;
         for (long long k = 0; k < reps; k++)
             if (emit_seq(b, rank, idx, n, part == 1 ? b->stack : -1) < 0) return -1;
     }
@@ -227,7 +227,7 @@ int ranks_build(rank_progs *r, const shard_prog *p, const sched *sc, char *err, 
     for (int i = 0; i < g->n_regions; i++)
         if (g->regions[i].is_stack) b.stack = i;
     b.chunks = sc->pp * sc->v;
-    b.layers_per_chunk = b.stack >= 0 ? g->regions[b.stack].count / b.chunks : 0;
+    b.stack_count = b.stack >= 0 ? g->regions[b.stack].count : 0;
     b.elem_bytes = s->precision == 0 ? 4 : 2;
     if (b.stack >= 0 && g->regions[b.stack].n_carry > 0) {
         int t = g->regions[b.stack].carry[0].entry;
@@ -274,7 +274,11 @@ int ranks_build(rank_progs *r, const shard_prog *p, const sched *sc, char *err, 
                 if (x->axis == DP && part == 0 && stage == sc->pp - 1 && sc->pp > 1 &&
                     shard__tied_across_stack(p->g, x->node))
                     mine = 1; /* the last stage's copy of a tied weight is synced too */
-                long long reps = part == 1 ? b.layers_per_chunk * sc->v : 1;
+                long long reps = 1;
+                if (part == 1) {
+                    reps = 0;
+                    for (int ch = stage; ch < b.chunks; ch += sc->pp) reps += sched_chunk_layers(sc, ch, b.stack_count);
+                }
                 for (long long k = 0; mine && k < reps && rc == 0; k++) rc = emit_step(&b, rank, si);
             }
         r->progs[rank].ops = r->ops[rank];

@@ -181,8 +181,15 @@ oom:
     return -1;
 }
 
+long long sched_chunk_layers(const sched *s, int chunk, long long total) {
+    int chunks = s->pp * s->v;
+    if (s->chunk_layers) return s->chunk_layers[chunk];
+    return chunks > 0 ? total / chunks : 0;
+}
+
 void sched_free(sched *s) {
     if (!s) return;
+    free(s->chunk_layers);
     if (s->stages)
         for (int i = 0; i < s->pp; i++) free(s->stages[i].units);
     free(s->stages);

@@ -47,6 +47,9 @@ typedef struct sched {
     sched_kind kind;
     int pp, m, v;
     sched_stage *stages; /* pp entries */
+    long long *chunk_layers; /* layer-stack iterations run by each of the pp*v chunks,
+                                set by the compiler (compile.c); NULL: not assigned.
+                                sched_free frees it. */
 } sched;
 
 /* Builds the schedule; returns 0, or -1 with a message in err (size n) when
@@ -65,6 +68,10 @@ typedef struct sched {
  *                warm-up forwards, then 1F1B, then the cool-down. */
 int sched_build(sched *out, sched_kind kind, int pp, int m, int v, char *err, int n);
 void sched_free(sched *s);
+
+/* Layer-stack iterations run by `chunk` (of pp*v): chunk_layers[chunk], or
+ * an equal share of `total` when none were assigned. */
+long long sched_chunk_layers(const sched *s, int chunk, long long total);
 
 /* Simulates the schedule with forward cost tf and backward cost tb per
  * unit (sends/receives free, a receive waits for its send) and returns the

@@ -8,15 +8,23 @@
 
 typedef struct layout {
     int stack, chunks;
-    long long layers_per_chunk;
+    const sched *sc;
+    long long total;          /* the stack's count */
 } layout;
 
 static layout layout_of(const shard_prog *p, const sched *sc) {
-    layout l = {-1, sc->pp * sc->v, 0};
+    layout l = {-1, sc->pp * sc->v, sc, 0};
     for (int r = 0; r < p->g->n_regions; r++)
         if (p->g->regions[r].is_stack) l.stack = r;
-    if (l.stack >= 0) l.layers_per_chunk = p->g->regions[l.stack].count / l.chunks;
+    if (l.stack >= 0) l.total = p->g->regions[l.stack].count;
     return l;
+}
+
+/* Layer-stack iterations the chunks of `stage` run. */
+static long long stage_layers(const layout *l, int stage) {
+    long long n = 0;
+    for (int c = stage; c < l->chunks; c += l->sc->pp) n += sched_chunk_layers(l->sc, c, l->total);
+    return n;
 }
 
 static int in_stack(const graph *g, int id, int stack) {
@@ -33,7 +41,8 @@ static double copies(const shard_prog *p, const layout *l, int id, int stage, in
     double mult = 1;
     for (int r = g->nodes[id].region; r >= 0; r = g->regions[r].parent)
         if (r != l->stack) mult *= (double)g->regions[r].count;
-    if (l->stack >= 0 && in_stack(g, id, l->stack)) return mult * (double)(l->layers_per_chunk * v);
+    (void)v;
+    if (l->stack >= 0 && in_stack(g, id, l->stack)) return mult * (double)stage_layers(l, stage);
     int before = l->stack < 0 || id < g->regions[l->stack].first;
     if (before) return stage == 0 ? mult : 0;
     return stage == pp - 1 ? mult : 0;
@@ -115,7 +124,7 @@ int stats_build(stats *out, const shard_prog *p, const sched *sc) {
         if (recompute && l.stack >= 0 && g->regions[l.stack].n_carry > 0) {
             /* full recompute keeps each layer's input only */
             int t = g->regions[l.stack].carry[0].entry;
-            act += (double)(l.layers_per_chunk * sc->v) * local_elems(p, t) * pbytes;
+            act += (double)stage_layers(&l, st) * local_elems(p, t) * pbytes;
         }
         int zero = s->zero;
         x->n_params = (long long)n_params;
@@ -203,3 +212,22 @@ void stats_print(const stats *s, const shard_prog *p, const sched *sc, const ran
             100.0 * s->bubble);
 }
 
+
+/* Forward FLOPs of one micro-batch on one rank: before the layer stack, one
+ * iteration of it, and after it. */
+void stats_stack_costs(const shard_prog *p, double *pre, double *layer, double *post) {
+    const graph *g = p->g;
+    int stack = -1;
+    for (int r = 0; r < g->n_regions; r++)
+        if (g->regions[r].is_stack) stack = r;
+    *pre = *layer = *post = 0;
+    for (int id = 0; id < g->n; id++) {
+        double mult = 1;
+        for (int r = g->nodes[id].region; r >= 0; r = g->regions[r].parent)
+            if (r != stack) mult *= (double)g->regions[r].count;
+        double f = mult * flops_of(p, id);
+        if (stack >= 0 && in_stack(g, id, stack)) *layer += f;
+        else if (stack < 0 || id < g->regions[stack].first) *pre += f;
+        else *post += f;
+    }
+}

@@ -36,6 +36,7 @@ typedef struct stats {
 
 int stats_build(stats *out, const shard_prog *p, const sched *sc);
 void stats_free(stats *s);
+void stats_stack_costs(const shard_prog *p, double *pre, double *layer, double *post);
 void stats_print(const stats *s, const shard_prog *p, const sched *sc, const rank_progs *r, FILE *out);
 
 #endif

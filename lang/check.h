@@ -76,6 +76,7 @@ struct frame {
     frame *up;
 };
 
+typedef enum stage_mode { STAGE_EQUAL, STAGE_BALANCED, STAGE_EXPLICIT } stage_mode;
 typedef enum schedule_id { SCHED_GPIPE, SCHED_1F1B, SCHED_INTERLEAVED } schedule_id;
 typedef enum precision_id { PREC_FP32, PREC_BF16, PREC_FP16 } precision_id;
 
@@ -90,6 +91,10 @@ typedef struct train_cfg {
     int64_t seed, eval_every, log_every, checkpoint_every;
     const char *data, *val_data, *checkpoint_dir;
     long long memory_limit;  /* bytes per rank, 0 = none */
+    int stage_mode;          /* STAGE_EQUAL, STAGE_BALANCED, STAGE_EXPLICIT */
+    int64_t *stage_layers;   /* STAGE_EXPLICIT: layers per pipeline chunk */
+    int n_stage_layers;
+    loc stage_layers_at;
     loc memory_limit_at;
     int ok;                  /* batch and seq_len are known */
 } train_cfg;

@@ -118,14 +118,14 @@ enum {
     T_GLOBAL_BATCH, T_MICRO_BATCH, T_SEQ_LEN, T_STEPS, T_SCHEDULE, T_VIRTUAL_STAGES, T_ZERO,
     T_PRECISION, T_LOSS_SCALE, T_RECOMPUTE, T_SEQUENCE_PARALLEL, T_OPTIMIZER, T_LR_SCHEDULE,
     T_SEED, T_DATA, T_VAL_DATA, T_EVAL_EVERY, T_LOG_EVERY, T_CHECKPOINT_DIR, T_CHECKPOINT_EVERY,
-    T_MEMORY_LIMIT, T_COUNT
+    T_MEMORY_LIMIT, T_STAGE_LAYERS, T_COUNT
 };
 
 static const char *const train_keys[T_COUNT] = {
     "global_batch", "micro_batch", "seq_len", "steps", "schedule", "virtual_stages", "zero",
     "precision", "loss_scale", "recompute", "sequence_parallel", "optimizer", "lr_schedule",
     "seed", "data", "val_data", "eval_every", "log_every", "checkpoint_dir", "checkpoint_every",
-    "memory_limit",
+    "memory_limit", "stage_layers",
 };
 
 static const char *const schedules[] = {"gpipe", "1f1b", "interleaved"};
@@ -281,6 +281,41 @@ static void lr_schedule_opt(checker *c, const value *v, loc *warmup_at) {
     num_arg(c, a[1], "min_lr", 0, 0, &t->min_lr);
 }
 
+/* stage_layers = balanced, or (n0, n1, ...): the layer stack's split over
+ * the pipeline chunks; its length and sum are checked with the model. */
+static int stage_layers_opt(checker *c, const value *v) {
+    train_cfg *t = &c->train;
+    t->stage_layers_at = v->where;
+    if (v->kind == V_ERR) return 0;
+    if ((v->kind == V_WORD || v->kind == V_STR) && strcmp(v->s, "balanced") == 0) {
+        t->stage_mode = STAGE_BALANCED;
+        return 1;
+    }
+    if (v->kind == V_INT) { /* one chunk: (12) is just 12 */
+        t->stage_layers = arena_alloc(c->arena, sizeof *t->stage_layers);
+        t->stage_layers[0] = v->i;
+        t->n_stage_layers = 1;
+    } else if (v->kind == V_TUPLE) {
+        t->stage_layers = arena_alloc(c->arena, (size_t)v->n * sizeof *t->stage_layers);
+        for (int i = 0; i < v->n; i++) {
+            int64_t n;
+            if (!value_as_int(c, &v->elems[i], "each entry of stage_layers", &n)) return 0;
+            if (n < 1) {
+                check_error(c, v->elems[i].where, "each pipeline chunk needs at least one layer, not %lld", (long long)n);
+                return 0;
+            }
+            t->stage_layers[i] = n;
+        }
+        t->n_stage_layers = v->n;
+    } else {
+        check_error(c, v->where, "stage_layers must be balanced or a tuple of layer counts, one per pipeline "
+                                 "chunk, e.g. (5, 7); not %s", value_describe(c, v));
+        return 0;
+    }
+    t->stage_mode = STAGE_EXPLICIT;
+    return 1;
+}
+
 void check_train(checker *c) {
     train_cfg *t = &c->train;
     *t = (train_cfg){0};
@@ -360,6 +395,7 @@ void check_train(checker *c) {
             }
             t->memory_limit_at = v.where;
             break;
+        case T_STAGE_LAYERS: ok = stage_layers_opt(c, &v); break;
         case T_OPTIMIZER: optimizer_opt(c, &v); break;
         case T_LR_SCHEDULE: lr_schedule_opt(c, &v, &warmup_at); break;
         case T_DATA:
@@ -451,6 +487,25 @@ void check_layout(checker *c) {
                     "pipeline parallelism (pp = %lld) splits one layer stack, but the model has a second top-level "
                     "repeat", (long long)pp);
         check_note(c, c->layers_node->a->loc, "the layer stack is this repeat");
+    } else if (pp > 1 && c->train.stage_mode == STAGE_EXPLICIT) {
+        int64_t sum = 0, chunks = pp * v;
+        for (int i = 0; i < c->train.n_stage_layers; i++) sum += c->train.stage_layers[i];
+        if (c->train.n_stage_layers != chunks)
+            check_error(c, c->train.stage_layers_at, "stage_layers has %d entr%s; it needs one per pipeline chunk: "
+                        "pp x virtual_stages = %lld", c->train.n_stage_layers, c->train.n_stage_layers == 1 ? "y" : "ies",
+                        (long long)chunks);
+        else if (!c->layers_node)
+            check_error(c, c->train.stage_layers_at, "stage_layers splits a layer stack, but the model has none");
+        else if (sum != c->layers)
+            check_error(c, c->train.stage_layers_at, "stage_layers adds up to %lld layers, but the layer stack has "
+                        "%lld", (long long)sum, (long long)c->layers);
+    } else if (pp > 1 && c->train.stage_mode == STAGE_BALANCED) {
+        if (!c->layers_node)
+            check_error(c, c->model_node->name_loc, "pp = %lld needs a layer stack: a `repeat` in the model body",
+                        (long long)pp);
+        else if (c->layers < pp * v)
+            check_error(c, c->layers_node->a->loc, "%lld layers are fewer than the %lld pipeline chunks "
+                        "(pp x virtual_stages)", (long long)c->layers, (long long)(pp * v));
     } else if (pp > 1) {
         if (!c->layers_node) {
             check_error(c, c->model_node->name_loc, "pp = %lld needs a layer stack: a `repeat` in the model body",

@@ -355,6 +355,9 @@ fe_setup fe_get_setup(const fe *f) {
     s.sequence_parallel = t->sequence_parallel;
     s.layers = c->layers;
     s.memory_limit = t->memory_limit;
+    s.stage_mode = t->stage_mode;
+    s.n_stage_layers = t->n_stage_layers;
+    s.stage_layers = t->stage_layers;
     s.memory_limit_at = t->memory_limit_at;
     return s;
 }

@@ -10,6 +10,7 @@
 #define MESH_FRONTEND_H
 
 #include <stddef.h> /* size_t */
+#include <stdint.h> /* int64_t */
 #include <stdio.h>  /* FILE */
 
 #include "diag.h"
@@ -47,6 +48,9 @@ typedef struct fe_setup {
     int recompute, sequence_parallel;
     long long layers;        /* layer-stack count, 0 if none */
     long long memory_limit;  /* train.memory_limit in bytes per rank, 0 if none */
+    int stage_mode;          /* train.stage_layers: 0 equal split, 1 balanced by compute, 2 explicit */
+    int n_stage_layers;      /* 2: the layers of each pipeline chunk (owned by the fe) */
+    const int64_t *stage_layers;
     loc memory_limit_at;     /* where it is written */
 } fe_setup;
 

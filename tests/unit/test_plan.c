@@ -182,7 +182,7 @@ TEST_IMPL(plan_roundtrip_pipeline)
     ASSERT_INT_EQ(back.pp, 2);
     ASSERT_INT_EQ(back.m, 4);
     ASSERT_INT_EQ(back.v, 2);
-    ASSERT_INT_EQ(back.layers_per_chunk, 1);
+    for (int i = 0; i < back.pp * back.v; i++) ASSERT_INT_EQ(back.chunk_layers[i], 1);
     sched sc;
     char err[256];
     ASSERT_INT_EQ(sched_build(&sc, SCHED_KIND_INTERLEAVED, 2, 4, 2, err, (int)sizeof err), 0);

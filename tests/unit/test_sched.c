@@ -445,7 +445,7 @@ TEST_IMPL(sched_simulate_detects_stuck_receive)
     sched_unit u0[] = {{SCHED_RECV_GRAD, 0, 0, 1}, {SCHED_FWD, 0, 0, -1}};
     sched_unit u1[] = {{SCHED_RECV_ACT, 0, 1, 0}, {SCHED_FWD, 0, 1, -1}};
     sched_stage st[] = {{u0, 2}, {u1, 2}};
-    sched s = {SCHED_KIND_1F1B, 2, 1, 1, st};
+    sched s = {SCHED_KIND_1F1B, 2, 1, 1, st, NULL};
     double bubble = 0;
     ASSERT_REL(sched_simulate(&s, 1, 2, &bubble), -1.0, "makespan %d", 0);
     ASSERT_REL(bubble, -1.0, "bubble %d", 0);

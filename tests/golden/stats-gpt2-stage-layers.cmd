@@ -1,0 +1,1 @@
+cp examples/gpt2.mesh "$SCRATCH" && cd "$SCRATCH" && $MESHC --stats --set train.stage_layers=balanced gpt2.mesh && $MESHC --stats --set "train.stage_layers=(7, 5)" gpt2.mesh | grep "^stage" && $MESHC --dump=plan --set train.stage_layers=balanced gpt2.mesh | grep chunk_layers
