@@ -151,6 +151,34 @@ static int *gt_has(const grad *gt, int n) {
     return has;
 }
 
+static int in_region_step(const graph *g, int r, int region) {
+    for (; r >= 0; r = g->regions[r].parent)
+        if (r == region) return 1;
+    return 0;
+}
+
+static int in_region(const graph *g, int id, int region) {
+    for (int r = g->nodes[id].region; r >= 0; r = g->regions[r].parent)
+        if (r == region) return 1;
+    return 0;
+}
+
+/* recompute = full: a layer keeps only its input; its backward starts by
+ * running its forward again, collectives included (Megatron-LM's full
+ * activation recomputation). The forward steps of the layer stack are
+ * repeated at the head of the stack's backward, marked as recompute. */
+static int recompute_stack(shard_walk *w, int stack) {
+    shard_prog *p = w->p;
+    for (int i = 0; i < p->n_forward; i++) {
+        shard_step s = p->steps[i];
+        if (s.region < 0 || !in_region(p->g, s.node, stack) || !in_region_step(p->g, s.region, stack)) continue;
+        s.backward = 1;
+        s.recompute = 1;
+        if (shard__push(p, s) < 0) return -1;
+    }
+    return 0;
+}
+
 static int differentiable(const shard_walk *w, int t) {
     const g_node *n = &w->p->g->nodes[t];
     return !n->is_int && n->op != G_INPUT && n->op != G_ARANGE;
@@ -163,6 +191,9 @@ int shard__backward_walk(shard_walk *w) {
     grad *gt = calloc((size_t)(g->n ? g->n : 1), sizeof *gt);
     grad *gver = calloc((size_t)(w->n_vers ? w->n_vers : 1), sizeof *gver);
     char *gathered = calloc((size_t)(g->n ? g->n : 1), 1);
+    int stack = -1, recomputed = 0;
+    for (int r = 0; r < g->n_regions; r++)
+        if (g->regions[r].is_stack) stack = r;
     int rc = !gt || !gver || !gathered ? -1 : 0;
     if (rc == 0) {
         gt[g->loss].has = 1;
@@ -175,6 +206,10 @@ int shard__backward_walk(shard_walk *w) {
         const g_node *n = &g->nodes[id];
         if (collect(w, id, gver, &gt[id]) < 0) { rc = -1; break; }
         if (!gt[id].has) continue;
+        if (!recomputed && p->setup.recompute && stack >= 0 && in_region(g, id, stack)) {
+            recomputed = 1;
+            if (recompute_stack(w, stack) < 0) { rc = -1; break; }
+        }
         shard_pl expect = p->pl[id];
         if (expect.kind[TP] == PL_PARTIAL) expect = shard__with_tp(expect, PL_REP, -1);
         if (regrad(w, id, &gt[id].pl, expect, "partial gradient summed over tp") < 0) { rc = -1; break; }

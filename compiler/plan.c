@@ -190,6 +190,7 @@ int plan_from(plan *out, const char *source, const fe_setup *s, const graph *g, 
         const shard_step *st = &p->steps[i];
         plan_step *o = &out->steps[i];
         o->phase = (plan_phase)st->backward;
+        o->recompute = st->recompute;
         o->kind = st->kind;
         o->node = st->node;
         o->region = st->region;
@@ -497,6 +498,7 @@ static void write_step(wr *w, const plan_step *s, int i) {
         kv_num(w, "elems", s->elems);
     }
     kv_num(w, "region", s->region);
+    if (s->recompute) kv_name(w, "recompute", "true");
     if (s->kind != STEP_COMPUTE) {
         char what[64];
         snprintf(what, sizeof what, "the reason of step %d", i);

@@ -77,6 +77,7 @@ typedef struct plan_step {
     int64_t elems;                /* collectives: elements of the whole tensor; compute: 0 */
     int region;                   /* innermost region, -1 if none */
     char *why;                    /* collectives: a short reason (maybe ""); compute: NULL */
+    int recompute;                /* backward: a forward step run again (recompute = full) */
 } plan_step;
 
 typedef struct plan_stage {

@@ -548,8 +548,9 @@ static int read_region(rd *r, int v, int id, plan *p) {
 }
 
 static int read_step(rd *r, int v, int i, plan *p, int prev_phase) {
-    static const char *const keys[] = {"phase", "kind", "node", "?axis", "?dim", "?elems", "region", "?why", NULL};
-    int f[8], ph, kind;
+    static const char *const keys[] = {"phase", "kind", "node", "?axis", "?dim", "?elems", "region", "?why",
+                                       "?recompute", NULL};
+    int f[9], ph, kind;
     char what[48];
     snprintf(what, sizeof what, "program step %d", i);
     plan_step *s = &p->steps[i];
@@ -560,6 +561,13 @@ static int read_step(rd *r, int v, int i, plan *p, int prev_phase) {
         return -1;
     s->phase = (plan_phase)ph;
     s->kind = (shard_step_kind)kind;
+    if (f[8] >= 0) {
+        int yes;
+        if (get_bool(r, f[8], what, "recompute", &yes) < 0) return -1;
+        if (yes && ph != PLAN_BACKWARD)
+            return fail(r, f[8], "%s: only backward steps can be recompute steps", what);
+        s->recompute = yes;
+    }
     if (ph < prev_phase)
         return fail(r, f[0], "%s: a %s step cannot follow a %s step (the phases run in order: forward, backward, "
                              "grad-sync, after-optimizer)", what, plan_phase_name(s->phase),

@@ -53,6 +53,7 @@ typedef struct shard_step {
     int64_t elems;       /* elements of the whole tensor over the axis group (per data-parallel rank) */
     int region;          /* innermost repeat region, -1 if none */
     const char *why;     /* a short reason, printed by --dump=placements */
+    int recompute;       /* backward: a forward step run again (recompute = full) */
 } shard_step;
 
 typedef struct shard_prog {

@@ -93,7 +93,7 @@ void shard_dump(const shard_prog *p, FILE *out) {
             const g_node *n = st->node >= 0 ? &g->nodes[st->node] : NULL;
             fprintf(out, "%*s", ns.depth * 2, "");
             if (st->kind == STEP_COMPUTE) {
-                fprintf(out, "%s%%%d = %s(", b == 1 ? "d" : "", st->node, graph_op_name(n->op));
+                fprintf(out, "%s%%%d = %s(", st->recompute ? "r" : b == 1 ? "d" : "", st->node, graph_op_name(n->op));
                 for (int k = 0; k < n->n_in; k++) fprintf(out, "%s%%%d", k ? ", " : "", n->in[k]);
                 fputs(") ", out);
                 put_shape(n, out);
@@ -104,7 +104,7 @@ void shard_dump(const shard_prog *p, FILE *out) {
                 char e[40];
                 commas((long long)st->elems, e, sizeof e);
                 fprintf(out, "%s(%s) %s%%%d", shard_step_name(st->kind), axis_names[st->axis],
-                        b == 1 || b == 2 ? "d" : "", st->node);
+                        st->recompute ? "r" : b == 1 || b == 2 ? "d" : "", st->node);
                 if (st->dim >= 0 && st->kind != STEP_ALL_REDUCE) fprintf(out, " dim %d", st->dim);
                 fprintf(out, ", %s elements  # %s\n", e, st->why ? st->why : "");
             }

@@ -30,6 +30,7 @@ TEST(shard_megatron_tp_layer_counts)
 TEST(shard_megatron_sequence_parallel_counts)
 TEST(shard_zero_gradient_sync)
 TEST(shard_moe_all_to_all)
+TEST(shard_recompute_repeats_forward_collectives)
 
 /* compiler: pipeline schedules and their timeline, test_sched.c */
 TEST(sched_rejects_bad_parameters)

@@ -101,6 +101,24 @@ TEST_IMPL(shard_megatron_sequence_parallel_counts)
     fe_free(f);
 }
 
+/* Full recompute: each layer's backward runs its forward again first, with
+ * its collectives: 2 + 2 all-reduces of b*s*h per layer in backward. */
+TEST_IMPL(shard_recompute_repeats_forward_collectives)
+{
+    static const char *const sets[] = {"train.recompute=full"};
+    shard_prog p;
+    fe *f = sharded(&p, sets, 1);
+    shard_counts c;
+    shard_count(&p, 1, 1, &c);
+    ASSERT_INT_EQ(c.n[AR][TPX], 4);
+    ASSERT_INT_EQ(c.elems[AR][TPX], 4 * B * S * H);
+    int recomputed = 0;
+    for (int i = 0; i < p.n_steps; i++) recomputed += p.steps[i].recompute;
+    ASSERT_INT_GE(recomputed, 14); /* the layer's 14 ops and its 2 all-reduces */
+    shard_free(&p);
+    fe_free(f);
+}
+
 /* ZeRO: the gradient sync moves exactly the local params: Psi elements
  * reduce-scattered (zero >= 1) or all-reduced (zero 0), and zero 1/2
  * gather Psi updated elements after the step (anchors.md: 2 Psi in all). */
