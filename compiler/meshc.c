@@ -16,6 +16,7 @@
 #include "frontend.h"
 #include "mesh.h"
 #include "compile.h"
+#include "memplan.h"
 #include "timeline.h"
 
 #ifndef MESH_STD_DIR
@@ -39,6 +40,7 @@ static const char usage_text[] =
     "  --dump=placements  print every tensor's placement over the mesh and the\n"
     "                     collectives of the forward and backward programs\n"
     "  --dump=schedule    print the pipeline schedule: each stage's units in order\n"
+    "  --dump=memory      print the memory plan: per stage, and every buffer's place\n"
     "  --dump=plan        print the plan file (YAML) instead of writing it\n"
     "  --check            check only: print the static check's result, no summary\n"
     "  --stats            print per pipeline stage: memory per rank by kind, FLOPs\n"
@@ -111,9 +113,10 @@ int main(int argc, char **argv) {
             dump = a + 7;
             if (strcmp(dump, "ir") == 0) dump = "graph"; /* the IR the compiler lowers is the graph */
             if (strcmp(dump, "ast") != 0 && strcmp(dump, "params") != 0 && strcmp(dump, "graph") != 0 &&
-                strcmp(dump, "placements") != 0 && strcmp(dump, "schedule") != 0 && strcmp(dump, "plan") != 0)
-                return usage_error("unknown dump '%s' (use --dump=ast, params, graph (or ir), placements, schedule "
-                                   "or plan)", dump);
+                strcmp(dump, "placements") != 0 && strcmp(dump, "schedule") != 0 && strcmp(dump, "plan") != 0 &&
+                strcmp(dump, "memory") != 0)
+                return usage_error("unknown dump '%s' (use --dump=ast, params, graph (or ir), placements, schedule, "
+                                   "memory or plan)", dump);
         } else if (strcmp(a, "--check") == 0) {
             check_only = 1;
         } else if (strcmp(a, "-o") == 0 || (strncmp(a, "-o", 2) == 0 && a[2])) {
@@ -175,7 +178,7 @@ int main(int argc, char **argv) {
         int has_model = st == FE_OK && fe_graph(f)->loss >= 0;
         if (st == FE_OK && (!dump || strcmp(dump, "ast") != 0) && has_model) {
             int needs = !dump || strcmp(dump, "placements") == 0 || strcmp(dump, "schedule") == 0 ||
-                        strcmp(dump, "plan") == 0 || timeline;
+                        strcmp(dump, "plan") == 0 || strcmp(dump, "memory") == 0 || timeline;
             int write_plan = !dump && !check_only && !want_stats;
             compiled c;
             char written[4200] = "";
@@ -190,6 +193,12 @@ int main(int argc, char **argv) {
             if (st == FE_OK && !dump && want_stats) compile_cost(f, &c, stdout, 0);
             if (st == FE_OK && dump && strcmp(dump, "placements") == 0) shard_dump(&c.prog, stdout);
             if (st == FE_OK && dump && strcmp(dump, "schedule") == 0) sched_dump(&c.sc, stdout);
+            if (st == FE_OK && dump && strcmp(dump, "memory") == 0) {
+                memplan mp;
+                if (memplan_build(&mp, &c.prog, &c.sc) == 0) memplan_dump(&mp, &c.prog, stdout);
+                else st = FE_NOMEM;
+                memplan_free(&mp);
+            }
             if (st == FE_OK && timeline) st = write_timeline(f, &c, timeline);
             if (needs) compile_free(&c);
         } else if (st == FE_OK && !dump && !check_only) {

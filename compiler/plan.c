@@ -73,6 +73,7 @@ const char *plan__axis_name(int axis) {
 void plan_free(plan *p) {
     if (!p) return;
     free(p->chunk_layers);
+    free(p->memory);
     free(p->meshc);
     free(p->source);
     for (int i = 0; i < p->n_tensors; i++) free(p->tensors[i].name);
@@ -205,18 +206,26 @@ int plan_from(plan *out, const char *source, const fe_setup *s, const graph *g, 
     if (bad) return from_fail(out, "out of memory");
     /* the layer count is the stack's, as plan_read derives it */
     out->setup.layers = stack >= 0 ? g->regions[stack].count : 0;
-    if (sc) {
-        if (copy_sched(out, sc) < 0) return from_fail(out, "out of memory");
-    } else { /* pp == 1: one stage running the micro-batches in order */
-        sched one;
+    sched one;
+    memset(&one, 0, sizeof one);
+    if (!sc) { /* pp == 1: one stage running the micro-batches in order */
         char err[200];
         if (sched_build(&one, (sched_kind)s->schedule, 1, (int)s->micro_batches, s->virtual_stages, err,
                         (int)sizeof err) < 0)
             return from_fail(out, "plan_from: %s", err);
-        int rc = copy_sched(out, &one);
-        sched_free(&one);
-        if (rc < 0) return from_fail(out, "out of memory");
     }
+    const sched *use = sc ? sc : &one;
+    memplan mem;
+    int rc = copy_sched(out, use);
+    if (rc == 0) rc = memplan_build(&mem, p, use);
+    if (rc == 0) {
+        out->memory = calloc((size_t)use->pp, sizeof *out->memory);
+        if (out->memory) memcpy(out->memory, mem.stage, (size_t)use->pp * sizeof *out->memory);
+        else rc = -1;
+    }
+    memplan_free(&mem);
+    sched_free(&one);
+    if (rc < 0) return from_fail(out, "out of memory");
     int64_t chunks = (int64_t)out->pp * out->v, total = stack >= 0 ? g->regions[stack].count : 0;
     out->chunk_layers = calloc((size_t)(chunks > 0 ? chunks : 1), sizeof *out->chunk_layers);
     if (!out->chunk_layers) return from_fail(out, "out of memory");
@@ -508,6 +517,28 @@ static void write_step(wr *w, const plan_step *s, int i) {
     map_end(w);
 }
 
+/* The memory plan's sizes per stage, in bytes per rank. */
+static void write_memory(wr *w, const plan *p) {
+    key(w, "memory");
+    seq_begin(w, 0);
+    for (int s = 0; p->memory && s < p->pp; s++) {
+        const mem_stage *m = &p->memory[s];
+        map_begin(w, 1);
+        kv_num(w, "stage", s);
+        kv_num(w, "params", m->params);
+        kv_num(w, "grads", m->grads);
+        kv_num(w, "optim", m->optim);
+        kv_num(w, "slot_bytes", m->slot_bytes);
+        kv_num(w, "slots", m->slots);
+        kv_num(w, "layer_stride", m->layer_stride);
+        kv_num(w, "workspace", m->workspace);
+        kv_num(w, "comm", m->comm);
+        kv_num(w, "total", m->total);
+        map_end(w);
+    }
+    seq_end(w);
+}
+
 static void write_pipeline(wr *w, const plan *p) {
     key(w, "pipeline");
     map_begin(w, 0);
@@ -568,6 +599,7 @@ static void write_plan(wr *w, const plan *p) {
     for (int i = 0; i < p->n_steps; i++) write_step(w, &p->steps[i], i);
     seq_end(w);
     write_pipeline(w, p);
+    write_memory(w, p);
     kv_name(w, "end", PLAN_MAGIC); /* last: a file cut short lacks it */
     map_end(w);
     put(w, &ev, yaml_document_end_event_initialize(&ev, 1));

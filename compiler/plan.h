@@ -25,6 +25,7 @@
 #include <stdio.h>  /* FILE */
 
 #include "frontend.h" /* fe_setup */
+#include "memplan.h"  /* mem_stage */
 #include "graph.h"    /* g_op, g_carry, GRAPH_MAX_* */
 #include "sched.h"    /* sched, sched_kind, sched_unit */
 #include "shard.h"    /* shard_prog, shard_pl, shard_step_kind, SHARD_AXES */
@@ -100,6 +101,7 @@ typedef struct plan {
     /* pipeline */
     sched_kind kind;
     int pp, m, v;                 /* stages, micro-batches, chunks per stage */
+    mem_stage *memory;            /* per pp stage: the memory plan's sizes (memplan.h) */
     int64_t *chunk_layers;        /* layer-stack iterations run by each of the pp x v chunks
                                      (all 0 without a stack) */
     plan_stage *stages;           /* pp entries */

@@ -747,11 +747,46 @@ static int check_header(rd *r, int root, plan *p) {
     return 0;
 }
 
+/* memory: one map of sizes per stage; the total must be their sum. */
+static int read_memory(rd *r, int v, plan *p) {
+    static const char *const keys[] = {"stage", "params", "grads", "optim", "slot_bytes", "slots", "layer_stride",
+                                       "workspace", "comm", "total", NULL};
+    if (get_seq(r, v, "the plan", "memory (one entry per pp stage)", p->pp, p->pp) < 0) return -1;
+    p->memory = calloc((size_t)p->pp, sizeof *p->memory);
+    if (!p->memory) return fail(r, v, "out of memory");
+    int s = 0;
+    for (int e = r->nodes[v].first; e >= 0; e = r->nodes[e].next, s++) {
+        char what[32];
+        snprintf(what, sizeof what, "memory of stage %d", s);
+        int f[10];
+        int64_t x[10];
+        if (fields(r, e, what, keys, f) < 0) return -1;
+        for (int k = 0; k < 10; k++)
+            if (get_int(r, f[k], what, keys[k], k == 0 ? s : 0, k == 0 ? s : MAX_I64, &x[k]) < 0) return -1;
+        mem_stage *m = &p->memory[s];
+        m->params = x[1];
+        m->grads = x[2];
+        m->optim = x[3];
+        m->slot_bytes = x[4];
+        m->slots = (int)(x[5] > MAX_INT ? MAX_INT : x[5]);
+        m->layer_stride = x[6];
+        m->workspace = m->fwd_workspace = m->bwd_workspace = x[7];
+        m->comm = x[8];
+        m->total = x[9];
+        double sum = (double)m->params + (double)m->grads + (double)m->optim +
+                     (double)m->slot_bytes * (double)m->slots + (double)m->workspace + (double)m->comm;
+        if (sum != (double)m->total)
+            return fail(r, f[9], "%s: total is not params + grads + optim + slot_bytes x slots + workspace + comm",
+                        what);
+    }
+    return 0;
+}
+
 static int read_plan(rd *r, int root, plan *p) {
     static const char *const keys[] = {"magic", "format", "meshc", "source", "mesh", "train", "loss", "tensors",
-                                       "regions", "program", "pipeline", "end", NULL};
-    enum { K_MESHC = 2, K_SOURCE, K_MESH, K_TRAIN, K_LOSS, K_TENSORS, K_REGIONS, K_PROGRAM, K_PIPELINE };
-    int f[12];
+                                       "regions", "program", "pipeline", "memory", "end", NULL};
+    enum { K_MESHC = 2, K_SOURCE, K_MESH, K_TRAIN, K_LOSS, K_TENSORS, K_REGIONS, K_PROGRAM, K_PIPELINE, K_MEMORY };
+    int f[13];
     const char *t = "the plan";
     if (check_header(r, root, p) < 0 || fields(r, root, t, keys, f) < 0 ||
         get_str(r, f[K_MESHC], t, "meshc", &p->meshc) < 0 || get_str(r, f[K_SOURCE], t, "source", &p->source) < 0 ||
@@ -783,7 +818,8 @@ static int read_plan(rd *r, int root, plan *p) {
         if (read_step(r, e, i, p, prev) < 0) return -1;
         prev = (int)p->steps[i].phase;
     }
-    return read_pipeline(r, f[K_PIPELINE], p);
+    if (read_pipeline(r, f[K_PIPELINE], p) < 0) return -1;
+    return read_memory(r, f[K_MEMORY], p);
 }
 
 int plan_read(plan *out, const char *text, size_t len, char *err, size_t n) {

@@ -4,6 +4,7 @@
 #include <stdlib.h> /* calloc, strtod */
 #include <string.h> /* strcmp */
 
+#include "memplan.h"
 #include "shard_impl.h"
 
 typedef struct layout {
@@ -99,45 +100,38 @@ int stats_build(stats *out, const shard_prog *p, const sched *sc) {
     out->pp = sc->pp;
     out->stage = calloc((size_t)sc->pp, sizeof *out->stage);
     if (!out->stage) return -1;
+    memplan mem;
+    if (memplan_build(&mem, p, sc) != 0) {
+        memplan_free(&mem);
+        return -1;
+    }
     layout l = layout_of(p, sc);
-    int pbytes = s->precision == 0 ? 4 : 2;
-    int obytes = s->precision == 0 ? 8 : 12; /* m, v (+ fp32 master weights) */
-    int recompute = s->recompute;
     for (int st = 0; st < sc->pp; st++) {
         stats_stage *x = &out->stage[st];
-        double n_params = 0, n_params_sharded = 0, act = 0, fl = 0;
+        const mem_stage *ms = &mem.stage[st];
+        double n_params = 0, fl = 0;
         for (int id = 0; id < g->n; id++) {
             const g_node *n = &g->nodes[id];
             if (n->op == G_PARAM) {
-                double c = param_copies(p, &l, id, st, sc->pp, sc->v);
-                double e = local_elems(p, id) * c;
-                n_params += e;
-                n_params_sharded += e / (double)shard__dp_group(p, id);
+                n_params += local_elems(p, id) * param_copies(p, &l, id, st, sc->pp, sc->v);
                 continue;
             }
             if (n->op == G_INPUT || n->is_int) continue;
-            double c = copies(p, &l, id, st, sc->pp, sc->v);
-            fl += c * flops_of(p, id);
-            int kept = !recompute || (l.stack >= 0 && !in_stack(g, id, l.stack));
-            if (kept) act += c * local_elems(p, id) * pbytes;
+            fl += copies(p, &l, id, st, sc->pp, sc->v) * flops_of(p, id);
         }
-        if (recompute && l.stack >= 0 && g->regions[l.stack].n_carry > 0) {
-            /* full recompute keeps each layer's input only */
-            int t = g->regions[l.stack].carry[0].entry;
-            act += (double)stage_layers(&l, st) * local_elems(p, t) * pbytes;
-        }
-        int zero = s->zero;
         x->n_params = (long long)n_params;
-        x->params = (long long)((zero == 3 ? n_params_sharded : n_params) * pbytes);
-        x->grads = (long long)((zero >= 2 ? n_params_sharded : n_params) * pbytes);
-        x->optim = (long long)((zero >= 1 ? n_params_sharded : n_params) * obytes);
-        x->peak_inflight = sched_peak_inflight(sc, st);
-        /* the peak counts (micro-batch, chunk) units; act covers all v chunks */
-        x->act_per_micro = (long long)act;
-        x->activations = (long long)(act / sc->v * x->peak_inflight);
-        x->total = x->params + x->grads + x->optim + x->activations;
-        x->flops = fl * (double)s->micro_batches * (recompute ? 4.0 : 3.0);
+        x->params = ms->params;
+        x->grads = ms->grads;
+        x->optim = ms->optim;
+        x->peak_inflight = ms->slots;
+        x->act_per_micro = ms->slot_bytes;
+        x->activations = ms->slot_bytes * ms->slots;
+        x->workspace = ms->workspace;
+        x->comm = ms->comm;
+        x->total = ms->total;
+        x->flops = fl * (double)s->micro_batches * (s->recompute ? 4.0 : 3.0);
     }
+    memplan_free(&mem);
     double bubble = 0;
     sched_simulate(sc, 1.0, 2.0, &bubble);
     out->bubble = bubble;
@@ -173,9 +167,12 @@ void stats_print(const stats *s, const shard_prog *p, const sched *sc, const ran
         human_bytes((double)x->activations, d, sizeof d);
         human_bytes((double)x->total, t, sizeof t);
         fprintf(out, "stage %d: %lld params per rank\n", i, x->n_params);
+        char e[32], f[32];
+        human_bytes((double)x->workspace, e, sizeof e);
+        human_bytes((double)x->comm, f, sizeof f);
         fprintf(out, "  memory:  %s total = params %s + gradients %s + optimizer %s + activations %s "
-                     "(%d micro-batch chunk%s in flight)\n", t, a, b, c, d, x->peak_inflight,
-                x->peak_inflight == 1 ? "" : "s");
+                     "(%d micro-batch chunk%s in flight) + workspace %s + communication %s\n", t, a, b, c, d,
+                x->peak_inflight, x->peak_inflight == 1 ? "" : "s", e, f);
         fprintf(out, "  compute: %.3g TFLOP per step (forward + backward%s)\n", x->flops / 1e12,
                 st->recompute ? " + recompute" : "");
         /* communication of the first rank of the stage */

@@ -21,6 +21,7 @@
 typedef struct stats_stage {
     long long params, grads, optim;  /* bytes per rank */
     long long activations;           /* bytes per rank at the schedule's peak */
+    long long workspace, comm;       /* temporaries and gradients; the largest collective */
     long long act_per_micro;         /* bytes one micro-batch keeps for backward, all chunks of the stage */
     int peak_inflight;               /* (micro-batch, chunk) units whose activations are alive at once */
     long long total;

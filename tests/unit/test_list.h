@@ -84,3 +84,8 @@ TEST(plan_from_compiled)
 TEST(plan_read_refuses_bad_plans)
 TEST(plan_write_and_from_refuse)
 TEST(plan_read_survives_mutations)
+
+/* compiler: the memory plan, test_memplan.c */
+TEST(memplan_saved_activations_by_hand)
+TEST(memplan_recompute_keeps_layer_inputs)
+TEST(memplan_slots_follow_the_schedule)

@@ -1,0 +1,1 @@
+$MESHC --dump=memory --set mesh.tp=2 examples/gpt-tiny.mesh

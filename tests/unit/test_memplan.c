@@ -1,0 +1,113 @@
+/*
+ * test_memplan.c: the static memory plan (compiler/memplan.c) on a model
+ * small enough to account by hand: which activations backward keeps, the
+ * slots the schedule needs, recompute, and reuse of the workspace.
+ */
+#include <stdio.h>  /* defines: fputs */
+#include <string.h> /* defines: strlen */
+
+#include "frontend.h" /* defines: fe_* */
+#include "memplan.h"  /* defines: memplan_* */
+#include "unit.h"     /* defines: TEST_IMPL, ASSERT_* */
+
+static void to_stderr(void *ud, diag_level level, const char *text) {
+    (void)ud;
+    (void)level;
+    fputs(text, stderr);
+}
+
+enum { B = 2, T = 8, D = 16, F = 64, V = 32 };
+
+/* x = embed -> repeat 2 { x + gelu(layernorm(x) @ w1) @ w2 } -> logits;
+ * fp32, one rank (or pp 2). */
+static fe *build(const char *const *sets, int n_sets, shard_prog *p, sched *sc, memplan *m) {
+    static const char src[] =
+        "model m {\n"
+        "  input tokens : int[batch, seq]\n"
+        "  param emb : [32, 16]\n"
+        "  x = embed(tokens, emb)\n"
+        "  repeat 2 {\n"
+        "    param g : [16] = ones\n"
+        "    param w1 : [16, 64]\n"
+        "    param w2 : [64, 16]\n"
+        "    x = x + gelu(layernorm(x, g) @ w1) @ w2\n"
+        "  }\n"
+        "  loss = cross_entropy(x @ transpose(emb), tokens)\n"
+        "}\n"
+        "mesh { dp = 1 }\n"
+        "train { global_batch = 4  micro_batch = 2  seq_len = 8  steps = 1  optimizer = adamw(lr: 1e-3) }\n";
+    fe_options o = {NULL, 0, NULL, to_stderr, NULL};
+    fe *f = fe_new(&o);
+    for (int i = 0; i < n_sets; i++) ASSERT_INT_EQ(fe_add_set(f, sets[i]), FE_OK);
+    ASSERT_INT_EQ(fe_load_buffer(f, "m.mesh", src, strlen(src)), FE_OK);
+    ASSERT_INT_EQ(fe_check(f), FE_OK);
+    fe_setup s = fe_get_setup(f);
+    ASSERT_INT_EQ(shard_build(fe_graph(f), &s, p), 0);
+    char err[128];
+    ASSERT_INT_EQ(sched_build(sc, SCHED_KIND_1F1B, (int)s.pp, (int)s.micro_batches, 1, err, sizeof err), 0);
+    ASSERT_INT_EQ(memplan_build(m, p, sc), 0);
+    return f;
+}
+
+static void teardown(fe *f, shard_prog *p, sched *sc, memplan *m) {
+    memplan_free(m);
+    sched_free(sc);
+    shard_free(p);
+    fe_free(f);
+}
+
+/* What backward reads, per layer: the norm's input and its two row
+ * statistics, each matmul's input, gelu's input. Outside: the ids, the
+ * LM head's input, the logits and the targets, and the loss's statistics. */
+TEST_IMPL(memplan_saved_activations_by_hand)
+{
+    shard_prog p;
+    sched sc;
+    memplan m;
+    fe *f = build(NULL, 0, &p, &sc, &m);
+    const long long rows = B * T, fl = 4;
+    long long layer = rows * D * fl      /* layernorm input */
+                    + rows * 2 * 4       /* its mean and 1/std */
+                    + rows * D * fl      /* w1's input: the norm's output */
+                    + rows * F * fl      /* gelu's input */
+                    + rows * F * fl;     /* w2's input: gelu's output */
+    long long outside = rows * 4         /* the token ids (embed, and the targets) */
+                      + rows * D * fl    /* the LM head's input: the last layer's output */
+                      + rows * V * fl    /* the logits */
+                      + rows * 2 * 4;    /* cross-entropy's max and sum per token */
+    ASSERT_INT_EQ(m.stage[0].layer_stride, layer);
+    ASSERT_INT_EQ(m.stage[0].slot_bytes, 2 * layer + outside);
+    ASSERT_INT_EQ(m.stage[0].slots, 1);
+    /* workspace: reuse makes it smaller than all temporaries together */
+    ASSERT_INT_GE(m.stage[0].workspace, rows * F * fl);
+    ASSERT_INT_LT(m.stage[0].workspace, 2 * (layer + outside));
+    ASSERT_INT_EQ(m.stage[0].total, m.stage[0].params + m.stage[0].grads + m.stage[0].optim +
+                                        m.stage[0].slot_bytes + m.stage[0].workspace + m.stage[0].comm);
+    teardown(f, &p, &sc, &m);
+}
+
+/* With full recompute a layer keeps only its input. */
+TEST_IMPL(memplan_recompute_keeps_layer_inputs)
+{
+    static const char *const sets[] = {"train.recompute=full"};
+    shard_prog p;
+    sched sc;
+    memplan m;
+    fe *f = build(sets, 1, &p, &sc, &m);
+    ASSERT_INT_EQ(m.stage[0].layer_stride, B * T * D * 4);
+    teardown(f, &p, &sc, &m);
+}
+
+/* 1F1B keeps pp - s micro-batches in flight on stage s. */
+TEST_IMPL(memplan_slots_follow_the_schedule)
+{
+    static const char *const sets[] = {"mesh.pp=2", "train.micro_batch=1"};
+    shard_prog p;
+    sched sc;
+    memplan m;
+    fe *f = build(sets, 2, &p, &sc, &m);
+    ASSERT_INT_EQ(m.pp, 2);
+    ASSERT_INT_EQ(m.stage[0].slots, 2);
+    ASSERT_INT_EQ(m.stage[1].slots, 1);
+    teardown(f, &p, &sc, &m);
+}
