@@ -23,6 +23,8 @@ ifeq ($(origin CC),default)
 CC = gcc
 endif
 AR      ?= ar
+LD      ?= ld
+OBJCOPY ?= objcopy
 BISON   ?= bison
 FLEX    ?= flex
 NM      ?= nm
@@ -216,13 +218,28 @@ $(BUILD)/meshc: $(OBJ)/compiler/meshc.o $(BUILD)/libmeshcomp.a $(BUILD)/libmeshl
 
 # ---- libmesh and meshrun ------------------------------------------------
 
-$(BUILD)/libmesh.a: $(RUNTIME_OBJ)
-	@rm -f $@
-	$(AR) rcs $@ $^
+# libmesh carries the front end and the compiler (mesh_compile) inside it.
+# Their symbols are made local, so an embedding program sees only mesh_*:
+# the static library is one partially linked object whose other globals
+# objcopy localizes; the shared one hides them with its version script.
+LIBMESH_OBJ = $(RUNTIME_OBJ) $(LANG_OBJ) $(filter-out $(OBJ)/compiler/meshc.o,$(COMPILER_OBJ))
+LIBMESH_PIC = $(RUNTIME_PIC) $(patsubst $(OBJ)/%,$(PIC)/%,$(LANG_OBJ)) \
+              $(patsubst $(OBJ)/%,$(PIC)/%,$(filter-out $(OBJ)/compiler/meshc.o,$(COMPILER_OBJ)))
 
-$(BUILD)/libmesh.so: $(RUNTIME_PIC) runtime/libmesh.map
-	$(CC) $(ALL_LDFLAGS) $(SO_LDFLAGS) -o $@ $(RUNTIME_PIC) $(LDLIBS)
+$(BUILD)/libmesh.a: $(LIBMESH_OBJ)
+	@rm -f $@
+	$(LD) -r -o $(BUILD)/libmesh-all.o $^
+	$(OBJCOPY) --wildcard --keep-global-symbol='mesh_*' $(BUILD)/libmesh-all.o
+	$(AR) rcs $@ $(BUILD)/libmesh-all.o
+
+$(BUILD)/libmesh.so: $(LIBMESH_PIC) runtime/libmesh.map
+	$(CC) $(ALL_LDFLAGS) $(SO_LDFLAGS) -o $@ $(LIBMESH_PIC) $(YAML_LIBS) $(LDLIBS)
 	ln -sf libmesh.so $(BUILD)/$(SONAME)
+
+# the runtime's compile API sees the compiler's headers and the std folder
+$(RUNTIME_OBJ) $(RUNTIME_PIC): CPPFLAGS += -Icompiler $(YAML_CFLAGS) -DMESH_STD_DIR='"$(abspath lang)"'
+$(RUNTIME_OBJ) $(RUNTIME_PIC) $(LIBMESH_PIC): | $(GEN_H)
+$(LIBMESH_PIC): CPPFLAGS += $(YAML_CFLAGS)
 
 # meshrun reads plans with the compiler library's reader (compiler/plan.h).
 $(OBJ)/runtime/meshrun.o: CPPFLAGS += -Icompiler $(YAML_CFLAGS)
@@ -322,4 +339,8 @@ $(PIC)/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -fPIC -c -o $@ $<
 
--include $(ALL_OBJ:.o=.d)
+$(PIC)/gen/%.o: $(GEN)/%.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -fPIC -c -o $@ $<
+
+-include $(ALL_OBJ:.o=.d) $(LIBMESH_PIC:.o=.d)

@@ -2,7 +2,7 @@
 #include "parse.h"
 #include "parser.h"
 
-#define YYSTYPE MESH_YYSTYPE
+#define YYSTYPE LEXYY_STYPE
 #define YYLTYPE loc
 #include "lexer.h"
 
@@ -17,11 +17,11 @@ static ast_node *run(ast_builder *b, diag_sink *d, int src, int offset, int star
     p.lex_err_end = -1;
     p.cur_loc = p.prev_loc = (loc){src, offset, offset};
     yyscan_t scanner;
-    if (mesh_yylex_init_extra(&p, &scanner) != 0) return NULL;
-    YY_BUFFER_STATE buf = mesh_yy_scan_bytes(s->text + offset, (int)((int)s->len - offset), scanner);
-    mesh_yyparse(scanner, &p);
-    mesh_yy_delete_buffer(buf, scanner);
-    mesh_yylex_destroy(scanner);
+    if (lexyy_lex_init_extra(&p, &scanner) != 0) return NULL;
+    YY_BUFFER_STATE buf = lexyy__scan_bytes(s->text + offset, (int)((int)s->len - offset), scanner);
+    lexyy_parse(scanner, &p);
+    lexyy__delete_buffer(buf, scanner);
+    lexyy_lex_destroy(scanner);
     return p.result;
 }
 

@@ -5,7 +5,7 @@
  * reports them all. */
 
 %define api.pure full
-%define api.prefix {mesh_yy}
+%define api.prefix {lexyy_}
 %define api.location.type {loc}
 %define parse.error custom
 %locations
@@ -23,7 +23,7 @@
 }
 
 %code provides {
-int mesh_yylex(MESH_YYSTYPE *lval, loc *lloc, void *scanner);
+int lexyy_lex(LEXYY_STYPE *lval, loc *lloc, void *scanner);
 }
 
 %code {
@@ -53,7 +53,7 @@ static ast_list list_add(ast_list l, ast_node *n) {
     return l;
 }
 
-static void mesh_yyerror(const loc *l, void *scanner, parse_ctx *p, const char *msg);
+static void lexyy_error(const loc *l, void *scanner, parse_ctx *p, const char *msg);
 }
 
 %union {
@@ -354,7 +354,7 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, void *scanner, parse_c
 }
 
 /* Errors that bison raises itself (stack exhaustion on absurd nesting). */
-static void mesh_yyerror(const loc *l, void *scanner, parse_ctx *p, const char *msg) {
+static void lexyy_error(const loc *l, void *scanner, parse_ctx *p, const char *msg) {
     (void)scanner;
     if (p->aborted) return;
     if (strcmp(msg, "memory exhausted") == 0)

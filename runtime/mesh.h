@@ -79,6 +79,44 @@ typedef void *(*mesh_alloc_fn)(void *ud, void *ptr, size_t old_size,
 void *mesh_alloc_default(void *ud, void *ptr, size_t old_size,
                          size_t new_size);
 
+/* ---- Compiling .mesh text ------------------------------------------------ */
+
+/* A diagnostic, rendered as meshc prints it: "file:line:col: error: ..."
+ * with the source line and a caret (several lines, '\n'-terminated). level:
+ * 0 error, 1 warning, 2 note. The text is valid during the call only. */
+typedef void (*mesh_diag_fn)(void *ud, int level, const char *text);
+
+/* Options of mesh_compile. Start from MESH_COMPILE_OPTIONS_INIT; `size`
+ * versions the struct (fields are only ever added at the end). */
+typedef struct mesh_compile_options {
+    size_t size;                     /* sizeof(mesh_compile_options) */
+    const char *const *sets;         /* "KEY=VALUE" overrides, as meshc --set */
+    int n_sets;
+    const char *const *include_dirs; /* import search folders, as meshc -I */
+    int n_include;
+    const char *std_dir;             /* the folder holding std/; NULL: the
+                                        source tree's lang/ this libmesh was
+                                        built from */
+    mesh_diag_fn diag;               /* NULL: diagnostics are dropped */
+    void *diag_ud;
+} mesh_compile_options;
+
+#define MESH_COMPILE_OPTIONS_INIT \
+    {sizeof(mesh_compile_options), NULL, 0, NULL, 0, NULL, NULL, NULL}
+
+/* Compiles the .mesh source text (len bytes; `name` is the file name that
+ * diagnostics and relative imports use) into a plan, in memory: on MESH_OK
+ * *plan holds the plan file's text (YAML, as meshc writes it) and *plan_len
+ * its length; free it with mesh_free. Errors in the source are reported
+ * through opt->diag and return MESH_ERR_CHECK; *plan is then NULL. opt may
+ * be NULL (no overrides, diagnostics dropped). */
+mesh_status mesh_compile(const char *name, const char *source, size_t len,
+                         const mesh_compile_options *opt, char **plan,
+                         size_t *plan_len);
+
+/* Frees memory that libmesh returned to the caller (NULL does nothing). */
+void mesh_free(void *p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -319,7 +319,25 @@ install_section() {
     else
         fail install/meshc-finds-installed-std "$log"
     fi
-    printf '#include <mesh.h>\n#include <stdio.h>\nint main(void) { puts(mesh_version()); return mesh_version_num() == MESH_VERSION_NUM ? 0 : 1; }\n' >"$TMP/use.c"
+    cat >"$TMP/use.c" <<'CPROG'
+#include <mesh.h>
+#include <stdio.h>
+#include <string.h>
+/* an embedding program: compile .mesh text in-process through libmesh */
+int main(void) {
+    static const char src[] =
+        "model m {\n  input t : int[batch, seq]\n  param e : [64, 16]\n"
+        "  loss = cross_entropy(embed(t, e) @ transpose(e), t)\n}\n"
+        "mesh { dp = 2 }\ntrain { global_batch = 4  seq_len = 8  steps = 1  optimizer = adamw(lr: 1e-3) }\n";
+    char *plan;
+    size_t n;
+    mesh_status st = mesh_compile("m.mesh", src, strlen(src), NULL, &plan, &n);
+    printf("%s %s %zu\n", mesh_version(), mesh_status_str(st), n);
+    int ok = st == MESH_OK && strstr(plan, "world: 2") != NULL && mesh_version_num() == MESH_VERSION_NUM;
+    mesh_free(plan);
+    return ok ? 0 : 1;
+}
+CPROG
     if cc -std=c11 -Wall -Werror -Wl,-rpath,"$prefix/lib" -o "$TMP/use" "$TMP/use.c" \
         $(PKG_CONFIG_PATH=$prefix/lib/pkgconfig pkg-config --cflags --libs mesh) >"$log" 2>&1 &&
         "$TMP/use" >>"$log" 2>&1; then

@@ -12,6 +12,8 @@ TEST(status_codes_are_stable)
 TEST(status_str_names_each_code)
 TEST(status_str_unknown_code)
 TEST(alloc_default_roundtrip)
+TEST(compile_api_source_to_plan)
+TEST(compile_api_reports_diagnostics)
 
 /* front end: test_lang.c */
 TEST(arena_alloc_zeroed_and_aligned)
