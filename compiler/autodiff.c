@@ -291,12 +291,34 @@ int shard__grad_sync(shard_walk *w, int *has) {
         s.why = "tied weight: gradient summed between the first and last pipeline stages";
         rc = shard__push(p, s) < 0 ? -1 : 0;
     }
+    /* buckets: params of one part of the model (before, in or after the
+     * layer stack; a stack layer's own), of one data-parallel group, in the
+     * order backward finishes them, up to SHARD_BUCKET_ELEMS elements */
+    int stack = -1;
+    for (int r = 0; r < g->n_regions; r++)
+        if (g->regions[r].is_stack) stack = r;
+    int *bucket = malloc((size_t)(g->n ? g->n : 1) * sizeof *bucket);
+    if (!bucket) rc = -1;
+    int n_buckets = 0, last_key = -1;
+    int64_t filled = 0;
+    for (int t = g->n - 1; t >= 0 && rc == 0; t--) {
+        bucket[t] = -1;
+        if (g->nodes[t].op != G_PARAM || !has[t] || shard__dp_group(p, t) <= 1) continue;
+        int part = stack >= 0 && g->nodes[t].region >= 0 ? 1 : stack >= 0 && t >= g->regions[stack].end ? 2 : 0;
+        int key = (g->nodes[t].region + 2) * 8 + part * 2 + (p->pl[t].kind[EP] == PL_SPLIT);
+        int64_t e = shard__local_numel(p, t);
+        if (key != last_key || filled >= SHARD_BUCKET_ELEMS) {
+            n_buckets++;
+            filled = 0;
+            last_key = key;
+        }
+        bucket[t] = n_buckets - 1;
+        filled += e;
+    }
     for (int phase = 0; phase < 2 && rc == 0; phase++)
-        for (int t = 0; t < g->n && rc == 0; t++) {
+        for (int t = g->n - 1; t >= 0 && rc == 0; t--) {
             const g_node *n = &g->nodes[t];
-            if (n->op != G_PARAM || !has[t]) continue;
-            int64_t group = shard__dp_group(p, t);
-            if (group <= 1) continue;
+            if (bucket[t] < 0) continue;
             if (phase == 1 && (p->setup.zero == 0 || p->setup.zero == 3)) continue;
             shard_step_kind k = phase ? STEP_ALL_GATHER : p->setup.zero ? STEP_REDUCE_SCATTER : STEP_ALL_REDUCE;
             shard_step s = {0};
@@ -308,8 +330,10 @@ int shard__grad_sync(shard_walk *w, int *has) {
             s.elems = shard__local_numel(p, t);
             s.region = n->region;
             s.why = phase ? "updated params gathered (zero 1/2)" : "gradient summed over the data-parallel ranks";
+            s.bucket = 1 + bucket[t] + phase * n_buckets;
             rc = shard__push(p, s) < 0 ? -1 : 0;
         }
+    free(bucket);
     free(has);
     return rc;
 }

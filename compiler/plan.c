@@ -192,6 +192,7 @@ int plan_from(plan *out, const char *source, const fe_setup *s, const graph *g, 
         plan_step *o = &out->steps[i];
         o->phase = (plan_phase)st->backward;
         o->recompute = st->recompute;
+        o->bucket = st->bucket;
         o->kind = st->kind;
         o->node = st->node;
         o->region = st->region;
@@ -508,6 +509,7 @@ static void write_step(wr *w, const plan_step *s, int i) {
     }
     kv_num(w, "region", s->region);
     if (s->recompute) kv_name(w, "recompute", "true");
+    if (s->bucket) kv_num(w, "bucket", s->bucket);
     if (s->kind != STEP_COMPUTE) {
         char what[64];
         snprintf(what, sizeof what, "the reason of step %d", i);

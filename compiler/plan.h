@@ -79,6 +79,8 @@ typedef struct plan_step {
     int region;                   /* innermost region, -1 if none */
     char *why;                    /* collectives: a short reason (maybe ""); compute: NULL */
     int recompute;                /* backward: a forward step run again (recompute = full) */
+    int bucket;                   /* gradient sync: consecutive steps of one bucket (>= 1) are one
+                                     collective; 0 none */
 } plan_step;
 
 typedef struct plan_stage {

@@ -549,8 +549,8 @@ static int read_region(rd *r, int v, int id, plan *p) {
 
 static int read_step(rd *r, int v, int i, plan *p, int prev_phase) {
     static const char *const keys[] = {"phase", "kind", "node", "?axis", "?dim", "?elems", "region", "?why",
-                                       "?recompute", NULL};
-    int f[9], ph, kind;
+                                       "?recompute", "?bucket", NULL};
+    int f[10], ph, kind;
     char what[48];
     snprintf(what, sizeof what, "program step %d", i);
     plan_step *s = &p->steps[i];
@@ -567,6 +567,13 @@ static int read_step(rd *r, int v, int i, plan *p, int prev_phase) {
         if (yes && ph != PLAN_BACKWARD)
             return fail(r, f[8], "%s: only backward steps can be recompute steps", what);
         s->recompute = yes;
+    }
+    if (f[9] >= 0) {
+        int64_t bkt;
+        if (get_int(r, f[9], what, "bucket", 1, MAX_INT, &bkt) < 0) return -1;
+        if (ph != PLAN_GRAD_SYNC && ph != PLAN_AFTER_OPTIMIZER)
+            return fail(r, f[9], "%s: only gradient-sync and after-optimizer steps are bucketed", what);
+        s->bucket = (int)bkt;
     }
     if (ph < prev_phase)
         return fail(r, f[0], "%s: a %s step cannot follow a %s step (the phases run in order: forward, backward, "

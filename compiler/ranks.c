@@ -116,6 +116,24 @@ static int group_of(const builder *b, const shard_step *st, int rank) {
 
 /* ---- steps into ops ---- */
 
+/* How many copies of step si's param a stage holds (layers, or 1/0). */
+static long long holds(const builder *b, int si, int stage);
+
+/* One collective of step si's kind and group carrying `bytes`. */
+static int emit_bytes(builder *b, int rank, int si, long long bytes) {
+    const shard_step *st = &b->p->steps[si];
+    int g = group_of(b, st, rank);
+    if (b->r->groups[g].n <= 1) return 0;
+    verify_op op = {0};
+    op.kind = VERIFY_COLL;
+    op.group = g;
+    op.coll = (int)st->kind * SHARD_AXES + st->axis;
+    op.bytes = bytes;
+    op.peer = -1;
+    op.tag = si;
+    return push(b, rank, op);
+}
+
 static int emit_step(builder *b, int rank, int si) {
     const shard_step *st = &b->p->steps[si];
     if (st->kind == STEP_COMPUTE || st->kind == STEP_SLICE) return 0;
@@ -172,6 +190,22 @@ static int part_of(const builder *b, int si) {
     if (b->stack < 0) return 0;
     if (in_region(b, si, b->stack)) return 1;
     return b->p->steps[si].node < b->p->g->regions[b->stack].first ? 0 : 2;
+}
+
+static long long holds(const builder *b, int si, int stage) {
+    const shard_prog *p = b->p;
+    int part = part_of(b, si);
+    if (part == 1) {
+        long long n = 0;
+        for (int ch = stage; ch < b->chunks; ch += b->sc->pp) n += sched_chunk_layers(b->sc, ch, b->stack_count);
+        return n;
+    }
+    if (part == 0 && stage == 0) return 1;
+    if (part == 2 && stage == b->sc->pp - 1) return 1;
+    if (part == 0 && stage == b->sc->pp - 1 && b->sc->pp > 1 && p->steps[si].axis == DP &&
+        shard__tied_across_stack(p->g, p->steps[si].node))
+        return 1; /* the last stage's copy of a tied weight */
+    return 0;
 }
 
 /* One forward or backward unit of `chunk` on `rank`. */
@@ -267,6 +301,16 @@ int ranks_build(rank_progs *r, const shard_prog *p, const sched *sc, char *err, 
             for (int si = 0; si < p->n_steps && rc == 0; si++) {
                 const shard_step *x = &p->steps[si];
                 if (x->backward != phase) continue;
+                if (x->bucket) {
+                    /* a bucket: one collective over the members this stage holds */
+                    int stage = coords_of(&b, rank).pp, sj = si;
+                    long long bytes = 0;
+                    for (; sj < p->n_steps && p->steps[sj].backward == phase && p->steps[sj].bucket == x->bucket; sj++)
+                        bytes += holds(&b, sj, stage) * p->steps[sj].elems * b.elem_bytes;
+                    if (bytes > 0) rc = emit_bytes(&b, rank, si, bytes);
+                    si = sj - 1;
+                    continue;
+                }
                 /* a stage syncs the params of the layers it holds */
                 int part = part_of(&b, si), stage = coords_of(&b, rank).pp;
                 int mine = part == 1 || (part == 0 && stage == 0) || (part == 2 && stage == sc->pp - 1);

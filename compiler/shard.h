@@ -54,7 +54,13 @@ typedef struct shard_step {
     int region;          /* innermost repeat region, -1 if none */
     const char *why;     /* a short reason, printed by --dump=placements */
     int recompute;       /* backward: a forward step run again (recompute = full) */
+    int bucket;          /* gradient sync: consecutive steps of one bucket (>= 1) are one collective;
+                            0 none */
 } shard_step;
+
+/* Gradients are reduced in buckets of about this many elements (as
+ * Megatron-LM and PyTorch DDP do), last layers first. */
+enum { SHARD_BUCKET_ELEMS = 25 * 1000 * 1000 };
 
 typedef struct shard_prog {
     const graph *g;

@@ -106,7 +106,9 @@ void shard_dump(const shard_prog *p, FILE *out) {
                 fprintf(out, "%s(%s) %s%%%d", shard_step_name(st->kind), axis_names[st->axis],
                         st->recompute ? "r" : b == 1 || b == 2 ? "d" : "", st->node);
                 if (st->dim >= 0 && st->kind != STEP_ALL_REDUCE) fprintf(out, " dim %d", st->dim);
-                fprintf(out, ", %s elements  # %s\n", e, st->why ? st->why : "");
+                fprintf(out, ", %s elements", e);
+                if (st->bucket) fprintf(out, " (bucket %d)", st->bucket);
+                fprintf(out, "  # %s\n", st->why ? st->why : "");
             }
         }
         enter(g, &ns, -1, out);
@@ -142,13 +144,15 @@ void shard_count(const shard_prog *p, int backward, int in_stack_only, shard_cou
     for (int i = 0; i < p->n_steps; i++) {
         const shard_step *st = &p->steps[i];
         if (st->backward != backward || st->kind == STEP_COMPUTE || st->kind == STEP_SLICE || st->axis < 0) continue;
+        /* a bucket's steps are one collective */
+        int same_bucket = st->bucket && i > 0 && p->steps[i - 1].bucket == st->bucket;
         int64_t mult = 1, in_stack = 0;
         for (int r = st->region; r >= 0; r = g->regions[r].parent) {
             in_stack |= g->regions[r].is_stack;
             if (!in_stack_only || !g->regions[r].is_stack) mult *= g->regions[r].count;
         }
         if (in_stack_only && !in_stack) continue;
-        out->n[st->kind][st->axis] += mult;
+        if (!same_bucket) out->n[st->kind][st->axis] += mult;
         out->elems[st->kind][st->axis] += mult * st->elems;
     }
 }

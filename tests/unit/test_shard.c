@@ -138,6 +138,8 @@ TEST_IMPL(shard_zero_gradient_sync)
         shard_counts c;
         shard_count(&p, 2, 0, &c);
         ASSERT_INT_EQ(c.elems[zero ? RS : AR][DPX], psi_local);
+        /* in buckets: the params after the stack, each layer's, those before */
+        ASSERT_INT_EQ(c.n[zero ? RS : AR][DPX], L + 2);
         ASSERT_INT_EQ(c.n[zero ? AR : RS][DPX], 0);
         shard_count(&p, 3, 0, &c);
         ASSERT_INT_EQ(c.elems[AG][DPX], zero == 1 || zero == 2 ? psi_local : 0);
