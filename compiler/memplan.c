@@ -253,6 +253,13 @@ int memplan_build(memplan *m, const shard_prog *p, const sched *sc) {
     }
 
     int pbytes = x.act_bytes, obytes = s->precision == 0 ? 8 : 12;
+    /* zero = 3: params are gathered whole for use, a layer at a time (the
+     * part before or after the stack counts as one) */
+    int64_t gathered = 0, part_bytes[SEG_COUNT] = {0};
+    for (int id = 0; id < g->n; id++)
+        if (g->nodes[id].op == G_PARAM) part_bytes[x.seg[id]] += local_bytes(&x, id) / x.act_bytes * pbytes;
+    for (int sg = 0; sg < SEG_COUNT; sg++)
+        if (part_bytes[sg] > gathered) gathered = part_bytes[sg];
     int chunks = sc->pp * sc->v;
     for (int stg = 0; stg < sc->pp; stg++) {
         mem_stage *ms = &m->stage[stg];
@@ -289,6 +296,7 @@ int memplan_build(memplan *m, const shard_prog *p, const sched *sc) {
         ms->fwd_workspace = fws;
         ms->bwd_workspace = bws;
         ms->workspace = fws > bws ? fws : bws;
+        if (s->zero == 3) ms->workspace += 2 * gathered; /* the layer in use and the one prefetched */
         ms->comm = comm;
         ms->total = ms->params + ms->grads + ms->optim + ms->slot_bytes * ms->slots + ms->workspace + ms->comm;
     }

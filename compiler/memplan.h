@@ -13,7 +13,8 @@
  *   workspace    forward temporaries and backward gradients, placed by
  *                liveness (first fit over their live intervals) within one
  *                layer, one segment at a time; with recompute the layer's
- *                saved tensors are rebuilt here;
+ *                saved tensors are rebuilt here; with zero = 3 two layers'
+ *                params gathered whole (the one in use, the next prefetched);
  *   comm         the largest collective's output buffer.
  *
  * Offsets are within each region; a layer-stack tensor's offset is for the

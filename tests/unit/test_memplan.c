@@ -111,3 +111,18 @@ TEST_IMPL(memplan_slots_follow_the_schedule)
     ASSERT_INT_EQ(m.stage[1].slots, 1);
     teardown(f, &p, &sc, &m);
 }
+
+/* zero = 3 gathers a layer's params whole for use, and prefetches the
+ * next: two layers' worth in the workspace. */
+TEST_IMPL(memplan_zero3_gathers_two_layers)
+{
+    static const char *const z0[] = {"mesh.dp=2", "train.zero=0"}, *const z3[] = {"mesh.dp=2", "train.zero=3"};
+    shard_prog p0, p3;
+    sched s0, s3;
+    memplan m0, m3;
+    fe *f0 = build(z0, 2, &p0, &s0, &m0), *f3 = build(z3, 2, &p3, &s3, &m3);
+    long long layer_params = (D + D * F + F * D) * 4; /* the biggest part: one layer, fp32 */
+    ASSERT_INT_EQ(m3.stage[0].workspace - m0.stage[0].workspace, 2 * layer_params);
+    teardown(f0, &p0, &s0, &m0);
+    teardown(f3, &p3, &s3, &m3);
+}
