@@ -39,6 +39,8 @@ LDLIBS  ?= -lm
 PKG_CONFIG  ?= pkg-config
 YAML_CFLAGS := $(shell $(PKG_CONFIG) --cflags yaml-0.1)
 YAML_LIBS   := $(shell $(PKG_CONFIG) --libs yaml-0.1)
+BLAS_CFLAGS := $(shell $(PKG_CONFIG) --cflags openblas)
+BLAS_LIBS   := $(shell $(PKG_CONFIG) --libs openblas)
 
 # Build folder, and sanitizers: SAN=1 is ASan+UBSan (+LSan), SAN=fuzz adds
 # libFuzzer instrumentation (clang only). `make asan` and `make fuzz` set
@@ -137,6 +139,12 @@ RUNTIME_PIC  = $(RUNTIME_SRC:%.c=$(PIC)/%.o)
 UNIT_SRC     = tests/unit/runner.c $(wildcard tests/unit/test_*.c)
 UNIT_OBJ     = $(UNIT_SRC:%.c=$(OBJ)/%.o)
 
+# The CPU kernels: kernels/cpu/*.c (the reference every backend is tested
+# against), in libmesh and its own archive for the tests.
+KCPU_SRC     = $(wildcard kernels/cpu/*.c)
+KCPU_OBJ     = $(KCPU_SRC:%.c=$(OBJ)/%.o)
+KCPU_PIC     = $(KCPU_SRC:%.c=$(PIC)/%.o)
+
 FUZZ_OBJ     = $(OBJ)/tests/fuzz/fuzz_lang.o
 
 ALL_OBJ = $(LANG_OBJ) $(COMPILER_OBJ) $(RUNTIME_OBJ) $(RUNTIME_PIC) \
@@ -214,7 +222,7 @@ $(BUILD)/libmeshcomp.a: $(filter-out $(OBJ)/compiler/meshc.o,$(COMPILER_OBJ))
 $(COMPILER_OBJ): CPPFLAGS += $(YAML_CFLAGS)
 
 $(BUILD)/meshc: $(OBJ)/compiler/meshc.o $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(LDLIBS)
 
 # ---- libmesh and meshrun ------------------------------------------------
 
@@ -222,8 +230,8 @@ $(BUILD)/meshc: $(OBJ)/compiler/meshc.o $(BUILD)/libmeshcomp.a $(BUILD)/libmeshl
 # Their symbols are made local, so an embedding program sees only mesh_*:
 # the static library is one partially linked object whose other globals
 # objcopy localizes; the shared one hides them with its version script.
-LIBMESH_OBJ = $(RUNTIME_OBJ) $(LANG_OBJ) $(filter-out $(OBJ)/compiler/meshc.o,$(COMPILER_OBJ))
-LIBMESH_PIC = $(RUNTIME_PIC) $(patsubst $(OBJ)/%,$(PIC)/%,$(LANG_OBJ)) \
+LIBMESH_OBJ = $(RUNTIME_OBJ) $(KCPU_OBJ) $(LANG_OBJ) $(filter-out $(OBJ)/compiler/meshc.o,$(COMPILER_OBJ))
+LIBMESH_PIC = $(RUNTIME_PIC) $(KCPU_PIC) $(patsubst $(OBJ)/%,$(PIC)/%,$(LANG_OBJ)) \
               $(patsubst $(OBJ)/%,$(PIC)/%,$(filter-out $(OBJ)/compiler/meshc.o,$(COMPILER_OBJ)))
 
 $(BUILD)/libmesh.a: $(LIBMESH_OBJ)
@@ -233,7 +241,7 @@ $(BUILD)/libmesh.a: $(LIBMESH_OBJ)
 	$(AR) rcs $@ $(BUILD)/libmesh-all.o
 
 $(BUILD)/libmesh.so: $(LIBMESH_PIC) runtime/libmesh.map
-	$(CC) $(ALL_LDFLAGS) $(SO_LDFLAGS) -o $@ $(LIBMESH_PIC) $(YAML_LIBS) $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) $(SO_LDFLAGS) -o $@ $(LIBMESH_PIC) $(YAML_LIBS) $(BLAS_LIBS) $(LDLIBS)
 	ln -sf libmesh.so $(BUILD)/$(SONAME)
 
 # the runtime's compile API sees the compiler's headers and the std folder
@@ -246,14 +254,20 @@ $(OBJ)/runtime/meshrun.o: CPPFLAGS += -Icompiler $(YAML_CFLAGS)
 $(OBJ)/runtime/meshrun.o: | $(GEN_H)
 
 $(BUILD)/meshrun: $(OBJ)/runtime/meshrun.o $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(LDLIBS)
 
 # ---- Tests --------------------------------------------------------------
 
-$(OBJ)/tests/unit/%.o: CPPFLAGS += -Itests/unit -Icompiler -DMESH_STD_DIR='"$(abspath lang)"'
+$(OBJ)/tests/unit/%.o: CPPFLAGS += -Itests/unit -Icompiler -Ikernels/cpu -DMESH_STD_DIR='"$(abspath lang)"'
 
-$(BUILD)/unit_tests: $(UNIT_OBJ) $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(LDLIBS)
+$(KCPU_OBJ) $(KCPU_PIC): CPPFLAGS += -Ikernels/cpu $(BLAS_CFLAGS)
+
+$(BUILD)/libmeshkcpu.a: $(KCPU_OBJ)
+	@rm -f $@
+	$(AR) rcs $@ $^
+
+$(BUILD)/unit_tests: $(UNIT_OBJ) $(BUILD)/libmeshkcpu.a $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(LDLIBS)
 
 # ---- Fuzzing (clang + libFuzzer) ----------------------------------------
 
@@ -280,7 +294,7 @@ fuzz-ci:
 fuzz-build: $(BUILD)/fuzz_lang
 
 $(BUILD)/fuzz_lang: $(FUZZ_OBJ) $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
-	$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(YAML_LIBS) $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(LDLIBS)
 
 # ---- Install ------------------------------------------------------------
 

@@ -1,0 +1,24 @@
+/* kcpu.h — the CPU kernels: the reference implementation every other
+ * backend is tested against (style.md: "the CPU kernel is the spec").
+ *
+ * Plain loops with shape comments on every argument, and matrix products
+ * through OpenBLAS (cblas_sgemm). Every op has a forward and a backward;
+ * backward functions ACCUMULATE into gradient buffers (+=), so a tensor
+ * used twice (a residual, a tied weight) gets the sum; callers zero them.
+ * Activations and parameters are fp32; token ids int32. Prefix: kcpu_.
+ *
+ * The kernels are split by area, one header each:
+ *   kcpu_dense.h      matmul, bias, embedding, layernorm, rmsnorm, gelu,
+ *                     silu, swiglu, add, fused softmax cross-entropy,
+ *                     AdamW, global-norm clipping
+ *   kcpu_attention.h  rotary embedding, causal (grouped-query) attention
+ *   kcpu_moe.h        mixture-of-experts routing, dispatch and combine
+ */
+#ifndef MESH_KCPU_H
+#define MESH_KCPU_H
+
+#include "kcpu_attention.h"
+#include "kcpu_dense.h"
+#include "kcpu_moe.h"
+
+#endif
