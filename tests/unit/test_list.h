@@ -96,3 +96,8 @@ TEST(memplan_zero3_gathers_two_layers)
 /* kernels/cpu: each area keeps its own list */
 #include "test_list_kcpu_dense.h"
 #include "test_list_kcpu_attention.h"
+
+/* runtime: deterministic initialisation, test_init.c */
+TEST(init_philox_known_answer)
+TEST(init_slices_match_the_whole)
+TEST(init_normal_moments)
