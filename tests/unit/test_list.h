@@ -101,3 +101,8 @@ TEST(memplan_zero3_gathers_two_layers)
 TEST(init_philox_known_answer)
 TEST(init_slices_match_the_whole)
 TEST(init_normal_moments)
+
+/* runtime: token shards, test_data.c */
+TEST(data_shard_roundtrip)
+TEST(data_shard_refusals)
+TEST(data_rank_slices_make_the_global_batch)
