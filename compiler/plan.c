@@ -73,6 +73,9 @@ const char *plan__axis_name(int axis) {
 void plan_free(plan *p) {
     if (!p) return;
     free(p->chunk_layers);
+    free(p->data);
+    free(p->val_data);
+    free(p->checkpoint_dir);
     free(p->memory);
     free(p->meshc);
     free(p->source);
@@ -132,6 +135,10 @@ static void copy_tensor(plan_tensor *t, const g_node *n, shard_pl pl, int *bad) 
     if (a & BIT(PLAN_ATTR_AUX_LOSS)) t->aux_loss = n->aux_loss;
     if (a & BIT(PLAN_ATTR_VOCAB)) t->vocab = n->vocab;
     if (a & BIT(PLAN_ATTR_SCALE)) t->scale = n->scale;
+    if (n->op == G_PARAM) {
+        t->init = n->init;
+        t->init_std = n->init == GRAPH_INIT_NORMAL ? n->init_std : 0;
+    }
 }
 
 static int copy_sched(plan *out, const sched *sc) {
@@ -167,6 +174,14 @@ int plan_from(plan *out, const char *source, const fe_setup *s, const graph *g, 
     out->meshc = dup_or_null(mesh_version(), &bad);
     out->source = dup_or_null(source ? source : "", &bad);
     out->setup = *s;
+    out->data = s->data ? dup_or_null(s->data, &bad) : NULL;
+    out->val_data = s->val_data ? dup_or_null(s->val_data, &bad) : NULL;
+    out->checkpoint_dir = s->checkpoint_dir ? dup_or_null(s->checkpoint_dir, &bad) : NULL;
+    out->setup.data = out->data;
+    out->setup.val_data = out->val_data;
+    out->setup.checkpoint_dir = out->checkpoint_dir;
+    out->setup.stage_layers = NULL; /* the split is pipeline.chunk_layers */
+    out->setup.n_stage_layers = 0;
     out->loss = g->loss;
     out->tensors = calloc(g->n ? (size_t)g->n : 1, sizeof *out->tensors);
     out->regions = calloc(g->n_regions ? (size_t)g->n_regions : 1, sizeof *out->regions);
@@ -404,6 +419,40 @@ static void write_settings(wr *w, const plan *p) {
     kv_name(w, "precision", plan__precision_name(s->precision));
     kv_bool(w, "recompute", s->recompute);
     kv_bool(w, "sequence_parallel", s->sequence_parallel);
+    static const char *const schedules[] = {"constant", "cosine", "linear"};
+    key(w, "optimizer");
+    map_begin(w, 1);
+    kv_name(w, "kind", "adamw");
+    key(w, "lr");
+    flt(w, s->lr, "train.optimizer.lr");
+    key(w, "beta1");
+    flt(w, s->beta1, "train.optimizer.beta1");
+    key(w, "beta2");
+    flt(w, s->beta2, "train.optimizer.beta2");
+    key(w, "eps");
+    flt(w, s->eps, "train.optimizer.eps");
+    key(w, "weight_decay");
+    flt(w, s->weight_decay, "train.optimizer.weight_decay");
+    key(w, "clip");
+    flt(w, s->clip, "train.optimizer.clip");
+    map_end(w);
+    key(w, "lr_schedule");
+    map_begin(w, 1);
+    kv_name(w, "kind", schedules[s->lr_schedule >= 0 && s->lr_schedule < 3 ? s->lr_schedule : 0]);
+    kv_num(w, "warmup", s->warmup);
+    key(w, "min_lr");
+    flt(w, s->min_lr, "train.lr_schedule.min_lr");
+    map_end(w);
+    kv_num(w, "seed", s->seed);
+    kv_num(w, "log_every", s->log_every);
+    kv_num(w, "eval_every", s->eval_every);
+    kv_num(w, "checkpoint_every", s->checkpoint_every);
+    key(w, "data");
+    str(w, s->data ? s->data : "", "train.data");
+    key(w, "val_data");
+    str(w, s->val_data ? s->val_data : "", "train.val_data");
+    key(w, "checkpoint_dir");
+    str(w, s->checkpoint_dir ? s->checkpoint_dir : "", "train.checkpoint_dir");
     map_end(w);
 }
 
@@ -466,6 +515,14 @@ static void write_tensor(wr *w, const plan *p, int id) {
     for (int k = 0; k < t->n_in && k < GRAPH_MAX_IN; k++) num(w, t->in[k]);
     seq_end(w);
     write_attrs(w, t, what);
+    if (t->op == G_PARAM) {
+        static const char *const inits[] = {"normal", "zeros", "ones"};
+        kv_name(w, "init", inits[t->init >= 0 && t->init < 3 ? t->init : 0]);
+        if (t->init == GRAPH_INIT_NORMAL) {
+            key(w, "std");
+            flt(w, t->init_std, what);
+        }
+    }
     kv_num(w, "region", t->region);
     key(w, "placement");
     placement(w, t->pl);

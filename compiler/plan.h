@@ -57,6 +57,8 @@ typedef struct plan_tensor {
     int64_t heads, kv_heads, top_k, vocab;
     double eps, theta, capacity, aux_loss, scale;
     int act_gelu, causal;
+    int init;                     /* params: GRAPH_INIT_NORMAL (init_std), _ZEROS, _ONES */
+    double init_std;
 } plan_tensor;
 
 typedef struct plan_region {
@@ -103,6 +105,7 @@ typedef struct plan {
     /* pipeline */
     sched_kind kind;
     int pp, m, v;                 /* stages, micro-batches, chunks per stage */
+    char *data, *val_data, *checkpoint_dir; /* owned; setup's pointers point here */
     mem_stage *memory;            /* per pp stage: the memory plan's sizes (memplan.h) */
     int64_t *chunk_layers;        /* layer-stack iterations run by each of the pp x v chunks
                                      (all 0 without a stack) */

@@ -378,6 +378,15 @@ static const char *step_name(int i) { return shard_step_name((shard_step_kind)i)
 static const char *axis_name(int i) { return plan__axis_name(i); }
 static const char *kind_name(int i) { return sched_kind_name((sched_kind)i); }
 static const char *unit_name(int i) { return plan__unit_name((sched_op)i); }
+static const char *init_name(int i) {
+    static const char *const n[] = {"normal", "zeros", "ones"};
+    return i >= 0 && i < 3 ? n[i] : "?";
+}
+static const char *optim_name(int i) { return i == 0 ? "adamw" : "?"; }
+static const char *lr_name(int i) {
+    static const char *const n[] = {"constant", "cosine", "linear"};
+    return i >= 0 && i < 3 ? n[i] : "?";
+}
 static const char *precision_name(int i) { return plan__precision_name(i); }
 static const char *act_name(int i) { return i ? "gelu" : "swiglu"; }
 
@@ -404,11 +413,48 @@ static int read_mesh(rd *r, int m, fe_setup *s) {
     return 0;
 }
 
-static int read_train(rd *r, int m, fe_setup *s) {
+/* train.optimizer and train.lr_schedule */
+static int read_optim(rd *r, int opt, int lrs, fe_setup *s) {
+    static const char *const ok[] = {"kind", "lr", "beta1", "beta2", "eps", "weight_decay", "clip", NULL};
+    static const char *const sk[] = {"kind", "warmup", "min_lr", NULL};
+    int f[7], g[3], kind;
+    const char *t = "train.optimizer";
+    if (fields(r, opt, t, ok, f) < 0 || get_name(r, f[0], t, "kind", optim_name, 1, &kind) < 0 ||
+        get_double(r, f[1], t, "lr", &s->lr) < 0 || get_double(r, f[2], t, "beta1", &s->beta1) < 0 ||
+        get_double(r, f[3], t, "beta2", &s->beta2) < 0 || get_double(r, f[4], t, "eps", &s->eps) < 0 ||
+        get_double(r, f[5], t, "weight_decay", &s->weight_decay) < 0 || get_double(r, f[6], t, "clip", &s->clip) < 0)
+        return -1;
+    if (!(s->lr > 0)) return fail(r, f[1], "%s: lr must be positive", t);
+    if (!(s->beta1 >= 0 && s->beta1 < 1)) return fail(r, f[2], "%s: beta1 must be in [0, 1)", t);
+    if (!(s->beta2 >= 0 && s->beta2 < 1)) return fail(r, f[3], "%s: beta2 must be in [0, 1)", t);
+    if (!(s->eps > 0)) return fail(r, f[4], "%s: eps must be positive", t);
+    if (!(s->weight_decay >= 0) || !(s->clip >= 0)) return fail(r, f[5], "%s: weight_decay and clip must be >= 0", t);
+    t = "train.lr_schedule";
+    if (fields(r, lrs, t, sk, g) < 0 || get_name(r, g[0], t, "kind", lr_name, 3, &s->lr_schedule) < 0 ||
+        get_ll(r, g[1], t, "warmup", 0, s->steps, &s->warmup) < 0 || get_double(r, g[2], t, "min_lr", &s->min_lr) < 0)
+        return -1;
+    if (!(s->min_lr >= 0 && s->min_lr <= s->lr)) return fail(r, g[2], "%s: min_lr must be in [0, lr]", t);
+    return 0;
+}
+
+/* An optional path: "" means none. */
+static int get_path(rd *r, int v, const char *key, char **own, const char **ptr) {
+    if (get_str(r, v, "train", key, own) < 0) return -1;
+    if (!**own) {
+        free(*own);
+        *own = NULL;
+    }
+    *ptr = *own;
+    return 0;
+}
+
+static int read_train(rd *r, int m, fe_setup *s, plan *p) {
     static const char *const keys[] = {"global_batch", "micro_batch", "seq_len", "steps", "micro_batches",
                                        "schedule", "virtual_stages", "zero", "precision", "recompute",
-                                       "sequence_parallel", NULL};
-    int v[11];
+                                       "sequence_parallel", "optimizer", "lr_schedule", "seed", "log_every",
+                                       "eval_every", "checkpoint_every", "data", "val_data", "checkpoint_dir",
+                                       NULL};
+    int v[20];
     const char *t = "train";
     if (fields(r, m, t, keys, v) < 0 || get_ll(r, v[0], t, keys[0], 1, MAX_I64, &s->global_batch) < 0 ||
         get_ll(r, v[1], t, keys[1], 1, MAX_I64, &s->micro_batch) < 0 ||
@@ -419,7 +465,14 @@ static int read_train(rd *r, int m, fe_setup *s) {
         get_i(r, v[6], t, keys[6], 1, 1024, &s->virtual_stages) < 0 ||
         get_i(r, v[7], t, keys[7], 0, 3, &s->zero) < 0 ||
         get_name(r, v[8], t, keys[8], precision_name, 3, &s->precision) < 0 ||
-        get_bool(r, v[9], t, keys[9], &s->recompute) < 0 || get_bool(r, v[10], t, keys[10], &s->sequence_parallel) < 0)
+        get_bool(r, v[9], t, keys[9], &s->recompute) < 0 || get_bool(r, v[10], t, keys[10], &s->sequence_parallel) < 0 ||
+        read_optim(r, v[11], v[12], s) < 0 || get_ll(r, v[13], t, keys[13], 0, MAX_I64, &s->seed) < 0 ||
+        get_ll(r, v[14], t, keys[14], 1, MAX_I64, &s->log_every) < 0 ||
+        get_ll(r, v[15], t, keys[15], 0, MAX_I64, &s->eval_every) < 0 ||
+        get_ll(r, v[16], t, keys[16], 0, MAX_I64, &s->checkpoint_every) < 0 ||
+        get_path(r, v[17], keys[17], &p->data, &s->data) < 0 ||
+        get_path(r, v[18], keys[18], &p->val_data, &s->val_data) < 0 ||
+        get_path(r, v[19], keys[19], &p->checkpoint_dir, &s->checkpoint_dir) < 0)
         return -1;
     if (mul(mul(mul(s->micro_batch, s->micro_batches), s->dp), s->ep) != s->global_batch)
         return fail(r, v[0], "train: global_batch (%lld) must be micro_batch x micro_batches x dp x ep = "
@@ -483,8 +536,8 @@ static int read_attrs(rd *r, int v, const char *what, plan_tensor *t) {
 
 static int read_tensor(rd *r, int v, int id, plan *p) {
     static const char *const keys[] = {"id", "op", "?name", "shape", "dtype", "in", "?attrs", "region",
-                                       "placement", NULL};
-    int f[9], x;
+                                       "placement", "?init", "?std", NULL};
+    int f[11], x;
     char what[48];
     snprintf(what, sizeof what, "tensor %d", id);
     plan_tensor *t = &p->tensors[id];
@@ -513,6 +566,18 @@ static int read_tensor(rd *r, int v, int id, plan *p) {
     if (!plan__op_attrs(t->op) && f[6] >= 0)
         return fail(r, f[6], "%s: a %s has no attrs", what, graph_op_name(t->op));
     if (f[6] >= 0 && read_attrs(r, f[6], what, t) < 0) return -1;
+    if ((t->op == G_PARAM) != (f[9] >= 0))
+        return fail(r, f[9] >= 0 ? f[9] : v, "%s: %s", what, t->op == G_PARAM ? "a param needs 'init'" :
+                                                         "only params have 'init'");
+    if (f[9] >= 0) {
+        if (get_name(r, f[9], what, "init", init_name, 3, &t->init) < 0) return -1;
+        if ((t->init == GRAPH_INIT_NORMAL) != (f[10] >= 0))
+            return fail(r, f[10] >= 0 ? f[10] : f[9], "%s: 'std' goes with init normal, and only with it", what);
+        if (f[10] >= 0 && get_double(r, f[10], what, "std", &t->init_std) < 0) return -1;
+        if (f[10] >= 0 && !(t->init_std > 0)) return fail(r, f[10], "%s: std must be positive", what);
+    } else if (f[10] >= 0) {
+        return fail(r, f[10], "%s: only params have 'std'", what);
+    }
     if (get_i(r, f[7], what, "region", -1, p->n_regions - 1, &t->region) < 0) return -1;
     if (t->region >= 0 && (id < p->regions[t->region].first || id >= p->regions[t->region].end))
         return fail(r, f[7], "%s: region %d holds tensors %d to %d, not %d", what, t->region,
@@ -797,7 +862,7 @@ static int read_plan(rd *r, int root, plan *p) {
     const char *t = "the plan";
     if (check_header(r, root, p) < 0 || fields(r, root, t, keys, f) < 0 ||
         get_str(r, f[K_MESHC], t, "meshc", &p->meshc) < 0 || get_str(r, f[K_SOURCE], t, "source", &p->source) < 0 ||
-        read_mesh(r, f[K_MESH], &p->setup) < 0 || read_train(r, f[K_TRAIN], &p->setup) < 0 ||
+        read_mesh(r, f[K_MESH], &p->setup) < 0 || read_train(r, f[K_TRAIN], &p->setup, p) < 0 ||
         get_seq(r, f[K_TENSORS], t, "tensors", 1, MAX_INT) < 0 ||
         get_seq(r, f[K_REGIONS], t, "regions", 0, MAX_INT) < 0 ||
         get_seq(r, f[K_PROGRAM], t, "program", 0, MAX_INT) < 0)

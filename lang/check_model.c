@@ -5,7 +5,8 @@
  * binding its arguments in a fresh scope and running its body. Parameters
  * get their global names here (docs/language.md, "Parameter names").
  */
-#include <string.h> /* strcmp */
+#include <stdio.h>  /* sscanf */
+#include <string.h> /* strcmp, strncmp */
 
 #include "check.h"
 #include "suggest.h"
@@ -141,7 +142,7 @@ static const char *init_text(checker *c, scope *s, const ast_node *pdecl, int ra
             check_error(c, v.elems[0].where, "the standard deviation must be positive");
             return NULL;
         }
-        return arena_printf(c->arena, "normal(%.6g)", std);
+        return arena_printf(c->arena, "normal(%.9g)", std);
     }
     if (v.kind == V_WORD || v.kind == V_CALL)
         check_error(c, pdecl->b->loc, "unknown initialisation '%s'; use normal(std), zeros or ones", v.s);
@@ -212,6 +213,9 @@ static void exec_param(checker *c, scope *s, const ast_node *st, exec_ctx *x) {
         gn.name = p->name;
         gn.where = st->name_loc;
         gn.annotated = npl > 0;
+        gn.init = strncmp(p->init, "zeros", 5) == 0 ? GRAPH_INIT_ZEROS
+                : strncmp(p->init, "ones", 4) == 0 ? GRAPH_INIT_ONES : GRAPH_INIT_NORMAL;
+        if (gn.init == GRAPH_INIT_NORMAL && sscanf(p->init, "normal(%lf)", &gn.init_std) != 1) gn.init_std = 0.02;
         for (int i = 0; i < npl; i++) gn.annot[gn.n_annot++] = (g_annot){pl[i].axis, pl[i].dim};
         graph_note_tensor(c, &t, &gn);
     }

@@ -355,6 +355,23 @@ fe_setup fe_get_setup(const fe *f) {
     s.sequence_parallel = t->sequence_parallel;
     s.layers = c->layers;
     s.memory_limit = t->memory_limit;
+    s.lr = t->lr;
+    s.beta1 = t->beta1;
+    s.beta2 = t->beta2;
+    s.eps = t->eps;
+    s.weight_decay = t->weight_decay;
+    s.clip = t->clip;
+    s.lr_schedule = strcmp(t->lr_schedule ? t->lr_schedule : "constant", "cosine") == 0 ? 1
+                  : strcmp(t->lr_schedule ? t->lr_schedule : "constant", "linear") == 0 ? 2 : 0;
+    s.warmup = t->warmup;
+    s.min_lr = t->min_lr;
+    s.seed = t->seed;
+    s.log_every = t->log_every;
+    s.eval_every = t->eval_every;
+    s.checkpoint_every = t->checkpoint_every;
+    s.data = t->data;
+    s.val_data = t->val_data;
+    s.checkpoint_dir = t->checkpoint_dir;
     s.stage_mode = t->stage_mode;
     s.n_stage_layers = t->n_stage_layers;
     s.stage_layers = t->stage_layers;

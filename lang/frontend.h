@@ -48,6 +48,12 @@ typedef struct fe_setup {
     int recompute, sequence_parallel;
     long long layers;        /* layer-stack count, 0 if none */
     long long memory_limit;  /* train.memory_limit in bytes per rank, 0 if none */
+    double lr, beta1, beta2, eps, weight_decay, clip; /* the optimizer: adamw */
+    int lr_schedule;         /* 0 constant, 1 cosine, 2 linear */
+    long long warmup;
+    double min_lr;
+    long long seed, log_every, eval_every, checkpoint_every;
+    const char *data, *val_data, *checkpoint_dir; /* NULL if not given */
     int stage_mode;          /* train.stage_layers: 0 equal split, 1 balanced by compute, 2 explicit */
     int n_stage_layers;      /* 2: the layers of each pipeline chunk (owned by the fe) */
     const int64_t *stage_layers;

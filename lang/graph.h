@@ -38,6 +38,8 @@ typedef enum g_op {
 
 const char *graph_op_name(g_op op);
 
+enum { GRAPH_INIT_NORMAL, GRAPH_INIT_ZEROS, GRAPH_INIT_ONES };
+
 /* Parameter-placement annotations, evaluated: axis (0 dp, 1 tp, 2 pp, 3 ep)
  * and dimension (-1 for @replicate). */
 typedef struct g_annot {
@@ -60,6 +62,8 @@ typedef struct g_node {
     int64_t heads, kv_heads, top_k, vocab;
     double eps, theta, capacity, aux_loss, scale;
     int act_gelu, causal, arange_ids; /* moe act: 1 gelu, 0 swiglu; embed of arange ids */
+    int init;                /* params: GRAPH_INIT_NORMAL (with init_std), _ZEROS or _ONES */
+    double init_std;
     loc where;               /* the expression that made it */
 } g_node;
 
