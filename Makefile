@@ -41,6 +41,9 @@ YAML_CFLAGS := $(shell $(PKG_CONFIG) --cflags yaml-0.1)
 YAML_LIBS   := $(shell $(PKG_CONFIG) --libs yaml-0.1)
 BLAS_CFLAGS := $(shell $(PKG_CONFIG) --cflags openblas)
 BLAS_LIBS   := $(shell $(PKG_CONFIG) --libs openblas)
+# PCRE2, for GPT-2's pre-tokenizer pattern (runtime/bpe.c).
+PCRE_CFLAGS := $(shell $(PKG_CONFIG) --cflags libpcre2-8)
+PCRE_LIBS   := $(shell $(PKG_CONFIG) --libs libpcre2-8)
 
 # Build folder, and sanitizers: SAN=1 is ASan+UBSan (+LSan), SAN=fuzz adds
 # libFuzzer instrumentation (clang only). `make asan` and `make fuzz` set
@@ -222,7 +225,7 @@ $(BUILD)/libmeshcomp.a: $(filter-out $(OBJ)/compiler/meshc.o,$(COMPILER_OBJ))
 $(COMPILER_OBJ): CPPFLAGS += $(YAML_CFLAGS)
 
 $(BUILD)/meshc: $(OBJ)/compiler/meshc.o $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(LDLIBS)
 
 # ---- libmesh and meshrun ------------------------------------------------
 
@@ -241,7 +244,7 @@ $(BUILD)/libmesh.a: $(LIBMESH_OBJ)
 	$(AR) rcs $@ $(BUILD)/libmesh-all.o
 
 $(BUILD)/libmesh.so: $(LIBMESH_PIC) runtime/libmesh.map
-	$(CC) $(ALL_LDFLAGS) $(SO_LDFLAGS) -o $@ $(LIBMESH_PIC) $(YAML_LIBS) $(BLAS_LIBS) $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) $(SO_LDFLAGS) -o $@ $(LIBMESH_PIC) $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(LDLIBS)
 	ln -sf libmesh.so $(BUILD)/$(SONAME)
 
 # the runtime's compile API sees the compiler's headers and the std folder
@@ -254,7 +257,7 @@ $(OBJ)/runtime/meshrun.o: CPPFLAGS += -Icompiler $(YAML_CFLAGS)
 $(OBJ)/runtime/meshrun.o: | $(GEN_H)
 
 $(BUILD)/meshrun: $(OBJ)/runtime/meshrun.o $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(LDLIBS)
 
 # ---- Tests --------------------------------------------------------------
 
@@ -267,7 +270,7 @@ $(BUILD)/libmeshkcpu.a: $(KCPU_OBJ)
 	$(AR) rcs $@ $^
 
 $(BUILD)/unit_tests: $(UNIT_OBJ) $(BUILD)/libmeshkcpu.a $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(LDLIBS)
 
 # ---- Fuzzing (clang + libFuzzer) ----------------------------------------
 
@@ -294,7 +297,7 @@ fuzz-ci:
 fuzz-build: $(BUILD)/fuzz_lang
 
 $(BUILD)/fuzz_lang: $(FUZZ_OBJ) $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
-	$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(LDLIBS)
 
 # ---- Install ------------------------------------------------------------
 

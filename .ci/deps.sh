@@ -10,7 +10,8 @@ PACKAGES=(
     gcc make flex bison         # build: compiler, make, front-end generators
     clang libclang-rt-14-dev    # make fuzz: clang and libFuzzer
     pkg-config                  # mesh.pc, and finding OpenBLAS and libyaml
-    libopenblas-dev libyaml-dev # not used by the build yet (coming milestones)
+    libopenblas-dev libyaml-dev # BLAS for the CPU kernels, YAML for the plan file
+    libpcre2-dev curl           # GPT-2 BPE pre-tokenizer; curl fetches its files in a test
     ca-certificates
 )
 

