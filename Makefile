@@ -248,12 +248,12 @@ $(BUILD)/libmesh.so: $(LIBMESH_PIC) runtime/libmesh.map
 	ln -sf libmesh.so $(BUILD)/$(SONAME)
 
 # the runtime's compile API sees the compiler's headers and the std folder
-$(RUNTIME_OBJ) $(RUNTIME_PIC): CPPFLAGS += -Icompiler $(YAML_CFLAGS) -DMESH_STD_DIR='"$(abspath lang)"'
+$(RUNTIME_OBJ) $(RUNTIME_PIC): CPPFLAGS += -Icompiler -Ikernels/cpu $(BLAS_CFLAGS) $(YAML_CFLAGS) -DMESH_STD_DIR='"$(abspath lang)"'
 $(RUNTIME_OBJ) $(RUNTIME_PIC) $(LIBMESH_PIC): | $(GEN_H)
 $(LIBMESH_PIC): CPPFLAGS += $(YAML_CFLAGS)
 
 # meshrun reads plans with the compiler library's reader (compiler/plan.h).
-$(OBJ)/runtime/meshrun.o: CPPFLAGS += -Icompiler $(YAML_CFLAGS)
+$(OBJ)/runtime/meshrun.o: CPPFLAGS += -Icompiler -Ikernels/cpu $(YAML_CFLAGS)
 $(OBJ)/runtime/meshrun.o: | $(GEN_H)
 
 $(BUILD)/meshrun: $(OBJ)/runtime/meshrun.o $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a

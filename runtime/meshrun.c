@@ -1,33 +1,37 @@
 /*
- * meshrun.c: the `meshrun` command, which will execute plans made by meshc.
+ * meshrun.c: the `meshrun` command, which executes plans made by meshc.
  *
- * Today it loads and validates a plan (compiler/plan.h: magic, format
- * version, every field) and says what it holds; executing it lands with the
- * runtime milestone. It reports that plainly instead of pretending to run
- * anything.
+ * `meshrun FILE.plan` loads and validates the plan (compiler/plan.h: magic,
+ * format version, every field), then trains it on one CPU rank through the
+ * plan interpreter (runtime/exec.h) on a token shard, printing a line per
+ * logged step. Plans of more than one rank are refused with a message until
+ * the multi-rank runtime lands. `meshrun tokenize` makes token shards.
  *
- * Exit status: 0 for --help and --version, 1 when the plan file cannot be
- * read or is not a valid plan of this format, 2 for usage errors and for a
- * valid plan (execution not implemented yet).
+ * Exit status: 0 for --help, --version and a finished run; 1 when a file
+ * cannot be read or is not valid, a plan cannot run yet, or the loss stops
+ * being finite; 2 for usage errors.
  */
 #include <errno.h>  /* defines: errno */
 #include <stdio.h>  /* defines: printf, fprintf, fopen */
 #include <string.h> /* defines: strcmp, strerror */
 
 #include <stdint.h> /* defines: uint16_t */
+#include <glob.h>   /* defines: glob */
 #include <stdlib.h> /* defines: malloc, free */
+#include <time.h>   /* defines: clock_gettime */
 
 #include "mesh.h" /* defines: mesh_version */
 #include "bpe.h"  /* defines: mesh__bpe_load, mesh__bpe_encode */
 #include "data.h" /* defines: mesh__shard_write, mesh__tokenize_bytes */
+#include "exec.h" /* defines: mesh__exec_* */
 #include "plan.h" /* defines: plan_read, plan_free */
 
 static const char usage_text[] =
     "usage: meshrun [options] FILE.plan\n"
     "       meshrun tokenize [--bpe DIR] TEXT... -o SHARD.bin\n"
     "\n"
-    "Execute a plan compiled by meshc. Today it loads and validates the plan;\n"
-    "executing it is not implemented yet.\n"
+    "Train the plan compiled by meshc on one CPU rank: the data is the token\n"
+    "shard given by --data, else the first file matching the plan's train.data.\n"
     "\n"
     "meshrun tokenize turns text files into one token shard (llm.c's format:\n"
     "a 1024-byte header, then uint16 tokens) with the byte-level tokenizer\n"
@@ -35,6 +39,8 @@ static const char usage_text[] =
     "encoder.json and vocab.bpe (each file then starts with <|endoftext|>).\n"
     "\n"
     "options:\n"
+    "  --data FILE    the token shard to train on\n"
+    "  --steps N      train N steps instead of the plan's train.steps\n"
     "  -h, --help     print this help and exit\n"
     "  --version      print the version and exit\n";
 
@@ -77,8 +83,106 @@ static char *read_file(const char *path, size_t *len)
     return text;
 }
 
-/* Loads and validates the plan, then says plans cannot run yet. */
-static int run_plan(const char *path)
+/* Options of a training run. */
+typedef struct run_opts {
+    const char *data;   /* --data: a token shard, instead of the plan's */
+    long long steps;    /* --steps: instead of the plan's (0: the plan's) */
+} run_opts;
+
+/* The shard to train on: --data, else the first file matching the plan's
+ * data pattern. Prints the error and returns NULL when there is none. */
+static char *data_path(const plan *p, const run_opts *o)
+{
+    if (o->data) return strdup(o->data);
+    if (!p->data) {
+        fputs("meshrun: error: the plan names no data (train.data); pass --data SHARD.bin\n", stderr);
+        return NULL;
+    }
+    glob_t g;
+    if (glob(p->data, 0, NULL, &g) != 0 || g.gl_pathc == 0) {
+        fprintf(stderr, "meshrun: error: no file matches the plan's data '%s'; make a shard with "
+                "`meshrun tokenize TEXT -o SHARD.bin` and pass --data SHARD.bin\n", p->data);
+        globfree(&g);
+        return NULL;
+    }
+    char *path = strdup(g.gl_pathv[0]);
+    globfree(&g);
+    return path;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Trains: one line per logged step, "step N/M | loss ... | lr ... | norm
+ * ... | ms | tok/s". */
+static int train(const plan *p, const run_opts *o)
+{
+    char err[512];
+    char *path = data_path(p, o);
+    if (!path) return 1;
+    mesh__exec *ex = mesh__exec_create(p, err, sizeof err);
+    if (!ex) {
+        fprintf(stderr, "meshrun: error: %s: %s\n", p->source ? p->source : "plan", err);
+        free(path);
+        return 1;
+    }
+    int vocab = 0;
+    for (int id = 0; id < p->n_tensors; id++)
+        if (p->tensors[id].op == G_EMBED && p->tensors[p->tensors[id].in[0]].op == G_INPUT)
+            vocab = (int)p->tensors[p->tensors[id].in[1]].dims[0];
+    mesh__shard shard;
+    if (mesh__shard_open(&shard, path, vocab, err, sizeof err) != 0) {
+        fprintf(stderr, "meshrun: error: %s\n", err);
+        mesh__exec_free(ex);
+        free(path);
+        return 1;
+    }
+    const fe_setup *s = &p->setup;
+    int m = (int)(s->micro_batches > 0 ? s->micro_batches : 1);
+    size_t bt = mesh__exec_batch_tokens(ex);
+    int seq = (int)s->seq_len, global = (int)s->global_batch;
+    int32_t *in = malloc((size_t)m * bt * sizeof *in), *tg = malloc((size_t)m * bt * sizeof *tg);
+    long long steps = o->steps > 0 ? o->steps : s->steps;
+    long long every = s->log_every > 0 ? s->log_every : 1;
+    int rc = in && tg ? 0 : 1;
+    if (rc) fputs("meshrun: error: out of memory\n", stderr);
+    else
+        printf("meshrun: training %s on %s (%zu tokens): %lld steps of %d x %d tokens\n",
+               p->source ? p->source : "the plan", path, shard.n, steps, global, seq);
+    double t0 = now_s();
+    for (long long step = 1; rc == 0 && step <= steps; step++) {
+        for (int k = 0; k < m; k++) /* micro-batch k: the k-th slice of the global batch */
+            mesh__batch(&shard, step - 1, global, m, k, seq, in + (size_t)k * bt, tg + (size_t)k * bt);
+        mesh__step_stats st;
+        if (mesh__exec_train_step(ex, step, in, tg, &st) != 0) {
+            fprintf(stderr, "meshrun: error: step %lld: the loss (%g) or the gradient norm (%g) is "
+                    "not finite; stopping\n", step, st.loss, st.norm);
+            rc = 1;
+            break;
+        }
+        if (step % every == 0 || step == 1 || step == steps) {
+            double t1 = now_s(), ms = 1e3 * (t1 - t0) / (double)(step % every ? step % every : every);
+            if (step == 1) ms = 1e3 * (t1 - t0);
+            printf("step %lld/%lld | loss %.4f | lr %.2e | norm %.4f | %.1f ms | %.1fk tok/s\n", step,
+                   steps, st.loss, st.lr, st.norm, ms, (double)global * seq / ms);
+            fflush(stdout);
+            t0 = t1;
+        }
+    }
+    free(in);
+    free(tg);
+    mesh__shard_close(&shard);
+    mesh__exec_free(ex);
+    free(path);
+    return rc;
+}
+
+/* Loads and validates the plan, then trains it. */
+static int run_plan(const char *path, const run_opts *o)
 {
     size_t len = 0;
     char *text = read_file(path, &len);
@@ -91,17 +195,9 @@ static int run_plan(const char *path)
         fprintf(stderr, "meshrun: error: %s:%s\n", path, err);
         return 1;
     }
-    fprintf(stderr,
-            "meshrun: %s: a valid plan for %lld rank%s (dp %lld x tp %lld x "
-            "pp %lld x ep %lld)\n"
-            "meshrun: error: executing plans is not implemented yet (it lands "
-            "with the runtime milestone)\n",
-            path, (long long)p.setup.world, p.setup.world == 1 ? "" : "s",
-            (long long)p.setup.dp,
-            (long long)p.setup.tp, (long long)p.setup.pp,
-            (long long)p.setup.ep);
+    rc = train(&p, o);
     plan_free(&p);
-    return 2;
+    return rc;
 }
 
 /* Appends one file's tokens to *ids: GPT-2 BPE when bpe is given (the
@@ -214,6 +310,7 @@ int main(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "tokenize") == 0) return tokenize(argc - 2, argv + 2);
     const char *plan_path = NULL;
     int options_done = 0;
+    run_opts opts = {NULL, 0};
 
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -223,6 +320,15 @@ int main(int argc, char **argv)
             } else if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
                 fputs(usage_text, stdout);
                 return 0;
+            } else if (strcmp(arg, "--data") == 0 || strcmp(arg, "--steps") == 0) {
+                if (i + 1 >= argc) return usage_error("this option needs a value:", arg);
+                if (arg[2] == 'd') {
+                    opts.data = argv[++i];
+                } else {
+                    char *end;
+                    opts.steps = strtoll(argv[++i], &end, 10);
+                    if (*end || opts.steps <= 0) return usage_error("--steps needs a positive number, not", argv[i]);
+                }
             } else if (strcmp(arg, "--version") == 0) {
                 printf("meshrun %s\n", mesh_version());
                 return 0;
@@ -237,5 +343,5 @@ int main(int argc, char **argv)
     }
     if (!plan_path)
         return usage_error("no plan file given", NULL);
-    return run_plan(plan_path);
+    return run_plan(plan_path, &opts);
 }

@@ -261,11 +261,24 @@ meshrun_section() {
     usage="usage: meshrun [options] FILE.plan"
     expect meshrun/version "meshrun $v
 exit: 0" "$MESHRUN" --version
-    # a real plan loads and validates; executing it is not implemented yet
+    # a real plan loads, validates and trains on one CPU rank
     "$MESHC" -o "$TMP/tiny.plan" examples/gpt-tiny.mesh >/dev/null 2>&1
-    expect meshrun/plan-loads "meshrun: $TMP/tiny.plan: a valid plan for 1 rank (dp 1 x tp 1 x pp 1 x ep 1)
-meshrun: error: executing plans is not implemented yet (it lands with the runtime milestone)
-exit: 2" "$MESHRUN" "$TMP/tiny.plan"
+    expect meshrun/plan-without-data "meshrun: error: no file matches the plan's data 'data/tiny/*.bin'; make a shard with \`meshrun tokenize TEXT -o SHARD.bin\` and pass --data SHARD.bin
+exit: 1" "$MESHRUN" "$TMP/tiny.plan"
+    "$MESHRUN" tokenize examples/data/devils-dictionary.txt -o "$TMP/dd.bin" >/dev/null 2>&1
+    capture "$TMP/train.out" "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/dd.bin" --steps 60
+    # from about ln 256 = 5.55 at step 1 to well below 4 by step 60
+    if awk -F'|' '/^step 1\/60 /{split($2, a, " "); first = a[2]}
+                  /^step 60\/60 /{split($2, a, " "); last = a[2]}
+                  END {exit !(first > 5.0 && last < 3.8)}' "$TMP/train.out" &&
+        [ "$(tail -n 1 "$TMP/train.out")" = "exit: 0" ]; then
+        pass meshrun/train-gpt-tiny-loss-falls
+    else
+        fail meshrun/train-gpt-tiny-loss-falls "$TMP/train.out"
+    fi
+    "$MESHC" -o "$TMP/dp2.plan" --set mesh.dp=2 examples/gpt-tiny.mesh >/dev/null 2>&1
+    expect meshrun/multi-rank-not-yet "meshrun: error: examples/gpt-tiny.mesh: this runtime runs one-rank plans so far (mesh 1x1x1x1)
+exit: 1" "$MESHRUN" "$TMP/dp2.plan" --data "$TMP/dd.bin"
     sed 's/^format: 1$/format: 2/' "$TMP/tiny.plan" >"$TMP/v2.plan"
     expect meshrun/plan-other-version "meshrun: error: $TMP/v2.plan:3:9: plan format version 2 is not supported: this build reads version 1
 HINT: this plan was written by meshc $v with format version 2; recompile the .mesh file with this meshc (format version 1)

@@ -111,3 +111,7 @@ TEST(data_rank_slices_make_the_global_batch)
 TEST(bpe_merges_by_rank)
 TEST(bpe_round_trips_unicode)
 TEST(bpe_refusals)
+
+/* runtime: the one-rank plan interpreter, test_exec.c */
+TEST(exec_gradient_matches_finite_differences)
+TEST(exec_training_lowers_the_loss)

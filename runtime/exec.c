@@ -1,0 +1,517 @@
+/* exec.c — the plan interpreter on one CPU rank (exec.h). */
+#include "exec.h"
+
+#include <math.h>   /* cos, isfinite */
+#include <stdarg.h> /* va_list */
+#include <stdio.h>  /* vsnprintf */
+#include <stdlib.h> /* calloc, free */
+#include <string.h> /* memset, strstr */
+
+#include "init.h" /* mesh__init_* */
+#include "kcpu.h" /* kcpu_* */
+
+struct mesh__exec {
+    const plan *p;
+    int n;              /* tensors */
+    size_t *numel;      /* per tensor: elements of one iteration's value */
+    int *iters;         /* per tensor: iterations of its region (1 outside) */
+    float **val;        /* per tensor: iters x numel (int32 for i32 tensors) */
+    float **grad;       /* per f32 tensor: iters x numel, NULL for i32 */
+    float **aux;        /* per tensor: iters x aux_len, what its backward needs */
+    size_t *aux_len;
+    float **m, **v;     /* AdamW moments, params only */
+    int *params;        /* tensor ids of the params */
+    int n_params;
+    char **names;       /* per (param, iteration): its global name */
+    int tokens_in, targets_in; /* the input tensors */
+    double dloss;       /* seed of the backward: 1 / micro-batches */
+    long long adam_t;   /* AdamW steps taken */
+};
+
+static void set_err(char *err, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (err && n) vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+}
+
+static size_t numel_of(const plan_tensor *t)
+{
+    size_t n = 1;
+    for (int d = 0; d < t->rank; d++) n *= (size_t)t->dims[d];
+    return n;
+}
+
+static int64_t last_dim(const plan_tensor *t) { return t->rank ? t->dims[t->rank - 1] : 1; }
+
+/* ---- where a tensor's value lives, seen from a consumer ---------------- */
+
+/* Value (or gradient) of tensor id for a consumer in region r at iteration
+ * it: inside the same region, that iteration; a carried entry, the
+ * previous iteration's exit (the entry itself at iteration 0); a region's
+ * tensor seen from outside, its last iteration. */
+static float *at(const mesh__exec *ex, float **bufs, int id, int r, int it)
+{
+    const plan *p = ex->p;
+    int tr = p->tensors[id].region;
+    if (!bufs[id]) return NULL;
+    if (tr >= 0 && tr == r) return bufs[id] + (size_t)it * ex->numel[id];
+    if (tr < 0 && r >= 0) {
+        const plan_region *g = &p->regions[r];
+        for (int c = 0; c < g->n_carry; c++)
+            if (g->carry[c].entry == id && it > 0)
+                return bufs[g->carry[c].exit] + (size_t)(it - 1) * ex->numel[g->carry[c].exit];
+        return bufs[id];
+    }
+    if (tr >= 0) return bufs[id] + (size_t)(ex->iters[id] - 1) * ex->numel[id];
+    return bufs[id];
+}
+
+#define IN(k) at(ex, ex->val, t->in[k], t->region, it)
+#define DIN(k) at(ex, ex->grad, t->in[k], t->region, it)
+#define OUT (ex->val[id] + (size_t)it * ex->numel[id])
+#define DOUT (ex->grad[id] + (size_t)it * ex->numel[id])
+#define AUX (ex->aux[id] + (size_t)it * ex->aux_len[id])
+#define I32(x) ((int32_t *)(void *)(x))
+
+/* Broadcast add: the smaller operand's elements repeat over the larger's. */
+static void add_forward(float *out, const float *a, size_t na, const float *b, size_t nb)
+{
+    if (na == nb) kcpu_add_forward(out, a, b, na);
+    else if (na > nb) kcpu_add_broadcast_forward(out, a, b, (int)(na / nb), 1, (int)nb);
+    else kcpu_add_broadcast_forward(out, b, a, (int)(nb / na), 1, (int)na);
+}
+
+static void add_backward(float *da, size_t na, float *db, size_t nb, const float *dout)
+{
+    if (na == nb) kcpu_add_backward(da, db, dout, na);
+    else if (na > nb) kcpu_add_broadcast_backward(da, db, dout, (int)(na / nb), 1, (int)nb);
+    else kcpu_add_broadcast_backward(db, da, dout, (int)(nb / na), 1, (int)na);
+}
+
+/* Attention geometry: qkv [B, T, (H + 2 KV) d] -> out [B, T, H d]. */
+static void attn_dims(const plan_tensor *t, int *B, int *T, int *H, int *KV, int *d)
+{
+    *H = (int)t->heads;
+    *KV = (int)(t->kv_heads ? t->kv_heads : t->heads);
+    *d = (int)(last_dim(t) / *H);
+    *T = (int)t->dims[t->rank - 2];
+    *B = (int)(numel_of(t) / ((size_t)*T * (size_t)*H * (size_t)*d));
+}
+
+static void forward_node(mesh__exec *ex, int id, int it)
+{
+    const plan_tensor *t = &ex->p->tensors[id];
+    const plan_tensor *a = t->n_in > 0 ? &ex->p->tensors[t->in[0]] : NULL;
+    const plan_tensor *b = t->n_in > 1 ? &ex->p->tensors[t->in[1]] : NULL;
+    size_t n = ex->numel[id];
+    switch (t->op) {
+    case G_EMBED:
+        kcpu_embedding_forward(OUT, I32(IN(0)), IN(1), (int)ex->numel[t->in[0]], (int)b->dims[0],
+                               (int)b->dims[1]);
+        break;
+    case G_ARANGE:
+        for (size_t k = 0; k < n; k++) I32(OUT)[k] = (int32_t)k;
+        break;
+    case G_MATMUL: {
+        int K = (int)last_dim(a), N = (int)last_dim(t), M = (int)(n / (size_t)N);
+        if (b->op == G_TRANSPOSE) /* x @ transpose(w): w stored [N, K] */
+            kcpu_matmul_wt_forward(OUT, IN(0), at(ex, ex->val, b->in[0], t->region, it), NULL, M, K, N);
+        else
+            kcpu_matmul_forward(OUT, IN(0), IN(1), NULL, M, K, N);
+        break;
+    }
+    case G_TRANSPOSE: /* only read through the matmul that uses it */
+        break;
+    case G_BIAS_ADD:
+    case G_ADD:
+        add_forward(OUT, IN(0), ex->numel[t->in[0]], IN(1), ex->numel[t->in[1]]);
+        break;
+    case G_LAYERNORM: {
+        int C = (int)last_dim(t), rows = (int)(n / (size_t)C);
+        kcpu_layernorm_forward(OUT, AUX, AUX + rows, IN(0), IN(1), t->n_in > 2 ? IN(2) : NULL, rows,
+                               C, (float)t->eps);
+        break;
+    }
+    case G_RMSNORM: {
+        int C = (int)last_dim(t), rows = (int)(n / (size_t)C);
+        kcpu_rmsnorm_forward(OUT, AUX, IN(0), IN(1), rows, C, (float)t->eps);
+        break;
+    }
+    case G_ATTENTION: {
+        int B, T, H, KV, d;
+        attn_dims(t, &B, &T, &H, &KV, &d);
+        kcpu_attention_qkv_forward(OUT, AUX, IN(0), B, T, H, KV, d, t->causal);
+        break;
+    }
+    case G_GELU: kcpu_gelu_forward(OUT, IN(0), n); break;
+    case G_SILU: kcpu_silu_forward(OUT, IN(0), n); break;
+    case G_SWIGLU: kcpu_swiglu_forward(OUT, IN(0), IN(1), n); break;
+    case G_CROSS_ENTROPY: {
+        int Vp = (int)last_dim(a), N = (int)ex->numel[t->in[1]];
+        int V = t->vocab > 0 ? (int)t->vocab : Vp;
+        OUT[0] = kcpu_crossentropy_forward(AUX, AUX + N, AUX + 2 * N, IN(0), I32(IN(1)), N, V, Vp);
+        break;
+    }
+    default: /* inputs and params are filled elsewhere; others refused at create */
+        break;
+    }
+}
+
+static void backward_node(mesh__exec *ex, int id, int it)
+{
+    const plan_tensor *t = &ex->p->tensors[id];
+    const plan_tensor *a = t->n_in > 0 ? &ex->p->tensors[t->in[0]] : NULL;
+    const plan_tensor *b = t->n_in > 1 ? &ex->p->tensors[t->in[1]] : NULL;
+    size_t n = ex->numel[id];
+    switch (t->op) {
+    case G_EMBED:
+        kcpu_embedding_backward(DIN(1), DOUT, I32(IN(0)), (int)ex->numel[t->in[0]], (int)b->dims[0],
+                                (int)b->dims[1]);
+        break;
+    case G_MATMUL: {
+        int K = (int)last_dim(a), N = (int)last_dim(t), M = (int)(n / (size_t)N);
+        if (b->op == G_TRANSPOSE)
+            kcpu_matmul_wt_backward(DIN(0), at(ex, ex->grad, b->in[0], t->region, it), NULL, DOUT,
+                                    IN(0), at(ex, ex->val, b->in[0], t->region, it), M, K, N);
+        else
+            kcpu_matmul_backward(DIN(0), DIN(1), NULL, DOUT, IN(0), IN(1), M, K, N);
+        break;
+    }
+    case G_BIAS_ADD:
+    case G_ADD:
+        add_backward(DIN(0), ex->numel[t->in[0]], DIN(1), ex->numel[t->in[1]], DOUT);
+        break;
+    case G_LAYERNORM: {
+        int C = (int)last_dim(t), rows = (int)(n / (size_t)C);
+        kcpu_layernorm_backward(DIN(0), DIN(1), t->n_in > 2 ? DIN(2) : NULL, DOUT, IN(0), IN(1), AUX,
+                                AUX + rows, rows, C);
+        break;
+    }
+    case G_RMSNORM: {
+        int C = (int)last_dim(t), rows = (int)(n / (size_t)C);
+        kcpu_rmsnorm_backward(DIN(0), DIN(1), DOUT, IN(0), IN(1), AUX, rows, C);
+        break;
+    }
+    case G_ATTENTION: {
+        int B, T, H, KV, d;
+        attn_dims(t, &B, &T, &H, &KV, &d);
+        kcpu_attention_qkv_backward(DIN(0), DOUT, OUT, AUX, IN(0), B, T, H, KV, d, t->causal);
+        break;
+    }
+    case G_GELU: kcpu_gelu_backward(DIN(0), IN(0), DOUT, n); break;
+    case G_SILU: kcpu_silu_backward(DIN(0), IN(0), DOUT, n); break;
+    case G_SWIGLU: kcpu_swiglu_backward(DIN(0), DIN(1), DOUT, IN(0), IN(1), n); break;
+    case G_CROSS_ENTROPY: {
+        int Vp = (int)last_dim(a), N = (int)ex->numel[t->in[1]];
+        int V = t->vocab > 0 ? (int)t->vocab : Vp;
+        kcpu_crossentropy_backward(DIN(0), IN(0), I32(IN(1)), AUX + N, AUX + 2 * N, DOUT[0], N, V, Vp);
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+/* ---- running the program ---------------------------------------------- */
+
+/* Runs the program's compute steps of one phase; a run of consecutive
+ * steps in a region repeats per iteration (backward: last to first). */
+static void run_phase(mesh__exec *ex, plan_phase phase)
+{
+    const plan *p = ex->p;
+    int back = phase == PLAN_BACKWARD;
+    for (int s = 0; s < p->n_steps;) {
+        const plan_step *st = &p->steps[s];
+        if (st->phase != phase || st->kind != STEP_COMPUTE) { s++; continue; }
+        int e = s + 1;
+        if (st->region >= 0)
+            while (e < p->n_steps && p->steps[e].phase == phase && p->steps[e].region == st->region) e++;
+        int count = st->region >= 0 ? (int)p->regions[st->region].count : 1;
+        for (int k = 0; k < count; k++) {
+            int it = back ? count - 1 - k : k;
+            for (int q = s; q < e; q++) {
+                if (p->steps[q].kind != STEP_COMPUTE) continue;
+                if (back) backward_node(ex, p->steps[q].node, it);
+                else forward_node(ex, p->steps[q].node, it);
+            }
+        }
+        s = e;
+    }
+}
+
+static void load_batch(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
+{
+    size_t n = ex->numel[ex->tokens_in];
+    memcpy(ex->val[ex->tokens_in], inputs, n * sizeof *inputs);
+    memcpy(ex->val[ex->targets_in], targets, n * sizeof *targets);
+}
+
+size_t mesh__exec_batch_tokens(const mesh__exec *ex) { return ex->numel[ex->tokens_in]; }
+
+double mesh__exec_loss(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
+{
+    load_batch(ex, inputs, targets);
+    run_phase(ex, PLAN_FORWARD);
+    return ex->val[ex->p->loss][0];
+}
+
+/* Forward and backward of one micro-batch, adding to the params' grads. */
+static double micro_step(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
+{
+    double loss = mesh__exec_loss(ex, inputs, targets);
+    for (int id = 0; id < ex->n; id++)
+        if (ex->grad[id] && ex->p->tensors[id].op != G_PARAM)
+            memset(ex->grad[id], 0, (size_t)ex->iters[id] * ex->numel[id] * sizeof(float));
+    ex->grad[ex->p->loss][0] = (float)ex->dloss;
+    run_phase(ex, PLAN_BACKWARD);
+    return loss;
+}
+
+static void zero_param_grads(mesh__exec *ex)
+{
+    for (int k = 0; k < ex->n_params; k++) {
+        int id = ex->params[k];
+        memset(ex->grad[id], 0, (size_t)ex->iters[id] * ex->numel[id] * sizeof(float));
+    }
+}
+
+double mesh__exec_grad(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
+{
+    zero_param_grads(ex);
+    double saved = ex->dloss;
+    ex->dloss = 1.0;
+    double loss = micro_step(ex, inputs, targets);
+    ex->dloss = saved;
+    return loss;
+}
+
+double mesh__exec_lr(const plan *p, long long step)
+{
+    const fe_setup *s = &p->setup;
+    if (s->warmup > 0 && step <= s->warmup) return s->lr * (double)step / (double)s->warmup;
+    if (s->lr_schedule == 0 || s->steps <= s->warmup) return s->lr;
+    double frac = (double)(step - s->warmup) / (double)(s->steps - s->warmup);
+    if (frac > 1) frac = 1;
+    double shape = s->lr_schedule == 1 ? 0.5 * (1 + cos(3.14159265358979323846 * frac)) : 1 - frac;
+    return s->min_lr + (s->lr - s->min_lr) * shape;
+}
+
+int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
+                          const int32_t *targets, mesh__step_stats *st)
+{
+    const fe_setup *s = &ex->p->setup;
+    int m = (int)(s->micro_batches > 0 ? s->micro_batches : 1);
+    size_t bt = mesh__exec_batch_tokens(ex);
+    zero_param_grads(ex);
+    double loss = 0;
+    for (int k = 0; k < m; k++) loss += micro_step(ex, inputs + (size_t)k * bt, targets + (size_t)k * bt);
+    loss /= m;
+    float *bufs[1024];
+    size_t sizes[1024];
+    int nb = 0;
+    for (int k = 0; k < ex->n_params && nb < 1024; k++, nb++) {
+        int id = ex->params[k];
+        bufs[nb] = ex->grad[id];
+        sizes[nb] = (size_t)ex->iters[id] * ex->numel[id];
+    }
+    double norm = s->clip > 0 ? kcpu_clip_global_norm(bufs, sizes, nb, (float)s->clip)
+                              : kcpu_global_norm((const float *const *)bufs, sizes, nb);
+    double lr = mesh__exec_lr(ex->p, step);
+    st->loss = loss;
+    st->norm = norm;
+    st->lr = lr;
+    if (!isfinite(loss) || !isfinite(norm)) return -1;
+    ex->adam_t++;
+    for (int k = 0; k < ex->n_params; k++) {
+        int id = ex->params[k];
+        const plan_tensor *t = &ex->p->tensors[id];
+        /* decay matrices and embeddings, not gains and biases (GPT-2, llm.c) */
+        float wd = t->rank >= 2 ? (float)s->weight_decay : 0.0f;
+        kcpu_adamw_step(ex->val[id], ex->grad[id], ex->m[id], ex->v[id],
+                        (size_t)ex->iters[id] * ex->numel[id], (float)lr, (float)s->beta1,
+                        (float)s->beta2, (float)s->eps, wd, (int)ex->adam_t);
+    }
+    return 0;
+}
+
+/* ---- setup ------------------------------------------------------------- */
+
+/* The global name of a param at iteration it: "h.{0..1}.x" -> "h.1.x". */
+static char *iter_name(const char *name, int it)
+{
+    const char *open = strstr(name, "{0..");
+    const char *close = open ? strchr(open, '}') : NULL;
+    size_t len = strlen(name) + 24;
+    char *out = malloc(len);
+    if (!out) return NULL;
+    if (!close) snprintf(out, len, "%s", name);
+    else snprintf(out, len, "%.*s%d%s", (int)(open - name), name, it, close + 1);
+    return out;
+}
+
+/* Why the executor cannot run this plan yet, or NULL. */
+static const char *refusal(const plan *p, char *buf, size_t n)
+{
+    if (p->setup.world != 1) return "this runtime runs one-rank plans so far (mesh 1x1x1x1)";
+    for (int s = 0; s < p->n_steps; s++)
+        if (p->steps[s].kind != STEP_COMPUTE) return "the plan has collectives; one rank needs none";
+    for (int r = 0; r < p->n_regions; r++)
+        if (p->regions[r].parent >= 0) return "nested repeats are not run yet";
+    if (p->loss < 0) return "the plan has no loss";
+    for (int id = 0; id < p->n_tensors; id++) {
+        const plan_tensor *t = &p->tensors[id];
+        int ok = 1;
+        switch (t->op) {
+        case G_SUB: case G_MUL: case G_SCALE: case G_MOE: case G_ROPE: ok = 0; break;
+        case G_ATTENTION: ok = t->n_in == 1; break; /* packed qkv */
+        case G_TRANSPOSE:
+            for (int c = id + 1; c < p->n_tensors; c++)
+                for (int k = 0; k < p->tensors[c].n_in; k++)
+                    if (p->tensors[c].in[k] == id && !(p->tensors[c].op == G_MATMUL && k == 1)) ok = 0;
+            break;
+        default: break;
+        }
+        if (!ok) {
+            snprintf(buf, n, "op '%s' (tensor %d) is not run by the CPU executor yet",
+                     graph_op_name(t->op), id);
+            return buf;
+        }
+    }
+    return NULL;
+}
+
+/* Extra floats an op saves per iteration for its backward. */
+static size_t aux_floats(const plan *p, const plan_tensor *t, size_t n)
+{
+    switch (t->op) {
+    case G_LAYERNORM: return 2 * (n / (size_t)last_dim(t));
+    case G_RMSNORM: return n / (size_t)last_dim(t);
+    case G_ATTENTION: return n / (size_t)(last_dim(t) / t->heads);
+    case G_CROSS_ENTROPY: return 3 * numel_of(&p->tensors[t->in[1]]);
+    default: return 0;
+    }
+}
+
+mesh__exec *mesh__exec_create(const plan *p, char *err, size_t errn)
+{
+    char why[160];
+    const char *no = refusal(p, why, sizeof why);
+    if (no) {
+        set_err(err, errn, "%s", no);
+        return NULL;
+    }
+    mesh__exec *ex = calloc(1, sizeof *ex);
+    int n = p->n_tensors;
+    if (!ex) goto oom;
+    ex->p = p;
+    ex->n = n;
+    ex->numel = calloc((size_t)n, sizeof *ex->numel);
+    ex->iters = calloc((size_t)n, sizeof *ex->iters);
+    ex->val = calloc((size_t)n, sizeof *ex->val);
+    ex->grad = calloc((size_t)n, sizeof *ex->grad);
+    ex->aux = calloc((size_t)n, sizeof *ex->aux);
+    ex->aux_len = calloc((size_t)n, sizeof *ex->aux_len);
+    ex->m = calloc((size_t)n, sizeof *ex->m);
+    ex->v = calloc((size_t)n, sizeof *ex->v);
+    ex->params = calloc((size_t)n, sizeof *ex->params);
+    ex->names = calloc((size_t)n * 64, sizeof *ex->names);
+    if (!ex->numel || !ex->iters || !ex->val || !ex->grad || !ex->aux || !ex->aux_len || !ex->m
+        || !ex->v || !ex->params || !ex->names)
+        goto oom;
+    ex->tokens_in = ex->targets_in = -1;
+    ex->dloss = 1.0 / (double)(p->setup.micro_batches > 0 ? p->setup.micro_batches : 1);
+    for (int id = 0; id < n; id++) {
+        const plan_tensor *t = &p->tensors[id];
+        size_t ne = numel_of(t);
+        int iters = t->region >= 0 ? (int)p->regions[t->region].count : 1;
+        ex->numel[id] = ne;
+        ex->iters[id] = iters;
+        if (t->op == G_TRANSPOSE) continue;
+        ex->val[id] = calloc((size_t)iters * ne, sizeof(float));
+        if (!ex->val[id]) goto oom;
+        if (t->dtype == PLAN_DTYPE_F32) {
+            ex->grad[id] = calloc((size_t)iters * ne, sizeof(float));
+            if (!ex->grad[id]) goto oom;
+        }
+        ex->aux_len[id] = aux_floats(p, t, ne);
+        if (ex->aux_len[id]) {
+            ex->aux[id] = calloc((size_t)iters * ex->aux_len[id], sizeof(float));
+            if (!ex->aux[id]) goto oom;
+        }
+        if (t->op == G_INPUT) {
+            if (ex->tokens_in < 0) ex->tokens_in = id;
+            else ex->targets_in = id;
+        }
+        if (t->op != G_PARAM) continue;
+        if (iters > 64) {
+            set_err(err, errn, "a repeat of more than 64 iterations is not run yet");
+            mesh__exec_free(ex);
+            return NULL;
+        }
+        ex->params[ex->n_params++] = id;
+        ex->m[id] = calloc((size_t)iters * ne, sizeof(float));
+        ex->v[id] = calloc((size_t)iters * ne, sizeof(float));
+        if (!ex->m[id] || !ex->v[id]) goto oom;
+        for (int it = 0; it < iters; it++) {
+            char *name = iter_name(t->name ? t->name : "?", it);
+            if (!name) goto oom;
+            ex->names[(size_t)id * 64 + (size_t)it] = name;
+            float *w = ex->val[id] + (size_t)it * ne;
+            if (t->init == GRAPH_INIT_NORMAL)
+                mesh__init_normal(w, ne, 0, mesh__init_key((uint64_t)p->setup.seed, name),
+                                  (float)t->init_std);
+            else
+                mesh__init_fill(w, ne, t->init == GRAPH_INIT_ONES ? 1.0f : 0.0f);
+        }
+    }
+    if (ex->tokens_in < 0 || ex->targets_in < 0) {
+        set_err(err, errn, "the model needs two inputs (tokens and targets)");
+        mesh__exec_free(ex);
+        return NULL;
+    }
+    return ex;
+oom:
+    set_err(err, errn, "out of memory");
+    mesh__exec_free(ex);
+    return NULL;
+}
+
+int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float **value, float **grad)
+{
+    for (int q = 0; q < ex->n_params; q++) {
+        int id = ex->params[q];
+        if (k >= ex->iters[id]) { k -= ex->iters[id]; continue; }
+        *name = ex->names[(size_t)id * 64 + (size_t)k];
+        *n = ex->numel[id];
+        *value = ex->val[id] + (size_t)k * ex->numel[id];
+        *grad = ex->grad[id] + (size_t)k * ex->numel[id];
+        return 0;
+    }
+    return -1;
+}
+
+void mesh__exec_free(mesh__exec *ex)
+{
+    if (!ex) return;
+    for (int id = 0; id < ex->n; id++) {
+        if (ex->val) free(ex->val[id]);
+        if (ex->grad) free(ex->grad[id]);
+        if (ex->aux) free(ex->aux[id]);
+        if (ex->m) free(ex->m[id]);
+        if (ex->v) free(ex->v[id]);
+        for (int it = 0; ex->names && it < 64; it++) free(ex->names[(size_t)id * 64 + (size_t)it]);
+    }
+    free(ex->numel);
+    free(ex->iters);
+    free(ex->val);
+    free(ex->grad);
+    free(ex->aux);
+    free(ex->aux_len);
+    free(ex->m);
+    free(ex->v);
+    free(ex->params);
+    free(ex->names);
+    free(ex);
+}

@@ -1,0 +1,71 @@
+/* exec.h — the plan interpreter on one CPU rank (internal to libmesh).
+ *
+ * Runs a plan's program (compiler/plan.h) for a mesh of one rank: every
+ * forward step in order, with a layer stack's steps run once per
+ * iteration (each iteration reading the tensors its predecessor carried),
+ * then the backward steps in reverse, iterations last to first, through
+ * the CPU kernels (kernels/cpu/). A training step runs the plan's
+ * micro-batches, accumulating gradients, then clips them by global norm
+ * and takes an AdamW step at the learning rate the schedule gives.
+ *
+ * Every tensor of the graph gets one buffer per iteration of its region
+ * (activations are kept for the backward); parameters are initialised from
+ * (seed, global name, element index) (init.h), so the model is the one
+ * every other mesh materialises.
+ *
+ * Not yet: plans of more than one rank (collectives, pipeline sends),
+ * nested repeats, mixture-of-experts and a few ops (sub, mul, scale, a
+ * transpose used other than as a matmul weight): mesh__exec_create refuses
+ * them with a message naming the op.
+ */
+#ifndef MESH_EXEC_H
+#define MESH_EXEC_H
+
+#include <stddef.h> /* size_t */
+#include <stdint.h> /* int32_t */
+
+#include "plan.h" /* plan */
+
+typedef struct mesh__exec mesh__exec;
+
+/* Statistics of one training step. */
+typedef struct mesh__step_stats {
+    double loss;      /* mean over the step's micro-batches */
+    double norm;      /* global gradient norm before clipping */
+    double lr;        /* learning rate used */
+} mesh__step_stats;
+
+/* Creates the executor for a plan (which must outlive it) and initialises
+ * the parameters. Returns NULL with a message in err for a plan it cannot
+ * run yet, or out of memory. */
+mesh__exec *mesh__exec_create(const plan *p, char *err, size_t n);
+void mesh__exec_free(mesh__exec *ex);
+
+/* Tokens of one micro-batch: micro_batch x seq_len ids. */
+size_t mesh__exec_batch_tokens(const mesh__exec *ex);
+
+/* Forward only: the mean loss of one micro-batch. */
+double mesh__exec_loss(mesh__exec *ex, const int32_t *inputs, const int32_t *targets);
+
+/* One training step (1-based step number for the schedule) over the
+ * plan's micro-batches: inputs and targets hold micro_batches x
+ * batch_tokens ids each. Returns 0, or -1 if the loss or the gradient
+ * norm is not finite (the parameters are then left unchanged). */
+int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
+                          const int32_t *targets, mesh__step_stats *st);
+
+/* Forward and backward of one micro-batch without an optimizer step,
+ * leaving the parameters' gradients (of the mean loss) readable through
+ * mesh__exec_param; returns the loss. */
+double mesh__exec_grad(mesh__exec *ex, const int32_t *inputs, const int32_t *targets);
+
+/* Parameter k (0-based, in plan order, each layer's copy separately): its
+ * name (e.g. "h.1.gpt2_block.w_qkv"), elements, value and gradient.
+ * Returns -1 when k is past the last. */
+int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float **value,
+                     float **grad);
+
+/* The learning rate of a step (1-based) under the plan's schedule. */
+double mesh__exec_lr(const plan *p, long long step);
+
+#endif
