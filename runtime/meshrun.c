@@ -28,7 +28,7 @@
 
 static const char usage_text[] =
     "usage: meshrun [options] FILE.plan\n"
-    "       meshrun tokenize [--bpe DIR] TEXT... -o SHARD.bin\n"
+    "       meshrun tokenize [--bpe DIR] TEXT... -o SHARD.bin [--val VAL.bin]\n"
     "\n"
     "Train the plan compiled by meshc on one CPU rank: the data is the token\n"
     "shard given by --data, else the first file matching the plan's train.data.\n"
@@ -37,9 +37,11 @@ static const char usage_text[] =
     "a 1024-byte header, then uint16 tokens) with the byte-level tokenizer\n"
     "(vocabulary 256), or with GPT-2's BPE given --bpe DIR holding OpenAI's\n"
     "encoder.json and vocab.bpe (each file then starts with <|endoftext|>).\n"
+    "--val VAL.bin puts the last 5% of the tokens in a validation shard.\n"
     "\n"
     "options:\n"
     "  --data FILE    the token shard to train on\n"
+    "  --val FILE     the validation shard (else the plan's train.val_data)\n"
     "  --steps N      train N steps instead of the plan's train.steps\n"
     "  -h, --help     print this help and exit\n"
     "  --version      print the version and exit\n";
@@ -86,28 +88,45 @@ static char *read_file(const char *path, size_t *len)
 /* Options of a training run. */
 typedef struct run_opts {
     const char *data;   /* --data: a token shard, instead of the plan's */
+    const char *val;    /* --val: the validation shard, instead of the plan's */
     long long steps;    /* --steps: instead of the plan's (0: the plan's) */
 } run_opts;
 
-/* The shard to train on: --data, else the first file matching the plan's
- * data pattern. Prints the error and returns NULL when there is none. */
-static char *data_path(const plan *p, const run_opts *o)
+/* The shard to read: the option's file, else the first file matching the
+ * plan's pattern. Prints the error and returns NULL when there is none;
+ * returns NULL quietly when neither is given and the shard is optional. */
+static char *data_path(const char *given, const char *pattern, const char *what, int optional)
 {
-    if (o->data) return strdup(o->data);
-    if (!p->data) {
-        fputs("meshrun: error: the plan names no data (train.data); pass --data SHARD.bin\n", stderr);
+    if (given) return strdup(given);
+    if (!pattern) {
+        if (!optional)
+            fprintf(stderr, "meshrun: error: the plan names no %s (train.%s); pass --%s SHARD.bin\n",
+                    what, what, strcmp(what, "data") ? "val" : "data");
         return NULL;
     }
     glob_t g;
-    if (glob(p->data, 0, NULL, &g) != 0 || g.gl_pathc == 0) {
-        fprintf(stderr, "meshrun: error: no file matches the plan's data '%s'; make a shard with "
-                "`meshrun tokenize TEXT -o SHARD.bin` and pass --data SHARD.bin\n", p->data);
+    if (glob(pattern, 0, NULL, &g) != 0 || g.gl_pathc == 0) {
+        fprintf(stderr, "meshrun: error: no file matches the plan's %s '%s'; make a shard with "
+                "`meshrun tokenize TEXT -o SHARD.bin` and pass --%s SHARD.bin\n", what, pattern,
+                strcmp(what, "data") ? "val" : "data");
         globfree(&g);
         return NULL;
     }
     char *path = strdup(g.gl_pathv[0]);
     globfree(&g);
     return path;
+}
+
+/* Mean loss over the first `batches` micro-batches of the validation shard. */
+static double val_loss(mesh__exec *ex, const mesh__shard *val, int batches, int mb, int seq,
+                       int32_t *in, int32_t *tg)
+{
+    double sum = 0;
+    for (int k = 0; k < batches; k++) {
+        mesh__batch(val, 0, batches * mb, batches, k, seq, in, tg);
+        sum += mesh__exec_loss(ex, in, tg);
+    }
+    return sum / batches;
 }
 
 static double now_s(void)
@@ -122,8 +141,13 @@ static double now_s(void)
 static int train(const plan *p, const run_opts *o)
 {
     char err[512];
-    char *path = data_path(p, o);
+    char *path = data_path(o->data, p->data, "data", 0);
     if (!path) return 1;
+    char *vpath = o->val || p->val_data ? data_path(o->val, p->val_data, "val_data", 1) : NULL;
+    if ((o->val || p->val_data) && !vpath) {
+        free(path);
+        return 1;
+    }
     mesh__exec *ex = mesh__exec_create(p, err, sizeof err);
     if (!ex) {
         fprintf(stderr, "meshrun: error: %s: %s\n", p->source ? p->source : "plan", err);
@@ -134,11 +158,17 @@ static int train(const plan *p, const run_opts *o)
     for (int id = 0; id < p->n_tensors; id++)
         if (p->tensors[id].op == G_EMBED && p->tensors[p->tensors[id].in[0]].op == G_INPUT)
             vocab = (int)p->tensors[p->tensors[id].in[1]].dims[0];
-    mesh__shard shard;
-    if (mesh__shard_open(&shard, path, vocab, err, sizeof err) != 0) {
+    mesh__shard shard, val = {0};
+    int bad = mesh__shard_open(&shard, path, vocab, err, sizeof err) != 0;
+    if (!bad && vpath && mesh__shard_open(&val, vpath, vocab, err, sizeof err) != 0) {
+        mesh__shard_close(&shard);
+        bad = 1;
+    }
+    if (bad) {
         fprintf(stderr, "meshrun: error: %s\n", err);
         mesh__exec_free(ex);
         free(path);
+        free(vpath);
         return 1;
     }
     const fe_setup *s = &p->setup;
@@ -148,6 +178,8 @@ static int train(const plan *p, const run_opts *o)
     int32_t *in = malloc((size_t)m * bt * sizeof *in), *tg = malloc((size_t)m * bt * sizeof *tg);
     long long steps = o->steps > 0 ? o->steps : s->steps;
     long long every = s->log_every > 0 ? s->log_every : 1;
+    long long eval_every = s->eval_every > 0 ? s->eval_every : 10 * every;
+    int mb = (int)(bt / (size_t)seq), val_batches = 8;
     int rc = in && tg ? 0 : 1;
     if (rc) fputs("meshrun: error: out of memory\n", stderr);
     else
@@ -172,12 +204,20 @@ static int train(const plan *p, const run_opts *o)
             fflush(stdout);
             t0 = t1;
         }
+        if (vpath && (step % eval_every == 0 || step == steps)) {
+            printf("step %lld/%lld | val loss %.4f\n", step, steps,
+                   val_loss(ex, &val, val_batches, mb, seq, in, tg));
+            fflush(stdout);
+            t0 = now_s();
+        }
     }
     free(in);
     free(tg);
     mesh__shard_close(&shard);
+    if (vpath) mesh__shard_close(&val);
     mesh__exec_free(ex);
     free(path);
+    free(vpath);
     return rc;
 }
 
@@ -241,12 +281,13 @@ static int tokenize_file(const char *path, const mesh__bpe *bpe, int32_t **ids, 
 /* meshrun tokenize [--bpe DIR] TEXT... -o SHARD.bin */
 static int tokenize(int argc, char **argv)
 {
-    const char *out = NULL, *bpe_dir = NULL;
+    const char *out = NULL, *bpe_dir = NULL, *val = NULL;
     int n_in = 0;
     for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--bpe") == 0) {
+        if (strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--bpe") == 0 || strcmp(argv[i], "--val") == 0) {
             if (i + 1 >= argc) return usage_error("this option needs a value:", argv[i]);
             if (argv[i][1] == 'o') out = argv[++i];
+            else if (argv[i][2] == 'v') val = argv[++i];
             else bpe_dir = argv[++i];
         } else if (strcmp(argv[i], "--bytes") == 0) {
             bpe_dir = NULL;
@@ -292,13 +333,20 @@ static int tokenize(int argc, char **argv)
         rc = 1;
     }
     for (size_t k = 0; tok && k < n; k++) tok[k] = (uint16_t)ids[k];
-    if (tok && mesh__shard_write(out, tok, n, err, sizeof err) != 0) {
+    /* --val: the last 5% of the tokens go to the validation shard */
+    size_t n_val = val ? n / 20 : 0, n_train = n - n_val;
+    if (tok && mesh__shard_write(out, tok, n_train, err, sizeof err) != 0) {
         fprintf(stderr, "meshrun: error: %s\n", err);
         rc = 1;
     }
-    if (rc == 0)
-        printf("meshrun: %s: %zu tokens (%s, vocabulary %d)\n", out, n,
-               bpe ? "GPT-2 BPE" : "byte-level", bpe ? mesh__bpe_vocab(bpe) : 256);
+    if (tok && rc == 0 && val && mesh__shard_write(val, tok + n_train, n_val, err, sizeof err) != 0) {
+        fprintf(stderr, "meshrun: error: %s\n", err);
+        rc = 1;
+    }
+    const char *kind = bpe ? "GPT-2 BPE" : "byte-level";
+    int vocab = bpe ? mesh__bpe_vocab(bpe) : 256;
+    if (rc == 0) printf("meshrun: %s: %zu tokens (%s, vocabulary %d)\n", out, n_train, kind, vocab);
+    if (rc == 0 && val) printf("meshrun: %s: %zu tokens (the last 5%%, for validation)\n", val, n_val);
     free(ids);
     free(tok);
     mesh__bpe_free(bpe);
@@ -310,7 +358,7 @@ int main(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "tokenize") == 0) return tokenize(argc - 2, argv + 2);
     const char *plan_path = NULL;
     int options_done = 0;
-    run_opts opts = {NULL, 0};
+    run_opts opts = {NULL, NULL, 0};
 
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -320,10 +368,13 @@ int main(int argc, char **argv)
             } else if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
                 fputs(usage_text, stdout);
                 return 0;
-            } else if (strcmp(arg, "--data") == 0 || strcmp(arg, "--steps") == 0) {
+            } else if (strcmp(arg, "--data") == 0 || strcmp(arg, "--steps") == 0
+                       || strcmp(arg, "--val") == 0) {
                 if (i + 1 >= argc) return usage_error("this option needs a value:", arg);
                 if (arg[2] == 'd') {
                     opts.data = argv[++i];
+                } else if (arg[2] == 'v') {
+                    opts.val = argv[++i];
                 } else {
                     char *end;
                     opts.steps = strtoll(argv[++i], &end, 10);
