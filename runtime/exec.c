@@ -492,6 +492,39 @@ int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float 
     return -1;
 }
 
+int mesh__exec_moments(mesh__exec *ex, int k, float **m, float **v)
+{
+    for (int q = 0; q < ex->n_params; q++) {
+        int id = ex->params[q];
+        if (k >= ex->iters[id]) { k -= ex->iters[id]; continue; }
+        *m = ex->m[id] + (size_t)k * ex->numel[id];
+        *v = ex->v[id] + (size_t)k * ex->numel[id];
+        return 0;
+    }
+    return -1;
+}
+
+int mesh__exec_param_dims(const mesh__exec *ex, int k, const int64_t **dims, int *rank)
+{
+    for (int q = 0; q < ex->n_params; q++) {
+        int id = ex->params[q];
+        if (k >= ex->iters[id]) { k -= ex->iters[id]; continue; }
+        *dims = ex->p->tensors[id].dims;
+        *rank = ex->p->tensors[id].rank;
+        return 0;
+    }
+    return -1;
+}
+
+long long *mesh__exec_adam_steps(mesh__exec *ex) { return &ex->adam_t; }
+
+const float *mesh__exec_logits(const mesh__exec *ex, int *vocab_padded)
+{
+    int id = ex->p->tensors[ex->p->loss].in[0];
+    *vocab_padded = (int)last_dim(&ex->p->tensors[id]);
+    return at(ex, ex->val, id, -1, 0);
+}
+
 void mesh__exec_free(mesh__exec *ex)
 {
     if (!ex) return;

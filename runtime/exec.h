@@ -65,6 +65,18 @@ double mesh__exec_grad(mesh__exec *ex, const int32_t *inputs, const int32_t *tar
 int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float **value,
                      float **grad);
 
+/* The shape of parameter k (one layer's copy), or -1. */
+int mesh__exec_param_dims(const mesh__exec *ex, int k, const int64_t **dims, int *rank);
+
+/* AdamW's moments of parameter k (as mesh__exec_param numbers them), or -1. */
+int mesh__exec_moments(mesh__exec *ex, int k, float **m, float **v);
+
+/* AdamW steps taken (read and restored by checkpoints). */
+long long *mesh__exec_adam_steps(mesh__exec *ex);
+
+/* After a forward: the logits (the loss's first input), [rows, vocab_padded]. */
+const float *mesh__exec_logits(const mesh__exec *ex, int *vocab_padded);
+
 /* The learning rate of a step (1-based) under the plan's schedule. */
 double mesh__exec_lr(const plan *p, long long step);
 

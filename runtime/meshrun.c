@@ -23,11 +23,15 @@
 #include "mesh.h" /* defines: mesh_version */
 #include "bpe.h"  /* defines: mesh__bpe_load, mesh__bpe_encode */
 #include "data.h" /* defines: mesh__shard_write, mesh__tokenize_bytes */
+#include "checkpoint.h" /* defines: mesh__ckpt_save, mesh__ckpt_load */
 #include "exec.h" /* defines: mesh__exec_* */
+#include "init.h" /* defines: mesh__init_key */
+#include "sample.h" /* defines: mesh__sample_next */
 #include "plan.h" /* defines: plan_read, plan_free */
 
 static const char usage_text[] =
     "usage: meshrun [options] FILE.plan\n"
+    "       meshrun sample FILE.plan --checkpoint DIR [--prompt TEXT] [--tokens N]\n"
     "       meshrun tokenize [--bpe DIR] TEXT... -o SHARD.bin [--val VAL.bin]\n"
     "\n"
     "Train the plan compiled by meshc on one CPU rank: the data is the token\n"
@@ -42,7 +46,13 @@ static const char usage_text[] =
     "options:\n"
     "  --data FILE    the token shard to train on\n"
     "  --val FILE     the validation shard (else the plan's train.val_data)\n"
-    "  --steps N      train N steps instead of the plan's train.steps\n"
+    "  --steps N      train N steps instead of the plan's train.steps (the\n"
+    "                 learning-rate schedule stays the plan's)\n"
+    "  --checkpoint DIR  save checkpoints there (every train.checkpoint_every\n"
+    "                 steps and at the end; else the plan's checkpoint_dir)\n"
+    "  --resume       continue from DIR's latest checkpoint\n"
+    "  --prompt TEXT, --tokens N (200), --temperature T (0.8), --seed S (0)\n"
+    "                 what meshrun sample starts from and how it draws\n"
     "  -h, --help     print this help and exit\n"
     "  --version      print the version and exit\n";
 
@@ -90,6 +100,13 @@ typedef struct run_opts {
     const char *data;   /* --data: a token shard, instead of the plan's */
     const char *val;    /* --val: the validation shard, instead of the plan's */
     long long steps;    /* --steps: instead of the plan's (0: the plan's) */
+    const char *ckpt;   /* --checkpoint: the checkpoint folder, instead of the plan's */
+    int resume;         /* --resume: continue from the folder's latest checkpoint */
+    int sample;         /* meshrun sample */
+    const char *prompt; /* --prompt */
+    long long tokens;   /* --tokens: how many to generate */
+    double temperature; /* --temperature */
+    long long seed;     /* --seed */
 } run_opts;
 
 /* The shard to read: the option's file, else the first file matching the
@@ -185,8 +202,22 @@ static int train(const plan *p, const run_opts *o)
     else
         printf("meshrun: training %s on %s (%zu tokens): %lld steps of %d x %d tokens\n",
                p->source ? p->source : "the plan", path, shard.n, steps, global, seq);
+    const char *ckpt = o->ckpt ? o->ckpt : p->checkpoint_dir;
+    long long first = 1, ck_every = s->checkpoint_every;
+    if (rc == 0 && o->resume) {
+        if (!ckpt) {
+            fputs("meshrun: error: --resume needs --checkpoint DIR or the plan's train.checkpoint_dir\n", stderr);
+            rc = 1;
+        } else if (mesh__ckpt_load(ex, ckpt, 1, &first, err, sizeof err) != 0) {
+            fprintf(stderr, "meshrun: error: %s\n", err);
+            rc = 1;
+        } else {
+            printf("meshrun: resumed from %s after step %lld\n", ckpt, first);
+            first++;
+        }
+    }
     double t0 = now_s();
-    for (long long step = 1; rc == 0 && step <= steps; step++) {
+    for (long long step = first; rc == 0 && step <= steps; step++) {
         for (int k = 0; k < m; k++) /* micro-batch k: the k-th slice of the global batch */
             mesh__batch(&shard, step - 1, global, m, k, seq, in + (size_t)k * bt, tg + (size_t)k * bt);
         mesh__step_stats st;
@@ -210,6 +241,15 @@ static int train(const plan *p, const run_opts *o)
             fflush(stdout);
             t0 = now_s();
         }
+        if (ckpt && ((ck_every > 0 && step % ck_every == 0) || step == steps)) {
+            if (mesh__ckpt_save(ex, ckpt, step, err, sizeof err) != 0) {
+                fprintf(stderr, "meshrun: error: step %lld: %s\n", step, err);
+                rc = 1;
+            } else {
+                printf("step %lld/%lld | checkpoint %s/step-%08lld\n", step, steps, ckpt, step);
+            }
+            t0 = now_s();
+        }
     }
     free(in);
     free(tg);
@@ -218,6 +258,55 @@ static int train(const plan *p, const run_opts *o)
     mesh__exec_free(ex);
     free(path);
     free(vpath);
+    return rc;
+}
+
+/* meshrun sample: prints the prompt and what the model writes after it. */
+static int sample(const plan *p, const run_opts *o)
+{
+    char err[512];
+    const char *ckpt = o->ckpt ? o->ckpt : p->checkpoint_dir;
+    if (!ckpt) {
+        fputs("meshrun: error: sample needs --checkpoint DIR (or the plan's train.checkpoint_dir)\n", stderr);
+        return 1;
+    }
+    mesh__exec *ex = mesh__exec_create(p, err, sizeof err);
+    long long step = 0;
+    if (!ex || mesh__ckpt_load(ex, ckpt, 0, &step, err, sizeof err) != 0) {
+        fprintf(stderr, "meshrun: error: %s\n", err);
+        mesh__exec_free(ex);
+        return 1;
+    }
+    const plan_tensor *logits = &p->tensors[p->tensors[p->loss].in[0]];
+    int vocab = p->tensors[p->loss].vocab > 0 ? (int)p->tensors[p->loss].vocab
+                                              : (int)logits->dims[logits->rank - 1];
+    if (vocab != 256) {
+        fprintf(stderr, "meshrun: error: sample reads and writes bytes, so it needs a byte-level model "
+                "(vocabulary 256, not %d)\n", vocab);
+        mesh__exec_free(ex);
+        return 1;
+    }
+    const char *prompt = o->prompt ? o->prompt : "\n";
+    size_t len = strlen(prompt), total = len + (size_t)o->tokens;
+    size_t bt = mesh__exec_batch_tokens(ex);
+    int32_t *ids = malloc((total ? total : 1) * sizeof *ids), *in = malloc(bt * sizeof *in),
+            *tg = malloc(bt * sizeof *tg);
+    int rc = ids && in && tg && len > 0 ? 0 : 1;
+    if (rc) fputs("meshrun: error: out of memory, or an empty prompt\n", stderr);
+    for (size_t k = 0; rc == 0 && k < len; k++) ids[k] = (unsigned char)prompt[k];
+    if (rc == 0) fputs(prompt, stdout);
+    uint64_t key = mesh__init_key((uint64_t)o->seed, "meshrun sample");
+    for (size_t n = len; rc == 0 && n < total; n++) {
+        ids[n] = mesh__sample_next(ex, ids, n, (int)p->setup.seq_len, vocab, o->temperature, key, n,
+                                   in, tg);
+        putchar((char)ids[n]);
+        fflush(stdout);
+    }
+    if (rc == 0) putchar('\n');
+    free(ids);
+    free(in);
+    free(tg);
+    mesh__exec_free(ex);
     return rc;
 }
 
@@ -235,7 +324,7 @@ static int run_plan(const char *path, const run_opts *o)
         fprintf(stderr, "meshrun: error: %s:%s\n", path, err);
         return 1;
     }
-    rc = train(&p, o);
+    rc = o->sample ? sample(&p, o) : train(&p, o);
     plan_free(&p);
     return rc;
 }
@@ -353,33 +442,69 @@ static int tokenize(int argc, char **argv)
     return rc;
 }
 
+/* Reads a number option's value; returns -1 (after the usage error) if bad. */
+static int number(const char *opt, const char *text, double lo, double *out)
+{
+    char *end;
+    *out = strtod(text, &end);
+    if (end == text || *end || !(*out >= lo)) {
+        usage_error(opt, text);
+        return -1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "tokenize") == 0) return tokenize(argc - 2, argv + 2);
     const char *plan_path = NULL;
     int options_done = 0;
-    run_opts opts = {NULL, NULL, 0};
+    run_opts opts = {0};
+    opts.tokens = 200;
+    opts.temperature = 0.8;
+    int first = 1;
+    if (argc >= 2 && strcmp(argv[1], "sample") == 0) opts.sample = 1, first = 2;
 
-    for (int i = 1; i < argc; i++) {
+    for (int i = first; i < argc; i++) {
         const char *arg = argv[i];
         if (!options_done && arg[0] == '-' && arg[1] != '\0') {
+            static const char *const valued[] = {"--data", "--val", "--steps", "--checkpoint", "--prompt",
+                                                 "--tokens", "--temperature", "--seed"};
+            int v = -1;
+            for (int k = 0; k < (int)(sizeof valued / sizeof valued[0]); k++)
+                if (strcmp(arg, valued[k]) == 0) v = k;
+            double x;
+            if (v >= 0 && i + 1 >= argc) return usage_error("this option needs a value:", arg);
+            if (v >= 0) i++;
+            switch (v) {
+            case 0: opts.data = argv[i]; continue;
+            case 1: opts.val = argv[i]; continue;
+            case 2:
+                if (number("--steps needs a positive number, not", argv[i], 1, &x)) return 2;
+                opts.steps = (long long)x;
+                continue;
+            case 3: opts.ckpt = argv[i]; continue;
+            case 4: opts.prompt = argv[i]; continue;
+            case 5:
+                if (number("--tokens needs a number, not", argv[i], 0, &x)) return 2;
+                opts.tokens = (long long)x;
+                continue;
+            case 6:
+                if (number("--temperature needs a number >= 0, not", argv[i], 0, &opts.temperature)) return 2;
+                continue;
+            case 7:
+                if (number("--seed needs a number, not", argv[i], 0, &x)) return 2;
+                opts.seed = (long long)x;
+                continue;
+            default: break;
+            }
             if (strcmp(arg, "--") == 0) {
                 options_done = 1;
+            } else if (strcmp(arg, "--resume") == 0) {
+                opts.resume = 1;
             } else if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
                 fputs(usage_text, stdout);
                 return 0;
-            } else if (strcmp(arg, "--data") == 0 || strcmp(arg, "--steps") == 0
-                       || strcmp(arg, "--val") == 0) {
-                if (i + 1 >= argc) return usage_error("this option needs a value:", arg);
-                if (arg[2] == 'd') {
-                    opts.data = argv[++i];
-                } else if (arg[2] == 'v') {
-                    opts.val = argv[++i];
-                } else {
-                    char *end;
-                    opts.steps = strtoll(argv[++i], &end, 10);
-                    if (*end || opts.steps <= 0) return usage_error("--steps needs a positive number, not", argv[i]);
-                }
             } else if (strcmp(arg, "--version") == 0) {
                 printf("meshrun %s\n", mesh_version());
                 return 0;

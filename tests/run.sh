@@ -276,6 +276,36 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     else
         fail meshrun/train-gpt-tiny-loss-falls "$TMP/train.out"
     fi
+    # a checkpoint at step 10 and a resumed run give step 20 exactly as one
+    # run does (parameters, AdamW state, data position)
+    "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/dd.bin" --steps 20 >"$TMP/straight.out" 2>&1
+    "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/dd.bin" --steps 10 --checkpoint "$TMP/ck" >/dev/null 2>&1
+    "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/dd.bin" --steps 20 --checkpoint "$TMP/ck" --resume >"$TMP/resumed.out" 2>&1
+    if grep -q "^meshrun: resumed from $TMP/ck after step 10$" "$TMP/resumed.out" &&
+        [ -n "$(grep '^step 20/20 | loss' "$TMP/straight.out" | cut -d'|' -f2-4)" ] &&
+        [ "$(grep '^step 20/20 | loss' "$TMP/straight.out" | cut -d'|' -f2-4)" = \
+          "$(grep '^step 20/20 | loss' "$TMP/resumed.out" | cut -d'|' -f2-4)" ]; then
+        pass meshrun/checkpoint-resume-same-loss
+    else
+        cat "$TMP/straight.out" "$TMP/resumed.out" >"$TMP/detail"
+        fail meshrun/checkpoint-resume-same-loss "$TMP/detail"
+    fi
+    capture "$TMP/sample.out" "$MESHRUN" sample "$TMP/tiny.plan" --checkpoint "$TMP/ck" --prompt "WAR, n." --tokens 40
+    if [ "$(head -c 7 "$TMP/sample.out")" = "WAR, n." ] && [ "$(head -n -1 "$TMP/sample.out" | wc -c)" -eq 48 ] &&
+        [ "$(tail -n 1 "$TMP/sample.out")" = "exit: 0" ]; then
+        pass meshrun/sample
+    else
+        fail meshrun/sample "$TMP/sample.out"
+    fi
+    head -c 1000 "$TMP/ck/step-00000020/model.safetensors" >"$TMP/cut.safetensors"
+    mv "$TMP/cut.safetensors" "$TMP/ck/step-00000020/model.safetensors"
+    capture "$TMP/cut.out" "$MESHRUN" sample "$TMP/tiny.plan" --checkpoint "$TMP/ck"
+    if grep -q "^meshrun: error: $TMP/ck/step-00000020/model.safetensors: not a valid checkpoint file: " "$TMP/cut.out" &&
+        [ "$(tail -n 1 "$TMP/cut.out")" = "exit: 1" ]; then
+        pass meshrun/checkpoint-truncated
+    else
+        fail meshrun/checkpoint-truncated "$TMP/cut.out"
+    fi
     "$MESHC" -o "$TMP/dp2.plan" --set mesh.dp=2 examples/gpt-tiny.mesh >/dev/null 2>&1
     expect meshrun/multi-rank-not-yet "meshrun: error: examples/gpt-tiny.mesh: this runtime runs one-rank plans so far (mesh 1x1x1x1)
 exit: 1" "$MESHRUN" "$TMP/dp2.plan" --data "$TMP/dd.bin"
@@ -341,6 +371,9 @@ tokenize_section() {
     size=$(wc -c <examples/data/devils-dictionary.txt)
     expect tokenize/bytes "meshrun: $TMP/bytes.bin: $size tokens (byte-level, vocabulary 256)
 exit: 0" "$MESHRUN" tokenize examples/data/devils-dictionary.txt -o "$TMP/bytes.bin"
+    expect tokenize/val-split "meshrun: $TMP/train.bin: $((size - size / 20)) tokens (byte-level, vocabulary 256)
+meshrun: $TMP/val.bin: $((size / 20)) tokens (the last 5%, for validation)
+exit: 0" "$MESHRUN" tokenize examples/data/devils-dictionary.txt -o "$TMP/train.bin" --val "$TMP/val.bin"
     if ! dir=$(gpt2_files); then
         echo "SKIP tokenize/gpt2-* (cannot fetch $GPT2_URL; set MESH_GPT2_BPE=DIR with encoder.json and vocab.bpe)"
         return

@@ -1,0 +1,431 @@
+/* checkpoint.c — checkpoints as safetensors files (checkpoint.h). */
+#include "checkpoint.h"
+
+#include <errno.h>    /* errno */
+#include <stdarg.h>   /* va_list */
+#include <stdint.h>   /* uint64_t */
+#include <stdio.h>    /* FILE, snprintf, rename */
+#include <stdlib.h>   /* malloc, free, strtoll */
+#include <string.h>   /* strcmp, strerror */
+#include <sys/stat.h> /* mkdir */
+#include <unistd.h>   /* fsync, unlink, rmdir */
+
+static void set_err(char *err, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (err && n) vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+}
+
+/* out = a/b; a path too long is cut (and then fails to open, by name). */
+static void join(char *out, size_t cap, const char *a, const char *b)
+{
+    if (snprintf(out, cap, "%s/%s", a, b) >= (int)cap) out[cap - 1] = '\0';
+}
+
+/* ---- writing ------------------------------------------------------------ */
+
+/* One tensor of a file being written. */
+typedef struct st_item {
+    const char *name, *suffix; /* name + suffix is the key */
+    const int64_t *dims;
+    int rank;
+    const float *data;
+    size_t n;
+} st_item;
+
+static int fsync_path(const char *path)
+{
+    int rc = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    rc = fsync(fileno(f));
+    fclose(f);
+    return rc;
+}
+
+/* Writes items as a safetensors file with the given metadata JSON object
+ * body (may be ""), and flushes it to disk. */
+static int write_st(const char *path, const st_item *items, int count, const char *meta, char *err,
+                    size_t errn)
+{
+    char *head = NULL;
+    size_t head_len = 0;
+    FILE *h = open_memstream(&head, &head_len);
+    if (!h) { set_err(err, errn, "out of memory"); return -1; }
+    fprintf(h, "{\"__metadata__\":{%s}", meta);
+    uint64_t off = 0;
+    for (int k = 0; k < count; k++) {
+        fprintf(h, ",\"%s%s\":{\"dtype\":\"F32\",\"shape\":[", items[k].name, items[k].suffix);
+        for (int d = 0; d < items[k].rank; d++) fprintf(h, "%s%lld", d ? "," : "", (long long)items[k].dims[d]);
+        uint64_t end = off + items[k].n * sizeof(float);
+        fprintf(h, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off, (unsigned long long)end);
+        off = end;
+    }
+    fputc('}', h);
+    while ((ftell(h) % 8) != 0) fputc(' ', h);
+    fclose(h);
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        set_err(err, errn, "cannot write '%s': %s", path, strerror(errno));
+        free(head);
+        return -1;
+    }
+    unsigned char len8[8];
+    for (int b = 0; b < 8; b++) len8[b] = (unsigned char)((uint64_t)head_len >> (8 * b));
+    int bad = fwrite(len8, 1, 8, f) != 8 || fwrite(head, 1, head_len, f) != head_len;
+    for (int k = 0; !bad && k < count; k++)
+        bad = fwrite(items[k].data, sizeof(float), items[k].n, f) != items[k].n;
+    free(head);
+    bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
+    bad |= fclose(f) != 0;
+    if (bad) set_err(err, errn, "cannot write '%s': %s", path, strerror(errno));
+    return bad ? -1 : 0;
+}
+
+/* Removes a folder's two files and the folder (for replacing one). */
+static void remove_step_dir(const char *dir)
+{
+    char p[4096];
+    join(p, sizeof p, dir, "model.safetensors");
+    unlink(p);
+    join(p, sizeof p, dir, "optim.safetensors");
+    unlink(p);
+    rmdir(dir);
+}
+
+int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, char *err, size_t errn)
+{
+    int count = 0;
+    const char *name;
+    size_t n;
+    float *w, *g, *m, *v;
+    while (mesh__exec_param(ex, count, &name, &n, &w, &g) == 0) count++;
+    st_item *model = calloc((size_t)count + 1, sizeof *model);
+    st_item *optim = calloc(2 * (size_t)count + 1, sizeof *optim);
+    char tmp[4096], final[4096], path[4096], meta[128];
+    int rc = -1;
+    if (!model || !optim) { set_err(err, errn, "out of memory"); goto out; }
+    for (int k = 0; k < count; k++) {
+        mesh__exec_param(ex, k, &name, &n, &w, &g);
+        mesh__exec_moments(ex, k, &m, &v);
+        st_item it = {name, "", NULL, 0, w, n};
+        mesh__exec_param_dims(ex, k, &it.dims, &it.rank);
+        model[k] = it;
+        optim[2 * k] = it;
+        optim[2 * k].suffix = ".m";
+        optim[2 * k].data = m;
+        optim[2 * k + 1] = it;
+        optim[2 * k + 1].suffix = ".v";
+        optim[2 * k + 1].data = v;
+    }
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+        set_err(err, errn, "cannot make the checkpoint folder '%s': %s", dir, strerror(errno));
+        goto out;
+    }
+    snprintf(tmp, sizeof tmp, "%s/.step-%08lld.tmp", dir, step);
+    snprintf(final, sizeof final, "%s/step-%08lld", dir, step);
+    remove_step_dir(tmp);
+    if (mkdir(tmp, 0777) != 0) {
+        set_err(err, errn, "cannot make '%s': %s", tmp, strerror(errno));
+        goto out;
+    }
+    snprintf(meta, sizeof meta, "\"format\":\"mesh\",\"step\":\"%lld\",\"adam_steps\":\"%lld\"", step,
+             *mesh__exec_adam_steps(ex));
+    join(path, sizeof path, tmp, "model.safetensors");
+    if (write_st(path, model, count, "\"format\":\"mesh\"", err, errn) != 0) goto out;
+    join(path, sizeof path, tmp, "optim.safetensors");
+    if (write_st(path, optim, 2 * count, meta, err, errn) != 0) goto out;
+    fsync_path(tmp);
+    remove_step_dir(final); /* the same step saved again */
+    if (rename(tmp, final) != 0) {
+        set_err(err, errn, "cannot rename '%s' to '%s': %s", tmp, final, strerror(errno));
+        goto out;
+    }
+    join(path, sizeof path, dir, ".latest.tmp");
+    FILE *f = fopen(path, "w");
+    int bad = !f || fprintf(f, "step-%08lld\n", step) < 0 || fflush(f) != 0 || fsync(fileno(f)) != 0;
+    if (f) bad |= fclose(f) != 0;
+    join(tmp, sizeof tmp, dir, "latest");
+    if (bad || rename(path, tmp) != 0) {
+        set_err(err, errn, "cannot write '%s': %s", tmp, strerror(errno));
+        goto out;
+    }
+    fsync_path(dir);
+    rc = 0;
+out:
+    free(model);
+    free(optim);
+    return rc;
+}
+
+/* ---- reading ------------------------------------------------------------ */
+
+typedef struct st_entry {
+    char name[256];
+    int f32;
+    uint64_t numel, begin, end;
+} st_entry;
+
+typedef struct st_file {
+    const char *path;
+    unsigned char *bytes;
+    size_t size, data;        /* data: where the tensors start (8 + N) */
+    st_entry *e;
+    int n, cap;
+    long long step, adam_steps;
+    size_t i;                 /* parse position */
+    char *err;
+    size_t errn;
+} st_file;
+
+static int bad(st_file *f, const char *why)
+{
+    set_err(f->err, f->errn, "%s: not a valid checkpoint file: %s (header byte %zu)", f->path, why,
+            f->i > 8 ? f->i - 8 : 0);
+    return -1;
+}
+
+static void ws(st_file *f)
+{
+    while (f->i < f->data && strchr(" \t\r\n", f->bytes[f->i]) && f->bytes[f->i]) f->i++;
+}
+
+static int lit(st_file *f, char c)
+{
+    ws(f);
+    if (f->i < f->data && f->bytes[f->i] == c) { f->i++; return 0; }
+    return -1;
+}
+
+/* A JSON string (ASCII escapes only) into out[cap]. */
+static int str(st_file *f, char *out, size_t cap)
+{
+    size_t n = 0;
+    if (lit(f, '"') != 0) return bad(f, "expected a string");
+    while (f->i < f->data && f->bytes[f->i] != '"') {
+        char c = (char)f->bytes[f->i++];
+        if (c == '\\') {
+            if (f->i >= f->data) break;
+            c = (char)f->bytes[f->i++];
+            if (c == 'n') c = '\n';
+            else if (c == 't') c = '\t';
+            else if (c != '"' && c != '\\' && c != '/') return bad(f, "unsupported escape in a string");
+        }
+        if (n + 1 >= cap) return bad(f, "string too long");
+        out[n++] = c;
+    }
+    if (f->i >= f->data) return bad(f, "unterminated string");
+    f->i++;
+    out[n] = '\0';
+    return 0;
+}
+
+static int num(st_file *f, uint64_t *v)
+{
+    ws(f);
+    size_t start = f->i;
+    *v = 0;
+    while (f->i < f->data && f->bytes[f->i] >= '0' && f->bytes[f->i] <= '9' && *v < (1ull << 60))
+        *v = *v * 10 + (uint64_t)(f->bytes[f->i++] - '0');
+    return f->i > start ? 0 : bad(f, "expected a number");
+}
+
+/* [n, n, ...]: the product into *prod, or the two values into pair. */
+static int array(st_file *f, uint64_t *prod, uint64_t pair[2])
+{
+    if (lit(f, '[') != 0) return bad(f, "expected '['");
+    int k = 0;
+    *prod = 1;
+    if (lit(f, ']') == 0) return pair ? bad(f, "data_offsets needs two numbers") : 0;
+    do {
+        uint64_t v;
+        if (num(f, &v) != 0) return -1;
+        if (pair && k < 2) pair[k] = v;
+        if (v && *prod > (1ull << 62) / v) return bad(f, "shape too large");
+        *prod *= v;
+        k++;
+    } while (lit(f, ',') == 0);
+    if (lit(f, ']') != 0) return bad(f, "expected ']'");
+    return pair && k != 2 ? bad(f, "data_offsets needs two numbers") : 0;
+}
+
+static int metadata(st_file *f)
+{
+    char key[64], val[64];
+    if (lit(f, '{') != 0) return bad(f, "expected '{'");
+    if (lit(f, '}') == 0) return 0;
+    do {
+        if (str(f, key, sizeof key) != 0 || lit(f, ':') != 0 || str(f, val, sizeof val) != 0)
+            return bad(f, "bad __metadata__");
+        if (strcmp(key, "step") == 0) f->step = strtoll(val, NULL, 10);
+        if (strcmp(key, "adam_steps") == 0) f->adam_steps = strtoll(val, NULL, 10);
+    } while (lit(f, ',') == 0);
+    return lit(f, '}') == 0 ? 0 : bad(f, "expected '}'");
+}
+
+static int entry(st_file *f, st_entry *e)
+{
+    char key[32], dtype[16] = "";
+    uint64_t off[2] = {0, 0}, dummy;
+    int have = 0;
+    if (lit(f, '{') != 0) return bad(f, "expected '{'");
+    do {
+        if (str(f, key, sizeof key) != 0 || lit(f, ':') != 0) return -1;
+        if (strcmp(key, "dtype") == 0) {
+            if (str(f, dtype, sizeof dtype) != 0) return -1;
+            have |= 1;
+        } else if (strcmp(key, "shape") == 0) {
+            if (array(f, &e->numel, NULL) != 0) return -1;
+            have |= 2;
+        } else if (strcmp(key, "data_offsets") == 0) {
+            if (array(f, &dummy, off) != 0) return -1;
+            have |= 4;
+        } else {
+            return bad(f, "unknown key in a tensor entry");
+        }
+    } while (lit(f, ',') == 0);
+    if (lit(f, '}') != 0) return bad(f, "expected '}'");
+    if (have != 7) return bad(f, "a tensor entry needs dtype, shape and data_offsets");
+    e->f32 = strcmp(dtype, "F32") == 0;
+    e->begin = off[0];
+    e->end = off[1];
+    if (e->end < e->begin || e->end - e->begin != e->numel * (e->f32 ? 4 : 0) || e->end > f->size - f->data)
+        return bad(f, "a tensor's data_offsets do not match its shape and the file's size");
+    return 0;
+}
+
+static int parse(st_file *f)
+{
+    if (f->size < 8) return bad(f, "shorter than the 8-byte header length");
+    uint64_t n = 0;
+    for (int b = 7; b >= 0; b--) n = n << 8 | f->bytes[b];
+    if (n > 100000000ull || n > f->size - 8) return bad(f, "the header length is past the end (truncated?)");
+    f->data = 8 + (size_t)n;
+    f->i = 8;
+    if (lit(f, '{') != 0) return bad(f, "expected '{'");
+    if (lit(f, '}') == 0) return 0;
+    do {
+        char name[256];
+        if (str(f, name, sizeof name) != 0 || lit(f, ':') != 0) return -1;
+        if (strcmp(name, "__metadata__") == 0) {
+            if (metadata(f) != 0) return -1;
+            continue;
+        }
+        if (f->n == f->cap) {
+            int cap = f->cap ? 2 * f->cap : 64;
+            st_entry *e = realloc(f->e, (size_t)cap * sizeof *e);
+            if (!e) return bad(f, "out of memory");
+            f->e = e;
+            f->cap = cap;
+        }
+        st_entry *e = &f->e[f->n++];
+        snprintf(e->name, sizeof e->name, "%s", name);
+        if (entry(f, e) != 0) return -1;
+    } while (lit(f, ',') == 0);
+    return lit(f, '}') == 0 ? 0 : bad(f, "expected '}'");
+}
+
+static int open_st(st_file *f, const char *path, char *err, size_t errn)
+{
+    memset(f, 0, sizeof *f);
+    f->path = path;
+    f->err = err;
+    f->errn = errn;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        set_err(err, errn, "cannot open '%s': %s", path, strerror(errno));
+        return -1;
+    }
+    fseek(fp, 0, SEEK_END);
+    long size = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    f->bytes = size > 0 ? malloc((size_t)size) : NULL;
+    f->size = size > 0 ? (size_t)size : 0;
+    int rd = f->bytes && fread(f->bytes, 1, f->size, fp) == f->size;
+    fclose(fp);
+    if (!rd) {
+        set_err(err, errn, "cannot read '%s'", path);
+        free(f->bytes);
+        f->bytes = NULL;
+        return -1;
+    }
+    if (parse(f) != 0) {
+        free(f->bytes);
+        free(f->e);
+        f->bytes = NULL;
+        f->e = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* Copies tensor name+suffix into dst[n]; reports a missing or mis-sized one. */
+static int take(st_file *f, const char *name, const char *suffix, float *dst, size_t n)
+{
+    char key[300];
+    snprintf(key, sizeof key, "%s%s", name, suffix);
+    for (int k = 0; k < f->n; k++) {
+        if (strcmp(f->e[k].name, key) != 0) continue;
+        if (!f->e[k].f32 || f->e[k].numel != n) {
+            set_err(f->err, f->errn, "%s: tensor '%s' is not F32 with %zu elements as this model's is",
+                    f->path, key, n);
+            return -1;
+        }
+        memcpy(dst, f->bytes + f->data + f->e[k].begin, n * sizeof(float));
+        return 0;
+    }
+    set_err(f->err, f->errn, "%s: no tensor '%s' (a checkpoint of another model?)", f->path, key);
+    return -1;
+}
+
+int mesh__ckpt_load(mesh__exec *ex, const char *path, int optim, long long *step, char *err,
+                    size_t errn)
+{
+    char dir[4096], file[4200];
+    join(file, sizeof file, path, "latest");
+    FILE *lf = fopen(file, "r");
+    snprintf(dir, sizeof dir, "%s", path);
+    if (lf) { /* a checkpoint folder: follow latest */
+        char name[256] = "";
+        if (!fgets(name, sizeof name, lf)) name[0] = '\0';
+        fclose(lf);
+        name[strcspn(name, "\n")] = '\0';
+        if (!name[0] || strchr(name, '/')) {
+            set_err(err, errn, "%s: does not name a step folder", file);
+            return -1;
+        }
+        join(dir, sizeof dir, path, name);
+    }
+    st_file model, opt;
+    join(file, sizeof file, dir, "model.safetensors");
+    if (open_st(&model, file, err, errn) != 0) return -1;
+    char optfile[4200];
+    join(optfile, sizeof optfile, dir, "optim.safetensors");
+    int rc = optim ? open_st(&opt, optfile, err, errn) : 0;
+    const char *name;
+    size_t n;
+    float *w, *g, *m, *v;
+    for (int k = 0; rc == 0 && mesh__exec_param(ex, k, &name, &n, &w, &g) == 0; k++) {
+        rc = take(&model, name, "", w, n);
+        if (rc == 0 && optim) {
+            mesh__exec_moments(ex, k, &m, &v);
+            rc = take(&opt, name, ".m", m, n);
+            if (rc == 0) rc = take(&opt, name, ".v", v, n);
+        }
+    }
+    if (rc == 0 && optim) {
+        *mesh__exec_adam_steps(ex) = opt.adam_steps;
+        *step = opt.step;
+    } else if (rc == 0) {
+        *step = 0;
+    }
+    free(model.bytes);
+    free(model.e);
+    if (optim && opt.bytes) {
+        free(opt.bytes);
+        free(opt.e);
+    }
+    return rc;
+}

@@ -1,0 +1,33 @@
+/* checkpoint.h — saving and restoring training state (internal to libmesh).
+ *
+ * A checkpoint is a folder DIR/step-NNNNNNNN holding two safetensors files
+ * (8-byte little-endian header length, a JSON header, then the data):
+ *   model.safetensors  every parameter, F32, by its global name
+ *                      ("h.3.gpt2_block.w_qkv"), with its global shape;
+ *   optim.safetensors  AdamW's moments "NAME.m" and "NAME.v", and in
+ *                      __metadata__ the step and AdamW's step count.
+ * DIR/latest names the newest folder. A save writes a hidden temporary
+ * folder, flushes it to disk, renames it into place and then rewrites
+ * `latest` through a renamed temporary file, so a crash at any point
+ * leaves the previous checkpoint whole and `latest` pointing at it.
+ */
+#ifndef MESH_CHECKPOINT_H
+#define MESH_CHECKPOINT_H
+
+#include <stddef.h> /* size_t */
+
+#include "exec.h" /* mesh__exec */
+
+/* Saves the executor's parameters and optimizer state after `step` steps.
+ * Returns 0, or -1 with a message in err. */
+int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, char *err, size_t n);
+
+/* Loads a checkpoint into the executor: `path` is a step folder, or a
+ * checkpoint folder whose `latest` names one. With optim 0 only the
+ * parameters are read (sampling). Sets *step. Returns 0, or -1 with a
+ * message naming the file (a missing or mis-shaped tensor, a truncated or
+ * corrupted file). */
+int mesh__ckpt_load(mesh__exec *ex, const char *path, int optim, long long *step, char *err,
+                    size_t n);
+
+#endif

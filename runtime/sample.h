@@ -1,0 +1,25 @@
+/* sample.h — generating tokens from a model (internal to libmesh).
+ *
+ * The plan's shapes are fixed ([micro_batch, seq_len] tokens), so a step
+ * runs the forward on the last seq_len tokens in row 0 of the batch (the
+ * other rows and the positions after the text are padding, which causal
+ * attention never lets the text see) and samples the next token from the
+ * logits at the text's last position.
+ */
+#ifndef MESH_SAMPLE_H
+#define MESH_SAMPLE_H
+
+#include <stddef.h> /* size_t */
+#include <stdint.h> /* int32_t, uint64_t */
+
+#include "exec.h" /* mesh__exec */
+
+/* The next token after ids[0..n) (n >= 1): softmax of the logits divided
+ * by temperature (0: the most likely token), restricted to the `vocab`
+ * real ids, drawn with a Philox uniform for (key, counter). in and tg
+ * hold mesh__exec_batch_tokens(ex) ids of scratch each. */
+int32_t mesh__sample_next(mesh__exec *ex, const int32_t *ids, size_t n, int seq, int vocab,
+                          double temperature, uint64_t key, uint64_t counter, int32_t *in,
+                          int32_t *tg);
+
+#endif
