@@ -13,7 +13,7 @@
 #                        are install-runtime (libmesh, mesh.h, mesh.pc,
 #                        meshrun) and install-compiler (meshc, lang/std)
 #   make deps            install the Debian packages the build needs (root)
-#   make demo            deps, build, then meshc on every example
+#   make demo            deps, build, meshc on every example, train gpt-tiny, sample
 #   make clean           remove build*/
 
 # ---- Settings -----------------------------------------------------------
@@ -329,7 +329,8 @@ install-compiler: $(BUILD)/meshc
 deps:
 	.ci/deps.sh
 
-# `make demo` on a fresh machine: packages, build, then every example.
+# `make demo` on a fresh machine: packages, build, every example, then
+# train gpt-tiny on the shipped corpus and sample from it.
 demo: deps
 	$(MAKE) all
 	@n=0; bad=0; for f in examples/*.mesh; do \
@@ -337,7 +338,11 @@ demo: deps
 	  echo "== $(BUILD)/meshc $$f"; \
 	  $(BUILD)/meshc "$$f" || bad=$$((bad + 1)); \
 	done; \
-	echo "demo: $$n examples, $$bad failed"; [ $$bad -eq 0 ] && [ $$n -gt 0 ]
+	echo "demo: $$n examples compiled, $$bad failed"; [ $$bad -eq 0 ] && [ $$n -gt 0 ]
+	@mkdir -p $(BUILD)/data
+	$(BUILD)/meshrun tokenize examples/data/devils-dictionary.txt -o $(BUILD)/data/devil.bin --val $(BUILD)/data/devil-val.bin
+	$(BUILD)/meshrun examples/gpt-tiny.plan --data $(BUILD)/data/devil.bin --val $(BUILD)/data/devil-val.bin --checkpoint $(BUILD)/gpt-tiny-ckpt
+	$(BUILD)/meshrun sample examples/gpt-tiny.plan --checkpoint $(BUILD)/gpt-tiny-ckpt --prompt "MONEY, n. " --tokens 300
 
 clean:
 	rm -rf build build-*/
