@@ -84,6 +84,23 @@ static int write_st(const char *path, const st_item *items, int count, const cha
     return bad ? -1 : 0;
 }
 
+/* mkdir -p: makes dir and the folders above it that are missing. */
+static int make_dirs(const char *dir)
+{
+    char p[4096];
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = '\0';
+        if (mkdir(p, 0777) != 0 && errno != EEXIST) return -1;
+        *s = '/';
+    }
+    return mkdir(p, 0777) != 0 && errno != EEXIST ? -1 : 0;
+}
+
 /* Removes a folder's two files and the folder (for replacing one). */
 static void remove_step_dir(const char *dir)
 {
@@ -120,7 +137,7 @@ int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, char *err, 
         optim[2 * k + 1].suffix = ".v";
         optim[2 * k + 1].data = v;
     }
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+    if (make_dirs(dir) != 0) {
         set_err(err, errn, "cannot make the checkpoint folder '%s': %s", dir, strerror(errno));
         goto out;
     }

@@ -142,7 +142,16 @@ static void forward_node(mesh__exec *ex, int id, int it)
     case G_ATTENTION: {
         int B, T, H, KV, d;
         attn_dims(t, &B, &T, &H, &KV, &d);
-        kcpu_attention_qkv_forward(OUT, AUX, IN(0), B, T, H, KV, d, t->causal);
+        if (t->n_in == 1) /* packed [q | k | v] */
+            kcpu_attention_qkv_forward(OUT, AUX, IN(0), B, T, H, KV, d, t->causal);
+        else
+            kcpu_attention_forward(OUT, AUX, IN(0), IN(1), IN(2), B, T, H, KV, d, t->causal);
+        break;
+    }
+    case G_ROPE: {
+        int B, T, H, KV, d;
+        attn_dims(t, &B, &T, &H, &KV, &d);
+        kcpu_rope_forward(OUT, IN(0), B, T, H, d, (float)t->theta, 0);
         break;
     }
     case G_GELU: kcpu_gelu_forward(OUT, IN(0), n); break;
@@ -197,7 +206,17 @@ static void backward_node(mesh__exec *ex, int id, int it)
     case G_ATTENTION: {
         int B, T, H, KV, d;
         attn_dims(t, &B, &T, &H, &KV, &d);
-        kcpu_attention_qkv_backward(DIN(0), DOUT, OUT, AUX, IN(0), B, T, H, KV, d, t->causal);
+        if (t->n_in == 1)
+            kcpu_attention_qkv_backward(DIN(0), DOUT, OUT, AUX, IN(0), B, T, H, KV, d, t->causal);
+        else
+            kcpu_attention_backward(DIN(0), DIN(1), DIN(2), DOUT, OUT, AUX, IN(0), IN(1), IN(2), B, T,
+                                    H, KV, d, t->causal);
+        break;
+    }
+    case G_ROPE: {
+        int B, T, H, KV, d;
+        attn_dims(t, &B, &T, &H, &KV, &d);
+        kcpu_rope_backward(DIN(0), DOUT, B, T, H, d, (float)t->theta, 0);
         break;
     }
     case G_GELU: kcpu_gelu_backward(DIN(0), IN(0), DOUT, n); break;
@@ -364,8 +383,8 @@ static const char *refusal(const plan *p, char *buf, size_t n)
         const plan_tensor *t = &p->tensors[id];
         int ok = 1;
         switch (t->op) {
-        case G_SUB: case G_MUL: case G_SCALE: case G_MOE: case G_ROPE: ok = 0; break;
-        case G_ATTENTION: ok = t->n_in == 1; break; /* packed qkv */
+        case G_SUB: case G_MUL: case G_SCALE: case G_MOE: ok = 0; break;
+        case G_ATTENTION: ok = t->n_in == 1 || t->n_in == 3; break; /* packed qkv, or q, k, v */
         case G_TRANSPOSE:
             for (int c = id + 1; c < p->n_tensors; c++)
                 for (int k = 0; k < p->tensors[c].n_in; k++)

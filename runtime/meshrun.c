@@ -204,6 +204,9 @@ static int train(const plan *p, const run_opts *o)
                p->source ? p->source : "the plan", path, shard.n, steps, global, seq);
     const char *ckpt = o->ckpt ? o->ckpt : p->checkpoint_dir;
     long long first = 1, ck_every = s->checkpoint_every;
+    if (rc == 0 && s->precision != 0)
+        printf("meshrun: note: the plan asks for %s; this CPU runtime computes in fp32\n",
+               s->precision == 1 ? "bf16" : "fp16");
     if (rc == 0 && o->resume) {
         if (!ckpt) {
             fputs("meshrun: error: --resume needs --checkpoint DIR or the plan's train.checkpoint_dir\n", stderr);

@@ -276,6 +276,25 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     else
         fail meshrun/train-gpt-tiny-loss-falls "$TMP/train.out"
     fi
+    # examples/llama.mesh in a small size on one rank: rmsnorm, rope,
+    # grouped-query attention, SwiGLU; the loss falls
+    "$MESHC" -o "$TMP/llama.plan" examples/llama.mesh --set model.dim=64 --set model.layers=2 \
+        --set model.heads=4 --set model.kv_heads=2 --set model.ffn_dim=192 --set model.vocab=256 \
+        --set mesh.dp=1 --set mesh.tp=1 --set mesh.pp=1 --set train.schedule=1f1b \
+        --set train.virtual_stages=1 --set train.global_batch=8 --set train.seq_len=64 \
+        --set 'train.lr_schedule=cosine(warmup: 10, min_lr: 1e-4)' --set 'train.optimizer=adamw(lr: 3e-3)' \
+        --set train.steps=60 >/dev/null 2>&1
+    capture "$TMP/llama.out" "$MESHRUN" "$TMP/llama.plan" --data "$TMP/dd.bin" --val "$TMP/dd.bin" \
+        --checkpoint "$TMP/llama-ck"
+    if awk -F'|' '/^step 1\/60 \| loss/{split($2, a, " "); first = a[2]}
+                  /^step 60\/60 \| loss/{split($2, a, " "); last = a[2]}
+                  END {exit !(first > 5.0 && last < 3.5)}' "$TMP/llama.out" &&
+        grep -q "^meshrun: note: the plan asks for bf16; this CPU runtime computes in fp32$" "$TMP/llama.out" &&
+        [ "$(tail -n 1 "$TMP/llama.out")" = "exit: 0" ]; then
+        pass meshrun/train-llama-small-loss-falls
+    else
+        fail meshrun/train-llama-small-loss-falls "$TMP/llama.out"
+    fi
     # a checkpoint at step 10 and a resumed run give step 20 exactly as one
     # run does (parameters, AdamW state, data position)
     "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/dd.bin" --steps 20 >"$TMP/straight.out" 2>&1
