@@ -117,6 +117,73 @@ mesh_status mesh_compile(const char *name, const char *source, size_t len,
 /* Frees memory that libmesh returned to the caller (NULL does nothing). */
 void mesh_free(void *p);
 
+/* The message of the last call that failed in this thread (a file name, a
+ * line, what was wrong), or "" when none has. Valid until the thread's next
+ * failing call. */
+const char *mesh_last_error(void);
+
+/* ---- Plans and contexts -------------------------------------------------- */
+
+/* A plan, loaded and checked (every field, the format version). */
+typedef struct mesh_plan mesh_plan;
+
+/* One rank's execution of a plan: its parameters, gradients, optimizer
+ * state and activations. Today a context runs plans of one rank (mesh
+ * 1x1x1x1) on the CPU; mesh_context_create refuses others with
+ * MESH_ERR_UNSUPPORTED and says why. A context is used by one thread at a
+ * time. */
+typedef struct mesh_context mesh_context;
+
+/* Loads a plan file written by meshc (or mesh_compile's text). */
+mesh_status mesh_plan_load(const char *path, mesh_plan **out);
+mesh_status mesh_plan_from_memory(const char *text, size_t len, mesh_plan **out);
+void mesh_plan_free(mesh_plan *plan);
+
+/* The batch a step takes: micro_batches micro-batches of micro_batch
+ * sequences of seq_len tokens, each a token id below vocab. Any pointer
+ * may be NULL. */
+mesh_status mesh_plan_batch(const mesh_plan *plan, int *micro_batch, int *micro_batches,
+                            int *seq_len, int *vocab);
+
+/* Creates rank `rank`'s context and initialises the parameters from the
+ * plan's seed (the same values on any mesh). The plan must outlive it. */
+mesh_status mesh_context_create(const mesh_plan *plan, int rank, mesh_context **out);
+void mesh_context_free(mesh_context *ctx);
+
+/* What a training step reports. */
+typedef struct mesh_step_stats {
+    double loss;      /* mean over the step's micro-batches */
+    double grad_norm; /* global norm before clipping */
+    double lr;        /* the learning rate used */
+    long long step;   /* steps taken, this one included */
+} mesh_step_stats;
+
+/* One training step: micro_batches x micro_batch x seq_len input ids and
+ * as many target ids (mesh_plan_batch), gradients accumulated over the
+ * micro-batches, clipped, one AdamW step at the plan's schedule. A loss or
+ * gradient that is not finite leaves the parameters unchanged and returns
+ * MESH_ERR_CHECK. stats may be NULL. */
+mesh_status mesh_train_step(mesh_context *ctx, const int *inputs, const int *targets,
+                            mesh_step_stats *stats);
+
+/* Forward only, one micro-batch (micro_batch x seq_len ids): the mean
+ * loss, and when logits is not NULL the logits, micro_batch x seq_len rows
+ * of vocab floats (the padded columns left out), written to logits[0..n). */
+mesh_status mesh_forward(mesh_context *ctx, const int *inputs, const int *targets, double *loss,
+                         float *logits, size_t n);
+
+/* Parameters by global name ("wte", "h.3.gpt2_block.w_qkv"): n must be the
+ * parameter's element count (mesh_param_info). */
+mesh_status mesh_param_info(const mesh_context *ctx, int index, const char **name, size_t *n);
+mesh_status mesh_param_read(mesh_context *ctx, const char *name, float *out, size_t n);
+mesh_status mesh_param_write(mesh_context *ctx, const char *name, const float *in, size_t n);
+
+/* Checkpoints (docs/runtime.md): save writes DIR/step-N atomically and
+ * points DIR/latest at it; load reads a step folder, or DIR's latest,
+ * with the optimizer state and the step count. */
+mesh_status mesh_checkpoint_save(mesh_context *ctx, const char *dir);
+mesh_status mesh_checkpoint_load(mesh_context *ctx, const char *path);
+
 #ifdef __cplusplus
 }
 #endif

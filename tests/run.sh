@@ -470,6 +470,17 @@ CPROG
     else
         fail install/pkg-config-program "$log"
     fi
+    # examples/embed: a C program that trains through the installed libmesh
+    "$MESHC" -o "$TMP/embed.plan" examples/gpt-tiny.mesh >/dev/null 2>&1
+    if cc -std=c11 -Wall -Werror -Wl,-rpath,"$prefix/lib" -o "$TMP/embed" examples/embed/embed.c \
+        $(PKG_CONFIG_PATH=$prefix/lib/pkgconfig pkg-config --cflags --libs mesh) >"$log" 2>&1 &&
+        "$TMP/embed" "$TMP/embed.plan" examples/data/devils-dictionary.txt 30 "$TMP/embed-ck" >>"$log" 2>&1 &&
+        awk '/^step 1 loss/{first = $4} /^step 30 loss/{last = $4} END {exit !(first > 5.0 && last < 4.0)}' "$log" &&
+        [ -s "$TMP/embed-ck/latest" ]; then
+        pass install/embed-example-trains
+    else
+        fail install/embed-example-trains "$log"
+    fi
 }
 
 unit_section

@@ -150,3 +150,54 @@ TEST_IMPL(exec_training_lowers_the_loss)
     check_training(tiny_src);
     check_training(llama_src);
 }
+
+TEST_IMPL(api_context_errors_are_clear)
+{
+    mesh_plan *mp = NULL;
+    ASSERT_INT_EQ(mesh_plan_load("/nonexistent/x.plan", &mp), MESH_ERR_IO);
+    ASSERT_NOT_NULL(strstr(mesh_last_error(), "cannot open '/nonexistent/x.plan'"));
+    ASSERT_INT_EQ(mesh_plan_from_memory("magic: mesh-plan\n", 17, &mp), MESH_ERR_PARSE);
+    char *text = NULL;
+    size_t len = 0;
+    ASSERT_INT_EQ(mesh_compile("tiny.mesh", tiny_src, strlen(tiny_src), NULL, &text, &len), MESH_OK);
+    ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
+    mesh_free(text);
+    int mb, m, seq, vocab;
+    ASSERT_INT_EQ(mesh_plan_batch(mp, &mb, &m, &seq, &vocab), MESH_OK);
+    ASSERT_INT_EQ(mb * 100 + m * 10 + seq, 2 * 100 + 2 * 10 + 8);
+    ASSERT_INT_EQ(vocab, 16);
+    mesh_context *ctx = NULL;
+    ASSERT_INT_EQ(mesh_context_create(mp, 1, &ctx), MESH_ERR_INVALID_ARG);
+    ASSERT_INT_EQ(mesh_context_create(mp, 0, &ctx), MESH_OK);
+    float w[8 * 8];
+    ASSERT_INT_EQ(mesh_param_read(ctx, "wpe", w, 3), MESH_ERR_INVALID_ARG);
+    ASSERT_NOT_NULL(strstr(mesh_last_error(), "parameter 'wpe' has 64 elements, not 3"));
+    ASSERT_INT_EQ(mesh_param_read(ctx, "nope", w, 3), MESH_ERR_INVALID_ARG);
+    /* a parameter written is the parameter read */
+    for (int k = 0; k < 64; k++) w[k] = (float)k;
+    ASSERT_INT_EQ(mesh_param_write(ctx, "wpe", w, 64), MESH_OK);
+    float back[64];
+    ASSERT_INT_EQ(mesh_param_read(ctx, "wpe", back, 64), MESH_OK);
+    ASSERT_INT_EQ(memcmp(w, back, sizeof back), 0);
+    int in[32] = {0}, tg[32] = {0};
+    double loss;
+    float logits[16 * 16];
+    ASSERT_INT_EQ(mesh_forward(ctx, in, tg, &loss, logits, 16 * 16), MESH_OK);
+    ASSERT_INT_EQ(mesh_forward(ctx, in, tg, &loss, logits, 5), MESH_ERR_INVALID_ARG);
+    mesh_step_stats st;
+    ASSERT_INT_EQ(mesh_train_step(ctx, in, tg, &st), MESH_OK);
+    ASSERT_INT_EQ(st.step, 1);
+    mesh_context_free(ctx);
+    mesh_plan_free(mp);
+    /* a plan of two ranks is refused, saying why */
+    const char *sets[] = {"mesh.dp=2"};
+    mesh_compile_options opt = MESH_COMPILE_OPTIONS_INIT;
+    opt.sets = sets;
+    opt.n_sets = 1;
+    ASSERT_INT_EQ(mesh_compile("tiny.mesh", tiny_src, strlen(tiny_src), &opt, &text, &len), MESH_OK);
+    ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
+    mesh_free(text);
+    ASSERT_INT_EQ(mesh_context_create(mp, 0, &ctx), MESH_ERR_UNSUPPORTED);
+    ASSERT_NOT_NULL(strstr(mesh_last_error(), "one-rank plans so far"));
+    mesh_plan_free(mp);
+}

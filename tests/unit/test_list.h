@@ -115,3 +115,4 @@ TEST(bpe_refusals)
 /* runtime: the one-rank plan interpreter, test_exec.c */
 TEST(exec_gradient_matches_finite_differences)
 TEST(exec_training_lowers_the_loss)
+TEST(api_context_errors_are_clear)
