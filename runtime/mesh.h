@@ -8,7 +8,9 @@
  * returns until the matching _free. (Strings returned by mesh_version and
  * mesh_status_str are static and are never freed.)
  *
- * Every function declared here is thread-safe.
+ * Every function declared here is thread-safe on distinct objects; one
+ * context is used by one thread at a time. A failing call returns a status
+ * and leaves a message for mesh_last_error() (per thread).
  */
 #ifndef MESH_H
 #define MESH_H
@@ -74,8 +76,9 @@ typedef void *(*mesh_alloc_fn)(void *ud, void *ptr, size_t old_size,
                                size_t new_size);
 
 /* The default allocator: realloc and free from the C library; it ignores ud
- * and old_size. No libmesh object takes an allocator yet in 0.1; those that
- * will (contexts) will use this one when given NULL. */
+ * and old_size. No libmesh object takes an allocator yet in 0.1 (contexts
+ * allocate with malloc); those that will take one will use this one when
+ * given NULL. */
 void *mesh_alloc_default(void *ud, void *ptr, size_t old_size,
                          size_t new_size);
 
