@@ -174,8 +174,12 @@ asan:
 
 # Benchmarks print numbers measured side by side in one run; they never
 # fail on a number (tests/bench/run.sh).
-bench: all
-	MESHC=$(BUILD)/meshc tests/bench/run.sh
+bench: all $(BUILD)/train_bench
+	MESHC=$(BUILD)/meshc TRAIN_BENCH=$(BUILD)/train_bench tests/bench/run.sh
+
+$(BUILD)/train_bench: tests/bench/train_bench.c $(BUILD)/libmesh.a
+	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -Iruntime $(BLAS_CFLAGS) -o $@ $< $(BUILD)/libmesh.a \
+	  $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(LDLIBS)
 
 check-exports: $(BUILD)/libmesh.a $(BUILD)/libmesh.so
 	tests/check-exports.sh $^

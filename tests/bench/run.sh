@@ -41,3 +41,16 @@ for f in examples/gpt2.mesh tests/bench/gpt3-175b.mesh; do
 done
 "$MESHC" -o "$tmp/p.plan" --set mesh.dp=2 --set train.global_batch=128 tests/bench/gpt3-175b.mesh >/dev/null 2>&1
 printf '%-44s %12s\n' "gpt3-175b with dp 2 instead of 24" "$(wc -c <"$tmp/p.plan")"
+
+# CPU training on one rank: ms/step and tokens/s next to the GEMM-only
+# limit measured in the same run (tests/bench/train_bench.c).
+TRAIN_BENCH=${TRAIN_BENCH:-build/train_bench}
+printf '\n%-28s %11s %6s %9s %10s %9s %8s %6s\n' "plan" "params" "tokens" "ms/step" "tok/s" \
+    "sgemm GF/s" "limit ms" "ratio"
+"$MESHC" -o "$tmp/tiny.plan" examples/gpt-tiny.mesh >/dev/null 2>&1 &&
+    (cd "$tmp" && "$OLDPWD/$TRAIN_BENCH" tiny.plan 20) || exit 1
+"$MESHC" -o "$tmp/gpt2-b4t64.plan" examples/gpt2.mesh --set mesh.dp=1 --set mesh.tp=1 --set mesh.pp=1 \
+    --set train.global_batch=4 --set train.micro_batch=4 --set train.seq_len=64 --set train.zero=0 \
+    --set train.precision=fp32 >/dev/null 2>&1 &&
+    (cd "$tmp" && "$OLDPWD/$TRAIN_BENCH" gpt2-b4t64.plan 3) || exit 1
+echo "ratio: the step's time over the GEMM-only limit (6 x params x tokens FLOPs at the sgemm rate)"
