@@ -260,7 +260,7 @@ $(LIBMESH_PIC): CPPFLAGS += $(YAML_CFLAGS)
 $(OBJ)/runtime/meshrun.o: CPPFLAGS += -Icompiler -Ikernels/cpu $(YAML_CFLAGS)
 $(OBJ)/runtime/meshrun.o: | $(GEN_H)
 
-$(BUILD)/meshrun: $(OBJ)/runtime/meshrun.o $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
+$(BUILD)/meshrun: $(OBJ)/runtime/meshrun.o $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmeshkcpu.a $(BUILD)/libmesh.a
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(LDLIBS)
 
 # ---- Tests --------------------------------------------------------------

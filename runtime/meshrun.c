@@ -12,6 +12,7 @@
  * being finite; 2 for usage errors.
  */
 #include <errno.h>  /* defines: errno */
+#include <unistd.h> /* defines: isatty */
 #include <stdio.h>  /* defines: printf, fprintf, fopen */
 #include <string.h> /* defines: strcmp, strerror */
 
@@ -25,6 +26,7 @@
 #include "data.h" /* defines: mesh__shard_write, mesh__tokenize_bytes */
 #include "checkpoint.h" /* defines: mesh__ckpt_save, mesh__ckpt_load */
 #include "exec.h" /* defines: mesh__exec_* */
+#include "kcpu.h" /* defines: kcpu_set_threads */
 #include "init.h" /* defines: mesh__init_key */
 #include "sample.h" /* defines: mesh__sample_next */
 #include "plan.h" /* defines: plan_read, plan_free */
@@ -51,6 +53,10 @@ static const char usage_text[] =
     "  --checkpoint DIR  save checkpoints there (every train.checkpoint_every\n"
     "                 steps and at the end; else the plan's checkpoint_dir)\n"
     "  --resume       continue from DIR's latest checkpoint\n"
+    "  --metrics FILE append a JSON line per logged step (and validation) to FILE\n"
+    "  --skip-nonfinite  skip a step whose loss or gradient is not finite (at\n"
+    "                 most 5 in a row) instead of stopping\n"
+    "  --threads N    BLAS threads (default: the cores this process may use)\n"
     "  --prompt TEXT, --tokens N (200), --temperature T (0.8), --seed S (0)\n"
     "                 what meshrun sample starts from and how it draws\n"
     "  -h, --help     print this help and exit\n"
@@ -107,6 +113,9 @@ typedef struct run_opts {
     long long tokens;   /* --tokens: how many to generate */
     double temperature; /* --temperature */
     long long seed;     /* --seed */
+    const char *metrics; /* --metrics: JSON lines appended there */
+    int skip_nonfinite; /* --skip-nonfinite: skip such a step instead of stopping */
+    int threads;        /* --threads: OpenBLAS threads (0: all the process may use) */
 } run_opts;
 
 /* The shard to read: the option's file, else the first file matching the
@@ -219,29 +228,59 @@ static int train(const plan *p, const run_opts *o)
             first++;
         }
     }
+    FILE *metrics = NULL;
+    if (rc == 0 && o->metrics && !(metrics = fopen(o->metrics, "a"))) {
+        fprintf(stderr, "meshrun: error: cannot open '%s': %s\n", o->metrics, strerror(errno));
+        rc = 1;
+    }
+    int tty = isatty(STDOUT_FILENO), skipped = 0;
     double t0 = now_s();
     for (long long step = first; rc == 0 && step <= steps; step++) {
         for (int k = 0; k < m; k++) /* micro-batch k: the k-th slice of the global batch */
             mesh__batch(&shard, step - 1, global, m, k, seq, in + (size_t)k * bt, tg + (size_t)k * bt);
         mesh__step_stats st;
         if (mesh__exec_train_step(ex, step, in, tg, &st) != 0) {
+            if (o->skip_nonfinite && ++skipped <= 5) {
+                printf("step %lld/%lld | skipped: the loss (%g) or the gradient norm (%g) is not "
+                       "finite; the parameters are unchanged\n", step, steps, st.loss, st.norm);
+                continue;
+            }
             fprintf(stderr, "meshrun: error: step %lld: the loss (%g) or the gradient norm (%g) is "
-                    "not finite; stopping\n", step, st.loss, st.norm);
+                    "not finite; stopping%s\n", step, st.loss, st.norm,
+                    o->skip_nonfinite ? " after 5 skipped steps in a row" : "");
             rc = 1;
             break;
         }
+        skipped = 0;
+        if (tty && step % every != 0 && step != steps) { /* a progress bar, on a terminal only */
+            long long done = 20 * (step % every) / every;
+            printf("\r  [%.*s%.*s] step %lld/%lld", (int)done, "####################", (int)(20 - done),
+                   "....................", step, steps);
+            fflush(stdout);
+        }
+        if (tty && (step % every == 0 || step == steps)) printf("\r%60s\r", "");
         if (step % every == 0 || step == 1 || step == steps) {
             double t1 = now_s(), ms = 1e3 * (t1 - t0) / (double)(step % every ? step % every : every);
             if (step == 1) ms = 1e3 * (t1 - t0);
             printf("step %lld/%lld | loss %.4f | lr %.2e | norm %.4f | %.1f ms | %.1fk tok/s\n", step,
                    steps, st.loss, st.lr, st.norm, ms, (double)global * seq / ms);
             fflush(stdout);
+            if (metrics) {
+                fprintf(metrics, "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, "
+                        "\"ms\": %.3f, \"tokens_per_s\": %.1f}\n", step, st.loss, st.lr, st.norm, ms,
+                        1e3 * global * seq / ms);
+                fflush(metrics);
+            }
             t0 = t1;
         }
         if (vpath && (step % eval_every == 0 || step == steps)) {
-            printf("step %lld/%lld | val loss %.4f\n", step, steps,
-                   val_loss(ex, &val, val_batches, mb, seq, in, tg));
+            double vl = val_loss(ex, &val, val_batches, mb, seq, in, tg);
+            printf("step %lld/%lld | val loss %.4f\n", step, steps, vl);
             fflush(stdout);
+            if (metrics) {
+                fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.6f}\n", step, vl);
+                fflush(metrics);
+            }
             t0 = now_s();
         }
         if (ckpt && ((ck_every > 0 && step % ck_every == 0) || step == steps)) {
@@ -254,6 +293,7 @@ static int train(const plan *p, const run_opts *o)
             t0 = now_s();
         }
     }
+    if (metrics) fclose(metrics);
     free(in);
     free(tg);
     mesh__shard_close(&shard);
@@ -472,7 +512,8 @@ int main(int argc, char **argv)
         const char *arg = argv[i];
         if (!options_done && arg[0] == '-' && arg[1] != '\0') {
             static const char *const valued[] = {"--data", "--val", "--steps", "--checkpoint", "--prompt",
-                                                 "--tokens", "--temperature", "--seed"};
+                                                 "--tokens", "--temperature", "--seed", "--metrics",
+                                                 "--threads"};
             int v = -1;
             for (int k = 0; k < (int)(sizeof valued / sizeof valued[0]); k++)
                 if (strcmp(arg, valued[k]) == 0) v = k;
@@ -499,12 +540,19 @@ int main(int argc, char **argv)
                 if (number("--seed needs a number, not", argv[i], 0, &x)) return 2;
                 opts.seed = (long long)x;
                 continue;
+            case 8: opts.metrics = argv[i]; continue;
+            case 9:
+                if (number("--threads needs a number >= 1, not", argv[i], 1, &x)) return 2;
+                opts.threads = (int)x;
+                continue;
             default: break;
             }
             if (strcmp(arg, "--") == 0) {
                 options_done = 1;
             } else if (strcmp(arg, "--resume") == 0) {
                 opts.resume = 1;
+            } else if (strcmp(arg, "--skip-nonfinite") == 0) {
+                opts.skip_nonfinite = 1;
             } else if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
                 fputs(usage_text, stdout);
                 return 0;
@@ -522,5 +570,6 @@ int main(int argc, char **argv)
     }
     if (!plan_path)
         return usage_error("no plan file given", NULL);
+    kcpu_set_threads(opts.threads); /* --threads, else the cores this process may use */
     return run_plan(plan_path, &opts);
 }

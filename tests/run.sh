@@ -295,6 +295,32 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     else
         fail meshrun/train-llama-small-loss-falls "$TMP/llama.out"
     fi
+    # a loss that stops being finite stops the run (or is skipped, by option)
+    "$MESHC" -o "$TMP/nan.plan" examples/gpt-tiny.mesh --set 'train.optimizer=adamw(lr: 1e30)' >/dev/null 2>&1
+    capture "$TMP/nan.out" "$MESHRUN" "$TMP/nan.plan" --data "$TMP/dd.bin" --steps 20
+    if grep -q "^meshrun: error: step 2: the loss (.*nan) or the gradient norm (.*) is not finite; stopping$" "$TMP/nan.out" &&
+        [ "$(tail -n 1 "$TMP/nan.out")" = "exit: 1" ]; then
+        pass meshrun/nonfinite-loss-stops
+    else
+        fail meshrun/nonfinite-loss-stops "$TMP/nan.out"
+    fi
+    capture "$TMP/skip.out" "$MESHRUN" "$TMP/nan.plan" --data "$TMP/dd.bin" --steps 20 --skip-nonfinite
+    if [ "$(grep -c "| skipped: the loss" "$TMP/skip.out")" = 5 ] &&
+        grep -q "^meshrun: error: step 7: .* stopping after 5 skipped steps in a row$" "$TMP/skip.out"; then
+        pass meshrun/nonfinite-skip-option
+    else
+        fail meshrun/nonfinite-skip-option "$TMP/skip.out"
+    fi
+    capture "$TMP/metrics.out" "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/dd.bin" --val "$TMP/dd.bin" --steps 10 \
+        --metrics "$TMP/metrics.jsonl" --threads 1
+    if [ "$(wc -l <"$TMP/metrics.jsonl")" = 3 ] &&
+        grep -q '^{"step": 1, "loss": 5\.[0-9]*, "lr": [0-9.e+-]*, "grad_norm": [0-9.]*, "ms": [0-9.]*, "tokens_per_s": [0-9.]*}$' "$TMP/metrics.jsonl" &&
+        grep -q '^{"step": 10, "val_loss": [0-9.]*}$' "$TMP/metrics.jsonl"; then
+        pass meshrun/metrics-json-lines
+    else
+        cat "$TMP/metrics.jsonl" >>"$TMP/metrics.out"
+        fail meshrun/metrics-json-lines "$TMP/metrics.out"
+    fi
     # a checkpoint at step 10 and a resumed run give step 20 exactly as one
     # run does (parameters, AdamW state, data position)
     "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/dd.bin" --steps 20 >"$TMP/straight.out" 2>&1

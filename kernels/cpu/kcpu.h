@@ -21,4 +21,10 @@
 #include "kcpu_dense.h"
 #include "kcpu_moe.h"
 
+/* threads.c: the cores this process may run on (its affinity mask, so
+ * ranks pinned to their own cores do not oversubscribe), and the number
+ * of threads the kernels (OpenBLAS) use: n, or all available for n <= 0. */
+int kcpu_threads_available(void);
+void kcpu_set_threads(int n);
+
 #endif

@@ -1,0 +1,18 @@
+/* threads.c — how many threads the CPU kernels use (kcpu.h). */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
+#include <sched.h>  /* sched_getaffinity */
+#include <unistd.h> /* sysconf */
+
+#include <cblas.h> /* openblas_set_num_threads */
+
+#include "kcpu.h"
+
+int kcpu_threads_available(void)
+{
+    cpu_set_t cpus;
+    if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) > 0) return CPU_COUNT(&cpus);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+void kcpu_set_threads(int n) { openblas_set_num_threads(n > 0 ? n : kcpu_threads_available()); }
