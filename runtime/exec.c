@@ -10,6 +10,22 @@
 #include "init.h" /* mesh__init_* */
 #include "kcpu.h" /* kcpu_* */
 
+/* What one moe layer's iteration keeps for its backward. */
+typedef struct ex_moe {
+    kcpu_moe_route *route;
+    float *xe, *ye;        /* [E, C, D] dispatched tokens, expert outputs */
+    float *hg, *hu, *act;  /* [E, C, F] the experts' hidden layers */
+} ex_moe;
+
+/* A moe node's geometry and scratch (shared by its iterations). */
+typedef struct ex_moe_node {
+    int N, D, E, K, C, F;
+    ex_moe *it;            /* per iteration */
+    float *dxe, *dye;      /* [E, C, D] */
+    float *dweight;        /* [N, K] */
+    float *scratch;        /* max([N, E], [2, C, F]) */
+} ex_moe_node;
+
 struct mesh__exec {
     const plan *p;
     int n;              /* tensors */
@@ -25,6 +41,7 @@ struct mesh__exec {
     char **names;       /* per (param, iteration): its global name */
     int tokens_in, targets_in; /* the input tensors */
     double dloss;       /* seed of the backward: 1 / micro-batches */
+    ex_moe_node **moe;  /* per tensor: moe layers' state, NULL for others */
     long long adam_t;   /* AdamW steps taken */
 };
 
@@ -163,6 +180,16 @@ static void forward_node(mesh__exec *ex, int id, int it)
         OUT[0] = kcpu_crossentropy_forward(AUX, AUX + N, AUX + 2 * N, IN(0), I32(IN(1)), N, V, Vp);
         break;
     }
+    case G_MOE: {
+        ex_moe_node *g = ex->moe[id];
+        ex_moe *m = &g->it[it];
+        kcpu_moe_route_forward(m->route, IN(0), IN(1), g->D);
+        kcpu_moe_dispatch_forward(m->xe, IN(0), m->route, g->D);
+        kcpu_moe_expert_forward(m->ye, m->hg, m->hu, m->act, m->xe, IN(2), IN(3), IN(4), m->route->count,
+                                g->E, g->C, g->D, g->F);
+        kcpu_moe_combine_forward(OUT, m->ye, m->route, g->D);
+        break;
+    }
     default: /* inputs and params are filled elsewhere; others refused at create */
         break;
     }
@@ -228,6 +255,23 @@ static void backward_node(mesh__exec *ex, int id, int it)
         kcpu_crossentropy_backward(DIN(0), IN(0), I32(IN(1)), AUX + N, AUX + 2 * N, DOUT[0], N, V, Vp);
         break;
     }
+    case G_MOE: {
+        ex_moe_node *g = ex->moe[id];
+        ex_moe *m = &g->it[it];
+        size_t ecd = (size_t)g->E * (size_t)g->C * (size_t)g->D;
+        memset(g->dye, 0, ecd * sizeof(float));
+        memset(g->dxe, 0, ecd * sizeof(float));
+        memset(g->dweight, 0, (size_t)g->N * (size_t)g->K * sizeof(float));
+        kcpu_moe_combine_backward(g->dye, g->dweight, DOUT, m->ye, m->route, g->D);
+        kcpu_moe_expert_backward(g->dxe, DIN(2), DIN(3), DIN(4), g->scratch, g->dye, m->hg, m->hu, m->act,
+                                 m->xe, IN(2), IN(3), IN(4), m->route->count, g->E, g->C, g->D, g->F);
+        kcpu_moe_dispatch_backward(DIN(0), g->dxe, m->route, g->D);
+        /* the load-balancing loss is part of the loss: its gradient scales
+         * with the seed of the backward, as the cross-entropy's does */
+        kcpu_moe_route_backward(DIN(0), DIN(1), g->scratch, g->dweight, (float)(t->aux_loss * ex->dloss),
+                                m->route, IN(0), IN(1), g->D);
+        break;
+    }
     default:
         break;
     }
@@ -273,7 +317,11 @@ double mesh__exec_loss(mesh__exec *ex, const int32_t *inputs, const int32_t *tar
 {
     load_batch(ex, inputs, targets);
     run_phase(ex, PLAN_FORWARD);
-    return ex->val[ex->p->loss][0];
+    double loss = ex->val[ex->p->loss][0];
+    for (int id = 0; id < ex->n; id++) /* moe's load-balancing losses */
+        for (int it = 0; ex->moe[id] && it < ex->iters[id]; it++)
+            loss += ex->p->tensors[id].aux_loss * (double)ex->moe[id]->it[it].route->aux;
+    return loss;
 }
 
 /* Forward and backward of one micro-batch, adding to the params' grads. */
@@ -383,7 +431,8 @@ static const char *refusal(const plan *p, char *buf, size_t n)
         const plan_tensor *t = &p->tensors[id];
         int ok = 1;
         switch (t->op) {
-        case G_SUB: case G_MUL: case G_SCALE: case G_MOE: ok = 0; break;
+        case G_SUB: case G_MUL: case G_SCALE: ok = 0; break;
+        case G_MOE: ok = !t->act_gelu; break; /* SwiGLU experts */
         case G_ATTENTION: ok = t->n_in == 1 || t->n_in == 3; break; /* packed qkv, or q, k, v */
         case G_TRANSPOSE:
             for (int c = id + 1; c < p->n_tensors; c++)
@@ -413,6 +462,62 @@ static size_t aux_floats(const plan *p, const plan_tensor *t, size_t n)
     }
 }
 
+/* Allocates a moe node's routing state and buffers for each iteration. */
+static int moe_alloc(mesh__exec *ex, int id, int iters)
+{
+    const plan_tensor *t = &ex->p->tensors[id];
+    const plan_tensor *wg = &ex->p->tensors[t->in[2]];
+    ex_moe_node *g = calloc(1, sizeof *g);
+    if (!g) return -1;
+    ex->moe[id] = g;
+    g->D = (int)last_dim(t);
+    g->N = (int)(ex->numel[id] / (size_t)g->D);
+    g->E = (int)wg->dims[0];
+    g->F = (int)wg->dims[2];
+    g->K = (int)t->top_k;
+    g->C = kcpu_moe_capacity(g->N, g->E, g->K, t->capacity);
+    size_t ecd = (size_t)g->E * (size_t)g->C * (size_t)g->D, ecf = (size_t)g->E * (size_t)g->C * (size_t)g->F;
+    size_t scratch = (size_t)g->N * (size_t)g->E;
+    if (scratch < 2 * (size_t)g->C * (size_t)g->F) scratch = 2 * (size_t)g->C * (size_t)g->F;
+    g->it = calloc((size_t)iters, sizeof *g->it);
+    g->dxe = calloc(ecd, sizeof(float));
+    g->dye = calloc(ecd, sizeof(float));
+    g->dweight = calloc((size_t)g->N * (size_t)g->K, sizeof(float));
+    g->scratch = calloc(scratch, sizeof(float));
+    if (!g->it || !g->dxe || !g->dye || !g->dweight || !g->scratch) return -1;
+    for (int it = 0; it < iters; it++) {
+        ex_moe *m = &g->it[it];
+        m->route = kcpu_moe_route_alloc(g->N, g->E, g->K, g->C);
+        m->xe = calloc(ecd, sizeof(float));
+        m->ye = calloc(ecd, sizeof(float));
+        m->hg = calloc(ecf, sizeof(float));
+        m->hu = calloc(ecf, sizeof(float));
+        m->act = calloc(ecf, sizeof(float));
+        if (!m->route || !m->xe || !m->ye || !m->hg || !m->hu || !m->act) return -1;
+    }
+    return 0;
+}
+
+static void moe_free(ex_moe_node *g, int iters)
+{
+    if (!g) return;
+    for (int it = 0; g->it && it < iters; it++) {
+        ex_moe *m = &g->it[it];
+        kcpu_moe_route_free(m->route);
+        free(m->xe);
+        free(m->ye);
+        free(m->hg);
+        free(m->hu);
+        free(m->act);
+    }
+    free(g->it);
+    free(g->dxe);
+    free(g->dye);
+    free(g->dweight);
+    free(g->scratch);
+    free(g);
+}
+
 mesh__exec *mesh__exec_create(const plan *p, char *err, size_t errn)
 {
     char why[160];
@@ -436,8 +541,9 @@ mesh__exec *mesh__exec_create(const plan *p, char *err, size_t errn)
     ex->v = calloc((size_t)n, sizeof *ex->v);
     ex->params = calloc((size_t)n, sizeof *ex->params);
     ex->names = calloc((size_t)n * 64, sizeof *ex->names);
+    ex->moe = calloc((size_t)n, sizeof *ex->moe);
     if (!ex->numel || !ex->iters || !ex->val || !ex->grad || !ex->aux || !ex->aux_len || !ex->m
-        || !ex->v || !ex->params || !ex->names)
+        || !ex->v || !ex->params || !ex->names || !ex->moe)
         goto oom;
     ex->tokens_in = ex->targets_in = -1;
     ex->dloss = 1.0 / (double)(p->setup.micro_batches > 0 ? p->setup.micro_batches : 1);
@@ -459,6 +565,7 @@ mesh__exec *mesh__exec_create(const plan *p, char *err, size_t errn)
             ex->aux[id] = calloc((size_t)iters * ex->aux_len[id], sizeof(float));
             if (!ex->aux[id]) goto oom;
         }
+        if (t->op == G_MOE && moe_alloc(ex, id, iters) != 0) goto oom;
         if (t->op == G_INPUT) {
             if (ex->tokens_in < 0) ex->tokens_in = id;
             else ex->targets_in = id;
@@ -554,7 +661,9 @@ void mesh__exec_free(mesh__exec *ex)
         if (ex->m) free(ex->m[id]);
         if (ex->v) free(ex->v[id]);
         for (int it = 0; ex->names && it < 64; it++) free(ex->names[(size_t)id * 64 + (size_t)it]);
+        if (ex->moe) moe_free(ex->moe[id], ex->iters ? ex->iters[id] : 0);
     }
+    free(ex->moe);
     free(ex->numel);
     free(ex->iters);
     free(ex->val);

@@ -295,6 +295,23 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     else
         fail meshrun/train-llama-small-loss-falls "$TMP/llama.out"
     fi
+    # examples/moe.mesh in a small size: 4 experts, top 2, capacity 1.25
+    "$MESHC" -o "$TMP/moe.plan" examples/moe.mesh --set model.dim=64 --set model.layers=2 \
+        --set model.heads=4 --set model.kv_heads=2 --set model.ffn_dim=96 --set model.experts=4 \
+        --set model.vocab=256 --set mesh.dp=1 --set mesh.ep=1 --set train.zero=0 \
+        --set train.global_batch=8 --set train.seq_len=64 \
+        --set 'train.lr_schedule=cosine(warmup: 10, min_lr: 1e-4)' --set 'train.optimizer=adamw(lr: 3e-3)' \
+        --set train.steps=60 >/dev/null 2>&1
+    capture "$TMP/moe.out" "$MESHRUN" "$TMP/moe.plan" --data "$TMP/dd.bin" --val "$TMP/dd.bin" \
+        --checkpoint "$TMP/moe-ck"
+    if awk -F'|' '/^step 1\/60 \| loss/{split($2, a, " "); first = a[2]}
+                  /^step 60\/60 \| loss/{split($2, a, " "); last = a[2]}
+                  END {exit !(first > 5.0 && last < 3.5)}' "$TMP/moe.out" &&
+        [ "$(tail -n 1 "$TMP/moe.out")" = "exit: 0" ]; then
+        pass meshrun/train-moe-small-loss-falls
+    else
+        fail meshrun/train-moe-small-loss-falls "$TMP/moe.out"
+    fi
     # a loss that stops being finite stops the run (or is skipped, by option)
     "$MESHC" -o "$TMP/nan.plan" examples/gpt-tiny.mesh --set 'train.optimizer=adamw(lr: 1e30)' >/dev/null 2>&1
     capture "$TMP/nan.out" "$MESHRUN" "$TMP/nan.plan" --data "$TMP/dd.bin" --steps 20

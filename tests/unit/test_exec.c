@@ -47,6 +47,25 @@ static const char llama_src[] =
     "train {\n  global_batch = 4\n  micro_batch = 2\n  seq_len = 8\n  steps = 40\n"
     "  optimizer = adamw(lr: 3e-2, weight_decay: 0.0, clip: 1.0)\n  seed = 7\n}\n";
 
+/* Mixtral's block: Llama's attention, then 4 SwiGLU experts, each token
+ * routed to its top 2, capacity 4 (no token dropped), the load-balancing
+ * loss added. */
+static const char moe_src[] =
+    "import \"std/transformer.mesh\"\n"
+    "model tiny_moe {\n"
+    "  vocab = 16\n  dim = 8\n  heads = 2\n  layers = 2\n"
+    "  input tokens : int[batch, seq]\n  input targets : int[batch, seq]\n"
+    "  param embedding : [vocab, dim] = normal(0.5)\n"
+    "  x = embed(tokens, embedding)\n"
+    "  repeat layers { x = moe_block(x, heads: heads, kv_heads: heads, experts: 4, top_k: 2,\n"
+    "                                ffn_dim: 12, capacity: 4.0) }\n"
+    "  param final_norm : [dim] = ones\n  param lm_head : [dim, vocab] = normal(0.5)\n"
+    "  loss = cross_entropy(rmsnorm(x, final_norm) @ lm_head, targets)\n"
+    "}\n"
+    "mesh { dp = 1 }\n"
+    "train {\n  global_batch = 4\n  micro_batch = 2\n  seq_len = 8\n  steps = 40\n"
+    "  optimizer = adamw(lr: 3e-2, weight_decay: 0.0, clip: 1.0)\n  seed = 7\n}\n";
+
 /* Compiles src into *p. */
 static void compile_plan(plan *p, const char *src)
 {
@@ -91,7 +110,7 @@ static int check_gradient(const char *src)
     int checked = 0, params = 0;
     for (int k = 0; mesh__exec_param(ex, k, &name, &n, &w, &g) == 0; k++, params++) {
         for (size_t e = 0; e < n; e += n / 3 + 1) {
-            float an = g[e], keep = w[e], h = 1e-2f;
+            float an = g[e], keep = w[e], h = 2e-3f;
             w[e] = keep + h;
             double up = mesh__exec_loss(ex, in, tg);
             w[e] = keep - h;
@@ -115,6 +134,7 @@ TEST_IMPL(exec_gradient_matches_finite_differences)
 {
     ASSERT_INT_EQ(check_gradient(tiny_src), 4 + 2 * 12);  /* wte wpe ln_f_w ln_f_b + 12 per layer */
     ASSERT_INT_EQ(check_gradient(llama_src), 3 + 2 * 9);   /* embedding final_norm lm_head + 9 */
+    ASSERT_INT_EQ(check_gradient(moe_src), 3 + 2 * 10);    /* + router */
 }
 
 /* Trains 40 steps on a repeating pattern: the loss must fall from about
@@ -149,6 +169,7 @@ TEST_IMPL(exec_training_lowers_the_loss)
 {
     check_training(tiny_src);
     check_training(llama_src);
+    check_training(moe_src);
 }
 
 TEST_IMPL(api_context_errors_are_clear)
