@@ -43,7 +43,16 @@ struct mesh__exec {
     double dloss;       /* seed of the backward: 1 / micro-batches */
     ex_moe_node **moe;  /* per tensor: moe layers' state, NULL for others */
     long long adam_t;   /* AdamW steps taken */
+    size_t bytes;       /* allocated for the model's state and activations */
 };
+
+/* calloc, counted in ex->bytes. */
+static void *ex_calloc(mesh__exec *ex, size_t n, size_t size)
+{
+    void *p = calloc(n, size);
+    if (p) ex->bytes += n * size;
+    return p;
+}
 
 static void set_err(char *err, size_t n, const char *fmt, ...)
 {
@@ -479,20 +488,20 @@ static int moe_alloc(mesh__exec *ex, int id, int iters)
     size_t ecd = (size_t)g->E * (size_t)g->C * (size_t)g->D, ecf = (size_t)g->E * (size_t)g->C * (size_t)g->F;
     size_t scratch = (size_t)g->N * (size_t)g->E;
     if (scratch < 2 * (size_t)g->C * (size_t)g->F) scratch = 2 * (size_t)g->C * (size_t)g->F;
-    g->it = calloc((size_t)iters, sizeof *g->it);
-    g->dxe = calloc(ecd, sizeof(float));
-    g->dye = calloc(ecd, sizeof(float));
-    g->dweight = calloc((size_t)g->N * (size_t)g->K, sizeof(float));
-    g->scratch = calloc(scratch, sizeof(float));
+    g->it = ex_calloc(ex, (size_t)iters, sizeof *g->it);
+    g->dxe = ex_calloc(ex, ecd, sizeof(float));
+    g->dye = ex_calloc(ex, ecd, sizeof(float));
+    g->dweight = ex_calloc(ex, (size_t)g->N * (size_t)g->K, sizeof(float));
+    g->scratch = ex_calloc(ex, scratch, sizeof(float));
     if (!g->it || !g->dxe || !g->dye || !g->dweight || !g->scratch) return -1;
     for (int it = 0; it < iters; it++) {
         ex_moe *m = &g->it[it];
         m->route = kcpu_moe_route_alloc(g->N, g->E, g->K, g->C);
-        m->xe = calloc(ecd, sizeof(float));
-        m->ye = calloc(ecd, sizeof(float));
-        m->hg = calloc(ecf, sizeof(float));
-        m->hu = calloc(ecf, sizeof(float));
-        m->act = calloc(ecf, sizeof(float));
+        m->xe = ex_calloc(ex, ecd, sizeof(float));
+        m->ye = ex_calloc(ex, ecd, sizeof(float));
+        m->hg = ex_calloc(ex, ecf, sizeof(float));
+        m->hu = ex_calloc(ex, ecf, sizeof(float));
+        m->act = ex_calloc(ex, ecf, sizeof(float));
         if (!m->route || !m->xe || !m->ye || !m->hg || !m->hu || !m->act) return -1;
     }
     return 0;
@@ -531,17 +540,17 @@ mesh__exec *mesh__exec_create(const plan *p, char *err, size_t errn)
     if (!ex) goto oom;
     ex->p = p;
     ex->n = n;
-    ex->numel = calloc((size_t)n, sizeof *ex->numel);
-    ex->iters = calloc((size_t)n, sizeof *ex->iters);
-    ex->val = calloc((size_t)n, sizeof *ex->val);
-    ex->grad = calloc((size_t)n, sizeof *ex->grad);
-    ex->aux = calloc((size_t)n, sizeof *ex->aux);
-    ex->aux_len = calloc((size_t)n, sizeof *ex->aux_len);
-    ex->m = calloc((size_t)n, sizeof *ex->m);
-    ex->v = calloc((size_t)n, sizeof *ex->v);
-    ex->params = calloc((size_t)n, sizeof *ex->params);
-    ex->names = calloc((size_t)n * 64, sizeof *ex->names);
-    ex->moe = calloc((size_t)n, sizeof *ex->moe);
+    ex->numel = ex_calloc(ex, (size_t)n, sizeof *ex->numel);
+    ex->iters = ex_calloc(ex, (size_t)n, sizeof *ex->iters);
+    ex->val = ex_calloc(ex, (size_t)n, sizeof *ex->val);
+    ex->grad = ex_calloc(ex, (size_t)n, sizeof *ex->grad);
+    ex->aux = ex_calloc(ex, (size_t)n, sizeof *ex->aux);
+    ex->aux_len = ex_calloc(ex, (size_t)n, sizeof *ex->aux_len);
+    ex->m = ex_calloc(ex, (size_t)n, sizeof *ex->m);
+    ex->v = ex_calloc(ex, (size_t)n, sizeof *ex->v);
+    ex->params = ex_calloc(ex, (size_t)n, sizeof *ex->params);
+    ex->names = ex_calloc(ex, (size_t)n * 64, sizeof *ex->names);
+    ex->moe = ex_calloc(ex, (size_t)n, sizeof *ex->moe);
     if (!ex->numel || !ex->iters || !ex->val || !ex->grad || !ex->aux || !ex->aux_len || !ex->m
         || !ex->v || !ex->params || !ex->names || !ex->moe)
         goto oom;
@@ -554,15 +563,15 @@ mesh__exec *mesh__exec_create(const plan *p, char *err, size_t errn)
         ex->numel[id] = ne;
         ex->iters[id] = iters;
         if (t->op == G_TRANSPOSE) continue;
-        ex->val[id] = calloc((size_t)iters * ne, sizeof(float));
+        ex->val[id] = ex_calloc(ex, (size_t)iters * ne, sizeof(float));
         if (!ex->val[id]) goto oom;
         if (t->dtype == PLAN_DTYPE_F32) {
-            ex->grad[id] = calloc((size_t)iters * ne, sizeof(float));
+            ex->grad[id] = ex_calloc(ex, (size_t)iters * ne, sizeof(float));
             if (!ex->grad[id]) goto oom;
         }
         ex->aux_len[id] = aux_floats(p, t, ne);
         if (ex->aux_len[id]) {
-            ex->aux[id] = calloc((size_t)iters * ex->aux_len[id], sizeof(float));
+            ex->aux[id] = ex_calloc(ex, (size_t)iters * ex->aux_len[id], sizeof(float));
             if (!ex->aux[id]) goto oom;
         }
         if (t->op == G_MOE && moe_alloc(ex, id, iters) != 0) goto oom;
@@ -577,8 +586,8 @@ mesh__exec *mesh__exec_create(const plan *p, char *err, size_t errn)
             return NULL;
         }
         ex->params[ex->n_params++] = id;
-        ex->m[id] = calloc((size_t)iters * ne, sizeof(float));
-        ex->v[id] = calloc((size_t)iters * ne, sizeof(float));
+        ex->m[id] = ex_calloc(ex, (size_t)iters * ne, sizeof(float));
+        ex->v[id] = ex_calloc(ex, (size_t)iters * ne, sizeof(float));
         if (!ex->m[id] || !ex->v[id]) goto oom;
         for (int it = 0; it < iters; it++) {
             char *name = iter_name(t->name ? t->name : "?", it);
@@ -643,6 +652,8 @@ int mesh__exec_param_dims(const mesh__exec *ex, int k, const int64_t **dims, int
 }
 
 long long *mesh__exec_adam_steps(mesh__exec *ex) { return &ex->adam_t; }
+
+size_t mesh__exec_bytes(const mesh__exec *ex) { return ex->bytes; }
 
 const float *mesh__exec_logits(const mesh__exec *ex, int *vocab_padded)
 {

@@ -77,6 +77,10 @@ long long *mesh__exec_adam_steps(mesh__exec *ex);
 /* After a forward: the logits (the loss's first input), [rows, vocab_padded]. */
 const float *mesh__exec_logits(const mesh__exec *ex, int *vocab_padded);
 
+/* Bytes the executor allocated for parameters, gradients, AdamW's state,
+ * activations and the ops' saved statistics. */
+size_t mesh__exec_bytes(const mesh__exec *ex);
+
 /* The learning rate of a step (1-based) under the plan's schedule. */
 double mesh__exec_lr(const plan *p, long long step);
 

@@ -209,8 +209,11 @@ static int train(const plan *p, const run_opts *o)
     int rc = in && tg ? 0 : 1;
     if (rc) fputs("meshrun: error: out of memory\n", stderr);
     else
-        printf("meshrun: training %s on %s (%zu tokens): %lld steps of %d x %d tokens\n",
-               p->source ? p->source : "the plan", path, shard.n, steps, global, seq);
+        printf("meshrun: training %s on %s (%zu tokens): %lld steps of %d x %d tokens\n"
+               "meshrun: memory: %.1f MB allocated (the plan's memory plan: %.1f MB; this "
+               "interpreter keeps every activation, the plan reuses slots)\n",
+               p->source ? p->source : "the plan", path, shard.n, steps, global, seq,
+               mesh__exec_bytes(ex) / 1e6, p->memory ? (double)p->memory[0].total / 1e6 : 0.0);
     const char *ckpt = o->ckpt ? o->ckpt : p->checkpoint_dir;
     long long first = 1, ck_every = s->checkpoint_every;
     if (rc == 0 && s->precision != 0)
@@ -262,8 +265,9 @@ static int train(const plan *p, const run_opts *o)
         if (step % every == 0 || step == 1 || step == steps) {
             double t1 = now_s(), ms = 1e3 * (t1 - t0) / (double)(step % every ? step % every : every);
             if (step == 1) ms = 1e3 * (t1 - t0);
-            printf("step %lld/%lld | loss %.4f | lr %.2e | norm %.4f | %.1f ms | %.1fk tok/s\n", step,
-                   steps, st.loss, st.lr, st.norm, ms, (double)global * seq / ms);
+            printf("step %lld/%lld | loss %.4f | lr %.2e | norm %.4f | %.1f ms | %.1fk tok/s | mem %.0f MB\n",
+                   step, steps, st.loss, st.lr, st.norm, ms, (double)global * seq / ms,
+                   mesh__exec_bytes(ex) / 1e6);
             fflush(stdout);
             if (metrics) {
                 fprintf(metrics, "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, "
