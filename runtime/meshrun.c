@@ -57,7 +57,8 @@ static const char usage_text[] =
     "  --skip-nonfinite  skip a step whose loss or gradient is not finite (at\n"
     "                 most 5 in a row) instead of stopping\n"
     "  --threads N    BLAS threads (default: the cores this process may use)\n"
-    "  --prompt TEXT, --tokens N (200), --temperature T (0.8), --seed S (0)\n"
+    "  --prompt TEXT, --tokens N (200), --temperature T (0.8), --seed S (0),\n"
+    "  --bpe DIR (GPT-2 BPE for a model that is not byte-level)\n"
     "                 what meshrun sample starts from and how it draws\n"
     "  -h, --help     print this help and exit\n"
     "  --version      print the version and exit\n";
@@ -114,6 +115,7 @@ typedef struct run_opts {
     double temperature; /* --temperature */
     long long seed;     /* --seed */
     const char *metrics; /* --metrics: JSON lines appended there */
+    const char *bpe;    /* --bpe: sample's GPT-2 BPE files */
     int skip_nonfinite; /* --skip-nonfinite: skip such a step instead of stopping */
     int threads;        /* --threads: OpenBLAS threads (0: all the process may use) */
 } run_opts;
@@ -308,7 +310,10 @@ static int train(const plan *p, const run_opts *o)
     return rc;
 }
 
-/* meshrun sample: prints the prompt and what the model writes after it. */
+static mesh__bpe *load_bpe(const char *dir);
+
+/* meshrun sample: prints the prompt and what the model writes after it
+ * (bytes, or GPT-2 BPE tokens with --bpe DIR). */
 static int sample(const plan *p, const run_opts *o)
 {
     char err[512];
@@ -327,28 +332,50 @@ static int sample(const plan *p, const run_opts *o)
     const plan_tensor *logits = &p->tensors[p->tensors[p->loss].in[0]];
     int vocab = p->tensors[p->loss].vocab > 0 ? (int)p->tensors[p->loss].vocab
                                               : (int)logits->dims[logits->rank - 1];
-    if (vocab != 256) {
-        fprintf(stderr, "meshrun: error: sample reads and writes bytes, so it needs a byte-level model "
-                "(vocabulary 256, not %d)\n", vocab);
+    mesh__bpe *bpe = o->bpe ? load_bpe(o->bpe) : NULL;
+    if ((o->bpe && !bpe) || (!bpe && vocab != 256) || (bpe && vocab < mesh__bpe_vocab(bpe))) {
+        if (!o->bpe || bpe)
+            fprintf(stderr, "meshrun: error: %s (vocabulary %d)\n", bpe ? "the BPE vocabulary is larger "
+                    "than the model's" : "a model that is not byte-level needs --bpe DIR to read and "
+                    "write text", vocab);
+        mesh__bpe_free(bpe);
         mesh__exec_free(ex);
         return 1;
     }
     const char *prompt = o->prompt ? o->prompt : "\n";
-    size_t len = strlen(prompt), total = len + (size_t)o->tokens;
-    size_t bt = mesh__exec_batch_tokens(ex);
-    int32_t *ids = malloc((total ? total : 1) * sizeof *ids), *in = malloc(bt * sizeof *in),
-            *tg = malloc(bt * sizeof *tg);
-    int rc = ids && in && tg && len > 0 ? 0 : 1;
-    if (rc) fputs("meshrun: error: out of memory, or an empty prompt\n", stderr);
-    for (size_t k = 0; rc == 0 && k < len; k++) ids[k] = (unsigned char)prompt[k];
+    size_t len = 0, cap = 0;
+    int32_t *ids = NULL;
+    int rc = 0;
+    if (bpe) {
+        rc = mesh__bpe_encode(bpe, prompt, strlen(prompt), &ids, &len, &cap, err, sizeof err) != 0;
+    } else {
+        len = cap = strlen(prompt);
+        ids = malloc((len ? len : 1) * sizeof *ids);
+        for (size_t k = 0; ids && k < len; k++) ids[k] = (unsigned char)prompt[k];
+        if (!ids) snprintf(err, sizeof err, "out of memory");
+        rc = !ids;
+    }
+    size_t total = len + (size_t)o->tokens, bt = mesh__exec_batch_tokens(ex);
+    int32_t *grown = rc ? NULL : realloc(ids, (total ? total : 1) * sizeof *ids);
+    int32_t *in = malloc(bt * sizeof *in), *tg = malloc(bt * sizeof *tg);
+    if (grown) ids = grown;
+    if (rc == 0 && (!grown || !in || !tg || len == 0)) {
+        snprintf(err, sizeof err, len == 0 ? "the prompt is empty" : "out of memory");
+        rc = 1;
+    }
+    if (rc) fprintf(stderr, "meshrun: error: %s\n", err);
     if (rc == 0) fputs(prompt, stdout);
     uint64_t key = mesh__init_key((uint64_t)o->seed, "meshrun sample");
     for (size_t n = len; rc == 0 && n < total; n++) {
         ids[n] = mesh__sample_next(ex, ids, n, (int)p->setup.seq_len, vocab, o->temperature, key, n,
                                    in, tg);
-        putchar((char)ids[n]);
+        char text[256];
+        size_t got = bpe ? mesh__bpe_decode(bpe, &ids[n], 1, text, sizeof text) : 1;
+        if (!bpe) text[0] = (char)ids[n];
+        fwrite(text, 1, got < sizeof text ? got : sizeof text, stdout);
         fflush(stdout);
     }
+    mesh__bpe_free(bpe);
     if (rc == 0) putchar('\n');
     free(ids);
     free(in);
@@ -414,6 +441,36 @@ static int tokenize_file(const char *path, const mesh__bpe *bpe, int32_t **ids, 
     return rc != 0;
 }
 
+/* GPT-2's BPE from DIR/encoder.json and DIR/vocab.bpe; NULL after printing
+ * the error. */
+static mesh__bpe *load_bpe(const char *dir)
+{
+    char err[1024];
+    mesh__bpe *bpe = NULL;
+    size_t dn = strlen(dir);
+    char *enc = malloc(dn + 16), *mer = malloc(dn + 16);
+    if (enc && mer) {
+        snprintf(enc, dn + 16, "%s/encoder.json", dir);
+        snprintf(mer, dn + 16, "%s/vocab.bpe", dir);
+        bpe = mesh__bpe_load(enc, mer, err, sizeof err);
+    } else {
+        snprintf(err, sizeof err, "out of memory");
+    }
+    free(enc);
+    free(mer);
+    if (!bpe) {
+        fprintf(stderr, "meshrun: error: %s\n", err);
+        return NULL;
+    }
+    if (mesh__bpe_vocab(bpe) > 65536) {
+        fprintf(stderr, "meshrun: error: %s: a vocabulary of %d does not fit shards' uint16 tokens\n",
+                dir, mesh__bpe_vocab(bpe));
+        mesh__bpe_free(bpe);
+        return NULL;
+    }
+    return bpe;
+}
+
 /* meshrun tokenize [--bpe DIR] TEXT... -o SHARD.bin */
 static int tokenize(int argc, char **argv)
 {
@@ -436,29 +493,7 @@ static int tokenize(int argc, char **argv)
     if (!out || n_in == 0) return usage_error("tokenize needs text files and -o SHARD.bin", NULL);
     mesh__bpe *bpe = NULL;
     char err[1024];
-    if (bpe_dir) {
-        size_t dn = strlen(bpe_dir);
-        char *enc = malloc(dn + 16), *mer = malloc(dn + 16);
-        if (enc && mer) {
-            snprintf(enc, dn + 16, "%s/encoder.json", bpe_dir);
-            snprintf(mer, dn + 16, "%s/vocab.bpe", bpe_dir);
-            bpe = mesh__bpe_load(enc, mer, err, sizeof err);
-        } else {
-            snprintf(err, sizeof err, "out of memory");
-        }
-        free(enc);
-        free(mer);
-        if (!bpe) {
-            fprintf(stderr, "meshrun: error: %s\n", err);
-            return 1;
-        }
-        if (mesh__bpe_vocab(bpe) > 65536) {
-            fprintf(stderr, "meshrun: error: %s: a vocabulary of %d does not fit shards' uint16 "
-                    "tokens\n", bpe_dir, mesh__bpe_vocab(bpe));
-            mesh__bpe_free(bpe);
-            return 1;
-        }
-    }
+    if (bpe_dir && !(bpe = load_bpe(bpe_dir))) return 1;
     int32_t *ids = NULL;
     size_t n = 0, cap = 0;
     int rc = 0;
@@ -517,7 +552,7 @@ int main(int argc, char **argv)
         if (!options_done && arg[0] == '-' && arg[1] != '\0') {
             static const char *const valued[] = {"--data", "--val", "--steps", "--checkpoint", "--prompt",
                                                  "--tokens", "--temperature", "--seed", "--metrics",
-                                                 "--threads"};
+                                                 "--threads", "--bpe"};
             int v = -1;
             for (int k = 0; k < (int)(sizeof valued / sizeof valued[0]); k++)
                 if (strcmp(arg, valued[k]) == 0) v = k;
@@ -545,6 +580,7 @@ int main(int argc, char **argv)
                 opts.seed = (long long)x;
                 continue;
             case 8: opts.metrics = argv[i]; continue;
+            case 10: opts.bpe = argv[i]; continue;
             case 9:
                 if (number("--threads needs a number >= 1, not", argv[i], 1, &x)) return 2;
                 opts.threads = (int)x;

@@ -462,6 +462,17 @@ exit: 0" "$MESHRUN" tokenize --bpe "$dir" examples/data/devils-dictionary.txt -o
     printf 'ok\n\xc3(' >"$TMP/latin1.txt"
     expect tokenize/gpt2-not-utf8 "meshrun: error: $TMP/latin1.txt: the text is not valid UTF-8 at byte 3
 exit: 1" "$MESHRUN" tokenize --bpe "$dir" "$TMP/latin1.txt" -o "$TMP/x.bin"
+    # a GPT-2-vocabulary model trains on the BPE shard and samples text
+    "$MESHC" -o "$TMP/bpe.plan" examples/gpt-tiny.mesh --set model.vocab=50257 >/dev/null 2>&1
+    "$MESHRUN" "$TMP/bpe.plan" --data "$TMP/dd.bin" --steps 2 --checkpoint "$TMP/bpe-ck" >/dev/null 2>&1
+    capture "$TMP/bpe-sample.out" "$MESHRUN" sample "$TMP/bpe.plan" --checkpoint "$TMP/bpe-ck" --bpe "$dir" \
+        --prompt "The devil is" --tokens 5 --temperature 0
+    if [ "$(head -c 12 "$TMP/bpe-sample.out")" = "The devil is" ] &&
+        [ "$(tail -n 1 "$TMP/bpe-sample.out")" = "exit: 0" ]; then
+        pass tokenize/gpt2-model-samples-text
+    else
+        fail tokenize/gpt2-model-samples-text "$TMP/bpe-sample.out"
+    fi
     expect tokenize/gpt2-missing "meshrun: error: cannot open '$TMP/none/encoder.json': No such file or directory
 exit: 1" "$MESHRUN" tokenize --bpe "$TMP/none" tests/data/bpe/sample.txt -o "$TMP/x.bin"
 }
