@@ -111,6 +111,12 @@ mesh_status mesh_plan_batch(const mesh_plan *mp, int *micro_batch, int *micro_ba
 
 mesh_status mesh_context_create(const mesh_plan *mp, int rank, mesh_context **out)
 {
+    return mesh_context_create_with(mp, rank, NULL, NULL, out);
+}
+
+mesh_status mesh_context_create_with(const mesh_plan *mp, int rank, mesh_alloc_fn alloc, void *ud,
+                                     mesh_context **out)
+{
     if (!mp || !out) return fail(MESH_ERR_INVALID_ARG, "mesh_context_create: NULL argument");
     *out = NULL;
     if (rank < 0 || rank >= mp->p.setup.world)
@@ -120,7 +126,7 @@ mesh_status mesh_context_create(const mesh_plan *mp, int rank, mesh_context **ou
     if (!ctx) return fail(MESH_ERR_NOMEM, "out of memory");
     char err[512];
     ctx->plan = mp;
-    ctx->ex = mesh__exec_create(&mp->p, err, sizeof err);
+    ctx->ex = mesh__exec_create(&mp->p, alloc, ud, err, sizeof err);
     if (!ctx->ex) {
         free(ctx);
         return fail(strstr(err, "memory") ? MESH_ERR_NOMEM : MESH_ERR_UNSUPPORTED, "%s", err);

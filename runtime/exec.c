@@ -7,6 +7,8 @@
 #include <stdlib.h> /* calloc, free */
 #include <string.h> /* memset, strstr */
 
+#include <stdint.h> /* SIZE_MAX */
+
 #include "init.h" /* mesh__init_* */
 #include "kcpu.h" /* kcpu_* */
 
@@ -44,14 +46,33 @@ struct mesh__exec {
     ex_moe_node **moe;  /* per tensor: moe layers' state, NULL for others */
     long long adam_t;   /* AdamW steps taken */
     size_t bytes;       /* allocated for the model's state and activations */
+    mesh_alloc_fn alloc; /* the context's allocator hook */
+    void *ud;
 };
 
-/* calloc, counted in ex->bytes. */
+/* Zeroed memory from the context's allocator, counted in ex->bytes. The
+ * block's size is kept in a header before it, for the hook's old_size. */
+enum { EX_HEADER = 16 };
+
 static void *ex_calloc(mesh__exec *ex, size_t n, size_t size)
 {
-    void *p = calloc(n, size);
-    if (p) ex->bytes += n * size;
-    return p;
+    if (n && size > (SIZE_MAX - EX_HEADER) / n) return NULL;
+    size_t bytes = n * size;
+    unsigned char *base = ex->alloc(ex->ud, NULL, 0, bytes + EX_HEADER);
+    if (!base) return NULL;
+    memcpy(base, &bytes, sizeof bytes);
+    memset(base + EX_HEADER, 0, bytes);
+    ex->bytes += bytes;
+    return base + EX_HEADER;
+}
+
+static void ex_free(mesh__exec *ex, void *p)
+{
+    if (!p) return;
+    unsigned char *base = (unsigned char *)p - EX_HEADER;
+    size_t bytes;
+    memcpy(&bytes, base, sizeof bytes);
+    ex->alloc(ex->ud, base, bytes + EX_HEADER, 0);
 }
 
 static void set_err(char *err, size_t n, const char *fmt, ...)
@@ -507,27 +528,27 @@ static int moe_alloc(mesh__exec *ex, int id, int iters)
     return 0;
 }
 
-static void moe_free(ex_moe_node *g, int iters)
+static void moe_free(mesh__exec *ex, ex_moe_node *g, int iters)
 {
     if (!g) return;
     for (int it = 0; g->it && it < iters; it++) {
         ex_moe *m = &g->it[it];
         kcpu_moe_route_free(m->route);
-        free(m->xe);
-        free(m->ye);
-        free(m->hg);
-        free(m->hu);
-        free(m->act);
+        ex_free(ex, m->xe);
+        ex_free(ex, m->ye);
+        ex_free(ex, m->hg);
+        ex_free(ex, m->hu);
+        ex_free(ex, m->act);
     }
-    free(g->it);
-    free(g->dxe);
-    free(g->dye);
-    free(g->dweight);
-    free(g->scratch);
+    ex_free(ex, g->it);
+    ex_free(ex, g->dxe);
+    ex_free(ex, g->dye);
+    ex_free(ex, g->dweight);
+    ex_free(ex, g->scratch);
     free(g);
 }
 
-mesh__exec *mesh__exec_create(const plan *p, char *err, size_t errn)
+mesh__exec *mesh__exec_create(const plan *p, mesh_alloc_fn alloc, void *ud, char *err, size_t errn)
 {
     char why[160];
     const char *no = refusal(p, why, sizeof why);
@@ -540,6 +561,8 @@ mesh__exec *mesh__exec_create(const plan *p, char *err, size_t errn)
     if (!ex) goto oom;
     ex->p = p;
     ex->n = n;
+    ex->alloc = alloc ? alloc : mesh_alloc_default;
+    ex->ud = ud;
     ex->numel = ex_calloc(ex, (size_t)n, sizeof *ex->numel);
     ex->iters = ex_calloc(ex, (size_t)n, sizeof *ex->iters);
     ex->val = ex_calloc(ex, (size_t)n, sizeof *ex->val);
@@ -666,24 +689,24 @@ void mesh__exec_free(mesh__exec *ex)
 {
     if (!ex) return;
     for (int id = 0; id < ex->n; id++) {
-        if (ex->val) free(ex->val[id]);
-        if (ex->grad) free(ex->grad[id]);
-        if (ex->aux) free(ex->aux[id]);
-        if (ex->m) free(ex->m[id]);
-        if (ex->v) free(ex->v[id]);
+        if (ex->val) ex_free(ex, ex->val[id]);
+        if (ex->grad) ex_free(ex, ex->grad[id]);
+        if (ex->aux) ex_free(ex, ex->aux[id]);
+        if (ex->m) ex_free(ex, ex->m[id]);
+        if (ex->v) ex_free(ex, ex->v[id]);
         for (int it = 0; ex->names && it < 64; it++) free(ex->names[(size_t)id * 64 + (size_t)it]);
-        if (ex->moe) moe_free(ex->moe[id], ex->iters ? ex->iters[id] : 0);
+        if (ex->moe) moe_free(ex, ex->moe[id], ex->iters ? ex->iters[id] : 0);
     }
-    free(ex->moe);
-    free(ex->numel);
-    free(ex->iters);
-    free(ex->val);
-    free(ex->grad);
-    free(ex->aux);
-    free(ex->aux_len);
-    free(ex->m);
-    free(ex->v);
-    free(ex->params);
-    free(ex->names);
+    ex_free(ex, ex->moe);
+    ex_free(ex, ex->numel);
+    ex_free(ex, ex->iters);
+    ex_free(ex, ex->val);
+    ex_free(ex, ex->grad);
+    ex_free(ex, ex->aux);
+    ex_free(ex, ex->aux_len);
+    ex_free(ex, ex->m);
+    ex_free(ex, ex->v);
+    ex_free(ex, ex->params);
+    ex_free(ex, ex->names);
     free(ex);
 }

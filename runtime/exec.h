@@ -24,6 +24,7 @@
 #include <stddef.h> /* size_t */
 #include <stdint.h> /* int32_t */
 
+#include "mesh.h" /* mesh_alloc_fn */
 #include "plan.h" /* plan */
 
 typedef struct mesh__exec mesh__exec;
@@ -36,9 +37,10 @@ typedef struct mesh__step_stats {
 } mesh__step_stats;
 
 /* Creates the executor for a plan (which must outlive it) and initialises
- * the parameters. Returns NULL with a message in err for a plan it cannot
- * run yet, or out of memory. */
-mesh__exec *mesh__exec_create(const plan *p, char *err, size_t n);
+ * the parameters; its buffers come from alloc (NULL: mesh_alloc_default).
+ * Returns NULL with a message in err for a plan it cannot run yet, or out
+ * of memory. */
+mesh__exec *mesh__exec_create(const plan *p, mesh_alloc_fn alloc, void *ud, char *err, size_t n);
 void mesh__exec_free(mesh__exec *ex);
 
 /* Tokens of one micro-batch: micro_batch x seq_len ids. */

@@ -76,9 +76,8 @@ typedef void *(*mesh_alloc_fn)(void *ud, void *ptr, size_t old_size,
                                size_t new_size);
 
 /* The default allocator: realloc and free from the C library; it ignores ud
- * and old_size. No libmesh object takes an allocator yet in 0.1 (contexts
- * allocate with malloc); those that will take one will use this one when
- * given NULL. */
+ * and old_size. Contexts (mesh_context_create_with) take their buffers
+ * from a hook, this one when given NULL. */
 void *mesh_alloc_default(void *ud, void *ptr, size_t old_size,
                          size_t new_size);
 
@@ -151,6 +150,11 @@ mesh_status mesh_plan_batch(const mesh_plan *plan, int *micro_batch, int *micro_
 /* Creates rank `rank`'s context and initialises the parameters from the
  * plan's seed (the same values on any mesh). The plan must outlive it. */
 mesh_status mesh_context_create(const mesh_plan *plan, int rank, mesh_context **out);
+
+/* The same, with the context's buffers (parameters, gradients, optimizer
+ * state, activations) taken from an allocator hook (NULL: the default). */
+mesh_status mesh_context_create_with(const mesh_plan *plan, int rank, mesh_alloc_fn alloc, void *ud,
+                                     mesh_context **out);
 void mesh_context_free(mesh_context *ctx);
 
 /* What a training step reports. */

@@ -176,7 +176,7 @@ static int train(const plan *p, const run_opts *o)
         free(path);
         return 1;
     }
-    mesh__exec *ex = mesh__exec_create(p, err, sizeof err);
+    mesh__exec *ex = mesh__exec_create(p, NULL, NULL, err, sizeof err);
     if (!ex) {
         fprintf(stderr, "meshrun: error: %s: %s\n", p->source ? p->source : "plan", err);
         free(path);
@@ -322,7 +322,7 @@ static int sample(const plan *p, const run_opts *o)
         fputs("meshrun: error: sample needs --checkpoint DIR (or the plan's train.checkpoint_dir)\n", stderr);
         return 1;
     }
-    mesh__exec *ex = mesh__exec_create(p, err, sizeof err);
+    mesh__exec *ex = mesh__exec_create(p, NULL, NULL, err, sizeof err);
     long long step = 0;
     if (!ex || mesh__ckpt_load(ex, ckpt, 0, &step, err, sizeof err) != 0) {
         fprintf(stderr, "meshrun: error: %s\n", err);

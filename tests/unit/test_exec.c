@@ -94,7 +94,7 @@ static int check_gradient(const char *src)
     plan p;
     compile_plan(&p, src);
     char err[256];
-    mesh__exec *ex = mesh__exec_create(&p, err, sizeof err);
+    mesh__exec *ex = mesh__exec_create(&p, NULL, NULL, err, sizeof err);
     if (!ex) unit_fail(__FILE__, __LINE__, err);
     size_t bt = mesh__exec_batch_tokens(ex);
     ASSERT_UINT_EQ(bt, 16);
@@ -144,7 +144,7 @@ static void check_training(const char *src)
     plan p;
     compile_plan(&p, src);
     char err[256];
-    mesh__exec *ex = mesh__exec_create(&p, err, sizeof err);
+    mesh__exec *ex = mesh__exec_create(&p, NULL, NULL, err, sizeof err);
     if (!ex) unit_fail(__FILE__, __LINE__, err);
     ASSERT_INT_EQ(p.setup.micro_batches, 2);
     int32_t in[32], tg[32];
@@ -220,5 +220,51 @@ TEST_IMPL(api_context_errors_are_clear)
     mesh_free(text);
     ASSERT_INT_EQ(mesh_context_create(mp, 0, &ctx), MESH_ERR_UNSUPPORTED);
     ASSERT_NOT_NULL(strstr(mesh_last_error(), "one-rank plans so far"));
+    mesh_plan_free(mp);
+}
+
+/* An allocator hook that counts what is outstanding and can fail. */
+typedef struct counting { long long live, bytes, calls, fail_at; } counting;
+
+static void *counting_alloc(void *ud, void *ptr, size_t old_size, size_t new_size)
+{
+    counting *c = ud;
+    if (new_size == 0) {
+        if (ptr) c->live--, c->bytes -= (long long)old_size;
+        free(ptr);
+        return NULL;
+    }
+    if (++c->calls == c->fail_at) return NULL;
+    void *p = realloc(ptr, new_size);
+    if (p && !ptr) c->live++, c->bytes += (long long)new_size;
+    return p;
+}
+
+TEST_IMPL(api_context_uses_its_allocator)
+{
+    char *text = NULL;
+    size_t len = 0;
+    mesh_plan *mp = NULL;
+    ASSERT_INT_EQ(mesh_compile("tiny.mesh", moe_src, strlen(moe_src), NULL, &text, &len), MESH_OK);
+    ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
+    mesh_free(text);
+    counting c = {0, 0, 0, 0};
+    mesh_context *ctx = NULL;
+    ASSERT_INT_EQ(mesh_context_create_with(mp, 0, counting_alloc, &c, &ctx), MESH_OK);
+    ASSERT_INT_GE(c.live, 10);
+    ASSERT_INT_GE(c.bytes, 4 * 4 * 1000); /* at least params, grads, m, v of 1000 floats */
+    int in[32] = {0}, tg[32] = {0};
+    ASSERT_INT_EQ(mesh_train_step(ctx, in, tg, NULL), MESH_OK);
+    mesh_context_free(ctx);
+    ASSERT_INT_EQ(c.live, 0);
+    ASSERT_INT_EQ(c.bytes, 0);
+    /* every failure point: MESH_ERR_NOMEM and nothing left allocated */
+    long long calls = c.calls;
+    for (long long k = 1; k <= calls; k += 7) {
+        counting f = {0, 0, 0, k};
+        ASSERT_INT_EQ(mesh_context_create_with(mp, 0, counting_alloc, &f, &ctx), MESH_ERR_NOMEM);
+        ASSERT_NULL(ctx);
+        ASSERT_INT_EQ(f.live, 0);
+    }
     mesh_plan_free(mp);
 }
