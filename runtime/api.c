@@ -7,6 +7,7 @@
 
 #include "checkpoint.h" /* mesh__ckpt_* */
 #include "exec.h"       /* mesh__exec_* */
+#include "file.h"       /* mesh__read_file */
 #include "mesh.h"
 #include "plan.h"       /* plan_read */
 
@@ -35,51 +36,38 @@ static mesh_status fail(mesh_status st, const char *fmt, ...)
     return st;
 }
 
-mesh_status mesh_plan_from_memory(const char *text, size_t len, mesh_plan **out)
+/* Reads and checks plan text; name prefixes the error ("NAME:LINE:COL: ..."). */
+static mesh_status read_plan_text(const char *name, const char *text, size_t len, mesh_plan **out)
 {
-    if (!out || (!text && len)) return fail(MESH_ERR_INVALID_ARG, "mesh_plan_from_memory: NULL argument");
-    *out = NULL;
     mesh_plan *mp = calloc(1, sizeof *mp);
     if (!mp) return fail(MESH_ERR_NOMEM, "out of memory");
     char err[1024];
     if (plan_read(&mp->p, text ? text : "", len, err, sizeof err) != 0) {
         free(mp);
-        return fail(MESH_ERR_PARSE, "plan:%s", err);
+        return fail(MESH_ERR_PARSE, "%s:%s", name, err);
     }
     *out = mp;
     return MESH_OK;
+}
+
+mesh_status mesh_plan_from_memory(const char *text, size_t len, mesh_plan **out)
+{
+    if (!out || (!text && len)) return fail(MESH_ERR_INVALID_ARG, "mesh_plan_from_memory: NULL argument");
+    *out = NULL;
+    return read_plan_text("plan", text, len, out);
 }
 
 mesh_status mesh_plan_load(const char *path, mesh_plan **out)
 {
     if (!path || !out) return fail(MESH_ERR_INVALID_ARG, "mesh_plan_load: NULL argument");
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return fail(MESH_ERR_IO, "cannot open '%s'", path);
-    size_t cap = 1 << 16, n = 0;
-    char *text = malloc(cap);
-    while (text) {
-        n += fread(text + n, 1, cap - n, f);
-        if (n < cap || ferror(f)) break;
-        char *bigger = realloc(text, cap * 2);
-        if (!bigger) { free(text); text = NULL; break; }
-        text = bigger;
-        cap *= 2;
-    }
-    int bad = !text || ferror(f);
-    fclose(f);
-    if (bad) {
-        free(text);
-        return fail(text ? MESH_ERR_IO : MESH_ERR_NOMEM, "cannot read '%s'", path);
-    }
-    mesh_status st = mesh_plan_from_memory(text, n, out);
+    size_t len = 0;
+    char err[1200];
+    char *text = mesh__read_file(path, &len, err, sizeof err);
+    if (!text) return fail(strstr(err, "memory") ? MESH_ERR_NOMEM : MESH_ERR_IO, "%s", err);
+    mesh_status st = read_plan_text(path, text, len, out);
     free(text);
-    if (st != MESH_OK) {
-        char why[sizeof last_error];
-        memcpy(why, last_error, sizeof why);
-        return fail(st, "%s:%s", path, why + strlen("plan:"));
-    }
-    return MESH_OK;
+    return st;
 }
 
 void mesh_plan_free(mesh_plan *mp)

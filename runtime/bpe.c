@@ -2,14 +2,14 @@
  * encoding and decoding. See bpe.h for the algorithm. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "bpe.h"
+#include "file.h" /* mesh__read_file */
 
-#include <errno.h>  /* errno */
 #include <pcre2.h>  /* defines: pcre2_compile, pcre2_match, ... */
 #include <stdarg.h> /* va_list */
 #include <stdint.h> /* uint64_t, uint32_t */
-#include <stdio.h>  /* vsnprintf, fopen */
+#include <stdio.h>  /* vsnprintf */
 #include <stdlib.h> /* malloc, free */
-#include <string.h> /* memcpy, strerror */
+#include <string.h> /* memcpy */
 
 enum { BPE_MAX_ID = 1 << 24, BPE_ALPHABET = 256 + 68 };
 
@@ -444,38 +444,12 @@ mesh__bpe *mesh__bpe_load_mem(const char *encoder, size_t encoder_len, const cha
     return b;
 }
 
-/* Reads a whole file; NULL with a message on failure. */
-static char *read_whole(const char *path, size_t *len, char *err, size_t errn)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) { set_err(err, errn, "cannot open '%s': %s", path, strerror(errno)); return NULL; }
-    size_t cap = 1 << 20, n = 0;
-    char *s = malloc(cap);
-    while (s) {
-        n += fread(s + n, 1, cap - n, f);
-        if (n < cap) break;
-        char *bigger = realloc(s, cap * 2);
-        if (!bigger) { free(s); s = NULL; break; }
-        s = bigger;
-        cap *= 2;
-    }
-    int bad = !s || ferror(f);
-    fclose(f);
-    if (bad) {
-        set_err(err, errn, "cannot read '%s'", path);
-        free(s);
-        return NULL;
-    }
-    *len = n;
-    return s;
-}
-
 mesh__bpe *mesh__bpe_load(const char *encoder_path, const char *merges_path, char *err,
                           size_t errn)
 {
     size_t elen = 0, mlen = 0;
-    char *enc = read_whole(encoder_path, &elen, err, errn);
-    char *mer = enc ? read_whole(merges_path, &mlen, err, errn) : NULL;
+    char *enc = mesh__read_file(encoder_path, &elen, err, errn);
+    char *mer = enc ? mesh__read_file(merges_path, &mlen, err, errn) : NULL;
     mesh__bpe *b = mer ? mesh__bpe_load_mem(enc, elen, encoder_path, mer, mlen, merges_path, err,
                                             errn)
                        : NULL;

@@ -1,5 +1,6 @@
 /* checkpoint.c — checkpoints as safetensors files (checkpoint.h). */
 #include "checkpoint.h"
+#include "file.h" /* mesh__read_file */
 
 #include <errno.h>    /* errno */
 #include <stdarg.h>   /* va_list */
@@ -350,24 +351,8 @@ static int open_st(st_file *f, const char *path, char *err, size_t errn)
     f->path = path;
     f->err = err;
     f->errn = errn;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        set_err(err, errn, "cannot open '%s': %s", path, strerror(errno));
-        return -1;
-    }
-    fseek(fp, 0, SEEK_END);
-    long size = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    f->bytes = size > 0 ? malloc((size_t)size) : NULL;
-    f->size = size > 0 ? (size_t)size : 0;
-    int rd = f->bytes && fread(f->bytes, 1, f->size, fp) == f->size;
-    fclose(fp);
-    if (!rd) {
-        set_err(err, errn, "cannot read '%s'", path);
-        free(f->bytes);
-        f->bytes = NULL;
-        return -1;
-    }
+    f->bytes = (unsigned char *)mesh__read_file(path, &f->size, err, errn);
+    if (!f->bytes) return -1;
     if (parse(f) != 0) {
         free(f->bytes);
         free(f->e);

@@ -110,8 +110,8 @@ int mesh__shard_write(const char *path, const uint16_t *tokens, size_t n, char *
     return 0;
 }
 
-size_t mesh__tokenize_bytes(const char *text, size_t len, uint16_t *out) {
-    for (size_t i = 0; i < len; i++) out[i] = (uint16_t)(unsigned char)text[i];
+size_t mesh__tokenize_bytes(const char *text, size_t len, int32_t *out) {
+    for (size_t i = 0; i < len; i++) out[i] = (unsigned char)text[i];
     return len;
 }
 

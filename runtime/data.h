@@ -32,7 +32,7 @@ void mesh__shard_close(mesh__shard *s);
 int mesh__shard_write(const char *path, const uint16_t *tokens, size_t n, char *err, size_t errn);
 
 /* Byte-level tokenizer: one token per byte (vocabulary 256). */
-size_t mesh__tokenize_bytes(const char *text, size_t len, uint16_t *out);
+size_t mesh__tokenize_bytes(const char *text, size_t len, int32_t *out);
 
 /* The part of global step `step`'s batch that data-parallel rank `rank` of
  * `ranks` reads: the shard is cut into windows of `seq` tokens (each with

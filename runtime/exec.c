@@ -40,7 +40,9 @@ struct mesh__exec {
     float **m, **v;     /* AdamW moments, params only */
     int *params;        /* tensor ids of the params */
     int n_params;
-    char **names;       /* per (param, iteration): its global name */
+    char ***names;      /* per param tensor: its iterations' global names */
+    float **gbufs;      /* per param tensor: its gradient, for the global norm */
+    size_t *gsizes;     /* and its elements, all iterations */
     int tokens_in, targets_in; /* the input tensors */
     double dloss;       /* seed of the backward: 1 / micro-batches */
     ex_moe_node **moe;  /* per tensor: moe layers' state, NULL for others */
@@ -405,16 +407,8 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
     double loss = 0;
     for (int k = 0; k < m; k++) loss += micro_step(ex, inputs + (size_t)k * bt, targets + (size_t)k * bt);
     loss /= m;
-    float *bufs[1024];
-    size_t sizes[1024];
-    int nb = 0;
-    for (int k = 0; k < ex->n_params && nb < 1024; k++, nb++) {
-        int id = ex->params[k];
-        bufs[nb] = ex->grad[id];
-        sizes[nb] = (size_t)ex->iters[id] * ex->numel[id];
-    }
-    double norm = s->clip > 0 ? kcpu_clip_global_norm(bufs, sizes, nb, (float)s->clip)
-                              : kcpu_global_norm((const float *const *)bufs, sizes, nb);
+    double norm = s->clip > 0 ? kcpu_clip_global_norm(ex->gbufs, ex->gsizes, ex->n_params, (float)s->clip)
+                              : kcpu_global_norm((const float *const *)ex->gbufs, ex->gsizes, ex->n_params);
     double lr = mesh__exec_lr(ex->p, step);
     st->loss = loss;
     st->norm = norm;
@@ -436,12 +430,12 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
 /* ---- setup ------------------------------------------------------------- */
 
 /* The global name of a param at iteration it: "h.{0..1}.x" -> "h.1.x". */
-static char *iter_name(const char *name, int it)
+static char *iter_name(mesh__exec *ex, const char *name, int it)
 {
     const char *open = strstr(name, "{0..");
     const char *close = open ? strchr(open, '}') : NULL;
     size_t len = strlen(name) + 24;
-    char *out = malloc(len);
+    char *out = ex_calloc(ex, len, 1);
     if (!out) return NULL;
     if (!close) snprintf(out, len, "%s", name);
     else snprintf(out, len, "%.*s%d%s", (int)(open - name), name, it, close + 1);
@@ -572,7 +566,7 @@ mesh__exec *mesh__exec_create(const plan *p, mesh_alloc_fn alloc, void *ud, char
     ex->m = ex_calloc(ex, (size_t)n, sizeof *ex->m);
     ex->v = ex_calloc(ex, (size_t)n, sizeof *ex->v);
     ex->params = ex_calloc(ex, (size_t)n, sizeof *ex->params);
-    ex->names = ex_calloc(ex, (size_t)n * 64, sizeof *ex->names);
+    ex->names = ex_calloc(ex, (size_t)n, sizeof *ex->names);
     ex->moe = ex_calloc(ex, (size_t)n, sizeof *ex->moe);
     if (!ex->numel || !ex->iters || !ex->val || !ex->grad || !ex->aux || !ex->aux_len || !ex->m
         || !ex->v || !ex->params || !ex->names || !ex->moe)
@@ -603,19 +597,15 @@ mesh__exec *mesh__exec_create(const plan *p, mesh_alloc_fn alloc, void *ud, char
             else ex->targets_in = id;
         }
         if (t->op != G_PARAM) continue;
-        if (iters > 64) {
-            set_err(err, errn, "a repeat of more than 64 iterations is not run yet");
-            mesh__exec_free(ex);
-            return NULL;
-        }
         ex->params[ex->n_params++] = id;
         ex->m[id] = ex_calloc(ex, (size_t)iters * ne, sizeof(float));
         ex->v[id] = ex_calloc(ex, (size_t)iters * ne, sizeof(float));
-        if (!ex->m[id] || !ex->v[id]) goto oom;
+        ex->names[id] = ex_calloc(ex, (size_t)iters, sizeof *ex->names[id]);
+        if (!ex->m[id] || !ex->v[id] || !ex->names[id]) goto oom;
         for (int it = 0; it < iters; it++) {
-            char *name = iter_name(t->name ? t->name : "?", it);
+            char *name = iter_name(ex, t->name ? t->name : "?", it);
             if (!name) goto oom;
-            ex->names[(size_t)id * 64 + (size_t)it] = name;
+            ex->names[id][it] = name;
             float *w = ex->val[id] + (size_t)it * ne;
             if (t->init == GRAPH_INIT_NORMAL)
                 mesh__init_normal(w, ne, 0, mesh__init_key((uint64_t)p->setup.seed, name),
@@ -623,6 +613,14 @@ mesh__exec *mesh__exec_create(const plan *p, mesh_alloc_fn alloc, void *ud, char
             else
                 mesh__init_fill(w, ne, t->init == GRAPH_INIT_ONES ? 1.0f : 0.0f);
         }
+    }
+    ex->gbufs = ex_calloc(ex, (size_t)ex->n_params + 1, sizeof *ex->gbufs);
+    ex->gsizes = ex_calloc(ex, (size_t)ex->n_params + 1, sizeof *ex->gsizes);
+    if (!ex->gbufs || !ex->gsizes) goto oom;
+    for (int k = 0; k < ex->n_params; k++) {
+        int id = ex->params[k];
+        ex->gbufs[k] = ex->grad[id];
+        ex->gsizes[k] = (size_t)ex->iters[id] * ex->numel[id];
     }
     if (ex->tokens_in < 0 || ex->targets_in < 0) {
         set_err(err, errn, "the model needs two inputs (tokens and targets)");
@@ -636,42 +634,48 @@ oom:
     return NULL;
 }
 
-int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float **value, float **grad)
+/* Parameter k (each iteration's copy counted separately): its tensor id
+ * and iteration; -1 past the last. */
+static int param_at(const mesh__exec *ex, int k, int *it)
 {
-    for (int q = 0; q < ex->n_params; q++) {
+    for (int q = 0; k >= 0 && q < ex->n_params; q++) {
         int id = ex->params[q];
-        if (k >= ex->iters[id]) { k -= ex->iters[id]; continue; }
-        *name = ex->names[(size_t)id * 64 + (size_t)k];
-        *n = ex->numel[id];
-        *value = ex->val[id] + (size_t)k * ex->numel[id];
-        *grad = ex->grad[id] + (size_t)k * ex->numel[id];
-        return 0;
+        if (k < ex->iters[id]) {
+            *it = k;
+            return id;
+        }
+        k -= ex->iters[id];
     }
     return -1;
+}
+
+int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float **value, float **grad)
+{
+    int it, id = param_at(ex, k, &it);
+    if (id < 0) return -1;
+    *name = ex->names[id][it];
+    *n = ex->numel[id];
+    *value = ex->val[id] + (size_t)it * ex->numel[id];
+    *grad = ex->grad[id] + (size_t)it * ex->numel[id];
+    return 0;
 }
 
 int mesh__exec_moments(mesh__exec *ex, int k, float **m, float **v)
 {
-    for (int q = 0; q < ex->n_params; q++) {
-        int id = ex->params[q];
-        if (k >= ex->iters[id]) { k -= ex->iters[id]; continue; }
-        *m = ex->m[id] + (size_t)k * ex->numel[id];
-        *v = ex->v[id] + (size_t)k * ex->numel[id];
-        return 0;
-    }
-    return -1;
+    int it, id = param_at(ex, k, &it);
+    if (id < 0) return -1;
+    *m = ex->m[id] + (size_t)it * ex->numel[id];
+    *v = ex->v[id] + (size_t)it * ex->numel[id];
+    return 0;
 }
 
 int mesh__exec_param_dims(const mesh__exec *ex, int k, const int64_t **dims, int *rank)
 {
-    for (int q = 0; q < ex->n_params; q++) {
-        int id = ex->params[q];
-        if (k >= ex->iters[id]) { k -= ex->iters[id]; continue; }
-        *dims = ex->p->tensors[id].dims;
-        *rank = ex->p->tensors[id].rank;
-        return 0;
-    }
-    return -1;
+    int it, id = param_at(ex, k, &it);
+    if (id < 0) return -1;
+    *dims = ex->p->tensors[id].dims;
+    *rank = ex->p->tensors[id].rank;
+    return 0;
 }
 
 long long *mesh__exec_adam_steps(mesh__exec *ex) { return &ex->adam_t; }
@@ -694,7 +698,8 @@ void mesh__exec_free(mesh__exec *ex)
         if (ex->aux) ex_free(ex, ex->aux[id]);
         if (ex->m) ex_free(ex, ex->m[id]);
         if (ex->v) ex_free(ex, ex->v[id]);
-        for (int it = 0; ex->names && it < 64; it++) free(ex->names[(size_t)id * 64 + (size_t)it]);
+        for (int it = 0; ex->names && ex->names[id] && it < ex->iters[id]; it++) ex_free(ex, ex->names[id][it]);
+        if (ex->names) ex_free(ex, ex->names[id]);
         if (ex->moe) moe_free(ex, ex->moe[id], ex->iters ? ex->iters[id] : 0);
     }
     ex_free(ex, ex->moe);
@@ -708,5 +713,7 @@ void mesh__exec_free(mesh__exec *ex)
     ex_free(ex, ex->v);
     ex_free(ex, ex->params);
     ex_free(ex, ex->names);
+    ex_free(ex, ex->gbufs);
+    ex_free(ex, ex->gsizes);
     free(ex);
 }

@@ -26,6 +26,7 @@
 #include "data.h" /* defines: mesh__shard_write, mesh__tokenize_bytes */
 #include "checkpoint.h" /* defines: mesh__ckpt_save, mesh__ckpt_load */
 #include "exec.h" /* defines: mesh__exec_* */
+#include "file.h" /* defines: mesh__read_file */
 #include "kcpu.h" /* defines: kcpu_set_threads */
 #include "init.h" /* defines: mesh__init_key */
 #include "sample.h" /* defines: mesh__sample_next */
@@ -72,33 +73,12 @@ static int usage_error(const char *what, const char *arg)
     return 2;
 }
 
-/* Reads a whole file into a malloc'd buffer; prints the error and returns
- * NULL on failure. */
+/* Reads a whole file; prints the error and returns NULL on failure. */
 static char *read_file(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "meshrun: error: cannot open '%s': %s\n", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *text = malloc(cap);
-    while (text) {
-        n += fread(text + n, 1, cap - n, f);
-        if (n < cap || ferror(f)) break;
-        char *bigger = realloc(text, cap * 2);
-        if (!bigger) { free(text); text = NULL; break; }
-        text = bigger;
-        cap *= 2;
-    }
-    int bad = !text || ferror(f);
-    fclose(f);
-    if (bad) {
-        fprintf(stderr, "meshrun: error: cannot read '%s'\n", path);
-        free(text);
-        return NULL;
-    }
-    *len = n;
+    char err[1200];
+    char *text = mesh__read_file(path, len, err, sizeof err);
+    if (!text) fprintf(stderr, "meshrun: error: %s\n", err);
     return text;
 }
 
@@ -411,31 +391,16 @@ static int tokenize_file(const char *path, const mesh__bpe *bpe, int32_t **ids, 
     size_t len = 0;
     char *text = read_file(path, &len);
     if (!text) return 1;
-    char err[512] = "";
-    int rc = 0;
+    char err[512] = "out of memory";
+    /* room for every id at once: BPE never gives more ids than bytes */
+    int32_t *grown = realloc(*ids, (*n + len + 1) * sizeof *grown);
+    int rc = grown ? 0 : -1;
+    if (grown) *ids = grown, *cap = *n + len + 1;
     int eot = bpe ? mesh__bpe_id(bpe, "<|endoftext|>", 13) : -1;
-    if (bpe && eot >= 0 && *n == *cap) {
-        int32_t *p = realloc(*ids, (*cap ? *cap * 2 : 1024) * sizeof *p);
-        if (p) *ids = p, *cap = *cap ? *cap * 2 : 1024;
-    }
-    if (bpe && eot >= 0 && *n < *cap) (*ids)[(*n)++] = eot;
-    if (bpe) {
-        rc = mesh__bpe_encode(bpe, text, len, ids, n, cap, err, sizeof err);
-    } else {
-        int32_t *p = *n + len > *cap ? realloc(*ids, (*n + len + 1) * sizeof *p) : *ids;
-        if (p) {
-            *ids = p;
-            *cap = *n + len > *cap ? *n + len + 1 : *cap;
-            uint16_t tok;
-            for (size_t k = 0; k < len; k++) {
-                mesh__tokenize_bytes(text + k, 1, &tok);
-                (*ids)[(*n)++] = tok;
-            }
-        } else {
-            snprintf(err, sizeof err, "out of memory");
-            rc = -1;
-        }
-    }
+    if (rc == 0 && eot >= 0) (*ids)[(*n)++] = eot;
+    if (rc == 0 && bpe) rc = mesh__bpe_encode(bpe, text, len, ids, n, cap, err, sizeof err);
+    else if (rc == 0)
+        *n += mesh__tokenize_bytes(text, len, *ids + *n);
     free(text);
     if (rc != 0) fprintf(stderr, "meshrun: error: %s: %s\n", path, err);
     return rc != 0;
