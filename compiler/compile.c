@@ -129,25 +129,14 @@ void compile_free(compiled *c) {
     if (c->have_sched) sched_free(&c->sc);
 }
 
-/* 4576 -> "4,576" */
-static void commas(long long v, char *buf, size_t n) {
-    char d[32];
-    int k = snprintf(d, sizeof d, "%lld", v), j = 0;
-    for (int i = 0; i < k && (size_t)j + 2 < n; i++) {
-        if (i > 0 && (k - i) % 3 == 0) buf[j++] = ',';
-        buf[j++] = d[i];
-    }
-    buf[j] = '\0';
-}
-
 void compile_print_check(const compiled *c, FILE *out) {
     if (c->skipped[0]) {
         fprintf(out, "  check:    not run: %s\n", c->skipped);
         return;
     }
     char a[32], b[32];
-    commas(c->colls, a, sizeof a);
-    commas(c->p2p, b, sizeof b);
+    fe_commas(c->colls, a, sizeof a);
+    fe_commas(c->p2p, b, sizeof b);
     fprintf(out, "  check:    every rank's step simulated (%lld rank%s, %s collective calls, %s sends and receives): "
            "no deadlock, every collective matched\n", c->setup.world, c->setup.world == 1 ? "" : "s", a, b);
 }

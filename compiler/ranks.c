@@ -137,16 +137,7 @@ static int emit_bytes(builder *b, int rank, int si, long long bytes) {
 static int emit_step(builder *b, int rank, int si) {
     const shard_step *st = &b->p->steps[si];
     if (st->kind == STEP_COMPUTE || st->kind == STEP_SLICE) return 0;
-    int g = group_of(b, st, rank);
-    if (b->r->groups[g].n <= 1) return 0;
-    verify_op op = {0};
-    op.kind = VERIFY_COLL;
-    op.group = g;
-    op.coll = (int)st->kind * SHARD_AXES + st->axis;
-    op.bytes = st->elems * b->elem_bytes;
-    op.peer = -1;
-    op.tag = si;
-    return push(b, rank, op);
+    return emit_bytes(b, rank, si, st->elems * b->elem_bytes);
 }
 
 /* The region directly inside `parent` that holds step si, or -1 if the

@@ -2,6 +2,7 @@
 #include <string.h> /* strlen */
 
 #include "shard.h"
+#include "frontend.h" /* fe_commas */
 
 static const char *const axis_names[SHARD_AXES] = {"dp", "tp", "pp", "ep"};
 
@@ -52,16 +53,6 @@ static void enter(const graph *g, nest *ns, int region, FILE *out) {
     }
 }
 
-static void commas(long long v, char *buf, size_t n) {
-    char d[32];
-    int k = snprintf(d, sizeof d, "%lld", v), j = 0;
-    for (int i = 0; i < k && (size_t)j + 2 < n; i++) {
-        if (i > 0 && (k - i) % 3 == 0) buf[j++] = ',';
-        buf[j++] = d[i];
-    }
-    buf[j] = '\0';
-}
-
 void shard_dump(const shard_prog *p, FILE *out) {
     const graph *g = p->g;
     const fe_setup *s = &p->setup;
@@ -102,7 +93,7 @@ void shard_dump(const shard_prog *p, FILE *out) {
                 fputc('\n', out);
             } else {
                 char e[40];
-                commas((long long)st->elems, e, sizeof e);
+                fe_commas((long long)st->elems, e, sizeof e);
                 fprintf(out, "%s(%s) %s%%%d", shard_step_name(st->kind), axis_names[st->axis],
                         st->recompute ? "r" : b == 1 || b == 2 ? "d" : "", st->node);
                 if (st->dim >= 0 && st->kind != STEP_ALL_REDUCE) fprintf(out, " dim %d", st->dim);
@@ -130,7 +121,7 @@ void shard_dump(const shard_prog *p, FILE *out) {
             for (int a = 0; a < SHARD_AXES; a++) {
                 if (!c.n[k][a]) continue;
                 char e[40];
-                commas((long long)c.elems[k][a], e, sizeof e);
+                fe_commas((long long)c.elems[k][a], e, sizeof e);
                 fprintf(out, "%s %lld %s(%s) of %s elements", any++ ? "," : "", (long long)c.n[k][a],
                         shard_step_name((shard_step_kind)k), axis_names[a], e);
             }

@@ -399,15 +399,20 @@ void fe_dump_ast(fe *f, FILE *out) {
     if (f->n_files > 0) ast_dump(f->files[f->n_files - 1], f->diag, out);
 }
 
-/* 124475904 -> "124,475,904" */
-static const char *commas(fe *f, int64_t v) {
-    char digits[32], out[48];
-    int n = snprintf(digits, sizeof digits, "%lld", (long long)v), k = 0;
-    for (int i = 0; i < n; i++) {
-        if (i > 0 && digits[i - 1] != '-' && (n - i) % 3 == 0) out[k++] = ',';
-        out[k++] = digits[i];
+void fe_commas(long long v, char *buf, size_t size) {
+    char digits[32];
+    int n = snprintf(digits, sizeof digits, "%lld", v);
+    size_t k = 0;
+    for (int i = 0; i < n && k + 2 < size; i++) {
+        if (i > 0 && digits[i - 1] != '-' && (n - i) % 3 == 0) buf[k++] = ',';
+        buf[k++] = digits[i];
     }
-    out[k] = '\0';
+    if (size) buf[k < size ? k : size - 1] = '\0';
+}
+
+static const char *commas(fe *f, int64_t v) {
+    char out[48];
+    fe_commas((long long)v, out, sizeof out);
     return arena_strdup(f->arena, out);
 }
 

@@ -60,6 +60,9 @@ typedef struct fe_setup {
     loc memory_limit_at;     /* where it is written */
 } fe_setup;
 
+/* 124475904 -> "124,475,904" in buf (size bytes; cut to fit). */
+void fe_commas(long long v, char *buf, size_t size);
+
 /* "80GiB", "512MiB", "1.5TB", "123456" -> bytes, or -1. */
 long long fe_parse_bytes(const char *text);
 
