@@ -1,33 +1,26 @@
 /* api.c — the public plan and context API of mesh.h, over the plan reader
- * (compiler/plan.h), the interpreter (exec.h) and checkpoints. */
+ * (compiler/plan.h), the interpreter (exec.h), checkpoints and sampling.
+ * Token streams are in data.c, tokenizers in tokenizer.c. */
 #include <stdarg.h> /* va_list */
 #include <stdio.h>  /* FILE, vsnprintf */
 #include <stdlib.h> /* malloc, free */
 #include <string.h> /* strcmp, memcpy */
 
+#include "api_impl.h"   /* struct mesh_plan, struct mesh_context, mesh__fail */
 #include "checkpoint.h" /* mesh__ckpt_* */
 #include "exec.h"       /* mesh__exec_* */
 #include "file.h"       /* mesh__read_file */
-#include "mesh.h"
-#include "plan.h"       /* plan_read */
+#include "init.h"       /* mesh__init_key */
+#include "kcpu.h"       /* kcpu_set_threads */
+#include "sample.h"     /* mesh__next_logits, mesh__sample_draw */
 
 _Static_assert(sizeof(int) == sizeof(int32_t), "token ids are passed as int");
-
-struct mesh_plan {
-    plan p;
-};
-
-struct mesh_context {
-    const mesh_plan *plan;
-    mesh__exec *ex;
-    long long step;
-};
 
 static _Thread_local char last_error[1024];
 
 const char *mesh_last_error(void) { return last_error; }
 
-static mesh_status fail(mesh_status st, const char *fmt, ...)
+mesh_status mesh__fail(mesh_status st, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -40,11 +33,11 @@ static mesh_status fail(mesh_status st, const char *fmt, ...)
 static mesh_status read_plan_text(const char *name, const char *text, size_t len, mesh_plan **out)
 {
     mesh_plan *mp = calloc(1, sizeof *mp);
-    if (!mp) return fail(MESH_ERR_NOMEM, "out of memory");
+    if (!mp) return mesh__fail(MESH_ERR_NOMEM, "out of memory");
     char err[1024];
     if (plan_read(&mp->p, text ? text : "", len, err, sizeof err) != 0) {
         free(mp);
-        return fail(MESH_ERR_PARSE, "%s:%s", name, err);
+        return mesh__fail(MESH_ERR_PARSE, "%s:%s", name, err);
     }
     *out = mp;
     return MESH_OK;
@@ -52,19 +45,19 @@ static mesh_status read_plan_text(const char *name, const char *text, size_t len
 
 mesh_status mesh_plan_from_memory(const char *text, size_t len, mesh_plan **out)
 {
-    if (!out || (!text && len)) return fail(MESH_ERR_INVALID_ARG, "mesh_plan_from_memory: NULL argument");
+    if (!out || (!text && len)) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_plan_from_memory: NULL argument");
     *out = NULL;
     return read_plan_text("plan", text, len, out);
 }
 
 mesh_status mesh_plan_load(const char *path, mesh_plan **out)
 {
-    if (!path || !out) return fail(MESH_ERR_INVALID_ARG, "mesh_plan_load: NULL argument");
+    if (!path || !out) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_plan_load: NULL argument");
     *out = NULL;
     size_t len = 0;
     char err[1200];
     char *text = mesh__read_file(path, &len, err, sizeof err);
-    if (!text) return fail(strstr(err, "memory") ? MESH_ERR_NOMEM : MESH_ERR_IO, "%s", err);
+    if (!text) return mesh__fail(strstr(err, "memory") ? MESH_ERR_NOMEM : MESH_ERR_IO, "%s", err);
     mesh_status st = read_plan_text(path, text, len, out);
     free(text);
     return st;
@@ -80,7 +73,7 @@ void mesh_plan_free(mesh_plan *mp)
 mesh_status mesh_plan_batch(const mesh_plan *mp, int *micro_batch, int *micro_batches, int *seq_len,
                             int *vocab)
 {
-    if (!mp) return fail(MESH_ERR_INVALID_ARG, "mesh_plan_batch: NULL plan");
+    if (!mp) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_plan_batch: NULL plan");
     const plan *p = &mp->p;
     const fe_setup *s = &p->setup;
     long long dp = s->dp * s->ep > 0 ? s->dp * s->ep : 1;
@@ -88,12 +81,63 @@ mesh_status mesh_plan_batch(const mesh_plan *mp, int *micro_batch, int *micro_ba
     if (micro_batch) *micro_batch = (int)(s->global_batch / dp / m);
     if (micro_batches) *micro_batches = (int)m;
     if (seq_len) *seq_len = (int)s->seq_len;
-    if (vocab) {
-        *vocab = 0;
-        for (int id = 0; id < p->n_tensors; id++)
-            if (p->tensors[id].op == G_EMBED && p->tensors[p->tensors[id].in[0]].op == G_INPUT)
-                *vocab = (int)p->tensors[p->tensors[id].in[1]].dims[0];
-    }
+    if (vocab) *vocab = mesh__plan_vocab(p);
+    return MESH_OK;
+}
+
+/* The loss's classes: its vocab attribute, else the logits' last dimension. */
+static int loss_vocab(const plan *p)
+{
+    if (p->loss < 0) return 0;
+    const plan_tensor *ce = &p->tensors[p->loss], *logits = &p->tensors[ce->in[0]];
+    return ce->vocab > 0 ? (int)ce->vocab : logits->rank > 0 ? (int)logits->dims[logits->rank - 1] : 0;
+}
+
+int mesh__plan_vocab(const plan *p)
+{
+    int vocab = loss_vocab(p);
+    for (int id = 0; id < p->n_tensors; id++)
+        if (p->tensors[id].op == G_EMBED && p->tensors[p->tensors[id].in[0]].op == G_INPUT) {
+            int rows = (int)p->tensors[p->tensors[id].in[1]].dims[0];
+            if (vocab <= 0 || rows < vocab) vocab = rows;
+        }
+    return vocab;
+}
+
+mesh_status mesh_plan_get_info(const mesh_plan *mp, size_t size, mesh_plan_info *info)
+{
+    static const char *const schedules[] = {"constant", "cosine", "linear"};
+    static const char *const precisions[] = {"fp32", "bf16", "fp16"};
+    if (!mp || !info) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_plan_get_info: NULL argument");
+    /* the struct grows only at its end; this is its first layout */
+    if (size < sizeof(mesh_plan_info))
+        return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_plan_get_info: size %zu is not a mesh_plan_info's", size);
+    const plan *p = &mp->p;
+    const fe_setup *s = &p->setup;
+    mesh_plan_info all;
+    memset(&all, 0, sizeof all);
+    all.source = p->source ? p->source : "";
+    all.world = (int)s->world;
+    all.dp = (int)s->dp;
+    all.tp = (int)s->tp;
+    all.pp = (int)s->pp;
+    all.ep = (int)s->ep;
+    all.global_batch = (int)s->global_batch;
+    mesh_plan_batch(mp, &all.micro_batch, &all.micro_batches, &all.seq_len, &all.vocab);
+    all.steps = s->steps;
+    all.lr = s->lr;
+    all.min_lr = s->min_lr;
+    all.warmup = s->warmup;
+    all.lr_schedule = s->lr_schedule >= 0 && s->lr_schedule <= 2 ? schedules[s->lr_schedule] : "?";
+    all.precision = s->precision >= 0 && s->precision <= 2 ? precisions[s->precision] : "?";
+    all.seed = s->seed;
+    all.log_every = s->log_every;
+    all.eval_every = s->eval_every;
+    all.checkpoint_every = s->checkpoint_every;
+    all.data = p->data;
+    all.val_data = p->val_data;
+    all.checkpoint_dir = p->checkpoint_dir;
+    memcpy(info, &all, size < sizeof all ? size : sizeof all);
     return MESH_OK;
 }
 
@@ -105,19 +149,19 @@ mesh_status mesh_context_create(const mesh_plan *mp, int rank, mesh_context **ou
 mesh_status mesh_context_create_with(const mesh_plan *mp, int rank, mesh_alloc_fn alloc, void *ud,
                                      mesh_context **out)
 {
-    if (!mp || !out) return fail(MESH_ERR_INVALID_ARG, "mesh_context_create: NULL argument");
+    if (!mp || !out) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_create: NULL argument");
     *out = NULL;
     if (rank < 0 || rank >= mp->p.setup.world)
-        return fail(MESH_ERR_INVALID_ARG, "rank %d is not in the plan's world of %lld", rank,
-                    mp->p.setup.world);
+        return mesh__fail(MESH_ERR_INVALID_ARG, "rank %d is not in the plan's world of %lld", rank,
+                          mp->p.setup.world);
     mesh_context *ctx = calloc(1, sizeof *ctx);
-    if (!ctx) return fail(MESH_ERR_NOMEM, "out of memory");
+    if (!ctx) return mesh__fail(MESH_ERR_NOMEM, "out of memory");
     char err[512];
     ctx->plan = mp;
     ctx->ex = mesh__exec_create(&mp->p, alloc, ud, err, sizeof err);
     if (!ctx->ex) {
         free(ctx);
-        return fail(strstr(err, "memory") ? MESH_ERR_NOMEM : MESH_ERR_UNSUPPORTED, "%s", err);
+        return mesh__fail(strstr(err, "memory") ? MESH_ERR_NOMEM : MESH_ERR_UNSUPPORTED, "%s", err);
     }
     *out = ctx;
     return MESH_OK;
@@ -133,21 +177,37 @@ void mesh_context_free(mesh_context *ctx)
 mesh_status mesh_train_step(mesh_context *ctx, const int *inputs, const int *targets,
                             mesh_step_stats *stats)
 {
-    if (!ctx || !inputs || !targets) return fail(MESH_ERR_INVALID_ARG, "mesh_train_step: NULL argument");
+    if (!ctx || !inputs || !targets) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_train_step: NULL argument");
     mesh__step_stats st;
     int rc = mesh__exec_train_step(ctx->ex, ctx->step + 1, inputs, targets, &st);
-    if (rc == 0) ctx->step++;
+    ctx->step++; /* a skipped step counts too: the schedule and the data move on */
     if (stats) *stats = (mesh_step_stats){st.loss, st.norm, st.lr, ctx->step};
     if (rc != 0)
-        return fail(MESH_ERR_CHECK, "step %lld: the loss (%g) or the gradient norm (%g) is not finite; "
-                    "the parameters are unchanged", ctx->step + 1, st.loss, st.norm);
+        return mesh__fail(MESH_ERR_CHECK, "step %lld: the loss (%g) or the gradient norm (%g) is not finite; "
+                          "the parameters are unchanged", ctx->step, st.loss, st.norm);
+    return MESH_OK;
+}
+
+mesh_status mesh_context_step(const mesh_context *ctx, long long *step)
+{
+    if (!ctx || !step) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_step: NULL argument");
+    *step = ctx->step;
+    return MESH_OK;
+}
+
+mesh_status mesh_context_memory(const mesh_context *ctx, size_t *allocated, size_t *planned)
+{
+    if (!ctx) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_memory: NULL context");
+    const plan *p = &ctx->plan->p;
+    if (allocated) *allocated = mesh__exec_bytes(ctx->ex);
+    if (planned) *planned = p->memory && p->memory[0].total > 0 ? (size_t)p->memory[0].total : 0;
     return MESH_OK;
 }
 
 mesh_status mesh_forward(mesh_context *ctx, const int *inputs, const int *targets, double *loss,
                          float *logits, size_t n)
 {
-    if (!ctx || !inputs || !targets) return fail(MESH_ERR_INVALID_ARG, "mesh_forward: NULL argument");
+    if (!ctx || !inputs || !targets) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_forward: NULL argument");
     double l = mesh__exec_loss(ctx->ex, inputs, targets);
     if (loss) *loss = l;
     if (!logits) return MESH_OK;
@@ -157,8 +217,8 @@ mesh_status mesh_forward(mesh_context *ctx, const int *inputs, const int *target
     vocab = ce->vocab > 0 ? (int)ce->vocab : vp;
     size_t rows = mesh__exec_batch_tokens(ctx->ex);
     if (n != rows * (size_t)vocab)
-        return fail(MESH_ERR_INVALID_ARG, "mesh_forward: logits need %zu floats (%zu rows x %d), not %zu",
-                    rows * (size_t)vocab, rows, vocab, n);
+        return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_forward: logits need %zu floats (%zu rows x %d), not %zu",
+                          rows * (size_t)vocab, rows, vocab, n);
     for (size_t r = 0; r < rows; r++) memcpy(logits + r * (size_t)vocab, lg + r * (size_t)vp, (size_t)vocab * sizeof *lg);
     return MESH_OK;
 }
@@ -166,9 +226,9 @@ mesh_status mesh_forward(mesh_context *ctx, const int *inputs, const int *target
 mesh_status mesh_param_info(const mesh_context *ctx, int index, const char **name, size_t *n)
 {
     float *w, *g;
-    if (!ctx || !name || !n) return fail(MESH_ERR_INVALID_ARG, "mesh_param_info: NULL argument");
+    if (!ctx || !name || !n) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_param_info: NULL argument");
     if (index < 0 || mesh__exec_param(ctx->ex, index, name, n, &w, &g) != 0)
-        return fail(MESH_ERR_INVALID_ARG, "no parameter %d", index);
+        return mesh__fail(MESH_ERR_INVALID_ARG, "no parameter %d", index);
     return MESH_OK;
 }
 
@@ -178,13 +238,14 @@ static mesh_status find_param(mesh_context *ctx, const char *name, size_t n, flo
     const char *pn;
     size_t pnum;
     float *g;
-    if (!ctx || !name) return fail(MESH_ERR_INVALID_ARG, "NULL argument");
+    if (!ctx || !name) return mesh__fail(MESH_ERR_INVALID_ARG, "NULL argument");
     for (int k = 0; mesh__exec_param(ctx->ex, k, &pn, &pnum, value, &g) == 0; k++) {
         if (strcmp(pn, name) != 0) continue;
-        if (pnum != n) return fail(MESH_ERR_INVALID_ARG, "parameter '%s' has %zu elements, not %zu", name, pnum, n);
+        if (pnum != n)
+            return mesh__fail(MESH_ERR_INVALID_ARG, "parameter '%s' has %zu elements, not %zu", name, pnum, n);
         return MESH_OK;
     }
-    return fail(MESH_ERR_INVALID_ARG, "no parameter '%s'", name);
+    return mesh__fail(MESH_ERR_INVALID_ARG, "no parameter '%s'", name);
 }
 
 mesh_status mesh_param_read(mesh_context *ctx, const char *name, float *out, size_t n)
@@ -205,18 +266,106 @@ mesh_status mesh_param_write(mesh_context *ctx, const char *name, const float *i
 
 mesh_status mesh_checkpoint_save(mesh_context *ctx, const char *dir)
 {
+    return mesh_checkpoint_save_with(ctx, dir, NULL);
+}
+
+mesh_status mesh_checkpoint_save_with(mesh_context *ctx, const char *dir, const mesh_data *data)
+{
     char err[512];
-    if (!ctx || !dir) return fail(MESH_ERR_INVALID_ARG, "mesh_checkpoint_save: NULL argument");
-    if (mesh__ckpt_save(ctx->ex, dir, ctx->step, err, sizeof err) != 0) return fail(MESH_ERR_IO, "%s", err);
+    uint64_t pos = 0;
+    if (!ctx || !dir) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_checkpoint_save: NULL argument");
+    if (data) mesh_data_tell(data, &pos);
+    if (mesh__ckpt_save(ctx->ex, dir, ctx->step, data ? &pos : NULL, err, sizeof err) != 0)
+        return mesh__fail(MESH_ERR_IO, "%s", err);
     return MESH_OK;
 }
 
 mesh_status mesh_checkpoint_load(mesh_context *ctx, const char *path)
 {
+    return mesh_checkpoint_load_with(ctx, path, NULL);
+}
+
+mesh_status mesh_checkpoint_load_with(mesh_context *ctx, const char *path, mesh_data *data)
+{
     char err[512];
     long long step = 0;
-    if (!ctx || !path) return fail(MESH_ERR_INVALID_ARG, "mesh_checkpoint_load: NULL argument");
-    if (mesh__ckpt_load(ctx->ex, path, 1, &step, err, sizeof err) != 0) return fail(MESH_ERR_IO, "%s", err);
+    uint64_t pos = 0;
+    if (!ctx || !path) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_checkpoint_load: NULL argument");
+    if (mesh__ckpt_load(ctx->ex, path, 1, &step, &pos, err, sizeof err) != 0)
+        return mesh__fail(MESH_ERR_IO, "%s", err);
     ctx->step = step;
+    if (data && pos == UINT64_MAX) { /* saved without a cursor: where `step` steps from the start are */
+        const fe_setup *s = &ctx->plan->p.setup;
+        pos = (uint64_t)step * (uint64_t)s->global_batch;
+    }
+    if (data) mesh_data_seek(data, pos);
+    return MESH_OK;
+}
+
+mesh_status mesh_checkpoint_load_params(mesh_context *ctx, const char *path)
+{
+    char err[512];
+    long long step = 0;
+    if (!ctx || !path) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_checkpoint_load_params: NULL argument");
+    if (mesh__ckpt_load(ctx->ex, path, 0, &step, NULL, err, sizeof err) != 0)
+        return mesh__fail(MESH_ERR_IO, "%s", err);
+    return MESH_OK;
+}
+
+/* ---- Sampling ----------------------------------------------------------- */
+
+/* The logits after ids[0..n), in the executor's buffers (*row), and how
+ * many of them are the model's vocabulary (*vocab). */
+static mesh_status next_row(mesh_context *ctx, const int *ids, size_t n, const char *who, const float **row,
+                            int *vocab)
+{
+    if (!ctx || !ids || n == 0) return mesh__fail(MESH_ERR_INVALID_ARG, "%s: NULL argument or no ids", who);
+    size_t bt = mesh__exec_batch_tokens(ctx->ex);
+    int32_t *in = malloc(bt * sizeof *in), *tg = malloc(bt * sizeof *tg);
+    int vp = 0;
+    int seq = (int)ctx->plan->p.setup.seq_len;
+    if (in && tg) *row = mesh__next_logits(ctx->ex, (const int32_t *)ids, n, seq, in, tg, &vp);
+    free(in);
+    free(tg);
+    if (!in || !tg) return mesh__fail(MESH_ERR_NOMEM, "out of memory");
+    *vocab = mesh__plan_vocab(&ctx->plan->p);
+    if (*vocab <= 0 || *vocab > vp) *vocab = vp;
+    return MESH_OK;
+}
+
+mesh_status mesh_next_logits(mesh_context *ctx, const int *ids, size_t n, float *logits, size_t vocab)
+{
+    const float *row;
+    int real;
+    if (!logits) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_next_logits: NULL argument");
+    mesh_status st = next_row(ctx, ids, n, "mesh_next_logits", &row, &real);
+    if (st != MESH_OK) return st;
+    if (vocab != (size_t)real)
+        return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_next_logits: the logits are %d floats, not %zu", real,
+                          vocab);
+    memcpy(logits, row, vocab * sizeof *logits);
+    return MESH_OK;
+}
+
+mesh_status mesh_sample_next(mesh_context *ctx, const int *ids, size_t n, double temperature, uint64_t seed,
+                             int *next)
+{
+    const float *row;
+    int vocab;
+    if (!next || !(temperature >= 0))
+        return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_sample_next: NULL argument or a temperature below 0");
+    mesh_status st = next_row(ctx, ids, n, "mesh_sample_next", &row, &vocab);
+    if (st != MESH_OK) return st;
+    /* one Philox draw per position, so a seed repeats its text */
+    *next = mesh__sample_draw(row, vocab, temperature, mesh__init_key(seed, "meshrun sample"), n);
+    return MESH_OK;
+}
+
+/* ---- Process settings --------------------------------------------------- */
+
+mesh_status mesh_set_threads(int n)
+{
+    if (n < 0) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_set_threads: %d threads", n);
+    kcpu_set_threads(n);
     return MESH_OK;
 }

@@ -113,7 +113,8 @@ static void remove_step_dir(const char *dir)
     rmdir(dir);
 }
 
-int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, char *err, size_t errn)
+int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint64_t *data_pos, char *err,
+                    size_t errn)
 {
     int count = 0;
     const char *name;
@@ -122,7 +123,7 @@ int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, char *err, 
     while (mesh__exec_param(ex, count, &name, &n, &w, &g) == 0) count++;
     st_item *model = calloc((size_t)count + 1, sizeof *model);
     st_item *optim = calloc(2 * (size_t)count + 1, sizeof *optim);
-    char tmp[4096], final[4096], path[4096], meta[128];
+    char tmp[4096], final[4096], path[4096], meta[192];
     int rc = -1;
     if (!model || !optim) { set_err(err, errn, "out of memory"); goto out; }
     for (int k = 0; k < count; k++) {
@@ -149,8 +150,11 @@ int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, char *err, 
         set_err(err, errn, "cannot make '%s': %s", tmp, strerror(errno));
         goto out;
     }
-    snprintf(meta, sizeof meta, "\"format\":\"mesh\",\"step\":\"%lld\",\"adam_steps\":\"%lld\"", step,
-             *mesh__exec_adam_steps(ex));
+    int used = snprintf(meta, sizeof meta, "\"format\":\"mesh\",\"step\":\"%lld\",\"adam_steps\":\"%lld\"",
+                        step, *mesh__exec_adam_steps(ex));
+    if (data_pos)
+        snprintf(meta + used, sizeof meta - (size_t)used, ",\"data_position\":\"%llu\"",
+                 (unsigned long long)*data_pos);
     join(path, sizeof path, tmp, "model.safetensors");
     if (write_st(path, model, count, "\"format\":\"mesh\"", err, errn) != 0) goto out;
     join(path, sizeof path, tmp, "optim.safetensors");
@@ -193,6 +197,7 @@ typedef struct st_file {
     st_entry *e;
     int n, cap;
     long long step, adam_steps;
+    uint64_t data_pos;        /* UINT64_MAX: none saved */
     size_t i;                 /* parse position */
     char *err;
     size_t errn;
@@ -279,6 +284,7 @@ static int metadata(st_file *f)
             return bad(f, "bad __metadata__");
         if (strcmp(key, "step") == 0) f->step = strtoll(val, NULL, 10);
         if (strcmp(key, "adam_steps") == 0) f->adam_steps = strtoll(val, NULL, 10);
+        if (strcmp(key, "data_position") == 0) f->data_pos = strtoull(val, NULL, 10);
     } while (lit(f, ',') == 0);
     return lit(f, '}') == 0 ? 0 : bad(f, "expected '}'");
 }
@@ -351,6 +357,7 @@ static int open_st(st_file *f, const char *path, char *err, size_t errn)
     f->path = path;
     f->err = err;
     f->errn = errn;
+    f->data_pos = UINT64_MAX;
     f->bytes = (unsigned char *)mesh__read_file(path, &f->size, err, errn);
     if (!f->bytes) return -1;
     if (parse(f) != 0) {
@@ -382,8 +389,8 @@ static int take(st_file *f, const char *name, const char *suffix, float *dst, si
     return -1;
 }
 
-int mesh__ckpt_load(mesh__exec *ex, const char *path, int optim, long long *step, char *err,
-                    size_t errn)
+int mesh__ckpt_load(mesh__exec *ex, const char *path, int optim, long long *step, uint64_t *data_pos,
+                    char *err, size_t errn)
 {
     char dir[4096], file[4200];
     join(file, sizeof file, path, "latest");
@@ -420,8 +427,10 @@ int mesh__ckpt_load(mesh__exec *ex, const char *path, int optim, long long *step
     if (rc == 0 && optim) {
         *mesh__exec_adam_steps(ex) = opt.adam_steps;
         *step = opt.step;
+        if (data_pos) *data_pos = opt.data_pos;
     } else if (rc == 0) {
         *step = 0;
+        if (data_pos) *data_pos = UINT64_MAX;
     }
     free(model.bytes);
     free(model.e);

@@ -16,12 +16,13 @@
 #define MESH_H
 
 #include <stddef.h> /* defines: size_t */
+#include <stdint.h> /* defines: uint64_t */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* ---- Versions ---------------------------------------------------------- */
+/* ---- Versions ----------------------------------------------------------- */
 
 /* The version of this header. The Makefile reads these three lines, so keep
  * each on its own line as "#define NAME NUMBER". */
@@ -39,7 +40,7 @@ extern "C" {
 const char *mesh_version(void);
 int mesh_version_num(void);
 
-/* ---- Status codes -------------------------------------------------------- */
+/* ---- Status codes ------------------------------------------------------- */
 
 /* X(NAME, message): one line per code. Codes are numbered in list order from
  * MESH_OK = 0; new codes are only ever appended, so values stay stable. */
@@ -63,7 +64,7 @@ typedef enum mesh_status {
  * any other value. */
 const char *mesh_status_str(mesh_status status);
 
-/* ---- Allocation ---------------------------------------------------------- */
+/* ---- Allocation --------------------------------------------------------- */
 
 /* An allocator hook, as Lua's lua_Alloc. libmesh calls it as
  * f(ud, ptr, old_size, new_size), where ud is the pointer registered with it:
@@ -81,7 +82,7 @@ typedef void *(*mesh_alloc_fn)(void *ud, void *ptr, size_t old_size,
 void *mesh_alloc_default(void *ud, void *ptr, size_t old_size,
                          size_t new_size);
 
-/* ---- Compiling .mesh text ------------------------------------------------ */
+/* ---- Compiling .mesh text ----------------------------------------------- */
 
 /* A diagnostic, rendered as meshc prints it: "file:line:col: error: ..."
  * with the source line and a caret (several lines, '\n'-terminated). level:
@@ -124,7 +125,7 @@ void mesh_free(void *p);
  * failing call. */
 const char *mesh_last_error(void);
 
-/* ---- Plans and contexts -------------------------------------------------- */
+/* ---- Plans and contexts ------------------------------------------------- */
 
 /* A plan, loaded and checked (every field, the format version). */
 typedef struct mesh_plan mesh_plan;
@@ -136,16 +137,40 @@ typedef struct mesh_plan mesh_plan;
  * time. */
 typedef struct mesh_context mesh_context;
 
+/* A stream of training batches read from token shards (Data, below). */
+typedef struct mesh_data mesh_data;
+
 /* Loads a plan file written by meshc (or mesh_compile's text). */
 mesh_status mesh_plan_load(const char *path, mesh_plan **out);
 mesh_status mesh_plan_from_memory(const char *text, size_t len, mesh_plan **out);
 void mesh_plan_free(mesh_plan *plan);
 
-/* The batch a step takes: micro_batches micro-batches of micro_batch
- * sequences of seq_len tokens, each a token id below vocab. Any pointer
- * may be NULL. */
+/* The batch a step takes on one data-parallel rank: micro_batches
+ * micro-batches of micro_batch sequences of seq_len tokens, each a token
+ * id below vocab (the model's vocabulary, without any padding). Any
+ * pointer may be NULL. */
 mesh_status mesh_plan_batch(const mesh_plan *plan, int *micro_batch, int *micro_batches,
                             int *seq_len, int *vocab);
+
+/* A plan's settings (docs/plan.md). Strings belong to the plan. The struct
+ * only grows at its end: pass sizeof(mesh_plan_info) as `size`, and a
+ * newer libmesh fills only the fields your header knows. */
+typedef struct mesh_plan_info {
+    const char *source;             /* the .mesh file it was compiled from ("" if unknown) */
+    int world, dp, tp, pp, ep;      /* ranks in all, and the mesh's axes */
+    int global_batch;               /* sequences per step, all data-parallel ranks together */
+    int micro_batch, micro_batches, seq_len, vocab; /* as mesh_plan_batch */
+    long long steps;                /* train.steps */
+    double lr, min_lr;              /* the peak and the final learning rate */
+    long long warmup;               /* steps of linear warmup */
+    const char *lr_schedule;        /* "constant", "cosine" or "linear" */
+    const char *precision;          /* "fp32", "bf16" or "fp16" */
+    long long seed;                 /* parameters' initialisation */
+    long long log_every, eval_every, checkpoint_every; /* 0 where the plan sets none */
+    const char *data, *val_data, *checkpoint_dir;      /* NULL where the plan names none */
+} mesh_plan_info;
+
+mesh_status mesh_plan_get_info(const mesh_plan *plan, size_t size, mesh_plan_info *info);
 
 /* Creates rank `rank`'s context and initialises the parameters from the
  * plan's seed (the same values on any mesh). The plan must outlive it. */
@@ -157,6 +182,16 @@ mesh_status mesh_context_create_with(const mesh_plan *plan, int rank, mesh_alloc
                                      mesh_context **out);
 void mesh_context_free(mesh_context *ctx);
 
+/* Steps taken: 0 after mesh_context_create, the checkpoint's after
+ * mesh_checkpoint_load, one more after each mesh_train_step. */
+mesh_status mesh_context_step(const mesh_context *ctx, long long *step);
+
+/* Bytes the context allocated (parameters, gradients, optimizer state,
+ * activations), and the bytes the plan's memory plan gives this rank (0
+ * when it has none; the CPU interpreter keeps every activation, so it
+ * allocates more). Either pointer may be NULL. */
+mesh_status mesh_context_memory(const mesh_context *ctx, size_t *allocated, size_t *planned);
+
 /* What a training step reports. */
 typedef struct mesh_step_stats {
     double loss;      /* mean over the step's micro-batches */
@@ -166,10 +201,12 @@ typedef struct mesh_step_stats {
 } mesh_step_stats;
 
 /* One training step: micro_batches x micro_batch x seq_len input ids and
- * as many target ids (mesh_plan_batch), gradients accumulated over the
- * micro-batches, clipped, one AdamW step at the plan's schedule. A loss or
- * gradient that is not finite leaves the parameters unchanged and returns
- * MESH_ERR_CHECK. stats may be NULL. */
+ * as many target ids (mesh_plan_batch, mesh_data_next), gradients
+ * accumulated over the micro-batches, clipped, one AdamW step at the
+ * plan's schedule. A loss or gradient that is not finite leaves the
+ * parameters unchanged and returns MESH_ERR_CHECK; the step still counts
+ * (stats->step, the schedule), so the caller may skip it and go on with
+ * the next batch, or stop. stats may be NULL. */
 mesh_status mesh_train_step(mesh_context *ctx, const int *inputs, const int *targets,
                             mesh_step_stats *stats);
 
@@ -185,11 +222,117 @@ mesh_status mesh_param_info(const mesh_context *ctx, int index, const char **nam
 mesh_status mesh_param_read(mesh_context *ctx, const char *name, float *out, size_t n);
 mesh_status mesh_param_write(mesh_context *ctx, const char *name, const float *in, size_t n);
 
-/* Checkpoints (docs/runtime.md): save writes DIR/step-N atomically and
- * points DIR/latest at it; load reads a step folder, or DIR's latest,
- * with the optimizer state and the step count. */
+/* ---- Data --------------------------------------------------------------- */
+
+/* Opens the token shards `pattern` names (a path, or a glob such as
+ * "data/train_*.bin": every match, in sorted order) as the training
+ * stream of data-parallel rank dp_rank (0 .. dp x ep - 1) of the plan.
+ * Shards are llm.c's (magic 20240520, version 1, uint16 tokens), mapped
+ * with mmap and checked: magic, version, size, and every token below the
+ * plan's vocabulary. Errors name the file: MESH_ERR_IO (no file matches,
+ * cannot open), MESH_ERR_PARSE (not a shard, truncated), MESH_ERR_CHECK (a
+ * token outside the vocabulary, no sequence fits). The plan is only read
+ * during the call.
+ *
+ * Each shard is cut into windows of seq_len tokens (the targets are the
+ * next tokens), numbered through the shards in order; a step's global
+ * batch is the global_batch windows from the cursor on, the stream
+ * wrapping around at its end, and each rank takes its own slice of it
+ * (docs/runtime.md). */
+mesh_status mesh_data_open(const mesh_plan *plan, const char *pattern, int dp_rank, mesh_data **out);
+void mesh_data_free(mesh_data *data);
+
+/* Fills one step's batch for this rank (micro_batches x micro_batch x
+ * seq_len inputs and as many targets, as mesh_train_step takes them) and
+ * moves the cursor on by the plan's global_batch. */
+mesh_status mesh_data_next(mesh_data *data, int *inputs, int *targets);
+
+/* The cursor: global sequences read (by all data-parallel ranks), e.g.
+ * steps x global_batch. Seeking to a position tell returned repeats the
+ * batches from there; any value is valid (it wraps around). */
+mesh_status mesh_data_tell(const mesh_data *data, uint64_t *pos);
+mesh_status mesh_data_seek(mesh_data *data, uint64_t pos);
+
+/* The stream's shards, their tokens, and the sequences of one pass (an
+ * epoch); shard `index`'s path and tokens. Pointers may be NULL; the path
+ * lives as long as the stream. */
+mesh_status mesh_data_info(const mesh_data *data, int *shards, uint64_t *tokens, uint64_t *sequences);
+mesh_status mesh_data_shard(const mesh_data *data, int index, const char **path, uint64_t *tokens);
+
+/* The mean forward loss over the next micro_batches micro-batches of the
+ * stream (this rank's slice; the cursor moves past all ranks' slices).
+ * Seek to 0 first to evaluate the same sequences each time, as meshrun's
+ * validation does with 8. */
+mesh_status mesh_evaluate(mesh_context *ctx, mesh_data *data, int micro_batches, double *loss);
+
+/* Writes ids[0..n) (each 0..65535) as a token shard in llm.c's format,
+ * through a temporary file renamed into place. */
+mesh_status mesh_shard_write(const char *path, const int *ids, size_t n);
+
+/* ---- Checkpoints -------------------------------------------------------- */
+
+/* docs/runtime.md: save writes DIR/step-N atomically (parameters, AdamW's
+ * state, the step count) and points DIR/latest at it; load reads a step
+ * folder, or DIR's latest, and restores all of it. */
 mesh_status mesh_checkpoint_save(mesh_context *ctx, const char *dir);
 mesh_status mesh_checkpoint_load(mesh_context *ctx, const char *path);
+
+/* The same, with a data stream's cursor saved in the checkpoint, and
+ * restored into the stream, so a resumed run reads exactly the batches an
+ * uninterrupted one would have. data may be NULL; a checkpoint saved
+ * without a cursor restores step x global_batch. */
+mesh_status mesh_checkpoint_save_with(mesh_context *ctx, const char *dir, const mesh_data *data);
+mesh_status mesh_checkpoint_load_with(mesh_context *ctx, const char *path, mesh_data *data);
+
+/* Only the parameters (model.safetensors), for sampling or fine-tuning:
+ * the step count and the optimizer state stay as they are. */
+mesh_status mesh_checkpoint_load_params(mesh_context *ctx, const char *path);
+
+/* ---- Tokenizers --------------------------------------------------------- */
+
+/* A tokenizer: byte-level, or GPT-2's BPE. */
+typedef struct mesh_tokenizer mesh_tokenizer;
+
+/* dir NULL: the byte-level tokenizer (an id per byte, vocabulary 256).
+ * Else GPT-2's BPE from OpenAI's DIR/encoder.json and DIR/vocab.bpe;
+ * errors name the file (and line:col). */
+mesh_status mesh_tokenizer_load(const char *dir, mesh_tokenizer **out);
+void mesh_tokenizer_free(mesh_tokenizer *tok);
+
+/* The vocabulary (ids are below it) and the end-of-text id
+ * (<|endoftext|>; -1 when there is none, as for bytes). Either may be NULL. */
+mesh_status mesh_tokenizer_info(const mesh_tokenizer *tok, int *vocab, int *eot);
+
+/* Encodes len bytes of text into ids[0..cap), the count in *n. No
+ * tokenizer gives more ids than bytes, so cap = len always suffices (a
+ * smaller one that is too small is MESH_ERR_INVALID_ARG, *n saying how
+ * many are needed). BPE refuses text that is not UTF-8 (MESH_ERR_PARSE,
+ * naming the byte). */
+mesh_status mesh_tokenizer_encode(const mesh_tokenizer *tok, const char *text, size_t len, int *ids,
+                                  size_t cap, size_t *n);
+
+/* Decodes ids[0..n) into out[0..cap) and sets *len to the whole length
+ * (which may exceed cap); ids outside the vocabulary decode to nothing. */
+mesh_status mesh_tokenizer_decode(const mesh_tokenizer *tok, const int *ids, size_t n, char *out,
+                                  size_t cap, size_t *len);
+
+/* ---- Sampling ----------------------------------------------------------- */
+
+/* The logits of the token after ids[0..n) (n >= 1; the forward runs on the
+ * last seq_len ids): vocab floats, vocab being the plan's (mesh_plan_batch). */
+mesh_status mesh_next_logits(mesh_context *ctx, const int *ids, size_t n, float *logits, size_t vocab);
+
+/* Draws the token after ids[0..n) from the softmax of those logits divided
+ * by temperature (0: the most likely token), with a Philox uniform for
+ * (seed, n): the same seed and ids give the same token. */
+mesh_status mesh_sample_next(mesh_context *ctx, const int *ids, size_t n, double temperature,
+                             uint64_t seed, int *next);
+
+/* ---- Process settings --------------------------------------------------- */
+
+/* Threads of the CPU kernels (OpenBLAS), for the whole process; 0: the
+ * cores this process may run on (its affinity mask). */
+mesh_status mesh_set_threads(int n);
 
 #ifdef __cplusplus
 }

@@ -6,9 +6,8 @@
 
 #include "init.h" /* mesh__philox */
 
-int32_t mesh__sample_next(mesh__exec *ex, const int32_t *ids, size_t n, int seq, int vocab,
-                          double temperature, uint64_t key, uint64_t counter, int32_t *in,
-                          int32_t *tg)
+const float *mesh__next_logits(mesh__exec *ex, const int32_t *ids, size_t n, int seq, int32_t *in,
+                               int32_t *tg, int *vocab_padded)
 {
     size_t bt = mesh__exec_batch_tokens(ex);
     size_t len = n < (size_t)seq ? n : (size_t)seq;
@@ -16,9 +15,11 @@ int32_t mesh__sample_next(mesh__exec *ex, const int32_t *ids, size_t n, int seq,
     memset(tg, 0, bt * sizeof *tg);
     memcpy(in, ids + (n - len), len * sizeof *in);
     mesh__exec_loss(ex, in, tg);
-    int vp;
-    const float *row = mesh__exec_logits(ex, &vp) + (len - 1) * (size_t)vp;
-    if (vocab <= 0 || vocab > vp) vocab = vp;
+    return mesh__exec_logits(ex, vocab_padded) + (len - 1) * (size_t)*vocab_padded;
+}
+
+int32_t mesh__sample_draw(const float *row, int vocab, double temperature, uint64_t key, uint64_t counter)
+{
     int best = 0;
     for (int j = 1; j < vocab; j++)
         if (row[j] > row[best]) best = j;

@@ -352,6 +352,33 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
         cat "$TMP/straight.out" "$TMP/resumed.out" >"$TMP/detail"
         fail meshrun/checkpoint-resume-same-loss "$TMP/detail"
     fi
+    # --data takes a glob: two shards, read in order; a resumed run reads
+    # from the data position its checkpoint saved, so it logs what one run does
+    mkdir -p "$TMP/shards"
+    "$MESHRUN" tokenize examples/data/devils-dictionary.txt -o "$TMP/shards/a.bin" --val "$TMP/shards/b.bin" >/dev/null 2>&1
+    "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/shards/*.bin" --steps 20 --metrics "$TMP/glob1.jsonl" >"$TMP/glob.out" 2>&1
+    "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/shards/*.bin" --steps 10 --checkpoint "$TMP/glob-ck" \
+        --metrics "$TMP/glob2.jsonl" >/dev/null 2>&1
+    "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/shards/*.bin" --steps 20 --checkpoint "$TMP/glob-ck" --resume \
+        --metrics "$TMP/glob2.jsonl" >>"$TMP/glob.out" 2>&1
+    if grep -q "^meshrun: training .* on $TMP/shards/\*\.bin (2 shards, $(wc -c <examples/data/devils-dictionary.txt) tokens): 20 steps" "$TMP/glob.out" &&
+        grep -q '"data_position":"160"' "$TMP/glob-ck/step-00000010/optim.safetensors" &&
+        [ "$(wc -l <"$TMP/glob2.jsonl")" = 3 ] &&
+        [ "$(sed 's/, "ms".*//' "$TMP/glob1.jsonl")" = "$(sed 's/, "ms".*//' "$TMP/glob2.jsonl")" ]; then
+        pass meshrun/data-glob-resume-same-loss
+    else
+        cat "$TMP/glob1.jsonl" "$TMP/glob2.jsonl" >>"$TMP/glob.out"
+        fail meshrun/data-glob-resume-same-loss "$TMP/glob.out"
+    fi
+    # meshrun is a program over the public API: it includes mesh.h and libc
+    # headers only, and calls no mesh__ internals
+    if [ "$(grep -c '^#include "' runtime/meshrun.c)" = 1 ] && grep -q '^#include "mesh.h"' runtime/meshrun.c &&
+        [ -f "$B/obj/runtime/meshrun.o" ] && ! nm -u "$B/obj/runtime/meshrun.o" | grep -q 'mesh__'; then
+        pass meshrun/public-api-only
+    else
+        { grep '^#include' runtime/meshrun.c; nm -u "$B/obj/runtime/meshrun.o" | grep mesh_; } >"$TMP/detail" 2>&1
+        fail meshrun/public-api-only "$TMP/detail"
+    fi
     capture "$TMP/sample.out" "$MESHRUN" sample "$TMP/tiny.plan" --checkpoint "$TMP/ck" --prompt "WAR, n." --tokens 40
     if [ "$(head -c 7 "$TMP/sample.out")" = "WAR, n." ] && [ "$(head -n -1 "$TMP/sample.out" | wc -c)" -eq 48 ] &&
         [ "$(tail -n 1 "$TMP/sample.out")" = "exit: 0" ]; then

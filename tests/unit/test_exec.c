@@ -268,3 +268,75 @@ TEST_IMPL(api_context_uses_its_allocator)
     }
     mesh_plan_free(mp);
 }
+
+/* The plan's settings, the context's memory and step count (a step that is
+ * not finite counts too), and sampling that a seed repeats. */
+TEST_IMPL(api_info_steps_and_sampling)
+{
+    char *text = NULL;
+    size_t len = 0;
+    mesh_plan *mp = NULL;
+    ASSERT_INT_EQ(mesh_compile("tiny.mesh", tiny_src, strlen(tiny_src), NULL, &text, &len), MESH_OK);
+    ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
+    mesh_free(text);
+    mesh_plan_info pi;
+    ASSERT_INT_EQ(mesh_plan_get_info(mp, 8, &pi), MESH_ERR_INVALID_ARG);
+    ASSERT_INT_EQ(mesh_plan_get_info(mp, sizeof pi, &pi), MESH_OK);
+    ASSERT_NOT_NULL(strstr(pi.source, "tiny.mesh"));
+    ASSERT_INT_EQ(pi.world * 1000 + pi.global_batch * 100 + pi.micro_batch * 10 + pi.micro_batches, 1422);
+    ASSERT_INT_EQ(pi.seq_len * 100 + pi.vocab, 816);
+    ASSERT_INT_EQ(pi.steps, 40);
+    ASSERT_INT_EQ(pi.seed, 7);
+    ASSERT_STR_EQ(pi.lr_schedule, "constant");
+    ASSERT_STR_EQ(pi.precision, "fp32");
+    ASSERT_NULL(pi.data);
+    mesh_context *ctx = NULL;
+    ASSERT_INT_EQ(mesh_context_create(mp, 0, &ctx), MESH_OK);
+    size_t allocated = 0, planned = 0;
+    long long step = -1;
+    ASSERT_INT_EQ(mesh_context_memory(ctx, &allocated, &planned), MESH_OK);
+    ASSERT_INT_GE(allocated, 4 * 4 * 16 * 8); /* wte, its gradient and moments at least */
+    ASSERT_INT_GE(planned, 1);
+    ASSERT_INT_EQ(mesh_context_step(ctx, &step), MESH_OK);
+    ASSERT_INT_EQ(step, 0);
+    /* a NaN in a parameter: the step fails, counts, and changes nothing */
+    float wte[16 * 8], back[16 * 8];
+    int in[32], tg[32];
+    for (int k = 0; k < 32; k++) in[k] = k % 16, tg[k] = (k + 1) % 16;
+    ASSERT_INT_EQ(mesh_param_read(ctx, "wte", wte, 128), MESH_OK);
+    memcpy(back, wte, sizeof wte);
+    back[0] = NAN;
+    ASSERT_INT_EQ(mesh_param_write(ctx, "wte", back, 128), MESH_OK);
+    mesh_step_stats st;
+    ASSERT_INT_EQ(mesh_train_step(ctx, in, tg, &st), MESH_ERR_CHECK);
+    ASSERT_INT_EQ(st.step, 1);
+    ASSERT_NOT_NULL(strstr(mesh_last_error(), "step 1: the loss ("));
+    ASSERT_NOT_NULL(strstr(mesh_last_error(), "is not finite; the parameters are unchanged"));
+    ASSERT_INT_EQ(mesh_param_write(ctx, "wte", wte, 128), MESH_OK);
+    ASSERT_INT_EQ(mesh_train_step(ctx, in, tg, &st), MESH_OK);
+    ASSERT_INT_EQ(st.step, 2);
+    ASSERT_INT_EQ(mesh_context_step(ctx, &step), MESH_OK);
+    ASSERT_INT_EQ(step, 2);
+    /* sampling: a seed repeats its draw; temperature 0 is the logits' argmax */
+    int ids[3] = {1, 2, 3}, a = -1, b = -2, best = 0;
+    float logits[16];
+    ASSERT_INT_EQ(mesh_sample_next(ctx, ids, 3, 0.8, 42, &a), MESH_OK);
+    ASSERT_INT_EQ(mesh_sample_next(ctx, ids, 3, 0.8, 42, &b), MESH_OK);
+    ASSERT_INT_EQ(a, b);
+    ASSERT_INT_EQ(mesh_next_logits(ctx, ids, 3, logits, 16), MESH_OK);
+    for (int j = 1; j < 16; j++)
+        if (logits[j] > logits[best]) best = j;
+    ASSERT_INT_EQ(mesh_sample_next(ctx, ids, 3, 0, 1, &a), MESH_OK);
+    ASSERT_INT_EQ(a, best);
+    ASSERT_INT_EQ(mesh_next_logits(ctx, ids, 3, logits, 15), MESH_ERR_INVALID_ARG);
+    ASSERT_INT_EQ(mesh_sample_next(ctx, ids, 0, 0.8, 1, &a), MESH_ERR_INVALID_ARG);
+    ASSERT_INT_EQ(mesh_sample_next(ctx, ids, 3, -1, 1, &a), MESH_ERR_INVALID_ARG);
+    ASSERT_INT_EQ(mesh_set_threads(-1), MESH_ERR_INVALID_ARG);
+    ASSERT_INT_EQ(mesh_set_threads(1), MESH_OK);
+    mesh_tokenizer *tok = (mesh_tokenizer *)1;
+    ASSERT_INT_EQ(mesh_tokenizer_load("/nonexistent", &tok), MESH_ERR_IO);
+    ASSERT_NULL(tok);
+    ASSERT_NOT_NULL(strstr(mesh_last_error(), "cannot open '/nonexistent/encoder.json'"));
+    mesh_context_free(ctx);
+    mesh_plan_free(mp);
+}

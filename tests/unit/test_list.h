@@ -102,10 +102,13 @@ TEST(init_philox_known_answer)
 TEST(init_slices_match_the_whole)
 TEST(init_normal_moments)
 
-/* runtime: token shards, test_data.c */
+/* runtime: token shards and streams, test_data.c */
 TEST(data_shard_roundtrip)
 TEST(data_shard_refusals)
-TEST(data_rank_slices_make_the_global_batch)
+TEST(data_stream_reads_shards_in_order)
+TEST(data_stream_rank_slices_make_the_global_batch)
+TEST(data_stream_refusals)
+TEST(data_checkpoint_resume_same_losses)
 
 /* runtime: GPT-2 BPE, test_bpe.c */
 TEST(bpe_merges_by_rank)
@@ -117,3 +120,4 @@ TEST(exec_gradient_matches_finite_differences)
 TEST(exec_training_lowers_the_loss)
 TEST(api_context_errors_are_clear)
 TEST(api_context_uses_its_allocator)
+TEST(api_info_steps_and_sampling)

@@ -1,0 +1,36 @@
+/* api_impl.h — what the files of the public API share (internal to libmesh).
+ *
+ * The public handles are defined here so that api.c (plans, contexts,
+ * checkpoints, sampling), data_api.c (token streams) and tokenizer.c can
+ * each see them; mesh.h keeps them opaque. Every public call that fails
+ * records its message with mesh__fail, which mesh_last_error returns.
+ */
+#ifndef MESH_API_IMPL_H
+#define MESH_API_IMPL_H
+
+#include "exec.h" /* mesh__exec */
+#include "mesh.h" /* mesh_status */
+#include "plan.h" /* plan */
+
+struct mesh_plan {
+    plan p;
+};
+
+struct mesh_context {
+    const mesh_plan *plan;
+    mesh__exec *ex;
+    long long step; /* steps taken (a skipped one included) */
+};
+
+/* Records the message of a failing call for mesh_last_error (this
+ * thread's) and returns st. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+mesh_status mesh__fail(mesh_status st, const char *fmt, ...);
+
+/* The vocabulary token ids must be below: the smaller of the embedding
+ * table's rows (padded) and the loss's classes (without the padding). */
+int mesh__plan_vocab(const plan *p);
+
+#endif
