@@ -115,5 +115,6 @@ TEST(bpe_refusals)
 /* runtime: the one-rank plan interpreter, test_exec.c */
 TEST(exec_gradient_matches_finite_differences)
 TEST(exec_training_lowers_the_loss)
+TEST(exec_memory_is_the_plan)
 TEST(api_context_errors_are_clear)
 TEST(api_context_uses_its_allocator)
