@@ -33,7 +33,7 @@ CFLAGS  ?= -std=c11 -O2 -g -Wall -Wextra -Wpedantic -Wshadow \
            -Wstrict-prototypes -Wmissing-prototypes -Wundef -Werror \
            -D_POSIX_C_SOURCE=200809L
 LDFLAGS ?=
-LDLIBS  ?= -lm
+LDLIBS  ?= -lm -lpthread
 
 # libyaml, for the plan file (compiler/plan*.c): meshc and the unit tests.
 PKG_CONFIG  ?= pkg-config
@@ -272,7 +272,13 @@ $(BUILD)/libmeshkcpu.a: $(KCPU_OBJ)
 	@rm -f $@
 	$(AR) rcs $@ $^
 
-$(BUILD)/unit_tests: $(UNIT_OBJ) $(BUILD)/libmeshkcpu.a $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
+# The runtime's objects with their internal symbols global (comm_*, ...),
+# for the unit tests; libmesh.a keeps only mesh_* global.
+$(BUILD)/libmeshrt.a: $(RUNTIME_OBJ)
+	@rm -f $@
+	$(AR) rcs $@ $^
+
+$(BUILD)/unit_tests: $(UNIT_OBJ) $(BUILD)/libmeshrt.a $(BUILD)/libmeshkcpu.a $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(LDLIBS)
 
 # ---- Fuzzing (clang + libFuzzer) ----------------------------------------

@@ -142,6 +142,21 @@ void compile_print_check(const compiled *c, FILE *out) {
 }
 
 
+fe_status compile_dump_memory(fe *f, const compiled *c, FILE *out) {
+    plan pl;
+    if (plan_from(&pl, "", &c->setup, fe_graph(f), &c->prog, &c->sc) != 0) {
+        fe_error_at(f, LOC_NONE, pl.error);
+        plan_free(&pl);
+        return FE_ERRORS;
+    }
+    memplan mp;
+    fe_status st = memplan_build(&mp, &pl, 0, 0) == 0 ? FE_OK : FE_NOMEM;
+    if (st == FE_OK) memplan_dump(&mp, &pl, out);
+    memplan_free(&mp);
+    plan_free(&pl);
+    return st;
+}
+
 /* The default plan path: FILE.mesh -> FILE.plan, next to it. */
 static void default_path(const char *source, char *buf, size_t n) {
     size_t len = strlen(source);

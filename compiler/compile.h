@@ -38,6 +38,8 @@ void compile_print_check(const compiled *c, FILE *out);
  * renamed into place. `written` gets "PATH (N bytes)". */
 fe_status compile_write_plan(fe *f, const compiled *c, const char *source, const char *path, FILE *to,
                              char *written, size_t written_len);
+/* --dump=memory: every buffer's place, laid out from the plan. */
+fe_status compile_dump_memory(fe *f, const compiled *c, FILE *out);
 void compile_free(compiled *c);
 
 #endif

@@ -1,54 +1,90 @@
 /* memplan.c — the static memory plan (memplan.h). */
 #include "memplan.h"
 
+#include <math.h>   /* ceil */
 #include <stdlib.h> /* calloc, free */
 #include <string.h> /* memset */
 
-#include "shard_impl.h"
+#include "plan.h"
 
-enum { SEG_PRE, SEG_LAYER, SEG_POST, SEG_COUNT };
+enum { SEG_PRE = MEM_PART_PRE, SEG_LAYER = MEM_PART_LAYER, SEG_POST = MEM_PART_POST, SEG_COUNT };
+enum { AX_DP, AX_TP, AX_PP, AX_EP };
 
 typedef struct mp {
-    const shard_prog *p;
-    const sched *sc;
+    const plan *p;
     memplan *m;
-    int stack;
-    int64_t total_layers;
-    int *seg;          /* per node */
-    char *saved;       /* per node: kept for backward */
-    int act_bytes;     /* bytes of a float activation */
+    int n;
+    int stack;           /* the layer stack's region, -1 if none */
+    int64_t layers;      /* its iterations */
+    int fb;              /* bytes of a float element */
+    int no_reuse;        /* MEMPLAN_NO_REUSE */
+    int *seg;            /* per tensor: SEG_* */
+    int *last;           /* per tensor: last consumer in its segment, -1 if none */
+    char *saved;         /* per tensor: its value is kept for backward */
+    char *cross;         /* per tensor: used in another segment */
+    mem_buf *b;          /* stage 0's buffers (the others differ in params only) */
 } mp;
 
-static int in_stack(const graph *g, int id, int stack) {
-    for (int r = g->nodes[id].region; r >= 0; r = g->regions[r].parent)
-        if (r == stack) return 1;
+static int64_t numel(const plan_tensor *t) {
+    int64_t e = 1;
+    for (int d = 0; d < t->rank; d++) e *= t->dims[d];
+    return e;
+}
+
+static int64_t last_dim(const plan_tensor *t) { return t->rank ? t->dims[t->rank - 1] : 1; }
+
+static int in_region(const plan *p, int id, int r) {
+    for (int q = p->tensors[id].region; q >= 0; q = p->regions[q].parent)
+        if (q == r) return 1;
     return 0;
 }
 
-/* Copies of node id per run of its segment: nested repeats other than the
- * layer stack. */
+/* Copies of tensor id per run of its segment: the iterations of the
+ * repeats around it other than the layer stack. */
 static int64_t reps(const mp *x, int id) {
-    const graph *g = x->p->g;
-    int64_t n = 1;
-    for (int r = g->nodes[id].region; r >= 0; r = g->regions[r].parent)
-        if (r != x->stack) n *= g->regions[r].count;
-    return n;
+    int64_t c = 1;
+    for (int r = x->p->tensors[id].region; r >= 0; r = x->p->regions[r].parent)
+        if (r != x->stack) c *= x->p->regions[r].count;
+    return c;
 }
 
-/* Bytes of node id on one rank, as produced. */
+/* Elements of tensor id on one rank, as produced. */
+static int64_t local_elems(const mp *x, int id) {
+    const plan_tensor *t = &x->p->tensors[id];
+    int64_t e = numel(t);
+    if (t->pl.kind[AX_TP] == PL_SPLIT) e /= x->p->setup.tp;
+    if (t->op == G_PARAM && t->pl.kind[AX_EP] == PL_SPLIT) e /= x->p->setup.ep;
+    return e;
+}
+
 static int64_t local_bytes(const mp *x, int id) {
-    const shard_prog *p = x->p;
-    const g_node *n = &p->g->nodes[id];
-    int64_t e = shard__numel(n);
-    if (p->pl[id].kind[TP] == PL_SPLIT) e /= p->setup.tp;
-    if (n->op == G_PARAM && p->pl[id].kind[EP] == PL_SPLIT) e /= p->setup.ep;
-    return e * (n->is_int ? 4 : x->act_bytes);
+    return local_elems(x, id) * (x->p->tensors[id].dtype == PLAN_DTYPE_I32 ? 4 : x->fb);
 }
 
-/* Does op `c`'s backward read its input k (1), or its output (k = -1)? */
-static int backward_reads(const g_node *c, int k) {
+/* A transpose of a param read only as a matmul's weight: the matmul reads
+ * the param through it, so it takes no memory. */
+static int is_view(const plan *p, int id) {
+    const plan_tensor *t = &p->tensors[id];
+    if (t->op != G_TRANSPOSE || p->tensors[t->in[0]].op != G_PARAM) return 0;
+    for (int c = id + 1; c < p->n_tensors; c++)
+        for (int k = 0; k < p->tensors[c].n_in; k++)
+            if (p->tensors[c].in[k] == id && !(p->tensors[c].op == G_MATMUL && k == 1)) return 0;
+    return 1;
+}
+
+/* Takes memory as an activation: computed per micro-batch. */
+static int is_activation(const plan *p, int id) {
+    return p->tensors[id].op != G_PARAM && !is_view(p, id);
+}
+
+static int has_grad(const plan *p, int id) {
+    return is_activation(p, id) && p->tensors[id].dtype == PLAN_DTYPE_F32;
+}
+
+/* Does op c's backward read its input k (k >= 0), or its output (k = -1)? */
+static int backward_reads(const plan_tensor *c, int k) {
     switch (c->op) {
-    case G_MATMUL: return k == 0;                     /* dW = x^T dy */
+    case G_MATMUL: return k >= 0;                     /* dW = x^T dy, dx = dy W^T */
     case G_LAYERNORM:
     case G_RMSNORM:
     case G_GELU:
@@ -58,259 +94,406 @@ static int backward_reads(const g_node *c, int k) {
     case G_ATTENTION: return 1;                       /* q, k, v and the output */
     case G_EMBED: return k == 0;                      /* the ids */
     case G_CROSS_ENTROPY: return k >= 0;              /* logits and targets */
-    case G_MOE: return k == 0 || k == -1;
+    case G_MOE: return k == 0;                        /* the rest is in its statistics */
     default: return 0;
     }
 }
 
-/* Extra bytes an op keeps for backward beyond tensors: row statistics. */
-static int64_t extra_saved(const mp *x, int id) {
-    const g_node *n = &x->p->g->nodes[id];
-    if (n->op == G_CROSS_ENTROPY) {
-        const g_node *lg = &x->p->g->nodes[n->in[0]];
-        return shard__numel(lg) / lg->dims[lg->rank - 1] * 2 * 4; /* max and sum per token */
-    }
-    if (n->rank == 0) return 0;
-    int64_t rows = shard__numel(n) / n->dims[n->rank - 1];
-    if (n->op == G_LAYERNORM || n->op == G_RMSNORM) return rows * 2 * 4; /* mean, 1/std in fp32 */
-    if (n->op == G_ATTENTION && n->rank == 3) {
-        int64_t heads = n->heads ? n->heads : 1;
-        if (x->p->pl[id].kind[TP] == PL_SPLIT) heads /= x->p->setup.tp;
-        return n->dims[0] * n->dims[1] * heads * 4;     /* log-sum-exp per row and head */
-    }
-    return 0;
+int64_t memplan_moe_capacity(int64_t N, int64_t E, int64_t K, double factor) {
+    double c = factor * (double)N * (double)K / (double)E;
+    double up = ceil(c - 1e-9 * c);
+    if (N > 0 && up < 1.0) up = 1.0;
+    return (int64_t)up;
 }
 
-static int is_activation(const mp *x, int id) {
-    g_op op = x->p->g->nodes[id].op;
-    return op != G_PARAM && op != G_ARANGE;
+static int64_t align16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+
+int64_t memplan_moe_route_bytes(int64_t N, int64_t E, int64_t K, int64_t C) {
+    /* expert, weight, slot [N, K]; token [E, C]; count, chosen [E]; probs [N, E] */
+    return 3 * align16(N * K * 4) + align16(E * C * 4) + 2 * align16(E * 4) + align16(N * E * 4);
 }
 
-/* ---- first-fit over live intervals ---- */
+/* A moe layer's shapes on one rank (experts split over ep, their hidden
+ * width over tp). */
+static void moe_dims(const mp *x, int id, int64_t *N, int64_t *E, int64_t *K, int64_t *C, int64_t *D, int64_t *F) {
+    const plan_tensor *t = &x->p->tensors[id], *wg = &x->p->tensors[t->in[2]];
+    *D = last_dim(t);
+    *N = local_elems(x, id) / *D;
+    *E = wg->dims[0] / (wg->pl.kind[AX_EP] == PL_SPLIT ? x->p->setup.ep : 1);
+    *F = wg->dims[2] / (wg->pl.kind[AX_TP] == PL_SPLIT ? x->p->setup.tp : 1);
+    *K = t->top_k;
+    *C = memplan_moe_capacity(*N, *E, *K, t->capacity);
+}
+
+/* Bytes an op keeps for backward beyond tensors: row statistics, moe's
+ * routing and expert buffers. */
+static int64_t aux_bytes(const mp *x, int id) {
+    const plan *p = x->p;
+    const plan_tensor *t = &p->tensors[id];
+    if (t->op == G_CROSS_ENTROPY) /* loss, max and sum per token */
+        return 3 * local_elems(x, t->in[1]) * 4;
+    if (t->rank == 0) return 0;
+    int64_t rows = local_elems(x, id) / last_dim(t);
+    switch (t->op) {
+    case G_LAYERNORM: return rows * 2 * 4;              /* mean, 1/std in fp32 */
+    case G_RMSNORM: return rows * 4;                    /* 1/rms */
+    case G_ATTENTION: {                                 /* log-sum-exp per row and head */
+        int64_t d = last_dim(t) / (t->heads > 0 ? t->heads : 1);
+        return local_elems(x, id) / (d > 0 ? d : 1) * 4;
+    }
+    case G_MOE: {
+        int64_t N, E, K, C, D, F;
+        moe_dims(x, id, &N, &E, &K, &C, &D, &F);
+        /* routing; xe, ye [E, C, D]; hg, hu, act [E, C, F] */
+        return memplan_moe_route_bytes(N, E, K, C) + (2 * E * C * D + 3 * E * C * F) * 4;
+    }
+    default: return 0;
+    }
+}
+
+/* Scratch of an op's backward: moe's dxe, dye [E, C, D], dweight [N, K]
+ * and max([N, E], [2, C, F]). */
+static int64_t scratch_bytes(const mp *x, int id) {
+    if (x->p->tensors[id].op != G_MOE) return 0;
+    int64_t N, E, K, C, D, F;
+    moe_dims(x, id, &N, &E, &K, &C, &D, &F);
+    int64_t s = N * E > 2 * C * F ? N * E : 2 * C * F;
+    return (2 * E * C * D + N * K + s) * 4;
+}
+
+/* ---- first fit over live intervals ------------------------------------- */
 
 typedef struct block {
     int64_t off, size;
     int end;
 } block;
 
-/* Places intervals [start[i], end[i]] of size[i] (sorted by start) and
- * returns the peak; off[i] receives each offset. */
-static int64_t first_fit(const int *start, const int *end, const int64_t *size, int64_t *off, int n) {
+typedef struct interval {
+    int start, end;
+    int64_t size;
+    int64_t *off;        /* receives the offset */
+} interval;
+
+static int by_start(const void *a, const void *b) {
+    const interval *x = a, *y = b;
+    return x->start != y->start ? (x->start > y->start) - (x->start < y->start)
+                                : (x->off > y->off) - (x->off < y->off); /* stable: creation order */
+}
+
+/* Places the intervals, lowest gap first (or each after the last, with
+ * no_reuse), and returns the peak, or -1. */
+static int64_t first_fit(interval *iv, int n, int no_reuse) {
     block *live = calloc((size_t)(n ? n : 1), sizeof *live);
     if (!live) return -1;
+    qsort(iv, (size_t)n, sizeof *iv, by_start);
     int nl = 0;
     int64_t peak = 0;
     for (int i = 0; i < n; i++) {
         int k = 0;
         for (int j = 0; j < nl; j++)
-            if (live[j].end >= start[i]) live[k++] = live[j];
+            if (live[j].end >= iv[i].start) live[k++] = live[j];
         nl = k;
-        /* lowest gap that fits, scanning blocks by offset */
-        int64_t at = 0;
-        for (int moved = 1; moved;) {
+        int64_t at = no_reuse ? peak : 0;
+        for (int moved = !no_reuse; moved;) {
             moved = 0;
             for (int j = 0; j < nl; j++)
-                if (at < live[j].off + live[j].size && live[j].off < at + size[i]) {
+                if (at < live[j].off + live[j].size && live[j].off < at + iv[i].size) {
                     at = live[j].off + live[j].size;
                     moved = 1;
                 }
         }
-        off[i] = at;
-        live[nl++] = (block){at, size[i], end[i]};
-        if (at + size[i] > peak) peak = at + size[i];
+        *iv[i].off = at;
+        live[nl++] = (block){at, iv[i].size, iv[i].end};
+        if (at + iv[i].size > peak) peak = at + iv[i].size;
     }
     free(live);
     return peak;
 }
 
-/* Forward temporaries (activations not kept for backward) of one segment,
- * live from their producer to their last use, and backward gradients, live
- * from their first contribution to their producer's backward. */
-static int workspaces(mp *x, int seg, int64_t *fwd, int64_t *bwd) {
-    const graph *g = x->p->g;
-    int n = g->n, cnt = 0;
-    int *st = calloc((size_t)(n ? n : 1), sizeof *st), *en = calloc((size_t)(n ? n : 1), sizeof *en);
-    int64_t *sz = calloc((size_t)(n ? n : 1), sizeof *sz), *off = calloc((size_t)(n ? n : 1), sizeof *off);
-    int *ids = calloc((size_t)(n ? n : 1), sizeof *ids);
-    if (!st || !en || !sz || !off || !ids) return -1;
-    for (int pass = 0; pass < 2; pass++) {
-        cnt = 0;
-        for (int id = 0; id < n; id++) {
-            if (x->seg[id] != seg || !is_activation(x, id) || g->nodes[id].op == G_INPUT) continue;
-            if (pass == 0 && x->saved[id]) continue;
-            if (pass == 1 && g->nodes[id].is_int) continue;
-            int last = id;
-            for (int c = id + 1; c < n; c++)
-                for (int k = 0; k < g->nodes[c].n_in; k++)
-                    if (g->nodes[c].in[k] == id && x->seg[c] == seg) last = c;
-            /* forward: [id, last]; backward (reverse order): [n-1-last, n-1-id] */
-            st[cnt] = pass ? n - 1 - last : id;
-            en[cnt] = pass ? n - 1 - id : last;
-            sz[cnt] = local_bytes(x, id) * reps(x, id);
-            ids[cnt++] = id;
-        }
-        /* sort by start (insertion sort: segments are small) */
-        for (int i = 1; i < cnt; i++)
-            for (int j = i; j > 0 && st[j] < st[j - 1]; j--) {
-                int t = st[j]; st[j] = st[j - 1]; st[j - 1] = t;
-                t = en[j]; en[j] = en[j - 1]; en[j - 1] = t;
-                t = ids[j]; ids[j] = ids[j - 1]; ids[j - 1] = t;
-                int64_t s = sz[j]; sz[j] = sz[j - 1]; sz[j - 1] = s;
-            }
-        int64_t peak = first_fit(st, en, sz, off, cnt);
-        if (peak < 0) return -1;
-        if (pass == 0) {
-            *fwd = peak;
-            for (int i = 0; i < cnt; i++) {
-                x->m->region[ids[i]] = MEM_WORKSPACE;
-                x->m->offset[ids[i]] = off[i];
-            }
-        } else {
-            *bwd = peak;
+/* The shared workspace of one segment: forward temporaries (pass 0) or
+ * backward gradients and scratch (pass 1, in reverse node order). */
+static int64_t shared_peak(mp *x, int seg, int pass) {
+    const plan *p = x->p;
+    int n = x->n, cnt = 0;
+    interval *iv = calloc((size_t)(2 * n + 1), sizeof *iv);
+    if (!iv) return -1;
+    for (int id = 0; id < n; id++) {
+        mem_buf *b = &x->b[id];
+        if (x->seg[id] != seg || !is_activation(p, id)) continue;
+        int last = x->last[id] >= 0 ? x->last[id] : id;
+        if (pass == 0 && b->region == MEM_WORKSPACE) {
+            iv[cnt++] = (interval){id, last, b->bytes * reps(x, id), &b->offset};
+        } else if (pass == 1) {
+            if (b->grad_region == MEM_WORKSPACE)
+                iv[cnt++] = (interval){n - 1 - last, n - 1 - id, b->bytes * reps(x, id), &b->grad_offset};
+            if (b->scratch) iv[cnt++] = (interval){n - 1 - id, n - 1 - id, b->scratch, &b->scratch_offset};
         }
     }
-    free(st); free(en); free(sz); free(off); free(ids);
+    /* creation order breaks ties: the offset fields are in tensor order */
+    int64_t peak = first_fit(iv, cnt, x->no_reuse);
+    free(iv);
+    return peak;
+}
+
+/* ---- the plan ---------------------------------------------------------- */
+
+/* Segments, last consumers, what is used across segments, and what the
+ * runtime cannot follow. */
+static void classify(mp *x) {
+    const plan *p = x->p;
+    for (int id = 0; id < x->n; id++) {
+        x->seg[id] = x->stack >= 0 && in_region(p, id, x->stack) ? SEG_LAYER
+                   : x->stack < 0 || id < p->regions[x->stack].first ? SEG_PRE : SEG_POST;
+        x->last[id] = -1;
+    }
+    /* an input belongs to the segment of its first consumer */
+    for (int id = 0; id < x->n; id++) {
+        if (p->tensors[id].op != G_INPUT) continue;
+        for (int c = id + 1, found = 0; c < x->n && !found; c++)
+            for (int k = 0; k < p->tensors[c].n_in && !found; k++)
+                if (p->tensors[c].in[k] == id) {
+                    x->seg[id] = x->seg[c];
+                    found = 1;
+                }
+    }
+    for (int c = 0; c < x->n; c++)
+        for (int k = 0; k < p->tensors[c].n_in; k++) {
+            int id = p->tensors[c].in[k];
+            if (x->seg[c] == x->seg[id]) x->last[id] = c;
+            else x->cross[id] = 1;
+        }
+    for (int r = 0; r < p->n_regions; r++) {
+        const plan_region *g = &p->regions[r];
+        if (g->parent >= 0) x->m->unsupported = "nested repeats";
+        if (r != x->stack && g->n_carry > 0) x->m->unsupported = "a repeat that carries values, other than the layer stack";
+    }
+    if (x->stack < 0) return;
+    const plan_region *st = &p->regions[x->stack];
+    for (int c = 0; c < st->n_carry; c++) {
+        x->cross[st->carry[c].exit] = x->cross[st->carry[c].entry] = 1;
+        for (int u = st->end; u < x->n; u++)
+            for (int k = 0; k < p->tensors[u].n_in; k++)
+                if (p->tensors[u].in[k] == st->carry[c].entry)
+                    x->m->unsupported = "a value carried into the layer stack and also used after it";
+    }
+    for (int u = st->end; u < x->n; u++)
+        for (int k = 0; k < p->tensors[u].n_in; k++) {
+            int id = p->tensors[u].in[k], carried = 0;
+            for (int c = 0; c < st->n_carry; c++) carried |= st->carry[c].exit == id;
+            if (x->seg[id] == SEG_LAYER && !carried)
+                x->m->unsupported = "a layer-stack value used after the stack other than the one it carries";
+        }
+}
+
+static int is_carried(const mp *x, int id) {
+    if (x->stack < 0) return 0;
+    const plan_region *st = &x->p->regions[x->stack];
+    for (int c = 0; c < st->n_carry; c++)
+        if (st->carry[c].entry == id || st->carry[c].exit == id) return 1;
     return 0;
 }
 
-int memplan_build(memplan *m, const shard_prog *p, const sched *sc) {
-    memset(m, 0, sizeof *m);
-    const graph *g = p->g;
-    const fe_setup *s = &p->setup;
-    int n = g->n ? g->n : 1;
-    mp x = {p, sc, m, -1, 0, NULL, NULL, s->precision == 0 ? 4 : 2};
-    for (int r = 0; r < g->n_regions; r++)
-        if (g->regions[r].is_stack) x.stack = r;
-    if (x.stack >= 0) x.total_layers = g->regions[x.stack].count;
-    m->pp = sc->pp;
-    m->stage = calloc((size_t)sc->pp, sizeof *m->stage);
-    m->region = calloc((size_t)n, sizeof *m->region);
-    m->offset = calloc((size_t)n, sizeof *m->offset);
-    m->bytes = calloc((size_t)n, sizeof *m->bytes);
-    m->part = calloc((size_t)n, sizeof *m->part);
-    x.seg = calloc((size_t)n, sizeof *x.seg);
-    x.saved = calloc((size_t)n, 1);
-    if (!m->stage || !m->region || !m->offset || !m->bytes || !m->part || !x.seg || !x.saved) return -1;
-
-    /* segments, and what backward keeps */
-    for (int id = 0; id < g->n; id++) {
-        x.seg[id] = x.stack >= 0 && in_stack(g, id, x.stack) ? SEG_LAYER
-                  : x.stack < 0 || id < g->regions[x.stack].first ? SEG_PRE : SEG_POST;
-        m->bytes[id] = local_bytes(&x, id);
-        const g_node *c = &g->nodes[id];
-        if (backward_reads(c, -1)) x.saved[id] = 1;
-        for (int k = 0; k < c->n_in; k++)
-            if (backward_reads(c, k) && is_activation(&x, c->in[k])) x.saved[c->in[k]] = 1;
+/* Values: which are kept, and their place in a slot (or the recompute
+ * area); the parts' sizes. */
+static void place_values(mp *x) {
+    const plan *p = x->p;
+    int recompute = p->setup.recompute && x->stack >= 0;
+    for (int c = 0; c < x->n; c++) {
+        const plan_tensor *t = &p->tensors[c];
+        if (backward_reads(t, -1)) x->saved[c] = 1;
+        for (int k = 0; k < t->n_in; k++)
+            if (backward_reads(t, k) && is_activation(p, t->in[k])) x->saved[t->in[k]] = 1;
     }
-    /* an input belongs to the segment of its first consumer */
-    for (int id = 0; id < g->n; id++) {
-        if (g->nodes[id].op != G_INPUT) continue;
-        for (int c = id + 1; c < g->n; c++) {
-            int uses = 0;
-            for (int k = 0; k < g->nodes[c].n_in; k++) uses |= g->nodes[c].in[k] == id;
-            if (uses) { x.seg[id] = x.seg[c]; break; }
+    int64_t rec = 0;
+    for (int id = 0; id < x->n; id++) {
+        mem_buf *b = &x->b[id];
+        b->part = (signed char)x->seg[id];
+        b->carried = (signed char)is_carried(x, id);
+        if (!is_activation(p, id)) continue;
+        b->bytes = local_bytes(x, id);
+        b->aux = aux_bytes(x, id);
+        b->scratch = scratch_bytes(x, id);
+        int64_t copies = reps(x, id);
+        if (x->cross[id] || b->aux || p->tensors[id].op == G_INPUT) x->saved[id] = 1;
+        if (!x->saved[id]) {
+            b->region = MEM_WORKSPACE; /* placed by liveness below */
+            b->stride = copies > 1 ? b->bytes : 0;
+            continue;
+        }
+        int64_t one = b->bytes + b->aux;
+        if (recompute && x->seg[id] == SEG_LAYER && !b->carried) {
+            b->region = MEM_RECOMPUTE;
+            b->offset = rec;
+            rec += one * copies;
+        } else {
+            b->region = MEM_SLOT;
+            b->offset = x->m->part_bytes[x->seg[id]];
+            x->m->part_bytes[x->seg[id]] += one * copies;
+        }
+        b->stride = copies > 1 ? one : 0;
+    }
+    for (int id = 0; id < x->n; id++)
+        if (x->b[id].region == MEM_SLOT && x->seg[id] == SEG_LAYER) x->b[id].stride = x->m->part_bytes[SEG_LAYER];
+    for (int s = 0; s < x->m->pp; s++) x->m->stage[s].recompute = rec;
+}
+
+/* Gradients of activations: pinned when used across segments (a carried
+ * value's as a pair), else shared by liveness. */
+static int64_t place_grads(mp *x) {
+    const plan *p = x->p;
+    int64_t pin = 0;
+    if (x->stack >= 0) { /* the stack's carries first: entry and exit share a pair */
+        const plan_region *st = &p->regions[x->stack];
+        for (int c = 0; c < st->n_carry; c++) {
+            mem_buf *in = &x->b[st->carry[c].entry], *out = &x->b[st->carry[c].exit];
+            if (!has_grad(p, st->carry[c].exit)) continue;
+            in->grad_region = out->grad_region = MEM_PINNED;
+            in->grad_offset = out->grad_offset = pin;
+            pin += 2 * out->bytes;
         }
     }
-
-    /* slot layout: saved tensors of each segment, in node order */
-    int64_t seg_saved[SEG_COUNT] = {0}, layer_full = 0;
-    for (int id = 0; id < g->n; id++) {
-        int64_t b = x.saved[id] ? local_bytes(&x, id) * reps(&x, id) : 0;
-        b += extra_saved(&x, id) * reps(&x, id);
-        if (!b) continue;
-        m->region[id] = MEM_SLOT;
-        m->offset[id] = seg_saved[x.seg[id]];
-        seg_saved[x.seg[id]] += b;
+    for (int id = 0; id < x->n; id++) {
+        mem_buf *b = &x->b[id];
+        if (!has_grad(p, id) || b->grad_region != MEM_NONE) continue;
+        int64_t copies = reps(x, id);
+        b->grad_stride = copies > 1 ? b->bytes : 0;
+        if (x->cross[id]) {
+            b->grad_region = MEM_PINNED;
+            b->grad_offset = pin;
+            pin += b->bytes * copies;
+        } else {
+            b->grad_region = MEM_WORKSPACE;
+        }
     }
-    layer_full = seg_saved[SEG_LAYER];
-    if (s->recompute && x.stack >= 0 && g->regions[x.stack].n_carry > 0) {
-        /* only each layer's input is kept; the rest is rebuilt in backward */
-        int t = g->regions[x.stack].carry[0].entry;
-        seg_saved[SEG_LAYER] = local_bytes(&x, t);
-        for (int id = 0; id < g->n; id++)
-            if (x.seg[id] == SEG_LAYER && m->region[id] == MEM_SLOT) m->region[id] = MEM_WORKSPACE;
-    }
-    for (int id = 0; id < g->n; id++) m->part[id] = (signed char)x.seg[id];
+    return pin;
+}
 
-    int64_t fwd[SEG_COUNT] = {0}, bwd[SEG_COUNT] = {0};
-    for (int sg = 0; sg < SEG_COUNT; sg++)
-        if (workspaces(&x, sg, &fwd[sg], &bwd[sg]) < 0) return -1;
-    int64_t fws = 0, bws = 0;
-    for (int sg = 0; sg < SEG_COUNT; sg++) {
-        if (fwd[sg] > fws) fws = fwd[sg];
-        int64_t b = bwd[sg] + (sg == SEG_LAYER && s->recompute ? layer_full : 0);
-        if (b > bws) bws = b;
+/* Params, their gradients and AdamW's state on stage stg; part_params
+ * receives each part's param bytes (zero = 3 gathers them). */
+static void place_params(mp *x, int stg, mem_stage *ms, int64_t *part_params) {
+    const plan *p = x->p;
+    const fe_setup *s = &p->setup;
+    mem_buf *bufs = x->m->buf + (size_t)stg * (size_t)x->n;
+    int chunks = p->pp * p->v;
+    int64_t layers = 0;
+    for (int c = stg; c < chunks; c += p->pp) layers += p->chunk_layers[c];
+    double n_params = 0, sharded = 0;
+    for (int id = 0; id < x->n; id++) {
+        const plan_tensor *t = &p->tensors[id];
+        if (t->op != G_PARAM) continue;
+        int tied = 0; /* used both before and after the stack: the pair of stages holds it */
+        for (int c = 0; c < x->n && x->stack >= 0; c++)
+            for (int k = 0; k < p->tensors[c].n_in; k++)
+                if (p->tensors[c].in[k] == id) tied |= c >= p->regions[x->stack].end;
+        int64_t copies = x->seg[id] == SEG_LAYER ? layers
+                       : x->seg[id] == SEG_PRE ? (stg == 0 || (stg == p->pp - 1 && p->pp > 1 && tied))
+                                               : stg == p->pp - 1;
+        copies *= reps(x, id);
+        int64_t e = local_elems(x, id);
+        int64_t dp_group = t->pl.kind[AX_EP] == PL_SPLIT ? s->dp : s->dp * s->ep;
+        part_params[x->seg[id]] += e * x->fb;
+        mem_buf *b = &bufs[id];
+        b->bytes = e * x->fb;
+        b->stride = b->grad_stride = copies > 1 ? b->bytes : 0;
+        b->region = b->grad_region = copies > 0 ? MEM_PERSISTENT : MEM_NONE;
+        b->offset = b->grad_offset = copies > 0 ? (int64_t)n_params * x->fb : 0;
+        n_params += (double)(e * copies);
+        sharded += (double)(e * copies) / (double)dp_group;
     }
+    ms->params = (int64_t)((s->zero == 3 ? sharded : n_params) * x->fb);
+    ms->grads = (int64_t)((s->zero >= 2 ? sharded : n_params) * x->fb);
+    ms->optim = (int64_t)((s->zero >= 1 ? sharded : n_params) * (x->fb == 4 ? 8 : 12));
+}
 
-    /* the largest collective output */
+/* The largest collective output (dp's gradient sync works in place). */
+static int64_t comm_bytes(const mp *x) {
+    const plan *p = x->p;
     int64_t comm = 0;
     for (int i = 0; i < p->n_steps; i++) {
-        const shard_step *st = &p->steps[i];
-        if (st->kind == STEP_COMPUTE || st->kind == STEP_SLICE || st->axis == DP) continue;
+        const plan_step *st = &p->steps[i];
+        if (st->kind == STEP_COMPUTE || st->kind == STEP_SLICE || st->axis == AX_DP) continue;
         int64_t e = st->elems;
-        if (st->kind == STEP_REDUCE_SCATTER) e /= (st->axis == TP ? s->tp : st->axis == EP ? s->ep : 1);
-        if (e * x.act_bytes > comm) comm = e * x.act_bytes;
+        if (st->kind == STEP_REDUCE_SCATTER) e /= st->axis == AX_TP ? p->setup.tp : st->axis == AX_EP ? p->setup.ep : 1;
+        if (e * x->fb > comm) comm = e * x->fb;
     }
+    return comm;
+}
 
-    int pbytes = x.act_bytes, obytes = s->precision == 0 ? 8 : 12;
-    /* zero = 3: params are gathered whole for use, a layer at a time (the
-     * part before or after the stack counts as one) */
-    int64_t gathered = 0, part_bytes[SEG_COUNT] = {0};
-    for (int id = 0; id < g->n; id++)
-        if (g->nodes[id].op == G_PARAM) part_bytes[x.seg[id]] += local_bytes(&x, id) / x.act_bytes * pbytes;
+int memplan_build(memplan *m, const plan *p, int float_bytes, unsigned flags) {
+    memset(m, 0, sizeof *m);
+    int n = p->n_tensors;
+    mp x = {p, m, n, -1, 0, float_bytes ? float_bytes : p->setup.precision == 0 ? 4 : 2, (flags & MEMPLAN_NO_REUSE) != 0,
+            NULL, NULL, NULL, NULL, NULL};
+    m->pp = p->pp;
+    m->float_bytes = x.fb;
+    m->n_tensors = n;
+    for (int r = 0; r < p->n_regions; r++)
+        if (p->regions[r].is_stack && x.stack < 0) x.stack = r;
+    if (x.stack >= 0) x.layers = p->regions[x.stack].count;
+    size_t nn = (size_t)(n ? n : 1);
+    m->stage = calloc((size_t)(p->pp > 0 ? p->pp : 1), sizeof *m->stage);
+    m->buf = calloc((size_t)(p->pp > 0 ? p->pp : 1) * nn, sizeof *m->buf);
+    x.seg = calloc(nn, sizeof *x.seg);
+    x.last = calloc(nn, sizeof *x.last);
+    x.saved = calloc(nn, 1);
+    x.cross = calloc(nn, 1);
+    x.b = m->buf;
+    int rc = -1;
+    if (!m->stage || !m->buf || !x.seg || !x.last || !x.saved || !x.cross) goto done;
+
+    classify(&x);
+    place_values(&x);
+    int64_t pinned = place_grads(&x);
+    int64_t shared = 0;
     for (int sg = 0; sg < SEG_COUNT; sg++)
-        if (part_bytes[sg] > gathered) gathered = part_bytes[sg];
-    int chunks = sc->pp * sc->v;
-    for (int stg = 0; stg < sc->pp; stg++) {
-        mem_stage *ms = &m->stage[stg];
-        /* params held by the stage */
-        double n_params = 0, sharded = 0;
-        for (int id = 0; id < g->n; id++) {
-            if (g->nodes[id].op != G_PARAM) continue;
-            int64_t layers = 0;
-            for (int c = stg; c < chunks; c += sc->pp) layers += sched_chunk_layers(sc, c, x.total_layers);
-            double copies = x.seg[id] == SEG_LAYER ? (double)layers
-                          : x.seg[id] == SEG_PRE ? (stg == 0 || (stg == sc->pp - 1 && sc->pp > 1 &&
-                                                                 shard__tied_across_stack(g, id)))
-                                                 : stg == sc->pp - 1;
-            copies *= (double)reps(&x, id);
-            double e = (double)(local_bytes(&x, id) / x.act_bytes) * copies;
-            n_params += e;
-            sharded += e / (double)shard__dp_group(p, id);
-            if (copies > 0) {
-                m->region[id] = MEM_PERSISTENT;
-                m->offset[id] = (int64_t)((n_params - e) * pbytes);
-            }
+        for (int pass = 0; pass < 2; pass++) {
+            int64_t peak = shared_peak(&x, sg, pass);
+            if (peak < 0) goto done;
+            if (peak > shared) shared = peak;
         }
-        ms->params = (int64_t)((s->zero == 3 ? sharded : n_params) * pbytes);
-        ms->grads = (int64_t)((s->zero >= 2 ? sharded : n_params) * pbytes);
-        ms->optim = (int64_t)((s->zero >= 1 ? sharded : n_params) * obytes);
-        ms->layer_stride = seg_saved[SEG_LAYER];
-        for (int c = stg; c < chunks; c += sc->pp) {
-            int64_t unit = (c == 0 ? seg_saved[SEG_PRE] : 0) +
-                           sched_chunk_layers(sc, c, x.total_layers) * seg_saved[SEG_LAYER] +
-                           (c == chunks - 1 ? seg_saved[SEG_POST] : 0);
+    int64_t comm = comm_bytes(&x);
+    int chunks = p->pp * p->v;
+    for (int stg = 0; stg < p->pp; stg++) {
+        mem_stage *ms = &m->stage[stg];
+        if (stg > 0) memcpy(m->buf + (size_t)stg * nn, m->buf, nn * sizeof *m->buf);
+        int64_t part_params[SEG_COUNT] = {0}, gathered = 0;
+        place_params(&x, stg, ms, part_params);
+        for (int sg = 0; sg < SEG_COUNT; sg++)
+            if (part_params[sg] > gathered) gathered = part_params[sg];
+        ms->layer_stride = m->part_bytes[SEG_LAYER];
+        for (int c = stg; c < chunks; c += p->pp) {
+            int64_t unit = (c == 0 ? m->part_bytes[SEG_PRE] : 0) + p->chunk_layers[c] * m->part_bytes[SEG_LAYER] +
+                           (c == chunks - 1 ? m->part_bytes[SEG_POST] : 0);
             if (unit > ms->slot_bytes) ms->slot_bytes = unit;
         }
-        ms->slots = sched_peak_inflight(sc, stg);
-        ms->fwd_workspace = fws;
-        ms->bwd_workspace = bws;
-        ms->workspace = fws > bws ? fws : bws;
-        if (s->zero == 3) ms->workspace += 2 * gathered; /* the layer in use and the one prefetched */
+        ms->slots = sched_units_peak_inflight(p->stages[stg].units, p->stages[stg].n_units);
+        ms->pinned = pinned;
+        ms->shared = shared;
+        /* zero = 3: params gathered whole for use, a layer at a time (the
+         * part before or after the stack counts as one): the layer in use
+         * and the one prefetched */
+        ms->gathered = p->setup.zero == 3 ? 2 * gathered : 0;
+        ms->workspace = ms->pinned + ms->shared + ms->recompute + ms->gathered;
         ms->comm = comm;
         ms->total = ms->params + ms->grads + ms->optim + ms->slot_bytes * ms->slots + ms->workspace + ms->comm;
     }
+    rc = 0;
+done:
     free(x.seg);
+    free(x.last);
     free(x.saved);
-    return 0;
+    free(x.cross);
+    if (rc < 0) memplan_free(m);
+    return rc;
+}
+
+const mem_buf *memplan_buf(const memplan *m, int stage, int id) {
+    return &m->buf[(size_t)stage * (size_t)m->n_tensors + (size_t)id];
 }
 
 void memplan_free(memplan *m) {
     free(m->stage);
-    free(m->region);
-    free(m->offset);
-    free(m->bytes);
-    free(m->part);
+    free(m->buf);
     memset(m, 0, sizeof *m);
 }
 
@@ -318,8 +501,9 @@ static void mib(FILE *out, const char *label, int64_t b) {
     fprintf(out, "%s%s %.2f MiB", *label ? " " : "", label, (double)b / 1048576.0);
 }
 
-void memplan_dump(const memplan *m, const shard_prog *p, FILE *out) {
-    static const char *const where[] = {"-", "persistent", "slot", "workspace"};
+void memplan_dump(const memplan *m, const plan *p, FILE *out) {
+    static const char *const where[] = {"-", "persistent", "slot", "workspace", "pinned", "recompute"};
+    static const char *const parts[] = {"first", "layer", "last"};
     fprintf(out, "# memory plan per rank, by pipeline stage\n");
     for (int s = 0; s < m->pp; s++) {
         const mem_stage *x = &m->stage[s];
@@ -333,14 +517,26 @@ void memplan_dump(const memplan *m, const shard_prog *p, FILE *out) {
         mib(out, "+ comm", x->comm);
         mib(out, "=", x->total);
         fputc('\n', out);
+        fprintf(out, "  workspace: pinned %lld + shared %lld + recompute %lld + gathered %lld bytes\n",
+                (long long)x->pinned, (long long)x->shared, (long long)x->recompute, (long long)x->gathered);
     }
-    static const char *const parts[] = {"first", "layer", "last"};
-    fprintf(out, "# buffers: node, bytes per rank, region[.part], offset within it (slot parts: the first\n"
-                 "# chunk's before the stack, each layer's, the last chunk's after the stack)\n");
-    for (int id = 0; id < p->g->n; id++) {
-        if (m->region[id] == MEM_NONE) continue;
-        fprintf(out, "%%%d %s %lld %s%s%s %lld\n", id, graph_op_name(p->g->nodes[id].op), (long long)m->bytes[id],
-                where[m->region[id]], m->region[id] == MEM_PERSISTENT ? "" : ".",
-                m->region[id] == MEM_PERSISTENT ? "" : parts[m->part[id]], (long long)m->offset[id]);
+    fprintf(out, "# slot parts: first %lld, each layer %lld, last %lld bytes\n", (long long)m->part_bytes[0],
+            (long long)m->part_bytes[1], (long long)m->part_bytes[2]);
+    fprintf(out, "# buffers of stage 0: node, op, bytes per rank, where[.part] offset [+aux] [stride], then the\n"
+                 "# gradient's place, and the backward's scratch\n");
+    for (int id = 0; id < p->n_tensors; id++) {
+        const mem_buf *b = memplan_buf(m, 0, id);
+        if (b->region == MEM_NONE && b->grad_region == MEM_NONE) continue;
+        fprintf(out, "%%%d %s %lld %s", id, graph_op_name(p->tensors[id].op), (long long)b->bytes, where[b->region]);
+        if (b->region == MEM_SLOT) fprintf(out, ".%s", parts[b->part]);
+        fprintf(out, " %lld", (long long)b->offset);
+        if (b->aux) fprintf(out, " +%lld", (long long)b->aux);
+        if (b->stride) fprintf(out, " stride %lld", (long long)b->stride);
+        if (b->grad_region != MEM_NONE) {
+            fprintf(out, " | grad %s %lld", where[b->grad_region], (long long)b->grad_offset);
+            if (b->carried && b->grad_region == MEM_PINNED) fprintf(out, " (pair)");
+        }
+        if (b->scratch) fprintf(out, " | scratch %lld at %lld", (long long)b->scratch, (long long)b->scratch_offset);
+        fputc('\n', out);
     }
 }

@@ -1,61 +1,117 @@
-/* memplan.h — the static memory plan of every rank.
+/* memplan.h — the static memory plan of every rank: where each buffer lives.
  *
- * Per pipeline stage (its ranks are alike), every buffer gets a place:
+ * Built from a plan (plan.h) by meshc, which writes the sizes into the
+ * plan file, and again by the runtime, which lays its one arena out by it:
+ * the runtime's memory is the plan's, byte for byte. Per pipeline stage
+ * (its ranks are alike) the arena is, in this order:
  *
- *   persistent   params, their gradients and the optimizer state, after
- *                the tp/ep splits and ZeRO's sharding over dp;
- *   slots        the activations one (micro-batch, chunk) unit keeps for its
- *                backward (what each op's backward reads: a matmul's input, a
- *                norm's input and row statistics, attention's inputs, output
- *                and log-sum-exp, ...), one slot per unit the schedule keeps
- *                in flight at once; with recompute = full only each layer's
- *                input;
- *   workspace    forward temporaries and backward gradients, placed by
- *                liveness (first fit over their live intervals) within one
- *                layer, one segment at a time; with recompute the layer's
- *                saved tensors are rebuilt here; with zero = 3 two layers'
- *                params gathered whole (the one in use, the next prefetched);
- *   comm         the largest collective's output buffer.
+ *   params      every param the stage holds (after the tp/ep splits; ZeRO-3
+ *               shards them over dp), a layer param's copies one after another;
+ *   grads       their gradients, at the params' offsets (ZeRO-2/3 shard them);
+ *   optim       AdamW's state in fp32: m, then v (then the fp32 master copy
+ *               when params are bf16/fp16), each an array laid out like params;
+ *   slots       `slots` x `slot_bytes`: the activations one (micro-batch,
+ *               chunk) unit keeps for its backward (what each op's backward
+ *               reads: a matmul's input, a norm's input and row statistics,
+ *               attention's inputs, output and log-sum-exp, moe's routing and
+ *               expert buffers, ...), one slot per unit the schedule keeps in
+ *               flight at once. A slot holds the part before the layer stack,
+ *               then each layer's (`layer_stride` apart), then the part after;
+ *               with recompute = full, a layer keeps only what it carries to
+ *               the next;
+ *   workspace   pinned: gradients that live across segments (a carried
+ *               value's gradient has two buffers, the iteration's and the one
+ *               before it); shared: forward temporaries and backward gradients
+ *               of one segment (before, one layer, after), placed by liveness
+ *               (first fit over their live intervals); recompute: one layer's
+ *               saved activations, rebuilt before its backward; with zero = 3
+ *               two layers' params gathered whole;
+ *   comm        the largest collective's output buffer.
  *
- * Offsets are within each region; a layer-stack tensor's offset is for the
- * first layer of a chunk, later layers at `layer_stride` further on.
+ * Liveness is in node order: a forward temporary lives from its producer to
+ * its last consumer in its segment; a gradient from its last consumer's
+ * backward to its producer's. What is used across segments or iterations is
+ * kept in a slot (values) or pinned (gradients). Tensors inside a non-stack
+ * repeat get one copy per iteration, `stride` apart.
  */
 #ifndef MESH_MEMPLAN_H
 #define MESH_MEMPLAN_H
 
+#include <stddef.h> /* size_t */
 #include <stdint.h> /* int64_t */
 #include <stdio.h>  /* FILE */
 
-#include "sched.h"
-#include "shard.h"
+struct plan;
 
-typedef enum mem_region { MEM_NONE, MEM_PERSISTENT, MEM_SLOT, MEM_WORKSPACE } mem_region;
+typedef enum mem_region {
+    MEM_NONE,        /* no memory: a view (transpose of a param) or no gradient */
+    MEM_PERSISTENT,  /* values: params region; gradients: grads region */
+    MEM_SLOT,        /* within the unit's slot, at its part */
+    MEM_WORKSPACE,   /* the shared workspace */
+    MEM_PINNED,      /* the pinned workspace */
+    MEM_RECOMPUTE    /* the recompute area of the workspace */
+} mem_region;
 
+enum { MEM_PART_PRE, MEM_PART_LAYER, MEM_PART_POST };
+
+/* Sizes per stage, bytes per rank: what the plan file carries. */
 typedef struct mem_stage {
-    int64_t params, grads, optim;   /* bytes per rank */
+    int64_t params, grads, optim;
     int64_t slot_bytes;             /* one unit's saved activations (the largest chunk's) */
     int slots;                      /* units in flight at the schedule's peak */
     int64_t layer_stride;           /* saved bytes of one layer-stack iteration */
-    int64_t workspace;              /* max of forward and backward workspace */
-    int64_t fwd_workspace, bwd_workspace;
+    int64_t workspace;              /* pinned + shared + recompute + gathered */
+    int64_t pinned, shared, recompute, gathered;
     int64_t comm;                   /* largest collective output */
-    int64_t total;                  /* persistent + slots x slot_bytes + workspace + comm */
+    int64_t total;                  /* params + grads + optim + slots x slot_bytes + workspace + comm */
 } mem_stage;
+
+/* Where one tensor lives (the same on every stage, but for params). */
+typedef struct mem_buf {
+    mem_region region;              /* its value */
+    signed char part;               /* MEM_PART_*: the segment it belongs to */
+    signed char carried;            /* 1: a carried value (entry or exit of the stack's carries) */
+    int64_t offset;                 /* value: within its region (slot: within its part; params: per stage) */
+    int64_t bytes;                  /* one copy's value on one rank */
+    int64_t aux;                    /* saved statistics, right after the value */
+    int64_t stride;                 /* from one iteration's copy to the next (0: one copy reused) */
+    mem_region grad_region;         /* MEM_PERSISTENT, MEM_WORKSPACE, MEM_PINNED or MEM_NONE */
+    int64_t grad_offset;            /* within its region; a carried value's is its pair's first buffer */
+    int64_t grad_stride;            /* per iteration (0: reused) */
+    int64_t scratch, scratch_offset; /* the backward's scratch (moe), in the shared workspace */
+} mem_buf;
 
 typedef struct memplan {
     int pp;
+    int float_bytes;                /* of a float element: 4 (fp32) or 2 (bf16, fp16) */
     mem_stage *stage;
-    mem_region *region;             /* per graph node */
-    int64_t *offset;                /* per graph node: within its region (slot: within a slot) */
-    int64_t *bytes;                 /* per graph node: bytes on one rank */
-    signed char *part;              /* per graph node: 0 before the layer stack, 1 in it, 2 after it;
-                                       a slot holds the first part, then the layers, then the last,
-                                       and offsets are within the node's part */
+    mem_buf *buf;                   /* pp x tensors: buf[stage * n_tensors + id] */
+    int n_tensors;
+    int64_t part_bytes[3];          /* one slot's parts: before, one layer (= layer_stride), after */
+    const char *unsupported;        /* why a runtime cannot follow this layout, or NULL */
 } memplan;
 
-int memplan_build(memplan *m, const shard_prog *p, const sched *sc);
+/* memplan_build's flags. MEMPLAN_NO_REUSE gives every temporary and
+ * gradient of the shared workspace its own bytes: a layout without
+ * liveness reuse, for checking that reuse changes no result. */
+enum { MEMPLAN_NO_REUSE = 1u };
+
+/* Lays out every buffer of the plan. float_bytes is the size of a float
+ * element (0: the plan's precision, 4 for fp32, else 2); a runtime that
+ * computes bf16 plans in fp32 asks for 4. Returns 0, or -1 out of memory
+ * (m is then freed). */
+int memplan_build(memplan *m, const struct plan *p, int float_bytes, unsigned flags);
 void memplan_free(memplan *m);
+
+/* The buffer of tensor id on a stage. */
+const mem_buf *memplan_buf(const memplan *m, int stage, int id);
+
+/* Bytes of the routing arrays of a moe layer: N tokens, E experts, top K, capacity C. */
+int64_t memplan_moe_route_bytes(int64_t N, int64_t E, int64_t K, int64_t C);
+/* A moe layer's capacity per expert: ceil(factor x N x K / E), at least 1. */
+int64_t memplan_moe_capacity(int64_t N, int64_t E, int64_t K, double factor);
+
 /* --dump=memory */
-void memplan_dump(const memplan *m, const shard_prog *p, FILE *out);
+void memplan_dump(const memplan *m, const struct plan *p, FILE *out);
 
 #endif

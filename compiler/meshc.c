@@ -16,7 +16,6 @@
 #include "frontend.h"
 #include "mesh.h"
 #include "compile.h"
-#include "memplan.h"
 #include "timeline.h"
 
 #ifndef MESH_STD_DIR
@@ -194,10 +193,7 @@ int main(int argc, char **argv) {
             if (st == FE_OK && dump && strcmp(dump, "placements") == 0) shard_dump(&c.prog, stdout);
             if (st == FE_OK && dump && strcmp(dump, "schedule") == 0) sched_dump(&c.sc, stdout);
             if (st == FE_OK && dump && strcmp(dump, "memory") == 0) {
-                memplan mp;
-                if (memplan_build(&mp, &c.prog, &c.sc) == 0) memplan_dump(&mp, &c.prog, stdout);
-                else st = FE_NOMEM;
-                memplan_free(&mp);
+                st = compile_dump_memory(f, &c, stdout);
             }
             if (st == FE_OK && timeline) st = write_timeline(f, &c, timeline);
             if (needs) compile_free(&c);

@@ -231,15 +231,7 @@ int plan_from(plan *out, const char *source, const fe_setup *s, const graph *g, 
             return from_fail(out, "plan_from: %s", err);
     }
     const sched *use = sc ? sc : &one;
-    memplan mem;
     int rc = copy_sched(out, use);
-    if (rc == 0) rc = memplan_build(&mem, p, use);
-    if (rc == 0) {
-        out->memory = calloc((size_t)use->pp, sizeof *out->memory);
-        if (out->memory) memcpy(out->memory, mem.stage, (size_t)use->pp * sizeof *out->memory);
-        else rc = -1;
-    }
-    memplan_free(&mem);
     sched_free(&one);
     if (rc < 0) return from_fail(out, "out of memory");
     int64_t chunks = (int64_t)out->pp * out->v, total = stack >= 0 ? g->regions[stack].count : 0;
@@ -247,6 +239,13 @@ int plan_from(plan *out, const char *source, const fe_setup *s, const graph *g, 
     if (!out->chunk_layers) return from_fail(out, "out of memory");
     for (int64_t i = 0; i < chunks; i++)
         out->chunk_layers[i] = sc ? sched_chunk_layers(sc, (int)i, total) : total / chunks;
+    /* the memory plan, laid out from the plan itself (the runtime does the same) */
+    memplan mem;
+    if (memplan_build(&mem, out, 0, 0) != 0) return from_fail(out, "out of memory");
+    out->memory = calloc((size_t)out->pp, sizeof *out->memory);
+    if (out->memory) memcpy(out->memory, mem.stage, (size_t)out->pp * sizeof *out->memory);
+    memplan_free(&mem);
+    if (!out->memory) return from_fail(out, "out of memory");
     return 0;
 }
 

@@ -842,7 +842,7 @@ static int read_memory(rd *r, int v, plan *p) {
         m->slot_bytes = x[4];
         m->slots = (int)(x[5] > MAX_INT ? MAX_INT : x[5]);
         m->layer_stride = x[6];
-        m->workspace = m->fwd_workspace = m->bwd_workspace = x[7];
+        m->workspace = x[7];
         m->comm = x[8];
         m->total = x[9];
         double sum = (double)m->params + (double)m->grads + (double)m->optim +

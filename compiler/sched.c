@@ -279,15 +279,18 @@ double sched_simulate(const sched *s, double tf, double tb, double *bubble) {
     return sched_simulate_units(s, tf, tb, NULL, NULL, bubble);
 }
 
-int sched_peak_inflight(const sched *s, int stage) {
-    if (!s || !s->stages || stage < 0 || stage >= s->pp) return -1;
+int sched_units_peak_inflight(const sched_unit *units, int n) {
     int live = 0, peak = 0;
-    const sched_stage *g = &s->stages[stage];
-    for (int i = 0; i < g->n_units; i++) {
-        if (g->units[i].op == SCHED_FWD && ++live > peak) peak = live;
-        if (g->units[i].op == SCHED_BWD) live--;
+    for (int i = 0; i < n; i++) {
+        if (units[i].op == SCHED_FWD && ++live > peak) peak = live;
+        if (units[i].op == SCHED_BWD) live--;
     }
     return peak;
+}
+
+int sched_peak_inflight(const sched *s, int stage) {
+    if (!s || !s->stages || stage < 0 || stage >= s->pp) return -1;
+    return sched_units_peak_inflight(s->stages[stage].units, s->stages[stage].n_units);
 }
 
 void sched_unit_str(const sched_unit *u, char *buf, size_t n) {

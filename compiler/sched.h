@@ -95,6 +95,8 @@ double sched_simulate_units(const sched *s, double tf, double tb, double *const 
  * GPipe. With v > 1 it counts (micro, chunk) pairs, each 1/v of a stage's
  * layers. -1 for a stage out of range. */
 int sched_peak_inflight(const sched *s, int stage);
+/* The same over a list of units (a plan's stage). */
+int sched_units_peak_inflight(const sched_unit *units, int n);
 
 /* --dump=schedule: one line per stage, "stage 0: F0.0 >a0.0@1 ...", units
  * as F3.1 (forward, micro 3, chunk 1), B3.1, and sends/receives as >a3.1@2

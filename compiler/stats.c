@@ -4,7 +4,7 @@
 #include <stdlib.h> /* calloc, strtod */
 #include <string.h> /* strcmp */
 
-#include "memplan.h"
+#include "plan.h"
 #include "shard_impl.h"
 
 typedef struct layout {
@@ -100,15 +100,15 @@ int stats_build(stats *out, const shard_prog *p, const sched *sc) {
     out->pp = sc->pp;
     out->stage = calloc((size_t)sc->pp, sizeof *out->stage);
     if (!out->stage) return -1;
-    memplan mem;
-    if (memplan_build(&mem, p, sc) != 0) {
-        memplan_free(&mem);
+    plan pl; /* the memory plan is laid out from the plan the runtime gets */
+    if (plan_from(&pl, "", &p->setup, g, p, sc) != 0) {
+        plan_free(&pl);
         return -1;
     }
     layout l = layout_of(p, sc);
     for (int st = 0; st < sc->pp; st++) {
         stats_stage *x = &out->stage[st];
-        const mem_stage *ms = &mem.stage[st];
+        const mem_stage *ms = &pl.memory[st];
         double n_params = 0, fl = 0;
         for (int id = 0; id < g->n; id++) {
             const g_node *n = &g->nodes[id];
@@ -131,7 +131,7 @@ int stats_build(stats *out, const shard_prog *p, const sched *sc) {
         x->total = ms->total;
         x->flops = fl * (double)s->micro_batches * (s->recompute ? 4.0 : 3.0);
     }
-    memplan_free(&mem);
+    plan_free(&pl);
     double bubble = 0;
     sched_simulate(sc, 1.0, 2.0, &bubble);
     out->bubble = bubble;

@@ -3,57 +3,58 @@
 
 #include <math.h>   /* cos, isfinite */
 #include <stdarg.h> /* va_list */
+#include <stdint.h> /* SIZE_MAX */
 #include <stdio.h>  /* vsnprintf */
 #include <stdlib.h> /* calloc, free */
 #include <string.h> /* memset, strstr */
 
-#include <stdint.h> /* SIZE_MAX */
+#include "init.h"    /* mesh__init_* */
+#include "kcpu.h"    /* kcpu_* */
+#include "memplan.h" /* memplan_*, mem_buf */
 
-#include "init.h" /* mesh__init_* */
-#include "kcpu.h" /* kcpu_* */
-
-/* What one moe layer's iteration keeps for its backward. */
+/* A moe node's geometry, and its routing bound to the iteration's memory. */
 typedef struct ex_moe {
-    kcpu_moe_route *route;
-    float *xe, *ye;        /* [E, C, D] dispatched tokens, expert outputs */
-    float *hg, *hu, *act;  /* [E, C, F] the experts' hidden layers */
-} ex_moe;
-
-/* A moe node's geometry and scratch (shared by its iterations). */
-typedef struct ex_moe_node {
     int N, D, E, K, C, F;
-    ex_moe *it;            /* per iteration */
-    float *dxe, *dye;      /* [E, C, D] */
-    float *dweight;        /* [N, K] */
-    float *scratch;        /* max([N, E], [2, C, F]) */
-} ex_moe_node;
+    size_t route_bytes;
+    kcpu_moe_route route;
+} ex_moe;
 
 struct mesh__exec {
     const plan *p;
-    int n;              /* tensors */
-    size_t *numel;      /* per tensor: elements of one iteration's value */
-    int *iters;         /* per tensor: iterations of its region (1 outside) */
-    float **val;        /* per tensor: iters x numel (int32 for i32 tensors) */
-    float **grad;       /* per f32 tensor: iters x numel, NULL for i32 */
-    float **aux;        /* per tensor: iters x aux_len, what its backward needs */
-    size_t *aux_len;
-    float **m, **v;     /* AdamW moments, params only */
-    int *params;        /* tensor ids of the params */
+    memplan mp;          /* the layout, in fp32 */
+    const mem_stage *ms; /* stage 0's sizes */
+    unsigned char *arena; /* the one allocation: ms->total bytes */
+    /* byte offsets of the regions in the arena */
+    int64_t grads_at, optim_at, slots_at, pinned_at, shared_at, recompute_at;
+    int64_t part_at[3];  /* a slot's parts */
+    int slot;            /* the slot of the unit being run */
+    int *slot_of;        /* per micro-batch: its slot while in flight */
+    char *slot_busy;     /* per slot */
+    int n;               /* tensors */
+    size_t *numel;       /* per tensor: elements of one iteration's value */
+    int *iters;          /* per tensor: iterations of its region (1 outside) */
+    int *zero_by;        /* per tensor: the node whose backward starts its gradient
+                            (its last consumer in its segment, or itself), -1 if none */
+    int *params;         /* tensor ids of the params */
     int n_params;
-    char ***names;      /* per param tensor: its iterations' global names */
-    float **gbufs;      /* per param tensor: its gradient, for the global norm */
-    size_t *gsizes;     /* and its elements, all iterations */
+    char ***names;       /* per param tensor: its iterations' global names */
+    float **gbufs;       /* per param tensor: its gradient, for the global norm */
+    size_t *gsizes;      /* and its elements, all iterations */
     int tokens_in, targets_in; /* the input tensors */
-    double dloss;       /* seed of the backward: 1 / micro-batches */
-    ex_moe_node **moe;  /* per tensor: moe layers' state, NULL for others */
-    long long adam_t;   /* AdamW steps taken */
-    size_t bytes;       /* allocated for the model's state and activations */
+    int stack;           /* the layer stack's region, -1 if none */
+    double dloss;        /* seed of the backward: 1 / micro-batches */
+    ex_moe **moe;        /* per tensor: moe layers' geometry, NULL for others */
+    double loss;         /* the last forward's loss, with moe's load-balancing losses */
+    int recomputing;     /* running forward steps again in a backward */
+    int poison;          /* test hook: dead memory is filled with NaN (mesh__exec_set_poison) */
+    long long adam_t;    /* AdamW steps taken */
+    size_t host_bytes;   /* bookkeeping allocated besides the arena */
     mesh_alloc_fn alloc; /* the context's allocator hook */
     void *ud;
 };
 
-/* Zeroed memory from the context's allocator, counted in ex->bytes. The
- * block's size is kept in a header before it, for the hook's old_size. */
+/* Zeroed memory from the context's allocator. The block's size is kept in
+ * a header before it, for the hook's old_size. */
 enum { EX_HEADER = 16 };
 
 static void *ex_calloc(mesh__exec *ex, size_t n, size_t size)
@@ -64,7 +65,6 @@ static void *ex_calloc(mesh__exec *ex, size_t n, size_t size)
     if (!base) return NULL;
     memcpy(base, &bytes, sizeof bytes);
     memset(base + EX_HEADER, 0, bytes);
-    ex->bytes += bytes;
     return base + EX_HEADER;
 }
 
@@ -75,6 +75,14 @@ static void ex_free(mesh__exec *ex, void *p)
     size_t bytes;
     memcpy(&bytes, base, sizeof bytes);
     ex->alloc(ex->ud, base, bytes + EX_HEADER, 0);
+}
+
+/* Bookkeeping: counted apart from the arena. */
+static void *host_calloc(mesh__exec *ex, size_t n, size_t size)
+{
+    void *p = ex_calloc(ex, n, size);
+    if (p) ex->host_bytes += n * size;
+    return p;
 }
 
 static void set_err(char *err, size_t n, const char *fmt, ...)
@@ -94,35 +102,126 @@ static size_t numel_of(const plan_tensor *t)
 
 static int64_t last_dim(const plan_tensor *t) { return t->rank ? t->dims[t->rank - 1] : 1; }
 
-/* ---- where a tensor's value lives, seen from a consumer ---------------- */
+/* ---- where a tensor lives ---------------------------------------------- */
 
-/* Value (or gradient) of tensor id for a consumer in region r at iteration
- * it: inside the same region, that iteration; a carried entry, the
- * previous iteration's exit (the entry itself at iteration 0); a region's
- * tensor seen from outside, its last iteration. */
-static float *at(const mesh__exec *ex, float **bufs, int id, int r, int it)
+static const mem_buf *buf_of(const mesh__exec *ex, int id) { return memplan_buf(&ex->mp, 0, id); }
+
+/* Value of tensor id at its iteration it (-1, a carried entry: 0). */
+static float *vptr(const mesh__exec *ex, int id, int it)
+{
+    const mem_buf *b = buf_of(ex, id);
+    int64_t at;
+    switch (b->region) {
+    case MEM_PERSISTENT: at = 0; break;
+    case MEM_SLOT: at = ex->slots_at + ex->slot * ex->ms->slot_bytes + ex->part_at[b->part]; break;
+    case MEM_WORKSPACE: at = ex->shared_at; break;
+    case MEM_RECOMPUTE: at = ex->recompute_at; break;
+    default: return NULL;
+    }
+    return (float *)(void *)(ex->arena + at + b->offset + (it > 0 ? it : 0) * b->stride);
+}
+
+/* Gradient of tensor id at its iteration it. A carried value's gradient
+ * alternates between its pair of buffers: the exit of iteration it uses
+ * it % 2, the entry (the exit of "iteration -1") the second. */
+static float *gptr(const mesh__exec *ex, int id, int it)
+{
+    const mem_buf *b = buf_of(ex, id);
+    int64_t at;
+    switch (b->grad_region) {
+    case MEM_PERSISTENT: at = ex->grads_at; break;
+    case MEM_WORKSPACE: at = ex->shared_at; break;
+    case MEM_PINNED: at = ex->pinned_at; break;
+    default: return NULL;
+    }
+    if (b->carried && b->grad_region == MEM_PINNED) /* an entry is outside the stack: "iteration -1" */
+        at += (int64_t)(ex->p->tensors[id].region < 0 ? 1 : ((it % 2) + 2) % 2) * b->bytes;
+    else at += (it > 0 ? it : 0) * b->grad_stride;
+    return (float *)(void *)(ex->arena + at + b->grad_offset);
+}
+
+/* The saved statistics after tensor id's value. */
+static float *aux_ptr(const mesh__exec *ex, int id, int it)
+{
+    return (float *)(void *)((unsigned char *)vptr(ex, id, it) + buf_of(ex, id)->bytes);
+}
+
+/* Which copy of tensor id a consumer in region r at iteration it reads:
+ * inside the same region, that iteration's; a carried entry, the previous
+ * iteration's exit (the entry itself, iteration -1, at iteration 0); a
+ * region's tensor seen from outside, its last iteration's. */
+static int resolve(const mesh__exec *ex, int id, int r, int it, int *copy)
 {
     const plan *p = ex->p;
     int tr = p->tensors[id].region;
-    if (!bufs[id]) return NULL;
-    if (tr >= 0 && tr == r) return bufs[id] + (size_t)it * ex->numel[id];
-    if (tr < 0 && r >= 0) {
-        const plan_region *g = &p->regions[r];
-        for (int c = 0; c < g->n_carry; c++)
-            if (g->carry[c].entry == id && it > 0)
-                return bufs[g->carry[c].exit] + (size_t)(it - 1) * ex->numel[g->carry[c].exit];
-        return bufs[id];
+    *copy = 0;
+    if (tr >= 0 && tr == r) {
+        *copy = it;
+        return id;
     }
-    if (tr >= 0) return bufs[id] + (size_t)(ex->iters[id] - 1) * ex->numel[id];
-    return bufs[id];
+    if (tr < 0) {
+        for (int q = 0; q < p->n_regions; q++)
+            for (int c = 0; c < p->regions[q].n_carry; c++) {
+                if (p->regions[q].carry[c].entry != id) continue;
+                if (q == r && it > 0) {
+                    *copy = it - 1;
+                    return p->regions[q].carry[c].exit;
+                }
+                *copy = -1;
+            }
+        return id;
+    }
+    *copy = ex->iters[id] - 1;
+    return id;
 }
 
-#define IN(k) at(ex, ex->val, t->in[k], t->region, it)
-#define DIN(k) at(ex, ex->grad, t->in[k], t->region, it)
-#define OUT (ex->val[id] + (size_t)it * ex->numel[id])
-#define DOUT (ex->grad[id] + (size_t)it * ex->numel[id])
-#define AUX (ex->aux[id] + (size_t)it * ex->aux_len[id])
+static float *val_in(const mesh__exec *ex, int id, int r, int it)
+{
+    int copy, t = resolve(ex, id, r, it, &copy);
+    return vptr(ex, t, copy);
+}
+
+static float *grad_in(const mesh__exec *ex, int id, int r, int it)
+{
+    int copy, t = resolve(ex, id, r, it, &copy);
+    return gptr(ex, t, copy);
+}
+
+#define IN(k) val_in(ex, t->in[k], t->region, it)
+#define DIN(k) grad_in(ex, t->in[k], t->region, it)
+#define OUT vptr(ex, id, it)
+#define DOUT gptr(ex, id, it)
+#define AUX aux_ptr(ex, id, it)
 #define I32(x) ((int32_t *)(void *)(x))
+
+/* A moe layer's buffers at iteration it: routing, then xe, ye [E, C, D],
+ * then hg, hu, act [E, C, F]; its backward's scratch: dxe, dye [E, C, D],
+ * dweight [N, K], then max([N, E], [2, C, F]). */
+typedef struct moe_bufs {
+    float *xe, *ye, *hg, *hu, *act;
+    float *dxe, *dye, *dweight, *scratch;
+} moe_bufs;
+
+static moe_bufs moe_at(mesh__exec *ex, int id, int it)
+{
+    ex_moe *g = ex->moe[id];
+    size_t ecd = (size_t)g->E * (size_t)g->C * (size_t)g->D, ecf = (size_t)g->E * (size_t)g->C * (size_t)g->F;
+    unsigned char *aux = (unsigned char *)aux_ptr(ex, id, it);
+    kcpu_moe_route_bind(&g->route, aux, g->N, g->E, g->K, g->C);
+    moe_bufs m;
+    m.xe = (float *)(void *)(aux + g->route_bytes);
+    m.ye = m.xe + ecd;
+    m.hg = m.ye + ecd;
+    m.hu = m.hg + ecf;
+    m.act = m.hu + ecf;
+    m.dxe = (float *)(void *)(ex->arena + ex->shared_at + buf_of(ex, id)->scratch_offset);
+    m.dye = m.dxe + ecd;
+    m.dweight = m.dye + ecd;
+    m.scratch = m.dweight + (size_t)g->N * (size_t)g->K;
+    return m;
+}
+
+/* ---- one op ----------------------------------------------------------- */
 
 /* Broadcast add: the smaller operand's elements repeat over the larger's. */
 static void add_forward(float *out, const float *a, size_t na, const float *b, size_t nb)
@@ -166,7 +265,7 @@ static void forward_node(mesh__exec *ex, int id, int it)
     case G_MATMUL: {
         int K = (int)last_dim(a), N = (int)last_dim(t), M = (int)(n / (size_t)N);
         if (b->op == G_TRANSPOSE) /* x @ transpose(w): w stored [N, K] */
-            kcpu_matmul_wt_forward(OUT, IN(0), at(ex, ex->val, b->in[0], t->region, it), NULL, M, K, N);
+            kcpu_matmul_wt_forward(OUT, IN(0), val_in(ex, b->in[0], t->region, it), NULL, M, K, N);
         else
             kcpu_matmul_forward(OUT, IN(0), IN(1), NULL, M, K, N);
         break;
@@ -179,8 +278,9 @@ static void forward_node(mesh__exec *ex, int id, int it)
         break;
     case G_LAYERNORM: {
         int C = (int)last_dim(t), rows = (int)(n / (size_t)C);
-        kcpu_layernorm_forward(OUT, AUX, AUX + rows, IN(0), IN(1), t->n_in > 2 ? IN(2) : NULL, rows,
-                               C, (float)t->eps);
+        float *aux = AUX;
+        kcpu_layernorm_forward(OUT, aux, aux + rows, IN(0), IN(1), t->n_in > 2 ? IN(2) : NULL, rows, C,
+                               (float)t->eps);
         break;
     }
     case G_RMSNORM: {
@@ -209,22 +309,25 @@ static void forward_node(mesh__exec *ex, int id, int it)
     case G_CROSS_ENTROPY: {
         int Vp = (int)last_dim(a), N = (int)ex->numel[t->in[1]];
         int V = t->vocab > 0 ? (int)t->vocab : Vp;
-        OUT[0] = kcpu_crossentropy_forward(AUX, AUX + N, AUX + 2 * N, IN(0), I32(IN(1)), N, V, Vp);
+        float *aux = AUX;
+        OUT[0] = kcpu_crossentropy_forward(aux, aux + N, aux + 2 * N, IN(0), I32(IN(1)), N, V, Vp);
         break;
     }
     case G_MOE: {
-        ex_moe_node *g = ex->moe[id];
-        ex_moe *m = &g->it[it];
-        kcpu_moe_route_forward(m->route, IN(0), IN(1), g->D);
-        kcpu_moe_dispatch_forward(m->xe, IN(0), m->route, g->D);
-        kcpu_moe_expert_forward(m->ye, m->hg, m->hu, m->act, m->xe, IN(2), IN(3), IN(4), m->route->count,
-                                g->E, g->C, g->D, g->F);
-        kcpu_moe_combine_forward(OUT, m->ye, m->route, g->D);
+        ex_moe *g = ex->moe[id];
+        moe_bufs m = moe_at(ex, id, it);
+        kcpu_moe_route_forward(&g->route, IN(0), IN(1), g->D);
+        kcpu_moe_dispatch_forward(m.xe, IN(0), &g->route, g->D);
+        kcpu_moe_expert_forward(m.ye, m.hg, m.hu, m.act, m.xe, IN(2), IN(3), IN(4), g->route.count, g->E, g->C,
+                                g->D, g->F);
+        kcpu_moe_combine_forward(OUT, m.ye, &g->route, g->D);
+        if (!ex->recomputing) ex->loss += t->aux_loss * (double)g->route.aux;
         break;
     }
     default: /* inputs and params are filled elsewhere; others refused at create */
         break;
     }
+    if (id == ex->p->loss && !ex->recomputing) ex->loss += OUT[0];
 }
 
 static void backward_node(mesh__exec *ex, int id, int it)
@@ -241,8 +344,8 @@ static void backward_node(mesh__exec *ex, int id, int it)
     case G_MATMUL: {
         int K = (int)last_dim(a), N = (int)last_dim(t), M = (int)(n / (size_t)N);
         if (b->op == G_TRANSPOSE)
-            kcpu_matmul_wt_backward(DIN(0), at(ex, ex->grad, b->in[0], t->region, it), NULL, DOUT,
-                                    IN(0), at(ex, ex->val, b->in[0], t->region, it), M, K, N);
+            kcpu_matmul_wt_backward(DIN(0), grad_in(ex, b->in[0], t->region, it), NULL, DOUT, IN(0),
+                                    val_in(ex, b->in[0], t->region, it), M, K, N);
         else
             kcpu_matmul_backward(DIN(0), DIN(1), NULL, DOUT, IN(0), IN(1), M, K, N);
         break;
@@ -253,8 +356,9 @@ static void backward_node(mesh__exec *ex, int id, int it)
         break;
     case G_LAYERNORM: {
         int C = (int)last_dim(t), rows = (int)(n / (size_t)C);
-        kcpu_layernorm_backward(DIN(0), DIN(1), t->n_in > 2 ? DIN(2) : NULL, DOUT, IN(0), IN(1), AUX,
-                                AUX + rows, rows, C);
+        float *aux = AUX;
+        kcpu_layernorm_backward(DIN(0), DIN(1), t->n_in > 2 ? DIN(2) : NULL, DOUT, IN(0), IN(1), aux,
+                                aux + rows, rows, C);
         break;
     }
     case G_RMSNORM: {
@@ -284,24 +388,25 @@ static void backward_node(mesh__exec *ex, int id, int it)
     case G_CROSS_ENTROPY: {
         int Vp = (int)last_dim(a), N = (int)ex->numel[t->in[1]];
         int V = t->vocab > 0 ? (int)t->vocab : Vp;
-        kcpu_crossentropy_backward(DIN(0), IN(0), I32(IN(1)), AUX + N, AUX + 2 * N, DOUT[0], N, V, Vp);
+        float *aux = AUX;
+        kcpu_crossentropy_backward(DIN(0), IN(0), I32(IN(1)), aux + N, aux + 2 * N, DOUT[0], N, V, Vp);
         break;
     }
     case G_MOE: {
-        ex_moe_node *g = ex->moe[id];
-        ex_moe *m = &g->it[it];
+        ex_moe *g = ex->moe[id];
+        moe_bufs m = moe_at(ex, id, it);
         size_t ecd = (size_t)g->E * (size_t)g->C * (size_t)g->D;
-        memset(g->dye, 0, ecd * sizeof(float));
-        memset(g->dxe, 0, ecd * sizeof(float));
-        memset(g->dweight, 0, (size_t)g->N * (size_t)g->K * sizeof(float));
-        kcpu_moe_combine_backward(g->dye, g->dweight, DOUT, m->ye, m->route, g->D);
-        kcpu_moe_expert_backward(g->dxe, DIN(2), DIN(3), DIN(4), g->scratch, g->dye, m->hg, m->hu, m->act,
-                                 m->xe, IN(2), IN(3), IN(4), m->route->count, g->E, g->C, g->D, g->F);
-        kcpu_moe_dispatch_backward(DIN(0), g->dxe, m->route, g->D);
+        memset(m.dye, 0, ecd * sizeof(float));
+        memset(m.dxe, 0, ecd * sizeof(float));
+        memset(m.dweight, 0, (size_t)g->N * (size_t)g->K * sizeof(float));
+        kcpu_moe_combine_backward(m.dye, m.dweight, DOUT, m.ye, &g->route, g->D);
+        kcpu_moe_expert_backward(m.dxe, DIN(2), DIN(3), DIN(4), m.scratch, m.dye, m.hg, m.hu, m.act, m.xe, IN(2),
+                                 IN(3), IN(4), g->route.count, g->E, g->C, g->D, g->F);
+        kcpu_moe_dispatch_backward(DIN(0), m.dxe, &g->route, g->D);
         /* the load-balancing loss is part of the loss: its gradient scales
          * with the seed of the backward, as the cross-entropy's does */
-        kcpu_moe_route_backward(DIN(0), DIN(1), g->scratch, g->dweight, (float)(t->aux_loss * ex->dloss),
-                                m->route, IN(0), IN(1), g->D);
+        kcpu_moe_route_backward(DIN(0), DIN(1), m.scratch, m.dweight, (float)(t->aux_loss * ex->dloss), &g->route,
+                                IN(0), IN(1), g->D);
         break;
     }
     default:
@@ -309,14 +414,61 @@ static void backward_node(mesh__exec *ex, int id, int it)
     }
 }
 
+
 /* ---- running the program ---------------------------------------------- */
 
+/* Poisoning: the shared workspace and the recompute area hold nothing
+ * live between ops' runs of forward and backward, nor a slot before its
+ * unit's forward. */
+static void poison_workspace(mesh__exec *ex)
+{
+    if (ex->poison) memset(ex->arena + ex->shared_at, 0xff, (size_t)(ex->ms->shared + ex->ms->recompute));
+}
+
+void mesh__exec_set_poison(mesh__exec *ex, int on) { ex->poison = on; }
+
+/* Before node c's backward: the gradients it starts (of inputs whose last
+ * consumer it is, or its own when nothing consumes it) are zeroed; the
+ * loss's is the seed. */
+static void start_grads(mesh__exec *ex, int c, int it)
+{
+    const plan_tensor *t = &ex->p->tensors[c];
+    for (int k = 0; k < t->n_in; k++) {
+        int in = t->in[k], seen = 0;
+        for (int j = 0; j < k; j++) seen |= t->in[j] == in;
+        if (seen || ex->zero_by[in] != c) continue;
+        float *g = grad_in(ex, in, t->region, it);
+        if (g) memset(g, 0, (size_t)buf_of(ex, in)->bytes);
+    }
+    if (ex->zero_by[c] != c) return;
+    float *g = gptr(ex, c, it);
+    if (!g) return;
+    if (c == ex->p->loss) g[0] = (float)ex->dloss;
+    else memset(g, 0, (size_t)buf_of(ex, c)->bytes);
+}
+
+/* Before iteration it of the stack's backward: the buffer of each carried
+ * value's pair that receives the gradient of the iteration's entry. */
+static void start_carries(mesh__exec *ex, int r, int it)
+{
+    const plan_region *g = &ex->p->regions[r];
+    for (int c = 0; c < g->n_carry; c++) {
+        float *d = gptr(ex, g->carry[c].exit, it - 1);
+        if (d && buf_of(ex, g->carry[c].exit)->carried) memset(d, 0, (size_t)buf_of(ex, g->carry[c].exit)->bytes);
+    }
+}
+
 /* Runs the program's compute steps of one phase; a run of consecutive
- * steps in a region repeats per iteration (backward: last to first). */
+ * steps in a region repeats per iteration (backward: last to first, each
+ * iteration starting with the forward steps it recomputes). */
 static void run_phase(mesh__exec *ex, plan_phase phase)
 {
     const plan *p = ex->p;
     int back = phase == PLAN_BACKWARD;
+    if (back) {
+        poison_workspace(ex);
+        memset(ex->arena + ex->pinned_at, 0, (size_t)ex->ms->pinned);
+    }
     for (int s = 0; s < p->n_steps;) {
         const plan_step *st = &p->steps[s];
         if (st->phase != phase || st->kind != STEP_COMPUTE) { s++; continue; }
@@ -326,54 +478,50 @@ static void run_phase(mesh__exec *ex, plan_phase phase)
         int count = st->region >= 0 ? (int)p->regions[st->region].count : 1;
         for (int k = 0; k < count; k++) {
             int it = back ? count - 1 - k : k;
+            if (back && st->region >= 0) start_carries(ex, st->region, it);
             for (int q = s; q < e; q++) {
-                if (p->steps[q].kind != STEP_COMPUTE) continue;
-                if (back) backward_node(ex, p->steps[q].node, it);
-                else forward_node(ex, p->steps[q].node, it);
+                const plan_step *sq = &p->steps[q];
+                if (sq->kind != STEP_COMPUTE) continue;
+                if (back && sq->recompute) {
+                    ex->recomputing = 1;
+                    forward_node(ex, sq->node, it);
+                    ex->recomputing = 0;
+                } else if (back) {
+                    start_grads(ex, sq->node, it);
+                    backward_node(ex, sq->node, it);
+                } else {
+                    forward_node(ex, sq->node, it);
+                }
             }
         }
         s = e;
     }
 }
 
-static void load_batch(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
-{
-    size_t n = ex->numel[ex->tokens_in];
-    memcpy(ex->val[ex->tokens_in], inputs, n * sizeof *inputs);
-    memcpy(ex->val[ex->targets_in], targets, n * sizeof *targets);
-}
-
 size_t mesh__exec_batch_tokens(const mesh__exec *ex) { return ex->numel[ex->tokens_in]; }
+
+/* Forward of one micro-batch in the current slot; returns its loss. */
+static double forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
+{
+    if (ex->poison) memset(ex->arena + ex->slots_at + ex->slot * ex->ms->slot_bytes, 0xff, (size_t)ex->ms->slot_bytes);
+    poison_workspace(ex);
+    size_t n = ex->numel[ex->tokens_in];
+    memcpy(vptr(ex, ex->tokens_in, 0), inputs, n * sizeof *inputs);
+    memcpy(vptr(ex, ex->targets_in, 0), targets, n * sizeof *targets);
+    ex->loss = 0;
+    run_phase(ex, PLAN_FORWARD);
+    return ex->loss;
+}
 
 double mesh__exec_loss(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
 {
-    load_batch(ex, inputs, targets);
-    run_phase(ex, PLAN_FORWARD);
-    double loss = ex->val[ex->p->loss][0];
-    for (int id = 0; id < ex->n; id++) /* moe's load-balancing losses */
-        for (int it = 0; ex->moe[id] && it < ex->iters[id]; it++)
-            loss += ex->p->tensors[id].aux_loss * (double)ex->moe[id]->it[it].route->aux;
-    return loss;
-}
-
-/* Forward and backward of one micro-batch, adding to the params' grads. */
-static double micro_step(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
-{
-    double loss = mesh__exec_loss(ex, inputs, targets);
-    for (int id = 0; id < ex->n; id++)
-        if (ex->grad[id] && ex->p->tensors[id].op != G_PARAM)
-            memset(ex->grad[id], 0, (size_t)ex->iters[id] * ex->numel[id] * sizeof(float));
-    ex->grad[ex->p->loss][0] = (float)ex->dloss;
-    run_phase(ex, PLAN_BACKWARD);
-    return loss;
+    ex->slot = 0;
+    return forward(ex, inputs, targets);
 }
 
 static void zero_param_grads(mesh__exec *ex)
 {
-    for (int k = 0; k < ex->n_params; k++) {
-        int id = ex->params[k];
-        memset(ex->grad[id], 0, (size_t)ex->iters[id] * ex->numel[id] * sizeof(float));
-    }
+    memset(ex->arena + ex->grads_at, 0, (size_t)ex->ms->grads);
 }
 
 double mesh__exec_grad(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
@@ -381,7 +529,9 @@ double mesh__exec_grad(mesh__exec *ex, const int32_t *inputs, const int32_t *tar
     zero_param_grads(ex);
     double saved = ex->dloss;
     ex->dloss = 1.0;
-    double loss = micro_step(ex, inputs, targets);
+    ex->slot = 0;
+    double loss = forward(ex, inputs, targets);
+    run_phase(ex, PLAN_BACKWARD);
     ex->dloss = saved;
     return loss;
 }
@@ -397,16 +547,37 @@ double mesh__exec_lr(const plan *p, long long step)
     return s->min_lr + (s->lr - s->min_lr) * shape;
 }
 
+/* The micro-batches in the schedule's order: a forward takes a free slot,
+ * its backward frees it. Returns the summed loss. */
+static double run_units(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
+{
+    const plan_stage *g = &ex->p->stages[0];
+    size_t bt = mesh__exec_batch_tokens(ex);
+    double loss = 0;
+    for (int u = 0; u < g->n_units; u++) {
+        const sched_unit *un = &g->units[u];
+        if (un->op == SCHED_FWD) {
+            int s = 0;
+            while (ex->slot_busy[s]) s++; /* the memory plan has a slot for every unit in flight */
+            ex->slot_busy[s] = 1;
+            ex->slot_of[un->micro] = ex->slot = s;
+            loss += forward(ex, inputs + (size_t)un->micro * bt, targets + (size_t)un->micro * bt);
+        } else if (un->op == SCHED_BWD) {
+            ex->slot = ex->slot_of[un->micro];
+            run_phase(ex, PLAN_BACKWARD);
+            ex->slot_busy[ex->slot] = 0;
+        }
+    }
+    return loss;
+}
+
 int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
                           const int32_t *targets, mesh__step_stats *st)
 {
     const fe_setup *s = &ex->p->setup;
     int m = (int)(s->micro_batches > 0 ? s->micro_batches : 1);
-    size_t bt = mesh__exec_batch_tokens(ex);
     zero_param_grads(ex);
-    double loss = 0;
-    for (int k = 0; k < m; k++) loss += micro_step(ex, inputs + (size_t)k * bt, targets + (size_t)k * bt);
-    loss /= m;
+    double loss = run_units(ex, inputs, targets) / m;
     double norm = s->clip > 0 ? kcpu_clip_global_norm(ex->gbufs, ex->gsizes, ex->n_params, (float)s->clip)
                               : kcpu_global_norm((const float *const *)ex->gbufs, ex->gsizes, ex->n_params);
     double lr = mesh__exec_lr(ex->p, step);
@@ -418,11 +589,13 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
     for (int k = 0; k < ex->n_params; k++) {
         int id = ex->params[k];
         const plan_tensor *t = &ex->p->tensors[id];
+        /* AdamW's m and v are laid out like the params, one array after the other */
+        float *m1 = (float *)(void *)(ex->arena + ex->optim_at + buf_of(ex, id)->offset);
+        float *v1 = (float *)(void *)((unsigned char *)m1 + ex->ms->params);
         /* decay matrices and embeddings, not gains and biases (GPT-2, llm.c) */
         float wd = t->rank >= 2 ? (float)s->weight_decay : 0.0f;
-        kcpu_adamw_step(ex->val[id], ex->grad[id], ex->m[id], ex->v[id],
-                        (size_t)ex->iters[id] * ex->numel[id], (float)lr, (float)s->beta1,
-                        (float)s->beta2, (float)s->eps, wd, (int)ex->adam_t);
+        kcpu_adamw_step(vptr(ex, id, 0), gptr(ex, id, 0), m1, v1, (size_t)ex->iters[id] * ex->numel[id], (float)lr,
+                        (float)s->beta1, (float)s->beta2, (float)s->eps, wd, (int)ex->adam_t);
     }
     return 0;
 }
@@ -435,7 +608,7 @@ static char *iter_name(mesh__exec *ex, const char *name, int it)
     const char *open = strstr(name, "{0..");
     const char *close = open ? strchr(open, '}') : NULL;
     size_t len = strlen(name) + 24;
-    char *out = ex_calloc(ex, len, 1);
+    char *out = host_calloc(ex, len, 1);
     if (!out) return NULL;
     if (!close) snprintf(out, len, "%s", name);
     else snprintf(out, len, "%.*s%d%s", (int)(open - name), name, it, close + 1);
@@ -446,10 +619,9 @@ static char *iter_name(mesh__exec *ex, const char *name, int it)
 static const char *refusal(const plan *p, char *buf, size_t n)
 {
     if (p->setup.world != 1) return "this runtime runs one-rank plans so far (mesh 1x1x1x1)";
+    if (p->pp != 1 || p->v != 1) return "pipeline stages and virtual stages are not run yet";
     for (int s = 0; s < p->n_steps; s++)
         if (p->steps[s].kind != STEP_COMPUTE) return "the plan has collectives; one rank needs none";
-    for (int r = 0; r < p->n_regions; r++)
-        if (p->regions[r].parent >= 0) return "nested repeats are not run yet";
     if (p->loss < 0) return "the plan has no loss";
     for (int id = 0; id < p->n_tensors; id++) {
         const plan_tensor *t = &p->tensors[id];
@@ -462,6 +634,7 @@ static const char *refusal(const plan *p, char *buf, size_t n)
             for (int c = id + 1; c < p->n_tensors; c++)
                 for (int k = 0; k < p->tensors[c].n_in; k++)
                     if (p->tensors[c].in[k] == id && !(p->tensors[c].op == G_MATMUL && k == 1)) ok = 0;
+            ok = ok && p->tensors[t->in[0]].op == G_PARAM;
             break;
         default: break;
         }
@@ -474,24 +647,13 @@ static const char *refusal(const plan *p, char *buf, size_t n)
     return NULL;
 }
 
-/* Extra floats an op saves per iteration for its backward. */
-static size_t aux_floats(const plan *p, const plan_tensor *t, size_t n)
-{
-    switch (t->op) {
-    case G_LAYERNORM: return 2 * (n / (size_t)last_dim(t));
-    case G_RMSNORM: return n / (size_t)last_dim(t);
-    case G_ATTENTION: return n / (size_t)(last_dim(t) / t->heads);
-    case G_CROSS_ENTROPY: return 3 * numel_of(&p->tensors[t->in[1]]);
-    default: return 0;
-    }
-}
-
-/* Allocates a moe node's routing state and buffers for each iteration. */
-static int moe_alloc(mesh__exec *ex, int id, int iters)
+/* A moe node's geometry; -1 if the kernels' routing layout differs from
+ * the memory plan's. */
+static int moe_setup(mesh__exec *ex, int id)
 {
     const plan_tensor *t = &ex->p->tensors[id];
     const plan_tensor *wg = &ex->p->tensors[t->in[2]];
-    ex_moe_node *g = calloc(1, sizeof *g);
+    ex_moe *g = host_calloc(ex, 1, sizeof *g);
     if (!g) return -1;
     ex->moe[id] = g;
     g->D = (int)last_dim(t);
@@ -500,49 +662,71 @@ static int moe_alloc(mesh__exec *ex, int id, int iters)
     g->F = (int)wg->dims[2];
     g->K = (int)t->top_k;
     g->C = kcpu_moe_capacity(g->N, g->E, g->K, t->capacity);
-    size_t ecd = (size_t)g->E * (size_t)g->C * (size_t)g->D, ecf = (size_t)g->E * (size_t)g->C * (size_t)g->F;
-    size_t scratch = (size_t)g->N * (size_t)g->E;
-    if (scratch < 2 * (size_t)g->C * (size_t)g->F) scratch = 2 * (size_t)g->C * (size_t)g->F;
-    g->it = ex_calloc(ex, (size_t)iters, sizeof *g->it);
-    g->dxe = ex_calloc(ex, ecd, sizeof(float));
-    g->dye = ex_calloc(ex, ecd, sizeof(float));
-    g->dweight = ex_calloc(ex, (size_t)g->N * (size_t)g->K, sizeof(float));
-    g->scratch = ex_calloc(ex, scratch, sizeof(float));
-    if (!g->it || !g->dxe || !g->dye || !g->dweight || !g->scratch) return -1;
-    for (int it = 0; it < iters; it++) {
-        ex_moe *m = &g->it[it];
-        m->route = kcpu_moe_route_alloc(g->N, g->E, g->K, g->C);
-        m->xe = ex_calloc(ex, ecd, sizeof(float));
-        m->ye = ex_calloc(ex, ecd, sizeof(float));
-        m->hg = ex_calloc(ex, ecf, sizeof(float));
-        m->hu = ex_calloc(ex, ecf, sizeof(float));
-        m->act = ex_calloc(ex, ecf, sizeof(float));
-        if (!m->route || !m->xe || !m->ye || !m->hg || !m->hu || !m->act) return -1;
-    }
-    return 0;
+    g->route_bytes = kcpu_moe_route_bytes(g->N, g->E, g->K, g->C);
+    return g->C == memplan_moe_capacity(g->N, g->E, g->K, t->capacity) &&
+                   (int64_t)g->route_bytes == memplan_moe_route_bytes(g->N, g->E, g->K, g->C)
+               ? 0
+               : -2;
 }
 
-static void moe_free(mesh__exec *ex, ex_moe_node *g, int iters)
+/* The node whose backward starts each tensor's gradient: its last
+ * consumer in its segment; itself when none (the loss); -1 for tensors
+ * without a gradient in the shared workspace. */
+static void find_zero_by(mesh__exec *ex)
 {
-    if (!g) return;
-    for (int it = 0; g->it && it < iters; it++) {
-        ex_moe *m = &g->it[it];
-        kcpu_moe_route_free(m->route);
-        ex_free(ex, m->xe);
-        ex_free(ex, m->ye);
-        ex_free(ex, m->hg);
-        ex_free(ex, m->hu);
-        ex_free(ex, m->act);
+    const plan *p = ex->p;
+    for (int id = 0; id < ex->n; id++) ex->zero_by[id] = id;
+    for (int c = 0; c < ex->n; c++)
+        for (int k = 0; k < p->tensors[c].n_in; k++) {
+            int in = p->tensors[c].in[k];
+            if (buf_of(ex, c)->part == buf_of(ex, in)->part) ex->zero_by[in] = c;
+        }
+    for (int id = 0; id < ex->n; id++)
+        if (buf_of(ex, id)->grad_region != MEM_WORKSPACE) ex->zero_by[id] = -1;
+}
+
+/* Lays the arena out by the memory plan and checks that it is the plan's. */
+static int layout(mesh__exec *ex, unsigned flags, char *err, size_t errn)
+{
+    const plan *p = ex->p;
+    int no_reuse = (flags & MESH__EXEC_NO_REUSE) != 0;
+    if (memplan_build(&ex->mp, p, 4, no_reuse ? MEMPLAN_NO_REUSE : 0) != 0) return -1;
+    if (ex->mp.unsupported) {
+        set_err(err, errn, "the plan has %s: not run yet", ex->mp.unsupported);
+        return -2;
     }
-    ex_free(ex, g->it);
-    ex_free(ex, g->dxe);
-    ex_free(ex, g->dye);
-    ex_free(ex, g->dweight);
-    ex_free(ex, g->scratch);
-    free(g);
+    const mem_stage *ms = ex->ms = &ex->mp.stage[0];
+    const mem_stage *pm = p->memory ? &p->memory[0] : NULL;
+    if (p->setup.precision == 0 && pm && !no_reuse &&
+        (pm->total != ms->total || pm->params != ms->params || pm->grads != ms->grads || pm->optim != ms->optim ||
+         pm->slot_bytes != ms->slot_bytes || pm->slots != ms->slots || pm->workspace != ms->workspace)) {
+        set_err(err, errn, "the plan's memory plan (%lld bytes) is not the layout this runtime computes from it "
+                           "(%lld bytes): compile it again with this version's meshc",
+                (long long)pm->total, (long long)ms->total);
+        return -2;
+    }
+    ex->grads_at = ms->params;
+    ex->optim_at = ex->grads_at + ms->grads;
+    ex->slots_at = ex->optim_at + ms->optim;
+    ex->pinned_at = ex->slots_at + ms->slot_bytes * ms->slots;
+    ex->shared_at = ex->pinned_at + ms->pinned;
+    ex->recompute_at = ex->shared_at + ms->shared;
+    ex->part_at[MEM_PART_PRE] = 0;
+    ex->part_at[MEM_PART_LAYER] = ex->mp.part_bytes[MEM_PART_PRE];
+    ex->part_at[MEM_PART_POST] = ex->part_at[MEM_PART_LAYER] +
+                                 (p->pp * p->v == 1 ? p->chunk_layers[0] : 0) * ex->mp.part_bytes[MEM_PART_LAYER];
+    if ((uint64_t)ms->total > SIZE_MAX - EX_HEADER) return -1;
+    ex->arena = ex_calloc(ex, (size_t)ms->total, 1);
+    return ex->arena ? 0 : -1;
 }
 
 mesh__exec *mesh__exec_create(const plan *p, mesh_alloc_fn alloc, void *ud, char *err, size_t errn)
+{
+    return mesh__exec_create_flags(p, alloc, ud, 0, err, errn);
+}
+
+mesh__exec *mesh__exec_create_flags(const plan *p, mesh_alloc_fn alloc, void *ud, unsigned flags, char *err,
+                                    size_t errn)
 {
     char why[160];
     const char *no = refusal(p, why, sizeof why);
@@ -557,20 +741,22 @@ mesh__exec *mesh__exec_create(const plan *p, mesh_alloc_fn alloc, void *ud, char
     ex->n = n;
     ex->alloc = alloc ? alloc : mesh_alloc_default;
     ex->ud = ud;
-    ex->numel = ex_calloc(ex, (size_t)n, sizeof *ex->numel);
-    ex->iters = ex_calloc(ex, (size_t)n, sizeof *ex->iters);
-    ex->val = ex_calloc(ex, (size_t)n, sizeof *ex->val);
-    ex->grad = ex_calloc(ex, (size_t)n, sizeof *ex->grad);
-    ex->aux = ex_calloc(ex, (size_t)n, sizeof *ex->aux);
-    ex->aux_len = ex_calloc(ex, (size_t)n, sizeof *ex->aux_len);
-    ex->m = ex_calloc(ex, (size_t)n, sizeof *ex->m);
-    ex->v = ex_calloc(ex, (size_t)n, sizeof *ex->v);
-    ex->params = ex_calloc(ex, (size_t)n, sizeof *ex->params);
-    ex->names = ex_calloc(ex, (size_t)n, sizeof *ex->names);
-    ex->moe = ex_calloc(ex, (size_t)n, sizeof *ex->moe);
-    if (!ex->numel || !ex->iters || !ex->val || !ex->grad || !ex->aux || !ex->aux_len || !ex->m
-        || !ex->v || !ex->params || !ex->names || !ex->moe)
+    int lay = layout(ex, flags, err, errn);
+    if (lay == -2) goto fail;
+    if (lay != 0) goto oom;
+    int slots = ex->ms->slots > 0 ? ex->ms->slots : 1;
+    ex->numel = host_calloc(ex, (size_t)n, sizeof *ex->numel);
+    ex->iters = host_calloc(ex, (size_t)n, sizeof *ex->iters);
+    ex->zero_by = host_calloc(ex, (size_t)n, sizeof *ex->zero_by);
+    ex->params = host_calloc(ex, (size_t)n, sizeof *ex->params);
+    ex->names = host_calloc(ex, (size_t)n, sizeof *ex->names);
+    ex->moe = host_calloc(ex, (size_t)n, sizeof *ex->moe);
+    ex->slot_of = host_calloc(ex, (size_t)(p->m > 0 ? p->m : 1), sizeof *ex->slot_of);
+    ex->slot_busy = host_calloc(ex, (size_t)slots, 1);
+    if (!ex->numel || !ex->iters || !ex->zero_by || !ex->params || !ex->names || !ex->moe || !ex->slot_of ||
+        !ex->slot_busy)
         goto oom;
+    find_zero_by(ex);
     ex->tokens_in = ex->targets_in = -1;
     ex->dloss = 1.0 / (double)(p->setup.micro_batches > 0 ? p->setup.micro_batches : 1);
     for (int id = 0; id < n; id++) {
@@ -579,57 +765,49 @@ mesh__exec *mesh__exec_create(const plan *p, mesh_alloc_fn alloc, void *ud, char
         int iters = t->region >= 0 ? (int)p->regions[t->region].count : 1;
         ex->numel[id] = ne;
         ex->iters[id] = iters;
-        if (t->op == G_TRANSPOSE) continue;
-        ex->val[id] = ex_calloc(ex, (size_t)iters * ne, sizeof(float));
-        if (!ex->val[id]) goto oom;
-        if (t->dtype == PLAN_DTYPE_F32) {
-            ex->grad[id] = ex_calloc(ex, (size_t)iters * ne, sizeof(float));
-            if (!ex->grad[id]) goto oom;
+        if (t->op == G_MOE) {
+            int rc = moe_setup(ex, id);
+            if (rc == -2) {
+                set_err(err, errn, "moe tensor %d: the kernels' routing layout is not the memory plan's", id);
+                goto fail;
+            }
+            if (rc != 0) goto oom;
         }
-        ex->aux_len[id] = aux_floats(p, t, ne);
-        if (ex->aux_len[id]) {
-            ex->aux[id] = ex_calloc(ex, (size_t)iters * ex->aux_len[id], sizeof(float));
-            if (!ex->aux[id]) goto oom;
-        }
-        if (t->op == G_MOE && moe_alloc(ex, id, iters) != 0) goto oom;
         if (t->op == G_INPUT) {
             if (ex->tokens_in < 0) ex->tokens_in = id;
             else ex->targets_in = id;
         }
         if (t->op != G_PARAM) continue;
         ex->params[ex->n_params++] = id;
-        ex->m[id] = ex_calloc(ex, (size_t)iters * ne, sizeof(float));
-        ex->v[id] = ex_calloc(ex, (size_t)iters * ne, sizeof(float));
-        ex->names[id] = ex_calloc(ex, (size_t)iters, sizeof *ex->names[id]);
-        if (!ex->m[id] || !ex->v[id] || !ex->names[id]) goto oom;
+        ex->names[id] = host_calloc(ex, (size_t)iters, sizeof *ex->names[id]);
+        if (!ex->names[id]) goto oom;
         for (int it = 0; it < iters; it++) {
             char *name = iter_name(ex, t->name ? t->name : "?", it);
             if (!name) goto oom;
             ex->names[id][it] = name;
-            float *w = ex->val[id] + (size_t)it * ne;
+            float *w = vptr(ex, id, it);
             if (t->init == GRAPH_INIT_NORMAL)
-                mesh__init_normal(w, ne, 0, mesh__init_key((uint64_t)p->setup.seed, name),
-                                  (float)t->init_std);
+                mesh__init_normal(w, ne, 0, mesh__init_key((uint64_t)p->setup.seed, name), (float)t->init_std);
             else
                 mesh__init_fill(w, ne, t->init == GRAPH_INIT_ONES ? 1.0f : 0.0f);
         }
     }
-    ex->gbufs = ex_calloc(ex, (size_t)ex->n_params + 1, sizeof *ex->gbufs);
-    ex->gsizes = ex_calloc(ex, (size_t)ex->n_params + 1, sizeof *ex->gsizes);
+    ex->gbufs = host_calloc(ex, (size_t)ex->n_params + 1, sizeof *ex->gbufs);
+    ex->gsizes = host_calloc(ex, (size_t)ex->n_params + 1, sizeof *ex->gsizes);
     if (!ex->gbufs || !ex->gsizes) goto oom;
     for (int k = 0; k < ex->n_params; k++) {
         int id = ex->params[k];
-        ex->gbufs[k] = ex->grad[id];
+        ex->gbufs[k] = gptr(ex, id, 0);
         ex->gsizes[k] = (size_t)ex->iters[id] * ex->numel[id];
     }
     if (ex->tokens_in < 0 || ex->targets_in < 0) {
         set_err(err, errn, "the model needs two inputs (tokens and targets)");
-        mesh__exec_free(ex);
-        return NULL;
+        goto fail;
     }
     return ex;
 oom:
     set_err(err, errn, "out of memory");
+fail:
     mesh__exec_free(ex);
     return NULL;
 }
@@ -655,17 +833,19 @@ int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float 
     if (id < 0) return -1;
     *name = ex->names[id][it];
     *n = ex->numel[id];
-    *value = ex->val[id] + (size_t)it * ex->numel[id];
-    *grad = ex->grad[id] + (size_t)it * ex->numel[id];
+    *value = vptr(ex, id, it);
+    *grad = gptr(ex, id, it);
     return 0;
 }
 
+/* AdamW's m and v: arrays laid out like the params, one after the other. */
 int mesh__exec_moments(mesh__exec *ex, int k, float **m, float **v)
 {
     int it, id = param_at(ex, k, &it);
     if (id < 0) return -1;
-    *m = ex->m[id] + (size_t)it * ex->numel[id];
-    *v = ex->v[id] + (size_t)it * ex->numel[id];
+    int64_t off = buf_of(ex, id)->offset + it * buf_of(ex, id)->stride;
+    *m = (float *)(void *)(ex->arena + ex->optim_at + off);
+    *v = (float *)(void *)(ex->arena + ex->optim_at + ex->ms->params + off);
     return 0;
 }
 
@@ -680,40 +860,36 @@ int mesh__exec_param_dims(const mesh__exec *ex, int k, const int64_t **dims, int
 
 long long *mesh__exec_adam_steps(mesh__exec *ex) { return &ex->adam_t; }
 
-size_t mesh__exec_bytes(const mesh__exec *ex) { return ex->bytes; }
+size_t mesh__exec_bytes(const mesh__exec *ex) { return (size_t)ex->ms->total; }
+
+size_t mesh__exec_host_bytes(const mesh__exec *ex) { return ex->host_bytes; }
 
 const float *mesh__exec_logits(const mesh__exec *ex, int *vocab_padded)
 {
     int id = ex->p->tensors[ex->p->loss].in[0];
     *vocab_padded = (int)last_dim(&ex->p->tensors[id]);
-    return at(ex, ex->val, id, -1, 0);
+    return val_in(ex, id, -1, 0);
 }
 
 void mesh__exec_free(mesh__exec *ex)
 {
     if (!ex) return;
     for (int id = 0; id < ex->n; id++) {
-        if (ex->val) ex_free(ex, ex->val[id]);
-        if (ex->grad) ex_free(ex, ex->grad[id]);
-        if (ex->aux) ex_free(ex, ex->aux[id]);
-        if (ex->m) ex_free(ex, ex->m[id]);
-        if (ex->v) ex_free(ex, ex->v[id]);
         for (int it = 0; ex->names && ex->names[id] && it < ex->iters[id]; it++) ex_free(ex, ex->names[id][it]);
         if (ex->names) ex_free(ex, ex->names[id]);
-        if (ex->moe) moe_free(ex, ex->moe[id], ex->iters ? ex->iters[id] : 0);
+        if (ex->moe) ex_free(ex, ex->moe[id]);
     }
+    ex_free(ex, ex->arena);
     ex_free(ex, ex->moe);
     ex_free(ex, ex->numel);
     ex_free(ex, ex->iters);
-    ex_free(ex, ex->val);
-    ex_free(ex, ex->grad);
-    ex_free(ex, ex->aux);
-    ex_free(ex, ex->aux_len);
-    ex_free(ex, ex->m);
-    ex_free(ex, ex->v);
+    ex_free(ex, ex->zero_by);
     ex_free(ex, ex->params);
     ex_free(ex, ex->names);
     ex_free(ex, ex->gbufs);
     ex_free(ex, ex->gsizes);
+    ex_free(ex, ex->slot_of);
+    ex_free(ex, ex->slot_busy);
+    memplan_free(&ex->mp);
     free(ex);
 }

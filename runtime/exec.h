@@ -43,6 +43,13 @@ typedef struct mesh__step_stats {
 mesh__exec *mesh__exec_create(const plan *p, mesh_alloc_fn alloc, void *ud, char *err, size_t n);
 void mesh__exec_free(mesh__exec *ex);
 
+/* mesh__exec_create with flags. MESH__EXEC_NO_REUSE lays the arena out
+ * without liveness reuse (larger than the plan's), the reference that
+ * tests compare the plan's layout against. */
+enum { MESH__EXEC_NO_REUSE = 1u };
+mesh__exec *mesh__exec_create_flags(const plan *p, mesh_alloc_fn alloc, void *ud, unsigned flags, char *err,
+                                    size_t n);
+
 /* Tokens of one micro-batch: micro_batch x seq_len ids. */
 size_t mesh__exec_batch_tokens(const mesh__exec *ex);
 
@@ -79,9 +86,18 @@ long long *mesh__exec_adam_steps(mesh__exec *ex);
 /* After a forward: the logits (the loss's first input), [rows, vocab_padded]. */
 const float *mesh__exec_logits(const mesh__exec *ex, int *vocab_padded);
 
-/* Bytes the executor allocated for parameters, gradients, AdamW's state,
- * activations and the ops' saved statistics. */
+/* Bytes of the executor's arena: parameters, gradients, AdamW's state,
+ * the activations and statistics kept for backward, and the workspace, all
+ * in the one allocation the memory plan lays out. */
 size_t mesh__exec_bytes(const mesh__exec *ex);
+
+/* Bytes of bookkeeping besides the arena (names, per-tensor tables). */
+size_t mesh__exec_host_bytes(const mesh__exec *ex);
+
+/* Test hook: with on, every slot is filled with NaN before its unit's
+ * forward and the shared workspace before each forward and backward, so
+ * that reading memory the layout says is dead shows as NaN. */
+void mesh__exec_set_poison(mesh__exec *ex, int on);
 
 /* The learning rate of a step (1-based) under the plan's schedule. */
 double mesh__exec_lr(const plan *p, long long step);

@@ -186,10 +186,12 @@ void mesh_context_free(mesh_context *ctx);
  * mesh_checkpoint_load, one more after each mesh_train_step. */
 mesh_status mesh_context_step(const mesh_context *ctx, long long *step);
 
-/* Bytes the context allocated (parameters, gradients, optimizer state,
- * activations), and the bytes the plan's memory plan gives this rank (0
- * when it has none; the CPU interpreter keeps every activation, so it
- * allocates more). Either pointer may be NULL. */
+/* Bytes of the context's arena (its one allocation for parameters,
+ * gradients, optimizer state, saved activations and workspace, laid out by
+ * the plan's memory plan), and the bytes the plan's memory plan gives this
+ * rank (0 when it has none). They are equal, but for a bf16 or fp16 plan,
+ * which the CPU runtime lays out and computes in fp32. Either pointer may
+ * be NULL. */
 mesh_status mesh_context_memory(const mesh_context *ctx, size_t *allocated, size_t *planned);
 
 /* What a training step reports. */

@@ -131,12 +131,14 @@ static void print_start(const mesh_plan_info *pi, mesh_context *ctx, mesh_data *
     mesh_data_shard(data, 0, &first, NULL);
     mesh_context_memory(ctx, &allocated, &planned);
     if (shards > 1) snprintf(count, sizeof count, "%d shards, ", shards);
-    printf("meshrun: training %s on %s (%s%llu tokens): %lld steps of %d x %d tokens\n"
-           "meshrun: memory: %.1f MB allocated (the plan's memory plan: %.1f MB; this "
-           "interpreter keeps every activation, the plan reuses slots)\n",
+    printf("meshrun: training %s on %s (%s%llu tokens): %lld steps of %d x %d tokens\n",
            pi->source[0] ? pi->source : "the plan", shards > 1 ? pattern : first, count,
-           (unsigned long long)tokens, steps, pi->global_batch, pi->seq_len, (double)allocated / 1e6,
-           (double)planned / 1e6);
+           (unsigned long long)tokens, steps, pi->global_batch, pi->seq_len);
+    if (allocated == planned)
+        printf("meshrun: memory: %.1f MB in one arena, as the plan's memory plan says\n", (double)allocated / 1e6);
+    else
+        printf("meshrun: memory: %.1f MB in one arena (the plan's memory plan: %.1f MB in %s; laid out in "
+               "fp32 here)\n", (double)allocated / 1e6, (double)planned / 1e6, pi->precision);
     if (strcmp(pi->precision, "fp32") != 0)
         printf("meshrun: note: the plan asks for %s; this CPU runtime computes in fp32\n", pi->precision);
 }

@@ -29,6 +29,8 @@
 #ifndef MESH_KCPU_MOE_H
 #define MESH_KCPU_MOE_H
 
+#include <stddef.h> /* size_t */
+
 /* One routing decision and what its backward needs. The arrays live in the
  * same allocation as the struct (kcpu_moe_route_alloc). */
 typedef struct kcpu_moe_route {
@@ -52,6 +54,12 @@ int kcpu_moe_capacity(int N, int E, int K, double capacity_factor);
  * size is out of range. kcpu_moe_route_free(NULL) does nothing. */
 kcpu_moe_route *kcpu_moe_route_alloc(int N, int E, int K, int C);
 void kcpu_moe_route_free(kcpu_moe_route *r);
+
+/* The routing arrays in caller memory: kcpu_moe_route_bytes(N, E, K, C)
+ * bytes (0 when a size is out of range), 16-byte aligned; bind points r's
+ * arrays into mem and sets its sizes (returns -1 for sizes out of range). */
+size_t kcpu_moe_route_bytes(int N, int E, int K, int C);
+int kcpu_moe_route_bind(kcpu_moe_route *r, void *mem, int N, int E, int K, int C);
 
 /* Fill r (allocated for this N, E, K, C) from x @ router. */
 void kcpu_moe_route_forward(kcpu_moe_route *r,

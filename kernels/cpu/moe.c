@@ -24,36 +24,68 @@ static size_t moe_align(size_t n)
     return (n + 15) & ~(size_t)15;
 }
 
-kcpu_moe_route *kcpu_moe_route_alloc(int N, int E, int K, int C)
+/* Offsets of the routing arrays from the start of their memory. */
+typedef struct moe_layout {
+    size_t expert, weight, slot, token, count, chosen, probs, total;
+} moe_layout;
+
+static int moe_layout_of(moe_layout *l, int N, int E, int K, int C)
 {
     if (N < 0 || E < 1 || K < 1 || K > E || C < 0 || N > (1 << 24) ||
         E > (1 << 16) || (long)E * C > (1L << 28))
-        return NULL;
+        return -1;
     size_t nk = (size_t)N * K, ec = (size_t)E * C, ne = (size_t)N * E;
-    size_t off_expert = moe_align(sizeof(kcpu_moe_route));
-    size_t off_weight = off_expert + moe_align(nk * sizeof(int));
-    size_t off_slot = off_weight + moe_align(nk * sizeof(float));
-    size_t off_token = off_slot + moe_align(nk * sizeof(int));
-    size_t off_count = off_token + moe_align(ec * sizeof(int));
-    size_t off_chosen = off_count + moe_align((size_t)E * sizeof(int));
-    size_t off_probs = off_chosen + moe_align((size_t)E * sizeof(int));
-    size_t total = off_probs + moe_align(ne * sizeof(float));
-    char *m = malloc(total);
-    if (!m)
-        return NULL;
-    memset(m, 0, total);
-    kcpu_moe_route *r = (kcpu_moe_route *)(void *)m;
+    l->expert = 0;
+    l->weight = l->expert + moe_align(nk * sizeof(int));
+    l->slot = l->weight + moe_align(nk * sizeof(float));
+    l->token = l->slot + moe_align(nk * sizeof(int));
+    l->count = l->token + moe_align(ec * sizeof(int));
+    l->chosen = l->count + moe_align((size_t)E * sizeof(int));
+    l->probs = l->chosen + moe_align((size_t)E * sizeof(int));
+    l->total = l->probs + moe_align(ne * sizeof(float));
+    return 0;
+}
+
+size_t kcpu_moe_route_bytes(int N, int E, int K, int C)
+{
+    moe_layout l;
+    return moe_layout_of(&l, N, E, K, C) == 0 ? l.total : 0;
+}
+
+int kcpu_moe_route_bind(kcpu_moe_route *r, void *mem, int N, int E, int K, int C)
+{
+    moe_layout l;
+    if (moe_layout_of(&l, N, E, K, C) != 0)
+        return -1;
+    char *m = mem;
     r->N = N;
     r->E = E;
     r->K = K;
     r->C = C;
-    r->expert = (int *)(void *)(m + off_expert);
-    r->weight = (float *)(void *)(m + off_weight);
-    r->slot = (int *)(void *)(m + off_slot);
-    r->token = (int *)(void *)(m + off_token);
-    r->count = (int *)(void *)(m + off_count);
-    r->chosen = (int *)(void *)(m + off_chosen);
-    r->probs = (float *)(void *)(m + off_probs);
+    r->expert = (int *)(void *)(m + l.expert);
+    r->weight = (float *)(void *)(m + l.weight);
+    r->slot = (int *)(void *)(m + l.slot);
+    r->token = (int *)(void *)(m + l.token);
+    r->count = (int *)(void *)(m + l.count);
+    r->chosen = (int *)(void *)(m + l.chosen);
+    r->probs = (float *)(void *)(m + l.probs);
+    return 0;
+}
+
+kcpu_moe_route *kcpu_moe_route_alloc(int N, int E, int K, int C)
+{
+    moe_layout l;
+    if (moe_layout_of(&l, N, E, K, C) != 0)
+        return NULL;
+    size_t head = moe_align(sizeof(kcpu_moe_route));
+    char *m = calloc(1, head + l.total);
+    if (!m)
+        return NULL;
+    kcpu_moe_route *r = (kcpu_moe_route *)(void *)m;
+    if (kcpu_moe_route_bind(r, m + head, N, E, K, C) != 0) {
+        free(m);
+        return NULL;
+    }
     return r;
 }
 

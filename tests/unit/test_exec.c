@@ -66,17 +66,21 @@ static const char moe_src[] =
     "train {\n  global_batch = 4\n  micro_batch = 2\n  seq_len = 8\n  steps = 40\n"
     "  optimizer = adamw(lr: 3e-2, weight_decay: 0.0, clip: 1.0)\n  seed = 7\n}\n";
 
-/* Compiles src into *p. */
-static void compile_plan(plan *p, const char *src)
+/* Compiles src with `--set` overrides into *p. */
+static void compile_plan_with(plan *p, const char *src, const char *const *sets, int n_sets)
 {
     char *text = NULL, err[512];
     size_t len = 0;
     mesh_compile_options opt = MESH_COMPILE_OPTIONS_INIT;
+    opt.sets = sets;
+    opt.n_sets = n_sets;
     ASSERT_INT_EQ(mesh_compile("tiny.mesh", src, strlen(src), &opt, &text, &len), 0);
     int rc = plan_read(p, text, len, err, sizeof err);
     if (rc != 0) unit_fail(__FILE__, __LINE__, err);
     mesh_free(text);
 }
+
+static void compile_plan(plan *p, const char *src) { compile_plan_with(p, src, NULL, 0); }
 
 /* A batch that repeats a pattern, so there is something to learn. */
 static void batch(int32_t *in, int32_t *tg, size_t n, int shift)
@@ -170,6 +174,93 @@ TEST_IMPL(exec_training_lowers_the_loss)
     check_training(tiny_src);
     check_training(llama_src);
     check_training(moe_src);
+}
+
+/* An allocator hook that records the largest block. */
+static void *largest_alloc(void *ud, void *ptr, size_t old_size, size_t new_size)
+{
+    (void)old_size;
+    size_t *largest = ud;
+    if (new_size > *largest) *largest = new_size;
+    if (new_size == 0) {
+        free(ptr);
+        return NULL;
+    }
+    return realloc(ptr, new_size);
+}
+
+/* Three steps of a model on an executor (the plan's layout, or without
+ * reuse; poisoned or not): the losses, norms and final params. */
+static size_t run_steps(const plan *p, unsigned flags, int poison, double out[6], float **params)
+{
+    char err[256];
+    size_t largest = 0;
+    mesh__exec *ex = mesh__exec_create_flags(p, largest_alloc, &largest, flags, err, sizeof err);
+    if (!ex) unit_fail(__FILE__, __LINE__, err);
+    mesh__exec_set_poison(ex, poison);
+    /* the arena is the plan's memory plan, to the byte, in one block */
+    if (flags == 0) {
+        ASSERT_INT_EQ((long long)mesh__exec_bytes(ex), (long long)p->memory[0].total);
+        ASSERT_INT_GE((long long)largest, (long long)p->memory[0].total);
+        ASSERT_INT_LT((long long)largest, (long long)p->memory[0].total + 64);
+    } else {
+        ASSERT_INT_GE((long long)mesh__exec_bytes(ex), (long long)p->memory[0].total);
+    }
+    size_t bt = mesh__exec_batch_tokens(ex), m = (size_t)p->setup.micro_batches;
+    int32_t in[64], tg[64];
+    ASSERT_INT_GE(64, (long long)(bt * m));
+    for (int step = 1; step <= 3; step++) {
+        for (size_t k = 0; k < m; k++) batch(in + k * bt, tg + k * bt, bt, step * 3 + (int)k);
+        mesh__step_stats st;
+        ASSERT_INT_EQ(mesh__exec_train_step(ex, step, in, tg, &st), 0);
+        out[2 * (step - 1)] = st.loss;
+        out[2 * (step - 1) + 1] = st.norm;
+    }
+    const char *name;
+    size_t n, total = 0;
+    float *w, *g;
+    for (int k = 0; mesh__exec_param(ex, k, &name, &n, &w, &g) == 0; k++) total += n;
+    *params = malloc(total * sizeof **params);
+    total = 0;
+    for (int k = 0; mesh__exec_param(ex, k, &name, &n, &w, &g) == 0; k++, total += n)
+        memcpy(*params + total, w, n * sizeof *w);
+    mesh__exec_free(ex);
+    return total;
+}
+
+/* The executor's memory is the plan's memory plan: one arena of exactly
+ * the plan's bytes. Its reuse changes nothing: the same steps without
+ * reuse, with everything the layout says is dead filled with NaN before
+ * each use, give the same losses, norms and params to the bit (so no
+ * buffer is read after another took its place, nor before it is written).
+ * Over the three models, with full recompute, and with two micro-batches
+ * in flight (GPipe). */
+TEST_IMPL(exec_memory_is_the_plan)
+{
+    static const char *const none[] = {"train.seed=7"}, *const recompute[] = {"train.recompute=full"},
+                             *const gpipe[] = {"train.schedule=gpipe"};
+    const char *const *sets[] = {none, recompute, gpipe};
+    const char *srcs[] = {tiny_src, llama_src, moe_src};
+    for (int s = 0; s < 3; s++)
+        for (int v = 0; v < 3; v++) {
+            plan p;
+            compile_plan_with(&p, srcs[s], sets[v], 1);
+            if (v == 2) ASSERT_INT_EQ(p.memory[0].slots, 2);
+            double planned[6], reference[6];
+            float *a, *b;
+            size_t na = run_steps(&p, 0, 1, planned, &a), nb = run_steps(&p, MESH__EXEC_NO_REUSE, 1, reference, &b);
+            for (int k = 0; k < 6; k++) {
+                if (planned[k] == reference[k]) continue;
+                fprintf(stderr, "# model %d, settings %d: %.9g with the plan's layout, %.9g without reuse\n", s, v,
+                        planned[k], reference[k]);
+                unit_fail(__FILE__, __LINE__, "the memory plan's reuse changed the numbers");
+            }
+            ASSERT_UINT_EQ(na, nb);
+            ASSERT_INT_EQ(memcmp(a, b, na * sizeof *a), 0);
+            free(a);
+            free(b);
+            plan_free(&p);
+        }
 }
 
 TEST_IMPL(api_context_errors_are_clear)

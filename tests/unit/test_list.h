@@ -118,6 +118,13 @@ TEST(bpe_refusals)
 /* runtime: the one-rank plan interpreter, test_exec.c */
 TEST(exec_gradient_matches_finite_differences)
 TEST(exec_training_lowers_the_loss)
+TEST(exec_memory_is_the_plan)
 TEST(api_context_errors_are_clear)
 TEST(api_context_uses_its_allocator)
 TEST(api_info_steps_and_sampling)
+
+/* runtime: the threads communicator, test_comm.c */
+TEST(comm_threads_collectives_match_serial)
+TEST(comm_threads_split_groups)
+TEST(comm_threads_abort_stops_everyone)
+TEST(comm_threads_timeout_names_the_wait)

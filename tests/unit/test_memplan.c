@@ -8,6 +8,7 @@
 
 #include "frontend.h" /* defines: fe_* */
 #include "memplan.h"  /* defines: memplan_* */
+#include "plan.h"     /* defines: plan_from */
 #include "unit.h"     /* defines: TEST_IMPL, ASSERT_* */
 
 static void to_stderr(void *ud, diag_level level, const char *text) {
@@ -20,7 +21,17 @@ enum { B = 2, T = 8, D = 16, F = 64, V = 32 };
 
 /* x = embed -> repeat 2 { x + gelu(layernorm(x) @ w1) @ w2 } -> logits;
  * fp32, one rank (or pp 2). */
-static fe *build(const char *const *sets, int n_sets, shard_prog *p, sched *sc, memplan *m) {
+/* A compiled model, its plan and the plan's memory plan. */
+typedef struct built {
+    fe *f;
+    shard_prog p;
+    sched sc;
+    plan pl;
+} built;
+
+static fe *build(const char *const *sets, int n_sets, built *x, memplan *m) {
+    shard_prog *p = &x->p;
+    sched *sc = &x->sc;
     static const char src[] =
         "model m {\n"
         "  input tokens : int[batch, seq]\n"
@@ -45,15 +56,18 @@ static fe *build(const char *const *sets, int n_sets, shard_prog *p, sched *sc, 
     ASSERT_INT_EQ(shard_build(fe_graph(f), &s, p), 0);
     char err[128];
     ASSERT_INT_EQ(sched_build(sc, SCHED_KIND_1F1B, (int)s.pp, (int)s.micro_batches, 1, err, sizeof err), 0);
-    ASSERT_INT_EQ(memplan_build(m, p, sc), 0);
+    ASSERT_INT_EQ(plan_from(&x->pl, "m.mesh", &s, fe_graph(f), p, sc), 0);
+    ASSERT_INT_EQ(memplan_build(m, &x->pl, 0, 0), 0);
+    x->f = f;
     return f;
 }
 
-static void teardown(fe *f, shard_prog *p, sched *sc, memplan *m) {
+static void teardown(built *x, memplan *m) {
     memplan_free(m);
-    sched_free(sc);
-    shard_free(p);
-    fe_free(f);
+    plan_free(&x->pl);
+    sched_free(&x->sc);
+    shard_free(&x->p);
+    fe_free(x->f);
 }
 
 /* What backward reads, per layer: the norm's input and its two row
@@ -61,10 +75,9 @@ static void teardown(fe *f, shard_prog *p, sched *sc, memplan *m) {
  * LM head's input, the logits and the targets, and the loss's statistics. */
 TEST_IMPL(memplan_saved_activations_by_hand)
 {
-    shard_prog p;
-    sched sc;
+    built x;
     memplan m;
-    fe *f = build(NULL, 0, &p, &sc, &m);
+    build(NULL, 0, &x, &m);
     const long long rows = B * T, fl = 4;
     long long layer = rows * D * fl      /* layernorm input */
                     + rows * 2 * 4       /* its mean and 1/std */
@@ -74,7 +87,7 @@ TEST_IMPL(memplan_saved_activations_by_hand)
     long long outside = rows * 4         /* the token ids (embed, and the targets) */
                       + rows * D * fl    /* the LM head's input: the last layer's output */
                       + rows * V * fl    /* the logits */
-                      + rows * 2 * 4;    /* cross-entropy's max and sum per token */
+                      + 4 + rows * 3 * 4; /* the loss; cross-entropy's loss, max and sum per token */
     ASSERT_INT_EQ(m.stage[0].layer_stride, layer);
     ASSERT_INT_EQ(m.stage[0].slot_bytes, 2 * layer + outside);
     ASSERT_INT_EQ(m.stage[0].slots, 1);
@@ -83,33 +96,31 @@ TEST_IMPL(memplan_saved_activations_by_hand)
     ASSERT_INT_LT(m.stage[0].workspace, 2 * (layer + outside));
     ASSERT_INT_EQ(m.stage[0].total, m.stage[0].params + m.stage[0].grads + m.stage[0].optim +
                                         m.stage[0].slot_bytes + m.stage[0].workspace + m.stage[0].comm);
-    teardown(f, &p, &sc, &m);
+    teardown(&x, &m);
 }
 
 /* With full recompute a layer keeps only its input. */
 TEST_IMPL(memplan_recompute_keeps_layer_inputs)
 {
     static const char *const sets[] = {"train.recompute=full"};
-    shard_prog p;
-    sched sc;
+    built x;
     memplan m;
-    fe *f = build(sets, 1, &p, &sc, &m);
+    build(sets, 1, &x, &m);
     ASSERT_INT_EQ(m.stage[0].layer_stride, B * T * D * 4);
-    teardown(f, &p, &sc, &m);
+    teardown(&x, &m);
 }
 
 /* 1F1B keeps pp - s micro-batches in flight on stage s. */
 TEST_IMPL(memplan_slots_follow_the_schedule)
 {
     static const char *const sets[] = {"mesh.pp=2", "train.micro_batch=1"};
-    shard_prog p;
-    sched sc;
+    built x;
     memplan m;
-    fe *f = build(sets, 2, &p, &sc, &m);
+    build(sets, 2, &x, &m);
     ASSERT_INT_EQ(m.pp, 2);
     ASSERT_INT_EQ(m.stage[0].slots, 2);
     ASSERT_INT_EQ(m.stage[1].slots, 1);
-    teardown(f, &p, &sc, &m);
+    teardown(&x, &m);
 }
 
 /* zero = 3 gathers a layer's params whole for use, and prefetches the
@@ -117,12 +128,12 @@ TEST_IMPL(memplan_slots_follow_the_schedule)
 TEST_IMPL(memplan_zero3_gathers_two_layers)
 {
     static const char *const z0[] = {"mesh.dp=2", "train.zero=0"}, *const z3[] = {"mesh.dp=2", "train.zero=3"};
-    shard_prog p0, p3;
-    sched s0, s3;
+    built x0, x3;
     memplan m0, m3;
-    fe *f0 = build(z0, 2, &p0, &s0, &m0), *f3 = build(z3, 2, &p3, &s3, &m3);
+    build(z0, 2, &x0, &m0);
+    build(z3, 2, &x3, &m3);
     long long layer_params = (D + D * F + F * D) * 4; /* the biggest part: one layer, fp32 */
     ASSERT_INT_EQ(m3.stage[0].workspace - m0.stage[0].workspace, 2 * layer_params);
-    teardown(f0, &p0, &s0, &m0);
-    teardown(f3, &p3, &s3, &m3);
+    teardown(&x0, &m0);
+    teardown(&x3, &m3);
 }

@@ -1,0 +1,488 @@
+/* comm_threads.c — the threads communicator (comm.h): every rank is a
+ * thread of this process, and a collective is a rendezvous in shared
+ * memory.
+ *
+ * Each collective: every member publishes its buffer and waits at the
+ * group's barrier; then each rank computes its own part reading the peers'
+ * buffers (for a sum: its 1/size of the elements, adding the ranks' values
+ * in rank order), waits again, and writes or copies what it computed; a
+ * last barrier ends the call, after which no one reads the buffers. Sends
+ * are eager: the data is copied into the (src, dst) queue and the sender
+ * goes on, so transfers in any order cannot deadlock.
+ *
+ * One mutex and condition variable per world: every wait also watches the
+ * world's abort flag and the timeout.
+ */
+#include "comm.h"
+
+#include <errno.h>   /* ETIMEDOUT */
+#include <pthread.h> /* pthread_mutex_t, pthread_cond_t */
+#include <stdint.h>  /* SIZE_MAX */
+#include <stdio.h>   /* snprintf */
+#include <stdlib.h>  /* calloc, free, getenv, strtod */
+#include <string.h>  /* memcpy */
+#include <time.h>    /* clock_gettime */
+
+typedef struct tmsg {
+    struct tmsg *next;
+    size_t bytes;
+    unsigned char data[];
+} tmsg;
+
+typedef struct tqueue {
+    tmsg *head, *tail;
+} tqueue;
+
+typedef struct tgroup tgroup;
+
+struct comm_threads_world {
+    tgroup *all;       /* the world's own group */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int size;
+    double timeout;
+    int aborted;
+    char why[256];
+    int refs;          /* groups alive */
+    tqueue *queue;     /* size x size: [src * size + dst] */
+};
+
+struct tgroup {
+    comm_threads_world *w;
+    int size;
+    int *world;        /* per member: its world rank */
+    int arrived;       /* barrier */
+    unsigned long gen;
+    const void **ptr;  /* per member: the buffer it published */
+    const size_t **cnt; /* per member: its all-to-all send counts */
+    int *color, *key;  /* split */
+    tgroup **child;    /* split: per member, its new group */
+    int refs;          /* handles alive */
+};
+
+typedef struct tcomm {
+    comm c;
+    tgroup *g;
+    float *scratch;    /* this rank's part of a sum */
+    size_t scratch_n;
+} tcomm;
+
+static const comm_vtbl threads_vtbl;
+
+double comm_timeout_from_env(void)
+{
+    const char *s = getenv("MESH_COLLECTIVE_TIMEOUT_S");
+    char *end;
+    double t = s ? strtod(s, &end) : 0;
+    return s && end != s && t > 0 ? t : 600.0;
+}
+
+static void deadline_after(struct timespec *ts, double seconds)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    double whole = (double)(long)seconds;
+    ts->tv_sec += (time_t)whole;
+    ts->tv_nsec += (long)((seconds - whole) * 1e9);
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+/* Marks the world aborted (the first reason stays); mu held. */
+static void abort_locked(comm_threads_world *w, const char *why)
+{
+    if (w->aborted) return;
+    w->aborted = 1;
+    snprintf(w->why, sizeof w->why, "%s", why);
+    pthread_cond_broadcast(&w->cv);
+}
+
+static void abort_world(comm_threads_world *w, const char *why)
+{
+    pthread_mutex_lock(&w->mu);
+    abort_locked(w, why);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* A rank's wait ran out of time: the world stops; mu held. */
+static void timed_out_locked(comm_threads_world *w, int rank, const char *op, const char *who)
+{
+    char why[200];
+    snprintf(why, sizeof why, "rank %d waited in %s for more than %g s: %s", rank, op, w->timeout, who);
+    abort_locked(w, why);
+}
+
+static int fail(tcomm *t, const char *op)
+{
+    snprintf(t->c.error, sizeof t->c.error, "%s over %d rank%s (this is rank %d): %s", op, t->g->size,
+             t->g->size == 1 ? "" : "s", t->c.world_rank, t->g->w->why);
+    return -1;
+}
+
+/* The group's barrier; -1 if the world aborted, or a rank did not come in time. */
+static int meet(tcomm *t, const char *op)
+{
+    tgroup *g = t->g;
+    comm_threads_world *w = g->w;
+    pthread_mutex_lock(&w->mu);
+    if (w->aborted) {
+        pthread_mutex_unlock(&w->mu);
+        return fail(t, op);
+    }
+    unsigned long gen = g->gen;
+    if (++g->arrived == g->size) {
+        g->arrived = 0;
+        g->gen++;
+        pthread_cond_broadcast(&w->cv);
+    } else {
+        struct timespec until;
+        deadline_after(&until, w->timeout);
+        while (g->gen == gen && !w->aborted)
+            if (pthread_cond_timedwait(&w->cv, &w->mu, &until) == ETIMEDOUT && g->gen == gen)
+                timed_out_locked(w, t->c.world_rank, op, "another rank of the group is stuck or gone");
+    }
+    int failed = g->gen == gen; /* the barrier did not complete */
+    pthread_mutex_unlock(&w->mu);
+    return failed ? fail(t, op) : 0;
+}
+
+static float *scratch(tcomm *t, size_t n)
+{
+    if (t->scratch && n <= t->scratch_n) return t->scratch;
+    float *s = realloc(t->scratch, (n ? n : 1) * sizeof *s);
+    if (!s) return NULL;
+    t->scratch = s;
+    t->scratch_n = n;
+    return s;
+}
+
+/* sum over members q, in rank order, of ptr[q][off + i], i < n, into out */
+static void sum_parts(const tgroup *g, size_t off, size_t n, float *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        float s = ((const float *)g->ptr[0])[off + i];
+        for (int q = 1; q < g->size; q++) s += ((const float *)g->ptr[q])[off + i];
+        out[i] = s;
+    }
+}
+
+static int out_of_memory(tcomm *t, const char *op)
+{
+    char why[120];
+    snprintf(why, sizeof why, "rank %d ran out of memory in %s", t->c.world_rank, op);
+    abort_world(t->g->w, why);
+    return fail(t, op);
+}
+
+static int t_all_reduce(comm *c, float *buf, size_t n)
+{
+    tcomm *t = (tcomm *)c;
+    tgroup *g = t->g;
+    size_t lo = n * (size_t)c->rank / (size_t)g->size, hi = n * (size_t)(c->rank + 1) / (size_t)g->size;
+    float *part = scratch(t, hi - lo);
+    if (!part) return out_of_memory(t, "all-reduce");
+    g->ptr[c->rank] = buf;
+    if (meet(t, "all-reduce") != 0) return -1;
+    sum_parts(g, lo, hi - lo, part);
+    if (meet(t, "all-reduce") != 0) return -1;
+    for (int q = 0; q < g->size; q++) memcpy((float *)(uintptr_t)g->ptr[q] + lo, part, (hi - lo) * sizeof *part);
+    return meet(t, "all-reduce");
+}
+
+static int t_reduce_scatter(comm *c, const float *in, float *out, size_t n)
+{
+    tcomm *t = (tcomm *)c;
+    tgroup *g = t->g;
+    float *part = scratch(t, n);
+    if (!part) return out_of_memory(t, "reduce-scatter");
+    g->ptr[c->rank] = in;
+    if (meet(t, "reduce-scatter") != 0) return -1;
+    sum_parts(g, n * (size_t)c->rank, n, part);
+    if (meet(t, "reduce-scatter") != 0) return -1; /* out may be this rank's own input */
+    memcpy(out, part, n * sizeof *part);
+    return 0;
+}
+
+static int t_all_gather(comm *c, const float *in, float *out, size_t n)
+{
+    tcomm *t = (tcomm *)c;
+    tgroup *g = t->g;
+    g->ptr[c->rank] = in;
+    if (meet(t, "all-gather") != 0) return -1;
+    for (int q = 0; q < g->size; q++)
+        if (out + (size_t)q * n != (const float *)g->ptr[q]) memcpy(out + (size_t)q * n, g->ptr[q], n * sizeof *out);
+    return meet(t, "all-gather");
+}
+
+static int t_all_to_all(comm *c, const float *in, const size_t *send, float *out, const size_t *recv)
+{
+    tcomm *t = (tcomm *)c;
+    tgroup *g = t->g;
+    g->ptr[c->rank] = in;
+    g->cnt[c->rank] = send;
+    if (meet(t, "all-to-all") != 0) return -1;
+    size_t at = 0;
+    int bad = -1;
+    for (int q = 0; q < g->size; q++) {
+        size_t from = 0;
+        for (int j = 0; j < c->rank; j++) from += g->cnt[q][j];
+        if (g->cnt[q][c->rank] != recv[q]) bad = q;
+        else memcpy(out + at, (const float *)g->ptr[q] + from, recv[q] * sizeof *out);
+        at += recv[q];
+    }
+    if (bad >= 0) {
+        char why[160];
+        snprintf(why, sizeof why, "rank %d expected %zu floats from rank %d in all-to-all, which sends %zu",
+                 c->rank, recv[bad], bad, g->cnt[bad][c->rank]);
+        abort_world(g->w, why);
+        return fail(t, "all-to-all");
+    }
+    return meet(t, "all-to-all");
+}
+
+static int t_broadcast(comm *c, void *buf, size_t bytes, int root)
+{
+    tcomm *t = (tcomm *)c;
+    tgroup *g = t->g;
+    if (c->rank == root) g->ptr[0] = buf;
+    if (meet(t, "broadcast") != 0) return -1;
+    if (c->rank != root) memcpy(buf, g->ptr[0], bytes);
+    return meet(t, "broadcast");
+}
+
+static int t_barrier(comm *c) { return meet((tcomm *)c, "barrier"); }
+
+static int t_send(comm *c, const void *buf, size_t bytes, int peer)
+{
+    tcomm *t = (tcomm *)c;
+    comm_threads_world *w = t->g->w;
+    if (peer < 0 || peer >= t->g->size) {
+        snprintf(c->error, sizeof c->error, "send to rank %d of a group of %d", peer, t->g->size);
+        return -1;
+    }
+    tmsg *m = malloc(sizeof *m + bytes);
+    if (!m) return out_of_memory(t, "send");
+    m->next = NULL;
+    m->bytes = bytes;
+    memcpy(m->data, buf, bytes);
+    pthread_mutex_lock(&w->mu);
+    tqueue *q = &w->queue[(size_t)c->world_rank * (size_t)w->size + (size_t)t->g->world[peer]];
+    if (q->tail) q->tail->next = m;
+    else q->head = m;
+    q->tail = m;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return 0;
+}
+
+static int t_recv(comm *c, void *buf, size_t bytes, int peer)
+{
+    tcomm *t = (tcomm *)c;
+    comm_threads_world *w = t->g->w;
+    if (peer < 0 || peer >= t->g->size) {
+        snprintf(c->error, sizeof c->error, "receive from rank %d of a group of %d", peer, t->g->size);
+        return -1;
+    }
+    pthread_mutex_lock(&w->mu);
+    tqueue *q = &w->queue[(size_t)t->g->world[peer] * (size_t)w->size + (size_t)c->world_rank];
+    struct timespec until;
+    deadline_after(&until, w->timeout);
+    while (!q->head && !w->aborted)
+        if (pthread_cond_timedwait(&w->cv, &w->mu, &until) == ETIMEDOUT && !q->head)
+            timed_out_locked(w, c->world_rank, "receive", "the sender is stuck or gone");
+    tmsg *m = q->head;
+    if (m && !w->aborted) {
+        q->head = m->next;
+        if (!q->head) q->tail = NULL;
+    }
+    int aborted = w->aborted;
+    pthread_mutex_unlock(&w->mu);
+    if (aborted) return fail(t, "receive");
+    int ok = m->bytes == bytes;
+    if (ok) memcpy(buf, m->data, bytes);
+    else
+        snprintf(c->error, sizeof c->error, "receive from rank %d: %zu bytes sent, %zu expected", peer, m->bytes,
+                 bytes);
+    free(m);
+    return ok ? 0 : -1;
+}
+
+static int t_group_noop(comm *c)
+{
+    (void)c;
+    return 0;
+}
+
+static void t_abort(comm *c, const char *why)
+{
+    char msg[256];
+    snprintf(msg, sizeof msg, "rank %d failed: %s", c->world_rank, why ? why : "aborted");
+    abort_world(((tcomm *)c)->g->w, msg);
+}
+
+static tgroup *group_new(comm_threads_world *w, int size)
+{
+    tgroup *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    g->w = w;
+    g->size = g->refs = size;
+    g->world = calloc((size_t)size, sizeof *g->world);
+    g->ptr = calloc((size_t)size, sizeof *g->ptr);
+    g->cnt = calloc((size_t)size, sizeof *g->cnt);
+    g->color = calloc((size_t)size, sizeof *g->color);
+    g->key = calloc((size_t)size, sizeof *g->key);
+    g->child = calloc((size_t)size, sizeof *g->child);
+    if (!g->world || !g->ptr || !g->cnt || !g->color || !g->key || !g->child) {
+        free(g->world);
+        free(g->ptr);
+        free(g->cnt);
+        free(g->color);
+        free(g->key);
+        free(g->child);
+        free(g);
+        return NULL;
+    }
+    return g;
+}
+
+static void group_free(tgroup *g)
+{
+    free(g->world);
+    free(g->ptr);
+    free(g->cnt);
+    free(g->color);
+    free(g->key);
+    free(g->child);
+    free(g);
+}
+
+static void world_free(comm_threads_world *w)
+{
+    for (size_t i = 0; i < (size_t)w->size * (size_t)w->size; i++)
+        for (tmsg *m = w->queue[i].head, *next; m; m = next) {
+            next = m->next;
+            free(m);
+        }
+    free(w->queue);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w);
+}
+
+static comm *handle(tgroup *g, int rank)
+{
+    tcomm *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->c.v = &threads_vtbl;
+    t->c.rank = rank;
+    t->c.size = g->size;
+    t->c.world_rank = g->world[rank];
+    t->g = g;
+    return &t->c;
+}
+
+static int t_split(comm *c, int color, int key, comm **out)
+{
+    tcomm *t = (tcomm *)c;
+    tgroup *g = t->g;
+    *out = NULL;
+    g->color[c->rank] = color;
+    g->key[c->rank] = key;
+    if (meet(t, "split") != 0) return -1;
+    int first = -1, n = 0, failed = 0;
+    for (int q = 0; q < g->size && color >= 0; q++)
+        if (g->color[q] == color) {
+            if (first < 0) first = q;
+            n++;
+        }
+    if (first == c->rank) { /* the lowest member of each color makes its group */
+        tgroup *ng = group_new(g->w, n);
+        if (ng) {
+            /* members ordered by (key, rank) */
+            int k = 0;
+            for (int q = 0; q < g->size; q++)
+                if (g->color[q] == color) ng->world[k++] = q;
+            for (int i = 1; i < n; i++)
+                for (int j = i; j > 0 && g->key[ng->world[j]] < g->key[ng->world[j - 1]]; j--) {
+                    int s = ng->world[j];
+                    ng->world[j] = ng->world[j - 1];
+                    ng->world[j - 1] = s;
+                }
+            for (int i = 0; i < n; i++) g->child[ng->world[i]] = ng;
+            for (int i = 0; i < n; i++) ng->world[i] = g->world[ng->world[i]];
+            pthread_mutex_lock(&g->w->mu);
+            g->w->refs++;
+            pthread_mutex_unlock(&g->w->mu);
+        } else {
+            failed = 1;
+        }
+    }
+    if (failed) return out_of_memory(t, "split");
+    if (meet(t, "split") != 0) return -1;
+    if (color < 0) return meet(t, "split");
+    tgroup *ng = g->child[c->rank];
+    int rank = 0;
+    while (ng->world[rank] != c->world_rank) rank++;
+    *out = handle(ng, rank);
+    int rc = meet(t, "split"); /* everyone has read child[] */
+    if (!*out) return out_of_memory(t, "split");
+    return rc;
+}
+
+static void t_free(comm *c)
+{
+    tcomm *t = (tcomm *)c;
+    tgroup *g = t->g;
+    comm_threads_world *w = g->w;
+    pthread_mutex_lock(&w->mu);
+    int last_group = --g->refs == 0, last_world = 0;
+    if (last_group) last_world = --w->refs == 0;
+    pthread_mutex_unlock(&w->mu);
+    if (last_group && g == w->all) w->all = NULL;
+    if (last_group) group_free(g);
+    if (last_world) world_free(w);
+    free(t->scratch);
+    free(t);
+}
+
+static const comm_vtbl threads_vtbl = {
+    "threads", t_all_reduce, t_reduce_scatter, t_all_gather, t_all_to_all, t_broadcast, t_send, t_recv,
+    t_barrier, t_split, t_group_noop, t_group_noop, t_abort, t_free,
+};
+
+comm_threads_world *comm_threads_world_new(int size, double timeout_s)
+{
+    if (size < 1) return NULL;
+    comm_threads_world *w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    w->size = size;
+    w->timeout = timeout_s > 0 ? timeout_s : comm_timeout_from_env();
+    w->queue = calloc((size_t)size * (size_t)size, sizeof *w->queue);
+    w->all = group_new(w, size);
+    int mu = w->queue && w->all ? pthread_mutex_init(&w->mu, NULL) : -1;
+    int cv = mu == 0 ? pthread_cond_init(&w->cv, NULL) : -1;
+    if (mu != 0 || cv != 0) {
+        if (mu == 0) pthread_mutex_destroy(&w->mu);
+        if (w->all) group_free(w->all);
+        free(w->queue);
+        free(w);
+        return NULL;
+    }
+    for (int r = 0; r < size; r++) w->all->world[r] = r;
+    w->refs = 1;
+    return w;
+}
+
+comm *comm_threads_rank(comm_threads_world *w, int rank)
+{
+    if (!w || rank < 0 || rank >= w->size) return NULL;
+    return handle(w->all, rank);
+}
+
+void comm_threads_world_free(comm_threads_world *w)
+{
+    if (!w) return;
+    if (w->all) group_free(w->all);
+    world_free(w);
+}
