@@ -7,6 +7,8 @@
 #include <assert.h> /* defines: assert */
 #include <string.h> /* defines: memcpy */
 
+#include "kcpu_math_impl.h" /* defines: kcpu__add_into */
+
 void kcpu_embedding_forward(float *out, const int32_t *ids,
                             const float *table, int n, int V, int C)
 {
@@ -25,10 +27,8 @@ void kcpu_embedding_backward(float *dtable, const float *dout,
     assert(n >= 0 && V > 0 && C > 0);
     for (int i = 0; i < n; i++) {
         assert(ids[i] >= 0 && ids[i] < V);
-        float *drow = dtable + (size_t)ids[i] * C;
-        const float *g = dout + (size_t)i * C;
-        for (int c = 0; c < C; c++)
-            drow[c] += g[c];
+        kcpu__add_into(dtable + (size_t)ids[i] * C, dout + (size_t)i * C,
+                       (size_t)C);
     }
     (void)V;
 }

@@ -21,17 +21,19 @@ void kcpu_rope_backward(float *dx,        /* [B, T, H*d] (+=) */
                         int B, int T, int H, int d, float theta, int pos0);
 
 /* softmax(q k^T / sqrt(d)) v per head, causal if `causal` (t sees <= t).
- * FlashAttention-style: each query row is one pass with an online softmax;
- * no T x T matrix is formed. Saves lse, the log-sum-exp of each row's
- * scaled scores, for the backward. */
+ * FlashAttention-style: blocks of query rows walk tiles of keys with an
+ * online softmax; no T x T matrix is formed (the scratch is one 64 x 64
+ * tile, on the stack). Saves lse, the log-sum-exp of each row's scaled
+ * scores, for the backward. */
 void kcpu_attention_forward(float *out,     /* [B, T, H*d] */
                             float *lse,     /* [B, H, T] */
                             const float *q, /* [B, T, H*d] */
                             const float *k, /* [B, T, KV*d] */
                             const float *v, /* [B, T, KV*d] */
                             int B, int T, int H, int KV, int d, int causal);
-/* Recomputes the scores row by row from q, k and lse. dq, dk, dv accumulate;
- * a kv head's gradient sums over the H / KV query heads that share it. */
+/* Recomputes the scores tile by tile from q, k and lse (two 64 x 64 tiles
+ * of scratch, on the stack). dq, dk, dv accumulate; a kv head's gradient
+ * sums over the H / KV query heads that share it. */
 void kcpu_attention_backward(float *dq,         /* [B, T, H*d] (+=) */
                              float *dk,         /* [B, T, KV*d] (+=) */
                              float *dv,         /* [B, T, KV*d] (+=) */

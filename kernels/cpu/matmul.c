@@ -11,16 +11,15 @@
 #include <cblas.h>  /* defines: cblas_sgemm */
 #include <stddef.h> /* defines: size_t */
 
+#include "kcpu_math_impl.h" /* defines: kcpu__add_into */
+
 /* y[M,N] = bias broadcast over rows, or nothing when bias is NULL. */
 static void matmul_add_bias(float *y, const float *bias, int M, int N)
 {
     if (!bias)
         return;
-    for (int i = 0; i < M; i++) {
-        float *row = y + (size_t)i * N;
-        for (int j = 0; j < N; j++)
-            row[j] += bias[j];
-    }
+    for (int i = 0; i < M; i++)
+        kcpu__add_into(y + (size_t)i * N, bias, (size_t)N);
 }
 
 /* dbias[N] += sum over the M rows of dy[M,N]. */
@@ -28,11 +27,8 @@ static void matmul_bias_backward(float *dbias, const float *dy, int M, int N)
 {
     if (!dbias)
         return;
-    for (int i = 0; i < M; i++) {
-        const float *row = dy + (size_t)i * N;
-        for (int j = 0; j < N; j++)
-            dbias[j] += row[j];
-    }
+    for (int i = 0; i < M; i++) /* in row order: deterministic */
+        kcpu__add_into(dbias, dy + (size_t)i * N, (size_t)N);
 }
 
 void kcpu_matmul_forward(float *y, const float *x, const float *w,

@@ -1,10 +1,62 @@
 /* optim.c — the AdamW step and global-norm gradient clipping on flat fp32
  * buffers.
+ *
+ * The AdamW arithmetic runs over chunks of KCPU_CHUNK elements in
+ * fixed-count loops that gcc -O2 vectorises (kcpu_math_impl.h), with the
+ * square roots in a loop of their own: sqrtf keeps a branch for errno that
+ * stops the vectoriser. The operations and their order are those of the
+ * plain formula, so the results are the same bits as an element-by-element
+ * loop. Sums of squares are kept in double, in KCPU_LANES lanes.
  */
 #include "kcpu_dense.h"
 
 #include <assert.h> /* defines: assert */
 #include <math.h>   /* defines: pow, sqrt, sqrtf */
+
+#include "kcpu_math_impl.h" /* defines: KCPU_CHUNK, KCPU_LANES, chunk helpers */
+
+/* The constants of one AdamW step. */
+typedef struct adamw_k {
+    float lr, beta1, beta2, eps, weight_decay;
+    float c1, c2; /* bias corrections 1 - beta^t */
+} adamw_k;
+
+/* One chunk of KCPU_CHUNK elements, updated in place. */
+static void adamw_chunk(float *restrict params, const float *restrict grads,
+                        float *restrict m, float *restrict v,
+                        const adamw_k *k)
+{
+    float mhat[KCPU_CHUNK], root[KCPU_CHUNK];
+    for (int i = 0; i < KCPU_CHUNK; i++) {
+        float g = grads[i];
+        float mi = k->beta1 * m[i] + (1.0f - k->beta1) * g;
+        float vi = k->beta2 * v[i] + (1.0f - k->beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        mhat[i] = mi / k->c1;
+        root[i] = vi / k->c2; /* vhat, square-rooted below */
+    }
+    for (int i = 0; i < KCPU_CHUNK; i++)
+        root[i] = sqrtf(root[i]);
+    for (int i = 0; i < KCPU_CHUNK; i++)
+        params[i] -= k->lr * (mhat[i] / (root[i] + k->eps) +
+                              k->weight_decay * params[i]);
+}
+
+/* The last n < KCPU_CHUNK elements, through local copies. */
+static void adamw_tail(float *params, const float *grads, float *m, float *v,
+                       size_t n, const adamw_k *k)
+{
+    float p[KCPU_CHUNK], g[KCPU_CHUNK], mc[KCPU_CHUNK], vc[KCPU_CHUNK];
+    kcpu__chunk_load(p, params, n);
+    kcpu__chunk_load(g, grads, n);
+    kcpu__chunk_load(mc, m, n);
+    kcpu__chunk_load(vc, v, n);
+    adamw_chunk(p, g, mc, vc, k);
+    kcpu__chunk_store(params, p, n);
+    kcpu__chunk_store(m, mc, n);
+    kcpu__chunk_store(v, vc, n);
+}
 
 void kcpu_adamw_step(float *params, const float *grads, float *m, float *v,
                      size_t n, float lr, float beta1, float beta2, float eps,
@@ -12,19 +64,28 @@ void kcpu_adamw_step(float *params, const float *grads, float *m, float *v,
 {
     assert(t >= 1);
     /* bias corrections in double: 1 - beta^t loses digits in float */
-    float c1 = (float)(1.0 - pow(beta1, t));
-    float c2 = (float)(1.0 - pow(beta2, t));
-    for (size_t i = 0; i < n; i++) {
-        float g = grads[i];
-        float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        float mhat = mi / c1;
-        float vhat = vi / c2;
-        m[i] = mi;
-        v[i] = vi;
-        params[i] -= lr * (mhat / (sqrtf(vhat) + eps) +
-                           weight_decay * params[i]);
-    }
+    adamw_k k = {lr, beta1, beta2, eps, weight_decay,
+                 (float)(1.0 - pow(beta1, t)), (float)(1.0 - pow(beta2, t))};
+    size_t i = 0;
+    for (; i + KCPU_CHUNK <= n; i += KCPU_CHUNK)
+        adamw_chunk(params + i, grads + i, m + i, v + i, &k);
+    if (i < n)
+        adamw_tail(params + i, grads + i, m + i, v + i, n - i, &k);
+}
+
+/* sum of x[n]^2 in double, in KCPU_LANES lanes. */
+static double sum_squares(const float *x, size_t n)
+{
+    double lane[KCPU_LANES] = {0}, ss = 0.0;
+    size_t i = 0;
+    for (; i + KCPU_LANES <= n; i += KCPU_LANES)
+        for (int u = 0; u < KCPU_LANES; u++)
+            lane[u] += (double)x[i + u] * x[i + u];
+    for (int u = 0; u < KCPU_LANES; u++)
+        ss += lane[u];
+    for (; i < n; i++)
+        ss += (double)x[i] * x[i];
+    return ss;
 }
 
 float kcpu_global_norm(const float *const *bufs, const size_t *sizes,
@@ -32,9 +93,19 @@ float kcpu_global_norm(const float *const *bufs, const size_t *sizes,
 {
     double ss = 0.0;
     for (int b = 0; b < nbufs; b++)
-        for (size_t i = 0; i < sizes[b]; i++)
-            ss += (double)bufs[b][i] * bufs[b][i];
+        ss += sum_squares(bufs[b], sizes[b]);
     return (float)sqrt(ss);
+}
+
+/* x[n] = (float)(x * scale), the product in double. */
+static void scale_in_place(float *x, size_t n, double scale)
+{
+    size_t i = 0;
+    for (; i + KCPU_LANES <= n; i += KCPU_LANES)
+        for (int u = 0; u < KCPU_LANES; u++)
+            x[i + u] = (float)(x[i + u] * scale);
+    for (; i < n; i++)
+        x[i] = (float)(x[i] * scale);
 }
 
 float kcpu_clip_global_norm(float *const *bufs, const size_t *sizes,
@@ -45,7 +116,6 @@ float kcpu_clip_global_norm(float *const *bufs, const size_t *sizes,
     double scale = (double)max_norm / (norm + 1e-6);
     if (scale < 1.0)
         for (int b = 0; b < nbufs; b++)
-            for (size_t i = 0; i < sizes[b]; i++)
-                bufs[b][i] = (float)(bufs[b][i] * scale);
+            scale_in_place(bufs[b], sizes[b], scale);
     return (float)norm;
 }

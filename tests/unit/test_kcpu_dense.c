@@ -15,6 +15,7 @@
 #include <stdlib.h> /* defines: malloc, calloc, free */
 #include <string.h> /* defines: memcpy */
 
+#include "kcpu_math_impl.h" /* defines: kcpu__expf (internal to the kernels) */
 #include "unit.h" /* defines: TEST_IMPL, ASSERT_*, unit_fail */
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -359,7 +360,7 @@ static void norm_ref_fn(const void *ctx, double *out)
 }
 
 static const int norm_shapes[][2] = {{1, 1}, {1, 8}, {3, 7}, {4, 1},
-                                     {5, 64}};
+                                     {5, 64}, {2, 21}};
 enum { NORM_NSHAPES = sizeof norm_shapes / sizeof norm_shapes[0] };
 
 static void norm_case(int rows, int C, int rms, int with_bias)
@@ -475,11 +476,59 @@ static void act_case(int kind, size_t n)
 
 TEST_IMPL(kcpu_activations_forward_backward)
 {
-    static const size_t sizes[] = {1, 7, 64};
+    /* the kernels work in chunks of 64: one, three and a ragged tail */
+    static const size_t sizes[] = {1, 7, 64, 200};
     rng_seed(8);
     for (int kind = ACT_GELU; kind <= ACT_SWIGLU; kind++)
         for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
             act_case(kind, sizes[s]);
+}
+
+/* The kernels' exp against exp in double: under 1.5e-7 relative (about 2
+ * ulp) from -87.3 to 88, 0 below and for -inf, e^88 above, NaN for NaN. */
+TEST_IMPL(kcpu_expf_matches_exp)
+{
+    double worst = 0.0;
+    for (int i = 0; i <= 1000000; i++) {
+        float x = -87.3f + (88.0f + 87.3f) * (float)i / 1000000.0f;
+        double want = exp((double)x);
+        double err = fabs(kcpu__expf(x) - want) / want;
+        worst = err > worst ? err : worst;
+    }
+    CHECK_CLOSE("worst relative error", 0, worst, 0.0, 0.0, 1.5e-7);
+    CHECK_CLOSE("exp(0)", 0, kcpu__expf(0.0f), 1.0, 0.0, 0.0);
+    CHECK_CLOSE("exp(-100)", 0, kcpu__expf(-100.0f), 0.0, 0.0, 0.0);
+    CHECK_CLOSE("exp(-inf)", 0, kcpu__expf(-INFINITY), 0.0, 0.0, 0.0);
+    CHECK_CLOSE("exp(1000)", 0, kcpu__expf(1000.0f), exp(88.0), 1.5e-7, 0);
+    CHECK_CLOSE("exp(inf)", 0, kcpu__expf(INFINITY), exp(88.0), 1.5e-7, 0);
+    ASSERT_INT_EQ(isnan(kcpu__expf(NAN)), 1);
+}
+
+/* GELU over [-12, 12] (where 1 + tanh(u) cancels for negative x, so the
+ * reference uses the equal x / (1 + exp(-2u))), n a ragged number of
+ * chunks: the forward within 2e-6 relative, the gradient within 2e-6
+ * relative plus 1e-7 (it crosses zero near x = -0.75), both exact to
+ * 1e-12 where the values themselves vanish. */
+TEST_IMPL(kcpu_gelu_accurate_over_range)
+{
+    enum { N = 4801 };
+    const double k = sqrt(2.0 / 3.14159265358979323846);
+    float *x = zeros(N), *out = zeros(N), *ones = zeros(N), *dx = zeros(N);
+    for (int i = 0; i < N; i++) {
+        x[i] = -12.0f + 24.0f * (float)i / (N - 1);
+        ones[i] = 1.0f;
+    }
+    kcpu_gelu_forward(out, x, N);
+    kcpu_gelu_backward(dx, x, ones, N);
+    for (int i = 0; i < N; i++) {
+        double xi = x[i], u = k * (xi + 0.044715 * xi * xi * xi);
+        double e = exp(-2.0 * u), sg = 1.0 / (1.0 + e);
+        double du = k * (1.0 + 3.0 * 0.044715 * xi * xi);
+        CHECK_CLOSE("gelu", (size_t)i, out[i], xi * sg, 2e-6, 1e-12);
+        CHECK_CLOSE("gelu'", (size_t)i, dx[i],
+                    sg + 2.0 * xi * du * sg * (e * sg), 2e-6, 1e-7);
+    }
+    free(x), free(out), free(ones), free(dx);
 }
 
 /* In place (out == x) is allowed for the forward passes. */
@@ -591,8 +640,9 @@ static void ce_ref_fn(const void *ctx, double *out)
  * finite differences of dloss * mean loss, padded columns included (zero). */
 TEST_IMPL(kcpu_crossentropy_forward_backward)
 {
-    static const int shapes[][3] = {{1, 1, 1}, {1, 5, 8}, {3, 7, 7},
-                                    {4, 10, 16}, {9, 33, 40}}; /* N, V, Vp */
+    static const int shapes[][3] = {{1, 1, 1},   {1, 5, 8},    {3, 7, 7},
+                                    {4, 10, 16}, {9, 33, 40},  {2, 64, 64},
+                                    {3, 150, 160}}; /* N, V, Vp */
     rng_seed(10);
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int N = shapes[s][0], V = shapes[s][1], Vp = shapes[s][2];
@@ -700,10 +750,11 @@ TEST_IMPL(kcpu_adamw_hand_step)
     CHECK_CLOSE("p", 0, p, 0.899, 1e-6, 0);
 }
 
-/* Several steps over a buffer against a double loop of the same formula. */
+/* Several steps over a buffer against a double loop of the same formula;
+ * N is two chunks of 64 and a ragged tail. */
 TEST_IMPL(kcpu_adamw_matches_reference)
 {
-    enum { N = 11, STEPS = 5 };
+    enum { N = 150, STEPS = 5 };
     const double lr = 3e-3, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
     float p[N], m[N] = {0}, v[N] = {0}, g[N];
     double pd[N], md[N] = {0}, vd[N] = {0};
@@ -756,4 +807,25 @@ TEST_IMPL(kcpu_clip_global_norm_known)
                 1e-6, 0);
     CHECK_CLOSE("zero buffers", 0, kcpu_global_norm(cbufs, sizes, 0), 0.0, 0,
                 0);
+}
+
+/* A long buffer (groups of 8 and a tail) against sums in double. */
+TEST_IMPL(kcpu_clip_global_norm_long_buffer)
+{
+    enum { N = 1003 };
+    float *x, *bufs[1];
+    size_t sizes[1] = {N};
+    double ss = 0.0, norm;
+    rng_seed(13);
+    bufs[0] = x = fill(N, -2, 2);
+    for (int i = 0; i < N; i++)
+        ss += (double)x[i] * x[i];
+    norm = sqrt(ss);
+    double *want = to_double(x, N);
+    CHECK_CLOSE("norm", 0, kcpu_clip_global_norm(bufs, sizes, 1, 1.0f), norm,
+                1e-6, 0);
+    for (int i = 0; i < N; i++)
+        CHECK_CLOSE("clipped", (size_t)i, x[i], want[i] / (norm + 1e-6), 1e-6,
+                    0);
+    free(x), free(want);
 }
