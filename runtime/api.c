@@ -154,16 +154,45 @@ mesh_status mesh_context_create_with(const mesh_plan *mp, int rank, mesh_alloc_f
     if (rank < 0 || rank >= mp->p.setup.world)
         return mesh__fail(MESH_ERR_INVALID_ARG, "rank %d is not in the plan's world of %lld", rank,
                           mp->p.setup.world);
+    if (mp->p.setup.world > 1)
+        return mesh__fail(MESH_ERR_UNSUPPORTED, "a plan of %lld ranks runs its ranks together: mesh_run_ranks, "
+                          "or meshrun", mp->p.setup.world);
+    return mesh__context_create(mp, rank, NULL, alloc, ud, out);
+}
+
+mesh_status mesh__context_create(const mesh_plan *mp, int rank, comm *world, mesh_alloc_fn alloc, void *ud,
+                                 mesh_context **out)
+{
+    *out = NULL;
     mesh_context *ctx = calloc(1, sizeof *ctx);
-    if (!ctx) return mesh__fail(MESH_ERR_NOMEM, "out of memory");
     char err[512];
+    if (!ctx) {
+        snprintf(err, sizeof err, "rank %d: out of memory", rank);
+        if (world) comm_abort(world, err);
+        return mesh__fail(MESH_ERR_NOMEM, "%s", err);
+    }
     ctx->plan = mp;
-    ctx->ex = mesh__exec_create(&mp->p, alloc, ud, err, sizeof err);
+    ctx->rank = rank;
+    ctx->ex = mesh__exec_create_rank(&mp->p, rank, world, alloc, ud, 0, err, sizeof err);
     if (!ctx->ex) {
         free(ctx);
-        return mesh__fail(strstr(err, "memory") ? MESH_ERR_NOMEM : MESH_ERR_UNSUPPORTED, "%s", err);
+        mesh_status st = strstr(err, "memory") ? MESH_ERR_NOMEM
+                       : strstr(err, "failed:") || strstr(err, "waited") ? MESH_ERR_RANK
+                                                                       : MESH_ERR_UNSUPPORTED;
+        return mesh__fail(st, "%s", err);
     }
     *out = ctx;
+    return MESH_OK;
+}
+
+mesh_status mesh_context_rank(const mesh_context *ctx, int *rank, int *data_rank, int *data_ranks)
+{
+    if (!ctx) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_rank: NULL context");
+    int dr, drs;
+    mesh__exec_data_rank(ctx->ex, &dr, &drs);
+    if (rank) *rank = ctx->rank;
+    if (data_rank) *data_rank = dr;
+    if (data_ranks) *data_ranks = drs;
     return MESH_OK;
 }
 
@@ -182,6 +211,7 @@ mesh_status mesh_train_step(mesh_context *ctx, const int *inputs, const int *tar
     int rc = mesh__exec_train_step(ctx->ex, ctx->step + 1, inputs, targets, &st);
     ctx->step++; /* a skipped step counts too: the schedule and the data move on */
     if (stats) *stats = (mesh_step_stats){st.loss, st.norm, st.lr, ctx->step};
+    if (rc == -2) return mesh__fail(MESH_ERR_RANK, "step %lld: %s", ctx->step, mesh__exec_error(ctx->ex));
     if (rc != 0)
         return mesh__fail(MESH_ERR_CHECK, "step %lld: the loss (%g) or the gradient norm (%g) is not finite; "
                           "the parameters are unchanged", ctx->step, st.loss, st.norm);
@@ -363,9 +393,19 @@ mesh_status mesh_sample_next(mesh_context *ctx, const int *ids, size_t n, double
 
 /* ---- Process settings --------------------------------------------------- */
 
+static int threads_set; /* mesh_set_threads was called */
+
 mesh_status mesh_set_threads(int n)
 {
     if (n < 0) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_set_threads: %d threads", n);
     kcpu_set_threads(n);
+    threads_set = 1;
     return MESH_OK;
+}
+
+void mesh__share_threads(int ranks)
+{
+    if (threads_set || ranks <= 1) return;
+    int n = kcpu_threads_available() / ranks;
+    kcpu_set_threads(n > 0 ? n : 1);
 }

@@ -20,7 +20,13 @@ struct mesh_context {
     const mesh_plan *plan;
     mesh__exec *ex;
     long long step; /* steps taken (a skipped one included) */
+    int rank;       /* in the plan's world */
 };
+
+/* Rank `rank`'s context over world (NULL for a plan of one rank); on
+ * failure the world is aborted. */
+mesh_status mesh__context_create(const mesh_plan *mp, int rank, comm *world, mesh_alloc_fn alloc, void *ud,
+                                 mesh_context **out);
 
 /* Records the message of a failing call for mesh_last_error (this
  * thread's) and returns st. */
@@ -28,6 +34,10 @@ struct mesh_context {
 __attribute__((format(printf, 2, 3)))
 #endif
 mesh_status mesh__fail(mesh_status st, const char *fmt, ...);
+
+/* Unless mesh_set_threads was called: the kernels' threads set to the
+ * process's cores divided by ranks sharing them. */
+void mesh__share_threads(int ranks);
 
 /* The vocabulary token ids must be below: the smaller of the embedding
  * table's rows (padded) and the loss's classes (without the padding). */

@@ -8,6 +8,7 @@
 #include <stdlib.h> /* calloc, free */
 #include <string.h> /* memset, strstr */
 
+#include "comm.h"    /* comm_* */
 #include "init.h"    /* mesh__init_* */
 #include "kcpu.h"    /* kcpu_* */
 #include "memplan.h" /* memplan_*, mem_buf */
@@ -49,6 +50,12 @@ struct mesh__exec {
     int poison;          /* test hook: dead memory is filled with NaN (mesh__exec_set_poison) */
     long long adam_t;    /* AdamW steps taken */
     size_t host_bytes;   /* bookkeeping allocated besides the arena */
+    int rank;            /* in the plan's world */
+    int coord[4];        /* on each axis: dp, tp, pp, ep */
+    comm *axis[4];       /* this rank's group on each axis of size > 1, else NULL */
+    comm *world;         /* the world's communicator (not owned), NULL on one rank */
+    int data_ranks;      /* ranks the global batch is split over: dp x ep */
+    char error[400];     /* why the last step failed */
     mesh_alloc_fn alloc; /* the context's allocator hook */
     void *ud;
 };
@@ -458,10 +465,34 @@ static void start_carries(mesh__exec *ex, int r, int it)
     }
 }
 
-/* Runs the program's compute steps of one phase; a run of consecutive
- * steps in a region repeats per iteration (backward: last to first, each
- * iteration starting with the forward steps it recomputes). */
-static void run_phase(mesh__exec *ex, plan_phase phase)
+/* A collective step of the program on the rank's group of its axis. */
+static int collective(mesh__exec *ex, const plan_step *st, int it)
+{
+    comm *c = ex->axis[st->axis];
+    if (!c) return 0; /* a group of one */
+    int rc = -1;
+    const char *what = "?";
+    switch (st->kind) {
+    case STEP_ALL_REDUCE:
+        what = "all-reduce";
+        rc = comm_all_reduce(c, st->phase == PLAN_GRAD_SYNC ? gptr(ex, st->node, it) : vptr(ex, st->node, it),
+                             (size_t)(buf_of(ex, st->node)->bytes / 4));
+        break;
+    default:
+        snprintf(c->error, sizeof c->error, "not run yet");
+        break;
+    }
+    if (rc != 0)
+        snprintf(ex->error, sizeof ex->error, "rank %d: %s(%s) of tensor %d (%s): %s", ex->rank, what,
+                 plan__axis_name(st->axis), st->node, plan_phase_name(st->phase), c->error);
+    return rc;
+}
+
+/* Runs the program's steps of one phase; a run of consecutive steps in a
+ * region repeats per iteration (backward: last to first, each iteration
+ * starting with the forward steps it recomputes). Returns 0, or -1 when a
+ * collective failed (ex->error). */
+static int run_phase(mesh__exec *ex, plan_phase phase)
 {
     const plan *p = ex->p;
     int back = phase == PLAN_BACKWARD;
@@ -471,7 +502,7 @@ static void run_phase(mesh__exec *ex, plan_phase phase)
     }
     for (int s = 0; s < p->n_steps;) {
         const plan_step *st = &p->steps[s];
-        if (st->phase != phase || st->kind != STEP_COMPUTE) { s++; continue; }
+        if (st->phase != phase) { s++; continue; }
         int e = s + 1;
         if (st->region >= 0)
             while (e < p->n_steps && p->steps[e].phase == phase && p->steps[e].region == st->region) e++;
@@ -481,8 +512,9 @@ static void run_phase(mesh__exec *ex, plan_phase phase)
             if (back && st->region >= 0) start_carries(ex, st->region, it);
             for (int q = s; q < e; q++) {
                 const plan_step *sq = &p->steps[q];
-                if (sq->kind != STEP_COMPUTE) continue;
-                if (back && sq->recompute) {
+                if (sq->kind != STEP_COMPUTE) {
+                    if (collective(ex, sq, it) != 0) return -1;
+                } else if (back && sq->recompute) {
                     ex->recomputing = 1;
                     forward_node(ex, sq->node, it);
                     ex->recomputing = 0;
@@ -496,12 +528,14 @@ static void run_phase(mesh__exec *ex, plan_phase phase)
         }
         s = e;
     }
+    return 0;
 }
 
 size_t mesh__exec_batch_tokens(const mesh__exec *ex) { return ex->numel[ex->tokens_in]; }
 
-/* Forward of one micro-batch in the current slot; returns its loss. */
-static double forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
+/* Forward of one micro-batch in the current slot: its loss in *loss;
+ * -1 if a collective failed (ex->error). */
+static int forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets, double *loss)
 {
     if (ex->poison) memset(ex->arena + ex->slots_at + ex->slot * ex->ms->slot_bytes, 0xff, (size_t)ex->ms->slot_bytes);
     poison_workspace(ex);
@@ -509,14 +543,16 @@ static double forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targ
     memcpy(vptr(ex, ex->tokens_in, 0), inputs, n * sizeof *inputs);
     memcpy(vptr(ex, ex->targets_in, 0), targets, n * sizeof *targets);
     ex->loss = 0;
-    run_phase(ex, PLAN_FORWARD);
-    return ex->loss;
+    int rc = run_phase(ex, PLAN_FORWARD);
+    *loss = ex->loss;
+    return rc;
 }
 
 double mesh__exec_loss(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
 {
     ex->slot = 0;
-    return forward(ex, inputs, targets);
+    double loss;
+    return forward(ex, inputs, targets, &loss) == 0 ? loss : NAN;
 }
 
 static void zero_param_grads(mesh__exec *ex)
@@ -530,8 +566,8 @@ double mesh__exec_grad(mesh__exec *ex, const int32_t *inputs, const int32_t *tar
     double saved = ex->dloss;
     ex->dloss = 1.0;
     ex->slot = 0;
-    double loss = forward(ex, inputs, targets);
-    run_phase(ex, PLAN_BACKWARD);
+    double loss;
+    if (forward(ex, inputs, targets, &loss) != 0 || run_phase(ex, PLAN_BACKWARD) != 0) loss = NAN;
     ex->dloss = saved;
     return loss;
 }
@@ -548,12 +584,13 @@ double mesh__exec_lr(const plan *p, long long step)
 }
 
 /* The micro-batches in the schedule's order: a forward takes a free slot,
- * its backward frees it. Returns the summed loss. */
-static double run_units(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
+ * its backward frees it. Sums the losses into *loss; -1 if a collective
+ * failed. */
+static int run_units(mesh__exec *ex, const int32_t *inputs, const int32_t *targets, double *loss)
 {
     const plan_stage *g = &ex->p->stages[0];
     size_t bt = mesh__exec_batch_tokens(ex);
-    double loss = 0;
+    *loss = 0;
     for (int u = 0; u < g->n_units; u++) {
         const sched_unit *un = &g->units[u];
         if (un->op == SCHED_FWD) {
@@ -561,14 +598,45 @@ static double run_units(mesh__exec *ex, const int32_t *inputs, const int32_t *ta
             while (ex->slot_busy[s]) s++; /* the memory plan has a slot for every unit in flight */
             ex->slot_busy[s] = 1;
             ex->slot_of[un->micro] = ex->slot = s;
-            loss += forward(ex, inputs + (size_t)un->micro * bt, targets + (size_t)un->micro * bt);
+            double l;
+            if (forward(ex, inputs + (size_t)un->micro * bt, targets + (size_t)un->micro * bt, &l) != 0) return -1;
+            *loss += l;
         } else if (un->op == SCHED_BWD) {
             ex->slot = ex->slot_of[un->micro];
-            run_phase(ex, PLAN_BACKWARD);
+            if (run_phase(ex, PLAN_BACKWARD) != 0) return -1;
             ex->slot_busy[ex->slot] = 0;
         }
     }
-    return loss;
+    return 0;
+}
+
+/* The sum over the group of x[0..n-1] (n <= 4), in rank order, exactly
+ * (doubles travel as bytes). */
+static int sum_doubles(mesh__exec *ex, comm *c, double *x, int n)
+{
+    if (!c) return 0;
+    float *all = calloc((size_t)c->size * (size_t)n * 2, sizeof *all);
+    if (!all) {
+        snprintf(ex->error, sizeof ex->error, "rank %d: out of memory", ex->rank);
+        comm_abort(c, ex->error);
+        return -1;
+    }
+    float mine[8];
+    memcpy(mine, x, (size_t)n * sizeof *x);
+    int rc = comm_all_gather(c, mine, all, (size_t)n * 2);
+    if (rc == 0)
+        for (int k = 0; k < n; k++) {
+            double sum = 0, v;
+            for (int q = 0; q < c->size; q++) {
+                memcpy(&v, all + ((size_t)q * (size_t)n + (size_t)k) * 2, sizeof v);
+                sum += v;
+            }
+            x[k] = sum;
+        }
+    else
+        snprintf(ex->error, sizeof ex->error, "rank %d: all-gather of the loss: %s", ex->rank, c->error);
+    free(all);
+    return rc;
 }
 
 int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
@@ -577,7 +645,11 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
     const fe_setup *s = &ex->p->setup;
     int m = (int)(s->micro_batches > 0 ? s->micro_batches : 1);
     zero_param_grads(ex);
-    double loss = run_units(ex, inputs, targets) / m;
+    double loss;
+    if (run_units(ex, inputs, targets, &loss) != 0 || run_phase(ex, PLAN_GRAD_SYNC) != 0 ||
+        sum_doubles(ex, ex->axis[0], &loss, 1) != 0)
+        return -2;
+    loss /= (double)m * ex->data_ranks;
     double norm = s->clip > 0 ? kcpu_clip_global_norm(ex->gbufs, ex->gsizes, ex->n_params, (float)s->clip)
                               : kcpu_global_norm((const float *const *)ex->gbufs, ex->gsizes, ex->n_params);
     double lr = mesh__exec_lr(ex->p, step);
@@ -597,7 +669,15 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
         kcpu_adamw_step(vptr(ex, id, 0), gptr(ex, id, 0), m1, v1, (size_t)ex->iters[id] * ex->numel[id], (float)lr,
                         (float)s->beta1, (float)s->beta2, (float)s->eps, wd, (int)ex->adam_t);
     }
-    return 0;
+    return run_phase(ex, PLAN_AFTER_OPTIMIZER) == 0 ? 0 : -2;
+}
+
+const char *mesh__exec_error(const mesh__exec *ex) { return ex->error; }
+
+void mesh__exec_data_rank(const mesh__exec *ex, int *data_rank, int *data_ranks)
+{
+    *data_rank = ex->coord[0] * (int)ex->p->setup.ep + ex->coord[3];
+    *data_ranks = ex->data_ranks;
 }
 
 /* ---- setup ------------------------------------------------------------- */
@@ -618,10 +698,19 @@ static char *iter_name(mesh__exec *ex, const char *name, int it)
 /* Why the executor cannot run this plan yet, or NULL. */
 static const char *refusal(const plan *p, char *buf, size_t n)
 {
-    if (p->setup.world != 1) return "this runtime runs one-rank plans so far (mesh 1x1x1x1)";
-    if (p->pp != 1 || p->v != 1) return "pipeline stages and virtual stages are not run yet";
-    for (int s = 0; s < p->n_steps; s++)
-        if (p->steps[s].kind != STEP_COMPUTE) return "the plan has collectives; one rank needs none";
+    const fe_setup *s = &p->setup;
+    if (s->tp != 1 || s->ep != 1 || p->pp != 1 || p->v != 1)
+        return "tensor, pipeline and expert parallelism are not run yet: this runtime runs meshes of dp ranks "
+               "(tp = pp = ep = 1)";
+    if (s->world > 1 && s->zero != 0) return "zero >= 1 is not run yet with dp > 1: zero = 0 is";
+    for (int k = 0; k < p->n_steps; k++) {
+        const plan_step *st = &p->steps[k];
+        if (st->kind != STEP_COMPUTE && !(st->kind == STEP_ALL_REDUCE && st->phase == PLAN_GRAD_SYNC)) {
+            snprintf(buf, n, "the plan's %s steps over %s are not run yet", plan_phase_name(st->phase),
+                     plan__axis_name(st->axis));
+            return buf;
+        }
+    }
     if (p->loss < 0) return "the plan has no loss";
     for (int id = 0; id < p->n_tensors; id++) {
         const plan_tensor *t = &p->tensors[id];
@@ -720,16 +809,56 @@ static int layout(mesh__exec *ex, unsigned flags, char *err, size_t errn)
     return ex->arena ? 0 : -1;
 }
 
+int mesh__exec_supported(const plan *p, char *err, size_t errn)
+{
+    char why[160];
+    const char *no = refusal(p, why, sizeof why);
+    if (no) set_err(err, errn, "%s", no);
+    return no ? -1 : 0;
+}
+
 mesh__exec *mesh__exec_create(const plan *p, mesh_alloc_fn alloc, void *ud, char *err, size_t errn)
 {
-    return mesh__exec_create_flags(p, alloc, ud, 0, err, errn);
+    return mesh__exec_create_rank(p, 0, NULL, alloc, ud, 0, err, errn);
 }
 
 mesh__exec *mesh__exec_create_flags(const plan *p, mesh_alloc_fn alloc, void *ud, unsigned flags, char *err,
                                     size_t errn)
 {
+    return mesh__exec_create_rank(p, 0, NULL, alloc, ud, flags, err, errn);
+}
+
+/* This rank's coordinates (tp fastest, then ep, dp, pp: docs/language.md)
+ * and its group on each axis of size > 1, split from the world. */
+static int join_axes(mesh__exec *ex, comm *world, char *err, size_t errn)
+{
+    const fe_setup *s = &ex->p->setup;
+    long long size[4] = {s->dp, s->tp, s->pp, s->ep}, stride[4];
+    stride[1] = 1;
+    stride[3] = s->tp;
+    stride[0] = s->tp * s->ep;
+    stride[2] = s->tp * s->ep * s->dp;
+    for (int a = 0; a < 4; a++) ex->coord[a] = (int)(ex->rank / stride[a] % size[a]);
+    ex->world = world;
+    for (int a = 0; a < 4; a++) {
+        if (size[a] == 1) continue;
+        int color = (int)(ex->rank - ex->coord[a] * stride[a]);
+        if (comm_split(world, color, ex->coord[a], &ex->axis[a]) != 0) {
+            set_err(err, errn, "rank %d: making the %s groups: %s", ex->rank, plan__axis_name(a), world->error);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_alloc_fn alloc, void *ud,
+                                   unsigned flags, char *err, size_t errn)
+{
     char why[160];
     const char *no = refusal(p, why, sizeof why);
+    if (!no && p->setup.world > 1 && (!world || world->size != p->setup.world))
+        no = "a plan of more than one rank runs on a communicator of its world's size";
+    if (!no && (rank < 0 || rank >= p->setup.world)) no = "the rank is not in the plan's world";
     if (no) {
         set_err(err, errn, "%s", no);
         return NULL;
@@ -739,8 +868,11 @@ mesh__exec *mesh__exec_create_flags(const plan *p, mesh_alloc_fn alloc, void *ud
     if (!ex) goto oom;
     ex->p = p;
     ex->n = n;
+    ex->rank = rank;
     ex->alloc = alloc ? alloc : mesh_alloc_default;
     ex->ud = ud;
+    ex->data_ranks = (int)(p->setup.dp * p->setup.ep);
+    if (p->setup.world > 1 && join_axes(ex, world, err, errn) != 0) goto fail;
     int lay = layout(ex, flags, err, errn);
     if (lay == -2) goto fail;
     if (lay != 0) goto oom;
@@ -758,7 +890,8 @@ mesh__exec *mesh__exec_create_flags(const plan *p, mesh_alloc_fn alloc, void *ud
         goto oom;
     find_zero_by(ex);
     ex->tokens_in = ex->targets_in = -1;
-    ex->dloss = 1.0 / (double)(p->setup.micro_batches > 0 ? p->setup.micro_batches : 1);
+    /* the gradient of the mean loss over every micro-batch of every rank */
+    ex->dloss = 1.0 / ((double)(p->setup.micro_batches > 0 ? p->setup.micro_batches : 1) * ex->data_ranks);
     for (int id = 0; id < n; id++) {
         const plan_tensor *t = &p->tensors[id];
         size_t ne = numel_of(t);
@@ -806,8 +939,9 @@ mesh__exec *mesh__exec_create_flags(const plan *p, mesh_alloc_fn alloc, void *ud
     }
     return ex;
 oom:
-    set_err(err, errn, "out of memory");
+    set_err(err, errn, "rank %d: out of memory", rank);
 fail:
+    if (world && p->setup.world > 1) comm_abort(world, err); /* the others stop rather than wait */
     mesh__exec_free(ex);
     return NULL;
 }
@@ -879,6 +1013,7 @@ void mesh__exec_free(mesh__exec *ex)
         if (ex->names) ex_free(ex, ex->names[id]);
         if (ex->moe) ex_free(ex, ex->moe[id]);
     }
+    for (int a = 0; ex && a < 4; a++) comm_free(ex->axis[a]);
     ex_free(ex, ex->arena);
     ex_free(ex, ex->moe);
     ex_free(ex, ex->numel);

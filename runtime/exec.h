@@ -24,6 +24,7 @@
 #include <stddef.h> /* size_t */
 #include <stdint.h> /* int32_t */
 
+#include "comm.h" /* comm */
 #include "mesh.h" /* mesh_alloc_fn */
 #include "plan.h" /* plan */
 
@@ -50,6 +51,25 @@ enum { MESH__EXEC_NO_REUSE = 1u };
 mesh__exec *mesh__exec_create_flags(const plan *p, mesh_alloc_fn alloc, void *ud, unsigned flags, char *err,
                                     size_t n);
 
+/* The executor of rank `rank` of a plan of several ranks, over world (a
+ * communicator of the plan's world size, not owned; NULL for one rank).
+ * Collective: every rank of the world creates its executor at once (each
+ * splits its groups per mesh axis from the world). On failure the world
+ * is aborted, so the other ranks fail too rather than wait. */
+mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_alloc_fn alloc, void *ud,
+                                   unsigned flags, char *err, size_t n);
+
+/* 0 if this executor runs the plan, else -1 with the reason in err (the
+ * check mesh__exec_create makes before anything else). */
+int mesh__exec_supported(const plan *p, char *err, size_t n);
+
+/* Which part of each global batch this rank reads: data_rank of
+ * data_ranks (dp x ep). */
+void mesh__exec_data_rank(const mesh__exec *ex, int *data_rank, int *data_ranks);
+
+/* Why the last train step returned -2 (a collective failed). */
+const char *mesh__exec_error(const mesh__exec *ex);
+
 /* Tokens of one micro-batch: micro_batch x seq_len ids. */
 size_t mesh__exec_batch_tokens(const mesh__exec *ex);
 
@@ -58,8 +78,11 @@ double mesh__exec_loss(mesh__exec *ex, const int32_t *inputs, const int32_t *tar
 
 /* One training step (1-based step number for the schedule) over the
  * plan's micro-batches: inputs and targets hold micro_batches x
- * batch_tokens ids each. Returns 0, or -1 if the loss or the gradient
- * norm is not finite (the parameters are then left unchanged). */
+ * batch_tokens ids each (this rank's part of the global batch). The loss
+ * is the mean over every rank's micro-batches. Returns 0; -1 if the loss
+ * or the gradient norm is not finite (the parameters are then left
+ * unchanged, on every rank); -2 if a collective failed
+ * (mesh__exec_error). */
 int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
                           const int32_t *targets, mesh__step_stats *st);
 

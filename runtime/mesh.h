@@ -52,7 +52,8 @@ int mesh_version_num(void);
     X(ERR_PARSE,       "parse error")                         \
     X(ERR_CHECK,       "check failed")                        \
     X(ERR_UNSUPPORTED, "not supported")                       \
-    X(ERR_INTERNAL,    "internal error")
+    X(ERR_INTERNAL,    "internal error")                      \
+    X(ERR_RANK,        "another rank failed")
 
 typedef enum mesh_status {
 #define MESH_STATUS_ENUM_(name, message) MESH_##name,
@@ -173,7 +174,8 @@ typedef struct mesh_plan_info {
 mesh_status mesh_plan_get_info(const mesh_plan *plan, size_t size, mesh_plan_info *info);
 
 /* Creates rank `rank`'s context and initialises the parameters from the
- * plan's seed (the same values on any mesh). The plan must outlive it. */
+ * plan's seed (the same values on any mesh). The plan must outlive it. A
+ * plan of several ranks gets its contexts from mesh_run_ranks. */
 mesh_status mesh_context_create(const mesh_plan *plan, int rank, mesh_context **out);
 
 /* The same, with the context's buffers (parameters, gradients, optimizer
@@ -329,6 +331,28 @@ mesh_status mesh_next_logits(mesh_context *ctx, const int *ids, size_t n, float 
  * (seed, n): the same seed and ids give the same token. */
 mesh_status mesh_sample_next(mesh_context *ctx, const int *ids, size_t n, double temperature,
                              uint64_t seed, int *next);
+
+/* ---- Several ranks -------------------------------------------------------- */
+
+/* What mesh_run_ranks runs on each rank, with that rank's context. */
+typedef mesh_status (*mesh_rank_fn)(mesh_context *ctx, int rank, void *ud);
+
+/* Runs fn once per rank of the plan's world, every rank a thread of this
+ * process with its own context (the contexts talk through shared-memory
+ * collectives), and returns when all have. A rank whose fn fails stops
+ * the others: their next collective fails with MESH_ERR_RANK, naming it;
+ * so does a rank that does not reach a collective within
+ * MESH_COLLECTIVE_TIMEOUT_S seconds (default 600). Returns MESH_OK, or
+ * the first failing rank's status, whose message mesh_last_error gives
+ * ("rank R: ..."). Unless mesh_set_threads was called, each rank's
+ * kernels use the process's cores divided by the ranks. The contexts are
+ * freed on return. A plan of one rank runs fn on this thread. */
+mesh_status mesh_run_ranks(const mesh_plan *plan, mesh_rank_fn fn, void *ud);
+
+/* A context's rank in its plan's world, and which part of each global
+ * batch it reads: data_rank of data_ranks (dp x ep; mesh_data_open's
+ * dp_rank). Any output pointer may be NULL. */
+mesh_status mesh_context_rank(const mesh_context *ctx, int *rank, int *data_rank, int *data_ranks);
 
 /* ---- Process settings --------------------------------------------------- */
 

@@ -3,16 +3,17 @@
  *
  * A thin program over libmesh's public API (mesh.h, and nothing else of
  * libmesh's). `meshrun FILE.plan` loads and checks the plan, then trains it
- * on one CPU rank, reading the token shards through a mesh_data stream and
- * printing a line per logged step. Plans of more than one rank are refused
- * with a message until the multi-rank runtime lands. `meshrun sample`
- * writes text from a checkpoint; `meshrun tokenize` makes token shards.
+ * on its ranks, as threads of this process (mesh_run_ranks), each reading
+ * its slice of the token shards through a mesh_data stream; rank 0 prints
+ * a line per logged step. `meshrun sample` writes text from a checkpoint;
+ * `meshrun tokenize` makes token shards.
  *
  * Exit status: 0 for --help, --version and a finished run; 1 when a file
  * cannot be read or is not valid, a plan cannot run yet, or the loss stops
  * being finite; 2 for usage errors.
  */
 #include <errno.h>  /* defines: errno */
+#include <stdatomic.h> /* defines: atomic_int */
 #include <glob.h>   /* defines: glob */
 #include <stdarg.h> /* defines: va_list */
 #include <stdio.h>  /* defines: printf, fprintf, fopen */
@@ -28,8 +29,9 @@ static const char usage_text[] =
     "       meshrun sample FILE.plan --checkpoint DIR [--prompt TEXT] [--tokens N]\n"
     "       meshrun tokenize [--bpe DIR] TEXT... -o SHARD.bin [--val VAL.bin]\n"
     "\n"
-    "Train the plan compiled by meshc on one CPU rank: the data is the token\n"
-    "shards given by --data, else the files matching the plan's train.data.\n"
+    "Train the plan compiled by meshc on CPU, its ranks as threads of this\n"
+    "process: the data is the token shards given by --data, else the files\n"
+    "matching the plan's train.data; each data-parallel rank reads its slice.\n"
     "\n"
     "meshrun tokenize turns text files into one token shard (llm.c's format:\n"
     "a 1024-byte header, then uint16 tokens) with the byte-level tokenizer\n"
@@ -65,7 +67,15 @@ static int usage_error(const char *what, const char *arg)
     return 2;
 }
 
-/* Prints "meshrun: error: ..." to stderr; returns the failure status, 1. */
+/* Prints "meshrun: error: ..." to stderr. */
+static void vfail(const char *fmt, va_list ap)
+{
+    fputs("meshrun: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
+/* The same; returns the failure status, 1. */
 #if defined(__GNUC__)
 __attribute__((format(printf, 1, 2)))
 #endif
@@ -73,9 +83,7 @@ static int fail(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs("meshrun: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vfail(fmt, ap);
     va_end(ap);
     return 1;
 }
@@ -131,6 +139,9 @@ static void print_start(const mesh_plan_info *pi, mesh_context *ctx, mesh_data *
     mesh_data_shard(data, 0, &first, NULL);
     mesh_context_memory(ctx, &allocated, &planned);
     if (shards > 1) snprintf(count, sizeof count, "%d shards, ", shards);
+    if (pi->world > 1)
+        printf("meshrun: %d ranks (dp %d x tp %d x pp %d x ep %d) as threads of this process\n", pi->world, pi->dp,
+               pi->tp, pi->pp, pi->ep);
     printf("meshrun: training %s on %s (%s%llu tokens): %lld steps of %d x %d tokens\n",
            pi->source[0] ? pi->source : "the plan", shards > 1 ? pattern : first, count,
            (unsigned long long)tokens, steps, pi->global_batch, pi->seq_len);
@@ -143,72 +154,114 @@ static void print_start(const mesh_plan_info *pi, mesh_context *ctx, mesh_data *
         printf("meshrun: note: the plan asks for %s; this CPU runtime computes in fp32\n", pi->precision);
 }
 
-/* Trains: one line per logged step, "step N/M | loss ... | lr ... | norm
- * ... | ms | tok/s | mem". */
-static int train(const mesh_plan *plan, const mesh_plan_info *pi, const run_opts *o)
+/* A run's settings, shared by its ranks' threads. */
+typedef struct train_job {
+    const mesh_plan *plan;
+    const mesh_plan_info *pi;
+    const run_opts *o;
+    const char *pattern, *vpattern, *ckpt;
+    atomic_int reported; /* a rank printed why the run stops */
+} train_job;
+
+/* Prints the error of a rank that fails on its own; returns st. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static mesh_status rank_fail(train_job *j, mesh_status st, const char *fmt, ...)
 {
-    const char *pattern = o->data ? o->data : pi->data, *vpattern = o->val ? o->val : pi->val_data;
-    const char *ckpt = o->ckpt ? o->ckpt : pi->checkpoint_dir;
-    if (!pattern) return fail("the plan names no data (train.data); pass --data SHARD.bin");
-    if ((!o->data && !plan_files_exist(pattern, "data")) ||
-        (!o->val && vpattern && !plan_files_exist(vpattern, "val_data")))
-        return 1;
-    mesh_context *ctx = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(fmt, ap);
+    va_end(ap);
+    atomic_store(&j->reported, 1);
+    return st;
+}
+
+/* Logs a step: "step N/M | loss ... | lr ... | norm ... | ms | tok/s | mem". */
+static void log_step(FILE *metrics, mesh_context *ctx, const mesh_step_stats *st, long long steps, double ms,
+                     double step_tokens)
+{
+    size_t allocated;
+    mesh_context_memory(ctx, &allocated, NULL);
+    printf("step %lld/%lld | loss %.4f | lr %.2e | norm %.4f | %.1f ms | %.1fk tok/s | mem %.0f MB\n", st->step,
+           steps, st->loss, st->lr, st->grad_norm, ms, step_tokens / ms, (double)allocated / 1e6);
+    fflush(stdout);
+    if (metrics) {
+        fprintf(metrics, "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, "
+                "\"ms\": %.3f, \"tokens_per_s\": %.1f}\n", st->step, st->loss, st->lr, st->grad_norm, ms,
+                1e3 * step_tokens / ms);
+        fflush(metrics);
+    }
+}
+
+/* One rank's training: every rank reads its slice of each global batch;
+ * rank 0 prints, validates and saves checkpoints. A rank stopped because
+ * another failed returns quietly (MESH_ERR_RANK): the one that failed says
+ * why. */
+static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
+{
+    train_job *j = ud;
+    const mesh_plan_info *pi = j->pi;
+    const run_opts *o = j->o;
+    int lead = rank == 0, data_rank;
     mesh_data *data = NULL, *val = NULL;
     FILE *metrics = NULL;
-    int rc = 1, *in = NULL, *tg = NULL;
-    if (mesh_context_create(plan, 0, &ctx) != MESH_OK) {
-        fail("%s: %s", pi->source[0] ? pi->source : "plan", mesh_last_error());
-        goto out;
-    }
-    if (mesh_data_open(plan, pattern, 0, &data) != MESH_OK ||
-        (vpattern && mesh_data_open(plan, vpattern, 0, &val) != MESH_OK)) {
-        fail("%s", mesh_last_error());
+    int *in = NULL, *tg = NULL;
+    mesh_status rc = MESH_OK;
+    mesh_context_rank(ctx, NULL, &data_rank, NULL);
+    if (mesh_data_open(j->plan, j->pattern, data_rank, &data) != MESH_OK ||
+        (lead && j->vpattern && mesh_data_open(j->plan, j->vpattern, 0, &val) != MESH_OK)) {
+        rc = rank_fail(j, MESH_ERR_IO, "%s", mesh_last_error());
         goto out;
     }
     size_t n = (size_t)pi->micro_batches * (size_t)pi->micro_batch * (size_t)pi->seq_len;
     if (!(in = malloc(n * sizeof *in)) || !(tg = malloc(n * sizeof *tg))) {
-        fail("out of memory");
+        rc = rank_fail(j, MESH_ERR_NOMEM, "out of memory");
         goto out;
     }
     long long steps = o->steps > 0 ? o->steps : pi->steps, first = 1;
-    print_start(pi, ctx, data, pattern, steps);
+    if (lead) print_start(pi, ctx, data, j->pattern, steps);
     if (o->resume) {
-        if (!ckpt) {
-            fail("--resume needs --checkpoint DIR or the plan's train.checkpoint_dir");
-            goto out;
-        }
-        if (mesh_checkpoint_load_with(ctx, ckpt, data) != MESH_OK) { /* the step and the data position too */
-            fail("%s", mesh_last_error());
+        if (mesh_checkpoint_load_with(ctx, j->ckpt, data) != MESH_OK) { /* the step and the data position too */
+            rc = rank_fail(j, MESH_ERR_IO, "%s", mesh_last_error());
             goto out;
         }
         mesh_context_step(ctx, &first);
-        printf("meshrun: resumed from %s after step %lld\n", ckpt, first++);
+        if (lead) printf("meshrun: resumed from %s after step %lld\n", j->ckpt, first);
+        first++;
     }
-    if (o->metrics && !(metrics = fopen(o->metrics, "a"))) {
-        fail("cannot open '%s': %s", o->metrics, strerror(errno));
+    if (lead && o->metrics && !(metrics = fopen(o->metrics, "a"))) {
+        rc = rank_fail(j, MESH_ERR_IO, "cannot open '%s': %s", o->metrics, strerror(errno));
         goto out;
     }
     long long every = pi->log_every > 0 ? pi->log_every : 1;
     long long eval_every = pi->eval_every > 0 ? pi->eval_every : 10 * every;
     double step_tokens = (double)pi->global_batch * pi->seq_len;
-    int tty = isatty(STDOUT_FILENO), skipped = 0;
+    int tty = lead && isatty(STDOUT_FILENO), skipped = 0;
     double t0 = now_s();
-    rc = 0;
-    for (long long step = first; rc == 0 && step <= steps; step++) {
+    for (long long step = first; rc == MESH_OK && step <= steps; step++) {
         mesh_step_stats st;
         mesh_data_next(data, in, tg);
-        if (mesh_train_step(ctx, in, tg, &st) != MESH_OK) {
+        mesh_status s = mesh_train_step(ctx, in, tg, &st);
+        if (s == MESH_ERR_RANK) {
+            rc = s;
+            break;
+        }
+        if (s != MESH_OK) { /* not finite: the same on every rank */
             if (o->skip_nonfinite && ++skipped <= 5) {
-                printf("step %lld/%lld | skipped: the loss (%g) or the gradient norm (%g) is not "
-                       "finite; the parameters are unchanged\n", step, steps, st.loss, st.grad_norm);
+                if (lead)
+                    printf("step %lld/%lld | skipped: the loss (%g) or the gradient norm (%g) is not "
+                           "finite; the parameters are unchanged\n", step, steps, st.loss, st.grad_norm);
                 continue;
             }
-            rc = fail("step %lld: the loss (%g) or the gradient norm (%g) is not finite; stopping%s", step,
-                      st.loss, st.grad_norm, o->skip_nonfinite ? " after 5 skipped steps in a row" : "");
+            rc = s;
+            if (lead)
+                rank_fail(j, s, "step %lld: the loss (%g) or the gradient norm (%g) is not finite; stopping%s", step,
+                          st.loss, st.grad_norm, o->skip_nonfinite ? " after 5 skipped steps in a row" : "");
             break;
         }
         skipped = 0;
+        if (!lead) continue;
         if (tty && step % every != 0 && step != steps) { /* a progress bar, on a terminal only */
             long long done = 20 * (step % every) / every;
             printf("\r  [%.*s%.*s] step %lld/%lld", (int)done, "####################", (int)(20 - done),
@@ -218,24 +271,14 @@ static int train(const mesh_plan *plan, const mesh_plan_info *pi, const run_opts
         if (tty && (step % every == 0 || step == steps)) printf("\r%60s\r", "");
         if (step % every == 0 || step == 1 || step == steps) {
             double t1 = now_s(), ms = 1e3 * (t1 - t0) / (double)(step % every ? step % every : every);
-            size_t allocated;
             if (step == 1) ms = 1e3 * (t1 - t0);
-            mesh_context_memory(ctx, &allocated, NULL);
-            printf("step %lld/%lld | loss %.4f | lr %.2e | norm %.4f | %.1f ms | %.1fk tok/s | mem %.0f MB\n",
-                   step, steps, st.loss, st.lr, st.grad_norm, ms, step_tokens / ms, (double)allocated / 1e6);
-            fflush(stdout);
-            if (metrics) {
-                fprintf(metrics, "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, "
-                        "\"ms\": %.3f, \"tokens_per_s\": %.1f}\n", step, st.loss, st.lr, st.grad_norm, ms,
-                        1e3 * step_tokens / ms);
-                fflush(metrics);
-            }
+            log_step(metrics, ctx, &st, steps, ms, step_tokens);
             t0 = t1;
         }
         if (val && (step % eval_every == 0 || step == steps)) { /* the first 8 micro-batches, each time */
             double vl = 0;
             if (mesh_data_seek(val, 0) != MESH_OK || mesh_evaluate(ctx, val, 8, &vl) != MESH_OK) {
-                rc = fail("%s", mesh_last_error());
+                rc = rank_fail(j, MESH_ERR_IO, "%s", mesh_last_error());
                 break;
             }
             printf("step %lld/%lld | val loss %.4f\n", step, steps, vl);
@@ -246,11 +289,11 @@ static int train(const mesh_plan *plan, const mesh_plan_info *pi, const run_opts
             }
             t0 = now_s();
         }
-        if (ckpt && ((pi->checkpoint_every > 0 && step % pi->checkpoint_every == 0) || step == steps)) {
-            if (mesh_checkpoint_save_with(ctx, ckpt, data) != MESH_OK) /* with the data position */
-                rc = fail("step %lld: %s", step, mesh_last_error());
+        if (j->ckpt && ((pi->checkpoint_every > 0 && step % pi->checkpoint_every == 0) || step == steps)) {
+            if (mesh_checkpoint_save_with(ctx, j->ckpt, data) != MESH_OK) /* with the data position */
+                rc = rank_fail(j, MESH_ERR_IO, "step %lld: %s", step, mesh_last_error());
             else
-                printf("step %lld/%lld | checkpoint %s/step-%08lld\n", step, steps, ckpt, step);
+                printf("step %lld/%lld | checkpoint %s/step-%08lld\n", step, steps, j->ckpt, step);
             t0 = now_s();
         }
     }
@@ -260,23 +303,45 @@ out:
     free(tg);
     mesh_data_free(data);
     mesh_data_free(val);
-    mesh_context_free(ctx);
     return rc;
+}
+
+/* Trains the plan on all its ranks, each a thread of this process. */
+static int train(const mesh_plan *plan, const mesh_plan_info *pi, const run_opts *o)
+{
+    train_job j = {plan, pi, o, o->data ? o->data : pi->data, o->val ? o->val : pi->val_data,
+                   o->ckpt ? o->ckpt : pi->checkpoint_dir, 0};
+    if (!j.pattern) return fail("the plan names no data (train.data); pass --data SHARD.bin");
+    if ((!o->data && !plan_files_exist(j.pattern, "data")) ||
+        (!o->val && j.vpattern && !plan_files_exist(j.vpattern, "val_data")))
+        return 1;
+    if (o->resume && !j.ckpt) return fail("--resume needs --checkpoint DIR or the plan's train.checkpoint_dir");
+    mesh_status st = mesh_run_ranks(plan, train_rank, &j);
+    if (st != MESH_OK && !atomic_load(&j.reported)) fail("%s: %s", pi->source[0] ? pi->source : "plan", mesh_last_error());
+    return st == MESH_OK ? 0 : 1;
 }
 
 /* meshrun sample: prints the prompt and what the model writes after it
  * (bytes, or GPT-2 BPE tokens with --bpe DIR). */
-static int sample(const mesh_plan *plan, const mesh_plan_info *pi, const run_opts *o)
+typedef struct sample_job {
+    const mesh_plan_info *pi;
+    const run_opts *o;
+    const char *ckpt;
+    int failed; /* rank 0 printed why */
+} sample_job;
+
+/* Rank 0 writes; the others (a data-parallel plan's copies) have nothing to do. */
+static mesh_status sample_rank(mesh_context *ctx, int rank, void *ud)
 {
-    const char *ckpt = o->ckpt ? o->ckpt : pi->checkpoint_dir;
-    if (!ckpt) return fail("sample needs --checkpoint DIR (or the plan's train.checkpoint_dir)");
-    mesh_context *ctx = NULL;
+    sample_job *j = ud;
+    const mesh_plan_info *pi = j->pi;
+    const run_opts *o = j->o;
+    if (rank != 0) return MESH_OK;
     mesh_tokenizer *tok = NULL;
     const char *prompt = o->prompt ? o->prompt : "\n";
     size_t len = strlen(prompt), n = 0;
     int *ids = malloc((len + (size_t)o->tokens + 1) * sizeof *ids), rc = 1, vocab = 0;
-    if (mesh_context_create(plan, 0, &ctx) != MESH_OK || mesh_checkpoint_load_params(ctx, ckpt) != MESH_OK ||
-        mesh_tokenizer_load(o->bpe, &tok) != MESH_OK) {
+    if (mesh_checkpoint_load_params(ctx, j->ckpt) != MESH_OK || mesh_tokenizer_load(o->bpe, &tok) != MESH_OK) {
         fail("%s", mesh_last_error());
         goto out;
     }
@@ -310,8 +375,17 @@ static int sample(const mesh_plan *plan, const mesh_plan_info *pi, const run_opt
 out:
     free(ids);
     mesh_tokenizer_free(tok);
-    mesh_context_free(ctx);
-    return rc;
+    j->failed = rc != 0;
+    return rc ? MESH_ERR_IO : MESH_OK;
+}
+
+static int sample(const mesh_plan *plan, const mesh_plan_info *pi, const run_opts *o)
+{
+    sample_job j = {pi, o, o->ckpt ? o->ckpt : pi->checkpoint_dir, 0};
+    if (!j.ckpt) return fail("sample needs --checkpoint DIR (or the plan's train.checkpoint_dir)");
+    mesh_status st = mesh_run_ranks(plan, sample_rank, &j);
+    if (st != MESH_OK && !j.failed) fail("%s", mesh_last_error());
+    return st == MESH_OK ? 0 : 1;
 }
 
 /* Loads and checks the plan, then trains it or samples from it. */
