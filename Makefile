@@ -4,6 +4,7 @@
 # under $(BUILD); nothing is probed: features are switched on explicitly.
 #
 #   make                 meshc, meshrun, libmesh.a, libmesh.so in build/
+#                        (with MPI; MPI=0 without)
 #   make test            build, then tests/run.sh (prints `N passed, N failed`)
 #   make asan            the same in build-asan/ with ASan+UBSan+LSan
 #   make fuzz            libFuzzer on the front end for FUZZ_SECONDS (clang)
@@ -44,6 +45,21 @@ BLAS_LIBS   := $(shell $(PKG_CONFIG) --libs openblas)
 # PCRE2, for GPT-2's pre-tokenizer pattern (runtime/bpe.c).
 PCRE_CFLAGS := $(shell $(PKG_CONFIG) --cflags libpcre2-8)
 PCRE_LIBS   := $(shell $(PKG_CONFIG) --libs libpcre2-8)
+
+# MPI (Open MPI 4.1, libopenmpi-dev; `make deps` installs it): libmesh's
+# MPI communicator (runtime/comm_mpi.c), which runs one rank per process
+# under mpirun or srun. On unless MPI=0, which builds libmesh without it
+# (mesh_run_ranks then runs a job of several processes not at all, and
+# one process as before). Its headers are system headers: our warnings stay
+# on for our code.
+MPI ?= 1
+ifeq ($(MPI),1)
+MPI_CFLAGS := $(patsubst -I%,-isystem %,$(shell $(PKG_CONFIG) --cflags ompi-c 2>/dev/null))
+MPI_LIBS   := $(shell $(PKG_CONFIG) --libs ompi-c 2>/dev/null)
+MPI_PC      = ompi-c
+else ifneq ($(MPI),0)
+$(error MPI must be 0 or 1)
+endif
 
 # Build folder, and sanitizers: SAN=1 is ASan+UBSan (+LSan), SAN=fuzz adds
 # libFuzzer instrumentation (clang only). `make asan` and `make fuzz` set
@@ -138,9 +154,12 @@ RUNTIME_SRC  = $(filter-out runtime/meshrun.c,$(wildcard runtime/*.c))
 RUNTIME_OBJ  = $(RUNTIME_SRC:%.c=$(OBJ)/%.o)
 RUNTIME_PIC  = $(RUNTIME_SRC:%.c=$(PIC)/%.o)
 
-# Unit tests: tests/unit/runner.c plus every tests/unit/test_*.c.
-UNIT_SRC     = tests/unit/runner.c $(wildcard tests/unit/test_*.c)
+# Unit tests: tests/unit/runner.c plus every tests/unit/test_*.c, and the
+# communicator cases they share with the MPI tests (tests/mpi/, run by
+# tests/run.sh under mpirun).
+UNIT_SRC     = tests/unit/runner.c tests/unit/comm_cases.c $(wildcard tests/unit/test_*.c)
 UNIT_OBJ     = $(UNIT_SRC:%.c=$(OBJ)/%.o)
+MPI_TEST_OBJ = $(OBJ)/tests/mpi/mpi_tests.o
 
 # The CPU kernels: kernels/cpu/*.c (the reference every backend is tested
 # against), in libmesh and its own archive for the tests.
@@ -151,12 +170,12 @@ KCPU_PIC     = $(KCPU_SRC:%.c=$(PIC)/%.o)
 FUZZ_OBJ     = $(OBJ)/tests/fuzz/fuzz_lang.o
 
 ALL_OBJ = $(LANG_OBJ) $(COMPILER_OBJ) $(RUNTIME_OBJ) $(RUNTIME_PIC) \
-          $(OBJ)/runtime/meshrun.o $(UNIT_OBJ) $(FUZZ_OBJ)
+          $(OBJ)/runtime/meshrun.o $(UNIT_OBJ) $(FUZZ_OBJ) $(MPI_TEST_OBJ)
 
 # ---- Top-level targets --------------------------------------------------
 
 .PHONY: all test asan fuzz fuzz-ci fuzz-build check-exports install bench \
-        install-runtime install-compiler deps demo clean
+        install-runtime install-compiler deps demo clean FORCE
 
 all: $(BUILD)/libmesh.a $(BUILD)/libmesh.so $(BUILD)/meshrun $(BUILD)/meshc
 
@@ -166,8 +185,9 @@ TEST_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
            UBSAN_OPTIONS=print_stacktrace=1
 endif
 
-test: all $(BUILD)/unit_tests
-	$(TEST_ENV) MESH_BUILD=$(BUILD) tests/run.sh
+# With MPI, the MPI tests' program too (tests/run.sh runs it under mpirun).
+test: all $(BUILD)/unit_tests $(if $(filter 1,$(MPI)),$(BUILD)/mpi_tests)
+	$(TEST_ENV) MESH_BUILD=$(BUILD) MESH_MPI=$(MPI) tests/run.sh
 
 asan:
 	$(MAKE) BUILD=build-asan SAN=1 test
@@ -179,7 +199,7 @@ bench: all $(BUILD)/train_bench
 
 $(BUILD)/train_bench: tests/bench/train_bench.c $(BUILD)/libmesh.a
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -Iruntime $(BLAS_CFLAGS) -o $@ $< $(BUILD)/libmesh.a \
-	  $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(LDLIBS)
+	  $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(LDLIBS)
 
 check-exports: $(BUILD)/libmesh.a $(BUILD)/libmesh.so
 	tests/check-exports.sh $^
@@ -229,7 +249,7 @@ $(BUILD)/libmeshcomp.a: $(filter-out $(OBJ)/compiler/meshc.o,$(COMPILER_OBJ))
 $(COMPILER_OBJ): CPPFLAGS += $(YAML_CFLAGS)
 
 $(BUILD)/meshc: $(OBJ)/compiler/meshc.o $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(LDLIBS)
 
 # ---- libmesh and meshrun ------------------------------------------------
 
@@ -248,7 +268,7 @@ $(BUILD)/libmesh.a: $(LIBMESH_OBJ)
 	$(AR) rcs $@ $(BUILD)/libmesh-all.o
 
 $(BUILD)/libmesh.so: $(LIBMESH_PIC) runtime/libmesh.map
-	$(CC) $(ALL_LDFLAGS) $(SO_LDFLAGS) -o $@ $(LIBMESH_PIC) $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) $(SO_LDFLAGS) -o $@ $(LIBMESH_PIC) $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(LDLIBS)
 	ln -sf libmesh.so $(BUILD)/$(SONAME)
 
 # the runtime's compile API sees the compiler's headers and the std folder
@@ -256,15 +276,28 @@ $(RUNTIME_OBJ) $(RUNTIME_PIC): CPPFLAGS += -Icompiler -Ikernels/cpu $(BLAS_CFLAG
 $(RUNTIME_OBJ) $(RUNTIME_PIC) $(LIBMESH_PIC): | $(GEN_H)
 $(LIBMESH_PIC): CPPFLAGS += $(YAML_CFLAGS)
 
+# The MPI communicator: MESH_MPI says whether it is built (else its stubs
+# say libmesh has no MPI). It is rebuilt, and with it what links it, when
+# the folder's MPI setting changes; MPI=1 without Open MPI stops here.
+$(OBJ)/runtime/comm_mpi.o $(PIC)/runtime/comm_mpi.o: CPPFLAGS += $(MPI_CFLAGS) -DMESH_MPI=$(MPI)
+$(OBJ)/runtime/comm_mpi.o $(PIC)/runtime/comm_mpi.o: $(BUILD)/.mpi
+
+$(BUILD)/.mpi: FORCE
+	@if [ "$(MPI)" = 1 ] && ! $(PKG_CONFIG) --exists ompi-c; then \
+	  echo "error: MPI=1 needs Open MPI (pkg-config ompi-c, from libopenmpi-dev): run \`make deps\`, or build without MPI: make MPI=0" >&2; \
+	  exit 1; fi
+	@mkdir -p $(@D); [ "$$(cat $@ 2>/dev/null)" = "$(MPI)" ] || echo "$(MPI)" >$@
+
 # meshrun is a program over the public API (mesh.h) alone: it links
 # libmesh.a and nothing else of the tree (tests/run.sh checks that it calls
 # no mesh__ internals).
 $(BUILD)/meshrun: $(OBJ)/runtime/meshrun.o $(BUILD)/libmesh.a
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(LDLIBS)
 
 # ---- Tests --------------------------------------------------------------
 
 $(OBJ)/tests/unit/%.o: CPPFLAGS += -Itests/unit -Icompiler -Ikernels/cpu -DMESH_STD_DIR='"$(abspath lang)"'
+$(MPI_TEST_OBJ): CPPFLAGS += -Itests/unit -Icompiler
 
 $(KCPU_OBJ) $(KCPU_PIC): CPPFLAGS += -Ikernels/cpu $(BLAS_CFLAGS)
 
@@ -279,7 +312,14 @@ $(BUILD)/libmeshrt.a: $(RUNTIME_OBJ)
 	$(AR) rcs $@ $^
 
 $(BUILD)/unit_tests: $(UNIT_OBJ) $(BUILD)/libmeshrt.a $(BUILD)/libmeshkcpu.a $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(LDLIBS)
+
+# The MPI tests' program (tests/mpi/mpi_tests.c), started by tests/run.sh
+# under mpirun; it shares the communicator cases with the unit tests.
+$(BUILD)/mpi_tests: $(MPI_TEST_OBJ) $(OBJ)/tests/unit/comm_cases.o $(BUILD)/libmeshrt.a $(BUILD)/libmeshkcpu.a \
+                    $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a
+	$(CC) $(ALL_LDFLAGS) -o $@ $(filter %.o,$^) -Wl,--start-group $(filter %.a,$^) -Wl,--end-group \
+	  $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(LDLIBS)
 
 # ---- Fuzzing (clang + libFuzzer) ----------------------------------------
 
@@ -306,7 +346,7 @@ fuzz-ci:
 fuzz-build: $(BUILD)/fuzz_lang
 
 $(BUILD)/fuzz_lang: $(FUZZ_OBJ) $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
-	$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(LDLIBS)
 
 # ---- Install ------------------------------------------------------------
 
@@ -323,6 +363,7 @@ install-runtime: $(BUILD)/libmesh.a $(BUILD)/libmesh.so $(BUILD)/meshrun
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libmesh.so
 	install -m 644 $(PUBLIC_HEADERS) $(DESTDIR)$(INCLUDEDIR)/
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
+	  -e 's|@MPI_LIBS@|$(strip $(MPI_LIBS))|' -e 's|@MPI_PC@|$(MPI_PC)|' \
 	  runtime/mesh.pc.in >$(DESTDIR)$(LIBDIR)/pkgconfig/mesh.pc
 
 # meshc and the standard library it finds at <exe>/../share/mesh/std.

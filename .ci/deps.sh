@@ -12,6 +12,8 @@ PACKAGES=(
     pkg-config                  # mesh.pc, and finding OpenBLAS and libyaml
     libopenblas-dev libyaml-dev # BLAS for the CPU kernels, YAML for the plan file
     libpcre2-dev curl           # GPT-2 BPE pre-tokenizer; curl fetches its files in a test
+    libopenmpi-dev openmpi-bin  # MPI: libmesh's one-rank-per-process communicator, mpirun for its tests
+    munge slurmctld slurmd slurm-client # a throw-away SLURM cluster in a test (srun, sbatch)
     ca-certificates
 )
 

@@ -35,6 +35,18 @@ __attribute__((format(printf, 2, 3)))
 #endif
 mesh_status mesh__fail(mesh_status st, const char *fmt, ...);
 
+/* This process's place in its job, from its launcher's variables
+ * (launch.c; the order is docs/runtime.md's). */
+typedef struct mesh__job {
+    const char *launcher; /* "torchrun", "mpirun", "pmix", "pmi", "srun"; "none" */
+    int rank, size;       /* size 0: the launcher does not say (srun --mpi=pmix's PMIX_RANK alone) */
+    int mpi;              /* MPI started the process: its ranks can talk through MPI */
+} mesh__job;
+
+/* 0, or -1 with the reason in err for a variable that is not a number or
+ * a rank outside the job. */
+int mesh__job_detect(mesh__job *job, char *err, size_t n);
+
 /* Unless mesh_set_threads was called: the kernels' threads set to the
  * process's cores divided by ranks sharing them. */
 void mesh__share_threads(int ranks);

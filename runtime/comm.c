@@ -1,5 +1,10 @@
-/* comm.c — calls through a communicator's function table (comm.h). */
+/* comm.c — calls through a communicator's function table (comm.h), and
+ * what the backends share. */
 #include "comm.h"
+
+#include <stdarg.h> /* va_list */
+#include <stdio.h>  /* snprintf, vsnprintf */
+#include <stdlib.h> /* realloc */
 
 int comm_all_reduce(comm *c, float *buf, size_t n) { return c->size == 1 ? 0 : c->v->all_reduce(c, buf, n); }
 
@@ -27,4 +32,26 @@ void comm_abort(comm *c, const char *why) { c->v->abort(c, why); }
 void comm_free(comm *c)
 {
     if (c) c->v->free(c);
+}
+
+int comm_fail(comm *c, const char *op, const char *fmt, ...)
+{
+    char why[240]; /* with the prefix, fits c->error */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    snprintf(c->error, sizeof c->error, "%s over %d rank%s (this is rank %d): %s", op, c->size,
+             c->size == 1 ? "" : "s", c->world_rank, why);
+    return -1;
+}
+
+float *comm_scratch(float **buf, size_t *cap, size_t n)
+{
+    if (*buf && n <= *cap) return *buf;
+    float *s = realloc(*buf, (n ? n : 1) * sizeof *s);
+    if (!s) return NULL;
+    *buf = s;
+    *cap = n;
+    return s;
 }

@@ -3,12 +3,14 @@
  *
  * A communicator is one rank's handle on a group of ranks. Backends fill
  * a small function table: threads (all ranks as threads of one process,
- * shared-memory collectives; comm_threads.c), MPI and NCCL. Every call is
+ * shared-memory collectives; comm_threads.c), MPI (one rank per process;
+ * comm_mpi.c) and NCCL. Every call is
  * collective over the group unless said otherwise, returns 0, or -1 with
  * the reason in c->error ("all-reduce over 4 ranks: rank 2 failed: ...").
  *
  * Determinism: sums are taken in rank order, the same on every rank, so a
- * result is the same run to run and on every member.
+ * result is the same run to run, on every member, and in every backend (to
+ * the bit).
  *
  * Failure: a rank that fails calls comm_abort (or its thread ends without
  * freeing its handle through comm_free after an error): every rank waiting
@@ -41,7 +43,8 @@ typedef struct comm_vtbl {
     /* bytes of root's buf to every rank's buf */
     int (*broadcast)(comm *c, void *buf, size_t bytes, int root);
     /* point to point (not collective): bytes to or from one peer; a send
-     * returns once the peer has the data */
+     * is eager (the data is copied and the sender goes on), so sends and
+     * receives in any order cannot deadlock */
     int (*send)(comm *c, const void *buf, size_t bytes, int peer);
     int (*recv)(comm *c, void *buf, size_t bytes, int peer);
     int (*barrier)(comm *c);
@@ -95,5 +98,36 @@ void comm_threads_world_free(comm_threads_world *w);
 
 /* The collective timeout: MESH_COLLECTIVE_TIMEOUT_S, else 600 seconds. */
 double comm_timeout_from_env(void);
+
+/* Records why a call failed, "OP over N ranks (this is rank R): WHY", in
+ * c->error; returns -1. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+int comm_fail(comm *c, const char *op, const char *fmt, ...);
+
+/* A backend's scratch buffer *buf of *cap floats, grown to hold n (kept
+ * when it does); NULL if out of memory. */
+float *comm_scratch(float **buf, size_t *cap, size_t n);
+
+/* ---- MPI (comm_mpi.c; a build with MPI=0 has only the stubs) ------------ */
+
+/* This process's handle on the world of an MPI job, one rank per process:
+ * MPI is initialised on the first call (with MPI_THREAD_MULTIPLE, unless
+ * the program did it; then it is finalised at exit), and each call makes
+ * a new world (a copy of MPI_COMM_WORLD, errors returned, not fatal). A
+ * watchdog thread stops the job (MPI_Abort, status 3) when one call waits
+ * longer than timeout_s, naming the rank and the call; so does a process
+ * that exits (exit, return from main) between this call and
+ * comm_mpi_finish or the world's comm_free. NULL with the reason in err
+ * if MPI cannot start or this build has none. */
+comm *comm_mpi_world(double timeout_s, char *err, size_t n);
+
+/* The end of a world's run, called by every rank once it has finished
+ * (failed: its work failed): returns the lowest rank that failed, or -1.
+ * A rank that did not fail waits for all; one that failed waits at most a
+ * few seconds (the others may be stuck in a collective, waiting for it),
+ * then stops the job with comm_abort(why). */
+int comm_mpi_finish(comm *c, int failed, const char *why);
 
 #endif

@@ -113,12 +113,7 @@ static void timed_out_locked(comm_threads_world *w, int rank, const char *op, co
     abort_locked(w, why);
 }
 
-static int fail(tcomm *t, const char *op)
-{
-    snprintf(t->c.error, sizeof t->c.error, "%s over %d rank%s (this is rank %d): %s", op, t->g->size,
-             t->g->size == 1 ? "" : "s", t->c.world_rank, t->g->w->why);
-    return -1;
-}
+static int fail(tcomm *t, const char *op) { return comm_fail(&t->c, op, "%s", t->g->w->why); }
 
 /* The group's barrier; -1 if the world aborted, or a rank did not come in time. */
 static int meet(tcomm *t, const char *op)
@@ -147,15 +142,7 @@ static int meet(tcomm *t, const char *op)
     return failed ? fail(t, op) : 0;
 }
 
-static float *scratch(tcomm *t, size_t n)
-{
-    if (t->scratch && n <= t->scratch_n) return t->scratch;
-    float *s = realloc(t->scratch, (n ? n : 1) * sizeof *s);
-    if (!s) return NULL;
-    t->scratch = s;
-    t->scratch_n = n;
-    return s;
-}
+static float *scratch(tcomm *t, size_t n) { return comm_scratch(&t->scratch, &t->scratch_n, n); }
 
 /* sum over members q, in rank order, of ptr[q][off + i], i < n, into out */
 static void sum_parts(const tgroup *g, size_t off, size_t n, float *out)

@@ -337,17 +337,44 @@ mesh_status mesh_sample_next(mesh_context *ctx, const int *ids, size_t n, double
 /* What mesh_run_ranks runs on each rank, with that rank's context. */
 typedef mesh_status (*mesh_rank_fn)(mesh_context *ctx, int rank, void *ud);
 
-/* Runs fn once per rank of the plan's world, every rank a thread of this
- * process with its own context (the contexts talk through shared-memory
- * collectives), and returns when all have. A rank whose fn fails stops
- * the others: their next collective fails with MESH_ERR_RANK, naming it;
- * so does a rank that does not reach a collective within
- * MESH_COLLECTIVE_TIMEOUT_S seconds (default 600). Returns MESH_OK, or
- * the first failing rank's status, whose message mesh_last_error gives
- * ("rank R: ..."). Unless mesh_set_threads was called, each rank's
- * kernels use the process's cores divided by the ranks. The contexts are
- * freed on return. A plan of one rank runs fn on this thread. */
+/* Runs fn once per rank of the plan's world, with that rank's context,
+ * and returns when all have. How depends on how the process was started
+ * (mesh_job_info):
+ *   - one process (no launcher, or a job of one): every rank is a thread
+ *     of this process (the contexts talk through shared-memory
+ *     collectives). A rank whose fn fails stops the others: their next
+ *     collective fails with MESH_ERR_RANK, naming it; so does a rank that
+ *     does not reach a collective within MESH_COLLECTIVE_TIMEOUT_S seconds
+ *     (default 600). Unless mesh_set_threads was called, each rank's
+ *     kernels use the process's cores divided by the ranks.
+ *   - a job of several processes (mpirun -n N, srun --mpi=pmix): this
+ *     process is one rank of it, and fn runs once, on this thread, for
+ *     that rank; the ranks talk through MPI, which is initialised here (and
+ *     finalised at exit) unless the program did it. The job must have as
+ *     many processes as the plan has ranks (else MESH_ERR_INVALID_ARG).
+ *     A rank whose fn fails while the others go on (or whose process
+ *     exits during fn), or a collective that waits longer than
+ *     MESH_COLLECTIVE_TIMEOUT_S, stops the whole job
+ *     (MPI_Abort: the launcher exits with status 3), with a line on
+ *     stderr naming the rank; when every rank's fn fails, each returns
+ *     its own status instead.
+ * Returns MESH_OK, or the first failing rank's status, whose message
+ * mesh_last_error gives ("rank R: ..."); in a job of several processes, a
+ * rank that did not fail itself returns MESH_ERR_RANK naming the first
+ * that did. The contexts are freed on return. A plan of one rank in one
+ * process runs fn on this thread. */
 mesh_status mesh_run_ranks(const mesh_plan *plan, mesh_rank_fn fn, void *ud);
+
+/* This process's place in the job that started it, from the launcher's
+ * variables, the first of these whose variables are set: torchrun (RANK,
+ * WORLD_SIZE), Open MPI (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE),
+ * PMIx (PMIX_RANK), PMI (PMI_RANK, PMI_SIZE), SLURM (SLURM_PROCID,
+ * SLURM_NTASKS). *rank is its rank among the processes, *processes their
+ * count (0 where the launcher does not say: PMIX_RANK without
+ * SLURM_NTASKS), *launcher "torchrun", "mpirun", "pmix", "pmi", "srun",
+ * or "none" (rank 0 of 1). A variable that is not a number is
+ * MESH_ERR_INVALID_ARG. Any pointer may be NULL. */
+mesh_status mesh_job_info(int *rank, int *processes, const char **launcher);
 
 /* A context's rank in its plan's world, and which part of each global
  * batch it reads: data_rank of data_ranks (dp x ep; mesh_data_open's

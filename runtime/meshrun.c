@@ -3,10 +3,12 @@
  *
  * A thin program over libmesh's public API (mesh.h, and nothing else of
  * libmesh's). `meshrun FILE.plan` loads and checks the plan, then trains it
- * on its ranks, as threads of this process (mesh_run_ranks), each reading
- * its slice of the token shards through a mesh_data stream; rank 0 prints
- * a line per logged step. `meshrun sample` writes text from a checkpoint;
- * `meshrun tokenize` makes token shards.
+ * on its ranks (mesh_run_ranks): threads of this process, or, started by
+ * mpirun -n N or srun, this process's one rank; each reads its slice of
+ * the token shards through a mesh_data stream, and rank 0 prints a line per
+ * logged step. In a job of several processes, the others print only what
+ * went wrong on their own rank. `meshrun sample` writes text from a
+ * checkpoint; `meshrun tokenize` makes token shards.
  *
  * Exit status: 0 for --help, --version and a finished run; 1 when a file
  * cannot be read or is not valid, a plan cannot run yet, or the loss stops
@@ -18,7 +20,7 @@
 #include <stdarg.h> /* defines: va_list */
 #include <stdio.h>  /* defines: printf, fprintf, fopen */
 #include <stdlib.h> /* defines: malloc, free, strtod */
-#include <string.h> /* defines: strcmp, strerror */
+#include <string.h> /* defines: strcmp, strncmp, strerror */
 #include <time.h>   /* defines: clock_gettime */
 #include <unistd.h> /* defines: isatty */
 
@@ -30,8 +32,10 @@ static const char usage_text[] =
     "       meshrun tokenize [--bpe DIR] TEXT... -o SHARD.bin [--val VAL.bin]\n"
     "\n"
     "Train the plan compiled by meshc on CPU, its ranks as threads of this\n"
-    "process: the data is the token shards given by --data, else the files\n"
-    "matching the plan's train.data; each data-parallel rank reads its slice.\n"
+    "process, or one rank per process under mpirun -n N or srun --mpi=pmix\n"
+    "-n N (N: the plan's ranks): the data is the token shards given by --data,\n"
+    "else the files matching the plan's train.data; each data-parallel rank\n"
+    "reads its slice.\n"
     "\n"
     "meshrun tokenize turns text files into one token shard (llm.c's format:\n"
     "a 1024-byte header, then uint16 tokens) with the byte-level tokenizer\n"
@@ -52,15 +56,22 @@ static const char usage_text[] =
     "  --skip-nonfinite  skip a step whose loss or gradient is not finite (at\n"
     "                 most 5 in a row) instead of stopping\n"
     "  --threads N    BLAS threads (default: the cores this process may use)\n"
+    "  --local-rank=N accepted and ignored (torchrun's)\n"
     "  --prompt TEXT, --tokens N (200), --temperature T (0.8), --seed S (0),\n"
     "  --bpe DIR (GPT-2 BPE for a model that is not byte-level)\n"
     "                 what meshrun sample starts from and how it draws\n"
     "  -h, --help     print this help and exit\n"
     "  --version      print the version and exit\n";
 
+/* The job that started this process (mesh_job_info): in one of several
+ * processes, only rank 0 prints errors that every process meets alike. */
+static int job_rank, job_processes = 1;
+static const char *job_launcher = "none";
+
 /* Print a one-line error and the usage to stderr; return the usage status. */
 static int usage_error(const char *what, const char *arg)
 {
+    if (job_rank != 0) return 2;
     fprintf(stderr, "meshrun: error: %s%s%s%s\n", what, arg ? " '" : "",
             arg ? arg : "", arg ? "'" : "");
     fputs(usage_text, stderr);
@@ -75,13 +86,15 @@ static void vfail(const char *fmt, va_list ap)
     fputc('\n', stderr);
 }
 
-/* The same; returns the failure status, 1. */
+/* The same (on rank 0 of a job of several processes); returns the
+ * failure status, 1. */
 #if defined(__GNUC__)
 __attribute__((format(printf, 1, 2)))
 #endif
 static int fail(const char *fmt, ...)
 {
     va_list ap;
+    if (job_rank != 0) return 1;
     va_start(ap, fmt);
     vfail(fmt, ap);
     va_end(ap);
@@ -139,9 +152,11 @@ static void print_start(const mesh_plan_info *pi, mesh_context *ctx, mesh_data *
     mesh_data_shard(data, 0, &first, NULL);
     mesh_context_memory(ctx, &allocated, &planned);
     if (shards > 1) snprintf(count, sizeof count, "%d shards, ", shards);
+    int threads = job_processes == 1;
     if (pi->world > 1)
-        printf("meshrun: %d ranks (dp %d x tp %d x pp %d x ep %d) as threads of this process\n", pi->world, pi->dp,
-               pi->tp, pi->pp, pi->ep);
+        printf("meshrun: %d ranks (dp %d x tp %d x pp %d x ep %d)%s%s%s\n", pi->world, pi->dp, pi->tp, pi->pp,
+               pi->ep, threads ? " as threads of this process" : ", one per process (", threads ? "" : job_launcher,
+               threads ? "" : ")");
     printf("meshrun: training %s on %s (%s%llu tokens): %lld steps of %d x %d tokens\n",
            pi->source[0] ? pi->source : "the plan", shards > 1 ? pattern : first, count,
            (unsigned long long)tokens, steps, pi->global_batch, pi->seq_len);
@@ -163,7 +178,8 @@ typedef struct train_job {
     atomic_int reported; /* a rank printed why the run stops */
 } train_job;
 
-/* Prints the error of a rank that fails on its own; returns st. */
+/* Prints the error of a rank that fails on its own (on any process);
+ * returns st. */
 #if defined(__GNUC__)
 __attribute__((format(printf, 3, 4)))
 #endif
@@ -237,7 +253,8 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
     long long every = pi->log_every > 0 ? pi->log_every : 1;
     long long eval_every = pi->eval_every > 0 ? pi->eval_every : 10 * every;
     double step_tokens = (double)pi->global_batch * pi->seq_len;
-    int tty = lead && isatty(STDOUT_FILENO), skipped = 0;
+    /* no progress bar when a launcher forwards the output (mpirun, through a terminal) */
+    int tty = lead && job_processes == 1 && isatty(STDOUT_FILENO), skipped = 0;
     double t0 = now_s();
     for (long long step = first; rc == MESH_OK && step <= steps; step++) {
         mesh_step_stats st;
@@ -503,6 +520,7 @@ static int number(const char *opt, const char *text, double lo, double *out)
 
 int main(int argc, char **argv)
 {
+    if (mesh_job_info(&job_rank, &job_processes, &job_launcher) != MESH_OK) return fail("%s", mesh_last_error());
     if (argc >= 2 && strcmp(argv[1], "tokenize") == 0) return tokenize(argc - 2, argv + 2);
     const char *plan_path = NULL;
     int options_done = 0;
@@ -554,6 +572,8 @@ int main(int argc, char **argv)
             }
             if (strcmp(arg, "--") == 0) {
                 options_done = 1;
+            } else if (strncmp(arg, "--local-rank=", 13) == 0 || strncmp(arg, "--local_rank=", 13) == 0) {
+                continue; /* torchrun's; the rank comes from the environment */
             } else if (strcmp(arg, "--resume") == 0) {
                 opts.resume = 1;
             } else if (strcmp(arg, "--skip-nonfinite") == 0) {

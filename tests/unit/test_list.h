@@ -130,3 +130,8 @@ TEST(comm_threads_collectives_match_serial)
 TEST(comm_threads_split_groups)
 TEST(comm_threads_abort_stops_everyone)
 TEST(comm_threads_timeout_names_the_wait)
+
+/* runtime: which process of which job, test_launch.c */
+TEST(launch_none_is_one_process)
+TEST(launch_order_first_match_wins)
+TEST(launch_bad_variables_are_errors)

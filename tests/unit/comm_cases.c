@@ -1,0 +1,134 @@
+/*
+ * comm_cases.c: the communicator checks every backend must pass (see
+ * comm_cases.h). Each rank only records: the caller checks the results.
+ */
+#include <stdio.h>  /* defines: snprintf */
+#include <stdlib.h> /* defines: malloc, free */
+#include <string.h> /* defines: memcmp */
+
+#include "comm_cases.h"
+
+enum { N = 1001, RS = 257, MAXC = 3, MAXP = COMM_CASES_MAX_RANKS };
+
+static float value(int rank, size_t i) { return (float)rank * 0.75f + (float)(i % 97) * 0.013f - 0.5f; }
+
+/* 1 when a[i] == b[i] for all i, bit for bit. */
+static int same(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof *a) == 0; }
+
+static size_t a2a_count(int from, int to) { return (size_t)((from + 2 * to) % MAXC + 1); }
+
+/* -1 with c's error copied to err. */
+static int call_failed(const comm *c, char *err, size_t n)
+{
+    snprintf(err, n, "%s", c->error);
+    return -1;
+}
+
+/* all-reduce, reduce-scatter, all-gather, broadcast: a bit per failure */
+static int sums_and_copies(comm *c, char *err, size_t en)
+{
+    int r = c->rank, p = c->size, bad = 0;
+    /* all-reduce: the sum in rank order */
+    float buf[N], want[N];
+    for (size_t i = 0; i < N; i++) {
+        buf[i] = value(r, i);
+        want[i] = value(0, i);
+        for (int q = 1; q < p; q++) want[i] += value(q, i);
+    }
+    if (comm_all_reduce(c, buf, N) != 0) return call_failed(c, err, en);
+    bad |= !same(buf, want, N) << 1;
+    /* reduce-scatter: this rank's RS of the sum of p x RS */
+    float in[MAXP * RS], out[RS], wrs[RS];
+    for (size_t i = 0; i < (size_t)p * RS; i++) in[i] = value(r, i * 3);
+    for (size_t i = 0; i < RS; i++) {
+        size_t k = (size_t)r * RS + i;
+        wrs[i] = value(0, k * 3);
+        for (int q = 1; q < p; q++) wrs[i] += value(q, k * 3);
+    }
+    if (comm_reduce_scatter(c, in, out, RS) != 0) return call_failed(c, err, en);
+    bad |= !same(out, wrs, RS) << 2;
+    /* all-gather */
+    float mine[RS], all[MAXP * RS];
+    for (size_t i = 0; i < RS; i++) mine[i] = value(r, i + 5);
+    if (comm_all_gather(c, mine, all, RS) != 0) return call_failed(c, err, en);
+    for (int q = 0; q < p; q++)
+        for (size_t i = 0; i < RS; i++) bad |= (all[(size_t)q * RS + i] != value(q, i + 5)) << 3;
+    /* broadcast from the last rank */
+    float b[7];
+    for (int i = 0; i < 7; i++) b[i] = r == p - 1 ? (float)i * 1.5f : -1.0f;
+    if (comm_broadcast(c, b, sizeof b, p - 1) != 0) return call_failed(c, err, en);
+    for (int i = 0; i < 7; i++) bad |= (b[i] != (float)i * 1.5f) << 4;
+    return bad;
+}
+
+int comm_case_collectives(comm *c, char *note, char *err, size_t n)
+{
+    int r = c->rank, p = c->size;
+    if (p < 2 || p > MAXP) return 1;
+    int bad = sums_and_copies(c, err, n);
+    if (bad < 0) return -1;
+    /* all-to-all with uneven counts: element e of the part for peer q is r*100 + q*10 + e */
+    size_t send[MAXP], recv[MAXP];
+    for (int q = 0; q < p; q++) {
+        send[q] = a2a_count(r, q);
+        recv[q] = a2a_count(q, r);
+    }
+    float sbuf[MAXP * MAXC], rbuf[MAXP * MAXC];
+    for (int q = 0, k = 0; q < p; q++)
+        for (size_t e = 0; e < send[q]; e++) sbuf[k++] = (float)(r * 100 + q * 10) + (float)e;
+    if (comm_all_to_all(c, sbuf, send, rbuf, recv) != 0) return call_failed(c, err, n);
+    for (int q = 0, k = 0; q < p; q++)
+        for (size_t e = 0; e < recv[q]; e++) bad |= (rbuf[k++] != (float)(q * 100 + r * 10) + (float)e) << 5;
+    /* point to point, around the ring, sends first (eager: no deadlock) */
+    int next = (r + 1) % p, prev = (r + p - 1) % p, got = -1, msg = 1000 + r;
+    if (comm_send(c, &msg, sizeof msg, next) != 0 || comm_recv(c, &got, sizeof got, prev) != 0)
+        return call_failed(c, err, n);
+    bad |= (got != 1000 + prev) << 6;
+    /* 1 MiB around the ring, sends first: past MPI's eager limit, so a
+     * send that waited for its receive would deadlock */
+    enum { BIG = 1 << 18 };
+    float *big = malloc(2 * BIG * sizeof *big);
+    if (!big) {
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < BIG; i++) big[i] = value(r, i);
+    int rc = comm_send(c, big, BIG * sizeof *big, next) != 0 || comm_recv(c, big + BIG, BIG * sizeof *big, prev) != 0;
+    for (size_t i = 0; rc == 0 && i < BIG; i++) bad |= (big[BIG + i] != value(prev, i)) << 8;
+    free(big);
+    if (rc) return call_failed(c, err, n);
+    /* a receive of the wrong size is an error */
+    if (comm_send(c, &msg, sizeof msg, next) != 0) return call_failed(c, err, n);
+    double wrong;
+    if (comm_recv(c, &wrong, sizeof wrong, prev) == 0) bad |= 1 << 7;
+    else snprintf(note, n, "%s", c->error);
+    if (comm_barrier(c) != 0) return call_failed(c, err, n);
+    return bad;
+}
+
+int comm_case_groups(comm *c, char *err, size_t n)
+{
+    int r = c->rank, bad = 0;
+    comm *tp = NULL, *dp = NULL, *none = NULL;
+    if (c->size != 4) return 1;
+    if (comm_split(c, r / 2, r, &tp) != 0 || comm_split(c, r % 2, -r, &dp) != 0) return call_failed(c, err, n);
+    bad |= (tp->size != 2 || tp->rank != r % 2) << 1;
+    bad |= (dp->size != 2 || dp->rank != (r < 2 ? 1 : 0)) << 2;
+    float x = (float)(r + 1), y = (float)(r + 1);
+    int v = r, got = -1, rc = 0;
+    if (comm_all_reduce(tp, &x, 1) != 0) rc = call_failed(tp, err, n);
+    bad |= (x != (r < 2 ? 3.0f : 7.0f)) << 3;
+    if (rc == 0 && comm_all_reduce(dp, &y, 1) != 0) rc = call_failed(dp, err, n);
+    bad |= (y != (r % 2 == 0 ? 4.0f : 6.0f)) << 4;
+    /* point to point inside a group uses the group's ranks */
+    if (rc == 0 &&
+        (comm_send(dp, &v, sizeof v, 1 - dp->rank) != 0 || comm_recv(dp, &got, sizeof got, 1 - dp->rank) != 0))
+        rc = call_failed(dp, err, n);
+    bad |= (got != (r + 2) % 4) << 5;
+    if (rc == 0 && comm_split(c, r == 3 ? -1 : 0, 0, &none) != 0) rc = call_failed(c, err, n);
+    bad |= (r == 3 ? none != NULL : none == NULL || none->size != 3) << 6;
+    comm_free(none);
+    comm_free(tp);
+    comm_free(dp);
+    return rc ? rc : bad;
+}

@@ -1,0 +1,29 @@
+/*
+ * comm_cases.h: communicator checks that every backend must pass, run by
+ * one rank on its handle: the threads backend's unit tests (test_comm.c)
+ * and the MPI tests (tests/mpi/mpi_tests.c, under mpirun) run the same
+ * ones, against the same serial references, so that both give the same
+ * bits.
+ */
+#ifndef MESH_COMM_CASES_H
+#define MESH_COMM_CASES_H
+
+#include <stddef.h> /* defines: size_t */
+
+#include "comm.h" /* defines: comm */
+
+enum { COMM_CASES_MAX_RANKS = 8 };
+
+/* Every collective against a serial reference (sums in rank order, equal
+ * to the bit), point to point around the ring with sends first, and a
+ * receive of the wrong size, whose message goes to note. A group of 2 to
+ * COMM_CASES_MAX_RANKS ranks. Returns 0 if all passed; -1 if a call failed
+ * (its message in err); else a bit per failed check. */
+int comm_case_collectives(comm *c, char *note, char *err, size_t n);
+
+/* A group of 4 split 2 x 2 ("tp" {0,1} {2,3}, "dp" {0,2} {1,3} with keys
+ * reversed), sums and point to point inside the groups, and a rank that
+ * opts out of a split. Returns as comm_case_collectives. */
+int comm_case_groups(comm *c, char *err, size_t n);
+
+#endif
