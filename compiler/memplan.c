@@ -398,7 +398,9 @@ static void place_params(mp *x, int stg, mem_stage *ms, int64_t *part_params) {
         b->region = b->grad_region = copies > 0 ? MEM_PERSISTENT : MEM_NONE;
         b->offset = b->grad_offset = copies > 0 ? (int64_t)n_params * x->fb : 0;
         n_params += (double)(e * copies);
-        sharded += (double)(e * copies) / (double)dp_group;
+        /* ZeRO's shard of each copy: ceil(e / group) elements (rank r owns
+         * [r s, (r + 1) s) of its flat elements, the last rank fewer) */
+        sharded += (double)((e + dp_group - 1) / dp_group * copies);
     }
     ms->params = (int64_t)((s->zero == 3 ? sharded : n_params) * x->fb);
     ms->grads = (int64_t)((s->zero >= 2 ? sharded : n_params) * x->fb);

@@ -305,8 +305,8 @@ mesh_status mesh_checkpoint_save_with(mesh_context *ctx, const char *dir, const 
     uint64_t pos = 0;
     if (!ctx || !dir) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_checkpoint_save: NULL argument");
     if (data) mesh_data_tell(data, &pos);
-    if (mesh__ckpt_save(ctx->ex, dir, ctx->step, data ? &pos : NULL, err, sizeof err) != 0)
-        return mesh__fail(MESH_ERR_IO, "%s", err);
+    int rc = mesh__ckpt_save(ctx->ex, dir, ctx->step, data ? &pos : NULL, err, sizeof err);
+    if (rc != 0) return mesh__fail(rc == -2 ? MESH_ERR_RANK : MESH_ERR_IO, "%s", err);
     return MESH_OK;
 }
 

@@ -118,17 +118,27 @@ int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint6
 {
     int count = 0;
     const char *name;
-    size_t n;
-    float *w, *g, *m, *v;
-    while (mesh__exec_param(ex, count, &name, &n, &w, &g) == 0) count++;
+    size_t n, total = 0;
+    float *w, *g;
+    while (mesh__exec_param(ex, count, &name, &n, &w, &g) == 0) {
+        count++;
+        total += n;
+    }
     st_item *model = calloc((size_t)count + 1, sizeof *model);
     st_item *optim = calloc(2 * (size_t)count + 1, sizeof *optim);
+    float *moments = malloc((2 * total + 1) * sizeof *moments); /* whole, even where ZeRO shards them */
     char tmp[4096], final[4096], path[4096], meta[192];
     int rc = -1;
-    if (!model || !optim) { set_err(err, errn, "out of memory"); goto out; }
-    for (int k = 0; k < count; k++) {
+    if (!model || !optim || !moments) { set_err(err, errn, "out of memory"); goto out; }
+    for (int k = 0, at = 0; k < count; k++) {
         mesh__exec_param(ex, k, &name, &n, &w, &g);
-        mesh__exec_moments(ex, k, &m, &v);
+        float *m = moments + at, *v = moments + total + at;
+        at += (int)n;
+        if (mesh__exec_moments_get(ex, k, m, v) != 0) { /* collective over the ZeRO group */
+            set_err(err, errn, "%s", mesh__exec_error(ex));
+            rc = -2;
+            goto out;
+        }
         st_item it = {name, "", NULL, 0, w, n};
         mesh__exec_param_dims(ex, k, &it.dims, &it.rank);
         model[k] = it;
@@ -138,6 +148,10 @@ int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint6
         optim[2 * k + 1] = it;
         optim[2 * k + 1].suffix = ".v";
         optim[2 * k + 1].data = v;
+    }
+    if (mesh__exec_rank(ex) != 0) { /* rank 0 writes what every rank holds */
+        rc = 0;
+        goto out;
     }
     if (make_dirs(dir) != 0) {
         set_err(err, errn, "cannot make the checkpoint folder '%s': %s", dir, strerror(errno));
@@ -179,6 +193,7 @@ int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint6
 out:
     free(model);
     free(optim);
+    free(moments);
     return rc;
 }
 
@@ -414,16 +429,22 @@ int mesh__ckpt_load(mesh__exec *ex, const char *path, int optim, long long *step
     join(optfile, sizeof optfile, dir, "optim.safetensors");
     int rc = optim ? open_st(&opt, optfile, err, errn) : 0;
     const char *name;
-    size_t n;
-    float *w, *g, *m, *v;
+    size_t n, most = 0;
+    float *w, *g, *m = NULL;
+    for (int k = 0; mesh__exec_param(ex, k, &name, &n, &w, &g) == 0; k++) most = n > most ? n : most;
+    if (rc == 0 && optim && !(m = malloc((2 * most + 1) * sizeof *m))) {
+        set_err(err, errn, "out of memory");
+        rc = -1;
+    }
     for (int k = 0; rc == 0 && mesh__exec_param(ex, k, &name, &n, &w, &g) == 0; k++) {
         rc = take(&model, name, "", w, n);
-        if (rc == 0 && optim) {
-            mesh__exec_moments(ex, k, &m, &v);
+        if (rc == 0 && optim) { /* whole moments; with ZeRO each rank keeps its shard */
             rc = take(&opt, name, ".m", m, n);
-            if (rc == 0) rc = take(&opt, name, ".v", v, n);
+            if (rc == 0) rc = take(&opt, name, ".v", m + most, n);
+            if (rc == 0) mesh__exec_moments_set(ex, k, m, m + most);
         }
     }
+    free(m);
     if (rc == 0 && optim) {
         *mesh__exec_adam_steps(ex) = opt.adam_steps;
         *step = opt.step;

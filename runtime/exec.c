@@ -39,8 +39,14 @@ struct mesh__exec {
     int *params;         /* tensor ids of the params */
     int n_params;
     char ***names;       /* per param tensor: its iterations' global names */
-    float **gbufs;       /* per param tensor: its gradient, for the global norm */
-    size_t *gsizes;      /* and its elements, all iterations */
+    float **gbufs;       /* the gradients this rank updates, for the global norm: per param
+                            tensor (all copies) without ZeRO, per copy its shard with it */
+    size_t *gsizes;      /* and their elements */
+    int n_gbufs;
+    size_t *shard;       /* per param tensor: elements of each copy's ZeRO shard (all without) */
+    size_t *opt_at;      /* per param tensor: where its first copy's moments start in m and v */
+    size_t opt_elems;    /* elements of m (and of v) on this rank */
+    comm *zero;          /* the group a param's optimizer state is sharded over, NULL without ZeRO */
     int tokens_in, targets_in; /* the input tensors */
     int stack;           /* the layer stack's region, -1 if none */
     double dloss;        /* seed of the backward: 1 / micro-batches */
@@ -472,12 +478,32 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
     if (!c) return 0; /* a group of one */
     int rc = -1;
     const char *what = "?";
+    size_t n = (size_t)(buf_of(ex, st->node)->bytes / 4), part = n / (size_t)c->size;
     switch (st->kind) {
     case STEP_ALL_REDUCE:
         what = "all-reduce";
-        rc = comm_all_reduce(c, st->phase == PLAN_GRAD_SYNC ? gptr(ex, st->node, it) : vptr(ex, st->node, it),
-                             (size_t)(buf_of(ex, st->node)->bytes / 4));
+        rc = comm_all_reduce(c, st->phase == PLAN_GRAD_SYNC ? gptr(ex, st->node, it) : vptr(ex, st->node, it), n);
         break;
+    case STEP_REDUCE_SCATTER: { /* ZeRO's gradient sync: this rank's shard summed, in place */
+        what = "reduce-scatter";
+        float *g = gptr(ex, st->node, it);
+        if (n % (size_t)c->size == 0) rc = comm_reduce_scatter(c, g, g + (size_t)c->rank * part, part);
+        else rc = comm_all_reduce(c, g, n); /* uneven shards: the whole sum, of which it uses its part */
+        break;
+    }
+    case STEP_ALL_GATHER: { /* ZeRO: every rank's updated shard, into the whole param */
+        what = "all-gather";
+        float *w = vptr(ex, st->node, it);
+        size_t sh = ex->shard[st->node], lo = (size_t)c->rank * sh, hi = lo + sh < n ? lo + sh : n;
+        if (n % (size_t)c->size == 0) {
+            rc = comm_all_gather(c, w + lo, w, sh);
+        } else { /* uneven: a sum of the shards over zeros is the gather, exactly */
+            memset(w, 0, lo * sizeof *w);
+            if (hi < n) memset(w + hi, 0, (n - hi) * sizeof *w);
+            rc = comm_all_reduce(c, w, n);
+        }
+        break;
+    }
     default:
         snprintf(c->error, sizeof c->error, "not run yet");
         break;
@@ -610,6 +636,19 @@ static int run_units(mesh__exec *ex, const int32_t *inputs, const int32_t *targe
     return 0;
 }
 
+/* The part of copy it of param id this rank updates: elements [lo, lo +
+ * len) (all of them without ZeRO), and its AdamW moments. */
+static void shard_of(const mesh__exec *ex, int id, int it, size_t *lo, size_t *len, float **m, float **v)
+{
+    size_t n = ex->numel[id], sh = ex->shard[id];
+    size_t r = ex->zero ? (size_t)ex->zero->rank : 0;
+    *lo = r * sh < n ? r * sh : n;
+    *len = (*lo + sh < n ? *lo + sh : n) - *lo;
+    float *m0 = (float *)(void *)(ex->arena + ex->optim_at);
+    *m = m0 + ex->opt_at[id] + (size_t)it * sh;
+    *v = m0 + ex->opt_elems + ex->opt_at[id] + (size_t)it * sh;
+}
+
 /* The sum over the group of x[0..n-1] (n <= 4), in rank order, exactly
  * (doubles travel as bytes). */
 static int sum_doubles(mesh__exec *ex, comm *c, double *x, int n)
@@ -650,8 +689,17 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
         sum_doubles(ex, ex->axis[0], &loss, 1) != 0)
         return -2;
     loss /= (double)m * ex->data_ranks;
-    double norm = s->clip > 0 ? kcpu_clip_global_norm(ex->gbufs, ex->gsizes, ex->n_params, (float)s->clip)
-                              : kcpu_global_norm((const float *const *)ex->gbufs, ex->gsizes, ex->n_params);
+    double norm;
+    if (!ex->zero) {
+        norm = s->clip > 0 ? kcpu_clip_global_norm(ex->gbufs, ex->gsizes, ex->n_gbufs, (float)s->clip)
+                           : kcpu_global_norm((const float *const *)ex->gbufs, ex->gsizes, ex->n_gbufs);
+    } else { /* the norm of the whole gradient: every rank's shards */
+        double ss = kcpu_sum_squares((const float *const *)ex->gbufs, ex->gsizes, ex->n_gbufs);
+        if (sum_doubles(ex, ex->zero, &ss, 1) != 0) return -2;
+        norm = (float)sqrt(ss);
+        double scale = s->clip / (norm + 1e-6);
+        if (s->clip > 0 && scale < 1.0) kcpu_scale_buffers(ex->gbufs, ex->gsizes, ex->n_gbufs, scale);
+    }
     double lr = mesh__exec_lr(ex->p, step);
     st->loss = loss;
     st->norm = norm;
@@ -661,13 +709,18 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
     for (int k = 0; k < ex->n_params; k++) {
         int id = ex->params[k];
         const plan_tensor *t = &ex->p->tensors[id];
-        /* AdamW's m and v are laid out like the params, one array after the other */
-        float *m1 = (float *)(void *)(ex->arena + ex->optim_at + buf_of(ex, id)->offset);
-        float *v1 = (float *)(void *)((unsigned char *)m1 + ex->ms->params);
         /* decay matrices and embeddings, not gains and biases (GPT-2, llm.c) */
         float wd = t->rank >= 2 ? (float)s->weight_decay : 0.0f;
-        kcpu_adamw_step(vptr(ex, id, 0), gptr(ex, id, 0), m1, v1, (size_t)ex->iters[id] * ex->numel[id], (float)lr,
-                        (float)s->beta1, (float)s->beta2, (float)s->eps, wd, (int)ex->adam_t);
+        /* without ZeRO all copies at once (they follow one another), with it each copy's shard */
+        int copies = ex->zero ? ex->iters[id] : 1;
+        for (int it = 0; it < copies; it++) {
+            size_t lo, len;
+            float *mo, *vo;
+            shard_of(ex, id, it, &lo, &len, &mo, &vo);
+            kcpu_adamw_step(vptr(ex, id, it) + lo, gptr(ex, id, it) + lo, mo, vo, ex->zero ? len :
+                            (size_t)ex->iters[id] * ex->numel[id], (float)lr, (float)s->beta1, (float)s->beta2,
+                            (float)s->eps, wd, (int)ex->adam_t);
+        }
     }
     return run_phase(ex, PLAN_AFTER_OPTIMIZER) == 0 ? 0 : -2;
 }
@@ -702,10 +755,12 @@ static const char *refusal(const plan *p, char *buf, size_t n)
     if (s->tp != 1 || s->ep != 1 || p->pp != 1 || p->v != 1)
         return "tensor, pipeline and expert parallelism are not run yet: this runtime runs meshes of dp ranks "
                "(tp = pp = ep = 1)";
-    if (s->world > 1 && s->zero != 0) return "zero >= 1 is not run yet with dp > 1: zero = 0 is";
+    if (s->world > 1 && s->zero >= 2) return "zero 2 and 3 are not run yet with dp > 1: zero 0 and 1 are";
     for (int k = 0; k < p->n_steps; k++) {
         const plan_step *st = &p->steps[k];
-        if (st->kind != STEP_COMPUTE && !(st->kind == STEP_ALL_REDUCE && st->phase == PLAN_GRAD_SYNC)) {
+        int sync = (st->kind == STEP_ALL_REDUCE || st->kind == STEP_REDUCE_SCATTER) && st->phase == PLAN_GRAD_SYNC;
+        int gather = st->kind == STEP_ALL_GATHER && st->phase == PLAN_AFTER_OPTIMIZER;
+        if (st->kind != STEP_COMPUTE && !sync && !gather) {
             snprintf(buf, n, "the plan's %s steps over %s are not run yet", plan_phase_name(st->phase),
                      plan__axis_name(st->axis));
             return buf;
@@ -772,6 +827,44 @@ static void find_zero_by(mesh__exec *ex)
         }
     for (int id = 0; id < ex->n; id++)
         if (buf_of(ex, id)->grad_region != MEM_WORKSPACE) ex->zero_by[id] = -1;
+}
+
+/* What this rank's optimizer updates: without ZeRO every param whole;
+ * with it (over the param's data-parallel group) each copy's shard of
+ * ceil(n / ranks) elements, as the memory plan lays out the moments. */
+static int optimizer_shards(mesh__exec *ex)
+{
+    int copies = 0;
+    size_t at = 0;
+    if (ex->p->setup.zero >= 1) ex->zero = ex->axis[0];
+    size_t P = ex->zero ? (size_t)ex->zero->size : 1;
+    ex->shard = host_calloc(ex, (size_t)ex->n, sizeof *ex->shard);
+    ex->opt_at = host_calloc(ex, (size_t)ex->n, sizeof *ex->opt_at);
+    if (!ex->shard || !ex->opt_at) return -1;
+    for (int k = 0; k < ex->n_params; k++) {
+        int id = ex->params[k];
+        ex->shard[id] = (ex->numel[id] + P - 1) / P;
+        ex->opt_at[id] = at;
+        at += ex->shard[id] * (size_t)ex->iters[id];
+        copies += ex->iters[id];
+    }
+    ex->opt_elems = at;
+    if (at * 2 * sizeof(float) != (size_t)ex->ms->optim) return -2; /* not the memory plan's layout */
+    ex->n_gbufs = ex->zero ? copies : ex->n_params;
+    ex->gbufs = host_calloc(ex, (size_t)ex->n_gbufs + 1, sizeof *ex->gbufs);
+    ex->gsizes = host_calloc(ex, (size_t)ex->n_gbufs + 1, sizeof *ex->gsizes);
+    if (!ex->gbufs || !ex->gsizes) return -1;
+    for (int k = 0, b = 0; k < ex->n_params; k++) {
+        int id = ex->params[k];
+        for (int it = 0; it < (ex->zero ? ex->iters[id] : 1); it++, b++) {
+            size_t lo, len;
+            float *m, *v;
+            shard_of(ex, id, it, &lo, &len, &m, &v);
+            ex->gbufs[b] = gptr(ex, id, it) + lo;
+            ex->gsizes[b] = ex->zero ? len : (size_t)ex->iters[id] * ex->numel[id];
+        }
+    }
+    return 0;
 }
 
 /* Lays the arena out by the memory plan and checks that it is the plan's. */
@@ -925,14 +1018,12 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
                 mesh__init_fill(w, ne, t->init == GRAPH_INIT_ONES ? 1.0f : 0.0f);
         }
     }
-    ex->gbufs = host_calloc(ex, (size_t)ex->n_params + 1, sizeof *ex->gbufs);
-    ex->gsizes = host_calloc(ex, (size_t)ex->n_params + 1, sizeof *ex->gsizes);
-    if (!ex->gbufs || !ex->gsizes) goto oom;
-    for (int k = 0; k < ex->n_params; k++) {
-        int id = ex->params[k];
-        ex->gbufs[k] = gptr(ex, id, 0);
-        ex->gsizes[k] = (size_t)ex->iters[id] * ex->numel[id];
+    int shards = optimizer_shards(ex);
+    if (shards == -2) {
+        set_err(err, errn, "rank %d: the optimizer's shards are not the memory plan's", rank);
+        goto fail;
     }
+    if (shards != 0) goto oom;
     if (ex->tokens_in < 0 || ex->targets_in < 0) {
         set_err(err, errn, "the model needs two inputs (tokens and targets)");
         goto fail;
@@ -973,15 +1064,41 @@ int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float 
 }
 
 /* AdamW's m and v: arrays laid out like the params, one after the other. */
-int mesh__exec_moments(mesh__exec *ex, int k, float **m, float **v)
+int mesh__exec_moments_get(mesh__exec *ex, int k, float *m, float *v)
 {
     int it, id = param_at(ex, k, &it);
     if (id < 0) return -1;
-    int64_t off = buf_of(ex, id)->offset + it * buf_of(ex, id)->stride;
-    *m = (float *)(void *)(ex->arena + ex->optim_at + off);
-    *v = (float *)(void *)(ex->arena + ex->optim_at + ex->ms->params + off);
+    size_t n = ex->numel[id], lo, len;
+    float *mo, *vo;
+    shard_of(ex, id, it, &lo, &len, &mo, &vo);
+    if (!ex->zero) {
+        memcpy(m, mo, n * sizeof *m);
+        memcpy(v, vo, n * sizeof *v);
+        return 0;
+    }
+    /* every rank's shard over zeros, summed: the whole, exactly */
+    memset(m, 0, n * sizeof *m);
+    memset(v, 0, n * sizeof *v);
+    memcpy(m + lo, mo, len * sizeof *m);
+    memcpy(v + lo, vo, len * sizeof *v);
+    if (comm_all_reduce(ex->zero, m, n) == 0 && comm_all_reduce(ex->zero, v, n) == 0) return 0;
+    snprintf(ex->error, sizeof ex->error, "rank %d: gathering the optimizer state: %s", ex->rank, ex->zero->error);
+    return -2;
+}
+
+int mesh__exec_moments_set(mesh__exec *ex, int k, const float *m, const float *v)
+{
+    int it, id = param_at(ex, k, &it);
+    if (id < 0) return -1;
+    size_t lo, len;
+    float *mo, *vo;
+    shard_of(ex, id, it, &lo, &len, &mo, &vo);
+    memcpy(mo, m + lo, len * sizeof *m);
+    memcpy(vo, v + lo, len * sizeof *v);
     return 0;
 }
+
+int mesh__exec_rank(const mesh__exec *ex) { return ex->rank; }
 
 int mesh__exec_param_dims(const mesh__exec *ex, int k, const int64_t **dims, int *rank)
 {
@@ -1023,6 +1140,8 @@ void mesh__exec_free(mesh__exec *ex)
     ex_free(ex, ex->names);
     ex_free(ex, ex->gbufs);
     ex_free(ex, ex->gsizes);
+    ex_free(ex, ex->shard);
+    ex_free(ex, ex->opt_at);
     ex_free(ex, ex->slot_of);
     ex_free(ex, ex->slot_busy);
     memplan_free(&ex->mp);

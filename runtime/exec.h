@@ -100,8 +100,19 @@ int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float 
 /* The shape of parameter k (one layer's copy), or -1. */
 int mesh__exec_param_dims(const mesh__exec *ex, int k, const int64_t **dims, int *rank);
 
-/* AdamW's moments of parameter k (as mesh__exec_param numbers them), or -1. */
-int mesh__exec_moments(mesh__exec *ex, int k, float **m, float **v);
+/* AdamW's moments of parameter k (as mesh__exec_param numbers them),
+ * whole, into m and v (its elements each). With ZeRO the shards are
+ * gathered over the param's data-parallel group: every rank of it calls
+ * this for the same k. Returns 0, -1 past the last, -2 if a collective
+ * failed (mesh__exec_error). */
+int mesh__exec_moments_get(mesh__exec *ex, int k, float *m, float *v);
+
+/* Sets parameter k's moments from whole arrays (with ZeRO this rank keeps
+ * its shard); -1 past the last. */
+int mesh__exec_moments_set(mesh__exec *ex, int k, const float *m, const float *v);
+
+/* The rank in the plan's world. */
+int mesh__exec_rank(const mesh__exec *ex);
 
 /* AdamW steps taken (read and restored by checkpoints). */
 long long *mesh__exec_adam_steps(mesh__exec *ex);

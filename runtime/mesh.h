@@ -277,7 +277,9 @@ mesh_status mesh_shard_write(const char *path, const int *ids, size_t n);
 
 /* docs/runtime.md: save writes DIR/step-N atomically (parameters, AdamW's
  * state, the step count) and points DIR/latest at it; load reads a step
- * folder, or DIR's latest, and restores all of it. */
+ * folder, or DIR's latest, and restores all of it. With several ranks
+ * (mesh_run_ranks) every rank calls save (ZeRO's shards of the optimizer
+ * state are gathered) and rank 0 writes; every rank calls load. */
 mesh_status mesh_checkpoint_save(mesh_context *ctx, const char *dir);
 mesh_status mesh_checkpoint_load(mesh_context *ctx, const char *path);
 

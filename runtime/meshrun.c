@@ -261,38 +261,43 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
             break;
         }
         skipped = 0;
-        if (!lead) continue;
-        if (tty && step % every != 0 && step != steps) { /* a progress bar, on a terminal only */
-            long long done = 20 * (step % every) / every;
-            printf("\r  [%.*s%.*s] step %lld/%lld", (int)done, "####################", (int)(20 - done),
-                   "....................", step, steps);
-            fflush(stdout);
-        }
-        if (tty && (step % every == 0 || step == steps)) printf("\r%60s\r", "");
-        if (step % every == 0 || step == 1 || step == steps) {
-            double t1 = now_s(), ms = 1e3 * (t1 - t0) / (double)(step % every ? step % every : every);
-            if (step == 1) ms = 1e3 * (t1 - t0);
-            log_step(metrics, ctx, &st, steps, ms, step_tokens);
-            t0 = t1;
-        }
-        if (val && (step % eval_every == 0 || step == steps)) { /* the first 8 micro-batches, each time */
-            double vl = 0;
-            if (mesh_data_seek(val, 0) != MESH_OK || mesh_evaluate(ctx, val, 8, &vl) != MESH_OK) {
-                rc = rank_fail(j, MESH_ERR_IO, "%s", mesh_last_error());
-                break;
+        if (lead) { /* rank 0 logs and validates */
+            if (tty && step % every != 0 && step != steps) { /* a progress bar, on a terminal only */
+                long long done = 20 * (step % every) / every;
+                printf("\r  [%.*s%.*s] step %lld/%lld", (int)done, "####################", (int)(20 - done),
+                       "....................", step, steps);
+                fflush(stdout);
             }
-            printf("step %lld/%lld | val loss %.4f\n", step, steps, vl);
-            fflush(stdout);
-            if (metrics) {
-                fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.6f}\n", step, vl);
-                fflush(metrics);
+            if (tty && (step % every == 0 || step == steps)) printf("\r%60s\r", "");
+            if (step % every == 0 || step == 1 || step == steps) {
+                double t1 = now_s(), ms = 1e3 * (t1 - t0) / (double)(step % every ? step % every : every);
+                if (step == 1) ms = 1e3 * (t1 - t0);
+                log_step(metrics, ctx, &st, steps, ms, step_tokens);
+                t0 = t1;
             }
-            t0 = now_s();
+            if (val && (step % eval_every == 0 || step == steps)) { /* the first 8 micro-batches, each time */
+                double vl = 0;
+                if (mesh_data_seek(val, 0) != MESH_OK || mesh_evaluate(ctx, val, 8, &vl) != MESH_OK) {
+                    rc = rank_fail(j, MESH_ERR_IO, "%s", mesh_last_error());
+                    break;
+                }
+                printf("step %lld/%lld | val loss %.4f\n", step, steps, vl);
+                fflush(stdout);
+                if (metrics) {
+                    fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.6f}\n", step, vl);
+                    fflush(metrics);
+                }
+                t0 = now_s();
+            }
         }
         if (j->ckpt && ((pi->checkpoint_every > 0 && step % pi->checkpoint_every == 0) || step == steps)) {
-            if (mesh_checkpoint_save_with(ctx, j->ckpt, data) != MESH_OK) /* with the data position */
+            /* every rank (ZeRO's optimizer shards are gathered), rank 0 writes */
+            mesh_status cs = mesh_checkpoint_save_with(ctx, j->ckpt, data); /* with the data position */
+            if (cs == MESH_ERR_RANK)
+                rc = cs;
+            else if (cs != MESH_OK)
                 rc = rank_fail(j, MESH_ERR_IO, "step %lld: %s", step, mesh_last_error());
-            else
+            else if (lead)
                 printf("step %lld/%lld | checkpoint %s/step-%08lld\n", step, steps, j->ckpt, step);
             t0 = now_s();
         }

@@ -416,6 +416,28 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
             fail meshrun/dp$dp-same-losses-as-one-rank "$TMP/dp$dp.out"
         fi
     done
+    # ZeRO-1 on dp 2: the optimizer state sharded; the same losses as one
+    # rank, and a checkpoint (rank 0 writes the gathered state) resumes to
+    # exactly the uninterrupted run
+    "$MESHC" -o "$TMP/z1.plan" --set mesh.dp=2 --set train.zero=1 examples/gpt-tiny.mesh >/dev/null 2>&1
+    rm -f "$TMP/z1a.jsonl" "$TMP/z1b.jsonl"
+    capture "$TMP/z1.out" "$MESHRUN" "$TMP/z1.plan" --data "$TMP/dd.bin" --steps 20 --metrics "$TMP/z1a.jsonl"
+    "$MESHRUN" "$TMP/z1.plan" --data "$TMP/dd.bin" --steps 10 --checkpoint "$TMP/z1-ck" \
+        --metrics "$TMP/z1b.jsonl" >>"$TMP/z1.out" 2>&1
+    "$MESHRUN" "$TMP/z1.plan" --data "$TMP/dd.bin" --steps 20 --checkpoint "$TMP/z1-ck" --resume \
+        --metrics "$TMP/z1b.jsonl" >>"$TMP/z1.out" 2>&1
+    if grep -q "^meshrun: resumed from $TMP/z1-ck after step 10$" "$TMP/z1.out" &&
+        [ "$(sed 's/, "ms".*//' "$TMP/z1a.jsonl")" = "$(sed 's/, "ms".*//' "$TMP/z1b.jsonl")" ] &&
+        paste -d ' ' "$TMP/dp1.jsonl" "$TMP/z1a.jsonl" | awk '
+            { a = $4; b = $16; sub(",", "", a); sub(",", "", b); n++
+              d = a - b; if (d < 0) d = -d; if (a < 0) a = -a
+              if ($2 != $14 || d > 1e-5 * a) bad = 1 }
+            END { exit !(n == 3 && !bad) }'; then
+        pass meshrun/dp2-zero1-same-losses-and-resume
+    else
+        cat "$TMP/dp1.jsonl" "$TMP/z1a.jsonl" "$TMP/z1b.jsonl" >>"$TMP/z1.out"
+        fail meshrun/dp2-zero1-same-losses-and-resume "$TMP/z1.out"
+    fi
     "$MESHC" -o "$TMP/tp2.plan" --set mesh.tp=2 examples/gpt-tiny.mesh >/dev/null 2>&1
     expect meshrun/tensor-parallel-not-yet "meshrun: error: examples/gpt-tiny.mesh: tensor, pipeline and expert parallelism are not run yet: this runtime runs meshes of dp ranks (tp = pp = ep = 1)
 exit: 1" "$MESHRUN" "$TMP/tp2.plan" --data "$TMP/dd.bin"

@@ -165,6 +165,13 @@ void kcpu_adamw_step(float *params, const float *grads, float *m, float *v,
                      size_t n, float lr, float beta1, float beta2, float eps,
                      float weight_decay, int t);
 
+/* The sum of squares over all the buffers together, in double (the
+ * square of kcpu_global_norm before rounding). */
+double kcpu_sum_squares(const float *const *bufs, const size_t *sizes, int nbufs);
+
+/* Every element of every buffer times scale (the product in double). */
+void kcpu_scale_buffers(float *const *bufs, const size_t *sizes, int nbufs, double scale);
+
 /* The L2 norm over all the buffers together, summed in double.
  * bufs[nbufs] each of sizes[i] floats. */
 float kcpu_global_norm(const float *const *bufs, const size_t *sizes,
