@@ -32,7 +32,8 @@ struct mesh__exec {
     int *slot_of;        /* per micro-batch: its slot while in flight */
     char *slot_busy;     /* per slot */
     int n;               /* tensors */
-    size_t *numel;       /* per tensor: elements of one iteration's value */
+    size_t *numel;       /* per tensor: elements of one iteration's value on this rank */
+    int64_t (*ld)[GRAPH_MAX_RANK]; /* per tensor: its dims on this rank (tp and ep splits applied) */
     int *iters;          /* per tensor: iterations of its region (1 outside) */
     int *zero_by;        /* per tensor: the node whose backward starts its gradient
                             (its last consumer in its segment, or itself), -1 if none */
@@ -42,6 +43,7 @@ struct mesh__exec {
     float **gbufs;       /* the gradients this rank updates, for the global norm: per param
                             tensor (all copies) without ZeRO, per copy its shard with it */
     size_t *gsizes;      /* and their elements */
+    char *gsplit;        /* and whether they are split over tp */
     int n_gbufs;
     size_t *shard;       /* per param tensor: elements of each copy's ZeRO shard (all without) */
     size_t *opt_at;      /* per param tensor: where its first copy's moments start in m and v */
@@ -104,13 +106,6 @@ static void set_err(char *err, size_t n, const char *fmt, ...)
     va_start(ap, fmt);
     if (err && n) vsnprintf(err, n, fmt, ap);
     va_end(ap);
-}
-
-static size_t numel_of(const plan_tensor *t)
-{
-    size_t n = 1;
-    for (int d = 0; d < t->rank; d++) n *= (size_t)t->dims[d];
-    return n;
 }
 
 static int64_t last_dim(const plan_tensor *t) { return t->rank ? t->dims[t->rank - 1] : 1; }
@@ -234,6 +229,140 @@ static moe_bufs moe_at(mesh__exec *ex, int id, int it)
     return m;
 }
 
+/* ---- tensor parallelism ------------------------------------------------- */
+
+/* Is tensor id split over tp (and along which dim, if so)? */
+static int split_tp(const mesh__exec *ex, int id)
+{
+    return ex->p->setup.tp > 1 && ex->p->tensors[id].pl.kind[1] == PL_SPLIT;
+}
+
+/* The first vocabulary row of an embedding table on this rank. */
+static int row0_of(const mesh__exec *ex, int table)
+{
+    return split_tp(ex, table) && ex->p->tensors[table].pl.dim[1] == 0 ? ex->coord[1] * (int)ex->ld[table][0] : 0;
+}
+
+static int sum_doubles(mesh__exec *ex, comm *c, double *x, int n);
+
+/* The blocks a param's split dim is made of: one, or for a packed q/k/v
+ * projection (it feeds, through a matmul and bias adds, a one-input
+ * attention) the q, k and v channels, each split over tp on its own, so
+ * that a rank's slice holds the q, k and v of its heads (docs/language.md,
+ * attention). Returns the count, sizes in seg. */
+static int split_blocks(const mesh__exec *ex, int id, int64_t seg[3])
+{
+    const plan *p = ex->p;
+    const plan_tensor *t = &p->tensors[id];
+    int d = t->pl.dim[1], cur = id;
+    seg[0] = t->dims[d];
+    if (d != t->rank - 1) return 1;
+    for (int depth = 0; depth < 4; depth++) {
+        int next = -1;
+        for (int c = cur + 1; c < p->n_tensors && next < 0; c++) {
+            const plan_tensor *u = &p->tensors[c];
+            for (int k = 0; k < u->n_in && next < 0; k++) {
+                if (u->in[k] != cur) continue;
+                if (u->op == G_ATTENTION && u->n_in == 1) {
+                    int64_t H = u->heads, KV = u->kv_heads ? u->kv_heads : u->heads, dh = last_dim(u) / H;
+                    if ((H + 2 * KV) * dh != seg[0]) return 1;
+                    seg[0] = H * dh;
+                    seg[1] = seg[2] = KV * dh;
+                    return 3;
+                }
+                if ((u->op == G_MATMUL && k == 1) || u->op == G_BIAS_ADD || u->op == G_ADD) next = c;
+            }
+        }
+        if (next < 0) return 1;
+        cur = next;
+    }
+    return 1;
+}
+
+/* Calls fn(ctx, local, whole, len) for each contiguous run of param id's
+ * elements on the rank `r` of its tp group: `len` elements at `local` in
+ * the rank's slice are at `whole` in the whole param. */
+typedef void (*run_fn)(void *ctx, size_t local, size_t whole, size_t len);
+
+static void param_runs(const mesh__exec *ex, int id, int r, run_fn fn, void *ctx)
+{
+    const plan_tensor *t = &ex->p->tensors[id];
+    if (!split_tp(ex, id)) {
+        fn(ctx, 0, 0, ex->numel[id]);
+        return;
+    }
+    int d = t->pl.dim[1], tp = (int)ex->p->setup.tp;
+    int64_t seg[3];
+    int nseg = split_blocks(ex, id, seg);
+    size_t outer = 1, inner = 1;
+    for (int k = 0; k < d; k++) outer *= (size_t)t->dims[k];
+    for (int k = d + 1; k < t->rank; k++) inner *= (size_t)t->dims[k];
+    for (size_t o = 0; o < outer; o++) {
+        size_t lacc = 0, gacc = 0;
+        for (int j = 0; j < nseg; j++) {
+            size_t L = (size_t)seg[j] / (size_t)tp;
+            fn(ctx, (o * (size_t)ex->ld[id][d] + lacc) * inner, (o * (size_t)t->dims[d] + gacc + (size_t)r * L) * inner,
+               L * inner);
+            lacc += L;
+            gacc += (size_t)seg[j];
+        }
+    }
+}
+
+/* Initialising a param's slice: the whole param's values at its indices. */
+typedef struct init_ctx {
+    float *w;
+    uint64_t key;
+    float std;
+} init_ctx;
+
+static void init_run(void *ctx, size_t local, size_t whole, size_t len)
+{
+    init_ctx *c = ctx;
+    mesh__init_normal(c->w + local, len, whole, c->key, c->std);
+}
+
+/* Vocabulary-parallel cross-entropy: this rank holds columns [r W, (r + 1)
+ * W) of the logits. The ranks take the rows' maximum, then add their sums
+ * of exp(logit - max) and their target logits (exactly, in rank order).
+ * aux: losses, rowmax, lse [N] each, as the whole-vocabulary kernel's. */
+static int ce_shard_forward(mesh__exec *ex, float *out, float *aux, const float *logits, const int32_t *targets,
+                            int N, int W, int V)
+{
+    comm *c = ex->axis[1];
+    float *mx = aux + N, *lse = aux + 2 * N, *tl = aux; /* the losses' place holds the target logits first */
+    int col0 = ex->coord[1] * W;
+    kcpu_crossentropy_shard_max(mx, tl, logits, targets, N, col0, W, V);
+    float *all = malloc((size_t)c->size * (size_t)N * sizeof *all);
+    double *st = malloc(2 * (size_t)N * sizeof *st);
+    int rc = all && st ? comm_all_gather(c, mx, all, (size_t)N) : -1;
+    if (rc == 0) {
+        for (int i = 0; i < N; i++)
+            for (int q = 0; q < c->size; q++) mx[i] = all[(size_t)q * N + i] > mx[i] ? all[(size_t)q * N + i] : mx[i];
+        kcpu_crossentropy_shard_sumexp(st, logits, mx, N, col0, W, V);
+        for (int i = 0; i < N; i++) st[N + i] = tl[i];
+        rc = sum_doubles(ex, c, st, 2 * N);
+    }
+    if (rc == 0) {
+        double total = 0;
+        for (int i = 0; i < N; i++) {
+            double ls = log(st[i]), loss = ls - (st[N + i] - mx[i]);
+            aux[i] = (float)loss;
+            lse[i] = (float)ls;
+            total += loss;
+        }
+        out[0] = (float)(total / N);
+    } else if (!all || !st) {
+        snprintf(ex->error, sizeof ex->error, "rank %d: out of memory", ex->rank);
+        comm_abort(c, ex->error);
+    } else if (!ex->error[0]) {
+        snprintf(ex->error, sizeof ex->error, "rank %d: vocabulary-parallel cross-entropy: %s", ex->rank, c->error);
+    }
+    free(all);
+    free(st);
+    return rc;
+}
+
 /* ---- one op ----------------------------------------------------------- */
 
 /* Broadcast add: the smaller operand's elements repeat over the larger's. */
@@ -251,32 +380,43 @@ static void add_backward(float *da, size_t na, float *db, size_t nb, const float
     else kcpu_add_broadcast_backward(db, da, dout, (int)(nb / na), 1, (int)na);
 }
 
-/* Attention geometry: qkv [B, T, (H + 2 KV) d] -> out [B, T, H d]. */
-static void attn_dims(const plan_tensor *t, int *B, int *T, int *H, int *KV, int *d)
+/* The last of tensor id's dims on this rank. */
+static int lastd(const mesh__exec *ex, int id)
 {
-    *H = (int)t->heads;
-    *KV = (int)(t->kv_heads ? t->kv_heads : t->heads);
-    *d = (int)(last_dim(t) / *H);
-    *T = (int)t->dims[t->rank - 2];
-    *B = (int)(numel_of(t) / ((size_t)*T * (size_t)*H * (size_t)*d));
+    const plan_tensor *t = &ex->p->tensors[id];
+    return t->rank ? (int)ex->ld[id][t->rank - 1] : 1;
 }
 
-static void forward_node(mesh__exec *ex, int id, int it)
+/* Attention geometry on this rank: qkv [B, T, (H + 2 KV) d] -> out [B, T,
+ * H d]; split over tp, H and KV are the rank's heads. */
+static void attn_dims(const mesh__exec *ex, int id, int *B, int *T, int *H, int *KV, int *d)
+{
+    const plan_tensor *t = &ex->p->tensors[id];
+    *d = (int)(last_dim(t) / t->heads);
+    *H = lastd(ex, id) / *d;
+    *KV = (int)((t->kv_heads ? t->kv_heads : t->heads) * *H / t->heads);
+    *T = (int)ex->ld[id][t->rank - 2];
+    *B = (int)(ex->numel[id] / ((size_t)*T * (size_t)*H * (size_t)*d));
+}
+
+static int forward_node(mesh__exec *ex, int id, int it)
 {
     const plan_tensor *t = &ex->p->tensors[id];
     const plan_tensor *a = t->n_in > 0 ? &ex->p->tensors[t->in[0]] : NULL;
     const plan_tensor *b = t->n_in > 1 ? &ex->p->tensors[t->in[1]] : NULL;
     size_t n = ex->numel[id];
     switch (t->op) {
-    case G_EMBED:
-        kcpu_embedding_forward(OUT, I32(IN(0)), IN(1), (int)ex->numel[t->in[0]], (int)b->dims[0],
-                               (int)b->dims[1]);
+    case G_EMBED: { /* a table split over tp holds its rank's rows of the vocabulary */
+        int rows = (int)ex->ld[t->in[1]][0], C = (int)ex->ld[t->in[1]][1];
+        kcpu_embedding_rows_forward(OUT, I32(IN(0)), IN(1), (int)ex->numel[t->in[0]], row0_of(ex, t->in[1]), rows,
+                                    C);
         break;
+    }
     case G_ARANGE:
         for (size_t k = 0; k < n; k++) I32(OUT)[k] = (int32_t)k;
         break;
     case G_MATMUL: {
-        int K = (int)last_dim(a), N = (int)last_dim(t), M = (int)(n / (size_t)N);
+        int K = lastd(ex, t->in[0]), N = lastd(ex, id), M = (int)(n / (size_t)N);
         if (b->op == G_TRANSPOSE) /* x @ transpose(w): w stored [N, K] */
             kcpu_matmul_wt_forward(OUT, IN(0), val_in(ex, b->in[0], t->region, it), NULL, M, K, N);
         else
@@ -290,20 +430,20 @@ static void forward_node(mesh__exec *ex, int id, int it)
         add_forward(OUT, IN(0), ex->numel[t->in[0]], IN(1), ex->numel[t->in[1]]);
         break;
     case G_LAYERNORM: {
-        int C = (int)last_dim(t), rows = (int)(n / (size_t)C);
+        int C = lastd(ex, id), rows = (int)(n / (size_t)C);
         float *aux = AUX;
         kcpu_layernorm_forward(OUT, aux, aux + rows, IN(0), IN(1), t->n_in > 2 ? IN(2) : NULL, rows, C,
                                (float)t->eps);
         break;
     }
     case G_RMSNORM: {
-        int C = (int)last_dim(t), rows = (int)(n / (size_t)C);
+        int C = lastd(ex, id), rows = (int)(n / (size_t)C);
         kcpu_rmsnorm_forward(OUT, AUX, IN(0), IN(1), rows, C, (float)t->eps);
         break;
     }
     case G_ATTENTION: {
         int B, T, H, KV, d;
-        attn_dims(t, &B, &T, &H, &KV, &d);
+        attn_dims(ex, id, &B, &T, &H, &KV, &d);
         if (t->n_in == 1) /* packed [q | k | v] */
             kcpu_attention_qkv_forward(OUT, AUX, IN(0), B, T, H, KV, d, t->causal);
         else
@@ -312,7 +452,7 @@ static void forward_node(mesh__exec *ex, int id, int it)
     }
     case G_ROPE: {
         int B, T, H, KV, d;
-        attn_dims(t, &B, &T, &H, &KV, &d);
+        attn_dims(ex, id, &B, &T, &H, &KV, &d);
         kcpu_rope_forward(OUT, IN(0), B, T, H, d, (float)t->theta, 0);
         break;
     }
@@ -320,10 +460,14 @@ static void forward_node(mesh__exec *ex, int id, int it)
     case G_SILU: kcpu_silu_forward(OUT, IN(0), n); break;
     case G_SWIGLU: kcpu_swiglu_forward(OUT, IN(0), IN(1), n); break;
     case G_CROSS_ENTROPY: {
-        int Vp = (int)last_dim(a), N = (int)ex->numel[t->in[1]];
-        int V = t->vocab > 0 ? (int)t->vocab : Vp;
+        int W = lastd(ex, t->in[0]), N = (int)ex->numel[t->in[1]];
+        int V = t->vocab > 0 ? (int)t->vocab : (int)last_dim(a);
         float *aux = AUX;
-        OUT[0] = kcpu_crossentropy_forward(aux, aux + N, aux + 2 * N, IN(0), I32(IN(1)), N, V, Vp);
+        if (split_tp(ex, t->in[0])) { /* vocabulary-parallel */
+            if (ce_shard_forward(ex, OUT, aux, IN(0), I32(IN(1)), N, W, V) != 0) return -1;
+        } else {
+            OUT[0] = kcpu_crossentropy_forward(aux, aux + N, aux + 2 * N, IN(0), I32(IN(1)), N, V, W);
+        }
         break;
     }
     case G_MOE: {
@@ -341,21 +485,24 @@ static void forward_node(mesh__exec *ex, int id, int it)
         break;
     }
     if (id == ex->p->loss && !ex->recomputing) ex->loss += OUT[0];
+    return 0;
 }
 
-static void backward_node(mesh__exec *ex, int id, int it)
+static int backward_node(mesh__exec *ex, int id, int it)
 {
     const plan_tensor *t = &ex->p->tensors[id];
     const plan_tensor *a = t->n_in > 0 ? &ex->p->tensors[t->in[0]] : NULL;
     const plan_tensor *b = t->n_in > 1 ? &ex->p->tensors[t->in[1]] : NULL;
     size_t n = ex->numel[id];
     switch (t->op) {
-    case G_EMBED:
-        kcpu_embedding_backward(DIN(1), DOUT, I32(IN(0)), (int)ex->numel[t->in[0]], (int)b->dims[0],
-                                (int)b->dims[1]);
+    case G_EMBED: {
+        int rows = (int)ex->ld[t->in[1]][0], C = (int)ex->ld[t->in[1]][1];
+        kcpu_embedding_rows_backward(DIN(1), DOUT, I32(IN(0)), (int)ex->numel[t->in[0]], row0_of(ex, t->in[1]),
+                                     rows, C);
         break;
+    }
     case G_MATMUL: {
-        int K = (int)last_dim(a), N = (int)last_dim(t), M = (int)(n / (size_t)N);
+        int K = lastd(ex, t->in[0]), N = lastd(ex, id), M = (int)(n / (size_t)N);
         if (b->op == G_TRANSPOSE)
             kcpu_matmul_wt_backward(DIN(0), grad_in(ex, b->in[0], t->region, it), NULL, DOUT, IN(0),
                                     val_in(ex, b->in[0], t->region, it), M, K, N);
@@ -368,20 +515,20 @@ static void backward_node(mesh__exec *ex, int id, int it)
         add_backward(DIN(0), ex->numel[t->in[0]], DIN(1), ex->numel[t->in[1]], DOUT);
         break;
     case G_LAYERNORM: {
-        int C = (int)last_dim(t), rows = (int)(n / (size_t)C);
+        int C = lastd(ex, id), rows = (int)(n / (size_t)C);
         float *aux = AUX;
         kcpu_layernorm_backward(DIN(0), DIN(1), t->n_in > 2 ? DIN(2) : NULL, DOUT, IN(0), IN(1), aux,
                                 aux + rows, rows, C);
         break;
     }
     case G_RMSNORM: {
-        int C = (int)last_dim(t), rows = (int)(n / (size_t)C);
+        int C = lastd(ex, id), rows = (int)(n / (size_t)C);
         kcpu_rmsnorm_backward(DIN(0), DIN(1), DOUT, IN(0), IN(1), AUX, rows, C);
         break;
     }
     case G_ATTENTION: {
         int B, T, H, KV, d;
-        attn_dims(t, &B, &T, &H, &KV, &d);
+        attn_dims(ex, id, &B, &T, &H, &KV, &d);
         if (t->n_in == 1)
             kcpu_attention_qkv_backward(DIN(0), DOUT, OUT, AUX, IN(0), B, T, H, KV, d, t->causal);
         else
@@ -391,7 +538,7 @@ static void backward_node(mesh__exec *ex, int id, int it)
     }
     case G_ROPE: {
         int B, T, H, KV, d;
-        attn_dims(t, &B, &T, &H, &KV, &d);
+        attn_dims(ex, id, &B, &T, &H, &KV, &d);
         kcpu_rope_backward(DIN(0), DOUT, B, T, H, d, (float)t->theta, 0);
         break;
     }
@@ -399,10 +546,11 @@ static void backward_node(mesh__exec *ex, int id, int it)
     case G_SILU: kcpu_silu_backward(DIN(0), IN(0), DOUT, n); break;
     case G_SWIGLU: kcpu_swiglu_backward(DIN(0), DIN(1), DOUT, IN(0), IN(1), n); break;
     case G_CROSS_ENTROPY: {
-        int Vp = (int)last_dim(a), N = (int)ex->numel[t->in[1]];
-        int V = t->vocab > 0 ? (int)t->vocab : Vp;
+        int W = lastd(ex, t->in[0]), N = (int)ex->numel[t->in[1]];
+        int V = t->vocab > 0 ? (int)t->vocab : (int)last_dim(a);
         float *aux = AUX;
-        kcpu_crossentropy_backward(DIN(0), IN(0), I32(IN(1)), aux + N, aux + 2 * N, DOUT[0], N, V, Vp);
+        kcpu_crossentropy_shard_backward(DIN(0), IN(0), I32(IN(1)), aux + N, aux + 2 * N, DOUT[0], N,
+                                         split_tp(ex, t->in[0]) ? ex->coord[1] * W : 0, W, V);
         break;
     }
     case G_MOE: {
@@ -425,6 +573,7 @@ static void backward_node(mesh__exec *ex, int id, int it)
     default:
         break;
     }
+    return 0;
 }
 
 
@@ -482,7 +631,9 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
     switch (st->kind) {
     case STEP_ALL_REDUCE:
         what = "all-reduce";
-        rc = comm_all_reduce(c, st->phase == PLAN_GRAD_SYNC ? gptr(ex, st->node, it) : vptr(ex, st->node, it), n);
+        if (ex->p->tensors[st->node].op == G_CROSS_ENTROPY) return 0; /* the op exchanges its sums itself */
+        /* forward: a partial sum of values; backward and the gradient sync: of gradients */
+        rc = comm_all_reduce(c, st->phase == PLAN_FORWARD ? vptr(ex, st->node, it) : gptr(ex, st->node, it), n);
         break;
     case STEP_REDUCE_SCATTER: { /* ZeRO's gradient sync: this rank's shard summed, in place */
         what = "reduce-scatter";
@@ -542,13 +693,14 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
                     if (collective(ex, sq, it) != 0) return -1;
                 } else if (back && sq->recompute) {
                     ex->recomputing = 1;
-                    forward_node(ex, sq->node, it);
+                    int rc = forward_node(ex, sq->node, it);
                     ex->recomputing = 0;
+                    if (rc != 0) return -1;
                 } else if (back) {
                     start_grads(ex, sq->node, it);
-                    backward_node(ex, sq->node, it);
-                } else {
-                    forward_node(ex, sq->node, it);
+                    if (backward_node(ex, sq->node, it) != 0) return -1;
+                } else if (forward_node(ex, sq->node, it) != 0) {
+                    return -1;
                 }
             }
         }
@@ -576,9 +728,14 @@ static int forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets
 
 double mesh__exec_loss(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
 {
-    ex->slot = 0;
     double loss;
-    return forward(ex, inputs, targets, &loss) == 0 ? loss : NAN;
+    return mesh__exec_forward(ex, inputs, targets, &loss) == 0 ? loss : NAN;
+}
+
+int mesh__exec_forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets, double *loss)
+{
+    ex->slot = 0;
+    return forward(ex, inputs, targets, loss) == 0 ? 0 : -2;
 }
 
 static void zero_param_grads(mesh__exec *ex)
@@ -649,18 +806,19 @@ static void shard_of(const mesh__exec *ex, int id, int it, size_t *lo, size_t *l
     *v = m0 + ex->opt_elems + ex->opt_at[id] + (size_t)it * sh;
 }
 
-/* The sum over the group of x[0..n-1] (n <= 4), in rank order, exactly
- * (doubles travel as bytes). */
+/* The sum over the group of x[0..n-1], in rank order, exactly (doubles
+ * travel as bytes). */
 static int sum_doubles(mesh__exec *ex, comm *c, double *x, int n)
 {
     if (!c) return 0;
-    float *all = calloc((size_t)c->size * (size_t)n * 2, sizeof *all);
-    if (!all) {
+    float *all = malloc((size_t)c->size * (size_t)n * 2 * sizeof *all), *mine = malloc((size_t)n * 2 * sizeof *mine);
+    if (!all || !mine) {
+        free(all);
+        free(mine);
         snprintf(ex->error, sizeof ex->error, "rank %d: out of memory", ex->rank);
         comm_abort(c, ex->error);
         return -1;
     }
-    float mine[8];
     memcpy(mine, x, (size_t)n * sizeof *x);
     int rc = comm_all_gather(c, mine, all, (size_t)n * 2);
     if (rc == 0)
@@ -673,8 +831,9 @@ static int sum_doubles(mesh__exec *ex, comm *c, double *x, int n)
             x[k] = sum;
         }
     else
-        snprintf(ex->error, sizeof ex->error, "rank %d: all-gather of the loss: %s", ex->rank, c->error);
+        snprintf(ex->error, sizeof ex->error, "rank %d: an all-gather of sums: %s", ex->rank, c->error);
     free(all);
+    free(mine);
     return rc;
 }
 
@@ -690,13 +849,15 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
         return -2;
     loss /= (double)m * ex->data_ranks;
     double norm;
-    if (!ex->zero) {
+    if (!ex->zero && s->tp == 1) {
         norm = s->clip > 0 ? kcpu_clip_global_norm(ex->gbufs, ex->gsizes, ex->n_gbufs, (float)s->clip)
                            : kcpu_global_norm((const float *const *)ex->gbufs, ex->gsizes, ex->n_gbufs);
-    } else { /* the norm of the whole gradient: every rank's shards */
-        double ss = kcpu_sum_squares((const float *const *)ex->gbufs, ex->gsizes, ex->n_gbufs);
-        if (sum_doubles(ex, ex->zero, &ss, 1) != 0) return -2;
-        norm = (float)sqrt(ss);
+    } else { /* the norm of the whole gradient: every rank's shards, a replicated param once */
+        double ss[2] = {0, 0}; /* params split over tp, the others */
+        for (int b = 0; b < ex->n_gbufs; b++)
+            ss[ex->gsplit[b] ? 0 : 1] += kcpu_sum_squares((const float *const *)&ex->gbufs[b], &ex->gsizes[b], 1);
+        if (sum_doubles(ex, ex->zero, ss, 2) != 0 || sum_doubles(ex, ex->axis[1], ss, 1) != 0) return -2;
+        norm = (float)sqrt(ss[0] + ss[1]);
         double scale = s->clip / (norm + 1e-6);
         if (s->clip > 0 && scale < 1.0) kcpu_scale_buffers(ex->gbufs, ex->gsizes, ex->n_gbufs, scale);
     }
@@ -752,15 +913,18 @@ static char *iter_name(mesh__exec *ex, const char *name, int it)
 static const char *refusal(const plan *p, char *buf, size_t n)
 {
     const fe_setup *s = &p->setup;
-    if (s->tp != 1 || s->ep != 1 || p->pp != 1 || p->v != 1)
-        return "tensor, pipeline and expert parallelism are not run yet: this runtime runs meshes of dp ranks "
-               "(tp = pp = ep = 1)";
+    if (s->ep != 1 || p->pp != 1 || p->v != 1)
+        return "pipeline and expert parallelism are not run yet: this runtime runs meshes of dp x tp ranks "
+               "(pp = ep = 1)";
+    if (s->tp > 1 && s->sequence_parallel) return "sequence parallelism is not run yet (tp > 1 without it is)";
+    for (int id = 0; s->tp > 1 && id < p->n_tensors; id++)
+        if (p->tensors[id].op == G_MOE) return "mixture-of-experts layers are not run yet with tp > 1";
     if (s->world > 1 && s->zero >= 2) return "zero 2 and 3 are not run yet with dp > 1: zero 0 and 1 are";
     for (int k = 0; k < p->n_steps; k++) {
         const plan_step *st = &p->steps[k];
-        int sync = (st->kind == STEP_ALL_REDUCE || st->kind == STEP_REDUCE_SCATTER) && st->phase == PLAN_GRAD_SYNC;
+        int sync = st->kind == STEP_REDUCE_SCATTER && st->phase == PLAN_GRAD_SYNC;
         int gather = st->kind == STEP_ALL_GATHER && st->phase == PLAN_AFTER_OPTIMIZER;
-        if (st->kind != STEP_COMPUTE && !sync && !gather) {
+        if (st->kind != STEP_COMPUTE && st->kind != STEP_ALL_REDUCE && !sync && !gather) {
             snprintf(buf, n, "the plan's %s steps over %s are not run yet", plan_phase_name(st->phase),
                      plan__axis_name(st->axis));
             return buf;
@@ -853,7 +1017,8 @@ static int optimizer_shards(mesh__exec *ex)
     ex->n_gbufs = ex->zero ? copies : ex->n_params;
     ex->gbufs = host_calloc(ex, (size_t)ex->n_gbufs + 1, sizeof *ex->gbufs);
     ex->gsizes = host_calloc(ex, (size_t)ex->n_gbufs + 1, sizeof *ex->gsizes);
-    if (!ex->gbufs || !ex->gsizes) return -1;
+    ex->gsplit = host_calloc(ex, (size_t)ex->n_gbufs + 1, 1);
+    if (!ex->gbufs || !ex->gsizes || !ex->gsplit) return -1;
     for (int k = 0, b = 0; k < ex->n_params; k++) {
         int id = ex->params[k];
         for (int it = 0; it < (ex->zero ? ex->iters[id] : 1); it++, b++) {
@@ -861,6 +1026,7 @@ static int optimizer_shards(mesh__exec *ex)
             float *m, *v;
             shard_of(ex, id, it, &lo, &len, &m, &v);
             ex->gbufs[b] = gptr(ex, id, it) + lo;
+            ex->gsplit[b] = (char)split_tp(ex, id);
             ex->gsizes[b] = ex->zero ? len : (size_t)ex->iters[id] * ex->numel[id];
         }
     }
@@ -971,6 +1137,7 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
     if (lay != 0) goto oom;
     int slots = ex->ms->slots > 0 ? ex->ms->slots : 1;
     ex->numel = host_calloc(ex, (size_t)n, sizeof *ex->numel);
+    ex->ld = host_calloc(ex, (size_t)n, sizeof *ex->ld);
     ex->iters = host_calloc(ex, (size_t)n, sizeof *ex->iters);
     ex->zero_by = host_calloc(ex, (size_t)n, sizeof *ex->zero_by);
     ex->params = host_calloc(ex, (size_t)n, sizeof *ex->params);
@@ -978,7 +1145,7 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
     ex->moe = host_calloc(ex, (size_t)n, sizeof *ex->moe);
     ex->slot_of = host_calloc(ex, (size_t)(p->m > 0 ? p->m : 1), sizeof *ex->slot_of);
     ex->slot_busy = host_calloc(ex, (size_t)slots, 1);
-    if (!ex->numel || !ex->iters || !ex->zero_by || !ex->params || !ex->names || !ex->moe || !ex->slot_of ||
+    if (!ex->numel || !ex->ld || !ex->iters || !ex->zero_by || !ex->params || !ex->names || !ex->moe || !ex->slot_of ||
         !ex->slot_busy)
         goto oom;
     find_zero_by(ex);
@@ -987,7 +1154,16 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
     ex->dloss = 1.0 / ((double)(p->setup.micro_batches > 0 ? p->setup.micro_batches : 1) * ex->data_ranks);
     for (int id = 0; id < n; id++) {
         const plan_tensor *t = &p->tensors[id];
-        size_t ne = numel_of(t);
+        size_t ne = 1;
+        for (int d = 0; d < t->rank; d++) {
+            int64_t split = t->pl.kind[1] == PL_SPLIT && t->pl.dim[1] == d ? p->setup.tp : 1;
+            ex->ld[id][d] = t->dims[d] / split;
+            ne *= (size_t)ex->ld[id][d];
+        }
+        if (t->op != G_TRANSPOSE && ne * 4 != (size_t)buf_of(ex, id)->bytes) {
+            set_err(err, errn, "tensor %d: %zu elements on this rank, not the memory plan's", id, ne);
+            goto fail;
+        }
         int iters = t->region >= 0 ? (int)p->regions[t->region].count : 1;
         ex->numel[id] = ne;
         ex->iters[id] = iters;
@@ -1012,8 +1188,9 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
             if (!name) goto oom;
             ex->names[id][it] = name;
             float *w = vptr(ex, id, it);
-            if (t->init == GRAPH_INIT_NORMAL)
-                mesh__init_normal(w, ne, 0, mesh__init_key((uint64_t)p->setup.seed, name), (float)t->init_std);
+            init_ctx ic = {w, mesh__init_key((uint64_t)p->setup.seed, name), (float)t->init_std};
+            if (t->init == GRAPH_INIT_NORMAL) /* each element from its index in the whole param */
+                param_runs(ex, id, ex->coord[1], init_run, &ic);
             else
                 mesh__init_fill(w, ne, t->init == GRAPH_INIT_ONES ? 1.0f : 0.0f);
         }
@@ -1064,37 +1241,117 @@ int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float 
 }
 
 /* AdamW's m and v: arrays laid out like the params, one after the other. */
+/* Copying runs between a rank's slice and the whole param. */
+typedef struct copy_ctx {
+    float *to;
+    const float *from;
+    int to_whole;
+} copy_ctx;
+
+static void copy_run(void *ctx, size_t local, size_t whole, size_t len)
+{
+    copy_ctx *c = ctx;
+    if (c->to_whole) memcpy(c->to + whole, c->from + local, len * sizeof *c->to);
+    else memcpy(c->to + local, c->from + whole, len * sizeof *c->to);
+}
+
+/* whole <- every tp rank's slice of param id (local: this rank's);
+ * collective over the tp group when the param is split. */
+static int tp_gather(mesh__exec *ex, int id, const float *local, float *whole)
+{
+    size_t nl = ex->numel[id];
+    if (!split_tp(ex, id)) {
+        memcpy(whole, local, nl * sizeof *whole);
+        return 0;
+    }
+    comm *c = ex->axis[1];
+    float *all = malloc((size_t)c->size * nl * sizeof *all);
+    int rc = all ? comm_all_gather(c, local, all, nl) : -1;
+    for (int q = 0; rc == 0 && q < c->size; q++) {
+        copy_ctx cc = {whole, all + (size_t)q * nl, 1};
+        param_runs(ex, id, q, copy_run, &cc);
+    }
+    if (rc != 0)
+        snprintf(ex->error, sizeof ex->error, "rank %d: gathering a param over tp: %s", ex->rank,
+                 all ? c->error : "out of memory");
+    free(all);
+    return rc;
+}
+
+/* local <- this rank's slice of the whole param id. */
+static void tp_pick(const mesh__exec *ex, int id, const float *whole, float *local)
+{
+    copy_ctx cc = {local, whole, 0};
+    param_runs(ex, id, ex->coord[1], copy_run, &cc);
+}
+
+size_t mesh__exec_param_numel(const mesh__exec *ex, int k)
+{
+    int it, id = param_at(ex, k, &it);
+    if (id < 0) return 0;
+    size_t n = 1;
+    for (int d = 0; d < ex->p->tensors[id].rank; d++) n *= (size_t)ex->p->tensors[id].dims[d];
+    return n;
+}
+
+int mesh__exec_param_get(mesh__exec *ex, int k, float *whole)
+{
+    int it, id = param_at(ex, k, &it);
+    if (id < 0) return -1;
+    return tp_gather(ex, id, vptr(ex, id, it), whole) == 0 ? 0 : -2;
+}
+
+int mesh__exec_param_set(mesh__exec *ex, int k, const float *whole)
+{
+    int it, id = param_at(ex, k, &it);
+    if (id < 0) return -1;
+    tp_pick(ex, id, whole, vptr(ex, id, it));
+    return 0;
+}
+
 int mesh__exec_moments_get(mesh__exec *ex, int k, float *m, float *v)
 {
     int it, id = param_at(ex, k, &it);
     if (id < 0) return -1;
     size_t n = ex->numel[id], lo, len;
-    float *mo, *vo;
-    shard_of(ex, id, it, &lo, &len, &mo, &vo);
-    if (!ex->zero) {
-        memcpy(m, mo, n * sizeof *m);
-        memcpy(v, vo, n * sizeof *v);
-        return 0;
+    float *mo, *vo, *lm = malloc(2 * n * sizeof *lm), *lv = lm + n;
+    if (!lm) {
+        snprintf(ex->error, sizeof ex->error, "rank %d: out of memory", ex->rank);
+        return -2;
     }
-    /* every rank's shard over zeros, summed: the whole, exactly */
-    memset(m, 0, n * sizeof *m);
-    memset(v, 0, n * sizeof *v);
-    memcpy(m + lo, mo, len * sizeof *m);
-    memcpy(v + lo, vo, len * sizeof *v);
-    if (comm_all_reduce(ex->zero, m, n) == 0 && comm_all_reduce(ex->zero, v, n) == 0) return 0;
-    snprintf(ex->error, sizeof ex->error, "rank %d: gathering the optimizer state: %s", ex->rank, ex->zero->error);
-    return -2;
+    shard_of(ex, id, it, &lo, &len, &mo, &vo);
+    int rc = 0;
+    if (!ex->zero) {
+        memcpy(lm, mo, n * sizeof *lm);
+        memcpy(lv, vo, n * sizeof *lv);
+    } else { /* every dp rank's shard over zeros, summed: the rank's slice, exactly */
+        memset(lm, 0, 2 * n * sizeof *lm);
+        memcpy(lm + lo, mo, len * sizeof *lm);
+        memcpy(lv + lo, vo, len * sizeof *lv);
+        rc = comm_all_reduce(ex->zero, lm, 2 * n);
+        if (rc != 0)
+            snprintf(ex->error, sizeof ex->error, "rank %d: gathering the optimizer state: %s", ex->rank,
+                     ex->zero->error);
+    }
+    if (rc == 0) rc = tp_gather(ex, id, lm, m);
+    if (rc == 0) rc = tp_gather(ex, id, lv, v);
+    free(lm);
+    return rc == 0 ? 0 : -2;
 }
 
 int mesh__exec_moments_set(mesh__exec *ex, int k, const float *m, const float *v)
 {
     int it, id = param_at(ex, k, &it);
     if (id < 0) return -1;
-    size_t lo, len;
-    float *mo, *vo;
+    size_t n = ex->numel[id], lo, len;
+    float *mo, *vo, *lm = malloc(2 * n * sizeof *lm);
+    if (!lm) return -2;
     shard_of(ex, id, it, &lo, &len, &mo, &vo);
-    memcpy(mo, m + lo, len * sizeof *m);
-    memcpy(vo, v + lo, len * sizeof *v);
+    tp_pick(ex, id, m, lm);
+    tp_pick(ex, id, v, lm + n);
+    memcpy(mo, lm + lo, len * sizeof *lm);
+    memcpy(vo, lm + n + lo, len * sizeof *lm);
+    free(lm);
     return 0;
 }
 
@@ -1134,12 +1391,14 @@ void mesh__exec_free(mesh__exec *ex)
     ex_free(ex, ex->arena);
     ex_free(ex, ex->moe);
     ex_free(ex, ex->numel);
+    ex_free(ex, ex->ld);
     ex_free(ex, ex->iters);
     ex_free(ex, ex->zero_by);
     ex_free(ex, ex->params);
     ex_free(ex, ex->names);
     ex_free(ex, ex->gbufs);
     ex_free(ex, ex->gsizes);
+    ex_free(ex, ex->gsplit);
     ex_free(ex, ex->shard);
     ex_free(ex, ex->opt_at);
     ex_free(ex, ex->slot_of);

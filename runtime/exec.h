@@ -73,8 +73,13 @@ const char *mesh__exec_error(const mesh__exec *ex);
 /* Tokens of one micro-batch: micro_batch x seq_len ids. */
 size_t mesh__exec_batch_tokens(const mesh__exec *ex);
 
-/* Forward only: the mean loss of one micro-batch. */
+/* Forward only: the mean loss of one micro-batch (NaN if a collective
+ * failed). */
 double mesh__exec_loss(mesh__exec *ex, const int32_t *inputs, const int32_t *targets);
+
+/* The same: the loss in *loss; 0, or -2 if a collective failed
+ * (mesh__exec_error). */
+int mesh__exec_forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets, double *loss);
 
 /* One training step (1-based step number for the schedule) over the
  * plan's micro-batches: inputs and targets hold micro_batches x
@@ -92,7 +97,8 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
 double mesh__exec_grad(mesh__exec *ex, const int32_t *inputs, const int32_t *targets);
 
 /* Parameter k (0-based, in plan order, each layer's copy separately): its
- * name (e.g. "h.1.gpt2_block.w_qkv"), elements, value and gradient.
+ * name (e.g. "h.1.gpt2_block.w_qkv"), elements on this rank, and this
+ * rank's value and gradient (its tp slice).
  * Returns -1 when k is past the last. */
 int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float **value,
                      float **grad);
@@ -100,10 +106,18 @@ int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float 
 /* The shape of parameter k (one layer's copy), or -1. */
 int mesh__exec_param_dims(const mesh__exec *ex, int k, const int64_t **dims, int *rank);
 
+/* Parameter k whole (mesh__exec_param_numel elements, its global shape):
+ * with tp the ranks' slices are gathered (collective over the tp group).
+ * Returns 0, -1 past the last, -2 if a collective failed. */
+size_t mesh__exec_param_numel(const mesh__exec *ex, int k);
+int mesh__exec_param_get(mesh__exec *ex, int k, float *whole);
+/* Parameter k from a whole array: this rank keeps its slice; -1 past the last. */
+int mesh__exec_param_set(mesh__exec *ex, int k, const float *whole);
+
 /* AdamW's moments of parameter k (as mesh__exec_param numbers them),
- * whole, into m and v (its elements each). With ZeRO the shards are
- * gathered over the param's data-parallel group: every rank of it calls
- * this for the same k. Returns 0, -1 past the last, -2 if a collective
+ * whole, into m and v (mesh__exec_param_numel elements each). With ZeRO
+ * the shards are gathered over the param's data-parallel group, with tp
+ * the slices over the tp group: every rank calls this for the same k. Returns 0, -1 past the last, -2 if a collective
  * failed (mesh__exec_error). */
 int mesh__exec_moments_get(mesh__exec *ex, int k, float *m, float *v);
 

@@ -216,12 +216,18 @@ mesh_status mesh_train_step(mesh_context *ctx, const int *inputs, const int *tar
 
 /* Forward only, one micro-batch (micro_batch x seq_len ids): the mean
  * loss, and when logits is not NULL the logits, micro_batch x seq_len rows
- * of vocab floats (the padded columns left out), written to logits[0..n). */
+ * of vocab floats (the padded columns left out), written to logits[0..n).
+ * With tensor parallelism every rank of the tp group calls it (so does
+ * mesh_evaluate), and the logits, split over them, are refused
+ * (MESH_ERR_UNSUPPORTED), as by mesh_next_logits and mesh_sample_next. */
 mesh_status mesh_forward(mesh_context *ctx, const int *inputs, const int *targets, double *loss,
                          float *logits, size_t n);
 
-/* Parameters by global name ("wte", "h.3.gpt2_block.w_qkv"): n must be the
- * parameter's element count (mesh_param_info). */
+/* Parameters by global name ("wte", "h.3.gpt2_block.w_qkv"), whole: n must
+ * be the parameter's element count (mesh_param_info). With tensor
+ * parallelism a rank holds a slice: every rank of the context's tp group
+ * calls mesh_param_read (it gathers the slices); mesh_param_write keeps
+ * this rank's slice of the whole array. */
 mesh_status mesh_param_info(const mesh_context *ctx, int index, const char **name, size_t *n);
 mesh_status mesh_param_read(mesh_context *ctx, const char *name, float *out, size_t n);
 mesh_status mesh_param_write(mesh_context *ctx, const char *name, const float *in, size_t n);

@@ -210,7 +210,7 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
     mesh_status rc = MESH_OK;
     mesh_context_rank(ctx, NULL, &data_rank, NULL);
     if (mesh_data_open(j->plan, j->pattern, data_rank, &data) != MESH_OK ||
-        (lead && j->vpattern && mesh_data_open(j->plan, j->vpattern, 0, &val) != MESH_OK)) {
+        (j->vpattern && mesh_data_open(j->plan, j->vpattern, 0, &val) != MESH_OK)) {
         rc = rank_fail(j, MESH_ERR_IO, "%s", mesh_last_error());
         goto out;
     }
@@ -275,20 +275,25 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
                 log_step(metrics, ctx, &st, steps, ms, step_tokens);
                 t0 = t1;
             }
-            if (val && (step % eval_every == 0 || step == steps)) { /* the first 8 micro-batches, each time */
-                double vl = 0;
-                if (mesh_data_seek(val, 0) != MESH_OK || mesh_evaluate(ctx, val, 8, &vl) != MESH_OK) {
-                    rc = rank_fail(j, MESH_ERR_IO, "%s", mesh_last_error());
-                    break;
-                }
+        }
+        /* every rank validates (tp ranks compute it together), the first 8 micro-batches each time */
+        if (val && (step % eval_every == 0 || step == steps)) {
+            double vl = 0;
+            mesh_status vs = mesh_data_seek(val, 0);
+            if (vs == MESH_OK) vs = mesh_evaluate(ctx, val, 8, &vl);
+            if (vs != MESH_OK) {
+                rc = vs == MESH_ERR_RANK ? vs : rank_fail(j, MESH_ERR_IO, "%s", mesh_last_error());
+                break;
+            }
+            if (lead) {
                 printf("step %lld/%lld | val loss %.4f\n", step, steps, vl);
                 fflush(stdout);
-                if (metrics) {
-                    fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.6f}\n", step, vl);
-                    fflush(metrics);
-                }
-                t0 = now_s();
             }
+            if (metrics) {
+                fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.6f}\n", step, vl);
+                fflush(metrics);
+            }
+            t0 = now_s();
         }
         if (j->ckpt && ((pi->checkpoint_every > 0 && step % pi->checkpoint_every == 0) || step == steps)) {
             /* every rank (ZeRO's optimizer shards are gathered), rank 0 writes */
@@ -388,6 +393,10 @@ static int sample(const mesh_plan *plan, const mesh_plan_info *pi, const run_opt
 {
     sample_job j = {pi, o, o->ckpt ? o->ckpt : pi->checkpoint_dir, 0};
     if (!j.ckpt) return fail("sample needs --checkpoint DIR (or the plan's train.checkpoint_dir)");
+    if (pi->tp > 1)
+        return fail("sample: with tp = %d each rank holds a slice of the logits; compile this model with tp = 1 and "
+                    "sample from that plan (checkpoints hold whole parameters, so any mesh's loads into any other)",
+                    pi->tp);
     mesh_status st = mesh_run_ranks(plan, sample_rank, &j);
     if (st != MESH_OK && !j.failed) fail("%s", mesh_last_error());
     return st == MESH_OK ? 0 : 1;

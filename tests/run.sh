@@ -395,25 +395,27 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     else
         fail meshrun/checkpoint-truncated "$TMP/cut.out"
     fi
-    # data parallelism: dp 2 and dp 4 (ranks as threads) give the one-rank
-    # losses at every logged step (1, 10, 20), within 1e-5 relative (the
-    # JSON lines' 6 digits)
-    for dp in 1 2 4; do
-        "$MESHC" -o "$TMP/dp$dp.plan" --set mesh.dp=$dp examples/gpt-tiny.mesh >/dev/null 2>&1
-        rm -f "$TMP/dp$dp.jsonl"
-        capture "$TMP/dp$dp.out" "$MESHRUN" "$TMP/dp$dp.plan" --data "$TMP/dd.bin" --steps 20 --metrics "$TMP/dp$dp.jsonl"
+    # data and tensor parallelism: dp 2, dp 4, tp 2 and dp 2 x tp 2 (ranks as
+    # threads) give the one-rank losses at every logged step (1, 10, 20),
+    # within 1e-5 relative (the JSON lines' 6 digits)
+    for m in 1x1 2x1 4x1 1x2 2x2; do
+        "$MESHC" -o "$TMP/m$m.plan" --set mesh.dp=${m%x*} --set mesh.tp=${m#*x} examples/gpt-tiny.mesh >/dev/null 2>&1
+        rm -f "$TMP/m$m.jsonl"
+        capture "$TMP/m$m.out" "$MESHRUN" "$TMP/m$m.plan" --data "$TMP/dd.bin" --steps 20 --metrics "$TMP/m$m.jsonl"
     done
-    for dp in 2 4; do
-        if grep -q "^meshrun: $dp ranks (dp $dp x tp 1 x pp 1 x ep 1) as threads of this process$" "$TMP/dp$dp.out" &&
-            [ "$(tail -n 1 "$TMP/dp$dp.out")" = "exit: 0" ] &&
-            paste -d ' ' "$TMP/dp1.jsonl" "$TMP/dp$dp.jsonl" | awk '
+    cp "$TMP/m1x1.jsonl" "$TMP/dp1.jsonl"
+    for m in 2x1 4x1 1x2 2x2; do
+        dp=${m%x*} tp=${m#*x}
+        if grep -q "^meshrun: $((dp * tp)) ranks (dp $dp x tp $tp x pp 1 x ep 1) as threads of this process$" "$TMP/m$m.out" &&
+            [ "$(tail -n 1 "$TMP/m$m.out")" = "exit: 0" ] &&
+            paste -d ' ' "$TMP/m1x1.jsonl" "$TMP/m$m.jsonl" | awk '
                 { a = $4; b = $16; sub(",", "", a); sub(",", "", b); n++
                   d = a - b; if (d < 0) d = -d; if (a < 0) a = -a
                   if ($2 != $14 || d > 1e-5 * a) bad = 1 }
                 END { exit !(n == 3 && !bad) }'; then
-            pass meshrun/dp$dp-same-losses-as-one-rank
+            pass meshrun/dp$dp-tp$tp-same-losses-as-one-rank
         else
-            fail meshrun/dp$dp-same-losses-as-one-rank "$TMP/dp$dp.out"
+            fail meshrun/dp$dp-tp$tp-same-losses-as-one-rank "$TMP/m$m.out"
         fi
     done
     # ZeRO-1 on dp 2: the optimizer state sharded; the same losses as one
@@ -438,9 +440,11 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
         cat "$TMP/dp1.jsonl" "$TMP/z1a.jsonl" "$TMP/z1b.jsonl" >>"$TMP/z1.out"
         fail meshrun/dp2-zero1-same-losses-and-resume "$TMP/z1.out"
     fi
-    "$MESHC" -o "$TMP/tp2.plan" --set mesh.tp=2 examples/gpt-tiny.mesh >/dev/null 2>&1
-    expect meshrun/tensor-parallel-not-yet "meshrun: error: examples/gpt-tiny.mesh: tensor, pipeline and expert parallelism are not run yet: this runtime runs meshes of dp ranks (tp = pp = ep = 1)
-exit: 1" "$MESHRUN" "$TMP/tp2.plan" --data "$TMP/dd.bin"
+    "$MESHC" -o "$TMP/pp2.plan" --set mesh.pp=2 --set train.micro_batch=8 examples/gpt-tiny.mesh >/dev/null 2>&1
+    expect meshrun/pipeline-parallel-not-yet "meshrun: error: examples/gpt-tiny.mesh: pipeline and expert parallelism are not run yet: this runtime runs meshes of dp x tp ranks (pp = ep = 1)
+exit: 1" "$MESHRUN" "$TMP/pp2.plan" --data "$TMP/dd.bin"
+    expect meshrun/sample-tensor-parallel "meshrun: error: sample: with tp = 2 each rank holds a slice of the logits; compile this model with tp = 1 and sample from that plan (checkpoints hold whole parameters, so any mesh's loads into any other)
+exit: 1" "$MESHRUN" sample "$TMP/m1x2.plan" --checkpoint "$TMP/z1-ck"
     sed 's/^format: 1$/format: 2/' "$TMP/tiny.plan" >"$TMP/v2.plan"
     expect meshrun/plan-other-version "meshrun: error: $TMP/v2.plan:3:9: plan format version 2 is not supported: this build reads version 1
 HINT: this plan was written by meshc $v with format version 2; recompile the .mesh file with this meshc (format version 1)
