@@ -330,7 +330,8 @@ mesh_status mesh_evaluate(mesh_context *ctx, mesh_data *d, int micro_batches, do
     d->pos += per * (uint64_t)d->ranks;
     free(in);
     free(tg);
-    if (rc != 0) return mesh__fail(MESH_ERR_RANK, "%s", mesh__exec_error(ctx->ex));
     *loss = sum / micro_batches;
+    if (rc == 0) rc = mesh__exec_data_mean(ctx->ex, loss); /* every data-parallel rank's slice */
+    if (rc != 0) return mesh__fail(MESH_ERR_RANK, "%s", mesh__exec_error(ctx->ex));
     return MESH_OK;
 }

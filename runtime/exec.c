@@ -63,6 +63,11 @@ struct mesh__exec {
     comm *axis[4];       /* this rank's group on each axis of size > 1, else NULL */
     comm *world;         /* the world's communicator (not owned), NULL on one rank */
     int data_ranks;      /* ranks the global batch is split over: dp x ep */
+    /* pipeline: this rank's stage runs chunk `stage` (one chunk per stage) */
+    int stage, last_stage;
+    int first_layer, n_layers; /* the stack's iterations this stage runs */
+    int *copies;         /* per param tensor: the copies this stage holds (0: none) */
+    comm *tied;          /* the first and the last stage, for a param both use (pp > 1) */
     char error[400];     /* why the last step failed */
     mesh_alloc_fn alloc; /* the context's allocator hook */
     void *ud;
@@ -112,13 +117,46 @@ static int64_t last_dim(const plan_tensor *t) { return t->rank ? t->dims[t->rank
 
 /* ---- where a tensor lives ---------------------------------------------- */
 
-static const mem_buf *buf_of(const mesh__exec *ex, int id) { return memplan_buf(&ex->mp, 0, id); }
+static const mem_buf *buf_of(const mesh__exec *ex, int id) { return memplan_buf(&ex->mp, ex->stage, id); }
+
+/* The copy of tensor id at iteration it on this stage: a layer-stack
+ * tensor's iterations start at the stage's first layer. */
+static int64_t local_it(const mesh__exec *ex, int id, int it)
+{
+    if (ex->stack >= 0 && ex->p->tensors[id].region == ex->stack) it -= ex->first_layer;
+    return it > 0 ? it : 0;
+}
+
+/* Is tensor id a value carried into the layer stack? */
+static int carried_entry(const mesh__exec *ex, int id, int *which)
+{
+    if (ex->stack < 0) return 0;
+    const plan_region *g = &ex->p->regions[ex->stack];
+    for (int c = 0; c < g->n_carry; c++)
+        if (g->carry[c].entry == id) {
+            if (which) *which = c;
+            return 1;
+        }
+    return 0;
+}
+
+/* Where a later pipeline chunk receives carried value c: the start of its slot. */
+static int64_t recv_at(const mesh__exec *ex, int c)
+{
+    int64_t at = ex->slots_at + ex->slot * ex->ms->slot_bytes;
+    const plan_region *g = &ex->p->regions[ex->stack];
+    for (int k = 0; k < c; k++) at += memplan_buf(&ex->mp, ex->stage, g->carry[k].exit)->bytes;
+    return at;
+}
 
 /* Value of tensor id at its iteration it (-1, a carried entry: 0). */
 static float *vptr(const mesh__exec *ex, int id, int it)
 {
     const mem_buf *b = buf_of(ex, id);
     int64_t at;
+    int c;
+    if (ex->stage > 0 && carried_entry(ex, id, &c)) /* received from the stage before */
+        return (float *)(void *)(ex->arena + recv_at(ex, c));
     switch (b->region) {
     case MEM_PERSISTENT: at = 0; break;
     case MEM_SLOT: at = ex->slots_at + ex->slot * ex->ms->slot_bytes + ex->part_at[b->part]; break;
@@ -126,12 +164,13 @@ static float *vptr(const mesh__exec *ex, int id, int it)
     case MEM_RECOMPUTE: at = ex->recompute_at; break;
     default: return NULL;
     }
-    return (float *)(void *)(ex->arena + at + b->offset + (it > 0 ? it : 0) * b->stride);
+    return (float *)(void *)(ex->arena + at + b->offset + local_it(ex, id, it) * b->stride);
 }
 
 /* Gradient of tensor id at its iteration it. A carried value's gradient
  * alternates between its pair of buffers: the exit of iteration it uses
- * it % 2, the entry (the exit of "iteration -1") the second. */
+ * it % 2, the entry (the exit of the iteration before the stage's first)
+ * the other. */
 static float *gptr(const mesh__exec *ex, int id, int it)
 {
     const mem_buf *b = buf_of(ex, id);
@@ -142,9 +181,12 @@ static float *gptr(const mesh__exec *ex, int id, int it)
     case MEM_PINNED: at = ex->pinned_at; break;
     default: return NULL;
     }
-    if (b->carried && b->grad_region == MEM_PINNED) /* an entry is outside the stack: "iteration -1" */
-        at += (int64_t)(ex->p->tensors[id].region < 0 ? 1 : ((it % 2) + 2) % 2) * b->bytes;
-    else at += (it > 0 ? it : 0) * b->grad_stride;
+    if (b->carried && b->grad_region == MEM_PINNED) {
+        if (ex->p->tensors[id].region < 0) it = ex->first_layer - 1; /* an entry: "the iteration before" */
+        at += (int64_t)(((it % 2) + 2) % 2) * b->bytes;
+    } else {
+        at += local_it(ex, id, it) * b->grad_stride;
+    }
     return (float *)(void *)(ex->arena + at + b->grad_offset);
 }
 
@@ -171,7 +213,7 @@ static int resolve(const mesh__exec *ex, int id, int r, int it, int *copy)
         for (int q = 0; q < p->n_regions; q++)
             for (int c = 0; c < p->regions[q].n_carry; c++) {
                 if (p->regions[q].carry[c].entry != id) continue;
-                if (q == r && it > 0) {
+                if (q == r && it > ex->first_layer) {
                     *copy = it - 1;
                     return p->regions[q].carry[c].exit;
                 }
@@ -623,7 +665,8 @@ static void start_carries(mesh__exec *ex, int r, int it)
 /* A collective step of the program on the rank's group of its axis. */
 static int collective(mesh__exec *ex, const plan_step *st, int it)
 {
-    comm *c = ex->axis[st->axis];
+    /* over pp: a tied param's two copies, on the first and the last stage */
+    comm *c = st->axis == 2 ? ex->tied : ex->axis[st->axis];
     if (!c) return 0; /* a group of one */
     int rc = -1;
     const char *what = "?";
@@ -665,10 +708,58 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
     return rc;
 }
 
-/* Runs the program's steps of one phase; a run of consecutive steps in a
- * region repeats per iteration (backward: last to first, each iteration
- * starting with the forward steps it recomputes). Returns 0, or -1 when a
- * collective failed (ex->error). */
+/* Does step st run on this pipeline stage? A layer's on the stage of its
+ * layers (run_phase picks the iterations), one before the stack on the
+ * first stage, one after it on the last; a param's gradient sync and
+ * gather where the param is held. */
+static int step_here(const mesh__exec *ex, const plan_step *st)
+{
+    if (ex->p->pp == 1) return 1;
+    const plan_tensor *t = &ex->p->tensors[st->node];
+    if (st->phase == PLAN_GRAD_SYNC || st->phase == PLAN_AFTER_OPTIMIZER) return ex->copies[st->node] > 0;
+    if (ex->stack >= 0 && t->region == ex->stack) return ex->n_layers > 0;
+    return st->node < ex->p->regions[ex->stack].first ? ex->stage == 0 : ex->stage == ex->last_stage;
+}
+
+/* Pipeline transfers of the carried values (comm: the pp group, eager
+ * sends): a stage after the first receives its first layer's input before
+ * a forward, one before the last sends its last layer's output after it;
+ * in the backward the gradients go the other way. */
+static int pipe_transfer(mesh__exec *ex, int grad, int send)
+{
+    const plan_region *g = &ex->p->regions[ex->stack];
+    comm *c = ex->axis[2];
+    int peer = grad == send ? ex->stage - 1 : ex->stage + 1;
+    int last_it = ex->first_layer + ex->n_layers - 1;
+    for (int k = 0; k < g->n_carry; k++) {
+        int exit = g->carry[k].exit, entry = g->carry[k].entry;
+        size_t bytes = (size_t)buf_of(ex, exit)->bytes;
+        int rc;
+        if (!grad && !send) rc = comm_recv(c, ex->arena + recv_at(ex, k), bytes, peer);
+        else if (!grad) rc = comm_send(c, vptr(ex, exit, last_it), bytes, peer);
+        else if (!send) rc = comm_recv(c, gptr(ex, exit, last_it), bytes, peer);
+        else rc = comm_send(c, gptr(ex, entry, 0), bytes, peer);
+        if (rc != 0) {
+            snprintf(ex->error, sizeof ex->error, "rank %d (stage %d): %s %s %s stage %d: %s", ex->rank, ex->stage,
+                     send ? "sending" : "receiving", grad ? "gradients" : "activations", send ? "to" : "from", peer,
+                     c->error);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Is an input's part (before or after the stack) run on this stage? */
+static int part_here(const mesh__exec *ex, int id)
+{
+    int part = buf_of(ex, id)->part;
+    return part == MEM_PART_PRE ? ex->stage == 0 : part == MEM_PART_POST ? ex->stage == ex->last_stage : 1;
+}
+
+/* Runs the program's steps of one phase on this stage; a run of
+ * consecutive steps in a region repeats per iteration (backward: last to
+ * first, each iteration starting with the forward steps it recomputes).
+ * Returns 0, or -1 when a collective or a transfer failed (ex->error). */
 static int run_phase(mesh__exec *ex, plan_phase phase)
 {
     const plan *p = ex->p;
@@ -676,6 +767,9 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
     if (back) {
         poison_workspace(ex);
         memset(ex->arena + ex->pinned_at, 0, (size_t)ex->ms->pinned);
+        if (ex->stage < ex->last_stage && pipe_transfer(ex, 1, 0) != 0) return -1;
+    } else if (phase == PLAN_FORWARD && ex->stage > 0 && pipe_transfer(ex, 0, 0) != 0) {
+        return -1;
     }
     for (int s = 0; s < p->n_steps;) {
         const plan_step *st = &p->steps[s];
@@ -683,9 +777,14 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
         int e = s + 1;
         if (st->region >= 0)
             while (e < p->n_steps && p->steps[e].phase == phase && p->steps[e].region == st->region) e++;
-        int count = st->region >= 0 ? (int)p->regions[st->region].count : 1;
+        int count = st->region >= 0 ? (int)p->regions[st->region].count : 1, lo = 0;
+        if (st->region >= 0 && st->region == ex->stack) { /* this stage's layers */
+            lo = ex->first_layer;
+            count = ex->n_layers;
+        }
+        if (!step_here(ex, st)) count = 0;
         for (int k = 0; k < count; k++) {
-            int it = back ? count - 1 - k : k;
+            int it = lo + (back ? count - 1 - k : k);
             if (back && st->region >= 0) start_carries(ex, st->region, it);
             for (int q = s; q < e; q++) {
                 const plan_step *sq = &p->steps[q];
@@ -706,6 +805,8 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
         }
         s = e;
     }
+    if (phase == PLAN_FORWARD && ex->stage < ex->last_stage) return pipe_transfer(ex, 0, 1);
+    if (back && ex->stage > 0) return pipe_transfer(ex, 1, 1);
     return 0;
 }
 
@@ -718,8 +819,8 @@ static int forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets
     if (ex->poison) memset(ex->arena + ex->slots_at + ex->slot * ex->ms->slot_bytes, 0xff, (size_t)ex->ms->slot_bytes);
     poison_workspace(ex);
     size_t n = ex->numel[ex->tokens_in];
-    memcpy(vptr(ex, ex->tokens_in, 0), inputs, n * sizeof *inputs);
-    memcpy(vptr(ex, ex->targets_in, 0), targets, n * sizeof *targets);
+    if (part_here(ex, ex->tokens_in)) memcpy(vptr(ex, ex->tokens_in, 0), inputs, n * sizeof *inputs);
+    if (part_here(ex, ex->targets_in)) memcpy(vptr(ex, ex->targets_in, 0), targets, n * sizeof *targets);
     ex->loss = 0;
     int rc = run_phase(ex, PLAN_FORWARD);
     *loss = ex->loss;
@@ -735,7 +836,8 @@ double mesh__exec_loss(mesh__exec *ex, const int32_t *inputs, const int32_t *tar
 int mesh__exec_forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets, double *loss)
 {
     ex->slot = 0;
-    return forward(ex, inputs, targets, loss) == 0 ? 0 : -2;
+    /* the last pipeline stage has the loss: every stage gets it */
+    return forward(ex, inputs, targets, loss) == 0 && sum_doubles(ex, ex->axis[2], loss, 1) == 0 ? 0 : -2;
 }
 
 static void zero_param_grads(mesh__exec *ex)
@@ -771,7 +873,7 @@ double mesh__exec_lr(const plan *p, long long step)
  * failed. */
 static int run_units(mesh__exec *ex, const int32_t *inputs, const int32_t *targets, double *loss)
 {
-    const plan_stage *g = &ex->p->stages[0];
+    const plan_stage *g = &ex->p->stages[ex->stage];
     size_t bt = mesh__exec_batch_tokens(ex);
     *loss = 0;
     for (int u = 0; u < g->n_units; u++) {
@@ -793,6 +895,28 @@ static int run_units(mesh__exec *ex, const int32_t *inputs, const int32_t *targe
     return 0;
 }
 
+/* The first iteration of param id's copies on this stage. */
+static int first_it(const mesh__exec *ex, int id)
+{
+    return ex->stack >= 0 && ex->p->tensors[id].region == ex->stack ? ex->first_layer : 0;
+}
+
+/* Is param id used both before and after the layer stack (a tied
+ * embedding), so that the first and the last stage each hold a copy? */
+static int tied_across(const mesh__exec *ex, int id)
+{
+    const plan *p = ex->p;
+    if (p->pp == 1 || ex->stack < 0 || p->tensors[id].op != G_PARAM) return 0;
+    int before = 0, after = 0;
+    for (int c = 0; c < p->n_tensors; c++)
+        for (int k = 0; k < p->tensors[c].n_in; k++) {
+            if (p->tensors[c].in[k] != id) continue;
+            before |= c < p->regions[ex->stack].first;
+            after |= c >= p->regions[ex->stack].end;
+        }
+    return before && after;
+}
+
 /* The part of copy it of param id this rank updates: elements [lo, lo +
  * len) (all of them without ZeRO), and its AdamW moments. */
 static void shard_of(const mesh__exec *ex, int id, int it, size_t *lo, size_t *len, float **m, float **v)
@@ -802,8 +926,8 @@ static void shard_of(const mesh__exec *ex, int id, int it, size_t *lo, size_t *l
     *lo = r * sh < n ? r * sh : n;
     *len = (*lo + sh < n ? *lo + sh : n) - *lo;
     float *m0 = (float *)(void *)(ex->arena + ex->optim_at);
-    *m = m0 + ex->opt_at[id] + (size_t)it * sh;
-    *v = m0 + ex->opt_elems + ex->opt_at[id] + (size_t)it * sh;
+    *m = m0 + ex->opt_at[id] + (size_t)local_it(ex, id, it) * sh;
+    *v = m0 + ex->opt_elems + ex->opt_at[id] + (size_t)local_it(ex, id, it) * sh;
 }
 
 /* The sum over the group of x[0..n-1], in rank order, exactly (doubles
@@ -844,19 +968,23 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
     int m = (int)(s->micro_batches > 0 ? s->micro_batches : 1);
     zero_param_grads(ex);
     double loss;
+    /* the loss is the last stage's */
     if (run_units(ex, inputs, targets, &loss) != 0 || run_phase(ex, PLAN_GRAD_SYNC) != 0 ||
-        sum_doubles(ex, ex->axis[0], &loss, 1) != 0)
+        sum_doubles(ex, ex->axis[2], &loss, 1) != 0 || sum_doubles(ex, ex->axis[0], &loss, 1) != 0)
         return -2;
     loss /= (double)m * ex->data_ranks;
     double norm;
-    if (!ex->zero && s->tp == 1) {
+    if (!ex->zero && s->tp == 1 && ex->p->pp == 1) {
         norm = s->clip > 0 ? kcpu_clip_global_norm(ex->gbufs, ex->gsizes, ex->n_gbufs, (float)s->clip)
                            : kcpu_global_norm((const float *const *)ex->gbufs, ex->gsizes, ex->n_gbufs);
     } else { /* the norm of the whole gradient: every rank's shards, a replicated param once */
         double ss[2] = {0, 0}; /* params split over tp, the others */
-        for (int b = 0; b < ex->n_gbufs; b++)
-            ss[ex->gsplit[b] ? 0 : 1] += kcpu_sum_squares((const float *const *)&ex->gbufs[b], &ex->gsizes[b], 1);
-        if (sum_doubles(ex, ex->zero, ss, 2) != 0 || sum_doubles(ex, ex->axis[1], ss, 1) != 0) return -2;
+        for (int b = 0; b < ex->n_gbufs; b++) /* a tied param counts on the first stage only */
+            if (ex->gsplit[b] != 2)
+                ss[ex->gsplit[b] ? 0 : 1] += kcpu_sum_squares((const float *const *)&ex->gbufs[b], &ex->gsizes[b], 1);
+        if (sum_doubles(ex, ex->zero, ss, 2) != 0 || sum_doubles(ex, ex->axis[1], ss, 1) != 0 ||
+            sum_doubles(ex, ex->axis[2], ss, 2) != 0)
+            return -2;
         norm = (float)sqrt(ss[0] + ss[1]);
         double scale = s->clip / (norm + 1e-6);
         if (s->clip > 0 && scale < 1.0) kcpu_scale_buffers(ex->gbufs, ex->gsizes, ex->n_gbufs, scale);
@@ -873,13 +1001,13 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
         /* decay matrices and embeddings, not gains and biases (GPT-2, llm.c) */
         float wd = t->rank >= 2 ? (float)s->weight_decay : 0.0f;
         /* without ZeRO all copies at once (they follow one another), with it each copy's shard */
-        int copies = ex->zero ? ex->iters[id] : 1;
-        for (int it = 0; it < copies; it++) {
+        int copies = ex->zero ? ex->copies[id] : 1, it0 = first_it(ex, id);
+        for (int it = it0; it < it0 + copies; it++) {
             size_t lo, len;
             float *mo, *vo;
             shard_of(ex, id, it, &lo, &len, &mo, &vo);
             kcpu_adamw_step(vptr(ex, id, it) + lo, gptr(ex, id, it) + lo, mo, vo, ex->zero ? len :
-                            (size_t)ex->iters[id] * ex->numel[id], (float)lr, (float)s->beta1, (float)s->beta2,
+                            (size_t)ex->copies[id] * ex->numel[id], (float)lr, (float)s->beta1, (float)s->beta2,
                             (float)s->eps, wd, (int)ex->adam_t);
         }
     }
@@ -887,6 +1015,13 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
 }
 
 const char *mesh__exec_error(const mesh__exec *ex) { return ex->error; }
+
+int mesh__exec_data_mean(mesh__exec *ex, double *x)
+{
+    if (sum_doubles(ex, ex->axis[0], x, 1) != 0) return -2;
+    *x /= (double)(ex->p->setup.dp > 0 ? ex->p->setup.dp : 1);
+    return 0;
+}
 
 void mesh__exec_data_rank(const mesh__exec *ex, int *data_rank, int *data_ranks)
 {
@@ -913,9 +1048,8 @@ static char *iter_name(mesh__exec *ex, const char *name, int it)
 static const char *refusal(const plan *p, char *buf, size_t n)
 {
     const fe_setup *s = &p->setup;
-    if (s->ep != 1 || p->pp != 1 || p->v != 1)
-        return "pipeline and expert parallelism are not run yet: this runtime runs meshes of dp x tp ranks "
-               "(pp = ep = 1)";
+    if (s->ep != 1) return "expert parallelism is not run yet: this runtime runs meshes of dp x tp x pp ranks (ep = 1)";
+    if (p->v != 1) return "interleaved pipeline schedules (virtual_stages > 1) are not run yet";
     if (s->tp > 1 && s->sequence_parallel) return "sequence parallelism is not run yet (tp > 1 without it is)";
     for (int id = 0; s->tp > 1 && id < p->n_tensors; id++)
         if (p->tensors[id].op == G_MOE) return "mixture-of-experts layers are not run yet with tp > 1";
@@ -1009,8 +1143,8 @@ static int optimizer_shards(mesh__exec *ex)
         int id = ex->params[k];
         ex->shard[id] = (ex->numel[id] + P - 1) / P;
         ex->opt_at[id] = at;
-        at += ex->shard[id] * (size_t)ex->iters[id];
-        copies += ex->iters[id];
+        at += ex->shard[id] * (size_t)ex->copies[id];
+        copies += ex->copies[id];
     }
     ex->opt_elems = at;
     if (at * 2 * sizeof(float) != (size_t)ex->ms->optim) return -2; /* not the memory plan's layout */
@@ -1021,13 +1155,15 @@ static int optimizer_shards(mesh__exec *ex)
     if (!ex->gbufs || !ex->gsizes || !ex->gsplit) return -1;
     for (int k = 0, b = 0; k < ex->n_params; k++) {
         int id = ex->params[k];
-        for (int it = 0; it < (ex->zero ? ex->iters[id] : 1); it++, b++) {
+        int it0 = first_it(ex, id);
+        for (int it = it0; it < it0 + (ex->zero ? ex->copies[id] : 1); it++, b++) {
             size_t lo, len;
             float *m, *v;
             shard_of(ex, id, it, &lo, &len, &m, &v);
             ex->gbufs[b] = gptr(ex, id, it) + lo;
-            ex->gsplit[b] = (char)split_tp(ex, id);
-            ex->gsizes[b] = ex->zero ? len : (size_t)ex->iters[id] * ex->numel[id];
+            /* 1: split over tp; 2: the last stage's copy of a tied param (counted on the first) */
+            ex->gsplit[b] = (char)(tied_across(ex, id) && ex->stage > 0 ? 2 : split_tp(ex, id));
+            ex->gsizes[b] = ex->zero ? len : (size_t)ex->copies[id] * ex->numel[id];
         }
     }
     return 0;
@@ -1043,8 +1179,8 @@ static int layout(mesh__exec *ex, unsigned flags, char *err, size_t errn)
         set_err(err, errn, "the plan has %s: not run yet", ex->mp.unsupported);
         return -2;
     }
-    const mem_stage *ms = ex->ms = &ex->mp.stage[0];
-    const mem_stage *pm = p->memory ? &p->memory[0] : NULL;
+    const mem_stage *ms = ex->ms = &ex->mp.stage[ex->stage];
+    const mem_stage *pm = p->memory ? &p->memory[ex->stage] : NULL;
     if (p->setup.precision == 0 && pm && !no_reuse &&
         (pm->total != ms->total || pm->params != ms->params || pm->grads != ms->grads || pm->optim != ms->optim ||
          pm->slot_bytes != ms->slot_bytes || pm->slots != ms->slots || pm->workspace != ms->workspace)) {
@@ -1059,10 +1195,10 @@ static int layout(mesh__exec *ex, unsigned flags, char *err, size_t errn)
     ex->pinned_at = ex->slots_at + ms->slot_bytes * ms->slots;
     ex->shared_at = ex->pinned_at + ms->pinned;
     ex->recompute_at = ex->shared_at + ms->shared;
+    /* a slot: the part before the stack (a later stage: what it receives), its layers, the part after */
     ex->part_at[MEM_PART_PRE] = 0;
-    ex->part_at[MEM_PART_LAYER] = ex->mp.part_bytes[MEM_PART_PRE];
-    ex->part_at[MEM_PART_POST] = ex->part_at[MEM_PART_LAYER] +
-                                 (p->pp * p->v == 1 ? p->chunk_layers[0] : 0) * ex->mp.part_bytes[MEM_PART_LAYER];
+    ex->part_at[MEM_PART_LAYER] = ex->stage == 0 ? ex->mp.part_bytes[MEM_PART_PRE] : ex->mp.recv_bytes;
+    ex->part_at[MEM_PART_POST] = ex->part_at[MEM_PART_LAYER] + (int64_t)ex->n_layers * ex->mp.part_bytes[MEM_PART_LAYER];
     if ((uint64_t)ms->total > SIZE_MAX - EX_HEADER) return -1;
     ex->arena = ex_calloc(ex, (size_t)ms->total, 1);
     return ex->arena ? 0 : -1;
@@ -1132,11 +1268,25 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
     ex->ud = ud;
     ex->data_ranks = (int)(p->setup.dp * p->setup.ep);
     if (p->setup.world > 1 && join_axes(ex, world, err, errn) != 0) goto fail;
+    /* this rank's pipeline stage: its chunk's layers of the stack */
+    ex->stack = -1;
+    for (int r = 0; r < p->n_regions; r++)
+        if (p->regions[r].is_stack && ex->stack < 0) ex->stack = r;
+    ex->stage = ex->coord[2];
+    ex->last_stage = p->pp - 1;
+    for (int c = 0; c < ex->stage; c++) ex->first_layer += (int)p->chunk_layers[c];
+    ex->n_layers = ex->stack >= 0 ? (int)p->chunk_layers[ex->stage] : 0;
+    if (p->pp > 1 && comm_split(ex->axis[2], ex->stage == 0 || ex->stage == ex->last_stage ? 0 : -1, ex->stage,
+                                &ex->tied) != 0) {
+        set_err(err, errn, "rank %d: making the tied-param groups: %s", rank, ex->axis[2]->error);
+        goto fail;
+    }
     int lay = layout(ex, flags, err, errn);
     if (lay == -2) goto fail;
     if (lay != 0) goto oom;
     int slots = ex->ms->slots > 0 ? ex->ms->slots : 1;
     ex->numel = host_calloc(ex, (size_t)n, sizeof *ex->numel);
+    ex->copies = host_calloc(ex, (size_t)n, sizeof *ex->copies);
     ex->ld = host_calloc(ex, (size_t)n, sizeof *ex->ld);
     ex->iters = host_calloc(ex, (size_t)n, sizeof *ex->iters);
     ex->zero_by = host_calloc(ex, (size_t)n, sizeof *ex->zero_by);
@@ -1145,7 +1295,7 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
     ex->moe = host_calloc(ex, (size_t)n, sizeof *ex->moe);
     ex->slot_of = host_calloc(ex, (size_t)(p->m > 0 ? p->m : 1), sizeof *ex->slot_of);
     ex->slot_busy = host_calloc(ex, (size_t)slots, 1);
-    if (!ex->numel || !ex->ld || !ex->iters || !ex->zero_by || !ex->params || !ex->names || !ex->moe || !ex->slot_of ||
+    if (!ex->numel || !ex->copies || !ex->ld || !ex->iters || !ex->zero_by || !ex->params || !ex->names || !ex->moe || !ex->slot_of ||
         !ex->slot_busy)
         goto oom;
     find_zero_by(ex);
@@ -1179,14 +1329,16 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
             if (ex->tokens_in < 0) ex->tokens_in = id;
             else ex->targets_in = id;
         }
-        if (t->op != G_PARAM) continue;
+        if (t->op != G_PARAM || buf_of(ex, id)->region != MEM_PERSISTENT) continue; /* held on another stage */
         ex->params[ex->n_params++] = id;
-        ex->names[id] = host_calloc(ex, (size_t)iters, sizeof *ex->names[id]);
+        ex->copies[id] = ex->stack >= 0 && t->region == ex->stack ? ex->n_layers : iters;
+        ex->names[id] = host_calloc(ex, (size_t)ex->copies[id] + 1, sizeof *ex->names[id]);
         if (!ex->names[id]) goto oom;
-        for (int it = 0; it < iters; it++) {
+        for (int c = 0; c < ex->copies[id]; c++) {
+            int it = first_it(ex, id) + c;
             char *name = iter_name(ex, t->name ? t->name : "?", it);
             if (!name) goto oom;
-            ex->names[id][it] = name;
+            ex->names[id][c] = name;
             float *w = vptr(ex, id, it);
             init_ctx ic = {w, mesh__init_key((uint64_t)p->setup.seed, name), (float)t->init_std};
             if (t->init == GRAPH_INIT_NORMAL) /* each element from its index in the whole param */
@@ -1220,11 +1372,11 @@ static int param_at(const mesh__exec *ex, int k, int *it)
 {
     for (int q = 0; k >= 0 && q < ex->n_params; q++) {
         int id = ex->params[q];
-        if (k < ex->iters[id]) {
-            *it = k;
+        if (k < ex->copies[id]) {
+            *it = first_it(ex, id) + k;
             return id;
         }
-        k -= ex->iters[id];
+        k -= ex->copies[id];
     }
     return -1;
 }
@@ -1233,7 +1385,7 @@ int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float 
 {
     int it, id = param_at(ex, k, &it);
     if (id < 0) return -1;
-    *name = ex->names[id][it];
+    *name = ex->names[id][it - first_it(ex, id)];
     *n = ex->numel[id];
     *value = vptr(ex, id, it);
     *grad = gptr(ex, id, it);
@@ -1357,6 +1509,8 @@ int mesh__exec_moments_set(mesh__exec *ex, int k, const float *m, const float *v
 
 int mesh__exec_rank(const mesh__exec *ex) { return ex->rank; }
 
+int mesh__exec_stage(const mesh__exec *ex) { return ex->stage; }
+
 int mesh__exec_param_dims(const mesh__exec *ex, int k, const int64_t **dims, int *rank)
 {
     int it, id = param_at(ex, k, &it);
@@ -1383,7 +1537,7 @@ void mesh__exec_free(mesh__exec *ex)
 {
     if (!ex) return;
     for (int id = 0; id < ex->n; id++) {
-        for (int it = 0; ex->names && ex->names[id] && it < ex->iters[id]; it++) ex_free(ex, ex->names[id][it]);
+        for (int c = 0; ex->names && ex->names[id] && c < ex->copies[id]; c++) ex_free(ex, ex->names[id][c]);
         if (ex->names) ex_free(ex, ex->names[id]);
         if (ex->moe) ex_free(ex, ex->moe[id]);
     }
@@ -1391,6 +1545,8 @@ void mesh__exec_free(mesh__exec *ex)
     ex_free(ex, ex->arena);
     ex_free(ex, ex->moe);
     ex_free(ex, ex->numel);
+    ex_free(ex, ex->copies);
+    comm_free(ex->tied);
     ex_free(ex, ex->ld);
     ex_free(ex, ex->iters);
     ex_free(ex, ex->zero_by);

@@ -67,6 +67,10 @@ int mesh__exec_supported(const plan *p, char *err, size_t n);
  * data_ranks (dp x ep). */
 void mesh__exec_data_rank(const mesh__exec *ex, int *data_rank, int *data_ranks);
 
+/* *x becomes the mean of every data-parallel rank's x (collective over dp);
+ * 0, or -2 if the collective failed. */
+int mesh__exec_data_mean(mesh__exec *ex, double *x);
+
 /* Why the last train step returned -2 (a collective failed). */
 const char *mesh__exec_error(const mesh__exec *ex);
 
@@ -125,8 +129,9 @@ int mesh__exec_moments_get(mesh__exec *ex, int k, float *m, float *v);
  * its shard); -1 past the last. */
 int mesh__exec_moments_set(mesh__exec *ex, int k, const float *m, const float *v);
 
-/* The rank in the plan's world. */
+/* The rank in the plan's world, and its pipeline stage. */
 int mesh__exec_rank(const mesh__exec *ex);
+int mesh__exec_stage(const mesh__exec *ex);
 
 /* AdamW steps taken (read and restored by checkpoints). */
 long long *mesh__exec_adam_steps(mesh__exec *ex);

@@ -270,9 +270,11 @@ mesh_status mesh_data_info(const mesh_data *data, int *shards, uint64_t *tokens,
 mesh_status mesh_data_shard(const mesh_data *data, int index, const char **path, uint64_t *tokens);
 
 /* The mean forward loss over the next micro_batches micro-batches of the
- * stream (this rank's slice; the cursor moves past all ranks' slices).
- * Seek to 0 first to evaluate the same sequences each time, as meshrun's
- * validation does with 8. */
+ * stream: every rank of a plan of several calls it (collective), each on
+ * its data-parallel slice, and gets the mean over all of them (the cursor
+ * moves past all ranks' slices). Seek to 0 first to evaluate the same
+ * sequences each time, as meshrun's validation does with 8 global
+ * batches (8 x the plan's micro-batches per step). */
 mesh_status mesh_evaluate(mesh_context *ctx, mesh_data *data, int micro_batches, double *loss);
 
 /* Writes ids[0..n) (each 0..65535) as a token shard in llm.c's format,

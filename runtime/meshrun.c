@@ -210,7 +210,7 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
     mesh_status rc = MESH_OK;
     mesh_context_rank(ctx, NULL, &data_rank, NULL);
     if (mesh_data_open(j->plan, j->pattern, data_rank, &data) != MESH_OK ||
-        (j->vpattern && mesh_data_open(j->plan, j->vpattern, 0, &val) != MESH_OK)) {
+        (j->vpattern && mesh_data_open(j->plan, j->vpattern, data_rank, &val) != MESH_OK)) {
         rc = rank_fail(j, MESH_ERR_IO, "%s", mesh_last_error());
         goto out;
     }
@@ -276,11 +276,12 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
                 t0 = t1;
             }
         }
-        /* every rank validates (tp ranks compute it together), the first 8 micro-batches each time */
+        /* every rank validates its slice of the first 8 global batches of the
+         * validation shards (the same sequences on any mesh), each time */
         if (val && (step % eval_every == 0 || step == steps)) {
             double vl = 0;
             mesh_status vs = mesh_data_seek(val, 0);
-            if (vs == MESH_OK) vs = mesh_evaluate(ctx, val, 8, &vl);
+            if (vs == MESH_OK) vs = mesh_evaluate(ctx, val, 8 * pi->micro_batches, &vl);
             if (vs != MESH_OK) {
                 rc = vs == MESH_ERR_RANK ? vs : rank_fail(j, MESH_ERR_IO, "%s", mesh_last_error());
                 break;

@@ -398,24 +398,30 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     # data and tensor parallelism: dp 2, dp 4, tp 2 and dp 2 x tp 2 (ranks as
     # threads) give the one-rank losses at every logged step (1, 10, 20),
     # within 1e-5 relative (the JSON lines' 6 digits)
-    for m in 1x1 2x1 4x1 1x2 2x2; do
-        "$MESHC" -o "$TMP/m$m.plan" --set mesh.dp=${m%x*} --set mesh.tp=${m#*x} examples/gpt-tiny.mesh >/dev/null 2>&1
+    # (and pp 2, dp 2 x pp 2 with micro-batches of 8: the pipeline needs two)
+    for m in 1x1x1 2x1x1 4x1x1 1x2x1 2x2x1 1x1x2 2x1x2; do
+        IFS=x read -r dp tp pp <<<"$m"
+        "$MESHC" -o "$TMP/m$m.plan" --set mesh.dp=$dp --set mesh.tp=$tp --set mesh.pp=$pp \
+            --set train.micro_batch=$((pp > 1 ? 16 / dp / pp : 16 / dp)) examples/gpt-tiny.mesh >/dev/null 2>&1
         rm -f "$TMP/m$m.jsonl"
-        capture "$TMP/m$m.out" "$MESHRUN" "$TMP/m$m.plan" --data "$TMP/dd.bin" --steps 20 --metrics "$TMP/m$m.jsonl"
+        capture "$TMP/m$m.out" "$MESHRUN" "$TMP/m$m.plan" --data "$TMP/dd.bin" --val "$TMP/dd.bin" --steps 20 \
+            --metrics "$TMP/m$m.jsonl"
+        grep -v val_loss "$TMP/m$m.jsonl" >"$TMP/m$m.steps"
     done
-    cp "$TMP/m1x1.jsonl" "$TMP/dp1.jsonl"
-    for m in 2x1 4x1 1x2 2x2; do
-        dp=${m%x*} tp=${m#*x}
-        if grep -q "^meshrun: $((dp * tp)) ranks (dp $dp x tp $tp x pp 1 x ep 1) as threads of this process$" "$TMP/m$m.out" &&
+    cp "$TMP/m1x1x1.steps" "$TMP/dp1.jsonl"
+    for m in 2x1x1 4x1x1 1x2x1 2x2x1 1x1x2 2x1x2; do
+        IFS=x read -r dp tp pp <<<"$m"
+        if grep -q "^meshrun: $((dp * tp * pp)) ranks (dp $dp x tp $tp x pp $pp x ep 1) as threads of this process$" "$TMP/m$m.out" &&
+            [ "$(grep 'val loss' "$TMP/m$m.out" | tail -n 1 | cut -c1-30)" = "$(grep 'val loss' "$TMP/m1x1x1.out" | tail -n 1 | cut -c1-30)" ] &&
             [ "$(tail -n 1 "$TMP/m$m.out")" = "exit: 0" ] &&
-            paste -d ' ' "$TMP/m1x1.jsonl" "$TMP/m$m.jsonl" | awk '
+            paste -d ' ' "$TMP/m1x1x1.steps" "$TMP/m$m.steps" | awk '
                 { a = $4; b = $16; sub(",", "", a); sub(",", "", b); n++
                   d = a - b; if (d < 0) d = -d; if (a < 0) a = -a
                   if ($2 != $14 || d > 1e-5 * a) bad = 1 }
                 END { exit !(n == 3 && !bad) }'; then
-            pass meshrun/dp$dp-tp$tp-same-losses-as-one-rank
+            pass meshrun/dp$dp-tp$tp-pp$pp-same-losses-as-one-rank
         else
-            fail meshrun/dp$dp-tp$tp-same-losses-as-one-rank "$TMP/m$m.out"
+            fail meshrun/dp$dp-tp$tp-pp$pp-same-losses-as-one-rank "$TMP/m$m.out"
         fi
     done
     # ZeRO-1 on dp 2: the optimizer state sharded; the same losses as one
@@ -440,11 +446,11 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
         cat "$TMP/dp1.jsonl" "$TMP/z1a.jsonl" "$TMP/z1b.jsonl" >>"$TMP/z1.out"
         fail meshrun/dp2-zero1-same-losses-and-resume "$TMP/z1.out"
     fi
-    "$MESHC" -o "$TMP/pp2.plan" --set mesh.pp=2 --set train.micro_batch=8 examples/gpt-tiny.mesh >/dev/null 2>&1
-    expect meshrun/pipeline-parallel-not-yet "meshrun: error: examples/gpt-tiny.mesh: pipeline and expert parallelism are not run yet: this runtime runs meshes of dp x tp ranks (pp = ep = 1)
-exit: 1" "$MESHRUN" "$TMP/pp2.plan" --data "$TMP/dd.bin"
+    "$MESHC" -o "$TMP/ep2.plan" --set mesh.ep=2 examples/gpt-tiny.mesh >/dev/null 2>&1
+    expect meshrun/expert-parallel-not-yet "meshrun: error: examples/gpt-tiny.mesh: expert parallelism is not run yet: this runtime runs meshes of dp x tp x pp ranks (ep = 1)
+exit: 1" "$MESHRUN" "$TMP/ep2.plan" --data "$TMP/dd.bin"
     expect meshrun/sample-tensor-parallel "meshrun: error: sample: with tp = 2 each rank holds a slice of the logits; compile this model with tp = 1 and sample from that plan (checkpoints hold whole parameters, so any mesh's loads into any other)
-exit: 1" "$MESHRUN" sample "$TMP/m1x2.plan" --checkpoint "$TMP/z1-ck"
+exit: 1" "$MESHRUN" sample "$TMP/m1x2x1.plan" --checkpoint "$TMP/z1-ck"
     sed 's/^format: 1$/format: 2/' "$TMP/tiny.plan" >"$TMP/v2.plan"
     expect meshrun/plan-other-version "meshrun: error: $TMP/v2.plan:3:9: plan format version 2 is not supported: this build reads version 1
 HINT: this plan was written by meshc $v with format version 2; recompile the .mesh file with this meshc (format version 1)

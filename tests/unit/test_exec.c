@@ -362,16 +362,24 @@ TEST_IMPL(parallel_dp_losses_equal_one_rank)
 
 /* Tensor parallelism (Megatron's column/row splits, head-parallel
  * attention over a packed q/k/v, a vocabulary-parallel embedding and
- * cross-entropy), alone and with data parallelism and ZeRO-1: the
- * one-rank losses at every step. */
-TEST_IMPL(parallel_tp_losses_equal_one_rank)
+ * cross-entropy) and pipeline parallelism (1F1B and GPipe, activations and
+ * gradients sent between stages, the tied embedding's two copies), alone
+ * and together with data parallelism and ZeRO-1: the one-rank losses at
+ * every step. */
+TEST_IMPL(parallel_tp_pp_losses_equal_one_rank)
 {
-    static const char *const meshes[][3] = {
-        {"mesh.dp=1", "mesh.tp=1", "train.zero=0"},
-        {"mesh.dp=1", "mesh.tp=2", "train.zero=0"},
-        {"mesh.dp=2", "mesh.tp=2", "train.zero=0"},
-        {"mesh.dp=2", "mesh.tp=2", "train.zero=1"},
+    static const char *const meshes[][4] = {
+        {"mesh.dp=1", "mesh.tp=1", "train.zero=0", "mesh.pp=1"},
+        {"mesh.dp=1", "mesh.tp=2", "train.zero=0", "mesh.pp=1"},
+        {"mesh.dp=2", "mesh.tp=2", "train.zero=0", "mesh.pp=1"},
+        {"mesh.dp=2", "mesh.tp=2", "train.zero=1", "mesh.pp=1"},
+        {"mesh.dp=1", "mesh.tp=1", "train.zero=0", "mesh.pp=2"},
+        {"mesh.dp=1", "mesh.tp=1", "train.schedule=gpipe", "mesh.pp=2"},
+        {"mesh.dp=2", "mesh.tp=1", "train.zero=1", "mesh.pp=2"},
+        {"mesh.dp=1", "mesh.tp=2", "train.zero=0", "mesh.pp=2"},
+        {"mesh.dp=2", "mesh.tp=2", "train.zero=1", "mesh.pp=2"},
     };
+    enum { N_MESHES = sizeof meshes / sizeof meshes[0] };
     /* Llama with 4 query heads sharing 2 kv heads, so that tp 2 splits both */
     static const char *const models[][3] = {
         {"train.micro_batch=1", "train.global_batch=12", "train.seed=7"},
@@ -380,18 +388,29 @@ TEST_IMPL(parallel_tp_losses_equal_one_rank)
     const char *srcs[] = {tiny_src, llama_src};
     for (int s = 0; s < 2; s++) {
         double ref[EQ_STEPS], got[EQ_STEPS];
-        for (int v = 0; v < 4; v++) {
-            const char *sets[7] = {models[s][0], models[s][1], models[s][2], meshes[v][0], meshes[v][1],
-                                   meshes[v][2], s == 1 ? "model.kv_heads=2" : "train.seed=7"};
-            eq_losses(srcs[s], sets, 7, v == 0 ? ref : got);
+        for (int v = 0; v < N_MESHES; v++) {
+            const char *sets[8] = {models[s][0], models[s][1], models[s][2], meshes[v][0], meshes[v][1],
+                                   meshes[v][2], meshes[v][3], s == 1 ? "model.kv_heads=2" : "train.seed=7"};
+            eq_losses(srcs[s], sets, 8, v == 0 ? ref : got);
             for (int k = 0; v > 0 && k < EQ_STEPS; k++) {
                 if (fabs(got[k] - ref[k]) <= 1e-5 * fabs(ref[k])) continue;
-                fprintf(stderr, "# model %d, %s %s %s, step %d: %.9f vs one rank %.9f\n", s, meshes[v][0],
-                        meshes[v][1], meshes[v][2], k + 1, got[k], ref[k]);
+                fprintf(stderr, "# model %d, %s %s %s %s, step %d: %.9f vs one rank %.9f\n", s, meshes[v][0],
+                        meshes[v][1], meshes[v][2], meshes[v][3], k + 1, got[k], ref[k]);
                 unit_fail(__FILE__, __LINE__, "the losses differ from one rank's");
             }
         }
     }
+    /* four stages of one layer each: the middle ones pass activations and
+     * gradients on, and only the first and the last hold the tied wte */
+    static const char *const four[] = {"train.micro_batch=1", "train.global_batch=12", "model.layers=4", "mesh.pp=4"};
+    double ref[EQ_STEPS], got[EQ_STEPS];
+    eq_losses(tiny_src, four, 3, ref);
+    eq_losses(tiny_src, four, 4, got);
+    for (int k = 0; k < EQ_STEPS; k++)
+        if (fabs(got[k] - ref[k]) > 1e-5 * fabs(ref[k])) {
+            fprintf(stderr, "# pp 4, step %d: %.9f vs one rank %.9f\n", k + 1, got[k], ref[k]);
+            unit_fail(__FILE__, __LINE__, "the losses differ from one rank's");
+        }
 }
 
 /* A rank that fails stops the others: mesh_run_ranks returns its status
