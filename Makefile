@@ -194,8 +194,11 @@ asan:
 
 # Benchmarks print numbers measured side by side in one run; they never
 # fail on a number (tests/bench/run.sh).
-bench: all $(BUILD)/train_bench
-	MESHC=$(BUILD)/meshc TRAIN_BENCH=$(BUILD)/train_bench tests/bench/run.sh
+bench: all $(BUILD)/train_bench $(BUILD)/comm_bench
+	MESHC=$(BUILD)/meshc TRAIN_BENCH=$(BUILD)/train_bench COMM_BENCH=$(BUILD)/comm_bench tests/bench/run.sh
+
+$(BUILD)/comm_bench: tests/bench/comm_bench.c $(BUILD)/libmeshrt.a
+	$(CC) $(CFLAGS) -Iruntime -o $@ $< $(BUILD)/libmeshrt.a $(LDLIBS)
 
 $(BUILD)/train_bench: tests/bench/train_bench.c $(BUILD)/libmesh.a
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -Iruntime $(BLAS_CFLAGS) -o $@ $< $(BUILD)/libmesh.a \

@@ -398,7 +398,9 @@ static void place_params(mp *x, int stg, mem_stage *ms, int64_t *part_params) {
         b->region = b->grad_region = copies > 0 ? MEM_PERSISTENT : MEM_NONE;
         b->offset = b->grad_offset = copies > 0 ? (int64_t)n_params * x->fb : 0;
         n_params += (double)(e * copies);
-        sharded += (double)(e * copies) / (double)dp_group;
+        /* ZeRO's shard of each copy: ceil(e / group) elements (rank r owns
+         * [r s, (r + 1) s) of its flat elements, the last rank fewer) */
+        sharded += (double)((e + dp_group - 1) / dp_group * copies);
     }
     ms->params = (int64_t)((s->zero == 3 ? sharded : n_params) * x->fb);
     ms->grads = (int64_t)((s->zero >= 2 ? sharded : n_params) * x->fb);
@@ -443,6 +445,8 @@ int memplan_build(memplan *m, const plan *p, int float_bytes, unsigned flags) {
 
     classify(&x);
     place_values(&x);
+    if (x.stack >= 0) /* what a pipeline chunk receives: the values carried into its first layer */
+        for (int c = 0; c < p->regions[x.stack].n_carry; c++) m->recv_bytes += m->buf[p->regions[x.stack].carry[c].exit].bytes;
     int64_t pinned = place_grads(&x);
     int64_t shared = 0;
     for (int sg = 0; sg < SEG_COUNT; sg++)
@@ -462,8 +466,10 @@ int memplan_build(memplan *m, const plan *p, int float_bytes, unsigned flags) {
             if (part_params[sg] > gathered) gathered = part_params[sg];
         ms->layer_stride = m->part_bytes[SEG_LAYER];
         for (int c = stg; c < chunks; c += p->pp) {
-            int64_t unit = (c == 0 ? m->part_bytes[SEG_PRE] : 0) + p->chunk_layers[c] * m->part_bytes[SEG_LAYER] +
-                           (c == chunks - 1 ? m->part_bytes[SEG_POST] : 0);
+            /* chunk 0 starts with the part before the stack; a later chunk
+             * with the activations it receives from the one before */
+            int64_t unit = (c == 0 ? m->part_bytes[SEG_PRE] : m->recv_bytes) +
+                           p->chunk_layers[c] * m->part_bytes[SEG_LAYER] + (c == chunks - 1 ? m->part_bytes[SEG_POST] : 0);
             if (unit > ms->slot_bytes) ms->slot_bytes = unit;
         }
         ms->slots = sched_units_peak_inflight(p->stages[stg].units, p->stages[stg].n_units);

@@ -15,7 +15,8 @@
  *               reads: a matmul's input, a norm's input and row statistics,
  *               attention's inputs, output and log-sum-exp, moe's routing and
  *               expert buffers, ...), one slot per unit the schedule keeps in
- *               flight at once. A slot holds the part before the layer stack,
+ *               flight at once. A slot holds the part before the layer stack
+ *               (a later pipeline chunk: the carried values it receives),
  *               then each layer's (`layer_stride` apart), then the part after;
  *               with recompute = full, a layer keeps only what it carries to
  *               the next;
@@ -88,6 +89,8 @@ typedef struct memplan {
     mem_buf *buf;                   /* pp x tensors: buf[stage * n_tensors + id] */
     int n_tensors;
     int64_t part_bytes[3];          /* one slot's parts: before, one layer (= layer_stride), after */
+    int64_t recv_bytes;             /* a pipeline chunk after the first: the carried values it receives,
+                                       at the start of its slot (where chunk 0 has the part before) */
     const char *unsupported;        /* why a runtime cannot follow this layout, or NULL */
 } memplan;
 

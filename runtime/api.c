@@ -230,14 +230,24 @@ mesh_status mesh_context_memory(const mesh_context *ctx, size_t *allocated, size
     if (!ctx) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_memory: NULL context");
     const plan *p = &ctx->plan->p;
     if (allocated) *allocated = mesh__exec_bytes(ctx->ex);
-    if (planned) *planned = p->memory && p->memory[0].total > 0 ? (size_t)p->memory[0].total : 0;
+    int stage = mesh__exec_stage(ctx->ex);
+    if (planned) *planned = p->memory && p->memory[stage].total > 0 ? (size_t)p->memory[stage].total : 0;
     return MESH_OK;
+}
+
+/* Logits asked of a tensor-parallel context, which holds a slice of them. */
+static mesh_status split_logits(const char *who)
+{
+    return mesh__fail(MESH_ERR_UNSUPPORTED, "%s: with tp > 1 each rank holds a slice of the logits; sample from a "
+                      "plan of this model with tp = 1 (checkpoints hold whole parameters, so any mesh's loads "
+                      "into any other)", who);
 }
 
 mesh_status mesh_forward(mesh_context *ctx, const int *inputs, const int *targets, double *loss,
                          float *logits, size_t n)
 {
     if (!ctx || !inputs || !targets) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_forward: NULL argument");
+    if (logits && ctx->plan->p.setup.tp > 1) return split_logits("mesh_forward");
     double l = mesh__exec_loss(ctx->ex, inputs, targets);
     if (loss) *loss = l;
     if (!logits) return MESH_OK;
@@ -259,20 +269,23 @@ mesh_status mesh_param_info(const mesh_context *ctx, int index, const char **nam
     if (!ctx || !name || !n) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_param_info: NULL argument");
     if (index < 0 || mesh__exec_param(ctx->ex, index, name, n, &w, &g) != 0)
         return mesh__fail(MESH_ERR_INVALID_ARG, "no parameter %d", index);
+    *n = mesh__exec_param_numel(ctx->ex, index); /* the whole param's */
     return MESH_OK;
 }
 
-/* The value buffer of the parameter called name, checking its size. */
-static mesh_status find_param(mesh_context *ctx, const char *name, size_t n, float **value)
+/* The index of the parameter called name, checking its (whole) size. */
+static mesh_status find_param(mesh_context *ctx, const char *name, size_t n, int *index)
 {
     const char *pn;
     size_t pnum;
-    float *g;
+    float *w, *g;
     if (!ctx || !name) return mesh__fail(MESH_ERR_INVALID_ARG, "NULL argument");
-    for (int k = 0; mesh__exec_param(ctx->ex, k, &pn, &pnum, value, &g) == 0; k++) {
+    for (int k = 0; mesh__exec_param(ctx->ex, k, &pn, &pnum, &w, &g) == 0; k++) {
         if (strcmp(pn, name) != 0) continue;
+        pnum = mesh__exec_param_numel(ctx->ex, k);
         if (pnum != n)
             return mesh__fail(MESH_ERR_INVALID_ARG, "parameter '%s' has %zu elements, not %zu", name, pnum, n);
+        *index = k;
         return MESH_OK;
     }
     return mesh__fail(MESH_ERR_INVALID_ARG, "no parameter '%s'", name);
@@ -280,17 +293,18 @@ static mesh_status find_param(mesh_context *ctx, const char *name, size_t n, flo
 
 mesh_status mesh_param_read(mesh_context *ctx, const char *name, float *out, size_t n)
 {
-    float *w;
-    mesh_status st = find_param(ctx, name, n, &w);
-    if (st == MESH_OK && out) memcpy(out, w, n * sizeof *w);
+    int k;
+    mesh_status st = find_param(ctx, name, n, &k);
+    if (st == MESH_OK && out && mesh__exec_param_get(ctx->ex, k, out) != 0)
+        return mesh__fail(MESH_ERR_RANK, "%s", mesh__exec_error(ctx->ex));
     return st;
 }
 
 mesh_status mesh_param_write(mesh_context *ctx, const char *name, const float *in, size_t n)
 {
-    float *w;
-    mesh_status st = find_param(ctx, name, n, &w);
-    if (st == MESH_OK && in) memcpy(w, in, n * sizeof *w);
+    int k;
+    mesh_status st = find_param(ctx, name, n, &k);
+    if (st == MESH_OK && in) mesh__exec_param_set(ctx->ex, k, in);
     return st;
 }
 
@@ -299,14 +313,22 @@ mesh_status mesh_checkpoint_save(mesh_context *ctx, const char *dir)
     return mesh_checkpoint_save_with(ctx, dir, NULL);
 }
 
+/* Each pipeline stage holds its own layers: not gathered into one file yet. */
+static mesh_status pipeline_checkpoints(void)
+{
+    return mesh__fail(MESH_ERR_UNSUPPORTED, "checkpoints of pipeline-parallel plans (pp > 1) are not written yet "
+                      "(they load: each stage takes its layers); train with pp = 1 to save one");
+}
+
 mesh_status mesh_checkpoint_save_with(mesh_context *ctx, const char *dir, const mesh_data *data)
 {
     char err[512];
     uint64_t pos = 0;
     if (!ctx || !dir) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_checkpoint_save: NULL argument");
+    if (ctx->plan->p.pp > 1) return pipeline_checkpoints();
     if (data) mesh_data_tell(data, &pos);
-    if (mesh__ckpt_save(ctx->ex, dir, ctx->step, data ? &pos : NULL, err, sizeof err) != 0)
-        return mesh__fail(MESH_ERR_IO, "%s", err);
+    int rc = mesh__ckpt_save(ctx->ex, dir, ctx->step, data ? &pos : NULL, err, sizeof err);
+    if (rc != 0) return mesh__fail(rc == -2 ? MESH_ERR_RANK : MESH_ERR_IO, "%s", err);
     return MESH_OK;
 }
 
@@ -350,6 +372,7 @@ static mesh_status next_row(mesh_context *ctx, const int *ids, size_t n, const c
                             int *vocab)
 {
     if (!ctx || !ids || n == 0) return mesh__fail(MESH_ERR_INVALID_ARG, "%s: NULL argument or no ids", who);
+    if (ctx->plan->p.setup.tp > 1) return split_logits(who);
     size_t bt = mesh__exec_batch_tokens(ctx->ex);
     int32_t *in = malloc(bt * sizeof *in), *tg = malloc(bt * sizeof *tg);
     int vp = 0;

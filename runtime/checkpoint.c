@@ -118,19 +118,29 @@ int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint6
 {
     int count = 0;
     const char *name;
-    size_t n;
-    float *w, *g, *m, *v;
-    while (mesh__exec_param(ex, count, &name, &n, &w, &g) == 0) count++;
+    size_t n, total = 0;
+    float *w, *g;
+    while (mesh__exec_param(ex, count, &name, &n, &w, &g) == 0) total += mesh__exec_param_numel(ex, count++);
     st_item *model = calloc((size_t)count + 1, sizeof *model);
     st_item *optim = calloc(2 * (size_t)count + 1, sizeof *optim);
+    /* whole params and moments, even where tp splits and ZeRO shards them */
+    float *whole = malloc((3 * total + 1) * sizeof *whole);
     char tmp[4096], final[4096], path[4096], meta[192];
     int rc = -1;
-    if (!model || !optim) { set_err(err, errn, "out of memory"); goto out; }
-    for (int k = 0; k < count; k++) {
-        mesh__exec_param(ex, k, &name, &n, &w, &g);
-        mesh__exec_moments(ex, k, &m, &v);
-        st_item it = {name, "", NULL, 0, w, n};
-        mesh__exec_param_dims(ex, k, &it.dims, &it.rank);
+    if (!model || !optim || !whole) { set_err(err, errn, "out of memory"); goto out; }
+    for (size_t k = 0, at = 0; k < (size_t)count; k++) {
+        mesh__exec_param(ex, (int)k, &name, &n, &w, &g);
+        n = mesh__exec_param_numel(ex, (int)k);
+        float *pw = whole + at, *m = whole + total + at, *v = whole + 2 * total + at;
+        at += n;
+        /* collective over the tp and ZeRO groups */
+        if (mesh__exec_param_get(ex, (int)k, pw) != 0 || mesh__exec_moments_get(ex, (int)k, m, v) != 0) {
+            set_err(err, errn, "%s", mesh__exec_error(ex));
+            rc = -2;
+            goto out;
+        }
+        st_item it = {name, "", NULL, 0, pw, n};
+        mesh__exec_param_dims(ex, (int)k, &it.dims, &it.rank);
         model[k] = it;
         optim[2 * k] = it;
         optim[2 * k].suffix = ".m";
@@ -138,6 +148,10 @@ int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint6
         optim[2 * k + 1] = it;
         optim[2 * k + 1].suffix = ".v";
         optim[2 * k + 1].data = v;
+    }
+    if (mesh__exec_rank(ex) != 0) { /* rank 0 writes what every rank holds */
+        rc = 0;
+        goto out;
     }
     if (make_dirs(dir) != 0) {
         set_err(err, errn, "cannot make the checkpoint folder '%s': %s", dir, strerror(errno));
@@ -179,6 +193,7 @@ int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint6
 out:
     free(model);
     free(optim);
+    free(whole);
     return rc;
 }
 
@@ -414,16 +429,28 @@ int mesh__ckpt_load(mesh__exec *ex, const char *path, int optim, long long *step
     join(optfile, sizeof optfile, dir, "optim.safetensors");
     int rc = optim ? open_st(&opt, optfile, err, errn) : 0;
     const char *name;
-    size_t n;
-    float *w, *g, *m, *v;
+    size_t n, most = 0;
+    float *w, *g, *m = NULL;
+    for (int k = 0; mesh__exec_param(ex, k, &name, &n, &w, &g) == 0; k++) {
+        n = mesh__exec_param_numel(ex, k);
+        most = n > most ? n : most;
+    }
+    if (rc == 0 && !(m = malloc((3 * most + 1) * sizeof *m))) {
+        set_err(err, errn, "out of memory");
+        rc = -1;
+    }
+    /* whole tensors; with tp each rank keeps its slice, with ZeRO its shard */
     for (int k = 0; rc == 0 && mesh__exec_param(ex, k, &name, &n, &w, &g) == 0; k++) {
-        rc = take(&model, name, "", w, n);
+        n = mesh__exec_param_numel(ex, k);
+        rc = take(&model, name, "", m + 2 * most, n);
+        if (rc == 0) mesh__exec_param_set(ex, k, m + 2 * most);
         if (rc == 0 && optim) {
-            mesh__exec_moments(ex, k, &m, &v);
             rc = take(&opt, name, ".m", m, n);
-            if (rc == 0) rc = take(&opt, name, ".v", v, n);
+            if (rc == 0) rc = take(&opt, name, ".v", m + most, n);
+            if (rc == 0) mesh__exec_moments_set(ex, k, m, m + most);
         }
     }
+    free(m);
     if (rc == 0 && optim) {
         *mesh__exec_adam_steps(ex) = opt.adam_steps;
         *step = opt.step;

@@ -22,8 +22,10 @@
 #include "exec.h" /* mesh__exec */
 
 /* Saves the executor's parameters and optimizer state after `step` steps,
- * and the data cursor *data_pos unless data_pos is NULL. Returns 0, or -1
- * with a message in err. */
+ * and the data cursor *data_pos unless data_pos is NULL. With several
+ * ranks it is collective (ZeRO's shards of the optimizer state are
+ * gathered) and rank 0 writes. Returns 0, or -1 with a message in err
+ * (-2: a collective failed). */
 int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint64_t *data_pos, char *err,
                     size_t n);
 

@@ -144,13 +144,15 @@ static int meet(tcomm *t, const char *op)
 
 static float *scratch(tcomm *t, size_t n) { return comm_scratch(&t->scratch, &t->scratch_n, n); }
 
-/* sum over members q, in rank order, of ptr[q][off + i], i < n, into out */
-static void sum_parts(const tgroup *g, size_t off, size_t n, float *out)
+/* sum over members q, in rank order, of ptr[q][off + i], i < n, into out
+ * (a member at a time, so the adds vectorise; each element still sums in
+ * rank order) */
+static void sum_parts(const tgroup *g, size_t off, size_t n, float *restrict out)
 {
-    for (size_t i = 0; i < n; i++) {
-        float s = ((const float *)g->ptr[0])[off + i];
-        for (int q = 1; q < g->size; q++) s += ((const float *)g->ptr[q])[off + i];
-        out[i] = s;
+    memcpy(out, (const float *)g->ptr[0] + off, n * sizeof *out);
+    for (int q = 1; q < g->size; q++) {
+        const float *restrict in = (const float *)g->ptr[q] + off;
+        for (size_t i = 0; i < n; i++) out[i] += in[i];
     }
 }
 

@@ -320,14 +320,18 @@ mesh_status mesh_evaluate(mesh_context *ctx, mesh_data *d, int micro_batches, do
         return mesh__fail(MESH_ERR_NOMEM, "out of memory");
     }
     uint64_t per = (uint64_t)micro_batches * (uint64_t)d->micro_batch;
-    double sum = 0;
-    for (int k = 0; k < micro_batches; k++) {
+    double sum = 0, l;
+    int rc = 0;
+    for (int k = 0; k < micro_batches && rc == 0; k++) {
         read_part(d, d->pos, per, (uint64_t)k * (uint64_t)d->micro_batch, d->micro_batch, in, tg);
-        sum += mesh__exec_loss(ctx->ex, in, tg);
+        rc = mesh__exec_forward(ctx->ex, in, tg, &l); /* with tp, a collective over the tp group */
+        sum += l;
     }
     d->pos += per * (uint64_t)d->ranks;
     free(in);
     free(tg);
     *loss = sum / micro_batches;
+    if (rc == 0) rc = mesh__exec_data_mean(ctx->ex, loss); /* every data-parallel rank's slice */
+    if (rc != 0) return mesh__fail(MESH_ERR_RANK, "%s", mesh__exec_error(ctx->ex));
     return MESH_OK;
 }

@@ -32,15 +32,23 @@ struct mesh__exec {
     int *slot_of;        /* per micro-batch: its slot while in flight */
     char *slot_busy;     /* per slot */
     int n;               /* tensors */
-    size_t *numel;       /* per tensor: elements of one iteration's value */
+    size_t *numel;       /* per tensor: elements of one iteration's value on this rank */
+    int64_t (*ld)[GRAPH_MAX_RANK]; /* per tensor: its dims on this rank (tp and ep splits applied) */
     int *iters;          /* per tensor: iterations of its region (1 outside) */
     int *zero_by;        /* per tensor: the node whose backward starts its gradient
                             (its last consumer in its segment, or itself), -1 if none */
     int *params;         /* tensor ids of the params */
     int n_params;
     char ***names;       /* per param tensor: its iterations' global names */
-    float **gbufs;       /* per param tensor: its gradient, for the global norm */
-    size_t *gsizes;      /* and its elements, all iterations */
+    float **gbufs;       /* the gradients this rank updates, for the global norm: per param
+                            tensor (all copies) without ZeRO, per copy its shard with it */
+    size_t *gsizes;      /* and their elements */
+    char *gsplit;        /* and whether they are split over tp */
+    int n_gbufs;
+    size_t *shard;       /* per param tensor: elements of each copy's ZeRO shard (all without) */
+    size_t *opt_at;      /* per param tensor: where its first copy's moments start in m and v */
+    size_t opt_elems;    /* elements of m (and of v) on this rank */
+    comm *zero;          /* the group a param's optimizer state is sharded over, NULL without ZeRO */
     int tokens_in, targets_in; /* the input tensors */
     int stack;           /* the layer stack's region, -1 if none */
     double dloss;        /* seed of the backward: 1 / micro-batches */
@@ -55,6 +63,11 @@ struct mesh__exec {
     comm *axis[4];       /* this rank's group on each axis of size > 1, else NULL */
     comm *world;         /* the world's communicator (not owned), NULL on one rank */
     int data_ranks;      /* ranks the global batch is split over: dp x ep */
+    /* pipeline: this rank's stage runs chunk `stage` (one chunk per stage) */
+    int stage, last_stage;
+    int first_layer, n_layers; /* the stack's iterations this stage runs */
+    int *copies;         /* per param tensor: the copies this stage holds (0: none) */
+    comm *tied;          /* the first and the last stage, for a param both use (pp > 1) */
     char error[400];     /* why the last step failed */
     mesh_alloc_fn alloc; /* the context's allocator hook */
     void *ud;
@@ -100,24 +113,50 @@ static void set_err(char *err, size_t n, const char *fmt, ...)
     va_end(ap);
 }
 
-static size_t numel_of(const plan_tensor *t)
-{
-    size_t n = 1;
-    for (int d = 0; d < t->rank; d++) n *= (size_t)t->dims[d];
-    return n;
-}
-
 static int64_t last_dim(const plan_tensor *t) { return t->rank ? t->dims[t->rank - 1] : 1; }
 
 /* ---- where a tensor lives ---------------------------------------------- */
 
-static const mem_buf *buf_of(const mesh__exec *ex, int id) { return memplan_buf(&ex->mp, 0, id); }
+static const mem_buf *buf_of(const mesh__exec *ex, int id) { return memplan_buf(&ex->mp, ex->stage, id); }
+
+/* The copy of tensor id at iteration it on this stage: a layer-stack
+ * tensor's iterations start at the stage's first layer. */
+static int64_t local_it(const mesh__exec *ex, int id, int it)
+{
+    if (ex->stack >= 0 && ex->p->tensors[id].region == ex->stack) it -= ex->first_layer;
+    return it > 0 ? it : 0;
+}
+
+/* Is tensor id a value carried into the layer stack? */
+static int carried_entry(const mesh__exec *ex, int id, int *which)
+{
+    if (ex->stack < 0) return 0;
+    const plan_region *g = &ex->p->regions[ex->stack];
+    for (int c = 0; c < g->n_carry; c++)
+        if (g->carry[c].entry == id) {
+            if (which) *which = c;
+            return 1;
+        }
+    return 0;
+}
+
+/* Where a later pipeline chunk receives carried value c: the start of its slot. */
+static int64_t recv_at(const mesh__exec *ex, int c)
+{
+    int64_t at = ex->slots_at + ex->slot * ex->ms->slot_bytes;
+    const plan_region *g = &ex->p->regions[ex->stack];
+    for (int k = 0; k < c; k++) at += memplan_buf(&ex->mp, ex->stage, g->carry[k].exit)->bytes;
+    return at;
+}
 
 /* Value of tensor id at its iteration it (-1, a carried entry: 0). */
 static float *vptr(const mesh__exec *ex, int id, int it)
 {
     const mem_buf *b = buf_of(ex, id);
     int64_t at;
+    int c;
+    if (ex->stage > 0 && carried_entry(ex, id, &c)) /* received from the stage before */
+        return (float *)(void *)(ex->arena + recv_at(ex, c));
     switch (b->region) {
     case MEM_PERSISTENT: at = 0; break;
     case MEM_SLOT: at = ex->slots_at + ex->slot * ex->ms->slot_bytes + ex->part_at[b->part]; break;
@@ -125,12 +164,13 @@ static float *vptr(const mesh__exec *ex, int id, int it)
     case MEM_RECOMPUTE: at = ex->recompute_at; break;
     default: return NULL;
     }
-    return (float *)(void *)(ex->arena + at + b->offset + (it > 0 ? it : 0) * b->stride);
+    return (float *)(void *)(ex->arena + at + b->offset + local_it(ex, id, it) * b->stride);
 }
 
 /* Gradient of tensor id at its iteration it. A carried value's gradient
  * alternates between its pair of buffers: the exit of iteration it uses
- * it % 2, the entry (the exit of "iteration -1") the second. */
+ * it % 2, the entry (the exit of the iteration before the stage's first)
+ * the other. */
 static float *gptr(const mesh__exec *ex, int id, int it)
 {
     const mem_buf *b = buf_of(ex, id);
@@ -141,9 +181,12 @@ static float *gptr(const mesh__exec *ex, int id, int it)
     case MEM_PINNED: at = ex->pinned_at; break;
     default: return NULL;
     }
-    if (b->carried && b->grad_region == MEM_PINNED) /* an entry is outside the stack: "iteration -1" */
-        at += (int64_t)(ex->p->tensors[id].region < 0 ? 1 : ((it % 2) + 2) % 2) * b->bytes;
-    else at += (it > 0 ? it : 0) * b->grad_stride;
+    if (b->carried && b->grad_region == MEM_PINNED) {
+        if (ex->p->tensors[id].region < 0) it = ex->first_layer - 1; /* an entry: "the iteration before" */
+        at += (int64_t)(((it % 2) + 2) % 2) * b->bytes;
+    } else {
+        at += local_it(ex, id, it) * b->grad_stride;
+    }
     return (float *)(void *)(ex->arena + at + b->grad_offset);
 }
 
@@ -170,7 +213,7 @@ static int resolve(const mesh__exec *ex, int id, int r, int it, int *copy)
         for (int q = 0; q < p->n_regions; q++)
             for (int c = 0; c < p->regions[q].n_carry; c++) {
                 if (p->regions[q].carry[c].entry != id) continue;
-                if (q == r && it > 0) {
+                if (q == r && it > ex->first_layer) {
                     *copy = it - 1;
                     return p->regions[q].carry[c].exit;
                 }
@@ -228,6 +271,140 @@ static moe_bufs moe_at(mesh__exec *ex, int id, int it)
     return m;
 }
 
+/* ---- tensor parallelism ------------------------------------------------- */
+
+/* Is tensor id split over tp (and along which dim, if so)? */
+static int split_tp(const mesh__exec *ex, int id)
+{
+    return ex->p->setup.tp > 1 && ex->p->tensors[id].pl.kind[1] == PL_SPLIT;
+}
+
+/* The first vocabulary row of an embedding table on this rank. */
+static int row0_of(const mesh__exec *ex, int table)
+{
+    return split_tp(ex, table) && ex->p->tensors[table].pl.dim[1] == 0 ? ex->coord[1] * (int)ex->ld[table][0] : 0;
+}
+
+static int sum_doubles(mesh__exec *ex, comm *c, double *x, int n);
+
+/* The blocks a param's split dim is made of: one, or for a packed q/k/v
+ * projection (it feeds, through a matmul and bias adds, a one-input
+ * attention) the q, k and v channels, each split over tp on its own, so
+ * that a rank's slice holds the q, k and v of its heads (docs/language.md,
+ * attention). Returns the count, sizes in seg. */
+static int split_blocks(const mesh__exec *ex, int id, int64_t seg[3])
+{
+    const plan *p = ex->p;
+    const plan_tensor *t = &p->tensors[id];
+    int d = t->pl.dim[1], cur = id;
+    seg[0] = t->dims[d];
+    if (d != t->rank - 1) return 1;
+    for (int depth = 0; depth < 4; depth++) {
+        int next = -1;
+        for (int c = cur + 1; c < p->n_tensors && next < 0; c++) {
+            const plan_tensor *u = &p->tensors[c];
+            for (int k = 0; k < u->n_in && next < 0; k++) {
+                if (u->in[k] != cur) continue;
+                if (u->op == G_ATTENTION && u->n_in == 1) {
+                    int64_t H = u->heads, KV = u->kv_heads ? u->kv_heads : u->heads, dh = last_dim(u) / H;
+                    if ((H + 2 * KV) * dh != seg[0]) return 1;
+                    seg[0] = H * dh;
+                    seg[1] = seg[2] = KV * dh;
+                    return 3;
+                }
+                if ((u->op == G_MATMUL && k == 1) || u->op == G_BIAS_ADD || u->op == G_ADD) next = c;
+            }
+        }
+        if (next < 0) return 1;
+        cur = next;
+    }
+    return 1;
+}
+
+/* Calls fn(ctx, local, whole, len) for each contiguous run of param id's
+ * elements on the rank `r` of its tp group: `len` elements at `local` in
+ * the rank's slice are at `whole` in the whole param. */
+typedef void (*run_fn)(void *ctx, size_t local, size_t whole, size_t len);
+
+static void param_runs(const mesh__exec *ex, int id, int r, run_fn fn, void *ctx)
+{
+    const plan_tensor *t = &ex->p->tensors[id];
+    if (!split_tp(ex, id)) {
+        fn(ctx, 0, 0, ex->numel[id]);
+        return;
+    }
+    int d = t->pl.dim[1], tp = (int)ex->p->setup.tp;
+    int64_t seg[3];
+    int nseg = split_blocks(ex, id, seg);
+    size_t outer = 1, inner = 1;
+    for (int k = 0; k < d; k++) outer *= (size_t)t->dims[k];
+    for (int k = d + 1; k < t->rank; k++) inner *= (size_t)t->dims[k];
+    for (size_t o = 0; o < outer; o++) {
+        size_t lacc = 0, gacc = 0;
+        for (int j = 0; j < nseg; j++) {
+            size_t L = (size_t)seg[j] / (size_t)tp;
+            fn(ctx, (o * (size_t)ex->ld[id][d] + lacc) * inner, (o * (size_t)t->dims[d] + gacc + (size_t)r * L) * inner,
+               L * inner);
+            lacc += L;
+            gacc += (size_t)seg[j];
+        }
+    }
+}
+
+/* Initialising a param's slice: the whole param's values at its indices. */
+typedef struct init_ctx {
+    float *w;
+    uint64_t key;
+    float std;
+} init_ctx;
+
+static void init_run(void *ctx, size_t local, size_t whole, size_t len)
+{
+    init_ctx *c = ctx;
+    mesh__init_normal(c->w + local, len, whole, c->key, c->std);
+}
+
+/* Vocabulary-parallel cross-entropy: this rank holds columns [r W, (r + 1)
+ * W) of the logits. The ranks take the rows' maximum, then add their sums
+ * of exp(logit - max) and their target logits (exactly, in rank order).
+ * aux: losses, rowmax, lse [N] each, as the whole-vocabulary kernel's. */
+static int ce_shard_forward(mesh__exec *ex, float *out, float *aux, const float *logits, const int32_t *targets,
+                            int N, int W, int V)
+{
+    comm *c = ex->axis[1];
+    float *mx = aux + N, *lse = aux + 2 * N, *tl = aux; /* the losses' place holds the target logits first */
+    int col0 = ex->coord[1] * W;
+    kcpu_crossentropy_shard_max(mx, tl, logits, targets, N, col0, W, V);
+    float *all = malloc((size_t)c->size * (size_t)N * sizeof *all);
+    double *st = malloc(2 * (size_t)N * sizeof *st);
+    int rc = all && st ? comm_all_gather(c, mx, all, (size_t)N) : -1;
+    if (rc == 0) {
+        for (int i = 0; i < N; i++)
+            for (int q = 0; q < c->size; q++) mx[i] = all[(size_t)q * N + i] > mx[i] ? all[(size_t)q * N + i] : mx[i];
+        kcpu_crossentropy_shard_sumexp(st, logits, mx, N, col0, W, V);
+        for (int i = 0; i < N; i++) st[N + i] = tl[i];
+        rc = sum_doubles(ex, c, st, 2 * N);
+    }
+    if (rc == 0) {
+        double total = 0;
+        for (int i = 0; i < N; i++) {
+            double ls = log(st[i]), loss = ls - (st[N + i] - mx[i]);
+            aux[i] = (float)loss;
+            lse[i] = (float)ls;
+            total += loss;
+        }
+        out[0] = (float)(total / N);
+    } else if (!all || !st) {
+        snprintf(ex->error, sizeof ex->error, "rank %d: out of memory", ex->rank);
+        comm_abort(c, ex->error);
+    } else if (!ex->error[0]) {
+        snprintf(ex->error, sizeof ex->error, "rank %d: vocabulary-parallel cross-entropy: %s", ex->rank, c->error);
+    }
+    free(all);
+    free(st);
+    return rc;
+}
+
 /* ---- one op ----------------------------------------------------------- */
 
 /* Broadcast add: the smaller operand's elements repeat over the larger's. */
@@ -245,32 +422,43 @@ static void add_backward(float *da, size_t na, float *db, size_t nb, const float
     else kcpu_add_broadcast_backward(db, da, dout, (int)(nb / na), 1, (int)na);
 }
 
-/* Attention geometry: qkv [B, T, (H + 2 KV) d] -> out [B, T, H d]. */
-static void attn_dims(const plan_tensor *t, int *B, int *T, int *H, int *KV, int *d)
+/* The last of tensor id's dims on this rank. */
+static int lastd(const mesh__exec *ex, int id)
 {
-    *H = (int)t->heads;
-    *KV = (int)(t->kv_heads ? t->kv_heads : t->heads);
-    *d = (int)(last_dim(t) / *H);
-    *T = (int)t->dims[t->rank - 2];
-    *B = (int)(numel_of(t) / ((size_t)*T * (size_t)*H * (size_t)*d));
+    const plan_tensor *t = &ex->p->tensors[id];
+    return t->rank ? (int)ex->ld[id][t->rank - 1] : 1;
 }
 
-static void forward_node(mesh__exec *ex, int id, int it)
+/* Attention geometry on this rank: qkv [B, T, (H + 2 KV) d] -> out [B, T,
+ * H d]; split over tp, H and KV are the rank's heads. */
+static void attn_dims(const mesh__exec *ex, int id, int *B, int *T, int *H, int *KV, int *d)
+{
+    const plan_tensor *t = &ex->p->tensors[id];
+    *d = (int)(last_dim(t) / t->heads);
+    *H = lastd(ex, id) / *d;
+    *KV = (int)((t->kv_heads ? t->kv_heads : t->heads) * *H / t->heads);
+    *T = (int)ex->ld[id][t->rank - 2];
+    *B = (int)(ex->numel[id] / ((size_t)*T * (size_t)*H * (size_t)*d));
+}
+
+static int forward_node(mesh__exec *ex, int id, int it)
 {
     const plan_tensor *t = &ex->p->tensors[id];
     const plan_tensor *a = t->n_in > 0 ? &ex->p->tensors[t->in[0]] : NULL;
     const plan_tensor *b = t->n_in > 1 ? &ex->p->tensors[t->in[1]] : NULL;
     size_t n = ex->numel[id];
     switch (t->op) {
-    case G_EMBED:
-        kcpu_embedding_forward(OUT, I32(IN(0)), IN(1), (int)ex->numel[t->in[0]], (int)b->dims[0],
-                               (int)b->dims[1]);
+    case G_EMBED: { /* a table split over tp holds its rank's rows of the vocabulary */
+        int rows = (int)ex->ld[t->in[1]][0], C = (int)ex->ld[t->in[1]][1];
+        kcpu_embedding_rows_forward(OUT, I32(IN(0)), IN(1), (int)ex->numel[t->in[0]], row0_of(ex, t->in[1]), rows,
+                                    C);
         break;
+    }
     case G_ARANGE:
         for (size_t k = 0; k < n; k++) I32(OUT)[k] = (int32_t)k;
         break;
     case G_MATMUL: {
-        int K = (int)last_dim(a), N = (int)last_dim(t), M = (int)(n / (size_t)N);
+        int K = lastd(ex, t->in[0]), N = lastd(ex, id), M = (int)(n / (size_t)N);
         if (b->op == G_TRANSPOSE) /* x @ transpose(w): w stored [N, K] */
             kcpu_matmul_wt_forward(OUT, IN(0), val_in(ex, b->in[0], t->region, it), NULL, M, K, N);
         else
@@ -284,20 +472,20 @@ static void forward_node(mesh__exec *ex, int id, int it)
         add_forward(OUT, IN(0), ex->numel[t->in[0]], IN(1), ex->numel[t->in[1]]);
         break;
     case G_LAYERNORM: {
-        int C = (int)last_dim(t), rows = (int)(n / (size_t)C);
+        int C = lastd(ex, id), rows = (int)(n / (size_t)C);
         float *aux = AUX;
         kcpu_layernorm_forward(OUT, aux, aux + rows, IN(0), IN(1), t->n_in > 2 ? IN(2) : NULL, rows, C,
                                (float)t->eps);
         break;
     }
     case G_RMSNORM: {
-        int C = (int)last_dim(t), rows = (int)(n / (size_t)C);
+        int C = lastd(ex, id), rows = (int)(n / (size_t)C);
         kcpu_rmsnorm_forward(OUT, AUX, IN(0), IN(1), rows, C, (float)t->eps);
         break;
     }
     case G_ATTENTION: {
         int B, T, H, KV, d;
-        attn_dims(t, &B, &T, &H, &KV, &d);
+        attn_dims(ex, id, &B, &T, &H, &KV, &d);
         if (t->n_in == 1) /* packed [q | k | v] */
             kcpu_attention_qkv_forward(OUT, AUX, IN(0), B, T, H, KV, d, t->causal);
         else
@@ -306,7 +494,7 @@ static void forward_node(mesh__exec *ex, int id, int it)
     }
     case G_ROPE: {
         int B, T, H, KV, d;
-        attn_dims(t, &B, &T, &H, &KV, &d);
+        attn_dims(ex, id, &B, &T, &H, &KV, &d);
         kcpu_rope_forward(OUT, IN(0), B, T, H, d, (float)t->theta, 0);
         break;
     }
@@ -314,10 +502,14 @@ static void forward_node(mesh__exec *ex, int id, int it)
     case G_SILU: kcpu_silu_forward(OUT, IN(0), n); break;
     case G_SWIGLU: kcpu_swiglu_forward(OUT, IN(0), IN(1), n); break;
     case G_CROSS_ENTROPY: {
-        int Vp = (int)last_dim(a), N = (int)ex->numel[t->in[1]];
-        int V = t->vocab > 0 ? (int)t->vocab : Vp;
+        int W = lastd(ex, t->in[0]), N = (int)ex->numel[t->in[1]];
+        int V = t->vocab > 0 ? (int)t->vocab : (int)last_dim(a);
         float *aux = AUX;
-        OUT[0] = kcpu_crossentropy_forward(aux, aux + N, aux + 2 * N, IN(0), I32(IN(1)), N, V, Vp);
+        if (split_tp(ex, t->in[0])) { /* vocabulary-parallel */
+            if (ce_shard_forward(ex, OUT, aux, IN(0), I32(IN(1)), N, W, V) != 0) return -1;
+        } else {
+            OUT[0] = kcpu_crossentropy_forward(aux, aux + N, aux + 2 * N, IN(0), I32(IN(1)), N, V, W);
+        }
         break;
     }
     case G_MOE: {
@@ -335,21 +527,24 @@ static void forward_node(mesh__exec *ex, int id, int it)
         break;
     }
     if (id == ex->p->loss && !ex->recomputing) ex->loss += OUT[0];
+    return 0;
 }
 
-static void backward_node(mesh__exec *ex, int id, int it)
+static int backward_node(mesh__exec *ex, int id, int it)
 {
     const plan_tensor *t = &ex->p->tensors[id];
     const plan_tensor *a = t->n_in > 0 ? &ex->p->tensors[t->in[0]] : NULL;
     const plan_tensor *b = t->n_in > 1 ? &ex->p->tensors[t->in[1]] : NULL;
     size_t n = ex->numel[id];
     switch (t->op) {
-    case G_EMBED:
-        kcpu_embedding_backward(DIN(1), DOUT, I32(IN(0)), (int)ex->numel[t->in[0]], (int)b->dims[0],
-                                (int)b->dims[1]);
+    case G_EMBED: {
+        int rows = (int)ex->ld[t->in[1]][0], C = (int)ex->ld[t->in[1]][1];
+        kcpu_embedding_rows_backward(DIN(1), DOUT, I32(IN(0)), (int)ex->numel[t->in[0]], row0_of(ex, t->in[1]),
+                                     rows, C);
         break;
+    }
     case G_MATMUL: {
-        int K = (int)last_dim(a), N = (int)last_dim(t), M = (int)(n / (size_t)N);
+        int K = lastd(ex, t->in[0]), N = lastd(ex, id), M = (int)(n / (size_t)N);
         if (b->op == G_TRANSPOSE)
             kcpu_matmul_wt_backward(DIN(0), grad_in(ex, b->in[0], t->region, it), NULL, DOUT, IN(0),
                                     val_in(ex, b->in[0], t->region, it), M, K, N);
@@ -362,20 +557,20 @@ static void backward_node(mesh__exec *ex, int id, int it)
         add_backward(DIN(0), ex->numel[t->in[0]], DIN(1), ex->numel[t->in[1]], DOUT);
         break;
     case G_LAYERNORM: {
-        int C = (int)last_dim(t), rows = (int)(n / (size_t)C);
+        int C = lastd(ex, id), rows = (int)(n / (size_t)C);
         float *aux = AUX;
         kcpu_layernorm_backward(DIN(0), DIN(1), t->n_in > 2 ? DIN(2) : NULL, DOUT, IN(0), IN(1), aux,
                                 aux + rows, rows, C);
         break;
     }
     case G_RMSNORM: {
-        int C = (int)last_dim(t), rows = (int)(n / (size_t)C);
+        int C = lastd(ex, id), rows = (int)(n / (size_t)C);
         kcpu_rmsnorm_backward(DIN(0), DIN(1), DOUT, IN(0), IN(1), AUX, rows, C);
         break;
     }
     case G_ATTENTION: {
         int B, T, H, KV, d;
-        attn_dims(t, &B, &T, &H, &KV, &d);
+        attn_dims(ex, id, &B, &T, &H, &KV, &d);
         if (t->n_in == 1)
             kcpu_attention_qkv_backward(DIN(0), DOUT, OUT, AUX, IN(0), B, T, H, KV, d, t->causal);
         else
@@ -385,7 +580,7 @@ static void backward_node(mesh__exec *ex, int id, int it)
     }
     case G_ROPE: {
         int B, T, H, KV, d;
-        attn_dims(t, &B, &T, &H, &KV, &d);
+        attn_dims(ex, id, &B, &T, &H, &KV, &d);
         kcpu_rope_backward(DIN(0), DOUT, B, T, H, d, (float)t->theta, 0);
         break;
     }
@@ -393,10 +588,11 @@ static void backward_node(mesh__exec *ex, int id, int it)
     case G_SILU: kcpu_silu_backward(DIN(0), IN(0), DOUT, n); break;
     case G_SWIGLU: kcpu_swiglu_backward(DIN(0), DIN(1), DOUT, IN(0), IN(1), n); break;
     case G_CROSS_ENTROPY: {
-        int Vp = (int)last_dim(a), N = (int)ex->numel[t->in[1]];
-        int V = t->vocab > 0 ? (int)t->vocab : Vp;
+        int W = lastd(ex, t->in[0]), N = (int)ex->numel[t->in[1]];
+        int V = t->vocab > 0 ? (int)t->vocab : (int)last_dim(a);
         float *aux = AUX;
-        kcpu_crossentropy_backward(DIN(0), IN(0), I32(IN(1)), aux + N, aux + 2 * N, DOUT[0], N, V, Vp);
+        kcpu_crossentropy_shard_backward(DIN(0), IN(0), I32(IN(1)), aux + N, aux + 2 * N, DOUT[0], N,
+                                         split_tp(ex, t->in[0]) ? ex->coord[1] * W : 0, W, V);
         break;
     }
     case G_MOE: {
@@ -419,6 +615,7 @@ static void backward_node(mesh__exec *ex, int id, int it)
     default:
         break;
     }
+    return 0;
 }
 
 
@@ -468,16 +665,39 @@ static void start_carries(mesh__exec *ex, int r, int it)
 /* A collective step of the program on the rank's group of its axis. */
 static int collective(mesh__exec *ex, const plan_step *st, int it)
 {
-    comm *c = ex->axis[st->axis];
+    /* over pp: a tied param's two copies, on the first and the last stage */
+    comm *c = st->axis == 2 ? ex->tied : ex->axis[st->axis];
     if (!c) return 0; /* a group of one */
     int rc = -1;
     const char *what = "?";
+    size_t n = (size_t)(buf_of(ex, st->node)->bytes / 4), part = n / (size_t)c->size;
     switch (st->kind) {
     case STEP_ALL_REDUCE:
         what = "all-reduce";
-        rc = comm_all_reduce(c, st->phase == PLAN_GRAD_SYNC ? gptr(ex, st->node, it) : vptr(ex, st->node, it),
-                             (size_t)(buf_of(ex, st->node)->bytes / 4));
+        if (ex->p->tensors[st->node].op == G_CROSS_ENTROPY) return 0; /* the op exchanges its sums itself */
+        /* forward: a partial sum of values; backward and the gradient sync: of gradients */
+        rc = comm_all_reduce(c, st->phase == PLAN_FORWARD ? vptr(ex, st->node, it) : gptr(ex, st->node, it), n);
         break;
+    case STEP_REDUCE_SCATTER: { /* ZeRO's gradient sync: this rank's shard summed, in place */
+        what = "reduce-scatter";
+        float *g = gptr(ex, st->node, it);
+        if (n % (size_t)c->size == 0) rc = comm_reduce_scatter(c, g, g + (size_t)c->rank * part, part);
+        else rc = comm_all_reduce(c, g, n); /* uneven shards: the whole sum, of which it uses its part */
+        break;
+    }
+    case STEP_ALL_GATHER: { /* ZeRO: every rank's updated shard, into the whole param */
+        what = "all-gather";
+        float *w = vptr(ex, st->node, it);
+        size_t sh = ex->shard[st->node], lo = (size_t)c->rank * sh, hi = lo + sh < n ? lo + sh : n;
+        if (n % (size_t)c->size == 0) {
+            rc = comm_all_gather(c, w + lo, w, sh);
+        } else { /* uneven: a sum of the shards over zeros is the gather, exactly */
+            memset(w, 0, lo * sizeof *w);
+            if (hi < n) memset(w + hi, 0, (n - hi) * sizeof *w);
+            rc = comm_all_reduce(c, w, n);
+        }
+        break;
+    }
     default:
         snprintf(c->error, sizeof c->error, "not run yet");
         break;
@@ -488,10 +708,58 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
     return rc;
 }
 
-/* Runs the program's steps of one phase; a run of consecutive steps in a
- * region repeats per iteration (backward: last to first, each iteration
- * starting with the forward steps it recomputes). Returns 0, or -1 when a
- * collective failed (ex->error). */
+/* Does step st run on this pipeline stage? A layer's on the stage of its
+ * layers (run_phase picks the iterations), one before the stack on the
+ * first stage, one after it on the last; a param's gradient sync and
+ * gather where the param is held. */
+static int step_here(const mesh__exec *ex, const plan_step *st)
+{
+    if (ex->p->pp == 1) return 1;
+    const plan_tensor *t = &ex->p->tensors[st->node];
+    if (st->phase == PLAN_GRAD_SYNC || st->phase == PLAN_AFTER_OPTIMIZER) return ex->copies[st->node] > 0;
+    if (ex->stack >= 0 && t->region == ex->stack) return ex->n_layers > 0;
+    return st->node < ex->p->regions[ex->stack].first ? ex->stage == 0 : ex->stage == ex->last_stage;
+}
+
+/* Pipeline transfers of the carried values (comm: the pp group, eager
+ * sends): a stage after the first receives its first layer's input before
+ * a forward, one before the last sends its last layer's output after it;
+ * in the backward the gradients go the other way. */
+static int pipe_transfer(mesh__exec *ex, int grad, int send)
+{
+    const plan_region *g = &ex->p->regions[ex->stack];
+    comm *c = ex->axis[2];
+    int peer = grad == send ? ex->stage - 1 : ex->stage + 1;
+    int last_it = ex->first_layer + ex->n_layers - 1;
+    for (int k = 0; k < g->n_carry; k++) {
+        int exit = g->carry[k].exit, entry = g->carry[k].entry;
+        size_t bytes = (size_t)buf_of(ex, exit)->bytes;
+        int rc;
+        if (!grad && !send) rc = comm_recv(c, ex->arena + recv_at(ex, k), bytes, peer);
+        else if (!grad) rc = comm_send(c, vptr(ex, exit, last_it), bytes, peer);
+        else if (!send) rc = comm_recv(c, gptr(ex, exit, last_it), bytes, peer);
+        else rc = comm_send(c, gptr(ex, entry, 0), bytes, peer);
+        if (rc != 0) {
+            snprintf(ex->error, sizeof ex->error, "rank %d (stage %d): %s %s %s stage %d: %s", ex->rank, ex->stage,
+                     send ? "sending" : "receiving", grad ? "gradients" : "activations", send ? "to" : "from", peer,
+                     c->error);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Is an input's part (before or after the stack) run on this stage? */
+static int part_here(const mesh__exec *ex, int id)
+{
+    int part = buf_of(ex, id)->part;
+    return part == MEM_PART_PRE ? ex->stage == 0 : part == MEM_PART_POST ? ex->stage == ex->last_stage : 1;
+}
+
+/* Runs the program's steps of one phase on this stage; a run of
+ * consecutive steps in a region repeats per iteration (backward: last to
+ * first, each iteration starting with the forward steps it recomputes).
+ * Returns 0, or -1 when a collective or a transfer failed (ex->error). */
 static int run_phase(mesh__exec *ex, plan_phase phase)
 {
     const plan *p = ex->p;
@@ -499,6 +767,9 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
     if (back) {
         poison_workspace(ex);
         memset(ex->arena + ex->pinned_at, 0, (size_t)ex->ms->pinned);
+        if (ex->stage < ex->last_stage && pipe_transfer(ex, 1, 0) != 0) return -1;
+    } else if (phase == PLAN_FORWARD && ex->stage > 0 && pipe_transfer(ex, 0, 0) != 0) {
+        return -1;
     }
     for (int s = 0; s < p->n_steps;) {
         const plan_step *st = &p->steps[s];
@@ -506,9 +777,14 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
         int e = s + 1;
         if (st->region >= 0)
             while (e < p->n_steps && p->steps[e].phase == phase && p->steps[e].region == st->region) e++;
-        int count = st->region >= 0 ? (int)p->regions[st->region].count : 1;
+        int count = st->region >= 0 ? (int)p->regions[st->region].count : 1, lo = 0;
+        if (st->region >= 0 && st->region == ex->stack) { /* this stage's layers */
+            lo = ex->first_layer;
+            count = ex->n_layers;
+        }
+        if (!step_here(ex, st)) count = 0;
         for (int k = 0; k < count; k++) {
-            int it = back ? count - 1 - k : k;
+            int it = lo + (back ? count - 1 - k : k);
             if (back && st->region >= 0) start_carries(ex, st->region, it);
             for (int q = s; q < e; q++) {
                 const plan_step *sq = &p->steps[q];
@@ -516,18 +792,21 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
                     if (collective(ex, sq, it) != 0) return -1;
                 } else if (back && sq->recompute) {
                     ex->recomputing = 1;
-                    forward_node(ex, sq->node, it);
+                    int rc = forward_node(ex, sq->node, it);
                     ex->recomputing = 0;
+                    if (rc != 0) return -1;
                 } else if (back) {
                     start_grads(ex, sq->node, it);
-                    backward_node(ex, sq->node, it);
-                } else {
-                    forward_node(ex, sq->node, it);
+                    if (backward_node(ex, sq->node, it) != 0) return -1;
+                } else if (forward_node(ex, sq->node, it) != 0) {
+                    return -1;
                 }
             }
         }
         s = e;
     }
+    if (phase == PLAN_FORWARD && ex->stage < ex->last_stage) return pipe_transfer(ex, 0, 1);
+    if (back && ex->stage > 0) return pipe_transfer(ex, 1, 1);
     return 0;
 }
 
@@ -540,8 +819,8 @@ static int forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets
     if (ex->poison) memset(ex->arena + ex->slots_at + ex->slot * ex->ms->slot_bytes, 0xff, (size_t)ex->ms->slot_bytes);
     poison_workspace(ex);
     size_t n = ex->numel[ex->tokens_in];
-    memcpy(vptr(ex, ex->tokens_in, 0), inputs, n * sizeof *inputs);
-    memcpy(vptr(ex, ex->targets_in, 0), targets, n * sizeof *targets);
+    if (part_here(ex, ex->tokens_in)) memcpy(vptr(ex, ex->tokens_in, 0), inputs, n * sizeof *inputs);
+    if (part_here(ex, ex->targets_in)) memcpy(vptr(ex, ex->targets_in, 0), targets, n * sizeof *targets);
     ex->loss = 0;
     int rc = run_phase(ex, PLAN_FORWARD);
     *loss = ex->loss;
@@ -550,9 +829,15 @@ static int forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets
 
 double mesh__exec_loss(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
 {
-    ex->slot = 0;
     double loss;
-    return forward(ex, inputs, targets, &loss) == 0 ? loss : NAN;
+    return mesh__exec_forward(ex, inputs, targets, &loss) == 0 ? loss : NAN;
+}
+
+int mesh__exec_forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets, double *loss)
+{
+    ex->slot = 0;
+    /* the last pipeline stage has the loss: every stage gets it */
+    return forward(ex, inputs, targets, loss) == 0 && sum_doubles(ex, ex->axis[2], loss, 1) == 0 ? 0 : -2;
 }
 
 static void zero_param_grads(mesh__exec *ex)
@@ -588,7 +873,7 @@ double mesh__exec_lr(const plan *p, long long step)
  * failed. */
 static int run_units(mesh__exec *ex, const int32_t *inputs, const int32_t *targets, double *loss)
 {
-    const plan_stage *g = &ex->p->stages[0];
+    const plan_stage *g = &ex->p->stages[ex->stage];
     size_t bt = mesh__exec_batch_tokens(ex);
     *loss = 0;
     for (int u = 0; u < g->n_units; u++) {
@@ -610,18 +895,54 @@ static int run_units(mesh__exec *ex, const int32_t *inputs, const int32_t *targe
     return 0;
 }
 
-/* The sum over the group of x[0..n-1] (n <= 4), in rank order, exactly
- * (doubles travel as bytes). */
+/* The first iteration of param id's copies on this stage. */
+static int first_it(const mesh__exec *ex, int id)
+{
+    return ex->stack >= 0 && ex->p->tensors[id].region == ex->stack ? ex->first_layer : 0;
+}
+
+/* Is param id used both before and after the layer stack (a tied
+ * embedding), so that the first and the last stage each hold a copy? */
+static int tied_across(const mesh__exec *ex, int id)
+{
+    const plan *p = ex->p;
+    if (p->pp == 1 || ex->stack < 0 || p->tensors[id].op != G_PARAM) return 0;
+    int before = 0, after = 0;
+    for (int c = 0; c < p->n_tensors; c++)
+        for (int k = 0; k < p->tensors[c].n_in; k++) {
+            if (p->tensors[c].in[k] != id) continue;
+            before |= c < p->regions[ex->stack].first;
+            after |= c >= p->regions[ex->stack].end;
+        }
+    return before && after;
+}
+
+/* The part of copy it of param id this rank updates: elements [lo, lo +
+ * len) (all of them without ZeRO), and its AdamW moments. */
+static void shard_of(const mesh__exec *ex, int id, int it, size_t *lo, size_t *len, float **m, float **v)
+{
+    size_t n = ex->numel[id], sh = ex->shard[id];
+    size_t r = ex->zero ? (size_t)ex->zero->rank : 0;
+    *lo = r * sh < n ? r * sh : n;
+    *len = (*lo + sh < n ? *lo + sh : n) - *lo;
+    float *m0 = (float *)(void *)(ex->arena + ex->optim_at);
+    *m = m0 + ex->opt_at[id] + (size_t)local_it(ex, id, it) * sh;
+    *v = m0 + ex->opt_elems + ex->opt_at[id] + (size_t)local_it(ex, id, it) * sh;
+}
+
+/* The sum over the group of x[0..n-1], in rank order, exactly (doubles
+ * travel as bytes). */
 static int sum_doubles(mesh__exec *ex, comm *c, double *x, int n)
 {
     if (!c) return 0;
-    float *all = calloc((size_t)c->size * (size_t)n * 2, sizeof *all);
-    if (!all) {
+    float *all = malloc((size_t)c->size * (size_t)n * 2 * sizeof *all), *mine = malloc((size_t)n * 2 * sizeof *mine);
+    if (!all || !mine) {
+        free(all);
+        free(mine);
         snprintf(ex->error, sizeof ex->error, "rank %d: out of memory", ex->rank);
         comm_abort(c, ex->error);
         return -1;
     }
-    float mine[8];
     memcpy(mine, x, (size_t)n * sizeof *x);
     int rc = comm_all_gather(c, mine, all, (size_t)n * 2);
     if (rc == 0)
@@ -634,8 +955,9 @@ static int sum_doubles(mesh__exec *ex, comm *c, double *x, int n)
             x[k] = sum;
         }
     else
-        snprintf(ex->error, sizeof ex->error, "rank %d: all-gather of the loss: %s", ex->rank, c->error);
+        snprintf(ex->error, sizeof ex->error, "rank %d: an all-gather of sums: %s", ex->rank, c->error);
     free(all);
+    free(mine);
     return rc;
 }
 
@@ -646,12 +968,27 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
     int m = (int)(s->micro_batches > 0 ? s->micro_batches : 1);
     zero_param_grads(ex);
     double loss;
+    /* the loss is the last stage's */
     if (run_units(ex, inputs, targets, &loss) != 0 || run_phase(ex, PLAN_GRAD_SYNC) != 0 ||
-        sum_doubles(ex, ex->axis[0], &loss, 1) != 0)
+        sum_doubles(ex, ex->axis[2], &loss, 1) != 0 || sum_doubles(ex, ex->axis[0], &loss, 1) != 0)
         return -2;
     loss /= (double)m * ex->data_ranks;
-    double norm = s->clip > 0 ? kcpu_clip_global_norm(ex->gbufs, ex->gsizes, ex->n_params, (float)s->clip)
-                              : kcpu_global_norm((const float *const *)ex->gbufs, ex->gsizes, ex->n_params);
+    double norm;
+    if (!ex->zero && s->tp == 1 && ex->p->pp == 1) {
+        norm = s->clip > 0 ? kcpu_clip_global_norm(ex->gbufs, ex->gsizes, ex->n_gbufs, (float)s->clip)
+                           : kcpu_global_norm((const float *const *)ex->gbufs, ex->gsizes, ex->n_gbufs);
+    } else { /* the norm of the whole gradient: every rank's shards, a replicated param once */
+        double ss[2] = {0, 0}; /* params split over tp, the others */
+        for (int b = 0; b < ex->n_gbufs; b++) /* a tied param counts on the first stage only */
+            if (ex->gsplit[b] != 2)
+                ss[ex->gsplit[b] ? 0 : 1] += kcpu_sum_squares((const float *const *)&ex->gbufs[b], &ex->gsizes[b], 1);
+        if (sum_doubles(ex, ex->zero, ss, 2) != 0 || sum_doubles(ex, ex->axis[1], ss, 1) != 0 ||
+            sum_doubles(ex, ex->axis[2], ss, 2) != 0)
+            return -2;
+        norm = (float)sqrt(ss[0] + ss[1]);
+        double scale = s->clip / (norm + 1e-6);
+        if (s->clip > 0 && scale < 1.0) kcpu_scale_buffers(ex->gbufs, ex->gsizes, ex->n_gbufs, scale);
+    }
     double lr = mesh__exec_lr(ex->p, step);
     st->loss = loss;
     st->norm = norm;
@@ -661,18 +998,30 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
     for (int k = 0; k < ex->n_params; k++) {
         int id = ex->params[k];
         const plan_tensor *t = &ex->p->tensors[id];
-        /* AdamW's m and v are laid out like the params, one array after the other */
-        float *m1 = (float *)(void *)(ex->arena + ex->optim_at + buf_of(ex, id)->offset);
-        float *v1 = (float *)(void *)((unsigned char *)m1 + ex->ms->params);
         /* decay matrices and embeddings, not gains and biases (GPT-2, llm.c) */
         float wd = t->rank >= 2 ? (float)s->weight_decay : 0.0f;
-        kcpu_adamw_step(vptr(ex, id, 0), gptr(ex, id, 0), m1, v1, (size_t)ex->iters[id] * ex->numel[id], (float)lr,
-                        (float)s->beta1, (float)s->beta2, (float)s->eps, wd, (int)ex->adam_t);
+        /* without ZeRO all copies at once (they follow one another), with it each copy's shard */
+        int copies = ex->zero ? ex->copies[id] : 1, it0 = first_it(ex, id);
+        for (int it = it0; it < it0 + copies; it++) {
+            size_t lo, len;
+            float *mo, *vo;
+            shard_of(ex, id, it, &lo, &len, &mo, &vo);
+            kcpu_adamw_step(vptr(ex, id, it) + lo, gptr(ex, id, it) + lo, mo, vo, ex->zero ? len :
+                            (size_t)ex->copies[id] * ex->numel[id], (float)lr, (float)s->beta1, (float)s->beta2,
+                            (float)s->eps, wd, (int)ex->adam_t);
+        }
     }
     return run_phase(ex, PLAN_AFTER_OPTIMIZER) == 0 ? 0 : -2;
 }
 
 const char *mesh__exec_error(const mesh__exec *ex) { return ex->error; }
+
+int mesh__exec_data_mean(mesh__exec *ex, double *x)
+{
+    if (sum_doubles(ex, ex->axis[0], x, 1) != 0) return -2;
+    *x /= (double)(ex->p->setup.dp > 0 ? ex->p->setup.dp : 1);
+    return 0;
+}
 
 void mesh__exec_data_rank(const mesh__exec *ex, int *data_rank, int *data_ranks)
 {
@@ -699,13 +1048,17 @@ static char *iter_name(mesh__exec *ex, const char *name, int it)
 static const char *refusal(const plan *p, char *buf, size_t n)
 {
     const fe_setup *s = &p->setup;
-    if (s->tp != 1 || s->ep != 1 || p->pp != 1 || p->v != 1)
-        return "tensor, pipeline and expert parallelism are not run yet: this runtime runs meshes of dp ranks "
-               "(tp = pp = ep = 1)";
-    if (s->world > 1 && s->zero != 0) return "zero >= 1 is not run yet with dp > 1: zero = 0 is";
+    if (s->ep != 1) return "expert parallelism is not run yet: this runtime runs meshes of dp x tp x pp ranks (ep = 1)";
+    if (p->v != 1) return "interleaved pipeline schedules (virtual_stages > 1) are not run yet";
+    if (s->tp > 1 && s->sequence_parallel) return "sequence parallelism is not run yet (tp > 1 without it is)";
+    for (int id = 0; s->tp > 1 && id < p->n_tensors; id++)
+        if (p->tensors[id].op == G_MOE) return "mixture-of-experts layers are not run yet with tp > 1";
+    if (s->world > 1 && s->zero >= 2) return "zero 2 and 3 are not run yet with dp > 1: zero 0 and 1 are";
     for (int k = 0; k < p->n_steps; k++) {
         const plan_step *st = &p->steps[k];
-        if (st->kind != STEP_COMPUTE && !(st->kind == STEP_ALL_REDUCE && st->phase == PLAN_GRAD_SYNC)) {
+        int sync = st->kind == STEP_REDUCE_SCATTER && st->phase == PLAN_GRAD_SYNC;
+        int gather = st->kind == STEP_ALL_GATHER && st->phase == PLAN_AFTER_OPTIMIZER;
+        if (st->kind != STEP_COMPUTE && st->kind != STEP_ALL_REDUCE && !sync && !gather) {
             snprintf(buf, n, "the plan's %s steps over %s are not run yet", plan_phase_name(st->phase),
                      plan__axis_name(st->axis));
             return buf;
@@ -774,6 +1127,48 @@ static void find_zero_by(mesh__exec *ex)
         if (buf_of(ex, id)->grad_region != MEM_WORKSPACE) ex->zero_by[id] = -1;
 }
 
+/* What this rank's optimizer updates: without ZeRO every param whole;
+ * with it (over the param's data-parallel group) each copy's shard of
+ * ceil(n / ranks) elements, as the memory plan lays out the moments. */
+static int optimizer_shards(mesh__exec *ex)
+{
+    int copies = 0;
+    size_t at = 0;
+    if (ex->p->setup.zero >= 1) ex->zero = ex->axis[0];
+    size_t P = ex->zero ? (size_t)ex->zero->size : 1;
+    ex->shard = host_calloc(ex, (size_t)ex->n, sizeof *ex->shard);
+    ex->opt_at = host_calloc(ex, (size_t)ex->n, sizeof *ex->opt_at);
+    if (!ex->shard || !ex->opt_at) return -1;
+    for (int k = 0; k < ex->n_params; k++) {
+        int id = ex->params[k];
+        ex->shard[id] = (ex->numel[id] + P - 1) / P;
+        ex->opt_at[id] = at;
+        at += ex->shard[id] * (size_t)ex->copies[id];
+        copies += ex->copies[id];
+    }
+    ex->opt_elems = at;
+    if (at * 2 * sizeof(float) != (size_t)ex->ms->optim) return -2; /* not the memory plan's layout */
+    ex->n_gbufs = ex->zero ? copies : ex->n_params;
+    ex->gbufs = host_calloc(ex, (size_t)ex->n_gbufs + 1, sizeof *ex->gbufs);
+    ex->gsizes = host_calloc(ex, (size_t)ex->n_gbufs + 1, sizeof *ex->gsizes);
+    ex->gsplit = host_calloc(ex, (size_t)ex->n_gbufs + 1, 1);
+    if (!ex->gbufs || !ex->gsizes || !ex->gsplit) return -1;
+    for (int k = 0, b = 0; k < ex->n_params; k++) {
+        int id = ex->params[k];
+        int it0 = first_it(ex, id);
+        for (int it = it0; it < it0 + (ex->zero ? ex->copies[id] : 1); it++, b++) {
+            size_t lo, len;
+            float *m, *v;
+            shard_of(ex, id, it, &lo, &len, &m, &v);
+            ex->gbufs[b] = gptr(ex, id, it) + lo;
+            /* 1: split over tp; 2: the last stage's copy of a tied param (counted on the first) */
+            ex->gsplit[b] = (char)(tied_across(ex, id) && ex->stage > 0 ? 2 : split_tp(ex, id));
+            ex->gsizes[b] = ex->zero ? len : (size_t)ex->copies[id] * ex->numel[id];
+        }
+    }
+    return 0;
+}
+
 /* Lays the arena out by the memory plan and checks that it is the plan's. */
 static int layout(mesh__exec *ex, unsigned flags, char *err, size_t errn)
 {
@@ -784,8 +1179,8 @@ static int layout(mesh__exec *ex, unsigned flags, char *err, size_t errn)
         set_err(err, errn, "the plan has %s: not run yet", ex->mp.unsupported);
         return -2;
     }
-    const mem_stage *ms = ex->ms = &ex->mp.stage[0];
-    const mem_stage *pm = p->memory ? &p->memory[0] : NULL;
+    const mem_stage *ms = ex->ms = &ex->mp.stage[ex->stage];
+    const mem_stage *pm = p->memory ? &p->memory[ex->stage] : NULL;
     if (p->setup.precision == 0 && pm && !no_reuse &&
         (pm->total != ms->total || pm->params != ms->params || pm->grads != ms->grads || pm->optim != ms->optim ||
          pm->slot_bytes != ms->slot_bytes || pm->slots != ms->slots || pm->workspace != ms->workspace)) {
@@ -800,10 +1195,10 @@ static int layout(mesh__exec *ex, unsigned flags, char *err, size_t errn)
     ex->pinned_at = ex->slots_at + ms->slot_bytes * ms->slots;
     ex->shared_at = ex->pinned_at + ms->pinned;
     ex->recompute_at = ex->shared_at + ms->shared;
+    /* a slot: the part before the stack (a later stage: what it receives), its layers, the part after */
     ex->part_at[MEM_PART_PRE] = 0;
-    ex->part_at[MEM_PART_LAYER] = ex->mp.part_bytes[MEM_PART_PRE];
-    ex->part_at[MEM_PART_POST] = ex->part_at[MEM_PART_LAYER] +
-                                 (p->pp * p->v == 1 ? p->chunk_layers[0] : 0) * ex->mp.part_bytes[MEM_PART_LAYER];
+    ex->part_at[MEM_PART_LAYER] = ex->stage == 0 ? ex->mp.part_bytes[MEM_PART_PRE] : ex->mp.recv_bytes;
+    ex->part_at[MEM_PART_POST] = ex->part_at[MEM_PART_LAYER] + (int64_t)ex->n_layers * ex->mp.part_bytes[MEM_PART_LAYER];
     if ((uint64_t)ms->total > SIZE_MAX - EX_HEADER) return -1;
     ex->arena = ex_calloc(ex, (size_t)ms->total, 1);
     return ex->arena ? 0 : -1;
@@ -873,11 +1268,26 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
     ex->ud = ud;
     ex->data_ranks = (int)(p->setup.dp * p->setup.ep);
     if (p->setup.world > 1 && join_axes(ex, world, err, errn) != 0) goto fail;
+    /* this rank's pipeline stage: its chunk's layers of the stack */
+    ex->stack = -1;
+    for (int r = 0; r < p->n_regions; r++)
+        if (p->regions[r].is_stack && ex->stack < 0) ex->stack = r;
+    ex->stage = ex->coord[2];
+    ex->last_stage = p->pp - 1;
+    for (int c = 0; c < ex->stage; c++) ex->first_layer += (int)p->chunk_layers[c];
+    ex->n_layers = ex->stack >= 0 ? (int)p->chunk_layers[ex->stage] : 0;
+    if (p->pp > 1 && comm_split(ex->axis[2], ex->stage == 0 || ex->stage == ex->last_stage ? 0 : -1, ex->stage,
+                                &ex->tied) != 0) {
+        set_err(err, errn, "rank %d: making the tied-param groups: %s", rank, ex->axis[2]->error);
+        goto fail;
+    }
     int lay = layout(ex, flags, err, errn);
     if (lay == -2) goto fail;
     if (lay != 0) goto oom;
     int slots = ex->ms->slots > 0 ? ex->ms->slots : 1;
     ex->numel = host_calloc(ex, (size_t)n, sizeof *ex->numel);
+    ex->copies = host_calloc(ex, (size_t)n, sizeof *ex->copies);
+    ex->ld = host_calloc(ex, (size_t)n, sizeof *ex->ld);
     ex->iters = host_calloc(ex, (size_t)n, sizeof *ex->iters);
     ex->zero_by = host_calloc(ex, (size_t)n, sizeof *ex->zero_by);
     ex->params = host_calloc(ex, (size_t)n, sizeof *ex->params);
@@ -885,7 +1295,7 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
     ex->moe = host_calloc(ex, (size_t)n, sizeof *ex->moe);
     ex->slot_of = host_calloc(ex, (size_t)(p->m > 0 ? p->m : 1), sizeof *ex->slot_of);
     ex->slot_busy = host_calloc(ex, (size_t)slots, 1);
-    if (!ex->numel || !ex->iters || !ex->zero_by || !ex->params || !ex->names || !ex->moe || !ex->slot_of ||
+    if (!ex->numel || !ex->copies || !ex->ld || !ex->iters || !ex->zero_by || !ex->params || !ex->names || !ex->moe || !ex->slot_of ||
         !ex->slot_busy)
         goto oom;
     find_zero_by(ex);
@@ -894,7 +1304,16 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
     ex->dloss = 1.0 / ((double)(p->setup.micro_batches > 0 ? p->setup.micro_batches : 1) * ex->data_ranks);
     for (int id = 0; id < n; id++) {
         const plan_tensor *t = &p->tensors[id];
-        size_t ne = numel_of(t);
+        size_t ne = 1;
+        for (int d = 0; d < t->rank; d++) {
+            int64_t split = t->pl.kind[1] == PL_SPLIT && t->pl.dim[1] == d ? p->setup.tp : 1;
+            ex->ld[id][d] = t->dims[d] / split;
+            ne *= (size_t)ex->ld[id][d];
+        }
+        if (t->op != G_TRANSPOSE && ne * 4 != (size_t)buf_of(ex, id)->bytes) {
+            set_err(err, errn, "tensor %d: %zu elements on this rank, not the memory plan's", id, ne);
+            goto fail;
+        }
         int iters = t->region >= 0 ? (int)p->regions[t->region].count : 1;
         ex->numel[id] = ne;
         ex->iters[id] = iters;
@@ -910,29 +1329,30 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
             if (ex->tokens_in < 0) ex->tokens_in = id;
             else ex->targets_in = id;
         }
-        if (t->op != G_PARAM) continue;
+        if (t->op != G_PARAM || buf_of(ex, id)->region != MEM_PERSISTENT) continue; /* held on another stage */
         ex->params[ex->n_params++] = id;
-        ex->names[id] = host_calloc(ex, (size_t)iters, sizeof *ex->names[id]);
+        ex->copies[id] = ex->stack >= 0 && t->region == ex->stack ? ex->n_layers : iters;
+        ex->names[id] = host_calloc(ex, (size_t)ex->copies[id] + 1, sizeof *ex->names[id]);
         if (!ex->names[id]) goto oom;
-        for (int it = 0; it < iters; it++) {
+        for (int c = 0; c < ex->copies[id]; c++) {
+            int it = first_it(ex, id) + c;
             char *name = iter_name(ex, t->name ? t->name : "?", it);
             if (!name) goto oom;
-            ex->names[id][it] = name;
+            ex->names[id][c] = name;
             float *w = vptr(ex, id, it);
-            if (t->init == GRAPH_INIT_NORMAL)
-                mesh__init_normal(w, ne, 0, mesh__init_key((uint64_t)p->setup.seed, name), (float)t->init_std);
+            init_ctx ic = {w, mesh__init_key((uint64_t)p->setup.seed, name), (float)t->init_std};
+            if (t->init == GRAPH_INIT_NORMAL) /* each element from its index in the whole param */
+                param_runs(ex, id, ex->coord[1], init_run, &ic);
             else
                 mesh__init_fill(w, ne, t->init == GRAPH_INIT_ONES ? 1.0f : 0.0f);
         }
     }
-    ex->gbufs = host_calloc(ex, (size_t)ex->n_params + 1, sizeof *ex->gbufs);
-    ex->gsizes = host_calloc(ex, (size_t)ex->n_params + 1, sizeof *ex->gsizes);
-    if (!ex->gbufs || !ex->gsizes) goto oom;
-    for (int k = 0; k < ex->n_params; k++) {
-        int id = ex->params[k];
-        ex->gbufs[k] = gptr(ex, id, 0);
-        ex->gsizes[k] = (size_t)ex->iters[id] * ex->numel[id];
+    int shards = optimizer_shards(ex);
+    if (shards == -2) {
+        set_err(err, errn, "rank %d: the optimizer's shards are not the memory plan's", rank);
+        goto fail;
     }
+    if (shards != 0) goto oom;
     if (ex->tokens_in < 0 || ex->targets_in < 0) {
         set_err(err, errn, "the model needs two inputs (tokens and targets)");
         goto fail;
@@ -952,11 +1372,11 @@ static int param_at(const mesh__exec *ex, int k, int *it)
 {
     for (int q = 0; k >= 0 && q < ex->n_params; q++) {
         int id = ex->params[q];
-        if (k < ex->iters[id]) {
-            *it = k;
+        if (k < ex->copies[id]) {
+            *it = first_it(ex, id) + k;
             return id;
         }
-        k -= ex->iters[id];
+        k -= ex->copies[id];
     }
     return -1;
 }
@@ -965,7 +1385,7 @@ int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float 
 {
     int it, id = param_at(ex, k, &it);
     if (id < 0) return -1;
-    *name = ex->names[id][it];
+    *name = ex->names[id][it - first_it(ex, id)];
     *n = ex->numel[id];
     *value = vptr(ex, id, it);
     *grad = gptr(ex, id, it);
@@ -973,15 +1393,123 @@ int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float 
 }
 
 /* AdamW's m and v: arrays laid out like the params, one after the other. */
-int mesh__exec_moments(mesh__exec *ex, int k, float **m, float **v)
+/* Copying runs between a rank's slice and the whole param. */
+typedef struct copy_ctx {
+    float *to;
+    const float *from;
+    int to_whole;
+} copy_ctx;
+
+static void copy_run(void *ctx, size_t local, size_t whole, size_t len)
+{
+    copy_ctx *c = ctx;
+    if (c->to_whole) memcpy(c->to + whole, c->from + local, len * sizeof *c->to);
+    else memcpy(c->to + local, c->from + whole, len * sizeof *c->to);
+}
+
+/* whole <- every tp rank's slice of param id (local: this rank's);
+ * collective over the tp group when the param is split. */
+static int tp_gather(mesh__exec *ex, int id, const float *local, float *whole)
+{
+    size_t nl = ex->numel[id];
+    if (!split_tp(ex, id)) {
+        memcpy(whole, local, nl * sizeof *whole);
+        return 0;
+    }
+    comm *c = ex->axis[1];
+    float *all = malloc((size_t)c->size * nl * sizeof *all);
+    int rc = all ? comm_all_gather(c, local, all, nl) : -1;
+    for (int q = 0; rc == 0 && q < c->size; q++) {
+        copy_ctx cc = {whole, all + (size_t)q * nl, 1};
+        param_runs(ex, id, q, copy_run, &cc);
+    }
+    if (rc != 0)
+        snprintf(ex->error, sizeof ex->error, "rank %d: gathering a param over tp: %s", ex->rank,
+                 all ? c->error : "out of memory");
+    free(all);
+    return rc;
+}
+
+/* local <- this rank's slice of the whole param id. */
+static void tp_pick(const mesh__exec *ex, int id, const float *whole, float *local)
+{
+    copy_ctx cc = {local, whole, 0};
+    param_runs(ex, id, ex->coord[1], copy_run, &cc);
+}
+
+size_t mesh__exec_param_numel(const mesh__exec *ex, int k)
+{
+    int it, id = param_at(ex, k, &it);
+    if (id < 0) return 0;
+    size_t n = 1;
+    for (int d = 0; d < ex->p->tensors[id].rank; d++) n *= (size_t)ex->p->tensors[id].dims[d];
+    return n;
+}
+
+int mesh__exec_param_get(mesh__exec *ex, int k, float *whole)
 {
     int it, id = param_at(ex, k, &it);
     if (id < 0) return -1;
-    int64_t off = buf_of(ex, id)->offset + it * buf_of(ex, id)->stride;
-    *m = (float *)(void *)(ex->arena + ex->optim_at + off);
-    *v = (float *)(void *)(ex->arena + ex->optim_at + ex->ms->params + off);
+    return tp_gather(ex, id, vptr(ex, id, it), whole) == 0 ? 0 : -2;
+}
+
+int mesh__exec_param_set(mesh__exec *ex, int k, const float *whole)
+{
+    int it, id = param_at(ex, k, &it);
+    if (id < 0) return -1;
+    tp_pick(ex, id, whole, vptr(ex, id, it));
     return 0;
 }
+
+int mesh__exec_moments_get(mesh__exec *ex, int k, float *m, float *v)
+{
+    int it, id = param_at(ex, k, &it);
+    if (id < 0) return -1;
+    size_t n = ex->numel[id], lo, len;
+    float *mo, *vo, *lm = malloc(2 * n * sizeof *lm), *lv = lm + n;
+    if (!lm) {
+        snprintf(ex->error, sizeof ex->error, "rank %d: out of memory", ex->rank);
+        return -2;
+    }
+    shard_of(ex, id, it, &lo, &len, &mo, &vo);
+    int rc = 0;
+    if (!ex->zero) {
+        memcpy(lm, mo, n * sizeof *lm);
+        memcpy(lv, vo, n * sizeof *lv);
+    } else { /* every dp rank's shard over zeros, summed: the rank's slice, exactly */
+        memset(lm, 0, 2 * n * sizeof *lm);
+        memcpy(lm + lo, mo, len * sizeof *lm);
+        memcpy(lv + lo, vo, len * sizeof *lv);
+        rc = comm_all_reduce(ex->zero, lm, 2 * n);
+        if (rc != 0)
+            snprintf(ex->error, sizeof ex->error, "rank %d: gathering the optimizer state: %s", ex->rank,
+                     ex->zero->error);
+    }
+    if (rc == 0) rc = tp_gather(ex, id, lm, m);
+    if (rc == 0) rc = tp_gather(ex, id, lv, v);
+    free(lm);
+    return rc == 0 ? 0 : -2;
+}
+
+int mesh__exec_moments_set(mesh__exec *ex, int k, const float *m, const float *v)
+{
+    int it, id = param_at(ex, k, &it);
+    if (id < 0) return -1;
+    size_t n = ex->numel[id], lo, len;
+    float *mo, *vo, *lm = malloc(2 * n * sizeof *lm);
+    if (!lm) return -2;
+    shard_of(ex, id, it, &lo, &len, &mo, &vo);
+    tp_pick(ex, id, m, lm);
+    tp_pick(ex, id, v, lm + n);
+    memcpy(mo, lm + lo, len * sizeof *lm);
+    memcpy(vo, lm + n + lo, len * sizeof *lm);
+    free(lm);
+    return 0;
+}
+
+int mesh__exec_rank(const mesh__exec *ex) { return ex->rank; }
+
+int mesh__exec_stage(const mesh__exec *ex) { return ex->stage; }
 
 int mesh__exec_param_dims(const mesh__exec *ex, int k, const int64_t **dims, int *rank)
 {
@@ -1009,7 +1537,7 @@ void mesh__exec_free(mesh__exec *ex)
 {
     if (!ex) return;
     for (int id = 0; id < ex->n; id++) {
-        for (int it = 0; ex->names && ex->names[id] && it < ex->iters[id]; it++) ex_free(ex, ex->names[id][it]);
+        for (int c = 0; ex->names && ex->names[id] && c < ex->copies[id]; c++) ex_free(ex, ex->names[id][c]);
         if (ex->names) ex_free(ex, ex->names[id]);
         if (ex->moe) ex_free(ex, ex->moe[id]);
     }
@@ -1017,12 +1545,18 @@ void mesh__exec_free(mesh__exec *ex)
     ex_free(ex, ex->arena);
     ex_free(ex, ex->moe);
     ex_free(ex, ex->numel);
+    ex_free(ex, ex->copies);
+    comm_free(ex->tied);
+    ex_free(ex, ex->ld);
     ex_free(ex, ex->iters);
     ex_free(ex, ex->zero_by);
     ex_free(ex, ex->params);
     ex_free(ex, ex->names);
     ex_free(ex, ex->gbufs);
     ex_free(ex, ex->gsizes);
+    ex_free(ex, ex->gsplit);
+    ex_free(ex, ex->shard);
+    ex_free(ex, ex->opt_at);
     ex_free(ex, ex->slot_of);
     ex_free(ex, ex->slot_busy);
     memplan_free(&ex->mp);

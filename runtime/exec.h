@@ -67,14 +67,23 @@ int mesh__exec_supported(const plan *p, char *err, size_t n);
  * data_ranks (dp x ep). */
 void mesh__exec_data_rank(const mesh__exec *ex, int *data_rank, int *data_ranks);
 
+/* *x becomes the mean of every data-parallel rank's x (collective over dp);
+ * 0, or -2 if the collective failed. */
+int mesh__exec_data_mean(mesh__exec *ex, double *x);
+
 /* Why the last train step returned -2 (a collective failed). */
 const char *mesh__exec_error(const mesh__exec *ex);
 
 /* Tokens of one micro-batch: micro_batch x seq_len ids. */
 size_t mesh__exec_batch_tokens(const mesh__exec *ex);
 
-/* Forward only: the mean loss of one micro-batch. */
+/* Forward only: the mean loss of one micro-batch (NaN if a collective
+ * failed). */
 double mesh__exec_loss(mesh__exec *ex, const int32_t *inputs, const int32_t *targets);
+
+/* The same: the loss in *loss; 0, or -2 if a collective failed
+ * (mesh__exec_error). */
+int mesh__exec_forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets, double *loss);
 
 /* One training step (1-based step number for the schedule) over the
  * plan's micro-batches: inputs and targets hold micro_batches x
@@ -92,7 +101,8 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
 double mesh__exec_grad(mesh__exec *ex, const int32_t *inputs, const int32_t *targets);
 
 /* Parameter k (0-based, in plan order, each layer's copy separately): its
- * name (e.g. "h.1.gpt2_block.w_qkv"), elements, value and gradient.
+ * name (e.g. "h.1.gpt2_block.w_qkv"), elements on this rank, and this
+ * rank's value and gradient (its tp slice).
  * Returns -1 when k is past the last. */
 int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float **value,
                      float **grad);
@@ -100,8 +110,28 @@ int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float 
 /* The shape of parameter k (one layer's copy), or -1. */
 int mesh__exec_param_dims(const mesh__exec *ex, int k, const int64_t **dims, int *rank);
 
-/* AdamW's moments of parameter k (as mesh__exec_param numbers them), or -1. */
-int mesh__exec_moments(mesh__exec *ex, int k, float **m, float **v);
+/* Parameter k whole (mesh__exec_param_numel elements, its global shape):
+ * with tp the ranks' slices are gathered (collective over the tp group).
+ * Returns 0, -1 past the last, -2 if a collective failed. */
+size_t mesh__exec_param_numel(const mesh__exec *ex, int k);
+int mesh__exec_param_get(mesh__exec *ex, int k, float *whole);
+/* Parameter k from a whole array: this rank keeps its slice; -1 past the last. */
+int mesh__exec_param_set(mesh__exec *ex, int k, const float *whole);
+
+/* AdamW's moments of parameter k (as mesh__exec_param numbers them),
+ * whole, into m and v (mesh__exec_param_numel elements each). With ZeRO
+ * the shards are gathered over the param's data-parallel group, with tp
+ * the slices over the tp group: every rank calls this for the same k. Returns 0, -1 past the last, -2 if a collective
+ * failed (mesh__exec_error). */
+int mesh__exec_moments_get(mesh__exec *ex, int k, float *m, float *v);
+
+/* Sets parameter k's moments from whole arrays (with ZeRO this rank keeps
+ * its shard); -1 past the last. */
+int mesh__exec_moments_set(mesh__exec *ex, int k, const float *m, const float *v);
+
+/* The rank in the plan's world, and its pipeline stage. */
+int mesh__exec_rank(const mesh__exec *ex);
+int mesh__exec_stage(const mesh__exec *ex);
 
 /* AdamW steps taken (read and restored by checkpoints). */
 long long *mesh__exec_adam_steps(mesh__exec *ex);

@@ -216,12 +216,18 @@ mesh_status mesh_train_step(mesh_context *ctx, const int *inputs, const int *tar
 
 /* Forward only, one micro-batch (micro_batch x seq_len ids): the mean
  * loss, and when logits is not NULL the logits, micro_batch x seq_len rows
- * of vocab floats (the padded columns left out), written to logits[0..n). */
+ * of vocab floats (the padded columns left out), written to logits[0..n).
+ * With tensor parallelism every rank of the tp group calls it (so does
+ * mesh_evaluate), and the logits, split over them, are refused
+ * (MESH_ERR_UNSUPPORTED), as by mesh_next_logits and mesh_sample_next. */
 mesh_status mesh_forward(mesh_context *ctx, const int *inputs, const int *targets, double *loss,
                          float *logits, size_t n);
 
-/* Parameters by global name ("wte", "h.3.gpt2_block.w_qkv"): n must be the
- * parameter's element count (mesh_param_info). */
+/* Parameters by global name ("wte", "h.3.gpt2_block.w_qkv"), whole: n must
+ * be the parameter's element count (mesh_param_info). With tensor
+ * parallelism a rank holds a slice: every rank of the context's tp group
+ * calls mesh_param_read (it gathers the slices); mesh_param_write keeps
+ * this rank's slice of the whole array. */
 mesh_status mesh_param_info(const mesh_context *ctx, int index, const char **name, size_t *n);
 mesh_status mesh_param_read(mesh_context *ctx, const char *name, float *out, size_t n);
 mesh_status mesh_param_write(mesh_context *ctx, const char *name, const float *in, size_t n);
@@ -264,9 +270,11 @@ mesh_status mesh_data_info(const mesh_data *data, int *shards, uint64_t *tokens,
 mesh_status mesh_data_shard(const mesh_data *data, int index, const char **path, uint64_t *tokens);
 
 /* The mean forward loss over the next micro_batches micro-batches of the
- * stream (this rank's slice; the cursor moves past all ranks' slices).
- * Seek to 0 first to evaluate the same sequences each time, as meshrun's
- * validation does with 8. */
+ * stream: every rank of a plan of several calls it (collective), each on
+ * its data-parallel slice, and gets the mean over all of them (the cursor
+ * moves past all ranks' slices). Seek to 0 first to evaluate the same
+ * sequences each time, as meshrun's validation does with 8 global
+ * batches (8 x the plan's micro-batches per step). */
 mesh_status mesh_evaluate(mesh_context *ctx, mesh_data *data, int micro_batches, double *loss);
 
 /* Writes ids[0..n) (each 0..65535) as a token shard in llm.c's format,
@@ -277,7 +285,9 @@ mesh_status mesh_shard_write(const char *path, const int *ids, size_t n);
 
 /* docs/runtime.md: save writes DIR/step-N atomically (parameters, AdamW's
  * state, the step count) and points DIR/latest at it; load reads a step
- * folder, or DIR's latest, and restores all of it. */
+ * folder, or DIR's latest, and restores all of it. With several ranks
+ * (mesh_run_ranks) every rank calls save (ZeRO's shards of the optimizer
+ * state are gathered) and rank 0 writes; every rank calls load. */
 mesh_status mesh_checkpoint_save(mesh_context *ctx, const char *dir);
 mesh_status mesh_checkpoint_load(mesh_context *ctx, const char *path);
 

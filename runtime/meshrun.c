@@ -226,7 +226,7 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
     mesh_status rc = MESH_OK;
     mesh_context_rank(ctx, NULL, &data_rank, NULL);
     if (mesh_data_open(j->plan, j->pattern, data_rank, &data) != MESH_OK ||
-        (lead && j->vpattern && mesh_data_open(j->plan, j->vpattern, 0, &val) != MESH_OK)) {
+        (j->vpattern && mesh_data_open(j->plan, j->vpattern, data_rank, &val) != MESH_OK)) {
         rc = rank_fail(j, MESH_ERR_IO, "%s", mesh_last_error());
         goto out;
     }
@@ -278,28 +278,35 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
             break;
         }
         skipped = 0;
-        if (!lead) continue;
-        if (tty && step % every != 0 && step != steps) { /* a progress bar, on a terminal only */
-            long long done = 20 * (step % every) / every;
-            printf("\r  [%.*s%.*s] step %lld/%lld", (int)done, "####################", (int)(20 - done),
-                   "....................", step, steps);
-            fflush(stdout);
+        if (lead) { /* rank 0 logs and validates */
+            if (tty && step % every != 0 && step != steps) { /* a progress bar, on a terminal only */
+                long long done = 20 * (step % every) / every;
+                printf("\r  [%.*s%.*s] step %lld/%lld", (int)done, "####################", (int)(20 - done),
+                       "....................", step, steps);
+                fflush(stdout);
+            }
+            if (tty && (step % every == 0 || step == steps)) printf("\r%60s\r", "");
+            if (step % every == 0 || step == 1 || step == steps) {
+                double t1 = now_s(), ms = 1e3 * (t1 - t0) / (double)(step % every ? step % every : every);
+                if (step == 1) ms = 1e3 * (t1 - t0);
+                log_step(metrics, ctx, &st, steps, ms, step_tokens);
+                t0 = t1;
+            }
         }
-        if (tty && (step % every == 0 || step == steps)) printf("\r%60s\r", "");
-        if (step % every == 0 || step == 1 || step == steps) {
-            double t1 = now_s(), ms = 1e3 * (t1 - t0) / (double)(step % every ? step % every : every);
-            if (step == 1) ms = 1e3 * (t1 - t0);
-            log_step(metrics, ctx, &st, steps, ms, step_tokens);
-            t0 = t1;
-        }
-        if (val && (step % eval_every == 0 || step == steps)) { /* the first 8 micro-batches, each time */
+        /* every rank validates its slice of the first 8 global batches of the
+         * validation shards (the same sequences on any mesh), each time */
+        if (val && (step % eval_every == 0 || step == steps)) {
             double vl = 0;
-            if (mesh_data_seek(val, 0) != MESH_OK || mesh_evaluate(ctx, val, 8, &vl) != MESH_OK) {
-                rc = rank_fail(j, MESH_ERR_IO, "%s", mesh_last_error());
+            mesh_status vs = mesh_data_seek(val, 0);
+            if (vs == MESH_OK) vs = mesh_evaluate(ctx, val, 8 * pi->micro_batches, &vl);
+            if (vs != MESH_OK) {
+                rc = vs == MESH_ERR_RANK ? vs : rank_fail(j, MESH_ERR_IO, "%s", mesh_last_error());
                 break;
             }
-            printf("step %lld/%lld | val loss %.4f\n", step, steps, vl);
-            fflush(stdout);
+            if (lead) {
+                printf("step %lld/%lld | val loss %.4f\n", step, steps, vl);
+                fflush(stdout);
+            }
             if (metrics) {
                 fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.6f}\n", step, vl);
                 fflush(metrics);
@@ -307,9 +314,13 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
             t0 = now_s();
         }
         if (j->ckpt && ((pi->checkpoint_every > 0 && step % pi->checkpoint_every == 0) || step == steps)) {
-            if (mesh_checkpoint_save_with(ctx, j->ckpt, data) != MESH_OK) /* with the data position */
+            /* every rank (ZeRO's optimizer shards are gathered), rank 0 writes */
+            mesh_status cs = mesh_checkpoint_save_with(ctx, j->ckpt, data); /* with the data position */
+            if (cs == MESH_ERR_RANK)
+                rc = cs;
+            else if (cs != MESH_OK)
                 rc = rank_fail(j, MESH_ERR_IO, "step %lld: %s", step, mesh_last_error());
-            else
+            else if (lead)
                 printf("step %lld/%lld | checkpoint %s/step-%08lld\n", step, steps, j->ckpt, step);
             t0 = now_s();
         }
@@ -400,6 +411,10 @@ static int sample(const mesh_plan *plan, const mesh_plan_info *pi, const run_opt
 {
     sample_job j = {pi, o, o->ckpt ? o->ckpt : pi->checkpoint_dir, 0};
     if (!j.ckpt) return fail("sample needs --checkpoint DIR (or the plan's train.checkpoint_dir)");
+    if (pi->tp > 1)
+        return fail("sample: with tp = %d each rank holds a slice of the logits; compile this model with tp = 1 and "
+                    "sample from that plan (checkpoints hold whole parameters, so any mesh's loads into any other)",
+                    pi->tp);
     mesh_status st = mesh_run_ranks(plan, sample_rank, &j);
     if (st != MESH_OK && !j.failed) fail("%s", mesh_last_error());
     return st == MESH_OK ? 0 : 1;

@@ -415,25 +415,34 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     else
         fail meshrun/checkpoint-truncated "$TMP/cut.out"
     fi
-    # data parallelism: dp 2 and dp 4 (ranks as threads) give the one-rank
-    # losses at every logged step (1, 10, 20), within 1e-5 relative (the
-    # JSON lines' 6 digits)
-    for dp in 1 2 4; do
-        "$MESHC" -o "$TMP/dp$dp.plan" --set mesh.dp=$dp examples/gpt-tiny.mesh >/dev/null 2>&1
-        rm -f "$TMP/dp$dp.jsonl"
-        capture "$TMP/dp$dp.out" "$MESHRUN" "$TMP/dp$dp.plan" --data "$TMP/dd.bin" --steps 20 --metrics "$TMP/dp$dp.jsonl"
+    # data and tensor parallelism: dp 2, dp 4, tp 2 and dp 2 x tp 2 (ranks as
+    # threads) give the one-rank losses at every logged step (1, 10, 20),
+    # within 1e-5 relative (the JSON lines' 6 digits)
+    # (and pp 2, dp 2 x pp 2 with micro-batches of 8: the pipeline needs two)
+    for m in 1x1x1 2x1x1 4x1x1 1x2x1 2x2x1 1x1x2 2x1x2; do
+        IFS=x read -r dp tp pp <<<"$m"
+        "$MESHC" -o "$TMP/m$m.plan" --set mesh.dp=$dp --set mesh.tp=$tp --set mesh.pp=$pp \
+            --set train.micro_batch=$((pp > 1 ? 16 / dp / pp : 16 / dp)) examples/gpt-tiny.mesh >/dev/null 2>&1
+        rm -f "$TMP/m$m.jsonl"
+        capture "$TMP/m$m.out" "$MESHRUN" "$TMP/m$m.plan" --data "$TMP/dd.bin" --val "$TMP/dd.bin" --steps 20 \
+            --metrics "$TMP/m$m.jsonl"
+        grep -v val_loss "$TMP/m$m.jsonl" >"$TMP/m$m.steps"
     done
-    for dp in 2 4; do
-        if grep -q "^meshrun: $dp ranks (dp $dp x tp 1 x pp 1 x ep 1) as threads of this process$" "$TMP/dp$dp.out" &&
-            [ "$(tail -n 1 "$TMP/dp$dp.out")" = "exit: 0" ] && same_losses "$TMP/dp1.jsonl" "$TMP/dp$dp.jsonl"; then
-            pass meshrun/dp$dp-same-losses-as-one-rank
+    cp "$TMP/m1x1x1.steps" "$TMP/dp1.jsonl"
+    for dp in 2 4; do # the names the MPI and SLURM tests below use
+        cp "$TMP/m${dp}x1x1.plan" "$TMP/dp$dp.plan"
+        cp "$TMP/m${dp}x1x1.steps" "$TMP/dp$dp.jsonl"
+    done
+    for m in 2x1x1 4x1x1 1x2x1 2x2x1 1x1x2 2x1x2; do
+        IFS=x read -r dp tp pp <<<"$m"
+        if grep -q "^meshrun: $((dp * tp * pp)) ranks (dp $dp x tp $tp x pp $pp x ep 1) as threads of this process$" "$TMP/m$m.out" &&
+            [ "$(grep 'val loss' "$TMP/m$m.out" | tail -n 1 | cut -c1-30)" = "$(grep 'val loss' "$TMP/m1x1x1.out" | tail -n 1 | cut -c1-30)" ] &&
+            [ "$(tail -n 1 "$TMP/m$m.out")" = "exit: 0" ] && same_losses "$TMP/m1x1x1.steps" "$TMP/m$m.steps"; then
+            pass meshrun/dp$dp-tp$tp-pp$pp-same-losses-as-one-rank
         else
-            fail meshrun/dp$dp-same-losses-as-one-rank "$TMP/dp$dp.out"
+            fail meshrun/dp$dp-tp$tp-pp$pp-same-losses-as-one-rank "$TMP/m$m.out"
         fi
     done
-    "$MESHC" -o "$TMP/tp2.plan" --set mesh.tp=2 examples/gpt-tiny.mesh >/dev/null 2>&1
-    expect meshrun/tensor-parallel-not-yet "meshrun: error: examples/gpt-tiny.mesh: tensor, pipeline and expert parallelism are not run yet: this runtime runs meshes of dp ranks (tp = pp = ep = 1)
-exit: 1" "$MESHRUN" "$TMP/tp2.plan" --data "$TMP/dd.bin"
     # torchrun's variables: a job of one process runs its ranks as threads
     # (--local-rank accepted); one of several needs MPI to talk
     capture "$TMP/torchrun1.out" env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 "$MESHRUN" --local-rank=0 "$TMP/dp2.plan" \
@@ -446,6 +455,29 @@ exit: 1" "$MESHRUN" "$TMP/tp2.plan" --data "$TMP/dd.bin"
     fi
     expect meshrun/torchrun-without-mpi "meshrun: error: examples/gpt-tiny.mesh: torchrun started this process (rank 0 of 2) without MPI, and the processes of a job talk through MPI: launch with mpirun -n 2, or srun --mpi=pmix
 exit: 1" env RANK=0 WORLD_SIZE=2 "$MESHRUN" --local_rank=0 "$TMP/dp2.plan" --data "$TMP/dd.bin"
+    # ZeRO-1 on dp 2: the optimizer state sharded; the same losses as one
+    # rank, and a checkpoint (rank 0 writes the gathered state) resumes to
+    # exactly the uninterrupted run
+    "$MESHC" -o "$TMP/z1.plan" --set mesh.dp=2 --set train.zero=1 examples/gpt-tiny.mesh >/dev/null 2>&1
+    rm -f "$TMP/z1a.jsonl" "$TMP/z1b.jsonl"
+    capture "$TMP/z1.out" "$MESHRUN" "$TMP/z1.plan" --data "$TMP/dd.bin" --steps 20 --metrics "$TMP/z1a.jsonl"
+    "$MESHRUN" "$TMP/z1.plan" --data "$TMP/dd.bin" --steps 10 --checkpoint "$TMP/z1-ck" \
+        --metrics "$TMP/z1b.jsonl" >>"$TMP/z1.out" 2>&1
+    "$MESHRUN" "$TMP/z1.plan" --data "$TMP/dd.bin" --steps 20 --checkpoint "$TMP/z1-ck" --resume \
+        --metrics "$TMP/z1b.jsonl" >>"$TMP/z1.out" 2>&1
+    if grep -q "^meshrun: resumed from $TMP/z1-ck after step 10$" "$TMP/z1.out" &&
+        [ "$(sed 's/, "ms".*//' "$TMP/z1a.jsonl")" = "$(sed 's/, "ms".*//' "$TMP/z1b.jsonl")" ] &&
+        same_losses "$TMP/dp1.jsonl" "$TMP/z1a.jsonl"; then
+        pass meshrun/dp2-zero1-same-losses-and-resume
+    else
+        cat "$TMP/dp1.jsonl" "$TMP/z1a.jsonl" "$TMP/z1b.jsonl" >>"$TMP/z1.out"
+        fail meshrun/dp2-zero1-same-losses-and-resume "$TMP/z1.out"
+    fi
+    "$MESHC" -o "$TMP/ep2.plan" --set mesh.ep=2 examples/gpt-tiny.mesh >/dev/null 2>&1
+    expect meshrun/expert-parallel-not-yet "meshrun: error: examples/gpt-tiny.mesh: expert parallelism is not run yet: this runtime runs meshes of dp x tp x pp ranks (ep = 1)
+exit: 1" "$MESHRUN" "$TMP/ep2.plan" --data "$TMP/dd.bin"
+    expect meshrun/sample-tensor-parallel "meshrun: error: sample: with tp = 2 each rank holds a slice of the logits; compile this model with tp = 1 and sample from that plan (checkpoints hold whole parameters, so any mesh's loads into any other)
+exit: 1" "$MESHRUN" sample "$TMP/m1x2x1.plan" --checkpoint "$TMP/z1-ck"
     sed 's/^format: 1$/format: 2/' "$TMP/tiny.plan" >"$TMP/v2.plan"
     expect meshrun/plan-other-version "meshrun: error: $TMP/v2.plan:3:9: plan format version 2 is not supported: this build reads version 1
 HINT: this plan was written by meshc $v with format version 2; recompile the .mesh file with this meshc (format version 1)

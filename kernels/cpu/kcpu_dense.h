@@ -55,6 +55,15 @@ void kcpu_embedding_forward(float *out, const int32_t *ids,
 void kcpu_embedding_backward(float *dtable, const float *dout,
                              const int32_t *ids, int n, int V, int C);
 
+/* Vocabulary-parallel forms: the table holds rows [row0, row0 + rows) of
+ * the whole vocabulary. Forward: an id outside gives a zero row (the tp
+ * ranks' outputs then sum to the lookup); backward: only ids inside add.
+ * out[n,C]; ids[n]; table[rows,C]. */
+void kcpu_embedding_rows_forward(float *out, const int32_t *ids, const float *table, int n, int row0, int rows,
+                                 int C);
+void kcpu_embedding_rows_backward(float *dtable, const float *dout, const int32_t *ids, int n, int row0, int rows,
+                                  int C);
+
 /* ---- norm.c: layernorm and rmsnorm over the last axis ------------------ */
 
 /* out = (x - mean) * rstd * w + b per row, rstd = 1 / sqrt(var + eps) with
@@ -154,6 +163,25 @@ void kcpu_crossentropy_backward(float *dlogits, const float *logits,
                                 const float *lse, float dloss, int N, int V,
                                 int Vp);
 
+/* Vocabulary-parallel cross-entropy: a shard holds columns [col0, col0 +
+ * W) of the logits (rows of W floats) of a vocabulary of V; columns at or
+ * past V are padding. A rank computes its shard's row maxima and target
+ * logits (0 where the target is elsewhere), the ranks take the maximum
+ * and exchange sums of exp(logit - max), and the loss of row i is
+ * log(sum) + max - target logit.
+ * rowmax[N] out (-inf for a shard of padding); target_logit[N] out. */
+void kcpu_crossentropy_shard_max(float *rowmax, float *target_logit, const float *logits, const int32_t *targets,
+                                 int N, int col0, int W, int V);
+/* sums[N] out: per row, the sum over the shard's columns of
+ * exp(logit - rowmax[i]), in double. */
+void kcpu_crossentropy_shard_sumexp(double *sums, const float *logits, const float *rowmax, int N, int col0, int W,
+                                    int V);
+/* kcpu_crossentropy_backward on a shard: rowmax and lse are the whole
+ * rows' (after the exchange). dlogits[N,W]; logits[N,W]. */
+void kcpu_crossentropy_shard_backward(float *dlogits, const float *logits, const int32_t *targets,
+                                      const float *rowmax, const float *lse, float dloss, int N, int col0, int W,
+                                      int V);
+
 /* ---- optim.c: AdamW and global-norm clipping --------------------------- */
 
 /* One AdamW step (t counts from 1), decoupled weight decay:
@@ -164,6 +192,13 @@ void kcpu_crossentropy_backward(float *dlogits, const float *logits,
 void kcpu_adamw_step(float *params, const float *grads, float *m, float *v,
                      size_t n, float lr, float beta1, float beta2, float eps,
                      float weight_decay, int t);
+
+/* The sum of squares over all the buffers together, in double (the
+ * square of kcpu_global_norm before rounding). */
+double kcpu_sum_squares(const float *const *bufs, const size_t *sizes, int nbufs);
+
+/* Every element of every buffer times scale (the product in double). */
+void kcpu_scale_buffers(float *const *bufs, const size_t *sizes, int nbufs, double scale);
 
 /* The L2 norm over all the buffers together, summed in double.
  * bufs[nbufs] each of sizes[i] floats. */

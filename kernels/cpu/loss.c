@@ -91,25 +91,61 @@ static void ce_grad_chunk(float *d, const float *x, float mx, float inv,
     }
 }
 
+/* The shard's columns that are not padding: [0, valid). */
+static int ce_valid(int col0, int W, int V)
+{
+    int valid = V - col0;
+    return valid < 0 ? 0 : valid > W ? W : valid;
+}
+
+void kcpu_crossentropy_shard_backward(float *dlogits, const float *logits, const int32_t *targets,
+                                      const float *rowmax, const float *lse, float dloss, int N, int col0, int W,
+                                      int V)
+{
+    assert(N > 0 && V > 0 && W > 0 && col0 >= 0);
+    int valid = ce_valid(col0, W, V);
+    float scale = (float)((double)dloss / N);
+    float x[KCPU_CHUNK], d[KCPU_CHUNK];
+    for (int i = 0; i < N; i++) {
+        const float *row = logits + (size_t)i * W;
+        float *drow = dlogits + (size_t)i * W;
+        float inv = (float)exp(-(double)lse[i]); /* 1 / sum of exp(x - max) */
+        assert(targets[i] >= 0 && targets[i] < V);
+        for (size_t j = 0; j < (size_t)valid; j += KCPU_CHUNK) {
+            size_t len = kcpu__chunk_len(j, (size_t)valid);
+            kcpu__chunk_load_fill(x, row + j, len, -INFINITY);
+            kcpu__chunk_load(d, drow + j, len);
+            ce_grad_chunk(d, x, rowmax[i], inv, targets[i] - col0 - (int)j, scale);
+            kcpu__chunk_store(drow + j, d, len);
+        }
+    }
+}
+
 void kcpu_crossentropy_backward(float *dlogits, const float *logits,
                                 const int32_t *targets, const float *rowmax,
                                 const float *lse, float dloss, int N, int V,
                                 int Vp)
 {
     assert(N > 0 && V > 0 && V <= Vp);
-    float scale = (float)((double)dloss / N);
-    float x[KCPU_CHUNK], d[KCPU_CHUNK];
+    kcpu_crossentropy_shard_backward(dlogits, logits, targets, rowmax, lse, dloss, N, 0, Vp, V);
+}
+
+void kcpu_crossentropy_shard_max(float *rowmax, float *target_logit, const float *logits, const int32_t *targets,
+                                 int N, int col0, int W, int V)
+{
+    int valid = ce_valid(col0, W, V);
     for (int i = 0; i < N; i++) {
-        const float *row = logits + (size_t)i * Vp;
-        float *drow = dlogits + (size_t)i * Vp;
-        float inv = (float)exp(-(double)lse[i]); /* 1 / sum of exp(x - max) */
-        assert(targets[i] >= 0 && targets[i] < V);
-        for (size_t j = 0; j < (size_t)V; j += KCPU_CHUNK) {
-            size_t len = kcpu__chunk_len(j, (size_t)V);
-            kcpu__chunk_load_fill(x, row + j, len, -INFINITY);
-            kcpu__chunk_load(d, drow + j, len);
-            ce_grad_chunk(d, x, rowmax[i], inv, targets[i] - (int)j, scale);
-            kcpu__chunk_store(drow + j, d, len);
-        }
+        const float *row = logits + (size_t)i * W;
+        int t = targets[i] - col0;
+        rowmax[i] = valid > 0 ? ce_row_max(row, valid) : -INFINITY;
+        target_logit[i] = t >= 0 && t < valid ? row[t] : 0.0f;
     }
+}
+
+void kcpu_crossentropy_shard_sumexp(double *sums, const float *logits, const float *rowmax, int N, int col0, int W,
+                                    int V)
+{
+    int valid = ce_valid(col0, W, V);
+    for (int i = 0; i < N; i++)
+        sums[i] = valid > 0 ? ce_row_sumexp(logits + (size_t)i * W, valid, rowmax[i]) : 0.0;
 }

@@ -88,13 +88,18 @@ static double sum_squares(const float *x, size_t n)
     return ss;
 }
 
-float kcpu_global_norm(const float *const *bufs, const size_t *sizes,
-                       int nbufs)
+double kcpu_sum_squares(const float *const *bufs, const size_t *sizes, int nbufs)
 {
     double ss = 0.0;
     for (int b = 0; b < nbufs; b++)
         ss += sum_squares(bufs[b], sizes[b]);
-    return (float)sqrt(ss);
+    return ss;
+}
+
+float kcpu_global_norm(const float *const *bufs, const size_t *sizes,
+                       int nbufs)
+{
+    return (float)sqrt(kcpu_sum_squares(bufs, sizes, nbufs));
 }
 
 /* x[n] = (float)(x * scale), the product in double. */
@@ -115,7 +120,12 @@ float kcpu_clip_global_norm(float *const *bufs, const size_t *sizes,
     double norm = kcpu_global_norm((const float *const *)bufs, sizes, nbufs);
     double scale = (double)max_norm / (norm + 1e-6);
     if (scale < 1.0)
-        for (int b = 0; b < nbufs; b++)
-            scale_in_place(bufs[b], sizes[b], scale);
+        kcpu_scale_buffers(bufs, sizes, nbufs, scale);
     return (float)norm;
+}
+
+void kcpu_scale_buffers(float *const *bufs, const size_t *sizes, int nbufs, double scale)
+{
+    for (int b = 0; b < nbufs; b++)
+        scale_in_place(bufs[b], sizes[b], scale);
 }

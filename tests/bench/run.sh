@@ -54,3 +54,17 @@ printf '\n%-28s %11s %6s %9s %10s %9s %8s %6s\n' "plan" "params" "tokens" "ms/st
     --set train.precision=fp32 >/dev/null 2>&1 &&
     (cd "$tmp" && "$OLDPWD/$TRAIN_BENCH" gpt2-b4t64.plan 3) || exit 1
 echo "ratio: the step's time over the GEMM-only limit (6 x params x tokens FLOPs at the sgemm rate)"
+
+# gpt-tiny (global batch 16 x 64) on 1, 2 and 4 ranks, threads of one
+# process sharing this machine's cores (the kernels' threads divided among
+# the ranks)
+printf '\n%-28s %5s %4s %4s %9s %10s\n' "plan" "ranks" "dp" "tp" "ms/step" "tok/s"
+for m in 1x1 2x1 4x1 1x2 2x2; do
+    "$MESHC" -o "$tmp/tiny-$m.plan" examples/gpt-tiny.mesh --set mesh.dp=${m%x*} --set mesh.tp=${m#*x} >/dev/null 2>&1 &&
+        (cd "$tmp" && "$OLDPWD/$TRAIN_BENCH" "tiny-$m.plan" 20) || exit 1
+done
+
+# the threads communicator's bandwidth, next to memcpy's (tests/bench/comm_bench.c)
+echo
+COMM_BENCH=${COMM_BENCH:-build/comm_bench}
+"$COMM_BENCH" 64 || exit 1

@@ -5,6 +5,10 @@
  * largest matmul shape), so the ratio to the limit is visible.
  *
  *   train_bench FILE.plan STEPS
+ *
+ * A plan of several ranks runs them as threads (mesh_run_ranks), each on
+ * its slice of the global batch: the line gives the ranks, ms per step and
+ * the global batch's tokens/s.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cblas.h>
@@ -37,11 +41,59 @@ static double sgemm_rate(int M, int K, int N)
     return best;
 }
 
+/* A multi-rank run: every rank trains `steps` steps; rank 0 times them. */
+typedef struct ranks_run {
+    const mesh_plan *plan;
+    int steps;
+    double ms;
+} ranks_run;
+
+static mesh_status rank_steps(mesh_context *ctx, int rank, void *ud)
+{
+    ranks_run *r = ud;
+    int mb, m, seq, vocab;
+    mesh_plan_batch(r->plan, &mb, &m, &seq, &vocab);
+    size_t n = (size_t)m * mb * seq;
+    int *in = malloc(n * sizeof *in), *tg = malloc(n * sizeof *tg);
+    if (!in || !tg) return MESH_ERR_NOMEM;
+    for (size_t k = 0; k < n; k++) in[k] = (int)(k * 7 % (size_t)vocab), tg[k] = (int)(k * 11 % (size_t)vocab);
+    mesh_step_stats st;
+    mesh_status s = mesh_train_step(ctx, in, tg, &st); /* warm up */
+    double t0 = now();
+    for (int k = 0; s == MESH_OK && k < r->steps; k++) s = mesh_train_step(ctx, in, tg, &st);
+    if (rank == 0) r->ms = 1e3 * (now() - t0) / r->steps;
+    free(in);
+    free(tg);
+    return s;
+}
+
+static int run_ranks(mesh_plan *plan, const char *path, int steps)
+{
+    mesh_plan_info pi;
+    mesh_plan_get_info(plan, sizeof pi, &pi);
+    ranks_run r = {plan, steps, 0};
+    if (mesh_run_ranks(plan, rank_steps, &r) != MESH_OK) {
+        fprintf(stderr, "train_bench: %s\n", mesh_last_error());
+        return 1;
+    }
+    double tokens = (double)pi.global_batch * pi.seq_len;
+    printf("%-28s %5d %4d %4d %9.1f %10.0f\n", path, pi.world, pi.dp, pi.tp, r.ms, 1e3 * tokens / r.ms);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     mesh_plan *plan;
     mesh_context *ctx;
     int mb, m, seq, vocab;
+    mesh_plan_info pi;
+    if (argc >= 3 && mesh_plan_load(argv[1], &plan) == MESH_OK && mesh_plan_get_info(plan, sizeof pi, &pi) == MESH_OK &&
+        pi.world > 1) {
+        int rc = run_ranks(plan, argv[1], atoi(argv[2]));
+        mesh_plan_free(plan);
+        return rc;
+    }
+    if (argc >= 3) mesh_plan_free(plan);
     if (argc < 3 || mesh_plan_load(argv[1], &plan) != MESH_OK ||
         mesh_context_create(plan, 0, &ctx) != MESH_OK) {
         fprintf(stderr, "train_bench: %s\n", argc < 3 ? "usage: train_bench FILE.plan STEPS" : mesh_last_error());

@@ -265,7 +265,7 @@ TEST_IMPL(exec_memory_is_the_plan)
 
 /* ---- several ranks ---------------------------------------------------- */
 
-enum { EQ_STEPS = 20, EQ_GLOBAL = 4 };
+enum { EQ_STEPS = 20, EQ_MAX_GLOBAL = 12 };
 
 /* A run of a plan on its ranks: each reads its slice of every global
  * batch; rank 0 records the losses. fail_rank fails at step fail_step. */
@@ -281,21 +281,30 @@ static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
     int dr, drs, mb, m, seq, vocab;
     mesh_context_rank(ctx, NULL, &dr, &drs);
     mesh_plan_batch(r->plan, &mb, &m, &seq, &vocab);
-    int gin[EQ_GLOBAL * 8], gtg[EQ_GLOBAL * 8];
+    int gin[EQ_MAX_GLOBAL * 8], gtg[EQ_MAX_GLOBAL * 8], global = mb * m * drs;
     size_t part = (size_t)mb * (size_t)m * (size_t)seq;
-    if (seq != 8 || part * (size_t)drs != EQ_GLOBAL * 8) return MESH_ERR_INTERNAL;
+    size_t allocated, planned;
+    mesh_context_memory(ctx, &allocated, &planned);
+    if (seq != 8 || global > EQ_MAX_GLOBAL || allocated != planned) return MESH_ERR_INTERNAL;
     for (int step = 1; step <= EQ_STEPS; step++) {
         if (rank == r->fail_rank && step == r->fail_step) {
             mesh_context_step(ctx, NULL);
             return MESH_ERR_IO; /* as a failed checkpoint write would */
         }
-        for (int q = 0; q < EQ_GLOBAL; q++) batch(gin + q * 8, gtg + q * 8, 8, step * 7 + q * 3);
+        for (int q = 0; q < global; q++) batch(gin + q * 8, gtg + q * 8, 8, step * 7 + q * 3);
         mesh_step_stats st;
         mesh_status s = mesh_train_step(ctx, gin + part * (size_t)dr, gtg + part * (size_t)dr, &st);
         if (s != MESH_OK) return s;
         if (rank == 0) r->loss[step - 1] = st.loss;
     }
     return MESH_OK;
+}
+
+static void diag_to_stderr(void *ud, int level, const char *text)
+{
+    (void)ud;
+    (void)level;
+    fputs(text, stderr);
 }
 
 /* The losses of 20 steps of src with the settings given. */
@@ -306,7 +315,9 @@ static void eq_losses(const char *src, const char *const *sets, int n_sets, doub
     mesh_compile_options opt = MESH_COMPILE_OPTIONS_INIT;
     opt.sets = sets;
     opt.n_sets = n_sets;
-    ASSERT_INT_EQ(mesh_compile("tiny.mesh", src, strlen(src), &opt, &text, &len), MESH_OK);
+    opt.diag = diag_to_stderr;
+    if (mesh_compile("tiny.mesh", src, strlen(src), &opt, &text, &len) != MESH_OK)
+        unit_fail(__FILE__, __LINE__, "%s", mesh_last_error());
     mesh_plan *mp = NULL;
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
@@ -318,27 +329,88 @@ static void eq_losses(const char *src, const char *const *sets, int n_sets, doub
 }
 
 /* The central guarantee, for data parallelism: the same model, seed and
- * global batch on dp 2 and dp 4 give the one-rank losses at every step
- * (1e-5 relative; the gradients' sums over ranks round differently). */
+ * global batch on dp 2, 3 and 4, with ZeRO 0 and 1, give the one-rank
+ * losses at every step (1e-5 relative; the gradients' sums over ranks
+ * round differently). dp 3 shards params unevenly (8 / 3). Every rank's
+ * memory is its plan's (eq_rank checks). */
 TEST_IMPL(parallel_dp_losses_equal_one_rank)
 {
-    static const char *const one[] = {"train.micro_batch=1"}, *const dp2[] = {"train.micro_batch=1", "mesh.dp=2"},
-                             *const dp4[] = {"train.micro_batch=1", "mesh.dp=4"};
+    static const char *const meshes[][4] = {
+        {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=1", "train.zero=0"},
+        {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=2", "train.zero=0"},
+        {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=4", "train.zero=0"},
+        {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=2", "train.zero=1"},
+        {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=3", "train.zero=1"},
+        {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=4", "train.zero=1"},
+    };
     const char *srcs[] = {tiny_src, llama_src, moe_src};
     for (int s = 0; s < 3; s++) {
         double ref[EQ_STEPS], got[EQ_STEPS];
-        eq_losses(srcs[s], one, 1, ref);
-        for (int v = 0; v < 2; v++) {
-            eq_losses(srcs[s], v == 0 ? dp2 : dp4, 2, got);
+        eq_losses(srcs[s], meshes[0], 4, ref);
+        for (int v = 1; v < 6; v++) {
+            eq_losses(srcs[s], meshes[v], 4, got);
             for (int k = 0; k < EQ_STEPS; k++) {
                 if (fabs(got[k] - ref[k]) <= 1e-5 * fabs(ref[k])) continue;
-                fprintf(stderr, "# model %d, dp %d, step %d: %.9f vs one rank %.9f\n", s, v ? 4 : 2, k + 1, got[k],
-                        ref[k]);
+                fprintf(stderr, "# model %d, %s %s, step %d: %.9f vs one rank %.9f\n", s, meshes[v][2], meshes[v][3],
+                        k + 1, got[k], ref[k]);
                 unit_fail(__FILE__, __LINE__, "the losses differ from one rank's");
             }
         }
         ASSERT_INT_LT((long)(ref[EQ_STEPS - 1] * 100), (long)(ref[0] * 100)); /* and it trains */
     }
+}
+
+/* Tensor parallelism (Megatron's column/row splits, head-parallel
+ * attention over a packed q/k/v, a vocabulary-parallel embedding and
+ * cross-entropy) and pipeline parallelism (1F1B and GPipe, activations and
+ * gradients sent between stages, the tied embedding's two copies), alone
+ * and together with data parallelism and ZeRO-1: the one-rank losses at
+ * every step. */
+TEST_IMPL(parallel_tp_pp_losses_equal_one_rank)
+{
+    static const char *const meshes[][4] = {
+        {"mesh.dp=1", "mesh.tp=1", "train.zero=0", "mesh.pp=1"},
+        {"mesh.dp=1", "mesh.tp=2", "train.zero=0", "mesh.pp=1"},
+        {"mesh.dp=2", "mesh.tp=2", "train.zero=0", "mesh.pp=1"},
+        {"mesh.dp=2", "mesh.tp=2", "train.zero=1", "mesh.pp=1"},
+        {"mesh.dp=1", "mesh.tp=1", "train.zero=0", "mesh.pp=2"},
+        {"mesh.dp=1", "mesh.tp=1", "train.schedule=gpipe", "mesh.pp=2"},
+        {"mesh.dp=2", "mesh.tp=1", "train.zero=1", "mesh.pp=2"},
+        {"mesh.dp=1", "mesh.tp=2", "train.zero=0", "mesh.pp=2"},
+        {"mesh.dp=2", "mesh.tp=2", "train.zero=1", "mesh.pp=2"},
+    };
+    enum { N_MESHES = sizeof meshes / sizeof meshes[0] };
+    /* Llama with 4 query heads sharing 2 kv heads, so that tp 2 splits both */
+    static const char *const models[][3] = {
+        {"train.micro_batch=1", "train.global_batch=12", "train.seed=7"},
+        {"train.micro_batch=1", "train.global_batch=12", "model.heads=4"},
+    };
+    const char *srcs[] = {tiny_src, llama_src};
+    for (int s = 0; s < 2; s++) {
+        double ref[EQ_STEPS], got[EQ_STEPS];
+        for (int v = 0; v < N_MESHES; v++) {
+            const char *sets[8] = {models[s][0], models[s][1], models[s][2], meshes[v][0], meshes[v][1],
+                                   meshes[v][2], meshes[v][3], s == 1 ? "model.kv_heads=2" : "train.seed=7"};
+            eq_losses(srcs[s], sets, 8, v == 0 ? ref : got);
+            for (int k = 0; v > 0 && k < EQ_STEPS; k++) {
+                if (fabs(got[k] - ref[k]) <= 1e-5 * fabs(ref[k])) continue;
+                fprintf(stderr, "# model %d, %s %s %s %s, step %d: %.9f vs one rank %.9f\n", s, meshes[v][0],
+                        meshes[v][1], meshes[v][2], meshes[v][3], k + 1, got[k], ref[k]);
+                unit_fail(__FILE__, __LINE__, "the losses differ from one rank's");
+            }
+        }
+    }
+    /* four stages of one layer each: the middle ones pass activations and
+     * gradients on, and only the first and the last hold the tied wte */
+    static const char *const four[] = {"train.micro_batch=1", "train.global_batch=12", "model.layers=4", "mesh.pp=4"};
+    double ref[EQ_STEPS], got[EQ_STEPS];
+    eq_losses(tiny_src, four, 3, ref);
+    eq_losses(tiny_src, four, 4, got);
+    for (int k = 0; k < EQ_STEPS; k++)
+        if (fabs(got[k] - ref[k]) > 1e-5 * fabs(ref[k])) {
+            fprintf(stderr, "# pp 4, step %d: %.9f vs one rank %.9f\n", k + 1, got[k], ref[k]);
+            unit_fail(__FILE__, __LINE__, "the losses differ from one rank's");
+        }
 }
 
 /* A rank that fails stops the others: mesh_run_ranks returns its status
