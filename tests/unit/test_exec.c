@@ -328,6 +328,16 @@ static void eq_losses(const char *src, const char *const *sets, int n_sets, doub
     mesh_plan_free(mp);
 }
 
+/* Fails unless got matches ref within 1e-5 relative at every step. */
+static void expect_same_losses(const double *ref, const double *got, const char *what)
+{
+    for (int k = 0; k < EQ_STEPS; k++) {
+        if (fabs(got[k] - ref[k]) <= 1e-5 * fabs(ref[k])) continue;
+        fprintf(stderr, "# %s, step %d: %.9f vs one rank %.9f\n", what, k + 1, got[k], ref[k]);
+        unit_fail(__FILE__, __LINE__, "the losses differ from one rank's");
+    }
+}
+
 /* The central guarantee, for data parallelism: the same model, seed and
  * global batch on dp 2, 3 and 4, with ZeRO 0 and 1, give the one-rank
  * losses at every step (1e-5 relative; the gradients' sums over ranks
@@ -349,12 +359,9 @@ TEST_IMPL(parallel_dp_losses_equal_one_rank)
         eq_losses(srcs[s], meshes[0], 4, ref);
         for (int v = 1; v < 6; v++) {
             eq_losses(srcs[s], meshes[v], 4, got);
-            for (int k = 0; k < EQ_STEPS; k++) {
-                if (fabs(got[k] - ref[k]) <= 1e-5 * fabs(ref[k])) continue;
-                fprintf(stderr, "# model %d, %s %s, step %d: %.9f vs one rank %.9f\n", s, meshes[v][2], meshes[v][3],
-                        k + 1, got[k], ref[k]);
-                unit_fail(__FILE__, __LINE__, "the losses differ from one rank's");
-            }
+            char what[96];
+            snprintf(what, sizeof what, "model %d, %s %s", s, meshes[v][2], meshes[v][3]);
+            expect_same_losses(ref, got, what);
         }
         ASSERT_INT_LT((long)(ref[EQ_STEPS - 1] * 100), (long)(ref[0] * 100)); /* and it trains */
     }
@@ -392,12 +399,10 @@ TEST_IMPL(parallel_tp_pp_losses_equal_one_rank)
             const char *sets[8] = {models[s][0], models[s][1], models[s][2], meshes[v][0], meshes[v][1],
                                    meshes[v][2], meshes[v][3], s == 1 ? "model.kv_heads=2" : "train.seed=7"};
             eq_losses(srcs[s], sets, 8, v == 0 ? ref : got);
-            for (int k = 0; v > 0 && k < EQ_STEPS; k++) {
-                if (fabs(got[k] - ref[k]) <= 1e-5 * fabs(ref[k])) continue;
-                fprintf(stderr, "# model %d, %s %s %s %s, step %d: %.9f vs one rank %.9f\n", s, meshes[v][0],
-                        meshes[v][1], meshes[v][2], meshes[v][3], k + 1, got[k], ref[k]);
-                unit_fail(__FILE__, __LINE__, "the losses differ from one rank's");
-            }
+            char what[128];
+            snprintf(what, sizeof what, "model %d, %s %s %s %s", s, meshes[v][0], meshes[v][1], meshes[v][2],
+                     meshes[v][3]);
+            if (v > 0) expect_same_losses(ref, got, what);
         }
     }
     /* four stages of one layer each: the middle ones pass activations and
@@ -406,11 +411,7 @@ TEST_IMPL(parallel_tp_pp_losses_equal_one_rank)
     double ref[EQ_STEPS], got[EQ_STEPS];
     eq_losses(tiny_src, four, 3, ref);
     eq_losses(tiny_src, four, 4, got);
-    for (int k = 0; k < EQ_STEPS; k++)
-        if (fabs(got[k] - ref[k]) > 1e-5 * fabs(ref[k])) {
-            fprintf(stderr, "# pp 4, step %d: %.9f vs one rank %.9f\n", k + 1, got[k], ref[k]);
-            unit_fail(__FILE__, __LINE__, "the losses differ from one rank's");
-        }
+    expect_same_losses(ref, got, "pp 4");
 }
 
 /* A rank that fails stops the others: mesh_run_ranks returns its status
