@@ -113,16 +113,26 @@ int64_t memplan_moe_route_bytes(int64_t N, int64_t E, int64_t K, int64_t C) {
     return 3 * align16(N * K * 4) + align16(E * C * 4) + 2 * align16(E * 4) + align16(N * E * 4);
 }
 
-/* A moe layer's shapes on one rank (experts split over ep, their hidden
- * width over tp). */
+/* A moe layer's shapes on one rank: its N tokens routed over all E
+ * experts, each taking up to C of them (the capacity per source rank: with
+ * ep an expert receives C rows from each rank of its ep group); the
+ * experts' hidden width F split over tp. */
 static void moe_dims(const mp *x, int id, int64_t *N, int64_t *E, int64_t *K, int64_t *C, int64_t *D, int64_t *F) {
     const plan_tensor *t = &x->p->tensors[id], *wg = &x->p->tensors[t->in[2]];
     *D = last_dim(t);
     *N = local_elems(x, id) / *D;
-    *E = wg->dims[0] / (wg->pl.kind[AX_EP] == PL_SPLIT ? x->p->setup.ep : 1);
+    *E = wg->dims[0];
     *F = wg->dims[2] / (wg->pl.kind[AX_TP] == PL_SPLIT ? x->p->setup.tp : 1);
     *K = t->top_k;
     *C = memplan_moe_capacity(*N, *E, *K, t->capacity);
+}
+
+/* Expert-parallel moe keeps both sides of its exchanges: the rows it sends
+ * and receives, the outputs it computes and gets back (4 buffers of [E, C,
+ * D], and the received counts); on one ep rank they are one pair. */
+static int moe_ep(const mp *x, int id) {
+    const plan_tensor *t = &x->p->tensors[id];
+    return x->p->setup.ep > 1 && x->p->tensors[t->in[2]].pl.kind[AX_EP] == PL_SPLIT;
 }
 
 /* Bytes an op keeps for backward beyond tensors: row statistics, moe's
@@ -144,8 +154,10 @@ static int64_t aux_bytes(const mp *x, int id) {
     case G_MOE: {
         int64_t N, E, K, C, D, F;
         moe_dims(x, id, &N, &E, &K, &C, &D, &F);
-        /* routing; xe, ye [E, C, D]; hg, hu, act [E, C, F] */
-        return memplan_moe_route_bytes(N, E, K, C) + (2 * E * C * D + 3 * E * C * F) * 4;
+        /* routing; xe, ye [E, C, D] (with ep also what is received, and
+         * the received counts [E]); hg, hu, act [E, C, F] */
+        int ep = moe_ep(x, id);
+        return memplan_moe_route_bytes(N, E, K, C) + ((ep ? 4 : 2) * E * C * D + 3 * E * C * F + (ep ? E : 0)) * 4;
     }
     default: return 0;
     }
@@ -158,7 +170,7 @@ static int64_t scratch_bytes(const mp *x, int id) {
     int64_t N, E, K, C, D, F;
     moe_dims(x, id, &N, &E, &K, &C, &D, &F);
     int64_t s = N * E > 2 * C * F ? N * E : 2 * C * F;
-    return (2 * E * C * D + N * K + s) * 4;
+    return ((moe_ep(x, id) ? 4 : 2) * E * C * D + N * K + s) * 4;
 }
 
 /* ---- first fit over live intervals ------------------------------------- */

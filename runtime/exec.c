@@ -16,6 +16,7 @@
 /* A moe node's geometry, and its routing bound to the iteration's memory. */
 typedef struct ex_moe {
     int N, D, E, K, C, F;
+    int P, El;            /* the ep group's ranks, and the experts each holds (E / P) */
     size_t route_bytes;
     kcpu_moe_route route;
 } ex_moe;
@@ -68,6 +69,8 @@ struct mesh__exec {
     int first_layer, n_layers; /* the stack's iterations this stage runs */
     int *copies;         /* per param tensor: the copies this stage holds (0: none) */
     comm *tied;          /* the first and the last stage, for a param both use (pp > 1) */
+    comm *data;          /* dp x ep: the ranks the batch is split over, a dense param's data-parallel
+                            group (axis[0] when ep = 1; owned when ep > 1) */
     char error[400];     /* why the last step failed */
     mesh_alloc_fn alloc; /* the context's allocator hook */
     void *ud;
@@ -247,9 +250,16 @@ static float *grad_in(const mesh__exec *ex, int id, int r, int it)
 /* A moe layer's buffers at iteration it: routing, then xe, ye [E, C, D],
  * then hg, hu, act [E, C, F]; its backward's scratch: dxe, dye [E, C, D],
  * dweight [N, K], then max([N, E], [2, C, F]). */
+/* With expert parallelism the rows go through two exchanges over the ep
+ * group: xs (this rank's tokens dispatched, in expert order, so rank q's
+ * experts are one block) becomes xr (the rows every rank sent to this
+ * rank's experts, [P, El, C, D]); the experts turn xr into ys, which goes
+ * back as yr ([E, C, D], this rank's tokens again). On one ep rank xr is
+ * xs and yr is ys. The backward's gradients go the same ways. */
 typedef struct moe_bufs {
-    float *xe, *ye, *hg, *hu, *act;
-    float *dxe, *dye, *dweight, *scratch;
+    float *xs, *xr, *ys, *yr, *hg, *hu, *act;
+    int *cnt;             /* [P, El] rows each rank sent to each local expert */
+    float *dyr, *dys, *dxr, *dxs, *dweight, *scratch;
 } moe_bufs;
 
 static moe_bufs moe_at(mesh__exec *ex, int id, int it)
@@ -257,18 +267,55 @@ static moe_bufs moe_at(mesh__exec *ex, int id, int it)
     ex_moe *g = ex->moe[id];
     size_t ecd = (size_t)g->E * (size_t)g->C * (size_t)g->D, ecf = (size_t)g->E * (size_t)g->C * (size_t)g->F;
     unsigned char *aux = (unsigned char *)aux_ptr(ex, id, it);
+    int ep = g->P > 1;
     kcpu_moe_route_bind(&g->route, aux, g->N, g->E, g->K, g->C);
     moe_bufs m;
-    m.xe = (float *)(void *)(aux + g->route_bytes);
-    m.ye = m.xe + ecd;
-    m.hg = m.ye + ecd;
+    m.xs = (float *)(void *)(aux + g->route_bytes);
+    m.ys = m.xs + ecd;
+    m.hg = m.ys + ecd;
     m.hu = m.hg + ecf;
     m.act = m.hu + ecf;
-    m.dxe = (float *)(void *)(ex->arena + ex->shared_at + buf_of(ex, id)->scratch_offset);
-    m.dye = m.dxe + ecd;
-    m.dweight = m.dye + ecd;
+    m.xr = ep ? m.act + ecf : m.xs;
+    m.yr = ep ? m.xr + ecd : m.ys;
+    m.cnt = ep ? (int *)(void *)(m.yr + ecd) : g->route.count;
+    m.dyr = (float *)(void *)(ex->arena + ex->shared_at + buf_of(ex, id)->scratch_offset);
+    m.dxr = m.dyr + ecd;
+    m.dys = ep ? m.dxr + ecd : m.dyr;
+    m.dxs = ep ? m.dys + ecd : m.dxr;
+    m.dweight = (ep ? m.dxs : m.dxr) + ecd;
     m.scratch = m.dweight + (size_t)g->N * (size_t)g->K;
     return m;
+}
+
+/* An all-to-all over the ep group of [P blocks of `per` floats]. */
+static int moe_exchange(mesh__exec *ex, const float *in, float *out, size_t per)
+{
+    comm *c = ex->axis[3];
+    size_t counts[64];
+    for (int q = 0; q < c->size; q++) counts[q] = per;
+    if (comm_all_to_all(c, in, counts, out, counts) == 0) return 0;
+    snprintf(ex->error, sizeof ex->error, "rank %d: the moe all-to-all over ep: %s", ex->rank, c->error);
+    return -1;
+}
+
+/* The local experts on every source rank's rows: one call per source. */
+static void moe_experts_forward(const ex_moe *g, const moe_bufs *m, const float *wg, const float *wu, const float *wd)
+{
+    size_t rows = (size_t)g->El * (size_t)g->C;
+    for (int s = 0; s < g->P; s++)
+        kcpu_moe_expert_forward(m->ys + s * rows * g->D, m->hg + s * rows * g->F, m->hu + s * rows * g->F,
+                                m->act + s * rows * g->F, m->xr + s * rows * g->D, wg, wu, wd, m->cnt + s * g->El,
+                                g->El, g->C, g->D, g->F);
+}
+
+static void moe_experts_backward(const ex_moe *g, const moe_bufs *m, float *dwg, float *dwu, float *dwd,
+                                 const float *wg, const float *wu, const float *wd)
+{
+    size_t rows = (size_t)g->El * (size_t)g->C;
+    for (int s = 0; s < g->P; s++)
+        kcpu_moe_expert_backward(m->dxr + s * rows * g->D, dwg, dwu, dwd, m->scratch, m->dyr + s * rows * g->D,
+                                 m->hg + s * rows * g->F, m->hu + s * rows * g->F, m->act + s * rows * g->F,
+                                 m->xr + s * rows * g->D, wg, wu, wd, m->cnt + s * g->El, g->El, g->C, g->D, g->F);
 }
 
 /* ---- tensor parallelism ------------------------------------------------- */
@@ -277,6 +324,13 @@ static moe_bufs moe_at(mesh__exec *ex, int id, int it)
 static int split_tp(const mesh__exec *ex, int id)
 {
     return ex->p->setup.tp > 1 && ex->p->tensors[id].pl.kind[1] == PL_SPLIT;
+}
+
+/* Is param id split over ep (an expert's weights, along its first dim)? */
+static int split_ep(const mesh__exec *ex, int id)
+{
+    const plan_tensor *t = &ex->p->tensors[id];
+    return ex->p->setup.ep > 1 && t->op == G_PARAM && t->pl.kind[3] == PL_SPLIT;
 }
 
 /* The first vocabulary row of an embedding table on this rank. */
@@ -329,6 +383,10 @@ typedef void (*run_fn)(void *ctx, size_t local, size_t whole, size_t len);
 static void param_runs(const mesh__exec *ex, int id, int r, run_fn fn, void *ctx)
 {
     const plan_tensor *t = &ex->p->tensors[id];
+    if (split_ep(ex, id)) { /* a block of whole experts: one run */
+        fn(ctx, 0, (size_t)r * ex->numel[id], ex->numel[id]);
+        return;
+    }
     if (!split_tp(ex, id)) {
         fn(ctx, 0, 0, ex->numel[id]);
         return;
@@ -515,11 +573,18 @@ static int forward_node(mesh__exec *ex, int id, int it)
     case G_MOE: {
         ex_moe *g = ex->moe[id];
         moe_bufs m = moe_at(ex, id, it);
+        size_t block = (size_t)g->El * (size_t)g->C * (size_t)g->D;
         kcpu_moe_route_forward(&g->route, IN(0), IN(1), g->D);
-        kcpu_moe_dispatch_forward(m.xe, IN(0), &g->route, g->D);
-        kcpu_moe_expert_forward(m.ye, m.hg, m.hu, m.act, m.xe, IN(2), IN(3), IN(4), g->route.count, g->E, g->C,
-                                g->D, g->F);
-        kcpu_moe_combine_forward(OUT, m.ye, &g->route, g->D);
+        kcpu_moe_dispatch_forward(m.xs, IN(0), &g->route, g->D);
+        if (g->P > 1) { /* the counts, then the rows, to the experts' ranks */
+            float fc[256], rc[256];
+            for (int e = 0; e < g->E; e++) fc[e] = (float)g->route.count[e];
+            if (moe_exchange(ex, fc, rc, (size_t)g->El) != 0 || moe_exchange(ex, m.xs, m.xr, block) != 0) return -1;
+            for (int e = 0; e < g->E; e++) m.cnt[e] = (int)rc[e];
+        }
+        moe_experts_forward(g, &m, IN(2), IN(3), IN(4));
+        if (g->P > 1 && moe_exchange(ex, m.ys, m.yr, block) != 0) return -1; /* the outputs back */
+        kcpu_moe_combine_forward(OUT, m.yr, &g->route, g->D);
         if (!ex->recomputing) ex->loss += t->aux_loss * (double)g->route.aux;
         break;
     }
@@ -598,14 +663,15 @@ static int backward_node(mesh__exec *ex, int id, int it)
     case G_MOE: {
         ex_moe *g = ex->moe[id];
         moe_bufs m = moe_at(ex, id, it);
-        size_t ecd = (size_t)g->E * (size_t)g->C * (size_t)g->D;
-        memset(m.dye, 0, ecd * sizeof(float));
-        memset(m.dxe, 0, ecd * sizeof(float));
+        size_t ecd = (size_t)g->E * (size_t)g->C * (size_t)g->D, block = ecd / (size_t)g->P;
+        memset(m.dys, 0, ecd * sizeof(float));
+        memset(m.dxr, 0, ecd * sizeof(float));
         memset(m.dweight, 0, (size_t)g->N * (size_t)g->K * sizeof(float));
-        kcpu_moe_combine_backward(m.dye, m.dweight, DOUT, m.ye, &g->route, g->D);
-        kcpu_moe_expert_backward(m.dxe, DIN(2), DIN(3), DIN(4), m.scratch, m.dye, m.hg, m.hu, m.act, m.xe, IN(2),
-                                 IN(3), IN(4), g->route.count, g->E, g->C, g->D, g->F);
-        kcpu_moe_dispatch_backward(DIN(0), m.dxe, &g->route, g->D);
+        kcpu_moe_combine_backward(m.dys, m.dweight, DOUT, m.yr, &g->route, g->D);
+        if (g->P > 1 && moe_exchange(ex, m.dys, m.dyr, block) != 0) return -1; /* to the experts' ranks */
+        moe_experts_backward(g, &m, DIN(2), DIN(3), DIN(4), IN(2), IN(3), IN(4));
+        if (g->P > 1 && moe_exchange(ex, m.dxr, m.dxs, block) != 0) return -1; /* back to the tokens' rank */
+        kcpu_moe_dispatch_backward(DIN(0), m.dxs, &g->route, g->D);
         /* the load-balancing loss is part of the loss: its gradient scales
          * with the seed of the backward, as the cross-entropy's does */
         kcpu_moe_route_backward(DIN(0), DIN(1), m.scratch, m.dweight, (float)(t->aux_loss * ex->dloss), &g->route,
@@ -665,8 +731,12 @@ static void start_carries(mesh__exec *ex, int r, int it)
 /* A collective step of the program on the rank's group of its axis. */
 static int collective(mesh__exec *ex, const plan_step *st, int it)
 {
-    /* over pp: a tied param's two copies, on the first and the last stage */
+    /* over pp: a tied param's two copies, on the first and the last stage;
+     * over dp, a dense param's gradients: dp x ep */
     comm *c = st->axis == 2 ? ex->tied : ex->axis[st->axis];
+    const plan_tensor *nt = &ex->p->tensors[st->node];
+    if (st->axis == 0 && nt->op == G_PARAM && nt->pl.kind[3] != PL_SPLIT) c = ex->data;
+    if (st->kind == STEP_ALL_TO_ALL && nt->op == G_MOE) return 0; /* the op exchanges its rows itself */
     if (!c) return 0; /* a group of one */
     int rc = -1;
     const char *what = "?";
@@ -970,22 +1040,23 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
     double loss;
     /* the loss is the last stage's */
     if (run_units(ex, inputs, targets, &loss) != 0 || run_phase(ex, PLAN_GRAD_SYNC) != 0 ||
-        sum_doubles(ex, ex->axis[2], &loss, 1) != 0 || sum_doubles(ex, ex->axis[0], &loss, 1) != 0)
+        sum_doubles(ex, ex->axis[2], &loss, 1) != 0 || sum_doubles(ex, ex->data, &loss, 1) != 0)
         return -2;
     loss /= (double)m * ex->data_ranks;
     double norm;
-    if (!ex->zero && s->tp == 1 && ex->p->pp == 1) {
+    if (!ex->zero && s->tp == 1 && s->ep == 1 && ex->p->pp == 1) {
         norm = s->clip > 0 ? kcpu_clip_global_norm(ex->gbufs, ex->gsizes, ex->n_gbufs, (float)s->clip)
                            : kcpu_global_norm((const float *const *)ex->gbufs, ex->gsizes, ex->n_gbufs);
     } else { /* the norm of the whole gradient: every rank's shards, a replicated param once */
-        double ss[2] = {0, 0}; /* params split over tp, the others */
+        double ss[3] = {0, 0, 0}; /* params split over tp, the others, experts split over ep */
         for (int b = 0; b < ex->n_gbufs; b++) /* a tied param counts on the first stage only */
             if (ex->gsplit[b] != 2)
-                ss[ex->gsplit[b] ? 0 : 1] += kcpu_sum_squares((const float *const *)&ex->gbufs[b], &ex->gsizes[b], 1);
+                ss[ex->gsplit[b] == 1 ? 0 : ex->gsplit[b] == 3 ? 2 : 1] +=
+                    kcpu_sum_squares((const float *const *)&ex->gbufs[b], &ex->gsizes[b], 1);
         if (sum_doubles(ex, ex->zero, ss, 2) != 0 || sum_doubles(ex, ex->axis[1], ss, 1) != 0 ||
-            sum_doubles(ex, ex->axis[2], ss, 2) != 0)
+            sum_doubles(ex, ex->axis[3], ss + 2, 1) != 0 || sum_doubles(ex, ex->axis[2], ss, 3) != 0)
             return -2;
-        norm = (float)sqrt(ss[0] + ss[1]);
+        norm = (float)sqrt(ss[0] + ss[1] + ss[2]);
         double scale = s->clip / (norm + 1e-6);
         if (s->clip > 0 && scale < 1.0) kcpu_scale_buffers(ex->gbufs, ex->gsizes, ex->n_gbufs, scale);
     }
@@ -1018,8 +1089,8 @@ const char *mesh__exec_error(const mesh__exec *ex) { return ex->error; }
 
 int mesh__exec_data_mean(mesh__exec *ex, double *x)
 {
-    if (sum_doubles(ex, ex->axis[0], x, 1) != 0) return -2;
-    *x /= (double)(ex->p->setup.dp > 0 ? ex->p->setup.dp : 1);
+    if (sum_doubles(ex, ex->data, x, 1) != 0) return -2;
+    *x /= (double)ex->data_ranks;
     return 0;
 }
 
@@ -1048,7 +1119,7 @@ static char *iter_name(mesh__exec *ex, const char *name, int it)
 static const char *refusal(const plan *p, char *buf, size_t n)
 {
     const fe_setup *s = &p->setup;
-    if (s->ep != 1) return "expert parallelism is not run yet: this runtime runs meshes of dp x tp x pp ranks (ep = 1)";
+    if (s->ep > 1 && s->zero != 0) return "zero >= 1 is not run yet with ep > 1: zero = 0 is";
     if (p->v != 1) return "interleaved pipeline schedules (virtual_stages > 1) are not run yet";
     if (s->tp > 1 && s->sequence_parallel) return "sequence parallelism is not run yet (tp > 1 without it is)";
     for (int id = 0; s->tp > 1 && id < p->n_tensors; id++)
@@ -1057,8 +1128,9 @@ static const char *refusal(const plan *p, char *buf, size_t n)
     for (int k = 0; k < p->n_steps; k++) {
         const plan_step *st = &p->steps[k];
         int sync = st->kind == STEP_REDUCE_SCATTER && st->phase == PLAN_GRAD_SYNC;
+        int moe = st->kind == STEP_ALL_TO_ALL && p->tensors[st->node].op == G_MOE;
         int gather = st->kind == STEP_ALL_GATHER && st->phase == PLAN_AFTER_OPTIMIZER;
-        if (st->kind != STEP_COMPUTE && st->kind != STEP_ALL_REDUCE && !sync && !gather) {
+        if (st->kind != STEP_COMPUTE && st->kind != STEP_ALL_REDUCE && !sync && !gather && !moe) {
             snprintf(buf, n, "the plan's %s steps over %s are not run yet", plan_phase_name(st->phase),
                      plan__axis_name(st->axis));
             return buf;
@@ -1103,6 +1175,9 @@ static int moe_setup(mesh__exec *ex, int id)
     g->E = (int)wg->dims[0];
     g->F = (int)wg->dims[2];
     g->K = (int)t->top_k;
+    g->P = wg->pl.kind[3] == PL_SPLIT ? (int)ex->p->setup.ep : 1;
+    g->El = g->E / g->P;
+    if (g->E > 256 || g->P > 64) return -2; /* the count exchange's buffers */
     g->C = kcpu_moe_capacity(g->N, g->E, g->K, t->capacity);
     g->route_bytes = kcpu_moe_route_bytes(g->N, g->E, g->K, g->C);
     return g->C == memplan_moe_capacity(g->N, g->E, g->K, t->capacity) &&
@@ -1161,8 +1236,12 @@ static int optimizer_shards(mesh__exec *ex)
             float *m, *v;
             shard_of(ex, id, it, &lo, &len, &m, &v);
             ex->gbufs[b] = gptr(ex, id, it) + lo;
-            /* 1: split over tp; 2: the last stage's copy of a tied param (counted on the first) */
-            ex->gsplit[b] = (char)(tied_across(ex, id) && ex->stage > 0 ? 2 : split_tp(ex, id));
+            /* 1: split over tp; 2: the last stage's copy of a tied param (counted on
+             * the first); 3: split over ep (an expert's weights) */
+            ex->gsplit[b] = (char)(tied_across(ex, id) && ex->stage > 0 ? 2
+                                   : split_tp(ex, id)                ? 1
+                                   : split_ep(ex, id)                ? 3
+                                                                     : 0);
             ex->gsizes[b] = ex->zero ? len : (size_t)ex->copies[id] * ex->numel[id];
         }
     }
@@ -1243,6 +1322,14 @@ static int join_axes(mesh__exec *ex, comm *world, char *err, size_t errn)
             return -1;
         }
     }
+    ex->data = ex->axis[0];
+    if (s->ep > 1) { /* dp x ep: the ranks that share pp and tp */
+        int color = (int)(ex->rank - ex->coord[0] * stride[0] - ex->coord[3] * stride[3]);
+        if (comm_split(world, color, (int)(ex->coord[0] * s->ep + ex->coord[3]), &ex->data) != 0) {
+            set_err(err, errn, "rank %d: making the dp x ep groups: %s", ex->rank, world->error);
+            return -1;
+        }
+    }
     return 0;
 }
 
@@ -1307,6 +1394,7 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
         size_t ne = 1;
         for (int d = 0; d < t->rank; d++) {
             int64_t split = t->pl.kind[1] == PL_SPLIT && t->pl.dim[1] == d ? p->setup.tp : 1;
+            if (t->op == G_PARAM && t->pl.kind[3] == PL_SPLIT && t->pl.dim[3] == d) split *= p->setup.ep;
             ex->ld[id][d] = t->dims[d] / split;
             ne *= (size_t)ex->ld[id][d];
         }
@@ -1342,7 +1430,7 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
             float *w = vptr(ex, id, it);
             init_ctx ic = {w, mesh__init_key((uint64_t)p->setup.seed, name), (float)t->init_std};
             if (t->init == GRAPH_INIT_NORMAL) /* each element from its index in the whole param */
-                param_runs(ex, id, ex->coord[1], init_run, &ic);
+                param_runs(ex, id, ex->coord[split_ep(ex, id) ? 3 : 1], init_run, &ic);
             else
                 mesh__init_fill(w, ne, t->init == GRAPH_INIT_ONES ? 1.0f : 0.0f);
         }
@@ -1412,11 +1500,11 @@ static void copy_run(void *ctx, size_t local, size_t whole, size_t len)
 static int tp_gather(mesh__exec *ex, int id, const float *local, float *whole)
 {
     size_t nl = ex->numel[id];
-    if (!split_tp(ex, id)) {
+    if (!split_tp(ex, id) && !split_ep(ex, id)) {
         memcpy(whole, local, nl * sizeof *whole);
         return 0;
     }
-    comm *c = ex->axis[1];
+    comm *c = ex->axis[split_ep(ex, id) ? 3 : 1];
     float *all = malloc((size_t)c->size * nl * sizeof *all);
     int rc = all ? comm_all_gather(c, local, all, nl) : -1;
     for (int q = 0; rc == 0 && q < c->size; q++) {
@@ -1434,7 +1522,7 @@ static int tp_gather(mesh__exec *ex, int id, const float *local, float *whole)
 static void tp_pick(const mesh__exec *ex, int id, const float *whole, float *local)
 {
     copy_ctx cc = {local, whole, 0};
-    param_runs(ex, id, ex->coord[1], copy_run, &cc);
+    param_runs(ex, id, ex->coord[split_ep(ex, id) ? 3 : 1], copy_run, &cc);
 }
 
 size_t mesh__exec_param_numel(const mesh__exec *ex, int k)
@@ -1541,6 +1629,7 @@ void mesh__exec_free(mesh__exec *ex)
         if (ex->names) ex_free(ex, ex->names[id]);
         if (ex->moe) ex_free(ex, ex->moe[id]);
     }
+    if (ex->data != ex->axis[0]) comm_free(ex->data);
     for (int a = 0; ex && a < 4; a++) comm_free(ex->axis[a]);
     ex_free(ex, ex->arena);
     ex_free(ex, ex->moe);

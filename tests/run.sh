@@ -473,9 +473,26 @@ exit: 1" env RANK=0 WORLD_SIZE=2 "$MESHRUN" --local_rank=0 "$TMP/dp2.plan" --dat
         cat "$TMP/dp1.jsonl" "$TMP/z1a.jsonl" "$TMP/z1b.jsonl" >>"$TMP/z1.out"
         fail meshrun/dp2-zero1-same-losses-and-resume "$TMP/z1.out"
     fi
-    "$MESHC" -o "$TMP/ep2.plan" --set mesh.ep=2 examples/gpt-tiny.mesh >/dev/null 2>&1
-    expect meshrun/expert-parallel-not-yet "meshrun: error: examples/gpt-tiny.mesh: expert parallelism is not run yet: this runtime runs meshes of dp x tp x pp ranks (ep = 1)
-exit: 1" "$MESHRUN" "$TMP/ep2.plan" --data "$TMP/dd.bin"
+    # expert parallelism: the small moe model on ep 2 (2 experts per rank,
+    # tokens exchanged all-to-all) and on dp 2 x ep 2 gives the one-rank losses
+    for m in 1x1 1x2 2x2; do
+        "$MESHC" -o "$TMP/moe$m.plan" examples/moe.mesh --set model.dim=64 --set model.layers=2 \
+            --set model.heads=4 --set model.kv_heads=2 --set model.ffn_dim=96 --set model.experts=4 \
+            --set model.vocab=256 --set mesh.dp=${m%x*} --set mesh.ep=${m#*x} --set train.zero=0 \
+            --set train.global_batch=16 --set train.micro_batch=4 --set train.seq_len=64 >/dev/null 2>&1
+        rm -f "$TMP/moe$m.jsonl.all"
+        capture "$TMP/moe$m.out" "$MESHRUN" "$TMP/moe$m.plan" --data "$TMP/dd.bin" --val "$TMP/dd.bin" --steps 20 \
+            --metrics "$TMP/moe$m.jsonl.all"
+        grep -v val_loss "$TMP/moe$m.jsonl.all" >"$TMP/moe$m.jsonl"
+    done
+    for m in 1x2 2x2; do
+        if [ "$(tail -n 1 "$TMP/moe$m.out")" = "exit: 0" ] && same_losses "$TMP/moe1x1.jsonl" "$TMP/moe$m.jsonl"; then
+            pass meshrun/moe-dp${m%x*}-ep${m#*x}-same-losses-as-one-rank
+        else
+            cat "$TMP/moe1x1.jsonl" "$TMP/moe$m.jsonl" >>"$TMP/moe$m.out"
+            fail meshrun/moe-dp${m%x*}-ep${m#*x}-same-losses-as-one-rank "$TMP/moe$m.out"
+        fi
+    done
     expect meshrun/sample-tensor-parallel "meshrun: error: sample: with tp = 2 each rank holds a slice of the logits; compile this model with tp = 1 and sample from that plan (checkpoints hold whole parameters, so any mesh's loads into any other)
 exit: 1" "$MESHRUN" sample "$TMP/m1x2x1.plan" --checkpoint "$TMP/z1-ck"
     sed 's/^format: 1$/format: 2/' "$TMP/tiny.plan" >"$TMP/v2.plan"

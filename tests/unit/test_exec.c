@@ -414,6 +414,30 @@ TEST_IMPL(parallel_tp_pp_losses_equal_one_rank)
     expect_same_losses(ref, got, "pp 4");
 }
 
+/* Expert parallelism: each rank holds E / ep experts; a moe layer sends
+ * its tokens' rows to the experts' ranks and gets the outputs back
+ * (all-to-all over ep, capacity per source rank, so the same tokens are
+ * dropped as on one rank), with dp and pp too. */
+TEST_IMPL(parallel_ep_losses_equal_one_rank)
+{
+    static const char *const meshes[][4] = {
+        {"mesh.dp=1", "mesh.ep=1", "mesh.pp=1", "train.seed=7"},
+        {"mesh.dp=1", "mesh.ep=2", "mesh.pp=1", "train.seed=7"},
+        {"mesh.dp=1", "mesh.ep=4", "mesh.pp=1", "train.seed=7"},
+        {"mesh.dp=2", "mesh.ep=2", "mesh.pp=1", "train.seed=7"},
+        {"mesh.dp=1", "mesh.ep=2", "mesh.pp=2", "train.seed=7"},
+    };
+    double ref[EQ_STEPS], got[EQ_STEPS];
+    for (int v = 0; v < 5; v++) {
+        const char *sets[6] = {"train.micro_batch=1", "train.global_batch=12", meshes[v][0], meshes[v][1],
+                               meshes[v][2], meshes[v][3]};
+        eq_losses(moe_src, sets, 6, v == 0 ? ref : got);
+        char what[96];
+        snprintf(what, sizeof what, "moe, %s %s %s", meshes[v][0], meshes[v][1], meshes[v][2]);
+        if (v > 0) expect_same_losses(ref, got, what);
+    }
+}
+
 /* A rank that fails stops the others: mesh_run_ranks returns its status
  * and message, not a hang. */
 TEST_IMPL(parallel_failing_rank_stops_the_job)
