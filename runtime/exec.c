@@ -49,7 +49,8 @@ struct mesh__exec {
     size_t *shard;       /* per param tensor: elements of each copy's ZeRO shard (all without) */
     size_t *opt_at;      /* per param tensor: where its first copy's moments start in m and v */
     size_t opt_elems;    /* elements of m (and of v) on this rank */
-    comm *zero;          /* the group a param's optimizer state is sharded over, NULL without ZeRO */
+    int zero;            /* ZeRO >= 1: each param's optimizer state is sharded over its
+                            data-parallel group (zcomm) */
     int tokens_in, targets_in; /* the input tensors */
     int stack;           /* the layer stack's region, -1 if none */
     double dloss;        /* seed of the backward: 1 / micro-batches */
@@ -331,6 +332,15 @@ static int split_ep(const mesh__exec *ex, int id)
 {
     const plan_tensor *t = &ex->p->tensors[id];
     return ex->p->setup.ep > 1 && t->op == G_PARAM && t->pl.kind[3] == PL_SPLIT;
+}
+
+/* The group param id's optimizer state is sharded over with ZeRO: its
+ * data-parallel group (dp x ep for a dense param, dp for an expert's);
+ * NULL without ZeRO or for a group of one. */
+static comm *zcomm(const mesh__exec *ex, int id)
+{
+    if (!ex->zero) return NULL;
+    return split_ep(ex, id) ? ex->axis[0] : ex->data;
 }
 
 /* The first vocabulary row of an embedding table on this rank. */
@@ -992,7 +1002,8 @@ static int tied_across(const mesh__exec *ex, int id)
 static void shard_of(const mesh__exec *ex, int id, int it, size_t *lo, size_t *len, float **m, float **v)
 {
     size_t n = ex->numel[id], sh = ex->shard[id];
-    size_t r = ex->zero ? (size_t)ex->zero->rank : 0;
+    comm *z = zcomm(ex, id);
+    size_t r = z ? (size_t)z->rank : 0;
     *lo = r * sh < n ? r * sh : n;
     *len = (*lo + sh < n ? *lo + sh : n) - *lo;
     float *m0 = (float *)(void *)(ex->arena + ex->optim_at);
@@ -1053,7 +1064,9 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
             if (ex->gsplit[b] != 2)
                 ss[ex->gsplit[b] == 1 ? 0 : ex->gsplit[b] == 3 ? 2 : 1] +=
                     kcpu_sum_squares((const float *const *)&ex->gbufs[b], &ex->gsizes[b], 1);
-        if (sum_doubles(ex, ex->zero, ss, 2) != 0 || sum_doubles(ex, ex->axis[1], ss, 1) != 0 ||
+        comm *zd = ex->zero ? ex->data : NULL, *ze = ex->zero ? ex->axis[0] : NULL;
+        if (sum_doubles(ex, zd, ss, 2) != 0 || sum_doubles(ex, ze, ss + 2, 1) != 0 ||
+            sum_doubles(ex, ex->axis[1], ss, 1) != 0 ||
             sum_doubles(ex, ex->axis[3], ss + 2, 1) != 0 || sum_doubles(ex, ex->axis[2], ss, 3) != 0)
             return -2;
         norm = (float)sqrt(ss[0] + ss[1] + ss[2]);
@@ -1119,7 +1132,6 @@ static char *iter_name(mesh__exec *ex, const char *name, int it)
 static const char *refusal(const plan *p, char *buf, size_t n)
 {
     const fe_setup *s = &p->setup;
-    if (s->ep > 1 && s->zero != 0) return "zero >= 1 is not run yet with ep > 1: zero = 0 is";
     if (p->v != 1) return "interleaved pipeline schedules (virtual_stages > 1) are not run yet";
     if (s->tp > 1 && s->sequence_parallel) return "sequence parallelism is not run yet (tp > 1 without it is)";
     for (int id = 0; s->tp > 1 && id < p->n_tensors; id++)
@@ -1209,13 +1221,14 @@ static int optimizer_shards(mesh__exec *ex)
 {
     int copies = 0;
     size_t at = 0;
-    if (ex->p->setup.zero >= 1) ex->zero = ex->axis[0];
-    size_t P = ex->zero ? (size_t)ex->zero->size : 1;
+    ex->zero = ex->p->setup.zero >= 1 && ex->data_ranks > 1;
     ex->shard = host_calloc(ex, (size_t)ex->n, sizeof *ex->shard);
     ex->opt_at = host_calloc(ex, (size_t)ex->n, sizeof *ex->opt_at);
     if (!ex->shard || !ex->opt_at) return -1;
     for (int k = 0; k < ex->n_params; k++) {
         int id = ex->params[k];
+        comm *z = zcomm(ex, id);
+        size_t P = z ? (size_t)z->size : 1;
         ex->shard[id] = (ex->numel[id] + P - 1) / P;
         ex->opt_at[id] = at;
         at += ex->shard[id] * (size_t)ex->copies[id];
@@ -1561,17 +1574,17 @@ int mesh__exec_moments_get(mesh__exec *ex, int k, float *m, float *v)
     }
     shard_of(ex, id, it, &lo, &len, &mo, &vo);
     int rc = 0;
-    if (!ex->zero) {
+    comm *z = zcomm(ex, id);
+    if (!z) {
         memcpy(lm, mo, n * sizeof *lm);
         memcpy(lv, vo, n * sizeof *lv);
     } else { /* every dp rank's shard over zeros, summed: the rank's slice, exactly */
         memset(lm, 0, 2 * n * sizeof *lm);
         memcpy(lm + lo, mo, len * sizeof *lm);
         memcpy(lv + lo, vo, len * sizeof *lv);
-        rc = comm_all_reduce(ex->zero, lm, 2 * n);
+        rc = comm_all_reduce(z, lm, 2 * n);
         if (rc != 0)
-            snprintf(ex->error, sizeof ex->error, "rank %d: gathering the optimizer state: %s", ex->rank,
-                     ex->zero->error);
+            snprintf(ex->error, sizeof ex->error, "rank %d: gathering the optimizer state: %s", ex->rank, z->error);
     }
     if (rc == 0) rc = tp_gather(ex, id, lm, m);
     if (rc == 0) rc = tp_gather(ex, id, lv, v);

@@ -659,6 +659,31 @@ mpi_section() {
             fail meshrun/mpi-dp$dp-same-losses-as-one-rank "$TMP/mpi-dp$dp.out"
         fi
     done
+    # tensor, pipeline and expert parallelism through MPI: the threads' numbers
+    # to the digit (sends and all-to-all over MPI too)
+    for m in 1x2x1 1x1x2 2x2x1; do
+        IFS=x read -r dp tp pp <<<"$m"
+        rm -f "$TMP/mpi-m$m.jsonl"
+        capture "$TMP/mpi-m$m.out" "${MPI_ENV[@]}" mpirun -n $((dp * tp * pp)) "$MESHRUN" "$TMP/m$m.plan" \
+            --data "$TMP/dd.bin" --steps 20 --metrics "$TMP/mpi-m$m.jsonl"
+        if [ "$(tail -n 1 "$TMP/mpi-m$m.out")" = "exit: 0" ] &&
+            [ "$(sed 's/, "ms".*//' "$TMP/m$m.steps")" = "$(sed 's/, "ms".*//' "$TMP/mpi-m$m.jsonl")" ]; then
+            pass meshrun/mpi-dp$dp-tp$tp-pp$pp-same-as-threads
+        else
+            cat "$TMP/m$m.steps" "$TMP/mpi-m$m.jsonl" >>"$TMP/mpi-m$m.out" 2>&1
+            fail meshrun/mpi-dp$dp-tp$tp-pp$pp-same-as-threads "$TMP/mpi-m$m.out"
+        fi
+    done
+    rm -f "$TMP/mpi-moe.jsonl"
+    capture "$TMP/mpi-moe.out" "${MPI_ENV[@]}" mpirun -n 2 "$MESHRUN" "$TMP/moe1x2.plan" --data "$TMP/dd.bin" --val "$TMP/dd.bin" \
+        --steps 20 --metrics "$TMP/mpi-moe.jsonl"
+    if [ "$(tail -n 1 "$TMP/mpi-moe.out")" = "exit: 0" ] &&
+        [ "$(sed 's/, "ms".*//' "$TMP/moe1x2.jsonl.all")" = "$(sed 's/, "ms".*//' "$TMP/mpi-moe.jsonl")" ]; then
+        pass meshrun/mpi-moe-ep2-same-as-threads
+    else
+        cat "$TMP/moe1x2.jsonl" "$TMP/mpi-moe.jsonl" >>"$TMP/mpi-moe.out" 2>&1
+        fail meshrun/mpi-moe-ep2-same-as-threads "$TMP/mpi-moe.out"
+    fi
     # a job of another size than the plan's: one line, from rank 0
     capture "$TMP/mpi-size.out" "${MPI_ENV[@]}" mpirun -n 2 "$MESHRUN" "$TMP/dp4.plan" --data "$TMP/dd.bin"
     if [ "$(grep -c '^meshrun: error' "$TMP/mpi-size.out")" = 1 ] &&

@@ -417,7 +417,8 @@ TEST_IMPL(parallel_tp_pp_losses_equal_one_rank)
 /* Expert parallelism: each rank holds E / ep experts; a moe layer sends
  * its tokens' rows to the experts' ranks and gets the outputs back
  * (all-to-all over ep, capacity per source rank, so the same tokens are
- * dropped as on one rank), with dp and pp too. */
+ * dropped as on one rank), with dp and pp too, and with ZeRO-1 (a dense
+ * param's optimizer state sharded over dp x ep, an expert's over dp). */
 TEST_IMPL(parallel_ep_losses_equal_one_rank)
 {
     static const char *const meshes[][4] = {
@@ -426,14 +427,16 @@ TEST_IMPL(parallel_ep_losses_equal_one_rank)
         {"mesh.dp=1", "mesh.ep=4", "mesh.pp=1", "train.seed=7"},
         {"mesh.dp=2", "mesh.ep=2", "mesh.pp=1", "train.seed=7"},
         {"mesh.dp=1", "mesh.ep=2", "mesh.pp=2", "train.seed=7"},
+        {"mesh.dp=1", "mesh.ep=2", "mesh.pp=1", "train.zero=1"},
+        {"mesh.dp=2", "mesh.ep=2", "mesh.pp=1", "train.zero=1"},
     };
     double ref[EQ_STEPS], got[EQ_STEPS];
-    for (int v = 0; v < 5; v++) {
+    for (int v = 0; v < 7; v++) {
         const char *sets[6] = {"train.micro_batch=1", "train.global_batch=12", meshes[v][0], meshes[v][1],
                                meshes[v][2], meshes[v][3]};
         eq_losses(moe_src, sets, 6, v == 0 ? ref : got);
         char what[96];
-        snprintf(what, sizeof what, "moe, %s %s %s", meshes[v][0], meshes[v][1], meshes[v][2]);
+        snprintf(what, sizeof what, "moe, %s %s %s %s", meshes[v][0], meshes[v][1], meshes[v][2], meshes[v][3]);
         if (v > 0) expect_same_losses(ref, got, what);
     }
 }
