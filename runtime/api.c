@@ -313,19 +313,11 @@ mesh_status mesh_checkpoint_save(mesh_context *ctx, const char *dir)
     return mesh_checkpoint_save_with(ctx, dir, NULL);
 }
 
-/* Each pipeline stage holds its own layers: not gathered into one file yet. */
-static mesh_status pipeline_checkpoints(void)
-{
-    return mesh__fail(MESH_ERR_UNSUPPORTED, "checkpoints of pipeline-parallel plans (pp > 1) are not written yet "
-                      "(they load: each stage takes its layers); train with pp = 1 to save one");
-}
-
 mesh_status mesh_checkpoint_save_with(mesh_context *ctx, const char *dir, const mesh_data *data)
 {
     char err[512];
     uint64_t pos = 0;
     if (!ctx || !dir) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_checkpoint_save: NULL argument");
-    if (ctx->plan->p.pp > 1) return pipeline_checkpoints();
     if (data) mesh_data_tell(data, &pos);
     int rc = mesh__ckpt_save(ctx->ex, dir, ctx->step, data ? &pos : NULL, err, sizeof err);
     if (rc != 0) return mesh__fail(rc == -2 ? MESH_ERR_RANK : MESH_ERR_IO, "%s", err);

@@ -113,6 +113,140 @@ static void remove_step_dir(const char *dir)
     rmdir(dir);
 }
 
+/* ---- pipeline stages' params, to rank 0 ------------------------------ */
+
+/* A stage's params as one message: the item count, then per item its
+ * name's length and bytes, its rank and dims, its elements, and the
+ * param's, m's and v's floats. */
+typedef struct blob {
+    unsigned char *b;
+    size_t len, cap;
+} blob;
+
+static int put(blob *x, const void *p, size_t n)
+{
+    if (x->len + n > x->cap) {
+        size_t cap = (x->len + n) * 2;
+        unsigned char *b = realloc(x->b, cap);
+        if (!b) return -1;
+        x->b = b;
+        x->cap = cap;
+    }
+    memcpy(x->b + x->len, p, n);
+    x->len += n;
+    return 0;
+}
+
+static int pack(blob *x, const st_item *model, const st_item *optim, const char *skip, int count)
+{
+    uint64_t items = 0;
+    for (int k = 0; k < count; k++) items += !skip[k];
+    int rc = put(x, &items, sizeof items);
+    for (int k = 0; rc == 0 && k < count; k++) {
+        if (skip[k]) continue;
+        uint32_t len = (uint32_t)strlen(model[k].name), rank = (uint32_t)model[k].rank;
+        uint64_t n = model[k].n;
+        rc = put(x, &len, sizeof len) | put(x, model[k].name, len) | put(x, &rank, sizeof rank) |
+             put(x, model[k].dims, rank * sizeof *model[k].dims) | put(x, &n, sizeof n) |
+             put(x, model[k].data, n * sizeof(float)) | put(x, optim[2 * k].data, n * sizeof(float)) |
+             put(x, optim[2 * k + 1].data, n * sizeof(float));
+    }
+    return rc;
+}
+
+/* Reads one item of a received blob at *at into the three item slots
+ * (names, dims and floats stay in the blob: copied to aligned memory). */
+static int unpack_item(const blob *x, size_t *at, st_item *w, st_item *m, st_item *v)
+{
+    uint32_t len, rank;
+    uint64_t n;
+    size_t i = *at;
+#define TAKE(dst, size)                                            \
+    do {                                                           \
+        if ((size) > x->len - i) return -1;                        \
+        memcpy((dst), x->b + i, (size));                           \
+        i += (size);                                               \
+    } while (0)
+    TAKE(&len, sizeof len);
+    char *name = calloc(len + 1, 1);
+    if (!name) return -1;
+    TAKE(name, len);
+    TAKE(&rank, sizeof rank);
+    if (rank > 8) return -1;
+    int64_t *dims = calloc(rank + 1, sizeof *dims);
+    if (!dims) return -1;
+    TAKE(dims, rank * sizeof *dims);
+    TAKE(&n, sizeof n);
+    if (n > (x->len - i) / sizeof(float) / 3) return -1;
+    float *data = malloc((3 * n + 1) * sizeof *data);
+    if (!data) return -1;
+    TAKE(data, 3 * n * sizeof *data);
+#undef TAKE
+    *w = (st_item){name, "", dims, (int)rank, data, n};
+    *m = *w;
+    m->suffix = ".m";
+    m->data = data + n;
+    *v = *w;
+    v->suffix = ".v";
+    v->data = data + 2 * n;
+    *at = i;
+    return 0;
+}
+
+/* With pipeline stages: every stage's leading rank sends its params to
+ * rank 0 (the pp group's stage 0), which appends them to its items. *owned
+ * counts the items whose memory rank 0 then frees. Returns 0, -2 if a
+ * transfer failed, -1 out of memory. */
+static int gather_stages(mesh__exec *ex, st_item **model, st_item **optim, int *count, int *owned, char *err,
+                         size_t errn)
+{
+    int stage, lead;
+    comm *pc = mesh__exec_pipeline(ex, &stage, &lead);
+    *owned = 0;
+    if (!pc || !lead) return 0;
+    if (stage > 0) {
+        blob x = {NULL, 0, 0};
+        char *skip = calloc((size_t)*count + 1, 1);
+        for (int k = 0; skip && k < *count; k++) skip[k] = (char)mesh__exec_param_dup(ex, k);
+        int rc = skip && pack(&x, *model, *optim, skip, *count) == 0 ? 0 : -1;
+        uint64_t len = x.len;
+        if (rc == 0 && (comm_send(pc, &len, sizeof len, 0) != 0 || comm_send(pc, x.b, x.len, 0) != 0)) {
+            set_err(err, errn, "stage %d: sending its params to rank 0: %s", stage, pc->error);
+            rc = -2;
+        }
+        free(skip);
+        free(x.b);
+        return rc;
+    }
+    for (int s = 1; s < pc->size; s++) {
+        uint64_t len = 0, items = 0;
+        blob x = {NULL, 0, 0};
+        if (comm_recv(pc, &len, sizeof len, s) != 0 || !(x.b = malloc(len ? len : 1)) ||
+            comm_recv(pc, x.b, len, s) != 0) {
+            set_err(err, errn, "receiving the params of stage %d: %s", s, x.b || !len ? pc->error : "out of memory");
+            free(x.b);
+            return -2;
+        }
+        x.len = len;
+        size_t at = 0;
+        memcpy(&items, x.b, len >= sizeof items ? sizeof items : 0);
+        at = sizeof items;
+        st_item *mo = realloc(*model, ((size_t)*count + items + 1) * sizeof *mo);
+        if (mo) *model = mo;
+        st_item *op = mo ? realloc(*optim, (2 * ((size_t)*count + items) + 1) * sizeof *op) : NULL;
+        if (op) *optim = op;
+        int rc = mo && op ? 0 : -1;
+        for (uint64_t k = 0; rc == 0 && k < items; k++, (*count)++, (*owned)++)
+            rc = unpack_item(&x, &at, &(*model)[*count], &(*optim)[2 * *count], &(*optim)[2 * *count + 1]);
+        free(x.b);
+        if (rc != 0) {
+            set_err(err, errn, "the params of stage %d: out of memory or malformed", s);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint64_t *data_pos, char *err,
                     size_t errn)
 {
@@ -126,7 +260,7 @@ int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint6
     /* whole params and moments, even where tp splits and ZeRO shards them */
     float *whole = malloc((3 * total + 1) * sizeof *whole);
     char tmp[4096], final[4096], path[4096], meta[192];
-    int rc = -1;
+    int rc = -1, local = 0, owned = 0;
     if (!model || !optim || !whole) { set_err(err, errn, "out of memory"); goto out; }
     for (size_t k = 0, at = 0; k < (size_t)count; k++) {
         mesh__exec_param(ex, (int)k, &name, &n, &w, &g);
@@ -148,6 +282,12 @@ int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint6
         optim[2 * k + 1] = it;
         optim[2 * k + 1].suffix = ".v";
         optim[2 * k + 1].data = v;
+    }
+    local = count;
+    int piped = gather_stages(ex, &model, &optim, &count, &owned, err, errn); /* pp: all at rank 0 */
+    if (piped != 0) {
+        rc = piped;
+        goto out;
     }
     if (mesh__exec_rank(ex) != 0) { /* rank 0 writes what every rank holds */
         rc = 0;
@@ -191,6 +331,11 @@ int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint6
     fsync_path(dir);
     rc = 0;
 out:
+    for (int k = local; model && k < local + owned; k++) { /* the items received from other stages */
+        free((char *)(uintptr_t)model[k].name);
+        free((int64_t *)(uintptr_t)model[k].dims);
+        free((float *)(uintptr_t)model[k].data);
+    }
     free(model);
     free(optim);
     free(whole);

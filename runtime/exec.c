@@ -1612,6 +1612,19 @@ int mesh__exec_rank(const mesh__exec *ex) { return ex->rank; }
 
 int mesh__exec_stage(const mesh__exec *ex) { return ex->stage; }
 
+comm *mesh__exec_pipeline(const mesh__exec *ex, int *stage, int *lead)
+{
+    *stage = ex->stage;
+    *lead = ex->coord[0] == 0 && ex->coord[1] == 0 && ex->coord[3] == 0;
+    return ex->axis[2];
+}
+
+int mesh__exec_param_dup(const mesh__exec *ex, int k)
+{
+    int it, id = param_at(ex, k, &it);
+    return id >= 0 && ex->stage > 0 && tied_across(ex, id);
+}
+
 int mesh__exec_param_dims(const mesh__exec *ex, int k, const int64_t **dims, int *rank)
 {
     int it, id = param_at(ex, k, &it);

@@ -133,6 +133,15 @@ int mesh__exec_moments_set(mesh__exec *ex, int k, const float *m, const float *v
 int mesh__exec_rank(const mesh__exec *ex);
 int mesh__exec_stage(const mesh__exec *ex);
 
+/* The pipeline group (NULL with pp = 1; its rank s is stage s), this
+ * rank's stage, and whether it leads the stage's ranks (dp, tp and ep
+ * coordinates 0). */
+comm *mesh__exec_pipeline(const mesh__exec *ex, int *stage, int *lead);
+
+/* 1 when parameter k is a copy whose original another stage holds (a
+ * tied weight's on the last stage). */
+int mesh__exec_param_dup(const mesh__exec *ex, int k);
+
 /* AdamW steps taken (read and restored by checkpoints). */
 long long *mesh__exec_adam_steps(mesh__exec *ex);
 

@@ -273,6 +273,20 @@ same_losses() {
         END { exit !(n == 3 && !bad) }'
 }
 
+# resume_matches PLAN NAME: 20 steps straight, and 10 steps, a checkpoint
+# and 10 more resumed from it, log the same metrics (--metrics files
+# $TMP/NAME-a.jsonl and NAME-b.jsonl, the output in $TMP/NAME.out).
+resume_matches() {
+    rm -f "$TMP/$2-a.jsonl" "$TMP/$2-b.jsonl"
+    capture "$TMP/$2.out" "$MESHRUN" "$1" --data "$TMP/dd.bin" --steps 20 --metrics "$TMP/$2-a.jsonl"
+    "$MESHRUN" "$1" --data "$TMP/dd.bin" --steps 10 --checkpoint "$TMP/$2-ck" --metrics "$TMP/$2-b.jsonl" \
+        >>"$TMP/$2.out" 2>&1
+    "$MESHRUN" "$1" --data "$TMP/dd.bin" --steps 20 --checkpoint "$TMP/$2-ck" --resume --metrics "$TMP/$2-b.jsonl" \
+        >>"$TMP/$2.out" 2>&1
+    grep -q "^meshrun: resumed from $TMP/$2-ck after step 10$" "$TMP/$2.out" &&
+        [ "$(sed 's/, "ms".*//' "$TMP/$2-a.jsonl")" = "$(sed 's/, "ms".*//' "$TMP/$2-b.jsonl")" ]
+}
+
 meshrun_section() {
     local v usage
     # The version comes from runtime/mesh.h, the one place it is written.
@@ -459,19 +473,21 @@ exit: 1" env RANK=0 WORLD_SIZE=2 "$MESHRUN" --local_rank=0 "$TMP/dp2.plan" --dat
     # rank, and a checkpoint (rank 0 writes the gathered state) resumes to
     # exactly the uninterrupted run
     "$MESHC" -o "$TMP/z1.plan" --set mesh.dp=2 --set train.zero=1 examples/gpt-tiny.mesh >/dev/null 2>&1
-    rm -f "$TMP/z1a.jsonl" "$TMP/z1b.jsonl"
-    capture "$TMP/z1.out" "$MESHRUN" "$TMP/z1.plan" --data "$TMP/dd.bin" --steps 20 --metrics "$TMP/z1a.jsonl"
-    "$MESHRUN" "$TMP/z1.plan" --data "$TMP/dd.bin" --steps 10 --checkpoint "$TMP/z1-ck" \
-        --metrics "$TMP/z1b.jsonl" >>"$TMP/z1.out" 2>&1
-    "$MESHRUN" "$TMP/z1.plan" --data "$TMP/dd.bin" --steps 20 --checkpoint "$TMP/z1-ck" --resume \
-        --metrics "$TMP/z1b.jsonl" >>"$TMP/z1.out" 2>&1
-    if grep -q "^meshrun: resumed from $TMP/z1-ck after step 10$" "$TMP/z1.out" &&
-        [ "$(sed 's/, "ms".*//' "$TMP/z1a.jsonl")" = "$(sed 's/, "ms".*//' "$TMP/z1b.jsonl")" ] &&
-        same_losses "$TMP/dp1.jsonl" "$TMP/z1a.jsonl"; then
+    if resume_matches "$TMP/z1.plan" z1 && same_losses "$TMP/dp1.jsonl" "$TMP/z1-a.jsonl"; then
         pass meshrun/dp2-zero1-same-losses-and-resume
     else
-        cat "$TMP/dp1.jsonl" "$TMP/z1a.jsonl" "$TMP/z1b.jsonl" >>"$TMP/z1.out"
+        cat "$TMP/dp1.jsonl" "$TMP/z1-a.jsonl" "$TMP/z1-b.jsonl" >>"$TMP/z1.out"
         fail meshrun/dp2-zero1-same-losses-and-resume "$TMP/z1.out"
+    fi
+    # a pipeline's checkpoint: every stage's layers gathered at rank 0 into
+    # one file; resuming gives the uninterrupted run, and a one-rank plan of
+    # the model samples from it
+    if resume_matches "$TMP/m1x1x2.plan" pp &&
+        "$MESHRUN" sample "$TMP/m1x1x1.plan" --checkpoint "$TMP/pp-ck" --prompt "THE " --tokens 20 >>"$TMP/pp.out" 2>&1 &&
+        grep -q '^THE ' "$TMP/pp.out"; then
+        pass meshrun/pp2-checkpoint-resume-and-sample-one-rank
+    else
+        fail meshrun/pp2-checkpoint-resume-and-sample-one-rank "$TMP/pp.out"
     fi
     # expert parallelism: the small moe model on ep 2 (2 experts per rank,
     # tokens exchanged all-to-all) and on dp 2 x ep 2 gives the one-rank losses
