@@ -67,7 +67,8 @@ struct mesh__exec {
     int data_ranks;      /* ranks the global batch is split over: dp x ep */
     /* pipeline: this rank's stage runs chunk `stage` (one chunk per stage) */
     int stage, last_stage;
-    int first_layer, n_layers; /* the stack's iterations this stage runs */
+    int chunk, chunks;   /* the chunk being run (of the stage's: stage, stage + pp, ...), and pp x v */
+    int first_layer, n_layers; /* the chunk's iterations of the stack */
     int *copies;         /* per param tensor: the copies this stage holds (0: none) */
     comm *tied;          /* the first and the last stage, for a param both use (pp > 1) */
     comm *data;          /* dp x ep: the ranks the batch is split over, a dense param's data-parallel
@@ -123,11 +124,49 @@ static int64_t last_dim(const plan_tensor *t) { return t->rank ? t->dims[t->rank
 
 static const mem_buf *buf_of(const mesh__exec *ex, int id) { return memplan_buf(&ex->mp, ex->stage, id); }
 
-/* The copy of tensor id at iteration it on this stage: a layer-stack
- * tensor's iterations start at the stage's first layer. */
+static int in_stack(const mesh__exec *ex, int id)
+{
+    return ex->stack >= 0 && ex->p->tensors[id].region == ex->stack;
+}
+
+/* The first layer of chunk c. */
+static int chunk_start(const mesh__exec *ex, int c)
+{
+    int f = 0;
+    for (int k = 0; k < c; k++) f += (int)ex->p->chunk_layers[k];
+    return f;
+}
+
+/* The copy of a param at iteration it: a layer-stack param's copies are
+ * the layers of the stage's chunks, in chunk order. */
+static int64_t param_copy(const mesh__exec *ex, int id, int it)
+{
+    if (!in_stack(ex, id)) return it > 0 ? it : 0;
+    int64_t base = 0;
+    for (int c = ex->stage; c < ex->chunks; c += ex->p->pp) {
+        int f = chunk_start(ex, c), n = (int)ex->p->chunk_layers[c];
+        if (it >= f && it < f + n) return base + it - f;
+        base += n;
+    }
+    return 0;
+}
+
+/* The iteration of a param's copy k (param_copy's inverse). */
+static int copy_it(const mesh__exec *ex, int id, int k)
+{
+    if (!in_stack(ex, id)) return k;
+    for (int c = ex->stage; c < ex->chunks; c += ex->p->pp) {
+        if (k < (int)ex->p->chunk_layers[c]) return chunk_start(ex, c) + k;
+        k -= (int)ex->p->chunk_layers[c];
+    }
+    return 0;
+}
+
+/* The copy of an activation at iteration it in the unit being run: a
+ * layer-stack tensor's iterations start at the chunk's first layer. */
 static int64_t local_it(const mesh__exec *ex, int id, int it)
 {
-    if (ex->stack >= 0 && ex->p->tensors[id].region == ex->stack) it -= ex->first_layer;
+    if (in_stack(ex, id)) it -= ex->first_layer;
     return it > 0 ? it : 0;
 }
 
@@ -159,7 +198,7 @@ static float *vptr(const mesh__exec *ex, int id, int it)
     const mem_buf *b = buf_of(ex, id);
     int64_t at;
     int c;
-    if (ex->stage > 0 && carried_entry(ex, id, &c)) /* received from the stage before */
+    if (ex->chunk > 0 && carried_entry(ex, id, &c)) /* received from the chunk before */
         return (float *)(void *)(ex->arena + recv_at(ex, c));
     switch (b->region) {
     case MEM_PERSISTENT: at = 0; break;
@@ -168,7 +207,8 @@ static float *vptr(const mesh__exec *ex, int id, int it)
     case MEM_RECOMPUTE: at = ex->recompute_at; break;
     default: return NULL;
     }
-    return (float *)(void *)(ex->arena + at + b->offset + local_it(ex, id, it) * b->stride);
+    int64_t copy = b->region == MEM_PERSISTENT ? param_copy(ex, id, it) : local_it(ex, id, it);
+    return (float *)(void *)(ex->arena + at + b->offset + copy * b->stride);
 }
 
 /* Gradient of tensor id at its iteration it. A carried value's gradient
@@ -189,7 +229,7 @@ static float *gptr(const mesh__exec *ex, int id, int it)
         if (ex->p->tensors[id].region < 0) it = ex->first_layer - 1; /* an entry: "the iteration before" */
         at += (int64_t)(((it % 2) + 2) % 2) * b->bytes;
     } else {
-        at += local_it(ex, id, it) * b->grad_stride;
+        at += (b->grad_region == MEM_PERSISTENT ? param_copy(ex, id, it) : local_it(ex, id, it)) * b->grad_stride;
     }
     return (float *)(void *)(ex->arena + at + b->grad_offset);
 }
@@ -798,7 +838,7 @@ static int step_here(const mesh__exec *ex, const plan_step *st)
     const plan_tensor *t = &ex->p->tensors[st->node];
     if (st->phase == PLAN_GRAD_SYNC || st->phase == PLAN_AFTER_OPTIMIZER) return ex->copies[st->node] > 0;
     if (ex->stack >= 0 && t->region == ex->stack) return ex->n_layers > 0;
-    return st->node < ex->p->regions[ex->stack].first ? ex->stage == 0 : ex->stage == ex->last_stage;
+    return st->node < ex->p->regions[ex->stack].first ? ex->chunk == 0 : ex->chunk == ex->chunks - 1;
 }
 
 /* Pipeline transfers of the carried values (comm: the pp group, eager
@@ -809,7 +849,7 @@ static int pipe_transfer(mesh__exec *ex, int grad, int send)
 {
     const plan_region *g = &ex->p->regions[ex->stack];
     comm *c = ex->axis[2];
-    int peer = grad == send ? ex->stage - 1 : ex->stage + 1;
+    int pp = (int)ex->p->pp, peer = grad == send ? (ex->stage + pp - 1) % pp : (ex->stage + 1) % pp;
     int last_it = ex->first_layer + ex->n_layers - 1;
     for (int k = 0; k < g->n_carry; k++) {
         int exit = g->carry[k].exit, entry = g->carry[k].entry;
@@ -833,7 +873,7 @@ static int pipe_transfer(mesh__exec *ex, int grad, int send)
 static int part_here(const mesh__exec *ex, int id)
 {
     int part = buf_of(ex, id)->part;
-    return part == MEM_PART_PRE ? ex->stage == 0 : part == MEM_PART_POST ? ex->stage == ex->last_stage : 1;
+    return part == MEM_PART_PRE ? ex->chunk == 0 : part == MEM_PART_POST ? ex->chunk == ex->chunks - 1 : 1;
 }
 
 /* Runs the program's steps of one phase on this stage; a run of
@@ -847,24 +887,25 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
     if (back) {
         poison_workspace(ex);
         memset(ex->arena + ex->pinned_at, 0, (size_t)ex->ms->pinned);
-        if (ex->stage < ex->last_stage && pipe_transfer(ex, 1, 0) != 0) return -1;
-    } else if (phase == PLAN_FORWARD && ex->stage > 0 && pipe_transfer(ex, 0, 0) != 0) {
+        if (ex->chunk < ex->chunks - 1 && pipe_transfer(ex, 1, 0) != 0) return -1;
+    } else if (phase == PLAN_FORWARD && ex->chunk > 0 && pipe_transfer(ex, 0, 0) != 0) {
         return -1;
     }
+    int sync = phase == PLAN_GRAD_SYNC || phase == PLAN_AFTER_OPTIMIZER;
     for (int s = 0; s < p->n_steps;) {
         const plan_step *st = &p->steps[s];
         if (st->phase != phase) { s++; continue; }
         int e = s + 1;
         if (st->region >= 0)
             while (e < p->n_steps && p->steps[e].phase == phase && p->steps[e].region == st->region) e++;
-        int count = st->region >= 0 ? (int)p->regions[st->region].count : 1, lo = 0;
-        if (st->region >= 0 && st->region == ex->stack) { /* this stage's layers */
-            lo = ex->first_layer;
-            count = ex->n_layers;
-        }
+        int count = st->region >= 0 ? (int)p->regions[st->region].count : 1;
+        int stack = st->region >= 0 && st->region == ex->stack;
+        if (stack) count = sync ? ex->copies[st->node] : ex->n_layers; /* the unit's layers; a param's held copies */
         if (!step_here(ex, st)) count = 0;
         for (int k = 0; k < count; k++) {
-            int it = lo + (back ? count - 1 - k : k);
+            int it = stack && sync ? copy_it(ex, st->node, k)
+                   : stack         ? ex->first_layer + (back ? count - 1 - k : k)
+                                   : back ? count - 1 - k : k;
             if (back && st->region >= 0) start_carries(ex, st->region, it);
             for (int q = s; q < e; q++) {
                 const plan_step *sq = &p->steps[q];
@@ -885,12 +926,25 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
         }
         s = e;
     }
-    if (phase == PLAN_FORWARD && ex->stage < ex->last_stage) return pipe_transfer(ex, 0, 1);
-    if (back && ex->stage > 0) return pipe_transfer(ex, 1, 1);
+    if (phase == PLAN_FORWARD && ex->chunk < ex->chunks - 1) return pipe_transfer(ex, 0, 1);
+    if (back && ex->chunk > 0) return pipe_transfer(ex, 1, 1);
     return 0;
 }
 
 size_t mesh__exec_batch_tokens(const mesh__exec *ex) { return ex->numel[ex->tokens_in]; }
+
+/* Switches to chunk c of the stage: its layers, and its slot's parts
+ * (chunk 0 starts with the part before the stack, a later one with what
+ * it receives; the last ends with the part after). */
+static void set_chunk(mesh__exec *ex, int c)
+{
+    ex->chunk = c;
+    ex->first_layer = chunk_start(ex, c);
+    ex->n_layers = ex->stack >= 0 ? (int)ex->p->chunk_layers[c] : 0;
+    ex->part_at[MEM_PART_PRE] = 0;
+    ex->part_at[MEM_PART_LAYER] = c == 0 ? ex->mp.part_bytes[MEM_PART_PRE] : ex->mp.recv_bytes;
+    ex->part_at[MEM_PART_POST] = ex->part_at[MEM_PART_LAYER] + (int64_t)ex->n_layers * ex->mp.part_bytes[MEM_PART_LAYER];
+}
 
 /* Forward of one micro-batch in the current slot: its loss in *loss;
  * -1 if a collective failed (ex->error). */
@@ -916,8 +970,16 @@ double mesh__exec_loss(mesh__exec *ex, const int32_t *inputs, const int32_t *tar
 int mesh__exec_forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets, double *loss)
 {
     ex->slot = 0;
-    /* the last pipeline stage has the loss: every stage gets it */
-    return forward(ex, inputs, targets, loss) == 0 && sum_doubles(ex, ex->axis[2], loss, 1) == 0 ? 0 : -2;
+    double l = 0;
+    *loss = 0;
+    for (int c = ex->stage; c < ex->chunks; c += (int)ex->p->pp) { /* the stage's chunks, in order */
+        set_chunk(ex, c);
+        if (forward(ex, inputs, targets, &l) != 0) return -2;
+        *loss += l;
+    }
+    set_chunk(ex, ex->stage);
+    /* the last chunk has the loss: every stage gets it */
+    return sum_doubles(ex, ex->axis[2], loss, 1) == 0 ? 0 : -2;
 }
 
 static void zero_param_grads(mesh__exec *ex)
@@ -948,6 +1010,7 @@ double mesh__exec_lr(const plan *p, long long step)
     return s->min_lr + (s->lr - s->min_lr) * shape;
 }
 
+
 /* The micro-batches in the schedule's order: a forward takes a free slot,
  * its backward frees it. Sums the losses into *loss; -1 if a collective
  * failed. */
@@ -958,16 +1021,18 @@ static int run_units(mesh__exec *ex, const int32_t *inputs, const int32_t *targe
     *loss = 0;
     for (int u = 0; u < g->n_units; u++) {
         const sched_unit *un = &g->units[u];
+        int unit = un->micro * ex->chunks + un->chunk;
+        if (un->op == SCHED_FWD || un->op == SCHED_BWD) set_chunk(ex, un->chunk);
         if (un->op == SCHED_FWD) {
             int s = 0;
             while (ex->slot_busy[s]) s++; /* the memory plan has a slot for every unit in flight */
             ex->slot_busy[s] = 1;
-            ex->slot_of[un->micro] = ex->slot = s;
+            ex->slot_of[unit] = ex->slot = s;
             double l;
             if (forward(ex, inputs + (size_t)un->micro * bt, targets + (size_t)un->micro * bt, &l) != 0) return -1;
             *loss += l;
         } else if (un->op == SCHED_BWD) {
-            ex->slot = ex->slot_of[un->micro];
+            ex->slot = ex->slot_of[unit];
             if (run_phase(ex, PLAN_BACKWARD) != 0) return -1;
             ex->slot_busy[ex->slot] = 0;
         }
@@ -975,11 +1040,6 @@ static int run_units(mesh__exec *ex, const int32_t *inputs, const int32_t *targe
     return 0;
 }
 
-/* The first iteration of param id's copies on this stage. */
-static int first_it(const mesh__exec *ex, int id)
-{
-    return ex->stack >= 0 && ex->p->tensors[id].region == ex->stack ? ex->first_layer : 0;
-}
 
 /* Is param id used both before and after the layer stack (a tied
  * embedding), so that the first and the last stage each hold a copy? */
@@ -1007,8 +1067,8 @@ static void shard_of(const mesh__exec *ex, int id, int it, size_t *lo, size_t *l
     *lo = r * sh < n ? r * sh : n;
     *len = (*lo + sh < n ? *lo + sh : n) - *lo;
     float *m0 = (float *)(void *)(ex->arena + ex->optim_at);
-    *m = m0 + ex->opt_at[id] + (size_t)local_it(ex, id, it) * sh;
-    *v = m0 + ex->opt_elems + ex->opt_at[id] + (size_t)local_it(ex, id, it) * sh;
+    *m = m0 + ex->opt_at[id] + (size_t)param_copy(ex, id, it) * sh;
+    *v = m0 + ex->opt_elems + ex->opt_at[id] + (size_t)param_copy(ex, id, it) * sh;
 }
 
 /* The sum over the group of x[0..n-1], in rank order, exactly (doubles
@@ -1085,8 +1145,9 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
         /* decay matrices and embeddings, not gains and biases (GPT-2, llm.c) */
         float wd = t->rank >= 2 ? (float)s->weight_decay : 0.0f;
         /* without ZeRO all copies at once (they follow one another), with it each copy's shard */
-        int copies = ex->zero ? ex->copies[id] : 1, it0 = first_it(ex, id);
-        for (int it = it0; it < it0 + copies; it++) {
+        int copies = ex->zero ? ex->copies[id] : 1;
+        for (int c = 0; c < copies; c++) {
+            int it = copy_it(ex, id, c);
             size_t lo, len;
             float *mo, *vo;
             shard_of(ex, id, it, &lo, &len, &mo, &vo);
@@ -1132,7 +1193,6 @@ static char *iter_name(mesh__exec *ex, const char *name, int it)
 static const char *refusal(const plan *p, char *buf, size_t n)
 {
     const fe_setup *s = &p->setup;
-    if (p->v != 1) return "interleaved pipeline schedules (virtual_stages > 1) are not run yet";
     if (s->tp > 1 && s->sequence_parallel) return "sequence parallelism is not run yet (tp > 1 without it is)";
     for (int id = 0; s->tp > 1 && id < p->n_tensors; id++)
         if (p->tensors[id].op == G_MOE) return "mixture-of-experts layers are not run yet with tp > 1";
@@ -1243,8 +1303,8 @@ static int optimizer_shards(mesh__exec *ex)
     if (!ex->gbufs || !ex->gsizes || !ex->gsplit) return -1;
     for (int k = 0, b = 0; k < ex->n_params; k++) {
         int id = ex->params[k];
-        int it0 = first_it(ex, id);
-        for (int it = it0; it < it0 + (ex->zero ? ex->copies[id] : 1); it++, b++) {
+        for (int c = 0; c < (ex->zero ? ex->copies[id] : 1); c++, b++) {
+            int it = copy_it(ex, id, c);
             size_t lo, len;
             float *m, *v;
             shard_of(ex, id, it, &lo, &len, &m, &v);
@@ -1288,9 +1348,7 @@ static int layout(mesh__exec *ex, unsigned flags, char *err, size_t errn)
     ex->shared_at = ex->pinned_at + ms->pinned;
     ex->recompute_at = ex->shared_at + ms->shared;
     /* a slot: the part before the stack (a later stage: what it receives), its layers, the part after */
-    ex->part_at[MEM_PART_PRE] = 0;
-    ex->part_at[MEM_PART_LAYER] = ex->stage == 0 ? ex->mp.part_bytes[MEM_PART_PRE] : ex->mp.recv_bytes;
-    ex->part_at[MEM_PART_POST] = ex->part_at[MEM_PART_LAYER] + (int64_t)ex->n_layers * ex->mp.part_bytes[MEM_PART_LAYER];
+    set_chunk(ex, ex->stage); /* the stage's first chunk */
     if ((uint64_t)ms->total > SIZE_MAX - EX_HEADER) return -1;
     ex->arena = ex_calloc(ex, (size_t)ms->total, 1);
     return ex->arena ? 0 : -1;
@@ -1374,8 +1432,7 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
         if (p->regions[r].is_stack && ex->stack < 0) ex->stack = r;
     ex->stage = ex->coord[2];
     ex->last_stage = p->pp - 1;
-    for (int c = 0; c < ex->stage; c++) ex->first_layer += (int)p->chunk_layers[c];
-    ex->n_layers = ex->stack >= 0 ? (int)p->chunk_layers[ex->stage] : 0;
+    ex->chunks = (int)(p->pp * p->v);
     if (p->pp > 1 && comm_split(ex->axis[2], ex->stage == 0 || ex->stage == ex->last_stage ? 0 : -1, ex->stage,
                                 &ex->tied) != 0) {
         set_err(err, errn, "rank %d: making the tied-param groups: %s", rank, ex->axis[2]->error);
@@ -1393,7 +1450,7 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
     ex->params = host_calloc(ex, (size_t)n, sizeof *ex->params);
     ex->names = host_calloc(ex, (size_t)n, sizeof *ex->names);
     ex->moe = host_calloc(ex, (size_t)n, sizeof *ex->moe);
-    ex->slot_of = host_calloc(ex, (size_t)(p->m > 0 ? p->m : 1), sizeof *ex->slot_of);
+    ex->slot_of = host_calloc(ex, (size_t)(p->m > 0 ? p->m : 1) * (size_t)(p->pp * p->v), sizeof *ex->slot_of);
     ex->slot_busy = host_calloc(ex, (size_t)slots, 1);
     if (!ex->numel || !ex->copies || !ex->ld || !ex->iters || !ex->zero_by || !ex->params || !ex->names || !ex->moe || !ex->slot_of ||
         !ex->slot_busy)
@@ -1432,11 +1489,15 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
         }
         if (t->op != G_PARAM || buf_of(ex, id)->region != MEM_PERSISTENT) continue; /* held on another stage */
         ex->params[ex->n_params++] = id;
-        ex->copies[id] = ex->stack >= 0 && t->region == ex->stack ? ex->n_layers : iters;
+        ex->copies[id] = iters;
+        if (in_stack(ex, id)) { /* the layers of the stage's chunks */
+            ex->copies[id] = 0;
+            for (int c = ex->stage; c < ex->chunks; c += (int)p->pp) ex->copies[id] += (int)p->chunk_layers[c];
+        }
         ex->names[id] = host_calloc(ex, (size_t)ex->copies[id] + 1, sizeof *ex->names[id]);
         if (!ex->names[id]) goto oom;
         for (int c = 0; c < ex->copies[id]; c++) {
-            int it = first_it(ex, id) + c;
+            int it = copy_it(ex, id, c);
             char *name = iter_name(ex, t->name ? t->name : "?", it);
             if (!name) goto oom;
             ex->names[id][c] = name;
@@ -1474,7 +1535,7 @@ static int param_at(const mesh__exec *ex, int k, int *it)
     for (int q = 0; k >= 0 && q < ex->n_params; q++) {
         int id = ex->params[q];
         if (k < ex->copies[id]) {
-            *it = first_it(ex, id) + k;
+            *it = copy_it(ex, id, k);
             return id;
         }
         k -= ex->copies[id];
@@ -1486,7 +1547,7 @@ int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float 
 {
     int it, id = param_at(ex, k, &it);
     if (id < 0) return -1;
-    *name = ex->names[id][it - first_it(ex, id)];
+    *name = ex->names[id][param_copy(ex, id, it)];
     *n = ex->numel[id];
     *value = vptr(ex, id, it);
     *grad = gptr(ex, id, it);

@@ -406,12 +406,28 @@ TEST_IMPL(parallel_tp_pp_losses_equal_one_rank)
         }
     }
     /* four stages of one layer each: the middle ones pass activations and
-     * gradients on, and only the first and the last hold the tied wte */
-    static const char *const four[] = {"train.micro_batch=1", "train.global_batch=12", "model.layers=4", "mesh.pp=4"};
+     * gradients on, and only the first and the last hold the tied wte; and
+     * the interleaved schedule, two chunks of one layer per stage (the
+     * last stage's first chunk sends on to the first stage's second) */
+    static const char *const four[][7] = {
+        {"train.micro_batch=1", "train.global_batch=12", "model.layers=4", "mesh.pp=4"},
+        {"train.micro_batch=1", "train.global_batch=12", "model.layers=4", "mesh.pp=2", "train.virtual_stages=2",
+         "train.schedule=interleaved", "train.zero=0"},
+        {"train.micro_batch=1", "train.global_batch=12", "model.layers=4", "mesh.pp=2", "train.virtual_stages=2",
+         "train.schedule=interleaved", "mesh.dp=2"},
+        {"train.micro_batch=1", "train.global_batch=12", "model.layers=4", "mesh.pp=2", "train.virtual_stages=2",
+         "train.schedule=interleaved", "mesh.tp=2"},
+    };
+    static const int n_sets[] = {4, 7, 7, 7};
     double ref[EQ_STEPS], got[EQ_STEPS];
-    eq_losses(tiny_src, four, 3, ref);
-    eq_losses(tiny_src, four, 4, got);
-    expect_same_losses(ref, got, "pp 4");
+    eq_losses(tiny_src, four[0], 3, ref);
+    for (int v = 0; v < 4; v++) {
+        eq_losses(tiny_src, four[v], n_sets[v], got);
+        char what[96];
+        snprintf(what, sizeof what, "4 layers, %s %s %s", four[v][3], four[v][4] ? four[v][4] : "",
+                 four[v][6] ? four[v][6] : "");
+        expect_same_losses(ref, got, what);
+    }
 }
 
 /* Expert parallelism: each rank holds E / ep experts; a moe layer sends
