@@ -6,6 +6,7 @@
 #include <string.h> /* memset, strerror */
 
 #include "plan.h"
+#include "ranks.h"
 #include "stats.h"
 
 
@@ -171,6 +172,11 @@ fe_status compile_write_plan(fe *f, const compiled *c, const char *source, const
         fe_error_at(f, LOC_NONE, pl.error);
         plan_free(&pl);
         return FE_ERRORS;
+    }
+    /* the bytes each stage's ranks send, from the checked rank programs */
+    if (c->have_ranks && !c->skipped[0] && plan_set_traffic(&pl, &c->ranks) != 0) {
+        plan_free(&pl);
+        return FE_NOMEM;
     }
     char err[9000], tmp[4200], dest[4096];
     fe_status st = FE_OK;

@@ -11,6 +11,8 @@
  */
 #include "plan.h"
 
+#include "ranks.h" /* rank_progs */
+
 #include <math.h>   /* isfinite */
 #include <stdarg.h> /* va_list */
 #include <stdlib.h> /* calloc, free, strtod */
@@ -77,6 +79,7 @@ void plan_free(plan *p) {
     free(p->val_data);
     free(p->checkpoint_dir);
     free(p->memory);
+    free(p->traffic);
     free(p->meshc);
     free(p->source);
     for (int i = 0; i < p->n_tensors; i++) free(p->tensors[i].name);
@@ -246,6 +249,23 @@ int plan_from(plan *out, const char *source, const fe_setup *s, const graph *g, 
     if (out->memory) memcpy(out->memory, mem.stage, (size_t)out->pp * sizeof *out->memory);
     memplan_free(&mem);
     if (!out->memory) return from_fail(out, "out of memory");
+    return 0;
+}
+
+int plan_set_traffic(plan *p, const rank_progs *r) {
+    free(p->traffic);
+    p->traffic = calloc((size_t)p->pp, sizeof *p->traffic);
+    if (!p->traffic) return -1;
+    for (int s = 0; s < p->pp; s++) {
+        int rank = (int)(s * (p->setup.world / p->pp)); /* the stage's first */
+        plan_traffic *t = &p->traffic[s];
+        for (int k = 0; rank < r->world && k < r->n_ops[rank]; k++) {
+            const verify_op *op = &r->ops[rank][k];
+            int kind = op->coll / SHARD_AXES, axis = op->coll % SHARD_AXES;
+            if (op->kind == VERIFY_SEND) t->send += op->bytes;
+            else if (op->kind == VERIFY_COLL && kind >= 0 && kind < STEP_SLICE) t->coll[kind][axis] += op->bytes;
+        }
+    }
     return 0;
 }
 
@@ -592,6 +612,23 @@ static void write_memory(wr *w, const plan *p) {
         kv_num(w, "workspace", m->workspace);
         kv_num(w, "comm", m->comm);
         kv_num(w, "total", m->total);
+        const plan_traffic *t = p->traffic ? &p->traffic[s] : NULL;
+        int any = t && t->send;
+        for (int k = STEP_ALL_REDUCE; t && k < STEP_SLICE; k++)
+            for (int a = 0; a < SHARD_AXES; a++) any |= t->coll[k][a] != 0;
+        if (any) { /* bytes sent per step */
+            key(w, "sent");
+            map_begin(w, 1);
+            for (int k = STEP_ALL_REDUCE; k < STEP_SLICE; k++)
+                for (int a = 0; a < SHARD_AXES; a++)
+                    if (t->coll[k][a]) {
+                        char name[48];
+                        snprintf(name, sizeof name, "%s(%s)", shard_step_name((shard_step_kind)k), plan__axis_name(a));
+                        kv_num(w, name, t->coll[k][a]);
+                    }
+            if (t->send) kv_num(w, "send", t->send);
+            map_end(w);
+        }
         map_end(w);
     }
     seq_end(w);

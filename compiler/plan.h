@@ -85,6 +85,15 @@ typedef struct plan_step {
                                      collective; 0 none */
 } plan_step;
 
+/* What one rank sends in one step (its stage's first rank, as the static
+ * check expands the program): the bytes of its collectives by kind and
+ * axis (the whole tensor of each call, as `meshc --stats` counts them) and
+ * of its pipeline sends. */
+typedef struct plan_traffic {
+    int64_t coll[STEP_SLICE][SHARD_AXES]; /* [shard_step_kind][axis]; all-reduce .. all-to-all */
+    int64_t send;
+} plan_traffic;
+
 typedef struct plan_stage {
     sched_unit *units;            /* in execution order */
     int n_units;
@@ -107,6 +116,7 @@ typedef struct plan {
     int pp, m, v;                 /* stages, micro-batches, chunks per stage */
     char *data, *val_data, *checkpoint_dir; /* owned; setup's pointers point here */
     mem_stage *memory;            /* per pp stage: the memory plan's sizes (memplan.h) */
+    plan_traffic *traffic;        /* per pp stage, NULL when not known (the check did not run) */
     int64_t *chunk_layers;        /* layer-stack iterations run by each of the pp x v chunks
                                      (all 0 without a stack) */
     plan_stage *stages;           /* pp entries */
@@ -121,6 +131,10 @@ typedef struct plan {
 int plan_from(plan *out, const char *source, const fe_setup *s, const graph *g, const shard_prog *p,
               const sched *sc);
 void plan_free(plan *p);
+
+/* Fills p->traffic from every rank's program (ranks.h); 0, or -1 out of memory. */
+struct rank_progs;
+int plan_set_traffic(plan *p, const struct rank_progs *r);
 
 /* Writes the plan as YAML: fixed key order and number formatting, so equal
  * plans give equal bytes. Returns 0, or -1 with a message in err (size n). */

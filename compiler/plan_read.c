@@ -819,10 +819,38 @@ static int check_header(rd *r, int root, plan *p) {
     return 0;
 }
 
+/* memory's sent: bytes per step by "kind(axis)" and "send". */
+static int read_sent(rd *r, int v, plan *p, int stage) {
+    char what[48];
+    snprintf(what, sizeof what, "memory of stage %d: sent", stage);
+    if (r->nodes[v].kind != Y_MAP) return fail(r, v, "%s must be a map of bytes", what);
+    if (!p->traffic && !(p->traffic = calloc((size_t)p->pp, sizeof *p->traffic))) return fail(r, v, "out of memory");
+    plan_traffic *t = &p->traffic[stage];
+    for (int k = r->nodes[v].first; k >= 0; k = next_key(r, k)) {
+        char b[64];
+        int64_t x;
+        if (r->nodes[k].next < 0 || r->nodes[k].kind != Y_SCALAR) return fail(r, k, "%s: a key without a value", what);
+        const char *name = text_of(r, k);
+        int kind = -1, axis = -1;
+        for (int c = STEP_ALL_REDUCE; c < STEP_SLICE && kind < 0; c++)
+            for (int a = 0; a < SHARD_AXES; a++) {
+                char n[48];
+                snprintf(n, sizeof n, "%s(%s)", shard_step_name((shard_step_kind)c), plan__axis_name(a));
+                if (strcmp(n, name) == 0) kind = c, axis = a;
+            }
+        if (kind < 0 && strcmp(name, "send") != 0)
+            return fail(r, k, "unknown key '%s' in %s", shown(r, k, b, sizeof b), what);
+        if (get_int(r, r->nodes[k].next, what, name, 0, MAX_I64, &x) < 0) return -1;
+        if (kind < 0) t->send = x;
+        else t->coll[kind][axis] = x;
+    }
+    return 0;
+}
+
 /* memory: one map of sizes per stage; the total must be their sum. */
 static int read_memory(rd *r, int v, plan *p) {
     static const char *const keys[] = {"stage", "params", "grads", "optim", "slot_bytes", "slots", "layer_stride",
-                                       "workspace", "comm", "total", NULL};
+                                       "workspace", "comm", "total", "?sent", NULL};
     if (get_seq(r, v, "the plan", "memory (one entry per pp stage)", p->pp, p->pp) < 0) return -1;
     p->memory = calloc((size_t)p->pp, sizeof *p->memory);
     if (!p->memory) return fail(r, v, "out of memory");
@@ -830,9 +858,10 @@ static int read_memory(rd *r, int v, plan *p) {
     for (int e = r->nodes[v].first; e >= 0; e = r->nodes[e].next, s++) {
         char what[32];
         snprintf(what, sizeof what, "memory of stage %d", s);
-        int f[10];
+        int f[11];
         int64_t x[10];
         if (fields(r, e, what, keys, f) < 0) return -1;
+        if (f[10] >= 0 && read_sent(r, f[10], p, s) < 0) return -1;
         for (int k = 0; k < 10; k++)
             if (get_int(r, f[k], what, keys[k], k == 0 ? s : 0, k == 0 ? s : MAX_I64, &x[k]) < 0) return -1;
         mem_stage *m = &p->memory[s];

@@ -185,6 +185,16 @@ mesh_status mesh__context_create(const mesh_plan *mp, int rank, comm *world, mes
     return MESH_OK;
 }
 
+mesh_status mesh_context_sent(const mesh_context *ctx, int index, char *what, size_t n, double *bytes,
+                              double *planned)
+{
+    if (!ctx || !what || !n || !bytes || !planned)
+        return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_sent: NULL argument");
+    if (index < 0 || mesh__exec_sent(ctx->ex, index, what, n, bytes, planned) != 0)
+        return mesh__fail(MESH_ERR_INVALID_ARG, "no entry %d of the bytes sent", index);
+    return MESH_OK;
+}
+
 mesh_status mesh_context_rank(const mesh_context *ctx, int *rank, int *data_rank, int *data_ranks)
 {
     if (!ctx) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_rank: NULL context");

@@ -74,6 +74,9 @@ struct mesh__exec {
     comm *data;          /* dp x ep: the ranks the batch is split over, a dense param's data-parallel
                             group (axis[0] when ep = 1; owned when ep > 1) */
     char error[400];     /* why the last step failed */
+    int counting;        /* in a training step: bytes sent are counted */
+    double sent[STEP_SLICE][4], sent_p2p; /* bytes sent by kind and axis, and by pipeline sends */
+    long long steps;     /* training steps counted */
     mesh_alloc_fn alloc; /* the context's allocator hook */
     void *ud;
 };
@@ -786,6 +789,7 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
     comm *c = st->axis == 2 ? ex->tied : ex->axis[st->axis];
     const plan_tensor *nt = &ex->p->tensors[st->node];
     if (st->axis == 0 && nt->op == G_PARAM && nt->pl.kind[3] != PL_SPLIT) c = ex->data;
+    if (c && ex->counting && st->kind < STEP_SLICE) ex->sent[st->kind][st->axis] += (double)st->elems * 4;
     if (st->kind == STEP_ALL_TO_ALL && nt->op == G_MOE) return 0; /* the op exchanges its rows itself */
     if (!c) return 0; /* a group of one */
     int rc = -1;
@@ -859,6 +863,7 @@ static int pipe_transfer(mesh__exec *ex, int grad, int send)
         else if (!grad) rc = comm_send(c, vptr(ex, exit, last_it), bytes, peer);
         else if (!send) rc = comm_recv(c, gptr(ex, exit, last_it), bytes, peer);
         else rc = comm_send(c, gptr(ex, entry, 0), bytes, peer);
+        if (rc == 0 && send && ex->counting) ex->sent_p2p += (double)bytes;
         if (rc != 0) {
             snprintf(ex->error, sizeof ex->error, "rank %d (stage %d): %s %s %s stage %d: %s", ex->rank, ex->stage,
                      send ? "sending" : "receiving", grad ? "gradients" : "activations", send ? "to" : "from", peer,
@@ -1109,6 +1114,8 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
     int m = (int)(s->micro_batches > 0 ? s->micro_batches : 1);
     zero_param_grads(ex);
     double loss;
+    ex->counting = 1;
+    ex->steps++;
     /* the loss is the last stage's */
     if (run_units(ex, inputs, targets, &loss) != 0 || run_phase(ex, PLAN_GRAD_SYNC) != 0 ||
         sum_doubles(ex, ex->axis[2], &loss, 1) != 0 || sum_doubles(ex, ex->data, &loss, 1) != 0)
@@ -1156,7 +1163,30 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
                             (float)s->eps, wd, (int)ex->adam_t);
         }
     }
-    return run_phase(ex, PLAN_AFTER_OPTIMIZER) == 0 ? 0 : -2;
+    int rc = run_phase(ex, PLAN_AFTER_OPTIMIZER) == 0 ? 0 : -2;
+    ex->counting = 0;
+    return rc;
+}
+
+int mesh__exec_sent(const mesh__exec *ex, int k, char *what, size_t n, double *bytes, double *planned)
+{
+    const plan_traffic *t = ex->p->traffic ? &ex->p->traffic[ex->stage] : NULL;
+    double steps = ex->steps > 0 ? (double)ex->steps : 1;
+    for (int kind = STEP_ALL_REDUCE; kind <= STEP_SLICE; kind++)
+        for (int a = 0; a < 4; a++) {
+            int p2p = kind == STEP_SLICE;
+            if (p2p && a > 0) break;
+            double got = p2p ? ex->sent_p2p : ex->sent[kind][a];
+            double want = !t ? -1 : p2p ? (double)t->send : (double)t->coll[kind][a];
+            if (got == 0 && want <= 0) continue;
+            if (k-- > 0) continue;
+            if (p2p) snprintf(what, n, "send(pp)");
+            else snprintf(what, n, "%s(%s)", shard_step_name((shard_step_kind)kind), plan__axis_name(a));
+            *bytes = got / steps;
+            *planned = want;
+            return 0;
+        }
+    return -1;
 }
 
 const char *mesh__exec_error(const mesh__exec *ex) { return ex->error; }

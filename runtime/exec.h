@@ -71,6 +71,13 @@ void mesh__exec_data_rank(const mesh__exec *ex, int *data_rank, int *data_ranks)
  * 0, or -2 if the collective failed. */
 int mesh__exec_data_mean(mesh__exec *ex, double *x);
 
+/* Entry k of what this rank sent per training step (the mean over the
+ * steps taken): "all-reduce(tp)" and the like, or "send(pp)", its bytes
+ * (each collective counted as the whole tensor of the plan's step), and
+ * the plan's prediction for the rank's stage (-1 when the plan has none).
+ * -1 past the last entry. */
+int mesh__exec_sent(const mesh__exec *ex, int k, char *what, size_t n, double *bytes, double *planned);
+
 /* Why the last train step returned -2 (a collective failed). */
 const char *mesh__exec_error(const mesh__exec *ex);
 

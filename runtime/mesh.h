@@ -196,6 +196,15 @@ mesh_status mesh_context_step(const mesh_context *ctx, long long *step);
  * be NULL. */
 mesh_status mesh_context_memory(const mesh_context *ctx, size_t *allocated, size_t *planned);
 
+/* What this rank sent per training step (the mean over the steps taken),
+ * entry `index` (0, 1, ... until MESH_ERR_INVALID_ARG): its name in what
+ * ("all-reduce(tp)", "reduce-scatter(dp)", "all-to-all(ep)", "send(pp)";
+ * n bytes at most), the bytes (each collective counted as its whole
+ * tensor, as meshc --stats does) and the plan's prediction for this rank's
+ * stage (-1 when the plan has none: meshc did not simulate its ranks). */
+mesh_status mesh_context_sent(const mesh_context *ctx, int index, char *what, size_t n, double *bytes,
+                              double *planned);
+
 /* What a training step reports. */
 typedef struct mesh_step_stats {
     double loss;      /* mean over the step's micro-batches */

@@ -210,6 +210,20 @@ static void log_step(FILE *metrics, mesh_context *ctx, const mesh_step_stats *st
     }
 }
 
+/* The bytes rank 0 sent per step, beside the plan's prediction. */
+static void print_sent(const mesh_context *ctx)
+{
+    char what[48];
+    double bytes, planned;
+    for (int k = 0; mesh_context_sent(ctx, k, what, sizeof what, &bytes, &planned) == MESH_OK; k++) {
+        if (k == 0) printf("meshrun: bytes rank 0 sent per step (the plan's):");
+        if (planned >= 0) printf("%s %s %.0f (%.0f)", k ? "," : "", what, bytes, planned);
+        else printf("%s %s %.0f", k ? "," : "", what, bytes);
+        if (mesh_context_sent(ctx, k + 1, what, sizeof what, &bytes, &planned) != MESH_OK) putchar('\n');
+    }
+    fflush(stdout);
+}
+
 /* One rank's training: every rank reads its slice of each global batch;
  * rank 0 prints, validates and saves checkpoints. A rank stopped because
  * another failed returns quietly (MESH_ERR_RANK): the one that failed says
@@ -325,6 +339,7 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
             t0 = now_s();
         }
     }
+    if (lead && rc == MESH_OK) print_sent(ctx);
 out:
     if (metrics) fclose(metrics);
     free(in);

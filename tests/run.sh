@@ -273,6 +273,13 @@ same_losses() {
         END { exit !(n == 3 && !bad) }'
 }
 
+# sent_as_planned OUT: meshrun's line of the bytes rank 0 sent per step
+# gives, for every collective and the pipeline sends, what the plan predicts.
+sent_as_planned() {
+    grep "^meshrun: bytes rank 0 sent per step (the plan's):" "$1" | sed 's/^[^:]*:[^:]*://' | tr ',' '\n' |
+        awk 'NF == 3 { n++; b = $3; gsub(/[()]/, "", b); if ($2 != b) bad = 1 } END { exit !(n > 0 && !bad) }'
+}
+
 # resume_matches PLAN NAME: 20 steps straight, and 10 steps, a checkpoint
 # and 10 more resumed from it, log the same metrics (--metrics files
 # $TMP/NAME-a.jsonl and NAME-b.jsonl, the output in $TMP/NAME.out).
@@ -431,7 +438,8 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     fi
     # data and tensor parallelism: dp 2, dp 4, tp 2 and dp 2 x tp 2 (ranks as
     # threads) give the one-rank losses at every logged step (1, 10, 20),
-    # within 1e-5 relative (the JSON lines' 6 digits)
+    # within 1e-5 relative (the JSON lines' 6 digits), and rank 0 sends the
+    # bytes the plan predicts
     # (and pp 2, dp 2 x pp 2 with micro-batches of 8: the pipeline needs two)
     for m in 1x1x1 2x1x1 4x1x1 1x2x1 2x2x1 1x1x2 2x1x2; do
         IFS=x read -r dp tp pp <<<"$m"
@@ -451,7 +459,8 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
         IFS=x read -r dp tp pp <<<"$m"
         if grep -q "^meshrun: $((dp * tp * pp)) ranks (dp $dp x tp $tp x pp $pp x ep 1) as threads of this process$" "$TMP/m$m.out" &&
             [ "$(grep 'val loss' "$TMP/m$m.out" | tail -n 1 | cut -c1-30)" = "$(grep 'val loss' "$TMP/m1x1x1.out" | tail -n 1 | cut -c1-30)" ] &&
-            [ "$(tail -n 1 "$TMP/m$m.out")" = "exit: 0" ] && same_losses "$TMP/m1x1x1.steps" "$TMP/m$m.steps"; then
+            [ "$(tail -n 1 "$TMP/m$m.out")" = "exit: 0" ] && same_losses "$TMP/m1x1x1.steps" "$TMP/m$m.steps" &&
+            sent_as_planned "$TMP/m$m.out"; then
             pass meshrun/dp$dp-tp$tp-pp$pp-same-losses-as-one-rank
         else
             fail meshrun/dp$dp-tp$tp-pp$pp-same-losses-as-one-rank "$TMP/m$m.out"
@@ -495,14 +504,16 @@ exit: 1" env RANK=0 WORLD_SIZE=2 "$MESHRUN" --local_rank=0 "$TMP/dp2.plan" --dat
         "$MESHC" -o "$TMP/moe$m.plan" examples/moe.mesh --set model.dim=64 --set model.layers=2 \
             --set model.heads=4 --set model.kv_heads=2 --set model.ffn_dim=96 --set model.experts=4 \
             --set model.vocab=256 --set mesh.dp=${m%x*} --set mesh.ep=${m#*x} --set train.zero=0 \
-            --set train.global_batch=16 --set train.micro_batch=4 --set train.seq_len=64 >/dev/null 2>&1
+            --set train.global_batch=16 --set train.micro_batch=4 --set train.seq_len=64 \
+            --set train.precision=fp32 >/dev/null 2>&1
         rm -f "$TMP/moe$m.jsonl.all"
         capture "$TMP/moe$m.out" "$MESHRUN" "$TMP/moe$m.plan" --data "$TMP/dd.bin" --val "$TMP/dd.bin" --steps 20 \
             --metrics "$TMP/moe$m.jsonl.all"
         grep -v val_loss "$TMP/moe$m.jsonl.all" >"$TMP/moe$m.jsonl"
     done
     for m in 1x2 2x2; do
-        if [ "$(tail -n 1 "$TMP/moe$m.out")" = "exit: 0" ] && same_losses "$TMP/moe1x1.jsonl" "$TMP/moe$m.jsonl"; then
+        if [ "$(tail -n 1 "$TMP/moe$m.out")" = "exit: 0" ] && same_losses "$TMP/moe1x1.jsonl" "$TMP/moe$m.jsonl" &&
+            sent_as_planned "$TMP/moe$m.out"; then
             pass meshrun/moe-dp${m%x*}-ep${m#*x}-same-losses-as-one-rank
         else
             cat "$TMP/moe1x1.jsonl" "$TMP/moe$m.jsonl" >>"$TMP/moe$m.out"
