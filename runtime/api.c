@@ -160,6 +160,14 @@ mesh_status mesh_context_create_with(const mesh_plan *mp, int rank, mesh_alloc_f
     return mesh__context_create(mp, rank, NULL, alloc, ud, out);
 }
 
+static int deterministic; /* mesh_set_deterministic */
+
+mesh_status mesh_set_deterministic(int on)
+{
+    deterministic = on != 0;
+    return MESH_OK;
+}
+
 mesh_status mesh__context_create(const mesh_plan *mp, int rank, comm *world, mesh_alloc_fn alloc, void *ud,
                                  mesh_context **out)
 {
@@ -173,7 +181,8 @@ mesh_status mesh__context_create(const mesh_plan *mp, int rank, comm *world, mes
     }
     ctx->plan = mp;
     ctx->rank = rank;
-    ctx->ex = mesh__exec_create_rank(&mp->p, rank, world, alloc, ud, 0, err, sizeof err);
+    ctx->ex = mesh__exec_create_rank(&mp->p, rank, world, alloc, ud, deterministic ? MESH__EXEC_DETERMINISTIC : 0,
+                                     err, sizeof err);
     if (!ctx->ex) {
         free(ctx);
         mesh_status st = strstr(err, "memory") ? MESH_ERR_NOMEM

@@ -75,6 +75,8 @@ struct mesh__exec {
                             group (axis[0] when ep = 1; owned when ep > 1) */
     char error[400];     /* why the last step failed */
     int counting;        /* in a training step: bytes sent are counted */
+    int chain;           /* deterministic: the data-parallel ranks add their gradients one after
+                            another, in the one-rank order (MESH__EXEC_DETERMINISTIC) */
     double sent[STEP_SLICE][4], sent_p2p; /* bytes sent by kind and axis, and by pipeline sends */
     long long steps;     /* training steps counted */
     mesh_alloc_fn alloc; /* the context's allocator hook */
@@ -789,6 +791,7 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
     comm *c = st->axis == 2 ? ex->tied : ex->axis[st->axis];
     const plan_tensor *nt = &ex->p->tensors[st->node];
     if (st->axis == 0 && nt->op == G_PARAM && nt->pl.kind[3] != PL_SPLIT) c = ex->data;
+    if (ex->chain && st->axis == 0 && st->kind == STEP_ALL_REDUCE) return 0; /* the chain summed them */
     if (c && ex->counting && st->kind < STEP_SLICE) ex->sent[st->kind][st->axis] += (double)st->elems * 4;
     if (st->kind == STEP_ALL_TO_ALL && nt->op == G_MOE) return 0; /* the op exchanges its rows itself */
     if (!c) return 0; /* a group of one */
@@ -1023,7 +1026,6 @@ static int run_units(mesh__exec *ex, const int32_t *inputs, const int32_t *targe
 {
     const plan_stage *g = &ex->p->stages[ex->stage];
     size_t bt = mesh__exec_batch_tokens(ex);
-    *loss = 0;
     for (int u = 0; u < g->n_units; u++) {
         const sched_unit *un = &g->units[u];
         int unit = un->micro * ex->chunks + un->chunk;
@@ -1107,18 +1109,44 @@ static int sum_doubles(mesh__exec *ex, comm *c, double *x, int n)
     return rc;
 }
 
+/* The deterministic chain over the data-parallel ranks: before its
+ * micro-batches (end = 0) rank d takes the gradients and the loss summed by
+ * ranks 0 .. d - 1 (rank 0 starts from zeros); after them (end = 1) it
+ * passes them on, and the last rank's sums, now the one-rank run's to the
+ * bit, go to every rank. The ranks run one after another. */
+static int chain_link(mesh__exec *ex, int end, double *loss)
+{
+    comm *c = ex->data;
+    int d = c->rank, last = c->size - 1, rc = 0;
+    void *g = ex->arena + ex->grads_at;
+    size_t bytes = (size_t)ex->ms->grads;
+    if (!end && d == 0) {
+        zero_param_grads(ex);
+        *loss = 0;
+    } else if (!end) {
+        rc = comm_recv(c, g, bytes, d - 1) | comm_recv(c, loss, sizeof *loss, d - 1);
+    } else {
+        if (d < last) rc = comm_send(c, g, bytes, d + 1) | comm_send(c, loss, sizeof *loss, d + 1);
+        if (rc == 0) rc = comm_broadcast(c, g, bytes, last) | comm_broadcast(c, loss, sizeof *loss, last);
+    }
+    if (rc != 0) snprintf(ex->error, sizeof ex->error, "rank %d: the deterministic chain: %s", ex->rank, c->error);
+    return rc ? -1 : 0;
+}
+
 int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
                           const int32_t *targets, mesh__step_stats *st)
 {
     const fe_setup *s = &ex->p->setup;
     int m = (int)(s->micro_batches > 0 ? s->micro_batches : 1);
-    zero_param_grads(ex);
-    double loss;
+    double loss = 0;
     ex->counting = 1;
     ex->steps++;
+    /* deterministic: data-parallel rank d starts from rank d - 1's sums */
+    if (ex->chain ? chain_link(ex, 0, &loss) != 0 : (zero_param_grads(ex), 0)) return -2;
     /* the loss is the last stage's */
-    if (run_units(ex, inputs, targets, &loss) != 0 || run_phase(ex, PLAN_GRAD_SYNC) != 0 ||
-        sum_doubles(ex, ex->axis[2], &loss, 1) != 0 || sum_doubles(ex, ex->data, &loss, 1) != 0)
+    if (run_units(ex, inputs, targets, &loss) != 0 || (ex->chain && chain_link(ex, 1, &loss) != 0) ||
+        run_phase(ex, PLAN_GRAD_SYNC) != 0 || sum_doubles(ex, ex->axis[2], &loss, 1) != 0 ||
+        (!ex->chain && sum_doubles(ex, ex->data, &loss, 1) != 0))
         return -2;
     loss /= (double)m * ex->data_ranks;
     double norm;
@@ -1539,6 +1567,9 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
                 mesh__init_fill(w, ne, t->init == GRAPH_INIT_ONES ? 1.0f : 0.0f);
         }
     }
+    /* deterministic: only where the gradients are whole (no ZeRO) and the
+     * ranks differ only in their data */
+    ex->chain = (flags & MESH__EXEC_DETERMINISTIC) && ex->data && p->setup.zero == 0;
     int shards = optimizer_shards(ex);
     if (shards == -2) {
         set_err(err, errn, "rank %d: the optimizer's shards are not the memory plan's", rank);

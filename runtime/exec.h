@@ -46,8 +46,10 @@ void mesh__exec_free(mesh__exec *ex);
 
 /* mesh__exec_create with flags. MESH__EXEC_NO_REUSE lays the arena out
  * without liveness reuse (larger than the plan's), the reference that
- * tests compare the plan's layout against. */
-enum { MESH__EXEC_NO_REUSE = 1u };
+ * tests compare the plan's layout against. MESH__EXEC_DETERMINISTIC sums
+ * the data-parallel ranks' gradients and losses one rank after another in
+ * the one-rank order (mesh_set_deterministic). */
+enum { MESH__EXEC_NO_REUSE = 1u, MESH__EXEC_DETERMINISTIC = 2u };
 mesh__exec *mesh__exec_create_flags(const plan *p, mesh_alloc_fn alloc, void *ud, unsigned flags, char *err,
                                     size_t n);
 

@@ -406,6 +406,13 @@ mesh_status mesh_context_rank(const mesh_context *ctx, int *rank, int *data_rank
  * cores this process may run on (its affinity mask). */
 mesh_status mesh_set_threads(int n);
 
+/* For the contexts created after it: with on, a plan's data-parallel
+ * ranks add their gradients and losses one rank after another, in the
+ * one-rank order, so a data-parallel mesh (dp, and dp x pp; ZeRO 0)
+ * gives the one-rank losses bit for bit; the ranks then compute their
+ * backward passes in turn, not at once. Off by default. */
+mesh_status mesh_set_deterministic(int on);
+
 #ifdef __cplusplus
 }
 #endif

@@ -56,6 +56,8 @@ static const char usage_text[] =
     "  --skip-nonfinite  skip a step whose loss or gradient is not finite (at\n"
     "                 most 5 in a row) instead of stopping\n"
     "  --threads N    BLAS threads (default: the cores this process may use)\n"
+    "  --deterministic  data-parallel ranks add their gradients in turn, in the\n"
+    "                 one-rank order: the one-rank losses bit for bit (dp, ZeRO 0)\n"
     "  --local-rank=N accepted and ignored (torchrun's)\n"
     "  --prompt TEXT, --tokens N (200), --temperature T (0.8), --seed S (0),\n"
     "  --bpe DIR (GPT-2 BPE for a model that is not byte-level)\n"
@@ -608,6 +610,8 @@ int main(int argc, char **argv)
                 opts.resume = 1;
             } else if (strcmp(arg, "--skip-nonfinite") == 0) {
                 opts.skip_nonfinite = 1;
+            } else if (strcmp(arg, "--deterministic") == 0) {
+                mesh_set_deterministic(1);
             } else if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
                 fputs(usage_text, stdout);
                 return 0;

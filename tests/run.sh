@@ -478,6 +478,17 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     fi
     expect meshrun/torchrun-without-mpi "meshrun: error: examples/gpt-tiny.mesh: torchrun started this process (rank 0 of 2) without MPI, and the processes of a job talk through MPI: launch with mpirun -n 2, or srun --mpi=pmix
 exit: 1" env RANK=0 WORLD_SIZE=2 "$MESHRUN" --local_rank=0 "$TMP/dp2.plan" --data "$TMP/dd.bin"
+    # --deterministic: dp 4 gives the one-rank metrics to the last digit
+    rm -f "$TMP/det.jsonl"
+    capture "$TMP/det.out" "$MESHRUN" "$TMP/dp4.plan" --deterministic --data "$TMP/dd.bin" --steps 20 \
+        --metrics "$TMP/det.jsonl"
+    if [ "$(tail -n 1 "$TMP/det.out")" = "exit: 0" ] &&
+        [ "$(sed 's/, "ms".*//' "$TMP/dp1.jsonl")" = "$(sed 's/, "ms".*//' "$TMP/det.jsonl")" ]; then
+        pass meshrun/deterministic-dp4-identical-to-one-rank
+    else
+        cat "$TMP/dp1.jsonl" "$TMP/det.jsonl" >>"$TMP/det.out"
+        fail meshrun/deterministic-dp4-identical-to-one-rank "$TMP/det.out"
+    fi
     # ZeRO-1 on dp 2: the optimizer state sharded; the same losses as one
     # rank, and a checkpoint (rank 0 writes the gathered state) resumes to
     # exactly the uninterrupted run

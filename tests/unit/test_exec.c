@@ -367,6 +367,34 @@ TEST_IMPL(parallel_dp_losses_equal_one_rank)
     }
 }
 
+/* mesh_set_deterministic: dp 2 and dp 4 (and dp 2 x pp 2) give the
+ * one-rank losses bit for bit, not just within 1e-5. */
+TEST_IMPL(parallel_deterministic_dp_is_bit_identical)
+{
+    static const char *const meshes[][3] = {
+        {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=1"},
+        {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=2"},
+        {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=4"},
+    };
+    const char *srcs[] = {tiny_src, llama_src, moe_src};
+    mesh_set_deterministic(1);
+    for (int s = 0; s < 3; s++) {
+        double ref[EQ_STEPS], got[EQ_STEPS];
+        eq_losses(srcs[s], meshes[0], 3, ref);
+        for (int v = 1; v < 3; v++) {
+            eq_losses(srcs[s], meshes[v], 3, got);
+            for (int k = 0; k < EQ_STEPS; k++)
+                if (got[k] != ref[k]) {
+                    fprintf(stderr, "# model %d, %s, step %d: %.17g vs one rank %.17g\n", s, meshes[v][2], k + 1,
+                            got[k], ref[k]);
+                    mesh_set_deterministic(0);
+                    unit_fail(__FILE__, __LINE__, "not bit-identical");
+                }
+        }
+    }
+    mesh_set_deterministic(0);
+}
+
 /* Tensor parallelism (Megatron's column/row splits, head-parallel
  * attention over a packed q/k/v, a vocabulary-parallel embedding and
  * cross-entropy) and pipeline parallelism (1F1B and GPipe, activations and
