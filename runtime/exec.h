@@ -1,22 +1,23 @@
-/* exec.h — the plan interpreter on one CPU rank (internal to libmesh).
+/* exec.h — the plan interpreter of one CPU rank (internal to libmesh;
+ * runtime/exec*.c, whose shared state is in exec_impl.h).
  *
- * Runs a plan's program (compiler/plan.h) for a mesh of one rank: every
- * forward step in order, with a layer stack's steps run once per
- * iteration (each iteration reading the tensors its predecessor carried),
- * then the backward steps in reverse, iterations last to first, through
- * the CPU kernels (kernels/cpu/). A training step runs the plan's
- * micro-batches, accumulating gradients, then clips them by global norm
- * and takes an AdamW step at the learning rate the schedule gives.
+ * Runs one rank of a plan's program (compiler/plan.h) on any dp x tp x pp
+ * x ep mesh: the rank's pipeline chunks, in the order of the schedule's
+ * units; a unit's forward steps in order, a layer stack's steps once per
+ * iteration (each reading what its predecessor carried), its backward
+ * steps in reverse; the plan's collectives over the rank's groups, split
+ * from the world communicator; then the gradient sync, the global-norm
+ * clip and an AdamW step at the learning rate the schedule gives, and the
+ * after-optimizer gathers.
  *
- * Every tensor of the graph gets one buffer per iteration of its region
- * (activations are kept for the backward); parameters are initialised from
- * (seed, global name, element index) (init.h), so the model is the one
- * every other mesh materialises.
+ * Every buffer lives in one arena laid out by the memory plan (memplan.h),
+ * the plan's own to the byte; params are initialised from (seed, global
+ * name, element index of the whole param) (init.h), so every mesh
+ * materialises the same model.
  *
- * Not yet: plans of more than one rank (collectives, pipeline sends),
- * nested repeats, mixture-of-experts and a few ops (sub, mul, scale, a
- * transpose used other than as a matmul weight): mesh__exec_create refuses
- * them with a message naming the op.
+ * Refused with a message naming what: sequence parallelism, ZeRO 2 and 3,
+ * moe layers with tp, nested repeats, and a few ops (sub, mul, scale, a
+ * transpose used other than as a matmul weight, GELU experts).
  */
 #ifndef MESH_EXEC_H
 #define MESH_EXEC_H

@@ -1,0 +1,183 @@
+/* exec_impl.h — what the executor's files share (internal to libmesh):
+ * the executor's state and the functions that cross its files.
+ *
+ *   exec.c         checking a plan, laying the arena out, joining the mesh
+ *   exec_mem.c     where a tensor's value, gradient and statistics live
+ *   exec_ops.c     one op forward and backward, through the CPU kernels
+ *   exec_step.c    the program's phases, collectives, pipeline, a step
+ *   exec_params.c  params in the whole param, ZeRO shards, checkpoints' views
+ */
+#ifndef MESH_EXEC_IMPL_H
+#define MESH_EXEC_IMPL_H
+
+#include <stddef.h> /* size_t */
+#include <stdint.h> /* int64_t, uint64_t */
+
+#include "comm.h"    /* comm */
+#include "exec.h"    /* mesh__exec */
+#include "kcpu.h"    /* kcpu_moe_route */
+#include "memplan.h" /* memplan, mem_buf */
+
+/* A moe node's geometry, and its routing bound to the iteration's memory. */
+typedef struct ex_moe {
+    int N, D, E, K, C, F;
+    int P, El;            /* the ep group's ranks, and the experts each holds (E / P) */
+    size_t route_bytes;
+    kcpu_moe_route route;
+} ex_moe;
+
+struct mesh__exec {
+    const plan *p;
+    memplan mp;          /* the layout, in fp32 */
+    const mem_stage *ms; /* this stage's sizes */
+    unsigned char *arena; /* the one allocation: ms->total bytes */
+    /* byte offsets of the regions in the arena */
+    int64_t grads_at, optim_at, slots_at, pinned_at, shared_at, recompute_at;
+    int64_t part_at[3];  /* a slot's parts */
+    int slot;            /* the slot of the unit being run */
+    int *slot_of;        /* per micro-batch: its slot while in flight */
+    char *slot_busy;     /* per slot */
+    int n;               /* tensors */
+    size_t *numel;       /* per tensor: elements of one iteration's value on this rank */
+    int64_t (*ld)[GRAPH_MAX_RANK]; /* per tensor: its dims on this rank (tp and ep splits applied) */
+    int *iters;          /* per tensor: iterations of its region (1 outside) */
+    int *zero_by;        /* per tensor: the node whose backward starts its gradient
+                            (its last consumer in its segment, or itself), -1 if none */
+    int *params;         /* tensor ids of the params */
+    int n_params;
+    char ***names;       /* per param tensor: its iterations' global names */
+    float **gbufs;       /* the gradients this rank updates, for the global norm: per param
+                            tensor (all copies) without ZeRO, per copy its shard with it */
+    size_t *gsizes;      /* and their elements */
+    char *gsplit;        /* and whether they are split over tp */
+    int n_gbufs;
+    size_t *shard;       /* per param tensor: elements of each copy's ZeRO shard (all without) */
+    size_t *opt_at;      /* per param tensor: where its first copy's moments start in m and v */
+    size_t opt_elems;    /* elements of m (and of v) on this rank */
+    int zero;            /* ZeRO >= 1: each param's optimizer state is sharded over its
+                            data-parallel group (exec__zcomm) */
+    int tokens_in, targets_in; /* the input tensors */
+    int stack;           /* the layer stack's region, -1 if none */
+    double dloss;        /* seed of the backward: 1 / micro-batches */
+    ex_moe **moe;        /* per tensor: moe layers' geometry, NULL for others */
+    double loss;         /* the last forward's loss, with moe's load-balancing losses */
+    int recomputing;     /* running forward steps again in a backward */
+    int poison;          /* test hook: dead memory is filled with NaN (mesh__exec_set_poison) */
+    long long adam_t;    /* AdamW steps taken */
+    size_t host_bytes;   /* bookkeeping allocated besides the arena */
+    int rank;            /* in the plan's world */
+    int coord[4];        /* on each axis: dp, tp, pp, ep */
+    comm *axis[4];       /* this rank's group on each axis of size > 1, else NULL */
+    comm *world;         /* the world's communicator (not owned), NULL on one rank */
+    int data_ranks;      /* ranks the global batch is split over: dp x ep */
+    /* pipeline: this rank's stage runs chunk `stage` (one chunk per stage) */
+    int stage, last_stage;
+    int chunk, chunks;   /* the chunk being run (of the stage's: stage, stage + pp, ...), and pp x v */
+    int first_layer, n_layers; /* the chunk's iterations of the stack */
+    int *copies;         /* per param tensor: the copies this stage holds (0: none) */
+    comm *tied;          /* the first and the last stage, for a param both use (pp > 1) */
+    comm *data;          /* dp x ep: the ranks the batch is split over, a dense param's data-parallel
+                            group (axis[0] when ep = 1; owned when ep > 1) */
+    char error[400];     /* why the last step failed */
+    int counting;        /* in a training step: bytes sent are counted */
+    int chain;           /* deterministic: the data-parallel ranks add their gradients one after
+                            another, in the one-rank order (MESH__EXEC_DETERMINISTIC) */
+    double sent[STEP_SLICE][4], sent_p2p; /* bytes sent by kind and axis, and by pipeline sends */
+    long long steps;     /* training steps counted */
+    mesh_alloc_fn alloc; /* the context's allocator hook */
+    void *ud;
+};
+
+/* Calls fn(ctx, local, whole, len) for each contiguous run of param id's
+ * elements on the rank `r` of its tp group: `len` elements at `local` in
+ * the rank's slice are at `whole` in the whole param. */
+typedef void (*run_fn)(void *ctx, size_t local, size_t whole, size_t len);
+
+/* Initialising a param's slice: the whole param's values at its indices. */
+typedef struct init_ctx {
+    float *w;
+    uint64_t key;
+    float std;
+} init_ctx;
+
+/* exec_mem.c */
+int64_t exec__last_dim(const plan_tensor *t);
+
+const mem_buf *exec__buf_of(const mesh__exec *ex, int id);
+
+int exec__in_stack(const mesh__exec *ex, int id);
+
+/* The copy of a param at iteration it: a layer-stack param's copies are
+ * the layers of the stage's chunks, in chunk order. */
+int64_t exec__param_copy(const mesh__exec *ex, int id, int it);
+
+/* The iteration of a param's copy k (exec__param_copy's inverse). */
+int exec__copy_it(const mesh__exec *ex, int id, int k);
+
+/* Where a later pipeline chunk receives carried value c: the start of its slot. */
+int64_t exec__recv_at(const mesh__exec *ex, int c);
+
+/* Value of tensor id at its iteration it (-1, a carried entry: 0). */
+float *exec__vptr(const mesh__exec *ex, int id, int it);
+
+/* Gradient of tensor id at its iteration it. A carried value's gradient
+ * alternates between its pair of buffers: the exit of iteration it uses
+ * it % 2, the entry (the exit of the iteration before the stage's first)
+ * the other. */
+float *exec__gptr(const mesh__exec *ex, int id, int it);
+
+/* The saved statistics after tensor id's value. */
+float *exec__aux_ptr(const mesh__exec *ex, int id, int it);
+
+float *exec__val_in(const mesh__exec *ex, int id, int r, int it);
+
+float *exec__grad_in(const mesh__exec *ex, int id, int r, int it);
+
+/* Is tensor id split over tp (and along which dim, if so)? */
+int exec__split_tp(const mesh__exec *ex, int id);
+
+/* Is param id split over ep (an expert's weights, along its first dim)? */
+int exec__split_ep(const mesh__exec *ex, int id);
+
+/* The group param id's optimizer state is sharded over with ZeRO: its
+ * data-parallel group (dp x ep for a dense param, dp for an expert's);
+ * NULL without ZeRO or for a group of one. */
+comm *exec__zcomm(const mesh__exec *ex, int id);
+
+/* The last of tensor id's dims on this rank. */
+int exec__lastd(const mesh__exec *ex, int id);
+
+/* Switches to chunk c of the stage: its layers, and its slot's parts
+ * (chunk 0 starts with the part before the stack, a later one with what
+ * it receives; the last ends with the part after). */
+void exec__set_chunk(mesh__exec *ex, int c);
+
+/* exec_ops.c */
+int exec__forward_node(mesh__exec *ex, int id, int it);
+
+int exec__backward_node(mesh__exec *ex, int id, int it);
+
+/* exec_step.c */
+/* The sum over the group of x[0..n-1], in rank order, exactly (doubles
+ * travel as bytes). */
+int exec__sum_doubles(mesh__exec *ex, comm *c, double *x, int n);
+
+/* exec_params.c */
+void exec__param_runs(const mesh__exec *ex, int id, int r, run_fn fn, void *ctx);
+
+void exec__init_run(void *ctx, size_t local, size_t whole, size_t len);
+
+/* The part of copy it of param id this rank updates: elements [lo, lo +
+ * len) (all of them without ZeRO), and its AdamW moments. */
+void exec__shard_of(const mesh__exec *ex, int id, int it, size_t *lo, size_t *len, float **m, float **v);
+
+/* What this rank's optimizer updates: without ZeRO every param whole;
+ * with it (over the param's data-parallel group) each copy's shard of
+ * ceil(n / ranks) elements, as the memory plan lays out the moments. */
+int exec__optimizer_shards(mesh__exec *ex);
+
+/* exec.c */
+/* Bookkeeping: counted apart from the arena. */
+void *exec__host_calloc(mesh__exec *ex, size_t n, size_t size);
+
+#endif

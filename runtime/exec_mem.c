@@ -1,0 +1,217 @@
+/* exec_mem.c — where a tensor lives in the arena (exec_impl.h): the value,
+ * gradient and statistics of any tensor at any iteration, on this rank's
+ * stage, chunk and slot. */
+#include "exec_impl.h"
+
+#include <math.h>   /* cos, isfinite, log, sqrt */
+#include <stdarg.h> /* va_list */
+#include <stdint.h> /* SIZE_MAX */
+#include <stdio.h>  /* snprintf, vsnprintf */
+#include <stdlib.h> /* calloc, malloc, free */
+#include <string.h> /* memcpy, memset, strchr, strstr */
+
+#include "init.h"    /* mesh__init_* */
+#include "kcpu.h"    /* kcpu_* */
+
+int64_t exec__last_dim(const plan_tensor *t) { return t->rank ? t->dims[t->rank - 1] : 1; }
+
+const mem_buf *exec__buf_of(const mesh__exec *ex, int id) { return memplan_buf(&ex->mp, ex->stage, id); }
+
+int exec__in_stack(const mesh__exec *ex, int id)
+{
+    return ex->stack >= 0 && ex->p->tensors[id].region == ex->stack;
+}
+
+/* The first layer of chunk c. */
+static int chunk_start(const mesh__exec *ex, int c)
+{
+    int f = 0;
+    for (int k = 0; k < c; k++) f += (int)ex->p->chunk_layers[k];
+    return f;
+}
+
+/* The copy of a param at iteration it: a layer-stack param's copies are
+ * the layers of the stage's chunks, in chunk order. */
+int64_t exec__param_copy(const mesh__exec *ex, int id, int it)
+{
+    if (!exec__in_stack(ex, id)) return it > 0 ? it : 0;
+    int64_t base = 0;
+    for (int c = ex->stage; c < ex->chunks; c += ex->p->pp) {
+        int f = chunk_start(ex, c), n = (int)ex->p->chunk_layers[c];
+        if (it >= f && it < f + n) return base + it - f;
+        base += n;
+    }
+    return 0;
+}
+
+/* The iteration of a param's copy k (exec__param_copy's inverse). */
+int exec__copy_it(const mesh__exec *ex, int id, int k)
+{
+    if (!exec__in_stack(ex, id)) return k;
+    for (int c = ex->stage; c < ex->chunks; c += ex->p->pp) {
+        if (k < (int)ex->p->chunk_layers[c]) return chunk_start(ex, c) + k;
+        k -= (int)ex->p->chunk_layers[c];
+    }
+    return 0;
+}
+
+/* The copy of an activation at iteration it in the unit being run: a
+ * layer-stack tensor's iterations start at the chunk's first layer. */
+static int64_t local_it(const mesh__exec *ex, int id, int it)
+{
+    if (exec__in_stack(ex, id)) it -= ex->first_layer;
+    return it > 0 ? it : 0;
+}
+
+/* Is tensor id a value carried into the layer stack? */
+static int carried_entry(const mesh__exec *ex, int id, int *which)
+{
+    if (ex->stack < 0) return 0;
+    const plan_region *g = &ex->p->regions[ex->stack];
+    for (int c = 0; c < g->n_carry; c++)
+        if (g->carry[c].entry == id) {
+            if (which) *which = c;
+            return 1;
+        }
+    return 0;
+}
+
+/* Where a later pipeline chunk receives carried value c: the start of its slot. */
+int64_t exec__recv_at(const mesh__exec *ex, int c)
+{
+    int64_t at = ex->slots_at + ex->slot * ex->ms->slot_bytes;
+    const plan_region *g = &ex->p->regions[ex->stack];
+    for (int k = 0; k < c; k++) at += memplan_buf(&ex->mp, ex->stage, g->carry[k].exit)->bytes;
+    return at;
+}
+
+/* Value of tensor id at its iteration it (-1, a carried entry: 0). */
+float *exec__vptr(const mesh__exec *ex, int id, int it)
+{
+    const mem_buf *b = exec__buf_of(ex, id);
+    int64_t at;
+    int c;
+    if (ex->chunk > 0 && carried_entry(ex, id, &c)) /* received from the chunk before */
+        return (float *)(void *)(ex->arena + exec__recv_at(ex, c));
+    switch (b->region) {
+    case MEM_PERSISTENT: at = 0; break;
+    case MEM_SLOT: at = ex->slots_at + ex->slot * ex->ms->slot_bytes + ex->part_at[b->part]; break;
+    case MEM_WORKSPACE: at = ex->shared_at; break;
+    case MEM_RECOMPUTE: at = ex->recompute_at; break;
+    default: return NULL;
+    }
+    int64_t copy = b->region == MEM_PERSISTENT ? exec__param_copy(ex, id, it) : local_it(ex, id, it);
+    return (float *)(void *)(ex->arena + at + b->offset + copy * b->stride);
+}
+
+/* Gradient of tensor id at its iteration it. A carried value's gradient
+ * alternates between its pair of buffers: the exit of iteration it uses
+ * it % 2, the entry (the exit of the iteration before the stage's first)
+ * the other. */
+float *exec__gptr(const mesh__exec *ex, int id, int it)
+{
+    const mem_buf *b = exec__buf_of(ex, id);
+    int64_t at;
+    switch (b->grad_region) {
+    case MEM_PERSISTENT: at = ex->grads_at; break;
+    case MEM_WORKSPACE: at = ex->shared_at; break;
+    case MEM_PINNED: at = ex->pinned_at; break;
+    default: return NULL;
+    }
+    if (b->carried && b->grad_region == MEM_PINNED) {
+        if (ex->p->tensors[id].region < 0) it = ex->first_layer - 1; /* an entry: "the iteration before" */
+        at += (int64_t)(((it % 2) + 2) % 2) * b->bytes;
+    } else {
+        at += (b->grad_region == MEM_PERSISTENT ? exec__param_copy(ex, id, it) : local_it(ex, id, it)) * b->grad_stride;
+    }
+    return (float *)(void *)(ex->arena + at + b->grad_offset);
+}
+
+/* The saved statistics after tensor id's value. */
+float *exec__aux_ptr(const mesh__exec *ex, int id, int it)
+{
+    return (float *)(void *)((unsigned char *)exec__vptr(ex, id, it) + exec__buf_of(ex, id)->bytes);
+}
+
+/* Which copy of tensor id a consumer in region r at iteration it reads:
+ * inside the same region, that iteration's; a carried entry, the previous
+ * iteration's exit (the entry itself, iteration -1, at iteration 0); a
+ * region's tensor seen from outside, its last iteration's. */
+static int resolve(const mesh__exec *ex, int id, int r, int it, int *copy)
+{
+    const plan *p = ex->p;
+    int tr = p->tensors[id].region;
+    *copy = 0;
+    if (tr >= 0 && tr == r) {
+        *copy = it;
+        return id;
+    }
+    if (tr < 0) {
+        for (int q = 0; q < p->n_regions; q++)
+            for (int c = 0; c < p->regions[q].n_carry; c++) {
+                if (p->regions[q].carry[c].entry != id) continue;
+                if (q == r && it > ex->first_layer) {
+                    *copy = it - 1;
+                    return p->regions[q].carry[c].exit;
+                }
+                *copy = -1;
+            }
+        return id;
+    }
+    *copy = ex->iters[id] - 1;
+    return id;
+}
+
+float *exec__val_in(const mesh__exec *ex, int id, int r, int it)
+{
+    int copy, t = resolve(ex, id, r, it, &copy);
+    return exec__vptr(ex, t, copy);
+}
+
+float *exec__grad_in(const mesh__exec *ex, int id, int r, int it)
+{
+    int copy, t = resolve(ex, id, r, it, &copy);
+    return exec__gptr(ex, t, copy);
+}
+
+/* Is tensor id split over tp (and along which dim, if so)? */
+int exec__split_tp(const mesh__exec *ex, int id)
+{
+    return ex->p->setup.tp > 1 && ex->p->tensors[id].pl.kind[1] == PL_SPLIT;
+}
+
+/* Is param id split over ep (an expert's weights, along its first dim)? */
+int exec__split_ep(const mesh__exec *ex, int id)
+{
+    const plan_tensor *t = &ex->p->tensors[id];
+    return ex->p->setup.ep > 1 && t->op == G_PARAM && t->pl.kind[3] == PL_SPLIT;
+}
+
+/* The group param id's optimizer state is sharded over with ZeRO: its
+ * data-parallel group (dp x ep for a dense param, dp for an expert's);
+ * NULL without ZeRO or for a group of one. */
+comm *exec__zcomm(const mesh__exec *ex, int id)
+{
+    if (!ex->zero) return NULL;
+    return exec__split_ep(ex, id) ? ex->axis[0] : ex->data;
+}
+
+/* The last of tensor id's dims on this rank. */
+int exec__lastd(const mesh__exec *ex, int id)
+{
+    const plan_tensor *t = &ex->p->tensors[id];
+    return t->rank ? (int)ex->ld[id][t->rank - 1] : 1;
+}
+
+/* Switches to chunk c of the stage: its layers, and its slot's parts
+ * (chunk 0 starts with the part before the stack, a later one with what
+ * it receives; the last ends with the part after). */
+void exec__set_chunk(mesh__exec *ex, int c)
+{
+    ex->chunk = c;
+    ex->first_layer = chunk_start(ex, c);
+    ex->n_layers = ex->stack >= 0 ? (int)ex->p->chunk_layers[c] : 0;
+    ex->part_at[MEM_PART_PRE] = 0;
+    ex->part_at[MEM_PART_LAYER] = c == 0 ? ex->mp.part_bytes[MEM_PART_PRE] : ex->mp.recv_bytes;
+    ex->part_at[MEM_PART_POST] = ex->part_at[MEM_PART_LAYER] + (int64_t)ex->n_layers * ex->mp.part_bytes[MEM_PART_LAYER];
+}

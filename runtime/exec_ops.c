@@ -1,0 +1,349 @@
+/* exec_ops.c — one op forward and backward on this rank (exec_impl.h),
+ * through the CPU kernels: its shapes on the rank, and the exchanges a few
+ * ops make themselves (vocabulary-parallel cross-entropy, expert-parallel
+ * moe). */
+#include "exec_impl.h"
+
+#include <math.h>   /* cos, isfinite, log, sqrt */
+#include <stdarg.h> /* va_list */
+#include <stdint.h> /* SIZE_MAX */
+#include <stdio.h>  /* snprintf, vsnprintf */
+#include <stdlib.h> /* calloc, malloc, free */
+#include <string.h> /* memcpy, memset, strchr, strstr */
+
+#include "init.h"    /* mesh__init_* */
+#include "kcpu.h"    /* kcpu_* */
+
+#define IN(k) exec__val_in(ex, t->in[k], t->region, it)
+#define DIN(k) exec__grad_in(ex, t->in[k], t->region, it)
+#define OUT exec__vptr(ex, id, it)
+#define DOUT exec__gptr(ex, id, it)
+#define AUX exec__aux_ptr(ex, id, it)
+#define I32(x) ((int32_t *)(void *)(x))
+
+/* With expert parallelism the rows go through two exchanges over the ep
+ * group: xs (this rank's tokens dispatched, in expert order, so rank q's
+ * experts are one block) becomes xr (the rows every rank sent to this
+ * rank's experts, [P, El, C, D]); the experts turn xr into ys, which goes
+ * back as yr ([E, C, D], this rank's tokens again). On one ep rank xr is
+ * xs and yr is ys. The backward's gradients go the same ways. */
+typedef struct moe_bufs {
+    float *xs, *xr, *ys, *yr, *hg, *hu, *act;
+    int *cnt;             /* [P, El] rows each rank sent to each local expert */
+    float *dyr, *dys, *dxr, *dxs, *dweight, *scratch;
+} moe_bufs;
+
+static moe_bufs moe_at(mesh__exec *ex, int id, int it)
+{
+    ex_moe *g = ex->moe[id];
+    size_t ecd = (size_t)g->E * (size_t)g->C * (size_t)g->D, ecf = (size_t)g->E * (size_t)g->C * (size_t)g->F;
+    unsigned char *aux = (unsigned char *)exec__aux_ptr(ex, id, it);
+    int ep = g->P > 1;
+    kcpu_moe_route_bind(&g->route, aux, g->N, g->E, g->K, g->C);
+    moe_bufs m;
+    m.xs = (float *)(void *)(aux + g->route_bytes);
+    m.ys = m.xs + ecd;
+    m.hg = m.ys + ecd;
+    m.hu = m.hg + ecf;
+    m.act = m.hu + ecf;
+    m.xr = ep ? m.act + ecf : m.xs;
+    m.yr = ep ? m.xr + ecd : m.ys;
+    m.cnt = ep ? (int *)(void *)(m.yr + ecd) : g->route.count;
+    m.dyr = (float *)(void *)(ex->arena + ex->shared_at + exec__buf_of(ex, id)->scratch_offset);
+    m.dxr = m.dyr + ecd;
+    m.dys = ep ? m.dxr + ecd : m.dyr;
+    m.dxs = ep ? m.dys + ecd : m.dxr;
+    m.dweight = (ep ? m.dxs : m.dxr) + ecd;
+    m.scratch = m.dweight + (size_t)g->N * (size_t)g->K;
+    return m;
+}
+
+/* An all-to-all over the ep group of [P blocks of `per` floats]. */
+static int moe_exchange(mesh__exec *ex, const float *in, float *out, size_t per)
+{
+    comm *c = ex->axis[3];
+    size_t counts[64];
+    for (int q = 0; q < c->size; q++) counts[q] = per;
+    if (comm_all_to_all(c, in, counts, out, counts) == 0) return 0;
+    snprintf(ex->error, sizeof ex->error, "rank %d: the moe all-to-all over ep: %s", ex->rank, c->error);
+    return -1;
+}
+
+/* The local experts on every source rank's rows: one call per source. */
+static void moe_experts_forward(const ex_moe *g, const moe_bufs *m, const float *wg, const float *wu, const float *wd)
+{
+    size_t rows = (size_t)g->El * (size_t)g->C;
+    for (int s = 0; s < g->P; s++)
+        kcpu_moe_expert_forward(m->ys + s * rows * g->D, m->hg + s * rows * g->F, m->hu + s * rows * g->F,
+                                m->act + s * rows * g->F, m->xr + s * rows * g->D, wg, wu, wd, m->cnt + s * g->El,
+                                g->El, g->C, g->D, g->F);
+}
+
+static void moe_experts_backward(const ex_moe *g, const moe_bufs *m, float *dwg, float *dwu, float *dwd,
+                                 const float *wg, const float *wu, const float *wd)
+{
+    size_t rows = (size_t)g->El * (size_t)g->C;
+    for (int s = 0; s < g->P; s++)
+        kcpu_moe_expert_backward(m->dxr + s * rows * g->D, dwg, dwu, dwd, m->scratch, m->dyr + s * rows * g->D,
+                                 m->hg + s * rows * g->F, m->hu + s * rows * g->F, m->act + s * rows * g->F,
+                                 m->xr + s * rows * g->D, wg, wu, wd, m->cnt + s * g->El, g->El, g->C, g->D, g->F);
+}
+
+/* The first vocabulary row of an embedding table on this rank. */
+static int row0_of(const mesh__exec *ex, int table)
+{
+    return exec__split_tp(ex, table) && ex->p->tensors[table].pl.dim[1] == 0 ? ex->coord[1] * (int)ex->ld[table][0] : 0;
+}
+
+/* Vocabulary-parallel cross-entropy: this rank holds columns [r W, (r + 1)
+ * W) of the logits. The ranks take the rows' maximum, then add their sums
+ * of exp(logit - max) and their target logits (exactly, in rank order).
+ * aux: losses, rowmax, lse [N] each, as the whole-vocabulary kernel's. */
+static int ce_shard_forward(mesh__exec *ex, float *out, float *aux, const float *logits, const int32_t *targets,
+                            int N, int W, int V)
+{
+    comm *c = ex->axis[1];
+    float *mx = aux + N, *lse = aux + 2 * N, *tl = aux; /* the losses' place holds the target logits first */
+    int col0 = ex->coord[1] * W;
+    kcpu_crossentropy_shard_max(mx, tl, logits, targets, N, col0, W, V);
+    float *all = malloc((size_t)c->size * (size_t)N * sizeof *all);
+    double *st = malloc(2 * (size_t)N * sizeof *st);
+    int rc = all && st ? comm_all_gather(c, mx, all, (size_t)N) : -1;
+    if (rc == 0) {
+        for (int i = 0; i < N; i++)
+            for (int q = 0; q < c->size; q++) mx[i] = all[(size_t)q * N + i] > mx[i] ? all[(size_t)q * N + i] : mx[i];
+        kcpu_crossentropy_shard_sumexp(st, logits, mx, N, col0, W, V);
+        for (int i = 0; i < N; i++) st[N + i] = tl[i];
+        rc = exec__sum_doubles(ex, c, st, 2 * N);
+    }
+    if (rc == 0) {
+        double total = 0;
+        for (int i = 0; i < N; i++) {
+            double ls = log(st[i]), loss = ls - (st[N + i] - mx[i]);
+            aux[i] = (float)loss;
+            lse[i] = (float)ls;
+            total += loss;
+        }
+        out[0] = (float)(total / N);
+    } else if (!all || !st) {
+        snprintf(ex->error, sizeof ex->error, "rank %d: out of memory", ex->rank);
+        comm_abort(c, ex->error);
+    } else if (!ex->error[0]) {
+        snprintf(ex->error, sizeof ex->error, "rank %d: vocabulary-parallel cross-entropy: %s", ex->rank, c->error);
+    }
+    free(all);
+    free(st);
+    return rc;
+}
+
+/* Broadcast add: the smaller operand's elements repeat over the larger's. */
+static void add_forward(float *out, const float *a, size_t na, const float *b, size_t nb)
+{
+    if (na == nb) kcpu_add_forward(out, a, b, na);
+    else if (na > nb) kcpu_add_broadcast_forward(out, a, b, (int)(na / nb), 1, (int)nb);
+    else kcpu_add_broadcast_forward(out, b, a, (int)(nb / na), 1, (int)na);
+}
+
+static void add_backward(float *da, size_t na, float *db, size_t nb, const float *dout)
+{
+    if (na == nb) kcpu_add_backward(da, db, dout, na);
+    else if (na > nb) kcpu_add_broadcast_backward(da, db, dout, (int)(na / nb), 1, (int)nb);
+    else kcpu_add_broadcast_backward(db, da, dout, (int)(nb / na), 1, (int)na);
+}
+
+/* Attention geometry on this rank: qkv [B, T, (H + 2 KV) d] -> out [B, T,
+ * H d]; split over tp, H and KV are the rank's heads. */
+static void attn_dims(const mesh__exec *ex, int id, int *B, int *T, int *H, int *KV, int *d)
+{
+    const plan_tensor *t = &ex->p->tensors[id];
+    *d = (int)(exec__last_dim(t) / t->heads);
+    *H = exec__lastd(ex, id) / *d;
+    *KV = (int)((t->kv_heads ? t->kv_heads : t->heads) * *H / t->heads);
+    *T = (int)ex->ld[id][t->rank - 2];
+    *B = (int)(ex->numel[id] / ((size_t)*T * (size_t)*H * (size_t)*d));
+}
+
+int exec__forward_node(mesh__exec *ex, int id, int it)
+{
+    const plan_tensor *t = &ex->p->tensors[id];
+    const plan_tensor *a = t->n_in > 0 ? &ex->p->tensors[t->in[0]] : NULL;
+    const plan_tensor *b = t->n_in > 1 ? &ex->p->tensors[t->in[1]] : NULL;
+    size_t n = ex->numel[id];
+    switch (t->op) {
+    case G_EMBED: { /* a table split over tp holds its rank's rows of the vocabulary */
+        int rows = (int)ex->ld[t->in[1]][0], C = (int)ex->ld[t->in[1]][1];
+        kcpu_embedding_rows_forward(OUT, I32(IN(0)), IN(1), (int)ex->numel[t->in[0]], row0_of(ex, t->in[1]), rows,
+                                    C);
+        break;
+    }
+    case G_ARANGE:
+        for (size_t k = 0; k < n; k++) I32(OUT)[k] = (int32_t)k;
+        break;
+    case G_MATMUL: {
+        int K = exec__lastd(ex, t->in[0]), N = exec__lastd(ex, id), M = (int)(n / (size_t)N);
+        if (b->op == G_TRANSPOSE) /* x @ transpose(w): w stored [N, K] */
+            kcpu_matmul_wt_forward(OUT, IN(0), exec__val_in(ex, b->in[0], t->region, it), NULL, M, K, N);
+        else
+            kcpu_matmul_forward(OUT, IN(0), IN(1), NULL, M, K, N);
+        break;
+    }
+    case G_TRANSPOSE: /* only read through the matmul that uses it */
+        break;
+    case G_BIAS_ADD:
+    case G_ADD:
+        add_forward(OUT, IN(0), ex->numel[t->in[0]], IN(1), ex->numel[t->in[1]]);
+        break;
+    case G_LAYERNORM: {
+        int C = exec__lastd(ex, id), rows = (int)(n / (size_t)C);
+        float *aux = AUX;
+        kcpu_layernorm_forward(OUT, aux, aux + rows, IN(0), IN(1), t->n_in > 2 ? IN(2) : NULL, rows, C,
+                               (float)t->eps);
+        break;
+    }
+    case G_RMSNORM: {
+        int C = exec__lastd(ex, id), rows = (int)(n / (size_t)C);
+        kcpu_rmsnorm_forward(OUT, AUX, IN(0), IN(1), rows, C, (float)t->eps);
+        break;
+    }
+    case G_ATTENTION: {
+        int B, T, H, KV, d;
+        attn_dims(ex, id, &B, &T, &H, &KV, &d);
+        if (t->n_in == 1) /* packed [q | k | v] */
+            kcpu_attention_qkv_forward(OUT, AUX, IN(0), B, T, H, KV, d, t->causal);
+        else
+            kcpu_attention_forward(OUT, AUX, IN(0), IN(1), IN(2), B, T, H, KV, d, t->causal);
+        break;
+    }
+    case G_ROPE: {
+        int B, T, H, KV, d;
+        attn_dims(ex, id, &B, &T, &H, &KV, &d);
+        kcpu_rope_forward(OUT, IN(0), B, T, H, d, (float)t->theta, 0);
+        break;
+    }
+    case G_GELU: kcpu_gelu_forward(OUT, IN(0), n); break;
+    case G_SILU: kcpu_silu_forward(OUT, IN(0), n); break;
+    case G_SWIGLU: kcpu_swiglu_forward(OUT, IN(0), IN(1), n); break;
+    case G_CROSS_ENTROPY: {
+        int W = exec__lastd(ex, t->in[0]), N = (int)ex->numel[t->in[1]];
+        int V = t->vocab > 0 ? (int)t->vocab : (int)exec__last_dim(a);
+        float *aux = AUX;
+        if (exec__split_tp(ex, t->in[0])) { /* vocabulary-parallel */
+            if (ce_shard_forward(ex, OUT, aux, IN(0), I32(IN(1)), N, W, V) != 0) return -1;
+        } else {
+            OUT[0] = kcpu_crossentropy_forward(aux, aux + N, aux + 2 * N, IN(0), I32(IN(1)), N, V, W);
+        }
+        break;
+    }
+    case G_MOE: {
+        ex_moe *g = ex->moe[id];
+        moe_bufs m = moe_at(ex, id, it);
+        size_t block = (size_t)g->El * (size_t)g->C * (size_t)g->D;
+        kcpu_moe_route_forward(&g->route, IN(0), IN(1), g->D);
+        kcpu_moe_dispatch_forward(m.xs, IN(0), &g->route, g->D);
+        if (g->P > 1) { /* the counts, then the rows, to the experts' ranks */
+            float fc[256], rc[256];
+            for (int e = 0; e < g->E; e++) fc[e] = (float)g->route.count[e];
+            if (moe_exchange(ex, fc, rc, (size_t)g->El) != 0 || moe_exchange(ex, m.xs, m.xr, block) != 0) return -1;
+            for (int e = 0; e < g->E; e++) m.cnt[e] = (int)rc[e];
+        }
+        moe_experts_forward(g, &m, IN(2), IN(3), IN(4));
+        if (g->P > 1 && moe_exchange(ex, m.ys, m.yr, block) != 0) return -1; /* the outputs back */
+        kcpu_moe_combine_forward(OUT, m.yr, &g->route, g->D);
+        if (!ex->recomputing) ex->loss += t->aux_loss * (double)g->route.aux;
+        break;
+    }
+    default: /* inputs and params are filled elsewhere; others refused at create */
+        break;
+    }
+    if (id == ex->p->loss && !ex->recomputing) ex->loss += OUT[0];
+    return 0;
+}
+
+int exec__backward_node(mesh__exec *ex, int id, int it)
+{
+    const plan_tensor *t = &ex->p->tensors[id];
+    const plan_tensor *a = t->n_in > 0 ? &ex->p->tensors[t->in[0]] : NULL;
+    const plan_tensor *b = t->n_in > 1 ? &ex->p->tensors[t->in[1]] : NULL;
+    size_t n = ex->numel[id];
+    switch (t->op) {
+    case G_EMBED: {
+        int rows = (int)ex->ld[t->in[1]][0], C = (int)ex->ld[t->in[1]][1];
+        kcpu_embedding_rows_backward(DIN(1), DOUT, I32(IN(0)), (int)ex->numel[t->in[0]], row0_of(ex, t->in[1]),
+                                     rows, C);
+        break;
+    }
+    case G_MATMUL: {
+        int K = exec__lastd(ex, t->in[0]), N = exec__lastd(ex, id), M = (int)(n / (size_t)N);
+        if (b->op == G_TRANSPOSE)
+            kcpu_matmul_wt_backward(DIN(0), exec__grad_in(ex, b->in[0], t->region, it), NULL, DOUT, IN(0),
+                                    exec__val_in(ex, b->in[0], t->region, it), M, K, N);
+        else
+            kcpu_matmul_backward(DIN(0), DIN(1), NULL, DOUT, IN(0), IN(1), M, K, N);
+        break;
+    }
+    case G_BIAS_ADD:
+    case G_ADD:
+        add_backward(DIN(0), ex->numel[t->in[0]], DIN(1), ex->numel[t->in[1]], DOUT);
+        break;
+    case G_LAYERNORM: {
+        int C = exec__lastd(ex, id), rows = (int)(n / (size_t)C);
+        float *aux = AUX;
+        kcpu_layernorm_backward(DIN(0), DIN(1), t->n_in > 2 ? DIN(2) : NULL, DOUT, IN(0), IN(1), aux,
+                                aux + rows, rows, C);
+        break;
+    }
+    case G_RMSNORM: {
+        int C = exec__lastd(ex, id), rows = (int)(n / (size_t)C);
+        kcpu_rmsnorm_backward(DIN(0), DIN(1), DOUT, IN(0), IN(1), AUX, rows, C);
+        break;
+    }
+    case G_ATTENTION: {
+        int B, T, H, KV, d;
+        attn_dims(ex, id, &B, &T, &H, &KV, &d);
+        if (t->n_in == 1)
+            kcpu_attention_qkv_backward(DIN(0), DOUT, OUT, AUX, IN(0), B, T, H, KV, d, t->causal);
+        else
+            kcpu_attention_backward(DIN(0), DIN(1), DIN(2), DOUT, OUT, AUX, IN(0), IN(1), IN(2), B, T,
+                                    H, KV, d, t->causal);
+        break;
+    }
+    case G_ROPE: {
+        int B, T, H, KV, d;
+        attn_dims(ex, id, &B, &T, &H, &KV, &d);
+        kcpu_rope_backward(DIN(0), DOUT, B, T, H, d, (float)t->theta, 0);
+        break;
+    }
+    case G_GELU: kcpu_gelu_backward(DIN(0), IN(0), DOUT, n); break;
+    case G_SILU: kcpu_silu_backward(DIN(0), IN(0), DOUT, n); break;
+    case G_SWIGLU: kcpu_swiglu_backward(DIN(0), DIN(1), DOUT, IN(0), IN(1), n); break;
+    case G_CROSS_ENTROPY: {
+        int W = exec__lastd(ex, t->in[0]), N = (int)ex->numel[t->in[1]];
+        int V = t->vocab > 0 ? (int)t->vocab : (int)exec__last_dim(a);
+        float *aux = AUX;
+        kcpu_crossentropy_shard_backward(DIN(0), IN(0), I32(IN(1)), aux + N, aux + 2 * N, DOUT[0], N,
+                                         exec__split_tp(ex, t->in[0]) ? ex->coord[1] * W : 0, W, V);
+        break;
+    }
+    case G_MOE: {
+        ex_moe *g = ex->moe[id];
+        moe_bufs m = moe_at(ex, id, it);
+        size_t ecd = (size_t)g->E * (size_t)g->C * (size_t)g->D, block = ecd / (size_t)g->P;
+        memset(m.dys, 0, ecd * sizeof(float));
+        memset(m.dxr, 0, ecd * sizeof(float));
+        memset(m.dweight, 0, (size_t)g->N * (size_t)g->K * sizeof(float));
+        kcpu_moe_combine_backward(m.dys, m.dweight, DOUT, m.yr, &g->route, g->D);
+        if (g->P > 1 && moe_exchange(ex, m.dys, m.dyr, block) != 0) return -1; /* to the experts' ranks */
+        moe_experts_backward(g, &m, DIN(2), DIN(3), DIN(4), IN(2), IN(3), IN(4));
+        if (g->P > 1 && moe_exchange(ex, m.dxr, m.dxs, block) != 0) return -1; /* back to the tokens' rank */
+        kcpu_moe_dispatch_backward(DIN(0), m.dxs, &g->route, g->D);
+        /* the load-balancing loss is part of the loss: its gradient scales
+         * with the seed of the backward, as the cross-entropy's does */
+        kcpu_moe_route_backward(DIN(0), DIN(1), m.scratch, m.dweight, (float)(t->aux_loss * ex->dloss), &g->route,
+                                IN(0), IN(1), g->D);
+        break;
+    }
+    default:
+        break;
+    }
+    return 0;
+}

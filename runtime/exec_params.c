@@ -1,0 +1,317 @@
+/* exec_params.c — params and their optimizer state (exec.h): a param's
+ * elements in the whole param (tp, ep splits; packed q/k/v blocks), ZeRO
+ * shards, and whole params and moments for checkpoints. */
+#include "exec_impl.h"
+
+#include <math.h>   /* cos, isfinite, log, sqrt */
+#include <stdarg.h> /* va_list */
+#include <stdint.h> /* SIZE_MAX */
+#include <stdio.h>  /* snprintf, vsnprintf */
+#include <stdlib.h> /* calloc, malloc, free */
+#include <string.h> /* memcpy, memset, strchr, strstr */
+
+#include "init.h"    /* mesh__init_* */
+#include "kcpu.h"    /* kcpu_* */
+
+/* The blocks a param's split dim is made of: one, or for a packed q/k/v
+ * projection (it feeds, through a matmul and bias adds, a one-input
+ * attention) the q, k and v channels, each split over tp on its own, so
+ * that a rank's slice holds the q, k and v of its heads (docs/language.md,
+ * attention). Returns the count, sizes in seg. */
+static int split_blocks(const mesh__exec *ex, int id, int64_t seg[3])
+{
+    const plan *p = ex->p;
+    const plan_tensor *t = &p->tensors[id];
+    int d = t->pl.dim[1], cur = id;
+    seg[0] = t->dims[d];
+    if (d != t->rank - 1) return 1;
+    for (int depth = 0; depth < 4; depth++) {
+        int next = -1;
+        for (int c = cur + 1; c < p->n_tensors && next < 0; c++) {
+            const plan_tensor *u = &p->tensors[c];
+            for (int k = 0; k < u->n_in && next < 0; k++) {
+                if (u->in[k] != cur) continue;
+                if (u->op == G_ATTENTION && u->n_in == 1) {
+                    int64_t H = u->heads, KV = u->kv_heads ? u->kv_heads : u->heads, dh = exec__last_dim(u) / H;
+                    if ((H + 2 * KV) * dh != seg[0]) return 1;
+                    seg[0] = H * dh;
+                    seg[1] = seg[2] = KV * dh;
+                    return 3;
+                }
+                if ((u->op == G_MATMUL && k == 1) || u->op == G_BIAS_ADD || u->op == G_ADD) next = c;
+            }
+        }
+        if (next < 0) return 1;
+        cur = next;
+    }
+    return 1;
+}
+
+void exec__param_runs(const mesh__exec *ex, int id, int r, run_fn fn, void *ctx)
+{
+    const plan_tensor *t = &ex->p->tensors[id];
+    if (exec__split_ep(ex, id)) { /* a block of whole experts: one run */
+        fn(ctx, 0, (size_t)r * ex->numel[id], ex->numel[id]);
+        return;
+    }
+    if (!exec__split_tp(ex, id)) {
+        fn(ctx, 0, 0, ex->numel[id]);
+        return;
+    }
+    int d = t->pl.dim[1], tp = (int)ex->p->setup.tp;
+    int64_t seg[3];
+    int nseg = split_blocks(ex, id, seg);
+    size_t outer = 1, inner = 1;
+    for (int k = 0; k < d; k++) outer *= (size_t)t->dims[k];
+    for (int k = d + 1; k < t->rank; k++) inner *= (size_t)t->dims[k];
+    for (size_t o = 0; o < outer; o++) {
+        size_t lacc = 0, gacc = 0;
+        for (int j = 0; j < nseg; j++) {
+            size_t L = (size_t)seg[j] / (size_t)tp;
+            fn(ctx, (o * (size_t)ex->ld[id][d] + lacc) * inner, (o * (size_t)t->dims[d] + gacc + (size_t)r * L) * inner,
+               L * inner);
+            lacc += L;
+            gacc += (size_t)seg[j];
+        }
+    }
+}
+
+void exec__init_run(void *ctx, size_t local, size_t whole, size_t len)
+{
+    init_ctx *c = ctx;
+    mesh__init_normal(c->w + local, len, whole, c->key, c->std);
+}
+
+/* Is param id used both before and after the layer stack (a tied
+ * embedding), so that the first and the last stage each hold a copy? */
+static int tied_across(const mesh__exec *ex, int id)
+{
+    const plan *p = ex->p;
+    if (p->pp == 1 || ex->stack < 0 || p->tensors[id].op != G_PARAM) return 0;
+    int before = 0, after = 0;
+    for (int c = 0; c < p->n_tensors; c++)
+        for (int k = 0; k < p->tensors[c].n_in; k++) {
+            if (p->tensors[c].in[k] != id) continue;
+            before |= c < p->regions[ex->stack].first;
+            after |= c >= p->regions[ex->stack].end;
+        }
+    return before && after;
+}
+
+/* The part of copy it of param id this rank updates: elements [lo, lo +
+ * len) (all of them without ZeRO), and its AdamW moments. */
+void exec__shard_of(const mesh__exec *ex, int id, int it, size_t *lo, size_t *len, float **m, float **v)
+{
+    size_t n = ex->numel[id], sh = ex->shard[id];
+    comm *z = exec__zcomm(ex, id);
+    size_t r = z ? (size_t)z->rank : 0;
+    *lo = r * sh < n ? r * sh : n;
+    *len = (*lo + sh < n ? *lo + sh : n) - *lo;
+    float *m0 = (float *)(void *)(ex->arena + ex->optim_at);
+    *m = m0 + ex->opt_at[id] + (size_t)exec__param_copy(ex, id, it) * sh;
+    *v = m0 + ex->opt_elems + ex->opt_at[id] + (size_t)exec__param_copy(ex, id, it) * sh;
+}
+
+/* What this rank's optimizer updates: without ZeRO every param whole;
+ * with it (over the param's data-parallel group) each copy's shard of
+ * ceil(n / ranks) elements, as the memory plan lays out the moments. */
+int exec__optimizer_shards(mesh__exec *ex)
+{
+    int copies = 0;
+    size_t at = 0;
+    ex->zero = ex->p->setup.zero >= 1 && ex->data_ranks > 1;
+    ex->shard = exec__host_calloc(ex, (size_t)ex->n, sizeof *ex->shard);
+    ex->opt_at = exec__host_calloc(ex, (size_t)ex->n, sizeof *ex->opt_at);
+    if (!ex->shard || !ex->opt_at) return -1;
+    for (int k = 0; k < ex->n_params; k++) {
+        int id = ex->params[k];
+        comm *z = exec__zcomm(ex, id);
+        size_t P = z ? (size_t)z->size : 1;
+        ex->shard[id] = (ex->numel[id] + P - 1) / P;
+        ex->opt_at[id] = at;
+        at += ex->shard[id] * (size_t)ex->copies[id];
+        copies += ex->copies[id];
+    }
+    ex->opt_elems = at;
+    if (at * 2 * sizeof(float) != (size_t)ex->ms->optim) return -2; /* not the memory plan's layout */
+    ex->n_gbufs = ex->zero ? copies : ex->n_params;
+    ex->gbufs = exec__host_calloc(ex, (size_t)ex->n_gbufs + 1, sizeof *ex->gbufs);
+    ex->gsizes = exec__host_calloc(ex, (size_t)ex->n_gbufs + 1, sizeof *ex->gsizes);
+    ex->gsplit = exec__host_calloc(ex, (size_t)ex->n_gbufs + 1, 1);
+    if (!ex->gbufs || !ex->gsizes || !ex->gsplit) return -1;
+    for (int k = 0, b = 0; k < ex->n_params; k++) {
+        int id = ex->params[k];
+        for (int c = 0; c < (ex->zero ? ex->copies[id] : 1); c++, b++) {
+            int it = exec__copy_it(ex, id, c);
+            size_t lo, len;
+            float *m, *v;
+            exec__shard_of(ex, id, it, &lo, &len, &m, &v);
+            ex->gbufs[b] = exec__gptr(ex, id, it) + lo;
+            /* 1: split over tp; 2: the last stage's copy of a tied param (counted on
+             * the first); 3: split over ep (an expert's weights) */
+            ex->gsplit[b] = (char)(tied_across(ex, id) && ex->stage > 0 ? 2
+                                   : exec__split_tp(ex, id)                ? 1
+                                   : exec__split_ep(ex, id)                ? 3
+                                                                     : 0);
+            ex->gsizes[b] = ex->zero ? len : (size_t)ex->copies[id] * ex->numel[id];
+        }
+    }
+    return 0;
+}
+
+/* Parameter k (each iteration's copy counted separately): its tensor id
+ * and iteration; -1 past the last. */
+static int param_at(const mesh__exec *ex, int k, int *it)
+{
+    for (int q = 0; k >= 0 && q < ex->n_params; q++) {
+        int id = ex->params[q];
+        if (k < ex->copies[id]) {
+            *it = exec__copy_it(ex, id, k);
+            return id;
+        }
+        k -= ex->copies[id];
+    }
+    return -1;
+}
+
+int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float **value, float **grad)
+{
+    int it, id = param_at(ex, k, &it);
+    if (id < 0) return -1;
+    *name = ex->names[id][exec__param_copy(ex, id, it)];
+    *n = ex->numel[id];
+    *value = exec__vptr(ex, id, it);
+    *grad = exec__gptr(ex, id, it);
+    return 0;
+}
+
+/* Copying runs between a rank's slice and the whole param. */
+typedef struct copy_ctx {
+    float *to;
+    const float *from;
+    int to_whole;
+} copy_ctx;
+
+static void copy_run(void *ctx, size_t local, size_t whole, size_t len)
+{
+    copy_ctx *c = ctx;
+    if (c->to_whole) memcpy(c->to + whole, c->from + local, len * sizeof *c->to);
+    else memcpy(c->to + local, c->from + whole, len * sizeof *c->to);
+}
+
+/* whole <- every tp rank's slice of param id (local: this rank's);
+ * collective over the tp group when the param is split. */
+static int tp_gather(mesh__exec *ex, int id, const float *local, float *whole)
+{
+    size_t nl = ex->numel[id];
+    if (!exec__split_tp(ex, id) && !exec__split_ep(ex, id)) {
+        memcpy(whole, local, nl * sizeof *whole);
+        return 0;
+    }
+    comm *c = ex->axis[exec__split_ep(ex, id) ? 3 : 1];
+    float *all = malloc((size_t)c->size * nl * sizeof *all);
+    int rc = all ? comm_all_gather(c, local, all, nl) : -1;
+    for (int q = 0; rc == 0 && q < c->size; q++) {
+        copy_ctx cc = {whole, all + (size_t)q * nl, 1};
+        exec__param_runs(ex, id, q, copy_run, &cc);
+    }
+    if (rc != 0)
+        snprintf(ex->error, sizeof ex->error, "rank %d: gathering a param over tp: %s", ex->rank,
+                 all ? c->error : "out of memory");
+    free(all);
+    return rc;
+}
+
+/* local <- this rank's slice of the whole param id. */
+static void tp_pick(const mesh__exec *ex, int id, const float *whole, float *local)
+{
+    copy_ctx cc = {local, whole, 0};
+    exec__param_runs(ex, id, ex->coord[exec__split_ep(ex, id) ? 3 : 1], copy_run, &cc);
+}
+
+size_t mesh__exec_param_numel(const mesh__exec *ex, int k)
+{
+    int it, id = param_at(ex, k, &it);
+    if (id < 0) return 0;
+    size_t n = 1;
+    for (int d = 0; d < ex->p->tensors[id].rank; d++) n *= (size_t)ex->p->tensors[id].dims[d];
+    return n;
+}
+
+int mesh__exec_param_get(mesh__exec *ex, int k, float *whole)
+{
+    int it, id = param_at(ex, k, &it);
+    if (id < 0) return -1;
+    return tp_gather(ex, id, exec__vptr(ex, id, it), whole) == 0 ? 0 : -2;
+}
+
+int mesh__exec_param_set(mesh__exec *ex, int k, const float *whole)
+{
+    int it, id = param_at(ex, k, &it);
+    if (id < 0) return -1;
+    tp_pick(ex, id, whole, exec__vptr(ex, id, it));
+    return 0;
+}
+
+int mesh__exec_moments_get(mesh__exec *ex, int k, float *m, float *v)
+{
+    int it, id = param_at(ex, k, &it);
+    if (id < 0) return -1;
+    size_t n = ex->numel[id], lo, len;
+    float *mo, *vo, *lm = malloc(2 * n * sizeof *lm), *lv = lm + n;
+    if (!lm) {
+        snprintf(ex->error, sizeof ex->error, "rank %d: out of memory", ex->rank);
+        return -2;
+    }
+    exec__shard_of(ex, id, it, &lo, &len, &mo, &vo);
+    int rc = 0;
+    comm *z = exec__zcomm(ex, id);
+    if (!z) {
+        memcpy(lm, mo, n * sizeof *lm);
+        memcpy(lv, vo, n * sizeof *lv);
+    } else { /* every dp rank's shard over zeros, summed: the rank's slice, exactly */
+        memset(lm, 0, 2 * n * sizeof *lm);
+        memcpy(lm + lo, mo, len * sizeof *lm);
+        memcpy(lv + lo, vo, len * sizeof *lv);
+        rc = comm_all_reduce(z, lm, 2 * n);
+        if (rc != 0)
+            snprintf(ex->error, sizeof ex->error, "rank %d: gathering the optimizer state: %s", ex->rank, z->error);
+    }
+    if (rc == 0) rc = tp_gather(ex, id, lm, m);
+    if (rc == 0) rc = tp_gather(ex, id, lv, v);
+    free(lm);
+    return rc == 0 ? 0 : -2;
+}
+
+int mesh__exec_moments_set(mesh__exec *ex, int k, const float *m, const float *v)
+{
+    int it, id = param_at(ex, k, &it);
+    if (id < 0) return -1;
+    size_t n = ex->numel[id], lo, len;
+    float *mo, *vo, *lm = malloc(2 * n * sizeof *lm);
+    if (!lm) return -2;
+    exec__shard_of(ex, id, it, &lo, &len, &mo, &vo);
+    tp_pick(ex, id, m, lm);
+    tp_pick(ex, id, v, lm + n);
+    memcpy(mo, lm + lo, len * sizeof *lm);
+    memcpy(vo, lm + n + lo, len * sizeof *lm);
+    free(lm);
+    return 0;
+}
+
+int mesh__exec_param_dup(const mesh__exec *ex, int k)
+{
+    int it, id = param_at(ex, k, &it);
+    return id >= 0 && ex->stage > 0 && tied_across(ex, id);
+}
+
+int mesh__exec_param_dims(const mesh__exec *ex, int k, const int64_t **dims, int *rank)
+{
+    int it, id = param_at(ex, k, &it);
+    if (id < 0) return -1;
+    *dims = ex->p->tensors[id].dims;
+    *rank = ex->p->tensors[id].rank;
+    return 0;
+}
+
+long long *mesh__exec_adam_steps(mesh__exec *ex) { return &ex->adam_t; }

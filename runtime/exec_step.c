@@ -1,0 +1,451 @@
+/* exec_step.c — running a training step (exec.h): the program's phases,
+ * the plan's collectives, pipeline transfers, the schedule's units, the
+ * optimizer, and what a rank sends. */
+#include "exec_impl.h"
+
+#include <math.h>   /* cos, isfinite, log, sqrt */
+#include <stdarg.h> /* va_list */
+#include <stdint.h> /* SIZE_MAX */
+#include <stdio.h>  /* snprintf, vsnprintf */
+#include <stdlib.h> /* calloc, malloc, free */
+#include <string.h> /* memcpy, memset, strchr, strstr */
+
+#include "init.h"    /* mesh__init_* */
+#include "kcpu.h"    /* kcpu_* */
+
+/* Poisoning: the shared workspace and the recompute area hold nothing
+ * live between ops' runs of forward and backward, nor a slot before its
+ * unit's forward. */
+static void poison_workspace(mesh__exec *ex)
+{
+    if (ex->poison) memset(ex->arena + ex->shared_at, 0xff, (size_t)(ex->ms->shared + ex->ms->recompute));
+}
+
+void mesh__exec_set_poison(mesh__exec *ex, int on) { ex->poison = on; }
+
+/* Before node c's backward: the gradients it starts (of inputs whose last
+ * consumer it is, or its own when nothing consumes it) are zeroed; the
+ * loss's is the seed. */
+static void start_grads(mesh__exec *ex, int c, int it)
+{
+    const plan_tensor *t = &ex->p->tensors[c];
+    for (int k = 0; k < t->n_in; k++) {
+        int in = t->in[k], seen = 0;
+        for (int j = 0; j < k; j++) seen |= t->in[j] == in;
+        if (seen || ex->zero_by[in] != c) continue;
+        float *g = exec__grad_in(ex, in, t->region, it);
+        if (g) memset(g, 0, (size_t)exec__buf_of(ex, in)->bytes);
+    }
+    if (ex->zero_by[c] != c) return;
+    float *g = exec__gptr(ex, c, it);
+    if (!g) return;
+    if (c == ex->p->loss) g[0] = (float)ex->dloss;
+    else memset(g, 0, (size_t)exec__buf_of(ex, c)->bytes);
+}
+
+/* Before iteration it of the stack's backward: the buffer of each carried
+ * value's pair that receives the gradient of the iteration's entry. */
+static void start_carries(mesh__exec *ex, int r, int it)
+{
+    const plan_region *g = &ex->p->regions[r];
+    for (int c = 0; c < g->n_carry; c++) {
+        float *d = exec__gptr(ex, g->carry[c].exit, it - 1);
+        if (d && exec__buf_of(ex, g->carry[c].exit)->carried) memset(d, 0, (size_t)exec__buf_of(ex, g->carry[c].exit)->bytes);
+    }
+}
+
+/* A collective step of the program on the rank's group of its axis. */
+static int collective(mesh__exec *ex, const plan_step *st, int it)
+{
+    /* over pp: a tied param's two copies, on the first and the last stage;
+     * over dp, a dense param's gradients: dp x ep */
+    comm *c = st->axis == 2 ? ex->tied : ex->axis[st->axis];
+    const plan_tensor *nt = &ex->p->tensors[st->node];
+    if (st->axis == 0 && nt->op == G_PARAM && nt->pl.kind[3] != PL_SPLIT) c = ex->data;
+    if (ex->chain && st->axis == 0 && st->kind == STEP_ALL_REDUCE) return 0; /* the chain summed them */
+    if (c && ex->counting && st->kind < STEP_SLICE) ex->sent[st->kind][st->axis] += (double)st->elems * 4;
+    if (st->kind == STEP_ALL_TO_ALL && nt->op == G_MOE) return 0; /* the op exchanges its rows itself */
+    if (!c) return 0; /* a group of one */
+    int rc = -1;
+    const char *what = "?";
+    size_t n = (size_t)(exec__buf_of(ex, st->node)->bytes / 4), part = n / (size_t)c->size;
+    switch (st->kind) {
+    case STEP_ALL_REDUCE:
+        what = "all-reduce";
+        if (ex->p->tensors[st->node].op == G_CROSS_ENTROPY) return 0; /* the op exchanges its sums itself */
+        /* forward: a partial sum of values; backward and the gradient sync: of gradients */
+        rc = comm_all_reduce(c, st->phase == PLAN_FORWARD ? exec__vptr(ex, st->node, it) : exec__gptr(ex, st->node, it), n);
+        break;
+    case STEP_REDUCE_SCATTER: { /* ZeRO's gradient sync: this rank's shard summed, in place */
+        what = "reduce-scatter";
+        float *g = exec__gptr(ex, st->node, it);
+        if (n % (size_t)c->size == 0) rc = comm_reduce_scatter(c, g, g + (size_t)c->rank * part, part);
+        else rc = comm_all_reduce(c, g, n); /* uneven shards: the whole sum, of which it uses its part */
+        break;
+    }
+    case STEP_ALL_GATHER: { /* ZeRO: every rank's updated shard, into the whole param */
+        what = "all-gather";
+        float *w = exec__vptr(ex, st->node, it);
+        size_t sh = ex->shard[st->node], lo = (size_t)c->rank * sh, hi = lo + sh < n ? lo + sh : n;
+        if (n % (size_t)c->size == 0) {
+            rc = comm_all_gather(c, w + lo, w, sh);
+        } else { /* uneven: a sum of the shards over zeros is the gather, exactly */
+            memset(w, 0, lo * sizeof *w);
+            if (hi < n) memset(w + hi, 0, (n - hi) * sizeof *w);
+            rc = comm_all_reduce(c, w, n);
+        }
+        break;
+    }
+    default:
+        snprintf(c->error, sizeof c->error, "not run yet");
+        break;
+    }
+    if (rc != 0)
+        snprintf(ex->error, sizeof ex->error, "rank %d: %s(%s) of tensor %d (%s): %s", ex->rank, what,
+                 plan__axis_name(st->axis), st->node, plan_phase_name(st->phase), c->error);
+    return rc;
+}
+
+/* Does step st run on this pipeline stage? A layer's on the stage of its
+ * layers (run_phase picks the iterations), one before the stack on the
+ * first stage, one after it on the last; a param's gradient sync and
+ * gather where the param is held. */
+static int step_here(const mesh__exec *ex, const plan_step *st)
+{
+    if (ex->p->pp == 1) return 1;
+    const plan_tensor *t = &ex->p->tensors[st->node];
+    if (st->phase == PLAN_GRAD_SYNC || st->phase == PLAN_AFTER_OPTIMIZER) return ex->copies[st->node] > 0;
+    if (ex->stack >= 0 && t->region == ex->stack) return ex->n_layers > 0;
+    return st->node < ex->p->regions[ex->stack].first ? ex->chunk == 0 : ex->chunk == ex->chunks - 1;
+}
+
+/* Pipeline transfers of the carried values (comm: the pp group, eager
+ * sends): a stage after the first receives its first layer's input before
+ * a forward, one before the last sends its last layer's output after it;
+ * in the backward the gradients go the other way. */
+static int pipe_transfer(mesh__exec *ex, int grad, int send)
+{
+    const plan_region *g = &ex->p->regions[ex->stack];
+    comm *c = ex->axis[2];
+    int pp = (int)ex->p->pp, peer = grad == send ? (ex->stage + pp - 1) % pp : (ex->stage + 1) % pp;
+    int last_it = ex->first_layer + ex->n_layers - 1;
+    for (int k = 0; k < g->n_carry; k++) {
+        int exit = g->carry[k].exit, entry = g->carry[k].entry;
+        size_t bytes = (size_t)exec__buf_of(ex, exit)->bytes;
+        int rc;
+        if (!grad && !send) rc = comm_recv(c, ex->arena + exec__recv_at(ex, k), bytes, peer);
+        else if (!grad) rc = comm_send(c, exec__vptr(ex, exit, last_it), bytes, peer);
+        else if (!send) rc = comm_recv(c, exec__gptr(ex, exit, last_it), bytes, peer);
+        else rc = comm_send(c, exec__gptr(ex, entry, 0), bytes, peer);
+        if (rc == 0 && send && ex->counting) ex->sent_p2p += (double)bytes;
+        if (rc != 0) {
+            snprintf(ex->error, sizeof ex->error, "rank %d (stage %d): %s %s %s stage %d: %s", ex->rank, ex->stage,
+                     send ? "sending" : "receiving", grad ? "gradients" : "activations", send ? "to" : "from", peer,
+                     c->error);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Is an input's part (before or after the stack) run on this stage? */
+static int part_here(const mesh__exec *ex, int id)
+{
+    int part = exec__buf_of(ex, id)->part;
+    return part == MEM_PART_PRE ? ex->chunk == 0 : part == MEM_PART_POST ? ex->chunk == ex->chunks - 1 : 1;
+}
+
+/* Runs the program's steps of one phase on this stage; a run of
+ * consecutive steps in a region repeats per iteration (backward: last to
+ * first, each iteration starting with the forward steps it recomputes).
+ * Returns 0, or -1 when a collective or a transfer failed (ex->error). */
+static int run_phase(mesh__exec *ex, plan_phase phase)
+{
+    const plan *p = ex->p;
+    int back = phase == PLAN_BACKWARD;
+    if (back) {
+        poison_workspace(ex);
+        memset(ex->arena + ex->pinned_at, 0, (size_t)ex->ms->pinned);
+        if (ex->chunk < ex->chunks - 1 && pipe_transfer(ex, 1, 0) != 0) return -1;
+    } else if (phase == PLAN_FORWARD && ex->chunk > 0 && pipe_transfer(ex, 0, 0) != 0) {
+        return -1;
+    }
+    int sync = phase == PLAN_GRAD_SYNC || phase == PLAN_AFTER_OPTIMIZER;
+    for (int s = 0; s < p->n_steps;) {
+        const plan_step *st = &p->steps[s];
+        if (st->phase != phase) { s++; continue; }
+        int e = s + 1;
+        if (st->region >= 0)
+            while (e < p->n_steps && p->steps[e].phase == phase && p->steps[e].region == st->region) e++;
+        int count = st->region >= 0 ? (int)p->regions[st->region].count : 1;
+        int stack = st->region >= 0 && st->region == ex->stack;
+        if (stack) count = sync ? ex->copies[st->node] : ex->n_layers; /* the unit's layers; a param's held copies */
+        if (!step_here(ex, st)) count = 0;
+        for (int k = 0; k < count; k++) {
+            int it = stack && sync ? exec__copy_it(ex, st->node, k)
+                   : stack         ? ex->first_layer + (back ? count - 1 - k : k)
+                                   : back ? count - 1 - k : k;
+            if (back && st->region >= 0) start_carries(ex, st->region, it);
+            for (int q = s; q < e; q++) {
+                const plan_step *sq = &p->steps[q];
+                if (sq->kind != STEP_COMPUTE) {
+                    if (collective(ex, sq, it) != 0) return -1;
+                } else if (back && sq->recompute) {
+                    ex->recomputing = 1;
+                    int rc = exec__forward_node(ex, sq->node, it);
+                    ex->recomputing = 0;
+                    if (rc != 0) return -1;
+                } else if (back) {
+                    start_grads(ex, sq->node, it);
+                    if (exec__backward_node(ex, sq->node, it) != 0) return -1;
+                } else if (exec__forward_node(ex, sq->node, it) != 0) {
+                    return -1;
+                }
+            }
+        }
+        s = e;
+    }
+    if (phase == PLAN_FORWARD && ex->chunk < ex->chunks - 1) return pipe_transfer(ex, 0, 1);
+    if (back && ex->chunk > 0) return pipe_transfer(ex, 1, 1);
+    return 0;
+}
+
+size_t mesh__exec_batch_tokens(const mesh__exec *ex) { return ex->numel[ex->tokens_in]; }
+
+/* Forward of one micro-batch in the current slot: its loss in *loss;
+ * -1 if a collective failed (ex->error). */
+static int forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets, double *loss)
+{
+    if (ex->poison) memset(ex->arena + ex->slots_at + ex->slot * ex->ms->slot_bytes, 0xff, (size_t)ex->ms->slot_bytes);
+    poison_workspace(ex);
+    size_t n = ex->numel[ex->tokens_in];
+    if (part_here(ex, ex->tokens_in)) memcpy(exec__vptr(ex, ex->tokens_in, 0), inputs, n * sizeof *inputs);
+    if (part_here(ex, ex->targets_in)) memcpy(exec__vptr(ex, ex->targets_in, 0), targets, n * sizeof *targets);
+    ex->loss = 0;
+    int rc = run_phase(ex, PLAN_FORWARD);
+    *loss = ex->loss;
+    return rc;
+}
+
+double mesh__exec_loss(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
+{
+    double loss;
+    return mesh__exec_forward(ex, inputs, targets, &loss) == 0 ? loss : NAN;
+}
+
+int mesh__exec_forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets, double *loss)
+{
+    ex->slot = 0;
+    double l = 0;
+    *loss = 0;
+    for (int c = ex->stage; c < ex->chunks; c += (int)ex->p->pp) { /* the stage's chunks, in order */
+        exec__set_chunk(ex, c);
+        if (forward(ex, inputs, targets, &l) != 0) return -2;
+        *loss += l;
+    }
+    exec__set_chunk(ex, ex->stage);
+    /* the last chunk has the loss: every stage gets it */
+    return exec__sum_doubles(ex, ex->axis[2], loss, 1) == 0 ? 0 : -2;
+}
+
+static void zero_param_grads(mesh__exec *ex)
+{
+    memset(ex->arena + ex->grads_at, 0, (size_t)ex->ms->grads);
+}
+
+double mesh__exec_grad(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
+{
+    zero_param_grads(ex);
+    double saved = ex->dloss;
+    ex->dloss = 1.0;
+    ex->slot = 0;
+    double loss;
+    if (forward(ex, inputs, targets, &loss) != 0 || run_phase(ex, PLAN_BACKWARD) != 0) loss = NAN;
+    ex->dloss = saved;
+    return loss;
+}
+
+double mesh__exec_lr(const plan *p, long long step)
+{
+    const fe_setup *s = &p->setup;
+    if (s->warmup > 0 && step <= s->warmup) return s->lr * (double)step / (double)s->warmup;
+    if (s->lr_schedule == 0 || s->steps <= s->warmup) return s->lr;
+    double frac = (double)(step - s->warmup) / (double)(s->steps - s->warmup);
+    if (frac > 1) frac = 1;
+    double shape = s->lr_schedule == 1 ? 0.5 * (1 + cos(3.14159265358979323846 * frac)) : 1 - frac;
+    return s->min_lr + (s->lr - s->min_lr) * shape;
+}
+
+/* The micro-batches in the schedule's order: a forward takes a free slot,
+ * its backward frees it. Sums the losses into *loss; -1 if a collective
+ * failed. */
+static int run_units(mesh__exec *ex, const int32_t *inputs, const int32_t *targets, double *loss)
+{
+    const plan_stage *g = &ex->p->stages[ex->stage];
+    size_t bt = mesh__exec_batch_tokens(ex);
+    for (int u = 0; u < g->n_units; u++) {
+        const sched_unit *un = &g->units[u];
+        int unit = un->micro * ex->chunks + un->chunk;
+        if (un->op == SCHED_FWD || un->op == SCHED_BWD) exec__set_chunk(ex, un->chunk);
+        if (un->op == SCHED_FWD) {
+            int s = 0;
+            while (ex->slot_busy[s]) s++; /* the memory plan has a slot for every unit in flight */
+            ex->slot_busy[s] = 1;
+            ex->slot_of[unit] = ex->slot = s;
+            double l;
+            if (forward(ex, inputs + (size_t)un->micro * bt, targets + (size_t)un->micro * bt, &l) != 0) return -1;
+            *loss += l;
+        } else if (un->op == SCHED_BWD) {
+            ex->slot = ex->slot_of[unit];
+            if (run_phase(ex, PLAN_BACKWARD) != 0) return -1;
+            ex->slot_busy[ex->slot] = 0;
+        }
+    }
+    return 0;
+}
+
+/* The sum over the group of x[0..n-1], in rank order, exactly (doubles
+ * travel as bytes). */
+int exec__sum_doubles(mesh__exec *ex, comm *c, double *x, int n)
+{
+    if (!c) return 0;
+    float *all = malloc((size_t)c->size * (size_t)n * 2 * sizeof *all), *mine = malloc((size_t)n * 2 * sizeof *mine);
+    if (!all || !mine) {
+        free(all);
+        free(mine);
+        snprintf(ex->error, sizeof ex->error, "rank %d: out of memory", ex->rank);
+        comm_abort(c, ex->error);
+        return -1;
+    }
+    memcpy(mine, x, (size_t)n * sizeof *x);
+    int rc = comm_all_gather(c, mine, all, (size_t)n * 2);
+    if (rc == 0)
+        for (int k = 0; k < n; k++) {
+            double sum = 0, v;
+            for (int q = 0; q < c->size; q++) {
+                memcpy(&v, all + ((size_t)q * (size_t)n + (size_t)k) * 2, sizeof v);
+                sum += v;
+            }
+            x[k] = sum;
+        }
+    else
+        snprintf(ex->error, sizeof ex->error, "rank %d: an all-gather of sums: %s", ex->rank, c->error);
+    free(all);
+    free(mine);
+    return rc;
+}
+
+/* The deterministic chain over the data-parallel ranks: before its
+ * micro-batches (end = 0) rank d takes the gradients and the loss summed by
+ * ranks 0 .. d - 1 (rank 0 starts from zeros); after them (end = 1) it
+ * passes them on, and the last rank's sums, now the one-rank run's to the
+ * bit, go to every rank. The ranks run one after another. */
+static int chain_link(mesh__exec *ex, int end, double *loss)
+{
+    comm *c = ex->data;
+    int d = c->rank, last = c->size - 1, rc = 0;
+    void *g = ex->arena + ex->grads_at;
+    size_t bytes = (size_t)ex->ms->grads;
+    if (!end && d == 0) {
+        zero_param_grads(ex);
+        *loss = 0;
+    } else if (!end) {
+        rc = comm_recv(c, g, bytes, d - 1) | comm_recv(c, loss, sizeof *loss, d - 1);
+    } else {
+        if (d < last) rc = comm_send(c, g, bytes, d + 1) | comm_send(c, loss, sizeof *loss, d + 1);
+        if (rc == 0) rc = comm_broadcast(c, g, bytes, last) | comm_broadcast(c, loss, sizeof *loss, last);
+    }
+    if (rc != 0) snprintf(ex->error, sizeof ex->error, "rank %d: the deterministic chain: %s", ex->rank, c->error);
+    return rc ? -1 : 0;
+}
+
+int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
+                          const int32_t *targets, mesh__step_stats *st)
+{
+    const fe_setup *s = &ex->p->setup;
+    int m = (int)(s->micro_batches > 0 ? s->micro_batches : 1);
+    double loss = 0;
+    ex->counting = 1;
+    ex->steps++;
+    /* deterministic: data-parallel rank d starts from rank d - 1's sums */
+    if (ex->chain ? chain_link(ex, 0, &loss) != 0 : (zero_param_grads(ex), 0)) return -2;
+    /* the loss is the last stage's */
+    if (run_units(ex, inputs, targets, &loss) != 0 || (ex->chain && chain_link(ex, 1, &loss) != 0) ||
+        run_phase(ex, PLAN_GRAD_SYNC) != 0 || exec__sum_doubles(ex, ex->axis[2], &loss, 1) != 0 ||
+        (!ex->chain && exec__sum_doubles(ex, ex->data, &loss, 1) != 0))
+        return -2;
+    loss /= (double)m * ex->data_ranks;
+    double norm;
+    if (!ex->zero && s->tp == 1 && s->ep == 1 && ex->p->pp == 1) {
+        norm = s->clip > 0 ? kcpu_clip_global_norm(ex->gbufs, ex->gsizes, ex->n_gbufs, (float)s->clip)
+                           : kcpu_global_norm((const float *const *)ex->gbufs, ex->gsizes, ex->n_gbufs);
+    } else { /* the norm of the whole gradient: every rank's shards, a replicated param once */
+        double ss[3] = {0, 0, 0}; /* params split over tp, the others, experts split over ep */
+        for (int b = 0; b < ex->n_gbufs; b++) /* a tied param counts on the first stage only */
+            if (ex->gsplit[b] != 2)
+                ss[ex->gsplit[b] == 1 ? 0 : ex->gsplit[b] == 3 ? 2 : 1] +=
+                    kcpu_sum_squares((const float *const *)&ex->gbufs[b], &ex->gsizes[b], 1);
+        comm *zd = ex->zero ? ex->data : NULL, *ze = ex->zero ? ex->axis[0] : NULL;
+        if (exec__sum_doubles(ex, zd, ss, 2) != 0 || exec__sum_doubles(ex, ze, ss + 2, 1) != 0 ||
+            exec__sum_doubles(ex, ex->axis[1], ss, 1) != 0 ||
+            exec__sum_doubles(ex, ex->axis[3], ss + 2, 1) != 0 || exec__sum_doubles(ex, ex->axis[2], ss, 3) != 0)
+            return -2;
+        norm = (float)sqrt(ss[0] + ss[1] + ss[2]);
+        double scale = s->clip / (norm + 1e-6);
+        if (s->clip > 0 && scale < 1.0) kcpu_scale_buffers(ex->gbufs, ex->gsizes, ex->n_gbufs, scale);
+    }
+    double lr = mesh__exec_lr(ex->p, step);
+    st->loss = loss;
+    st->norm = norm;
+    st->lr = lr;
+    if (!isfinite(loss) || !isfinite(norm)) return -1;
+    ex->adam_t++;
+    for (int k = 0; k < ex->n_params; k++) {
+        int id = ex->params[k];
+        const plan_tensor *t = &ex->p->tensors[id];
+        /* decay matrices and embeddings, not gains and biases (GPT-2, llm.c) */
+        float wd = t->rank >= 2 ? (float)s->weight_decay : 0.0f;
+        /* without ZeRO all copies at once (they follow one another), with it each copy's shard */
+        int copies = ex->zero ? ex->copies[id] : 1;
+        for (int c = 0; c < copies; c++) {
+            int it = exec__copy_it(ex, id, c);
+            size_t lo, len;
+            float *mo, *vo;
+            exec__shard_of(ex, id, it, &lo, &len, &mo, &vo);
+            kcpu_adamw_step(exec__vptr(ex, id, it) + lo, exec__gptr(ex, id, it) + lo, mo, vo, ex->zero ? len :
+                            (size_t)ex->copies[id] * ex->numel[id], (float)lr, (float)s->beta1, (float)s->beta2,
+                            (float)s->eps, wd, (int)ex->adam_t);
+        }
+    }
+    int rc = run_phase(ex, PLAN_AFTER_OPTIMIZER) == 0 ? 0 : -2;
+    ex->counting = 0;
+    return rc;
+}
+
+int mesh__exec_sent(const mesh__exec *ex, int k, char *what, size_t n, double *bytes, double *planned)
+{
+    const plan_traffic *t = ex->p->traffic ? &ex->p->traffic[ex->stage] : NULL;
+    double steps = ex->steps > 0 ? (double)ex->steps : 1;
+    for (int kind = STEP_ALL_REDUCE; kind <= STEP_SLICE; kind++)
+        for (int a = 0; a < 4; a++) {
+            int p2p = kind == STEP_SLICE;
+            if (p2p && a > 0) break;
+            double got = p2p ? ex->sent_p2p : ex->sent[kind][a];
+            double want = !t ? -1 : p2p ? (double)t->send : (double)t->coll[kind][a];
+            if (got == 0 && want <= 0) continue;
+            if (k-- > 0) continue;
+            if (p2p) snprintf(what, n, "send(pp)");
+            else snprintf(what, n, "%s(%s)", shard_step_name((shard_step_kind)kind), plan__axis_name(a));
+            *bytes = got / steps;
+            *planned = want;
+            return 0;
+        }
+    return -1;
+}
+
+int mesh__exec_data_mean(mesh__exec *ex, double *x)
+{
+    if (exec__sum_doubles(ex, ex->data, x, 1) != 0) return -2;
+    *x /= (double)ex->data_ranks;
+    return 0;
+}
