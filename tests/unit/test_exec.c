@@ -8,6 +8,7 @@
 #include <stdio.h>  /* fprintf */
 #include <stdlib.h> /* free */
 #include <string.h> /* strlen */
+#include <time.h>   /* time */
 
 #include "exec.h" /* defines: mesh__exec_* */
 #include "mesh.h" /* defines: mesh_compile */
@@ -507,6 +508,21 @@ TEST_IMPL(parallel_failing_rank_stops_the_job)
     mesh_context *ctx = NULL;
     ASSERT_INT_EQ(mesh_context_create(mp, 0, &ctx), MESH_ERR_UNSUPPORTED);
     ASSERT_NOT_NULL(strstr(mesh_last_error(), "mesh_run_ranks"));
+    mesh_plan_free(mp);
+    /* tp 2 x pp 2: the last stage's second tp rank fails while the others
+     * wait in a pipeline receive or a tp all-reduce; they stop at once (not
+     * at the 600 s timeout) */
+    static const char *const tp2pp2[] = {"train.micro_batch=1", "mesh.tp=2", "mesh.pp=2"};
+    opt.sets = tp2pp2;
+    opt.n_sets = 3;
+    ASSERT_INT_EQ(mesh_compile("tiny.mesh", tiny_src, strlen(tiny_src), &opt, &text, &len), MESH_OK);
+    ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
+    mesh_free(text);
+    eq_run q = {mp, {0}, 3, 3};
+    time_t t0 = time(NULL);
+    ASSERT_INT_EQ(mesh_run_ranks(mp, eq_rank, &q), MESH_ERR_IO);
+    ASSERT_NOT_NULL(strstr(mesh_last_error(), "rank 3: "));
+    ASSERT_INT_LT((long)(time(NULL) - t0), 30);
     mesh_plan_free(mp);
 }
 
