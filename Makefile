@@ -154,10 +154,11 @@ RUNTIME_SRC  = $(filter-out runtime/meshrun.c,$(wildcard runtime/*.c))
 RUNTIME_OBJ  = $(RUNTIME_SRC:%.c=$(OBJ)/%.o)
 RUNTIME_PIC  = $(RUNTIME_SRC:%.c=$(PIC)/%.o)
 
-# Unit tests: tests/unit/runner.c plus every tests/unit/test_*.c, and the
+# Unit tests: tests/unit/runner.c plus every tests/unit/test_*.c, the
+# checked front end the compiler's tests start from (fixture.c), and the
 # communicator cases they share with the MPI tests (tests/mpi/, run by
 # tests/run.sh under mpirun).
-UNIT_SRC     = tests/unit/runner.c tests/unit/comm_cases.c $(wildcard tests/unit/test_*.c)
+UNIT_SRC     = tests/unit/runner.c tests/unit/comm_cases.c tests/unit/fixture.c $(wildcard tests/unit/test_*.c)
 UNIT_OBJ     = $(UNIT_SRC:%.c=$(OBJ)/%.o)
 MPI_TEST_OBJ = $(OBJ)/tests/mpi/mpi_tests.o
 

@@ -280,6 +280,15 @@ sent_as_planned() {
         awk 'NF == 3 { n++; b = $3; gsub(/[()]/, "", b); if ($2 != b) bad = 1 } END { exit !(n > 0 && !bad) }'
 }
 
+# loss_falls OUT MAX: a 60-step run's output: the loss from above 5 at
+# step 1 (about ln 256 = 5.55) to below MAX at step 60, and exit 0.
+loss_falls() {
+    awk -F'|' '/^step 1\/60 \| loss/{split($2, a, " "); first = a[2]}
+               /^step 60\/60 \| loss/{split($2, a, " "); last = a[2]}
+               END {exit !(first > 5.0 && last < max)}' max="$2" "$1" &&
+        [ "$(tail -n 1 "$1")" = "exit: 0" ]
+}
+
 # resume_matches PLAN NAME: 20 steps straight, and 10 steps, a checkpoint
 # and 10 more resumed from it, log the same metrics (--metrics files
 # $TMP/NAME-a.jsonl and NAME-b.jsonl, the output in $TMP/NAME.out).
@@ -308,11 +317,7 @@ exit: 0" "$MESHRUN" --version
 exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     "$MESHRUN" tokenize examples/data/devils-dictionary.txt -o "$TMP/dd.bin" >/dev/null 2>&1
     capture "$TMP/train.out" "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/dd.bin" --steps 60
-    # from about ln 256 = 5.55 at step 1 to well below 4 by step 60
-    if awk -F'|' '/^step 1\/60 /{split($2, a, " "); first = a[2]}
-                  /^step 60\/60 /{split($2, a, " "); last = a[2]}
-                  END {exit !(first > 5.0 && last < 3.8)}' "$TMP/train.out" &&
-        [ "$(tail -n 1 "$TMP/train.out")" = "exit: 0" ]; then
+    if loss_falls "$TMP/train.out" 3.8; then
         pass meshrun/train-gpt-tiny-loss-falls
     else
         fail meshrun/train-gpt-tiny-loss-falls "$TMP/train.out"
@@ -327,11 +332,8 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
         --set train.steps=60 >/dev/null 2>&1
     capture "$TMP/llama.out" "$MESHRUN" "$TMP/llama.plan" --data "$TMP/dd.bin" --val "$TMP/dd.bin" \
         --checkpoint "$TMP/llama-ck"
-    if awk -F'|' '/^step 1\/60 \| loss/{split($2, a, " "); first = a[2]}
-                  /^step 60\/60 \| loss/{split($2, a, " "); last = a[2]}
-                  END {exit !(first > 5.0 && last < 3.5)}' "$TMP/llama.out" &&
-        grep -q "^meshrun: note: the plan asks for bf16; this CPU runtime computes in fp32$" "$TMP/llama.out" &&
-        [ "$(tail -n 1 "$TMP/llama.out")" = "exit: 0" ]; then
+    if loss_falls "$TMP/llama.out" 3.5 &&
+        grep -q "^meshrun: note: the plan asks for bf16; this CPU runtime computes in fp32$" "$TMP/llama.out"; then
         pass meshrun/train-llama-small-loss-falls
     else
         fail meshrun/train-llama-small-loss-falls "$TMP/llama.out"
@@ -345,10 +347,7 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
         --set train.steps=60 >/dev/null 2>&1
     capture "$TMP/moe.out" "$MESHRUN" "$TMP/moe.plan" --data "$TMP/dd.bin" --val "$TMP/dd.bin" \
         --checkpoint "$TMP/moe-ck"
-    if awk -F'|' '/^step 1\/60 \| loss/{split($2, a, " "); first = a[2]}
-                  /^step 60\/60 \| loss/{split($2, a, " "); last = a[2]}
-                  END {exit !(first > 5.0 && last < 3.5)}' "$TMP/moe.out" &&
-        [ "$(tail -n 1 "$TMP/moe.out")" = "exit: 0" ]; then
+    if loss_falls "$TMP/moe.out" 3.5; then
         pass meshrun/train-moe-small-loss-falls
     else
         fail meshrun/train-moe-small-loss-falls "$TMP/moe.out"

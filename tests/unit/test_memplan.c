@@ -3,19 +3,12 @@
  * small enough to account by hand: which activations backward keeps, the
  * slots the schedule needs, recompute, and reuse of the workspace.
  */
-#include <stdio.h>  /* defines: fputs */
-#include <string.h> /* defines: strlen */
 
+#include "fixture.h"  /* defines: fixture_checked */
 #include "frontend.h" /* defines: fe_* */
 #include "memplan.h"  /* defines: memplan_* */
 #include "plan.h"     /* defines: plan_from */
 #include "unit.h"     /* defines: TEST_IMPL, ASSERT_* */
-
-static void to_stderr(void *ud, diag_level level, const char *text) {
-    (void)ud;
-    (void)level;
-    fputs(text, stderr);
-}
 
 enum { B = 2, T = 8, D = 16, F = 64, V = 32 };
 
@@ -47,11 +40,7 @@ static fe *build(const char *const *sets, int n_sets, built *x, memplan *m) {
         "}\n"
         "mesh { dp = 1 }\n"
         "train { global_batch = 4  micro_batch = 2  seq_len = 8  steps = 1  optimizer = adamw(lr: 1e-3) }\n";
-    fe_options o = {NULL, 0, NULL, to_stderr, NULL};
-    fe *f = fe_new(&o);
-    for (int i = 0; i < n_sets; i++) ASSERT_INT_EQ(fe_add_set(f, sets[i]), FE_OK);
-    ASSERT_INT_EQ(fe_load_buffer(f, "m.mesh", src, strlen(src)), FE_OK);
-    ASSERT_INT_EQ(fe_check(f), FE_OK);
+    fe *f = fixture_checked(src, NULL, sets, n_sets);
     fe_setup s = fe_get_setup(f);
     ASSERT_INT_EQ(shard_build(fe_graph(f), &s, p), 0);
     char err[128];

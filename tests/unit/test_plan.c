@@ -12,6 +12,7 @@
 #include <string.h> /* memcmp, memcpy, strstr, strlen */
 
 #include "compile.h"  /* defines: compile_run, compiled */
+#include "fixture.h"  /* defines: fixture_checked */
 #include "frontend.h" /* defines: fe_* */
 #include "plan.h"     /* defines: plan_* */
 #include "sched.h"    /* defines: sched_build, sched_free */
@@ -19,12 +20,6 @@
 #include "unit.h"     /* defines: TEST_IMPL, ASSERT_* */
 
 enum { B = 2, S = 16, H = 64, L = 4 };
-
-static void quiet(void *ud, diag_level level, const char *text) {
-    (void)ud;
-    (void)level;
-    fputs(text, stderr);
-}
 
 /* A GPT-2 model with L layers of width H (or the file `path`), checked,
  * sharded with the --set overrides, scheduled when pp > 1, made a plan. */
@@ -44,13 +39,7 @@ static void make_plan(plan *out, const char *path, const char *const *sets, int 
         "}\n"
         "mesh { tp = 2 }\n"
         "train { global_batch = 2  seq_len = 16  steps = 1  optimizer = adamw(lr: 1e-3) }\n";
-    fe_options o = {NULL, 0, MESH_STD_DIR, quiet, NULL};
-    fe *f = fe_new(&o);
-    ASSERT_NOT_NULL(f);
-    for (int i = 0; i < n_sets; i++) ASSERT_INT_EQ(fe_add_set(f, sets[i]), FE_OK);
-    if (path) ASSERT_INT_EQ(fe_load_file(f, path), FE_OK);
-    else ASSERT_INT_EQ(fe_load_buffer(f, "m.mesh", src, strlen(src)), FE_OK);
-    ASSERT_INT_EQ(fe_check(f), FE_OK);
+    fe *f = fixture_checked(src, path, sets, n_sets);
     fe_setup setup = fe_get_setup(f);
     shard_prog p;
     ASSERT_INT_EQ(shard_build(fe_graph(f), &setup, &p), 0);
@@ -245,11 +234,7 @@ TEST_IMPL(plan_from_compiled)
 {
     char path[512];
     snprintf(path, sizeof path, "%s/../examples/gpt-tiny.mesh", MESH_STD_DIR);
-    fe_options o = {NULL, 0, MESH_STD_DIR, quiet, NULL};
-    fe *f = fe_new(&o);
-    ASSERT_NOT_NULL(f);
-    ASSERT_INT_EQ(fe_load_file(f, path), FE_OK);
-    ASSERT_INT_EQ(fe_check(f), FE_OK);
+    fe *f = fixture_checked(NULL, path, NULL, 0);
     compiled c;
     ASSERT_INT_EQ(compile_run(f, &c, 0), FE_OK);
     ASSERT_INT_EQ(c.have_sched, 1);
@@ -372,12 +357,9 @@ TEST_IMPL(plan_write_and_from_refuse)
     ASSERT_STR_EQ(err, "cannot write the plan: the source file name is not valid UTF-8");
     plan_free(&p);
 
-    fe_options o = {NULL, 0, MESH_STD_DIR, quiet, NULL};
-    fe *f = fe_new(&o);
     char path[512];
     snprintf(path, sizeof path, "%s/../examples/gpt2.mesh", MESH_STD_DIR); /* pp = 2, 16 micro-batches */
-    ASSERT_INT_EQ(fe_load_file(f, path), FE_OK);
-    ASSERT_INT_EQ(fe_check(f), FE_OK);
+    fe *f = fixture_checked(NULL, path, NULL, 0);
     fe_setup s = fe_get_setup(f);
     shard_prog sp;
     ASSERT_INT_EQ(shard_build(fe_graph(f), &s, &sp), 0);

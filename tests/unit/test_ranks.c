@@ -4,18 +4,12 @@
  * rank's collectives swapped, or one receive dropped, are caught with a
  * message that names the ranks.
  */
-#include <stdio.h>  /* defines: fputs */
-#include <string.h> /* defines: strstr, strlen */
+#include <string.h> /* defines: strstr */
 
+#include "fixture.h"  /* defines: fixture_checked */
 #include "frontend.h" /* defines: fe_* */
 #include "ranks.h"    /* defines: ranks_* */
 #include "unit.h"     /* defines: TEST_IMPL, ASSERT_* */
-
-static void to_stderr(void *ud, diag_level level, const char *text) {
-    (void)ud;
-    (void)level;
-    fputs(text, stderr);
-}
 
 /* GPT-2-style, 4 layers, on dp 2 x tp 2 x pp 2 with 1F1B and zero 1. */
 static fe *build(shard_prog *p, sched *sc, rank_progs *r) {
@@ -31,10 +25,7 @@ static fe *build(shard_prog *p, sched *sc, rank_progs *r) {
         "mesh { dp = 2  tp = 2  pp = 2 }\n"
         "train { global_batch = 8  micro_batch = 1  seq_len = 8  steps = 1  zero = 1\n"
         "        optimizer = adamw(lr: 1e-3) }\n";
-    fe_options o = {NULL, 0, MESH_STD_DIR, to_stderr, NULL};
-    fe *f = fe_new(&o);
-    ASSERT_INT_EQ(fe_load_buffer(f, "m.mesh", src, strlen(src)), FE_OK);
-    ASSERT_INT_EQ(fe_check(f), FE_OK);
+    fe *f = fixture_checked(src, NULL, NULL, 0);
     fe_setup s = fe_get_setup(f);
     ASSERT_INT_EQ(s.micro_batches, 4);
     ASSERT_INT_EQ(shard_build(fe_graph(f), &s, p), 0);

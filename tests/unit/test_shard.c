@@ -6,20 +6,14 @@
  * each way instead; ZeRO's gradient reductions of exactly the local params.
  */
 #include <stdio.h>  /* defines: snprintf */
-#include <string.h> /* defines: strlen */
 
+#include "fixture.h"  /* defines: fixture_checked */
 #include "frontend.h" /* defines: fe_* */
 #include "shard.h"    /* defines: shard_* */
 #include "stats.h"    /* defines: stats_* */
 #include "unit.h"     /* defines: TEST_IMPL, ASSERT_* */
 
 enum { B = 2, S = 16, H = 64, L = 3 };
-
-static void quiet(void *ud, diag_level level, const char *text) {
-    (void)ud;
-    (void)level;
-    fputs(text, stderr);
-}
 
 /* A GPT-2 model with L layers of width H, checked and sharded with the
  * given --set overrides; the caller frees. */
@@ -39,12 +33,7 @@ static fe *sharded(shard_prog *p, const char *const *sets, int n_sets) {
         "}\n"
         "mesh { tp = 2 }\n"
         "train { global_batch = 2  seq_len = 16  steps = 1  optimizer = adamw(lr: 1e-3) }\n";
-    fe_options o = {NULL, 0, MESH_STD_DIR, quiet, NULL};
-    fe *f = fe_new(&o);
-    ASSERT_NOT_NULL(f);
-    for (int i = 0; i < n_sets; i++) ASSERT_INT_EQ(fe_add_set(f, sets[i]), FE_OK);
-    ASSERT_INT_EQ(fe_load_buffer(f, "m.mesh", src, strlen(src)), FE_OK);
-    ASSERT_INT_EQ(fe_check(f), FE_OK);
+    fe *f = fixture_checked(src, NULL, sets, n_sets);
     fe_setup setup = fe_get_setup(f);
     ASSERT_INT_EQ(shard_build(fe_graph(f), &setup, p), 0);
     return f;
@@ -171,10 +160,7 @@ TEST_IMPL(shard_moe_all_to_all)
         "}\n"
         "mesh { ep = 2 }\n"
         "train { global_batch = 4  seq_len = 8  steps = 1  optimizer = adamw(lr: 1e-3) }\n";
-    fe_options o = {NULL, 0, NULL, quiet, NULL};
-    fe *f = fe_new(&o);
-    ASSERT_INT_EQ(fe_load_buffer(f, "m.mesh", src, strlen(src)), FE_OK);
-    ASSERT_INT_EQ(fe_check(f), FE_OK);
+    fe *f = fixture_checked(src, NULL, NULL, 0);
     fe_setup setup = fe_get_setup(f);
     shard_prog p;
     ASSERT_INT_EQ(shard_build(fe_graph(f), &setup, &p), 0);

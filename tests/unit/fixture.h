@@ -1,0 +1,16 @@
+/*
+ * fixture.h: the front-end steps the compiler's unit tests share: a .mesh
+ * source (or file) loaded with --set overrides and checked, its
+ * diagnostics on stderr so that a failed check says why.
+ */
+#ifndef MESH_FIXTURE_H
+#define MESH_FIXTURE_H
+
+#include "frontend.h" /* defines: fe */
+
+/* Loads `src` (named m.mesh) or, when `path` is not NULL, the file `path`,
+ * after the n_sets --set overrides in `sets`; checks it with std/ from the
+ * source tree. Fails the test on any error; the caller frees with fe_free. */
+fe *fixture_checked(const char *src, const char *path, const char *const *sets, int n_sets);
+
+#endif
