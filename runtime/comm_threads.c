@@ -310,6 +310,17 @@ static void t_abort(comm *c, const char *why)
     abort_world(((tcomm *)c)->g->w, msg);
 }
 
+static void group_free(tgroup *g)
+{
+    free(g->world);
+    free(g->ptr);
+    free(g->cnt);
+    free(g->color);
+    free(g->key);
+    free(g->child);
+    free(g);
+}
+
 static tgroup *group_new(comm_threads_world *w, int size)
 {
     tgroup *g = calloc(1, sizeof *g);
@@ -323,27 +334,10 @@ static tgroup *group_new(comm_threads_world *w, int size)
     g->key = calloc((size_t)size, sizeof *g->key);
     g->child = calloc((size_t)size, sizeof *g->child);
     if (!g->world || !g->ptr || !g->cnt || !g->color || !g->key || !g->child) {
-        free(g->world);
-        free(g->ptr);
-        free(g->cnt);
-        free(g->color);
-        free(g->key);
-        free(g->child);
-        free(g);
+        group_free(g);
         return NULL;
     }
     return g;
-}
-
-static void group_free(tgroup *g)
-{
-    free(g->world);
-    free(g->ptr);
-    free(g->cnt);
-    free(g->color);
-    free(g->key);
-    free(g->child);
-    free(g);
 }
 
 static void world_free(comm_threads_world *w)

@@ -2,15 +2,14 @@
  * out, joining the mesh's groups, initialising the params, freeing. */
 #include "exec_impl.h"
 
-#include <math.h>   /* cos, isfinite, log, sqrt */
-#include <stdarg.h> /* va_list */
+#include <stdarg.h> /* va_list, va_start, va_end */
 #include <stdint.h> /* SIZE_MAX */
 #include <stdio.h>  /* snprintf, vsnprintf */
 #include <stdlib.h> /* calloc, malloc, free */
-#include <string.h> /* memcpy, memset, strchr, strstr */
+#include <string.h> /* memcpy, memset, strchr, strlen, strstr */
 
-#include "init.h"    /* mesh__init_* */
-#include "kcpu.h"    /* kcpu_* */
+#include "init.h" /* mesh__init_* */
+#include "kcpu.h" /* kcpu_* */
 
 /* Zeroed memory from the context's allocator. The block's size is kept in
  * a header before it, for the hook's old_size. */

@@ -3,16 +3,6 @@
  * stage, chunk and slot. */
 #include "exec_impl.h"
 
-#include <math.h>   /* cos, isfinite, log, sqrt */
-#include <stdarg.h> /* va_list */
-#include <stdint.h> /* SIZE_MAX */
-#include <stdio.h>  /* snprintf, vsnprintf */
-#include <stdlib.h> /* calloc, malloc, free */
-#include <string.h> /* memcpy, memset, strchr, strstr */
-
-#include "init.h"    /* mesh__init_* */
-#include "kcpu.h"    /* kcpu_* */
-
 int64_t exec__last_dim(const plan_tensor *t) { return t->rank ? t->dims[t->rank - 1] : 1; }
 
 const mem_buf *exec__buf_of(const mesh__exec *ex, int id) { return memplan_buf(&ex->mp, ex->stage, id); }

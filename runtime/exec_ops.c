@@ -4,15 +4,12 @@
  * moe). */
 #include "exec_impl.h"
 
-#include <math.h>   /* cos, isfinite, log, sqrt */
-#include <stdarg.h> /* va_list */
-#include <stdint.h> /* SIZE_MAX */
-#include <stdio.h>  /* snprintf, vsnprintf */
+#include <math.h>   /* cos, exp, isfinite, log, sqrt */
+#include <stdio.h>  /* snprintf */
 #include <stdlib.h> /* calloc, malloc, free */
-#include <string.h> /* memcpy, memset, strchr, strstr */
+#include <string.h> /* memcpy, memset */
 
-#include "init.h"    /* mesh__init_* */
-#include "kcpu.h"    /* kcpu_* */
+#include "kcpu.h" /* kcpu_* */
 
 #define IN(k) exec__val_in(ex, t->in[k], t->region, it)
 #define DIN(k) exec__grad_in(ex, t->in[k], t->region, it)

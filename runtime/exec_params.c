@@ -3,15 +3,11 @@
  * shards, and whole params and moments for checkpoints. */
 #include "exec_impl.h"
 
-#include <math.h>   /* cos, isfinite, log, sqrt */
-#include <stdarg.h> /* va_list */
-#include <stdint.h> /* SIZE_MAX */
-#include <stdio.h>  /* snprintf, vsnprintf */
+#include <stdio.h>  /* snprintf */
 #include <stdlib.h> /* calloc, malloc, free */
-#include <string.h> /* memcpy, memset, strchr, strstr */
+#include <string.h> /* memcpy, memset */
 
-#include "init.h"    /* mesh__init_* */
-#include "kcpu.h"    /* kcpu_* */
+#include "init.h" /* mesh__init_* */
 
 /* The blocks a param's split dim is made of: one, or for a packed q/k/v
  * projection (it feeds, through a matmul and bias adds, a one-input

@@ -4,14 +4,11 @@
 #include "exec_impl.h"
 
 #include <math.h>   /* cos, isfinite, log, sqrt */
-#include <stdarg.h> /* va_list */
-#include <stdint.h> /* SIZE_MAX */
-#include <stdio.h>  /* snprintf, vsnprintf */
+#include <stdio.h>  /* snprintf */
 #include <stdlib.h> /* calloc, malloc, free */
-#include <string.h> /* memcpy, memset, strchr, strstr */
+#include <string.h> /* memcpy, memset */
 
-#include "init.h"    /* mesh__init_* */
-#include "kcpu.h"    /* kcpu_* */
+#include "kcpu.h" /* kcpu_* */
 
 /* Poisoning: the shared workspace and the recompute area hold nothing
  * live between ops' runs of forward and backward, nor a slot before its
