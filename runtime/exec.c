@@ -398,7 +398,7 @@ void mesh__exec_free(mesh__exec *ex)
         if (ex->moe) ex_free(ex, ex->moe[id]);
     }
     if (ex->data != ex->axis[0]) comm_free(ex->data);
-    for (int a = 0; ex && a < 4; a++) comm_free(ex->axis[a]);
+    for (int a = 0; a < 4; a++) comm_free(ex->axis[a]);
     ex_free(ex, ex->arena);
     ex_free(ex, ex->moe);
     ex_free(ex, ex->numel);
