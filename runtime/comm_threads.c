@@ -6,7 +6,10 @@
  * group's barrier; then each rank computes its own part reading the peers'
  * buffers (for a sum: its 1/size of the elements, adding the ranks' values
  * in rank order), waits again, and writes or copies what it computed; a
- * last barrier ends the call, after which no one reads the buffers. Sends
+ * last barrier ends the call, after which no one reads the buffers. An
+ * abort stops a collective only at its first barrier: once every member
+ * has published its buffer, all finish, so none frees a buffer a peer
+ * still reads or writes. Sends
  * are eager: the data is copied into the (src, dst) queue and the sender
  * goes on, so transfers in any order cannot deadlock.
  *
@@ -115,13 +118,17 @@ static void timed_out_locked(comm_threads_world *w, int rank, const char *op, co
 
 static int fail(tcomm *t, const char *op) { return comm_fail(&t->c, op, "%s", t->g->w->why); }
 
-/* The group's barrier; -1 if the world aborted, or a rank did not come in time. */
-static int meet(tcomm *t, const char *op)
+/* The group's barrier; -1 if the world aborted, or a rank did not come in
+ * time. A committed barrier (one after a collective's first) is passed by
+ * every member even when the world aborts: each has passed the one before
+ * and only copies before it comes, so no member leaves, and frees its
+ * buffer, while a peer still reads or writes it. */
+static int meet_(tcomm *t, const char *op, int committed)
 {
     tgroup *g = t->g;
     comm_threads_world *w = g->w;
     pthread_mutex_lock(&w->mu);
-    if (w->aborted) {
+    if (w->aborted && !committed) {
         pthread_mutex_unlock(&w->mu);
         return fail(t, op);
     }
@@ -133,14 +140,19 @@ static int meet(tcomm *t, const char *op)
     } else {
         struct timespec until;
         deadline_after(&until, w->timeout);
-        while (g->gen == gen && !w->aborted)
-            if (pthread_cond_timedwait(&w->cv, &w->mu, &until) == ETIMEDOUT && g->gen == gen)
+        while (g->gen == gen && (committed || !w->aborted))
+            if (pthread_cond_timedwait(&w->cv, &w->mu, &until) == ETIMEDOUT && g->gen == gen) {
                 timed_out_locked(w, t->c.world_rank, op, "another rank of the group is stuck or gone");
+                break;
+            }
     }
     int failed = g->gen == gen; /* the barrier did not complete */
     pthread_mutex_unlock(&w->mu);
     return failed ? fail(t, op) : 0;
 }
+
+static int meet(tcomm *t, const char *op) { return meet_(t, op, 0); }
+static int meet_committed(tcomm *t, const char *op) { return meet_(t, op, 1); }
 
 static float *scratch(tcomm *t, size_t n) { return comm_scratch(&t->scratch, &t->scratch_n, n); }
 
@@ -174,9 +186,9 @@ static int t_all_reduce(comm *c, float *buf, size_t n)
     g->ptr[c->rank] = buf;
     if (meet(t, "all-reduce") != 0) return -1;
     sum_parts(g, lo, hi - lo, part);
-    if (meet(t, "all-reduce") != 0) return -1;
+    if (meet_committed(t, "all-reduce") != 0) return -1;
     for (int q = 0; q < g->size; q++) memcpy((float *)(uintptr_t)g->ptr[q] + lo, part, (hi - lo) * sizeof *part);
-    return meet(t, "all-reduce");
+    return meet_committed(t, "all-reduce");
 }
 
 static int t_reduce_scatter(comm *c, const float *in, float *out, size_t n)
@@ -188,7 +200,7 @@ static int t_reduce_scatter(comm *c, const float *in, float *out, size_t n)
     g->ptr[c->rank] = in;
     if (meet(t, "reduce-scatter") != 0) return -1;
     sum_parts(g, n * (size_t)c->rank, n, part);
-    if (meet(t, "reduce-scatter") != 0) return -1; /* out may be this rank's own input */
+    if (meet_committed(t, "reduce-scatter") != 0) return -1; /* out may be this rank's own input */
     memcpy(out, part, n * sizeof *part);
     return 0;
 }
@@ -201,7 +213,7 @@ static int t_all_gather(comm *c, const float *in, float *out, size_t n)
     if (meet(t, "all-gather") != 0) return -1;
     for (int q = 0; q < g->size; q++)
         if (out + (size_t)q * n != (const float *)g->ptr[q]) memcpy(out + (size_t)q * n, g->ptr[q], n * sizeof *out);
-    return meet(t, "all-gather");
+    return meet_committed(t, "all-gather");
 }
 
 static int t_all_to_all(comm *c, const float *in, const size_t *send, float *out, const size_t *recv)
@@ -225,9 +237,9 @@ static int t_all_to_all(comm *c, const float *in, const size_t *send, float *out
         snprintf(why, sizeof why, "rank %d expected %zu floats from rank %d in all-to-all, which sends %zu",
                  c->rank, recv[bad], bad, g->cnt[bad][c->rank]);
         abort_world(g->w, why);
-        return fail(t, "all-to-all");
     }
-    return meet(t, "all-to-all");
+    int rc = meet_committed(t, "all-to-all");
+    return bad >= 0 ? fail(t, "all-to-all") : rc;
 }
 
 static int t_broadcast(comm *c, void *buf, size_t bytes, int root)
@@ -237,7 +249,7 @@ static int t_broadcast(comm *c, void *buf, size_t bytes, int root)
     if (c->rank == root) g->ptr[0] = buf;
     if (meet(t, "broadcast") != 0) return -1;
     if (c->rank != root) memcpy(buf, g->ptr[0], bytes);
-    return meet(t, "broadcast");
+    return meet_committed(t, "broadcast");
 }
 
 static int t_barrier(comm *c) { return meet((tcomm *)c, "barrier"); }
