@@ -179,6 +179,61 @@ static int recompute_stack(shard_walk *w, int stack) {
     return 0;
 }
 
+/* Which part of the program node id is in: 0 before the layer stack (or
+ * no stack), 1 in it, 2 after it. */
+static int part_of_node(const graph *g, int id, int stack) {
+    if (stack < 0) return 0;
+    if (in_region(g, id, stack)) return 1;
+    return id < g->regions[stack].first ? 0 : 2;
+}
+
+/* The parts param t is used in, a bit each (1 << part). */
+static int param_parts(const graph *g, int t, int stack) {
+    int m = 0;
+    for (int c = t + 1; c < g->n; c++)
+        for (int k = 0; k < g->nodes[c].n_in; k++)
+            if (g->nodes[c].in[k] == t) m |= 1 << part_of_node(g, c, stack);
+    return m;
+}
+
+/* ZeRO-2/3: the gradient of param t, once its backward in the micro-batch
+ * is done, is summed over its data-parallel group, each rank keeping (and
+ * adding up over micro-batches) only its shard. */
+static int emit_grad_shard(shard_walk *w, int t) {
+    shard_prog *p = w->p;
+    if (p->setup.zero < 2 || shard__dp_group(p, t) <= 1) return 0;
+    return emit(w, t, STEP_REDUCE_SCATTER, DP, 0, shard__local_numel(p, t),
+                "zero 2/3: the micro-batch's gradient summed into each rank's shard");
+}
+
+/* The params whose backward ends with `part` (0 before the layer stack: all
+ * those left; 1 the stack: its layers' params; 2 after it: params used only
+ * there), at the end of that part's backward: their gradients summed over
+ * tp where needed (norm weights under sequence parallelism), then with
+ * zero >= 2 reduce-scattered over dp. A weight used before and after the
+ * stack (a tied embedding) is finished before it; with pp > 1 its copy on
+ * the last stage is reduce-scattered after the part after too. */
+static int finish_params(shard_walk *w, grad *gt, grad *gver, char *done, int stack, int part) {
+    shard_prog *p = w->p;
+    const graph *g = p->g;
+    int rc = 0;
+    for (int t = 0; t < g->n && rc == 0; t++) {
+        if (g->nodes[t].op != G_PARAM || done[t]) continue;
+        int m = param_parts(g, t, stack);
+        if (part == 2 && m == 5 && p->setup.pp > 1) {
+            rc = emit_grad_shard(w, t);
+            continue;
+        }
+        if ((part == 1 && !in_region(g, t, stack)) || (part == 2 && m != 4)) continue;
+        done[t] = 1;
+        if (collect(w, t, gver, &gt[t]) < 0) return -1;
+        if (!gt[t].has) continue;
+        rc = regrad(w, t, &gt[t].pl, p->pl[t], "param gradient summed over tp");
+        if (rc == 0) rc = emit_grad_shard(w, t);
+    }
+    return rc;
+}
+
 static int differentiable(const shard_walk *w, int t) {
     const g_node *n = &w->p->g->nodes[t];
     return !n->is_int && n->op != G_INPUT && n->op != G_ARANGE;
@@ -190,11 +245,11 @@ int shard__backward_walk(shard_walk *w) {
     if (g->loss < 0) return 0;
     grad *gt = calloc((size_t)(g->n ? g->n : 1), sizeof *gt);
     grad *gver = calloc((size_t)(w->n_vers ? w->n_vers : 1), sizeof *gver);
-    char *gathered = calloc((size_t)(g->n ? g->n : 1), 1);
-    int stack = -1, recomputed = 0;
+    char *gathered = calloc((size_t)(g->n ? g->n : 1), 1), *done = calloc((size_t)(g->n ? g->n : 1), 1);
+    int stack = -1, recomputed = 0, prev = -1;
     for (int r = 0; r < g->n_regions; r++)
         if (g->regions[r].is_stack) stack = r;
-    int rc = !gt || !gver || !gathered ? -1 : 0;
+    int rc = !gt || !gver || !gathered || !done ? -1 : 0;
     if (rc == 0) {
         gt[g->loss].has = 1;
         gt[g->loss].pl = p->pl[g->loss];
@@ -206,6 +261,11 @@ int shard__backward_walk(shard_walk *w) {
         const g_node *n = &g->nodes[id];
         if (collect(w, id, gver, &gt[id]) < 0) { rc = -1; break; }
         if (!gt[id].has) continue;
+        int part = part_of_node(g, id, stack);
+        if (prev == 2 && part < 2) rc = finish_params(w, gt, gver, done, stack, 2);
+        if (rc == 0 && prev == 1 && part == 0) rc = finish_params(w, gt, gver, done, stack, 1);
+        if (rc < 0) break;
+        prev = part;
         if (!recomputed && p->setup.recompute && stack >= 0 && in_region(g, id, stack)) {
             recomputed = 1;
             if (recompute_stack(w, stack) < 0) { rc = -1; break; }
@@ -218,11 +278,15 @@ int shard__backward_walk(shard_walk *w) {
             rc = -1;
             break;
         }
-        for (int k = 0; k < n->n_in && rc == 0; k++)
-            if (g->nodes[n->in[k]].op == G_PARAM && !gathered[n->in[k]]) {
-                gathered[n->in[k]] = 1;
-                rc = shard__zero3_gather(w, n->in[k], 1);
-            }
+        /* zero 3: a layer's param gathered again before its first use in
+         * backward (unless the layer's recomputed forward gathered it); those
+         * outside the stack stay gathered from the forward */
+        for (int k = 0; k < n->n_in && rc == 0; k++) {
+            int t = n->in[k];
+            if (g->nodes[t].op != G_PARAM || gathered[t] || part != 1 || p->setup.recompute) continue;
+            gathered[t] = 1;
+            rc = shard__zero3_gather(w, t, 1);
+        }
         shard_step s = {0};
         s.kind = STEP_COMPUTE;
         s.backward = 1;
@@ -249,28 +313,26 @@ int shard__backward_walk(shard_walk *w) {
             rc = add_grad(w, t, slot, c);
         }
     }
-    /* params: gradients reduced over tp where needed, then over dp */
-    for (int t = 0; t < g->n && rc == 0; t++) {
-        const g_node *n = &g->nodes[t];
-        if (n->op != G_PARAM) continue;
-        if (collect(w, t, gver, &gt[t]) < 0) { rc = -1; break; }
-        if (!gt[t].has) continue;
-        rc = regrad(w, t, &gt[t].pl, p->pl[t], "param gradient summed over tp");
-    }
+    /* the params whose backward is done: reduced over tp where needed (and
+     * with zero >= 2 over dp), then the once-per-step gradient sync */
+    for (int part = prev; part >= 0 && rc == 0; part--) rc = finish_params(w, gt, gver, done, stack, part);
     if (rc == 0) rc = shard__grad_sync(w, gt_has(gt, g->n));
     free(gt);
     free(gver);
     free(gathered);
+    free(done);
     return rc;
 }
 
 /* Data parallelism, once per step after the last micro-batch: each param's
  * gradient is summed over its data-parallel group (dp x ep for dense
  * params, dp for experts): an all-reduce with zero = 0, a reduce-scatter
- * with zero >= 1 (each rank then updates its shard of the optimizer state),
+ * with zero = 1 (each rank then updates its shard of the optimizer state),
  * followed after the optimizer step by an all-gather of the updated params
- * for zero = 1 and 2. zero = 3 keeps params sharded: they are gathered
- * before each use in forward and backward instead (shard.c). */
+ * for zero = 1 and 2. With zero >= 2 the gradients are sharded already
+ * (reduce-scattered per micro-batch, finish_params); zero = 3 keeps params
+ * sharded: they are gathered before each use in forward and backward
+ * instead (shard.c). */
 int shard__grad_sync(shard_walk *w, int *has) {
     shard_prog *p = w->p;
     const graph *g = p->g;
@@ -287,6 +349,10 @@ int shard__grad_sync(shard_walk *w, int *has) {
         s.axis = PP;
         s.dim = -1;
         s.elems = shard__local_numel(p, t);
+        if (p->setup.zero >= 2) { /* its shards (each stage's dp group is alike) */
+            int64_t d = shard__dp_group(p, t);
+            s.elems = (s.elems + d - 1) / d;
+        }
         s.region = g->nodes[t].region;
         s.why = "tied weight: gradient summed between the first and last pipeline stages";
         rc = shard__push(p, s) < 0 ? -1 : 0;
@@ -319,7 +385,7 @@ int shard__grad_sync(shard_walk *w, int *has) {
         for (int t = g->n - 1; t >= 0 && rc == 0; t--) {
             const g_node *n = &g->nodes[t];
             if (bucket[t] < 0) continue;
-            if (phase == 1 && (p->setup.zero == 0 || p->setup.zero == 3)) continue;
+            if (phase == 1 ? p->setup.zero == 0 || p->setup.zero == 3 : p->setup.zero >= 2) continue;
             shard_step_kind k = phase ? STEP_ALL_GATHER : p->setup.zero ? STEP_REDUCE_SCATTER : STEP_ALL_REDUCE;
             shard_step s = {0};
             s.kind = k;

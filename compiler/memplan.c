@@ -380,9 +380,9 @@ static int64_t place_grads(mp *x) {
     return pin;
 }
 
-/* Params, their gradients and AdamW's state on stage stg; part_params
- * receives each part's param bytes (zero = 3 gathers them). */
-static void place_params(mp *x, int stg, mem_stage *ms, int64_t *part_params) {
+/* Params, their gradients and AdamW's state on stage stg, and with
+ * zero >= 2 their staging blocks. */
+static void place_params(mp *x, int stg, mem_stage *ms) {
     const plan *p = x->p;
     const fe_setup *s = &p->setup;
     mem_buf *bufs = x->m->buf + (size_t)stg * (size_t)x->n;
@@ -403,8 +403,13 @@ static void place_params(mp *x, int stg, mem_stage *ms, int64_t *part_params) {
         copies *= reps(x, id);
         int64_t e = local_elems(x, id);
         int64_t dp_group = t->pl.kind[AX_EP] == PL_SPLIT ? s->dp : s->dp * s->ep;
-        part_params[x->seg[id]] += e * x->fb;
         mem_buf *b = &bufs[id];
+        b->zoffset = -1;
+        if (s->zero >= 2 && dp_group > 1 && copies > 0) { /* staged whole, per part */
+            int64_t *blk = x->seg[id] == SEG_LAYER ? &ms->zlayer : &ms->zfixed;
+            b->zoffset = *blk;
+            *blk += e * x->fb * (x->seg[id] == SEG_LAYER ? reps(x, id) : copies);
+        }
         b->bytes = e * x->fb;
         b->stride = b->grad_stride = copies > 1 ? b->bytes : 0;
         b->region = b->grad_region = copies > 0 ? MEM_PERSISTENT : MEM_NONE;
@@ -472,10 +477,7 @@ int memplan_build(memplan *m, const plan *p, int float_bytes, unsigned flags) {
     for (int stg = 0; stg < p->pp; stg++) {
         mem_stage *ms = &m->stage[stg];
         if (stg > 0) memcpy(m->buf + (size_t)stg * nn, m->buf, nn * sizeof *m->buf);
-        int64_t part_params[SEG_COUNT] = {0}, gathered = 0;
-        place_params(&x, stg, ms, part_params);
-        for (int sg = 0; sg < SEG_COUNT; sg++)
-            if (part_params[sg] > gathered) gathered = part_params[sg];
+        place_params(&x, stg, ms);
         ms->layer_stride = m->part_bytes[SEG_LAYER];
         for (int c = stg; c < chunks; c += p->pp) {
             /* chunk 0 starts with the part before the stack; a later chunk
@@ -487,10 +489,12 @@ int memplan_build(memplan *m, const plan *p, int float_bytes, unsigned flags) {
         ms->slots = sched_units_peak_inflight(p->stages[stg].units, p->stages[stg].n_units);
         ms->pinned = pinned;
         ms->shared = shared;
-        /* zero = 3: params gathered whole for use, a layer at a time (the
-         * part before or after the stack counts as one): the layer in use
-         * and the one prefetched */
-        ms->gathered = p->setup.zero == 3 ? 2 * gathered : 0;
+        /* zero >= 2: full gradients staged before their reduce-scatter (the
+         * params outside the stack, one layer); zero = 3: the params' values
+         * gathered whole for use (outside the stack, the layer in use and
+         * the one prefetched) */
+        ms->gathered = (p->setup.zero >= 2 ? ms->zfixed + ms->zlayer : 0) +
+                       (p->setup.zero == 3 ? ms->zfixed + 2 * ms->zlayer : 0);
         ms->workspace = ms->pinned + ms->shared + ms->recompute + ms->gathered;
         ms->comm = comm;
         ms->total = ms->params + ms->grads + ms->optim + ms->slot_bytes * ms->slots + ms->workspace + ms->comm;
@@ -555,6 +559,8 @@ void memplan_dump(const memplan *m, const plan *p, FILE *out) {
             if (b->carried && b->grad_region == MEM_PINNED) fprintf(out, " (pair)");
         }
         if (b->scratch) fprintf(out, " | scratch %lld at %lld", (long long)b->scratch, (long long)b->scratch_offset);
+        if (p->tensors[id].op == G_PARAM && b->zoffset >= 0)
+            fprintf(out, " | staged %s %lld", b->part == MEM_PART_LAYER ? "layer" : "fixed", (long long)b->zoffset);
         fputc('\n', out);
     }
 }

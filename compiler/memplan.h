@@ -25,8 +25,13 @@
  *               before it); shared: forward temporaries and backward gradients
  *               of one segment (before, one layer, after), placed by liveness
  *               (first fit over their live intervals); recompute: one layer's
- *               saved activations, rebuilt before its backward; with zero = 3
- *               two layers' params gathered whole;
+ *               saved activations, rebuilt before its backward; gathered:
+ *               with zero >= 2 the full gradients of the params outside the
+ *               stack this stage holds and of one layer, each reduce-scattered
+ *               into the sharded grads once its backward is done (per micro-
+ *               batch); then with zero = 3 those params' values gathered whole
+ *               for use, the layers' twice (the layer in use and the next,
+ *               prefetched on a GPU);
  *   comm        the largest collective's output buffer.
  *
  * Liveness is in node order: a forward temporary lives from its producer to
@@ -63,6 +68,8 @@ typedef struct mem_stage {
     int64_t layer_stride;           /* saved bytes of one layer-stack iteration */
     int64_t workspace;              /* pinned + shared + recompute + gathered */
     int64_t pinned, shared, recompute, gathered;
+    int64_t zfixed, zlayer;         /* zero >= 2: the staged params outside the stack, and one
+                                       layer's (bytes; gathered is made of them) */
     int64_t comm;                   /* largest collective output */
     int64_t total;                  /* params + grads + optim + slots x slot_bytes + workspace + comm */
 } mem_stage;
@@ -80,6 +87,8 @@ typedef struct mem_buf {
     int64_t grad_offset;            /* within its region; a carried value's is its pair's first buffer */
     int64_t grad_stride;            /* per iteration (0: reused) */
     int64_t scratch, scratch_offset; /* the backward's scratch (moe), in the shared workspace */
+    int64_t zoffset;                /* a param staged whole (zero >= 2, data-parallel group > 1): its
+                                       offset in its staging block (zfixed or zlayer), else -1 */
 } mem_buf;
 
 typedef struct memplan {

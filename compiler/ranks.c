@@ -21,6 +21,7 @@ typedef struct builder {
     int base[6];              /* first group index of: tp, ep, dp dense, dp expert, first+last stage */
     long long act_bytes;      /* an activation crossing a stage boundary */
     int elem_bytes;
+    signed char *part;        /* per step of the forward and backward programs: its part (unit_parts) */
 } builder;
 
 static int rank_of(const builder *b, coords c) {
@@ -199,6 +200,29 @@ static long long holds(const builder *b, int si, int stage) {
     return 0;
 }
 
+/* The part of each step of the forward and backward programs by its
+ * place: the stack's own; before the stack's steps (forward) or after them
+ * (backward), the part before; else the part after. So a param's step
+ * outside the stack (zero 2/3) is where its use is: a tied weight's on both
+ * sides. A phase without stack steps: by node. */
+static void unit_parts(builder *b) {
+    const shard_prog *p = b->p;
+    for (int phase = 0; phase < 2; phase++) {
+        int first = -1, last = -1;
+        for (int si = 0; si < p->n_steps; si++)
+            if (p->steps[si].backward == phase && b->stack >= 0 && in_region(b, si, b->stack)) {
+                if (first < 0) first = si;
+                last = si;
+            }
+        for (int si = 0; si < p->n_steps; si++) {
+            if (p->steps[si].backward != phase) continue;
+            if (first < 0) b->part[si] = (signed char)part_of(b, si);
+            else if (in_region(b, si, b->stack)) b->part[si] = 1;
+            else b->part[si] = (signed char)((phase ? si < first : si > last) ? 2 : 0);
+        }
+    }
+}
+
 /* One forward or backward unit of `chunk` on `rank`. */
 static int emit_unit(builder *b, int rank, int phase, int chunk, int *idx) {
     const shard_prog *p = b->p;
@@ -210,7 +234,7 @@ static int emit_unit(builder *b, int rank, int phase, int chunk, int *idx) {
         if (part == 2 && chunk != b->chunks - 1) continue;
         int n = 0;
         for (int si = 0; si < p->n_steps; si++)
-            if (p->steps[si].backward == phase && part_of(b, si) == part) idx[n++] = si;
+            if (p->steps[si].backward == phase && b->part[si] == part) idx[n++] = si;
         long long reps = part == 1 ? sched_chunk_layers(b->sc, chunk, b->stack_count) : 1;
         for (long long k = 0; k < reps; k++)
             if (emit_seq(b, rank, idx, n, part == 1 ? b->stack : -1) < 0) return -1;
@@ -266,7 +290,9 @@ int ranks_build(rank_progs *r, const shard_prog *p, const sched *sc, char *err, 
     r->cap_ops = calloc((size_t)r->world, sizeof *r->cap_ops);
     r->progs = calloc((size_t)r->world, sizeof *r->progs);
     int *idx = malloc((size_t)(p->n_steps ? p->n_steps : 1) * sizeof *idx);
-    int rc = !r->ops || !r->n_ops || !r->cap_ops || !r->progs || !idx || build_groups(&b) < 0 ? -1 : 0;
+    b.part = calloc((size_t)(p->n_steps ? p->n_steps : 1), 1);
+    int rc = !r->ops || !r->n_ops || !r->cap_ops || !r->progs || !idx || !b.part || build_groups(&b) < 0 ? -1 : 0;
+    if (rc == 0) unit_parts(&b);
     /* The first rank of each stage first: they give the size of the whole
      * check before the rest is built. */
     int per_stage = r->world / sc->pp;
@@ -278,6 +304,7 @@ int ranks_build(rank_progs *r, const shard_prog *p, const sched *sc, char *err, 
             snprintf(err, n, "%d ranks with about %lld operations in all: beyond the check's budget of %d",
                      r->world, projected, RANKS_MAX_OPS);
             free(idx);
+            free(b.part);
             return -2;
         }
         const sched_stage *st = &sc->stages[coords_of(&b, rank).pp];
@@ -321,6 +348,7 @@ int ranks_build(rank_progs *r, const shard_prog *p, const sched *sc, char *err, 
         if (pass == 0) projected += (long long)r->n_ops[rank] * per_stage;
     }
     free(idx);
+    free(b.part);
     if (rc < 0) snprintf(err, n, "out of memory building the rank programs");
     return rc;
 }

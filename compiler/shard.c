@@ -277,6 +277,26 @@ static int annotated_activation(shard_walk *w, int id) {
 
 /* ---- driver ---- */
 
+/* zero 3 with pp > 1: a weight used before and after the layer stack (a
+ * tied embedding) has a copy on the first and on the last stage; the last
+ * one's is gathered before its first use after the stack. */
+static int post_gathers(shard_walk *w, int id) {
+    const graph *g = w->p->g;
+    int stack = -1;
+    for (int r = 0; r < g->n_regions; r++)
+        if (g->regions[r].is_stack) stack = r;
+    if (w->p->setup.pp == 1 || stack < 0 || id < g->regions[stack].end) return 0;
+    for (int k = 0; k < g->nodes[id].n_in; k++) {
+        int t = g->nodes[id].in[k], first = 1;
+        if (g->nodes[t].op != G_PARAM || !shard__tied_across_stack(g, t)) continue;
+        for (int c = g->regions[stack].end; c < id && first; c++)
+            for (int j = 0; j < g->nodes[c].n_in; j++) first &= g->nodes[c].in[j] != t;
+        for (int j = 0; j < k; j++) first &= g->nodes[id].in[j] != t;
+        if (first && shard__zero3_gather(w, t, 0) < 0) return -1;
+    }
+    return 0;
+}
+
 int shard_build(const graph *g, const fe_setup *setup, shard_prog *p) {
     memset(p, 0, sizeof *p);
     p->g = g;
@@ -299,7 +319,8 @@ int shard_build(const graph *g, const fe_setup *setup, shard_prog *p) {
             s.region = w.region;
             s.axis = -1;
             s.dim = -1;
-            if (g->nodes[id].op != G_PARAM && g->nodes[id].op != G_INPUT && shard__push(p, s) < 0)
+            if (post_gathers(&w, id) < 0) rc = fail(p, id, "out of memory");
+            if (rc == 0 && g->nodes[id].op != G_PARAM && g->nodes[id].op != G_INPUT && shard__push(p, s) < 0)
                 rc = fail(p, id, "out of memory");
             if (rc == 0 && g->nodes[id].op == G_PARAM && shard__zero3_gather(&w, id, 0) < 0)
                 rc = fail(p, id, "out of memory");

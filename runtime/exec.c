@@ -79,12 +79,14 @@ static const char *refusal(const plan *p, char *buf, size_t n)
     if (s->tp > 1 && s->sequence_parallel) return "sequence parallelism is not run yet (tp > 1 without it is)";
     for (int id = 0; s->tp > 1 && id < p->n_tensors; id++)
         if (p->tensors[id].op == G_MOE) return "mixture-of-experts layers are not run yet with tp > 1";
-    if (s->world > 1 && s->zero >= 2) return "zero 2 and 3 are not run yet with dp > 1: zero 0 and 1 are";
     for (int k = 0; k < p->n_steps; k++) {
         const plan_step *st = &p->steps[k];
-        int sync = st->kind == STEP_REDUCE_SCATTER && st->phase == PLAN_GRAD_SYNC;
+        int param = p->tensors[st->node].op == G_PARAM && st->axis == 0;
+        /* ZeRO: gradients reduce-scattered once per step (1) or per micro-batch (2, 3);
+         * params gathered after the optimizer (1, 2) or before use (3) */
+        int sync = st->kind == STEP_REDUCE_SCATTER && (st->phase == PLAN_GRAD_SYNC || param);
         int moe = st->kind == STEP_ALL_TO_ALL && p->tensors[st->node].op == G_MOE;
-        int gather = st->kind == STEP_ALL_GATHER && st->phase == PLAN_AFTER_OPTIMIZER;
+        int gather = st->kind == STEP_ALL_GATHER && (st->phase == PLAN_AFTER_OPTIMIZER || param);
         if (st->kind != STEP_COMPUTE && st->kind != STEP_ALL_REDUCE && !sync && !gather && !moe) {
             snprintf(buf, n, "the plan's %s steps over %s are not run yet", plan_phase_name(st->phase),
                      plan__axis_name(st->axis));
@@ -183,6 +185,7 @@ static int layout(mesh__exec *ex, unsigned flags, char *err, size_t errn)
     ex->pinned_at = ex->slots_at + ms->slot_bytes * ms->slots;
     ex->shared_at = ex->pinned_at + ms->pinned;
     ex->recompute_at = ex->shared_at + ms->shared;
+    ex->gathered_at = ex->recompute_at + ms->recompute;
     /* a slot: the part before the stack (a later stage: what it receives), its layers, the part after */
     exec__set_chunk(ex, ex->stage); /* the stage's first chunk */
     if ((uint64_t)ms->total > SIZE_MAX - EX_HEADER) return -1;
@@ -292,6 +295,7 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
         !ex->slot_busy)
         goto oom;
     find_zero_by(ex);
+    if (exec__step_parts(ex) != 0) goto oom;
     ex->tokens_in = ex->targets_in = -1;
     /* the gradient of the mean loss over every micro-batch of every rank */
     ex->dloss = 1.0 / ((double)(p->setup.micro_batches > 0 ? p->setup.micro_batches : 1) * ex->data_ranks);
@@ -337,12 +341,6 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
             char *name = iter_name(ex, t->name ? t->name : "?", it);
             if (!name) goto oom;
             ex->names[id][c] = name;
-            float *w = exec__vptr(ex, id, it);
-            init_ctx ic = {w, mesh__init_key((uint64_t)p->setup.seed, name), (float)t->init_std};
-            if (t->init == GRAPH_INIT_NORMAL) /* each element from its index in the whole param */
-                exec__param_runs(ex, id, ex->coord[exec__split_ep(ex, id) ? 3 : 1], exec__init_run, &ic);
-            else
-                mesh__init_fill(w, ne, t->init == GRAPH_INIT_ONES ? 1.0f : 0.0f);
         }
     }
     /* deterministic: only where the gradients are whole (no ZeRO) and the
@@ -353,7 +351,7 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
         set_err(err, errn, "rank %d: the optimizer's shards are not the memory plan's", rank);
         goto fail;
     }
-    if (shards != 0) goto oom;
+    if (shards != 0 || exec__init_params(ex) != 0) goto oom;
     if (ex->tokens_in < 0 || ex->targets_in < 0) {
         set_err(err, errn, "the model needs two inputs (tokens and targets)");
         goto fail;
@@ -416,6 +414,7 @@ void mesh__exec_free(mesh__exec *ex)
     ex_free(ex, ex->opt_at);
     ex_free(ex, ex->slot_of);
     ex_free(ex, ex->slot_busy);
+    ex_free(ex, ex->step_part);
     memplan_free(&ex->mp);
     free(ex);
 }

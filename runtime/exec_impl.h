@@ -33,6 +33,11 @@ struct mesh__exec {
     unsigned char *arena; /* the one allocation: ms->total bytes */
     /* byte offsets of the regions in the arena */
     int64_t grads_at, optim_at, slots_at, pinned_at, shared_at, recompute_at;
+    int64_t gathered_at; /* zero >= 2: the full gradients staged before their reduce-scatter
+                            (ms->zfixed + ms->zlayer), then with zero = 3 the params gathered
+                            whole (ms->zfixed + 2 ms->zlayer) */
+    signed char *step_part; /* per plan step of the forward and backward: the part of a unit it
+                               runs in (MEM_PART_*), by its place in the program */
     int64_t part_at[3];  /* a slot's parts */
     int slot;            /* the slot of the unit being run */
     int *slot_of;        /* per micro-batch: its slot while in flight */
@@ -144,6 +149,18 @@ int exec__split_ep(const mesh__exec *ex, int id);
  * NULL without ZeRO or for a group of one. */
 comm *exec__zcomm(const mesh__exec *ex, int id);
 
+/* Is param id staged whole for use (zero 3: its value) or before its
+ * reduce-scatter (zero >= 2: its gradient), its data-parallel group being
+ * larger than one? */
+int exec__staged(const mesh__exec *ex, int id);
+
+/* This rank's ZeRO shard of copy it of param id ([lo, lo + len) of its
+ * elements, exec__shard_of): its value and its gradient where the
+ * optimizer reads them (the whole param's elements without ZeRO-3 or
+ * ZeRO-2, the sharded regions with them). */
+float *exec__pshard(const mesh__exec *ex, int id, int it);
+float *exec__gshard(const mesh__exec *ex, int id, int it);
+
 /* The last of tensor id's dims on this rank. */
 int exec__lastd(const mesh__exec *ex, int id);
 
@@ -158,6 +175,9 @@ int exec__forward_node(mesh__exec *ex, int id, int it);
 int exec__backward_node(mesh__exec *ex, int id, int it);
 
 /* exec_step.c */
+/* ex->step_part, for the stack found. 0, or -1 out of memory. */
+int exec__step_parts(mesh__exec *ex);
+
 /* The sum over the group of x[0..n-1], in rank order, exactly (doubles
  * travel as bytes). */
 int exec__sum_doubles(mesh__exec *ex, comm *c, double *x, int n);
@@ -170,6 +190,10 @@ void exec__init_run(void *ctx, size_t local, size_t whole, size_t len);
 /* The part of copy it of param id this rank updates: elements [lo, lo +
  * len) (all of them without ZeRO), and its AdamW moments. */
 void exec__shard_of(const mesh__exec *ex, int id, int it, size_t *lo, size_t *len, float **m, float **v);
+
+/* Each param's initial values (from the plan's seed and its global name;
+ * with zero 3 into its shards). 0, or -1 out of memory. */
+int exec__init_params(mesh__exec *ex);
 
 /* What this rank's optimizer updates: without ZeRO every param whole;
  * with it (over the param's data-parallel group) each copy's shard of

@@ -75,6 +75,52 @@ int64_t exec__recv_at(const mesh__exec *ex, int c)
     return at;
 }
 
+int exec__staged(const mesh__exec *ex, int id)
+{
+    return ex->p->setup.zero >= 2 && ex->p->tensors[id].op == G_PARAM && exec__buf_of(ex, id)->zoffset >= 0;
+}
+
+/* Where copy it of a staged param is: its gradient (grad = 1) or with
+ * zero 3 its value gathered whole. The staging area holds the gradients
+ * (the params outside the stack, one layer), then the values (outside the
+ * stack, two layers: a layer's iterations alternate). */
+static float *staged(const mesh__exec *ex, int id, int it, int grad)
+{
+    const mem_buf *b = exec__buf_of(ex, id);
+    const mem_stage *ms = ex->ms;
+    int64_t at = ex->gathered_at + (grad ? 0 : ms->zfixed + ms->zlayer) + b->zoffset;
+    if (exec__in_stack(ex, id)) at += ms->zfixed + (grad ? 0 : (int64_t)(it % 2) * ms->zlayer);
+    else at += exec__param_copy(ex, id, it) * b->bytes;
+    return (float *)(void *)(ex->arena + at);
+}
+
+/* With zero >= 2 (gradients) or zero 3 (values), a param's shard of each
+ * copy in the sharded layout of its region (at region_at): the optimizer
+ * state's layout (exec__optimizer_shards). */
+static float *sharded(const mesh__exec *ex, int id, int it, int64_t region_at)
+{
+    size_t at = ex->opt_at[id] + (size_t)exec__param_copy(ex, id, it) * ex->shard[id];
+    return (float *)(void *)(ex->arena + region_at) + at;
+}
+
+float *exec__pshard(const mesh__exec *ex, int id, int it)
+{
+    size_t lo, len;
+    float *m, *v;
+    if (ex->p->setup.zero == 3) return sharded(ex, id, it, 0);
+    exec__shard_of(ex, id, it, &lo, &len, &m, &v);
+    return exec__vptr(ex, id, it) + lo;
+}
+
+float *exec__gshard(const mesh__exec *ex, int id, int it)
+{
+    size_t lo, len;
+    float *m, *v;
+    if (ex->p->setup.zero >= 2) return sharded(ex, id, it, ex->grads_at);
+    exec__shard_of(ex, id, it, &lo, &len, &m, &v);
+    return exec__gptr(ex, id, it) + lo;
+}
+
 /* Value of tensor id at its iteration it (-1, a carried entry: 0). */
 float *exec__vptr(const mesh__exec *ex, int id, int it)
 {
@@ -83,6 +129,8 @@ float *exec__vptr(const mesh__exec *ex, int id, int it)
     int c;
     if (ex->chunk > 0 && carried_entry(ex, id, &c)) /* received from the chunk before */
         return (float *)(void *)(ex->arena + exec__recv_at(ex, c));
+    if (b->region == MEM_PERSISTENT && ex->p->setup.zero == 3) /* a param: gathered, or its own shard */
+        return exec__staged(ex, id) ? staged(ex, id, it, 0) : sharded(ex, id, it, 0);
     switch (b->region) {
     case MEM_PERSISTENT: at = 0; break;
     case MEM_SLOT: at = ex->slots_at + ex->slot * ex->ms->slot_bytes + ex->part_at[b->part]; break;
@@ -102,6 +150,8 @@ float *exec__gptr(const mesh__exec *ex, int id, int it)
 {
     const mem_buf *b = exec__buf_of(ex, id);
     int64_t at;
+    if (b->grad_region == MEM_PERSISTENT && ex->p->setup.zero >= 2) /* a param's: staged, or its own shard */
+        return exec__staged(ex, id) ? staged(ex, id, it, 1) : sharded(ex, id, it, ex->grads_at);
     switch (b->grad_region) {
     case MEM_PERSISTENT: at = ex->grads_at; break;
     case MEM_WORKSPACE: at = ex->shared_at; break;

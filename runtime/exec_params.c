@@ -108,6 +108,31 @@ void exec__shard_of(const mesh__exec *ex, int id, int it, size_t *lo, size_t *le
     *v = m0 + ex->opt_elems + ex->opt_at[id] + (size_t)exec__param_copy(ex, id, it) * sh;
 }
 
+/* zero 3: copy it of param id's shard <- its elements in whole (the rank's slice). */
+static void keep_shard(const mesh__exec *ex, int id, int it, const float *whole)
+{
+    size_t lo, len;
+    float *m, *v;
+    exec__shard_of(ex, id, it, &lo, &len, &m, &v);
+    memcpy(exec__pshard(ex, id, it), whole + lo, len * sizeof *whole);
+}
+
+/* zero 3: whole <- copy it of param id (the rank's slice), its shards
+ * gathered over the param's data-parallel group (a sum over zeros, exact,
+ * when the shards are uneven). Collective over that group. */
+static int whole_of_shards(mesh__exec *ex, int id, int it, float *whole)
+{
+    size_t n = ex->numel[id], lo, len;
+    float *m, *v;
+    exec__shard_of(ex, id, it, &lo, &len, &m, &v);
+    comm *z = exec__zcomm(ex, id);
+    memset(whole, 0, n * sizeof *whole);
+    memcpy(whole + lo, exec__pshard(ex, id, it), len * sizeof *whole);
+    if (!z || comm_all_reduce(z, whole, n) == 0) return 0;
+    snprintf(ex->error, sizeof ex->error, "rank %d: gathering a param's shards: %s", ex->rank, z->error);
+    return -1;
+}
+
 /* What this rank's optimizer updates: without ZeRO every param whole;
  * with it (over the param's data-parallel group) each copy's shard of
  * ceil(n / ranks) elements, as the memory plan lays out the moments. */
@@ -142,7 +167,7 @@ int exec__optimizer_shards(mesh__exec *ex)
             size_t lo, len;
             float *m, *v;
             exec__shard_of(ex, id, it, &lo, &len, &m, &v);
-            ex->gbufs[b] = exec__gptr(ex, id, it) + lo;
+            ex->gbufs[b] = exec__gshard(ex, id, it);
             /* 1: split over tp; 2: the last stage's copy of a tied param (counted on
              * the first); 3: split over ep (an expert's weights) */
             ex->gsplit[b] = (char)(tied_across(ex, id) && ex->stage > 0 ? 2
@@ -151,6 +176,31 @@ int exec__optimizer_shards(mesh__exec *ex)
                                                                      : 0);
             ex->gsizes[b] = ex->zero ? len : (size_t)ex->copies[id] * ex->numel[id];
         }
+    }
+    return 0;
+}
+
+int exec__init_params(mesh__exec *ex)
+{
+    const plan *p = ex->p;
+    int z3 = p->setup.zero == 3;
+    for (int k = 0; k < ex->n_params; k++) {
+        int id = ex->params[k];
+        const plan_tensor *t = &p->tensors[id];
+        /* zero 3: the rank's whole slice made, then its shard kept */
+        float *whole = z3 ? malloc(ex->numel[id] * sizeof *whole) : NULL;
+        if (z3 && !whole) return -1;
+        for (int c = 0; c < ex->copies[id]; c++) {
+            int it = exec__copy_it(ex, id, c);
+            float *w = z3 ? whole : exec__vptr(ex, id, it);
+            init_ctx ic = {w, mesh__init_key((uint64_t)p->setup.seed, ex->names[id][c]), (float)t->init_std};
+            if (t->init == GRAPH_INIT_NORMAL) /* each element from its index in the whole param */
+                exec__param_runs(ex, id, ex->coord[exec__split_ep(ex, id) ? 3 : 1], exec__init_run, &ic);
+            else
+                mesh__init_fill(w, ex->numel[id], t->init == GRAPH_INIT_ONES ? 1.0f : 0.0f);
+            if (z3) keep_shard(ex, id, it, whole);
+        }
+        free(whole);
     }
     return 0;
 }
@@ -238,14 +288,28 @@ int mesh__exec_param_get(mesh__exec *ex, int k, float *whole)
 {
     int it, id = param_at(ex, k, &it);
     if (id < 0) return -1;
-    return tp_gather(ex, id, exec__vptr(ex, id, it), whole) == 0 ? 0 : -2;
+    if (ex->p->setup.zero != 3) return tp_gather(ex, id, exec__vptr(ex, id, it), whole) == 0 ? 0 : -2;
+    float *local = malloc(ex->numel[id] * sizeof *local);
+    int rc = local ? whole_of_shards(ex, id, it, local) : -1;
+    if (!local) snprintf(ex->error, sizeof ex->error, "rank %d: out of memory", ex->rank);
+    if (rc == 0) rc = tp_gather(ex, id, local, whole);
+    free(local);
+    return rc == 0 ? 0 : -2;
 }
 
 int mesh__exec_param_set(mesh__exec *ex, int k, const float *whole)
 {
     int it, id = param_at(ex, k, &it);
     if (id < 0) return -1;
-    tp_pick(ex, id, whole, exec__vptr(ex, id, it));
+    if (ex->p->setup.zero != 3) {
+        tp_pick(ex, id, whole, exec__vptr(ex, id, it));
+        return 0;
+    }
+    float *local = malloc(ex->numel[id] * sizeof *local);
+    if (!local) return -2;
+    tp_pick(ex, id, whole, local);
+    keep_shard(ex, id, it, local);
+    free(local);
     return 0;
 }
 

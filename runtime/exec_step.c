@@ -66,10 +66,15 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
     int rc = -1;
     const char *what = "?";
     size_t n = (size_t)(exec__buf_of(ex, st->node)->bytes / 4), part = n / (size_t)c->size;
+    int zparam = nt->op == G_PARAM && (st->phase == PLAN_FORWARD || st->phase == PLAN_BACKWARD);
     switch (st->kind) {
     case STEP_ALL_REDUCE:
         what = "all-reduce";
         if (ex->p->tensors[st->node].op == G_CROSS_ENTROPY) return 0; /* the op exchanges its sums itself */
+        if (nt->op == G_PARAM && st->phase == PLAN_GRAD_SYNC && ex->p->setup.zero >= 2) { /* a tied param's shards */
+            rc = comm_all_reduce(c, exec__gshard(ex, st->node, it), ex->shard[st->node]);
+            break;
+        }
         /* forward: a partial sum of values; backward and the gradient sync: of gradients */
         rc = comm_all_reduce(c, st->phase == PLAN_FORWARD ? exec__vptr(ex, st->node, it) : exec__gptr(ex, st->node, it), n);
         break;
@@ -78,12 +83,20 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
         float *g = exec__gptr(ex, st->node, it);
         if (n % (size_t)c->size == 0) rc = comm_reduce_scatter(c, g, g + (size_t)c->rank * part, part);
         else rc = comm_all_reduce(c, g, n); /* uneven shards: the whole sum, of which it uses its part */
+        if (rc == 0 && zparam) { /* zero 2/3: the micro-batch's sum, added to the rank's shard */
+            size_t lo, len;
+            float *m, *v, *sh = exec__gshard(ex, st->node, it);
+            exec__shard_of(ex, st->node, it, &lo, &len, &m, &v);
+            for (size_t i = 0; i < len; i++) sh[i] += g[lo + i];
+        }
         break;
     }
-    case STEP_ALL_GATHER: { /* ZeRO: every rank's updated shard, into the whole param */
+    case STEP_ALL_GATHER: { /* ZeRO: every rank's shard, into the whole param */
         what = "all-gather";
         float *w = exec__vptr(ex, st->node, it);
         size_t sh = ex->shard[st->node], lo = (size_t)c->rank * sh, hi = lo + sh < n ? lo + sh : n;
+        /* zero 3, before use: from the rank's shard; zero 1/2, after the optimizer: in place */
+        if (zparam && hi > lo) memcpy(w + lo, exec__pshard(ex, st->node, it), (hi - lo) * sizeof *w);
         if (n % (size_t)c->size == 0) {
             rc = comm_all_gather(c, w + lo, w, sh);
         } else { /* uneven: a sum of the shards over zeros is the gather, exactly */
@@ -103,17 +116,47 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
     return rc;
 }
 
-/* Does step st run on this pipeline stage? A layer's on the stage of its
- * layers (run_phase picks the iterations), one before the stack on the
- * first stage, one after it on the last; a param's gradient sync and
- * gather where the param is held. */
-static int step_here(const mesh__exec *ex, const plan_step *st)
+int exec__step_parts(mesh__exec *ex)
+{
+    const plan *p = ex->p;
+    ex->step_part = exec__host_calloc(ex, (size_t)(p->n_steps > 0 ? p->n_steps : 1), 1);
+    if (!ex->step_part) return -1;
+    for (int phase = PLAN_FORWARD; phase <= PLAN_BACKWARD; phase++) {
+        int first = -1, last = -1;
+        for (int k = 0; k < p->n_steps; k++)
+            if (p->steps[k].phase == (plan_phase)phase && ex->stack >= 0 && p->steps[k].region == ex->stack) {
+                if (first < 0) first = k;
+                last = k;
+            }
+        for (int k = 0; k < p->n_steps; k++) {
+            const plan_step *st = &p->steps[k];
+            if (st->phase != (plan_phase)phase) continue;
+            if (first < 0) /* no stack steps: by node */
+                ex->step_part[k] = (signed char)(ex->stack < 0 || st->node < p->regions[ex->stack].first ? MEM_PART_PRE
+                                                                                                        : MEM_PART_POST);
+            else if (st->region == ex->stack) ex->step_part[k] = MEM_PART_LAYER;
+            else ex->step_part[k] = (signed char)((phase == PLAN_BACKWARD ? k < first : k > last) ? MEM_PART_POST
+                                                                                                   : MEM_PART_PRE);
+        }
+    }
+    return 0;
+}
+
+/* Does step k run on this pipeline stage? A layer's on the stage of its
+ * layers (run_phase picks the iterations), one of the part before the
+ * stack on the first stage, of the part after it on the last (by its
+ * place: exec__step_parts); a param's gradient sync and gather where the
+ * param is held. */
+static int step_here(const mesh__exec *ex, int k)
 {
     if (ex->p->pp == 1) return 1;
-    const plan_tensor *t = &ex->p->tensors[st->node];
+    const plan_step *st = &ex->p->steps[k];
     if (st->phase == PLAN_GRAD_SYNC || st->phase == PLAN_AFTER_OPTIMIZER) return ex->copies[st->node] > 0;
-    if (ex->stack >= 0 && t->region == ex->stack) return ex->n_layers > 0;
-    return st->node < ex->p->regions[ex->stack].first ? ex->chunk == 0 : ex->chunk == ex->chunks - 1;
+    switch (ex->step_part[k]) {
+    case MEM_PART_LAYER: return ex->n_layers > 0;
+    case MEM_PART_PRE: return ex->chunk == 0;
+    default: return ex->chunk == ex->chunks - 1;
+    }
 }
 
 /* Pipeline transfers of the carried values (comm: the pp group, eager
@@ -163,6 +206,7 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
     if (back) {
         poison_workspace(ex);
         memset(ex->arena + ex->pinned_at, 0, (size_t)ex->ms->pinned);
+        memset(ex->arena + ex->gathered_at, 0, (size_t)ex->ms->zfixed); /* zero >= 2: staged gradients */
         if (ex->chunk < ex->chunks - 1 && pipe_transfer(ex, 1, 0) != 0) return -1;
     } else if (phase == PLAN_FORWARD && ex->chunk > 0 && pipe_transfer(ex, 0, 0) != 0) {
         return -1;
@@ -177,12 +221,14 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
         int count = st->region >= 0 ? (int)p->regions[st->region].count : 1;
         int stack = st->region >= 0 && st->region == ex->stack;
         if (stack) count = sync ? ex->copies[st->node] : ex->n_layers; /* the unit's layers; a param's held copies */
-        if (!step_here(ex, st)) count = 0;
+        if (!step_here(ex, s)) count = 0;
         for (int k = 0; k < count; k++) {
             int it = stack && sync ? exec__copy_it(ex, st->node, k)
                    : stack         ? ex->first_layer + (back ? count - 1 - k : k)
                                    : back ? count - 1 - k : k;
             if (back && st->region >= 0) start_carries(ex, st->region, it);
+            if (back && stack && ex->ms->zlayer) /* zero >= 2: the layer's gradients, staged */
+                memset(ex->arena + ex->gathered_at + ex->ms->zfixed, 0, (size_t)ex->ms->zlayer);
             for (int q = s; q < e; q++) {
                 const plan_step *sq = &p->steps[q];
                 if (sq->kind != STEP_COMPUTE) {
@@ -409,7 +455,7 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
             size_t lo, len;
             float *mo, *vo;
             exec__shard_of(ex, id, it, &lo, &len, &mo, &vo);
-            kcpu_adamw_step(exec__vptr(ex, id, it) + lo, exec__gptr(ex, id, it) + lo, mo, vo, ex->zero ? len :
+            kcpu_adamw_step(exec__pshard(ex, id, it), exec__gshard(ex, id, it), mo, vo, ex->zero ? len :
                             (size_t)ex->copies[id] * ex->numel[id], (float)lr, (float)s->beta1, (float)s->beta2,
                             (float)s->eps, wd, (int)ex->adam_t);
         }

@@ -488,16 +488,25 @@ exit: 1" env RANK=0 WORLD_SIZE=2 "$MESHRUN" --local_rank=0 "$TMP/dp2.plan" --dat
         cat "$TMP/dp1.jsonl" "$TMP/det.jsonl" >>"$TMP/det.out"
         fail meshrun/deterministic-dp4-identical-to-one-rank "$TMP/det.out"
     fi
-    # ZeRO-1 on dp 2: the optimizer state sharded; the same losses as one
-    # rank, and a checkpoint (rank 0 writes the gathered state) resumes to
-    # exactly the uninterrupted run
-    "$MESHC" -o "$TMP/z1.plan" --set mesh.dp=2 --set train.zero=1 examples/gpt-tiny.mesh >/dev/null 2>&1
-    if resume_matches "$TMP/z1.plan" z1 && same_losses "$TMP/dp1.jsonl" "$TMP/z1-a.jsonl"; then
-        pass meshrun/dp2-zero1-same-losses-and-resume
-    else
-        cat "$TMP/dp1.jsonl" "$TMP/z1-a.jsonl" "$TMP/z1-b.jsonl" >>"$TMP/z1.out"
-        fail meshrun/dp2-zero1-same-losses-and-resume "$TMP/z1.out"
-    fi
+    # ZeRO on dp 2: 1 shards the optimizer state, 2 the gradients too
+    # (reduce-scattered per micro-batch: 2 micro-batches of 4 here), 3 the
+    # params too (gathered before use; with pp 2 the tied wte on both end
+    # stages); the same losses as one rank, the bytes the plan predicts, and
+    # a checkpoint (rank 0 writes the gathered state) resumes to exactly
+    # the uninterrupted run; a one-rank plan samples from zero 3's
+    for z in 1:1 2:1 3:1 3:2; do
+        "$MESHC" -o "$TMP/z$z.plan" --set mesh.dp=2 --set train.zero=${z%:*} --set mesh.pp=${z#*:} \
+            --set train.micro_batch=4 examples/gpt-tiny.mesh >/dev/null 2>&1
+        if resume_matches "$TMP/z$z.plan" "z$z" && same_losses "$TMP/dp1.jsonl" "$TMP/z$z-a.jsonl" &&
+            sent_as_planned "$TMP/z$z.out" &&
+            { [ "$z" != 3:2 ] || { "$MESHRUN" sample "$TMP/m1x1x1.plan" --checkpoint "$TMP/z$z-ck" --prompt "THE " \
+                --tokens 20 >>"$TMP/z$z.out" 2>&1 && grep -q '^THE ' "$TMP/z$z.out"; }; }; then
+            pass "meshrun/dp2-pp${z#*:}-zero${z%:*}-same-losses-and-resume"
+        else
+            cat "$TMP/dp1.jsonl" "$TMP/z$z-a.jsonl" "$TMP/z$z-b.jsonl" >>"$TMP/z$z.out"
+            fail "meshrun/dp2-pp${z#*:}-zero${z%:*}-same-losses-and-resume" "$TMP/z$z.out"
+        fi
+    done
     # a pipeline's checkpoint: every stage's layers gathered at rank 0 into
     # one file; resuming gives the uninterrupted run, and a one-rank plan of
     # the model samples from it
@@ -531,7 +540,7 @@ exit: 1" env RANK=0 WORLD_SIZE=2 "$MESHRUN" --local_rank=0 "$TMP/dp2.plan" --dat
         fi
     done
     expect meshrun/sample-tensor-parallel "meshrun: error: sample: with tp = 2 each rank holds a slice of the logits; compile this model with tp = 1 and sample from that plan (checkpoints hold whole parameters, so any mesh's loads into any other)
-exit: 1" "$MESHRUN" sample "$TMP/m1x2x1.plan" --checkpoint "$TMP/z1-ck"
+exit: 1" "$MESHRUN" sample "$TMP/m1x2x1.plan" --checkpoint "$TMP/z1:1-ck"
     sed 's/^format: 1$/format: 2/' "$TMP/tiny.plan" >"$TMP/v2.plan"
     expect meshrun/plan-other-version "meshrun: error: $TMP/v2.plan:3:9: plan format version 2 is not supported: this build reads version 1
 HINT: this plan was written by meshc $v with format version 2; recompile the .mesh file with this meshc (format version 1)

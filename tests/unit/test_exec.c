@@ -340,10 +340,12 @@ static void expect_same_losses(const double *ref, const double *got, const char 
 }
 
 /* The central guarantee, for data parallelism: the same model, seed and
- * global batch on dp 2, 3 and 4, with ZeRO 0 and 1, give the one-rank
- * losses at every step (1e-5 relative; the gradients' sums over ranks
- * round differently). dp 3 shards params unevenly (8 / 3). Every rank's
- * memory is its plan's (eq_rank checks). */
+ * global batch on dp 2, 3 and 4, with ZeRO 0, 1, 2 (gradients reduce-
+ * scattered per micro-batch into shards) and 3 (params sharded too,
+ * gathered before use), give the one-rank losses at every step (1e-5
+ * relative; the gradients' sums over ranks round differently). dp 3 shards
+ * params unevenly (8 / 3). Every rank's memory is its plan's (eq_rank
+ * checks). */
 TEST_IMPL(parallel_dp_losses_equal_one_rank)
 {
     static const char *const meshes[][4] = {
@@ -353,12 +355,18 @@ TEST_IMPL(parallel_dp_losses_equal_one_rank)
         {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=2", "train.zero=1"},
         {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=3", "train.zero=1"},
         {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=4", "train.zero=1"},
+        {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=2", "train.zero=2"},
+        {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=3", "train.zero=2"},
+        {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=2", "train.zero=3"},
+        {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=3", "train.zero=3"},
+        {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=4", "train.zero=3"},
     };
+    enum { N_MESHES = sizeof meshes / sizeof meshes[0] };
     const char *srcs[] = {tiny_src, llama_src, moe_src};
     for (int s = 0; s < 3; s++) {
         double ref[EQ_STEPS], got[EQ_STEPS];
         eq_losses(srcs[s], meshes[0], 4, ref);
-        for (int v = 1; v < 6; v++) {
+        for (int v = 1; v < N_MESHES; v++) {
             eq_losses(srcs[s], meshes[v], 4, got);
             char what[96];
             snprintf(what, sizeof what, "model %d, %s %s", s, meshes[v][2], meshes[v][3]);
@@ -414,6 +422,12 @@ TEST_IMPL(parallel_tp_pp_losses_equal_one_rank)
         {"mesh.dp=2", "mesh.tp=1", "train.zero=1", "mesh.pp=2"},
         {"mesh.dp=1", "mesh.tp=2", "train.zero=0", "mesh.pp=2"},
         {"mesh.dp=2", "mesh.tp=2", "train.zero=1", "mesh.pp=2"},
+        {"mesh.dp=2", "mesh.tp=2", "train.zero=2", "mesh.pp=1"},
+        {"mesh.dp=2", "mesh.tp=2", "train.zero=3", "mesh.pp=1"},
+        {"mesh.dp=2", "mesh.tp=1", "train.zero=3", "mesh.pp=2"},
+        {"mesh.dp=2", "mesh.tp=2", "train.zero=2", "mesh.pp=2"},
+        {"mesh.dp=2", "mesh.tp=2", "train.zero=3", "mesh.pp=2"},
+        {"mesh.dp=2", "train.recompute=full", "train.zero=3", "mesh.pp=2"},
     };
     enum { N_MESHES = sizeof meshes / sizeof meshes[0] };
     /* Llama with 4 query heads sharing 2 kv heads, so that tp 2 splits both */
@@ -474,9 +488,12 @@ TEST_IMPL(parallel_ep_losses_equal_one_rank)
         {"mesh.dp=1", "mesh.ep=2", "mesh.pp=2", "train.seed=7"},
         {"mesh.dp=1", "mesh.ep=2", "mesh.pp=1", "train.zero=1"},
         {"mesh.dp=2", "mesh.ep=2", "mesh.pp=1", "train.zero=1"},
+        {"mesh.dp=2", "mesh.ep=2", "mesh.pp=1", "train.zero=2"},
+        {"mesh.dp=2", "mesh.ep=2", "mesh.pp=1", "train.zero=3"},
+        {"mesh.dp=1", "mesh.ep=2", "mesh.pp=2", "train.zero=3"},
     };
     double ref[EQ_STEPS], got[EQ_STEPS];
-    for (int v = 0; v < 7; v++) {
+    for (int v = 0; v < (int)(sizeof meshes / sizeof meshes[0]); v++) {
         const char *sets[6] = {"train.micro_batch=1", "train.global_batch=12", meshes[v][0], meshes[v][1],
                                meshes[v][2], meshes[v][3]};
         eq_losses(moe_src, sets, 6, v == 0 ? ref : got);

@@ -112,17 +112,28 @@ TEST_IMPL(memplan_slots_follow_the_schedule)
     teardown(&x, &m);
 }
 
-/* zero = 3 gathers a layer's params whole for use, and prefetches the
- * next: two layers' worth in the workspace. */
+/* zero = 2 stages the full gradients of the params outside the stack and
+ * of one layer before their reduce-scatter; zero = 3 also gathers their
+ * values whole for use, a layer's and the next one's (prefetched). The
+ * grads (zero >= 2) and params (zero = 3) are the dp group's shards. */
 TEST_IMPL(memplan_zero3_gathers_two_layers)
 {
-    static const char *const z0[] = {"mesh.dp=2", "train.zero=0"}, *const z3[] = {"mesh.dp=2", "train.zero=3"};
-    built x0, x3;
-    memplan m0, m3;
+    static const char *const z0[] = {"mesh.dp=2", "train.zero=0"}, *const z2[] = {"mesh.dp=2", "train.zero=2"},
+                             *const z3[] = {"mesh.dp=2", "train.zero=3"};
+    built x0, x2, x3;
+    memplan m0, m2, m3;
     build(z0, 2, &x0, &m0);
+    build(z2, 2, &x2, &m2);
     build(z3, 2, &x3, &m3);
-    long long layer_params = (D + D * F + F * D) * 4; /* the biggest part: one layer, fp32 */
-    ASSERT_INT_EQ(m3.stage[0].workspace - m0.stage[0].workspace, 2 * layer_params);
+    long long layer = (D + D * F + F * D) * 4, fixed = V * D * 4; /* one layer's params, emb's; fp32 */
+    ASSERT_INT_EQ(m2.stage[0].zlayer, layer);
+    ASSERT_INT_EQ(m2.stage[0].zfixed, fixed);
+    ASSERT_INT_EQ(m2.stage[0].workspace - m0.stage[0].workspace, fixed + layer);
+    ASSERT_INT_EQ(m3.stage[0].workspace - m0.stage[0].workspace, 2 * fixed + 3 * layer);
+    ASSERT_INT_EQ(m2.stage[0].grads * 2, m0.stage[0].grads);
+    ASSERT_INT_EQ(m2.stage[0].params, m0.stage[0].params);
+    ASSERT_INT_EQ(m3.stage[0].params * 2, m0.stage[0].params);
+    teardown(&x2, &m2);
     teardown(&x0, &m0);
     teardown(&x3, &m3);
 }
