@@ -136,7 +136,11 @@ static shard_pl contribution(const shard_walk *w, int id, int k, shard_pl u, con
         return shard__with_tp(u, w->p->pl[id].kind[TP] == PL_SPLIT ? PL_PARTIAL : PL_REP, -1);
     case G_MOE:
         if (k == 0) return w->p->pl[id].kind[TP] == PL_PARTIAL ? shard__with_tp(u, PL_PARTIAL, -1) : u;
-        if (k == 1) return shard__with_tp(u, uses[0].kind[TP] == PL_SPLIT ? PL_PARTIAL : PL_REP, -1);
+        /* the router: partial when the tokens are split over tp, or when the
+         * experts' hidden width is (the gates' gradients are then partial) */
+        if (k == 1)
+            return shard__with_tp(u, uses[0].kind[TP] == PL_SPLIT || w->p->pl[id].kind[TP] == PL_PARTIAL ? PL_PARTIAL
+                                                                                                          : PL_REP, -1);
         return u;
     default:
         return u; /* pointwise, attention, rope, add, transpose, ...: as consumed */
@@ -208,11 +212,15 @@ static int emit_grad_shard(shard_walk *w, int t) {
 
 /* The params whose backward ends with `part` (0 before the layer stack: all
  * those left; 1 the stack: its layers' params; 2 after it: params used only
- * there), at the end of that part's backward: their gradients summed over
- * tp where needed (norm weights under sequence parallelism), then with
- * zero >= 2 reduce-scattered over dp. A weight used before and after the
+ * there), at the end of that part's backward: with zero >= 2 their
+ * gradients reduce-scattered over dp. A weight used before and after the
  * stack (a tied embedding) is finished before it; with pp > 1 its copy on
- * the last stage is reduce-scattered after the part after too. */
+ * the last stage is reduce-scattered after the part after too. A gradient
+ * that is a partial sum over tp (norm weights under sequence parallelism,
+ * a moe router with the experts split over tp) is marked (done = 2): it is
+ * summed over tp once per step, in the gradient sync, after its
+ * micro-batches have added up (a sum per micro-batch would add the earlier
+ * ones again). */
 static int finish_params(shard_walk *w, grad *gt, grad *gver, char *done, int stack, int part) {
     shard_prog *p = w->p;
     const graph *g = p->g;
@@ -228,7 +236,11 @@ static int finish_params(shard_walk *w, grad *gt, grad *gver, char *done, int st
         done[t] = 1;
         if (collect(w, t, gver, &gt[t]) < 0) return -1;
         if (!gt[t].has) continue;
-        rc = regrad(w, t, &gt[t].pl, p->pl[t], "param gradient summed over tp");
+        if (gt[t].pl.kind[TP] == PL_PARTIAL && p->pl[t].kind[TP] == PL_REP) {
+            done[t] = 2;
+            gt[t].pl = p->pl[t];
+        }
+        rc = regrad(w, t, &gt[t].pl, p->pl[t], "param gradient converted to its placement");
         if (rc == 0) rc = emit_grad_shard(w, t);
     }
     return rc;
@@ -316,7 +328,10 @@ int shard__backward_walk(shard_walk *w) {
     /* the params whose backward is done: reduced over tp where needed (and
      * with zero >= 2 over dp), then the once-per-step gradient sync */
     for (int part = prev; part >= 0 && rc == 0; part--) rc = finish_params(w, gt, gver, done, stack, part);
-    if (rc == 0) rc = shard__grad_sync(w, gt_has(gt, g->n));
+    int *has = rc == 0 ? gt_has(gt, g->n) : NULL;
+    for (int t = 0; has && t < g->n; t++)
+        if (has[t] && done[t] == 2) has[t] = 2; /* summed over tp in the gradient sync */
+    if (rc == 0) rc = shard__grad_sync(w, has);
     free(gt);
     free(gver);
     free(gathered);
@@ -333,30 +348,39 @@ int shard__backward_walk(shard_walk *w) {
  * (reduce-scattered per micro-batch, finish_params); zero = 3 keeps params
  * sharded: they are gathered before each use in forward and backward
  * instead (shard.c). */
+/* An all-reduce of param t's gradient over `axis` in the gradient sync:
+ * its whole gradient, or with zero >= 2 its shard (alike on every rank of
+ * the axis, whose dp groups are alike). */
+static int sum_param_grad(shard_prog *p, int t, int axis, const char *why) {
+    shard_step s = {0};
+    s.kind = STEP_ALL_REDUCE;
+    s.backward = 2;
+    s.node = t;
+    s.axis = axis;
+    s.dim = -1;
+    s.elems = shard__local_numel(p, t);
+    if (p->setup.zero >= 2) {
+        int64_t d = shard__dp_group(p, t);
+        s.elems = (s.elems + d - 1) / d;
+    }
+    s.region = p->g->nodes[t].region;
+    s.why = why;
+    return shard__push(p, s) < 0 ? -1 : 0;
+}
+
 int shard__grad_sync(shard_walk *w, int *has) {
     shard_prog *p = w->p;
     const graph *g = p->g;
     int rc = has ? 0 : -1;
-    /* a weight used before and after the layer stack (a tied embedding and
-     * LM head) lives on the first and the last pipeline stage: the two
-     * gradients are summed between them first */
-    for (int t = 0; t < g->n && rc == 0 && p->setup.pp > 1; t++) {
-        if (g->nodes[t].op != G_PARAM || !has[t] || !shard__tied_across_stack(g, t)) continue;
-        shard_step s = {0};
-        s.kind = STEP_ALL_REDUCE;
-        s.backward = 2;
-        s.node = t;
-        s.axis = PP;
-        s.dim = -1;
-        s.elems = shard__local_numel(p, t);
-        if (p->setup.zero >= 2) { /* its shards (each stage's dp group is alike) */
-            int64_t d = shard__dp_group(p, t);
-            s.elems = (s.elems + d - 1) / d;
-        }
-        s.region = g->nodes[t].region;
-        s.why = "tied weight: gradient summed between the first and last pipeline stages";
-        rc = shard__push(p, s) < 0 ? -1 : 0;
-    }
+    /* a param whose gradient is a partial sum over tp (has = 2): summed
+     * over tp first; a weight used before and after the layer stack (a
+     * tied embedding and LM head) lives on the first and the last pipeline
+     * stage: the two gradients are summed between them */
+    for (int t = g->n - 1; t >= 0 && rc == 0; t--)
+        if (has[t] == 2) rc = sum_param_grad(p, t, TP, "param gradient summed over tp");
+    for (int t = 0; t < g->n && rc == 0 && p->setup.pp > 1; t++)
+        if (g->nodes[t].op == G_PARAM && has[t] && shard__tied_across_stack(g, t))
+            rc = sum_param_grad(p, t, PP, "tied weight: gradient summed between the first and last pipeline stages");
     /* buckets: params of one part of the model (before, in or after the
      * layer stack; a stack layer's own), of one data-parallel group, in the
      * order backward finishes them, up to SHARD_BUCKET_ELEMS elements */

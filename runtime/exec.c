@@ -77,8 +77,6 @@ static const char *refusal(const plan *p, char *buf, size_t n)
 {
     const fe_setup *s = &p->setup;
     if (s->tp > 1 && s->sequence_parallel) return "sequence parallelism is not run yet (tp > 1 without it is)";
-    for (int id = 0; s->tp > 1 && id < p->n_tensors; id++)
-        if (p->tensors[id].op == G_MOE) return "mixture-of-experts layers are not run yet with tp > 1";
     for (int k = 0; k < p->n_steps; k++) {
         const plan_step *st = &p->steps[k];
         int param = p->tensors[st->node].op == G_PARAM && st->axis == 0;
@@ -130,7 +128,7 @@ static int moe_setup(mesh__exec *ex, int id)
     g->D = (int)exec__last_dim(t);
     g->N = (int)(ex->numel[id] / (size_t)g->D);
     g->E = (int)wg->dims[0];
-    g->F = (int)wg->dims[2];
+    g->F = (int)ex->ld[t->in[2]][2]; /* the experts' hidden width on this rank (split over tp) */
     g->K = (int)t->top_k;
     g->P = wg->pl.kind[3] == PL_SPLIT ? (int)ex->p->setup.ep : 1;
     g->El = g->E / g->P;

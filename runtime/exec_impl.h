@@ -54,7 +54,7 @@ struct mesh__exec {
     float **gbufs;       /* the gradients this rank updates, for the global norm: per param
                             tensor (all copies) without ZeRO, per copy its shard with it */
     size_t *gsizes;      /* and their elements */
-    char *gsplit;        /* and whether they are split over tp */
+    char *gsplit;        /* and the sum of squares each adds to (exec__optimizer_shards) */
     int n_gbufs;
     size_t *shard;       /* per param tensor: elements of each copy's ZeRO shard (all without) */
     size_t *opt_at;      /* per param tensor: where its first copy's moments start in m and v */
@@ -94,8 +94,9 @@ struct mesh__exec {
 };
 
 /* Calls fn(ctx, local, whole, len) for each contiguous run of param id's
- * elements on the rank `r` of its tp group: `len` elements at `local` in
- * the rank's slice are at `whole` in the whole param. */
+ * elements on the rank `rt` of its tp group and `re` of its ep group (an
+ * expert's weights): `len` elements at `local` in the rank's slice are at
+ * `whole` in the whole param. */
 typedef void (*run_fn)(void *ctx, size_t local, size_t whole, size_t len);
 
 /* Initialising a param's slice: the whole param's values at its indices. */
@@ -183,7 +184,7 @@ int exec__step_parts(mesh__exec *ex);
 int exec__sum_doubles(mesh__exec *ex, comm *c, double *x, int n);
 
 /* exec_params.c */
-void exec__param_runs(const mesh__exec *ex, int id, int r, run_fn fn, void *ctx);
+void exec__param_runs(const mesh__exec *ex, int id, int rt, int re, run_fn fn, void *ctx);
 
 void exec__init_run(void *ctx, size_t local, size_t whole, size_t len);
 

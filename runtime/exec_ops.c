@@ -334,9 +334,13 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
         if (g->P > 1 && moe_exchange(ex, m.dxr, m.dxs, block) != 0) return -1; /* back to the tokens' rank */
         kcpu_moe_dispatch_backward(DIN(0), m.dxs, &g->route, g->D);
         /* the load-balancing loss is part of the loss: its gradient scales
-         * with the seed of the backward, as the cross-entropy's does */
-        kcpu_moe_route_backward(DIN(0), DIN(1), m.scratch, m.dweight, (float)(t->aux_loss * ex->dloss), &g->route,
-                                IN(0), IN(1), g->D);
+         * with the seed of the backward, as the cross-entropy's does. With
+         * tp the gradients of x and the router are partial sums over the tp
+         * ranks (each holds a slice of the experts' hidden width), summed by
+         * the plan's all-reduces: the aux loss, the same on every tp rank,
+         * enters on the first only */
+        double aux = ex->coord[1] == 0 ? t->aux_loss * ex->dloss : 0.0;
+        kcpu_moe_route_backward(DIN(0), DIN(1), m.scratch, m.dweight, (float)aux, &g->route, IN(0), IN(1), g->D);
         break;
     }
     default:

@@ -43,29 +43,29 @@ static int split_blocks(const mesh__exec *ex, int id, int64_t seg[3])
     return 1;
 }
 
-void exec__param_runs(const mesh__exec *ex, int id, int r, run_fn fn, void *ctx)
+void exec__param_runs(const mesh__exec *ex, int id, int rt, int re, run_fn fn, void *ctx)
 {
     const plan_tensor *t = &ex->p->tensors[id];
-    if (exec__split_ep(ex, id)) { /* a block of whole experts: one run */
-        fn(ctx, 0, (size_t)r * ex->numel[id], ex->numel[id]);
-        return;
-    }
+    /* an expert's weights split over ep: the block of experts re (dim 0) */
+    size_t whole = 1;
+    for (int k = 0; k < t->rank; k++) whole *= (size_t)t->dims[k];
+    size_t base = exec__split_ep(ex, id) ? (size_t)re * (whole / (size_t)ex->p->setup.ep) : 0;
     if (!exec__split_tp(ex, id)) {
-        fn(ctx, 0, 0, ex->numel[id]);
+        fn(ctx, 0, base, ex->numel[id]);
         return;
     }
     int d = t->pl.dim[1], tp = (int)ex->p->setup.tp;
     int64_t seg[3];
     int nseg = split_blocks(ex, id, seg);
-    size_t outer = 1, inner = 1;
-    for (int k = 0; k < d; k++) outer *= (size_t)t->dims[k];
+    size_t outer = 1, inner = 1; /* the rank's rows before dim d (dim 0 after the ep split), whole after it */
+    for (int k = 0; k < d; k++) outer *= (size_t)ex->ld[id][k];
     for (int k = d + 1; k < t->rank; k++) inner *= (size_t)t->dims[k];
     for (size_t o = 0; o < outer; o++) {
         size_t lacc = 0, gacc = 0;
         for (int j = 0; j < nseg; j++) {
             size_t L = (size_t)seg[j] / (size_t)tp;
-            fn(ctx, (o * (size_t)ex->ld[id][d] + lacc) * inner, (o * (size_t)t->dims[d] + gacc + (size_t)r * L) * inner,
-               L * inner);
+            fn(ctx, (o * (size_t)ex->ld[id][d] + lacc) * inner,
+               base + (o * (size_t)t->dims[d] + gacc + (size_t)rt * L) * inner, L * inner);
             lacc += L;
             gacc += (size_t)seg[j];
         }
@@ -168,12 +168,11 @@ int exec__optimizer_shards(mesh__exec *ex)
             float *m, *v;
             exec__shard_of(ex, id, it, &lo, &len, &m, &v);
             ex->gbufs[b] = exec__gshard(ex, id, it);
-            /* 1: split over tp; 2: the last stage's copy of a tied param (counted on
-             * the first); 3: split over ep (an expert's weights) */
-            ex->gsplit[b] = (char)(tied_across(ex, id) && ex->stage > 0 ? 2
-                                   : exec__split_tp(ex, id)                ? 1
-                                   : exec__split_ep(ex, id)                ? 3
-                                                                     : 0);
+            /* which sum of squares it adds to (exec_step.c's norm): a dense
+             * param 0, split over tp 1; an expert's split over tp 2, not 3;
+             * the last stage's copy of a tied param none (4: counted on the first) */
+            int ep = exec__split_ep(ex, id), tp = exec__split_tp(ex, id);
+            ex->gsplit[b] = (char)(tied_across(ex, id) && ex->stage > 0 ? 4 : ep ? 3 - tp : tp);
             ex->gsizes[b] = ex->zero ? len : (size_t)ex->copies[id] * ex->numel[id];
         }
     }
@@ -195,7 +194,7 @@ int exec__init_params(mesh__exec *ex)
             float *w = z3 ? whole : exec__vptr(ex, id, it);
             init_ctx ic = {w, mesh__init_key((uint64_t)p->setup.seed, ex->names[id][c]), (float)t->init_std};
             if (t->init == GRAPH_INIT_NORMAL) /* each element from its index in the whole param */
-                exec__param_runs(ex, id, ex->coord[exec__split_ep(ex, id) ? 3 : 1], exec__init_run, &ic);
+                exec__param_runs(ex, id, ex->coord[1], ex->coord[3], exec__init_run, &ic);
             else
                 mesh__init_fill(w, ex->numel[id], t->init == GRAPH_INIT_ONES ? 1.0f : 0.0f);
             if (z3) keep_shard(ex, id, it, whole);
@@ -245,26 +244,33 @@ static void copy_run(void *ctx, size_t local, size_t whole, size_t len)
     else memcpy(c->to + local, c->from + whole, len * sizeof *c->to);
 }
 
-/* whole <- every tp rank's slice of param id (local: this rank's);
- * collective over the tp group when the param is split. */
+/* whole <- every tp and ep rank's slice of param id (local: this rank's);
+ * collective over the tp and ep groups it is split over. */
 static int tp_gather(mesh__exec *ex, int id, const float *local, float *whole)
 {
     size_t nl = ex->numel[id];
-    if (!exec__split_tp(ex, id) && !exec__split_ep(ex, id)) {
+    int st = exec__split_tp(ex, id), se = exec__split_ep(ex, id);
+    if (!st && !se) {
         memcpy(whole, local, nl * sizeof *whole);
         return 0;
     }
-    comm *c = ex->axis[exec__split_ep(ex, id) ? 3 : 1];
-    float *all = malloc((size_t)c->size * nl * sizeof *all);
-    int rc = all ? comm_all_gather(c, local, all, nl) : -1;
-    for (int q = 0; rc == 0 && q < c->size; q++) {
-        copy_ctx cc = {whole, all + (size_t)q * nl, 1};
-        exec__param_runs(ex, id, q, copy_run, &cc);
+    comm *ct = st ? ex->axis[1] : NULL, *ce = se ? ex->axis[3] : NULL;
+    size_t nt = ct ? (size_t)ct->size : 1, ne = ce ? (size_t)ce->size : 1;
+    /* over tp, then those over ep: all[qe][qt] */
+    float *all = malloc(ne * nt * nl * sizeof *all), *tps = ce && ct ? malloc(nt * nl * sizeof *tps) : NULL;
+    int rc = all && (tps || !(ce && ct)) ? 0 : -1;
+    comm *failed = NULL;
+    if (rc == 0 && ct && (rc = comm_all_gather(ct, local, ce ? tps : all, nl)) != 0) failed = ct;
+    if (rc == 0 && ce && (rc = comm_all_gather(ce, ct ? tps : local, all, nt * nl)) != 0) failed = ce;
+    for (size_t q = 0; rc == 0 && q < ne * nt; q++) {
+        copy_ctx cc = {whole, all + q * nl, 1};
+        exec__param_runs(ex, id, (int)(q % nt), (int)(q / nt), copy_run, &cc);
     }
     if (rc != 0)
-        snprintf(ex->error, sizeof ex->error, "rank %d: gathering a param over tp: %s", ex->rank,
-                 all ? c->error : "out of memory");
+        snprintf(ex->error, sizeof ex->error, "rank %d: gathering a param over tp and ep: %s", ex->rank,
+                 failed ? failed->error : "out of memory");
     free(all);
+    free(tps);
     return rc;
 }
 
@@ -272,7 +278,7 @@ static int tp_gather(mesh__exec *ex, int id, const float *local, float *whole)
 static void tp_pick(const mesh__exec *ex, int id, const float *whole, float *local)
 {
     copy_ctx cc = {local, whole, 0};
-    exec__param_runs(ex, id, ex->coord[exec__split_ep(ex, id) ? 3 : 1], copy_run, &cc);
+    exec__param_runs(ex, id, ex->coord[1], ex->coord[3], copy_run, &cc);
 }
 
 size_t mesh__exec_param_numel(const mesh__exec *ex, int k)

@@ -423,17 +423,19 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
         norm = s->clip > 0 ? kcpu_clip_global_norm(ex->gbufs, ex->gsizes, ex->n_gbufs, (float)s->clip)
                            : kcpu_global_norm((const float *const *)ex->gbufs, ex->gsizes, ex->n_gbufs);
     } else { /* the norm of the whole gradient: every rank's shards, a replicated param once */
-        double ss[3] = {0, 0, 0}; /* params split over tp, the others, experts split over ep */
+        /* sums of squares of: dense params, dense split over tp, experts split
+         * over tp, experts (whose ep ranks hold different ones); each summed
+         * over the ranks holding other parts: ZeRO's shards (dp x ep for a
+         * dense param, dp for an expert's), tp, ep, then the stages */
+        double ss[4] = {0, 0, 0, 0};
         for (int b = 0; b < ex->n_gbufs; b++) /* a tied param counts on the first stage only */
-            if (ex->gsplit[b] != 2)
-                ss[ex->gsplit[b] == 1 ? 0 : ex->gsplit[b] == 3 ? 2 : 1] +=
-                    kcpu_sum_squares((const float *const *)&ex->gbufs[b], &ex->gsizes[b], 1);
+            if (ex->gsplit[b] < 4) ss[(int)ex->gsplit[b]] += kcpu_sum_squares((const float *const *)&ex->gbufs[b], &ex->gsizes[b], 1);
         comm *zd = ex->zero ? ex->data : NULL, *ze = ex->zero ? ex->axis[0] : NULL;
-        if (exec__sum_doubles(ex, zd, ss, 2) != 0 || exec__sum_doubles(ex, ze, ss + 2, 1) != 0 ||
-            exec__sum_doubles(ex, ex->axis[1], ss, 1) != 0 ||
-            exec__sum_doubles(ex, ex->axis[3], ss + 2, 1) != 0 || exec__sum_doubles(ex, ex->axis[2], ss, 3) != 0)
+        if (exec__sum_doubles(ex, zd, ss, 2) != 0 || exec__sum_doubles(ex, ze, ss + 2, 2) != 0 ||
+            exec__sum_doubles(ex, ex->axis[1], ss + 1, 2) != 0 || exec__sum_doubles(ex, ex->axis[3], ss + 2, 2) != 0 ||
+            exec__sum_doubles(ex, ex->axis[2], ss, 4) != 0)
             return -2;
-        norm = (float)sqrt(ss[0] + ss[1] + ss[2]);
+        norm = (float)sqrt(ss[0] + ss[1] + ss[2] + ss[3]);
         double scale = s->clip / (norm + 1e-6);
         if (s->clip > 0 && scale < 1.0) kcpu_scale_buffers(ex->gbufs, ex->gsizes, ex->n_gbufs, scale);
     }

@@ -491,6 +491,10 @@ TEST_IMPL(parallel_ep_losses_equal_one_rank)
         {"mesh.dp=2", "mesh.ep=2", "mesh.pp=1", "train.zero=2"},
         {"mesh.dp=2", "mesh.ep=2", "mesh.pp=1", "train.zero=3"},
         {"mesh.dp=1", "mesh.ep=2", "mesh.pp=2", "train.zero=3"},
+        {"mesh.dp=1", "mesh.tp=2", "mesh.pp=1", "train.seed=7"},
+        {"mesh.dp=1", "mesh.tp=2", "mesh.ep=2", "train.seed=7"},
+        {"mesh.dp=2", "mesh.tp=2", "mesh.ep=2", "train.zero=1"},
+        {"mesh.tp=2", "mesh.ep=2", "mesh.pp=2", "train.zero=0"},
     };
     double ref[EQ_STEPS], got[EQ_STEPS];
     for (int v = 0; v < (int)(sizeof meshes / sizeof meshes[0]); v++) {

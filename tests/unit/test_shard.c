@@ -83,7 +83,10 @@ TEST_IMPL(shard_megatron_sequence_parallel_counts)
     ASSERT_INT_EQ(c.n[AG][TPX], 2);
     ASSERT_INT_EQ(c.elems[RS][TPX] + c.elems[AG][TPX], 4 * B * S * H);
     /* the gradients of the params that see sequence-split activations (two
-     * norms' weights and biases, the two row-parallel biases) are summed */
+     * norms' weights and biases, the two row-parallel biases) are summed,
+     * once per step (Megatron's layernorm-grad all-reduce) */
+    ASSERT_INT_EQ(c.n[AR][TPX], 0);
+    shard_count(&p, 2, 1, &c);
     ASSERT_INT_EQ(c.n[AR][TPX], 6);
     ASSERT_INT_EQ(c.elems[AR][TPX], 6 * H);
     shard_free(&p);
