@@ -271,12 +271,14 @@ int shard__backward_walk(shard_walk *w) {
         if (fs.kind != STEP_COMPUTE || !differentiable(w, fs.node)) continue;
         int id = fs.node;
         const g_node *n = &g->nodes[id];
-        if (collect(w, id, gver, &gt[id]) < 0) { rc = -1; break; }
-        if (!gt[id].has) continue;
+        /* leaving a part: its params are done, before anything of the next
+         * part (its gradient's conversions) comes between */
         int part = part_of_node(g, id, stack);
         if (prev == 2 && part < 2) rc = finish_params(w, gt, gver, done, stack, 2);
         if (rc == 0 && prev == 1 && part == 0) rc = finish_params(w, gt, gver, done, stack, 1);
         if (rc < 0) break;
+        if (collect(w, id, gver, &gt[id]) < 0) { rc = -1; break; }
+        if (!gt[id].has) continue;
         prev = part;
         if (!recomputed && p->setup.recompute && stack >= 0 && in_region(g, id, stack)) {
             recomputed = 1;

@@ -48,6 +48,16 @@ static int64_t reps(const mp *x, int id) {
     return c;
 }
 
+/* Is tensor id all-gathered over tp in place (sequence parallelism: a
+ * norm's sequence-split output made whole for a column-parallel product)? */
+static int gathered_over_tp(const plan *p, int id) {
+    for (int i = 0; i < p->n_steps; i++) {
+        const plan_step *st = &p->steps[i];
+        if (st->node == id && st->phase == PLAN_FORWARD && st->kind == STEP_ALL_GATHER && st->axis == AX_TP) return 1;
+    }
+    return 0;
+}
+
 /* Elements of tensor id on one rank, as produced. */
 static int64_t local_elems(const mp *x, int id) {
     const plan_tensor *t = &x->p->tensors[id];
@@ -57,8 +67,14 @@ static int64_t local_elems(const mp *x, int id) {
     return e;
 }
 
+/* Bytes of tensor id's value (and gradient) on one rank: with room for the
+ * whole over tp when it is all-gathered over tp in place (the runtime
+ * converts a tensor's value and its gradient in their own buffers). */
 static int64_t local_bytes(const mp *x, int id) {
-    return local_elems(x, id) * (x->p->tensors[id].dtype == PLAN_DTYPE_I32 ? 4 : x->fb);
+    const plan_tensor *t = &x->p->tensors[id];
+    int64_t e = local_elems(x, id);
+    if (t->pl.kind[AX_TP] == PL_SPLIT && gathered_over_tp(x->p, id)) e *= x->p->setup.tp;
+    return e * (t->dtype == PLAN_DTYPE_I32 ? 4 : x->fb);
 }
 
 /* A transpose of a param read only as a matmul's weight: the matmul reads
@@ -359,9 +375,13 @@ static int64_t place_grads(mp *x) {
         for (int c = 0; c < st->n_carry; c++) {
             mem_buf *in = &x->b[st->carry[c].entry], *out = &x->b[st->carry[c].exit];
             if (!has_grad(p, st->carry[c].exit)) continue;
+            /* two slots of the larger (under sequence parallelism an entry
+             * reduce-scattered over tp has room for the whole) */
+            int64_t slot = in->bytes > out->bytes ? in->bytes : out->bytes;
             in->grad_region = out->grad_region = MEM_PINNED;
             in->grad_offset = out->grad_offset = pin;
-            pin += 2 * out->bytes;
+            in->grad_stride = out->grad_stride = slot;
+            pin += 2 * slot;
         }
     }
     for (int id = 0; id < x->n; id++) {

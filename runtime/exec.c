@@ -75,8 +75,6 @@ static char *iter_name(mesh__exec *ex, const char *name, int it)
 /* Why the executor cannot run this plan yet, or NULL. */
 static const char *refusal(const plan *p, char *buf, size_t n)
 {
-    const fe_setup *s = &p->setup;
-    if (s->tp > 1 && s->sequence_parallel) return "sequence parallelism is not run yet (tp > 1 without it is)";
     for (int k = 0; k < p->n_steps; k++) {
         const plan_step *st = &p->steps[k];
         int param = p->tensors[st->node].op == G_PARAM && st->axis == 0;
@@ -85,6 +83,17 @@ static const char *refusal(const plan *p, char *buf, size_t n)
         int sync = st->kind == STEP_REDUCE_SCATTER && (st->phase == PLAN_GRAD_SYNC || param);
         int moe = st->kind == STEP_ALL_TO_ALL && p->tensors[st->node].op == G_MOE;
         int gather = st->kind == STEP_ALL_GATHER && (st->phase == PLAN_AFTER_OPTIMIZER || param);
+        /* sequence parallelism: an activation or its gradient converted over tp, in place */
+        int tpconv = st->axis == 1 && p->tensors[st->node].op != G_PARAM &&
+                     (st->kind == STEP_REDUCE_SCATTER || st->kind == STEP_ALL_GATHER || st->kind == STEP_SLICE) &&
+                     (st->phase == PLAN_FORWARD || st->phase == PLAN_BACKWARD);
+        for (int j = 0; tpconv && st->phase == PLAN_FORWARD && j < k; j++)
+            if (p->steps[j].phase == PLAN_FORWARD && p->steps[j].node == st->node && p->steps[j].axis == 1 &&
+                p->steps[j].kind != STEP_ALL_REDUCE && p->steps[j].kind != STEP_COMPUTE) {
+                snprintf(buf, n, "tensor %d is converted over tp twice in the forward: not run yet", st->node);
+                return buf;
+            }
+        if (tpconv) continue;
         if (st->kind != STEP_COMPUTE && st->kind != STEP_ALL_REDUCE && !sync && !gather && !moe) {
             snprintf(buf, n, "the plan's %s steps over %s are not run yet", plan_phase_name(st->phase),
                      plan__axis_name(st->axis));
@@ -184,6 +193,7 @@ static int layout(mesh__exec *ex, unsigned flags, char *err, size_t errn)
     ex->shared_at = ex->pinned_at + ms->pinned;
     ex->recompute_at = ex->shared_at + ms->shared;
     ex->gathered_at = ex->recompute_at + ms->recompute;
+    ex->comm_at = ex->gathered_at + ms->gathered;
     /* a slot: the part before the stack (a later stage: what it receives), its layers, the part after */
     exec__set_chunk(ex, ex->stage); /* the stage's first chunk */
     if ((uint64_t)ms->total > SIZE_MAX - EX_HEADER) return -1;
@@ -284,16 +294,23 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
     ex->ld = exec__host_calloc(ex, (size_t)n, sizeof *ex->ld);
     ex->iters = exec__host_calloc(ex, (size_t)n, sizeof *ex->iters);
     ex->zero_by = exec__host_calloc(ex, (size_t)n, sizeof *ex->zero_by);
+    ex->cnumel = exec__host_calloc(ex, (size_t)n, sizeof *ex->cnumel);
     ex->params = exec__host_calloc(ex, (size_t)n, sizeof *ex->params);
     ex->names = exec__host_calloc(ex, (size_t)n, sizeof *ex->names);
     ex->moe = exec__host_calloc(ex, (size_t)n, sizeof *ex->moe);
     ex->slot_of = exec__host_calloc(ex, (size_t)(p->m > 0 ? p->m : 1) * (size_t)(p->pp * p->v), sizeof *ex->slot_of);
     ex->slot_busy = exec__host_calloc(ex, (size_t)slots, 1);
-    if (!ex->numel || !ex->copies || !ex->ld || !ex->iters || !ex->zero_by || !ex->params || !ex->names || !ex->moe || !ex->slot_of ||
+    if (!ex->numel || !ex->cnumel || !ex->copies || !ex->ld || !ex->iters || !ex->zero_by || !ex->params || !ex->names || !ex->moe || !ex->slot_of ||
         !ex->slot_busy)
         goto oom;
     find_zero_by(ex);
-    if (exec__step_parts(ex) != 0) goto oom;
+    int parts = exec__step_parts(ex);
+    if (parts == -2) {
+        set_err(err, errn, "the plan's layer-stack backward is not one run of steps: zero %d not run on it",
+                (int)p->setup.zero);
+        goto fail;
+    }
+    if (parts != 0) goto oom;
     ex->tokens_in = ex->targets_in = -1;
     /* the gradient of the mean loss over every micro-batch of every rank */
     ex->dloss = 1.0 / ((double)(p->setup.micro_batches > 0 ? p->setup.micro_batches : 1) * ex->data_ranks);
@@ -306,7 +323,16 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
             ex->ld[id][d] = t->dims[d] / split;
             ne *= (size_t)ex->ld[id][d];
         }
-        if (t->op != G_TRANSPOSE && ne * 4 != (size_t)exec__buf_of(ex, id)->bytes) {
+        /* as consumers read it: split or made whole over tp by its forward conversion */
+        ex->cnumel[id] = ne;
+        for (int k = 0; k < p->n_steps; k++) {
+            const plan_step *st = &p->steps[k];
+            if (st->node != id || st->phase != PLAN_FORWARD || st->axis != 1 || t->op == G_PARAM) continue;
+            if (st->kind == STEP_ALL_GATHER) ex->cnumel[id] = ne * (size_t)p->setup.tp;
+            if (st->kind == STEP_REDUCE_SCATTER || st->kind == STEP_SLICE) ex->cnumel[id] = ne / (size_t)p->setup.tp;
+        }
+        size_t room = ex->cnumel[id] > ne ? ex->cnumel[id] : ne; /* an all-gather's room */
+        if (t->op != G_TRANSPOSE && room * 4 != (size_t)exec__buf_of(ex, id)->bytes) {
             set_err(err, errn, "tensor %d: %zu elements on this rank, not the memory plan's", id, ne);
             goto fail;
         }
@@ -398,6 +424,7 @@ void mesh__exec_free(mesh__exec *ex)
     ex_free(ex, ex->arena);
     ex_free(ex, ex->moe);
     ex_free(ex, ex->numel);
+    ex_free(ex, ex->cnumel);
     ex_free(ex, ex->copies);
     comm_free(ex->tied);
     ex_free(ex, ex->ld);

@@ -36,6 +36,9 @@ struct mesh__exec {
     int64_t gathered_at; /* zero >= 2: the full gradients staged before their reduce-scatter
                             (ms->zfixed + ms->zlayer), then with zero = 3 the params gathered
                             whole (ms->zfixed + 2 ms->zlayer) */
+    int64_t comm_at;     /* the communication buffer: ms->comm bytes */
+    size_t *cnumel;      /* per tensor: elements of its value as its consumers read it (after its
+                            forward conversion over tp, if any: sequence parallelism) */
     signed char *step_part; /* per plan step of the forward and backward: the part of a unit it
                                runs in (MEM_PART_*), by its place in the program */
     int64_t part_at[3];  /* a slot's parts */
@@ -176,7 +179,8 @@ int exec__forward_node(mesh__exec *ex, int id, int it);
 int exec__backward_node(mesh__exec *ex, int id, int it);
 
 /* exec_step.c */
-/* ex->step_part, for the stack found. 0, or -1 out of memory. */
+/* ex->step_part, for the stack found. 0, -1 out of memory, or -2 if the
+ * plan's layer-stack backward is not one run of steps (zero >= 2 needs it). */
 int exec__step_parts(mesh__exec *ex);
 
 /* The sum over the group of x[0..n-1], in rank order, exactly (doubles

@@ -160,7 +160,7 @@ float *exec__gptr(const mesh__exec *ex, int id, int it)
     }
     if (b->carried && b->grad_region == MEM_PINNED) {
         if (ex->p->tensors[id].region < 0) it = ex->first_layer - 1; /* an entry: "the iteration before" */
-        at += (int64_t)(((it % 2) + 2) % 2) * b->bytes;
+        at += (int64_t)(((it % 2) + 2) % 2) * b->grad_stride; /* the pair's slots */
     } else {
         at += (b->grad_region == MEM_PERSISTENT ? exec__param_copy(ex, id, it) : local_it(ex, id, it)) * b->grad_stride;
     }

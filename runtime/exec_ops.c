@@ -92,6 +92,14 @@ static int row0_of(const mesh__exec *ex, int table)
     return exec__split_tp(ex, table) && ex->p->tensors[table].pl.dim[1] == 0 ? ex->coord[1] * (int)ex->ld[table][0] : 0;
 }
 
+/* Are the logits `id` split over tp along the vocabulary (their last dim),
+ * not along the sequence (sequence parallelism gathers those whole)? */
+static int vocab_split(const mesh__exec *ex, int id)
+{
+    const plan_tensor *t = &ex->p->tensors[id];
+    return exec__split_tp(ex, id) && t->pl.dim[1] == t->rank - 1;
+}
+
 /* Vocabulary-parallel cross-entropy: this rank holds columns [r W, (r + 1)
  * W) of the logits. The ranks take the rows' maximum, then add their sums
  * of exp(logit - max) and their target logits (exactly, in rank order).
@@ -188,7 +196,7 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
         break;
     case G_BIAS_ADD:
     case G_ADD:
-        add_forward(OUT, IN(0), ex->numel[t->in[0]], IN(1), ex->numel[t->in[1]]);
+        add_forward(OUT, IN(0), ex->cnumel[t->in[0]], IN(1), ex->cnumel[t->in[1]]);
         break;
     case G_LAYERNORM: {
         int C = exec__lastd(ex, id), rows = (int)(n / (size_t)C);
@@ -224,7 +232,7 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
         int W = exec__lastd(ex, t->in[0]), N = (int)ex->numel[t->in[1]];
         int V = t->vocab > 0 ? (int)t->vocab : (int)exec__last_dim(a);
         float *aux = AUX;
-        if (exec__split_tp(ex, t->in[0])) { /* vocabulary-parallel */
+        if (vocab_split(ex, t->in[0])) { /* vocabulary-parallel */
             if (ce_shard_forward(ex, OUT, aux, IN(0), I32(IN(1)), N, W, V) != 0) return -1;
         } else {
             OUT[0] = kcpu_crossentropy_forward(aux, aux + N, aux + 2 * N, IN(0), I32(IN(1)), N, V, W);
@@ -280,7 +288,7 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
     }
     case G_BIAS_ADD:
     case G_ADD:
-        add_backward(DIN(0), ex->numel[t->in[0]], DIN(1), ex->numel[t->in[1]], DOUT);
+        add_backward(DIN(0), ex->cnumel[t->in[0]], DIN(1), ex->cnumel[t->in[1]], DOUT);
         break;
     case G_LAYERNORM: {
         int C = exec__lastd(ex, id), rows = (int)(n / (size_t)C);
@@ -318,7 +326,7 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
         int V = t->vocab > 0 ? (int)t->vocab : (int)exec__last_dim(a);
         float *aux = AUX;
         kcpu_crossentropy_shard_backward(DIN(0), IN(0), I32(IN(1)), aux + N, aux + 2 * N, DOUT[0], N,
-                                         exec__split_tp(ex, t->in[0]) ? ex->coord[1] * W : 0, W, V);
+                                         vocab_split(ex, t->in[0]) ? ex->coord[1] * W : 0, W, V);
         break;
     }
     case G_MOE: {

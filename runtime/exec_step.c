@@ -51,6 +51,60 @@ static void start_carries(mesh__exec *ex, int r, int it)
     }
 }
 
+/* Sequence parallelism: tensor st->node's value (forward, or a recomputed
+ * forward) or gradient (backward) converted over tp along st->dim, in its
+ * own buffer (the memory plan gives it room for the whole): reduce-scatter
+ * (a partial sum's rank slice), all-gather (every rank's slice), slice (the
+ * rank's part of a whole tensor). The rank's slice is at the buffer's start;
+ * the exchanges pack it rank-major in the communication buffer. */
+static int tp_convert(mesh__exec *ex, const plan_step *st, int it, comm *c)
+{
+    const plan_tensor *t = &ex->p->tensors[st->node];
+    int value = st->phase == PLAN_FORWARD || st->recompute, d = st->dim, tp = c->size, r = c->rank;
+    float *buf = value ? exec__vptr(ex, st->node, it) : exec__gptr(ex, st->node, it);
+    const int64_t *ld = ex->ld[st->node];
+    size_t outer = 1, inner = 1, L, Ll;
+    for (int k = 0; k < d; k++) outer *= (size_t)ld[k];
+    for (int k = d + 1; k < t->rank; k++) inner *= (size_t)ld[k];
+    if (t->pl.kind[1] == PL_SPLIT && t->pl.dim[1] == d) { /* produced split: the whole is tp slices */
+        Ll = (size_t)ld[d];
+        L = Ll * (size_t)tp;
+    } else {
+        L = (size_t)ld[d];
+        Ll = L / (size_t)tp;
+    }
+    size_t run = Ll * inner, chunk = outer * run, n = chunk * (size_t)tp;
+    float *pack = (size_t)ex->ms->comm >= n * sizeof *pack ? (float *)(void *)(ex->arena + ex->comm_at) : NULL;
+    int rc = 0;
+    switch (st->kind) {
+    case STEP_REDUCE_SCATTER:
+        if (pack) {
+            for (int q = 0; q < tp; q++)
+                for (size_t o = 0; o < outer; o++)
+                    memcpy(pack + ((size_t)q * outer + o) * run, buf + (o * L + (size_t)q * Ll) * inner, run * sizeof *buf);
+            rc = comm_reduce_scatter(c, pack, buf, chunk);
+            break;
+        }
+        rc = comm_all_reduce(c, buf, n); /* no room to pack: the whole sum, then the rank's slice */
+        /* fallthrough */
+    case STEP_SLICE:
+        for (size_t o = 0; rc == 0 && o < outer; o++)
+            memmove(buf + o * run, buf + (o * L + (size_t)r * Ll) * inner, run * sizeof *buf);
+        break;
+    case STEP_ALL_GATHER:
+        if (!pack) return comm_fail(c, "all-gather", "the communication buffer holds %lld bytes, not %zu",
+                                    (long long)ex->ms->comm, n * sizeof *pack);
+        rc = comm_all_gather(c, buf, pack, chunk);
+        for (int q = tp - 1; rc == 0 && q >= 0; q--)
+            for (size_t o = outer; o-- > 0;)
+                memcpy(buf + (o * L + (size_t)q * Ll) * inner, pack + ((size_t)q * outer + o) * run, run * sizeof *buf);
+        break;
+    default:
+        return comm_fail(c, "convert", "not run yet");
+    }
+    return rc;
+}
+
 /* A collective step of the program on the rank's group of its axis. */
 static int collective(mesh__exec *ex, const plan_step *st, int it)
 {
@@ -67,6 +121,13 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
     const char *what = "?";
     size_t n = (size_t)(exec__buf_of(ex, st->node)->bytes / 4), part = n / (size_t)c->size;
     int zparam = nt->op == G_PARAM && (st->phase == PLAN_FORWARD || st->phase == PLAN_BACKWARD);
+    int value = st->phase == PLAN_FORWARD || st->recompute; /* a value (a recomputed forward's too), else a gradient */
+    if (st->axis == 1 && nt->op != G_PARAM &&
+        (st->kind == STEP_REDUCE_SCATTER || st->kind == STEP_ALL_GATHER || st->kind == STEP_SLICE)) {
+        what = shard_step_name(st->kind);
+        rc = tp_convert(ex, st, it, c);
+        goto done;
+    }
     switch (st->kind) {
     case STEP_ALL_REDUCE:
         what = "all-reduce";
@@ -76,7 +137,7 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
             break;
         }
         /* forward: a partial sum of values; backward and the gradient sync: of gradients */
-        rc = comm_all_reduce(c, st->phase == PLAN_FORWARD ? exec__vptr(ex, st->node, it) : exec__gptr(ex, st->node, it), n);
+        rc = comm_all_reduce(c, value ? exec__vptr(ex, st->node, it) : exec__gptr(ex, st->node, it), n);
         break;
     case STEP_REDUCE_SCATTER: { /* ZeRO's gradient sync: this rank's shard summed, in place */
         what = "reduce-scatter";
@@ -110,6 +171,7 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
         snprintf(c->error, sizeof c->error, "not run yet");
         break;
     }
+done:
     if (rc != 0)
         snprintf(ex->error, sizeof ex->error, "rank %d: %s(%s) of tensor %d (%s): %s", ex->rank, what,
                  plan__axis_name(st->axis), st->node, plan_phase_name(st->phase), c->error);
@@ -122,12 +184,16 @@ int exec__step_parts(mesh__exec *ex)
     ex->step_part = exec__host_calloc(ex, (size_t)(p->n_steps > 0 ? p->n_steps : 1), 1);
     if (!ex->step_part) return -1;
     for (int phase = PLAN_FORWARD; phase <= PLAN_BACKWARD; phase++) {
-        int first = -1, last = -1;
+        int first = -1, last = -1, runs = 0;
         for (int k = 0; k < p->n_steps; k++)
             if (p->steps[k].phase == (plan_phase)phase && ex->stack >= 0 && p->steps[k].region == ex->stack) {
                 if (first < 0) first = k;
+                runs += last < 0 || last != k - 1;
                 last = k;
             }
+        /* zero >= 2: a layer's staged gradients live through one run of its
+         * backward steps (run_phase zeroes them at each iteration's start) */
+        if (phase == PLAN_BACKWARD && p->setup.zero >= 2 && runs > 1) return -2;
         for (int k = 0; k < p->n_steps; k++) {
             const plan_step *st = &p->steps[k];
             if (st->phase != (plan_phase)phase) continue;

@@ -629,6 +629,8 @@ int main(int argc, char **argv)
     }
     if (!plan_path)
         return usage_error("no plan file given", NULL);
-    mesh_set_threads(opts.threads); /* --threads, else the cores this process may use */
+    /* --threads; else the cores this process may use, shared by the ranks
+     * it runs as threads (mesh_run_ranks) */
+    if (opts.threads > 0) mesh_set_threads(opts.threads);
     return run_plan(plan_path, &opts);
 }

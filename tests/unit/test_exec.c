@@ -428,6 +428,13 @@ TEST_IMPL(parallel_tp_pp_losses_equal_one_rank)
         {"mesh.dp=2", "mesh.tp=2", "train.zero=2", "mesh.pp=2"},
         {"mesh.dp=2", "mesh.tp=2", "train.zero=3", "mesh.pp=2"},
         {"mesh.dp=2", "train.recompute=full", "train.zero=3", "mesh.pp=2"},
+        {"mesh.tp=2", "train.recompute=full", "train.zero=0", "mesh.pp=1"},
+        /* sequence parallelism: norms and residuals split over the sequence */
+        {"mesh.dp=1", "mesh.tp=2", "train.sequence_parallel=true", "mesh.pp=1"},
+        {"mesh.dp=2", "mesh.tp=2", "train.sequence_parallel=true", "train.zero=1"},
+        {"mesh.tp=2", "train.sequence_parallel=true", "train.recompute=full", "mesh.pp=2"},
+        {"mesh.dp=2", "mesh.tp=2", "train.sequence_parallel=true", "mesh.pp=2"},
+        {"mesh.dp=2", "mesh.tp=2", "train.sequence_parallel=true", "train.zero=3"},
     };
     enum { N_MESHES = sizeof meshes / sizeof meshes[0] };
     /* Llama with 4 query heads sharing 2 kv heads, so that tp 2 splits both */
@@ -471,6 +478,18 @@ TEST_IMPL(parallel_tp_pp_losses_equal_one_rank)
                  four[v][6] ? four[v][6] : "");
         expect_same_losses(ref, got, what);
     }
+    /* tp 4: four heads, one per rank; with sequence parallelism each rank
+     * holds a quarter of the sequence outside attention and the MLP */
+    static const char *const tp4[][4] = {
+        {"train.micro_batch=1", "train.global_batch=12", "model.heads=4", "mesh.tp=1"},
+        {"train.micro_batch=1", "train.global_batch=12", "model.heads=4", "mesh.tp=4"},
+        {"train.micro_batch=1", "train.global_batch=12", "model.heads=4", "train.sequence_parallel=true"},
+    };
+    for (int v = 0; v < 3; v++) {
+        const char *sets[5] = {tp4[v][0], tp4[v][1], tp4[v][2], tp4[v][3], "mesh.tp=4"};
+        eq_losses(tiny_src, sets, v == 2 ? 5 : 4, v == 0 ? ref : got);
+        if (v > 0) expect_same_losses(ref, got, v == 1 ? "tp 4" : "tp 4, sequence parallel");
+    }
 }
 
 /* Expert parallelism: each rank holds E / ep experts; a moe layer sends
@@ -495,6 +514,7 @@ TEST_IMPL(parallel_ep_losses_equal_one_rank)
         {"mesh.dp=1", "mesh.tp=2", "mesh.ep=2", "train.seed=7"},
         {"mesh.dp=2", "mesh.tp=2", "mesh.ep=2", "train.zero=1"},
         {"mesh.tp=2", "mesh.ep=2", "mesh.pp=2", "train.zero=0"},
+        {"mesh.tp=2", "mesh.ep=2", "train.sequence_parallel=true", "train.zero=0"},
     };
     double ref[EQ_STEPS], got[EQ_STEPS];
     for (int v = 0; v < (int)(sizeof meshes / sizeof meshes[0]); v++) {
