@@ -84,15 +84,29 @@ FUZZ_BUILD    = build-fuzz
 BISON_MIN = 3.5
 
 # ---- CUDA (off unless CUDA=1) -------------------------------------------
+# CUDA=1 builds the NCCL communicator (runtime/comm_nccl.c; with CUDA=0 its
+# stubs say libmesh was built without CUDA) and links libmesh and every
+# program with NCCL and the CUDA runtime from CUDA_HOME (NCCL from
+# NCCL_HOME, the same by default), with an rpath, so that they run from the
+# build tree. Their headers are system headers: our warnings stay on for
+# our code. No GPU is needed to build or test it: without one,
+# comm_nccl_available says why and the NCCL tests skip. The CUDA kernels,
+# kernels/cuda/*.cu, are built with $(NVCC) $(NVCCFLAGS) $(CUDA_ARCH) into
+# libmesh (see "CUDA kernels" below); none yet, so none are built.
 CUDA      ?= 0
 CUDA_HOME ?= /usr/local/cuda
+NCCL_HOME ?= $(CUDA_HOME)
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
+NVCCFLAGS ?= -O2 -std=c++17
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 ifeq ($(CUDA),1)
-# The CUDA kernels (kernels/cuda/*.cu, built with $(NVCC) -O2 -std=c++17
-# $(CUDA_ARCH)) and their host launchers land with the CUDA milestone. Until
-# then CUDA=1 builds exactly what CUDA=0 builds; say so rather than be silent.
-$(warning CUDA=1: there are no CUDA sources yet; building the CPU-only tree)
+CUDA_CFLAGS := $(addprefix -isystem ,$(sort $(CUDA_HOME)/include $(NCCL_HOME)/include))
+CUDA_SRC    := $(wildcard kernels/cuda/*.cu)
+# (nvcc's objects need the C++ runtime)
+CUDA_LIBS   := $(foreach d,$(sort $(CUDA_HOME)/lib64 $(NCCL_HOME)/lib64),-L$(d) -Wl,-rpath,$(d)) -lnccl -lcudart \
+               $(if $(CUDA_SRC),-lstdc++)
+else ifneq ($(CUDA),0)
+$(error CUDA must be 0 or 1)
 endif
 
 # ---- Derived settings (no need to edit below) ---------------------------
@@ -168,6 +182,11 @@ KCPU_SRC     = $(wildcard kernels/cpu/*.c)
 KCPU_OBJ     = $(KCPU_SRC:%.c=$(OBJ)/%.o)
 KCPU_PIC     = $(KCPU_SRC:%.c=$(PIC)/%.o)
 
+# The CUDA kernels: kernels/cuda/*.cu with CUDA=1 (none otherwise), in
+# libmesh; built by $(NVCC) (see "CUDA kernels" below).
+CUDA_OBJ     = $(CUDA_SRC:%.cu=$(OBJ)/%.o)
+CUDA_PIC     = $(CUDA_SRC:%.cu=$(PIC)/%.o)
+
 FUZZ_OBJ     = $(OBJ)/tests/fuzz/fuzz_lang.o
 
 ALL_OBJ = $(LANG_OBJ) $(COMPILER_OBJ) $(RUNTIME_OBJ) $(RUNTIME_PIC) \
@@ -203,7 +222,7 @@ $(BUILD)/comm_bench: tests/bench/comm_bench.c $(BUILD)/libmeshrt.a
 
 $(BUILD)/train_bench: tests/bench/train_bench.c $(BUILD)/libmesh.a
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -Iruntime $(BLAS_CFLAGS) -o $@ $< $(BUILD)/libmesh.a \
-	  $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(LDLIBS)
+	  $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 check-exports: $(BUILD)/libmesh.a $(BUILD)/libmesh.so
 	tests/check-exports.sh $^
@@ -253,7 +272,7 @@ $(BUILD)/libmeshcomp.a: $(filter-out $(OBJ)/compiler/meshc.o,$(COMPILER_OBJ))
 $(COMPILER_OBJ): CPPFLAGS += $(YAML_CFLAGS)
 
 $(BUILD)/meshc: $(OBJ)/compiler/meshc.o $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 # ---- libmesh and meshrun ------------------------------------------------
 
@@ -261,8 +280,8 @@ $(BUILD)/meshc: $(OBJ)/compiler/meshc.o $(BUILD)/libmeshcomp.a $(BUILD)/libmeshl
 # Their symbols are made local, so an embedding program sees only mesh_*:
 # the static library is one partially linked object whose other globals
 # objcopy localizes; the shared one hides them with its version script.
-LIBMESH_OBJ = $(RUNTIME_OBJ) $(KCPU_OBJ) $(LANG_OBJ) $(filter-out $(OBJ)/compiler/meshc.o,$(COMPILER_OBJ))
-LIBMESH_PIC = $(RUNTIME_PIC) $(KCPU_PIC) $(patsubst $(OBJ)/%,$(PIC)/%,$(LANG_OBJ)) \
+LIBMESH_OBJ = $(RUNTIME_OBJ) $(KCPU_OBJ) $(CUDA_OBJ) $(LANG_OBJ) $(filter-out $(OBJ)/compiler/meshc.o,$(COMPILER_OBJ))
+LIBMESH_PIC = $(RUNTIME_PIC) $(KCPU_PIC) $(CUDA_PIC) $(patsubst $(OBJ)/%,$(PIC)/%,$(LANG_OBJ)) \
               $(patsubst $(OBJ)/%,$(PIC)/%,$(filter-out $(OBJ)/compiler/meshc.o,$(COMPILER_OBJ)))
 
 $(BUILD)/libmesh.a: $(LIBMESH_OBJ)
@@ -272,7 +291,7 @@ $(BUILD)/libmesh.a: $(LIBMESH_OBJ)
 	$(AR) rcs $@ $(BUILD)/libmesh-all.o
 
 $(BUILD)/libmesh.so: $(LIBMESH_PIC) runtime/libmesh.map
-	$(CC) $(ALL_LDFLAGS) $(SO_LDFLAGS) -o $@ $(LIBMESH_PIC) $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) $(SO_LDFLAGS) -o $@ $(LIBMESH_PIC) $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)
 	ln -sf libmesh.so $(BUILD)/$(SONAME)
 
 # the runtime's compile API sees the compiler's headers and the std folder
@@ -292,11 +311,40 @@ $(BUILD)/.mpi: FORCE
 	  exit 1; fi
 	@mkdir -p $(@D); [ "$$(cat $@ 2>/dev/null)" = "$(MPI)" ] || echo "$(MPI)" >$@
 
+# The NCCL communicator, and its test (device buffers through the CUDA
+# runtime): MESH_CUDA says whether they are built for CUDA (else the
+# stubs say libmesh has none). They are rebuilt, and with them what links
+# them, when the folder's CUDA setting (or CUDA_HOME, NCCL_HOME) changes;
+# CUDA=1 without the toolkit's and NCCL's headers stops here.
+NCCL_OBJ = $(OBJ)/runtime/comm_nccl.o $(PIC)/runtime/comm_nccl.o $(OBJ)/tests/unit/test_comm_nccl.o
+$(NCCL_OBJ): CPPFLAGS += $(CUDA_CFLAGS) -DMESH_CUDA=$(CUDA)
+$(NCCL_OBJ): $(BUILD)/.cuda
+
+CUDA_STAMP = $(if $(filter 1,$(CUDA)),1 $(CUDA_HOME) $(NCCL_HOME),0)
+$(BUILD)/.cuda: FORCE
+	@if [ "$(CUDA)" = 1 ]; then for h in $(CUDA_HOME)/include/cuda_runtime.h $(NCCL_HOME)/include/nccl.h; do \
+	  [ -f "$$h" ] || { echo "error: CUDA=1 needs $$h (the CUDA toolkit with NCCL): set CUDA_HOME (and NCCL_HOME), or build without CUDA: make CUDA=0" >&2; exit 1; }; \
+	done; fi
+	@mkdir -p $(@D); [ "$$(cat $@ 2>/dev/null)" = "$(CUDA_STAMP)" ] || echo "$(CUDA_STAMP)" >$@
+
+# CUDA kernels (CUDA=1): each kernels/cuda/NAME.cu by $(NVCC) into libmesh,
+# with its dependencies tracked; rebuilt when the CUDA setting changes.
+$(CUDA_OBJ) $(CUDA_PIC): $(BUILD)/.cuda
+$(OBJ)/%.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) $(CUDA_ARCH) -Iruntime -Ikernels/cuda -MMD -MP -c -o $@ $<
+
+$(PIC)/%.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) $(CUDA_ARCH) -Iruntime -Ikernels/cuda -Xcompiler -fPIC -MMD -MP -c -o $@ $<
+
+-include $(CUDA_OBJ:.o=.d) $(CUDA_PIC:.o=.d)
+
 # meshrun is a program over the public API (mesh.h) alone: it links
 # libmesh.a and nothing else of the tree (tests/run.sh checks that it calls
 # no mesh__ internals).
 $(BUILD)/meshrun: $(OBJ)/runtime/meshrun.o $(BUILD)/libmesh.a
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 # ---- Tests --------------------------------------------------------------
 
@@ -316,14 +364,14 @@ $(BUILD)/libmeshrt.a: $(RUNTIME_OBJ)
 	$(AR) rcs $@ $^
 
 $(BUILD)/unit_tests: $(UNIT_OBJ) $(BUILD)/libmeshrt.a $(BUILD)/libmeshkcpu.a $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a
-	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 # The MPI tests' program (tests/mpi/mpi_tests.c), started by tests/run.sh
 # under mpirun; it shares the communicator cases with the unit tests.
 $(BUILD)/mpi_tests: $(MPI_TEST_OBJ) $(OBJ)/tests/unit/comm_cases.o $(BUILD)/libmeshrt.a $(BUILD)/libmeshkcpu.a \
                     $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a
 	$(CC) $(ALL_LDFLAGS) -o $@ $(filter %.o,$^) -Wl,--start-group $(filter %.a,$^) -Wl,--end-group \
-	  $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(LDLIBS)
+	  $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 # ---- Fuzzing (clang + libFuzzer) ----------------------------------------
 
@@ -350,7 +398,7 @@ fuzz-ci:
 fuzz-build: $(BUILD)/fuzz_lang
 
 $(BUILD)/fuzz_lang: $(FUZZ_OBJ) $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
-	$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 # ---- Install ------------------------------------------------------------
 
@@ -367,7 +415,7 @@ install-runtime: $(BUILD)/libmesh.a $(BUILD)/libmesh.so $(BUILD)/meshrun
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libmesh.so
 	install -m 644 $(PUBLIC_HEADERS) $(DESTDIR)$(INCLUDEDIR)/
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
-	  -e 's|@MPI_LIBS@|$(strip $(MPI_LIBS))|' -e 's|@MPI_PC@|$(MPI_PC)|' \
+	  -e 's|@MPI_LIBS@|$(strip $(MPI_LIBS) $(CUDA_LIBS))|' -e 's|@MPI_PC@|$(MPI_PC)|' \
 	  runtime/mesh.pc.in >$(DESTDIR)$(LIBDIR)/pkgconfig/mesh.pc
 
 # meshc and the standard library it finds at <exe>/../share/mesh/std.
@@ -384,7 +432,13 @@ deps:
 	.ci/deps.sh
 
 # `make demo` on a fresh machine: packages, build, every example, then
-# train gpt-tiny on the shipped corpus and sample from it.
+# train gpt-tiny on the shipped corpus on 8 ranks, threads of one process
+# (dp 2 x tp 2 x pp 2: 2 micro-batches of 4 per data-parallel rank, the
+# fewest 1F1B takes on 2 stages; one BLAS thread per rank, since the 8 ranks
+# share the machine's cores), sample from its checkpoint with the one-rank
+# plan (sampling needs tp = 1; a checkpoint loads into any mesh), and end
+# with the run's summary: losses, throughput, memory and bytes sent per
+# step beside the plan's (meshrun's output is kept in $(BUILD)/gpt-tiny-8.log).
 demo: deps
 	$(MAKE) all
 	@n=0; bad=0; for f in examples/*.mesh; do \
@@ -395,8 +449,17 @@ demo: deps
 	echo "demo: $$n examples compiled, $$bad failed"; [ $$bad -eq 0 ] && [ $$n -gt 0 ]
 	@mkdir -p $(BUILD)/data
 	$(BUILD)/meshrun tokenize examples/data/devils-dictionary.txt -o $(BUILD)/data/devil.bin --val $(BUILD)/data/devil-val.bin
-	$(BUILD)/meshrun examples/gpt-tiny.plan --data $(BUILD)/data/devil.bin --val $(BUILD)/data/devil-val.bin --checkpoint $(BUILD)/gpt-tiny-ckpt
+	$(BUILD)/meshc --set mesh.dp=2 --set mesh.tp=2 --set mesh.pp=2 --set train.micro_batch=4 examples/gpt-tiny.mesh -o $(BUILD)/gpt-tiny-8.plan
+	@echo "$(BUILD)/meshrun $(BUILD)/gpt-tiny-8.plan --data $(BUILD)/data/devil.bin --val $(BUILD)/data/devil-val.bin --checkpoint $(BUILD)/gpt-tiny-ckpt --threads 1"
+	@t0=$$(date +%s); \
+	{ $(BUILD)/meshrun $(BUILD)/gpt-tiny-8.plan --data $(BUILD)/data/devil.bin --val $(BUILD)/data/devil-val.bin \
+	    --checkpoint $(BUILD)/gpt-tiny-ckpt --threads 1; echo $$? >$(BUILD)/gpt-tiny-8.log.rc; } | tee $(BUILD)/gpt-tiny-8.log; \
+	echo "$$(( $$(date +%s) - t0 ))" >$(BUILD)/gpt-tiny-8.log.s; exit "$$(cat $(BUILD)/gpt-tiny-8.log.rc)"
 	$(BUILD)/meshrun sample examples/gpt-tiny.plan --checkpoint $(BUILD)/gpt-tiny-ckpt --prompt "MONEY, n. " --tokens 300
+	@echo; echo "== demo: gpt-tiny trained on 8 ranks (dp 2 x tp 2 x pp 2) in $$(cat $(BUILD)/gpt-tiny-8.log.s) s; the run's summary:"; \
+	grep '^step .* | loss ' $(BUILD)/gpt-tiny-8.log | tail -n 1; \
+	grep ' | val loss ' $(BUILD)/gpt-tiny-8.log | tail -n 1; \
+	grep -E '^meshrun: (memory|bytes)' $(BUILD)/gpt-tiny-8.log
 
 clean:
 	rm -rf build build-*/

@@ -5,6 +5,7 @@
 #include <stdarg.h> /* va_list */
 #include <stdio.h>  /* snprintf, vsnprintf */
 #include <stdlib.h> /* realloc */
+#include <time.h>   /* clock_gettime, nanosleep */
 
 int comm_all_reduce(comm *c, float *buf, size_t n) { return c->size == 1 ? 0 : c->v->all_reduce(c, buf, n); }
 
@@ -54,4 +55,17 @@ float *comm_scratch(float **buf, size_t *cap, size_t n)
     *buf = s;
     *cap = n;
     return s;
+}
+
+double comm_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void comm_sleep(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
 }

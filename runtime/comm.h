@@ -4,13 +4,15 @@
  * A communicator is one rank's handle on a group of ranks. Backends fill
  * a small function table: threads (all ranks as threads of one process,
  * shared-memory collectives; comm_threads.c), MPI (one rank per process;
- * comm_mpi.c) and NCCL. Every call is
+ * comm_mpi.c) and NCCL (one rank per process and GPU; comm_nccl.c). The
+ * buffers are host memory, but NCCL's are device memory. Every call is
  * collective over the group unless said otherwise, returns 0, or -1 with
  * the reason in c->error ("all-reduce over 4 ranks: rank 2 failed: ...").
  *
  * Determinism: sums are taken in rank order, the same on every rank, so a
  * result is the same run to run, on every member, and in every backend (to
- * the bit).
+ * the bit); NCCL's sums are its own (the same on every member, not in rank
+ * order).
  *
  * Failure: a rank that fails calls comm_abort (or its thread ends without
  * freeing its handle through comm_free after an error): every rank waiting
@@ -44,7 +46,10 @@ typedef struct comm_vtbl {
     int (*broadcast)(comm *c, void *buf, size_t bytes, int root);
     /* point to point (not collective): bytes to or from one peer; a send
      * is eager (the data is copied and the sender goes on), so sends and
-     * receives in any order cannot deadlock */
+     * receives in any order cannot deadlock (NCCL: the send is issued at
+     * the sender's next call, with it when that is a receive; a receiver
+     * that first waits for the sender in anything else deadlocks, see
+     * comm_nccl.c) */
     int (*send)(comm *c, const void *buf, size_t bytes, int peer);
     int (*recv)(comm *c, void *buf, size_t bytes, int peer);
     int (*barrier)(comm *c);
@@ -106,6 +111,11 @@ __attribute__((format(printf, 3, 4)))
 #endif
 int comm_fail(comm *c, const char *op, const char *fmt, ...);
 
+/* Seconds on the monotonic clock, and a sleep of s seconds: the backends'
+ * timeouts and polls. */
+double comm_now(void);
+void comm_sleep(double s);
+
 /* A backend's scratch buffer *buf of *cap floats, grown to hold n (kept
  * when it does); NULL if out of memory. */
 float *comm_scratch(float **buf, size_t *cap, size_t n);
@@ -129,5 +139,66 @@ comm *comm_mpi_world(double timeout_s, char *err, size_t n);
  * few seconds (the others may be stuck in a collective, waiting for it),
  * then stops the job with comm_abort(why). */
 int comm_mpi_finish(comm *c, int failed, const char *why);
+
+/* ---- TCP (comm_tcp.c, over rendezvous.c) -------------------------------- */
+
+/* This process's handle on the world of a job that no MPI launcher
+ * started (torchrun, or anything that sets RANK, WORLD_SIZE, MASTER_ADDR,
+ * MASTER_PORT), one rank per process: rank RANK of WORLD_SIZE meets the
+ * others at the rendezvous rdv_env_address gives (MESH_PORT, else
+ * MASTER_PORT + 1), and every two ranks get a socket. Host buffers, sums
+ * in rank order (the threads backend's bits). A call that waits longer
+ * than timeout_s (<= 0: comm_timeout_from_env) stops every rank, naming
+ * the wait; so does comm_abort, naming its rank, and a process that ends
+ * before it frees its world (exit, crash, kill). NULL with the reason in
+ * err. */
+comm *comm_tcp_world(double timeout_s, char *err, size_t n);
+
+/* The same as rank `rank` of `size` at the rendezvous host:port (the
+ * tests run several in one process, a thread each). */
+comm *comm_tcp_connect(const char *host, int port, int rank, int size, double timeout_s, char *err, size_t n);
+
+/* The end of a world's run, as comm_mpi_finish: called by every rank once
+ * it has finished (failed: its work failed); returns the lowest rank that
+ * failed, or -1. A rank that did not fail waits for all; one that failed
+ * waits at most a few seconds (the others may be stuck in a collective,
+ * waiting for it), then stops them with comm_abort(why). If the world
+ * stopped, returns the rank that stopped it, with why in c->error. */
+int comm_tcp_finish(comm *c, int failed, const char *why);
+
+/* ---- NCCL (comm_nccl.c; a build without CUDA=1 has only the stubs) ------ */
+
+/* Every buffer passed to an NCCL handle is a device pointer (the CUDA
+ * executor owns them), on the world's device; the work that writes it is
+ * finished before the call (its stream synchronised), and the result is in
+ * place when the call returns. A reduce-scatter's out may be in + rank x n
+ * and an all-gather's in may be out + rank x n, no other overlap. A receive
+ * names the size that was sent (NCCL does not check it). Each handle has
+ * its own CUDA stream; a call that fails in NCCL or CUDA, or waits longer
+ * than the world's timeout, aborts every NCCL communicator of the world
+ * (ncclCommAbort) and returns -1 naming the call, the rank and NCCL's
+ * error; so does every later call. comm_abort aborts them too, and says so
+ * on stderr; the other processes' calls then fail (NCCL's remote error, or
+ * their timeout). One thread uses a world at a time. */
+
+/* 1 if this process can use a GPU (CUDA driver and device present), else
+ * 0 with the reason in why ("no CUDA driver (libcuda.so.1: ...)", "this
+ * libmesh was built without CUDA (make CUDA=1)"); never crashes without a
+ * driver. why may be NULL. */
+int comm_nccl_available(char *why, size_t n);
+
+/* Rank `rank` of a world of `size` processes, each on its GPU `device`
+ * (cudaSetDevice first): rank 0 makes the NCCL unique id, which the TCP
+ * rendezvous (rendezvous.h, at MESH_PORT, else MASTER_PORT + 1, on
+ * MESH_MASTER_ADDR or MASTER_ADDR) gives every rank; with NCCL_COMM_ID set,
+ * no rendezvous. Collective over the world; a rank that cannot use its GPU
+ * still comes, and every rank fails naming it. timeout_s <= 0: the
+ * environment's (comm_timeout_from_env). NULL with the reason in err. */
+comm *comm_nccl_world(int rank, int size, int device, double timeout_s, char *err, size_t n);
+
+/* The same, bootstrapped over boot, a communicator of host buffers (the
+ * MPI world, comm_mpi_world; or any): its rank and size, rank 0's id by
+ * comm_broadcast. boot stays the caller's. */
+comm *comm_nccl_world_mpi(comm *boot, int device, double timeout_s, char *err, size_t n);
 
 #endif

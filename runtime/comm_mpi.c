@@ -39,7 +39,6 @@
 #include <stdatomic.h> /* atomic_int */
 #include <stdlib.h>    /* malloc, calloc, free, atexit */
 #include <string.h>    /* memcpy */
-#include <time.h>      /* clock_gettime, nanosleep */
 #include <unistd.h>    /* _exit */
 
 enum { TAG = 17 }; /* point-to-point messages */
@@ -76,18 +75,6 @@ static int wait_rank;
 static double wait_since;
 static int live_rank = -1;   /* from comm_mpi_world to comm_mpi_finish: this process's rank */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void sleep_s(double s)
-{
-    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-    nanosleep(&ts, NULL);
-}
 
 /* Prints why the job stops and stops it: MPI_Abort, whose status (3) the
  * launcher returns; a watchdog without MPI_THREAD_MULTIPLE ends this
@@ -106,7 +93,7 @@ static void watch(const comm *c, const char *op)
     pthread_mutex_lock(&mu);
     wait_op = op;
     wait_rank = c->world_rank;
-    wait_since = now_s();
+    wait_since = comm_now();
     pthread_mutex_unlock(&mu);
 }
 
@@ -121,10 +108,10 @@ static void *watchdog(void *arg)
 {
     (void)arg;
     while (!atomic_load(&dog_stop)) {
-        sleep_s(0.05);
+        comm_sleep(0.05);
         char why[240] = "";
         pthread_mutex_lock(&mu);
-        if (wait_op && now_s() - wait_since > timeout)
+        if (wait_op && comm_now() - wait_since > timeout)
             snprintf(why, sizeof why, "rank %d waited in %s for more than %g s (MESH_COLLECTIVE_TIMEOUT_S): "
                      "another rank is stuck or gone", wait_rank, wait_op, timeout);
         pthread_mutex_unlock(&mu);
@@ -478,12 +465,12 @@ int comm_mpi_finish(comm *c, int failed, const char *why)
     MPI_Request req;
     /* a failed rank waits less than the others' timeout, so that the job
      * stops naming it rather than one that waits for it */
-    double grace = timeout / 2 < 5 ? timeout / 2 : 5, until = now_s() + grace;
+    double grace = timeout / 2 < 5 ? timeout / 2 : 5, until = comm_now() + grace;
     int rc = all && m->end != MPI_COMM_NULL ? MPI_Iallgather(&failed, 1, MPI_INT, all, 1, MPI_INT, m->end, &req)
                                             : MPI_ERR_OTHER;
-    while (rc == MPI_SUCCESS && !done && (!failed || now_s() < until)) {
+    while (rc == MPI_SUCCESS && !done && (!failed || comm_now() < until)) {
         rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-        if (!done) sleep_s(0.001);
+        if (!done) comm_sleep(0.001);
     }
     if (!done) {
         free(all);

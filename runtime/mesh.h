@@ -377,6 +377,11 @@ typedef mesh_status (*mesh_rank_fn)(mesh_context *ctx, int rank, void *ud);
  *     (MPI_Abort: the launcher exits with status 3), with a line on
  *     stderr naming the rank; when every rank's fn fails, each returns
  *     its own status instead.
+ *   - a job that no MPI launcher started but whose processes have
+ *     torchrun's RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT: the same,
+ *     the ranks talking over TCP (they meet at MASTER_ADDR, port MESH_PORT
+ *     else MASTER_PORT + 1); a failing, killed or stuck rank makes every
+ *     other return MESH_ERR_RANK naming it.
  * Returns MESH_OK, or the first failing rank's status, whose message
  * mesh_last_error gives ("rank R: ..."); in a job of several processes, a
  * rank that did not fail itself returns MESH_ERR_RANK naming the first

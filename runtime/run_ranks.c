@@ -1,13 +1,15 @@
 /* run_ranks.c — mesh_run_ranks: the ranks of a plan as threads of this
  * process, over the threads communicator (comm_threads.c), or, in a job of
  * several processes (launch.c), this process's one rank over MPI
- * (comm_mpi.c). */
+ * (comm_mpi.c) when an MPI launcher started it, else over TCP (comm_tcp.c:
+ * torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). */
 #include <pthread.h> /* pthread_create, pthread_join */
 #include <stdio.h>   /* snprintf */
-#include <stdlib.h>  /* calloc, free */
+#include <stdlib.h>  /* calloc, free, getenv, strtol */
+#include <string.h>  /* strcmp */
 
 #include "api_impl.h" /* mesh__context_create, mesh__fail, mesh__job */
-#include "comm.h"     /* comm_threads_*, comm_mpi_* */
+#include "comm.h"     /* comm_threads_*, comm_mpi_*, comm_tcp_* */
 
 typedef struct rank_run {
     const mesh_plan *plan;
@@ -44,6 +46,16 @@ static void *run_one(void *arg)
     return NULL;
 }
 
+/* The processes that share this node's cores: torchrun's LOCAL_WORLD_SIZE
+ * (mpirun binds each process to its cores instead); 1 if unset. */
+static int local_processes(void)
+{
+    const char *s = getenv("LOCAL_WORLD_SIZE");
+    char *end;
+    long v = s ? strtol(s, &end, 10) : 1;
+    return s && (end == s || *end || v < 1 || v > 1 << 20) ? 1 : (int)v;
+}
+
 /* "the plan has 4 ranks (dp 4 x ...); this job has 2 processes" */
 static mesh_status mismatch(const mesh_plan *mp, int processes)
 {
@@ -58,33 +70,39 @@ static mesh_status mismatch(const mesh_plan *mp, int processes)
 }
 
 /* This process is rank job->rank of a job of several processes: fn runs
- * for that rank alone, over MPI. */
+ * for that rank alone, over MPI (an MPI launcher's job) or TCP (torchrun's,
+ * or any that sets RANK and WORLD_SIZE). */
 static mesh_status run_process_rank(const mesh_plan *mp, const mesh__job *job, mesh_rank_fn fn, void *ud)
 {
-    int n = (int)mp->p.setup.world;
+    int n = (int)mp->p.setup.world, tcp = !job->mpi;
     char why[512];
     if (job->size > 0 && job->size != n) return mismatch(mp, job->size);
-    if (!job->mpi)
-        return mesh__fail(MESH_ERR_UNSUPPORTED, "%s started this process (rank %d of %d) without MPI, and the "
-                          "processes of a job talk through MPI: launch with mpirun -n %d, or srun --mpi=pmix",
-                          job->launcher, job->rank, job->size, n);
+    if (tcp && strcmp(job->launcher, "torchrun") != 0)
+        return mesh__fail(MESH_ERR_UNSUPPORTED, "%s started this process (rank %d of %d) without MPI: launch with "
+                          "srun --mpi=pmix or mpirun -n %d, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT as "
+                          "torchrun does (the ranks then talk over TCP)", job->launcher, job->rank, job->size, n);
     if (n > 1 && mesh__exec_supported(&mp->p, why, sizeof why) != 0)
         return mesh__fail(MESH_ERR_UNSUPPORTED, "%s", why);
-    comm *c = comm_mpi_world(comm_timeout_from_env(), why, sizeof why);
-    if (!c) return mesh__fail(MESH_ERR_UNSUPPORTED, "%s", why);
+    comm *c = tcp ? comm_tcp_world(comm_timeout_from_env(), why, sizeof why)
+                  : comm_mpi_world(comm_timeout_from_env(), why, sizeof why);
+    if (!c) return mesh__fail(tcp ? MESH_ERR_IO : MESH_ERR_UNSUPPORTED, "%s", why);
     if (c->size != n || (job->size > 0 && c->world_rank != job->rank)) {
         mesh_status st = c->size != n ? mismatch(mp, c->size)
-                                      : mesh__fail(MESH_ERR_INVALID_ARG, "%s says this is rank %d, MPI says %d",
-                                                   job->launcher, job->rank, c->world_rank);
+                                      : mesh__fail(MESH_ERR_INVALID_ARG, "%s says this is rank %d, %s says %d",
+                                                   job->launcher, job->rank, tcp ? "RANK" : "MPI", c->world_rank);
         comm_free(c);
         return st;
     }
-    mesh__share_threads(1);
+    mesh__share_threads(tcp ? local_processes() : 1);
     rank_run r = {mp, NULL, c->world_rank, fn, ud, MESH_OK, ""};
     run_rank(&r, n > 1 ? c : NULL);
-    int first = comm_mpi_finish(c, r.st != MESH_OK, r.error); /* stops the job if the others go on */
+    /* MPI stops the job if the others go on; TCP stops them, and says why */
+    int first = tcp ? comm_tcp_finish(c, r.st != MESH_OK, r.error) : comm_mpi_finish(c, r.st != MESH_OK, r.error);
+    char after[sizeof c->error];
+    snprintf(after, sizeof after, "%s", tcp ? c->error : "");
     comm_free(c);
     if (r.st != MESH_OK) return mesh__fail(r.st, "rank %d: %s", r.rank, r.error);
+    if (first >= 0 && after[0]) return mesh__fail(MESH_ERR_RANK, "rank %d: %s", r.rank, after);
     if (first >= 0) return mesh__fail(MESH_ERR_RANK, "rank %d failed (its process says why)", first);
     return MESH_OK;
 }

@@ -23,6 +23,8 @@
 #                 `exit: N` must equal NAME.expected
 #   meshrun/...   meshrun's command line (--version, --help, a plan, errors),
 #                 and meshrun under mpirun (one rank per process)
+#   torchrun/...  meshrun in a job torchrun would start (RANK, WORLD_SIZE,
+#                 MASTER_ADDR, MASTER_PORT; one rank per process over TCP)
 #   mpi/...       the MPI communicator and mesh_run_ranks in a job of
 #                 several processes: $MESH_BUILD/mpi_tests under mpirun -n 2,
 #                 3 and 4 (skipped with a SKIP line when MESH_MPI=0 or
@@ -466,7 +468,7 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
         fi
     done
     # torchrun's variables: a job of one process runs its ranks as threads
-    # (--local-rank accepted); one of several needs MPI to talk
+    # (--local-rank accepted); one of several talks over TCP (torchrun/ below)
     capture "$TMP/torchrun1.out" env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 "$MESHRUN" --local-rank=0 "$TMP/dp2.plan" \
         --data "$TMP/dd.bin" --steps 2
     if grep -q "^meshrun: 2 ranks (dp 2 x tp 1 x pp 1 x ep 1) as threads of this process$" "$TMP/torchrun1.out" &&
@@ -475,8 +477,6 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     else
         fail meshrun/torchrun-one-process-threads "$TMP/torchrun1.out"
     fi
-    expect meshrun/torchrun-without-mpi "meshrun: error: examples/gpt-tiny.mesh: torchrun started this process (rank 0 of 2) without MPI, and the processes of a job talk through MPI: launch with mpirun -n 2, or srun --mpi=pmix
-exit: 1" env RANK=0 WORLD_SIZE=2 "$MESHRUN" --local_rank=0 "$TMP/dp2.plan" --data "$TMP/dd.bin"
     # --deterministic: dp 4 gives the one-rank metrics to the last digit
     rm -f "$TMP/det.jsonl"
     capture "$TMP/det.out" "$MESHRUN" "$TMP/dp4.plan" --deterministic --data "$TMP/dd.bin" --steps 20 \
@@ -744,6 +744,122 @@ mpi_section() {
     mpi_signal meshrun/mpi-stopped-rank-times-out STOP
 }
 
+# --- torchrun: one rank per process over TCP ----------------------------
+# What `torchrun --no-python --nproc-per-node N meshrun PLAN` does, by hand
+# (torchrun itself is not needed): N meshrun processes with RANK,
+# WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, whose ranks talk
+# over TCP (runtime/comm_tcp.c), meeting at MASTER_PORT + 1. The metrics
+# must be the threads runs' to the digit, and a rank that fails, dies or
+# stops must end the job, non-zero, naming it.
+
+# tcp_port: a MASTER_PORT whose next port (the rendezvous') is free now,
+# below the kernel's ephemeral ports (32768 up), which the ranks' own
+# connections take.
+tcp_port() {
+    local p
+    for _ in $(seq 1 50); do
+        p=$((10000 + RANDOM % 20000))
+        (exec 3<>"/dev/tcp/127.0.0.1/$((p + 1))") 2>/dev/null || { echo "$p"; return; }
+    done
+    echo 29500
+}
+
+# tcp_job OUT N CMD...: CMD as the N processes of a torchrun job on a free
+# port, each under the time limit; rank R's output goes to OUT.R, and OUT
+# gets rank 0's, then `exit: N`, N the first non-zero status in rank order.
+tcp_job() {
+    local out=$1 n=$2 port r st rc=0 pids=()
+    shift 2
+    port=$(tcp_port)
+    for r in $(seq 0 $((n - 1))); do
+        env RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+            OPENBLAS_NUM_THREADS=1 timeout "$LIMIT" "$@" >"$out.$r" 2>&1 </dev/null &
+        pids+=($!)
+    done
+    for r in "${!pids[@]}"; do
+        wait "${pids[$r]}"
+        st=$?
+        [ $rc -ne 0 ] || rc=$st
+    done
+    { cat "$out.0"; echo "exit: $rc"; } >"$out"
+}
+
+# tcp_signal NAME SIGNAL PATTERN: SIGNAL to rank 1 of a long dp 2 job once
+# it trains (MESH_COLLECTIVE_TIMEOUT_S=2); rank 0 must end non-zero within
+# 20 s, printing a line that matches PATTERN.
+tcp_signal() {
+    local name=$1 sig=$2 pat=$3 port r t0 rc p1='' pids=()
+    port=$(tcp_port)
+    for r in 0 1; do
+        env RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MESH_COLLECTIVE_TIMEOUT_S=2 \
+            timeout "$LIMIT" "$MESHRUN" "$TMP/dp2.plan" --data "$TMP/dd.bin" --steps 1000000 --threads 1 \
+            >"$TMP/tsig.$r" 2>&1 </dev/null &
+        pids+=($!)
+    done
+    for _ in $(seq 1 100); do # rank 1's meshrun: the child of its timeout
+        grep -q "^step 1/" "$TMP/tsig.0" && p1=$(pgrep -P "${pids[1]}" | head -n 1) && [ -n "$p1" ] && break
+        sleep 0.1
+    done
+    t0=$(ms_now)
+    [ -z "$p1" ] || kill -"$sig" "$p1"
+    wait "${pids[0]}" 2>/dev/null # (and not bash's word on rank 1's end)
+    rc=$?
+    { cat "$TMP/tsig.0"; echo "exit: $rc after $(($(ms_now) - t0)) ms"; } >"$TMP/tsig.out"
+    [ -z "$p1" ] || { kill -CONT "$p1"; kill -KILL "$p1"; } 2>/dev/null
+    wait "${pids[1]}" 2>/dev/null
+    if [ -n "$p1" ] && [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ $(($(ms_now) - t0)) -le 20000 ] &&
+        grep -q -- "$pat" "$TMP/tsig.out"; then
+        pass "$name"
+    else
+        fail "$name" "$TMP/tsig.out"
+    fi
+}
+
+tcp_section() {
+    local m dp tp pp n plan want port t0 val
+    # data, tensor, pipeline and expert parallelism: the threads' metrics
+    for m in 2x1x1 2x2x1 1x1x2 moe1x2; do
+        case $m in
+            moe*) n=2; plan=$TMP/$m.plan; want=$TMP/moe1x2.jsonl.all; val=(--val "$TMP/dd.bin") ;;
+            *) IFS=x read -r dp tp pp <<<"$m"; n=$((dp * tp * pp)); plan=$TMP/m$m.plan; want=$TMP/m$m.steps; val=() ;;
+        esac
+        rm -f "$TMP/tcp-$m.jsonl"
+        tcp_job "$TMP/tcp-$m.out" $n "$MESHRUN" "$plan" --data "$TMP/dd.bin" "${val[@]}" --steps 20 --threads 1 \
+            --metrics "$TMP/tcp-$m.jsonl"
+        if [ "$(tail -n 1 "$TMP/tcp-$m.out")" = "exit: 0" ] &&
+            grep -q "^meshrun: $n ranks (.*), one per process (torchrun)$" "$TMP/tcp-$m.out" &&
+            [ "$(sed 's/, "ms".*//' "$want")" = "$(sed 's/, "ms".*//' "$TMP/tcp-$m.jsonl")" ]; then
+            pass "torchrun/$m-same-as-threads"
+        else
+            cat "$TMP/tcp-$m.out".[1-9] "$want" "$TMP/tcp-$m.jsonl" >>"$TMP/tcp-$m.out" 2>&1
+            fail "torchrun/$m-same-as-threads" "$TMP/tcp-$m.out"
+        fi
+    done
+    # rank 1 cannot open its data while rank 0 trains: after a few seconds
+    # rank 1 stops the job, and rank 0 names it
+    t0=$(ms_now)
+    # shellcheck disable=SC2016 # $0..$2 and $RANK belong to the inner bash
+    tcp_job "$TMP/tcp-fail.out" 2 bash -c 'd=$2; [ "$RANK" != 1 ] || d=/nonexistent/rank-1.bin
+        exec "$0" "$1" --data "$d" --steps 20 --threads 1' "$MESHRUN" "$TMP/dp2.plan" "$TMP/dd.bin"
+    if [ "$(tail -n 1 "$TMP/tcp-fail.out")" != "exit: 0" ] && [ $(($(ms_now) - t0)) -le 20000 ] &&
+        grep -q "rank 1 failed: /nonexistent/rank-1.bin: cannot open" "$TMP/tcp-fail.out" &&
+        grep -q "^meshrun: error: /nonexistent/rank-1.bin: cannot open" "$TMP/tcp-fail.out.1"; then
+        pass torchrun/failing-rank-stops-the-job
+    else
+        cat "$TMP/tcp-fail.out.1" >>"$TMP/tcp-fail.out"
+        fail torchrun/failing-rank-stops-the-job "$TMP/tcp-fail.out"
+    fi
+    # a rank killed, or stopped, in the middle of training
+    tcp_signal torchrun/killed-rank-ends-the-job KILL "rank 1 failed: its connection closed in the middle of the run"
+    tcp_signal torchrun/stopped-rank-times-out STOP \
+        "rank 0 waited in [a-z-]* for more than 2 s (MESH_COLLECTIVE_TIMEOUT_S): rank 1 sent nothing"
+    # a rank that never comes: the rendezvous says which, after the timeout
+    port=$(tcp_port)
+    expect torchrun/rank-never-comes "meshrun: error: examples/gpt-tiny.mesh: rendezvous at 127.0.0.1:$((port + 1)): 1 of 2 ranks came within 1 s (missing: 1); are they started, with the same address and port?
+exit: 1" env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MESH_COLLECTIVE_TIMEOUT_S=1 "$MESHRUN" \
+        --local_rank=0 "$TMP/dp2.plan" --data "$TMP/dd.bin"
+}
+
 # --- SLURM --------------------------------------------------------------
 # A throw-away one-node cluster (tests/slurm/slurm-up.sh: munge and the
 # daemons, as root, on random ports) runs examples/slurm/train.sbatch for
@@ -934,6 +1050,7 @@ docs_section
 errors_section
 meshrun_section
 mpi_section
+tcp_section
 slurm_section
 tokenize_section
 

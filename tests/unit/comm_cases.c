@@ -132,3 +132,27 @@ int comm_case_groups(comm *c, char *err, size_t n)
     comm_free(dp);
     return rc ? rc : bad;
 }
+
+int comm_case_one_aborts(comm *c, char *err, size_t n)
+{
+    if (c->rank == 1) {
+        comm_abort(c, "the loss is not finite at step 3");
+        return 0;
+    }
+    float x[16] = {0};
+    int rc = comm_all_reduce(c, x, 16);
+    snprintf(err, n, "%s", c->error);
+    return rc == 0;
+}
+
+int comm_case_one_missing(comm *c, double idle, char *err, size_t n)
+{
+    if (c->rank == 1) {
+        if (idle > 0) comm_sleep(idle);
+        return 0;
+    }
+    float x[4] = {0};
+    int rc = comm_all_reduce(c, x, 4);
+    snprintf(err, n, "%s", c->error);
+    return rc == 0;
+}

@@ -26,4 +26,14 @@ int comm_case_collectives(comm *c, char *note, char *err, size_t n);
  * opts out of a split. Returns as comm_case_collectives. */
 int comm_case_groups(comm *c, char *err, size_t n);
 
+/* Failure: rank 1 aborts ("the loss is not finite at step 3"); any other
+ * rank enters an all-reduce, which must fail (its message in err). Returns
+ * 0 as expected, 1 if the all-reduce succeeded. */
+int comm_case_one_aborts(comm *c, char *err, size_t n);
+
+/* A timeout: rank 1 waits `idle` seconds, never entering the all-reduce
+ * the others enter, which must fail (its message in err). Returns as
+ * comm_case_one_aborts. */
+int comm_case_one_missing(comm *c, double idle, char *err, size_t n);
+
 #endif

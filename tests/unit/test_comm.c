@@ -95,17 +95,7 @@ TEST_IMPL(comm_threads_split_groups)
 
 /* Rank 1 fails before the collective; the others' all-reduce fails at
  * once, naming it. */
-static int one_aborts(rank_job *j, comm *c)
-{
-    if (c->rank == 1) {
-        comm_abort(c, "the loss is not finite at step 3");
-        return 0;
-    }
-    float x[16] = {0};
-    int rc = comm_all_reduce(c, x, 16);
-    snprintf(j->error, sizeof j->error, "%s", c->error);
-    return rc == 0;
-}
+static int one_aborts(rank_job *j, comm *c) { return comm_case_one_aborts(c, j->error, sizeof j->error); }
 
 TEST_IMPL(comm_threads_abort_stops_everyone)
 {
@@ -120,14 +110,7 @@ TEST_IMPL(comm_threads_abort_stops_everyone)
 }
 
 /* Rank 1 never comes: rank 0 gives up after the timeout, saying so. */
-static int one_missing(rank_job *j, comm *c)
-{
-    if (c->rank == 1) return 0;
-    float x[4] = {0};
-    int rc = comm_all_reduce(c, x, 4);
-    snprintf(j->error, sizeof j->error, "%s", c->error);
-    return rc == 0;
-}
+static int one_missing(rank_job *j, comm *c) { return comm_case_one_missing(c, 0, j->error, sizeof j->error); }
 
 TEST_IMPL(comm_threads_timeout_names_the_wait)
 {

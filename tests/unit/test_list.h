@@ -134,6 +134,25 @@ TEST(comm_threads_split_groups)
 TEST(comm_threads_abort_stops_everyone)
 TEST(comm_threads_timeout_names_the_wait)
 
+/* runtime: the TCP communicator and its rendezvous, test_comm_tcp.c */
+TEST(comm_tcp_collectives_match_serial)
+TEST(comm_tcp_split_groups)
+TEST(comm_tcp_sums_equal_threads_bits)
+TEST(comm_tcp_abort_stops_everyone)
+TEST(comm_tcp_timeout_names_the_wait)
+TEST(comm_tcp_dead_process_is_named)
+TEST(comm_tcp_finish_names_the_failed_rank)
+TEST(comm_tcp_rendezvous)
+TEST(comm_tcp_address_from_env)
+
+/* runtime: the NCCL communicator, test_comm_nccl.c (without a GPU: SKIP) */
+TEST(comm_nccl_available_says_why)
+TEST(comm_nccl_world_fails_cleanly_without_gpu)
+TEST(comm_nccl_one_rank_calls)
+TEST(comm_nccl_world_over_threads)
+TEST(comm_nccl_failure_aborts_the_world)
+TEST(comm_nccl_world_times_out_without_its_ranks)
+
 /* runtime: which process of which job, test_launch.c */
 TEST(launch_none_is_one_process)
 TEST(launch_order_first_match_wins)

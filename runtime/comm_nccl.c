@@ -1,0 +1,933 @@
+/* comm_nccl.c — the NCCL communicator (comm.h): one rank per process and
+ * per GPU, collectives and transfers between device buffers over NCCL
+ * 2.18+ (built against 2.28).
+ *
+ * Buffers are device pointers (the CUDA executor's); the caller's work that
+ * writes a buffer is finished before the call (its stream synchronised), and
+ * the call returns once the result is in place. Each handle has its own
+ * non-blocking CUDA stream: a call enqueues its NCCL operation there and
+ * waits for it, polling cudaStreamQuery and ncclCommGetAsyncError, so that a
+ * failed or stuck operation is noticed: an NCCL error, a CUDA error or a
+ * wait longer than the world's timeout (MESH_COLLECTIVE_TIMEOUT_S, default
+ * 600 s) aborts every NCCL communicator of the world (ncclCommAbort), and
+ * the call, and every later one, returns -1 with a message naming the
+ * operation, the rank and NCCL's error (ncclGetErrorString, and
+ * ncclGetLastError's detail).
+ *
+ * Communicators are non-blocking (config.blocking = 0): any NCCL call may
+ * return ncclInProgress, and the wait polls ncclCommGetAsyncError until the
+ * operation is enqueued (then the stream until it is done), with the same
+ * timeout; so is the world's creation and a split.
+ *
+ * Sums are NCCL's (ncclSum): the same on every member, but not taken in
+ * rank order, so not bit-equal to the threads and MPI backends'.
+ *
+ * Sends. comm.h promises eager sends; an ncclSend waits on the GPU until the
+ * peer posts its ncclRecv. So a send copies the data to a staging buffer on
+ * the device (the caller may reuse its buffer at once) and is deferred: it
+ * is issued at this process's next call, in one NCCL group with it when
+ * that call is a receive, otherwise just before it (then the call waits for
+ * the receiver), or at group_end, or when the handle is freed. Pending
+ * sends of every handle of the world go out together, in the order they
+ * were made. Hence the executor's patterns work: a pipeline stage's send of
+ * activations and its receive of gradients form one group, which matches
+ * the peer's send of gradients and receive of activations (Megatron's
+ * send_forward_recv_backward); a send before a collective reaches a peer
+ * already waiting to receive it. What NCCL cannot do is a send that is
+ * received only after the receiver has waited for the sender in something
+ * else (a rank that sends, then enters an all-reduce that the receiver
+ * enters before receiving): that deadlocks until the timeout, where the
+ * threads and MPI backends go on. A receive must name the size sent (the
+ * plan's static check makes sure of it); NCCL does not check it. Outside a
+ * group, a send to oneself never reaches NCCL: the next receive from
+ * oneself copies it.
+ *
+ * Groups: between group_begin and group_end, calls only enqueue (no count
+ * check in all_to_all, no split); group_end issues the group, with the
+ * deferred sends (to oneself too: received in the same group), and waits.
+ *
+ * One thread uses a world at a time (NCCL's groups are per thread). The
+ * whole backend needs CUDA=1 (MESH_CUDA); without it, the constructors say
+ * so.
+ */
+#include "comm.h"
+
+#include <stdio.h> /* snprintf, fprintf */
+
+#if MESH_CUDA
+
+#include <cuda_runtime.h> /* cudaStream_t, cudaMalloc, cudaMemcpyAsync, cudaStreamQuery */
+#include <dlfcn.h>        /* dlopen: the driver probe */
+#include <limits.h>       /* INT_MAX */
+#include <nccl.h>         /* ncclComm_t, ncclAllReduce, ... */
+#include <stdint.h>       /* int32_t, uint64_t */
+#include <stdlib.h>       /* calloc, realloc, free, getenv */
+#include <string.h>       /* memcpy, memset */
+#include <time.h>         /* clock_gettime, nanosleep */
+
+#include "rendezvous.h" /* rdv_open, rdv_all_gather: the unique id over TCP */
+
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
+#error "the NCCL communicator needs NCCL >= 2.18 (ncclCommSplit, non-blocking communicators)"
+#endif
+
+typedef struct nslot { /* a staged send; kept (with its buffer) for reuse once issued */
+    void *data;
+    size_t cap, bytes;
+    int peer;
+} nslot;
+
+typedef struct nworld nworld;
+
+typedef struct ncomm {
+    comm c;
+    nworld *w;
+    struct ncomm *next; /* the world's handles */
+    ncclComm_t nc;      /* NULL once aborted */
+    cudaStream_t stream;
+    int touched;        /* work enqueued that the next wait waits for */
+    nslot *slot;        /* [0, pending): deferred sends, oldest first */
+    int pending, slots;
+    uint64_t *dev;      /* device: 2 x size all-to-all counts, then one int32 */
+    uint64_t *host;     /* pinned host mirror of dev */
+} ncomm;
+
+struct nworld {
+    ncomm *comms;       /* alive handles */
+    int device;
+    double timeout;
+    int group;          /* group_begin depth */
+    int aborted;
+    char why[240];
+};
+
+static const comm_vtbl nccl_vtbl;
+
+/* ---- waiting ---------------------------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Between polls: spin briefly (a collective often ends within
+ * microseconds), then sleep 20 us at a time. */
+static void pause_poll(int *polls)
+{
+    if (++*polls < 200) return;
+    struct timespec ts = {0, 20000};
+    nanosleep(&ts, NULL);
+}
+
+/* Aborts every communicator of the world (the first reason stays); the
+ * world's handles fail from now on. */
+static void abort_world(nworld *w, const char *why)
+{
+    if (!w->aborted) snprintf(w->why, sizeof w->why, "%s", why);
+    w->aborted = 1;
+    for (; w->group > 0; w->group--) (void)ncclGroupEnd(); /* leave no NCCL group open on this thread */
+    for (ncomm *x = w->comms; x; x = x->next) {
+        if (x->nc) (void)ncclCommAbort(x->nc);
+        x->nc = NULL;
+        x->pending = 0;
+        x->touched = 0;
+    }
+}
+
+/* Records why op failed in m's error, aborts the world; returns -1. */
+static int fail_abort(ncomm *m, const char *op, const char *why)
+{
+    char msg[sizeof m->w->why];
+    snprintf(msg, sizeof msg, "rank %d: %.20s failed: %.180s", m->c.world_rank, op, why);
+    comm_fail(&m->c, op, "%.170s; the world's NCCL communicators are aborted", why);
+    abort_world(m->w, msg);
+    return -1;
+}
+
+static int nccl_fail(ncclComm_t nc, ncomm *m, const char *op, const char *call, ncclResult_t rc)
+{
+    char why[240];
+    const char *last = ncclGetLastError(nc);
+    snprintf(why, sizeof why, "%s: %s (NCCL error %d)%s%s", call, ncclGetErrorString(rc), (int)rc,
+             last && last[0] ? ": " : "", last ? last : "");
+    return fail_abort(m, op, why);
+}
+
+static int cuda_fail(ncomm *m, const char *op, const char *call, cudaError_t rc)
+{
+    char why[240];
+    snprintf(why, sizeof why, "%s: %s (%s)", call, cudaGetErrorString(rc), cudaGetErrorName(rc));
+    return fail_abort(m, op, why);
+}
+
+static int timed_out(ncomm *m, const char *op)
+{
+    char why[200];
+    snprintf(why, sizeof why, "waited more than %g s (MESH_COLLECTIVE_TIMEOUT_S): another rank is stuck or gone",
+             m->w->timeout);
+    return fail_abort(m, op, why);
+}
+
+/* Waits until the work enqueued on the world's touched handles is done:
+ * each communicator's async state leaves ncclInProgress (the operations are
+ * on the stream), then its stream drains. Errors and the timeout abort the
+ * world, recorded in m. */
+static int finish(ncomm *m, const char *op)
+{
+    nworld *w = m->w;
+    double until = now_s() + w->timeout;
+    for (int polls = 0;; pause_poll(&polls)) {
+        int busy = 0;
+        for (ncomm *x = w->comms; x; x = x->next) {
+            if (!x->touched) continue;
+            ncclResult_t st = ncclSuccess, rc = ncclCommGetAsyncError(x->nc, &st);
+            if (rc != ncclSuccess) st = rc;
+            if (st == ncclInProgress) {
+                busy = 1;
+                continue;
+            }
+            if (st != ncclSuccess) return nccl_fail(x->nc, m, op, "ncclCommGetAsyncError", st);
+            cudaError_t ce = cudaStreamQuery(x->stream);
+            if (ce == cudaErrorNotReady) {
+                busy = 1;
+                continue;
+            }
+            if (ce != cudaSuccess) return cuda_fail(m, op, "cudaStreamQuery", ce);
+            x->touched = 0;
+        }
+        if (!busy) return 0;
+        if (now_s() > until) return timed_out(m, op);
+    }
+}
+
+/* Waits for m's stream alone (a staging copy: no NCCL work on it). */
+static int drain(ncomm *m, const char *op)
+{
+    double until = now_s() + m->w->timeout;
+    for (int polls = 0;; pause_poll(&polls)) {
+        cudaError_t ce = cudaStreamQuery(m->stream);
+        if (ce == cudaSuccess) return 0;
+        if (ce != cudaErrorNotReady) return cuda_fail(m, op, "cudaStreamQuery", ce);
+        if (now_s() > until) return timed_out(m, op);
+    }
+}
+
+/* Polls a communicator being made (init, split) until it is ready, or
+ * not: *st is its state; 0, or -1 past the deadline. */
+static int ready(ncclComm_t nc, double until, ncclResult_t *st)
+{
+    for (int polls = 0;; pause_poll(&polls)) {
+        ncclResult_t rc = ncclCommGetAsyncError(nc, st);
+        if (rc != ncclSuccess) *st = rc;
+        if (*st != ncclInProgress) return 0;
+        if (now_s() > until) return -1;
+    }
+}
+
+/* ---- the calls -------------------------------------------------------- */
+
+/* Whether an NCCL call failed (ncclInProgress: it goes on, non-blocking). */
+static int failed(ncclResult_t rc) { return rc != ncclSuccess && rc != ncclInProgress; }
+
+/* -1 (with why) when the world was aborted. */
+static int dead(ncomm *m, const char *op)
+{
+    if (!m->w->aborted && m->nc) return 0;
+    return comm_fail(&m->c, op, "the world's NCCL communicators were aborted (%s)",
+                     m->w->aborted ? m->w->why : "no communicator");
+}
+
+/* -1 (not aborting) unless p is device memory the NCCL calls can use. */
+static int on_device(ncomm *m, const char *op, const void *p, size_t bytes)
+{
+    struct cudaPointerAttributes a;
+    if (bytes == 0) return 0;
+    memset(&a, 0, sizeof a);
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) (void)cudaGetLastError();
+    if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) return 0;
+    return comm_fail(&m->c, op, "buffer %p is not device memory (the NCCL communicator takes device pointers)", p);
+}
+
+/* Issues the world's deferred sends, inside an NCCL group; on a failure,
+ * *bad is the handle whose send failed. Sends to oneself stay pending (a
+ * receive takes them without NCCL), unless self: at a group's end, where
+ * the group's receive from oneself takes them through NCCL. */
+static ncclResult_t issue_sends(nworld *w, int self, ncomm **bad)
+{
+    for (ncomm *x = w->comms; x; x = x->next) {
+        int kept = 0;
+        for (int i = 0; i < x->pending; i++) {
+            nslot s = x->slot[i];
+            if (s.peer == x->c.rank && !self) { /* kept, in order; its slot's buffer moves to i */
+                x->slot[i] = x->slot[kept];
+                x->slot[kept++] = s;
+                continue;
+            }
+            ncclResult_t rc = ncclSend(s.data, s.bytes, ncclChar, s.peer, x->nc, x->stream);
+            if (failed(rc)) {
+                *bad = x;
+                return rc;
+            }
+            x->touched = 1;
+        }
+        x->pending = kept; /* the issued buffers stay untouched until the wait for them ends */
+    }
+    return ncclSuccess;
+}
+
+/* Whether any deferred send would go through NCCL. */
+static int any_pending(const nworld *w)
+{
+    for (const ncomm *x = w->comms; x; x = x->next)
+        for (int i = 0; i < x->pending; i++)
+            if (x->slot[i].peer != x->c.rank) return 1;
+    return 0;
+}
+
+/* Ends an NCCL group this file opened, whose calls returned rc (the first
+ * failure: `call` on handle bad), then aborts, or waits for the group
+ * (unless it is nested in the caller's group_begin: then group_end waits).
+ * The group is closed before any abort. */
+static int close_group(ncomm *m, const char *op, const char *call, ncclResult_t rc, ncomm *bad)
+{
+    ncclResult_t end = ncclGroupEnd();
+    if (failed(rc)) return nccl_fail(bad->nc, m, op, call, rc);
+    if (failed(end)) return nccl_fail(m->nc, m, op, "ncclGroupEnd", end);
+    return m->w->group ? 0 : finish(m, op);
+}
+
+/* The deferred sends go out before a call that is not a receive, and the
+ * call waits for them to be received. */
+static int flush_sends(ncomm *m, const char *op)
+{
+    ncomm *bad = m;
+    if (!any_pending(m->w)) return 0;
+    ncclResult_t rc = ncclGroupStart();
+    if (rc != ncclSuccess) return nccl_fail(m->nc, m, op, "ncclGroupStart", rc);
+    rc = issue_sends(m->w, 0, &bad);
+    return close_group(m, op, "ncclSend", rc, bad);
+}
+
+/* The start of every call: -1 if the world was aborted; outside a group,
+ * the deferred sends go first. */
+static int begin(ncomm *m, const char *op)
+{
+    if (dead(m, op) != 0) return -1;
+    return m->w->group ? 0 : flush_sends(m, op);
+}
+
+/* After a call enqueued one NCCL operation (rc): in a group it waits for
+ * group_end, else for the operation. */
+static int issued(ncomm *m, const char *op, const char *call, ncclResult_t rc)
+{
+    if (failed(rc)) return nccl_fail(m->nc, m, op, call, rc);
+    m->touched = 1;
+    return m->w->group ? 0 : finish(m, op);
+}
+
+static int n_all_reduce(comm *c, float *buf, size_t n)
+{
+    ncomm *m = (ncomm *)c;
+    if (on_device(m, "all-reduce", buf, n) != 0 || begin(m, "all-reduce") != 0) return -1;
+    return issued(m, "all-reduce", "ncclAllReduce", ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, m->nc, m->stream));
+}
+
+/* in[size x n] -> out[n]; out may be in + rank x n (NCCL's in-place form),
+ * no other overlap. */
+static int n_reduce_scatter(comm *c, const float *in, float *out, size_t n)
+{
+    ncomm *m = (ncomm *)c;
+    if (on_device(m, "reduce-scatter", in, n) != 0 || on_device(m, "reduce-scatter", out, n) != 0 ||
+        begin(m, "reduce-scatter") != 0)
+        return -1;
+    return issued(m, "reduce-scatter", "ncclReduceScatter",
+                  ncclReduceScatter(in, out, n, ncclFloat, ncclSum, m->nc, m->stream));
+}
+
+/* in[n] -> out[size x n]; in may be out + rank x n. */
+static int n_all_gather(comm *c, const float *in, float *out, size_t n)
+{
+    ncomm *m = (ncomm *)c;
+    if (on_device(m, "all-gather", in, n) != 0 || on_device(m, "all-gather", out, n) != 0 ||
+        begin(m, "all-gather") != 0)
+        return -1;
+    return issued(m, "all-gather", "ncclAllGather", ncclAllGather(in, out, n, ncclFloat, m->nc, m->stream));
+}
+
+/* Copies bytes between m's pinned host mirror and the device (either way)
+ * and waits. */
+static int copy_wait(ncomm *m, const char *op, void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind)
+{
+    cudaError_t ce = cudaMemcpyAsync(dst, src, bytes, kind, m->stream);
+    if (ce != cudaSuccess) return cuda_fail(m, op, "cudaMemcpyAsync", ce);
+    return drain(m, op);
+}
+
+/* Every rank learns what each peer sends it; -1 on every rank when one
+ * expected other counts (the lowest such rank says which): the threads and
+ * MPI backends' check, on the device. */
+static int a2a_counts(ncomm *m, const size_t *send, const size_t *recv)
+{
+    const char *op = "all-to-all";
+    int p = m->c.size, bad = -1;
+    uint64_t *mine = m->host, *theirs = m->host + p;
+    int32_t flag;
+    for (int q = 0; q < p; q++) mine[q] = send[q];
+    if (copy_wait(m, op, m->dev, mine, (size_t)p * sizeof *mine, cudaMemcpyHostToDevice) != 0) return -1;
+    ncclResult_t rc = ncclGroupStart();
+    if (rc != ncclSuccess) return nccl_fail(m->nc, m, op, "ncclGroupStart", rc);
+    for (int q = 0; q < p && !failed(rc); q++) {
+        rc = ncclSend(m->dev + q, 1, ncclUint64, q, m->nc, m->stream);
+        if (!failed(rc)) rc = ncclRecv(m->dev + p + q, 1, ncclUint64, q, m->nc, m->stream);
+    }
+    m->touched = 1;
+    if (close_group(m, op, "ncclSend/ncclRecv of the counts", rc, m) != 0 ||
+        copy_wait(m, op, theirs, m->dev + p, (size_t)p * sizeof *theirs, cudaMemcpyDeviceToHost) != 0)
+        return -1;
+    for (int q = p - 1; q >= 0; q--)
+        if (theirs[q] != recv[q]) bad = q;
+    /* the lowest rank that expected other counts, on every rank */
+    int32_t *dflag = (int32_t *)(m->dev + 2 * (size_t)p), *hflag = (int32_t *)(m->host + 2 * (size_t)p);
+    *hflag = bad >= 0 ? m->c.rank : INT_MAX;
+    if (copy_wait(m, op, dflag, hflag, sizeof *hflag, cudaMemcpyHostToDevice) != 0 ||
+        issued(m, op, "ncclAllReduce", ncclAllReduce(dflag, dflag, 1, ncclInt32, ncclMin, m->nc, m->stream)) != 0 ||
+        copy_wait(m, op, hflag, dflag, sizeof *hflag, cudaMemcpyDeviceToHost) != 0)
+        return -1;
+    flag = *hflag;
+    if (bad >= 0)
+        return comm_fail(&m->c, op, "rank %d expected %zu floats from rank %d, which sends %llu", m->c.rank,
+                         recv[bad], bad, (unsigned long long)theirs[bad]);
+    if (flag != INT_MAX) return comm_fail(&m->c, op, "rank %d expected other counts", (int)flag);
+    return 0;
+}
+
+/* send[q] floats of in (peers' parts in rank order) to q, recv[q] from q
+ * into out: a group of ncclSend/ncclRecv, after the counts are checked
+ * (outside a group). */
+static int n_all_to_all(comm *c, const float *in, const size_t *send, float *out, const size_t *recv)
+{
+    const char *op = "all-to-all";
+    ncomm *m = (ncomm *)c;
+    size_t ns = 0, nr = 0;
+    for (int q = 0; q < c->size; q++) {
+        ns += send[q];
+        nr += recv[q];
+    }
+    if (on_device(m, op, in, ns) != 0 || on_device(m, op, out, nr) != 0 || begin(m, op) != 0) return -1;
+    if (!m->w->group && a2a_counts(m, send, recv) != 0) return -1;
+    ncclResult_t rc = ncclGroupStart();
+    if (rc != ncclSuccess) return nccl_fail(m->nc, m, op, "ncclGroupStart", rc);
+    size_t at = 0, rat = 0;
+    for (int q = 0; q < c->size && !failed(rc); q++) {
+        if (send[q]) rc = ncclSend(in + at, send[q], ncclFloat, q, m->nc, m->stream);
+        if (recv[q] && !failed(rc)) rc = ncclRecv(out + rat, recv[q], ncclFloat, q, m->nc, m->stream);
+        at += send[q];
+        rat += recv[q];
+    }
+    m->touched = 1;
+    return close_group(m, op, "ncclSend/ncclRecv", rc, m); /* in the caller's group, only closes ours */
+}
+
+static int n_broadcast(comm *c, void *buf, size_t bytes, int root)
+{
+    ncomm *m = (ncomm *)c;
+    if (root < 0 || root >= c->size) return comm_fail(c, "broadcast", "root %d of a group of %d", root, c->size);
+    if (on_device(m, "broadcast", buf, bytes) != 0 || begin(m, "broadcast") != 0) return -1;
+    return issued(m, "broadcast", "ncclBroadcast",
+                  ncclBroadcast(buf, buf, bytes, ncclChar, root, m->nc, m->stream));
+}
+
+static int n_barrier(comm *c)
+{
+    ncomm *m = (ncomm *)c;
+    if (begin(m, "barrier") != 0) return -1;
+    int32_t *one = (int32_t *)(m->dev + 2 * (size_t)c->size);
+    return issued(m, "barrier", "ncclAllReduce", ncclAllReduce(one, one, 1, ncclInt32, ncclSum, m->nc, m->stream));
+}
+
+static int peer_ok(comm *c, int peer, const char *what)
+{
+    if (peer >= 0 && peer < c->size) return 1;
+    snprintf(c->error, sizeof c->error, "%s rank %d of a group of %d", what, peer, c->size);
+    return 0;
+}
+
+/* A staging slot for a send of bytes, at the end of the pending ones;
+ * NULL (with why) if out of memory. */
+static nslot *stage_slot(ncomm *m, size_t bytes)
+{
+    if (m->pending == m->slots) {
+        int n = m->slots ? 2 * m->slots : 4;
+        nslot *s = realloc(m->slot, (size_t)n * sizeof *s);
+        if (!s) return NULL;
+        memset(s + m->slots, 0, (size_t)(n - m->slots) * sizeof *s);
+        m->slot = s;
+        m->slots = n;
+    }
+    nslot *s = &m->slot[m->pending];
+    if (s->cap < bytes) {
+        if (s->data) (void)cudaFree(s->data);
+        s->data = NULL;
+        s->cap = 0;
+        if (cudaSetDevice(m->w->device) != cudaSuccess || cudaMalloc(&s->data, bytes) != cudaSuccess) {
+            (void)cudaGetLastError();
+            s->data = NULL;
+            return NULL;
+        }
+        s->cap = bytes;
+    }
+    return s;
+}
+
+/* Eager on NCCL's terms: the data is copied to a staging buffer and the
+ * send deferred (see the top of the file). */
+static int n_send(comm *c, const void *buf, size_t bytes, int peer)
+{
+    ncomm *m = (ncomm *)c;
+    if (!peer_ok(c, peer, "send to") || dead(m, "send") != 0 || on_device(m, "send", buf, bytes) != 0) return -1;
+    if (bytes == 0) return 0; /* as the receive of 0 bytes: nothing moves */
+    nslot *s = stage_slot(m, bytes);
+    if (!s) return comm_fail(c, "send", "out of device memory staging %zu bytes", bytes);
+    cudaError_t ce = cudaMemcpyAsync(s->data, buf, bytes, cudaMemcpyDefault, m->stream);
+    if (ce != cudaSuccess) return cuda_fail(m, "send", "cudaMemcpyAsync", ce);
+    if (drain(m, "send") != 0) return -1;
+    s->bytes = bytes;
+    s->peer = peer;
+    m->pending++;
+    return 0;
+}
+
+/* A receive from oneself, outside a group: the oldest send to oneself,
+ * copied from its staging buffer (NCCL is not involved, so any number of
+ * sends to oneself may come first). */
+static int recv_self(ncomm *m, void *buf, size_t bytes)
+{
+    int j = 0;
+    while (j < m->pending && m->slot[j].peer != m->c.rank) j++;
+    if (j == m->pending)
+        return comm_fail(&m->c, "receive", "from itself (rank %d), which sent it nothing", m->c.rank);
+    nslot s = m->slot[j];
+    memmove(&m->slot[j], &m->slot[j + 1], (size_t)(m->pending - j - 1) * sizeof s);
+    m->slot[--m->pending] = s; /* taken: its buffer is free again */
+    if (s.bytes != bytes) {
+        snprintf(m->c.error, sizeof m->c.error, "receive from rank %d: %zu bytes sent, %zu expected", m->c.rank,
+                 s.bytes, bytes);
+        return -1;
+    }
+    return copy_wait(m, "receive", buf, s.data, bytes, cudaMemcpyDeviceToDevice);
+}
+
+/* Outside a group: one NCCL group with the world's deferred sends. */
+static int n_recv(comm *c, void *buf, size_t bytes, int peer)
+{
+    ncomm *m = (ncomm *)c;
+    if (!peer_ok(c, peer, "receive from") || dead(m, "receive") != 0 || on_device(m, "receive", buf, bytes) != 0)
+        return -1;
+    if (bytes == 0) return 0;
+    if (m->w->group) return issued(m, "receive", "ncclRecv", ncclRecv(buf, bytes, ncclChar, peer, m->nc, m->stream));
+    if (peer == c->rank) return begin(m, "receive") != 0 ? -1 : recv_self(m, buf, bytes);
+    ncomm *bad = m;
+    const char *call = "ncclSend";
+    ncclResult_t rc = ncclGroupStart();
+    if (rc != ncclSuccess) return nccl_fail(m->nc, m, "receive", "ncclGroupStart", rc);
+    rc = issue_sends(m->w, 0, &bad);
+    if (!failed(rc)) {
+        bad = m;
+        call = "ncclRecv";
+        rc = ncclRecv(buf, bytes, ncclChar, peer, m->nc, m->stream);
+        m->touched = 1;
+    }
+    return close_group(m, "receive", call, rc, bad);
+}
+
+static int n_group_begin(comm *c)
+{
+    ncomm *m = (ncomm *)c;
+    if (dead(m, "group") != 0) return -1;
+    if (m->w->group == 0) {
+        ncclResult_t rc = ncclGroupStart();
+        if (rc != ncclSuccess) return nccl_fail(m->nc, m, "group", "ncclGroupStart", rc);
+    }
+    m->w->group++;
+    return 0;
+}
+
+/* The outermost group_end issues the group (with the deferred sends) and
+ * waits for it. */
+static int n_group_end(comm *c)
+{
+    ncomm *m = (ncomm *)c;
+    if (dead(m, "group") != 0) return -1;
+    if (m->w->group == 0) return comm_fail(c, "group", "group_end without group_begin");
+    if (--m->w->group > 0) return 0;
+    ncomm *bad = m;
+    ncclResult_t rc = issue_sends(m->w, 1, &bad);
+    return close_group(m, "group", "ncclSend", rc, bad);
+}
+
+static void n_abort(comm *c, const char *why)
+{
+    ncomm *m = (ncomm *)c;
+    char msg[sizeof m->w->why];
+    snprintf(msg, sizeof msg, "rank %d failed: %s", c->world_rank, why ? why : "aborted");
+    fprintf(stderr, "mesh: %s; aborting its NCCL communicators\n", msg);
+    fflush(stderr);
+    abort_world(m->w, msg);
+}
+
+/* ---- handles ---------------------------------------------------------- */
+
+/* The handle's stream and count buffers; 0, or -1 with why. */
+static int handle_buffers(ncomm *m, int device, char *err, size_t n)
+{
+    size_t bytes = (2 * (size_t)m->c.size + 1) * sizeof *m->dev;
+    const char *what = NULL;
+    if (cudaSetDevice(device) != cudaSuccess) what = "cudaSetDevice";
+    else if (cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking) != cudaSuccess)
+        what = "cudaStreamCreateWithFlags";
+    else if (cudaMalloc((void **)&m->dev, bytes) != cudaSuccess) what = "cudaMalloc";
+    else if (cudaMallocHost((void **)&m->host, bytes) != cudaSuccess) what = "cudaMallocHost";
+    if (!what) return 0;
+    snprintf(err, n, "%s: %s", what, cudaGetErrorString(cudaGetLastError()));
+    if (m->dev) (void)cudaFree(m->dev);
+    if (m->stream) (void)cudaStreamDestroy(m->stream);
+    return -1;
+}
+
+/* A handle on nc, owned from now on (aborted if this fails: NULL with why
+ * in err), added to the world. */
+static ncomm *wrap(nworld *w, ncclComm_t nc, int world_rank, char *err, size_t n)
+{
+    ncomm *m = calloc(1, sizeof *m);
+    int rank = 0, size = 0;
+    if (!m) snprintf(err, n, "out of memory");
+    else if (ncclCommUserRank(nc, &rank) != ncclSuccess || ncclCommCount(nc, &size) != ncclSuccess || size < 1)
+        snprintf(err, n, "ncclCommUserRank or ncclCommCount failed");
+    if (!m || size < 1) {
+        (void)ncclCommAbort(nc);
+        free(m);
+        return NULL;
+    }
+    m->c.v = &nccl_vtbl;
+    m->c.rank = rank;
+    m->c.size = size;
+    m->c.world_rank = world_rank;
+    if (handle_buffers(m, w->device, err, n) != 0) {
+        (void)ncclCommAbort(nc);
+        free(m);
+        return NULL;
+    }
+    m->w = w;
+    m->nc = nc;
+    m->next = w->comms;
+    w->comms = m;
+    return m;
+}
+
+static int n_split(comm *c, int color, int key, comm **out)
+{
+    ncomm *m = (ncomm *)c;
+    nworld *w = m->w;
+    ncclComm_t nc = NULL;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    ncclResult_t st = ncclSuccess;
+    char why[160];
+    *out = NULL;
+    if (w->group) return comm_fail(c, "split", "split between group_begin and group_end");
+    if (begin(m, "split") != 0) return -1;
+    cfg.blocking = 0;
+    ncclResult_t rc = ncclCommSplit(m->nc, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &nc, &cfg);
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+        if (nc) (void)ncclCommAbort(nc);
+        return nccl_fail(m->nc, m, "split", "ncclCommSplit", rc);
+    }
+    double until = now_s() + w->timeout;
+    int late = ready(m->nc, until, &st) != 0;
+    if (!late && st == ncclSuccess && nc) late = ready(nc, until, &st) != 0;
+    if (late || st != ncclSuccess) {
+        if (nc) (void)ncclCommAbort(nc);
+        if (late) return timed_out(m, "split");
+        return nccl_fail(m->nc, m, "split", "ncclCommSplit", st);
+    }
+    if (!nc) return 0; /* color < 0: in no group */
+    ncomm *x = wrap(w, nc, c->world_rank, why, sizeof why);
+    if (!x) return comm_fail(c, "split", "%s", why);
+    *out = &x->c;
+    return 0;
+}
+
+/* Issues the deferred sends, lets the communicator finish (ncclCommFinalize,
+ * within the timeout) and frees it; the world goes with its last handle. */
+static void n_free(comm *c)
+{
+    ncomm *m = (ncomm *)c;
+    nworld *w = m->w;
+    if (!w->aborted && m->nc && !w->group && flush_sends(m, "free") != 0)
+        fprintf(stderr, "mesh: %s\n", c->error);
+    if (m->nc) {
+        ncclResult_t st = ncclSuccess, rc = ncclCommFinalize(m->nc);
+        int late = rc != ncclSuccess && rc != ncclInProgress;
+        if (!late) late = ready(m->nc, now_s() + w->timeout, &st) != 0 || st != ncclSuccess;
+        if (late) {
+            fprintf(stderr, "mesh: rank %d: ncclCommFinalize did not end cleanly (%s); aborting the communicator\n",
+                    c->world_rank, ncclGetErrorString(rc != ncclSuccess && rc != ncclInProgress ? rc : st));
+            (void)ncclCommAbort(m->nc);
+        } else {
+            (void)ncclCommDestroy(m->nc);
+        }
+        m->nc = NULL;
+    }
+    for (ncomm **at = &w->comms; *at; at = &(*at)->next)
+        if (*at == m) {
+            *at = m->next;
+            break;
+        }
+    for (int i = 0; i < m->slots; i++)
+        if (m->slot[i].data) (void)cudaFree(m->slot[i].data);
+    free(m->slot);
+    (void)cudaFree(m->dev);
+    (void)cudaFreeHost(m->host);
+    (void)cudaStreamDestroy(m->stream);
+    free(m);
+    if (!w->comms) free(w);
+}
+
+static const comm_vtbl nccl_vtbl = {
+    "nccl", n_all_reduce, n_reduce_scatter, n_all_gather, n_all_to_all, n_broadcast, n_send, n_recv,
+    n_barrier, n_split, n_group_begin, n_group_end, n_abort, n_free,
+};
+
+/* ---- the world -------------------------------------------------------- */
+
+int comm_nccl_available(char *why, size_t n)
+{
+    int count = 0;
+    char none[1];
+    if (!why || n == 0) {
+        why = none;
+        n = sizeof none;
+    }
+    why[0] = '\0';
+    /* the cheapest probe: no driver, no device (cudart would say the same,
+     * more slowly) */
+    void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (!driver) {
+        const char *e = dlerror();
+        snprintf(why, n, "no CUDA driver (%s)", e ? e : "libcuda.so.1 not found");
+        return 0;
+    }
+    dlclose(driver);
+    cudaError_t rc = cudaGetDeviceCount(&count);
+    if (rc != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(why, n, "cudaGetDeviceCount: %s (%s, %d)", cudaGetErrorString(rc), cudaGetErrorName(rc), (int)rc);
+        return 0;
+    }
+    if (count <= 0) {
+        snprintf(why, n, "no CUDA device (cudaGetDeviceCount found none)");
+        return 0;
+    }
+    return 1;
+}
+
+/* This rank's readiness: its device usable (0), else -1 with why. */
+static int use_device(int device, char *why, size_t n)
+{
+    if (!comm_nccl_available(why, n)) return -1;
+    cudaError_t rc = cudaSetDevice(device);
+    if (rc == cudaSuccess) return 0;
+    (void)cudaGetLastError();
+    snprintf(why, n, "cudaSetDevice(%d): %s", device, cudaGetErrorString(rc));
+    return -1;
+}
+
+/* What every rank contributes to the bootstrap exchange. */
+typedef struct boot_rec {
+    int32_t ok;    /* its device is usable and, on rank 0, the id made */
+    ncclUniqueId id; /* rank 0's */
+} boot_rec;
+
+/* The world's communicator from the unique id all ranks share. */
+static comm *world_init(int rank, int size, int device, double timeout_s, ncclUniqueId id, char *err, size_t n)
+{
+    nworld *w = calloc(1, sizeof *w);
+    ncclComm_t nc = NULL;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    ncclResult_t st = ncclSuccess;
+    if (!w) {
+        snprintf(err, n, "out of memory");
+        return NULL;
+    }
+    w->device = device;
+    w->timeout = timeout_s;
+    cfg.blocking = 0;
+    cfg.commName = "mesh";
+    ncclResult_t rc = ncclCommInitRankConfig(&nc, size, id, rank, &cfg);
+    int late = 0;
+    if (rc == ncclSuccess || rc == ncclInProgress) {
+        late = ready(nc, now_s() + timeout_s, &st) != 0;
+        rc = late ? ncclInProgress : st;
+    }
+    if (rc != ncclSuccess) {
+        const char *last = ncclGetLastError(nc);
+        if (late)
+            snprintf(err, n, "ncclCommInitRankConfig (rank %d of %d): the other ranks did not come within %g s "
+                     "(MESH_COLLECTIVE_TIMEOUT_S)", rank, size, timeout_s);
+        else
+            snprintf(err, n, "ncclCommInitRankConfig (rank %d of %d): %s (NCCL error %d)%s%s", rank, size,
+                     ncclGetErrorString(rc), (int)rc, last && last[0] ? ": " : "", last ? last : "");
+        if (nc) (void)ncclCommAbort(nc);
+        free(w);
+        return NULL;
+    }
+    char why[160];
+    ncomm *m = wrap(w, nc, rank, why, sizeof why);
+    if (!m) {
+        snprintf(err, n, "the world's communicator: %s", why);
+        free(w);
+        return NULL;
+    }
+    return &m->c;
+}
+
+/* The first rank whose record is not ok, or -1. */
+static int first_bad(const boot_rec *all, int size)
+{
+    for (int q = 0; q < size; q++)
+        if (!all[q].ok) return q;
+    return -1;
+}
+
+/* Every rank's record over the TCP rendezvous (rendezvous.h); 0, or -1
+ * with why. */
+static int exchange(const boot_rec *mine, boot_rec *all, int rank, int size, double timeout_s, char *err, size_t n)
+{
+    char host[256];
+    int port = 0;
+    if (rdv_env_address(host, sizeof host, &port, err, n) != 0) return -1;
+    rdv *r = rdv_open(host, port, rank, size, timeout_s, err, n);
+    if (!r) return -1;
+    int rc = rdv_all_gather(r, mine, all, sizeof *mine, err, n);
+    rdv_close(r);
+    return rc == 0 ? 0 : -1;
+}
+
+comm *comm_nccl_world(int rank, int size, int device, double timeout_s, char *err, size_t n)
+{
+    char why[200] = "", rerr[240] = "";
+    boot_rec mine;
+    if (size < 1 || rank < 0 || rank >= size) {
+        snprintf(err, n, "rank %d of a world of %d", rank, size);
+        return NULL;
+    }
+    if (timeout_s <= 0) timeout_s = comm_timeout_from_env();
+    memset(&mine, 0, sizeof mine);
+    mine.ok = use_device(device, why, sizeof why) == 0;
+    /* NCCL_COMM_ID=host:port makes every rank's id point at one root: no
+     * exchange (one communicator at a time, NCCL's rule) */
+    if (getenv("NCCL_COMM_ID")) {
+        ncclResult_t rc = mine.ok ? ncclGetUniqueId(&mine.id) : ncclSuccess;
+        if (!mine.ok || rc != ncclSuccess) {
+            snprintf(err, n, "rank %d cannot use GPU %d: %s", rank, device, mine.ok ? ncclGetErrorString(rc) : why);
+            return NULL;
+        }
+        return world_init(rank, size, device, timeout_s, mine.id, err, n);
+    }
+    if (mine.ok && rank == 0 && ncclGetUniqueId(&mine.id) != ncclSuccess) {
+        snprintf(why, sizeof why, "ncclGetUniqueId failed");
+        mine.ok = 0;
+    }
+    /* a rank that cannot take part still comes, so that the others fail
+     * naming it rather than wait until the timeout */
+    boot_rec *all = calloc((size_t)size, sizeof *all);
+    int rc = all ? exchange(&mine, all, rank, size, timeout_s, rerr, sizeof rerr) : -1;
+    if (!all) snprintf(rerr, sizeof rerr, "out of memory");
+    int bad = rc == 0 ? first_bad(all, size) : -1;
+    ncclUniqueId id = all ? all[0].id : mine.id;
+    free(all);
+    if (!mine.ok) {
+        snprintf(err, n, "rank %d cannot use GPU %d: %s%s%s", rank, device, why,
+                 rc != 0 ? "; the rendezvous failed too: " : "", rc != 0 ? rerr : "");
+        return NULL;
+    }
+    if (rc != 0) {
+        snprintf(err, n, "bootstrapping the NCCL world: %s", rerr);
+        return NULL;
+    }
+    if (bad >= 0) {
+        snprintf(err, n, "rank %d cannot use its GPU (or make the NCCL id): see its error", bad);
+        return NULL;
+    }
+    return world_init(rank, size, device, timeout_s, id, err, n);
+}
+
+comm *comm_nccl_world_mpi(comm *boot, int device, double timeout_s, char *err, size_t n)
+{
+    char why[200] = "";
+    ncclUniqueId id;
+    int rank = boot->rank, size = boot->size, bad = -1;
+    if (timeout_s <= 0) timeout_s = comm_timeout_from_env();
+    memset(&id, 0, sizeof id);
+    int ok = use_device(device, why, sizeof why) == 0;
+    if (ok && rank == 0 && ncclGetUniqueId(&id) != ncclSuccess) {
+        snprintf(why, sizeof why, "ncclGetUniqueId failed");
+        ok = 0;
+    }
+    /* who cannot take part, then rank 0's id (host buffers) */
+    float mine = ok ? 0.0f : 1.0f, *flags = calloc((size_t)size, sizeof *flags);
+    if (!flags) {
+        snprintf(err, n, "out of memory");
+        return NULL;
+    }
+    int rc = comm_all_gather(boot, &mine, flags, 1);
+    for (int q = size - 1; rc == 0 && q >= 0; q--)
+        if (flags[q] != 0.0f) bad = q;
+    free(flags);
+    if (rc == 0 && bad < 0) rc = comm_broadcast(boot, &id, sizeof id, 0);
+    if (rc != 0) {
+        snprintf(err, n, "bootstrapping the NCCL world over %s: %s", boot->v->name, boot->error);
+        return NULL;
+    }
+    if (!ok) {
+        snprintf(err, n, "rank %d cannot use GPU %d: %s", rank, device, why);
+        return NULL;
+    }
+    if (bad >= 0) {
+        snprintf(err, n, "rank %d cannot use its GPU (or make the NCCL id): see its error", bad);
+        return NULL;
+    }
+    return world_init(rank, size, device, timeout_s, id, err, n);
+}
+
+#else /* no CUDA in this build */
+
+#define NO_CUDA "this libmesh was built without CUDA (make CUDA=1)"
+
+int comm_nccl_available(char *why, size_t n)
+{
+    if (why && n) snprintf(why, n, "%s", NO_CUDA);
+    return 0;
+}
+
+comm *comm_nccl_world(int rank, int size, int device, double timeout_s, char *err, size_t n)
+{
+    (void)rank;
+    (void)size;
+    (void)device;
+    (void)timeout_s;
+    snprintf(err, n, "%s", NO_CUDA);
+    return NULL;
+}
+
+comm *comm_nccl_world_mpi(comm *boot, int device, double timeout_s, char *err, size_t n)
+{
+    (void)boot;
+    (void)device;
+    (void)timeout_s;
+    snprintf(err, n, "%s", NO_CUDA);
+    return NULL;
+}
+
+#endif

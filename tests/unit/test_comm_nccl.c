@@ -1,0 +1,311 @@
+/*
+ * test_comm_nccl.c: the NCCL communicator (runtime/comm_nccl.c).
+ *
+ * Without a GPU (this build without CUDA, or no driver or device), the
+ * backend says why, the constructors fail cleanly with that reason, and
+ * the first test prints one line `SKIP nccl: no GPU (<reason>)`. With one,
+ * worlds of one rank (bootstrapped over the TCP rendezvous on 127.0.0.1 at
+ * a free port, and over a threads communicator) run every call on device
+ * buffers against the values computed on the host, a failing call aborts
+ * the world, and a world whose other rank never comes times out.
+ */
+#include <arpa/inet.h>  /* htonl */
+#include <netinet/in.h> /* struct sockaddr_in */
+#include <stdio.h>      /* printf, snprintf */
+#include <stdlib.h>     /* setenv, unsetenv */
+#include <string.h>     /* strstr, memcmp */
+#include <sys/socket.h> /* socket, bind, getsockname */
+#include <unistd.h>     /* close */
+
+#include "comm.h" /* defines: comm_nccl_*, comm_threads_* */
+#include "unit.h" /* defines: TEST_IMPL, ASSERT_* */
+
+#if MESH_CUDA
+#include <cuda_runtime.h> /* cudaMalloc, cudaMemcpy: the device buffers */
+#endif
+
+#define NO_CUDA "this libmesh was built without CUDA (make CUDA=1)"
+
+/* A TCP port on 127.0.0.1 that was free a moment ago. */
+static int free_port(void)
+{
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+/* The rendezvous of a one-rank world: 127.0.0.1 at a free port. */
+static void rendezvous_here(void)
+{
+    char port[16];
+    int p = free_port();
+    ASSERT_INT_GE(p, 1);
+    snprintf(port, sizeof port, "%d", p);
+    ASSERT_INT_EQ(setenv("MESH_MASTER_ADDR", "127.0.0.1", 1), 0);
+    ASSERT_INT_EQ(setenv("MESH_PORT", port, 1), 0);
+    ASSERT_INT_EQ(unsetenv("NCCL_COMM_ID"), 0);
+}
+
+TEST_IMPL(comm_nccl_available_says_why)
+{
+    char why[256] = "x";
+    int ok = comm_nccl_available(why, sizeof why);
+    ASSERT_INT_EQ(comm_nccl_available(NULL, 0), ok);
+    if (ok) {
+        ASSERT_STR_EQ(why, "");
+        return;
+    }
+    ASSERT_STR_NE(why, "");
+#if !MESH_CUDA
+    ASSERT_STR_EQ(why, NO_CUDA);
+#endif
+    printf("SKIP nccl: no GPU (%s)\n", why);
+}
+
+/* Without a GPU, both constructors fail with the reason, after the
+ * bootstrap (the rank still comes, so that the others would fail naming
+ * it): no crash, no hang. */
+TEST_IMPL(comm_nccl_world_fails_cleanly_without_gpu)
+{
+    char why[256], err[320] = "", want[400];
+    if (comm_nccl_available(why, sizeof why)) return; /* the GPU tests make worlds */
+#if MESH_CUDA
+    snprintf(want, sizeof want, "rank 0 cannot use GPU 0: %s", why);
+#else
+    snprintf(want, sizeof want, "%s", NO_CUDA);
+#endif
+    rendezvous_here();
+    ASSERT_NULL(comm_nccl_world(0, 1, 0, 10, err, sizeof err));
+    ASSERT_STR_EQ(err, want);
+#if MESH_CUDA
+    ASSERT_NULL(comm_nccl_world(1, 1, 0, 10, err, sizeof err));
+    ASSERT_STR_EQ(err, "rank 1 of a world of 1");
+#endif
+    /* over another communicator (here a threads world of one rank) */
+    comm_threads_world *tw = comm_threads_world_new(1, 10);
+    ASSERT_NOT_NULL(tw);
+    comm *boot = comm_threads_rank(tw, 0);
+    ASSERT_NOT_NULL(boot);
+    err[0] = '\0';
+    ASSERT_NULL(comm_nccl_world_mpi(boot, 0, 10, err, sizeof err));
+    ASSERT_STR_EQ(err, want);
+    comm_free(boot);
+}
+
+#if MESH_CUDA
+
+enum { N = 1000, A2A = 37 };
+
+static float *dev_from(const float *host, size_t n)
+{
+    void *d = NULL;
+    ASSERT_INT_EQ(cudaMalloc(&d, n * sizeof *host), cudaSuccess);
+    ASSERT_INT_EQ(cudaMemcpy(d, host, n * sizeof *host, cudaMemcpyHostToDevice), cudaSuccess);
+    return d;
+}
+
+/* 1 when the device buffer d holds want[n], bit for bit. */
+static int dev_equals(const float *d, const float *want, size_t n)
+{
+    static float got[2 * N];
+    ASSERT_INT_EQ(n <= 2 * N, 1);
+    ASSERT_INT_EQ(cudaMemcpy(got, d, n * sizeof *got, cudaMemcpyDeviceToHost), cudaSuccess);
+    return memcmp(got, want, n * sizeof *got) == 0;
+}
+
+static void fill(float *x, size_t n, float base)
+{
+    for (size_t i = 0; i < n; i++) x[i] = base + (float)(i % 97) * 0.013f - 0.5f;
+}
+
+static comm *one_rank_world(double timeout_s)
+{
+    char err[320] = "";
+    rendezvous_here();
+    comm *c = comm_nccl_world(0, 1, 0, timeout_s, err, sizeof err);
+    if (!c) fprintf(stderr, "# comm_nccl_world: %s\n", err);
+    ASSERT_NOT_NULL(c);
+    ASSERT_STR_EQ(c->v->name, "nccl");
+    ASSERT_INT_EQ(c->rank, 0);
+    ASSERT_INT_EQ(c->size, 1);
+    return c;
+}
+
+#define CALL_OK(c, call)                                                      \
+    do {                                                                      \
+        int rc_ = (call);                                                     \
+        if (rc_ != 0) fprintf(stderr, "# %s: %s\n", #call, (c)->error);       \
+        ASSERT_INT_EQ(rc_, 0);                                                \
+    } while (0)
+
+/* Every call on a world of one rank (sums over one rank are the values;
+ * comm_all_reduce skips a group of one, so the table is called). */
+static void every_call(comm *c)
+{
+    static float h[N], h2[N];
+    fill(h, N, 1.0f);
+    fill(h2, N, -2.0f);
+    float *a = dev_from(h, N), *b = dev_from(h2, N);
+    CALL_OK(c, c->v->all_reduce(c, a, N));
+    ASSERT_INT_EQ(dev_equals(a, h, N), 1);
+    CALL_OK(c, comm_reduce_scatter(c, a, b, N));
+    ASSERT_INT_EQ(dev_equals(b, h, N), 1);
+    CALL_OK(c, comm_reduce_scatter(c, a, a, N)); /* in place */
+    ASSERT_INT_EQ(dev_equals(a, h, N), 1);
+    CALL_OK(c, comm_all_gather(c, a, b, N));
+    ASSERT_INT_EQ(dev_equals(b, h, N), 1);
+    /* all-to-all: A2A floats to itself; counts that disagree fail */
+    size_t send = A2A, recv = A2A, wrong = A2A - 1;
+    fill(h2, N, 3.0f);
+    ASSERT_INT_EQ(cudaMemcpy(b, h2, N * sizeof *h2, cudaMemcpyHostToDevice), cudaSuccess);
+    CALL_OK(c, comm_all_to_all(c, a, &send, b, &recv));
+    memcpy(h2, h, A2A * sizeof *h);
+    ASSERT_INT_EQ(dev_equals(b, h2, N), 1);
+    ASSERT_INT_EQ(comm_all_to_all(c, a, &send, b, &wrong), -1);
+    ASSERT_NOT_NULL(strstr(c->error, "rank 0 expected 36 floats from rank 0, which sends 37"));
+    /* broadcast of bytes */
+    CALL_OK(c, comm_broadcast(c, a, 10 * sizeof *a, 0));
+    ASSERT_INT_EQ(dev_equals(a, h, N), 1);
+    ASSERT_INT_EQ(comm_broadcast(c, a, 4, 1), -1);
+    ASSERT_NOT_NULL(strstr(c->error, "root 1 of a group of 1"));
+    /* sends are eager: two to itself (the data copied at once), then both
+     * received, in order; a receive of the wrong size fails */
+    static float w1[N], w2[N];
+    fill(h2, N, 5.0f);
+    float *s1 = dev_from(h, N), *s2 = dev_from(h2, N), *r1 = dev_from(h2, N), *r2 = dev_from(h, N);
+    CALL_OK(c, comm_send(c, s1, 64 * sizeof *h, 0));
+    CALL_OK(c, comm_send(c, s2, 32 * sizeof *h, 0));
+    ASSERT_INT_EQ(cudaMemset(s1, 0, N * sizeof *h), cudaSuccess);
+    ASSERT_INT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    CALL_OK(c, comm_recv(c, r1, 64 * sizeof *h, 0));
+    CALL_OK(c, comm_recv(c, r2, 32 * sizeof *h, 0));
+    memcpy(w1, h2, sizeof w1); /* r1: h's first 64, then its own (h2) */
+    memcpy(w1, h, 64 * sizeof *h);
+    memcpy(w2, h, sizeof w2); /* r2: h2's first 32, then its own (h) */
+    memcpy(w2, h2, 32 * sizeof *h);
+    ASSERT_INT_EQ(dev_equals(r1, w1, N), 1);
+    ASSERT_INT_EQ(dev_equals(r2, w2, N), 1);
+    CALL_OK(c, comm_send(c, s2, 4, 0));
+    ASSERT_INT_EQ(comm_recv(c, r1, 8, 0), -1);
+    ASSERT_STR_EQ(c->error, "receive from rank 0: 4 bytes sent, 8 expected");
+    ASSERT_INT_EQ(comm_recv(c, r1, 8, 0), -1);
+    ASSERT_NOT_NULL(strstr(c->error, "from itself (rank 0), which sent it nothing"));
+    /* a group: transfers in any order */
+    CALL_OK(c, comm_group_begin(c));
+    CALL_OK(c, comm_recv(c, r1, N * sizeof *a, 0));
+    CALL_OK(c, comm_send(c, s2, N * sizeof *a, 0));
+    CALL_OK(c, comm_group_end(c));
+    ASSERT_INT_EQ(dev_equals(r1, h2, N), 1);
+    ASSERT_INT_EQ(comm_group_end(c), -1);
+    ASSERT_NOT_NULL(strstr(c->error, "group_end without group_begin"));
+    CALL_OK(c, comm_barrier(c));
+    /* a host buffer is refused, and the world goes on */
+    ASSERT_INT_EQ(c->v->all_reduce(c, h, N), -1);
+    ASSERT_NOT_NULL(strstr(c->error, "is not device memory"));
+    CALL_OK(c, comm_barrier(c));
+    /* split: a group of one, and none */
+    comm *sub = NULL, *none = c;
+    CALL_OK(c, comm_split(c, 3, 0, &sub));
+    ASSERT_NOT_NULL(sub);
+    ASSERT_INT_EQ(sub->size, 1);
+    CALL_OK(sub, sub->v->all_reduce(sub, a, N));
+    CALL_OK(c, comm_split(c, -1, 0, &none));
+    ASSERT_NULL(none);
+    comm_free(sub);
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(s1);
+    cudaFree(s2);
+    cudaFree(r1);
+    cudaFree(r2);
+}
+
+TEST_IMPL(comm_nccl_one_rank_calls)
+{
+    if (!comm_nccl_available(NULL, 0)) return; /* comm_nccl_available_says_why said SKIP */
+    comm *c = one_rank_world(60);
+    every_call(c);
+    comm_free(c);
+}
+
+TEST_IMPL(comm_nccl_world_over_threads)
+{
+    char err[320] = "";
+    if (!comm_nccl_available(NULL, 0)) return;
+    comm_threads_world *tw = comm_threads_world_new(1, 30);
+    ASSERT_NOT_NULL(tw);
+    comm *boot = comm_threads_rank(tw, 0);
+    ASSERT_NOT_NULL(boot);
+    comm *c = comm_nccl_world_mpi(boot, 0, 60, err, sizeof err);
+    if (!c) fprintf(stderr, "# comm_nccl_world_mpi: %s\n", err);
+    ASSERT_NOT_NULL(c);
+    static float h[N];
+    fill(h, N, 2.0f);
+    float *a = dev_from(h, N);
+    CALL_OK(c, c->v->all_reduce(c, a, N));
+    ASSERT_INT_EQ(dev_equals(a, h, N), 1);
+    cudaFree(a);
+    comm_free(c);
+    comm_free(boot);
+}
+
+/* A receive that no one sends fails: outside a group at once (a receive
+ * from itself), in a group through NCCL (which refuses a receive from
+ * itself without a send, or waits until the timeout), and that aborts the
+ * world: the call and every later one fail, naming it; comm_abort, too. */
+TEST_IMPL(comm_nccl_failure_aborts_the_world)
+{
+    if (!comm_nccl_available(NULL, 0)) return;
+    comm *c = one_rank_world(5);
+    static float h[N];
+    fill(h, N, 0.0f);
+    float *a = dev_from(h, N);
+    ASSERT_INT_EQ(comm_recv(c, a, 16, 0), -1);
+    ASSERT_NOT_NULL(strstr(c->error, "from itself (rank 0), which sent it nothing"));
+    CALL_OK(c, comm_group_begin(c));
+    CALL_OK(c, comm_recv(c, a, 16, 0));
+    ASSERT_INT_EQ(comm_group_end(c), -1);
+    fprintf(stderr, "# %s\n", c->error);
+    ASSERT_NOT_NULL(strstr(c->error, "group over 1 rank (this is rank 0): "));
+    ASSERT_NOT_NULL(strstr(c->error, "; the world's NCCL communicators are aborted"));
+    ASSERT_INT_EQ(comm_barrier(c), -1);
+    ASSERT_NOT_NULL(strstr(c->error, "barrier over 1 rank (this is rank 0): the world's NCCL communicators were "
+                                     "aborted (rank 0: group failed: "));
+    comm_free(c);
+    /* comm_abort */
+    c = one_rank_world(30);
+    comm_abort(c, "a test stops the world");
+    ASSERT_INT_EQ(comm_barrier(c), -1);
+    ASSERT_NOT_NULL(strstr(c->error, "(rank 0 failed: a test stops the world)"));
+    comm_free(c);
+    cudaFree(a);
+}
+
+/* A world of 2 whose rank 1 never comes (NCCL_COMM_ID: no rendezvous,
+ * NCCL's own bootstrap waits) fails after the timeout, not later. */
+TEST_IMPL(comm_nccl_world_times_out_without_its_ranks)
+{
+    char err[320] = "", id[64];
+    if (!comm_nccl_available(NULL, 0)) return;
+    snprintf(id, sizeof id, "127.0.0.1:%d", free_port());
+    ASSERT_INT_EQ(setenv("NCCL_COMM_ID", id, 1), 0);
+    ASSERT_NULL(comm_nccl_world(0, 2, 0, 3, err, sizeof err));
+    ASSERT_STR_EQ(err, "ncclCommInitRankConfig (rank 0 of 2): the other ranks did not come within 3 s "
+                       "(MESH_COLLECTIVE_TIMEOUT_S)");
+}
+
+#else /* no CUDA in this build: comm_nccl_available_says_why said SKIP */
+
+TEST_IMPL(comm_nccl_one_rank_calls) {}
+TEST_IMPL(comm_nccl_world_over_threads) {}
+TEST_IMPL(comm_nccl_failure_aborts_the_world) {}
+TEST_IMPL(comm_nccl_world_times_out_without_its_ranks) {}
+
+#endif
