@@ -3,7 +3,9 @@
 # must be what meshc and the repository really have. Part of `make test`
 # (tests/run.sh, section docs/); also runs on its own:
 #
-#   MESHC=build/meshc tests/docs.sh [DOC.md ...]    (default: docs/language.md)
+#   MESHC=build/meshc tests/docs.sh [DOC.md ...]
+#
+# checks each DOC given, by default docs/language.md and docs/parallelism.md.
 #
 # A fenced code block whose first line starts with `$ ` is a shell session.
 # The line right before its opening fence must be a marker that says what
@@ -70,7 +72,7 @@ TMP=$(mktemp -d "${TMPDIR:-/tmp}/mesh-docs.XXXXXX") || exit 2
 trap 'rm -rf "$TMP"' EXIT
 mkdir "$TMP/bin" "$TMP/blocks"
 ln -s "$MESHC" "$TMP/bin/meshc"
-[ $# -gt 0 ] || set -- docs/language.md
+[ $# -gt 0 ] || set -- docs/language.md docs/parallelism.md
 
 failed=0
 named=" " # the FILEs markers name, space-separated, for the orphan check
