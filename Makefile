@@ -218,7 +218,7 @@ bench: all $(BUILD)/train_bench $(BUILD)/comm_bench
 	MESHC=$(BUILD)/meshc TRAIN_BENCH=$(BUILD)/train_bench COMM_BENCH=$(BUILD)/comm_bench tests/bench/run.sh
 
 $(BUILD)/comm_bench: tests/bench/comm_bench.c $(BUILD)/libmeshrt.a
-	$(CC) $(CFLAGS) -Iruntime -o $@ $< $(BUILD)/libmeshrt.a $(LDLIBS)
+	$(CC) $(CFLAGS) -Iruntime -o $@ $< $(BUILD)/libmeshrt.a $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 $(BUILD)/train_bench: tests/bench/train_bench.c $(BUILD)/libmesh.a
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -Iruntime $(BLAS_CFLAGS) -o $@ $< $(BUILD)/libmesh.a \

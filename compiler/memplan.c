@@ -444,18 +444,29 @@ static void place_params(mp *x, int stg, mem_stage *ms) {
     ms->optim = (int64_t)((s->zero >= 1 ? sharded : n_params) * (x->fb == 4 ? 8 : 12));
 }
 
-/* The largest collective output (dp's gradient sync works in place). */
+/* The communication buffer: the largest collective output (dp's gradient
+ * sync works in place), and the vocabulary-parallel cross-entropy's
+ * exchange of its N rows' statistics (memplan.h). */
 static int64_t comm_bytes(const mp *x) {
     const plan *p = x->p;
     int64_t comm = 0;
     for (int i = 0; i < p->n_steps; i++) {
         const plan_step *st = &p->steps[i];
         if (st->kind == STEP_COMPUTE || st->kind == STEP_SLICE || st->axis == AX_DP) continue;
-        int64_t e = st->elems;
+        int64_t e = st->elems, b;
         if (st->kind == STEP_REDUCE_SCATTER) e /= st->axis == AX_TP ? p->setup.tp : st->axis == AX_EP ? p->setup.ep : 1;
-        if (e * x->fb > comm) comm = e * x->fb;
+        b = e * x->fb;
+        if (p->tensors[st->node].op == G_CROSS_ENTROPY && st->axis == AX_TP) b = memplan_ce_exchange_bytes(e, p->setup.tp);
+        if (b > comm) comm = b;
     }
     return comm;
+}
+
+int64_t memplan_ce_exchange_bytes(int64_t N, int64_t tp) {
+    /* the rows' sums and target logits (2 N doubles), then every rank's
+     * maxima (tp x N floats) or, for the exact sum over ranks, its own and
+     * every rank's doubles as floats (2 N x 2 x (tp + 1)) */
+    return 16 * N + 16 * N * (tp + 1);
 }
 
 int memplan_build(memplan *m, const plan *p, int float_bytes, unsigned flags) {

@@ -32,7 +32,10 @@
  *               batch); then with zero = 3 those params' values gathered whole
  *               for use, the layers' twice (the layer in use and the next,
  *               prefetched on a GPU);
- *   comm        the largest collective's output buffer.
+ *   comm        the largest collective's output buffer (sequence parallelism
+ *               packs a tensor's slices in it around a reduce-scatter or an
+ *               all-gather; a vocabulary-parallel cross-entropy exchanges its
+ *               rows' statistics in it).
  *
  * Liveness is in node order: a forward temporary lives from its producer to
  * its last consumer in its segment; a gradient from its last consumer's
@@ -122,6 +125,10 @@ const mem_buf *memplan_buf(const memplan *m, int stage, int id);
 int64_t memplan_moe_route_bytes(int64_t N, int64_t E, int64_t K, int64_t C);
 /* A moe layer's capacity per expert: ceil(factor x N x K / E), at least 1. */
 int64_t memplan_moe_capacity(int64_t N, int64_t E, int64_t K, double factor);
+
+/* Bytes of the communication buffer a vocabulary-parallel cross-entropy
+ * over N rows on tp ranks uses to exchange its statistics. */
+int64_t memplan_ce_exchange_bytes(int64_t N, int64_t tp);
 
 /* --dump=memory */
 void memplan_dump(const memplan *m, const struct plan *p, FILE *out);

@@ -187,6 +187,9 @@ int exec__step_parts(mesh__exec *ex);
  * travel as bytes). */
 int exec__sum_doubles(mesh__exec *ex, comm *c, double *x, int n);
 
+/* The same with scratch of (group size + 1) x 2 n floats. */
+int exec__sum_doubles_in(mesh__exec *ex, comm *c, double *x, int n, float *scratch);
+
 /* exec_params.c */
 void exec__param_runs(const mesh__exec *ex, int id, int rt, int re, run_fn fn, void *ctx);
 

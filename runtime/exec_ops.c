@@ -6,7 +6,6 @@
 
 #include <math.h>   /* cos, exp, isfinite, log, sqrt */
 #include <stdio.h>  /* snprintf */
-#include <stdlib.h> /* calloc, malloc, free */
 #include <string.h> /* memcpy, memset */
 
 #include "kcpu.h" /* kcpu_* */
@@ -111,15 +110,23 @@ static int ce_shard_forward(mesh__exec *ex, float *out, float *aux, const float 
     float *mx = aux + N, *lse = aux + 2 * N, *tl = aux; /* the losses' place holds the target logits first */
     int col0 = ex->coord[1] * W;
     kcpu_crossentropy_shard_max(mx, tl, logits, targets, N, col0, W, V);
-    float *all = malloc((size_t)c->size * (size_t)N * sizeof *all);
-    double *st = malloc(2 * (size_t)N * sizeof *st);
-    int rc = all && st ? comm_all_gather(c, mx, all, (size_t)N) : -1;
+    /* in the communication buffer (memplan_ce_exchange_bytes): the rows'
+     * sums, then every rank's maxima, later the exact sum's scratch */
+    if ((int64_t)memplan_ce_exchange_bytes(N, c->size) > ex->ms->comm) {
+        snprintf(ex->error, sizeof ex->error, "rank %d: the communication buffer is smaller than the "
+                 "vocabulary-parallel cross-entropy needs", ex->rank);
+        comm_abort(c, ex->error);
+        return -1;
+    }
+    double *st = (double *)(void *)(ex->arena + ex->comm_at);
+    float *all = (float *)(void *)(st + 2 * (size_t)N);
+    int rc = comm_all_gather(c, mx, all, (size_t)N);
     if (rc == 0) {
         for (int i = 0; i < N; i++)
             for (int q = 0; q < c->size; q++) mx[i] = all[(size_t)q * N + i] > mx[i] ? all[(size_t)q * N + i] : mx[i];
         kcpu_crossentropy_shard_sumexp(st, logits, mx, N, col0, W, V);
         for (int i = 0; i < N; i++) st[N + i] = tl[i];
-        rc = exec__sum_doubles(ex, c, st, 2 * N);
+        rc = exec__sum_doubles_in(ex, c, st, 2 * N, all);
     }
     if (rc == 0) {
         double total = 0;
@@ -130,14 +137,9 @@ static int ce_shard_forward(mesh__exec *ex, float *out, float *aux, const float 
             total += loss;
         }
         out[0] = (float)(total / N);
-    } else if (!all || !st) {
-        snprintf(ex->error, sizeof ex->error, "rank %d: out of memory", ex->rank);
-        comm_abort(c, ex->error);
     } else if (!ex->error[0]) {
         snprintf(ex->error, sizeof ex->error, "rank %d: vocabulary-parallel cross-entropy: %s", ex->rank, c->error);
     }
-    free(all);
-    free(st);
     return rc;
 }
 

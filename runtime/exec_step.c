@@ -5,7 +5,6 @@
 
 #include <math.h>   /* cos, isfinite, log, sqrt */
 #include <stdio.h>  /* snprintf */
-#include <stdlib.h> /* calloc, malloc, free */
 #include <string.h> /* memcpy, memset */
 
 #include "kcpu.h" /* kcpu_* */
@@ -413,19 +412,10 @@ static int run_units(mesh__exec *ex, const int32_t *inputs, const int32_t *targe
     return 0;
 }
 
-/* The sum over the group of x[0..n-1], in rank order, exactly (doubles
- * travel as bytes). */
-int exec__sum_doubles(mesh__exec *ex, comm *c, double *x, int n)
+int exec__sum_doubles_in(mesh__exec *ex, comm *c, double *x, int n, float *scratch)
 {
     if (!c) return 0;
-    float *all = malloc((size_t)c->size * (size_t)n * 2 * sizeof *all), *mine = malloc((size_t)n * 2 * sizeof *mine);
-    if (!all || !mine) {
-        free(all);
-        free(mine);
-        snprintf(ex->error, sizeof ex->error, "rank %d: out of memory", ex->rank);
-        comm_abort(c, ex->error);
-        return -1;
-    }
+    float *mine = scratch, *all = scratch + (size_t)n * 2;
     memcpy(mine, x, (size_t)n * sizeof *x);
     int rc = comm_all_gather(c, mine, all, (size_t)n * 2);
     if (rc == 0)
@@ -439,9 +429,25 @@ int exec__sum_doubles(mesh__exec *ex, comm *c, double *x, int n)
         }
     else
         snprintf(ex->error, sizeof ex->error, "rank %d: an all-gather of sums: %s", ex->rank, c->error);
-    free(all);
-    free(mine);
     return rc;
+}
+
+/* The sum over the group of x[0..n-1], in rank order, exactly (doubles
+ * travel as bytes): a few numbers (the loss, the norm's squares) in a
+ * buffer on the stack, more in the communication buffer. */
+int exec__sum_doubles(mesh__exec *ex, comm *c, double *x, int n)
+{
+    enum { ON_STACK = 8192 };
+    float stack[ON_STACK];
+    if (!c) return 0;
+    size_t need = (size_t)(c->size + 1) * 2 * (size_t)n;
+    if (need <= ON_STACK) return exec__sum_doubles_in(ex, c, x, n, stack);
+    if (need * sizeof(float) <= (size_t)ex->ms->comm)
+        return exec__sum_doubles_in(ex, c, x, n, (float *)(void *)(ex->arena + ex->comm_at));
+    snprintf(ex->error, sizeof ex->error, "rank %d: an exact sum of %d numbers over %d ranks needs %zu bytes, more "
+             "than the plan's communication buffer", ex->rank, n, c->size, need * sizeof(float));
+    comm_abort(c, ex->error);
+    return -1;
 }
 
 /* The deterministic chain over the data-parallel ranks: before its

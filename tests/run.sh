@@ -507,6 +507,21 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
             fail "meshrun/dp2-pp${z#*:}-zero${z%:*}-same-losses-and-resume" "$TMP/z$z.out"
         fi
     done
+    # sequence parallelism on tp 2 and dp 2 x tp 2: the one-rank losses, and
+    # the bytes the plan predicts (reduce-scatters and all-gathers over tp)
+    for m in 1x2 2x2; do
+        "$MESHC" -o "$TMP/sp$m.plan" --set mesh.dp=${m%x*} --set mesh.tp=${m#*x} --set train.sequence_parallel=true \
+            examples/gpt-tiny.mesh >/dev/null 2>&1
+        rm -f "$TMP/sp$m.jsonl"
+        capture "$TMP/sp$m.out" "$MESHRUN" "$TMP/sp$m.plan" --data "$TMP/dd.bin" --steps 20 --metrics "$TMP/sp$m.jsonl"
+        if [ "$(tail -n 1 "$TMP/sp$m.out")" = "exit: 0" ] && same_losses "$TMP/dp1.jsonl" "$TMP/sp$m.jsonl" &&
+            sent_as_planned "$TMP/sp$m.out" && grep -q "all-gather(tp)" "$TMP/sp$m.out"; then
+            pass "meshrun/sp-dp${m%x*}-tp${m#*x}-same-losses-as-one-rank"
+        else
+            cat "$TMP/dp1.jsonl" "$TMP/sp$m.jsonl" >>"$TMP/sp$m.out"
+            fail "meshrun/sp-dp${m%x*}-tp${m#*x}-same-losses-as-one-rank" "$TMP/sp$m.out"
+        fi
+    done
     # a pipeline's checkpoint: every stage's layers gathered at rank 0 into
     # one file; resuming gives the uninterrupted run, and a one-rank plan of
     # the model samples from it
@@ -703,6 +718,21 @@ mpi_section() {
         else
             cat "$TMP/dp1.jsonl" "$TMP/dp$dp.jsonl" "$TMP/mpi-dp$dp.jsonl" >>"$TMP/mpi-dp$dp.out" 2>&1
             fail meshrun/mpi-dp$dp-same-losses-as-one-rank "$TMP/mpi-dp$dp.out"
+        fi
+    done
+    # ZeRO-3 (params gathered before use) and sequence parallelism through
+    # MPI: the threads' numbers to the digit
+    for m in "z3:1.plan z3:1-a.jsonl 2" "sp2x2.plan sp2x2.jsonl 4"; do
+        read -r plan ref n <<<"$m"
+        rm -f "$TMP/mpi-$plan.jsonl"
+        capture "$TMP/mpi-$plan.out" "${MPI_ENV[@]}" mpirun -n "$n" "$MESHRUN" "$TMP/$plan" --data "$TMP/dd.bin" \
+            --steps 20 --metrics "$TMP/mpi-$plan.jsonl"
+        if [ "$(tail -n 1 "$TMP/mpi-$plan.out")" = "exit: 0" ] &&
+            [ "$(sed 's/, "ms".*//' "$TMP/$ref")" = "$(sed 's/, "ms".*//' "$TMP/mpi-$plan.jsonl")" ]; then
+            pass "meshrun/mpi-${plan%.plan}-same-as-threads"
+        else
+            cat "$TMP/$ref" "$TMP/mpi-$plan.jsonl" >>"$TMP/mpi-$plan.out" 2>&1
+            fail "meshrun/mpi-${plan%.plan}-same-as-threads" "$TMP/mpi-$plan.out"
         fi
     done
     # tensor, pipeline and expert parallelism through MPI: the threads' numbers

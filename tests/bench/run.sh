@@ -68,3 +68,23 @@ done
 echo
 COMM_BENCH=${COMM_BENCH:-build/comm_bench}
 "$COMM_BENCH" 64 || exit 1
+
+# the same collectives between processes: MPI (mpirun, Open MPI's shared
+# memory transport) and TCP (torchrun's variables, over loopback)
+if command -v mpirun >/dev/null 2>&1; then
+    for n in 2 4; do
+        echo
+        env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+            OMPI_MCA_btl=self,vader mpirun -n $n "$COMM_BENCH" --world 64 || exit 1
+    done
+else
+    echo "SKIP the MPI communicator's bandwidth: no mpirun (make deps installs Open MPI)"
+fi
+echo
+port=$((20000 + $$ % 9000))
+for r in 0 1; do
+    RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+        "$COMM_BENCH" --world 64 >"$tmp/comm_bench_tcp.$r" 2>&1 &
+done
+wait
+cat "$tmp/comm_bench_tcp.0"
