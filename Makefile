@@ -91,20 +91,26 @@ BISON_MIN = 3.5
 # build tree. Their headers are system headers: our warnings stay on for
 # our code. No GPU is needed to build or test it: without one,
 # comm_nccl_available says why and the NCCL tests skip. The CUDA kernels,
-# kernels/cuda/*.cu, are built with $(NVCC) $(NVCCFLAGS) $(CUDA_ARCH) into
-# libmesh (see "CUDA kernels" below); none yet, so none are built.
+# kernels/cuda/*.cu (kcuda.h), are built with $(NVCC) $(NVCCFLAGS)
+# $(NVCC_WARN) $(CUDA_ARCH) into libmesh (see "CUDA kernels" below), and
+# link cuBLASLt; their tests and benchmark are $(BUILD)/gpu_tests and
+# $(BUILD)/gpu_bench (tests/gpu/run.sh runs them on a GPU machine).
 CUDA      ?= 0
 CUDA_HOME ?= /usr/local/cuda
 NCCL_HOME ?= $(CUDA_HOME)
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
 NVCCFLAGS ?= -O2 -std=c++17
+# nvcc's own warnings and the host compiler's, all errors; no GNU-unique
+# symbols (cub's function-local statics would be, and objcopy cannot make
+# those local in libmesh.a, which keeps only mesh_* global)
+NVCC_WARN  = -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-fno-gnu-unique
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 ifeq ($(CUDA),1)
 CUDA_CFLAGS := $(addprefix -isystem ,$(sort $(CUDA_HOME)/include $(NCCL_HOME)/include))
 CUDA_SRC    := $(wildcard kernels/cuda/*.cu)
-# (nvcc's objects need the C++ runtime)
-CUDA_LIBS   := $(foreach d,$(sort $(CUDA_HOME)/lib64 $(NCCL_HOME)/lib64),-L$(d) -Wl,-rpath,$(d)) -lnccl -lcudart \
-               $(if $(CUDA_SRC),-lstdc++)
+# (nvcc's objects need the C++ runtime, the kernels' matmuls cuBLASLt)
+CUDA_LIBS   := $(foreach d,$(sort $(CUDA_HOME)/lib64 $(NCCL_HOME)/lib64),-L$(d) -Wl,-rpath,$(d)) -lnccl \
+               $(if $(CUDA_SRC),-lcublasLt -lcublas) -lcudart $(if $(CUDA_SRC),-lstdc++)
 else ifneq ($(CUDA),0)
 $(error CUDA must be 0 or 1)
 endif
@@ -311,12 +317,14 @@ $(BUILD)/.mpi: FORCE
 	  exit 1; fi
 	@mkdir -p $(@D); [ "$$(cat $@ 2>/dev/null)" = "$(MPI)" ] || echo "$(MPI)" >$@
 
-# The NCCL communicator, and its test (device buffers through the CUDA
-# runtime): MESH_CUDA says whether they are built for CUDA (else the
-# stubs say libmesh has none). They are rebuilt, and with them what links
-# them, when the folder's CUDA setting (or CUDA_HOME, NCCL_HOME) changes;
-# CUDA=1 without the toolkit's and NCCL's headers stops here.
-NCCL_OBJ = $(OBJ)/runtime/comm_nccl.o $(PIC)/runtime/comm_nccl.o $(OBJ)/tests/unit/test_comm_nccl.o
+# The NCCL communicator, the CUDA device (runtime/device_cuda.c, with the
+# GPU probe), and the NCCL test (device buffers through the CUDA runtime):
+# MESH_CUDA says whether they are built for CUDA (else the stubs say
+# libmesh has none). They are rebuilt, and with them what links them, when
+# the folder's CUDA setting (or CUDA_HOME, NCCL_HOME) changes; CUDA=1
+# without the toolkit's and NCCL's headers stops here.
+NCCL_OBJ = $(OBJ)/runtime/comm_nccl.o $(PIC)/runtime/comm_nccl.o $(OBJ)/runtime/device_cuda.o \
+           $(PIC)/runtime/device_cuda.o $(OBJ)/tests/unit/test_comm_nccl.o
 $(NCCL_OBJ): CPPFLAGS += $(CUDA_CFLAGS) -DMESH_CUDA=$(CUDA)
 $(NCCL_OBJ): $(BUILD)/.cuda
 
@@ -332,13 +340,39 @@ $(BUILD)/.cuda: FORCE
 $(CUDA_OBJ) $(CUDA_PIC): $(BUILD)/.cuda
 $(OBJ)/%.o: %.cu
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) $(CUDA_ARCH) -Iruntime -Ikernels/cuda -MMD -MP -c -o $@ $<
+	$(NVCC) $(NVCCFLAGS) $(NVCC_WARN) $(CUDA_ARCH) -Iruntime -Ikernels/cuda -MMD -MP -c -o $@ $<
 
 $(PIC)/%.o: %.cu
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) $(CUDA_ARCH) -Iruntime -Ikernels/cuda -Xcompiler -fPIC -MMD -MP -c -o $@ $<
+	$(NVCC) $(NVCCFLAGS) $(NVCC_WARN) $(CUDA_ARCH) -Iruntime -Ikernels/cuda -Xcompiler -fPIC -MMD -MP -c -o $@ $<
 
 -include $(CUDA_OBJ:.o=.d) $(CUDA_PIC:.o=.d)
+
+# The CUDA kernels' tests against the CPU reference (tests/gpu/gpu_tests.c;
+# without a GPU they print one SKIP line and pass) and their benchmark
+# (tests/gpu/gpu_bench.c, also raw cuBLASLt/cuBLAS): host C over kcuda.h
+# and kcpu.h, linking the kernels' own archive, whose kcuda_* symbols stay
+# global (libmesh keeps only mesh_*).
+GPU_TEST_OBJ = $(OBJ)/tests/gpu/gpu_tests.o $(OBJ)/tests/gpu/gpu_bench.o
+$(GPU_TEST_OBJ): CPPFLAGS += -Ikernels/cpu -Ikernels/cuda $(CUDA_CFLAGS) $(BLAS_CFLAGS)
+-include $(GPU_TEST_OBJ:.o=.d)
+
+ifeq ($(CUDA),1)
+$(GPU_TEST_OBJ): $(BUILD)/.cuda
+
+$(BUILD)/libmeshkcuda.a: $(CUDA_OBJ)
+	@rm -f $@
+	$(AR) rcs $@ $^
+
+$(BUILD)/gpu_tests: $(OBJ)/tests/gpu/gpu_tests.o $(BUILD)/libmeshkcuda.a $(BUILD)/libmeshkcpu.a
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(BLAS_LIBS) $(CUDA_LIBS) $(LDLIBS)
+
+$(BUILD)/gpu_bench: $(OBJ)/tests/gpu/gpu_bench.o $(BUILD)/libmeshkcuda.a
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CUDA_LIBS) $(LDLIBS)
+else
+$(BUILD)/gpu_tests $(BUILD)/gpu_bench:
+	@echo "error: $@ needs the CUDA kernels: make CUDA=1 BUILD=$(BUILD) $@" >&2; exit 1
+endif
 
 # meshrun is a program over the public API (mesh.h) alone: it links
 # libmesh.a and nothing else of the tree (tests/run.sh checks that it calls

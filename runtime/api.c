@@ -1,13 +1,15 @@
 /* api.c — the public plan and context API of mesh.h, over the plan reader
  * (compiler/plan.h), the interpreter (exec.h), checkpoints and sampling.
  * Token streams are in data.c, tokenizers in tokenizer.c. */
-#include <stdarg.h> /* va_list */
-#include <stdio.h>  /* FILE, vsnprintf */
-#include <stdlib.h> /* malloc, free */
-#include <string.h> /* strcmp, memcpy */
+#include <pthread.h> /* pthread_mutex_t: the process's device */
+#include <stdarg.h>  /* va_list */
+#include <stdio.h>   /* FILE, vsnprintf */
+#include <stdlib.h>  /* malloc, free */
+#include <string.h>  /* strcmp, memcpy */
 
 #include "api_impl.h"   /* struct mesh_plan, struct mesh_context, mesh__fail */
 #include "checkpoint.h" /* mesh__ckpt_* */
+#include "device.h"     /* dev_cuda_probe, dev_choose */
 #include "exec.h"       /* mesh__exec_* */
 #include "file.h"       /* mesh__read_file */
 #include "init.h"       /* mesh__init_key */
@@ -181,6 +183,7 @@ mesh_status mesh__context_create(const mesh_plan *mp, int rank, comm *world, mes
     }
     ctx->plan = mp;
     ctx->rank = rank;
+    mesh_device_info(&ctx->device, NULL);
     ctx->ex = mesh__exec_create_rank(&mp->p, rank, world, alloc, ud, deterministic ? MESH__EXEC_DETERMINISTIC : 0,
                                      err, sizeof err);
     if (!ctx->ex) {
@@ -442,4 +445,51 @@ void mesh__share_threads(int ranks)
     if (threads_set || ranks <= 1) return;
     int n = kcpu_threads_available() / ranks;
     kcpu_set_threads(n > 0 ? n : 1);
+}
+
+/* ---- The device --------------------------------------------------------- */
+
+/* The process's device: settled by mesh_set_device, or by the first
+ * mesh_device_info (a context's creation) as MESH_DEVICE_AUTO. */
+static pthread_mutex_t device_lock = PTHREAD_MUTEX_INITIALIZER;
+static int device_settled;
+static mesh_device_kind device_chosen = MESH_DEVICE_CPU;
+static char device_why[400]; /* mesh_device_info's reason */
+
+/* What `kind` gives: the GPU probe, then the choice (device.c); the
+ * reason or the error in why. Called under device_lock. */
+static mesh_status choose_device(mesh_device_kind kind, mesh_device_kind *chosen, char *why, size_t n)
+{
+    char reason[320] = "", name[256] = "";
+    int gpu = 0;
+    if (kind != MESH_DEVICE_CPU) gpu = dev_cuda_probe(reason, sizeof reason, name, sizeof name);
+    return dev_choose(kind, gpu, gpu ? name : reason, chosen, why, n);
+}
+
+mesh_status mesh_set_device(mesh_device_kind kind)
+{
+    char why[sizeof device_why];
+    mesh_device_kind chosen = MESH_DEVICE_CPU;
+    pthread_mutex_lock(&device_lock);
+    mesh_status st = choose_device(kind, &chosen, why, sizeof why);
+    if (st == MESH_OK) {
+        memcpy(device_why, why, sizeof why);
+        device_chosen = chosen;
+        device_settled = 1;
+    }
+    pthread_mutex_unlock(&device_lock);
+    return st == MESH_OK ? MESH_OK : mesh__fail(st, "%s", why);
+}
+
+mesh_status mesh_device_info(mesh_device_kind *chosen, const char **why)
+{
+    pthread_mutex_lock(&device_lock);
+    if (!device_settled) { /* MESH_DEVICE_AUTO, which cannot fail */
+        choose_device(MESH_DEVICE_AUTO, &device_chosen, device_why, sizeof device_why);
+        device_settled = 1;
+    }
+    if (chosen) *chosen = device_chosen;
+    if (why) *why = device_why;
+    pthread_mutex_unlock(&device_lock);
+    return MESH_OK;
 }

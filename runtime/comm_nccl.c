@@ -51,13 +51,13 @@
  * so.
  */
 #include "comm.h"
+#include "device.h" /* dev_cuda_probe: whether a GPU is usable */
 
 #include <stdio.h> /* snprintf, fprintf */
 
 #if MESH_CUDA
 
 #include <cuda_runtime.h> /* cudaStream_t, cudaMalloc, cudaMemcpyAsync, cudaStreamQuery */
-#include <dlfcn.h>        /* dlopen: the driver probe */
 #include <limits.h>       /* INT_MAX */
 #include <nccl.h>         /* ncclComm_t, ncclAllReduce, ... */
 #include <stdint.h>       /* int32_t, uint64_t */
@@ -703,33 +703,7 @@ static const comm_vtbl nccl_vtbl = {
 
 int comm_nccl_available(char *why, size_t n)
 {
-    int count = 0;
-    char none[1];
-    if (!why || n == 0) {
-        why = none;
-        n = sizeof none;
-    }
-    why[0] = '\0';
-    /* the cheapest probe: no driver, no device (cudart would say the same,
-     * more slowly) */
-    void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-    if (!driver) {
-        const char *e = dlerror();
-        snprintf(why, n, "no CUDA driver (%s)", e ? e : "libcuda.so.1 not found");
-        return 0;
-    }
-    dlclose(driver);
-    cudaError_t rc = cudaGetDeviceCount(&count);
-    if (rc != cudaSuccess) {
-        (void)cudaGetLastError();
-        snprintf(why, n, "cudaGetDeviceCount: %s (%s, %d)", cudaGetErrorString(rc), cudaGetErrorName(rc), (int)rc);
-        return 0;
-    }
-    if (count <= 0) {
-        snprintf(why, n, "no CUDA device (cudaGetDeviceCount found none)");
-        return 0;
-    }
-    return 1;
+    return dev_cuda_probe(why, n, NULL, 0); /* device_cuda.c: dlopen of the driver, then cudaGetDeviceCount */
 }
 
 /* This rank's readiness: its device usable (0), else -1 with why. */
@@ -907,8 +881,7 @@ comm *comm_nccl_world_mpi(comm *boot, int device, double timeout_s, char *err, s
 
 int comm_nccl_available(char *why, size_t n)
 {
-    if (why && n) snprintf(why, n, "%s", NO_CUDA);
-    return 0;
+    return dev_cuda_probe(why, n, NULL, 0); /* device_cuda.c: built without CUDA */
 }
 
 comm *comm_nccl_world(int rank, int size, int device, double timeout_s, char *err, size_t n)

@@ -418,6 +418,37 @@ mesh_status mesh_set_threads(int n);
  * backward passes in turn, not at once. Off by default. */
 mesh_status mesh_set_deterministic(int on);
 
+/* The device contexts train on. */
+typedef enum mesh_device_kind {
+    MESH_DEVICE_AUTO, /* a GPU when one is usable and training on it is built, else the CPU */
+    MESH_DEVICE_CPU,
+    MESH_DEVICE_CUDA  /* an NVIDIA GPU, through CUDA (a libmesh built with make CUDA=1) */
+} mesh_device_kind;
+
+/* Chooses the device of the contexts created after it, for the whole
+ * process (meshrun --device). The executor that trains a plan on a GPU is
+ * not written yet, so today every context trains on the CPU:
+ *   - MESH_DEVICE_AUTO, the default: the CPU. mesh_device_info says why:
+ *     "no GPU (REASON): running on the CPU", or "a GPU is present (NAME),
+ *     but training on it is not built yet: running on the CPU".
+ *   - MESH_DEVICE_CPU: the CPU.
+ *   - MESH_DEVICE_CUDA: MESH_ERR_UNSUPPORTED, with the message "--device
+ *     cuda: no GPU (REASON)" when no GPU is usable (REASON: "no CUDA
+ *     driver (...)", "this libmesh was built without CUDA (make
+ *     CUDA=1)", ...), else "--device cuda: the CUDA executor is not built
+ *     yet: train with the CPU".
+ * Any other value is MESH_ERR_INVALID_ARG. A failing call keeps the
+ * previous choice. Whether a GPU is usable is asked without crashing
+ * where there is no CUDA driver. Call it before creating contexts, not
+ * while another thread creates them. */
+mesh_status mesh_set_device(mesh_device_kind kind);
+
+/* What the contexts created now run on (*chosen) and the one-line reason
+ * (*why: static text, valid until the next mesh_set_device). Without a
+ * mesh_set_device, the first call (or the first context) settles
+ * MESH_DEVICE_AUTO's choice. Either pointer may be NULL. */
+mesh_status mesh_device_info(mesh_device_kind *chosen, const char **why);
+
 #ifdef __cplusplus
 }
 #endif

@@ -11,8 +11,9 @@
  * checkpoint; `meshrun tokenize` makes token shards.
  *
  * Exit status: 0 for --help, --version and a finished run; 1 when a file
- * cannot be read or is not valid, a plan cannot run yet, or the loss stops
- * being finite; 2 for usage errors.
+ * cannot be read or is not valid, a plan cannot run yet, the device asked
+ * for (--device) cannot be used, or the loss stops being finite; 2 for
+ * usage errors.
  */
 #include <errno.h>  /* defines: errno */
 #include <stdatomic.h> /* defines: atomic_int */
@@ -56,6 +57,10 @@ static const char usage_text[] =
     "  --skip-nonfinite  skip a step whose loss or gradient is not finite (at\n"
     "                 most 5 in a row) instead of stopping\n"
     "  --threads N    BLAS threads (default: the cores this process may use)\n"
+    "  --device D     what to train on: auto (default), cpu or cuda. Training on\n"
+    "                 a GPU is not built yet: auto runs on the CPU and prints a\n"
+    "                 line saying why (no GPU, or a GPU it cannot use yet); cuda\n"
+    "                 stops with an error before training\n"
     "  --deterministic  data-parallel ranks add their gradients in turn, in the\n"
     "                 one-rank order: the one-rank losses bit for bit (dp, ZeRO 0)\n"
     "  --local-rank=N accepted and ignored (torchrun's)\n"
@@ -119,6 +124,7 @@ typedef struct run_opts {
     const char *bpe;    /* --bpe: sample's GPT-2 BPE files */
     int skip_nonfinite; /* --skip-nonfinite: skip such a step instead of stopping */
     int threads;        /* --threads: OpenBLAS threads (0: all the process may use) */
+    mesh_device_kind device; /* --device: auto (the default), cpu, cuda */
 } run_opts;
 
 /* Whether the plan's pattern for `what` (data, val_data) matches a file;
@@ -141,9 +147,11 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The data line: the shard, or the pattern and how many shards it named. */
-static void print_start(const mesh_plan_info *pi, mesh_context *ctx, mesh_data *data, const char *pattern,
-                        long long steps)
+/* The device notice (--device auto: what it chose, and why), the ranks,
+ * the data line (the shard, or the pattern and how many shards it named)
+ * and the memory. */
+static void print_start(const mesh_plan_info *pi, const run_opts *o, mesh_context *ctx, mesh_data *data,
+                        const char *pattern, long long steps)
 {
     int shards;
     uint64_t tokens;
@@ -154,6 +162,11 @@ static void print_start(const mesh_plan_info *pi, mesh_context *ctx, mesh_data *
     mesh_data_shard(data, 0, &first, NULL);
     mesh_context_memory(ctx, &allocated, &planned);
     if (shards > 1) snprintf(count, sizeof count, "%d shards, ", shards);
+    if (o->device == MESH_DEVICE_AUTO) {
+        const char *why = "";
+        mesh_device_info(NULL, &why);
+        printf("meshrun: %s\n", why);
+    }
     int threads = job_processes == 1;
     if (pi->world > 1)
         printf("meshrun: %d ranks (dp %d x tp %d x pp %d x ep %d)%s%s%s\n", pi->world, pi->dp, pi->tp, pi->pp,
@@ -252,7 +265,7 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
         goto out;
     }
     long long steps = o->steps > 0 ? o->steps : pi->steps, first = 1;
-    if (lead) print_start(pi, ctx, data, j->pattern, steps);
+    if (lead) print_start(pi, o, ctx, data, j->pattern, steps);
     if (o->resume) {
         if (mesh_checkpoint_load_with(ctx, j->ckpt, data) != MESH_OK) { /* the step and the data position too */
             rc = rank_fail(j, MESH_ERR_IO, "%s", mesh_last_error());
@@ -557,6 +570,7 @@ int main(int argc, char **argv)
     const char *plan_path = NULL;
     int options_done = 0;
     run_opts opts = {0};
+    opts.device = MESH_DEVICE_AUTO;
     opts.tokens = 200;
     opts.temperature = 0.8;
     int first = 1;
@@ -567,7 +581,7 @@ int main(int argc, char **argv)
         if (!options_done && arg[0] == '-' && arg[1] != '\0') {
             static const char *const valued[] = {"--data", "--val", "--steps", "--checkpoint", "--prompt",
                                                  "--tokens", "--temperature", "--seed", "--metrics",
-                                                 "--threads", "--bpe"};
+                                                 "--threads", "--bpe", "--device"};
             int v = -1;
             for (int k = 0; k < (int)(sizeof valued / sizeof valued[0]); k++)
                 if (strcmp(arg, valued[k]) == 0) v = k;
@@ -600,6 +614,12 @@ int main(int argc, char **argv)
                 if (number("--threads needs a number >= 1, not", argv[i], 1, &x)) return 2;
                 opts.threads = (int)x;
                 continue;
+            case 11:
+                if (strcmp(argv[i], "auto") == 0) opts.device = MESH_DEVICE_AUTO;
+                else if (strcmp(argv[i], "cpu") == 0) opts.device = MESH_DEVICE_CPU;
+                else if (strcmp(argv[i], "cuda") == 0) opts.device = MESH_DEVICE_CUDA;
+                else return usage_error("--device needs auto, cpu or cuda, not", argv[i]);
+                continue;
             default: break;
             }
             if (strcmp(arg, "--") == 0) {
@@ -629,6 +649,9 @@ int main(int argc, char **argv)
     }
     if (!plan_path)
         return usage_error("no plan file given", NULL);
+    /* --device: settled before anything runs; cuda without a GPU it can
+     * train on stops here */
+    if (mesh_set_device(opts.device) != MESH_OK) return fail("%s", mesh_last_error());
     /* --threads; else the cores this process may use, shared by the ranks
      * it runs as threads (mesh_run_ranks) */
     if (opts.threads > 0) mesh_set_threads(opts.threads);

@@ -324,6 +324,41 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     else
         fail meshrun/train-gpt-tiny-loss-falls "$TMP/train.out"
     fi
+    # --device: training on a GPU is not built yet. cuda stops before
+    # training (no GPU: a build without CUDA, or no driver; or a GPU that
+    # cannot be trained on yet); auto says first why it runs on the CPU;
+    # cpu says nothing about devices
+    capture "$TMP/dev-cuda.out" "$MESHRUN" --device cuda "$TMP/tiny.plan" --data "$TMP/dd.bin" --steps 2
+    if [ "$(wc -l <"$TMP/dev-cuda.out")" = 2 ] &&
+        head -n 1 "$TMP/dev-cuda.out" | grep -qE '^meshrun: error: --device cuda: (no GPU \(.+\)|the CUDA executor is not built yet: train with the CPU)$' &&
+        [ "$(tail -n 1 "$TMP/dev-cuda.out")" = "exit: 1" ]; then
+        pass meshrun/device-cuda-fails-before-training
+    else
+        fail meshrun/device-cuda-fails-before-training "$TMP/dev-cuda.out"
+    fi
+    capture "$TMP/dev-auto.out" "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/dd.bin" --steps 2
+    if head -n 1 "$TMP/dev-auto.out" |
+        grep -qE '^meshrun: (no GPU \(.+\)|a GPU is present \(.+\), but training on it is not built yet): running on the CPU$' &&
+        grep -q '^step 2/2 | loss ' "$TMP/dev-auto.out" && [ "$(tail -n 1 "$TMP/dev-auto.out")" = "exit: 0" ]; then
+        pass meshrun/device-auto-notice-and-trains
+    else
+        fail meshrun/device-auto-notice-and-trains "$TMP/dev-auto.out"
+    fi
+    capture "$TMP/dev-cpu.out" "$MESHRUN" --device cpu "$TMP/tiny.plan" --data "$TMP/dd.bin" --steps 2
+    if ! grep -qiE 'GPU|running on the CPU' "$TMP/dev-cpu.out" && grep -q '^step 2/2 | loss ' "$TMP/dev-cpu.out" &&
+        [ "$(tail -n 1 "$TMP/dev-cpu.out")" = "exit: 0" ]; then
+        pass meshrun/device-cpu-no-notice
+    else
+        fail meshrun/device-cpu-no-notice "$TMP/dev-cpu.out"
+    fi
+    capture "$TMP/dev-bad.out" "$MESHRUN" --device tpu "$TMP/tiny.plan"
+    if head -n 2 "$TMP/dev-bad.out" | diff - <(printf '%s\n' \
+        "meshrun: error: --device needs auto, cpu or cuda, not 'tpu'" "$usage") >/dev/null &&
+        [ "$(tail -n 1 "$TMP/dev-bad.out")" = "exit: 2" ]; then
+        pass meshrun/device-unknown
+    else
+        fail meshrun/device-unknown "$TMP/dev-bad.out"
+    fi
     # examples/llama.mesh in a small size on one rank: rmsnorm, rope,
     # grouped-query attention, SwiGLU; the loss falls
     "$MESHC" -o "$TMP/llama.plan" examples/llama.mesh --set model.dim=64 --set model.layers=2 \
@@ -570,7 +605,7 @@ exit: 1" "$MESHRUN" "$TMP/v2.plan"
     expect meshrun/plan-missing "meshrun: error: cannot open '$TMP/missing.plan': No such file or directory
 exit: 1" "$MESHRUN" "$TMP/missing.plan"
     capture "$TMP/help.out" "$MESHRUN" --help
-    if head -n 1 "$TMP/help.out" | grep -qxF "$usage" &&
+    if head -n 1 "$TMP/help.out" | grep -qxF "$usage" && grep -q '^  --device D ' "$TMP/help.out" &&
         [ "$(tail -n 1 "$TMP/help.out")" = "exit: 0" ]; then
         pass meshrun/help
     else

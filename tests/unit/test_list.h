@@ -153,6 +153,14 @@ TEST(comm_nccl_world_over_threads)
 TEST(comm_nccl_failure_aborts_the_world)
 TEST(comm_nccl_world_times_out_without_its_ranks)
 
+/* runtime: devices and the choice of one, test_device.c */
+TEST(device_cpu_round_trips)
+TEST(device_out_of_memory_message)
+TEST(device_cuda_probe_says_why)
+TEST(device_cuda_round_trips)
+TEST(device_choose_rules)
+TEST(device_selection_public)
+
 /* runtime: which process of which job, test_launch.c */
 TEST(launch_none_is_one_process)
 TEST(launch_order_first_match_wins)

@@ -1,0 +1,186 @@
+/* common.cu — what every kcuda op shares: the last-error text (one per
+ * thread), the no-crash device probe, dtype conversion, and the context
+ * (cuBLASLt handle, workspace, scratch).
+ */
+#include <dlfcn.h>  /* defines: dlopen, dlclose, dlerror */
+#include <stdarg.h> /* defines: va_list */
+#include <stdio.h>  /* defines: snprintf, vsnprintf */
+#include <stdlib.h> /* defines: calloc, free */
+#include <string.h> /* defines: strrchr */
+
+#include "kcuda_impl.h"
+
+/* ---- errors ------------------------------------------------------------- */
+
+static thread_local char kcuda_errbuf[512];
+
+const char *kcuda_last_error(void)
+{
+    return kcuda_errbuf;
+}
+
+/* The file's last path component, for shorter messages. */
+static const char *base_name(const char *file)
+{
+    const char *s = strrchr(file, '/');
+    return s ? s + 1 : file;
+}
+
+int kcuda__fail(int code, const char *file, int line, const char *fmt, ...)
+{
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snprintf(kcuda_errbuf, sizeof kcuda_errbuf, "%s:%d: %s", base_name(file),
+             line, msg);
+    return code;
+}
+
+int kcuda__cuda_fail(cudaError_t e, const char *what, const char *file,
+                     int line)
+{
+    return kcuda__fail((int)e, file, line, "%s: %s (%s, %d)", what,
+                       cudaGetErrorString(e), cudaGetErrorName(e), (int)e);
+}
+
+/* ---- the probe ---------------------------------------------------------- */
+
+int kcuda_available(char *why, size_t n)
+{
+    char none[1];
+    int count = 0;
+    if (!why || n == 0) {
+        why = none;
+        n = sizeof none;
+    }
+    why[0] = '\0';
+    /* the cheapest probe, and the one that cannot crash: no driver means
+     * no libcuda.so.1 (the toolkit's stub is libcuda.so only) */
+    void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (!driver) {
+        const char *e = dlerror();
+        snprintf(why, n, "no CUDA driver (%s)",
+                 e ? e : "libcuda.so.1 not found");
+        return 0;
+    }
+    dlclose(driver);
+    cudaError_t rc = cudaGetDeviceCount(&count);
+    if (rc != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(why, n, "cudaGetDeviceCount: %s (%s, %d)",
+                 cudaGetErrorString(rc), cudaGetErrorName(rc), (int)rc);
+        return 0;
+    }
+    if (count <= 0) {
+        snprintf(why, n, "no CUDA device (cudaGetDeviceCount found none)");
+        return 0;
+    }
+    return 1;
+}
+
+size_t kcuda_dtype_size(kcuda_dtype dt)
+{
+    return dt == KCUDA_BF16 ? 2 : 4;
+}
+
+/* ---- conversion --------------------------------------------------------- */
+
+template <typename D, typename S>
+__global__ void convert_kernel(D *dst, const S *src, size_t n)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += stride)
+        dst[i] = kc_to<D>(kc_f(src[i]));
+}
+
+int kcuda_convert(void *dst, kcuda_dtype dst_dt, const void *src,
+                  kcuda_dtype src_dt, size_t n, void *stream)
+{
+    KCUDA_DT_OK(dst_dt);
+    KCUDA_DT_OK(src_dt);
+    KCUDA_ARG(dst_dt == src_dt || dst != src,
+              "kcuda_convert: dst and src alias across dtypes");
+    cudaStream_t s = kcuda__stream(stream);
+    if (n == 0)
+        return 0;
+    if (dst_dt == src_dt) {
+        KCUDA_CHECK(cudaMemcpyAsync(dst, src, n * kcuda_dtype_size(dst_dt),
+                                    cudaMemcpyDeviceToDevice, s));
+        return 0;
+    }
+    unsigned blocks = kcuda__blocks(n, 256);
+    if (dst_dt == KCUDA_BF16)
+        convert_kernel<bf16, float>
+            <<<blocks, 256, 0, s>>>((bf16 *)dst, (const float *)src, n);
+    else
+        convert_kernel<float, bf16>
+            <<<blocks, 256, 0, s>>>((float *)dst, (const bf16 *)src, n);
+    KCUDA_LAUNCHED("convert_kernel");
+    return 0;
+}
+
+/* ---- the context -------------------------------------------------------- */
+
+/* cuBLASLt's workspace: NVIDIA recommends 32 MiB on Hopper. */
+#define KCUDA_WORKSPACE (32u << 20)
+
+int kcuda_ctx_create(kcuda_ctx **out)
+{
+    KCUDA_ARG(out != NULL, "kcuda_ctx_create: out is NULL");
+    *out = NULL;
+    kcuda_ctx *c = (kcuda_ctx *)calloc(1, sizeof *c);
+    if (!c)
+        return kcuda__fail(KCUDA_ERR_ARG, __FILE__, __LINE__,
+                           "kcuda_ctx_create: out of host memory");
+    cublasStatus_t st = cublasLtCreate(&c->lt);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        free(c);
+        return kcuda__fail(KCUDA_ERR_BLAS, __FILE__, __LINE__,
+                           "cublasLtCreate: %s", cublasLtGetStatusString(st));
+    }
+    cudaError_t e = cudaMalloc(&c->workspace, KCUDA_WORKSPACE);
+    if (e != cudaSuccess) {
+        cublasLtDestroy(c->lt);
+        free(c);
+        return kcuda__cuda_fail(e, "cudaMalloc(cuBLASLt workspace)", __FILE__,
+                                __LINE__);
+    }
+    c->workspace_bytes = KCUDA_WORKSPACE;
+    *out = c;
+    return 0;
+}
+
+void kcuda_ctx_free(kcuda_ctx *ctx)
+{
+    if (!ctx)
+        return;
+    (void)cudaDeviceSynchronize(); /* queued work may use the buffers */
+    cudaFree(ctx->workspace);
+    cudaFree(ctx->scratch);
+    cublasLtDestroy(ctx->lt);
+    free(ctx);
+}
+
+int kcuda__scratch(kcuda_ctx *ctx, size_t bytes, void **out,
+                   cudaStream_t stream)
+{
+    KCUDA_ARG(ctx != NULL, "this op needs a kcuda_ctx (got NULL)");
+    if (bytes == 0)
+        bytes = 256;
+    if (bytes > ctx->scratch_bytes) {
+        /* grow by half again, so that a run of growing calls stays short */
+        size_t want = bytes + bytes / 2;
+        KCUDA_CHECK(cudaStreamSynchronize(stream));
+        if (ctx->scratch)
+            KCUDA_CHECK(cudaFree(ctx->scratch));
+        ctx->scratch = NULL;
+        ctx->scratch_bytes = 0;
+        KCUDA_CHECK(cudaMalloc(&ctx->scratch, want));
+        ctx->scratch_bytes = want;
+    }
+    *out = ctx->scratch;
+    return 0;
+}

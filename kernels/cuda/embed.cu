@@ -1,0 +1,150 @@
+/* embed.cu — token embedding: a row gather forward, a deterministic row
+ * scatter-add backward.
+ *
+ * The backward must add repeated ids in index order without float atomics.
+ * It sorts (id, index) pairs with cub's radix sort, which is stable (equal
+ * ids keep their index order), then one block owns each run of equal ids:
+ * it starts from the table row and adds the dout rows of the run in order,
+ * exactly the additions of kcpu_embedding_backward (the same bits in fp32).
+ * Scratch (the context's): the sorted keys and indices and cub's storage.
+ */
+#include <cub/device/device_radix_sort.cuh> /* defines: cub::DeviceRadixSort */
+
+#include "kcuda_impl.h"
+
+/* out[i, :] = table[ids[i] - row0, :], or zeros outside [0, rows). One
+ * thread per element, or per 16-byte pack with vec (C a multiple of the
+ * pack width). */
+template <typename T>
+__global__ void embed_fwd_kernel(T *out, const int32_t *ids, const T *table,
+                                 int n, int row0, int rows, int C, int vec)
+{
+    constexpr int W = kc_pack<T>::W;
+    int w = vec ? W : 1;
+    size_t per_row = (size_t)(C / w), total = (size_t)n * per_row;
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < total;
+         k += stride) {
+        size_t i = k / per_row;
+        int c = (int)(k % per_row) * w;
+        int r = ids[i] - row0;
+        T *dst = out + i * C + c;
+        if (r < 0 || r >= rows) {
+            for (int j = 0; j < w; j++)
+                dst[j] = kc_to<T>(0.0f);
+            continue;
+        }
+        const T *src = table + (size_t)r * C + c;
+        if (vec)
+            *reinterpret_cast<kc_pack<T> *>(dst) =
+                *reinterpret_cast<const kc_pack<T> *>(src);
+        else
+            dst[0] = src[0];
+    }
+}
+
+int kcuda_embedding_rows_forward(void *out, const int32_t *ids,
+                                 const void *table, int n, int row0, int rows,
+                                 int C, kcuda_dtype dt, void *stream)
+{
+    cudaStream_t s = kcuda__stream(stream);
+    KCUDA_DT_OK(dt);
+    KCUDA_ARG(n >= 0 && rows > 0 && C > 0,
+              "embedding: bad sizes n=%d rows=%d C=%d", n, rows, C);
+    if (n == 0)
+        return 0;
+    int vec = (C * kcuda_dtype_size(dt)) % 16 == 0 &&
+              kcuda__aligned16(out, table);
+    KCUDA_DISPATCH(dt, T, {
+        size_t work = (size_t)n * (size_t)(vec ? C / kc_pack<T>::W : C);
+        embed_fwd_kernel<T><<<kcuda__blocks(work, 256), 256, 0, s>>>(
+            (T *)out, ids, (const T *)table, n, row0, rows, C, vec);
+        KCUDA_LAUNCHED("embed_fwd_kernel");
+    });
+    return 0;
+}
+
+int kcuda_embedding_forward(void *out, const int32_t *ids, const void *table,
+                            int n, int V, int C, kcuda_dtype dt, void *stream)
+{
+    return kcuda_embedding_rows_forward(out, ids, table, n, 0, V, C, dt,
+                                        stream);
+}
+
+/* ---- backward ------------------------------------------------------------- */
+
+__global__ void iota_kernel(int32_t *v, int n)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += gridDim.x * blockDim.x)
+        v[i] = i;
+}
+
+/* Block p owns the run of equal sorted ids that starts at p (if one does):
+ * dtable[id - row0, c] += dout[idx[q], c] for q over the run, in order. */
+template <typename T>
+__global__ void embed_bwd_kernel(T *dtable, const T *dout,
+                                 const int32_t *keys, const int32_t *idx,
+                                 int n, int row0, int rows, int C)
+{
+    int p = blockIdx.x;
+    int id = keys[p];
+    if (p > 0 && keys[p - 1] == id)
+        return; /* not the start of a run */
+    int r = id - row0;
+    if (r < 0 || r >= rows)
+        return;
+    int end = p + 1;
+    while (end < n && keys[end] == id)
+        end++;
+    T *row = dtable + (size_t)r * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float acc = kc_f(row[c]);
+        for (int q = p; q < end; q++)
+            acc += kc_f(dout[(size_t)idx[q] * C + c]);
+        row[c] = kc_to<T>(acc);
+    }
+}
+
+int kcuda_embedding_rows_backward(kcuda_ctx *ctx, void *dtable,
+                                  const void *dout, const int32_t *ids, int n,
+                                  int row0, int rows, int C, kcuda_dtype dt,
+                                  void *stream)
+{
+    cudaStream_t s = kcuda__stream(stream);
+    KCUDA_DT_OK(dt);
+    KCUDA_ARG(n >= 0 && rows > 0 && C > 0,
+              "embedding: bad sizes n=%d rows=%d C=%d", n, rows, C);
+    if (n == 0)
+        return 0;
+    size_t cub_bytes = 0;
+    KCUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+        NULL, cub_bytes, (const int32_t *)NULL, (int32_t *)NULL,
+        (const int32_t *)NULL, (int32_t *)NULL, n, 0, 32, s));
+    size_t arr = kcuda__round256((size_t)n * sizeof(int32_t));
+    void *scratch = NULL;
+    KCUDA_TRY(kcuda__scratch(ctx, 3 * arr + cub_bytes, &scratch, s));
+    char *m = (char *)scratch;
+    int32_t *keys = (int32_t *)m, *idx_in = (int32_t *)(m + arr);
+    int32_t *idx = (int32_t *)(m + 2 * arr);
+    void *tmp = m + 3 * arr;
+    iota_kernel<<<kcuda__blocks((size_t)n, 256), 256, 0, s>>>(idx_in, n);
+    KCUDA_LAUNCHED("iota_kernel");
+    /* stable: equal ids keep their index order */
+    KCUDA_CHECK(cub::DeviceRadixSort::SortPairs(tmp, cub_bytes, ids, keys,
+                                                idx_in, idx, n, 0, 32, s));
+    KCUDA_DISPATCH(dt, T, {
+        embed_bwd_kernel<T><<<(unsigned)n, 128, 0, s>>>(
+            (T *)dtable, (const T *)dout, keys, idx, n, row0, rows, C);
+        KCUDA_LAUNCHED("embed_bwd_kernel");
+    });
+    return 0;
+}
+
+int kcuda_embedding_backward(kcuda_ctx *ctx, void *dtable, const void *dout,
+                             const int32_t *ids, int n, int V, int C,
+                             kcuda_dtype dt, void *stream)
+{
+    return kcuda_embedding_rows_backward(ctx, dtable, dout, ids, n, 0, V, C,
+                                         dt, stream);
+}

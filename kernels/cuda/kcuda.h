@@ -1,0 +1,449 @@
+/* kcuda.h — the CUDA kernels: every op of the CPU backend (kernels/cpu,
+ * kcpu.h, the spec) on an NVIDIA GPU, forward and backward. Prefix kcuda_.
+ *
+ * Plain C declarations, usable from C11 host code without CUDA headers:
+ * a CUDA stream is passed as `void *stream` (a cudaStream_t; NULL is the
+ * legacy default stream), and every tensor is a DEVICE pointer. Each op is
+ * one launcher in one kernels/cuda/<area>.cu file, compiled by nvcc with
+ * extern "C" linkage.
+ *
+ * Conventions, the same as kcpu's (kcpu_dense.h) unless written here:
+ *  - Shapes are row-major in brackets, x[M,K]; layouts, what a forward
+ *    overwrites and what a backward ADDS into (+=), epsilon placement and
+ *    saved statistics are exactly the kcpu function's of the same name, so
+ *    that the GPU can be checked against the CPU (tests/gpu/gpu_tests.c).
+ *  - Storage precision: `kcuda_dtype dt` applies to every float tensor of
+ *    the call (activations, weights, their gradients) except those typed
+ *    `float *` / `const float *` here, which are always fp32: saved row
+ *    statistics (mean, rstd, lse, rowmax, losses), routing weights, the
+ *    AdamW master weights and moments. Arithmetic is fp32 throughout
+ *    (bf16 is storage only; sums and matrix products accumulate in fp32,
+ *    some row sums in double as the CPU does), and every bf16 result is
+ *    rounded to nearest even once, when stored.
+ *  - Deterministic: no float atomics; every sum has a fixed order that
+ *    depends on the shapes only (not on the GPU's size or on timing), so a
+ *    call gives the same bits on every run. cuBLASLt products use the same
+ *    algorithm for the same shapes within one kcuda_ctx.
+ *  - Launchers are asynchronous on `stream`. They return 0, a CUDA error
+ *    code (a cudaError_t value > 0, e.g. of the launch), or a negative
+ *    KCUDA_ERR_* code; kcuda_last_error() then says what failed, in words.
+ *    An error in a kernel that already ran shows up in a later call (or a
+ *    cudaStreamSynchronize), as usual with CUDA.
+ *  - Invalid arguments (negative sizes, an unsupported head size) return
+ *    KCUDA_ERR_ARG; token ids out of range are NOT checked on the GPU (the
+ *    CPU kernels assert them): such rows read or write nothing.
+ *
+ * Ops that need cuBLASLt or scratch memory take a kcuda_ctx: one per
+ * stream (or per thread), like a cuBLAS handle. Everything else takes only
+ * device pointers and a stream.
+ */
+#ifndef MESH_KCUDA_H
+#define MESH_KCUDA_H
+
+#include <stddef.h> /* defines: size_t */
+#include <stdint.h> /* defines: int32_t */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- common.cu: dtypes, errors, the device probe, the context ----------- */
+
+/* Storage types of float tensors. */
+typedef enum kcuda_dtype {
+    KCUDA_F32 = 0,  /* IEEE binary32 */
+    KCUDA_BF16 = 1  /* bfloat16: the top 16 bits of a binary32 */
+} kcuda_dtype;
+
+/* Return codes besides 0 and CUDA's (positive) error codes. */
+enum {
+    KCUDA_ERR_ARG = -1,         /* an argument is invalid or unsupported */
+    KCUDA_ERR_BLAS = -2,        /* cuBLASLt failed (kcuda_last_error says how) */
+    KCUDA_ERR_NO_ALGO = -3      /* cuBLASLt has no algorithm for the shapes */
+};
+
+/* What the last failing kcuda_* call of this thread said; "" if none. The
+ * text stays until the next failure on this thread. */
+const char *kcuda_last_error(void);
+
+/* 1 when a CUDA device is usable; else 0, with the reason in why[n] (which
+ * may be NULL). Never crashes without a driver: it tries
+ * dlopen("libcuda.so.1") before asking the CUDA runtime. */
+int kcuda_available(char *why, size_t n);
+
+/* Bytes per element: 4 or 2. */
+size_t kcuda_dtype_size(kcuda_dtype dt);
+
+/* dst[n] = src[n], converted (fp32 to bf16 rounds to nearest even). dst and
+ * src may be the same buffer only when the dtypes are equal. */
+int kcuda_convert(void *dst, kcuda_dtype dst_dt, const void *src,
+                  kcuda_dtype src_dt, size_t n, void *stream);
+
+/* A cuBLASLt handle, its workspace (32 MiB), cached matmul algorithms and a
+ * scratch buffer that grows on demand (the ops that need one say so). Use a
+ * context from one stream at a time. kcuda_ctx_free(NULL) does nothing;
+ * freeing waits for the device. */
+typedef struct kcuda_ctx kcuda_ctx;
+int kcuda_ctx_create(kcuda_ctx **out);
+void kcuda_ctx_free(kcuda_ctx *ctx);
+
+/* ---- matmul.cu: linear layers through cuBLASLt -------------------------- */
+
+/* Epilogues fused into the forward product. */
+typedef enum kcuda_epilogue {
+    KCUDA_EPI_NONE = 0,
+    KCUDA_EPI_GELU = 1 /* y = gelu(x @ w + bias), saving pre = x @ w + bias */
+} kcuda_epilogue;
+
+/* y = x @ w + bias, w stored [in, out] (kcpu_matmul_forward), then the
+ * epilogue. The bias (and GELU) are fused into cuBLASLt's epilogue where
+ * it offers one, else applied by a kernel after the product: the same
+ * result either way. fp32 is plain fp32 (no TF32); bf16 runs on tensor
+ * cores with fp32 accumulation.
+ * y[M,N] out; pre[M,N] out (KCUDA_EPI_GELU only, else may be NULL);
+ * x[M,K]; w[K,N]; bias[N] (may be NULL). */
+int kcuda_matmul_forward(kcuda_ctx *ctx, void *y, void *pre, const void *x,
+                         const void *w, const void *bias, int M, int K, int N,
+                         kcuda_epilogue epi, kcuda_dtype dt, void *stream);
+
+/* dx += dy @ w^T, dw += x^T @ dy, dbias += sum over rows of dy (the bias
+ * sum in a fixed order through the context's scratch).
+ * dx[M,K], dw[K,N], dbias[N] (each may be NULL); dy[M,N]; x[M,K]; w[K,N]. */
+int kcuda_matmul_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
+                          const void *dy, const void *x, const void *w, int M,
+                          int K, int N, kcuda_dtype dt, void *stream);
+
+/* y = x @ w^T + bias with w stored [out, in] (the tied LM head).
+ * y[M,N] out; x[M,K]; w[N,K]; bias[N] (may be NULL). */
+int kcuda_matmul_wt_forward(kcuda_ctx *ctx, void *y, const void *x,
+                            const void *w, const void *bias, int M, int K,
+                            int N, kcuda_dtype dt, void *stream);
+
+/* dx += dy @ w, dw += dy^T @ x, dbias += sum over rows of dy.
+ * dx[M,K], dw[N,K], dbias[N] (each may be NULL); dy[M,N]; x[M,K]; w[N,K]. */
+int kcuda_matmul_wt_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
+                             const void *dy, const void *x, const void *w,
+                             int M, int K, int N, kcuda_dtype dt,
+                             void *stream);
+
+/* dbias[N] += sum over the M rows of dy[M,N], in a fixed order (two
+ * passes through the context's scratch). */
+int kcuda_bias_backward(kcuda_ctx *ctx, void *dbias, const void *dy, int M,
+                        int N, kcuda_dtype dt, void *stream);
+
+/* ---- embed.cu: token embedding ------------------------------------------ */
+
+/* out[i,:] = table[ids[i],:]. out[n,C] out; ids[n] (device); table[V,C]. */
+int kcuda_embedding_forward(void *out, const int32_t *ids, const void *table,
+                            int n, int V, int C, kcuda_dtype dt, void *stream);
+
+/* dtable[ids[i],:] += dout[i,:], repeated ids summed in index order
+ * i = 0..n-1 exactly as kcpu_embedding_backward (the same bits in fp32):
+ * the ids are sorted stably (cub radix sort, in the context's scratch) and
+ * one block owns each distinct id, so no two threads write a row.
+ * dtable[V,C]; dout[n,C]; ids[n]. */
+int kcuda_embedding_backward(kcuda_ctx *ctx, void *dtable, const void *dout,
+                             const int32_t *ids, int n, int V, int C,
+                             kcuda_dtype dt, void *stream);
+
+/* Vocabulary-parallel forms (kcpu_embedding_rows_*): the table holds rows
+ * [row0, row0 + rows); an id outside gives a zero row forward and adds
+ * nothing backward. */
+int kcuda_embedding_rows_forward(void *out, const int32_t *ids,
+                                 const void *table, int n, int row0, int rows,
+                                 int C, kcuda_dtype dt, void *stream);
+int kcuda_embedding_rows_backward(kcuda_ctx *ctx, void *dtable,
+                                  const void *dout, const int32_t *ids, int n,
+                                  int row0, int rows, int C, kcuda_dtype dt,
+                                  void *stream);
+
+/* ---- norm.cu: layernorm and rmsnorm, plain and fused with the residual -- */
+
+/* out = (x - mean) * rstd * w + b per row, rstd = 1 / sqrt(var + eps),
+ * biased variance (two passes over the row, fp32). Saves mean and rstd.
+ * out[rows,C] out; mean[rows], rstd[rows] out (fp32); x[rows,C]; w[C];
+ * b[C] (may be NULL). */
+int kcuda_layernorm_forward(void *out, float *mean, float *rstd,
+                            const void *x, const void *w, const void *b,
+                            int rows, int C, float eps, kcuda_dtype dt,
+                            void *stream);
+
+/* dx, dw, db += the gradients of layernorm from the saved mean and rstd.
+ * dw and db are column sums over the rows, in a fixed order through the
+ * context's scratch. dx[rows,C], dw[C], db[C] (each may be NULL);
+ * dout[rows,C]; x[rows,C]; w[C]; mean[rows]; rstd[rows]. */
+int kcuda_layernorm_backward(kcuda_ctx *ctx, void *dx, void *dw, void *db,
+                             const void *dout, const void *x, const void *w,
+                             const float *mean, const float *rstd, int rows,
+                             int C, kcuda_dtype dt, void *stream);
+
+/* out = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps). Saves rstd. */
+int kcuda_rmsnorm_forward(void *out, float *rstd, const void *x,
+                          const void *w, int rows, int C, float eps,
+                          kcuda_dtype dt, void *stream);
+
+/* dx, dw += the gradients of rmsnorm from the saved rstd (dx, dw may be
+ * NULL). */
+int kcuda_rmsnorm_backward(kcuda_ctx *ctx, void *dx, void *dw,
+                           const void *dout, const void *x, const void *w,
+                           const float *rstd, int rows, int C, kcuda_dtype dt,
+                           void *stream);
+
+/* The residual add fused with the norm that follows it, in one pass over
+ * memory: res = a + b (stored in dt), then out = layernorm(res) exactly as
+ * kcuda_layernorm_forward of the stored res (kcpu_add_forward followed by
+ * kcpu_layernorm_forward). res may alias a or b. The backward is the two
+ * backwards: kcuda_layernorm_backward with x = res, adding into the
+ * residual stream's gradient, then kcuda_add_backward.
+ * res[rows,C] out; out[rows,C] out; mean, rstd[rows] out; a, b[rows,C]. */
+int kcuda_add_layernorm_forward(void *res, void *out, float *mean,
+                                float *rstd, const void *a, const void *b,
+                                const void *w, const void *bias, int rows,
+                                int C, float eps, kcuda_dtype dt,
+                                void *stream);
+/* res = a + b, then out = rmsnorm(res). */
+int kcuda_add_rmsnorm_forward(void *res, void *out, float *rstd,
+                              const void *a, const void *b, const void *w,
+                              int rows, int C, float eps, kcuda_dtype dt,
+                              void *stream);
+
+/* ---- activation.cu: elementwise activations ----------------------------- */
+
+/* GELU, tanh approximation, computed as kcpu does: x / (1 + e^(-2u)),
+ * u = sqrt(2/pi) (x + 0.044715 x^3). out[n] (may alias x); x[n]. */
+int kcuda_gelu_forward(void *out, const void *x, size_t n, kcuda_dtype dt,
+                       void *stream);
+/* dx += gelu'(x) * dout. */
+int kcuda_gelu_backward(void *dx, const void *x, const void *dout, size_t n,
+                        kcuda_dtype dt, void *stream);
+/* SiLU: out = x * sigmoid(x). out may alias x. */
+int kcuda_silu_forward(void *out, const void *x, size_t n, kcuda_dtype dt,
+                       void *stream);
+/* dx += silu'(x) * dout. */
+int kcuda_silu_backward(void *dx, const void *x, const void *dout, size_t n,
+                        kcuda_dtype dt, void *stream);
+/* SwiGLU: out = silu(gate) * up. out may alias gate or up. */
+int kcuda_swiglu_forward(void *out, const void *gate, const void *up,
+                         size_t n, kcuda_dtype dt, void *stream);
+/* dgate += silu'(gate) * up * dout, dup += silu(gate) * dout (each may be
+ * NULL). */
+int kcuda_swiglu_backward(void *dgate, void *dup, const void *dout,
+                          const void *gate, const void *up, size_t n,
+                          kcuda_dtype dt, void *stream);
+
+/* ---- residual.cu: residual and broadcast (bias) adds -------------------- */
+
+/* out = a + b. out may alias a or b. */
+int kcuda_add_forward(void *out, const void *a, const void *b, size_t n,
+                      kcuda_dtype dt, void *stream);
+/* da += dout, db += dout (each may be NULL). */
+int kcuda_add_backward(void *da, void *db, const void *dout, size_t n,
+                       kcuda_dtype dt, void *stream);
+/* out[b,t,c] = a[b,t,c] + p[t,c] (a position embedding; with T = 1, a
+ * bias). out[B,T,C] (may alias a); a[B,T,C]; p[T,C]. */
+int kcuda_add_broadcast_forward(void *out, const void *a, const void *p,
+                                int B, int T, int C, kcuda_dtype dt,
+                                void *stream);
+/* da += dout, dp[t,c] += sum over b of dout[b,t,c] (b in order).
+ * da[B,T,C], dp[T,C] (each may be NULL). */
+int kcuda_add_broadcast_backward(void *da, void *dp, const void *dout, int B,
+                                 int T, int C, kcuda_dtype dt, void *stream);
+
+/* ---- loss.cu: fused softmax + cross-entropy ----------------------------- */
+
+/* kcpu_crossentropy_forward: softmax over the first V of Vp columns, the
+ * loss per row, and the row maximum and lse = log(sum exp(logit - max))
+ * saved for the backward (one pass over the row: an online max and sum,
+ * combined in a fixed tree). mean_loss (device, may be NULL) gets the mean
+ * of the losses, summed in double in a fixed order.
+ * losses[N], rowmax[N], lse[N] out (fp32); logits[N,Vp]; targets[N]. */
+int kcuda_crossentropy_forward(float *losses, float *rowmax, float *lse,
+                               float *mean_loss, const void *logits,
+                               const int32_t *targets, int N, int V, int Vp,
+                               kcuda_dtype dt, void *stream);
+/* dlogits += (softmax(logits) - onehot(target)) * dloss / N; the padded
+ * columns [V, Vp) get nothing. dlogits[N,Vp]; logits[N,Vp]. */
+int kcuda_crossentropy_backward(void *dlogits, const void *logits,
+                                const int32_t *targets, const float *rowmax,
+                                const float *lse, float dloss, int N, int V,
+                                int Vp, kcuda_dtype dt, void *stream);
+/* Forward and backward in one kernel (one block per row reads the row
+ * twice, the second time from L2): the same outputs as the two calls. */
+int kcuda_crossentropy_fused(float *losses, float *rowmax, float *lse,
+                             float *mean_loss, void *dlogits,
+                             const void *logits, const int32_t *targets,
+                             float dloss, int N, int V, int Vp,
+                             kcuda_dtype dt, void *stream);
+/* Vocabulary-parallel pieces (kcpu_crossentropy_shard_*): a shard holds
+ * columns [col0, col0 + W) of rows of W. sums[N] are doubles. */
+int kcuda_crossentropy_shard_max(float *rowmax, float *target_logit,
+                                 const void *logits, const int32_t *targets,
+                                 int N, int col0, int W, int V,
+                                 kcuda_dtype dt, void *stream);
+int kcuda_crossentropy_shard_sumexp(double *sums, const void *logits,
+                                    const float *rowmax, int N, int col0,
+                                    int W, int V, kcuda_dtype dt,
+                                    void *stream);
+int kcuda_crossentropy_shard_backward(void *dlogits, const void *logits,
+                                      const int32_t *targets,
+                                      const float *rowmax, const float *lse,
+                                      float dloss, int N, int col0, int W,
+                                      int V, kcuda_dtype dt, void *stream);
+
+/* ---- optim.cu: AdamW with fp32 master weights, norms, clipping ---------- */
+
+/* kcpu_adamw_step on fp32 master weights, moments in fp32, gradients in
+ * grad_dt; the same operations in the same order (no fused multiply-add),
+ * so fp32 gives kcpu's bits. params_bf16[n] (may be NULL) gets the updated
+ * weights rounded to bf16, for a bf16 forward.
+ * params[n], m[n], v[n] updated; grads[n]. */
+int kcuda_adamw_step(float *params, void *params_bf16, const void *grads,
+                     kcuda_dtype grad_dt, float *m, float *v, size_t n,
+                     float lr, float beta1, float beta2, float eps,
+                     float weight_decay, int t, void *stream);
+
+/* *ss += the sum of squares of buf[n], in double, in a fixed order (a
+ * fixed grid's partial sums in the context's scratch, then one block):
+ * kcpu_sum_squares over several buffers is a zeroed ss and one call each.
+ * ss: one device double. */
+int kcuda_sum_squares(kcuda_ctx *ctx, double *ss, const void *buf, size_t n,
+                      kcuda_dtype dt, void *stream);
+/* buf[n] = buf * scale (the product in double), kcpu_scale_buffers. */
+int kcuda_scale(void *buf, size_t n, double scale, kcuda_dtype dt,
+                void *stream);
+/* Clipping without a host round trip: with norm = sqrt(*ss) (a device
+ * double, e.g. from kcuda_sum_squares), buf *= max_norm / (norm + 1e-6)
+ * when that is below 1 (kcpu_clip_global_norm's rule); call per buffer. */
+int kcuda_clip_scale(void *buf, size_t n, const double *ss, float max_norm,
+                     kcuda_dtype dt, void *stream);
+
+/* ---- rope.cu: rotary embedding ------------------------------------------ */
+
+/* kcpu_rope_forward: rotate-half RoPE, angles (pos0 + t) * theta^(-2j/d)
+ * in double. out[B,T,H*d] (may equal x); x[B,T,H*d]; d even. */
+int kcuda_rope_forward(void *out, const void *x, int B, int T, int H, int d,
+                       float theta, int pos0, kcuda_dtype dt, void *stream);
+/* dx += the inverse rotation of dout. */
+int kcuda_rope_backward(void *dx, const void *dout, int B, int T, int H,
+                        int d, float theta, int pos0, kcuda_dtype dt,
+                        void *stream);
+
+/* ---- attention.cu: causal grouped-query flash attention ----------------- */
+
+/* softmax(q k^T / sqrt(d)) v per head, causal if `causal`: blocks of 64
+ * query rows walk tiles of 64 keys in shared memory with an online softmax
+ * (no T x T matrix anywhere), and save lse [B,H,T] (fp32) for the backward.
+ * Query head h reads kv head h / (H / KV). Head sizes d <= 128 (padded to
+ * 32, 64 or 128 inside). bf16 runs the tile products on tensor cores (WMMA,
+ * fp32 accumulation, P rounded to bf16 for P V); fp32 in plain fp32.
+ * out[B,T,H*d]; lse[B,H,T]; q[B,T,H*d]; k, v[B,T,KV*d]. */
+int kcuda_attention_forward(void *out, float *lse, const void *q,
+                            const void *k, const void *v, int B, int T, int H,
+                            int KV, int d, int causal, kcuda_dtype dt,
+                            void *stream);
+/* dq, dk, dv += the gradients (kcpu_attention_backward), recomputing the
+ * probabilities from q, k and lse. Deterministic without atomics: one
+ * kernel owns each key tile (dk, dv, summing the H / KV query heads in
+ * order), another each query tile (dq). Scratch: D = rowsum(dout * out),
+ * B*H*T floats in the context. */
+int kcuda_attention_backward(kcuda_ctx *ctx, void *dq, void *dk, void *dv,
+                             const void *dout, const void *out,
+                             const float *lse, const void *q, const void *k,
+                             const void *v, int B, int T, int H, int KV,
+                             int d, int causal, kcuda_dtype dt, void *stream);
+/* The packed layout: each row of qkv is H*d q, KV*d k, KV*d v channels
+ * (kcpu_attention_qkv_*); read and accumulated in place. */
+int kcuda_attention_qkv_forward(void *out, float *lse, const void *qkv,
+                                int B, int T, int H, int KV, int d,
+                                int causal, kcuda_dtype dt, void *stream);
+int kcuda_attention_qkv_backward(kcuda_ctx *ctx, void *dqkv,
+                                 const void *dout, const void *out,
+                                 const float *lse, const void *qkv, int B,
+                                 int T, int H, int KV, int d, int causal,
+                                 kcuda_dtype dt, void *stream);
+
+/* ---- moe.cu: mixture-of-experts routing, dispatch, experts, combine ----- */
+
+/* kcpu_moe_route (kcpu_moe.h, whose routing rules these follow exactly) in
+ * device memory: every array is a device pointer, the two scalars too.
+ * Routing is fp32 (the router product is small). */
+typedef struct kcuda_moe_route {
+    int N, E, K, C;
+    int *expert;   /* [N, K] chosen experts, highest probability first */
+    float *weight; /* [N, K] renormalised routing weights */
+    int *slot;     /* [N, K] row in expert[n,k]'s buffer, -1 if dropped */
+    int *token;    /* [E, C] token in each buffer row, -1 if empty */
+    int *count;    /* [E] tokens kept per expert (<= C) */
+    int *chosen;   /* [E] tokens that chose e, before capacity */
+    float *probs;  /* [N, E] softmax of the router logits */
+    double *pmean; /* [E] mean over tokens of probs[., e] */
+    int *dropped;  /* [1] (token, expert) pairs dropped by capacity */
+    float *aux;    /* [1] E * sum_e f_e P_e, without the coefficient */
+} kcuda_moe_route;
+
+/* Device bytes for the arrays (0 for sizes out of range) and binding them
+ * into mem (a device allocation of that many bytes, 16-byte aligned);
+ * bind returns KCUDA_ERR_ARG for sizes out of range. Capacity: use
+ * kcpu_moe_capacity (host arithmetic). */
+size_t kcuda_moe_route_bytes(int N, int E, int K, int C);
+int kcuda_moe_route_bind(kcuda_moe_route *r, void *mem, int N, int E, int K,
+                         int C);
+
+/* Fill r from x @ router (a cuBLASLt product into r->probs, then one
+ * thread per token for softmax and top-k, one block per expert for the
+ * first-come-first-served slots). x[N,D]; router[D,E] (fp32). */
+int kcuda_moe_route_forward(kcuda_ctx *ctx, kcuda_moe_route *r,
+                            const float *x, const float *router, int D,
+                            void *stream);
+/* kcpu_moe_route_backward. dx[N,D], drouter[D,E] (+=); scratch[N,E]
+ * (device); dweight[N,K]. */
+int kcuda_moe_route_backward(kcuda_ctx *ctx, float *dx, float *drouter,
+                             float *scratch, const float *dweight,
+                             float aux_coef, const kcuda_moe_route *r,
+                             const float *x, const float *router, int D,
+                             void *stream);
+
+/* xe[e, c] = x[token[e, c]], zero rows where the slot is empty.
+ * xe[E,C,D]; x[N,D]. */
+int kcuda_moe_dispatch_forward(void *xe, const void *x,
+                               const kcuda_moe_route *r, int D,
+                               kcuda_dtype dt, void *stream);
+/* dx += the rows of dxe, a token's rows in ascending expert order (as the
+ * CPU's loop adds them). One thread per (token, column): no conflicts. */
+int kcuda_moe_dispatch_backward(void *dx, const void *dxe,
+                                const kcuda_moe_route *r, int D,
+                                kcuda_dtype dt, void *stream);
+/* y[n] = sum over kept k of weight[n,k] * ye[expert[n,k], slot[n,k]]. */
+int kcuda_moe_combine_forward(void *y, const void *ye,
+                              const kcuda_moe_route *r, int D,
+                              kcuda_dtype dt, void *stream);
+/* dye += weight * dy at each kept (token, k)'s row; dweight[N,K] (fp32)
+ * += dy . ye of that row. */
+int kcuda_moe_combine_backward(void *dye, float *dweight, const void *dy,
+                               const void *ye, const kcuda_moe_route *r,
+                               int D, kcuda_dtype dt, void *stream);
+
+/* SwiGLU experts (kcpu_moe_expert_*) as batched cuBLASLt products over the
+ * E experts on all C rows of each buffer; rows at or past count[e] (a
+ * device array, r->count) are masked so that ye is zero there and the
+ * backward adds nothing from them, as on the CPU. Unlike the CPU, hg and
+ * hu past count[e] are written (with whatever the product gives there) and
+ * act there is zero. Backward scratch: 2*E*C*F elements in the context. */
+int kcuda_moe_expert_forward(kcuda_ctx *ctx, void *ye, void *hg, void *hu,
+                             void *act, const void *xe, const void *w_gate,
+                             const void *w_up, const void *w_down,
+                             const int *count, int E, int C, int D, int F,
+                             kcuda_dtype dt, void *stream);
+int kcuda_moe_expert_backward(kcuda_ctx *ctx, void *dxe, void *dw_gate,
+                              void *dw_up, void *dw_down, const void *dye,
+                              const void *hg, const void *hu, const void *act,
+                              const void *xe, const void *w_gate,
+                              const void *w_up, const void *w_down,
+                              const int *count, int E, int C, int D, int F,
+                              kcuda_dtype dt, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,460 @@
+/* matmul.cu — linear layers through cuBLASLt: y = x @ w (+ bias) with w
+ * [in, out] or [out, in] (the tied LM head), their backwards (beta = 1, so
+ * they accumulate like every kcpu backward), the batched products of the
+ * MoE experts, and the bias gradient as a fixed-order column sum.
+ *
+ * cuBLASLt is column-major; a row-major [r, c] matrix is a column-major
+ * [c, r] one with the same leading dimension, so C = A B in row-major is
+ * C^T = B^T A^T in column-major: kcuda__gemm_run swaps the operands.
+ * fp32 computes in fp32 (CUBLAS_COMPUTE_32F: no TF32, to match the CPU);
+ * bf16 stores A, B, C in bf16 and accumulates in fp32 on tensor cores.
+ * The first algorithm of cuBLASLt's heuristic is cached per shape (and
+ * per pointer alignment) in the context, so a shape always runs the same
+ * algorithm, and cuBLASLt's own reductions are ordered: deterministic.
+ */
+#include <string.h> /* defines: memset, memcmp */
+
+#include "kcuda_impl.h"
+
+#define LT_CHECK(expr)                                                         \
+    do {                                                                       \
+        cublasStatus_t lt_st_ = (expr);                                        \
+        if (lt_st_ != CUBLAS_STATUS_SUCCESS) {                                 \
+            rc = kcuda__fail(KCUDA_ERR_BLAS, __FILE__, __LINE__, "%s: %s",     \
+                             #expr, cublasLtGetStatusString(lt_st_));          \
+            goto done;                                                         \
+        }                                                                      \
+    } while (0)
+
+static cudaDataType_t lt_type(kcuda_dtype dt)
+{
+    return dt == KCUDA_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+/* A column-major layout of rows x cols with leading dimension ld, batched. */
+static cublasStatus_t lt_layout(cublasLtMatrixLayout_t *l, kcuda_dtype dt,
+                                int rows, int cols, int ld, int batch,
+                                long long stride)
+{
+    cublasStatus_t st =
+        cublasLtMatrixLayoutCreate(l, lt_type(dt), (uint64_t)rows,
+                                   (uint64_t)cols, (int64_t)ld);
+    if (st != CUBLAS_STATUS_SUCCESS || batch <= 1)
+        return st;
+    int32_t b = batch;
+    int64_t s = stride;
+    st = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                          &b, sizeof b);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatrixLayoutSetAttribute(
+            *l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s, sizeof s);
+    return st;
+}
+
+/* The alignment that every batch's matrix keeps: the base pointer's, or
+ * less when the batch stride in bytes is less aligned. */
+static int batch_align(const void *p, long long stride, int batch,
+                       kcuda_dtype dt)
+{
+    int al = kcuda__align_of(p);
+    if (p && batch > 1) {
+        unsigned long long bytes =
+            (unsigned long long)stride * kcuda_dtype_size(dt);
+        int sal = 1;
+        while (sal < 256 && bytes % (2ull * sal) == 0)
+            sal <<= 1;
+        al = sal < al ? sal : al;
+    }
+    return al;
+}
+
+static kcuda__algo_key gemm_key(const kcuda__gemm *g)
+{
+    kcuda__algo_key k;
+    memset(&k, 0, sizeof k);
+    k.m = g->M;
+    k.n = g->N;
+    k.k = g->K;
+    k.lda = g->lda;
+    k.ldb = g->ldb;
+    k.ldc = g->ldc;
+    k.ta = g->ta;
+    k.tb = g->tb;
+    k.batch = g->batch;
+    k.dt = (int)g->dt;
+    k.epi = g->epi * 2 + (g->bias != NULL);
+    k.beta_zero = g->beta == 0.0f;
+    k.sa = g->sa;
+    k.sb = g->sb;
+    k.sc = g->sc;
+    k.align_a = batch_align(g->A, g->sa, g->batch, g->dt);
+    k.align_b = batch_align(g->B, g->sb, g->batch, g->dt);
+    k.align_c = batch_align(g->C, g->sc, g->batch, g->dt);
+    k.align_bias = kcuda__align_of(g->bias);
+    k.align_aux = kcuda__align_of(g->aux);
+    return k;
+}
+
+static kcuda__algo_entry *algo_find(kcuda_ctx *ctx, const kcuda__algo_key *k)
+{
+    for (int i = 0; i < KCUDA__ALGO_CACHE; i++)
+        if (ctx->algos[i].valid &&
+            memcmp(&ctx->algos[i].key, k, sizeof *k) == 0)
+            return &ctx->algos[i];
+    return NULL;
+}
+
+/* The pointers' alignments as heuristic preferences, so that the chosen
+ * algorithm does not assume more than the pointers have. */
+static cublasStatus_t pref_alignments(cublasLtMatmulPreference_t pref,
+                                      const kcuda__algo_key *k)
+{
+    struct {
+        cublasLtMatmulPreferenceAttributes_t attr;
+        uint32_t v;
+    } al[] = {
+        /* cuBLASLt's A is our B and its B our A (the operand swap) */
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, (uint32_t)k->align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, (uint32_t)k->align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, (uint32_t)k->align_c},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, (uint32_t)k->align_c},
+    };
+    for (size_t i = 0; i < sizeof al / sizeof al[0]; i++) {
+        cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+            pref, al[i].attr, &al[i].v, sizeof al[i].v);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            return st;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+int kcuda__gemm_run(kcuda_ctx *ctx, const kcuda__gemm *g, cudaStream_t s)
+{
+    KCUDA_ARG(ctx != NULL, "matmul needs a kcuda_ctx (got NULL)");
+    KCUDA_ARG(g->M > 0 && g->N > 0 && g->K > 0 && g->batch >= 1,
+              "matmul: bad sizes M=%d N=%d K=%d batch=%d", g->M, g->N, g->K,
+              g->batch);
+    int rc = 0;
+    cublasLtMatmulDesc_t desc = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    kcuda__algo_key key = gemm_key(g);
+    kcuda__algo_entry *hit = algo_find(ctx, &key);
+    cublasOperation_t opa = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t opb = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    float alpha = 1.0f, beta = g->beta;
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+
+    LT_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                            &opa, sizeof opa));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                            &opb, sizeof opb));
+    if (g->epi == KCUDA_EPI_GELU)
+        epi = g->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                      : CUBLASLT_EPILOGUE_GELU_AUX;
+    else if (g->bias)
+        epi = CUBLASLT_EPILOGUE_BIAS;
+    LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                            &epi, sizeof epi));
+    if (g->bias) {
+        cudaDataType_t bt = lt_type(g->dt);
+        LT_CHECK(cublasLtMatmulDescSetAttribute(
+            desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
+        LT_CHECK(cublasLtMatmulDescSetAttribute(
+            desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+    }
+    if (g->epi == KCUDA_EPI_GELU) {
+        int64_t ld = g->N;
+        LT_CHECK(cublasLtMatmulDescSetAttribute(
+            desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux,
+            sizeof g->aux));
+        LT_CHECK(cublasLtMatmulDescSetAttribute(
+            desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
+    }
+    /* C^T[N,M] = op(B)^T[N,K] op(A)^T[K,M], column-major */
+    LT_CHECK(lt_layout(&la, g->dt, g->tb ? g->K : g->N, g->tb ? g->N : g->K,
+                       g->ldb, g->batch, g->sb));
+    LT_CHECK(lt_layout(&lb, g->dt, g->ta ? g->M : g->K, g->ta ? g->K : g->M,
+                       g->lda, g->batch, g->sa));
+    LT_CHECK(lt_layout(&lc, g->dt, g->N, g->M, g->ldc, g->batch, g->sc));
+
+    if (!hit) {
+        cublasLtMatmulHeuristicResult_t res;
+        int found = 0;
+        size_t ws = ctx->workspace_bytes;
+        LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+        LT_CHECK(pref_alignments(pref, &key));
+        memset(&res, 0, sizeof res);
+        cublasStatus_t hst = cublasLtMatmulAlgoGetHeuristic(
+            ctx->lt, desc, la, lb, lc, lc, pref, 1, &res, &found);
+        if (hst == CUBLAS_STATUS_NOT_SUPPORTED)
+            found = 0; /* e.g. an epilogue this dtype lacks */
+        else
+            LT_CHECK(hst);
+        if (found < 1) {
+            rc = kcuda__fail(KCUDA_ERR_NO_ALGO, __FILE__, __LINE__,
+                             "cuBLASLt has no algorithm for M=%d N=%d K=%d "
+                             "(dtype %d, epilogue %d)",
+                             g->M, g->N, g->K, (int)g->dt, (int)epi);
+            goto done;
+        }
+        hit = &ctx->algos[ctx->algo_next];
+        ctx->algo_next = (ctx->algo_next + 1) % KCUDA__ALGO_CACHE;
+        hit->key = key;
+        hit->algo = res.algo;
+        hit->valid = 1;
+    }
+    LT_CHECK(cublasLtMatmul(ctx->lt, desc, &alpha, g->B, la, g->A, lb, &beta,
+                            g->C, lc, g->C, lc, &hit->algo, ctx->workspace,
+                            ctx->workspace_bytes, s));
+done:
+    if (pref)
+        cublasLtMatmulPreferenceDestroy(pref);
+    if (lc)
+        cublasLtMatrixLayoutDestroy(lc);
+    if (lb)
+        cublasLtMatrixLayoutDestroy(lb);
+    if (la)
+        cublasLtMatrixLayoutDestroy(la);
+    if (desc)
+        cublasLtMatmulDescDestroy(desc);
+    return rc;
+}
+
+/* ---- column sums (the bias gradient) ------------------------------------ */
+
+/* Rows per partial sum: the partials depend on the shape alone. */
+#define COLSUM_ROWS 256
+
+/* part[chunk, c] = sum of src[r, c] over the chunk's rows, in order: block
+ * (32 columns) x (8 row lanes); lane y takes rows y, y+8, ...; the 8 lane
+ * sums are added in order. */
+template <typename T>
+__global__ void colsum_partial_kernel(float *part, const T *src, int M, int N)
+{
+    __shared__ float sh[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    int r0 = blockIdx.y * COLSUM_ROWS, r1 = min(M, r0 + COLSUM_ROWS);
+    float acc = 0.0f;
+    if (c < N)
+        for (int r = r0 + (int)threadIdx.y; r < r1; r += 8)
+            acc += kc_f(src[(size_t)r * N + c]);
+    sh[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < N) {
+        float t = 0.0f;
+        for (int y = 0; y < 8; y++)
+            t += sh[y][threadIdx.x];
+        part[(size_t)blockIdx.y * N + c] = t;
+    }
+}
+
+/* dst[c] += sum over the chunks of part[chunk, c], in chunk order. */
+template <typename T>
+__global__ void colsum_finish_kernel(T *dst, const float *part, int chunks,
+                                     int N)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= N)
+        return;
+    float t = 0.0f;
+    for (int k = 0; k < chunks; k++)
+        t += part[(size_t)k * N + c];
+    dst[c] = kc_to<T>(kc_f(dst[c]) + t);
+}
+
+int kcuda__colsum_add(kcuda_ctx *ctx, void *dst, const void *src, int M,
+                      int N, kcuda_dtype dt, cudaStream_t s)
+{
+    KCUDA_ARG(M >= 0 && N > 0, "column sum: bad sizes M=%d N=%d", M, N);
+    if (M == 0)
+        return 0;
+    int chunks = (M + COLSUM_ROWS - 1) / COLSUM_ROWS;
+    void *scratch = NULL;
+    KCUDA_TRY(kcuda__scratch(ctx, (size_t)chunks * N * sizeof(float),
+                             &scratch, s));
+    float *part = (float *)scratch;
+    dim3 grid((unsigned)((N + 31) / 32), (unsigned)chunks), block(32, 8);
+    KCUDA_DISPATCH(dt, T, {
+        colsum_partial_kernel<T><<<grid, block, 0, s>>>(part, (const T *)src,
+                                                        M, N);
+        KCUDA_LAUNCHED("colsum_partial_kernel");
+        colsum_finish_kernel<T><<<(N + 255) / 256, 256, 0, s>>>(
+            (T *)dst, part, chunks, N);
+        KCUDA_LAUNCHED("colsum_finish_kernel");
+    });
+    return 0;
+}
+
+int kcuda_bias_backward(kcuda_ctx *ctx, void *dbias, const void *dy, int M,
+                        int N, kcuda_dtype dt, void *stream)
+{
+    KCUDA_DT_OK(dt);
+    return kcuda__colsum_add(ctx, dbias, dy, M, N, dt, kcuda__stream(stream));
+}
+
+/* ---- bias and GELU outside cuBLASLt (its fallback) ----------------------- */
+
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_CUBE 0.044715f
+
+/* y[M,N] = gelu(pre) or pre, with pre = y + bias when bias is given (pre
+ * may be y itself); the same GELU as activation.cu. */
+template <typename T>
+__global__ void bias_gelu_kernel(T *y, T *pre, const T *bias, int M, int N,
+                                 int gelu)
+{
+    size_t n = (size_t)M * N, stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += stride) {
+        float v = kc_f(y[i]);
+        if (bias)
+            v += kc_f(bias[i % (size_t)N]);
+        if (gelu) {
+            T pv = kc_to<T>(v);
+            pre[i] = pv;
+            float x = kc_f(pv);
+            float e = expf(-2.0f * GELU_SCALE * (x + GELU_CUBE * x * x * x));
+            v = x / (1.0f + e);
+        }
+        y[i] = kc_to<T>(v);
+    }
+}
+
+/* ---- the public products ------------------------------------------------ */
+
+static kcuda__gemm gemm_init(kcuda_dtype dt)
+{
+    kcuda__gemm g;
+    memset(&g, 0, sizeof g);
+    g.batch = 1;
+    g.dt = dt;
+    return g;
+}
+
+/* y = x @ w(^T) + bias, then the epilogue; unfused if cuBLASLt has no
+ * fused algorithm (or the GELU input's row length is not a multiple of 8,
+ * which its epilogue needs). */
+static int linear_forward(kcuda_ctx *ctx, void *y, void *pre, const void *x,
+                          const void *w, const void *bias, int M, int K,
+                          int N, int wt, kcuda_epilogue epi, kcuda_dtype dt,
+                          cudaStream_t s)
+{
+    KCUDA_DT_OK(dt);
+    KCUDA_ARG(M > 0 && K > 0 && N > 0, "matmul: bad sizes M=%d K=%d N=%d", M,
+              K, N);
+    KCUDA_ARG(epi == KCUDA_EPI_NONE || (epi == KCUDA_EPI_GELU && pre),
+              "matmul: the GELU epilogue needs pre (got NULL)");
+    kcuda__gemm g = gemm_init(dt);
+    g.M = M;
+    g.N = N;
+    g.K = K;
+    g.A = x;
+    g.lda = K;
+    g.B = w;
+    g.tb = wt;
+    g.ldb = wt ? K : N;
+    g.C = y;
+    g.ldc = N;
+    g.bias = bias;
+    g.epi = epi;
+    g.aux = epi == KCUDA_EPI_GELU ? pre : NULL;
+    int fused_ok = epi == KCUDA_EPI_NONE || N % 8 == 0;
+    if (fused_ok) {
+        int rc = kcuda__gemm_run(ctx, &g, s);
+        if (rc != KCUDA_ERR_NO_ALGO)
+            return rc;
+    }
+    /* the product alone, then bias and GELU by a kernel */
+    g.bias = NULL;
+    g.epi = KCUDA_EPI_NONE;
+    g.aux = NULL;
+    KCUDA_TRY(kcuda__gemm_run(ctx, &g, s));
+    if (!bias && epi == KCUDA_EPI_NONE)
+        return 0;
+    size_t n = (size_t)M * N;
+    KCUDA_DISPATCH(dt, T, {
+        bias_gelu_kernel<T><<<kcuda__blocks(n, 256), 256, 0, s>>>(
+            (T *)y, (T *)pre, (const T *)bias, M, N, epi == KCUDA_EPI_GELU);
+        KCUDA_LAUNCHED("bias_gelu_kernel");
+    });
+    return 0;
+}
+
+int kcuda_matmul_forward(kcuda_ctx *ctx, void *y, void *pre, const void *x,
+                         const void *w, const void *bias, int M, int K, int N,
+                         kcuda_epilogue epi, kcuda_dtype dt, void *stream)
+{
+    return linear_forward(ctx, y, pre, x, w, bias, M, K, N, 0, epi, dt,
+                          kcuda__stream(stream));
+}
+
+int kcuda_matmul_wt_forward(kcuda_ctx *ctx, void *y, const void *x,
+                            const void *w, const void *bias, int M, int K,
+                            int N, kcuda_dtype dt, void *stream)
+{
+    return linear_forward(ctx, y, NULL, x, w, bias, M, K, N, 1,
+                          KCUDA_EPI_NONE, dt, kcuda__stream(stream));
+}
+
+int kcuda_matmul_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
+                          const void *dy, const void *x, const void *w, int M,
+                          int K, int N, kcuda_dtype dt, void *stream)
+{
+    cudaStream_t s = kcuda__stream(stream);
+    KCUDA_DT_OK(dt);
+    KCUDA_ARG(M > 0 && K > 0 && N > 0, "matmul: bad sizes M=%d K=%d N=%d", M,
+              K, N);
+    if (dx) { /* dx[M,K] += dy[M,N] @ w[K,N]^T */
+        kcuda__gemm g = gemm_init(dt);
+        g.M = M, g.N = K, g.K = N;
+        g.A = dy, g.lda = N;
+        g.B = w, g.tb = 1, g.ldb = N;
+        g.C = dx, g.ldc = K, g.beta = 1.0f;
+        KCUDA_TRY(kcuda__gemm_run(ctx, &g, s));
+    }
+    if (dw) { /* dw[K,N] += x[M,K]^T @ dy[M,N] */
+        kcuda__gemm g = gemm_init(dt);
+        g.M = K, g.N = N, g.K = M;
+        g.A = x, g.ta = 1, g.lda = K;
+        g.B = dy, g.ldb = N;
+        g.C = dw, g.ldc = N, g.beta = 1.0f;
+        KCUDA_TRY(kcuda__gemm_run(ctx, &g, s));
+    }
+    if (dbias)
+        KCUDA_TRY(kcuda__colsum_add(ctx, dbias, dy, M, N, dt, s));
+    return 0;
+}
+
+int kcuda_matmul_wt_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
+                             const void *dy, const void *x, const void *w,
+                             int M, int K, int N, kcuda_dtype dt,
+                             void *stream)
+{
+    cudaStream_t s = kcuda__stream(stream);
+    KCUDA_DT_OK(dt);
+    KCUDA_ARG(M > 0 && K > 0 && N > 0, "matmul: bad sizes M=%d K=%d N=%d", M,
+              K, N);
+    if (dx) { /* dx[M,K] += dy[M,N] @ w[N,K] */
+        kcuda__gemm g = gemm_init(dt);
+        g.M = M, g.N = K, g.K = N;
+        g.A = dy, g.lda = N;
+        g.B = w, g.ldb = K;
+        g.C = dx, g.ldc = K, g.beta = 1.0f;
+        KCUDA_TRY(kcuda__gemm_run(ctx, &g, s));
+    }
+    if (dw) { /* dw[N,K] += dy[M,N]^T @ x[M,K] */
+        kcuda__gemm g = gemm_init(dt);
+        g.M = N, g.N = K, g.K = M;
+        g.A = dy, g.ta = 1, g.lda = N;
+        g.B = x, g.ldb = K;
+        g.C = dw, g.ldc = K, g.beta = 1.0f;
+        KCUDA_TRY(kcuda__gemm_run(ctx, &g, s));
+    }
+    if (dbias)
+        KCUDA_TRY(kcuda__colsum_add(ctx, dbias, dy, M, N, dt, s));
+    return 0;
+}

@@ -1,0 +1,367 @@
+/* norm.cu — layernorm and rmsnorm over the last axis of [rows,C], plain and
+ * fused with the residual add before them, forward and backward.
+ *
+ * Forward: one warp per row, eight rows per block; the lanes walk the row
+ * in 16-byte packs (when the row allows) and sum in fp32, combined by a
+ * butterfly; layernorm takes two passes (the mean, then the variance about
+ * it), as the CPU does in double. The row statistics are saved as kcpu
+ * saves them: mean and rstd (layernorm), rstd (rmsnorm).
+ * Backward: dx one warp per row; dw and db are column sums over the rows,
+ * taken in a fixed order (chunks of 256 rows, then the chunks in order)
+ * through the context's scratch: no atomics.
+ */
+#include "kcuda_impl.h"
+
+#define NORM_ROWS_PER_BLOCK 8
+#define NORM_CHUNK 256 /* rows per partial column sum */
+
+/* n (1 or a pack's width) elements from src into dst, as floats. */
+template <typename T>
+__device__ __forceinline__ void load_n(float *dst, const T *src, int n)
+{
+    if (n == kc_pack<T>::W) {
+        kc_load_pack<T>(dst, src);
+        return;
+    }
+    dst[0] = kc_f(src[0]);
+}
+
+template <typename T>
+__device__ __forceinline__ void store_n(T *dst, const float *src, int n)
+{
+    if (n == kc_pack<T>::W) {
+        kc_store_pack<T>(dst, src);
+        return;
+    }
+    dst[0] = kc_to<T>(src[0]);
+}
+
+/* Calls f(c, n) for the lane's pieces of a row of C: packs of W at
+ * c = (lane + 32 k) W with vec, else single elements at c = lane + 32 k. */
+template <typename T, typename F>
+__device__ __forceinline__ void row_foreach(int C, int vec, F &&f)
+{
+    constexpr int W = kc_pack<T>::W;
+    int lane = threadIdx.x & 31;
+    if (vec) {
+        for (int c = lane * W; c < C; c += 32 * W)
+            f(c, W);
+    } else {
+        for (int c = lane; c < C; c += 32)
+            f(c, 1);
+    }
+}
+
+/* ---- forward -------------------------------------------------------------- */
+
+/* One warp per row. ADD: res = a + b (rounded to T and stored), and the
+ * norm reads res; else it reads a. RMS: rmsnorm, else layernorm. */
+template <typename T, bool ADD, bool RMS>
+__global__ void norm_fwd_kernel(T *res, T *out, float *mean, float *rstd,
+                                const T *a, const T *b, const T *w,
+                                const T *bias, int rows, int C, float eps,
+                                int vec)
+{
+    constexpr int W = kc_pack<T>::W;
+    int row = blockIdx.x * NORM_ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    if (row >= rows)
+        return;
+    size_t off = (size_t)row * C;
+    const T *xr = ADD ? res + off : a + off;
+    T *orow = out + off;
+    /* pass 1: the sum (layernorm) or the sum of squares (rmsnorm) */
+    float s1 = 0.0f;
+    row_foreach<T>(C, vec, [&](int c, int n) {
+        float v[W];
+        if (ADD) {
+            float u[W];
+            load_n<T>(v, a + off + c, n);
+            load_n<T>(u, b + off + c, n);
+            for (int j = 0; j < n; j++) /* the sum as stored (rounded) */
+                v[j] = kc_f(kc_to<T>(v[j] + u[j]));
+            store_n<T>(res + off + c, v, n);
+        } else {
+            load_n<T>(v, xr + c, n);
+        }
+        for (int j = 0; j < n; j++)
+            s1 += RMS ? v[j] * v[j] : v[j];
+    });
+    s1 = kc_warp_sum(s1);
+    float mu = 0.0f, rs;
+    if (RMS) {
+        rs = 1.0f / sqrtf(s1 / (float)C + eps);
+    } else {
+        mu = s1 / (float)C;
+        float s2 = 0.0f;
+        row_foreach<T>(C, vec, [&](int c, int n) {
+            float v[W];
+            load_n<T>(v, xr + c, n);
+            for (int j = 0; j < n; j++)
+                s2 += (v[j] - mu) * (v[j] - mu);
+        });
+        s2 = kc_warp_sum(s2);
+        rs = 1.0f / sqrtf(s2 / (float)C + eps);
+    }
+    row_foreach<T>(C, vec, [&](int c, int n) {
+        float v[W], wv[W], bv[W];
+        load_n<T>(v, xr + c, n);
+        load_n<T>(wv, w + c, n);
+        if (!RMS && bias)
+            load_n<T>(bv, bias + c, n);
+        for (int j = 0; j < n; j++) {
+            float y = (v[j] - mu) * rs * wv[j];
+            v[j] = (!RMS && bias) ? y + bv[j] : y;
+        }
+        store_n<T>(orow + c, v, n);
+    });
+    if ((threadIdx.x & 31) == 0) {
+        if (!RMS)
+            mean[row] = mu;
+        rstd[row] = rs;
+    }
+}
+
+/* Row vectors allowed: packs stay inside rows and every row starts on a
+ * 16-byte boundary. */
+static int rows_vec(size_t esize, int C, const void *p0, const void *p1,
+                    const void *p2, const void *p3, const void *p4)
+{
+    return (C * esize) % 16 == 0 && kcuda__aligned16(p0, p1, p2, p3, p4);
+}
+
+template <bool ADD, bool RMS>
+static int norm_forward(void *res, void *out, float *mean, float *rstd,
+                        const void *a, const void *b, const void *w,
+                        const void *bias, int rows, int C, float eps,
+                        kcuda_dtype dt, cudaStream_t s)
+{
+    KCUDA_DT_OK(dt);
+    KCUDA_ARG(rows >= 0 && C > 0, "norm: bad sizes rows=%d C=%d", rows, C);
+    if (rows == 0)
+        return 0;
+    int vec = rows_vec(kcuda_dtype_size(dt), C, res, out, a, b, w) &&
+              kcuda__aligned16(bias);
+    unsigned blocks =
+        (unsigned)((rows + NORM_ROWS_PER_BLOCK - 1) / NORM_ROWS_PER_BLOCK);
+    KCUDA_DISPATCH(dt, T, {
+        norm_fwd_kernel<T, ADD, RMS><<<blocks, 32 * NORM_ROWS_PER_BLOCK, 0, s>>>(
+            (T *)res, (T *)out, mean, rstd, (const T *)a, (const T *)b,
+            (const T *)w, (const T *)bias, rows, C, eps, vec);
+        KCUDA_LAUNCHED("norm_fwd_kernel");
+    });
+    return 0;
+}
+
+int kcuda_layernorm_forward(void *out, float *mean, float *rstd,
+                            const void *x, const void *w, const void *b,
+                            int rows, int C, float eps, kcuda_dtype dt,
+                            void *stream)
+{
+    return norm_forward<false, false>(NULL, out, mean, rstd, x, NULL, w, b,
+                                      rows, C, eps, dt, kcuda__stream(stream));
+}
+
+int kcuda_rmsnorm_forward(void *out, float *rstd, const void *x,
+                          const void *w, int rows, int C, float eps,
+                          kcuda_dtype dt, void *stream)
+{
+    return norm_forward<false, true>(NULL, out, NULL, rstd, x, NULL, w, NULL,
+                                     rows, C, eps, dt, kcuda__stream(stream));
+}
+
+int kcuda_add_layernorm_forward(void *res, void *out, float *mean,
+                                float *rstd, const void *a, const void *b,
+                                const void *w, const void *bias, int rows,
+                                int C, float eps, kcuda_dtype dt,
+                                void *stream)
+{
+    return norm_forward<true, false>(res, out, mean, rstd, a, b, w, bias, rows,
+                                     C, eps, dt, kcuda__stream(stream));
+}
+
+int kcuda_add_rmsnorm_forward(void *res, void *out, float *rstd,
+                              const void *a, const void *b, const void *w,
+                              int rows, int C, float eps, kcuda_dtype dt,
+                              void *stream)
+{
+    return norm_forward<true, true>(res, out, NULL, rstd, a, b, w, NULL, rows,
+                                    C, eps, dt, kcuda__stream(stream));
+}
+
+/* ---- backward: dx ------------------------------------------------------- */
+
+/* One warp per row. Layernorm, with g = dout w and xhat = (x - mean) rstd:
+ *   dx += rstd (g - mean(g) - xhat mean(g xhat));
+ * rmsnorm: dx += rstd (g - x k), k = rstd^2 mean(g x). */
+template <typename T, bool RMS>
+__global__ void norm_bwd_dx_kernel(T *dx, const T *dout, const T *x,
+                                   const T *w, const float *mean,
+                                   const float *rstd, int rows, int C, int vec)
+{
+    constexpr int W = kc_pack<T>::W;
+    int row = blockIdx.x * NORM_ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    if (row >= rows)
+        return;
+    size_t off = (size_t)row * C;
+    float mu = RMS ? 0.0f : mean[row], rs = rstd[row];
+    float s0 = 0.0f, s1 = 0.0f;
+    row_foreach<T>(C, vec, [&](int c, int n) {
+        float g[W], xv[W], wv[W];
+        load_n<T>(g, dout + off + c, n);
+        load_n<T>(xv, x + off + c, n);
+        load_n<T>(wv, w + c, n);
+        for (int j = 0; j < n; j++) {
+            float gj = g[j] * wv[j];
+            if (RMS) {
+                s1 += gj * xv[j];
+            } else {
+                s0 += gj;
+                s1 += gj * ((xv[j] - mu) * rs);
+            }
+        }
+    });
+    s0 = kc_warp_sum(s0);
+    s1 = kc_warp_sum(s1);
+    float gmean = s0 / (float)C, gxmean = s1 / (float)C;
+    float k = rs * rs * gxmean;
+    row_foreach<T>(C, vec, [&](int c, int n) {
+        float g[W], xv[W], wv[W], d[W];
+        load_n<T>(g, dout + off + c, n);
+        load_n<T>(xv, x + off + c, n);
+        load_n<T>(wv, w + c, n);
+        load_n<T>(d, dx + off + c, n);
+        for (int j = 0; j < n; j++) {
+            float gj = g[j] * wv[j];
+            if (RMS) {
+                d[j] += rs * (gj - xv[j] * k);
+            } else {
+                float xhat = (xv[j] - mu) * rs;
+                d[j] += rs * (gj - gmean - xhat * gxmean);
+            }
+        }
+        store_n<T>(dx + off + c, d, n);
+    });
+}
+
+/* ---- backward: dw, db --------------------------------------------------- */
+
+/* part0[chunk, c] = sum over the chunk's rows of dout xhat (layernorm) or
+ * dout x rstd (rmsnorm); part1[chunk, c] = sum of dout (layernorm's db).
+ * Block: 32 columns x 8 row lanes, the lane sums added in order. */
+template <typename T, bool RMS>
+__global__ void norm_bwd_cols_kernel(float *part0, float *part1,
+                                     const T *dout, const T *x,
+                                     const float *mean, const float *rstd,
+                                     int rows, int C)
+{
+    __shared__ float sh0[8][33], sh1[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    int r0 = blockIdx.y * NORM_CHUNK, r1 = min(rows, r0 + NORM_CHUNK);
+    float a0 = 0.0f, a1 = 0.0f;
+    if (c < C)
+        for (int r = r0 + (int)threadIdx.y; r < r1; r += 8) {
+            size_t i = (size_t)r * C + c;
+            float g = kc_f(dout[i]), xv = kc_f(x[i]);
+            if (RMS) {
+                a0 += g * (xv * rstd[r]);
+            } else {
+                a0 += g * ((xv - mean[r]) * rstd[r]);
+                a1 += g;
+            }
+        }
+    sh0[threadIdx.y][threadIdx.x] = a0;
+    sh1[threadIdx.y][threadIdx.x] = a1;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float t0 = 0.0f, t1 = 0.0f;
+        for (int y = 0; y < 8; y++) {
+            t0 += sh0[y][threadIdx.x];
+            t1 += sh1[y][threadIdx.x];
+        }
+        part0[(size_t)blockIdx.y * C + c] = t0;
+        if (part1)
+            part1[(size_t)blockIdx.y * C + c] = t1;
+    }
+}
+
+/* dst[c] += sum over chunks of part[chunk, c], in chunk order. */
+template <typename T>
+__global__ void norm_cols_finish_kernel(T *dst, const float *part, int chunks,
+                                        int C)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    float t = 0.0f;
+    for (int k = 0; k < chunks; k++)
+        t += part[(size_t)k * C + c];
+    dst[c] = kc_to<T>(kc_f(dst[c]) + t);
+}
+
+template <bool RMS>
+static int norm_backward(kcuda_ctx *ctx, void *dx, void *dw, void *db,
+                         const void *dout, const void *x, const void *w,
+                         const float *mean, const float *rstd, int rows,
+                         int C, kcuda_dtype dt, cudaStream_t s)
+{
+    KCUDA_DT_OK(dt);
+    KCUDA_ARG(rows >= 0 && C > 0, "norm: bad sizes rows=%d C=%d", rows, C);
+    if (rows == 0)
+        return 0;
+    if (dx) {
+        int vec = rows_vec(kcuda_dtype_size(dt), C, dx, dout, x, w, NULL);
+        unsigned blocks =
+            (unsigned)((rows + NORM_ROWS_PER_BLOCK - 1) / NORM_ROWS_PER_BLOCK);
+        KCUDA_DISPATCH(dt, T, {
+            norm_bwd_dx_kernel<T, RMS>
+                <<<blocks, 32 * NORM_ROWS_PER_BLOCK, 0, s>>>(
+                    (T *)dx, (const T *)dout, (const T *)x, (const T *)w,
+                    mean, rstd, rows, C, vec);
+            KCUDA_LAUNCHED("norm_bwd_dx_kernel");
+        });
+    }
+    if (!dw && !db)
+        return 0;
+    int chunks = (rows + NORM_CHUNK - 1) / NORM_CHUNK;
+    size_t part_bytes = kcuda__round256((size_t)chunks * C * sizeof(float));
+    void *scratch = NULL;
+    KCUDA_TRY(kcuda__scratch(ctx, 2 * part_bytes, &scratch, s));
+    float *part0 = (float *)scratch;
+    float *part1 = RMS ? NULL : (float *)((char *)scratch + part_bytes);
+    dim3 grid((unsigned)((C + 31) / 32), (unsigned)chunks), block(32, 8);
+    KCUDA_DISPATCH(dt, T, {
+        norm_bwd_cols_kernel<T, RMS><<<grid, block, 0, s>>>(
+            part0, part1, (const T *)dout, (const T *)x, mean, rstd, rows, C);
+        KCUDA_LAUNCHED("norm_bwd_cols_kernel");
+        unsigned fb = (unsigned)((C + 255) / 256);
+        if (dw) {
+            norm_cols_finish_kernel<T><<<fb, 256, 0, s>>>((T *)dw, part0,
+                                                          chunks, C);
+            KCUDA_LAUNCHED("norm_cols_finish_kernel");
+        }
+        if (db && part1) {
+            norm_cols_finish_kernel<T><<<fb, 256, 0, s>>>((T *)db, part1,
+                                                          chunks, C);
+            KCUDA_LAUNCHED("norm_cols_finish_kernel");
+        }
+    });
+    return 0;
+}
+
+int kcuda_layernorm_backward(kcuda_ctx *ctx, void *dx, void *dw, void *db,
+                             const void *dout, const void *x, const void *w,
+                             const float *mean, const float *rstd, int rows,
+                             int C, kcuda_dtype dt, void *stream)
+{
+    return norm_backward<false>(ctx, dx, dw, db, dout, x, w, mean, rstd, rows,
+                                C, dt, kcuda__stream(stream));
+}
+
+int kcuda_rmsnorm_backward(kcuda_ctx *ctx, void *dx, void *dw,
+                           const void *dout, const void *x, const void *w,
+                           const float *rstd, int rows, int C, kcuda_dtype dt,
+                           void *stream)
+{
+    return norm_backward<true>(ctx, dx, dw, NULL, dout, x, w, NULL, rstd, rows,
+                               C, dt, kcuda__stream(stream));
+}

@@ -1,0 +1,159 @@
+/* optim.cu — the AdamW step on fp32 master weights, sums of squares in a
+ * fixed order, scaling and clipping by the global norm.
+ *
+ * The AdamW arithmetic is optim.c's, operation for operation, written with
+ * the round-to-nearest intrinsics (__fmul_rn, __fadd_rn, ...) so that nvcc
+ * contracts nothing into fused multiply-adds: in fp32 the GPU gives the
+ * CPU's bits. The bias corrections are computed on the host in double, as
+ * kcpu_adamw_step does.
+ */
+#include <math.h> /* defines: pow */
+
+#include "kcuda_impl.h"
+
+#define SS_BLOCKS 1024 /* partial sums: a fixed grid, for reproducibility */
+#define SS_THREADS 256
+
+template <typename G>
+__global__ void adamw_kernel(float *params, bf16 *params_bf16, const G *grads,
+                             float *m, float *v, size_t n, float lr,
+                             float beta1, float beta2, float eps, float wd,
+                             float c1, float c2)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    float ob1 = __fsub_rn(1.0f, beta1), ob2 = __fsub_rn(1.0f, beta2);
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += stride) {
+        float g = kc_f(grads[i]), p = params[i];
+        /* m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g g */
+        float mi = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(ob1, g));
+        float vi = __fadd_rn(__fmul_rn(beta2, v[i]),
+                             __fmul_rn(__fmul_rn(ob2, g), g));
+        m[i] = mi;
+        v[i] = vi;
+        float mhat = __fdiv_rn(mi, c1);
+        float root = __fsqrt_rn(__fdiv_rn(vi, c2));
+        /* p -= lr (mhat / (root + eps) + wd p) */
+        float step = __fadd_rn(__fdiv_rn(mhat, __fadd_rn(root, eps)),
+                               __fmul_rn(wd, p));
+        p = __fsub_rn(p, __fmul_rn(lr, step));
+        params[i] = p;
+        if (params_bf16)
+            params_bf16[i] = __float2bfloat16_rn(p);
+    }
+}
+
+int kcuda_adamw_step(float *params, void *params_bf16, const void *grads,
+                     kcuda_dtype grad_dt, float *m, float *v, size_t n,
+                     float lr, float beta1, float beta2, float eps,
+                     float weight_decay, int t, void *stream)
+{
+    cudaStream_t s = kcuda__stream(stream);
+    KCUDA_DT_OK(grad_dt);
+    KCUDA_ARG(t >= 1, "adamw: step t=%d, must count from 1", t);
+    if (n == 0)
+        return 0;
+    /* bias corrections in double: 1 - beta^t loses digits in float */
+    /* (double arguments: CUDA's float overload of pow would compute in
+     * float, not as kcpu_adamw_step's C pow does) */
+    float c1 = (float)(1.0 - pow((double)beta1, (double)t));
+    float c2 = (float)(1.0 - pow((double)beta2, (double)t));
+    KCUDA_DISPATCH(grad_dt, G, {
+        adamw_kernel<G><<<kcuda__blocks(n, 256), 256, 0, s>>>(
+            params, (bf16 *)params_bf16, (const G *)grads, m, v, n, lr, beta1,
+            beta2, eps, weight_decay, c1, c2);
+        KCUDA_LAUNCHED("adamw_kernel");
+    });
+    return 0;
+}
+
+/* part[block] = the block's sum of x^2 (double) over a fixed grid. */
+template <typename T>
+__global__ void __launch_bounds__(SS_THREADS)
+    ss_partial_kernel(double *part, const T *x, size_t n)
+{
+    __shared__ double sh[32];
+    size_t stride = (size_t)SS_BLOCKS * SS_THREADS;
+    double acc = 0.0;
+    for (size_t i = (size_t)blockIdx.x * SS_THREADS + threadIdx.x; i < n;
+         i += stride) {
+        double xi = kc_f(x[i]);
+        acc += xi * xi;
+    }
+    acc = kc_block_sum_d(acc, sh);
+    if (threadIdx.x == 0)
+        part[blockIdx.x] = acc;
+}
+
+/* *ss += the sum of part[SS_BLOCKS]. */
+__global__ void __launch_bounds__(SS_BLOCKS)
+    ss_finish_kernel(double *ss, const double *part)
+{
+    __shared__ double sh[32];
+    double t = kc_block_sum_d(part[threadIdx.x], sh);
+    if (threadIdx.x == 0)
+        *ss += t;
+}
+
+int kcuda_sum_squares(kcuda_ctx *ctx, double *ss, const void *buf, size_t n,
+                      kcuda_dtype dt, void *stream)
+{
+    cudaStream_t s = kcuda__stream(stream);
+    KCUDA_DT_OK(dt);
+    if (n == 0)
+        return 0;
+    void *scratch = NULL;
+    KCUDA_TRY(kcuda__scratch(ctx, SS_BLOCKS * sizeof(double), &scratch, s));
+    KCUDA_DISPATCH(dt, T, {
+        ss_partial_kernel<T><<<SS_BLOCKS, SS_THREADS, 0, s>>>(
+            (double *)scratch, (const T *)buf, n);
+        KCUDA_LAUNCHED("ss_partial_kernel");
+    });
+    ss_finish_kernel<<<1, SS_BLOCKS, 0, s>>>(ss, (const double *)scratch);
+    KCUDA_LAUNCHED("ss_finish_kernel");
+    return 0;
+}
+
+/* x = x * scale (in double); with ss, scale = max_norm / (sqrt(*ss) + 1e-6)
+ * and nothing happens unless it is below 1. */
+template <typename T>
+__global__ void scale_kernel(T *x, size_t n, double scale, const double *ss,
+                             float max_norm)
+{
+    if (ss) {
+        scale = (double)max_norm / (sqrt(*ss) + 1e-6);
+        if (!(scale < 1.0))
+            return;
+    }
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += stride)
+        x[i] = kc_to<T>((float)(kc_f(x[i]) * scale));
+}
+
+static int scale_launch(void *buf, size_t n, double scale, const double *ss,
+                        float max_norm, kcuda_dtype dt, cudaStream_t s)
+{
+    KCUDA_DT_OK(dt);
+    if (n == 0)
+        return 0;
+    KCUDA_DISPATCH(dt, T, {
+        scale_kernel<T><<<kcuda__blocks(n, 256), 256, 0, s>>>(
+            (T *)buf, n, scale, ss, max_norm);
+        KCUDA_LAUNCHED("scale_kernel");
+    });
+    return 0;
+}
+
+int kcuda_scale(void *buf, size_t n, double scale, kcuda_dtype dt,
+                void *stream)
+{
+    return scale_launch(buf, n, scale, NULL, 0.0f, dt, kcuda__stream(stream));
+}
+
+int kcuda_clip_scale(void *buf, size_t n, const double *ss, float max_norm,
+                     kcuda_dtype dt, void *stream)
+{
+    KCUDA_ARG(ss != NULL, "clip_scale: ss is NULL");
+    return scale_launch(buf, n, 1.0, ss, max_norm, dt, kcuda__stream(stream));
+}

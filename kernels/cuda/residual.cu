@@ -1,0 +1,116 @@
+/* residual.cu — the residual add and the broadcast add of a [T,C] tensor
+ * (a position embedding, or a bias with T = 1) onto [B,T,C], forward and
+ * backward (which accumulates). The broadcast backward sums over b in
+ * order with one thread per (t, c): no scratch, no atomics.
+ */
+#include "kcuda_impl.h"
+
+/* y = a + b */
+struct add2 {
+    __device__ void operator()(const float *x, float *y) const
+    {
+        y[0] = x[0] + x[1];
+    }
+};
+
+/* y0 = x0 + x2, y1 = x1 + x2 (da += dout, db += dout) */
+struct add_into2 {
+    __device__ void operator()(const float *x, float *y) const
+    {
+        y[0] = x[0] + x[2];
+        y[1] = x[1] + x[2];
+    }
+};
+
+int kcuda_add_forward(void *out, const void *a, const void *b, size_t n,
+                      kcuda_dtype dt, void *stream)
+{
+    const void *in[2] = {a, b};
+    void *o[1] = {out};
+    return kc_ew_launch<2, 1>(in, o, n, dt, add2(), kcuda__stream(stream));
+}
+
+int kcuda_add_backward(void *da, void *db, const void *dout, size_t n,
+                       kcuda_dtype dt, void *stream)
+{
+    cudaStream_t s = kcuda__stream(stream);
+    if (da && db && da != db) {
+        const void *in[3] = {da, db, dout};
+        void *o[2] = {da, db};
+        return kc_ew_launch<3, 2>(in, o, n, dt, add_into2(), s);
+    }
+    /* one buffer (or the same buffer twice: added twice, as on the CPU) */
+    for (int k = 0; k < 2; k++) {
+        void *d = k == 0 ? da : db;
+        if (!d)
+            continue;
+        const void *in[2] = {d, dout};
+        void *o[1] = {d};
+        KCUDA_TRY(kc_ew_launch<2, 1>(in, o, n, dt, add2(), s));
+    }
+    KCUDA_DT_OK(dt);
+    return 0;
+}
+
+/* out[b, i] = a[b, i] + p[i] over i < tc; one thread per element. */
+template <typename T>
+__global__ void add_bcast_kernel(T *out, const T *a, const T *p, size_t tc,
+                                 size_t n)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += stride)
+        out[i] = kc_to<T>(kc_f(a[i]) + kc_f(p[i % tc]));
+}
+
+/* dp[i] += sum over b (in order) of dout[b, i]. */
+template <typename T>
+__global__ void add_bcast_dp_kernel(T *dp, const T *dout, int B, size_t tc)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < tc;
+         i += stride) {
+        float acc = kc_f(dp[i]);
+        for (int b = 0; b < B; b++)
+            acc += kc_f(dout[(size_t)b * tc + i]);
+        dp[i] = kc_to<T>(acc);
+    }
+}
+
+int kcuda_add_broadcast_forward(void *out, const void *a, const void *p,
+                                int B, int T, int C, kcuda_dtype dt,
+                                void *stream)
+{
+    cudaStream_t s = kcuda__stream(stream);
+    KCUDA_DT_OK(dt);
+    KCUDA_ARG(B >= 0 && T >= 0 && C >= 0, "add_broadcast: bad sizes");
+    size_t tc = (size_t)T * C, n = (size_t)B * tc;
+    if (n == 0)
+        return 0;
+    KCUDA_DISPATCH(dt, E, {
+        add_bcast_kernel<E><<<kcuda__blocks(n, 256), 256, 0, s>>>(
+            (E *)out, (const E *)a, (const E *)p, tc, n);
+        KCUDA_LAUNCHED("add_bcast_kernel");
+    });
+    return 0;
+}
+
+int kcuda_add_broadcast_backward(void *da, void *dp, const void *dout, int B,
+                                 int T, int C, kcuda_dtype dt, void *stream)
+{
+    cudaStream_t s = kcuda__stream(stream);
+    KCUDA_DT_OK(dt);
+    KCUDA_ARG(B >= 0 && T >= 0 && C >= 0, "add_broadcast: bad sizes");
+    size_t tc = (size_t)T * C;
+    if (da)
+        KCUDA_TRY(kcuda_add_backward(da, NULL, dout, (size_t)B * tc, dt,
+                                     stream));
+    if (dp && tc > 0) {
+        KCUDA_DISPATCH(dt, E, {
+            add_bcast_dp_kernel<E><<<kcuda__blocks(tc, 256), 256, 0, s>>>(
+                (E *)dp, (const E *)dout, B, tc);
+            KCUDA_LAUNCHED("add_bcast_dp_kernel");
+        });
+    }
+    return 0;
+}

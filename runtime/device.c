@@ -1,0 +1,216 @@
+/* device.c — the device calls (device.h): argument checks and dispatch
+ * through the backend's table, the out-of-memory message, and which device
+ * a process trains on.
+ *
+ * The backends are device_cpu.c and device_cuda.c; this file knows neither
+ * malloc nor CUDA.
+ */
+#include "device.h"
+
+#include <stdarg.h> /* va_list */
+#include <stdio.h>  /* snprintf, vsnprintf */
+#include <stdlib.h> /* calloc, free */
+
+mesh_status dev_fail(dev *d, mesh_status st, const char *fmt, ...)
+{
+    va_list ap;
+    int k = snprintf(d->error, sizeof d->error, "%s: ", d->name[0] ? d->name : d->v->name);
+    size_t at = k > 0 && (size_t)k < sizeof d->error ? (size_t)k : 0;
+    va_start(ap, fmt);
+    vsnprintf(d->error + at, sizeof d->error - at, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+mesh_status dev_open(mesh_device_kind kind, int index, dev **out, char *err, size_t n)
+{
+    char none[1];
+    if (!err || n == 0) err = none, n = sizeof none;
+    err[0] = '\0';
+    if (!out) return MESH_ERR_INVALID_ARG;
+    *out = NULL;
+    const dev_vtbl *v = kind == MESH_DEVICE_CPU ? &dev_cpu_vtbl : kind == MESH_DEVICE_CUDA ? &dev_cuda_vtbl : NULL;
+    if (!v) {
+        snprintf(err, n, "device kind %d is neither the CPU nor CUDA", (int)kind);
+        return MESH_ERR_INVALID_ARG;
+    }
+    if (index < 0 || (kind == MESH_DEVICE_CPU && index != 0)) {
+        snprintf(err, n, "%s: no device %d", v->name, index);
+        return MESH_ERR_INVALID_ARG;
+    }
+    dev *d = calloc(1, sizeof *d);
+    if (!d) {
+        snprintf(err, n, "out of memory");
+        return MESH_ERR_NOMEM;
+    }
+    d->v = v;
+    d->index = index;
+    mesh_status st = v->open(d);
+    if (st != MESH_OK) {
+        snprintf(err, n, "%s", d->error);
+        free(d);
+        return st;
+    }
+    *out = d;
+    return MESH_OK;
+}
+
+void dev_close(dev *d)
+{
+    if (!d) return;
+    if (d->v->close) d->v->close(d);
+    free(d);
+}
+
+const char *dev_last_error(const dev *d) { return d ? d->error : "no device"; }
+
+void dev_set_planned(dev *d, size_t bytes)
+{
+    if (d) d->planned = bytes;
+}
+
+void dev_oom_text(char *buf, size_t n, const char *call, size_t bytes, size_t planned, int have_info,
+                  size_t free_bytes, size_t total_bytes)
+{
+    char plan[80] = "", info[96] = "";
+    if (planned > 0) snprintf(plan, sizeof plan, "the plan predicts %zu bytes per rank", planned);
+    if (have_info) snprintf(info, sizeof info, "the device has %zu free of %zu", free_bytes, total_bytes);
+    const char *open = plan[0] || info[0] ? " (" : "", *close = plan[0] || info[0] ? ")" : "";
+    snprintf(buf, n, "%s%sout of device memory allocating %zu bytes%s%s%s%s%s", call ? call : "",
+             call && call[0] ? ": " : "", bytes, open, plan, plan[0] && info[0] ? "; " : "", info, close);
+}
+
+mesh_status dev_alloc(dev *d, void **p, size_t bytes)
+{
+    if (!d || !p) return MESH_ERR_INVALID_ARG;
+    *p = NULL;
+    if (bytes == 0) return MESH_OK;
+    mesh_status st = d->v->alloc(d, p, bytes);
+    if (st != MESH_ERR_NOMEM) return st;
+    /* the device is full: say how full, and what the plan expected */
+    size_t free_bytes = 0, total_bytes = 0;
+    int have_info = d->v->mem_info(d, &free_bytes, &total_bytes) == MESH_OK;
+    char text[400];
+    dev_oom_text(text, sizeof text, d->v->alloc_call, bytes, d->planned, have_info, free_bytes, total_bytes);
+    *p = NULL;
+    return dev_fail(d, MESH_ERR_NOMEM, "%s", text);
+}
+
+void dev_free(dev *d, void *p)
+{
+    if (d && p) d->v->free(d, p);
+}
+
+mesh_status dev_copy(dev *d, void *dst, const void *src, size_t bytes, dev_copy_kind kind, dev_stream *s)
+{
+    if (!d) return MESH_ERR_INVALID_ARG;
+    if (bytes == 0) return MESH_OK;
+    if (!dst || !src) return dev_fail(d, MESH_ERR_INVALID_ARG, "copy of %zu bytes: NULL buffer", bytes);
+    if (kind != DEV_HOST_TO_DEVICE && kind != DEV_DEVICE_TO_HOST && kind != DEV_DEVICE_TO_DEVICE)
+        return dev_fail(d, MESH_ERR_INVALID_ARG, "copy of %zu bytes: kind %d is not a direction", bytes, (int)kind);
+    return d->v->copy(d, dst, src, bytes, kind, s);
+}
+
+mesh_status dev_memset(dev *d, void *p, int byte, size_t bytes, dev_stream *s)
+{
+    if (!d) return MESH_ERR_INVALID_ARG;
+    if (bytes == 0) return MESH_OK;
+    if (!p) return dev_fail(d, MESH_ERR_INVALID_ARG, "memset of %zu bytes: NULL buffer", bytes);
+    return d->v->memset(d, p, byte, bytes, s);
+}
+
+mesh_status dev_stream_create(dev *d, dev_stream **s)
+{
+    if (!d || !s) return MESH_ERR_INVALID_ARG;
+    *s = NULL;
+    return d->v->stream_create(d, s);
+}
+
+void dev_stream_destroy(dev *d, dev_stream *s)
+{
+    if (d && s) d->v->stream_destroy(d, s);
+}
+
+mesh_status dev_stream_sync(dev *d, dev_stream *s)
+{
+    if (!d) return MESH_ERR_INVALID_ARG;
+    return d->v->stream_sync(d, s);
+}
+
+mesh_status dev_event_create(dev *d, dev_event **e)
+{
+    if (!d || !e) return MESH_ERR_INVALID_ARG;
+    *e = NULL;
+    return d->v->event_create(d, e);
+}
+
+void dev_event_destroy(dev *d, dev_event *e)
+{
+    if (d && e) d->v->event_destroy(d, e);
+}
+
+mesh_status dev_event_record(dev *d, dev_event *e, dev_stream *s)
+{
+    if (!d) return MESH_ERR_INVALID_ARG;
+    if (!e) return dev_fail(d, MESH_ERR_INVALID_ARG, "event record: NULL event");
+    return d->v->event_record(d, e, s);
+}
+
+mesh_status dev_event_query(dev *d, dev_event *e, int *done)
+{
+    if (!d || !done) return MESH_ERR_INVALID_ARG;
+    *done = 0;
+    if (!e) return dev_fail(d, MESH_ERR_INVALID_ARG, "event query: NULL event");
+    return d->v->event_query(d, e, done);
+}
+
+mesh_status dev_event_wait(dev *d, dev_stream *s, dev_event *e)
+{
+    if (!d) return MESH_ERR_INVALID_ARG;
+    if (!e) return dev_fail(d, MESH_ERR_INVALID_ARG, "event wait: NULL event");
+    return d->v->event_wait(d, s, e);
+}
+
+mesh_status dev_mem_info(dev *d, size_t *free_bytes, size_t *total_bytes)
+{
+    size_t f = 0, t = 0;
+    if (!d) return MESH_ERR_INVALID_ARG;
+    mesh_status st = d->v->mem_info(d, &f, &t);
+    if (free_bytes) *free_bytes = f;
+    if (total_bytes) *total_bytes = t;
+    return st;
+}
+
+/* ---- the choice of device ----------------------------------------------- */
+
+mesh_status dev_choose(mesh_device_kind asked, int gpu, const char *probe_text, mesh_device_kind *chosen,
+                       char *why, size_t n)
+{
+    char none[1];
+    const char *text = probe_text && probe_text[0] ? probe_text : "unknown";
+    if (!why || n == 0) why = none, n = sizeof none;
+    switch (asked) {
+    case MESH_DEVICE_AUTO:
+        /* the CUDA executor does not exist yet: a GPU, if any, stays idle */
+        if (gpu)
+            snprintf(why, n, "a GPU is present (%s), but training on it is not built yet: running on the CPU", text);
+        else
+            snprintf(why, n, "no GPU (%s): running on the CPU", text);
+        break;
+    case MESH_DEVICE_CPU:
+        snprintf(why, n, "the CPU was asked for: running on the CPU");
+        break;
+    case MESH_DEVICE_CUDA:
+        if (gpu)
+            snprintf(why, n, "--device cuda: the CUDA executor is not built yet: train with the CPU");
+        else
+            snprintf(why, n, "--device cuda: no GPU (%s)", text);
+        return MESH_ERR_UNSUPPORTED;
+    default:
+        snprintf(why, n, "device kind %d is not one of MESH_DEVICE_AUTO, MESH_DEVICE_CPU, MESH_DEVICE_CUDA",
+                 (int)asked);
+        return MESH_ERR_INVALID_ARG;
+    }
+    if (chosen) *chosen = MESH_DEVICE_CPU;
+    return MESH_OK;
+}

@@ -1,0 +1,562 @@
+/*
+ * gpu_bench.c: how fast the CUDA kernels run, next to what the hardware
+ * and NVIDIA's libraries give on the same shapes in the same run:
+ *
+ *  - GEMM, bf16 (fp32 accumulation): kcuda_matmul_forward next to a raw
+ *    cublasLtMatmul (its heuristic's first algorithm, chosen once) and
+ *    cublasGemmEx, on 4096^3 and GPT-2 124M's shapes (B*T = 8192 rows);
+ *  - causal attention, bf16, B=8 T=1024 H=12 d=64: forward and backward
+ *    TFLOP/s, counted as FlashAttention does (4 B H T^2 d / 2 forward,
+ *    2.5 times that backward; our backward does 3.5 times that work,
+ *    recomputing the scores in both of its kernels);
+ *  - memory-bound kernels over about 100M elements (layernorm, GELU,
+ *    AdamW, the fused cross-entropy) in GB/s of the bytes they must move,
+ *    next to a device-to-device cudaMemcpy (read + write).
+ *
+ * usage: gpu_bench [--json FILE] [--quick]
+ * Prints a table, then one line `JSON {...}` with the summary (also written
+ * to FILE). Each time is the best, over 3 runs, of the mean over a batch of
+ * launches timed with CUDA events. Without a GPU: `SKIP gpu: no GPU (...)`,
+ * exit 0.
+ */
+#include <stdarg.h> /* defines: va_list */
+#include <stdint.h> /* defines: uint64_t, int32_t */
+#include <stdio.h>  /* defines: printf, fprintf, FILE */
+#include <stdlib.h> /* defines: malloc, free, exit */
+#include <string.h> /* defines: strcmp, memset */
+
+#include <cublasLt.h>         /* defines: cublasLt* (the raw comparison) */
+#include <cublas_v2.h>        /* defines: cublasGemmEx */
+#include <cuda_runtime_api.h> /* defines: cudaMalloc, cudaEvent_t */
+
+#include "kcuda.h" /* defines: kcuda_* */
+
+static int quick;
+static kcuda_ctx *ctx;
+
+static void die(const char *what, const char *msg)
+{
+    fprintf(stderr, "gpu_bench: %s: %s\n", what, msg);
+    exit(1);
+}
+
+static void cuda(cudaError_t e, const char *what)
+{
+    if (e != cudaSuccess)
+        die(what, cudaGetErrorString(e));
+}
+
+static void kc(int rc, const char *what)
+{
+    if (rc != 0)
+        die(what, kcuda_last_error());
+}
+
+static void *dalloc(size_t bytes)
+{
+    void *p = NULL;
+    cuda(cudaMalloc(&p, bytes), "cudaMalloc");
+    return p;
+}
+
+/* ---- random device data ------------------------------------------------- */
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static float frand(void)
+{
+    rng ^= rng >> 12;
+    rng ^= rng << 25;
+    rng ^= rng >> 27;
+    uint64_t r = rng * 2685821657736338717ull;
+    return (float)((double)(r >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+}
+
+/* n elements of dt, uniform in [-scale, scale): a random block of up to 1M
+ * elements made on the host, repeated over the buffer. */
+static void *drand(size_t n, float scale, kcuda_dtype dt)
+{
+    size_t es = kcuda_dtype_size(dt), blk = n < (1u << 20) ? n : (1u << 20);
+    float *h = malloc(blk * sizeof *h);
+    void *d = dalloc(n * es), *tmp = dalloc(blk * 4);
+    if (!h)
+        die("malloc", "out of memory");
+    for (size_t i = 0; i < blk; i++)
+        h[i] = frand() * scale;
+    cuda(cudaMemcpy(tmp, h, blk * 4, cudaMemcpyHostToDevice), "upload");
+    for (size_t i = 0; i < n; i += blk) {
+        size_t len = n - i < blk ? n - i : blk;
+        kc(kcuda_convert((char *)d + i * es, dt, tmp, KCUDA_F32, len, NULL),
+           "kcuda_convert");
+    }
+    cuda(cudaDeviceSynchronize(), "fill");
+    cudaFree(tmp);
+    free(h);
+    return d;
+}
+
+/* ---- timing ------------------------------------------------------------- */
+
+typedef void (*bench_fn)(void *arg);
+
+/* Milliseconds per call: the best over 3 runs of the mean over `reps`
+ * calls, after warm-up calls. */
+static double time_ms(bench_fn fn, void *arg, int reps)
+{
+    cudaEvent_t a, b;
+    double best = 1e30;
+    cuda(cudaEventCreate(&a), "cudaEventCreate");
+    cuda(cudaEventCreate(&b), "cudaEventCreate");
+    for (int i = 0; i < 2; i++)
+        fn(arg);
+    cuda(cudaDeviceSynchronize(), "warm-up");
+    for (int run = 0; run < 3; run++) {
+        float ms = 0.0f;
+        cuda(cudaEventRecord(a, NULL), "cudaEventRecord");
+        for (int i = 0; i < reps; i++)
+            fn(arg);
+        cuda(cudaEventRecord(b, NULL), "cudaEventRecord");
+        cuda(cudaEventSynchronize(b), "cudaEventSynchronize");
+        cuda(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+        if (ms / reps < best)
+            best = ms / reps;
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return best;
+}
+
+/* ---- the JSON summary, built as we go ------------------------------------ */
+
+static char json[16384];
+static size_t jlen;
+
+static void jcat(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static void jcat(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(json + jlen, sizeof json - jlen, fmt, ap);
+    va_end(ap);
+    if (k > 0 && (size_t)k < sizeof json - jlen)
+        jlen += (size_t)k;
+}
+
+/* ---- GEMM ----------------------------------------------------------------- */
+
+typedef struct gemm_shape {
+    const char *name;
+    int M, K, N, wt; /* y[M,N] = x[M,K] @ w ([K,N], or [N,K] when wt) */
+} gemm_shape;
+
+typedef struct gemm_arg {
+    const gemm_shape *s;
+    void *x, *w, *y;
+    cublasHandle_t blas;
+    cublasLtHandle_t lt;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+    void *ws;
+    size_t ws_bytes;
+} gemm_arg;
+
+static void run_kcuda_gemm(void *p)
+{
+    gemm_arg *g = p;
+    const gemm_shape *s = g->s;
+    if (s->wt)
+        kc(kcuda_matmul_wt_forward(ctx, g->y, g->x, g->w, NULL, s->M, s->K,
+                                   s->N, KCUDA_BF16, NULL),
+           "kcuda_matmul_wt_forward");
+    else
+        kc(kcuda_matmul_forward(ctx, g->y, NULL, g->x, g->w, NULL, s->M, s->K,
+                                s->N, KCUDA_EPI_NONE, KCUDA_BF16, NULL),
+           "kcuda_matmul_forward");
+}
+
+static void run_cublas_gemm(void *p)
+{
+    gemm_arg *g = p;
+    const gemm_shape *s = g->s;
+    float one = 1.0f, zero = 0.0f;
+    /* row-major y = x w is column-major y^T = w^T x^T */
+    cublasStatus_t st = cublasGemmEx(
+        g->blas, s->wt ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, s->N, s->M,
+        s->K, &one, g->w, CUDA_R_16BF, s->wt ? s->K : s->N, g->x, CUDA_R_16BF,
+        s->K, &zero, g->y, CUDA_R_16BF, s->N, CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        die("cublasGemmEx", cublasGetStatusString(st));
+}
+
+static void run_lt_gemm(void *p)
+{
+    gemm_arg *g = p;
+    float one = 1.0f, zero = 0.0f;
+    cublasStatus_t st = cublasLtMatmul(g->lt, g->desc, &one, g->w, g->la, g->x,
+                                       g->lb, &zero, g->y, g->lc, g->y, g->lc,
+                                       &g->algo, g->ws, g->ws_bytes, NULL);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        die("cublasLtMatmul", cublasLtGetStatusString(st));
+}
+
+static void lt_check(cublasStatus_t st, const char *what)
+{
+    if (st != CUBLAS_STATUS_SUCCESS)
+        die(what, cublasLtGetStatusString(st));
+}
+
+/* The raw cuBLASLt call of a shape: descriptors and the heuristic's first
+ * algorithm, made once. */
+static void lt_setup(gemm_arg *g)
+{
+    const gemm_shape *s = g->s;
+    cublasOperation_t ta = s->wt ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    lt_check(cublasLtMatmulDescCreate(&g->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+             "cublasLtMatmulDescCreate");
+    lt_check(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                            &ta, sizeof ta), "TRANSA");
+    lt_check(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                            &tb, sizeof tb), "TRANSB");
+    lt_check(cublasLtMatrixLayoutCreate(&g->la, CUDA_R_16BF, s->wt ? s->K : s->N,
+                                        s->wt ? s->N : s->K, s->wt ? s->K : s->N),
+             "layout A");
+    lt_check(cublasLtMatrixLayoutCreate(&g->lb, CUDA_R_16BF, s->K, s->M, s->K),
+             "layout B");
+    lt_check(cublasLtMatrixLayoutCreate(&g->lc, CUDA_R_16BF, s->N, s->M, s->N),
+             "layout C");
+    lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    lt_check(cublasLtMatmulPreferenceSetAttribute(
+                 pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &g->ws_bytes,
+                 sizeof g->ws_bytes), "workspace");
+    lt_check(cublasLtMatmulAlgoGetHeuristic(g->lt, g->desc, g->la, g->lb, g->lc,
+                                            g->lc, pref, 1, &res, &found),
+             "heuristic");
+    if (found < 1)
+        die("cublasLtMatmulAlgoGetHeuristic", "no algorithm");
+    g->algo = res.algo;
+    cublasLtMatmulPreferenceDestroy(pref);
+}
+
+static void lt_teardown(gemm_arg *g)
+{
+    cublasLtMatrixLayoutDestroy(g->la);
+    cublasLtMatrixLayoutDestroy(g->lb);
+    cublasLtMatrixLayoutDestroy(g->lc);
+    cublasLtMatmulDescDestroy(g->desc);
+}
+
+static void bench_gemm(void)
+{
+    static const gemm_shape shapes[] = {
+        {"square 4096^3", 4096, 4096, 4096, 0},
+        {"gpt2 qkv 8192x768x2304", 8192, 768, 2304, 0},
+        {"gpt2 attn-proj 8192x768x768", 8192, 768, 768, 0},
+        {"gpt2 fc 8192x768x3072", 8192, 768, 3072, 0},
+        {"gpt2 fc-proj 8192x3072x768", 8192, 3072, 768, 0},
+        {"gpt2 lm-head 8192x768x50304 (w^T)", 8192, 768, 50304, 1},
+    };
+    gemm_arg g;
+    memset(&g, 0, sizeof g);
+    if (cublasCreate(&g.blas) != CUBLAS_STATUS_SUCCESS)
+        die("cublasCreate", "failed");
+    lt_check(cublasLtCreate(&g.lt), "cublasLtCreate");
+    g.ws_bytes = 32u << 20;
+    g.ws = dalloc(g.ws_bytes);
+    printf("\n%-36s %10s %10s %10s %10s\n", "GEMM bf16 (TFLOP/s)", "kcuda",
+           "cublasLt", "cublas", "kcuda/lt");
+    jcat("\"gemm\":[");
+    int nsh = quick ? 2 : (int)(sizeof shapes / sizeof shapes[0]);
+    for (int i = 0; i < nsh; i++) {
+        const gemm_shape *s = &shapes[i];
+        double flop = 2.0 * s->M * s->N * (double)s->K;
+        g.s = s;
+        g.x = drand((size_t)s->M * s->K, 1.0f, KCUDA_BF16);
+        g.w = drand((size_t)s->K * s->N, 1.0f, KCUDA_BF16);
+        g.y = dalloc((size_t)s->M * s->N * 2);
+        lt_setup(&g);
+        int reps = flop > 1e11 ? 20 : 50;
+        double tk = time_ms(run_kcuda_gemm, &g, reps);
+        double tl = time_ms(run_lt_gemm, &g, reps);
+        double tb = time_ms(run_cublas_gemm, &g, reps);
+        double fk = flop / tk / 1e9, fl = flop / tl / 1e9, fb = flop / tb / 1e9;
+        printf("%-36s %10.1f %10.1f %10.1f %9.0f%%\n", s->name, fk, fl, fb,
+               100.0 * fk / fl);
+        jcat("%s{\"name\":\"%s\",\"M\":%d,\"K\":%d,\"N\":%d,\"kcuda_tflops\":%.1f,"
+             "\"cublaslt_tflops\":%.1f,\"cublas_tflops\":%.1f}",
+             i ? "," : "", s->name, s->M, s->K, s->N, fk, fl, fb);
+        lt_teardown(&g);
+        cudaFree(g.x);
+        cudaFree(g.w);
+        cudaFree(g.y);
+    }
+    jcat("],");
+    cudaFree(g.ws);
+    cublasLtDestroy(g.lt);
+    cublasDestroy(g.blas);
+}
+
+/* ---- attention -------------------------------------------------------------- */
+
+typedef struct attn_arg {
+    int B, T, H, d;
+    kcuda_dtype dt;
+    void *q, *k, *v, *o, *dout, *dq, *dk, *dv;
+    float *lse;
+} attn_arg;
+
+static void run_attn_fwd(void *p)
+{
+    attn_arg *a = p;
+    kc(kcuda_attention_forward(a->o, a->lse, a->q, a->k, a->v, a->B, a->T, a->H,
+                               a->H, a->d, 1, a->dt, NULL),
+       "kcuda_attention_forward");
+}
+
+static void run_attn_bwd(void *p)
+{
+    attn_arg *a = p;
+    kc(kcuda_attention_backward(ctx, a->dq, a->dk, a->dv, a->dout, a->o, a->lse,
+                                a->q, a->k, a->v, a->B, a->T, a->H, a->H, a->d,
+                                1, a->dt, NULL),
+       "kcuda_attention_backward");
+}
+
+static void bench_attention(void)
+{
+    printf("\n%-36s %10s %10s %10s\n", "attention, causal (TFLOP/s)", "forward",
+           "backward", "fwd ms");
+    jcat("\"attention\":[");
+    for (int k = 0; k < 2; k++) {
+        attn_arg a = {8, 1024, 12, 64, k ? KCUDA_F32 : KCUDA_BF16,
+                      NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+        size_t n = (size_t)a.B * a.T * a.H * a.d;
+        a.q = drand(n, 1.0f, a.dt);
+        a.k = drand(n, 1.0f, a.dt);
+        a.v = drand(n, 1.0f, a.dt);
+        a.dout = drand(n, 1.0f, a.dt);
+        a.o = drand(n, 0.0f, a.dt);
+        a.dq = drand(n, 0.0f, a.dt);
+        a.dk = drand(n, 0.0f, a.dt);
+        a.dv = drand(n, 0.0f, a.dt);
+        a.lse = dalloc((size_t)a.B * a.H * a.T * 4);
+        double fwd = 4.0 * a.B * a.H * (double)a.T * a.T * a.d / 2.0;
+        double tf = time_ms(run_attn_fwd, &a, quick ? 5 : 20);
+        double tb = time_ms(run_attn_bwd, &a, quick ? 3 : 10);
+        const char *name = k ? "B8 T1024 H12 d64 fp32" : "B8 T1024 H12 d64 bf16";
+        printf("%-36s %10.1f %10.1f %10.3f\n", name, fwd / tf / 1e9,
+               2.5 * fwd / tb / 1e9, tf);
+        jcat("%s{\"name\":\"%s\",\"fwd_tflops\":%.1f,\"bwd_tflops\":%.1f,"
+             "\"fwd_ms\":%.3f,\"bwd_ms\":%.3f}",
+             k ? "," : "", name, fwd / tf / 1e9, 2.5 * fwd / tb / 1e9, tf, tb);
+        void *bufs[] = {a.q, a.k, a.v, a.o, a.dout, a.dq, a.dk, a.dv, a.lse};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            cudaFree(bufs[i]);
+    }
+    jcat("],");
+}
+
+/* ---- memory-bound kernels ---------------------------------------------------- */
+
+#define MEM_ROWS 131072 /* x 768 = 100.7M elements */
+#define MEM_C 768
+
+typedef struct mem_arg {
+    size_t n;
+    void *a, *b, *c, *w, *bias;
+    float *mean, *rstd, *p, *m, *v;
+    int32_t *targets;
+    int N, V, Vp;
+} mem_arg;
+
+static void run_copy16(void *p)
+{
+    mem_arg *m = p;
+    cuda(cudaMemcpyAsync(m->b, m->a, m->n * 2, cudaMemcpyDeviceToDevice, NULL),
+         "cudaMemcpyAsync");
+}
+
+static void run_ln_fwd(void *p)
+{
+    mem_arg *m = p;
+    kc(kcuda_layernorm_forward(m->b, m->mean, m->rstd, m->a, m->w, m->bias,
+                               MEM_ROWS, MEM_C, 1e-5f, KCUDA_BF16, NULL),
+       "kcuda_layernorm_forward");
+}
+
+static void run_ln_bwd(void *p)
+{
+    mem_arg *m = p;
+    kc(kcuda_layernorm_backward(ctx, m->c, NULL, NULL, m->b, m->a, m->w,
+                                m->mean, m->rstd, MEM_ROWS, MEM_C, KCUDA_BF16,
+                                NULL),
+       "kcuda_layernorm_backward");
+}
+
+static void run_gelu_fwd(void *p)
+{
+    mem_arg *m = p;
+    kc(kcuda_gelu_forward(m->b, m->a, m->n, KCUDA_BF16, NULL),
+       "kcuda_gelu_forward");
+}
+
+static void run_gelu_bwd(void *p)
+{
+    mem_arg *m = p;
+    kc(kcuda_gelu_backward(m->c, m->a, m->b, m->n, KCUDA_BF16, NULL),
+       "kcuda_gelu_backward");
+}
+
+static void run_adamw(void *p)
+{
+    mem_arg *m = p;
+    kc(kcuda_adamw_step(m->p, m->c, m->a, KCUDA_BF16, m->m, m->v, m->n, 1e-4f,
+                        0.9f, 0.95f, 1e-8f, 0.0f, 10, NULL),
+       "kcuda_adamw_step");
+}
+
+static void run_ce(void *p)
+{
+    mem_arg *m = p;
+    kc(kcuda_crossentropy_fused(m->mean, m->rstd, m->p, NULL, m->b, m->a,
+                                m->targets, 1.0f, m->N, m->V, m->Vp,
+                                KCUDA_BF16, NULL),
+       "kcuda_crossentropy_fused");
+}
+
+static void mem_row(const char *name, bench_fn fn, mem_arg *m, double bytes,
+                    double copy_gbps, int *first)
+{
+    double t = time_ms(fn, m, quick ? 3 : 10);
+    double gbps = bytes / t / 1e6;
+    printf("%-36s %10.3f %10.0f %9.0f%%\n", name, t, gbps,
+           100.0 * gbps / copy_gbps);
+    jcat("%s{\"name\":\"%s\",\"ms\":%.3f,\"gbps\":%.0f,\"of_copy\":%.2f}",
+         *first ? "" : ",", name, t, gbps, gbps / copy_gbps);
+    *first = 0;
+}
+
+static void bench_memory(void)
+{
+    mem_arg m;
+    memset(&m, 0, sizeof m);
+    m.n = (size_t)MEM_ROWS * MEM_C;
+    m.a = drand(m.n, 2.0f, KCUDA_BF16);
+    m.b = drand(m.n, 1.0f, KCUDA_BF16);
+    m.c = drand(m.n, 0.1f, KCUDA_BF16);
+    m.w = drand(MEM_C, 1.0f, KCUDA_BF16);
+    m.bias = drand(MEM_C, 1.0f, KCUDA_BF16);
+    m.mean = dalloc(MEM_ROWS * 4);
+    m.rstd = dalloc(MEM_ROWS * 4);
+    double n = (double)m.n;
+    printf("\n%-36s %10s %10s %10s\n", "memory-bound, bf16, 100.7M elements",
+           "ms", "GB/s", "of copy");
+    double tc = time_ms(run_copy16, &m, quick ? 3 : 10);
+    double copy_gbps = 2.0 * 2.0 * n / tc / 1e6;
+    printf("%-36s %10.3f %10.0f %9.0f%%\n", "cudaMemcpy D2D (read + write)", tc,
+           copy_gbps, 100.0);
+    jcat("\"memcpy_gbps\":%.0f,\"memory\":[", copy_gbps);
+    int first = 1;
+    /* bytes each kernel must move */
+    mem_row("layernorm fwd (x in, y out)", run_ln_fwd, &m, 4.0 * n, copy_gbps,
+            &first);
+    mem_row("layernorm bwd dx (4 + 2 passes)", run_ln_bwd, &m, 12.0 * n,
+            copy_gbps, &first);
+    mem_row("gelu fwd", run_gelu_fwd, &m, 4.0 * n, copy_gbps, &first);
+    mem_row("gelu bwd (x, dout, dx rw)", run_gelu_bwd, &m, 8.0 * n, copy_gbps,
+            &first);
+    /* AdamW over 100.7M parameters: p, m, v fp32 read+write, bf16 grads
+     * read, bf16 weights written: 28 bytes each */
+    m.p = drand(m.n, 1.0f, KCUDA_F32);
+    m.m = drand(m.n, 0.01f, KCUDA_F32);
+    m.v = drand(m.n, 0.0f, KCUDA_F32);
+    mem_row("adamw (fp32 master, bf16 grads)", run_adamw, &m, 28.0 * n,
+            copy_gbps, &first);
+    cudaFree(m.p);
+    cudaFree(m.m);
+    cudaFree(m.v);
+    /* fused cross-entropy: 8192 rows of GPT-2's padded vocabulary; logits
+     * read twice (the second time mostly from L2), dlogits read + written */
+    cudaFree(m.a);
+    cudaFree(m.b);
+    cudaFree(m.c);
+    cudaFree(m.mean);
+    cudaFree(m.rstd);
+    m.N = 8192;
+    m.V = 50257;
+    m.Vp = 50304;
+    {
+        int32_t *t = malloc((size_t)m.N * sizeof *t);
+        if (!t)
+            die("malloc", "out of memory");
+        for (int i = 0; i < m.N; i++)
+            t[i] = (int32_t)((frand() + 1.0f) * 0.5f * (float)(m.V - 1));
+        m.targets = dalloc((size_t)m.N * 4);
+        cuda(cudaMemcpy(m.targets, t, (size_t)m.N * 4, cudaMemcpyHostToDevice),
+             "upload");
+        free(t);
+        size_t cells = (size_t)m.N * m.Vp;
+        m.a = drand(cells, 4.0f, KCUDA_BF16); /* logits */
+        m.b = drand(cells, 0.0f, KCUDA_BF16); /* dlogits */
+        m.mean = dalloc((size_t)m.N * 4);
+        m.rstd = dalloc((size_t)m.N * 4);
+        m.p = dalloc((size_t)m.N * 4);
+        mem_row("crossentropy fused (8192 x 50304)", run_ce, &m,
+                6.0 * (double)cells, copy_gbps, &first);
+        cudaFree(m.a);
+        cudaFree(m.b);
+        cudaFree(m.mean);
+        cudaFree(m.rstd);
+        cudaFree(m.p);
+        cudaFree(m.targets);
+    }
+    cudaFree(m.w);
+    cudaFree(m.bias);
+    jcat("]");
+}
+
+int main(int argc, char **argv)
+{
+    char why[256];
+    const char *json_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
+            json_path = argv[++i];
+        else if (strcmp(argv[i], "--quick") == 0)
+            quick = 1;
+        else {
+            fprintf(stderr, "usage: gpu_bench [--json FILE] [--quick]\n");
+            return 2;
+        }
+    }
+    if (!kcuda_available(why, sizeof why)) {
+        printf("SKIP gpu: no GPU (%s)\n", why);
+        return 0;
+    }
+    kc(kcuda_ctx_create(&ctx), "kcuda_ctx_create");
+    struct cudaDeviceProp prop;
+    cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    printf("gpu_bench: %s, sm_%d%d, %d SMs, %.0f GiB\n", prop.name, prop.major,
+           prop.minor, prop.multiProcessorCount,
+           (double)prop.totalGlobalMem / (1u << 30));
+    jcat("{\"device\":\"%s\",\"sms\":%d,", prop.name, prop.multiProcessorCount);
+    bench_gemm();
+    bench_attention();
+    bench_memory();
+    jcat("}");
+    printf("\nJSON %s\n", json);
+    if (json_path) {
+        FILE *f = fopen(json_path, "w");
+        if (!f)
+            die(json_path, "cannot write");
+        fprintf(f, "%s\n", json);
+        fclose(f);
+    }
+    kcuda_ctx_free(ctx);
+    return 0;
+}

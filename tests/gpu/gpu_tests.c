@@ -1,0 +1,1142 @@
+/*
+ * gpu_tests.c: every CUDA kernel (kernels/cuda, kcuda.h) against the CPU
+ * reference (kernels/cpu, kcpu.h) on the same random inputs, forward and
+ * backward, in fp32 and bf16.
+ *
+ * usage: gpu_tests [SUBSTRING...]   (no arguments: every case, in order)
+ *
+ * Output is TAP-like, as the unit tests': `ok N - name (err E, tol T)` or
+ * `not ok N - name ...` (details on stderr, prefixed "# "), then
+ * `# N passed, N failed`. The error of a tensor is its largest absolute
+ * difference over its largest reference magnitude; the tolerance is 1e-5
+ * in fp32 and 2e-2 in bf16 (where the inputs are rounded to bf16 first and
+ * the CPU runs on the rounded values), 0 where the GPU promises the CPU's
+ * bits (AdamW, integer routing arrays). Cases that promise determinism run
+ * twice and compare the bits.
+ *
+ * Without a usable GPU (no driver, no device: kcuda_available says why) it
+ * prints `SKIP gpu: no GPU (<reason>)` and exits 0. Exit status: 0 when all
+ * passed, 1 if any failed.
+ */
+#include <math.h>   /* defines: fabs, isnan, INFINITY */
+#include <stdint.h> /* defines: uint16_t, uint32_t, uint64_t, int32_t */
+#include <stdio.h>  /* defines: printf, fprintf */
+#include <stdlib.h> /* defines: malloc, free, exit */
+#include <string.h> /* defines: memcpy, memcmp, strstr */
+
+#include <cuda_runtime_api.h> /* defines: cudaMalloc, cudaMemcpy, cudaFree */
+
+#include "kcpu.h"  /* defines: kcpu_* (the reference) */
+#include "kcuda.h" /* defines: kcuda_* */
+
+/* ---- the current case -------------------------------------------------- */
+
+static int cur_bad;          /* a check or a call failed */
+static double cur_err;       /* the largest error seen */
+static double cur_tol;       /* the case's tolerance */
+static kcuda_ctx *ctx;       /* one context for every case */
+
+#define TOL_F32 1e-5
+#define TOL_BF16 2e-2
+
+static double tol_of(kcuda_dtype dt)
+{
+    return dt == KCUDA_BF16 ? TOL_BF16 : TOL_F32;
+}
+
+/* Fail the case when a kcuda call returns non-zero (and leave it). */
+#define KC(call)                                                               \
+    do {                                                                       \
+        int kc_rc_ = (call);                                                   \
+        if (kc_rc_ != 0) {                                                     \
+            fprintf(stderr, "# %s:%d: %s returned %d: %s\n", __FILE__,         \
+                    __LINE__, #call, kc_rc_, kcuda_last_error());              \
+            cur_bad = 1;                                                       \
+            return;                                                            \
+        }                                                                      \
+    } while (0)
+
+/* The same for a CUDA runtime call; exits on failure (setup only). */
+static void cuda_or_die(cudaError_t e, const char *what)
+{
+    if (e != cudaSuccess) {
+        fprintf(stderr, "# %s: %s\n", what, cudaGetErrorString(e));
+        exit(1);
+    }
+}
+
+/* ---- host and device buffers, freed after each case --------------------- */
+
+enum { MAX_BUFS = 256 };
+static void *hbufs[MAX_BUFS], *dbufs[MAX_BUFS];
+static int nh, nd;
+
+static void *hmem(size_t bytes)
+{
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (!p || nh == MAX_BUFS) {
+        fprintf(stderr, "# out of host buffers\n");
+        exit(1);
+    }
+    hbufs[nh++] = p;
+    return p;
+}
+
+static float *hf(size_t n)
+{
+    return hmem(n * sizeof(float));
+}
+
+static void *dmem(size_t bytes)
+{
+    void *p = NULL;
+    cuda_or_die(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc");
+    cuda_or_die(cudaMemset(p, 0, bytes ? bytes : 1), "cudaMemset");
+    if (nd == MAX_BUFS) {
+        fprintf(stderr, "# out of device buffers\n");
+        exit(1);
+    }
+    dbufs[nd++] = p;
+    return p;
+}
+
+static void free_all(void)
+{
+    while (nh > 0)
+        free(hbufs[--nh]);
+    while (nd > 0)
+        cudaFree(dbufs[--nd]);
+}
+
+/* ---- random numbers and bf16 on the host -------------------------------- */
+
+static uint64_t rng = 88172645463325252ull;
+
+/* xorshift64*: uniform in [-1, 1). */
+static float frand(void)
+{
+    rng ^= rng >> 12;
+    rng ^= rng << 25;
+    rng ^= rng >> 27;
+    uint64_t r = rng * 2685821657736338717ull;
+    return (float)((double)(r >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+}
+
+static int irand(int n)
+{
+    float u = (frand() + 1.0f) * 0.5f;
+    int k = (int)(u * (float)n);
+    return k < 0 ? 0 : k >= n ? n - 1 : k;
+}
+
+static uint16_t f2bf(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN stays NaN */
+        return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+static float bf2f(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* x[n] uniform in [-scale, scale), rounded to dt's precision. */
+static float *rnd(size_t n, float scale, kcuda_dtype dt)
+{
+    float *x = hf(n);
+    for (size_t i = 0; i < n; i++) {
+        x[i] = frand() * scale;
+        if (dt == KCUDA_BF16)
+            x[i] = bf2f(f2bf(x[i]));
+    }
+    return x;
+}
+
+/* A device copy of x[n] stored in dt. */
+static void *up(const float *x, size_t n, kcuda_dtype dt)
+{
+    void *d = dmem(n * kcuda_dtype_size(dt));
+    if (dt == KCUDA_BF16) {
+        uint16_t *h = hmem(n * sizeof *h);
+        for (size_t i = 0; i < n; i++)
+            h[i] = f2bf(x[i]);
+        cuda_or_die(cudaMemcpy(d, h, n * 2, cudaMemcpyHostToDevice), "upload");
+    } else {
+        cuda_or_die(cudaMemcpy(d, x, n * 4, cudaMemcpyHostToDevice), "upload");
+    }
+    return d;
+}
+
+static void *up_i32(const int32_t *x, size_t n)
+{
+    void *d = dmem(n * sizeof *x);
+    cuda_or_die(cudaMemcpy(d, x, n * sizeof *x, cudaMemcpyHostToDevice),
+                "upload");
+    return d;
+}
+
+/* The device tensor d[n] (in dt) as floats; waits for the device. */
+static float *down(const void *d, size_t n, kcuda_dtype dt)
+{
+    float *x = hf(n);
+    cuda_or_die(cudaDeviceSynchronize(), "kernel");
+    if (dt == KCUDA_BF16) {
+        uint16_t *h = hmem(n * sizeof *h);
+        cuda_or_die(cudaMemcpy(h, d, n * 2, cudaMemcpyDeviceToHost), "download");
+        for (size_t i = 0; i < n; i++)
+            x[i] = bf2f(h[i]);
+    } else {
+        cuda_or_die(cudaMemcpy(x, d, n * 4, cudaMemcpyDeviceToHost), "download");
+    }
+    return x;
+}
+
+static void *down_raw(const void *d, size_t bytes)
+{
+    void *h = hmem(bytes);
+    cuda_or_die(cudaDeviceSynchronize(), "kernel");
+    cuda_or_die(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost), "download");
+    return h;
+}
+
+/* ---- checks ------------------------------------------------------------- */
+
+/* max |got - want| / max |want| (0 for an all-zero want equal to got). */
+static double rel_err(const float *got, const float *want, size_t n)
+{
+    double diff = 0.0, mag = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double dd = fabs((double)got[i] - (double)want[i]);
+        if (isnan(got[i]) != isnan(want[i]) || isnan(dd))
+            return INFINITY;
+        diff = dd > diff ? dd : diff;
+        mag = fabs((double)want[i]) > mag ? fabs((double)want[i]) : mag;
+    }
+    if (diff == 0.0)
+        return 0.0;
+    return mag > 0.0 ? diff / mag : INFINITY;
+}
+
+static void note(double e)
+{
+    if (e > cur_err || isnan(e))
+        cur_err = e;
+}
+
+/* got[n] against want[n] within the case's tolerance. */
+static void expect(const char *what, const float *got, const float *want,
+                   size_t n)
+{
+    double e = rel_err(got, want, n);
+    note(e);
+    if (!(e <= cur_tol)) {
+        cur_bad = 1;
+        fprintf(stderr, "# %s: error %.3g over tolerance %.3g\n", what, e,
+                cur_tol);
+        for (size_t i = 0, shown = 0; i < n && shown < 3; i++)
+            if (fabs((double)got[i] - want[i]) > cur_tol * fabs((double)want[i]) + 1e-30) {
+                fprintf(stderr, "#   [%zu] got %.8g want %.8g\n", i, got[i],
+                        want[i]);
+                shown++;
+            }
+    }
+}
+
+/* The device tensor d against want. */
+static void expect_dev(const char *what, const void *d, const float *want,
+                       size_t n, kcuda_dtype dt)
+{
+    expect(what, down(d, n, dt), want, n);
+}
+
+/* Bit for bit. */
+static void expect_bits(const char *what, const void *got, const void *want,
+                        size_t bytes)
+{
+    if (memcmp(got, want, bytes) != 0) {
+        cur_bad = 1;
+        fprintf(stderr, "# %s: not the same bits\n", what);
+    }
+}
+
+static void expect_ints(const char *what, const int *got, const int *want,
+                        size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i]) {
+            cur_bad = 1;
+            fprintf(stderr, "# %s: [%zu] got %d want %d\n", what, i, got[i],
+                    want[i]);
+            return;
+        }
+}
+
+/* A device copy of the device tensor d (n elements of dt) taken now. */
+static void *snapshot(const void *d, size_t n, kcuda_dtype dt)
+{
+    return down_raw(d, n * kcuda_dtype_size(dt));
+}
+
+/* ---- cases: matmul -------------------------------------------------------- */
+
+static void matmul_case(kcuda_dtype dt, int M, int K, int N, int wt,
+                        int bias, int gelu)
+{
+    float *x = rnd((size_t)M * K, 1.0f, dt), *w = rnd((size_t)K * N, 0.5f, dt);
+    float *b = bias ? rnd((size_t)N, 0.5f, dt) : NULL;
+    float *y = hf((size_t)M * N), *pre = hf((size_t)M * N);
+    void *dx = up(x, (size_t)M * K, dt), *dw = up(w, (size_t)K * N, dt);
+    void *db = bias ? up(b, (size_t)N, dt) : NULL;
+    void *dy = dmem((size_t)M * N * 4), *dpre = dmem((size_t)M * N * 4);
+    if (wt) {
+        KC(kcuda_matmul_wt_forward(ctx, dy, dx, dw, db, M, K, N, dt, NULL));
+        kcpu_matmul_wt_forward(y, x, w, b, M, K, N);
+    } else {
+        KC(kcuda_matmul_forward(ctx, dy, dpre, dx, dw, db, M, K, N,
+                                gelu ? KCUDA_EPI_GELU : KCUDA_EPI_NONE, dt,
+                                NULL));
+        kcpu_matmul_forward(pre, x, w, b, M, K, N);
+        if (gelu) {
+            expect_dev("pre", dpre, pre, (size_t)M * N, dt);
+            kcpu_gelu_forward(y, pre, (size_t)M * N);
+        } else {
+            memcpy(y, pre, (size_t)M * N * sizeof *y);
+        }
+    }
+    expect_dev("y", dy, y, (size_t)M * N, dt);
+    if (gelu)
+        return;
+    /* backward, into gradients that already hold values */
+    float *g = rnd((size_t)M * N, 1.0f, dt);
+    float *gx = rnd((size_t)M * K, 0.5f, dt), *gw = rnd((size_t)K * N, 0.5f, dt);
+    float *gb = rnd((size_t)N, 0.5f, dt);
+    void *dg = up(g, (size_t)M * N, dt), *dgx = up(gx, (size_t)M * K, dt);
+    void *dgw = up(gw, (size_t)K * N, dt), *dgb = up(gb, (size_t)N, dt);
+    if (wt) {
+        KC(kcuda_matmul_wt_backward(ctx, dgx, dgw, dgb, dg, dx, dw, M, K, N,
+                                    dt, NULL));
+        kcpu_matmul_wt_backward(gx, gw, gb, g, x, w, M, K, N);
+    } else {
+        KC(kcuda_matmul_backward(ctx, dgx, dgw, dgb, dg, dx, dw, M, K, N, dt,
+                                 NULL));
+        kcpu_matmul_backward(gx, gw, gb, g, x, w, M, K, N);
+    }
+    expect_dev("dx", dgx, gx, (size_t)M * K, dt);
+    expect_dev("dw", dgw, gw, (size_t)K * N, dt);
+    expect_dev("dbias", dgb, gb, (size_t)N, dt);
+}
+
+static void t_matmul(kcuda_dtype dt)
+{
+    matmul_case(dt, 67, 45, 33, 0, 1, 0);
+    matmul_case(dt, 64, 96, 128, 0, 0, 0);
+    matmul_case(dt, 300, 64, 40, 0, 1, 0); /* dbias over two row chunks */
+}
+
+static void t_matmul_gelu(kcuda_dtype dt)
+{
+    matmul_case(dt, 64, 96, 128, 0, 1, 1); /* cuBLASLt's fused epilogue */
+    matmul_case(dt, 37, 20, 33, 0, 1, 1);  /* N % 8 != 0: the fallback */
+    matmul_case(dt, 32, 16, 64, 0, 0, 1);
+}
+
+static void t_matmul_wt(kcuda_dtype dt)
+{
+    matmul_case(dt, 67, 45, 33, 1, 1, 0);
+    matmul_case(dt, 64, 96, 128, 1, 0, 0);
+}
+
+/* ---- cases: norms ------------------------------------------------------- */
+
+static void norm_case(kcuda_dtype dt, int rows, int C, int rms, int add)
+{
+    size_t n = (size_t)rows * C;
+    float eps = 1e-5f;
+    float *a = rnd(n, 2.0f, dt), *b = rnd(n, 1.0f, dt);
+    float *w = rnd((size_t)C, 1.0f, dt), *bias = rnd((size_t)C, 0.5f, dt);
+    float *x = a, *res = NULL;
+    void *da = up(a, n, dt), *dbb = up(b, n, dt), *dw = up(w, (size_t)C, dt);
+    void *dbias = up(bias, (size_t)C, dt), *dres = dmem(n * 4);
+    void *dout = dmem(n * 4);
+    float *dmean = dmem((size_t)rows * 4), *drstd = dmem((size_t)rows * 4);
+    float *out = hf(n), *mean = hf((size_t)rows), *rstd = hf((size_t)rows);
+    if (add) { /* the residual sum as stored */
+        res = hf(n);
+        kcpu_add_forward(res, a, b, n);
+        for (size_t i = 0; i < n && dt == KCUDA_BF16; i++)
+            res[i] = bf2f(f2bf(res[i]));
+        x = res;
+    }
+    if (rms) {
+        if (add)
+            KC(kcuda_add_rmsnorm_forward(dres, dout, drstd, da, dbb, dw, rows,
+                                         C, eps, dt, NULL));
+        else
+            KC(kcuda_rmsnorm_forward(dout, drstd, da, dw, rows, C, eps, dt,
+                                     NULL));
+        kcpu_rmsnorm_forward(out, rstd, x, w, rows, C, eps);
+    } else {
+        if (add)
+            KC(kcuda_add_layernorm_forward(dres, dout, dmean, drstd, da, dbb,
+                                           dw, dbias, rows, C, eps, dt, NULL));
+        else
+            KC(kcuda_layernorm_forward(dout, dmean, drstd, da, dw, dbias, rows,
+                                       C, eps, dt, NULL));
+        kcpu_layernorm_forward(out, mean, rstd, x, w, bias, rows, C, eps);
+        expect_dev("mean", dmean, mean, (size_t)rows, KCUDA_F32);
+    }
+    if (add)
+        expect_dev("res", dres, res, n, dt);
+    expect_dev("rstd", drstd, rstd, (size_t)rows, KCUDA_F32);
+    expect_dev("out", dout, out, n, dt);
+    if (add)
+        return;
+    /* backward from the saved statistics, each implementation its own */
+    float *g = rnd(n, 1.0f, dt), *gx = rnd(n, 0.5f, dt);
+    float *gw = rnd((size_t)C, 0.5f, dt), *gb = rnd((size_t)C, 0.5f, dt);
+    void *dg = up(g, n, dt), *dgx = up(gx, n, dt), *dgw = up(gw, (size_t)C, dt);
+    void *dgb = up(gb, (size_t)C, dt);
+    void *gw0 = snapshot(dgw, (size_t)C, dt);
+    if (rms) {
+        KC(kcuda_rmsnorm_backward(ctx, dgx, dgw, dg, da, dw, drstd, rows, C,
+                                  dt, NULL));
+        kcpu_rmsnorm_backward(gx, gw, g, x, w, rstd, rows, C);
+    } else {
+        KC(kcuda_layernorm_backward(ctx, dgx, dgw, dgb, dg, da, dw, dmean,
+                                    drstd, rows, C, dt, NULL));
+        kcpu_layernorm_backward(gx, gw, gb, g, x, w, mean, rstd, rows, C);
+        expect_dev("db", dgb, gb, (size_t)C, dt);
+    }
+    expect_dev("dx", dgx, gx, n, dt);
+    expect_dev("dw", dgw, gw, (size_t)C, dt);
+    /* the same call on the same inputs gives the same bits */
+    void *first = snapshot(dgw, (size_t)C, dt);
+    cuda_or_die(cudaMemcpy(dgw, gw0, (size_t)C * kcuda_dtype_size(dt),
+                           cudaMemcpyHostToDevice), "upload");
+    if (rms)
+        KC(kcuda_rmsnorm_backward(ctx, NULL, dgw, dg, da, dw, drstd, rows, C,
+                                  dt, NULL));
+    else
+        KC(kcuda_layernorm_backward(ctx, NULL, dgw, NULL, dg, da, dw, dmean,
+                                    drstd, rows, C, dt, NULL));
+    expect_bits("dw twice", snapshot(dgw, (size_t)C, dt), first,
+                (size_t)C * kcuda_dtype_size(dt));
+}
+
+static void t_layernorm(kcuda_dtype dt)
+{
+    norm_case(dt, 37, 96, 0, 0);
+    norm_case(dt, 300, 75, 0, 0); /* rows not in packs; two row chunks */
+}
+
+static void t_rmsnorm(kcuda_dtype dt)
+{
+    norm_case(dt, 37, 96, 1, 0);
+    norm_case(dt, 300, 75, 1, 0);
+}
+
+static void t_add_layernorm(kcuda_dtype dt)
+{
+    norm_case(dt, 37, 96, 0, 1);
+    norm_case(dt, 9, 75, 0, 1);
+}
+
+static void t_add_rmsnorm(kcuda_dtype dt)
+{
+    norm_case(dt, 37, 96, 1, 1);
+    norm_case(dt, 9, 75, 1, 1);
+}
+
+/* ---- cases: elementwise ------------------------------------------------- */
+
+enum { ACT_GELU, ACT_SILU, ACT_SWIGLU };
+
+static void act_case(kcuda_dtype dt, int kind, size_t n)
+{
+    float *x = rnd(n, 4.0f, dt), *u = rnd(n, 2.0f, dt), *y = hf(n);
+    void *dx = up(x, n, dt), *du = up(u, n, dt), *dy = dmem(n * 4);
+    if (kind == ACT_GELU) {
+        KC(kcuda_gelu_forward(dy, dx, n, dt, NULL));
+        kcpu_gelu_forward(y, x, n);
+    } else if (kind == ACT_SILU) {
+        KC(kcuda_silu_forward(dy, dx, n, dt, NULL));
+        kcpu_silu_forward(y, x, n);
+    } else {
+        KC(kcuda_swiglu_forward(dy, dx, du, n, dt, NULL));
+        kcpu_swiglu_forward(y, x, u, n);
+    }
+    expect_dev("out", dy, y, n, dt);
+    float *g = rnd(n, 1.0f, dt), *gx = rnd(n, 0.5f, dt), *gu = rnd(n, 0.5f, dt);
+    void *dg = up(g, n, dt), *dgx = up(gx, n, dt), *dgu = up(gu, n, dt);
+    if (kind == ACT_GELU) {
+        KC(kcuda_gelu_backward(dgx, dx, dg, n, dt, NULL));
+        kcpu_gelu_backward(gx, x, g, n);
+    } else if (kind == ACT_SILU) {
+        KC(kcuda_silu_backward(dgx, dx, dg, n, dt, NULL));
+        kcpu_silu_backward(gx, x, g, n);
+    } else {
+        KC(kcuda_swiglu_backward(dgx, dgu, dg, dx, du, n, dt, NULL));
+        kcpu_swiglu_backward(gx, gu, g, x, u, n);
+        expect_dev("dup", dgu, gu, n, dt);
+    }
+    expect_dev("dx", dgx, gx, n, dt);
+    /* in place: out aliases the input */
+    KC(kcuda_gelu_forward(dx, dx, n, dt, NULL));
+    kcpu_gelu_forward(x, x, n);
+    expect_dev("in place", dx, x, n, dt);
+}
+
+static void t_gelu(kcuda_dtype dt)
+{
+    act_case(dt, ACT_GELU, 1003);
+    act_case(dt, ACT_GELU, 8);
+}
+
+static void t_silu(kcuda_dtype dt)
+{
+    act_case(dt, ACT_SILU, 1003);
+}
+
+static void t_swiglu(kcuda_dtype dt)
+{
+    act_case(dt, ACT_SWIGLU, 1003);
+    /* one gradient at a time */
+    size_t n = 77;
+    float *x = rnd(n, 3.0f, dt), *u = rnd(n, 2.0f, dt), *g = rnd(n, 1.0f, dt);
+    float *gu = rnd(n, 0.5f, dt);
+    void *dx = up(x, n, dt), *du = up(u, n, dt), *dg = up(g, n, dt);
+    void *dgu = up(gu, n, dt);
+    KC(kcuda_swiglu_backward(NULL, dgu, dg, dx, du, n, dt, NULL));
+    kcpu_swiglu_backward(NULL, gu, g, x, u, n);
+    expect_dev("dup only", dgu, gu, n, dt);
+}
+
+static void t_add(kcuda_dtype dt)
+{
+    size_t n = 1003;
+    float *a = rnd(n, 1.0f, dt), *b = rnd(n, 1.0f, dt), *y = hf(n);
+    void *da = up(a, n, dt), *db = up(b, n, dt), *dy = dmem(n * 4);
+    KC(kcuda_add_forward(dy, da, db, n, dt, NULL));
+    kcpu_add_forward(y, a, b, n);
+    expect_dev("out", dy, y, n, dt);
+    float *g = rnd(n, 1.0f, dt), *ga = rnd(n, 1.0f, dt), *gb = rnd(n, 1.0f, dt);
+    void *dg = up(g, n, dt), *dga = up(ga, n, dt), *dgb = up(gb, n, dt);
+    KC(kcuda_add_backward(dga, dgb, dg, n, dt, NULL));
+    kcpu_add_backward(ga, gb, g, n);
+    expect_dev("da", dga, ga, n, dt);
+    expect_dev("db", dgb, gb, n, dt);
+    /* broadcast (a position embedding; T = 1 is a bias) */
+    int B = 3, T = 5, C = 7;
+    for (int t1 = 0; t1 < 2; t1++) {
+        int TT = t1 ? 1 : T;
+        size_t all = (size_t)B * TT * C, tc = (size_t)TT * C;
+        float *x = rnd(all, 1.0f, dt), *p = rnd(tc, 1.0f, dt), *o = hf(all);
+        void *dxx = up(x, all, dt), *dp = up(p, tc, dt), *dout = dmem(all * 4);
+        KC(kcuda_add_broadcast_forward(dout, dxx, dp, B, TT, C, dt, NULL));
+        kcpu_add_broadcast_forward(o, x, p, B, TT, C);
+        expect_dev("broadcast out", dout, o, all, dt);
+        float *gg = rnd(all, 1.0f, dt), *gx = rnd(all, 1.0f, dt);
+        float *gp = rnd(tc, 1.0f, dt);
+        void *dgg = up(gg, all, dt), *dgx = up(gx, all, dt), *dgp = up(gp, tc, dt);
+        KC(kcuda_add_broadcast_backward(dgx, dgp, dgg, B, TT, C, dt, NULL));
+        kcpu_add_broadcast_backward(gx, gp, gg, B, TT, C);
+        expect_dev("broadcast da", dgx, gx, all, dt);
+        float *got = down(dgp, tc, dt);
+        expect("broadcast dp", got, gp, tc);
+        if (dt == KCUDA_F32) /* the CPU's additions, in its order */
+            expect_bits("broadcast dp = kcpu's bits", got, gp, tc * 4);
+    }
+}
+
+/* ---- cases: rope -------------------------------------------------------- */
+
+static void t_rope(kcuda_dtype dt)
+{
+    int B = 2, T = 9, H = 3, d = 16, pos0 = 3;
+    float theta = 10000.0f;
+    size_t n = (size_t)B * T * H * d;
+    float *x = rnd(n, 1.0f, dt), *y = hf(n);
+    void *dx = up(x, n, dt), *dy = dmem(n * 4);
+    KC(kcuda_rope_forward(dy, dx, B, T, H, d, theta, pos0, dt, NULL));
+    kcpu_rope_forward(y, x, B, T, H, d, theta, pos0);
+    expect_dev("out", dy, y, n, dt);
+    float *g = rnd(n, 1.0f, dt), *gx = rnd(n, 1.0f, dt);
+    void *dg = up(g, n, dt), *dgx = up(gx, n, dt);
+    KC(kcuda_rope_backward(dgx, dg, B, T, H, d, theta, pos0, dt, NULL));
+    kcpu_rope_backward(gx, g, B, T, H, d, theta, pos0);
+    expect_dev("dx", dgx, gx, n, dt);
+    KC(kcuda_rope_forward(dx, dx, B, T, H, d, theta, pos0, dt, NULL));
+    expect_dev("in place", dx, y, n, dt);
+}
+
+/* ---- cases: embedding --------------------------------------------------- */
+
+static void embed_case(kcuda_dtype dt, int n, int V, int C, int row0,
+                       int rows)
+{
+    int32_t *ids = hmem((size_t)n * sizeof *ids);
+    for (int i = 0; i < n; i++)
+        ids[i] = i % 7 == 3 ? ids[i / 2] : irand(V); /* repeats */
+    float *table = rnd((size_t)rows * C, 1.0f, dt), *out = hf((size_t)n * C);
+    void *dids = up_i32(ids, (size_t)n), *dtab = up(table, (size_t)rows * C, dt);
+    void *dout = dmem((size_t)n * C * 4);
+    KC(kcuda_embedding_rows_forward(dout, dids, dtab, n, row0, rows, C, dt,
+                                    NULL));
+    kcpu_embedding_rows_forward(out, ids, table, n, row0, rows, C);
+    expect_dev("out", dout, out, (size_t)n * C, dt);
+    float *g = rnd((size_t)n * C, 1.0f, dt);
+    float *gt = rnd((size_t)rows * C, 1.0f, dt);
+    void *dg = up(g, (size_t)n * C, dt), *dgt = up(gt, (size_t)rows * C, dt);
+    void *gt0 = snapshot(dgt, (size_t)rows * C, dt);
+    KC(kcuda_embedding_rows_backward(ctx, dgt, dg, dids, n, row0, rows, C, dt,
+                                     NULL));
+    kcpu_embedding_rows_backward(gt, g, ids, n, row0, rows, C);
+    float *got = down(dgt, (size_t)rows * C, dt);
+    expect("dtable", got, gt, (size_t)rows * C);
+    if (dt == KCUDA_F32) /* the CPU's additions, in its order */
+        expect_bits("dtable = kcpu's bits", got, gt, (size_t)rows * C * 4);
+    void *first = snapshot(dgt, (size_t)rows * C, dt);
+    cuda_or_die(cudaMemcpy(dgt, gt0, (size_t)rows * C * kcuda_dtype_size(dt),
+                           cudaMemcpyHostToDevice), "upload");
+    KC(kcuda_embedding_rows_backward(ctx, dgt, dg, dids, n, row0, rows, C, dt,
+                                     NULL));
+    expect_bits("dtable twice", snapshot(dgt, (size_t)rows * C, dt), first,
+                (size_t)rows * C * kcuda_dtype_size(dt));
+}
+
+static void t_embedding(kcuda_dtype dt)
+{
+    embed_case(dt, 50, 20, 24, 0, 20);
+    embed_case(dt, 300, 40, 13, 0, 40);
+    embed_case(dt, 64, 30, 16, 8, 10); /* a vocabulary shard */
+    /* the plain entry points */
+    int n = 33, V = 11, C = 8;
+    int32_t *ids = hmem((size_t)n * sizeof *ids);
+    for (int i = 0; i < n; i++)
+        ids[i] = irand(V);
+    float *table = rnd((size_t)V * C, 1.0f, dt), *out = hf((size_t)n * C);
+    void *dids = up_i32(ids, (size_t)n), *dtab = up(table, (size_t)V * C, dt);
+    void *dout = dmem((size_t)n * C * 4);
+    KC(kcuda_embedding_forward(dout, dids, dtab, n, V, C, dt, NULL));
+    kcpu_embedding_forward(out, ids, table, n, V, C);
+    expect_dev("plain out", dout, out, (size_t)n * C, dt);
+    float *g = rnd((size_t)n * C, 1.0f, dt), *gt = rnd((size_t)V * C, 1.0f, dt);
+    void *dg = up(g, (size_t)n * C, dt), *dgt = up(gt, (size_t)V * C, dt);
+    KC(kcuda_embedding_backward(ctx, dgt, dg, dids, n, V, C, dt, NULL));
+    kcpu_embedding_backward(gt, g, ids, n, V, C);
+    expect_dev("plain dtable", dgt, gt, (size_t)V * C, dt);
+}
+
+/* ---- cases: cross-entropy ----------------------------------------------- */
+
+static void ce_case(kcuda_dtype dt, int N, int V, int Vp, int fused)
+{
+    size_t n = (size_t)N * Vp;
+    float *logits = rnd(n, 6.0f, dt), dloss = 1.5f;
+    int32_t *tg = hmem((size_t)N * sizeof *tg);
+    for (int i = 0; i < N; i++)
+        tg[i] = irand(V);
+    float *loss = hf((size_t)N), *mx = hf((size_t)N), *lse = hf((size_t)N);
+    float *gl = rnd(n, 0.01f, dt);
+    void *dl = up(logits, n, dt), *dtg = up_i32(tg, (size_t)N);
+    void *dgl = up(gl, n, dt);
+    float *dloss_v = dmem((size_t)N * 4), *dmx = dmem((size_t)N * 4);
+    float *dlse = dmem((size_t)N * 4), *dmean = dmem(4);
+    float mean = kcpu_crossentropy_forward(loss, mx, lse, logits, tg, N, V, Vp);
+    kcpu_crossentropy_backward(gl, logits, tg, mx, lse, dloss, N, V, Vp);
+    if (fused) {
+        KC(kcuda_crossentropy_fused(dloss_v, dmx, dlse, dmean, dgl, dl, dtg,
+                                    dloss, N, V, Vp, dt, NULL));
+    } else {
+        KC(kcuda_crossentropy_forward(dloss_v, dmx, dlse, dmean, dl, dtg, N, V,
+                                      Vp, dt, NULL));
+        KC(kcuda_crossentropy_backward(dgl, dl, dtg, dmx, dlse, dloss, N, V,
+                                       Vp, dt, NULL));
+    }
+    double keep = cur_tol;
+    cur_tol = TOL_F32; /* fp32 statistics of the same (rounded) logits */
+    expect_dev("losses", dloss_v, loss, (size_t)N, KCUDA_F32);
+    expect_dev("rowmax", dmx, mx, (size_t)N, KCUDA_F32);
+    expect_dev("lse", dlse, lse, (size_t)N, KCUDA_F32);
+    expect_dev("mean loss", dmean, &mean, 1, KCUDA_F32);
+    cur_tol = keep;
+    expect_dev("dlogits", dgl, gl, n, dt);
+}
+
+static void t_crossentropy(kcuda_dtype dt)
+{
+    ce_case(dt, 13, 1000, 1024, 0);
+    ce_case(dt, 5, 77, 77, 0); /* rows not in packs */
+}
+
+static void t_crossentropy_fused(kcuda_dtype dt)
+{
+    ce_case(dt, 13, 1000, 1024, 1);
+    ce_case(dt, 5, 77, 80, 1);
+}
+
+static void t_crossentropy_shard(kcuda_dtype dt)
+{
+    int N = 7, V = 1000, W = 512;
+    for (int col0 = 0; col0 <= 1024; col0 += 512) { /* the last: padding */
+        size_t n = (size_t)N * W;
+        float *logits = rnd(n, 5.0f, dt);
+        int32_t *tg = hmem((size_t)N * sizeof *tg);
+        for (int i = 0; i < N; i++)
+            tg[i] = irand(V);
+        float *mx = hf((size_t)N), *tl = hf((size_t)N), *lse = hf((size_t)N);
+        double *sums = hmem((size_t)N * sizeof *sums);
+        void *dl = up(logits, n, dt), *dtg = up_i32(tg, (size_t)N);
+        float *dmx = dmem((size_t)N * 4), *dtl = dmem((size_t)N * 4);
+        double *dsums = dmem((size_t)N * 8);
+        kcpu_crossentropy_shard_max(mx, tl, logits, tg, N, col0, W, V);
+        KC(kcuda_crossentropy_shard_max(dmx, dtl, dl, dtg, N, col0, W, V, dt,
+                                        NULL));
+        double keep = cur_tol;
+        cur_tol = TOL_F32;
+        float *gmx = down(dmx, (size_t)N, KCUDA_F32);
+        if (col0 < V)
+            expect("rowmax", gmx, mx, (size_t)N);
+        else
+            for (int i = 0; i < N; i++)
+                if (gmx[i] != -INFINITY) {
+                    cur_bad = 1;
+                    fprintf(stderr, "# padding shard: rowmax %g, not -inf\n",
+                            gmx[i]);
+                    break;
+                }
+        expect_dev("target logit", dtl, tl, (size_t)N, KCUDA_F32);
+        /* the sums use a finite max, as after the exchange */
+        for (int i = 0; i < N; i++)
+            mx[i] = 1.0f;
+        cuda_or_die(cudaMemcpy(dmx, mx, (size_t)N * 4, cudaMemcpyHostToDevice),
+                    "upload");
+        kcpu_crossentropy_shard_sumexp(sums, logits, mx, N, col0, W, V);
+        KC(kcuda_crossentropy_shard_sumexp(dsums, dl, dmx, N, col0, W, V, dt,
+                                           NULL));
+        double *gs = down_raw(dsums, (size_t)N * 8);
+        float *fs = hf((size_t)N), *fw = hf((size_t)N);
+        for (int i = 0; i < N; i++) {
+            fs[i] = (float)gs[i];
+            fw[i] = (float)sums[i];
+            lse[i] = 2.0f + 0.1f * (float)i;
+        }
+        expect("sums", fs, fw, (size_t)N);
+        cur_tol = keep;
+        float *gl = rnd(n, 0.01f, dt);
+        void *dgl = up(gl, n, dt), *dlse = up(lse, (size_t)N, KCUDA_F32);
+        kcpu_crossentropy_shard_backward(gl, logits, tg, mx, lse, 1.0f, N, col0,
+                                         W, V);
+        KC(kcuda_crossentropy_shard_backward(dgl, dl, dtg, dmx, dlse, 1.0f, N,
+                                             col0, W, V, dt, NULL));
+        expect_dev("dlogits", dgl, gl, n, dt);
+    }
+}
+
+/* ---- cases: AdamW and norms ----------------------------------------------- */
+
+static void t_adamw(kcuda_dtype dt)
+{
+    size_t n = 1003;
+    float *p = rnd(n, 1.0f, KCUDA_F32), *m = rnd(n, 0.1f, KCUDA_F32);
+    float *v = rnd(n, 0.1f, KCUDA_F32), *g = rnd(n, 1.0f, dt);
+    for (size_t i = 0; i < n; i++)
+        v[i] = fabsf(v[i]);
+    float *dp = up(p, n, KCUDA_F32), *dm = up(m, n, KCUDA_F32);
+    float *dv = up(v, n, KCUDA_F32);
+    void *dg = up(g, n, dt), *dpb = dmem(n * 2);
+    for (int t = 1; t <= 3; t++) {
+        KC(kcuda_adamw_step(dp, dt == KCUDA_BF16 ? dpb : NULL, dg, dt, dm, dv,
+                            n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, NULL));
+        kcpu_adamw_step(p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+    }
+    /* the same operations in the same order: kcpu's bits */
+    expect_bits("params", down(dp, n, KCUDA_F32), p, n * 4);
+    expect_bits("m", down(dm, n, KCUDA_F32), m, n * 4);
+    expect_bits("v", down(dv, n, KCUDA_F32), v, n * 4);
+    if (dt == KCUDA_BF16) {
+        float *pb = hf(n);
+        for (size_t i = 0; i < n; i++)
+            pb[i] = bf2f(f2bf(p[i]));
+        expect_bits("params_bf16", down(dpb, n, KCUDA_BF16), pb, n * 4);
+    }
+}
+
+static void t_global_norm(kcuda_dtype dt)
+{
+    size_t sizes[2] = {1003, 70001};
+    float *bufs[2];
+    void *dbufs_[2];
+    for (int k = 0; k < 2; k++) {
+        bufs[k] = rnd(sizes[k], 1.0f, dt);
+        dbufs_[k] = up(bufs[k], sizes[k], dt);
+    }
+    double *dss = dmem(8);
+    for (int k = 0; k < 2; k++)
+        KC(kcuda_sum_squares(ctx, dss, dbufs_[k], sizes[k], dt, NULL));
+    double ss = kcpu_sum_squares((const float *const *)bufs, sizes, 2);
+    double *got = down_raw(dss, 8);
+    double e = fabs(*got - ss) / ss;
+    note(e);
+    if (!(e <= 1e-12)) {
+        cur_bad = 1;
+        fprintf(stderr, "# sum of squares %.17g, want %.17g\n", *got, ss);
+    }
+    /* clip to half the norm, on the device, and scale */
+    float max_norm = (float)(0.5 * sqrt(ss));
+    for (int k = 0; k < 2; k++)
+        KC(kcuda_clip_scale(dbufs_[k], sizes[k], dss, max_norm, dt, NULL));
+    kcpu_clip_global_norm(bufs, sizes, 2, max_norm);
+    for (int k = 0; k < 2; k++)
+        expect_dev("clipped", dbufs_[k], bufs[k], sizes[k], dt);
+    KC(kcuda_scale(dbufs_[0], sizes[0], 0.25, dt, NULL));
+    kcpu_scale_buffers(bufs, sizes, 1, 0.25);
+    expect_dev("scaled", dbufs_[0], bufs[0], sizes[0], dt);
+}
+
+/* ---- cases: attention ----------------------------------------------------- */
+
+static void attn_case(kcuda_dtype dt, int B, int T, int H, int KV, int d,
+                      int causal, int packed)
+{
+    size_t nq = (size_t)B * T * H * d, nkv = (size_t)B * T * KV * d;
+    size_t nl = (size_t)B * H * T, row = (size_t)(H + 2 * KV) * d;
+    size_t nqkv = (size_t)B * T * row;
+    float *qkv = rnd(nqkv, 1.5f, dt);
+    float *q = hf(nq), *k = hf(nkv), *v = hf(nkv);
+    for (size_t bt = 0; bt < (size_t)B * T; bt++) { /* the three slices */
+        memcpy(q + bt * H * d, qkv + bt * row, (size_t)H * d * 4);
+        memcpy(k + bt * KV * d, qkv + bt * row + (size_t)H * d, (size_t)KV * d * 4);
+        memcpy(v + bt * KV * d, qkv + bt * row + (size_t)(H + KV) * d,
+               (size_t)KV * d * 4);
+    }
+    float *out = hf(nq), *lse = hf(nl);
+    void *dq = up(q, nq, dt), *dk = up(k, nkv, dt), *dv = up(v, nkv, dt);
+    void *dqkv = up(qkv, nqkv, dt), *dout = dmem(nq * 4);
+    float *dlse = dmem(nl * 4);
+    if (packed) {
+        KC(kcuda_attention_qkv_forward(dout, dlse, dqkv, B, T, H, KV, d,
+                                       causal, dt, NULL));
+        kcpu_attention_qkv_forward(out, lse, qkv, B, T, H, KV, d, causal);
+    } else {
+        KC(kcuda_attention_forward(dout, dlse, dq, dk, dv, B, T, H, KV, d,
+                                   causal, dt, NULL));
+        kcpu_attention_forward(out, lse, q, k, v, B, T, H, KV, d, causal);
+    }
+    expect_dev("out", dout, out, nq, dt);
+    expect_dev("lse", dlse, lse, nl, KCUDA_F32);
+    /* backward: each side from its own forward */
+    float *g = rnd(nq, 1.0f, dt);
+    void *dg = up(g, nq, dt);
+    if (packed) {
+        float *gqkv = rnd(nqkv, 0.5f, dt);
+        void *dgqkv = up(gqkv, nqkv, dt);
+        void *g0 = snapshot(dgqkv, nqkv, dt);
+        KC(kcuda_attention_qkv_backward(ctx, dgqkv, dg, dout, dlse, dqkv, B, T,
+                                        H, KV, d, causal, dt, NULL));
+        kcpu_attention_qkv_backward(gqkv, g, out, lse, qkv, B, T, H, KV, d,
+                                    causal);
+        expect_dev("dqkv", dgqkv, gqkv, nqkv, dt);
+        void *first = snapshot(dgqkv, nqkv, dt);
+        cuda_or_die(cudaMemcpy(dgqkv, g0, nqkv * kcuda_dtype_size(dt),
+                               cudaMemcpyHostToDevice), "upload");
+        KC(kcuda_attention_qkv_backward(ctx, dgqkv, dg, dout, dlse, dqkv, B, T,
+                                        H, KV, d, causal, dt, NULL));
+        expect_bits("dqkv twice", snapshot(dgqkv, nqkv, dt), first,
+                    nqkv * kcuda_dtype_size(dt));
+        return;
+    }
+    float *gq = rnd(nq, 0.5f, dt), *gk = rnd(nkv, 0.5f, dt);
+    float *gv = rnd(nkv, 0.5f, dt);
+    void *dgq = up(gq, nq, dt), *dgk = up(gk, nkv, dt), *dgv = up(gv, nkv, dt);
+    KC(kcuda_attention_backward(ctx, dgq, dgk, dgv, dg, dout, dlse, dq, dk, dv,
+                                B, T, H, KV, d, causal, dt, NULL));
+    kcpu_attention_backward(gq, gk, gv, g, out, lse, q, k, v, B, T, H, KV, d,
+                            causal);
+    expect_dev("dq", dgq, gq, nq, dt);
+    expect_dev("dk", dgk, gk, nkv, dt);
+    expect_dev("dv", dgv, gv, nkv, dt);
+}
+
+static void t_attention(kcuda_dtype dt)
+{
+    attn_case(dt, 2, 100, 4, 2, 16, 1, 0);  /* GQA, ragged last tile */
+    attn_case(dt, 1, 130, 2, 2, 64, 0, 0);  /* not causal */
+    attn_case(dt, 1, 64, 3, 1, 80, 1, 0);   /* d padded to 128, MQA */
+    attn_case(dt, 2, 70, 2, 1, 18, 1, 0);   /* d not in packs */
+    attn_case(dt, 1, 200, 2, 2, 128, 1, 0); /* four key tiles */
+}
+
+static void t_attention_qkv(kcuda_dtype dt)
+{
+    attn_case(dt, 2, 70, 4, 2, 32, 1, 1);
+    attn_case(dt, 1, 65, 2, 2, 64, 0, 1);
+}
+
+/* ---- cases: mixture of experts -------------------------------------------- */
+
+static void t_moe(kcuda_dtype dt)
+{
+    int N = 40, E = 6, K = 2, D = 16, F = 24;
+    int C = kcpu_moe_capacity(N, E, K, 1.0);
+    double keep = cur_tol;
+    /* routing is fp32 */
+    cur_tol = TOL_F32;
+    float *x = rnd((size_t)N * D, 1.0f, dt), *router = rnd((size_t)D * E, 1.0f,
+                                                           KCUDA_F32);
+    kcpu_moe_route *cr = kcpu_moe_route_alloc(N, E, K, C);
+    if (!cr) {
+        cur_bad = 1;
+        fprintf(stderr, "# kcpu_moe_route_alloc failed\n");
+        return;
+    }
+    kcpu_moe_route_forward(cr, x, router, D);
+    kcuda_moe_route gr;
+    void *mem = dmem(kcuda_moe_route_bytes(N, E, K, C));
+    KC(kcuda_moe_route_bind(&gr, mem, N, E, K, C));
+    float *dx32 = up(x, (size_t)N * D, KCUDA_F32);
+    float *drouter = up(router, (size_t)D * E, KCUDA_F32);
+    KC(kcuda_moe_route_forward(ctx, &gr, dx32, drouter, D, NULL));
+    expect_dev("probs", gr.probs, cr->probs, (size_t)N * E, KCUDA_F32);
+    expect_dev("weight", gr.weight, cr->weight, (size_t)N * K, KCUDA_F32);
+    expect_ints("expert", down_raw(gr.expert, (size_t)N * K * 4), cr->expert,
+                (size_t)N * K);
+    expect_ints("slot", down_raw(gr.slot, (size_t)N * K * 4), cr->slot,
+                (size_t)N * K);
+    expect_ints("token", down_raw(gr.token, (size_t)E * C * 4), cr->token,
+                (size_t)E * C);
+    expect_ints("count", down_raw(gr.count, (size_t)E * 4), cr->count,
+                (size_t)E);
+    expect_ints("chosen", down_raw(gr.chosen, (size_t)E * 4), cr->chosen,
+                (size_t)E);
+    expect_ints("dropped", down_raw(gr.dropped, 4), &cr->dropped, 1);
+    expect_dev("aux", gr.aux, &cr->aux, 1, KCUDA_F32);
+    /* routing backward */
+    float *dwt = rnd((size_t)N * K, 1.0f, KCUDA_F32);
+    float *gx = rnd((size_t)N * D, 0.5f, KCUDA_F32);
+    float *grt = rnd((size_t)D * E, 0.5f, KCUDA_F32);
+    float *scratch = hf((size_t)N * E);
+    float *ddwt = up(dwt, (size_t)N * K, KCUDA_F32);
+    float *dgx = up(gx, (size_t)N * D, KCUDA_F32);
+    float *dgrt = up(grt, (size_t)D * E, KCUDA_F32);
+    float *dscr = dmem((size_t)N * E * 4);
+    kcpu_moe_route_backward(gx, grt, scratch, dwt, 0.01f, cr, x, router, D);
+    KC(kcuda_moe_route_backward(ctx, dgx, dgrt, dscr, ddwt, 0.01f, &gr, dx32,
+                                drouter, D, NULL));
+    expect_dev("route dx", dgx, gx, (size_t)N * D, KCUDA_F32);
+    expect_dev("route drouter", dgrt, grt, (size_t)D * E, KCUDA_F32);
+    cur_tol = keep;
+
+    /* dispatch, experts, combine, and back */
+    size_t ecd = (size_t)E * C * D, ecf = (size_t)E * C * F;
+    float *xe = hf(ecd), *ye = hf(ecd), *y = hf((size_t)N * D);
+    float *hg = hf(ecf), *hu = hf(ecf), *act = hf(ecf);
+    float *wg = rnd((size_t)E * D * F, 0.5f, dt), *wu = rnd((size_t)E * D * F, 0.5f, dt);
+    float *wd = rnd((size_t)E * F * D, 0.5f, dt);
+    void *dxd = up(x, (size_t)N * D, dt), *dxe = dmem(ecd * 4);
+    void *dye = dmem(ecd * 4), *dy = dmem((size_t)N * D * 4);
+    void *dhg = dmem(ecf * 4), *dhu = dmem(ecf * 4), *dact = dmem(ecf * 4);
+    void *dwg = up(wg, (size_t)E * D * F, dt), *dwu = up(wu, (size_t)E * D * F, dt);
+    void *dwd = up(wd, (size_t)E * F * D, dt);
+    kcpu_moe_dispatch_forward(xe, x, cr, D);
+    KC(kcuda_moe_dispatch_forward(dxe, dxd, &gr, D, dt, NULL));
+    expect_dev("xe", dxe, xe, ecd, dt);
+    kcpu_moe_expert_forward(ye, hg, hu, act, xe, wg, wu, wd, cr->count, E, C,
+                            D, F);
+    KC(kcuda_moe_expert_forward(ctx, dye, dhg, dhu, dact, dxe, dwg, dwu, dwd,
+                                gr.count, E, C, D, F, dt, NULL));
+    expect_dev("ye", dye, ye, ecd, dt);
+    { /* hg, hu, act on the rows the CPU computes */
+        float *g_hg = down(dhg, ecf, dt), *g_act = down(dact, ecf, dt);
+        for (int e = 0; e < E; e++) {
+            size_t o = (size_t)e * C * F, len = (size_t)cr->count[e] * F;
+            expect("hg", g_hg + o, hg + o, len);
+            expect("act", g_act + o, act + o, len);
+        }
+    }
+    for (size_t i = 0; i < ecd && dt == KCUDA_BF16; i++)
+        ye[i] = bf2f(f2bf(ye[i])); /* the combine reads the stored ye */
+    kcpu_moe_combine_forward(y, ye, cr, D);
+    KC(kcuda_moe_combine_forward(dy, dye, &gr, D, dt, NULL));
+    expect_dev("y", dy, y, (size_t)N * D, dt);
+
+    float *gy = rnd((size_t)N * D, 1.0f, dt), *gye = rnd(ecd, 0.5f, dt);
+    float *gw = rnd((size_t)N * K, 0.5f, KCUDA_F32);
+    void *dgy = up(gy, (size_t)N * D, dt), *dgye = up(gye, ecd, dt);
+    float *dgw = up(gw, (size_t)N * K, KCUDA_F32);
+    kcpu_moe_combine_backward(gye, gw, gy, ye, cr, D);
+    KC(kcuda_moe_combine_backward(dgye, dgw, dgy, dye, &gr, D, dt, NULL));
+    expect_dev("dye", dgye, gye, ecd, dt);
+    expect_dev("dweight", dgw, gw, (size_t)N * K, KCUDA_F32);
+
+    float *gxe = rnd(ecd, 0.5f, dt), *gwg = rnd((size_t)E * D * F, 0.5f, dt);
+    float *gwu = rnd((size_t)E * D * F, 0.5f, dt), *gwd = rnd((size_t)E * F * D, 0.5f, dt);
+    float *escr = hf((size_t)2 * C * F);
+    void *dgxe = up(gxe, ecd, dt), *dgwg = up(gwg, (size_t)E * D * F, dt);
+    void *dgwu = up(gwu, (size_t)E * D * F, dt), *dgwd = up(gwd, (size_t)E * F * D, dt);
+    /* the backward reads the device's dye (rounded in bf16) and the
+     * forward's saved tensors; give the CPU the same */
+    float *gye_dev = down(dgye, ecd, dt);
+    float *hg_dev = down(dhg, ecf, dt), *hu_dev = down(dhu, ecf, dt);
+    float *act_dev = down(dact, ecf, dt), *xe_dev = down(dxe, ecd, dt);
+    kcpu_moe_expert_backward(gxe, gwg, gwu, gwd, escr, gye_dev, hg_dev, hu_dev,
+                             act_dev, xe_dev, wg, wu, wd, cr->count, E, C, D,
+                             F);
+    KC(kcuda_moe_expert_backward(ctx, dgxe, dgwg, dgwu, dgwd, dgye, dhg, dhu,
+                                 dact, dxe, dwg, dwu, dwd, gr.count, E, C, D,
+                                 F, dt, NULL));
+    expect_dev("dxe", dgxe, gxe, ecd, dt);
+    expect_dev("dw_gate", dgwg, gwg, (size_t)E * D * F, dt);
+    expect_dev("dw_up", dgwu, gwu, (size_t)E * D * F, dt);
+    expect_dev("dw_down", dgwd, gwd, (size_t)E * F * D, dt);
+
+    float *gx2 = rnd((size_t)N * D, 0.5f, dt);
+    void *dgx2 = up(gx2, (size_t)N * D, dt);
+    float *gxe_dev = down(dgxe, ecd, dt);
+    kcpu_moe_dispatch_backward(gx2, gxe_dev, cr, D);
+    KC(kcuda_moe_dispatch_backward(dgx2, dgxe, &gr, D, dt, NULL));
+    expect_dev("dispatch dx", dgx2, gx2, (size_t)N * D, dt);
+    kcpu_moe_route_free(cr);
+}
+
+/* ---- cases: conversion ---------------------------------------------------- */
+
+static void t_convert(kcuda_dtype dt)
+{
+    (void)dt;
+    size_t n = 1001;
+    float *x = rnd(n, 3.0f, KCUDA_F32), *r = hf(n);
+    for (size_t i = 0; i < n; i++)
+        r[i] = bf2f(f2bf(x[i]));
+    void *d32 = up(x, n, KCUDA_F32), *d16 = dmem(n * 2), *back = dmem(n * 4);
+    KC(kcuda_convert(d16, KCUDA_BF16, d32, KCUDA_F32, n, NULL));
+    KC(kcuda_convert(back, KCUDA_F32, d16, KCUDA_BF16, n, NULL));
+    expect_bits("fp32 -> bf16 -> fp32", down(back, n, KCUDA_F32), r, n * 4);
+}
+
+/* ---- the runner ----------------------------------------------------------- */
+
+typedef struct gpu_case {
+    const char *name;
+    void (*fn)(kcuda_dtype);
+    kcuda_dtype dt;
+} gpu_case;
+
+static const gpu_case cases[] = {
+    {"convert", t_convert, KCUDA_F32},
+    {"matmul_f32", t_matmul, KCUDA_F32},
+    {"matmul_bf16", t_matmul, KCUDA_BF16},
+    {"matmul_gelu_f32", t_matmul_gelu, KCUDA_F32},
+    {"matmul_gelu_bf16", t_matmul_gelu, KCUDA_BF16},
+    {"matmul_wt_f32", t_matmul_wt, KCUDA_F32},
+    {"matmul_wt_bf16", t_matmul_wt, KCUDA_BF16},
+    {"layernorm_f32", t_layernorm, KCUDA_F32},
+    {"layernorm_bf16", t_layernorm, KCUDA_BF16},
+    {"rmsnorm_f32", t_rmsnorm, KCUDA_F32},
+    {"rmsnorm_bf16", t_rmsnorm, KCUDA_BF16},
+    {"add_layernorm_f32", t_add_layernorm, KCUDA_F32},
+    {"add_layernorm_bf16", t_add_layernorm, KCUDA_BF16},
+    {"add_rmsnorm_f32", t_add_rmsnorm, KCUDA_F32},
+    {"add_rmsnorm_bf16", t_add_rmsnorm, KCUDA_BF16},
+    {"gelu_f32", t_gelu, KCUDA_F32},
+    {"gelu_bf16", t_gelu, KCUDA_BF16},
+    {"silu_f32", t_silu, KCUDA_F32},
+    {"silu_bf16", t_silu, KCUDA_BF16},
+    {"swiglu_f32", t_swiglu, KCUDA_F32},
+    {"swiglu_bf16", t_swiglu, KCUDA_BF16},
+    {"add_f32", t_add, KCUDA_F32},
+    {"add_bf16", t_add, KCUDA_BF16},
+    {"rope_f32", t_rope, KCUDA_F32},
+    {"rope_bf16", t_rope, KCUDA_BF16},
+    {"embedding_f32", t_embedding, KCUDA_F32},
+    {"embedding_bf16", t_embedding, KCUDA_BF16},
+    {"crossentropy_f32", t_crossentropy, KCUDA_F32},
+    {"crossentropy_bf16", t_crossentropy, KCUDA_BF16},
+    {"crossentropy_fused_f32", t_crossentropy_fused, KCUDA_F32},
+    {"crossentropy_fused_bf16", t_crossentropy_fused, KCUDA_BF16},
+    {"crossentropy_shard_f32", t_crossentropy_shard, KCUDA_F32},
+    {"crossentropy_shard_bf16", t_crossentropy_shard, KCUDA_BF16},
+    {"adamw_f32", t_adamw, KCUDA_F32},
+    {"adamw_bf16_grads", t_adamw, KCUDA_BF16},
+    {"global_norm_f32", t_global_norm, KCUDA_F32},
+    {"global_norm_bf16", t_global_norm, KCUDA_BF16},
+    {"attention_f32", t_attention, KCUDA_F32},
+    {"attention_bf16", t_attention, KCUDA_BF16},
+    {"attention_qkv_f32", t_attention_qkv, KCUDA_F32},
+    {"attention_qkv_bf16", t_attention_qkv, KCUDA_BF16},
+    {"moe_f32", t_moe, KCUDA_F32},
+    {"moe_bf16", t_moe, KCUDA_BF16},
+};
+
+enum { NCASES = sizeof cases / sizeof cases[0] };
+
+/* 1 when no filter is given or the name contains one of them. */
+static int selected(const char *name, int argc, char **argv)
+{
+    if (argc < 2)
+        return 1;
+    for (int i = 1; i < argc; i++)
+        if (strstr(name, argv[i]))
+            return 1;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    char why[256];
+    int passed = 0, failed = 0, n = 0, planned = 0;
+    if (!kcuda_available(why, sizeof why)) {
+        printf("SKIP gpu: no GPU (%s)\n", why);
+        return 0;
+    }
+    if (kcuda_ctx_create(&ctx) != 0) {
+        printf("not ok 1 - kcuda_ctx_create: %s\n# 0 passed, 1 failed\n",
+               kcuda_last_error());
+        return 1;
+    }
+    {
+        struct cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+            printf("# device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major,
+                   prop.minor, prop.multiProcessorCount);
+    }
+    kcpu_set_threads(1);
+    for (int i = 0; i < NCASES; i++)
+        planned += selected(cases[i].name, argc, argv);
+    printf("1..%d\n", planned);
+    for (int i = 0; i < NCASES; i++) {
+        if (!selected(cases[i].name, argc, argv))
+            continue;
+        n++;
+        cur_bad = 0;
+        cur_err = 0.0;
+        cur_tol = tol_of(cases[i].dt);
+        cases[i].fn(cases[i].dt);
+        cudaError_t e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) {
+            fprintf(stderr, "# %s: the device reports: %s\n", cases[i].name,
+                    cudaGetErrorString(e));
+            cur_bad = 1;
+        }
+        free_all();
+        if (cur_bad)
+            failed++;
+        else
+            passed++;
+        printf("%sok %d - %s (err %.2g, tol %.0e)\n", cur_bad ? "not " : "", n,
+               cases[i].name, cur_err, tol_of(cases[i].dt));
+        fflush(stdout);
+        if (e != cudaSuccess) /* a sticky error: later cases cannot run */
+            break;
+    }
+    kcuda_ctx_free(ctx);
+    printf("# %d passed, %d failed\n", passed, failed + (planned - n));
+    return failed || n < planned ? 1 : 0;
+}

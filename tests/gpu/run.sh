@@ -1,0 +1,328 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh: the one script to run on a GPU machine (Debian-like, as
+# root, with the CUDA toolkit and NCCL, maybe PyTorch, and no network).
+#
+#  1. deps:   checks the build's tools and libraries (flex, bison, m4,
+#             pkg-config, libyaml, OpenBLAS, PCRE2); when one is missing it
+#             unpacks the .deb files of $MESH_GPU_DEBS (default
+#             tests/gpu/debs/, filled beforehand by tests/gpu/fetch-debs.sh
+#             on a machine with network) with `dpkg -x` into a private
+#             prefix and points PATH, CPATH, LIBRARY_PATH, PKG_CONFIG_PATH
+#             and LD_LIBRARY_PATH at it. Finds nvcc and NCCL (the toolkit's,
+#             the system's, or PyTorch's nvidia-nccl wheel).
+#  2. build:  make CUDA=1 BUILD=build-gpu all unit_tests gpu_tests gpu_bench
+#             (MPI=1 only where Open MPI is installed).
+#  3. gpu_tests: every CUDA kernel against the CPU reference. Without a GPU
+#             this says so (SKIP) and the script ends here, exit 0.
+#  4. the NCCL (and other CUDA) unit tests of tests/unit/test_list.h.
+#  5. gpu_bench: GEMM, attention and memory-bound throughput.
+#  6. PyTorch GPT-2 124M training throughput, where `import torch` works.
+#
+# Everything goes to $OUT/gpu.log and a summary to $OUT/gpu.json (OUT
+# defaults to tests/gpu/out/; the device tool sets it), within about
+# $MESH_GPU_BUDGET_S seconds (480). Prints PASS/FAIL/SKIP per step; exits 1
+# when the build, an op test, a CUDA unit test or the benchmark fails.
+# MESH_GPU_FORCE_DEBS=1 uses the .deb files even when the machine has the
+# packages (to test this script's unpacking on a machine with them).
+set -u -o pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT" || exit 1
+OUT=${OUT:-$ROOT/tests/gpu/out}
+DEBS=${MESH_GPU_DEBS:-$ROOT/tests/gpu/debs}
+BUILD=${MESH_GPU_BUILD:-build-gpu}
+BUDGET=${MESH_GPU_BUDGET_S:-480}
+FORCE_DEBS=${MESH_GPU_FORCE_DEBS:-0}
+PREFIX=$ROOT/$BUILD/deps # unpacked .deb files (build*/ is git-ignored)
+T0=$(date +%s)
+mkdir -p "$OUT"
+LOG=$OUT/gpu.log
+JSON=$OUT/gpu.json
+
+declare -A STEP    # step -> PASS / FAIL / SKIP
+declare -A DETAIL  # step -> one line
+ORDER=()
+FAILED=0
+
+elapsed() { echo $(( $(date +%s) - T0 )); }
+left() { echo $(( BUDGET - $(elapsed) )); }
+
+# result STEP STATUS DETAIL: record and print one PASS/FAIL/SKIP line.
+result() {
+    STEP[$1]=$2
+    DETAIL[$1]=$3
+    ORDER+=("$1")
+    [ "$2" = FAIL ] && FAILED=1
+    printf '%s %s: %s\n' "$2" "$1" "$3"
+}
+
+# ---- 1. dependencies ---------------------------------------------------------
+
+# have_tool NAME: the command exists and runs.
+have_tool() { command -v "$1" >/dev/null 2>&1; }
+
+# What is missing, one word each (empty when nothing is).
+missing_deps() {
+    local m=()
+    for t in flex bison m4 pkg-config; do have_tool "$t" || m+=("$t"); done
+    if have_tool pkg-config; then
+        for p in yaml-0.1 openblas libpcre2-8; do
+            pkg-config --exists "$p" 2>/dev/null || m+=("$p")
+        done
+    else
+        m+=(yaml-0.1 openblas libpcre2-8)
+    fi
+    echo "${m[*]}"
+}
+
+# Unpack every .deb of $DEBS into $PREFIX and put it first on the paths.
+use_debs() {
+    local debs=("$DEBS"/*.deb)
+    if [ ! -e "${debs[0]}" ]; then
+        echo "deps: no .deb files in $DEBS (run tests/gpu/fetch-debs.sh where there is network, then carry tests/gpu/debs)"
+        return 1
+    fi
+    have_tool dpkg || { echo "deps: no dpkg to unpack $DEBS"; return 1; }
+    rm -rf "$PREFIX"
+    mkdir -p "$PREFIX"
+    for f in "${debs[@]}"; do
+        dpkg -x "$f" "$PREFIX" || { echo "deps: dpkg -x $f failed"; return 1; }
+    done
+    local u=$PREFIX/usr lib=$PREFIX/usr/lib/x86_64-linux-gnu
+    # .pc files name /usr: make them name the prefix
+    find "$PREFIX" -name '*.pc' -print0 | xargs -0 -r sed -i \
+        -e "s#^prefix=/usr\$#prefix=$u#" \
+        -e "s#^\\(libdir\\|includedir\\)=/usr/#\\1=$u/#"
+    export PATH=$u/bin:$PATH
+    export CPATH=$u/include:$u/include/x86_64-linux-gnu${CPATH:+:$CPATH}
+    export LIBRARY_PATH=$lib:$lib/openblas-pthread${LIBRARY_PATH:+:$LIBRARY_PATH}
+    export LD_LIBRARY_PATH=$lib:$lib/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    # (openblas.pc lives beside the library: Debian links it into
+    # pkgconfig/ through update-alternatives, which dpkg -x does not run)
+    export PKG_CONFIG_PATH=$lib/pkgconfig:$lib/openblas-pthread/pkgconfig:$u/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+    # bison and flex run m4, and bison reads its skeletons, from compiled-in
+    # /usr paths unless told
+    [ -x "$u/bin/m4" ] && export M4=$u/bin/m4
+    [ -d "$u/share/bison" ] && export BISON_PKGDATADIR=$u/share/bison
+    echo "deps: unpacked ${#debs[@]} packages from $DEBS into $PREFIX"
+}
+
+step_deps() {
+    local miss
+    miss=$(missing_deps)
+    for t in gcc make; do
+        have_tool "$t" || { result deps FAIL "no $t on this machine (not in the carried .deb files)"; return 1; }
+    done
+    if [ -n "$miss" ] || [ "$FORCE_DEBS" = 1 ]; then
+        echo "deps: missing here: ${miss:-(none; MESH_GPU_FORCE_DEBS=1)}"
+        use_debs || { result deps FAIL "missing ${miss} and cannot unpack $DEBS"; return 1; }
+        miss=$(missing_deps)
+        if [ -n "$miss" ]; then
+            result deps FAIL "still missing after unpacking $DEBS: $miss"
+            return 1
+        fi
+        result deps PASS "from $DEBS: $(flex --version | head -n 1), bison $(bison --version | head -n 1 | sed 's/.* //'), pkg-config $(pkg-config --version), openblas $(pkg-config --modversion openblas)"
+    else
+        result deps PASS "all present: $(flex --version | head -n 1), bison $(bison --version | head -n 1 | sed 's/.* //'), pkg-config $(pkg-config --version)"
+    fi
+}
+
+# CUDA_HOME: the toolkit holding nvcc and cuBLASLt.
+find_cuda() {
+    local c
+    for c in "${CUDA_HOME:-}" /usr/local/cuda; do
+        [ -n "$c" ] && [ -x "$c/bin/nvcc" ] && { echo "$c"; return 0; }
+    done
+    c=$(command -v nvcc 2>/dev/null) && { dirname "$(dirname "$(readlink -f "$c")")"; return 0; }
+    return 1
+}
+
+# NCCL_HOME with include/nccl.h and lib64/libnccl.so: the toolkit's, the
+# system's, or a pip wheel's (nvidia-nccl-cu*), the last two through a
+# folder of links in the prefix.
+find_nccl() {
+    local cuda=$1 inc="" lib="" d l
+    if [ -f "$cuda/include/nccl.h" ] && ls "$cuda"/lib64/libnccl.so* >/dev/null 2>&1; then
+        echo "$cuda"
+        return 0
+    fi
+    for d in /usr /usr/local; do
+        [ -f "$d/include/nccl.h" ] || continue
+        for l in "$d/lib/x86_64-linux-gnu" "$d/lib64" "$d/lib"; do
+            ls "$l"/libnccl.so* >/dev/null 2>&1 && { inc=$d/include; lib=$l; break 2; }
+        done
+    done
+    if [ -z "$inc" ] && have_tool python3; then
+        d=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null) || d=""
+        if [ -n "$d" ] && [ -f "$d/include/nccl.h" ]; then
+            inc=$d/include
+            lib=$d/lib
+        fi
+    fi
+    [ -n "$inc" ] || return 1
+    local shim=$PREFIX/nccl real f
+    real=$(ls "$lib"/libnccl.so* | head -n 1)
+    rm -rf "$shim"
+    mkdir -p "$shim/include" "$shim/lib64"
+    for f in "$inc"/nccl*; do ln -s "$f" "$shim/include/"; done
+    ln -s "$(readlink -f "$real")" "$shim/lib64/libnccl.so"
+    ln -s "$(readlink -f "$real")" "$shim/lib64/libnccl.so.2"
+    echo "$shim"
+}
+
+# ---- 2. build ----------------------------------------------------------------
+
+step_build() {
+    local cuda nccl mpi=0 t jobs
+    cuda=$(find_cuda) || { result build FAIL "no nvcc (set CUDA_HOME)"; return 1; }
+    nccl=$(find_nccl "$cuda") || { result build FAIL "no NCCL (nccl.h and libnccl.so) in $cuda, /usr or a pip wheel"; return 1; }
+    pkg-config --exists ompi-c 2>/dev/null && mpi=1
+    jobs=$(nproc 2>/dev/null || echo 4)
+    echo "build: CUDA_HOME=$cuda NCCL_HOME=$nccl MPI=$mpi, $("$cuda/bin/nvcc" --version | tail -n 1)"
+    t=$(date +%s)
+    MAKEARGS=(CUDA=1 "BUILD=$BUILD" "MPI=$mpi" "CUDA_HOME=$cuda" "NCCL_HOME=$nccl")
+    if ! timeout $(( $(left) > 60 ? $(left) - 30 : 30 )) \
+        make "${MAKEARGS[@]}" -j"$jobs" all "$BUILD/unit_tests" "$BUILD/gpu_tests" "$BUILD/gpu_bench"; then
+        result build FAIL "make ${MAKEARGS[*]} failed (see above)"
+        return 1
+    fi
+    result build PASS "make CUDA=1 BUILD=$BUILD MPI=$mpi in $(( $(date +%s) - t )) s"
+}
+
+# ---- 3.-6. on the GPU --------------------------------------------------------
+
+GPU_PASSED=0
+GPU_FAILED=0
+NO_GPU=""
+
+step_gpu_tests() {
+    local out rc
+    out=$(timeout 240 "$BUILD/gpu_tests" 2>&1)
+    rc=$?
+    printf '%s\n' "$out"
+    if printf '%s\n' "$out" | grep -q '^SKIP gpu:'; then
+        NO_GPU=$(printf '%s\n' "$out" | sed -n 's/^SKIP gpu: //p' | head -n 1)
+        result gpu_tests SKIP "$NO_GPU"
+        return 0
+    fi
+    GPU_PASSED=$(printf '%s\n' "$out" | sed -n 's/^# \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' | tail -n 1)
+    GPU_FAILED=$(printf '%s\n' "$out" | sed -n 's/^# \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' | tail -n 1)
+    GPU_PASSED=${GPU_PASSED:-0}
+    GPU_FAILED=${GPU_FAILED:-0}
+    if [ "$rc" -eq 0 ] && [ "$GPU_FAILED" = 0 ]; then
+        result gpu_tests PASS "$GPU_PASSED passed, 0 failed"
+    else
+        [ "$rc" -eq 124 ] && echo "gpu_tests: timed out"
+        result gpu_tests FAIL "$GPU_PASSED passed, $GPU_FAILED failed (exit $rc): $(printf '%s\n' "$out" | grep '^not ok' | sed 's/^not ok [0-9]* - //; s/ (.*//' | tr '\n' ' ')"
+    fi
+}
+
+step_unit_cuda() {
+    local names rc out
+    names=$(sed -n 's/^TEST(\([a-z0-9_]*\(nccl\|cuda\|gpu\)[a-z0-9_]*\)).*/\1/p' tests/unit/test_list.h | tr '\n' ' ')
+    if [ -z "$names" ]; then
+        result unit_cuda SKIP "no NCCL/CUDA cases in tests/unit/test_list.h"
+        return 0
+    fi
+    # shellcheck disable=SC2086 # one argument per test name
+    out=$(timeout 180 "$BUILD/unit_tests" $names 2>&1)
+    rc=$?
+    printf '%s\n' "$out"
+    local summary
+    summary=$(printf '%s\n' "$out" | grep '^# [0-9]* passed' | tail -n 1 | sed 's/^# //')
+    if [ "$rc" -eq 0 ]; then
+        result unit_cuda PASS "${summary:-ok}: $names"
+    else
+        result unit_cuda FAIL "${summary:-exit $rc}: $(printf '%s\n' "$out" | grep '^not ok' | sed 's/^not ok [0-9]* - //' | tr '\n' ' ')"
+    fi
+}
+
+step_bench() {
+    local rc t=180
+    [ "$(left)" -lt 200 ] && t=$(( $(left) > 60 ? $(left) - 30 : 30 ))
+    timeout "$t" "$BUILD/gpu_bench" --json "$OUT/bench.json"
+    rc=$?
+    if [ "$rc" -eq 0 ]; then
+        result gpu_bench PASS "$OUT/bench.json"
+    else
+        result gpu_bench FAIL "exit $rc$([ "$rc" -eq 124 ] && echo ' (timed out)')"
+    fi
+}
+
+step_torch() {
+    local l rc args=()
+    if ! have_tool python3 || ! python3 -c 'import torch' >/dev/null 2>&1; then
+        result torch_gpt2 SKIP "python3 cannot import torch"
+        return 0
+    fi
+    l=$(left)
+    if [ "$l" -lt 45 ]; then
+        result torch_gpt2 SKIP "only $l s of the budget left"
+        return 0
+    fi
+    [ "$l" -gt 200 ] && args+=(--compile)
+    PYTHONUNBUFFERED=1 timeout $(( l - 10 )) python3 tests/gpu/torch_gpt2.py \
+        --batch 16,32 --steps 20 --warmup 5 --budget-s $(( l - 20 )) --json "$OUT/torch.json" "${args[@]}"
+    rc=$?
+    if [ "$rc" -eq 0 ]; then
+        result torch_gpt2 PASS "$(python3 -c "import json; d=json.load(open('$OUT/torch.json')); print(f\"best {d['best_tokens_per_s']:,} tokens/s\")" 2>/dev/null)"
+    else
+        # a reference measurement: reported, not a test failure
+        STEP[torch_gpt2]=FAIL
+        DETAIL[torch_gpt2]="exit $rc (not counted as a test failure)"
+        ORDER+=(torch_gpt2)
+        echo "FAIL torch_gpt2: exit $rc (a reference measurement; not counted as a test failure)"
+    fi
+}
+
+# ---- the summary -----------------------------------------------------------
+
+json_str() { printf '"%s"' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g' | tr -d '\n')"; }
+
+write_json() {
+    local status=$1 s first=1
+    {
+        printf '{"status":%s,"elapsed_s":%d,' "$(json_str "$status")" "$(elapsed)"
+        printf '"no_gpu":%s,' "$([ -n "$NO_GPU" ] && json_str "$NO_GPU" || echo null)"
+        printf '"gpu_tests":{"passed":%d,"failed":%d},' "$GPU_PASSED" "$GPU_FAILED"
+        printf '"steps":{'
+        for s in "${ORDER[@]}"; do
+            [ $first = 1 ] || printf ','
+            first=0
+            printf '%s:{"status":%s,"detail":%s}' "$(json_str "$s")" "$(json_str "${STEP[$s]}")" "$(json_str "${DETAIL[$s]}")"
+        done
+        printf '},"bench":'
+        if [ -s "$OUT/bench.json" ] && [ "${STEP[gpu_bench]:-}" = PASS ]; then cat "$OUT/bench.json"; else printf 'null\n'; fi
+        printf ',"torch":'
+        if [ -s "$OUT/torch.json" ] && [ "${STEP[torch_gpt2]:-}" = PASS ]; then cat "$OUT/torch.json"; else printf 'null\n'; fi
+        printf '}\n'
+    } >"$JSON"
+}
+
+main() {
+    echo "run.sh: $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname), $(uname -m), budget $BUDGET s"
+    have_tool nvidia-smi && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
+    rm -f "$OUT/bench.json" "$OUT/torch.json"
+    local status=pass
+    if step_deps && step_build; then
+        step_gpu_tests
+        if [ -n "$NO_GPU" ]; then
+            status=no-gpu
+            echo "run.sh: built; $NO_GPU, so nothing runs on one"
+        else
+            step_unit_cuda
+            step_bench
+            step_torch
+        fi
+    fi
+    [ $FAILED = 1 ] && status=fail
+    echo
+    echo "== summary ($(elapsed) s)"
+    for s in "${ORDER[@]}"; do printf '%-5s %s: %s\n' "${STEP[$s]}" "$s" "${DETAIL[$s]}"; done
+    write_json "$status"
+    echo "run.sh: $(echo "$status" | tr '[:lower:]' '[:upper:]') (log $LOG, summary $JSON)"
+    [ $FAILED = 0 ]
+}
+
+main "$@" 2>&1 | tee "$LOG"
+exit "${PIPESTATUS[0]}"

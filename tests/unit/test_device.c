@@ -1,0 +1,310 @@
+/*
+ * test_device.c: devices (runtime/device*.c) and the choice of one
+ * (mesh_set_device, mesh_device_info in runtime/api.c).
+ *
+ * The CPU device's calls round-trip bytes; an allocation that fails (a
+ * test hook makes the CPU's fail) says how much was asked, what the plan
+ * predicts and what the device has. Without a GPU (a build without CUDA,
+ * or no driver or device) the probe says why and the public choice falls
+ * back to the CPU with that reason, while asking for CUDA is a clear error;
+ * the choice's rules are also checked with a GPU made up.
+ */
+#include <stdint.h> /* uintptr_t */
+#include <stdio.h>  /* snprintf, sscanf */
+#include <string.h> /* memset, memcmp, strncmp, strlen */
+
+#include "api_impl.h" /* struct mesh_context: the device a context records */
+#include "comm.h"     /* comm_nccl_available: the same probe */
+#include "device.h"   /* defines: dev_*, dev_cuda_probe, dev_choose */
+#include "mesh.h"     /* mesh_set_device, mesh_device_info */
+#include "unit.h"     /* defines: TEST_IMPL, ASSERT_* */
+
+#define NO_CUDA "this libmesh was built without CUDA (make CUDA=1)"
+
+static int starts_with(const char *s, const char *prefix) { return strncmp(s, prefix, strlen(prefix)) == 0; }
+
+/* alloc, memset and the three copies through d's table, byte for byte,
+ * on a stream of its own and on the default one; events and memory info. */
+static void round_trip(dev *d)
+{
+    enum { N = 1000 };
+    unsigned char host[N], back[N];
+    void *a = NULL, *b = NULL, *z = &a;
+    ASSERT_INT_EQ(dev_alloc(d, &a, N), MESH_OK);
+    ASSERT_INT_EQ(dev_alloc(d, &b, N), MESH_OK);
+    ASSERT_NOT_NULL(a);
+    ASSERT_NOT_NULL(b);
+    ASSERT_UINT_EQ((uintptr_t)a % DEV_ALIGN, 0);
+    ASSERT_UINT_EQ((uintptr_t)b % DEV_ALIGN, 0);
+    ASSERT_INT_EQ(dev_alloc(d, &z, 0), MESH_OK); /* nothing to allocate */
+    ASSERT_NULL(z);
+
+    dev_stream *s = NULL;
+    ASSERT_INT_EQ(dev_stream_create(d, &s), MESH_OK);
+    for (int k = 0; k < N; k++) host[k] = (unsigned char)(k * 7 + 3);
+    ASSERT_INT_EQ(dev_memset(d, b, 0x5a, N, s), MESH_OK);
+    ASSERT_INT_EQ(dev_copy(d, back, b, N, DEV_DEVICE_TO_HOST, s), MESH_OK);
+    ASSERT_INT_EQ(dev_stream_sync(d, s), MESH_OK);
+    for (int k = 0; k < N; k++) ASSERT_INT_EQ(back[k], 0x5a);
+    ASSERT_INT_EQ(dev_copy(d, a, host, N, DEV_HOST_TO_DEVICE, s), MESH_OK);
+    ASSERT_INT_EQ(dev_stream_sync(d, s), MESH_OK);
+    ASSERT_INT_EQ(dev_copy(d, b, a, N, DEV_DEVICE_TO_DEVICE, NULL), MESH_OK); /* the default stream */
+    ASSERT_INT_EQ(dev_stream_sync(d, NULL), MESH_OK);
+    memset(back, 0, sizeof back);
+    ASSERT_INT_EQ(dev_copy(d, back, b, N, DEV_DEVICE_TO_HOST, s), MESH_OK);
+    ASSERT_INT_EQ(dev_copy(d, back, b, 0, DEV_DEVICE_TO_HOST, s), MESH_OK); /* no bytes: nothing */
+
+    /* an event after the copy: done once the stream is, waited for */
+    dev_event *e = NULL;
+    int done = 0;
+    ASSERT_INT_EQ(dev_event_create(d, &e), MESH_OK);
+    ASSERT_INT_EQ(dev_event_record(d, e, s), MESH_OK);
+    ASSERT_INT_EQ(dev_event_wait(d, NULL, e), MESH_OK);
+    ASSERT_INT_EQ(dev_stream_sync(d, s), MESH_OK);
+    ASSERT_INT_EQ(dev_event_query(d, e, &done), MESH_OK);
+    ASSERT_INT_EQ(done, 1);
+    ASSERT_INT_EQ(memcmp(back, host, N), 0);
+
+    /* bad arguments are refused, with the device named */
+    char want[300];
+    snprintf(want, sizeof want, "%s: copy of 4 bytes: NULL buffer", d->name);
+    ASSERT_INT_EQ(dev_copy(d, NULL, a, 4, DEV_HOST_TO_DEVICE, s), MESH_ERR_INVALID_ARG);
+    ASSERT_STR_EQ(dev_last_error(d), want);
+    ASSERT_INT_EQ(dev_copy(d, b, a, 4, (dev_copy_kind)9, s), MESH_ERR_INVALID_ARG);
+    ASSERT_INT_EQ(dev_event_query(d, NULL, &done), MESH_ERR_INVALID_ARG);
+
+    size_t free_bytes = 0, total = 0;
+    ASSERT_INT_EQ(dev_mem_info(d, &free_bytes, &total), MESH_OK);
+    ASSERT_INT_LT(0, (intmax_t)(total / 4096));
+    ASSERT_INT_GE((intmax_t)(total / 4096), (intmax_t)(free_bytes / 4096));
+
+    dev_event_destroy(d, e);
+    dev_event_destroy(d, NULL);
+    dev_stream_destroy(d, s);
+    dev_stream_destroy(d, NULL);
+    dev_free(d, a);
+    dev_free(d, b);
+    dev_free(d, NULL);
+}
+
+TEST_IMPL(device_cpu_round_trips)
+{
+    char err[256] = "x";
+    dev *d = NULL;
+    ASSERT_INT_EQ(dev_open(MESH_DEVICE_CPU, 0, &d, err, sizeof err), MESH_OK);
+    ASSERT_STR_EQ(err, "");
+    ASSERT_STR_EQ(d->name, "cpu");
+    ASSERT_STR_EQ(d->v->name, "cpu");
+    round_trip(d);
+    dev_close(d);
+    dev_close(NULL);
+
+    /* the CPU is device 0 only; a kind that is none */
+    ASSERT_INT_EQ(dev_open(MESH_DEVICE_CPU, 1, &d, err, sizeof err), MESH_ERR_INVALID_ARG);
+    ASSERT_NULL(d);
+    ASSERT_STR_EQ(err, "cpu: no device 1");
+    ASSERT_INT_EQ(dev_open(MESH_DEVICE_AUTO, 0, &d, err, sizeof err), MESH_ERR_INVALID_ARG);
+    ASSERT_STR_EQ(err, "device kind 0 is neither the CPU nor CUDA");
+}
+
+/* The out-of-memory text, and a failing allocation (the CPU's test hook)
+ * that carries it with the plan's prediction and the device's memory. */
+TEST_IMPL(device_out_of_memory_message)
+{
+    char text[400];
+    dev_oom_text(text, sizeof text, "cudaMalloc", 1073741824, 2147483648u, 1, 524288000, 150754820096ull);
+    ASSERT_STR_EQ(text, "cudaMalloc: out of device memory allocating 1073741824 bytes (the plan predicts "
+                        "2147483648 bytes per rank; the device has 524288000 free of 150754820096)");
+    dev_oom_text(text, sizeof text, "cudaMalloc", 4096, 0, 1, 0, 8192);
+    ASSERT_STR_EQ(text, "cudaMalloc: out of device memory allocating 4096 bytes (the device has 0 free of 8192)");
+    dev_oom_text(text, sizeof text, "cudaMalloc", 4096, 100, 0, 0, 0);
+    ASSERT_STR_EQ(text,
+                  "cudaMalloc: out of device memory allocating 4096 bytes (the plan predicts 100 bytes per rank)");
+    dev_oom_text(text, sizeof text, NULL, 4096, 0, 0, 0, 0);
+    ASSERT_STR_EQ(text, "out of device memory allocating 4096 bytes");
+
+    dev *d = NULL;
+    ASSERT_INT_EQ(dev_open(MESH_DEVICE_CPU, 0, &d, NULL, 0), MESH_OK);
+    dev_set_planned(d, 123456);
+    d->fail_alloc = 1;
+    void *p = &d;
+    ASSERT_INT_EQ(dev_alloc(d, &p, 1 << 20), MESH_ERR_NOMEM);
+    ASSERT_NULL(p);
+    const char *want = "cpu: posix_memalign: out of device memory allocating 1048576 bytes (the plan predicts "
+                       "123456 bytes per rank; the device has ";
+    const char *msg = dev_last_error(d);
+    if (!starts_with(msg, want)) ASSERT_STR_EQ(msg, want);
+    unsigned long long f = 0, t = 0;
+    char end = 0;
+    ASSERT_INT_EQ(sscanf(msg + strlen(want), "%llu free of %llu%c", &f, &t, &end), 3);
+    ASSERT_INT_EQ(end, ')');
+    ASSERT_INT_GE((intmax_t)(t / 4096), (intmax_t)(f / 4096));
+    ASSERT_INT_LT(0, (intmax_t)(t / 4096));
+    d->fail_alloc = 0; /* the hook off, the same call succeeds */
+    ASSERT_INT_EQ(dev_alloc(d, &p, 1 << 20), MESH_OK);
+    dev_free(d, p);
+    dev_close(d);
+}
+
+/* No GPU here (or one): the probe says which, the same as the NCCL
+ * backend's, and opening a CUDA device fails with the reason. */
+TEST_IMPL(device_cuda_probe_says_why)
+{
+    char why[320] = "x", name[256] = "x", err[400] = "";
+    int gpu = dev_cuda_probe(why, sizeof why, name, sizeof name);
+    ASSERT_INT_EQ(dev_cuda_probe(NULL, 0, NULL, 0), gpu);
+    char nccl_why[320] = "";
+    ASSERT_INT_EQ(comm_nccl_available(nccl_why, sizeof nccl_why), gpu);
+    ASSERT_STR_EQ(nccl_why, why);
+    dev *d = NULL;
+    if (gpu) {
+        ASSERT_STR_EQ(why, "");
+        ASSERT_STR_NE(name, "");
+        printf("# GPU: %s\n", name);
+        return;
+    }
+    ASSERT_STR_EQ(name, "");
+    /* built without CUDA, or no driver (this machine), or no device */
+    if (strcmp(why, NO_CUDA) != 0 && !starts_with(why, "no CUDA driver (") &&
+        !starts_with(why, "cudaGetDeviceCount: ") && !starts_with(why, "no CUDA device"))
+        ASSERT_STR_EQ(why, "no CUDA driver (...)");
+    char want[400];
+    snprintf(want, sizeof want, "cuda:0: no GPU (%s)", why);
+    ASSERT_INT_EQ(dev_open(MESH_DEVICE_CUDA, 0, &d, err, sizeof err), MESH_ERR_UNSUPPORTED);
+    ASSERT_NULL(d);
+    ASSERT_STR_EQ(err, want);
+}
+
+/* With a GPU (else nothing: device_cuda_probe_says_why said why): the
+ * same round trips on device 0, and an allocation larger than the device
+ * says how much it has. */
+TEST_IMPL(device_cuda_round_trips)
+{
+    char name[256], err[400] = "x", want[600];
+    if (!dev_cuda_probe(NULL, 0, name, sizeof name)) return;
+    dev *d = NULL;
+    ASSERT_INT_EQ(dev_open(MESH_DEVICE_CUDA, 0, &d, err, sizeof err), MESH_OK);
+    ASSERT_STR_EQ(err, "");
+    snprintf(want, sizeof want, "cuda:0 (%s)", name);
+    ASSERT_STR_EQ(d->name, want);
+    round_trip(d);
+    size_t free_bytes = 0, total = 0;
+    ASSERT_INT_EQ(dev_mem_info(d, &free_bytes, &total), MESH_OK);
+    void *p = &d;
+    dev_set_planned(d, 1000);
+    ASSERT_INT_EQ(dev_alloc(d, &p, 2 * total), MESH_ERR_NOMEM);
+    ASSERT_NULL(p);
+    snprintf(want, sizeof want, "cuda:0 (%s): cudaMalloc: out of device memory allocating %zu bytes (the plan "
+             "predicts 1000 bytes per rank; the device has ", name, 2 * total);
+    if (!starts_with(dev_last_error(d), want)) ASSERT_STR_EQ(dev_last_error(d), want);
+    printf("# %s\n", dev_last_error(d));
+    round_trip(d); /* the failure left the device usable */
+    dev_close(d);
+    ASSERT_INT_EQ(dev_open(MESH_DEVICE_CUDA, 4096, &d, err, sizeof err), MESH_ERR_UNSUPPORTED);
+    ASSERT_INT_EQ(strncmp(err, "cuda:4096: no such device: this process sees ", 45), 0);
+}
+
+/* The rules of the choice, with and without a (made-up) GPU. */
+TEST_IMPL(device_choose_rules)
+{
+    char why[400];
+    mesh_device_kind k = MESH_DEVICE_CUDA;
+    ASSERT_INT_EQ(dev_choose(MESH_DEVICE_AUTO, 0, "no CUDA driver (x)", &k, why, sizeof why), MESH_OK);
+    ASSERT_INT_EQ(k, MESH_DEVICE_CPU);
+    ASSERT_STR_EQ(why, "no GPU (no CUDA driver (x)): running on the CPU");
+    k = MESH_DEVICE_CUDA;
+    ASSERT_INT_EQ(dev_choose(MESH_DEVICE_AUTO, 1, "NVIDIA H200", &k, why, sizeof why), MESH_OK);
+    ASSERT_INT_EQ(k, MESH_DEVICE_CPU);
+    ASSERT_STR_EQ(why, "a GPU is present (NVIDIA H200), but training on it is not built yet: running on the CPU");
+    ASSERT_INT_EQ(dev_choose(MESH_DEVICE_CPU, 1, "NVIDIA H200", &k, why, sizeof why), MESH_OK);
+    ASSERT_INT_EQ(k, MESH_DEVICE_CPU);
+    ASSERT_STR_EQ(why, "the CPU was asked for: running on the CPU");
+    k = MESH_DEVICE_AUTO;
+    ASSERT_INT_EQ(dev_choose(MESH_DEVICE_CUDA, 0, NO_CUDA, &k, why, sizeof why), MESH_ERR_UNSUPPORTED);
+    ASSERT_INT_EQ(k, MESH_DEVICE_AUTO); /* untouched */
+    ASSERT_STR_EQ(why, "--device cuda: no GPU (" NO_CUDA ")");
+    ASSERT_INT_EQ(dev_choose(MESH_DEVICE_CUDA, 1, "NVIDIA H200", &k, why, sizeof why), MESH_ERR_UNSUPPORTED);
+    ASSERT_STR_EQ(why, "--device cuda: the CUDA executor is not built yet: train with the CPU");
+    ASSERT_INT_EQ(dev_choose((mesh_device_kind)7, 0, "", &k, why, sizeof why), MESH_ERR_INVALID_ARG);
+    ASSERT_STR_EQ(why, "device kind 7 is not one of MESH_DEVICE_AUTO, MESH_DEVICE_CPU, MESH_DEVICE_CUDA");
+}
+
+/* A one-rank plan the interpreter runs. */
+static mesh_plan *tiny_plan(void)
+{
+    static const char src[] =
+        "model m {\n"
+        "  input tokens : int[batch, seq]\n"
+        "  input targets : int[batch, seq]\n"
+        "  param wte : [32, 8] = normal(0.5)\n"
+        "  loss = cross_entropy(embed(tokens, wte) @ transpose(wte), targets)\n"
+        "}\n"
+        "mesh { dp = 1 }\n"
+        "train { global_batch = 4  micro_batch = 2  seq_len = 4  steps = 10  seed = 3\n"
+        "        optimizer = adamw(lr: 1e-2) }\n";
+    mesh_compile_options o = MESH_COMPILE_OPTIONS_INIT;
+    char *text = NULL;
+    size_t len = 0;
+    mesh_plan *mp = NULL;
+    ASSERT_INT_EQ(mesh_compile("m.mesh", src, strlen(src), &o, &text, &len), MESH_OK);
+    ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
+    mesh_free(text);
+    return mp;
+}
+
+/* The public choice on this machine: AUTO runs on the CPU and says why,
+ * CUDA is refused naming the reason (the choice stays), CPU is taken; a
+ * context records the device. */
+TEST_IMPL(device_selection_public)
+{
+    char reason[320], name[256], want[600];
+    int gpu = dev_cuda_probe(reason, sizeof reason, name, sizeof name);
+    mesh_device_kind k = MESH_DEVICE_CUDA;
+    const char *why = NULL;
+
+    /* nothing set: AUTO's choice */
+    ASSERT_INT_EQ(mesh_device_info(&k, &why), MESH_OK);
+    ASSERT_INT_EQ(k, MESH_DEVICE_CPU);
+    if (gpu)
+        snprintf(want, sizeof want,
+                 "a GPU is present (%s), but training on it is not built yet: running on the CPU", name);
+    else
+        snprintf(want, sizeof want, "no GPU (%s): running on the CPU", reason);
+    ASSERT_STR_EQ(why, want);
+    ASSERT_INT_EQ(mesh_device_info(NULL, NULL), MESH_OK);
+
+    mesh_plan *mp = tiny_plan();
+    mesh_context *ctx = NULL;
+    ASSERT_INT_EQ(mesh_context_create(mp, 0, &ctx), MESH_OK);
+    ASSERT_INT_EQ(ctx->device, MESH_DEVICE_CPU);
+    mesh_context_free(ctx);
+
+    /* CUDA: refused, the reason said; the choice stays AUTO's */
+    ASSERT_INT_EQ(mesh_set_device(MESH_DEVICE_CUDA), MESH_ERR_UNSUPPORTED);
+    if (gpu)
+        snprintf(want, sizeof want, "--device cuda: the CUDA executor is not built yet: train with the CPU");
+    else
+        snprintf(want, sizeof want, "--device cuda: no GPU (%s)", reason);
+    ASSERT_STR_EQ(mesh_last_error(), want);
+    ASSERT_INT_EQ(mesh_device_info(&k, &why), MESH_OK);
+    ASSERT_INT_EQ(k, MESH_DEVICE_CPU);
+    ASSERT_INT_EQ(strncmp(why, gpu ? "a GPU is present (" : "no GPU (", gpu ? 18 : 8), 0);
+
+    /* CPU: taken */
+    ASSERT_INT_EQ(mesh_set_device(MESH_DEVICE_CPU), MESH_OK);
+    ASSERT_INT_EQ(mesh_device_info(&k, &why), MESH_OK);
+    ASSERT_INT_EQ(k, MESH_DEVICE_CPU);
+    ASSERT_STR_EQ(why, "the CPU was asked for: running on the CPU");
+    ASSERT_INT_EQ(mesh_context_create(mp, 0, &ctx), MESH_OK);
+    ASSERT_INT_EQ(ctx->device, MESH_DEVICE_CPU);
+    mesh_context_free(ctx);
+
+    /* AUTO again, and a kind that is none */
+    ASSERT_INT_EQ(mesh_set_device(MESH_DEVICE_AUTO), MESH_OK);
+    ASSERT_INT_EQ(mesh_device_info(&k, &why), MESH_OK);
+    ASSERT_INT_EQ(strncmp(why, gpu ? "a GPU is present (" : "no GPU (", gpu ? 18 : 8), 0);
+    ASSERT_INT_EQ(mesh_set_device((mesh_device_kind)42), MESH_ERR_INVALID_ARG);
+    ASSERT_STR_EQ(mesh_last_error(),
+                  "device kind 42 is not one of MESH_DEVICE_AUTO, MESH_DEVICE_CPU, MESH_DEVICE_CUDA");
+    mesh_plan_free(mp);
+}
