@@ -118,7 +118,7 @@ static int ce_shard_forward(mesh__exec *ex, float *out, float *aux, const float 
         comm_abort(c, ex->error);
         return -1;
     }
-    double *st = (double *)(void *)(ex->arena + ex->comm_at);
+    double *st = (double *)(void *)(ex->arena + ((ex->comm_at + 7) & ~(int64_t)7)); /* the arena is 8-aligned */
     float *all = (float *)(void *)(st + 2 * (size_t)N);
     int rc = comm_all_gather(c, mx, all, (size_t)N);
     if (rc == 0) {

@@ -85,12 +85,17 @@ static int usage_error(const char *what, const char *arg)
     return 2;
 }
 
-/* Prints "meshrun: error: ..." to stderr. */
+/* Prints "meshrun: error: ..." to stderr, in one write (under mpirun the
+ * launcher's own lines go to the same place). */
 static void vfail(const char *fmt, va_list ap)
 {
-    fputs("meshrun: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    char line[4096];
+    int k = snprintf(line, sizeof line, "meshrun: error: ");
+    vsnprintf(line + k, sizeof line - (size_t)k - 1, fmt, ap);
+    size_t n = strlen(line);
+    line[n] = '\n';
+    line[n + 1] = '\0';
+    fputs(line, stderr);
 }
 
 /* The same (on rank 0 of a job of several processes); returns the
