@@ -926,13 +926,36 @@ exit: 1" env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port MESH_CO
 }
 
 # --- SLURM --------------------------------------------------------------
+# slurm_job BASE TASKS PLAN NAME: examples/slurm/train.sbatch on the
+# cluster at BASE, TASKS tasks, 20 steps of PLAN (metrics in
+# $TMP/NAME.jsonl, the job's state and output in $TMP/NAME.out); true if
+# the job completed with exit 0.
+slurm_job() {
+    local base=$1 ntasks=$2 plan=$3 name=$4 job state code
+    rm -f "$TMP/$name.jsonl"
+    job=$(env SLURM_CONF="$base/slurm.conf" MESHRUN="$MESHRUN" \
+        ${ASAN_OPTIONS:+ASAN_OPTIONS=detect_leaks=0:abort_on_error=0} sbatch --parsable --ntasks="$ntasks" \
+        --chdir="$ROOT" --output="$base/job-%j.out" examples/slurm/train.sbatch \
+        "$plan" --data "$TMP/dd.bin" --steps 20 --metrics "$TMP/$name.jsonl" 2>&1)
+    for _ in $(seq 1 $((LIMIT * 5))); do
+        SLURM_CONF=$base/slurm.conf squeue -h -j "$job" 2>/dev/null | grep -q . || break
+        sleep 0.2
+    done
+    state=$(SLURM_CONF=$base/slurm.conf scontrol show job "$job" 2>&1 | grep -oE 'JobState=[A-Z]+' | cut -d= -f2)
+    code=$(SLURM_CONF=$base/slurm.conf scontrol show job "$job" 2>&1 | grep -oE ' ExitCode=[0-9]+:[0-9]+' | cut -d= -f2)
+    { echo "job '$job': ${state:-?} exit ${code:-?}"; cat "$base/job-$job.out"; cat "$TMP/$name.jsonl"; } \
+        >"$TMP/$name.out" 2>&1
+    SLURM_CONF=$base/slurm.conf scancel "$job" >/dev/null 2>&1
+    [ "$state" = COMPLETED ] && [ "$code" = 0:0 ]
+}
+
 # A throw-away one-node cluster (tests/slurm/slurm-up.sh: munge and the
 # daemons, as root, on random ports) runs examples/slurm/train.sbatch for
 # gpt-tiny dp 2: srun --mpi=pmix starts a rank per task, and the losses
 # are the one-rank run's. Skipped with a SKIP line without MPI, root or
 # the SLURM packages.
 slurm_section() {
-    local base=$TMP/slurm why='' c job state='' code='' tries
+    local base=$TMP/slurm why='' c tries
     [ "${MESH_MPI:-1}" != 0 ] || why="this build has no MPI (MPI=0)"
     [ -n "$why" ] || [ "$(id -u)" = 0 ] || why="the throw-away cluster needs root"
     for c in munged slurmctld slurmd srun sbatch squeue scontrol; do
@@ -954,27 +977,22 @@ slurm_section() {
         return
     fi
     pass slurm/cluster-up
-    rm -f "$TMP/slurm-dp2.jsonl"
-    job=$(env SLURM_CONF="$base/slurm.conf" MESHRUN="$MESHRUN" \
-        ${ASAN_OPTIONS:+ASAN_OPTIONS=detect_leaks=0:abort_on_error=0} sbatch --parsable --ntasks=2 --chdir="$ROOT" --output="$base/job-%j.out" examples/slurm/train.sbatch \
-        "$TMP/dp2.plan" --data "$TMP/dd.bin" --steps 20 --metrics "$TMP/slurm-dp2.jsonl" 2>&1)
-    for _ in $(seq 1 $((LIMIT * 5))); do
-        SLURM_CONF=$base/slurm.conf squeue -h -j "$job" 2>/dev/null | grep -q . || break
-        sleep 0.2
-    done
-    state=$(SLURM_CONF=$base/slurm.conf scontrol show job "$job" 2>&1 | grep -oE 'JobState=[A-Z]+' | cut -d= -f2)
-    code=$(SLURM_CONF=$base/slurm.conf scontrol show job "$job" 2>&1 | grep -oE ' ExitCode=[0-9]+:[0-9]+' | cut -d= -f2)
-    { echo "job '$job': ${state:-?} exit ${code:-?}"; cat "$base/job-$job.out"; } >"$TMP/slurm-job.out" 2>&1
-    if [ "$state" = COMPLETED ] && [ "$code" = 0:0 ] &&
-        grep -q "^meshrun: 2 ranks (dp 2 x tp 1 x pp 1 x ep 1), one per process (pmix)$" "$TMP/slurm-job.out" &&
+    # dp 2: the one-rank losses, and the threads run's metrics to the digit
+    if slurm_job "$base" 2 "$TMP/dp2.plan" slurm-dp2 &&
+        grep -q "^meshrun: 2 ranks (dp 2 x tp 1 x pp 1 x ep 1), one per process (pmix)$" "$TMP/slurm-dp2.out" &&
         same_losses "$TMP/dp1.jsonl" "$TMP/slurm-dp2.jsonl" &&
         [ "$(sed 's/, "ms".*//' "$TMP/dp2.jsonl")" = "$(sed 's/, "ms".*//' "$TMP/slurm-dp2.jsonl")" ]; then
         pass slurm/sbatch-srun-dp2-same-losses-as-one-rank
     else
-        cat "$TMP/slurm-dp2.jsonl" >>"$TMP/slurm-job.out" 2>&1
-        fail slurm/sbatch-srun-dp2-same-losses-as-one-rank "$TMP/slurm-job.out"
+        fail slurm/sbatch-srun-dp2-same-losses-as-one-rank "$TMP/slurm-dp2.out"
     fi
-    SLURM_CONF=$base/slurm.conf scancel "$job" >/dev/null 2>&1
+    # dp 2 x tp 2 with sequence parallelism, 4 tasks: the threads run's metrics
+    if slurm_job "$base" 4 "$TMP/sp2x2.plan" slurm-sp2x2 && [ -s "$TMP/slurm-sp2x2.jsonl" ] &&
+        [ "$(sed 's/, "ms".*//' "$TMP/sp2x2.jsonl")" = "$(sed 's/, "ms".*//' "$TMP/slurm-sp2x2.jsonl")" ]; then
+        pass slurm/sbatch-srun-sp-dp2-tp2-same-as-threads
+    else
+        fail slurm/sbatch-srun-sp-dp2-tp2-same-as-threads "$TMP/slurm-sp2x2.out"
+    fi
     tests/slurm/slurm-down.sh "$base"
 }
 
