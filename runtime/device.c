@@ -119,41 +119,52 @@ mesh_status dev_memset(dev *d, void *p, int byte, size_t bytes, dev_stream *s)
     return d->v->memset(d, p, byte, bytes, s);
 }
 
+/* A synchronous device's streams and events (its table has none): tokens. */
+static char sync_stream, sync_event;
+
 mesh_status dev_stream_create(dev *d, dev_stream **s)
 {
     if (!d || !s) return MESH_ERR_INVALID_ARG;
     *s = NULL;
+    if (!d->v->stream_create) {
+        *s = (dev_stream *)(void *)&sync_stream;
+        return MESH_OK;
+    }
     return d->v->stream_create(d, s);
 }
 
 void dev_stream_destroy(dev *d, dev_stream *s)
 {
-    if (d && s) d->v->stream_destroy(d, s);
+    if (d && s && d->v->stream_destroy) d->v->stream_destroy(d, s);
 }
 
 mesh_status dev_stream_sync(dev *d, dev_stream *s)
 {
     if (!d) return MESH_ERR_INVALID_ARG;
-    return d->v->stream_sync(d, s);
+    return d->v->stream_sync ? d->v->stream_sync(d, s) : MESH_OK;
 }
 
 mesh_status dev_event_create(dev *d, dev_event **e)
 {
     if (!d || !e) return MESH_ERR_INVALID_ARG;
     *e = NULL;
+    if (!d->v->event_create) {
+        *e = (dev_event *)(void *)&sync_event;
+        return MESH_OK;
+    }
     return d->v->event_create(d, e);
 }
 
 void dev_event_destroy(dev *d, dev_event *e)
 {
-    if (d && e) d->v->event_destroy(d, e);
+    if (d && e && d->v->event_destroy) d->v->event_destroy(d, e);
 }
 
 mesh_status dev_event_record(dev *d, dev_event *e, dev_stream *s)
 {
     if (!d) return MESH_ERR_INVALID_ARG;
     if (!e) return dev_fail(d, MESH_ERR_INVALID_ARG, "event record: NULL event");
-    return d->v->event_record(d, e, s);
+    return d->v->event_record ? d->v->event_record(d, e, s) : MESH_OK;
 }
 
 mesh_status dev_event_query(dev *d, dev_event *e, int *done)
@@ -161,6 +172,10 @@ mesh_status dev_event_query(dev *d, dev_event *e, int *done)
     if (!d || !done) return MESH_ERR_INVALID_ARG;
     *done = 0;
     if (!e) return dev_fail(d, MESH_ERR_INVALID_ARG, "event query: NULL event");
+    if (!d->v->event_query) {
+        *done = 1;
+        return MESH_OK;
+    }
     return d->v->event_query(d, e, done);
 }
 
@@ -168,7 +183,7 @@ mesh_status dev_event_wait(dev *d, dev_stream *s, dev_event *e)
 {
     if (!d) return MESH_ERR_INVALID_ARG;
     if (!e) return dev_fail(d, MESH_ERR_INVALID_ARG, "event wait: NULL event");
-    return d->v->event_wait(d, s, e);
+    return d->v->event_wait ? d->v->event_wait(d, s, e) : MESH_OK;
 }
 
 mesh_status dev_mem_info(dev *d, size_t *free_bytes, size_t *total_bytes)

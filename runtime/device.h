@@ -67,6 +67,8 @@ typedef struct dev_vtbl {
     void (*free)(dev *d, void *p);                        /* p != NULL */
     mesh_status (*copy)(dev *d, void *dst, const void *src, size_t bytes, dev_copy_kind kind, dev_stream *s);
     mesh_status (*memset)(dev *d, void *p, int byte, size_t bytes, dev_stream *s);
+    /* streams and events: NULL for a synchronous device (the CPU), whose
+     * streams and events are tokens, every event done at once */
     mesh_status (*stream_create)(dev *d, dev_stream **s);
     void (*stream_destroy)(dev *d, dev_stream *s); /* s != NULL */
     mesh_status (*stream_sync)(dev *d, dev_stream *s);

@@ -762,7 +762,7 @@ mpi_section() {
         rm -f "$TMP/mpi-$plan.jsonl"
         capture "$TMP/mpi-$plan.out" "${MPI_ENV[@]}" mpirun -n "$n" "$MESHRUN" "$TMP/$plan" --data "$TMP/dd.bin" \
             --steps 20 --metrics "$TMP/mpi-$plan.jsonl"
-        if [ "$(tail -n 1 "$TMP/mpi-$plan.out")" = "exit: 0" ] &&
+        if [ "$(tail -n 1 "$TMP/mpi-$plan.out")" = "exit: 0" ] && [ -s "$TMP/mpi-$plan.jsonl" ] &&
             [ "$(sed 's/, "ms".*//' "$TMP/$ref")" = "$(sed 's/, "ms".*//' "$TMP/mpi-$plan.jsonl")" ]; then
             pass "meshrun/mpi-${plan%.plan}-same-as-threads"
         else

@@ -1,6 +1,6 @@
 /*
- * fixture.c: the checked front end the compiler's unit tests start from
- * (see fixture.h).
+ * fixture.c: the checked front end the compiler's unit tests start from,
+ * and a small plan for the runtime's (see fixture.h).
  */
 #include <stdio.h>  /* fputs, stderr */
 #include <string.h> /* strlen */
@@ -23,4 +23,29 @@ fe *fixture_checked(const char *src, const char *path, const char *const *sets, 
     else ASSERT_INT_EQ(fe_load_buffer(f, "m.mesh", src, strlen(src)), FE_OK);
     ASSERT_INT_EQ(fe_check(f), FE_OK);
     return f;
+}
+
+/* A model the interpreter runs, with a vocabulary of 32; `sets` as
+ * meshc --set (global_batch 4 of micro_batch 2 and seq_len 4 by default). */
+mesh_plan *fixture_plan(const char *const *sets, int n_sets) {
+    static const char src[] =
+        "model m {\n"
+        "  input tokens : int[batch, seq]\n"
+        "  input targets : int[batch, seq]\n"
+        "  param wte : [32, 8] = normal(0.5)\n"
+        "  loss = cross_entropy(embed(tokens, wte) @ transpose(wte), targets)\n"
+        "}\n"
+        "mesh { dp = 1 }\n"
+        "train { global_batch = 4  micro_batch = 2  seq_len = 4  steps = 10  seed = 3\n"
+        "        optimizer = adamw(lr: 1e-2) }\n";
+    mesh_compile_options o = MESH_COMPILE_OPTIONS_INIT;
+    o.sets = sets;
+    o.n_sets = n_sets;
+    char *text = NULL;
+    size_t len = 0;
+    mesh_plan *mp = NULL;
+    ASSERT_INT_EQ(mesh_compile("m.mesh", src, strlen(src), &o, &text, &len), MESH_OK);
+    ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
+    mesh_free(text);
+    return mp;
 }

@@ -7,10 +7,15 @@
 #define MESH_FIXTURE_H
 
 #include "frontend.h" /* defines: fe */
+#include "mesh.h"     /* defines: mesh_plan */
 
 /* Loads `src` (named m.mesh) or, when `path` is not NULL, the file `path`,
  * after the n_sets --set overrides in `sets`; checks it with std/ from the
  * source tree. Fails the test on any error; the caller frees with fe_free. */
 fe *fixture_checked(const char *src, const char *path, const char *const *sets, int n_sets);
+
+/* A one-rank plan the interpreter runs (a vocabulary of 32, global_batch 4
+ * of micro_batch 2, seq_len 4, seed 3), with `sets` as meshc --set. */
+mesh_plan *fixture_plan(const char *const *sets, int n_sets);
 
 #endif

@@ -13,6 +13,7 @@
 #include <unistd.h>   /* defines: rmdir */
 
 #include "data.h" /* defines: mesh__shard_* */
+#include "fixture.h" /* defines: fixture_plan */
 #include "mesh.h" /* defines: mesh_data_*, mesh_compile */
 #include "unit.h" /* defines: TEST_IMPL, ASSERT_* */
 
@@ -44,31 +45,6 @@ static void write_bytes(const char *p, const void *data, size_t n) {
     ASSERT_NOT_NULL(f);
     ASSERT_UINT_EQ(fwrite(data, 1, n, f), n);
     fclose(f);
-}
-
-/* A model the interpreter runs, with a vocabulary of 32; `sets` as
- * meshc --set (global_batch 4 of micro_batch 2 and seq_len 4 by default). */
-static mesh_plan *plan_with(const char *const *sets, int n_sets) {
-    static const char src[] =
-        "model m {\n"
-        "  input tokens : int[batch, seq]\n"
-        "  input targets : int[batch, seq]\n"
-        "  param wte : [32, 8] = normal(0.5)\n"
-        "  loss = cross_entropy(embed(tokens, wte) @ transpose(wte), targets)\n"
-        "}\n"
-        "mesh { dp = 1 }\n"
-        "train { global_batch = 4  micro_batch = 2  seq_len = 4  steps = 10  seed = 3\n"
-        "        optimizer = adamw(lr: 1e-2) }\n";
-    mesh_compile_options o = MESH_COMPILE_OPTIONS_INIT;
-    o.sets = sets;
-    o.n_sets = n_sets;
-    char *text = NULL;
-    size_t len = 0;
-    mesh_plan *mp = NULL;
-    ASSERT_INT_EQ(mesh_compile("m.mesh", src, strlen(src), &o, &text, &len), MESH_OK);
-    ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
-    mesh_free(text);
-    return mp;
 }
 
 TEST_IMPL(data_shard_roundtrip)
@@ -172,7 +148,7 @@ TEST_IMPL(data_stream_reads_shards_in_order)
     write_shards();
     char pattern[160];
     snprintf(pattern, sizeof pattern, "%s", path_of("s_*.bin"));
-    mesh_plan *mp = plan_with(NULL, 0);
+    mesh_plan *mp = fixture_plan(NULL, 0);
     mesh_data *d = NULL;
     ASSERT_INT_EQ(mesh_data_open(mp, pattern, 0, &d), MESH_OK);
     int shards = 0;
@@ -224,7 +200,7 @@ TEST_IMPL(data_stream_rank_slices_make_the_global_batch)
     char pattern[160];
     snprintf(pattern, sizeof pattern, "%s", path_of("s_*.bin"));
     const char *one[] = {"train.global_batch=8"};
-    mesh_plan *mp1 = plan_with(one, 1);
+    mesh_plan *mp1 = fixture_plan(one, 1);
     mesh_data *all = NULL;
     int mb = 0, m = 0, seq = 0;
     ASSERT_INT_EQ(mesh_plan_batch(mp1, &mb, &m, &seq, NULL), MESH_OK);
@@ -236,7 +212,7 @@ TEST_IMPL(data_stream_rank_slices_make_the_global_batch)
         char set[32];
         snprintf(set, sizeof set, "mesh.dp=%d", dp);
         const char *sets[] = {"train.global_batch=8", set};
-        mesh_plan *mp = plan_with(sets, 2);
+        mesh_plan *mp = fixture_plan(sets, 2);
         mesh_data *rank[4] = {NULL};
         for (int r = 0; r < dp; r++) ASSERT_INT_EQ(mesh_data_open(mp, pattern, r, &rank[r]), MESH_OK);
         ASSERT_INT_EQ(mesh_data_seek(all, 0), MESH_OK);
@@ -266,7 +242,7 @@ TEST_IMPL(data_stream_rank_slices_make_the_global_batch)
 /* Each bad file, and a pattern that matches none, is refused naming it. */
 TEST_IMPL(data_stream_refusals)
 {
-    mesh_plan *mp = plan_with(NULL, 0);
+    mesh_plan *mp = fixture_plan(NULL, 0);
     mesh_data *d = (mesh_data *)1;
     char pattern[160];
     snprintf(pattern, sizeof pattern, "%s", path_of("none_*.bin"));
@@ -324,7 +300,7 @@ TEST_IMPL(data_checkpoint_resume_same_losses)
     char pattern[160], ck[160];
     snprintf(pattern, sizeof pattern, "%s", path_of("s_*.bin"));
     snprintf(ck, sizeof ck, "%s", path_of("ck"));
-    mesh_plan *mp = plan_with(NULL, 0);
+    mesh_plan *mp = fixture_plan(NULL, 0);
     mesh_context *ctx = NULL;
     mesh_data *d = NULL;
     double straight[6], resumed[6];

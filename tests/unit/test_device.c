@@ -16,6 +16,7 @@
 #include "api_impl.h" /* struct mesh_context: the device a context records */
 #include "comm.h"     /* comm_nccl_available: the same probe */
 #include "device.h"   /* defines: dev_*, dev_cuda_probe, dev_choose */
+#include "fixture.h"  /* defines: fixture_plan */
 #include "mesh.h"     /* mesh_set_device, mesh_device_info */
 #include "unit.h"     /* defines: TEST_IMPL, ASSERT_* */
 
@@ -229,29 +230,6 @@ TEST_IMPL(device_choose_rules)
     ASSERT_STR_EQ(why, "device kind 7 is not one of MESH_DEVICE_AUTO, MESH_DEVICE_CPU, MESH_DEVICE_CUDA");
 }
 
-/* A one-rank plan the interpreter runs. */
-static mesh_plan *tiny_plan(void)
-{
-    static const char src[] =
-        "model m {\n"
-        "  input tokens : int[batch, seq]\n"
-        "  input targets : int[batch, seq]\n"
-        "  param wte : [32, 8] = normal(0.5)\n"
-        "  loss = cross_entropy(embed(tokens, wte) @ transpose(wte), targets)\n"
-        "}\n"
-        "mesh { dp = 1 }\n"
-        "train { global_batch = 4  micro_batch = 2  seq_len = 4  steps = 10  seed = 3\n"
-        "        optimizer = adamw(lr: 1e-2) }\n";
-    mesh_compile_options o = MESH_COMPILE_OPTIONS_INIT;
-    char *text = NULL;
-    size_t len = 0;
-    mesh_plan *mp = NULL;
-    ASSERT_INT_EQ(mesh_compile("m.mesh", src, strlen(src), &o, &text, &len), MESH_OK);
-    ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
-    mesh_free(text);
-    return mp;
-}
-
 /* The public choice on this machine: AUTO runs on the CPU and says why,
  * CUDA is refused naming the reason (the choice stays), CPU is taken; a
  * context records the device. */
@@ -273,7 +251,7 @@ TEST_IMPL(device_selection_public)
     ASSERT_STR_EQ(why, want);
     ASSERT_INT_EQ(mesh_device_info(NULL, NULL), MESH_OK);
 
-    mesh_plan *mp = tiny_plan();
+    mesh_plan *mp = fixture_plan(NULL, 0);
     mesh_context *ctx = NULL;
     ASSERT_INT_EQ(mesh_context_create(mp, 0, &ctx), MESH_OK);
     ASSERT_INT_EQ(ctx->device, MESH_DEVICE_CPU);
