@@ -18,6 +18,7 @@ typedef struct mp {
     int64_t layers;      /* its iterations */
     int fb;              /* bytes of a float element */
     int no_reuse;        /* MEMPLAN_NO_REUSE */
+    int masters;         /* the optimizer state has fp32 master params (fb 2, or MEMPLAN_MASTERS) */
     int *seg;            /* per tensor: SEG_* */
     int *last;           /* per tensor: last consumer in its segment, -1 if none */
     char *saved;         /* per tensor: its value is kept for backward */
@@ -441,7 +442,7 @@ static void place_params(mp *x, int stg, mem_stage *ms) {
     }
     ms->params = (int64_t)((s->zero == 3 ? sharded : n_params) * x->fb);
     ms->grads = (int64_t)((s->zero >= 2 ? sharded : n_params) * x->fb);
-    ms->optim = (int64_t)((s->zero >= 1 ? sharded : n_params) * (x->fb == 4 ? 8 : 12));
+    ms->optim = (int64_t)((s->zero >= 1 ? sharded : n_params) * (x->masters ? 12 : 8));
 }
 
 /* The communication buffer: the largest collective output (dp's gradient
@@ -474,7 +475,8 @@ int memplan_build(memplan *m, const plan *p, int float_bytes, unsigned flags) {
     memset(m, 0, sizeof *m);
     int n = p->n_tensors;
     mp x = {p, m, n, -1, 0, float_bytes ? float_bytes : p->setup.precision == 0 ? 4 : 2, (flags & MEMPLAN_NO_REUSE) != 0,
-            NULL, NULL, NULL, NULL, NULL};
+            0, NULL, NULL, NULL, NULL, NULL};
+    x.masters = x.fb == 2 || (flags & MEMPLAN_MASTERS) != 0;
     m->pp = p->pp;
     m->float_bytes = x.fb;
     m->n_tensors = n;

@@ -108,8 +108,11 @@ typedef struct memplan {
 
 /* memplan_build's flags. MEMPLAN_NO_REUSE gives every temporary and
  * gradient of the shared workspace its own bytes: a layout without
- * liveness reuse, for checking that reuse changes no result. */
-enum { MEMPLAN_NO_REUSE = 1u };
+ * liveness reuse, for checking that reuse changes no result.
+ * MEMPLAN_MASTERS keeps an fp32 master copy of the params after the
+ * moments even with 4-byte floats: the layout of a CPU runtime that keeps
+ * a bf16 or fp16 plan's low-precision values in fp32 words. */
+enum { MEMPLAN_NO_REUSE = 1u, MEMPLAN_MASTERS = 2u };
 
 /* Lays out every buffer of the plan. float_bytes is the size of a float
  * element (0: the plan's precision, 4 for fp32, else 2); a runtime that

@@ -436,6 +436,12 @@ static void write_settings(wr *w, const plan *p) {
     kv_num(w, "virtual_stages", s->virtual_stages);
     kv_num(w, "zero", s->zero);
     kv_name(w, "precision", plan__precision_name(s->precision));
+    if (s->precision == 2 && s->loss_scale > 0) {
+        key(w, "loss_scale");
+        flt(w, s->loss_scale, "train.loss_scale");
+    } else if (s->precision == 2) {
+        kv_name(w, "loss_scale", "dynamic");
+    }
     kv_bool(w, "recompute", s->recompute);
     kv_bool(w, "sequence_parallel", s->sequence_parallel);
     static const char *const schedules[] = {"constant", "cosine", "linear"};

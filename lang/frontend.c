@@ -351,6 +351,7 @@ fe_setup fe_get_setup(const fe *f) {
     s.virtual_stages = t->virtual_stages;
     s.zero = t->zero;
     s.precision = t->precision;
+    s.loss_scale = t->loss_scale;
     s.recompute = t->recompute;
     s.sequence_parallel = t->sequence_parallel;
     s.layers = c->layers;

@@ -46,6 +46,7 @@ typedef struct fe_setup {
     int schedule;            /* 0 gpipe, 1 1f1b, 2 interleaved */
     int virtual_stages, zero, precision; /* precision: 0 fp32, 1 bf16, 2 fp16 */
     int recompute, sequence_parallel;
+    double loss_scale;       /* fp16: 0 dynamic, else the fixed scale */
     long long layers;        /* layer-stack count, 0 if none */
     long long memory_limit;  /* train.memory_limit in bytes per rank, 0 if none */
     double lr, beta1, beta2, eps, weight_decay, clip; /* the optimizer: adamw */

@@ -259,7 +259,7 @@ int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint6
     st_item *optim = calloc(2 * (size_t)count + 1, sizeof *optim);
     /* whole params and moments, even where tp splits and ZeRO shards them */
     float *whole = malloc((3 * total + 1) * sizeof *whole);
-    char tmp[4096], final[4096], path[4096], meta[192];
+    char tmp[4096], final[4096], path[4096], meta[320];
     int rc = -1, local = 0, owned = 0;
     if (!model || !optim || !whole) { set_err(err, errn, "out of memory"); goto out; }
     for (size_t k = 0, at = 0; k < (size_t)count; k++) {
@@ -307,8 +307,11 @@ int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint6
     int used = snprintf(meta, sizeof meta, "\"format\":\"mesh\",\"step\":\"%lld\",\"adam_steps\":\"%lld\"",
                         step, *mesh__exec_adam_steps(ex));
     if (data_pos)
-        snprintf(meta + used, sizeof meta - (size_t)used, ",\"data_position\":\"%llu\"",
-                 (unsigned long long)*data_pos);
+        used += snprintf(meta + used, sizeof meta - (size_t)used, ",\"data_position\":\"%llu\"",
+                         (unsigned long long)*data_pos);
+    if (mesh__exec_loss_scale(ex)) /* fp16's scaler: %.17g gives the double back exactly */
+        snprintf(meta + used, sizeof meta - (size_t)used, ",\"loss_scale\":\"%.17g\",\"loss_scale_good_steps\":\"%lld\"",
+                 *mesh__exec_loss_scale(ex), *mesh__exec_scale_good(ex));
     join(path, sizeof path, tmp, "model.safetensors");
     if (write_st(path, model, count, "\"format\":\"mesh\"", err, errn) != 0) goto out;
     join(path, sizeof path, tmp, "optim.safetensors");
@@ -357,6 +360,8 @@ typedef struct st_file {
     st_entry *e;
     int n, cap;
     long long step, adam_steps;
+    double loss_scale;        /* fp16's scaler, 0: none saved */
+    long long scale_good;
     uint64_t data_pos;        /* UINT64_MAX: none saved */
     size_t i;                 /* parse position */
     char *err;
@@ -444,6 +449,8 @@ static int metadata(st_file *f)
             return bad(f, "bad __metadata__");
         if (strcmp(key, "step") == 0) f->step = strtoll(val, NULL, 10);
         if (strcmp(key, "adam_steps") == 0) f->adam_steps = strtoll(val, NULL, 10);
+        if (strcmp(key, "loss_scale") == 0) f->loss_scale = strtod(val, NULL);
+        if (strcmp(key, "loss_scale_good_steps") == 0) f->scale_good = strtoll(val, NULL, 10);
         if (strcmp(key, "data_position") == 0) f->data_pos = strtoull(val, NULL, 10);
     } while (lit(f, ',') == 0);
     return lit(f, '}') == 0 ? 0 : bad(f, "expected '}'");
@@ -598,6 +605,10 @@ int mesh__ckpt_load(mesh__exec *ex, const char *path, int optim, long long *step
     free(m);
     if (rc == 0 && optim) {
         *mesh__exec_adam_steps(ex) = opt.adam_steps;
+        if (opt.loss_scale > 0 && mesh__exec_loss_scale(ex)) { /* fp16 */
+            *mesh__exec_loss_scale(ex) = opt.loss_scale;
+            *mesh__exec_scale_good(ex) = opt.scale_good;
+        }
         *step = opt.step;
         if (data_pos) *data_pos = opt.data_pos;
     } else if (rc == 0) {

@@ -171,7 +171,8 @@ static int layout(mesh__exec *ex, unsigned flags, char *err, size_t errn)
 {
     const plan *p = ex->p;
     int no_reuse = (flags & MESH__EXEC_NO_REUSE) != 0;
-    if (memplan_build(&ex->mp, p, 4, no_reuse ? MEMPLAN_NO_REUSE : 0) != 0) return -1;
+    unsigned mf = (no_reuse ? MEMPLAN_NO_REUSE : 0) | (p->setup.precision != 0 ? MEMPLAN_MASTERS : 0);
+    if (memplan_build(&ex->mp, p, 4, mf) != 0) return -1;
     if (ex->mp.unsupported) {
         set_err(err, errn, "the plan has %s: not run yet", ex->mp.unsupported);
         return -2;
@@ -314,6 +315,13 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
     ex->tokens_in = ex->targets_in = -1;
     /* the gradient of the mean loss over every micro-batch of every rank */
     ex->dloss = 1.0 / ((double)(p->setup.micro_batches > 0 ? p->setup.micro_batches : 1) * ex->data_ranks);
+    ex->prec = p->setup.precision == 1 ? KCPU_BF16 : p->setup.precision == 2 ? KCPU_FP16 : KCPU_FP32;
+    ex->loss_scale = 1.0;
+    if (ex->prec == KCPU_FP16) { /* PyTorch's GradScaler's defaults */
+        ex->scale_dynamic = !(p->setup.loss_scale > 0);
+        ex->loss_scale = ex->scale_dynamic ? 65536.0 : p->setup.loss_scale;
+        ex->scale_interval = 2000;
+    }
     for (int id = 0; id < n; id++) {
         const plan_tensor *t = &p->tensors[id];
         size_t ne = 1;
@@ -376,6 +384,7 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
         goto fail;
     }
     if (shards != 0 || exec__init_params(ex) != 0) goto oom;
+    exec__masters_from_params(ex);
     if (ex->tokens_in < 0 || ex->targets_in < 0) {
         set_err(err, errn, "the model needs two inputs (tokens and targets)");
         goto fail;

@@ -36,6 +36,9 @@ typedef struct mesh__step_stats {
     double loss;      /* mean over the step's micro-batches */
     double norm;      /* global gradient norm before clipping */
     double lr;        /* learning rate used */
+    double loss_scale; /* the loss scale the step's backward used (1 but with fp16) */
+    int skipped;      /* fp16: the gradients overflowed, the step was skipped (params and
+                         AdamW unchanged) and the loss scale lowered */
 } mesh__step_stats;
 
 /* Creates the executor for a plan (which must outlive it) and initialises
@@ -154,6 +157,16 @@ int mesh__exec_param_dup(const mesh__exec *ex, int k);
 
 /* AdamW steps taken (read and restored by checkpoints). */
 long long *mesh__exec_adam_steps(mesh__exec *ex);
+
+/* fp16's loss scaler (read and restored by checkpoints): the scale (NULL
+ * but in fp16) and the steps without an overflow since it last changed. */
+double *mesh__exec_loss_scale(mesh__exec *ex);
+long long *mesh__exec_scale_good(mesh__exec *ex);
+
+/* Test hook: fp16 with a dynamic loss scale starts from `scale` and
+ * doubles it after `interval` steps without an overflow (default 65536
+ * and 2000, PyTorch's GradScaler's). */
+void mesh__exec_set_scaler(mesh__exec *ex, double scale, long long interval);
 
 /* After a forward: the logits (the loss's first input), [rows, vocab_padded]. */
 const float *mesh__exec_logits(const mesh__exec *ex, int *vocab_padded);

@@ -66,7 +66,16 @@ struct mesh__exec {
                             data-parallel group (exec__zcomm) */
     int tokens_in, targets_in; /* the input tensors */
     int stack;           /* the layer stack's region, -1 if none */
-    double dloss;        /* seed of the backward: 1 / micro-batches */
+    double dloss;        /* seed of the backward: 1 / micro-batches (times the loss scale) */
+    /* mixed precision (bf16, fp16): values and gradients are kept rounded
+     * to the plan's precision in fp32 words (exec__round after every op and
+     * collective), the optimizer updates fp32 masters (exec__master) */
+    kcpu_precision prec;
+    double loss_scale;   /* fp16: the backward's seed is scaled by it; 1 otherwise */
+    int scale_dynamic;   /* fp16 with loss_scale = dynamic: halved on an overflow, doubled after
+                            scale_interval steps without one */
+    long long scale_good; /* steps since the last overflow or growth */
+    long long scale_interval;
     ex_moe **moe;        /* per tensor: moe layers' geometry, NULL for others */
     double loss;         /* the last forward's loss, with moe's load-balancing losses */
     int recomputing;     /* running forward steps again in a backward */
@@ -111,6 +120,13 @@ typedef struct init_ctx {
 
 /* exec_mem.c */
 int64_t exec__last_dim(const plan_tensor *t);
+
+/* Mixed precision: x[n] rounded to the plan's precision (fp32: nothing). */
+void exec__round(const mesh__exec *ex, float *x, size_t n);
+
+/* The fp32 master copy of copy it of param id's shard (laid out as its
+ * moments, exec__shard_of); NULL in fp32. */
+float *exec__master(const mesh__exec *ex, int id, int it);
 
 const mem_buf *exec__buf_of(const mesh__exec *ex, int id);
 
@@ -202,6 +218,10 @@ void exec__shard_of(const mesh__exec *ex, int id, int it, size_t *lo, size_t *le
 /* Each param's initial values (from the plan's seed and its global name;
  * with zero 3 into its shards). 0, or -1 out of memory. */
 int exec__init_params(mesh__exec *ex);
+
+/* Mixed precision: the masters <- the params' values, then the values
+ * rounded to the plan's precision (after init or a checkpoint's load). */
+void exec__masters_from_params(mesh__exec *ex);
 
 /* What this rank's optimizer updates: without ZeRO every param whole;
  * with it (over the param's data-parallel group) each copy's shard of

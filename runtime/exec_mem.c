@@ -5,6 +5,18 @@
 
 int64_t exec__last_dim(const plan_tensor *t) { return t->rank ? t->dims[t->rank - 1] : 1; }
 
+void exec__round(const mesh__exec *ex, float *x, size_t n)
+{
+    if (ex->prec != KCPU_FP32 && x) kcpu_round(x, n, ex->prec);
+}
+
+float *exec__master(const mesh__exec *ex, int id, int it)
+{
+    if (ex->prec == KCPU_FP32) return NULL;
+    float *m0 = (float *)(void *)(ex->arena + ex->optim_at);
+    return m0 + 2 * ex->opt_elems + ex->opt_at[id] + (size_t)exec__param_copy(ex, id, it) * ex->shard[id];
+}
+
 const mem_buf *exec__buf_of(const mesh__exec *ex, int id) { return memplan_buf(&ex->mp, ex->stage, id); }
 
 int exec__in_stack(const mesh__exec *ex, int id)

@@ -349,7 +349,7 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
          * ranks (each holds a slice of the experts' hidden width), summed by
          * the plan's all-reduces: the aux loss, the same on every tp rank,
          * enters on the first only */
-        double aux = ex->coord[1] == 0 ? t->aux_loss * ex->dloss : 0.0;
+        double aux = ex->coord[1] == 0 ? t->aux_loss * ex->dloss * ex->loss_scale : 0.0;
         kcpu_moe_route_backward(DIN(0), DIN(1), m.scratch, m.dweight, (float)aux, &g->route, IN(0), IN(1), g->D);
         break;
     }

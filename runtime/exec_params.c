@@ -154,7 +154,8 @@ int exec__optimizer_shards(mesh__exec *ex)
         copies += ex->copies[id];
     }
     ex->opt_elems = at;
-    if (at * 2 * sizeof(float) != (size_t)ex->ms->optim) return -2; /* not the memory plan's layout */
+    /* m and v, and with mixed precision the fp32 masters */
+    if (at * (ex->prec == KCPU_FP32 ? 2 : 3) * sizeof(float) != (size_t)ex->ms->optim) return -2;
     ex->n_gbufs = ex->zero ? copies : ex->n_params;
     ex->gbufs = exec__host_calloc(ex, (size_t)ex->n_gbufs + 1, sizeof *ex->gbufs);
     ex->gsizes = exec__host_calloc(ex, (size_t)ex->n_gbufs + 1, sizeof *ex->gsizes);
@@ -202,6 +203,22 @@ int exec__init_params(mesh__exec *ex)
         free(whole);
     }
     return 0;
+}
+
+void exec__masters_from_params(mesh__exec *ex)
+{
+    if (ex->prec == KCPU_FP32) return;
+    for (int k = 0; k < ex->n_params; k++) {
+        int id = ex->params[k];
+        for (int c = 0; c < ex->copies[id]; c++) {
+            int it = exec__copy_it(ex, id, c);
+            size_t lo, len;
+            float *m, *v;
+            exec__shard_of(ex, id, it, &lo, &len, &m, &v);
+            memcpy(exec__master(ex, id, it), exec__pshard(ex, id, it), len * sizeof(float));
+        }
+    }
+    exec__round(ex, (float *)(void *)ex->arena, (size_t)ex->ms->params / sizeof(float));
 }
 
 /* Parameter k (each iteration's copy counted separately): its tensor id
@@ -290,10 +307,39 @@ size_t mesh__exec_param_numel(const mesh__exec *ex, int k)
     return n;
 }
 
+/* local[q n ..] <- the rank's slice of copy it of param id for each of the
+ * q < k optimizer arrays whose shards are at shards[q] (moments, masters):
+ * every rank's shard over zeros, summed over the param's data-parallel
+ * group (exact). Collective over that group. */
+static int whole_of_opt(mesh__exec *ex, int id, int it, float *const *shards, int k, float *local)
+{
+    size_t n = ex->numel[id], lo, len;
+    float *mo, *vo;
+    exec__shard_of(ex, id, it, &lo, &len, &mo, &vo);
+    comm *z = exec__zcomm(ex, id);
+    if (z) memset(local, 0, (size_t)k * n * sizeof *local);
+    for (int q = 0; q < k; q++) memcpy(local + (size_t)q * n + lo, shards[q], len * sizeof *local);
+    if (!z || comm_all_reduce(z, local, (size_t)k * n) == 0) return 0;
+    snprintf(ex->error, sizeof ex->error, "rank %d: gathering the optimizer state: %s", ex->rank, z->error);
+    return -1;
+}
+
+/* Mixed precision: the fp32 masters are the params' values. */
+static int masters_get(mesh__exec *ex, int id, int it, float *whole)
+{
+    float *local = malloc(ex->numel[id] * sizeof *local), *ms = exec__master(ex, id, it);
+    int rc = local ? whole_of_opt(ex, id, it, &ms, 1, local) : -1;
+    if (!local) snprintf(ex->error, sizeof ex->error, "rank %d: out of memory", ex->rank);
+    if (rc == 0) rc = tp_gather(ex, id, local, whole);
+    free(local);
+    return rc == 0 ? 0 : -2;
+}
+
 int mesh__exec_param_get(mesh__exec *ex, int k, float *whole)
 {
     int it, id = param_at(ex, k, &it);
     if (id < 0) return -1;
+    if (ex->prec != KCPU_FP32) return masters_get(ex, id, it, whole);
     if (ex->p->setup.zero != 3) return tp_gather(ex, id, exec__vptr(ex, id, it), whole) == 0 ? 0 : -2;
     float *local = malloc(ex->numel[id] * sizeof *local);
     int rc = local ? whole_of_shards(ex, id, it, local) : -1;
@@ -307,13 +353,21 @@ int mesh__exec_param_set(mesh__exec *ex, int k, const float *whole)
 {
     int it, id = param_at(ex, k, &it);
     if (id < 0) return -1;
+    size_t lo, len, n = ex->numel[id];
+    float *m, *v, *master = exec__master(ex, id, it);
+    exec__shard_of(ex, id, it, &lo, &len, &m, &v);
     if (ex->p->setup.zero != 3) {
-        tp_pick(ex, id, whole, exec__vptr(ex, id, it));
+        float *w = exec__vptr(ex, id, it);
+        tp_pick(ex, id, whole, w);
+        if (master) memcpy(master, w + lo, len * sizeof *w); /* the master in fp32, the value rounded */
+        exec__round(ex, w, n);
         return 0;
     }
-    float *local = malloc(ex->numel[id] * sizeof *local);
+    float *local = malloc(n * sizeof *local);
     if (!local) return -2;
     tp_pick(ex, id, whole, local);
+    if (master) memcpy(master, local + lo, len * sizeof *local);
+    exec__round(ex, local, n);
     keep_shard(ex, id, it, local);
     free(local);
     return 0;
@@ -324,25 +378,13 @@ int mesh__exec_moments_get(mesh__exec *ex, int k, float *m, float *v)
     int it, id = param_at(ex, k, &it);
     if (id < 0) return -1;
     size_t n = ex->numel[id], lo, len;
-    float *mo, *vo, *lm = malloc(2 * n * sizeof *lm), *lv = lm + n;
+    float *mv[2], *lm = malloc(2 * n * sizeof *lm), *lv = lm + n;
     if (!lm) {
         snprintf(ex->error, sizeof ex->error, "rank %d: out of memory", ex->rank);
         return -2;
     }
-    exec__shard_of(ex, id, it, &lo, &len, &mo, &vo);
-    int rc = 0;
-    comm *z = exec__zcomm(ex, id);
-    if (!z) {
-        memcpy(lm, mo, n * sizeof *lm);
-        memcpy(lv, vo, n * sizeof *lv);
-    } else { /* every dp rank's shard over zeros, summed: the rank's slice, exactly */
-        memset(lm, 0, 2 * n * sizeof *lm);
-        memcpy(lm + lo, mo, len * sizeof *lm);
-        memcpy(lv + lo, vo, len * sizeof *lv);
-        rc = comm_all_reduce(z, lm, 2 * n);
-        if (rc != 0)
-            snprintf(ex->error, sizeof ex->error, "rank %d: gathering the optimizer state: %s", ex->rank, z->error);
-    }
+    exec__shard_of(ex, id, it, &lo, &len, &mv[0], &mv[1]);
+    int rc = whole_of_opt(ex, id, it, mv, 2, lm);
     if (rc == 0) rc = tp_gather(ex, id, lm, m);
     if (rc == 0) rc = tp_gather(ex, id, lv, v);
     free(lm);
@@ -381,3 +423,14 @@ int mesh__exec_param_dims(const mesh__exec *ex, int k, const int64_t **dims, int
 }
 
 long long *mesh__exec_adam_steps(mesh__exec *ex) { return &ex->adam_t; }
+
+double *mesh__exec_loss_scale(mesh__exec *ex) { return ex->prec == KCPU_FP16 ? &ex->loss_scale : NULL; }
+
+long long *mesh__exec_scale_good(mesh__exec *ex) { return &ex->scale_good; }
+
+void mesh__exec_set_scaler(mesh__exec *ex, double scale, long long interval)
+{
+    if (!ex->scale_dynamic) return;
+    ex->loss_scale = scale;
+    ex->scale_interval = interval;
+}

@@ -35,7 +35,7 @@ static void start_grads(mesh__exec *ex, int c, int it)
     if (ex->zero_by[c] != c) return;
     float *g = exec__gptr(ex, c, it);
     if (!g) return;
-    if (c == ex->p->loss) g[0] = (float)ex->dloss;
+    if (c == ex->p->loss) g[0] = (float)(ex->dloss * ex->loss_scale);
     else memset(g, 0, (size_t)exec__buf_of(ex, c)->bytes);
 }
 
@@ -125,6 +125,7 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
         (st->kind == STEP_REDUCE_SCATTER || st->kind == STEP_ALL_GATHER || st->kind == STEP_SLICE)) {
         what = shard_step_name(st->kind);
         rc = tp_convert(ex, st, it, c);
+        if (rc == 0) exec__round(ex, value ? exec__vptr(ex, st->node, it) : exec__gptr(ex, st->node, it), n);
         goto done;
     }
     switch (st->kind) {
@@ -133,10 +134,12 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
         if (ex->p->tensors[st->node].op == G_CROSS_ENTROPY) return 0; /* the op exchanges its sums itself */
         if (nt->op == G_PARAM && st->phase == PLAN_GRAD_SYNC && ex->p->setup.zero >= 2) { /* a tied param's shards */
             rc = comm_all_reduce(c, exec__gshard(ex, st->node, it), ex->shard[st->node]);
-            break;
+            break; /* the step's gradients are rounded after the sync (mesh__exec_train_step) */
         }
         /* forward: a partial sum of values; backward and the gradient sync: of gradients */
-        rc = comm_all_reduce(c, value ? exec__vptr(ex, st->node, it) : exec__gptr(ex, st->node, it), n);
+        float *x = value ? exec__vptr(ex, st->node, it) : exec__gptr(ex, st->node, it);
+        rc = comm_all_reduce(c, x, n);
+        if (rc == 0) exec__round(ex, x, n); /* a sum in fp32, stored in the plan's precision */
         break;
     case STEP_REDUCE_SCATTER: { /* ZeRO's gradient sync: this rank's shard summed, in place */
         what = "reduce-scatter";
@@ -148,6 +151,7 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
             float *m, *v, *sh = exec__gshard(ex, st->node, it);
             exec__shard_of(ex, st->node, it, &lo, &len, &m, &v);
             for (size_t i = 0; i < len; i++) sh[i] += g[lo + i];
+            exec__round(ex, sh, len);
         }
         break;
     }
@@ -260,6 +264,31 @@ static int part_here(const mesh__exec *ex, int id)
     return part == MEM_PART_PRE ? ex->chunk == 0 : part == MEM_PART_POST ? ex->chunk == ex->chunks - 1 : 1;
 }
 
+/* Mixed precision: node id's value as computed, rounded to the plan's
+ * precision (the loss, a view and integers excepted), and after its
+ * backward the gradients it added to. */
+static void round_value(mesh__exec *ex, int id, int it)
+{
+    const plan_tensor *t = &ex->p->tensors[id];
+    if (ex->prec == KCPU_FP32 || t->dtype != PLAN_DTYPE_F32 || t->op == G_TRANSPOSE || t->op == G_CROSS_ENTROPY ||
+        id == ex->p->loss)
+        return;
+    exec__round(ex, exec__vptr(ex, id, it), ex->numel[id]);
+}
+
+static void round_grads(mesh__exec *ex, int id, int it)
+{
+    const plan_tensor *t = &ex->p->tensors[id];
+    if (ex->prec == KCPU_FP32) return;
+    for (int k = 0; k < t->n_in; k++) {
+        int in = t->in[k];
+        const plan_tensor *a = &ex->p->tensors[in];
+        if (a->op == G_TRANSPOSE) in = a->in[0]; /* x @ transpose(w) adds into w's gradient */
+        if (ex->p->tensors[in].dtype == PLAN_DTYPE_F32)
+            exec__round(ex, exec__grad_in(ex, in, t->region, it), ex->cnumel[in]);
+    }
+}
+
 /* Runs the program's steps of one phase on this stage; a run of
  * consecutive steps in a region repeats per iteration (backward: last to
  * first, each iteration starting with the forward steps it recomputes).
@@ -303,11 +332,15 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
                     int rc = exec__forward_node(ex, sq->node, it);
                     ex->recomputing = 0;
                     if (rc != 0) return -1;
+                    round_value(ex, sq->node, it);
                 } else if (back) {
                     start_grads(ex, sq->node, it);
                     if (exec__backward_node(ex, sq->node, it) != 0) return -1;
+                    round_grads(ex, sq->node, it);
                 } else if (exec__forward_node(ex, sq->node, it) != 0) {
                     return -1;
+                } else {
+                    round_value(ex, sq->node, it);
                 }
             }
         }
@@ -364,12 +397,14 @@ static void zero_param_grads(mesh__exec *ex)
 double mesh__exec_grad(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
 {
     zero_param_grads(ex);
-    double saved = ex->dloss;
+    double saved = ex->dloss, scale = ex->loss_scale;
     ex->dloss = 1.0;
+    ex->loss_scale = 1.0;
     ex->slot = 0;
     double loss;
     if (forward(ex, inputs, targets, &loss) != 0 || run_phase(ex, PLAN_BACKWARD) != 0) loss = NAN;
     ex->dloss = saved;
+    ex->loss_scale = scale;
     return loss;
 }
 
@@ -490,10 +525,13 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
         (!ex->chain && exec__sum_doubles(ex, ex->data, &loss, 1) != 0))
         return -2;
     loss /= (double)m * ex->data_ranks;
-    double norm;
+    /* mixed precision: the summed gradients stored in the plan's precision;
+     * with a loss scale, the clipping below is of the unscaled norm */
+    for (int b = 0; ex->prec != KCPU_FP32 && b < ex->n_gbufs; b++) exec__round(ex, ex->gbufs[b], ex->gsizes[b]);
+    double S = ex->loss_scale, clip = S == 1.0 ? s->clip : 0.0, norm;
     if (!ex->zero && s->tp == 1 && s->ep == 1 && ex->p->pp == 1) {
-        norm = s->clip > 0 ? kcpu_clip_global_norm(ex->gbufs, ex->gsizes, ex->n_gbufs, (float)s->clip)
-                           : kcpu_global_norm((const float *const *)ex->gbufs, ex->gsizes, ex->n_gbufs);
+        norm = clip > 0 ? kcpu_clip_global_norm(ex->gbufs, ex->gsizes, ex->n_gbufs, (float)clip)
+                        : kcpu_global_norm((const float *const *)ex->gbufs, ex->gsizes, ex->n_gbufs);
     } else { /* the norm of the whole gradient: every rank's shards, a replicated param once */
         /* sums of squares of: dense params, dense split over tp, experts split
          * over tp, experts (whose ep ranks hold different ones); each summed
@@ -508,14 +546,34 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
             exec__sum_doubles(ex, ex->axis[2], ss, 4) != 0)
             return -2;
         norm = (float)sqrt(ss[0] + ss[1] + ss[2] + ss[3]);
-        double scale = s->clip / (norm + 1e-6);
-        if (s->clip > 0 && scale < 1.0) kcpu_scale_buffers(ex->gbufs, ex->gsizes, ex->n_gbufs, scale);
+        double scale = clip / (norm + 1e-6);
+        if (clip > 0 && scale < 1.0) kcpu_scale_buffers(ex->gbufs, ex->gsizes, ex->n_gbufs, scale);
+    }
+    if (S != 1.0 && isfinite(norm)) { /* unscaled, then clipped: one pass */
+        norm /= S;
+        double mult = 1.0 / S;
+        if (s->clip > 0 && s->clip / (norm + 1e-6) < 1.0) mult *= s->clip / (norm + 1e-6);
+        kcpu_scale_buffers(ex->gbufs, ex->gsizes, ex->n_gbufs, mult);
     }
     double lr = mesh__exec_lr(ex->p, step);
     st->loss = loss;
     st->norm = norm;
     st->lr = lr;
-    if (!isfinite(loss) || !isfinite(norm)) return -1;
+    st->loss_scale = S;
+    st->skipped = 0;
+    if (!isfinite(loss)) return -1;
+    if (!isfinite(norm)) { /* every rank has the same norm: they skip together */
+        if (ex->prec != KCPU_FP16 || (ex->scale_dynamic && S <= 1.0)) return -1;
+        st->skipped = 1; /* fp16 overflow: a lower scale next time (a fixed one stays) */
+        if (ex->scale_dynamic) ex->loss_scale = S / 2 > 1.0 ? S / 2 : 1.0;
+        ex->scale_good = 0;
+        ex->counting = 0;
+        return 0;
+    }
+    if (ex->scale_dynamic && ++ex->scale_good >= ex->scale_interval) {
+        ex->loss_scale = S * 2;
+        ex->scale_good = 0;
+    }
     ex->adam_t++;
     for (int k = 0; k < ex->n_params; k++) {
         int id = ex->params[k];
@@ -529,9 +587,15 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
             size_t lo, len;
             float *mo, *vo;
             exec__shard_of(ex, id, it, &lo, &len, &mo, &vo);
-            kcpu_adamw_step(exec__pshard(ex, id, it), exec__gshard(ex, id, it), mo, vo, ex->zero ? len :
-                            (size_t)ex->copies[id] * ex->numel[id], (float)lr, (float)s->beta1, (float)s->beta2,
-                            (float)s->eps, wd, (int)ex->adam_t);
+            size_t n = ex->zero ? len : (size_t)ex->copies[id] * ex->numel[id];
+            float *w = exec__pshard(ex, id, it), *master = exec__master(ex, id, it);
+            /* mixed precision: the fp32 master updated, the value its rounding */
+            kcpu_adamw_step(master ? master : w, exec__gshard(ex, id, it), mo, vo, n, (float)lr, (float)s->beta1,
+                            (float)s->beta2, (float)s->eps, wd, (int)ex->adam_t);
+            if (master) {
+                memcpy(w, master, n * sizeof *w);
+                exec__round(ex, w, n);
+            }
         }
     }
     int rc = run_phase(ex, PLAN_AFTER_OPTIMIZER) == 0 ? 0 : -2;

@@ -211,12 +211,17 @@ typedef struct mesh_step_stats {
     double grad_norm; /* global norm before clipping */
     double lr;        /* the learning rate used */
     long long step;   /* steps taken, this one included */
+    double loss_scale; /* the loss scale of the step's backward: 1 but with fp16 */
+    int skipped;      /* fp16: the scaled gradients overflowed, so the step changed nothing
+                         but the loss scale (halved when dynamic); 0 otherwise */
 } mesh_step_stats;
 
 /* One training step: micro_batches x micro_batch x seq_len input ids and
  * as many target ids (mesh_plan_batch, mesh_data_next), gradients
  * accumulated over the micro-batches, clipped, one AdamW step at the
- * plan's schedule. A loss or gradient that is not finite leaves the
+ * plan's schedule. With precision fp16 an overflow of the scaled gradients
+ * skips the step (stats->skipped) and returns MESH_OK, as PyTorch's
+ * GradScaler does. A loss or gradient that is not finite leaves the
  * parameters unchanged and returns MESH_ERR_CHECK; the step still counts
  * (stats->step, the schedule), so the caller may skip it and go on with
  * the next batch, or stop. stats may be NULL. */

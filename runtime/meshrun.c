@@ -183,10 +183,13 @@ static void print_start(const mesh_plan_info *pi, const run_opts *o, mesh_contex
     if (allocated == planned)
         printf("meshrun: memory: %.1f MB in one arena, as the plan's memory plan says\n", (double)allocated / 1e6);
     else
-        printf("meshrun: memory: %.1f MB in one arena (the plan's memory plan: %.1f MB in %s; laid out in "
-               "fp32 here)\n", (double)allocated / 1e6, (double)planned / 1e6, pi->precision);
+        printf("meshrun: memory: %.1f MB in one arena (the plan's memory plan: %.1f MB with 2-byte %s; the CPU "
+               "keeps %s values in 4-byte words)\n", (double)allocated / 1e6, (double)planned / 1e6, pi->precision,
+               pi->precision);
     if (strcmp(pi->precision, "fp32") != 0)
-        printf("meshrun: note: the plan asks for %s; this CPU runtime computes in fp32\n", pi->precision);
+        printf("meshrun: %s: activations, weights and gradients rounded to %s after every op, fp32 master "
+               "weights and AdamW state%s\n", pi->precision, pi->precision,
+               strcmp(pi->precision, "fp16") == 0 ? ", loss scaling" : "");
 }
 
 /* A run's settings, shared by its ranks' threads. */
@@ -219,12 +222,15 @@ static void log_step(FILE *metrics, mesh_context *ctx, const mesh_step_stats *st
 {
     size_t allocated;
     mesh_context_memory(ctx, &allocated, NULL);
-    printf("step %lld/%lld | loss %.4f | lr %.2e | norm %.4f | %.1f ms | %.1fk tok/s | mem %.0f MB\n", st->step,
-           steps, st->loss, st->lr, st->grad_norm, ms, step_tokens / ms, (double)allocated / 1e6);
+    char scale[48] = "";
+    if (st->loss_scale != 1.0) snprintf(scale, sizeof scale, " | scale %g", st->loss_scale);
+    printf("step %lld/%lld | loss %.4f | lr %.2e | norm %.4f%s | %.1f ms | %.1fk tok/s | mem %.0f MB\n", st->step,
+           steps, st->loss, st->lr, st->grad_norm, scale, ms, step_tokens / ms, (double)allocated / 1e6);
     fflush(stdout);
     if (metrics) {
-        fprintf(metrics, "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, "
-                "\"ms\": %.3f, \"tokens_per_s\": %.1f}\n", st->step, st->loss, st->lr, st->grad_norm, ms,
+        if (st->loss_scale != 1.0) snprintf(scale, sizeof scale, ", \"loss_scale\": %g", st->loss_scale);
+        fprintf(metrics, "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f%s, "
+                "\"ms\": %.3f, \"tokens_per_s\": %.1f}\n", st->step, st->loss, st->lr, st->grad_norm, scale, ms,
                 1e3 * step_tokens / ms);
         fflush(metrics);
     }
@@ -312,6 +318,11 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
             break;
         }
         skipped = 0;
+        if (st.skipped && lead) { /* fp16: an overflow, the same on every rank */
+            printf("%sstep %lld/%lld | skipped: the gradients overflowed fp16 at loss scale %g; the parameters are "
+                   "unchanged\n", tty ? "\r" : "", step, steps, st.loss_scale);
+            fflush(stdout);
+        }
         if (lead) { /* rank 0 logs and validates */
             if (tty && step % every != 0 && step != steps) { /* a progress bar, on a terminal only */
                 long long done = 20 * (step % every) / every;

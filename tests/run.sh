@@ -370,7 +370,7 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     capture "$TMP/llama.out" "$MESHRUN" "$TMP/llama.plan" --data "$TMP/dd.bin" --val "$TMP/dd.bin" \
         --checkpoint "$TMP/llama-ck"
     if loss_falls "$TMP/llama.out" 3.5 &&
-        grep -q "^meshrun: note: the plan asks for bf16; this CPU runtime computes in fp32$" "$TMP/llama.out"; then
+        grep -q "^meshrun: bf16: activations, weights and gradients rounded to bf16 after every op, fp32 master weights and AdamW state$" "$TMP/llama.out"; then
         pass meshrun/train-llama-small-loss-falls
     else
         fail meshrun/train-llama-small-loss-falls "$TMP/llama.out"
@@ -388,6 +388,25 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
         pass meshrun/train-moe-small-loss-falls
     else
         fail meshrun/train-moe-small-loss-falls "$TMP/moe.out"
+    fi
+    # fp16: the dynamic loss scale in the log; a fixed scale too large for
+    # fp16 overflows every step's gradients, and each step is skipped
+    "$MESHC" -o "$TMP/fp16.plan" examples/gpt-tiny.mesh --set train.precision=fp16 >/dev/null 2>&1
+    capture "$TMP/fp16.out" "$MESHRUN" "$TMP/fp16.plan" --data "$TMP/dd.bin" --steps 10
+    if grep -q "^step 10/10 | loss [0-9.]* | lr .* | norm [0-9.]* | scale 65536 | " "$TMP/fp16.out" &&
+        [ "$(tail -n 1 "$TMP/fp16.out")" = "exit: 0" ]; then
+        pass meshrun/fp16-loss-scale-logged
+    else
+        fail meshrun/fp16-loss-scale-logged "$TMP/fp16.out"
+    fi
+    "$MESHC" -o "$TMP/fp16big.plan" examples/gpt-tiny.mesh --set train.precision=fp16 \
+        --set train.loss_scale=1e12 >/dev/null 2>&1
+    capture "$TMP/fp16big.out" "$MESHRUN" "$TMP/fp16big.plan" --data "$TMP/dd.bin" --steps 3
+    if [ "$(grep -c "^step [123]/3 | skipped: the gradients overflowed fp16 at loss scale 1e+12; the parameters are unchanged$" "$TMP/fp16big.out")" = 3 ] &&
+        [ "$(tail -n 1 "$TMP/fp16big.out")" = "exit: 0" ]; then
+        pass meshrun/fp16-overflow-skips-the-step
+    else
+        fail meshrun/fp16-overflow-skips-the-step "$TMP/fp16big.out"
     fi
     # a loss that stops being finite stops the run (or is skipped, by option)
     "$MESHC" -o "$TMP/nan.plan" examples/gpt-tiny.mesh --set 'train.optimizer=adamw(lr: 1e30)' >/dev/null 2>&1

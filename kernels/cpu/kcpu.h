@@ -10,7 +10,7 @@
  * The kernels are split by area, one header each:
  *   kcpu_dense.h      matmul, bias, embedding, layernorm, rmsnorm, gelu,
  *                     silu, swiglu, add, fused softmax cross-entropy,
- *                     AdamW, global-norm clipping
+ *                     AdamW, global-norm clipping, bf16/fp16 rounding
  *   kcpu_attention.h  rotary embedding, causal (grouped-query) attention
  *   kcpu_moe.h        mixture-of-experts routing, dispatch and combine
  *

@@ -9,7 +9,7 @@
  * size) are internal errors: they are caught by assert, not reported.
  *
  * One area per file: matmul.c, embed.c, norm.c, activation.c, residual.c,
- * loss.c, optim.c.
+ * loss.c, optim.c, precision.c (the bf16 and fp16 rounding of mixed precision).
  */
 #ifndef MESH_KCPU_DENSE_H
 #define MESH_KCPU_DENSE_H
@@ -210,5 +210,22 @@ float kcpu_global_norm(const float *const *bufs, const size_t *sizes,
  * bufs[nbufs] each of sizes[i] floats, updated. */
 float kcpu_clip_global_norm(float *const *bufs, const size_t *sizes,
                             int nbufs, float max_norm);
+
+/* ---- precision.c: storage precisions ---------------------------------- */
+
+/* The storage type a mixed-precision run keeps its values in. */
+typedef enum kcpu_precision { KCPU_FP32, KCPU_BF16, KCPU_FP16 } kcpu_precision;
+
+/* x rounded to the nearest bfloat16 number (ties to even; NaN stays NaN,
+ * floats past bf16's largest round to infinity). */
+float kcpu_bf16_round(float x);
+
+/* x rounded to the nearest IEEE binary16 number (ties to even, subnormals
+ * below 2^-14 in steps of 2^-24); past 65504 (from 65520 on) it is
+ * infinity, as a GPU's conversion gives. */
+float kcpu_fp16_round(float x);
+
+/* x[n] rounded in place to precision p (KCPU_FP32: unchanged). */
+void kcpu_round(float *x, size_t n, kcpu_precision p);
 
 #endif

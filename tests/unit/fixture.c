@@ -49,3 +49,21 @@ mesh_plan *fixture_plan(const char *const *sets, int n_sets) {
     mesh_free(text);
     return mp;
 }
+
+/* The tiny GPT the executor tests train (two layers through the repeat's
+ * carries, a tied LM head; a vocabulary of 16, 8 tokens). */
+const char fixture_tiny_gpt[] =
+    "import \"std/transformer.mesh\"\n"
+    "model tiny {\n"
+    "  vocab = 16\n  context = 8\n  dim = 8\n  heads = 2\n  layers = 2\n"
+    "  input tokens : int[batch, seq]\n  input targets : int[batch, seq]\n"
+    "  param wte : [vocab, dim] = normal(0.5)\n  param wpe : [context, dim] = normal(0.5)\n"
+    "  x = embed(tokens, wte) + embed(arange(seq), wpe)\n"
+    "  repeat layers as h { x = gpt2_block(x, heads: heads, n_layers: layers) }\n"
+    "  param ln_f_w : [dim] = ones\n  param ln_f_b : [dim] = zeros\n"
+    "  logits = layernorm(x, ln_f_w, ln_f_b) @ transpose(wte)\n"
+    "  loss = cross_entropy(logits, targets)\n"
+    "}\n"
+    "mesh { dp = 1 }\n"
+    "train {\n  global_batch = 4\n  micro_batch = 2\n  seq_len = 8\n  steps = 40\n"
+    "  optimizer = adamw(lr: 3e-2, weight_decay: 0.0, clip: 1.0)\n  seed = 7\n}\n";

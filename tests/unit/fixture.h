@@ -18,4 +18,9 @@ fe *fixture_checked(const char *src, const char *path, const char *const *sets, 
  * of micro_batch 2, seq_len 4, seed 3), with `sets` as meshc --set. */
 mesh_plan *fixture_plan(const char *const *sets, int n_sets);
 
+/* The tiny GPT of the executor's tests: vocab 16, context 8, dim 8, 2
+ * heads, 2 layers, a tied head; global_batch 4 of micro_batch 2, seq_len
+ * 8, 40 steps of AdamW (lr 3e-2, clip 1), seed 7. */
+extern const char fixture_tiny_gpt[];
+
 #endif

@@ -1,0 +1,56 @@
+/* precision.c — the storage precisions a mixed-precision run emulates on
+ * the CPU: every value rounded to the nearest bf16 or fp16 number (ties to
+ * even), kept in a float. The GPU stores the same numbers in 2 bytes
+ * (kcuda_convert rounds the same way), so the CPU computes what the GPU
+ * computes: fp32 arithmetic on low-precision inputs, each result rounded
+ * once when stored.
+ */
+#include "kcpu_dense.h"
+
+#include <math.h>   /* defines: isfinite, rintf, fabsf */
+#include <stdint.h> /* defines: uint32_t */
+#include <string.h> /* defines: memcpy */
+
+static uint32_t bits_of(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+static float float_of(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+float kcpu_bf16_round(float x)
+{
+    uint32_t u = bits_of(x);
+    if (isnan(x)) return float_of((u | 0x00400000u) & 0xffff0000u); /* a quiet NaN */
+    /* ties to even on the 16 bits dropped; a float past bf16's largest
+     * number carries into the exponent and becomes infinity, as it should */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return float_of(u & 0xffff0000u);
+}
+
+float kcpu_fp16_round(float x)
+{
+    if (!isfinite(x)) return x;
+    float a = fabsf(x);
+    if (a < 0x1p-14f) /* subnormal: multiples of 2^-24 (rintf: ties to even) */
+        return rintf(x * 0x1p24f) * 0x1p-24f;
+    uint32_t u = bits_of(x);
+    u += 0xfffu + ((u >> 13) & 1u); /* 10 mantissa bits kept, ties to even */
+    float r = float_of(u & 0xffffe000u);
+    return fabsf(r) > 65504.0f ? (x < 0 ? -INFINITY : INFINITY) : r;
+}
+
+void kcpu_round(float *x, size_t n, kcpu_precision p)
+{
+    if (p == KCPU_BF16)
+        for (size_t i = 0; i < n; i++) x[i] = kcpu_bf16_round(x[i]);
+    else if (p == KCPU_FP16)
+        for (size_t i = 0; i < n; i++) x[i] = kcpu_fp16_round(x[i]);
+}

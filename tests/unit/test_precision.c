@@ -1,0 +1,301 @@
+/*
+ * test_precision.c: mixed precision on the CPU reference. The rounding
+ * kernels (kernels/cpu/precision.c) against IEEE binary16 and bfloat16,
+ * and the executor's bf16 and fp16 training (runtime/exec*.c): values kept
+ * rounded, fp32 masters, fp16's dynamic loss scaling (an overflow skips the
+ * step and halves the scale, good steps double it), checkpoints that
+ * resume to the bit.
+ */
+#include <math.h>   /* fabs, ldexp, isnan, isinf */
+#include <stdint.h> /* uint32_t, uint64_t */
+#include <stdio.h>  /* fprintf, snprintf */
+#include <stdlib.h> /* free, malloc, mkdtemp, system */
+#include <string.h> /* memcpy, strlen */
+
+#include "checkpoint.h" /* mesh__ckpt_save, mesh__ckpt_load */
+#include "exec.h"       /* mesh__exec_* */
+#include "fixture.h"    /* fixture_tiny_gpt */
+#include "kcpu.h"       /* kcpu_bf16_round, kcpu_fp16_round */
+#include "mesh.h"       /* mesh_compile */
+#include "plan.h"       /* plan_read */
+#include "unit.h"       /* TEST_IMPL, ASSERT_* */
+
+static float f_of(uint32_t u)
+{
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+static uint32_t u_of(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+/* The binary16 number with bits h, exactly, as a float. */
+static float half_value(unsigned h)
+{
+    int e = (int)((h >> 10) & 31u), m = (int)(h & 1023u);
+    double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
+    return (float)((h & 0x8000u) ? -v : v);
+}
+
+#define EXPECT_ROUND(fn, x, want)                                                                    \
+    do {                                                                                            \
+        float got_ = fn(x), want_ = (want);                                                         \
+        if (u_of(got_) != u_of(want_))                                                              \
+            unit_fail(__FILE__, __LINE__, "%s(%.9g) = %.9g, not %.9g", #fn, (double)(x), (double)got_, \
+                      (double)want_);                                                               \
+    } while (0)
+
+/* Ties go to even, overflow to infinity, NaN stays NaN; every binary16
+ * number rounds to itself, and a random float to a neighbour within half
+ * a unit in the last place. */
+TEST_IMPL(kcpu_rounds_to_bf16_and_fp16)
+{
+    EXPECT_ROUND(kcpu_bf16_round, 1.0f, 1.0f);
+    EXPECT_ROUND(kcpu_bf16_round, 1.0f + 0x1p-8f, 1.0f);                   /* a tie: to even */
+    EXPECT_ROUND(kcpu_bf16_round, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-6f);     /* a tie: up to even */
+    EXPECT_ROUND(kcpu_bf16_round, 1.0f + 0x1p-8f + 0x1p-20f, 1.0f + 0x1p-7f);
+    EXPECT_ROUND(kcpu_bf16_round, -3.0f, -3.0f);
+    EXPECT_ROUND(kcpu_bf16_round, f_of(0x7f7fffffu), INFINITY);            /* FLT_MAX: past bf16's largest */
+    EXPECT_ROUND(kcpu_bf16_round, INFINITY, INFINITY);
+    ASSERT_INT_EQ(isnan(kcpu_bf16_round(NAN)) != 0, 1);
+    EXPECT_ROUND(kcpu_fp16_round, 1.0f + 0x1p-11f, 1.0f);
+    EXPECT_ROUND(kcpu_fp16_round, 1.0f + 3 * 0x1p-11f, 1.0f + 0x1p-9f);
+    EXPECT_ROUND(kcpu_fp16_round, 65504.0f, 65504.0f);
+    EXPECT_ROUND(kcpu_fp16_round, 65519.0f, 65504.0f);
+    EXPECT_ROUND(kcpu_fp16_round, 65520.0f, INFINITY);                     /* the tie past the largest */
+    EXPECT_ROUND(kcpu_fp16_round, -1e6f, -INFINITY);
+    EXPECT_ROUND(kcpu_fp16_round, 0x1p-24f, 0x1p-24f);                     /* the least subnormal */
+    EXPECT_ROUND(kcpu_fp16_round, 0x1p-25f, 0.0f);                         /* a tie: to even, zero */
+    EXPECT_ROUND(kcpu_fp16_round, 3 * 0x1p-25f, 0x1p-23f);
+    EXPECT_ROUND(kcpu_fp16_round, 1e-9f, 0.0f);
+    ASSERT_INT_EQ(isnan(kcpu_fp16_round(NAN)) != 0, 1);
+    for (unsigned h = 0; h < 65536; h++) {
+        float v = half_value(h);
+        if (isnan(v)) continue;
+        if (u_of(kcpu_fp16_round(v)) != u_of(v))
+            unit_fail(__FILE__, __LINE__, "binary16 0x%04x (%.9g) does not round to itself", h, (double)v);
+    }
+    uint64_t s = 88172645463325252ull;
+    for (int k = 0; k < 200000; k++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        float x = (float)ldexp((double)(s >> 11) / 9007199254740992.0 - 0.5, (int)(s % 40) - 30);
+        float b = kcpu_bf16_round(x), h = kcpu_fp16_round(x);
+        double ub = ldexp(1.0, ilogb(x) - 7), uh = fabs(x) < 0x1p-14 ? 0x1p-24 : ldexp(1.0, ilogb(x) - 10);
+        if ((u_of(b) & 0xffffu) || fabs((double)b - x) > ub / 2 || fabs((double)h - x) > uh / 2 ||
+            u_of(kcpu_fp16_round(h)) != u_of(h))
+            unit_fail(__FILE__, __LINE__, "%.9g: bf16 %.9g, fp16 %.9g", (double)x, (double)b, (double)h);
+    }
+}
+
+#define gpt_src fixture_tiny_gpt /* two layers, a tied head */
+
+static void compile_with(plan *p, const char *const *sets, int n_sets)
+{
+    char *text = NULL, err[512];
+    size_t len = 0;
+    mesh_compile_options opt = MESH_COMPILE_OPTIONS_INIT;
+    opt.sets = sets;
+    opt.n_sets = n_sets;
+    if (mesh_compile("tiny.mesh", gpt_src, strlen(gpt_src), &opt, &text, &len) != MESH_OK)
+        unit_fail(__FILE__, __LINE__, "%s", mesh_last_error());
+    if (plan_read(p, text, len, err, sizeof err) != 0) unit_fail(__FILE__, __LINE__, "%s", err);
+    mesh_free(text);
+}
+
+static mesh__exec *exec_of(const plan *p)
+{
+    char err[256];
+    mesh__exec *ex = mesh__exec_create(p, NULL, NULL, err, sizeof err);
+    if (!ex) unit_fail(__FILE__, __LINE__, "%s", err);
+    return ex;
+}
+
+/* The step's two micro-batches of a repeating pattern (test_exec.c's). */
+static void step_batch(int32_t *in, int32_t *tg, int step)
+{
+    for (int h = 0; h < 2; h++)
+        for (size_t k = 0; k < 16; k++) {
+            in[h * 16 + k] = (int32_t)((k * 3 + (size_t)(step + 5 * h)) % 16);
+            tg[h * 16 + k] = (int32_t)((k * 3 + 3 + (size_t)(step + 5 * h)) % 16);
+        }
+}
+
+/* Steps [from, to] on ex: losses (and stats) into out[step - 1]. */
+static void train(mesh__exec *ex, int from, int to, mesh__step_stats *out)
+{
+    int32_t in[32], tg[32];
+    for (int step = from; step <= to; step++) {
+        step_batch(in, tg, step);
+        mesh__step_stats st;
+        if (mesh__exec_train_step(ex, step, in, tg, &st) != 0)
+            unit_fail(__FILE__, __LINE__, "step %d failed: %s", step, mesh__exec_error(ex));
+        out[step - 1] = st;
+    }
+}
+
+/* Elements of every param copy of ex, and whether all are in precision
+ * p's numbers. */
+static int values_in(mesh__exec *ex, float (*round)(float), size_t *total)
+{
+    const char *name;
+    size_t n;
+    float *w, *g;
+    int all = 1;
+    *total = 0;
+    for (int k = 0; mesh__exec_param(ex, k, &name, &n, &w, &g) == 0; k++, *total += n)
+        for (size_t e = 0; e < n; e++) all &= u_of(round(w[e])) == u_of(w[e]);
+    return all;
+}
+
+/* bf16 and fp16 train the tiny GPT as fp32 does: the loss falls below 1
+ * (from ln 16), each step's loss within 0.02 + 3% of fp32's (bf16 strays
+ * by 1.2% at most over the first 30 steps, 5.5% at a loss of 0.2; fp16 by
+ * 0.4%). The weights the ops
+ * read are bf16 (fp16) numbers, the fp32 masters (what mesh_param_get and
+ * checkpoints give) are not; the arena is fp32's layout plus the masters. */
+TEST_IMPL(precision_bf16_fp16_train_as_fp32)
+{
+    static const char *const sets[3][1] = {{"train.precision=fp32"}, {"train.precision=bf16"},
+                                           {"train.precision=fp16"}};
+    float (*rounds[3])(float) = {NULL, kcpu_bf16_round, kcpu_fp16_round};
+    mesh__step_stats ref[40], got[40];
+    size_t fp32_bytes = 0;
+    for (int v = 0; v < 3; v++) {
+        plan p;
+        compile_with(&p, sets[v], 1);
+        mesh__exec *ex = exec_of(&p);
+        train(ex, 1, 40, v == 0 ? ref : got);
+        if (v == 0) {
+            fp32_bytes = mesh__exec_bytes(ex);
+        } else {
+            size_t total;
+            ASSERT_INT_EQ(values_in(ex, rounds[v], &total), 1);
+            ASSERT_UINT_EQ(mesh__exec_bytes(ex), fp32_bytes + total * sizeof(float)); /* + the masters */
+            ASSERT_INT_LT((long long)p.memory[0].total, (long long)fp32_bytes);        /* the plan: 2-byte values */
+            /* the masters: the whole first param, not all of it representable */
+            size_t n0 = mesh__exec_param_numel(ex, 0), off = 0;
+            float *whole = malloc(n0 * sizeof *whole);
+            ASSERT_INT_EQ(mesh__exec_param_get(ex, 0, whole), 0);
+            for (size_t e = 0; e < n0; e++) off += u_of(rounds[v](whole[e])) != u_of(whole[e]);
+            free(whole);
+            ASSERT_INT_GE((long long)off, (long long)n0 / 2);
+            for (int k = 0; k < 40; k++) {
+                ASSERT_INT_EQ(got[k].skipped, 0);
+                if (fabs(got[k].loss - ref[k].loss) <= 0.02 + 0.03 * ref[k].loss) continue;
+                fprintf(stderr, "# %s, step %d: loss %.6f, fp32 %.6f\n", sets[v][0], k + 1, got[k].loss, ref[k].loss);
+                unit_fail(__FILE__, __LINE__, "mixed precision strays from fp32");
+            }
+            /* the norm reported is of the unscaled gradient */
+            ASSERT_INT_EQ(fabs(got[0].norm - ref[0].norm) <= 0.02 * ref[0].norm, 1);
+            ASSERT_INT_EQ(got[0].loss_scale == (v == 2 ? 65536.0 : 1.0), 1);
+        }
+        if (!(got[39].loss < 1.0 && ref[39].loss < 1.0))
+            unit_fail(__FILE__, __LINE__, "%s: the loss did not fall below 1 (%.4f)", sets[v][0],
+                      (v ? got : ref)[39].loss);
+        mesh__exec_free(ex);
+        plan_free(&p);
+    }
+}
+
+/* fp16's dynamic loss scale, started at 2^40: the scaled gradients
+ * overflow, so steps are skipped (params, masters and AdamW's count
+ * unchanged) and the scale halves until they fit; then after every 3 steps
+ * without an overflow it doubles. The model still learns. A fixed scale
+ * stays as written. */
+TEST_IMPL(precision_fp16_loss_scale_skips_and_grows)
+{
+    static const char *const dyn[] = {"train.precision=fp16"}, *const fixed[] = {"train.precision=fp16",
+                                                                                  "train.loss_scale=1024"};
+    plan p;
+    compile_with(&p, dyn, 1);
+    mesh__exec *ex = exec_of(&p);
+    mesh__exec_set_scaler(ex, 0x1p40, 3);
+    size_t n0 = mesh__exec_param_numel(ex, 0);
+    float *before = malloc(2 * n0 * sizeof *before), *after = before + n0;
+    ASSERT_INT_EQ(mesh__exec_param_get(ex, 0, before), 0);
+    mesh__step_stats st[40];
+    train(ex, 1, 1, st);
+    ASSERT_INT_EQ(st[0].skipped, 1);
+    ASSERT_INT_EQ(st[0].loss_scale == 0x1p40, 1);
+    ASSERT_INT_EQ(*mesh__exec_loss_scale(ex) == 0x1p39, 1);
+    ASSERT_INT_EQ(*mesh__exec_adam_steps(ex), 0);
+    ASSERT_INT_EQ(mesh__exec_param_get(ex, 0, after), 0);
+    ASSERT_INT_EQ(memcmp(before, after, n0 * sizeof *before), 0);
+    free(before);
+    train(ex, 2, 40, st);
+    int skips = 0, grown = 0, good = 0;
+    long long adam = 0;
+    for (int k = 0; k < 40; k++) {
+        double next = k < 39 ? st[k + 1].loss_scale : *mesh__exec_loss_scale(ex);
+        if (st[k].skipped) {
+            skips++;
+            good = 0;
+            ASSERT_INT_EQ(next == st[k].loss_scale / 2, 1);
+        } else if (++good == 3) {
+            grown++;
+            good = 0;
+            adam++;
+            ASSERT_INT_EQ(next == st[k].loss_scale * 2, 1);
+        } else {
+            adam++;
+            ASSERT_INT_EQ(next == st[k].loss_scale, 1);
+        }
+    }
+    ASSERT_INT_GE(skips, 10); /* from 2^40 down to where fp16 holds the gradients */
+    ASSERT_INT_GE(grown, 1);
+    ASSERT_INT_EQ(*mesh__exec_adam_steps(ex), adam);
+    if (!(st[39].loss < st[0].loss - 1.2))
+        unit_fail(__FILE__, __LINE__, "the loss stayed at %.4f (%.4f at first)", st[39].loss, st[0].loss);
+    mesh__exec_free(ex);
+    plan_free(&p);
+
+    compile_with(&p, fixed, 2);
+    ASSERT_INT_EQ(p.setup.loss_scale == 1024.0, 1);
+    ex = exec_of(&p);
+    train(ex, 1, 10, st);
+    for (int k = 0; k < 10; k++) ASSERT_INT_EQ(st[k].loss_scale == 1024.0 && !st[k].skipped, 1);
+    mesh__exec_free(ex);
+    plan_free(&p);
+}
+
+/* A bf16 or fp16 run saved after 4 steps and loaded into a new executor
+ * continues as the run that went on: the same losses to the bit (the
+ * masters are saved, not their rounding; fp16's scale and its count of
+ * good steps too). */
+TEST_IMPL(precision_checkpoint_resumes_to_the_bit)
+{
+    static const char *const sets[2][1] = {{"train.precision=bf16"}, {"train.precision=fp16"}};
+    for (int v = 0; v < 2; v++) {
+        char dir[] = "/tmp/mesh-prec-XXXXXX", err[512], cmd[64];
+        if (!mkdtemp(dir)) unit_fail(__FILE__, __LINE__, "mkdtemp failed");
+        plan p;
+        compile_with(&p, sets[v], 1);
+        mesh__exec *a = exec_of(&p), *b = exec_of(&p);
+        if (v == 1) { /* a scale that moves: down first, then up after 2 good steps */
+            mesh__exec_set_scaler(a, 0x1p30, 2);
+            mesh__exec_set_scaler(b, 0x1p30, 2);
+        }
+        mesh__step_stats sa[10], sb[10];
+        train(a, 1, 5, sa);
+        if (mesh__ckpt_save(a, dir, 5, NULL, err, sizeof err) != 0) unit_fail(__FILE__, __LINE__, "%s", err);
+        train(a, 6, 10, sa);
+        long long step = 0;
+        if (mesh__ckpt_load(b, dir, 1, &step, NULL, err, sizeof err) != 0) unit_fail(__FILE__, __LINE__, "%s", err);
+        ASSERT_INT_EQ(step, 5);
+        train(b, 6, 10, sb);
+        for (int k = 5; k < 10; k++)
+            if (sa[k].loss != sb[k].loss || sa[k].loss_scale != sb[k].loss_scale)
+                unit_fail(__FILE__, __LINE__, "%s, step %d: %.17g (scale %g) resumed, %.17g (scale %g) straight on",
+                          sets[v][0], k + 1, sb[k].loss, sb[k].loss_scale, sa[k].loss, sa[k].loss_scale);
+        mesh__exec_free(a);
+        mesh__exec_free(b);
+        plan_free(&p);
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        if (system(cmd) != 0) unit_fail(__FILE__, __LINE__, "%s failed", cmd);
+    }
+}
