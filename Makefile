@@ -318,14 +318,17 @@ $(BUILD)/.mpi: FORCE
 	@mkdir -p $(@D); [ "$$(cat $@ 2>/dev/null)" = "$(MPI)" ] || echo "$(MPI)" >$@
 
 # The NCCL communicator, the CUDA device (runtime/device_cuda.c, with the
-# GPU probe), and the NCCL test (device buffers through the CUDA runtime):
+# GPU probe), the executor's CUDA kernel table (runtime/kern_cuda.c), and
+# the NCCL test (device buffers through the CUDA runtime):
 # MESH_CUDA says whether they are built for CUDA (else the stubs say
 # libmesh has none). They are rebuilt, and with them what links them, when
 # the folder's CUDA setting (or CUDA_HOME, NCCL_HOME) changes; CUDA=1
 # without the toolkit's and NCCL's headers stops here.
 NCCL_OBJ = $(OBJ)/runtime/comm_nccl.o $(PIC)/runtime/comm_nccl.o $(OBJ)/runtime/device_cuda.o \
-           $(PIC)/runtime/device_cuda.o $(OBJ)/tests/unit/test_comm_nccl.o
+           $(PIC)/runtime/device_cuda.o $(OBJ)/runtime/kern_cuda.o $(PIC)/runtime/kern_cuda.o \
+           $(OBJ)/tests/unit/test_comm_nccl.o
 $(NCCL_OBJ): CPPFLAGS += $(CUDA_CFLAGS) -DMESH_CUDA=$(CUDA)
+$(OBJ)/runtime/kern_cuda.o $(PIC)/runtime/kern_cuda.o: CPPFLAGS += -Ikernels/cuda
 $(NCCL_OBJ): $(BUILD)/.cuda
 
 CUDA_STAMP = $(if $(filter 1,$(CUDA)),1 $(CUDA_HOME) $(NCCL_HOME),0)
@@ -397,12 +400,17 @@ $(BUILD)/libmeshrt.a: $(RUNTIME_OBJ)
 	@rm -f $@
 	$(AR) rcs $@ $^
 
-$(BUILD)/unit_tests: $(UNIT_OBJ) $(BUILD)/libmeshrt.a $(BUILD)/libmeshkcpu.a $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a
+# With CUDA=1 the runtime's CUDA kernel table (runtime/kern_cuda.c) needs
+# the CUDA kernels.
+KCUDA_LIB = $(if $(CUDA_SRC),$(BUILD)/libmeshkcuda.a)
+
+$(BUILD)/unit_tests: $(UNIT_OBJ) $(BUILD)/libmeshrt.a $(KCUDA_LIB) $(BUILD)/libmeshkcpu.a $(BUILD)/libmeshcomp.a \
+                     $(BUILD)/libmeshlang.a
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 # The MPI tests' program (tests/mpi/mpi_tests.c), started by tests/run.sh
 # under mpirun; it shares the communicator cases with the unit tests.
-$(BUILD)/mpi_tests: $(MPI_TEST_OBJ) $(OBJ)/tests/unit/comm_cases.o $(BUILD)/libmeshrt.a $(BUILD)/libmeshkcpu.a \
+$(BUILD)/mpi_tests: $(MPI_TEST_OBJ) $(OBJ)/tests/unit/comm_cases.o $(BUILD)/libmeshrt.a $(KCUDA_LIB) $(BUILD)/libmeshkcpu.a \
                     $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a
 	$(CC) $(ALL_LDFLAGS) -o $@ $(filter %.o,$^) -Wl,--start-group $(filter %.a,$^) -Wl,--end-group \
 	  $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)

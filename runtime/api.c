@@ -184,8 +184,16 @@ mesh_status mesh__context_create(const mesh_plan *mp, int rank, comm *world, mes
     ctx->plan = mp;
     ctx->rank = rank;
     mesh_device_info(&ctx->device, NULL);
-    ctx->ex = mesh__exec_create_rank(&mp->p, rank, world, alloc, ud, deterministic ? MESH__EXEC_DETERMINISTIC : 0,
-                                     err, sizeof err);
+    unsigned flags = (deterministic ? MESH__EXEC_DETERMINISTIC : 0) | (ctx->device == MESH_DEVICE_CUDA ? MESH__EXEC_CUDA : 0);
+    if (ctx->device == MESH_DEVICE_CUDA && mesh__exec_gpu_supported(&mp->p, err, sizeof err) != 0) {
+        char why[600];
+        snprintf(why, sizeof why, "the GPU executor does not train this plan yet: %s (train it on the CPU: "
+                 "--device cpu)", err);
+        free(ctx);
+        if (world) comm_abort(world, why); /* every rank refuses alike; none waits */
+        return mesh__fail(MESH_ERR_UNSUPPORTED, "%s", why);
+    }
+    ctx->ex = mesh__exec_create_rank(&mp->p, rank, world, alloc, ud, flags, err, sizeof err);
     if (!ctx->ex) {
         free(ctx);
         mesh_status st = strstr(err, "memory") ? MESH_ERR_NOMEM
@@ -275,6 +283,7 @@ mesh_status mesh_forward(mesh_context *ctx, const int *inputs, const int *target
     if (!logits) return MESH_OK;
     int vp, vocab;
     const float *lg = mesh__exec_logits(ctx->ex, &vp);
+    if (!lg) return mesh__fail(MESH_ERR_RANK, "mesh_forward: %s", mesh__exec_error(ctx->ex));
     const plan_tensor *ce = &ctx->plan->p.tensors[ctx->plan->p.loss];
     vocab = ce->vocab > 0 ? (int)ce->vocab : vp;
     size_t rows = mesh__exec_batch_tokens(ctx->ex);
@@ -395,6 +404,7 @@ static mesh_status next_row(mesh_context *ctx, const int *ids, size_t n, const c
     free(in);
     free(tg);
     if (!in || !tg) return mesh__fail(MESH_ERR_NOMEM, "out of memory");
+    if (!*row) return mesh__fail(MESH_ERR_RANK, "%s: %s", who, mesh__exec_error(ctx->ex));
     *vocab = mesh__plan_vocab(&ctx->plan->p);
     if (*vocab <= 0 || *vocab > vp) *vocab = vp;
     return MESH_OK;

@@ -21,8 +21,8 @@ struct mesh_context {
     mesh__exec *ex;
     long long step; /* steps taken (a skipped one included) */
     int rank;       /* in the plan's world */
-    mesh_device_kind device; /* what it runs on (mesh_set_device): MESH_DEVICE_CPU until the
-                                CUDA executor exists, which will read it */
+    mesh_device_kind device; /* what it runs on (mesh_set_device): the executor's arena and
+                                kernels are on the GPU with MESH_DEVICE_CUDA */
 };
 
 /* Rank `rank`'s context over world (NULL for a plan of one rank); on

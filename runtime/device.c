@@ -206,9 +206,10 @@ mesh_status dev_choose(mesh_device_kind asked, int gpu, const char *probe_text, 
     if (!why || n == 0) why = none, n = sizeof none;
     switch (asked) {
     case MESH_DEVICE_AUTO:
-        /* the CUDA executor does not exist yet: a GPU, if any, stays idle */
+        /* the CUDA executor has not run on a GPU yet: it is taken when asked for */
         if (gpu)
-            snprintf(why, n, "a GPU is present (%s), but training on it is not built yet: running on the CPU", text);
+            snprintf(why, n, "a GPU is present (%s), but the CUDA executor is not verified on a GPU yet: running "
+                     "on the CPU (--device cuda trains on the GPU)", text);
         else
             snprintf(why, n, "no GPU (%s): running on the CPU", text);
         break;
@@ -216,11 +217,13 @@ mesh_status dev_choose(mesh_device_kind asked, int gpu, const char *probe_text, 
         snprintf(why, n, "the CPU was asked for: running on the CPU");
         break;
     case MESH_DEVICE_CUDA:
-        if (gpu)
-            snprintf(why, n, "--device cuda: the CUDA executor is not built yet: train with the CPU");
-        else
+        if (!gpu) {
             snprintf(why, n, "--device cuda: no GPU (%s)", text);
-        return MESH_ERR_UNSUPPORTED;
+            return MESH_ERR_UNSUPPORTED;
+        }
+        snprintf(why, n, "the GPU was asked for: running on %s", text);
+        if (chosen) *chosen = MESH_DEVICE_CUDA;
+        return MESH_OK;
     default:
         snprintf(why, n, "device kind %d is not one of MESH_DEVICE_AUTO, MESH_DEVICE_CPU, MESH_DEVICE_CUDA",
                  (int)asked);

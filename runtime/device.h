@@ -155,9 +155,11 @@ int dev_cuda_probe(char *why, size_t n, char *name, size_t name_n);
 /* What a process asking for `asked` trains on, given whether a GPU is
  * usable (gpu) and the probe's text (the GPU's name, else the reason):
  * MESH_OK with *chosen and the one-line reason in why, or
- * MESH_ERR_UNSUPPORTED (MESH_DEVICE_CUDA: no GPU, or no CUDA executor yet)
- * and MESH_ERR_INVALID_ARG (not a kind) with the message in why. Training
- * on the GPU is not built yet, so *chosen is MESH_DEVICE_CPU. */
+ * MESH_ERR_UNSUPPORTED (MESH_DEVICE_CUDA without a GPU) and
+ * MESH_ERR_INVALID_ARG (not a kind) with the message in why. The CUDA
+ * executor has not run on a GPU yet, so MESH_DEVICE_AUTO gives the CPU
+ * (saying so when a GPU is present); MESH_DEVICE_CUDA with a GPU gives
+ * MESH_DEVICE_CUDA. */
 mesh_status dev_choose(mesh_device_kind asked, int gpu, const char *probe_text, mesh_device_kind *chosen,
                        char *why, size_t n);
 

@@ -198,8 +198,37 @@ static int layout(mesh__exec *ex, unsigned flags, char *err, size_t errn)
     /* a slot: the part before the stack (a later stage: what it receives), its layers, the part after */
     exec__set_chunk(ex, ex->stage); /* the stage's first chunk */
     if ((uint64_t)ms->total > SIZE_MAX - EX_HEADER) return -1;
+    if (ex->gpu) { /* device memory, zeroed; a full device says how full, with the plan's bytes */
+        void *a = NULL;
+        dev_set_planned(ex->dev, (size_t)ms->total);
+        if (dev_alloc(ex->dev, &a, (size_t)ms->total) != MESH_OK) {
+            set_err(err, errn, "rank %d: %s", ex->rank, dev_last_error(ex->dev));
+            return -2;
+        }
+        ex->arena = a;
+        return exec__fill(ex, a, 0, (size_t)ms->total) == 0 ? 0 : (set_err(err, errn, "%s", ex->error), -2);
+    }
     ex->arena = ex_calloc(ex, (size_t)ms->total, 1);
     return ex->arena ? 0 : -1;
+}
+
+/* What the GPU executor does not run yet; NULL if it runs the plan. */
+static const char *gpu_refusal(const plan *p)
+{
+    if (p->setup.world > 1) return "a plan of more than one rank (NCCL between GPUs is not in the executor yet)";
+    if (p->setup.precision != 0) return "bf16 and fp16 (the GPU executor keeps fp32 so far)";
+    for (int id = 0; id < p->n_tensors; id++)
+        if (p->tensors[id].op == G_MOE) return "moe layers";
+    return NULL;
+}
+
+int mesh__exec_gpu_supported(const plan *p, char *err, size_t errn)
+{
+    char why[160];
+    const char *no = refusal(p, why, sizeof why);
+    if (!no) no = gpu_refusal(p);
+    if (no) set_err(err, errn, "%s", no);
+    return no ? -1 : 0;
 }
 
 int mesh__exec_supported(const plan *p, char *err, size_t errn)
@@ -257,6 +286,7 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
 {
     char why[160];
     const char *no = refusal(p, why, sizeof why);
+    if (!no && (flags & MESH__EXEC_CUDA)) no = gpu_refusal(p);
     if (!no && p->setup.world > 1 && (!world || world->size != p->setup.world))
         no = "a plan of more than one rank runs on a communicator of its world's size";
     if (!no && (rank < 0 || rank >= p->setup.world)) no = "the rank is not in the plan's world";
@@ -273,6 +303,14 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
     ex->alloc = alloc ? alloc : mesh_alloc_default;
     ex->ud = ud;
     ex->data_ranks = (int)(p->setup.dp * p->setup.ep);
+    /* the device and its kernels */
+    ex->gpu = (flags & MESH__EXEC_CUDA) != 0;
+    char derr[400];
+    if (dev_open(ex->gpu ? MESH_DEVICE_CUDA : MESH_DEVICE_CPU, 0, &ex->dev, derr, sizeof derr) != MESH_OK ||
+        kern_open(&ex->kern, ex->dev, derr, sizeof derr) != 0) {
+        set_err(err, errn, "rank %d: %s", rank, derr);
+        goto fail;
+    }
     if (p->setup.world > 1 && join_axes(ex, world, err, errn) != 0) goto fail;
     /* this rank's pipeline stage: its chunk's layers of the stack */
     ex->stack = -1;
@@ -383,7 +421,12 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
         set_err(err, errn, "rank %d: the optimizer's shards are not the memory plan's", rank);
         goto fail;
     }
-    if (shards != 0 || exec__init_params(ex) != 0) goto oom;
+    int init = shards == 0 ? exec__init_params(ex) : -1;
+    if (init == -2) { /* a device call failed */
+        set_err(err, errn, "%s", ex->error);
+        goto fail;
+    }
+    if (init != 0) goto oom;
     exec__masters_from_params(ex);
     if (ex->tokens_in < 0 || ex->targets_in < 0) {
         set_err(err, errn, "the model needs two inputs (tokens and targets)");
@@ -413,11 +456,16 @@ size_t mesh__exec_bytes(const mesh__exec *ex) { return (size_t)ex->ms->total; }
 
 size_t mesh__exec_host_bytes(const mesh__exec *ex) { return ex->host_bytes; }
 
-const float *mesh__exec_logits(const mesh__exec *ex, int *vocab_padded)
+const float *mesh__exec_logits(mesh__exec *ex, int *vocab_padded)
 {
     int id = ex->p->tensors[ex->p->loss].in[0];
     *vocab_padded = (int)exec__last_dim(&ex->p->tensors[id]);
-    return exec__val_in(ex, id, -1, 0);
+    const float *lg = exec__val_in(ex, id, -1, 0);
+    if (!ex->gpu) return lg;
+    size_t n = ex->numel[id];
+    if (!ex->logits_host) ex->logits_host = malloc(n * sizeof *ex->logits_host);
+    if (!ex->logits_host || exec__to_host(ex, ex->logits_host, lg, n * sizeof *lg) != 0) return NULL;
+    return ex->logits_host;
 }
 
 void mesh__exec_free(mesh__exec *ex)
@@ -430,7 +478,11 @@ void mesh__exec_free(mesh__exec *ex)
     }
     if (ex->data != ex->axis[0]) comm_free(ex->data);
     for (int a = 0; a < 4; a++) comm_free(ex->axis[a]);
-    ex_free(ex, ex->arena);
+    if (ex->gpu) dev_free(ex->dev, ex->arena);
+    else ex_free(ex, ex->arena);
+    kern_close(&ex->kern);
+    dev_close(ex->dev);
+    free(ex->logits_host);
     ex_free(ex, ex->moe);
     ex_free(ex, ex->numel);
     ex_free(ex, ex->cnumel);
@@ -444,6 +496,7 @@ void mesh__exec_free(mesh__exec *ex)
     ex_free(ex, ex->gbufs);
     ex_free(ex, ex->gsizes);
     ex_free(ex, ex->gsplit);
+    ex_free(ex, ex->gss);
     ex_free(ex, ex->shard);
     ex_free(ex, ex->opt_at);
     ex_free(ex, ex->slot_of);

@@ -52,8 +52,10 @@ void mesh__exec_free(mesh__exec *ex);
  * without liveness reuse (larger than the plan's), the reference that
  * tests compare the plan's layout against. MESH__EXEC_DETERMINISTIC sums
  * the data-parallel ranks' gradients and losses one rank after another in
- * the one-rank order (mesh_set_deterministic). */
-enum { MESH__EXEC_NO_REUSE = 1u, MESH__EXEC_DETERMINISTIC = 2u };
+ * the one-rank order (mesh_set_deterministic). MESH__EXEC_CUDA trains on
+ * GPU 0 (the arena in its memory, the CUDA kernels: kern.h); the plans it
+ * runs so far are those of mesh__exec_gpu_supported. */
+enum { MESH__EXEC_NO_REUSE = 1u, MESH__EXEC_DETERMINISTIC = 2u, MESH__EXEC_CUDA = 4u };
 mesh__exec *mesh__exec_create_flags(const plan *p, mesh_alloc_fn alloc, void *ud, unsigned flags, char *err,
                                     size_t n);
 
@@ -68,6 +70,10 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
 /* 0 if this executor runs the plan, else -1 with the reason in err (the
  * check mesh__exec_create makes before anything else). */
 int mesh__exec_supported(const plan *p, char *err, size_t n);
+
+/* The same for training on a GPU (MESH__EXEC_CUDA): so far one rank, fp32,
+ * no moe layer. */
+int mesh__exec_gpu_supported(const plan *p, char *err, size_t n);
 
 /* Which part of each global batch this rank reads: data_rank of
  * data_ranks (dp x ep). */
@@ -115,7 +121,7 @@ double mesh__exec_grad(mesh__exec *ex, const int32_t *inputs, const int32_t *tar
 
 /* Parameter k (0-based, in plan order, each layer's copy separately): its
  * name (e.g. "h.1.gpt2_block.w_qkv"), elements on this rank, and this
- * rank's value and gradient (its tp slice).
+ * rank's value and gradient (its tp slice; on a GPU, device pointers).
  * Returns -1 when k is past the last. */
 int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float **value,
                      float **grad);
@@ -168,8 +174,10 @@ long long *mesh__exec_scale_good(mesh__exec *ex);
  * and 2000, PyTorch's GradScaler's). */
 void mesh__exec_set_scaler(mesh__exec *ex, double scale, long long interval);
 
-/* After a forward: the logits (the loss's first input), [rows, vocab_padded]. */
-const float *mesh__exec_logits(const mesh__exec *ex, int *vocab_padded);
+/* After a forward: the logits (the loss's first input), [rows,
+ * vocab_padded], in host memory (on a GPU, a copy the executor keeps);
+ * NULL if the copy failed (mesh__exec_error). */
+const float *mesh__exec_logits(mesh__exec *ex, int *vocab_padded);
 
 /* Bytes of the executor's arena: parameters, gradients, AdamW's state,
  * the activations and statistics kept for backward, and the workspace, all

@@ -3,7 +3,7 @@
  *
  *   exec.c         checking a plan, laying the arena out, joining the mesh
  *   exec_mem.c     where a tensor's value, gradient and statistics live
- *   exec_ops.c     one op forward and backward, through the CPU kernels
+ *   exec_ops.c     one op forward and backward, through the device's kernels (kern.h)
  *   exec_step.c    the program's phases, collectives, pipeline, a step
  *   exec_params.c  params in the whole param, ZeRO shards, checkpoints' views
  */
@@ -14,7 +14,9 @@
 #include <stdint.h> /* int64_t, uint64_t */
 
 #include "comm.h"    /* comm */
+#include "device.h"  /* dev */
 #include "exec.h"    /* mesh__exec */
+#include "kern.h"    /* kern */
 #include "kcpu.h"    /* kcpu_moe_route */
 #include "memplan.h" /* memplan, mem_buf */
 
@@ -28,6 +30,15 @@ typedef struct ex_moe {
 
 struct mesh__exec {
     const plan *p;
+    /* where it trains: the arena is device memory (host memory on the CPU,
+     * from the allocator hook), every kernel runs through `kern`, and what
+     * the host writes or reads in the arena goes through exec__fill,
+     * exec__to_dev and exec__to_host */
+    dev *dev;
+    kern kern;
+    int gpu;             /* dev is a GPU */
+    int dev_failed;      /* a device call failed: ex->error says which; the step fails */
+    float *logits_host;  /* gpu: the logits copied back for mesh__exec_logits */
     memplan mp;          /* the layout, in fp32 */
     const mem_stage *ms; /* this stage's sizes */
     unsigned char *arena; /* the one allocation: ms->total bytes */
@@ -57,6 +68,7 @@ struct mesh__exec {
     float **gbufs;       /* the gradients this rank updates, for the global norm: per param
                             tensor (all copies) without ZeRO, per copy its shard with it */
     size_t *gsizes;      /* and their elements */
+    double *gss;         /* and their sums of squares, each step */
     char *gsplit;        /* and the sum of squares each adds to (exec__optimizer_shards) */
     int n_gbufs;
     size_t *shard;       /* per param tensor: elements of each copy's ZeRO shard (all without) */
@@ -120,6 +132,18 @@ typedef struct init_ctx {
 
 /* exec_mem.c */
 int64_t exec__last_dim(const plan_tensor *t);
+
+/* Device memory: memset, and copies into and out of the arena (on the
+ * CPU, memset and memcpy). A failure is recorded in ex->error and
+ * ex->dev_failed (the step then fails); 0, or -1. to_host waits for the
+ * device. */
+int exec__fill(mesh__exec *ex, void *p, int byte, size_t bytes);
+int exec__to_dev(mesh__exec *ex, void *dst, const void *src, size_t bytes);
+int exec__to_host(mesh__exec *ex, void *dst, const void *src, size_t bytes);
+
+/* A kernel call that failed (kern's message, with the rank and what it
+ * ran for): recorded as a device failure; returns -1. */
+int exec__kern_failed(mesh__exec *ex, const char *what);
 
 /* Mixed precision: x[n] rounded to the plan's precision (fp32: nothing). */
 void exec__round(const mesh__exec *ex, float *x, size_t n);

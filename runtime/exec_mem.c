@@ -3,7 +3,42 @@
  * stage, chunk and slot. */
 #include "exec_impl.h"
 
+#include <stdio.h> /* snprintf */
+
 int64_t exec__last_dim(const plan_tensor *t) { return t->rank ? t->dims[t->rank - 1] : 1; }
+
+static int dev_failed(mesh__exec *ex, const char *what, mesh_status st)
+{
+    if (st == MESH_OK) return 0;
+    if (!ex->dev_failed)
+        snprintf(ex->error, sizeof ex->error, "rank %d: %s: %.300s", ex->rank, what, dev_last_error(ex->dev));
+    ex->dev_failed = 1;
+    return -1;
+}
+
+int exec__fill(mesh__exec *ex, void *p, int byte, size_t bytes)
+{
+    return dev_failed(ex, "clearing device memory", dev_memset(ex->dev, p, byte, bytes, NULL));
+}
+
+int exec__to_dev(mesh__exec *ex, void *dst, const void *src, size_t bytes)
+{
+    return dev_failed(ex, "a copy to the device", dev_copy(ex->dev, dst, src, bytes, DEV_HOST_TO_DEVICE, NULL));
+}
+
+int exec__to_host(mesh__exec *ex, void *dst, const void *src, size_t bytes)
+{
+    if (dev_failed(ex, "a copy from the device", dev_copy(ex->dev, dst, src, bytes, DEV_DEVICE_TO_HOST, NULL)))
+        return -1;
+    return ex->gpu ? dev_failed(ex, "waiting for the device", dev_stream_sync(ex->dev, NULL)) : 0;
+}
+
+int exec__kern_failed(mesh__exec *ex, const char *what)
+{
+    if (!ex->dev_failed) snprintf(ex->error, sizeof ex->error, "rank %d: %s: %.300s", ex->rank, what, ex->kern.error);
+    ex->dev_failed = 1;
+    return -1;
+}
 
 void exec__round(const mesh__exec *ex, float *x, size_t n)
 {

@@ -1,7 +1,8 @@
 /* exec_ops.c — one op forward and backward on this rank (exec_impl.h),
- * through the CPU kernels: its shapes on the rank, and the exchanges a few
- * ops make themselves (vocabulary-parallel cross-entropy, expert-parallel
- * moe). */
+ * through the rank's device's kernels (kern.h): its shapes on the rank,
+ * and the exchanges a few ops make themselves (vocabulary-parallel
+ * cross-entropy, expert-parallel moe: on the CPU only so far, which keeps
+ * their routing and statistics in host memory). */
 #include "exec_impl.h"
 
 #include <math.h>   /* cos, exp, isfinite, log, sqrt */
@@ -16,6 +17,12 @@
 #define DOUT exec__gptr(ex, id, it)
 #define AUX exec__aux_ptr(ex, id, it)
 #define I32(x) ((int32_t *)(void *)(x))
+
+/* A kernel on the rank's device; a failure ends the op (exec__kern_failed). */
+#define K(fn, ...)                                                                                          \
+    do {                                                                                                    \
+        if (ex->kern.v->fn(&ex->kern, __VA_ARGS__) != 0) return exec__kern_failed(ex, #fn);                \
+    } while (0)
 
 /* With expert parallelism the rows go through two exchanges over the ep
  * group: xs (this rank's tokens dispatched, in expert order, so rank q's
@@ -144,18 +151,20 @@ static int ce_shard_forward(mesh__exec *ex, float *out, float *aux, const float 
 }
 
 /* Broadcast add: the smaller operand's elements repeat over the larger's. */
-static void add_forward(float *out, const float *a, size_t na, const float *b, size_t nb)
+static int add_forward(mesh__exec *ex, float *out, const float *a, size_t na, const float *b, size_t nb)
 {
-    if (na == nb) kcpu_add_forward(out, a, b, na);
-    else if (na > nb) kcpu_add_broadcast_forward(out, a, b, (int)(na / nb), 1, (int)nb);
-    else kcpu_add_broadcast_forward(out, b, a, (int)(nb / na), 1, (int)na);
+    if (na == nb) K(add_forward, out, a, b, na);
+    else if (na > nb) K(add_broadcast_forward, out, a, b, (int)(na / nb), 1, (int)nb);
+    else K(add_broadcast_forward, out, b, a, (int)(nb / na), 1, (int)na);
+    return 0;
 }
 
-static void add_backward(float *da, size_t na, float *db, size_t nb, const float *dout)
+static int add_backward(mesh__exec *ex, float *da, size_t na, float *db, size_t nb, const float *dout)
 {
-    if (na == nb) kcpu_add_backward(da, db, dout, na);
-    else if (na > nb) kcpu_add_broadcast_backward(da, db, dout, (int)(na / nb), 1, (int)nb);
-    else kcpu_add_broadcast_backward(db, da, dout, (int)(nb / na), 1, (int)na);
+    if (na == nb) K(add_backward, da, db, dout, na);
+    else if (na > nb) K(add_broadcast_backward, da, db, dout, (int)(na / nb), 1, (int)nb);
+    else K(add_broadcast_backward, db, da, dout, (int)(nb / na), 1, (int)na);
+    return 0;
 }
 
 /* Attention geometry on this rank: qkv [B, T, (H + 2 KV) d] -> out [B, T,
@@ -179,57 +188,55 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
     switch (t->op) {
     case G_EMBED: { /* a table split over tp holds its rank's rows of the vocabulary */
         int rows = (int)ex->ld[t->in[1]][0], C = (int)ex->ld[t->in[1]][1];
-        kcpu_embedding_rows_forward(OUT, I32(IN(0)), IN(1), (int)ex->numel[t->in[0]], row0_of(ex, t->in[1]), rows,
-                                    C);
+        K(embedding_rows_forward, OUT, I32(IN(0)), IN(1), (int)ex->numel[t->in[0]], row0_of(ex, t->in[1]), rows, C);
         break;
     }
     case G_ARANGE:
-        for (size_t k = 0; k < n; k++) I32(OUT)[k] = (int32_t)k;
+        K(arange, I32(OUT), n);
         break;
     case G_MATMUL: {
         int K = exec__lastd(ex, t->in[0]), N = exec__lastd(ex, id), M = (int)(n / (size_t)N);
         if (b->op == G_TRANSPOSE) /* x @ transpose(w): w stored [N, K] */
-            kcpu_matmul_wt_forward(OUT, IN(0), exec__val_in(ex, b->in[0], t->region, it), NULL, M, K, N);
+            K(matmul_wt_forward, OUT, IN(0), exec__val_in(ex, b->in[0], t->region, it), M, K, N);
         else
-            kcpu_matmul_forward(OUT, IN(0), IN(1), NULL, M, K, N);
+            K(matmul_forward, OUT, IN(0), IN(1), M, K, N);
         break;
     }
     case G_TRANSPOSE: /* only read through the matmul that uses it */
         break;
     case G_BIAS_ADD:
     case G_ADD:
-        add_forward(OUT, IN(0), ex->cnumel[t->in[0]], IN(1), ex->cnumel[t->in[1]]);
+        if (add_forward(ex, OUT, IN(0), ex->cnumel[t->in[0]], IN(1), ex->cnumel[t->in[1]]) != 0) return -1;
         break;
     case G_LAYERNORM: {
         int C = exec__lastd(ex, id), rows = (int)(n / (size_t)C);
         float *aux = AUX;
-        kcpu_layernorm_forward(OUT, aux, aux + rows, IN(0), IN(1), t->n_in > 2 ? IN(2) : NULL, rows, C,
-                               (float)t->eps);
+        K(layernorm_forward, OUT, aux, aux + rows, IN(0), IN(1), t->n_in > 2 ? IN(2) : NULL, rows, C, (float)t->eps);
         break;
     }
     case G_RMSNORM: {
         int C = exec__lastd(ex, id), rows = (int)(n / (size_t)C);
-        kcpu_rmsnorm_forward(OUT, AUX, IN(0), IN(1), rows, C, (float)t->eps);
+        K(rmsnorm_forward, OUT, AUX, IN(0), IN(1), rows, C, (float)t->eps);
         break;
     }
     case G_ATTENTION: {
         int B, T, H, KV, d;
         attn_dims(ex, id, &B, &T, &H, &KV, &d);
         if (t->n_in == 1) /* packed [q | k | v] */
-            kcpu_attention_qkv_forward(OUT, AUX, IN(0), B, T, H, KV, d, t->causal);
+            K(attention_qkv_forward, OUT, AUX, IN(0), B, T, H, KV, d, t->causal);
         else
-            kcpu_attention_forward(OUT, AUX, IN(0), IN(1), IN(2), B, T, H, KV, d, t->causal);
+            K(attention_forward, OUT, AUX, IN(0), IN(1), IN(2), B, T, H, KV, d, t->causal);
         break;
     }
     case G_ROPE: {
         int B, T, H, KV, d;
         attn_dims(ex, id, &B, &T, &H, &KV, &d);
-        kcpu_rope_forward(OUT, IN(0), B, T, H, d, (float)t->theta, 0);
+        K(rope_forward, OUT, IN(0), B, T, H, d, (float)t->theta);
         break;
     }
-    case G_GELU: kcpu_gelu_forward(OUT, IN(0), n); break;
-    case G_SILU: kcpu_silu_forward(OUT, IN(0), n); break;
-    case G_SWIGLU: kcpu_swiglu_forward(OUT, IN(0), IN(1), n); break;
+    case G_GELU: K(gelu_forward, OUT, IN(0), n); break;
+    case G_SILU: K(silu_forward, OUT, IN(0), n); break;
+    case G_SWIGLU: K(swiglu_forward, OUT, IN(0), IN(1), n); break;
     case G_CROSS_ENTROPY: {
         int W = exec__lastd(ex, t->in[0]), N = (int)ex->numel[t->in[1]];
         int V = t->vocab > 0 ? (int)t->vocab : (int)exec__last_dim(a);
@@ -237,7 +244,9 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
         if (vocab_split(ex, t->in[0])) { /* vocabulary-parallel */
             if (ce_shard_forward(ex, OUT, aux, IN(0), I32(IN(1)), N, W, V) != 0) return -1;
         } else {
-            OUT[0] = kcpu_crossentropy_forward(aux, aux + N, aux + 2 * N, IN(0), I32(IN(1)), N, V, W);
+            float mean;
+            K(crossentropy_forward, &mean, aux, aux + N, aux + 2 * N, IN(0), I32(IN(1)), N, V, W);
+            if (exec__to_dev(ex, OUT, &mean, sizeof mean) != 0) return -1;
         }
         break;
     }
@@ -262,7 +271,11 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
     default: /* inputs and params are filled elsewhere; others refused at create */
         break;
     }
-    if (id == ex->p->loss && !ex->recomputing) ex->loss += OUT[0];
+    if (id == ex->p->loss && !ex->recomputing) {
+        float loss;
+        if (exec__to_host(ex, &loss, OUT, sizeof loss) != 0) return -1;
+        ex->loss += loss;
+    }
     return 0;
 }
 
@@ -275,60 +288,62 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
     switch (t->op) {
     case G_EMBED: {
         int rows = (int)ex->ld[t->in[1]][0], C = (int)ex->ld[t->in[1]][1];
-        kcpu_embedding_rows_backward(DIN(1), DOUT, I32(IN(0)), (int)ex->numel[t->in[0]], row0_of(ex, t->in[1]),
-                                     rows, C);
+        K(embedding_rows_backward, DIN(1), DOUT, I32(IN(0)), (int)ex->numel[t->in[0]], row0_of(ex, t->in[1]), rows,
+          C);
         break;
     }
     case G_MATMUL: {
         int K = exec__lastd(ex, t->in[0]), N = exec__lastd(ex, id), M = (int)(n / (size_t)N);
         if (b->op == G_TRANSPOSE)
-            kcpu_matmul_wt_backward(DIN(0), exec__grad_in(ex, b->in[0], t->region, it), NULL, DOUT, IN(0),
-                                    exec__val_in(ex, b->in[0], t->region, it), M, K, N);
+            K(matmul_wt_backward, DIN(0), exec__grad_in(ex, b->in[0], t->region, it), DOUT, IN(0),
+              exec__val_in(ex, b->in[0], t->region, it), M, K, N);
         else
-            kcpu_matmul_backward(DIN(0), DIN(1), NULL, DOUT, IN(0), IN(1), M, K, N);
+            K(matmul_backward, DIN(0), DIN(1), DOUT, IN(0), IN(1), M, K, N);
         break;
     }
     case G_BIAS_ADD:
     case G_ADD:
-        add_backward(DIN(0), ex->cnumel[t->in[0]], DIN(1), ex->cnumel[t->in[1]], DOUT);
+        if (add_backward(ex, DIN(0), ex->cnumel[t->in[0]], DIN(1), ex->cnumel[t->in[1]], DOUT) != 0) return -1;
         break;
     case G_LAYERNORM: {
         int C = exec__lastd(ex, id), rows = (int)(n / (size_t)C);
         float *aux = AUX;
-        kcpu_layernorm_backward(DIN(0), DIN(1), t->n_in > 2 ? DIN(2) : NULL, DOUT, IN(0), IN(1), aux,
-                                aux + rows, rows, C);
+        K(layernorm_backward, DIN(0), DIN(1), t->n_in > 2 ? DIN(2) : NULL, DOUT, IN(0), IN(1), aux, aux + rows, rows,
+          C);
         break;
     }
     case G_RMSNORM: {
         int C = exec__lastd(ex, id), rows = (int)(n / (size_t)C);
-        kcpu_rmsnorm_backward(DIN(0), DIN(1), DOUT, IN(0), IN(1), AUX, rows, C);
+        K(rmsnorm_backward, DIN(0), DIN(1), DOUT, IN(0), IN(1), AUX, rows, C);
         break;
     }
     case G_ATTENTION: {
         int B, T, H, KV, d;
         attn_dims(ex, id, &B, &T, &H, &KV, &d);
         if (t->n_in == 1)
-            kcpu_attention_qkv_backward(DIN(0), DOUT, OUT, AUX, IN(0), B, T, H, KV, d, t->causal);
+            K(attention_qkv_backward, DIN(0), DOUT, OUT, AUX, IN(0), B, T, H, KV, d, t->causal);
         else
-            kcpu_attention_backward(DIN(0), DIN(1), DIN(2), DOUT, OUT, AUX, IN(0), IN(1), IN(2), B, T,
-                                    H, KV, d, t->causal);
+            K(attention_backward, DIN(0), DIN(1), DIN(2), DOUT, OUT, AUX, IN(0), IN(1), IN(2), B, T, H, KV, d,
+              t->causal);
         break;
     }
     case G_ROPE: {
         int B, T, H, KV, d;
         attn_dims(ex, id, &B, &T, &H, &KV, &d);
-        kcpu_rope_backward(DIN(0), DOUT, B, T, H, d, (float)t->theta, 0);
+        K(rope_backward, DIN(0), DOUT, B, T, H, d, (float)t->theta);
         break;
     }
-    case G_GELU: kcpu_gelu_backward(DIN(0), IN(0), DOUT, n); break;
-    case G_SILU: kcpu_silu_backward(DIN(0), IN(0), DOUT, n); break;
-    case G_SWIGLU: kcpu_swiglu_backward(DIN(0), DIN(1), DOUT, IN(0), IN(1), n); break;
+    case G_GELU: K(gelu_backward, DIN(0), IN(0), DOUT, n); break;
+    case G_SILU: K(silu_backward, DIN(0), IN(0), DOUT, n); break;
+    case G_SWIGLU: K(swiglu_backward, DIN(0), DIN(1), DOUT, IN(0), IN(1), n); break;
     case G_CROSS_ENTROPY: {
         int W = exec__lastd(ex, t->in[0]), N = (int)ex->numel[t->in[1]];
         int V = t->vocab > 0 ? (int)t->vocab : (int)exec__last_dim(a);
         float *aux = AUX;
-        kcpu_crossentropy_shard_backward(DIN(0), IN(0), I32(IN(1)), aux + N, aux + 2 * N, DOUT[0], N,
-                                         vocab_split(ex, t->in[0]) ? ex->coord[1] * W : 0, W, V);
+        float seed; /* the loss's gradient: the backward's seed */
+        if (exec__to_host(ex, &seed, DOUT, sizeof seed) != 0) return -1;
+        K(crossentropy_shard_backward, DIN(0), IN(0), I32(IN(1)), aux + N, aux + 2 * N, seed, N,
+          vocab_split(ex, t->in[0]) ? ex->coord[1] * W : 0, W, V);
         break;
     }
     case G_MOE: {

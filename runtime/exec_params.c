@@ -108,13 +108,22 @@ void exec__shard_of(const mesh__exec *ex, int id, int it, size_t *lo, size_t *le
     *v = m0 + ex->opt_elems + ex->opt_at[id] + (size_t)exec__param_copy(ex, id, it) * sh;
 }
 
-/* zero 3: copy it of param id's shard <- its elements in whole (the rank's slice). */
-static void keep_shard(const mesh__exec *ex, int id, int it, const float *whole)
+/* zero 3: copy it of param id's shard <- its elements in whole (the
+ * rank's slice, in host memory). */
+static int keep_shard(mesh__exec *ex, int id, int it, const float *whole)
 {
     size_t lo, len;
     float *m, *v;
     exec__shard_of(ex, id, it, &lo, &len, &m, &v);
-    memcpy(exec__pshard(ex, id, it), whole + lo, len * sizeof *whole);
+    return exec__to_dev(ex, exec__pshard(ex, id, it), whole + lo, len * sizeof *whole);
+}
+
+/* Copy it of param id (the rank's slice) <- local[numel] in host memory:
+ * with zero 3 its shard, else the whole slice. */
+static int put_param(mesh__exec *ex, int id, int it, const float *local)
+{
+    if (ex->p->setup.zero == 3) return keep_shard(ex, id, it, local);
+    return exec__to_dev(ex, exec__vptr(ex, id, it), local, ex->numel[id] * sizeof *local);
 }
 
 /* zero 3: whole <- copy it of param id (the rank's slice), its shards
@@ -127,7 +136,7 @@ static int whole_of_shards(mesh__exec *ex, int id, int it, float *whole)
     exec__shard_of(ex, id, it, &lo, &len, &m, &v);
     comm *z = exec__zcomm(ex, id);
     memset(whole, 0, n * sizeof *whole);
-    memcpy(whole + lo, exec__pshard(ex, id, it), len * sizeof *whole);
+    if (exec__to_host(ex, whole + lo, exec__pshard(ex, id, it), len * sizeof *whole) != 0) return -1;
     if (!z || comm_all_reduce(z, whole, n) == 0) return 0;
     snprintf(ex->error, sizeof ex->error, "rank %d: gathering a param's shards: %s", ex->rank, z->error);
     return -1;
@@ -160,7 +169,8 @@ int exec__optimizer_shards(mesh__exec *ex)
     ex->gbufs = exec__host_calloc(ex, (size_t)ex->n_gbufs + 1, sizeof *ex->gbufs);
     ex->gsizes = exec__host_calloc(ex, (size_t)ex->n_gbufs + 1, sizeof *ex->gsizes);
     ex->gsplit = exec__host_calloc(ex, (size_t)ex->n_gbufs + 1, 1);
-    if (!ex->gbufs || !ex->gsizes || !ex->gsplit) return -1;
+    ex->gss = exec__host_calloc(ex, (size_t)ex->n_gbufs + 1, sizeof *ex->gss);
+    if (!ex->gbufs || !ex->gsizes || !ex->gsplit || !ex->gss) return -1;
     for (int k = 0, b = 0; k < ex->n_params; k++) {
         int id = ex->params[k];
         for (int c = 0; c < (ex->zero ? ex->copies[id] : 1); c++, b++) {
@@ -183,30 +193,29 @@ int exec__optimizer_shards(mesh__exec *ex)
 int exec__init_params(mesh__exec *ex)
 {
     const plan *p = ex->p;
-    int z3 = p->setup.zero == 3;
     for (int k = 0; k < ex->n_params; k++) {
         int id = ex->params[k];
         const plan_tensor *t = &p->tensors[id];
-        /* zero 3: the rank's whole slice made, then its shard kept */
-        float *whole = z3 ? malloc(ex->numel[id] * sizeof *whole) : NULL;
-        if (z3 && !whole) return -1;
+        /* the rank's whole slice made in host memory, then put in place
+         * (with zero 3 its shard kept) */
+        float *w = malloc(ex->numel[id] * sizeof *w);
+        if (!w) return -1;
         for (int c = 0; c < ex->copies[id]; c++) {
             int it = exec__copy_it(ex, id, c);
-            float *w = z3 ? whole : exec__vptr(ex, id, it);
             init_ctx ic = {w, mesh__init_key((uint64_t)p->setup.seed, ex->names[id][c]), (float)t->init_std};
             if (t->init == GRAPH_INIT_NORMAL) /* each element from its index in the whole param */
                 exec__param_runs(ex, id, ex->coord[1], ex->coord[3], exec__init_run, &ic);
             else
                 mesh__init_fill(w, ex->numel[id], t->init == GRAPH_INIT_ONES ? 1.0f : 0.0f);
-            if (z3) keep_shard(ex, id, it, whole);
+            put_param(ex, id, it, w);
         }
-        free(whole);
+        free(w);
     }
-    return 0;
+    return ex->dev_failed ? -2 : 0;
 }
 
 void exec__masters_from_params(mesh__exec *ex)
-{
+{ /* host memory: mixed precision runs on the CPU only so far */
     if (ex->prec == KCPU_FP32) return;
     for (int k = 0; k < ex->n_params; k++) {
         int id = ex->params[k];
@@ -318,7 +327,8 @@ static int whole_of_opt(mesh__exec *ex, int id, int it, float *const *shards, in
     exec__shard_of(ex, id, it, &lo, &len, &mo, &vo);
     comm *z = exec__zcomm(ex, id);
     if (z) memset(local, 0, (size_t)k * n * sizeof *local);
-    for (int q = 0; q < k; q++) memcpy(local + (size_t)q * n + lo, shards[q], len * sizeof *local);
+    for (int q = 0; q < k; q++)
+        if (exec__to_host(ex, local + (size_t)q * n + lo, shards[q], len * sizeof *local) != 0) return -1;
     if (!z || comm_all_reduce(z, local, (size_t)k * n) == 0) return 0;
     snprintf(ex->error, sizeof ex->error, "rank %d: gathering the optimizer state: %s", ex->rank, z->error);
     return -1;
@@ -340,9 +350,10 @@ int mesh__exec_param_get(mesh__exec *ex, int k, float *whole)
     int it, id = param_at(ex, k, &it);
     if (id < 0) return -1;
     if (ex->prec != KCPU_FP32) return masters_get(ex, id, it, whole);
-    if (ex->p->setup.zero != 3) return tp_gather(ex, id, exec__vptr(ex, id, it), whole) == 0 ? 0 : -2;
     float *local = malloc(ex->numel[id] * sizeof *local);
-    int rc = local ? whole_of_shards(ex, id, it, local) : -1;
+    int rc = !local ? -1
+             : ex->p->setup.zero == 3 ? whole_of_shards(ex, id, it, local)
+                                      : exec__to_host(ex, local, exec__vptr(ex, id, it), ex->numel[id] * sizeof *local);
     if (!local) snprintf(ex->error, sizeof ex->error, "rank %d: out of memory", ex->rank);
     if (rc == 0) rc = tp_gather(ex, id, local, whole);
     free(local);
@@ -356,21 +367,15 @@ int mesh__exec_param_set(mesh__exec *ex, int k, const float *whole)
     size_t lo, len, n = ex->numel[id];
     float *m, *v, *master = exec__master(ex, id, it);
     exec__shard_of(ex, id, it, &lo, &len, &m, &v);
-    if (ex->p->setup.zero != 3) {
-        float *w = exec__vptr(ex, id, it);
-        tp_pick(ex, id, whole, w);
-        if (master) memcpy(master, w + lo, len * sizeof *w); /* the master in fp32, the value rounded */
-        exec__round(ex, w, n);
-        return 0;
-    }
     float *local = malloc(n * sizeof *local);
     if (!local) return -2;
     tp_pick(ex, id, whole, local);
-    if (master) memcpy(master, local + lo, len * sizeof *local);
+    /* mixed precision: the master in fp32, the value rounded */
+    if (master) exec__to_dev(ex, master, local + lo, len * sizeof *local);
     exec__round(ex, local, n);
-    keep_shard(ex, id, it, local);
+    put_param(ex, id, it, local);
     free(local);
-    return 0;
+    return ex->dev_failed ? -2 : 0;
 }
 
 int mesh__exec_moments_get(mesh__exec *ex, int k, float *m, float *v)
@@ -401,10 +406,10 @@ int mesh__exec_moments_set(mesh__exec *ex, int k, const float *m, const float *v
     exec__shard_of(ex, id, it, &lo, &len, &mo, &vo);
     tp_pick(ex, id, m, lm);
     tp_pick(ex, id, v, lm + n);
-    memcpy(mo, lm + lo, len * sizeof *lm);
-    memcpy(vo, lm + n + lo, len * sizeof *lm);
+    exec__to_dev(ex, mo, lm + lo, len * sizeof *lm);
+    exec__to_dev(ex, vo, lm + n + lo, len * sizeof *lm);
     free(lm);
-    return 0;
+    return ex->dev_failed ? -2 : 0;
 }
 
 int mesh__exec_param_dup(const mesh__exec *ex, int k)

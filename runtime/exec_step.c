@@ -7,14 +7,13 @@
 #include <stdio.h>  /* snprintf */
 #include <string.h> /* memcpy, memset */
 
-#include "kcpu.h" /* kcpu_* */
 
 /* Poisoning: the shared workspace and the recompute area hold nothing
  * live between ops' runs of forward and backward, nor a slot before its
  * unit's forward. */
 static void poison_workspace(mesh__exec *ex)
 {
-    if (ex->poison) memset(ex->arena + ex->shared_at, 0xff, (size_t)(ex->ms->shared + ex->ms->recompute));
+    if (ex->poison) exec__fill(ex, ex->arena + ex->shared_at, 0xff, (size_t)(ex->ms->shared + ex->ms->recompute));
 }
 
 void mesh__exec_set_poison(mesh__exec *ex, int on) { ex->poison = on; }
@@ -30,13 +29,13 @@ static void start_grads(mesh__exec *ex, int c, int it)
         for (int j = 0; j < k; j++) seen |= t->in[j] == in;
         if (seen || ex->zero_by[in] != c) continue;
         float *g = exec__grad_in(ex, in, t->region, it);
-        if (g) memset(g, 0, (size_t)exec__buf_of(ex, in)->bytes);
+        if (g) exec__fill(ex, g, 0, (size_t)exec__buf_of(ex, in)->bytes);
     }
     if (ex->zero_by[c] != c) return;
-    float *g = exec__gptr(ex, c, it);
+    float *g = exec__gptr(ex, c, it), seed = (float)(ex->dloss * ex->loss_scale);
     if (!g) return;
-    if (c == ex->p->loss) g[0] = (float)(ex->dloss * ex->loss_scale);
-    else memset(g, 0, (size_t)exec__buf_of(ex, c)->bytes);
+    if (c == ex->p->loss) exec__to_dev(ex, g, &seed, sizeof seed);
+    else exec__fill(ex, g, 0, (size_t)exec__buf_of(ex, c)->bytes);
 }
 
 /* Before iteration it of the stack's backward: the buffer of each carried
@@ -46,7 +45,7 @@ static void start_carries(mesh__exec *ex, int r, int it)
     const plan_region *g = &ex->p->regions[r];
     for (int c = 0; c < g->n_carry; c++) {
         float *d = exec__gptr(ex, g->carry[c].exit, it - 1);
-        if (d && exec__buf_of(ex, g->carry[c].exit)->carried) memset(d, 0, (size_t)exec__buf_of(ex, g->carry[c].exit)->bytes);
+        if (d && exec__buf_of(ex, g->carry[c].exit)->carried) exec__fill(ex, d, 0, (size_t)exec__buf_of(ex, g->carry[c].exit)->bytes);
     }
 }
 
@@ -299,8 +298,8 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
     int back = phase == PLAN_BACKWARD;
     if (back) {
         poison_workspace(ex);
-        memset(ex->arena + ex->pinned_at, 0, (size_t)ex->ms->pinned);
-        memset(ex->arena + ex->gathered_at, 0, (size_t)ex->ms->zfixed); /* zero >= 2: staged gradients */
+        exec__fill(ex, ex->arena + ex->pinned_at, 0, (size_t)ex->ms->pinned);
+        exec__fill(ex, ex->arena + ex->gathered_at, 0, (size_t)ex->ms->zfixed); /* zero >= 2: staged gradients */
         if (ex->chunk < ex->chunks - 1 && pipe_transfer(ex, 1, 0) != 0) return -1;
     } else if (phase == PLAN_FORWARD && ex->chunk > 0 && pipe_transfer(ex, 0, 0) != 0) {
         return -1;
@@ -322,7 +321,7 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
                                    : back ? count - 1 - k : k;
             if (back && st->region >= 0) start_carries(ex, st->region, it);
             if (back && stack && ex->ms->zlayer) /* zero >= 2: the layer's gradients, staged */
-                memset(ex->arena + ex->gathered_at + ex->ms->zfixed, 0, (size_t)ex->ms->zlayer);
+                exec__fill(ex, ex->arena + ex->gathered_at + ex->ms->zfixed, 0, (size_t)ex->ms->zlayer);
             for (int q = s; q < e; q++) {
                 const plan_step *sq = &p->steps[q];
                 if (sq->kind != STEP_COMPUTE) {
@@ -357,15 +356,17 @@ size_t mesh__exec_batch_tokens(const mesh__exec *ex) { return ex->numel[ex->toke
  * -1 if a collective failed (ex->error). */
 static int forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets, double *loss)
 {
-    if (ex->poison) memset(ex->arena + ex->slots_at + ex->slot * ex->ms->slot_bytes, 0xff, (size_t)ex->ms->slot_bytes);
+    if (ex->poison)
+        exec__fill(ex, ex->arena + ex->slots_at + ex->slot * ex->ms->slot_bytes, 0xff, (size_t)ex->ms->slot_bytes);
     poison_workspace(ex);
     size_t n = ex->numel[ex->tokens_in];
-    if (part_here(ex, ex->tokens_in)) memcpy(exec__vptr(ex, ex->tokens_in, 0), inputs, n * sizeof *inputs);
-    if (part_here(ex, ex->targets_in)) memcpy(exec__vptr(ex, ex->targets_in, 0), targets, n * sizeof *targets);
+    if (part_here(ex, ex->tokens_in)) exec__to_dev(ex, exec__vptr(ex, ex->tokens_in, 0), inputs, n * sizeof *inputs);
+    if (part_here(ex, ex->targets_in))
+        exec__to_dev(ex, exec__vptr(ex, ex->targets_in, 0), targets, n * sizeof *targets);
     ex->loss = 0;
     int rc = run_phase(ex, PLAN_FORWARD);
     *loss = ex->loss;
-    return rc;
+    return rc == 0 && !ex->dev_failed ? 0 : -1;
 }
 
 double mesh__exec_loss(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
@@ -391,7 +392,7 @@ int mesh__exec_forward(mesh__exec *ex, const int32_t *inputs, const int32_t *tar
 
 static void zero_param_grads(mesh__exec *ex)
 {
-    memset(ex->arena + ex->grads_at, 0, (size_t)ex->ms->grads);
+    exec__fill(ex, ex->arena + ex->grads_at, 0, (size_t)ex->ms->grads);
 }
 
 double mesh__exec_grad(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
@@ -528,10 +529,17 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
     /* mixed precision: the summed gradients stored in the plan's precision;
      * with a loss scale, the clipping below is of the unscaled norm */
     for (int b = 0; ex->prec != KCPU_FP32 && b < ex->n_gbufs; b++) exec__round(ex, ex->gbufs[b], ex->gsizes[b]);
-    double S = ex->loss_scale, clip = S == 1.0 ? s->clip : 0.0, norm;
+    double S = ex->loss_scale, clip = S == 1.0 ? s->clip : 0.0, norm, scale = 1.0;
+    /* each buffer's sum of squares, on its device */
+    if (ex->kern.v->sum_squares(&ex->kern, ex->gss, (void *const *)ex->gbufs, ex->gsizes, ex->n_gbufs) != 0) {
+        exec__kern_failed(ex, "the gradient's norm");
+        return -2;
+    }
     if (!ex->zero && s->tp == 1 && s->ep == 1 && ex->p->pp == 1) {
-        norm = clip > 0 ? kcpu_clip_global_norm(ex->gbufs, ex->gsizes, ex->n_gbufs, (float)clip)
-                        : kcpu_global_norm((const float *const *)ex->gbufs, ex->gsizes, ex->n_gbufs);
+        double ss = 0;
+        for (int b = 0; b < ex->n_gbufs; b++) ss += ex->gss[b];
+        norm = (float)sqrt(ss); /* kcpu_clip_global_norm's arithmetic, to the bit */
+        if (clip > 0) scale = (double)(float)clip / (norm + 1e-6);
     } else { /* the norm of the whole gradient: every rank's shards, a replicated param once */
         /* sums of squares of: dense params, dense split over tp, experts split
          * over tp, experts (whose ep ranks hold different ones); each summed
@@ -539,22 +547,25 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
          * dense param, dp for an expert's), tp, ep, then the stages */
         double ss[4] = {0, 0, 0, 0};
         for (int b = 0; b < ex->n_gbufs; b++) /* a tied param counts on the first stage only */
-            if (ex->gsplit[b] < 4) ss[(int)ex->gsplit[b]] += kcpu_sum_squares((const float *const *)&ex->gbufs[b], &ex->gsizes[b], 1);
+            if (ex->gsplit[b] < 4) ss[(int)ex->gsplit[b]] += ex->gss[b];
         comm *zd = ex->zero ? ex->data : NULL, *ze = ex->zero ? ex->axis[0] : NULL;
         if (exec__sum_doubles(ex, zd, ss, 2) != 0 || exec__sum_doubles(ex, ze, ss + 2, 2) != 0 ||
             exec__sum_doubles(ex, ex->axis[1], ss + 1, 2) != 0 || exec__sum_doubles(ex, ex->axis[3], ss + 2, 2) != 0 ||
             exec__sum_doubles(ex, ex->axis[2], ss, 4) != 0)
             return -2;
         norm = (float)sqrt(ss[0] + ss[1] + ss[2] + ss[3]);
-        double scale = clip / (norm + 1e-6);
-        if (clip > 0 && scale < 1.0) kcpu_scale_buffers(ex->gbufs, ex->gsizes, ex->n_gbufs, scale);
+        if (clip > 0) scale = clip / (norm + 1e-6);
     }
     if (S != 1.0 && isfinite(norm)) { /* unscaled, then clipped: one pass */
         norm /= S;
-        double mult = 1.0 / S;
-        if (s->clip > 0 && s->clip / (norm + 1e-6) < 1.0) mult *= s->clip / (norm + 1e-6);
-        kcpu_scale_buffers(ex->gbufs, ex->gsizes, ex->n_gbufs, mult);
+        scale = 1.0 / S;
+        if (s->clip > 0 && s->clip / (norm + 1e-6) < 1.0) scale *= s->clip / (norm + 1e-6);
     }
+    for (int b = 0; (scale < 1.0 || S != 1.0) && isfinite(norm) && b < ex->n_gbufs; b++)
+        if (ex->kern.v->scale(&ex->kern, ex->gbufs[b], ex->gsizes[b], scale) != 0) {
+            exec__kern_failed(ex, "clipping the gradient");
+            return -2;
+        }
     double lr = mesh__exec_lr(ex->p, step);
     st->loss = loss;
     st->norm = norm;
@@ -590,15 +601,18 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
             size_t n = ex->zero ? len : (size_t)ex->copies[id] * ex->numel[id];
             float *w = exec__pshard(ex, id, it), *master = exec__master(ex, id, it);
             /* mixed precision: the fp32 master updated, the value its rounding */
-            kcpu_adamw_step(master ? master : w, exec__gshard(ex, id, it), mo, vo, n, (float)lr, (float)s->beta1,
-                            (float)s->beta2, (float)s->eps, wd, (int)ex->adam_t);
+            if (ex->kern.v->adamw_step(&ex->kern, master ? master : w, exec__gshard(ex, id, it), mo, vo, n, (float)lr,
+                                       (float)s->beta1, (float)s->beta2, (float)s->eps, wd, (int)ex->adam_t) != 0) {
+                exec__kern_failed(ex, "AdamW");
+                return -2;
+            }
             if (master) {
                 memcpy(w, master, n * sizeof *w);
                 exec__round(ex, w, n);
             }
         }
     }
-    int rc = run_phase(ex, PLAN_AFTER_OPTIMIZER) == 0 ? 0 : -2;
+    int rc = run_phase(ex, PLAN_AFTER_OPTIMIZER) == 0 && !ex->dev_failed ? 0 : -2;
     ex->counting = 0;
     return rc;
 }

@@ -431,17 +431,19 @@ typedef enum mesh_device_kind {
 } mesh_device_kind;
 
 /* Chooses the device of the contexts created after it, for the whole
- * process (meshrun --device). The executor that trains a plan on a GPU is
- * not written yet, so today every context trains on the CPU:
+ * process (meshrun --device). The CUDA executor has not been verified on
+ * a GPU yet, so it is used only when asked for:
  *   - MESH_DEVICE_AUTO, the default: the CPU. mesh_device_info says why:
  *     "no GPU (REASON): running on the CPU", or "a GPU is present (NAME),
- *     but training on it is not built yet: running on the CPU".
+ *     but the CUDA executor is not verified on a GPU yet: running on the
+ *     CPU (--device cuda trains on the GPU)".
  *   - MESH_DEVICE_CPU: the CPU.
- *   - MESH_DEVICE_CUDA: MESH_ERR_UNSUPPORTED, with the message "--device
- *     cuda: no GPU (REASON)" when no GPU is usable (REASON: "no CUDA
- *     driver (...)", "this libmesh was built without CUDA (make
- *     CUDA=1)", ...), else "--device cuda: the CUDA executor is not built
- *     yet: train with the CPU".
+ *   - MESH_DEVICE_CUDA: GPU 0, "the GPU was asked for: running on NAME";
+ *     a context of a plan the GPU executor does not run yet (several
+ *     ranks, bf16/fp16, moe) is refused with MESH_ERR_UNSUPPORTED. With
+ *     no usable GPU MESH_ERR_UNSUPPORTED, with the message "--device
+ *     cuda: no GPU (REASON)" (REASON: "no CUDA driver (...)", "this
+ *     libmesh was built without CUDA (make CUDA=1)", ...).
  * Any other value is MESH_ERR_INVALID_ARG. A failing call keeps the
  * previous choice. Whether a GPU is usable is asked without crashing
  * where there is no CUDA driver. Call it before creating contexts, not

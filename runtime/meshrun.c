@@ -57,10 +57,12 @@ static const char usage_text[] =
     "  --skip-nonfinite  skip a step whose loss or gradient is not finite (at\n"
     "                 most 5 in a row) instead of stopping\n"
     "  --threads N    BLAS threads (default: the cores this process may use)\n"
-    "  --device D     what to train on: auto (default), cpu or cuda. Training on\n"
-    "                 a GPU is not built yet: auto runs on the CPU and prints a\n"
-    "                 line saying why (no GPU, or a GPU it cannot use yet); cuda\n"
-    "                 stops with an error before training\n"
+    "  --device D     what to train on: auto (default), cpu or cuda. auto runs\n"
+    "                 on the CPU and prints a line saying why (no GPU, or a GPU\n"
+    "                 the CUDA executor, not yet verified on one, is not chosen\n"
+    "                 for by default); cuda trains on GPU 0 (one rank, fp32, no\n"
+    "                 moe so far), and stops with an error before training when\n"
+    "                 there is no GPU or the plan is one it does not run\n"
     "  --deterministic  data-parallel ranks add their gradients in turn, in the\n"
     "                 one-rank order: the one-rank losses bit for bit (dp, ZeRO 0)\n"
     "  --local-rank=N accepted and ignored (torchrun's)\n"
@@ -167,7 +169,7 @@ static void print_start(const mesh_plan_info *pi, const run_opts *o, mesh_contex
     mesh_data_shard(data, 0, &first, NULL);
     mesh_context_memory(ctx, &allocated, &planned);
     if (shards > 1) snprintf(count, sizeof count, "%d shards, ", shards);
-    if (o->device == MESH_DEVICE_AUTO) {
+    if (o->device != MESH_DEVICE_CPU) {
         const char *why = "";
         mesh_device_info(NULL, &why);
         printf("meshrun: %s\n", why);

@@ -15,7 +15,8 @@ const float *mesh__next_logits(mesh__exec *ex, const int32_t *ids, size_t n, int
     memset(tg, 0, bt * sizeof *tg);
     memcpy(in, ids + (n - len), len * sizeof *in);
     mesh__exec_loss(ex, in, tg);
-    return mesh__exec_logits(ex, vocab_padded) + (len - 1) * (size_t)*vocab_padded;
+    const float *lg = mesh__exec_logits(ex, vocab_padded);
+    return lg ? lg + (len - 1) * (size_t)*vocab_padded : NULL;
 }
 
 int32_t mesh__sample_draw(const float *row, int vocab, double temperature, uint64_t key, uint64_t counter)

@@ -324,21 +324,22 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     else
         fail meshrun/train-gpt-tiny-loss-falls "$TMP/train.out"
     fi
-    # --device: training on a GPU is not built yet. cuda stops before
-    # training (no GPU: a build without CUDA, or no driver; or a GPU that
-    # cannot be trained on yet); auto says first why it runs on the CPU;
-    # cpu says nothing about devices
+    # --device: cuda without a GPU (a build without CUDA, or no driver)
+    # stops before training (with one, it trains); auto says first why it
+    # runs on the CPU; cpu says nothing about devices
     capture "$TMP/dev-cuda.out" "$MESHRUN" --device cuda "$TMP/tiny.plan" --data "$TMP/dd.bin" --steps 2
-    if [ "$(wc -l <"$TMP/dev-cuda.out")" = 2 ] &&
-        head -n 1 "$TMP/dev-cuda.out" | grep -qE '^meshrun: error: --device cuda: (no GPU \(.+\)|the CUDA executor is not built yet: train with the CPU)$' &&
-        [ "$(tail -n 1 "$TMP/dev-cuda.out")" = "exit: 1" ]; then
+    if { [ "$(wc -l <"$TMP/dev-cuda.out")" = 2 ] &&
+        head -n 1 "$TMP/dev-cuda.out" | grep -qE '^meshrun: error: --device cuda: no GPU \(.+\)$' &&
+        [ "$(tail -n 1 "$TMP/dev-cuda.out")" = "exit: 1" ]; } ||
+        { head -n 1 "$TMP/dev-cuda.out" | grep -q '^meshrun: the GPU was asked for: running on ' &&
+            grep -q '^step 2/2 | loss ' "$TMP/dev-cuda.out"; }; then
         pass meshrun/device-cuda-fails-before-training
     else
         fail meshrun/device-cuda-fails-before-training "$TMP/dev-cuda.out"
     fi
     capture "$TMP/dev-auto.out" "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/dd.bin" --steps 2
     if head -n 1 "$TMP/dev-auto.out" |
-        grep -qE '^meshrun: (no GPU \(.+\)|a GPU is present \(.+\), but training on it is not built yet): running on the CPU$' &&
+        grep -qE '^meshrun: (no GPU \(.+\): running on the CPU|a GPU is present \(.+\), but the CUDA executor is not verified on a GPU yet: running on the CPU \(--device cuda trains on the GPU\))$' &&
         grep -q '^step 2/2 | loss ' "$TMP/dev-auto.out" && [ "$(tail -n 1 "$TMP/dev-auto.out")" = "exit: 0" ]; then
         pass meshrun/device-auto-notice-and-trains
     else

@@ -71,14 +71,25 @@ int kcuda_embedding_forward(void *out, const int32_t *ids, const void *table,
                                         stream);
 }
 
-/* ---- backward ------------------------------------------------------------- */
-
 __global__ void iota_kernel(int32_t *v, int n)
 {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += gridDim.x * blockDim.x)
         v[i] = i;
 }
+
+int kcuda_arange(int32_t *out, size_t n, void *stream)
+{
+    cudaStream_t s = kcuda__stream(stream);
+    KCUDA_ARG(n <= 0x7fffffff, "arange: n=%zu is past int32", n);
+    if (n == 0)
+        return 0;
+    iota_kernel<<<kcuda__blocks(n, 256), 256, 0, s>>>(out, (int)n);
+    KCUDA_LAUNCHED("iota_kernel");
+    return 0;
+}
+
+/* ---- backward ------------------------------------------------------------- */
 
 /* Block p owns the run of equal sorted ids that starts at p (if one does):
  * dtable[id - row0, c] += dout[idx[q], c] for q over the run, in order. */

@@ -133,6 +133,9 @@ int kcuda_bias_backward(kcuda_ctx *ctx, void *dbias, const void *dy, int M,
 
 /* ---- embed.cu: token embedding ------------------------------------------ */
 
+/* out[i] = i: the positions an arange() gives. out[n] (device). */
+int kcuda_arange(int32_t *out, size_t n, void *stream);
+
 /* out[i,:] = table[ids[i],:]. out[n,C] out; ids[n] (device); table[V,C]. */
 int kcuda_embedding_forward(void *out, const int32_t *ids, const void *table,
                             int n, int V, int C, kcuda_dtype dt, void *stream);

@@ -15,8 +15,13 @@
 #  3. gpu_tests: every CUDA kernel against the CPU reference. Without a GPU
 #             this says so (SKIP) and the script ends here, exit 0.
 #  4. the NCCL (and other CUDA) unit tests of tests/unit/test_list.h.
-#  5. gpu_bench: GEMM, attention and memory-bound throughput.
-#  6. PyTorch GPT-2 124M training throughput, where `import torch` works.
+#  5. train_equiv: the CUDA executor trains gpt-tiny and a small Llama
+#             (meshrun --device cuda) 20 steps; each step's loss must be
+#             the CPU executor's within 1e-4 relative (fp32 both).
+#  6. train_gpt2: GPT-2 124M (examples/gpt2.mesh on one GPU, fp32, B=16,
+#             T=1024) through meshrun --device cuda: tokens/s and MFU.
+#  7. gpu_bench: GEMM, attention and memory-bound throughput.
+#  8. PyTorch GPT-2 124M training throughput, where `import torch` works.
 #
 # Everything goes to $OUT/gpu.log and a summary to $OUT/gpu.json (OUT
 # defaults to tests/gpu/out/; the device tool sets it), within about
@@ -249,6 +254,89 @@ step_bench() {
     fi
 }
 
+# MESH_GPU_TRAIN_DEV=cpu compares the CPU with itself: the steps' plumbing
+# checked on a machine without a GPU.
+TRAIN_DEV=${MESH_GPU_TRAIN_DEV:-cuda}
+
+# The losses of a metrics file (meshrun --metrics), one per line.
+losses_of() { sed -n 's/.*"loss": \([-0-9.e+]*\),.*/\1/p' "$1"; }
+
+step_train_equiv() {
+    local d=$OUT/train m dev worst="" detail="" bad=0
+    mkdir -p "$d"
+    if ! "$BUILD/meshrun" tokenize examples/data/devils-dictionary.txt -o "$d/dd.bin" >"$d/tokenize.out" 2>&1; then
+        cat "$d/tokenize.out"
+        result train_equiv FAIL "meshrun tokenize failed"
+        return 0
+    fi
+    local -a tiny=(--set train.steps=20 --set 'train.lr_schedule=cosine(warmup: 5, min_lr: 3e-4)' --set train.log_every=1)
+    local -a llama=(--set model.dim=64 --set model.layers=2 --set model.heads=4 --set model.kv_heads=2
+        --set model.ffn_dim=192 --set model.vocab=256 --set mesh.dp=1 --set mesh.tp=1 --set mesh.pp=1
+        --set train.schedule=1f1b --set train.virtual_stages=1 --set train.global_batch=8 --set train.seq_len=64
+        --set train.precision=fp32 --set train.zero=0 --set 'train.lr_schedule=cosine(warmup: 5, min_lr: 1e-4)'
+        --set 'train.optimizer=adamw(lr: 3e-3)' --set train.steps=20 --set train.log_every=1)
+    for m in gpt-tiny llama; do
+        local -a sets=("${tiny[@]}")
+        [ "$m" = llama ] && sets=("${llama[@]}")
+        if ! "$BUILD/meshc" -o "$d/$m.plan" "examples/$m.mesh" "${sets[@]}" >"$d/$m.meshc" 2>&1; then
+            cat "$d/$m.meshc"
+            bad=1
+            detail+="$m: meshc failed; "
+            continue
+        fi
+        for dev in cpu "$TRAIN_DEV"; do
+            rm -f "$d/$m-$dev.json"
+            timeout 120 "$BUILD/meshrun" "$d/$m.plan" --device "$dev" --data "$d/dd.bin" --val "$d/dd.bin" \
+                --checkpoint "$d/ck-$m-$dev" --metrics "$d/$m-$dev.json" >"$d/$m-$dev.out" 2>&1
+            echo "== $m on $dev (exit $?)"
+            cat "$d/$m-$dev.out"
+        done
+        local cmp
+        cmp=$(paste <(losses_of "$d/$m-cpu.json") <(losses_of "$d/$m-$TRAIN_DEV.json") | awk '
+            NF == 2 { n++; r = ($1 - $2) / ($1 < 0 ? -$1 : $1); if (r < 0) r = -r; if (r > w) w = r }
+            END { printf "%d %.2e\n", n, w }')
+        local steps=${cmp% *} w=${cmp#* }
+        echo "train_equiv: $m: $steps steps compared, largest relative difference $w"
+        if [ "$steps" != 20 ] || ! awk -v w="$w" 'BEGIN { exit !(w <= 1e-4) }'; then bad=1; fi
+        detail+="$m: $steps steps, worst $w; "
+    done
+    if [ $bad = 0 ]; then result train_equiv PASS "${detail%; } (1e-4 allowed)"; else result train_equiv FAIL "${detail%; }"; fi
+}
+
+step_train_gpt2() {
+    local d=$OUT/train t l
+    l=$(left)
+    if [ "$l" -lt 120 ]; then
+        result train_gpt2 SKIP "only $l s of the budget left"
+        return 0
+    fi
+    t=$(( l > 300 ? 150 : l / 2 ))
+    [ -s "$d/dd.bin" ] || "$BUILD/meshrun" tokenize examples/data/devils-dictionary.txt -o "$d/dd.bin" >/dev/null 2>&1
+    "$BUILD/meshc" -o "$d/gpt2.plan" examples/gpt2.mesh --set mesh.dp=1 --set mesh.tp=1 --set mesh.pp=1 \
+        --set train.precision=fp32 --set train.zero=0 --set train.micro_batch=16 --set train.global_batch=16 \
+        --set train.steps=30 --set 'train.lr_schedule=cosine(warmup: 5, min_lr: 6e-5)' --set train.log_every=10 \
+        --set train.eval_every=0 >"$d/gpt2.meshc" 2>&1 || { cat "$d/gpt2.meshc"; result train_gpt2 FAIL "meshc failed"; return 0; }
+    rm -f "$d/gpt2.json"
+    timeout "$t" "$BUILD/meshrun" "$d/gpt2.plan" --device "$TRAIN_DEV" --data "$d/dd.bin" --val "$d/dd.bin" \
+        --checkpoint "$d/ck-gpt2" --metrics "$d/gpt2.json" >"$d/gpt2.out" 2>&1
+    local rc=$?
+    cat "$d/gpt2.out"
+    local tps
+    tps=$(sed -n 's/.*"tokens_per_s": \([0-9.]*\)}.*/\1/p' "$d/gpt2.json" 2>/dev/null | tail -n 1)
+    if [ "$rc" -ne 0 ] || [ -z "$tps" ]; then
+        result train_gpt2 FAIL "meshrun --device cuda exit $rc$([ "$rc" -eq 124 ] && echo ' (timed out)')"
+        return 0
+    fi
+    # MFU with PaLM's count per token, 6 N + 12 L T d (N = 124,475,904 without
+    # the position table's share, L = 12, T = 1024, d = 768), over the H200's
+    # dense bf16 peak (989 TFLOP/s; this run computes fp32 without TF32)
+    local mfu
+    mfu=$(awk -v t="$tps" 'BEGIN { f = 6 * 124475904 + 12 * 12 * 1024 * 768; printf "%.1f", 100 * t * f / 989e12 }')
+    result train_gpt2 PASS "fp32, B=16 T=1024: $(printf '%.0f' "$tps") tokens/s, MFU ${mfu}% of the bf16 peak"
+    printf '{"tokens_per_s": %s, "mfu_percent_bf16_peak": %s, "precision": "fp32", "batch": 16, "seq": 1024}\n' \
+        "$tps" "$mfu" >"$OUT/gpt2.json"
+}
+
 step_torch() {
     local l rc args=()
     if ! have_tool python3 || ! python3 -c 'import torch' >/dev/null 2>&1; then
@@ -295,6 +383,8 @@ write_json() {
         if [ -s "$OUT/bench.json" ] && [ "${STEP[gpu_bench]:-}" = PASS ]; then cat "$OUT/bench.json"; else printf 'null\n'; fi
         printf ',"torch":'
         if [ -s "$OUT/torch.json" ] && [ "${STEP[torch_gpt2]:-}" = PASS ]; then cat "$OUT/torch.json"; else printf 'null\n'; fi
+        printf ',"mesh_gpt2":'
+        if [ -s "$OUT/gpt2.json" ] && [ "${STEP[train_gpt2]:-}" = PASS ]; then cat "$OUT/gpt2.json"; else printf 'null\n'; fi
         printf '}\n'
     } >"$JSON"
 }
@@ -302,7 +392,7 @@ write_json() {
 main() {
     echo "run.sh: $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname), $(uname -m), budget $BUDGET s"
     have_tool nvidia-smi && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
-    rm -f "$OUT/bench.json" "$OUT/torch.json"
+    rm -f "$OUT/bench.json" "$OUT/torch.json" "$OUT/gpt2.json"
     local status=pass
     if step_deps && step_build; then
         step_gpu_tests
@@ -311,6 +401,8 @@ main() {
             echo "run.sh: built; $NO_GPU, so nothing runs on one"
         else
             step_unit_cuda
+            step_train_equiv
+            step_train_gpt2
             step_bench
             step_torch
         fi

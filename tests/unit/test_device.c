@@ -216,7 +216,8 @@ TEST_IMPL(device_choose_rules)
     k = MESH_DEVICE_CUDA;
     ASSERT_INT_EQ(dev_choose(MESH_DEVICE_AUTO, 1, "NVIDIA H200", &k, why, sizeof why), MESH_OK);
     ASSERT_INT_EQ(k, MESH_DEVICE_CPU);
-    ASSERT_STR_EQ(why, "a GPU is present (NVIDIA H200), but training on it is not built yet: running on the CPU");
+    ASSERT_STR_EQ(why, "a GPU is present (NVIDIA H200), but the CUDA executor is not verified on a GPU yet: running "
+                       "on the CPU (--device cuda trains on the GPU)");
     ASSERT_INT_EQ(dev_choose(MESH_DEVICE_CPU, 1, "NVIDIA H200", &k, why, sizeof why), MESH_OK);
     ASSERT_INT_EQ(k, MESH_DEVICE_CPU);
     ASSERT_STR_EQ(why, "the CPU was asked for: running on the CPU");
@@ -224,15 +225,16 @@ TEST_IMPL(device_choose_rules)
     ASSERT_INT_EQ(dev_choose(MESH_DEVICE_CUDA, 0, NO_CUDA, &k, why, sizeof why), MESH_ERR_UNSUPPORTED);
     ASSERT_INT_EQ(k, MESH_DEVICE_AUTO); /* untouched */
     ASSERT_STR_EQ(why, "--device cuda: no GPU (" NO_CUDA ")");
-    ASSERT_INT_EQ(dev_choose(MESH_DEVICE_CUDA, 1, "NVIDIA H200", &k, why, sizeof why), MESH_ERR_UNSUPPORTED);
-    ASSERT_STR_EQ(why, "--device cuda: the CUDA executor is not built yet: train with the CPU");
+    ASSERT_INT_EQ(dev_choose(MESH_DEVICE_CUDA, 1, "NVIDIA H200", &k, why, sizeof why), MESH_OK);
+    ASSERT_INT_EQ(k, MESH_DEVICE_CUDA);
+    ASSERT_STR_EQ(why, "the GPU was asked for: running on NVIDIA H200");
     ASSERT_INT_EQ(dev_choose((mesh_device_kind)7, 0, "", &k, why, sizeof why), MESH_ERR_INVALID_ARG);
     ASSERT_STR_EQ(why, "device kind 7 is not one of MESH_DEVICE_AUTO, MESH_DEVICE_CPU, MESH_DEVICE_CUDA");
 }
 
 /* The public choice on this machine: AUTO runs on the CPU and says why,
- * CUDA is refused naming the reason (the choice stays), CPU is taken; a
- * context records the device. */
+ * CUDA is refused naming the reason without a GPU (the choice stays) and
+ * taken with one, CPU is taken; a context records the device. */
 TEST_IMPL(device_selection_public)
 {
     char reason[320], name[256], want[600];
@@ -244,8 +246,8 @@ TEST_IMPL(device_selection_public)
     ASSERT_INT_EQ(mesh_device_info(&k, &why), MESH_OK);
     ASSERT_INT_EQ(k, MESH_DEVICE_CPU);
     if (gpu)
-        snprintf(want, sizeof want,
-                 "a GPU is present (%s), but training on it is not built yet: running on the CPU", name);
+        snprintf(want, sizeof want, "a GPU is present (%s), but the CUDA executor is not verified on a GPU yet: "
+                 "running on the CPU (--device cuda trains on the GPU)", name);
     else
         snprintf(want, sizeof want, "no GPU (%s): running on the CPU", reason);
     ASSERT_STR_EQ(why, want);
@@ -257,16 +259,23 @@ TEST_IMPL(device_selection_public)
     ASSERT_INT_EQ(ctx->device, MESH_DEVICE_CPU);
     mesh_context_free(ctx);
 
-    /* CUDA: refused, the reason said; the choice stays AUTO's */
-    ASSERT_INT_EQ(mesh_set_device(MESH_DEVICE_CUDA), MESH_ERR_UNSUPPORTED);
-    if (gpu)
-        snprintf(want, sizeof want, "--device cuda: the CUDA executor is not built yet: train with the CPU");
-    else
+    /* CUDA: without a GPU refused, the reason said, the choice stays
+     * AUTO's; with one taken, and a context trains there */
+    if (!gpu) {
+        ASSERT_INT_EQ(mesh_set_device(MESH_DEVICE_CUDA), MESH_ERR_UNSUPPORTED);
         snprintf(want, sizeof want, "--device cuda: no GPU (%s)", reason);
-    ASSERT_STR_EQ(mesh_last_error(), want);
-    ASSERT_INT_EQ(mesh_device_info(&k, &why), MESH_OK);
-    ASSERT_INT_EQ(k, MESH_DEVICE_CPU);
-    ASSERT_INT_EQ(strncmp(why, gpu ? "a GPU is present (" : "no GPU (", gpu ? 18 : 8), 0);
+        ASSERT_STR_EQ(mesh_last_error(), want);
+        ASSERT_INT_EQ(mesh_device_info(&k, &why), MESH_OK);
+        ASSERT_INT_EQ(k, MESH_DEVICE_CPU);
+        ASSERT_INT_EQ(strncmp(why, "no GPU (", 8), 0);
+    } else {
+        ASSERT_INT_EQ(mesh_set_device(MESH_DEVICE_CUDA), MESH_OK);
+        ASSERT_INT_EQ(mesh_device_info(&k, &why), MESH_OK);
+        ASSERT_INT_EQ(k, MESH_DEVICE_CUDA);
+        ASSERT_INT_EQ(mesh_context_create(mp, 0, &ctx), MESH_OK);
+        ASSERT_INT_EQ(ctx->device, MESH_DEVICE_CUDA);
+        mesh_context_free(ctx);
+    }
 
     /* CPU: taken */
     ASSERT_INT_EQ(mesh_set_device(MESH_DEVICE_CPU), MESH_OK);

@@ -1,0 +1,111 @@
+/* kern.h — the kernels the executor runs, on its device (internal to
+ * libmesh).
+ *
+ * A small function table (kern_vtbl) and its state (kern), as comm.h's
+ * communicators and device.h's devices are. The executor (exec_ops.c,
+ * exec_step.c) calls every kernel through it, so one executor trains on
+ * either device:
+ *   - "cpu"  (kern_cpu.c): the CPU kernels (kernels/cpu, kcpu.h), the
+ *     reference; every call is finished when it returns.
+ *   - "cuda" (kern_cuda.c, built with make CUDA=1): the CUDA kernels
+ *     (kernels/cuda, kcuda.h) on the device's stream, fp32 storage; calls
+ *     are asynchronous, and a call that returns a number to the host
+ *     (sum_squares, crossentropy's mean loss) waits for the stream.
+ * With CUDA=0 the cuda table's open says libmesh was built without it.
+ *
+ * Tensors are device pointers (host pointers on the CPU) to fp32 elements;
+ * token ids are int32. Shapes, what a forward overwrites and what a
+ * backward ADDS into (+=) are the kcpu function's of the same name
+ * (kcpu_dense.h, kcpu_attention.h). Every call returns 0, or -1 with the
+ * message in kern_last_error(): "cuda: kcuda_matmul_forward: ..." (the
+ * executor adds the op and the rank).
+ */
+#ifndef MESH_KERN_H
+#define MESH_KERN_H
+
+#include <stddef.h> /* size_t */
+#include <stdint.h> /* int32_t */
+
+#include "device.h" /* dev */
+
+typedef struct kern kern;
+
+typedef struct kern_vtbl {
+    const char *name; /* "cpu", "cuda" */
+    /* sets up k on k->d (a cuBLASLt context, a little device scratch);
+     * returns 0 or -1 with k->error */
+    int (*open)(kern *k);
+    void (*close)(kern *k);
+    int (*matmul_forward)(kern *k, void *y, const void *x, const void *w, int M, int K, int N);
+    int (*matmul_backward)(kern *k, void *dx, void *dw, const void *dy, const void *x, const void *w, int M,
+                           int K, int N);
+    int (*matmul_wt_forward)(kern *k, void *y, const void *x, const void *w, int M, int K, int N);
+    int (*matmul_wt_backward)(kern *k, void *dx, void *dw, const void *dy, const void *x, const void *w, int M,
+                              int K, int N);
+    int (*embedding_rows_forward)(kern *k, void *out, const int32_t *ids, const void *table, int n, int row0,
+                                  int rows, int C);
+    int (*embedding_rows_backward)(kern *k, void *dtable, const void *dout, const int32_t *ids, int n, int row0,
+                                   int rows, int C);
+    int (*arange)(kern *k, int32_t *out, size_t n); /* out[i] = i */
+    int (*add_forward)(kern *k, void *out, const void *a, const void *b, size_t n);
+    int (*add_backward)(kern *k, void *da, void *db, const void *dout, size_t n);
+    int (*add_broadcast_forward)(kern *k, void *out, const void *a, const void *p, int B, int T, int C);
+    int (*add_broadcast_backward)(kern *k, void *da, void *dp, const void *dout, int B, int T, int C);
+    int (*layernorm_forward)(kern *k, void *out, float *mean, float *rstd, const void *x, const void *w,
+                             const void *b, int rows, int C, float eps);
+    int (*layernorm_backward)(kern *k, void *dx, void *dw, void *db, const void *dout, const void *x,
+                              const void *w, const float *mean, const float *rstd, int rows, int C);
+    int (*rmsnorm_forward)(kern *k, void *out, float *rstd, const void *x, const void *w, int rows, int C,
+                           float eps);
+    int (*rmsnorm_backward)(kern *k, void *dx, void *dw, const void *dout, const void *x, const void *w,
+                            const float *rstd, int rows, int C);
+    int (*attention_forward)(kern *k, void *out, float *lse, const void *q, const void *kk, const void *v, int B,
+                             int T, int H, int KV, int d, int causal);
+    int (*attention_backward)(kern *k, void *dq, void *dk, void *dv, const void *dout, const void *out,
+                              const float *lse, const void *q, const void *kk, const void *v, int B, int T,
+                              int H, int KV, int d, int causal);
+    int (*attention_qkv_forward)(kern *k, void *out, float *lse, const void *qkv, int B, int T, int H, int KV,
+                                 int d, int causal);
+    int (*attention_qkv_backward)(kern *k, void *dqkv, const void *dout, const void *out, const float *lse,
+                                  const void *qkv, int B, int T, int H, int KV, int d, int causal);
+    int (*rope_forward)(kern *k, void *out, const void *x, int B, int T, int H, int d, float theta);
+    int (*rope_backward)(kern *k, void *dx, const void *dout, int B, int T, int H, int d, float theta);
+    int (*gelu_forward)(kern *k, void *out, const void *x, size_t n);
+    int (*gelu_backward)(kern *k, void *dx, const void *x, const void *dout, size_t n);
+    int (*silu_forward)(kern *k, void *out, const void *x, size_t n);
+    int (*silu_backward)(kern *k, void *dx, const void *x, const void *dout, size_t n);
+    int (*swiglu_forward)(kern *k, void *out, const void *gate, const void *up, size_t n);
+    int (*swiglu_backward)(kern *k, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
+                           size_t n);
+    /* the whole vocabulary's rows (Vp columns, V real): losses, rowmax,
+     * lse [N] each (fp32, on the device), and the mean loss to the host */
+    int (*crossentropy_forward)(kern *k, float *mean, float *losses, float *rowmax, float *lse,
+                                const void *logits, const int32_t *targets, int N, int V, int Vp);
+    int (*crossentropy_shard_backward)(kern *k, void *dlogits, const void *logits, const int32_t *targets,
+                                       const float *rowmax, const float *lse, float dloss, int N, int col0, int W,
+                                       int V);
+    /* ss[b] = the sum of squares of bufs[b][0..n[b]), in double, to the host */
+    int (*sum_squares)(kern *k, double *ss, void *const *bufs, const size_t *n, int nbufs);
+    int (*scale)(kern *k, void *buf, size_t n, double scale); /* buf *= scale, the product in double */
+    int (*adamw_step)(kern *k, float *params, const void *grads, float *m, float *v, size_t n, float lr,
+                      float beta1, float beta2, float eps, float weight_decay, int t);
+    int (*add_into)(kern *k, void *y, const void *x, size_t n); /* y += x */
+} kern_vtbl;
+
+struct kern {
+    const kern_vtbl *v;
+    dev *d;            /* the device the tensors live on (not owned) */
+    void *stream;      /* the device's stream (a cudaStream_t; NULL: the default) */
+    void *impl;        /* the backend's own state */
+    char error[512];   /* why the last call failed */
+};
+
+extern const kern_vtbl kern_cpu_vtbl;
+extern const kern_vtbl kern_cuda_vtbl; /* with CUDA=0, open fails: built without CUDA */
+
+/* k's table for device d (dev's name "cpu" or "cuda"): opened, 0; or -1
+ * with the message in err[n]. kern_close(k) frees what open made. */
+int kern_open(kern *k, dev *d, char *err, size_t n);
+void kern_close(kern *k);
+
+#endif

@@ -1,0 +1,299 @@
+/* kern_cpu.c — the executor's kernels on the CPU (kern.h): the reference
+ * kernels (kcpu.h), each call finished when it returns; none fails. And
+ * kern_open, which picks a table by the device's kind.
+ */
+#include "kern.h"
+
+#include <stdio.h>  /* snprintf */
+#include <string.h> /* strcmp, memset */
+
+#include "kcpu.h" /* kcpu_* */
+
+#define F(x) ((float *)(x))
+#define CF(x) ((const float *)(x))
+
+static int cpu_open(kern *k)
+{
+    (void)k;
+    return 0;
+}
+
+static void cpu_close(kern *k) { (void)k; }
+
+static int matmul_forward(kern *k, void *y, const void *x, const void *w, int M, int K, int N)
+{
+    (void)k;
+    kcpu_matmul_forward(F(y), CF(x), CF(w), NULL, M, K, N);
+    return 0;
+}
+
+static int matmul_backward(kern *k, void *dx, void *dw, const void *dy, const void *x, const void *w, int M, int K,
+                           int N)
+{
+    (void)k;
+    kcpu_matmul_backward(F(dx), F(dw), NULL, CF(dy), CF(x), CF(w), M, K, N);
+    return 0;
+}
+
+static int matmul_wt_forward(kern *k, void *y, const void *x, const void *w, int M, int K, int N)
+{
+    (void)k;
+    kcpu_matmul_wt_forward(F(y), CF(x), CF(w), NULL, M, K, N);
+    return 0;
+}
+
+static int matmul_wt_backward(kern *k, void *dx, void *dw, const void *dy, const void *x, const void *w, int M,
+                              int K, int N)
+{
+    (void)k;
+    kcpu_matmul_wt_backward(F(dx), F(dw), NULL, CF(dy), CF(x), CF(w), M, K, N);
+    return 0;
+}
+
+static int embedding_rows_forward(kern *k, void *out, const int32_t *ids, const void *table, int n, int row0,
+                                  int rows, int C)
+{
+    (void)k;
+    kcpu_embedding_rows_forward(F(out), ids, CF(table), n, row0, rows, C);
+    return 0;
+}
+
+static int embedding_rows_backward(kern *k, void *dtable, const void *dout, const int32_t *ids, int n, int row0,
+                                   int rows, int C)
+{
+    (void)k;
+    kcpu_embedding_rows_backward(F(dtable), CF(dout), ids, n, row0, rows, C);
+    return 0;
+}
+
+static int arange(kern *k, int32_t *out, size_t n)
+{
+    (void)k;
+    for (size_t i = 0; i < n; i++) out[i] = (int32_t)i;
+    return 0;
+}
+
+static int add_forward(kern *k, void *out, const void *a, const void *b, size_t n)
+{
+    (void)k;
+    kcpu_add_forward(F(out), CF(a), CF(b), n);
+    return 0;
+}
+
+static int add_backward(kern *k, void *da, void *db, const void *dout, size_t n)
+{
+    (void)k;
+    kcpu_add_backward(F(da), F(db), CF(dout), n);
+    return 0;
+}
+
+static int add_broadcast_forward(kern *k, void *out, const void *a, const void *p, int B, int T, int C)
+{
+    (void)k;
+    kcpu_add_broadcast_forward(F(out), CF(a), CF(p), B, T, C);
+    return 0;
+}
+
+static int add_broadcast_backward(kern *k, void *da, void *dp, const void *dout, int B, int T, int C)
+{
+    (void)k;
+    kcpu_add_broadcast_backward(F(da), F(dp), CF(dout), B, T, C);
+    return 0;
+}
+
+static int layernorm_forward(kern *k, void *out, float *mean, float *rstd, const void *x, const void *w,
+                             const void *b, int rows, int C, float eps)
+{
+    (void)k;
+    kcpu_layernorm_forward(F(out), mean, rstd, CF(x), CF(w), CF(b), rows, C, eps);
+    return 0;
+}
+
+static int layernorm_backward(kern *k, void *dx, void *dw, void *db, const void *dout, const void *x, const void *w,
+                              const float *mean, const float *rstd, int rows, int C)
+{
+    (void)k;
+    kcpu_layernorm_backward(F(dx), F(dw), F(db), CF(dout), CF(x), CF(w), mean, rstd, rows, C);
+    return 0;
+}
+
+static int rmsnorm_forward(kern *k, void *out, float *rstd, const void *x, const void *w, int rows, int C,
+                           float eps)
+{
+    (void)k;
+    kcpu_rmsnorm_forward(F(out), rstd, CF(x), CF(w), rows, C, eps);
+    return 0;
+}
+
+static int rmsnorm_backward(kern *k, void *dx, void *dw, const void *dout, const void *x, const void *w,
+                            const float *rstd, int rows, int C)
+{
+    (void)k;
+    kcpu_rmsnorm_backward(F(dx), F(dw), CF(dout), CF(x), CF(w), rstd, rows, C);
+    return 0;
+}
+
+static int attention_forward(kern *k, void *out, float *lse, const void *q, const void *kk, const void *v, int B,
+                             int T, int H, int KV, int d, int causal)
+{
+    (void)k;
+    kcpu_attention_forward(F(out), lse, CF(q), CF(kk), CF(v), B, T, H, KV, d, causal);
+    return 0;
+}
+
+static int attention_backward(kern *k, void *dq, void *dk, void *dv, const void *dout, const void *out,
+                              const float *lse, const void *q, const void *kk, const void *v, int B, int T, int H,
+                              int KV, int d, int causal)
+{
+    (void)k;
+    kcpu_attention_backward(F(dq), F(dk), F(dv), CF(dout), CF(out), lse, CF(q), CF(kk), CF(v), B, T, H, KV, d,
+                            causal);
+    return 0;
+}
+
+static int attention_qkv_forward(kern *k, void *out, float *lse, const void *qkv, int B, int T, int H, int KV,
+                                 int d, int causal)
+{
+    (void)k;
+    kcpu_attention_qkv_forward(F(out), lse, CF(qkv), B, T, H, KV, d, causal);
+    return 0;
+}
+
+static int attention_qkv_backward(kern *k, void *dqkv, const void *dout, const void *out, const float *lse,
+                                  const void *qkv, int B, int T, int H, int KV, int d, int causal)
+{
+    (void)k;
+    kcpu_attention_qkv_backward(F(dqkv), CF(dout), CF(out), lse, CF(qkv), B, T, H, KV, d, causal);
+    return 0;
+}
+
+static int rope_forward(kern *k, void *out, const void *x, int B, int T, int H, int d, float theta)
+{
+    (void)k;
+    kcpu_rope_forward(F(out), CF(x), B, T, H, d, theta, 0);
+    return 0;
+}
+
+static int rope_backward(kern *k, void *dx, const void *dout, int B, int T, int H, int d, float theta)
+{
+    (void)k;
+    kcpu_rope_backward(F(dx), CF(dout), B, T, H, d, theta, 0);
+    return 0;
+}
+
+static int gelu_forward(kern *k, void *out, const void *x, size_t n)
+{
+    (void)k;
+    kcpu_gelu_forward(F(out), CF(x), n);
+    return 0;
+}
+
+static int gelu_backward(kern *k, void *dx, const void *x, const void *dout, size_t n)
+{
+    (void)k;
+    kcpu_gelu_backward(F(dx), CF(x), CF(dout), n);
+    return 0;
+}
+
+static int silu_forward(kern *k, void *out, const void *x, size_t n)
+{
+    (void)k;
+    kcpu_silu_forward(F(out), CF(x), n);
+    return 0;
+}
+
+static int silu_backward(kern *k, void *dx, const void *x, const void *dout, size_t n)
+{
+    (void)k;
+    kcpu_silu_backward(F(dx), CF(x), CF(dout), n);
+    return 0;
+}
+
+static int swiglu_forward(kern *k, void *out, const void *gate, const void *up, size_t n)
+{
+    (void)k;
+    kcpu_swiglu_forward(F(out), CF(gate), CF(up), n);
+    return 0;
+}
+
+static int swiglu_backward(kern *k, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
+                           size_t n)
+{
+    (void)k;
+    kcpu_swiglu_backward(F(dgate), F(dup), CF(dout), CF(gate), CF(up), n);
+    return 0;
+}
+
+static int crossentropy_forward(kern *k, float *mean, float *losses, float *rowmax, float *lse, const void *logits,
+                                const int32_t *targets, int N, int V, int Vp)
+{
+    (void)k;
+    *mean = kcpu_crossentropy_forward(losses, rowmax, lse, CF(logits), targets, N, V, Vp);
+    return 0;
+}
+
+static int crossentropy_shard_backward(kern *k, void *dlogits, const void *logits, const int32_t *targets,
+                                       const float *rowmax, const float *lse, float dloss, int N, int col0, int W,
+                                       int V)
+{
+    (void)k;
+    kcpu_crossentropy_shard_backward(F(dlogits), CF(logits), targets, rowmax, lse, dloss, N, col0, W, V);
+    return 0;
+}
+
+static int sum_squares(kern *k, double *ss, void *const *bufs, const size_t *n, int nbufs)
+{
+    (void)k;
+    for (int b = 0; b < nbufs; b++) ss[b] = kcpu_sum_squares((const float *const *)&bufs[b], &n[b], 1);
+    return 0;
+}
+
+static int scale(kern *k, void *buf, size_t n, double s)
+{
+    (void)k;
+    float *b = F(buf);
+    kcpu_scale_buffers(&b, &n, 1, s);
+    return 0;
+}
+
+static int adamw_step(kern *k, float *params, const void *grads, float *m, float *v, size_t n, float lr,
+                      float beta1, float beta2, float eps, float weight_decay, int t)
+{
+    (void)k;
+    kcpu_adamw_step(params, CF(grads), m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+    return 0;
+}
+
+static int add_into(kern *k, void *y, const void *x, size_t n)
+{
+    (void)k;
+    float *a = F(y);
+    const float *b = CF(x);
+    for (size_t i = 0; i < n; i++) a[i] += b[i];
+    return 0;
+}
+
+const kern_vtbl kern_cpu_vtbl = {
+    "cpu", cpu_open, cpu_close, matmul_forward, matmul_backward, matmul_wt_forward, matmul_wt_backward,
+    embedding_rows_forward, embedding_rows_backward, arange, add_forward, add_backward, add_broadcast_forward,
+    add_broadcast_backward, layernorm_forward, layernorm_backward, rmsnorm_forward, rmsnorm_backward,
+    attention_forward, attention_backward, attention_qkv_forward, attention_qkv_backward, rope_forward,
+    rope_backward, gelu_forward, gelu_backward, silu_forward, silu_backward, swiglu_forward, swiglu_backward,
+    crossentropy_forward, crossentropy_shard_backward, sum_squares, scale, adamw_step, add_into,
+};
+
+int kern_open(kern *k, dev *d, char *err, size_t n)
+{
+    memset(k, 0, sizeof *k);
+    k->d = d;
+    k->v = strcmp(d->v->name, "cuda") == 0 ? &kern_cuda_vtbl : &kern_cpu_vtbl;
+    if (k->v->open(k) == 0) return 0;
+    snprintf(err, n, "%s", k->error);
+    return -1;
+}
+
+void kern_close(kern *k)
+{
+    if (k && k->v) k->v->close(k);
+    if (k) k->v = NULL;
+}
