@@ -71,11 +71,20 @@ static int64_t local_elems(const mp *x, int id) {
 /* Bytes of tensor id's value (and gradient) on one rank: with room for the
  * whole over tp when it is all-gathered over tp in place (the runtime
  * converts a tensor's value and its gradient in their own buffers). */
+/* With 2-byte floats every activation's room, every slot entry and every
+ * region is rounded up to 16 bytes, so that the fp32 statistics and int32
+ * ids after bf16 values are aligned, and a GPU's 16-byte loads are too. */
+static int64_t rnd(const mp *x, int64_t bytes) { return x->fb == 2 ? (bytes + 15) & ~(int64_t)15 : bytes; }
+
+int64_t memplan_round(const memplan *m, int64_t bytes) {
+    return m->float_bytes == 2 ? (bytes + 15) & ~(int64_t)15 : bytes;
+}
+
 static int64_t local_bytes(const mp *x, int id) {
     const plan_tensor *t = &x->p->tensors[id];
     int64_t e = local_elems(x, id);
     if (t->pl.kind[AX_TP] == PL_SPLIT && gathered_over_tp(x->p, id)) e *= x->p->setup.tp;
-    return e * (t->dtype == PLAN_DTYPE_I32 ? 4 : x->fb);
+    return rnd(x, e * (t->dtype == PLAN_DTYPE_I32 ? 4 : x->fb));
 }
 
 /* A transpose of a param read only as a matmul's weight: the matmul reads
@@ -349,7 +358,7 @@ static void place_values(mp *x) {
             b->stride = copies > 1 ? b->bytes : 0;
             continue;
         }
-        int64_t one = b->bytes + b->aux;
+        int64_t one = rnd(x, b->bytes + b->aux);
         if (recompute && x->seg[id] == SEG_LAYER && !b->carried) {
             b->region = MEM_RECOMPUTE;
             b->offset = rec;
@@ -440,9 +449,11 @@ static void place_params(mp *x, int stg, mem_stage *ms) {
          * [r s, (r + 1) s) of its flat elements, the last rank fewer) */
         sharded += (double)((e + dp_group - 1) / dp_group * copies);
     }
-    ms->params = (int64_t)((s->zero == 3 ? sharded : n_params) * x->fb);
-    ms->grads = (int64_t)((s->zero >= 2 ? sharded : n_params) * x->fb);
-    ms->optim = (int64_t)((s->zero >= 1 ? sharded : n_params) * (x->masters ? 12 : 8));
+    ms->params = rnd(x, (int64_t)((s->zero == 3 ? sharded : n_params) * x->fb));
+    ms->grads = rnd(x, (int64_t)((s->zero >= 2 ? sharded : n_params) * x->fb));
+    ms->optim = rnd(x, (int64_t)((s->zero >= 1 ? sharded : n_params) * (x->masters ? 12 : 8)));
+    ms->zfixed = rnd(x, ms->zfixed);
+    ms->zlayer = rnd(x, ms->zlayer);
 }
 
 /* The communication buffer: the largest collective output (dp's gradient
@@ -506,7 +517,7 @@ int memplan_build(memplan *m, const plan *p, int float_bytes, unsigned flags) {
             if (peak < 0) goto done;
             if (peak > shared) shared = peak;
         }
-    int64_t comm = comm_bytes(&x);
+    int64_t comm = rnd(&x, comm_bytes(&x));
     int chunks = p->pp * p->v;
     for (int stg = 0; stg < p->pp; stg++) {
         mem_stage *ms = &m->stage[stg];

@@ -121,6 +121,10 @@ enum { MEMPLAN_NO_REUSE = 1u, MEMPLAN_MASTERS = 2u };
 int memplan_build(memplan *m, const struct plan *p, int float_bytes, unsigned flags);
 void memplan_free(memplan *m);
 
+/* bytes rounded as the layout rounds an activation's room and each
+ * region: up to 16 with 2-byte floats, unchanged with 4-byte ones. */
+int64_t memplan_round(const memplan *m, int64_t bytes);
+
 /* The buffer of tensor id on a stage. */
 const mem_buf *memplan_buf(const memplan *m, int stage, int id);
 

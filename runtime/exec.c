@@ -171,15 +171,17 @@ static int layout(mesh__exec *ex, unsigned flags, char *err, size_t errn)
 {
     const plan *p = ex->p;
     int no_reuse = (flags & MESH__EXEC_NO_REUSE) != 0;
-    unsigned mf = (no_reuse ? MEMPLAN_NO_REUSE : 0) | (p->setup.precision != 0 ? MEMPLAN_MASTERS : 0);
-    if (memplan_build(&ex->mp, p, 4, mf) != 0) return -1;
+    /* the CPU keeps a bf16 or fp16 plan's values in 4-byte words, with the
+     * masters; a GPU keeps bf16 in 2 bytes: the plan's own layout */
+    unsigned mf = (no_reuse ? MEMPLAN_NO_REUSE : 0) | (p->setup.precision != 0 && ex->esize == 4 ? MEMPLAN_MASTERS : 0);
+    if (memplan_build(&ex->mp, p, ex->esize, mf) != 0) return -1;
     if (ex->mp.unsupported) {
         set_err(err, errn, "the plan has %s: not run yet", ex->mp.unsupported);
         return -2;
     }
     const mem_stage *ms = ex->ms = &ex->mp.stage[ex->stage];
     const mem_stage *pm = p->memory ? &p->memory[ex->stage] : NULL;
-    if (p->setup.precision == 0 && pm && !no_reuse &&
+    if ((p->setup.precision == 0 || ex->esize == 2) && pm && !no_reuse &&
         (pm->total != ms->total || pm->params != ms->params || pm->grads != ms->grads || pm->optim != ms->optim ||
          pm->slot_bytes != ms->slot_bytes || pm->slots != ms->slots || pm->workspace != ms->workspace)) {
         set_err(err, errn, "the plan's memory plan (%lld bytes) is not the layout this runtime computes from it "
@@ -216,7 +218,7 @@ static int layout(mesh__exec *ex, unsigned flags, char *err, size_t errn)
 static const char *gpu_refusal(const plan *p)
 {
     if (p->setup.world > 1) return "a plan of more than one rank (NCCL between GPUs is not in the executor yet)";
-    if (p->setup.precision != 0) return "bf16 and fp16 (the GPU executor keeps fp32 so far)";
+    if (p->setup.precision == 2) return "fp16 (the CUDA kernels store fp32 or bf16)";
     for (int id = 0; id < p->n_tensors; id++)
         if (p->tensors[id].op == G_MOE) return "moe layers";
     return NULL;
@@ -305,9 +307,10 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
     ex->data_ranks = (int)(p->setup.dp * p->setup.ep);
     /* the device and its kernels */
     ex->gpu = (flags & MESH__EXEC_CUDA) != 0;
+    ex->esize = ex->gpu && p->setup.precision == 1 ? 2 : 4;
     char derr[400];
     if (dev_open(ex->gpu ? MESH_DEVICE_CUDA : MESH_DEVICE_CPU, 0, &ex->dev, derr, sizeof derr) != MESH_OK ||
-        kern_open(&ex->kern, ex->dev, derr, sizeof derr) != 0) {
+        kern_open(&ex->kern, ex->dev, ex->esize == 2, derr, sizeof derr) != 0) {
         set_err(err, errn, "rank %d: %s", rank, derr);
         goto fail;
     }
@@ -378,7 +381,9 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
             if (st->kind == STEP_REDUCE_SCATTER || st->kind == STEP_SLICE) ex->cnumel[id] = ne / (size_t)p->setup.tp;
         }
         size_t room = ex->cnumel[id] > ne ? ex->cnumel[id] : ne; /* an all-gather's room */
-        if (t->op != G_TRANSPOSE && room * 4 != (size_t)exec__buf_of(ex, id)->bytes) {
+        int64_t want = (int64_t)(room * (t->dtype == PLAN_DTYPE_I32 ? 4 : (size_t)ex->esize));
+        if (t->op != G_PARAM) want = memplan_round(&ex->mp, want); /* an activation's room */
+        if (t->op != G_TRANSPOSE && want != exec__buf_of(ex, id)->bytes) {
             set_err(err, errn, "tensor %d: %zu elements on this rank, not the memory plan's", id, ne);
             goto fail;
         }
@@ -427,7 +432,6 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
         goto fail;
     }
     if (init != 0) goto oom;
-    exec__masters_from_params(ex);
     if (ex->tokens_in < 0 || ex->targets_in < 0) {
         set_err(err, errn, "the model needs two inputs (tokens and targets)");
         goto fail;
@@ -464,7 +468,7 @@ const float *mesh__exec_logits(mesh__exec *ex, int *vocab_padded)
     if (!ex->gpu) return lg;
     size_t n = ex->numel[id];
     if (!ex->logits_host) ex->logits_host = malloc(n * sizeof *ex->logits_host);
-    if (!ex->logits_host || exec__to_host(ex, ex->logits_host, lg, n * sizeof *lg) != 0) return NULL;
+    if (!ex->logits_host || exec__floats_to_host(ex, ex->logits_host, lg, n) != 0) return NULL;
     return ex->logits_host;
 }
 

@@ -37,6 +37,8 @@ struct mesh__exec {
     dev *dev;
     kern kern;
     int gpu;             /* dev is a GPU */
+    int esize;           /* bytes of a float element in the arena: 4, or 2 (bf16 on a GPU; the CPU
+                            keeps bf16 and fp16 values in fp32 words) */
     int dev_failed;      /* a device call failed: ex->error says which; the step fails */
     float *logits_host;  /* gpu: the logits copied back for mesh__exec_logits */
     memplan mp;          /* the layout, in fp32 */
@@ -141,6 +143,15 @@ int exec__fill(mesh__exec *ex, void *p, int byte, size_t bytes);
 int exec__to_dev(mesh__exec *ex, void *dst, const void *src, size_t bytes);
 int exec__to_host(mesh__exec *ex, void *dst, const void *src, size_t bytes);
 
+/* The same for n float elements of the arena (ex->esize bytes each: bf16
+ * ones are converted, rounding to nearest even on the way in), and for
+ * one (a scalar tensor: the loss, its gradient). */
+int exec__floats_to_dev(mesh__exec *ex, void *dst, const float *src, size_t n);
+int exec__floats_to_host(mesh__exec *ex, float *dst, const void *src, size_t n);
+
+/* Element k of the arena's float array p. */
+float *exec__at(const mesh__exec *ex, float *p, size_t k);
+
 /* A kernel call that failed (kern's message, with the rank and what it
  * ran for): recorded as a device failure; returns -1. */
 int exec__kern_failed(mesh__exec *ex, const char *what);
@@ -243,9 +254,7 @@ void exec__shard_of(const mesh__exec *ex, int id, int it, size_t *lo, size_t *le
  * with zero 3 into its shards). 0, or -1 out of memory. */
 int exec__init_params(mesh__exec *ex);
 
-/* Mixed precision: the masters <- the params' values, then the values
- * rounded to the plan's precision (after init or a checkpoint's load). */
-void exec__masters_from_params(mesh__exec *ex);
+
 
 /* What this rank's optimizer updates: without ZeRO every param whole;
  * with it (over the param's data-parallel group) each copy's shard of

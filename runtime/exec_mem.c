@@ -3,7 +3,10 @@
  * stage, chunk and slot. */
 #include "exec_impl.h"
 
-#include <stdio.h> /* snprintf */
+#include <stdint.h> /* uint16_t, uint32_t */
+#include <stdio.h>  /* snprintf */
+#include <stdlib.h> /* malloc, free */
+#include <string.h> /* memcpy */
 
 int64_t exec__last_dim(const plan_tensor *t) { return t->rank ? t->dims[t->rank - 1] : 1; }
 
@@ -33,6 +36,50 @@ int exec__to_host(mesh__exec *ex, void *dst, const void *src, size_t bytes)
     return ex->gpu ? dev_failed(ex, "waiting for the device", dev_stream_sync(ex->dev, NULL)) : 0;
 }
 
+/* bf16 bits of x, rounded to nearest even (kcpu_bf16_round's number). */
+static uint16_t bf16_bits(float x)
+{
+    float r = kcpu_bf16_round(x);
+    uint32_t u;
+    memcpy(&u, &r, sizeof u);
+    return (uint16_t)(u >> 16);
+}
+
+static float bf16_value(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+int exec__floats_to_dev(mesh__exec *ex, void *dst, const float *src, size_t n)
+{
+    if (ex->esize == 4) return exec__to_dev(ex, dst, src, n * sizeof *src);
+    uint16_t *h = malloc((n ? n : 1) * sizeof *h);
+    if (!h) return dev_failed(ex, "a copy to the device", MESH_ERR_NOMEM);
+    for (size_t i = 0; i < n; i++) h[i] = bf16_bits(src[i]);
+    int rc = exec__to_dev(ex, dst, h, n * sizeof *h);
+    free(h);
+    return rc;
+}
+
+int exec__floats_to_host(mesh__exec *ex, float *dst, const void *src, size_t n)
+{
+    if (ex->esize == 4) return exec__to_host(ex, dst, src, n * sizeof *dst);
+    uint16_t *h = malloc((n ? n : 1) * sizeof *h);
+    if (!h) return dev_failed(ex, "a copy from the device", MESH_ERR_NOMEM);
+    int rc = exec__to_host(ex, h, src, n * sizeof *h);
+    for (size_t i = 0; rc == 0 && i < n; i++) dst[i] = bf16_value(h[i]);
+    free(h);
+    return rc;
+}
+
+float *exec__at(const mesh__exec *ex, float *p, size_t k)
+{
+    return (float *)(void *)((unsigned char *)p + k * (size_t)ex->esize);
+}
+
 int exec__kern_failed(mesh__exec *ex, const char *what)
 {
     if (!ex->dev_failed) snprintf(ex->error, sizeof ex->error, "rank %d: %s: %.300s", ex->rank, what, ex->kern.error);
@@ -42,7 +89,8 @@ int exec__kern_failed(mesh__exec *ex, const char *what)
 
 void exec__round(const mesh__exec *ex, float *x, size_t n)
 {
-    if (ex->prec != KCPU_FP32 && x) kcpu_round(x, n, ex->prec);
+    /* (a GPU stores bf16 itself: nothing to emulate) */
+    if (ex->prec != KCPU_FP32 && x && !ex->gpu) kcpu_round(x, n, ex->prec);
 }
 
 float *exec__master(const mesh__exec *ex, int id, int it)
@@ -147,7 +195,7 @@ static float *staged(const mesh__exec *ex, int id, int it, int grad)
 static float *sharded(const mesh__exec *ex, int id, int it, int64_t region_at)
 {
     size_t at = ex->opt_at[id] + (size_t)exec__param_copy(ex, id, it) * ex->shard[id];
-    return (float *)(void *)(ex->arena + region_at) + at;
+    return exec__at(ex, (float *)(void *)(ex->arena + region_at), at);
 }
 
 float *exec__pshard(const mesh__exec *ex, int id, int it)
@@ -156,7 +204,7 @@ float *exec__pshard(const mesh__exec *ex, int id, int it)
     float *m, *v;
     if (ex->p->setup.zero == 3) return sharded(ex, id, it, 0);
     exec__shard_of(ex, id, it, &lo, &len, &m, &v);
-    return exec__vptr(ex, id, it) + lo;
+    return exec__at(ex, exec__vptr(ex, id, it), lo);
 }
 
 float *exec__gshard(const mesh__exec *ex, int id, int it)
@@ -165,7 +213,7 @@ float *exec__gshard(const mesh__exec *ex, int id, int it)
     float *m, *v;
     if (ex->p->setup.zero >= 2) return sharded(ex, id, it, ex->grads_at);
     exec__shard_of(ex, id, it, &lo, &len, &m, &v);
-    return exec__gptr(ex, id, it) + lo;
+    return exec__at(ex, exec__gptr(ex, id, it), lo);
 }
 
 /* Value of tensor id at its iteration it (-1, a carried entry: 0). */

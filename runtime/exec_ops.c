@@ -185,6 +185,8 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
     const plan_tensor *a = t->n_in > 0 ? &ex->p->tensors[t->in[0]] : NULL;
     const plan_tensor *b = t->n_in > 1 ? &ex->p->tensors[t->in[1]] : NULL;
     size_t n = ex->numel[id];
+    float ce_mean = 0; /* a whole-vocabulary cross-entropy's mean loss, from its kernel */
+    int ce_read = 0;
     switch (t->op) {
     case G_EMBED: { /* a table split over tp holds its rank's rows of the vocabulary */
         int rows = (int)ex->ld[t->in[1]][0], C = (int)ex->ld[t->in[1]][1];
@@ -244,9 +246,9 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
         if (vocab_split(ex, t->in[0])) { /* vocabulary-parallel */
             if (ce_shard_forward(ex, OUT, aux, IN(0), I32(IN(1)), N, W, V) != 0) return -1;
         } else {
-            float mean;
-            K(crossentropy_forward, &mean, aux, aux + N, aux + 2 * N, IN(0), I32(IN(1)), N, V, W);
-            if (exec__to_dev(ex, OUT, &mean, sizeof mean) != 0) return -1;
+            K(crossentropy_forward, &ce_mean, aux, aux + N, aux + 2 * N, IN(0), I32(IN(1)), N, V, W);
+            if (exec__floats_to_dev(ex, OUT, &ce_mean, 1) != 0) return -1;
+            ce_read = 1;
         }
         break;
     }
@@ -271,9 +273,9 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
     default: /* inputs and params are filled elsewhere; others refused at create */
         break;
     }
-    if (id == ex->p->loss && !ex->recomputing) {
-        float loss;
-        if (exec__to_host(ex, &loss, OUT, sizeof loss) != 0) return -1;
+    if (id == ex->p->loss && !ex->recomputing) { /* the kernel's fp32 mean, else the tensor's value */
+        float loss = ce_mean;
+        if (!ce_read && exec__floats_to_host(ex, &loss, OUT, 1) != 0) return -1;
         ex->loss += loss;
     }
     return 0;
@@ -340,8 +342,9 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
         int W = exec__lastd(ex, t->in[0]), N = (int)ex->numel[t->in[1]];
         int V = t->vocab > 0 ? (int)t->vocab : (int)exec__last_dim(a);
         float *aux = AUX;
-        float seed; /* the loss's gradient: the backward's seed */
-        if (exec__to_host(ex, &seed, DOUT, sizeof seed) != 0) return -1;
+        /* the loss's gradient: the backward's seed (exactly, when it is this node) */
+        float seed = (float)(ex->dloss * ex->loss_scale);
+        if (id != ex->p->loss && exec__floats_to_host(ex, &seed, DOUT, 1) != 0) return -1;
         K(crossentropy_shard_backward, DIN(0), IN(0), I32(IN(1)), aux + N, aux + 2 * N, seed, N,
           vocab_split(ex, t->in[0]) ? ex->coord[1] * W : 0, W, V);
         break;

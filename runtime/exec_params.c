@@ -115,7 +115,7 @@ static int keep_shard(mesh__exec *ex, int id, int it, const float *whole)
     size_t lo, len;
     float *m, *v;
     exec__shard_of(ex, id, it, &lo, &len, &m, &v);
-    return exec__to_dev(ex, exec__pshard(ex, id, it), whole + lo, len * sizeof *whole);
+    return exec__floats_to_dev(ex, exec__pshard(ex, id, it), whole + lo, len);
 }
 
 /* Copy it of param id (the rank's slice) <- local[numel] in host memory:
@@ -123,7 +123,7 @@ static int keep_shard(mesh__exec *ex, int id, int it, const float *whole)
 static int put_param(mesh__exec *ex, int id, int it, const float *local)
 {
     if (ex->p->setup.zero == 3) return keep_shard(ex, id, it, local);
-    return exec__to_dev(ex, exec__vptr(ex, id, it), local, ex->numel[id] * sizeof *local);
+    return exec__floats_to_dev(ex, exec__vptr(ex, id, it), local, ex->numel[id]);
 }
 
 /* zero 3: whole <- copy it of param id (the rank's slice), its shards
@@ -136,7 +136,7 @@ static int whole_of_shards(mesh__exec *ex, int id, int it, float *whole)
     exec__shard_of(ex, id, it, &lo, &len, &m, &v);
     comm *z = exec__zcomm(ex, id);
     memset(whole, 0, n * sizeof *whole);
-    if (exec__to_host(ex, whole + lo, exec__pshard(ex, id, it), len * sizeof *whole) != 0) return -1;
+    if (exec__floats_to_host(ex, whole + lo, exec__pshard(ex, id, it), len) != 0) return -1;
     if (!z || comm_all_reduce(z, whole, n) == 0) return 0;
     snprintf(ex->error, sizeof ex->error, "rank %d: gathering a param's shards: %s", ex->rank, z->error);
     return -1;
@@ -164,7 +164,8 @@ int exec__optimizer_shards(mesh__exec *ex)
     }
     ex->opt_elems = at;
     /* m and v, and with mixed precision the fp32 masters */
-    if (at * (ex->prec == KCPU_FP32 ? 2 : 3) * sizeof(float) != (size_t)ex->ms->optim) return -2;
+    if (memplan_round(&ex->mp, (int64_t)(at * (ex->prec == KCPU_FP32 ? 2 : 3) * sizeof(float))) != ex->ms->optim)
+        return -2;
     ex->n_gbufs = ex->zero ? copies : ex->n_params;
     ex->gbufs = exec__host_calloc(ex, (size_t)ex->n_gbufs + 1, sizeof *ex->gbufs);
     ex->gsizes = exec__host_calloc(ex, (size_t)ex->n_gbufs + 1, sizeof *ex->gsizes);
@@ -207,27 +208,19 @@ int exec__init_params(mesh__exec *ex)
                 exec__param_runs(ex, id, ex->coord[1], ex->coord[3], exec__init_run, &ic);
             else
                 mesh__init_fill(w, ex->numel[id], t->init == GRAPH_INIT_ONES ? 1.0f : 0.0f);
+            float *master = exec__master(ex, id, it);
+            if (master) { /* mixed precision: the master keeps the fp32 values, the weights their rounding */
+                size_t lo, len;
+                float *m, *v;
+                exec__shard_of(ex, id, it, &lo, &len, &m, &v);
+                exec__to_dev(ex, master, w + lo, len * sizeof *w);
+                exec__round(ex, w, ex->numel[id]);
+            }
             put_param(ex, id, it, w);
         }
         free(w);
     }
     return ex->dev_failed ? -2 : 0;
-}
-
-void exec__masters_from_params(mesh__exec *ex)
-{ /* host memory: mixed precision runs on the CPU only so far */
-    if (ex->prec == KCPU_FP32) return;
-    for (int k = 0; k < ex->n_params; k++) {
-        int id = ex->params[k];
-        for (int c = 0; c < ex->copies[id]; c++) {
-            int it = exec__copy_it(ex, id, c);
-            size_t lo, len;
-            float *m, *v;
-            exec__shard_of(ex, id, it, &lo, &len, &m, &v);
-            memcpy(exec__master(ex, id, it), exec__pshard(ex, id, it), len * sizeof(float));
-        }
-    }
-    exec__round(ex, (float *)(void *)ex->arena, (size_t)ex->ms->params / sizeof(float));
 }
 
 /* Parameter k (each iteration's copy counted separately): its tensor id
@@ -353,7 +346,7 @@ int mesh__exec_param_get(mesh__exec *ex, int k, float *whole)
     float *local = malloc(ex->numel[id] * sizeof *local);
     int rc = !local ? -1
              : ex->p->setup.zero == 3 ? whole_of_shards(ex, id, it, local)
-                                      : exec__to_host(ex, local, exec__vptr(ex, id, it), ex->numel[id] * sizeof *local);
+                                      : exec__floats_to_host(ex, local, exec__vptr(ex, id, it), ex->numel[id]);
     if (!local) snprintf(ex->error, sizeof ex->error, "rank %d: out of memory", ex->rank);
     if (rc == 0) rc = tp_gather(ex, id, local, whole);
     free(local);

@@ -34,7 +34,7 @@ static void start_grads(mesh__exec *ex, int c, int it)
     if (ex->zero_by[c] != c) return;
     float *g = exec__gptr(ex, c, it), seed = (float)(ex->dloss * ex->loss_scale);
     if (!g) return;
-    if (c == ex->p->loss) exec__to_dev(ex, g, &seed, sizeof seed);
+    if (c == ex->p->loss) exec__floats_to_dev(ex, g, &seed, 1);
     else exec__fill(ex, g, 0, (size_t)exec__buf_of(ex, c)->bytes);
 }
 
@@ -600,16 +600,16 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
             exec__shard_of(ex, id, it, &lo, &len, &mo, &vo);
             size_t n = ex->zero ? len : (size_t)ex->copies[id] * ex->numel[id];
             float *w = exec__pshard(ex, id, it), *master = exec__master(ex, id, it);
-            /* mixed precision: the fp32 master updated, the value its rounding */
-            if (ex->kern.v->adamw_step(&ex->kern, master ? master : w, exec__gshard(ex, id, it), mo, vo, n, (float)lr,
-                                       (float)s->beta1, (float)s->beta2, (float)s->eps, wd, (int)ex->adam_t) != 0) {
+            /* mixed precision: the fp32 master updated, the weights its rounding
+             * (the kernel writes them: bf16 on a GPU; fp32 words on the CPU,
+             * rounded here) */
+            if (ex->kern.v->adamw_step(&ex->kern, master ? master : w, master ? w : NULL, exec__gshard(ex, id, it), mo,
+                                       vo, n, (float)lr, (float)s->beta1, (float)s->beta2, (float)s->eps, wd,
+                                       (int)ex->adam_t) != 0) {
                 exec__kern_failed(ex, "AdamW");
                 return -2;
             }
-            if (master) {
-                memcpy(w, master, n * sizeof *w);
-                exec__round(ex, w, n);
-            }
+            exec__round(ex, master ? w : NULL, n);
         }
     }
     int rc = run_phase(ex, PLAN_AFTER_OPTIMIZER) == 0 && !ex->dev_failed ? 0 : -2;

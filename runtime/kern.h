@@ -8,13 +8,15 @@
  *   - "cpu"  (kern_cpu.c): the CPU kernels (kernels/cpu, kcpu.h), the
  *     reference; every call is finished when it returns.
  *   - "cuda" (kern_cuda.c, built with make CUDA=1): the CUDA kernels
- *     (kernels/cuda, kcuda.h) on the device's stream, fp32 storage; calls
- *     are asynchronous, and a call that returns a number to the host
- *     (sum_squares, crossentropy's mean loss) waits for the stream.
+ *     (kernels/cuda, kcuda.h) on the device's stream, with fp32 or bf16
+ *     storage (kern.bf16); calls are asynchronous, and a call that returns
+ *     a number to the host (sum_squares, crossentropy's mean loss) waits
+ *     for the stream.
  * With CUDA=0 the cuda table's open says libmesh was built without it.
  *
- * Tensors are device pointers (host pointers on the CPU) to fp32 elements;
- * token ids are int32. Shapes, what a forward overwrites and what a
+ * Tensors are device pointers (host pointers on the CPU) to fp32 elements,
+ * or bf16 ones on a GPU with kern.bf16 (`float *` arguments are fp32
+ * always: statistics, AdamW's masters and moments); token ids are int32. Shapes, what a forward overwrites and what a
  * backward ADDS into (+=) are the kcpu function's of the same name
  * (kcpu_dense.h, kcpu_attention.h). Every call returns 0, or -1 with the
  * message in kern_last_error(): "cuda: kcuda_matmul_forward: ..." (the
@@ -87,8 +89,10 @@ typedef struct kern_vtbl {
     /* ss[b] = the sum of squares of bufs[b][0..n[b]), in double, to the host */
     int (*sum_squares)(kern *k, double *ss, void *const *bufs, const size_t *n, int nbufs);
     int (*scale)(kern *k, void *buf, size_t n, double scale); /* buf *= scale, the product in double */
-    int (*adamw_step)(kern *k, float *params, const void *grads, float *m, float *v, size_t n, float lr,
-                      float beta1, float beta2, float eps, float weight_decay, int t);
+    /* params (fp32) updated; params_lp (may be NULL; the GPU's bf16 weights)
+     * gets them rounded */
+    int (*adamw_step)(kern *k, float *params, void *params_lp, const void *grads, float *m, float *v, size_t n,
+                      float lr, float beta1, float beta2, float eps, float weight_decay, int t);
     int (*add_into)(kern *k, void *y, const void *x, size_t n); /* y += x */
 } kern_vtbl;
 
@@ -97,15 +101,17 @@ struct kern {
     dev *d;            /* the device the tensors live on (not owned) */
     void *stream;      /* the device's stream (a cudaStream_t; NULL: the default) */
     void *impl;        /* the backend's own state */
+    int bf16;          /* the GPU's float tensors are bf16 (the CPU's are always fp32 words) */
     char error[512];   /* why the last call failed */
 };
 
 extern const kern_vtbl kern_cpu_vtbl;
 extern const kern_vtbl kern_cuda_vtbl; /* with CUDA=0, open fails: built without CUDA */
 
-/* k's table for device d (dev's name "cpu" or "cuda"): opened, 0; or -1
- * with the message in err[n]. kern_close(k) frees what open made. */
-int kern_open(kern *k, dev *d, char *err, size_t n);
+/* k's table for device d (dev's name "cpu" or "cuda"), with bf16 storage
+ * (a GPU only) or fp32: opened, 0; or -1 with the message in err[n].
+ * kern_close(k) frees what open made. */
+int kern_open(kern *k, dev *d, int bf16, char *err, size_t n);
 void kern_close(kern *k);
 
 #endif

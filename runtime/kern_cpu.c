@@ -256,11 +256,12 @@ static int scale(kern *k, void *buf, size_t n, double s)
     return 0;
 }
 
-static int adamw_step(kern *k, float *params, const void *grads, float *m, float *v, size_t n, float lr,
-                      float beta1, float beta2, float eps, float weight_decay, int t)
+static int adamw_step(kern *k, float *params, void *params_lp, const void *grads, float *m, float *v, size_t n,
+                      float lr, float beta1, float beta2, float eps, float weight_decay, int t)
 {
     (void)k;
     kcpu_adamw_step(params, CF(grads), m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+    if (params_lp) memcpy(params_lp, params, n * sizeof *params); /* the CPU's copy is fp32 words */
     return 0;
 }
 
@@ -282,10 +283,11 @@ const kern_vtbl kern_cpu_vtbl = {
     crossentropy_forward, crossentropy_shard_backward, sum_squares, scale, adamw_step, add_into,
 };
 
-int kern_open(kern *k, dev *d, char *err, size_t n)
+int kern_open(kern *k, dev *d, int bf16, char *err, size_t n)
 {
     memset(k, 0, sizeof *k);
     k->d = d;
+    k->bf16 = bf16;
     k->v = strcmp(d->v->name, "cuda") == 0 ? &kern_cuda_vtbl : &kern_cpu_vtbl;
     if (k->v->open(k) == 0) return 0;
     snprintf(err, n, "%s", k->error);

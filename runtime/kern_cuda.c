@@ -1,5 +1,5 @@
 /* kern_cuda.c — the executor's kernels on a CUDA GPU (kern.h): the CUDA
- * kernels (kernels/cuda, kcuda.h) in fp32, on the kern's stream, with one
+ * kernels (kernels/cuda, kcuda.h) in fp32 or bf16, on the kern's stream, with one
  * cuBLASLt context and a little device scratch for the numbers that go
  * back to the host (the mean loss, sums of squares). Built for real with
  * make CUDA=1 (MESH_CUDA=1); otherwise open says libmesh has no CUDA.
@@ -13,7 +13,8 @@
 
 #include "kcuda.h" /* kcuda_* */
 
-#define F32 KCUDA_F32
+/* the storage type of the float tensors */
+#define DT(k) ((k)->bf16 ? KCUDA_BF16 : KCUDA_F32)
 
 typedef struct cuda_kern {
     kcuda_ctx *ctx;
@@ -73,36 +74,36 @@ static void cuda_close(kern *k)
 
 static int matmul_forward(kern *k, void *y, const void *x, const void *w, int M, int K, int N)
 {
-    KC(kcuda_matmul_forward, CTX(k), y, NULL, x, w, NULL, M, K, N, KCUDA_EPI_NONE, F32, k->stream);
+    KC(kcuda_matmul_forward, CTX(k), y, NULL, x, w, NULL, M, K, N, KCUDA_EPI_NONE, DT(k), k->stream);
 }
 
 static int matmul_backward(kern *k, void *dx, void *dw, const void *dy, const void *x, const void *w, int M, int K,
                            int N)
 {
-    KC(kcuda_matmul_backward, CTX(k), dx, dw, NULL, dy, x, w, M, K, N, F32, k->stream);
+    KC(kcuda_matmul_backward, CTX(k), dx, dw, NULL, dy, x, w, M, K, N, DT(k), k->stream);
 }
 
 static int matmul_wt_forward(kern *k, void *y, const void *x, const void *w, int M, int K, int N)
 {
-    KC(kcuda_matmul_wt_forward, CTX(k), y, x, w, NULL, M, K, N, F32, k->stream);
+    KC(kcuda_matmul_wt_forward, CTX(k), y, x, w, NULL, M, K, N, DT(k), k->stream);
 }
 
 static int matmul_wt_backward(kern *k, void *dx, void *dw, const void *dy, const void *x, const void *w, int M,
                               int K, int N)
 {
-    KC(kcuda_matmul_wt_backward, CTX(k), dx, dw, NULL, dy, x, w, M, K, N, F32, k->stream);
+    KC(kcuda_matmul_wt_backward, CTX(k), dx, dw, NULL, dy, x, w, M, K, N, DT(k), k->stream);
 }
 
 static int embedding_rows_forward(kern *k, void *out, const int32_t *ids, const void *table, int n, int row0,
                                   int rows, int C)
 {
-    KC(kcuda_embedding_rows_forward, out, ids, table, n, row0, rows, C, F32, k->stream);
+    KC(kcuda_embedding_rows_forward, out, ids, table, n, row0, rows, C, DT(k), k->stream);
 }
 
 static int embedding_rows_backward(kern *k, void *dtable, const void *dout, const int32_t *ids, int n, int row0,
                                    int rows, int C)
 {
-    KC(kcuda_embedding_rows_backward, CTX(k), dtable, dout, ids, n, row0, rows, C, F32, k->stream);
+    KC(kcuda_embedding_rows_backward, CTX(k), dtable, dout, ids, n, row0, rows, C, DT(k), k->stream);
 }
 
 static int arange(kern *k, int32_t *out, size_t n)
@@ -112,113 +113,113 @@ static int arange(kern *k, int32_t *out, size_t n)
 
 static int add_forward(kern *k, void *out, const void *a, const void *b, size_t n)
 {
-    KC(kcuda_add_forward, out, a, b, n, F32, k->stream);
+    KC(kcuda_add_forward, out, a, b, n, DT(k), k->stream);
 }
 
 static int add_backward(kern *k, void *da, void *db, const void *dout, size_t n)
 {
-    KC(kcuda_add_backward, da, db, dout, n, F32, k->stream);
+    KC(kcuda_add_backward, da, db, dout, n, DT(k), k->stream);
 }
 
 static int add_broadcast_forward(kern *k, void *out, const void *a, const void *p, int B, int T, int C)
 {
-    KC(kcuda_add_broadcast_forward, out, a, p, B, T, C, F32, k->stream);
+    KC(kcuda_add_broadcast_forward, out, a, p, B, T, C, DT(k), k->stream);
 }
 
 static int add_broadcast_backward(kern *k, void *da, void *dp, const void *dout, int B, int T, int C)
 {
-    KC(kcuda_add_broadcast_backward, da, dp, dout, B, T, C, F32, k->stream);
+    KC(kcuda_add_broadcast_backward, da, dp, dout, B, T, C, DT(k), k->stream);
 }
 
 static int layernorm_forward(kern *k, void *out, float *mean, float *rstd, const void *x, const void *w,
                              const void *b, int rows, int C, float eps)
 {
-    KC(kcuda_layernorm_forward, out, mean, rstd, x, w, b, rows, C, eps, F32, k->stream);
+    KC(kcuda_layernorm_forward, out, mean, rstd, x, w, b, rows, C, eps, DT(k), k->stream);
 }
 
 static int layernorm_backward(kern *k, void *dx, void *dw, void *db, const void *dout, const void *x, const void *w,
                               const float *mean, const float *rstd, int rows, int C)
 {
-    KC(kcuda_layernorm_backward, CTX(k), dx, dw, db, dout, x, w, mean, rstd, rows, C, F32, k->stream);
+    KC(kcuda_layernorm_backward, CTX(k), dx, dw, db, dout, x, w, mean, rstd, rows, C, DT(k), k->stream);
 }
 
 static int rmsnorm_forward(kern *k, void *out, float *rstd, const void *x, const void *w, int rows, int C,
                            float eps)
 {
-    KC(kcuda_rmsnorm_forward, out, rstd, x, w, rows, C, eps, F32, k->stream);
+    KC(kcuda_rmsnorm_forward, out, rstd, x, w, rows, C, eps, DT(k), k->stream);
 }
 
 static int rmsnorm_backward(kern *k, void *dx, void *dw, const void *dout, const void *x, const void *w,
                             const float *rstd, int rows, int C)
 {
-    KC(kcuda_rmsnorm_backward, CTX(k), dx, dw, dout, x, w, rstd, rows, C, F32, k->stream);
+    KC(kcuda_rmsnorm_backward, CTX(k), dx, dw, dout, x, w, rstd, rows, C, DT(k), k->stream);
 }
 
 static int attention_forward(kern *k, void *out, float *lse, const void *q, const void *kk, const void *v, int B,
                              int T, int H, int KV, int d, int causal)
 {
-    KC(kcuda_attention_forward, out, lse, q, kk, v, B, T, H, KV, d, causal, F32, k->stream);
+    KC(kcuda_attention_forward, out, lse, q, kk, v, B, T, H, KV, d, causal, DT(k), k->stream);
 }
 
 static int attention_backward(kern *k, void *dq, void *dk, void *dv, const void *dout, const void *out,
                               const float *lse, const void *q, const void *kk, const void *v, int B, int T, int H,
                               int KV, int d, int causal)
 {
-    KC(kcuda_attention_backward, CTX(k), dq, dk, dv, dout, out, lse, q, kk, v, B, T, H, KV, d, causal, F32,
+    KC(kcuda_attention_backward, CTX(k), dq, dk, dv, dout, out, lse, q, kk, v, B, T, H, KV, d, causal, DT(k),
        k->stream);
 }
 
 static int attention_qkv_forward(kern *k, void *out, float *lse, const void *qkv, int B, int T, int H, int KV,
                                  int d, int causal)
 {
-    KC(kcuda_attention_qkv_forward, out, lse, qkv, B, T, H, KV, d, causal, F32, k->stream);
+    KC(kcuda_attention_qkv_forward, out, lse, qkv, B, T, H, KV, d, causal, DT(k), k->stream);
 }
 
 static int attention_qkv_backward(kern *k, void *dqkv, const void *dout, const void *out, const float *lse,
                                   const void *qkv, int B, int T, int H, int KV, int d, int causal)
 {
-    KC(kcuda_attention_qkv_backward, CTX(k), dqkv, dout, out, lse, qkv, B, T, H, KV, d, causal, F32, k->stream);
+    KC(kcuda_attention_qkv_backward, CTX(k), dqkv, dout, out, lse, qkv, B, T, H, KV, d, causal, DT(k), k->stream);
 }
 
 static int rope_forward(kern *k, void *out, const void *x, int B, int T, int H, int d, float theta)
 {
-    KC(kcuda_rope_forward, out, x, B, T, H, d, theta, 0, F32, k->stream);
+    KC(kcuda_rope_forward, out, x, B, T, H, d, theta, 0, DT(k), k->stream);
 }
 
 static int rope_backward(kern *k, void *dx, const void *dout, int B, int T, int H, int d, float theta)
 {
-    KC(kcuda_rope_backward, dx, dout, B, T, H, d, theta, 0, F32, k->stream);
+    KC(kcuda_rope_backward, dx, dout, B, T, H, d, theta, 0, DT(k), k->stream);
 }
 
 static int gelu_forward(kern *k, void *out, const void *x, size_t n)
 {
-    KC(kcuda_gelu_forward, out, x, n, F32, k->stream);
+    KC(kcuda_gelu_forward, out, x, n, DT(k), k->stream);
 }
 
 static int gelu_backward(kern *k, void *dx, const void *x, const void *dout, size_t n)
 {
-    KC(kcuda_gelu_backward, dx, x, dout, n, F32, k->stream);
+    KC(kcuda_gelu_backward, dx, x, dout, n, DT(k), k->stream);
 }
 
 static int silu_forward(kern *k, void *out, const void *x, size_t n)
 {
-    KC(kcuda_silu_forward, out, x, n, F32, k->stream);
+    KC(kcuda_silu_forward, out, x, n, DT(k), k->stream);
 }
 
 static int silu_backward(kern *k, void *dx, const void *x, const void *dout, size_t n)
 {
-    KC(kcuda_silu_backward, dx, x, dout, n, F32, k->stream);
+    KC(kcuda_silu_backward, dx, x, dout, n, DT(k), k->stream);
 }
 
 static int swiglu_forward(kern *k, void *out, const void *gate, const void *up, size_t n)
 {
-    KC(kcuda_swiglu_forward, out, gate, up, n, F32, k->stream);
+    KC(kcuda_swiglu_forward, out, gate, up, n, DT(k), k->stream);
 }
 
 static int swiglu_backward(kern *k, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
                            size_t n)
 {
-    KC(kcuda_swiglu_backward, dgate, dup, dout, gate, up, n, F32, k->stream);
+    KC(kcuda_swiglu_backward, dgate, dup, dout, gate, up, n, DT(k), k->stream);
 }
 
 /* The mean loss comes back to the host: the stream is waited for. */
@@ -227,7 +228,7 @@ static int crossentropy_forward(kern *k, float *mean, float *losses, float *rowm
 {
     cuda_kern *c = k->impl;
     if (check(k, "kcuda_crossentropy_forward", kcuda_crossentropy_forward(losses, rowmax, lse, c->dmean, logits,
-                                                                          targets, N, V, Vp, F32, k->stream)))
+                                                                          targets, N, V, Vp, DT(k), k->stream)))
         return -1;
     if (from_dev(k, "the mean loss", dev_copy(k->d, mean, c->dmean, sizeof *mean, DEV_DEVICE_TO_HOST,
                                               (dev_stream *)k->stream)))
@@ -239,7 +240,7 @@ static int crossentropy_shard_backward(kern *k, void *dlogits, const void *logit
                                        const float *rowmax, const float *lse, float dloss, int N, int col0, int W,
                                        int V)
 {
-    KC(kcuda_crossentropy_shard_backward, dlogits, logits, targets, rowmax, lse, dloss, N, col0, W, V, F32,
+    KC(kcuda_crossentropy_shard_backward, dlogits, logits, targets, rowmax, lse, dloss, N, col0, W, V, DT(k),
        k->stream);
 }
 
@@ -260,7 +261,7 @@ static int sum_squares(kern *k, double *ss, void *const *bufs, const size_t *n, 
     }
     if (from_dev(k, "sums of squares", dev_memset(k->d, c->dss, 0, (size_t)nbufs * sizeof(double), s))) return -1;
     for (int b = 0; b < nbufs; b++)
-        if (check(k, "kcuda_sum_squares", kcuda_sum_squares(c->ctx, c->dss + b, bufs[b], n[b], F32, k->stream)))
+        if (check(k, "kcuda_sum_squares", kcuda_sum_squares(c->ctx, c->dss + b, bufs[b], n[b], DT(k), k->stream)))
             return -1;
     if (from_dev(k, "sums of squares", dev_copy(k->d, ss, c->dss, (size_t)nbufs * sizeof(double),
                                                 DEV_DEVICE_TO_HOST, s)))
@@ -270,18 +271,19 @@ static int sum_squares(kern *k, double *ss, void *const *bufs, const size_t *n, 
 
 static int scale(kern *k, void *buf, size_t n, double s)
 {
-    KC(kcuda_scale, buf, n, s, F32, k->stream);
+    KC(kcuda_scale, buf, n, s, DT(k), k->stream);
 }
 
-static int adamw_step(kern *k, float *params, const void *grads, float *m, float *v, size_t n, float lr,
-                      float beta1, float beta2, float eps, float weight_decay, int t)
+static int adamw_step(kern *k, float *params, void *params_lp, const void *grads, float *m, float *v, size_t n,
+                      float lr, float beta1, float beta2, float eps, float weight_decay, int t)
 {
-    KC(kcuda_adamw_step, params, NULL, grads, F32, m, v, n, lr, beta1, beta2, eps, weight_decay, t, k->stream);
+    KC(kcuda_adamw_step, params, params_lp, grads, DT(k), m, v, n, lr, beta1, beta2, eps, weight_decay, t,
+       k->stream);
 }
 
 static int add_into(kern *k, void *y, const void *x, size_t n)
 {
-    KC(kcuda_add_forward, y, y, x, n, F32, k->stream);
+    KC(kcuda_add_forward, y, y, x, n, DT(k), k->stream);
 }
 
 const kern_vtbl kern_cuda_vtbl = {

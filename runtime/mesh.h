@@ -440,7 +440,7 @@ typedef enum mesh_device_kind {
  *   - MESH_DEVICE_CPU: the CPU.
  *   - MESH_DEVICE_CUDA: GPU 0, "the GPU was asked for: running on NAME";
  *     a context of a plan the GPU executor does not run yet (several
- *     ranks, bf16/fp16, moe) is refused with MESH_ERR_UNSUPPORTED. With
+ *     ranks, fp16, moe) is refused with MESH_ERR_UNSUPPORTED. With
  *     no usable GPU MESH_ERR_UNSUPPORTED, with the message "--device
  *     cuda: no GPU (REASON)" (REASON: "no CUDA driver (...)", "this
  *     libmesh was built without CUDA (make CUDA=1)", ...).

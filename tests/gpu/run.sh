@@ -17,9 +17,11 @@
 #  4. the NCCL (and other CUDA) unit tests of tests/unit/test_list.h.
 #  5. train_equiv: the CUDA executor trains gpt-tiny and a small Llama
 #             (meshrun --device cuda) 20 steps; each step's loss must be
-#             the CPU executor's within 1e-4 relative (fp32 both).
-#  6. train_gpt2: GPT-2 124M (examples/gpt2.mesh on one GPU, fp32, B=16,
-#             T=1024) through meshrun --device cuda: tokens/s and MFU.
+#             the CPU executor's within 1e-4 relative in fp32, 2e-2 in bf16
+#             (gpt-tiny; the CPU rounds fp32 words where the GPU stores bf16).
+#  6. train_gpt2: GPT-2 124M (examples/gpt2.mesh on one GPU, bf16, T=1024,
+#             B=16 and 32; fp32 B=16) through meshrun --device cuda:
+#             tokens/s and MFU.
 #  7. gpu_bench: GEMM, attention and memory-bound throughput.
 #  8. PyTorch GPT-2 124M training throughput, where `import torch` works.
 #
@@ -275,10 +277,12 @@ step_train_equiv() {
         --set train.schedule=1f1b --set train.virtual_stages=1 --set train.global_batch=8 --set train.seq_len=64
         --set train.precision=fp32 --set train.zero=0 --set 'train.lr_schedule=cosine(warmup: 5, min_lr: 1e-4)'
         --set 'train.optimizer=adamw(lr: 3e-3)' --set train.steps=20 --set train.log_every=1)
-    for m in gpt-tiny llama; do
+    for m in gpt-tiny gpt-tiny-bf16 llama; do
         local -a sets=("${tiny[@]}")
+        local src=examples/$m.mesh tol=1e-4
         [ "$m" = llama ] && sets=("${llama[@]}")
-        if ! "$BUILD/meshc" -o "$d/$m.plan" "examples/$m.mesh" "${sets[@]}" >"$d/$m.meshc" 2>&1; then
+        [ "$m" = gpt-tiny-bf16 ] && sets+=(--set train.precision=bf16) && src=examples/gpt-tiny.mesh && tol=2e-2
+        if ! "$BUILD/meshc" -o "$d/$m.plan" "$src" "${sets[@]}" >"$d/$m.meshc" 2>&1; then
             cat "$d/$m.meshc"
             bad=1
             detail+="$m: meshc failed; "
@@ -296,45 +300,58 @@ step_train_equiv() {
             NF == 2 { n++; r = ($1 - $2) / ($1 < 0 ? -$1 : $1); if (r < 0) r = -r; if (r > w) w = r }
             END { printf "%d %.2e\n", n, w }')
         local steps=${cmp% *} w=${cmp#* }
-        echo "train_equiv: $m: $steps steps compared, largest relative difference $w"
-        if [ "$steps" != 20 ] || ! awk -v w="$w" 'BEGIN { exit !(w <= 1e-4) }'; then bad=1; fi
-        detail+="$m: $steps steps, worst $w; "
+        echo "train_equiv: $m: $steps steps compared, largest relative difference $w (allowed $tol)"
+        if [ "$steps" != 20 ] || ! awk -v w="$w" -v t="$tol" 'BEGIN { exit !(w <= t) }'; then bad=1; fi
+        detail+="$m: $steps steps, worst $w of $tol; "
     done
-    if [ $bad = 0 ]; then result train_equiv PASS "${detail%; } (1e-4 allowed)"; else result train_equiv FAIL "${detail%; }"; fi
+    if [ $bad = 0 ]; then result train_equiv PASS "${detail%; }"; else result train_equiv FAIL "${detail%; }"; fi
+}
+
+# One GPT-2 124M run (examples/gpt2.mesh on one rank, T=1024, 30 steps)
+# through meshrun --device: its last logged tokens/s, or "" if it failed.
+gpt2_run() {
+    local d=$1 prec=$2 batch=$3 t=$4 name=gpt2-$2-$3
+    "$BUILD/meshc" -o "$d/$name.plan" examples/gpt2.mesh --set mesh.dp=1 --set mesh.tp=1 --set mesh.pp=1 \
+        --set train.precision="$prec" --set train.zero=0 --set train.micro_batch="$batch" \
+        --set train.global_batch="$batch" --set train.steps=30 --set 'train.lr_schedule=cosine(warmup: 5, min_lr: 6e-5)' \
+        --set train.log_every=10 --set train.eval_every=0 >"$d/$name.meshc" 2>&1 || { cat "$d/$name.meshc"; return 1; }
+    rm -f "$d/$name.json"
+    timeout "$t" "$BUILD/meshrun" "$d/$name.plan" --device "$TRAIN_DEV" --data "$d/dd.bin" --val "$d/dd.bin" \
+        --checkpoint "$d/ck-$name" --metrics "$d/$name.json" >"$d/$name.out" 2>&1
+    local rc=$?
+    echo "== $name (exit $rc)" >&2
+    cat "$d/$name.out" >&2
+    rm -rf "$d/ck-$name"
+    [ "$rc" -eq 0 ] && sed -n 's/.*"tokens_per_s": \([0-9.]*\)}.*/\1/p' "$d/$name.json" 2>/dev/null | tail -n 1
 }
 
 step_train_gpt2() {
-    local d=$OUT/train t l
+    local d=$OUT/train l tps best="" detail="" json="" cfg
     l=$(left)
     if [ "$l" -lt 120 ]; then
         result train_gpt2 SKIP "only $l s of the budget left"
         return 0
     fi
-    t=$(( l > 300 ? 150 : l / 2 ))
+    mkdir -p "$d"
     [ -s "$d/dd.bin" ] || "$BUILD/meshrun" tokenize examples/data/devils-dictionary.txt -o "$d/dd.bin" >/dev/null 2>&1
-    "$BUILD/meshc" -o "$d/gpt2.plan" examples/gpt2.mesh --set mesh.dp=1 --set mesh.tp=1 --set mesh.pp=1 \
-        --set train.precision=fp32 --set train.zero=0 --set train.micro_batch=16 --set train.global_batch=16 \
-        --set train.steps=30 --set 'train.lr_schedule=cosine(warmup: 5, min_lr: 6e-5)' --set train.log_every=10 \
-        --set train.eval_every=0 >"$d/gpt2.meshc" 2>&1 || { cat "$d/gpt2.meshc"; result train_gpt2 FAIL "meshc failed"; return 0; }
-    rm -f "$d/gpt2.json"
-    timeout "$t" "$BUILD/meshrun" "$d/gpt2.plan" --device "$TRAIN_DEV" --data "$d/dd.bin" --val "$d/dd.bin" \
-        --checkpoint "$d/ck-gpt2" --metrics "$d/gpt2.json" >"$d/gpt2.out" 2>&1
-    local rc=$?
-    cat "$d/gpt2.out"
-    local tps
-    tps=$(sed -n 's/.*"tokens_per_s": \([0-9.]*\)}.*/\1/p' "$d/gpt2.json" 2>/dev/null | tail -n 1)
-    if [ "$rc" -ne 0 ] || [ -z "$tps" ]; then
-        result train_gpt2 FAIL "meshrun --device cuda exit $rc$([ "$rc" -eq 124 ] && echo ' (timed out)')"
-        return 0
-    fi
-    # MFU with PaLM's count per token, 6 N + 12 L T d (N = 124,475,904 without
-    # the position table's share, L = 12, T = 1024, d = 768), over the H200's
-    # dense bf16 peak (989 TFLOP/s; this run computes fp32 without TF32)
-    local mfu
-    mfu=$(awk -v t="$tps" 'BEGIN { f = 6 * 124475904 + 12 * 12 * 1024 * 768; printf "%.1f", 100 * t * f / 989e12 }')
-    result train_gpt2 PASS "fp32, B=16 T=1024: $(printf '%.0f' "$tps") tokens/s, MFU ${mfu}% of the bf16 peak"
-    printf '{"tokens_per_s": %s, "mfu_percent_bf16_peak": %s, "precision": "fp32", "batch": 16, "seq": 1024}\n' \
-        "$tps" "$mfu" >"$OUT/gpt2.json"
+    # MFU with PaLM's count per token, 6 N + 12 L T d (N = 124,475,904, L =
+    # 12, T = 1024, d = 768), over the H200's dense bf16 peak, 989 TFLOP/s
+    for cfg in "bf16 16" "bf16 32" "fp32 16"; do
+        l=$(left)
+        [ "$l" -lt 90 ] && { detail+="${cfg/ /, B=}: skipped (budget); "; continue; }
+        tps=$(gpt2_run "$d" ${cfg% *} ${cfg#* } $(( l > 300 ? 120 : l / 3 )))
+        if [ -z "$tps" ]; then
+            detail+="${cfg/ /, B=}: failed; "
+            continue
+        fi
+        local mfu
+        mfu=$(awk -v t="$tps" 'BEGIN { f = 6 * 124475904 + 12 * 12 * 1024 * 768; printf "%.1f", 100 * t * f / 989e12 }')
+        detail+="${cfg/ /, B=}: $(printf '%.0f' "$tps") tokens/s, MFU $mfu%; "
+        json+="${json:+,}{\"precision\": \"${cfg% *}\", \"batch\": ${cfg#* }, \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu}"
+        [ -z "$best" ] && best=$tps
+    done
+    printf '{"seq": 1024, "runs": [%s]}\n' "$json" >"$OUT/gpt2.json"
+    if [ -n "$json" ]; then result train_gpt2 PASS "${detail%; }"; else result train_gpt2 FAIL "${detail%; }"; fi
 }
 
 step_torch() {

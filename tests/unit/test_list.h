@@ -92,6 +92,7 @@ TEST(memplan_saved_activations_by_hand)
 TEST(memplan_recompute_keeps_layer_inputs)
 TEST(memplan_slots_follow_the_schedule)
 TEST(memplan_zero3_gathers_two_layers)
+TEST(memplan_bf16_aligns_to_16_bytes)
 
 /* kernels/cpu: each area keeps its own list */
 #include "test_list_kcpu_dense.h"
