@@ -163,6 +163,9 @@ mesh_status mesh_context_create_with(const mesh_plan *mp, int rank, mesh_alloc_f
 }
 
 static int deterministic; /* mesh_set_deterministic */
+static unsigned extra_flags; /* mesh__set_exec_flags */
+
+void mesh__set_exec_flags(unsigned flags) { extra_flags = flags; }
 
 mesh_status mesh_set_deterministic(int on)
 {
@@ -184,7 +187,8 @@ mesh_status mesh__context_create(const mesh_plan *mp, int rank, comm *world, mes
     ctx->plan = mp;
     ctx->rank = rank;
     mesh_device_info(&ctx->device, NULL);
-    unsigned flags = (deterministic ? MESH__EXEC_DETERMINISTIC : 0) | (ctx->device == MESH_DEVICE_CUDA ? MESH__EXEC_CUDA : 0);
+    unsigned flags = (deterministic ? MESH__EXEC_DETERMINISTIC : 0) | (ctx->device == MESH_DEVICE_CUDA ? MESH__EXEC_CUDA : 0) |
+                     extra_flags;
     if (ctx->device == MESH_DEVICE_CUDA && mesh__exec_gpu_supported(&mp->p, err, sizeof err) != 0) {
         char why[600];
         snprintf(why, sizeof why, "the GPU executor does not train this plan yet: %s (train it on the CPU: "

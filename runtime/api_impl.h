@@ -25,6 +25,11 @@ struct mesh_context {
                                 kernels are on the GPU with MESH_DEVICE_CUDA */
 };
 
+/* Test hook: executor flags (MESH__EXEC_*) every context created from now
+ * on gets, besides the process's settings (MESH__EXEC_GUARD for tests of
+ * several ranks). */
+void mesh__set_exec_flags(unsigned flags);
+
 /* Rank `rank`'s context over world (NULL for a plan of one rank); on
  * failure the world is aborted. */
 mesh_status mesh__context_create(const mesh_plan *mp, int rank, comm *world, mesh_alloc_fn alloc, void *ud,

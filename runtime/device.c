@@ -22,6 +22,25 @@ mesh_status dev_fail(dev *d, mesh_status st, const char *fmt, ...)
     return st;
 }
 
+static mesh_status open_with(const dev_vtbl *v, int index, dev **out, char *err, size_t n)
+{
+    dev *d = calloc(1, sizeof *d);
+    if (!d) {
+        snprintf(err, n, "out of memory");
+        return MESH_ERR_NOMEM;
+    }
+    d->v = v;
+    d->index = index;
+    mesh_status st = v->open(d);
+    if (st != MESH_OK) {
+        snprintf(err, n, "%s", d->error);
+        free(d);
+        return st;
+    }
+    *out = d;
+    return MESH_OK;
+}
+
 mesh_status dev_open(mesh_device_kind kind, int index, dev **out, char *err, size_t n)
 {
     char none[1];
@@ -38,21 +57,17 @@ mesh_status dev_open(mesh_device_kind kind, int index, dev **out, char *err, siz
         snprintf(err, n, "%s: no device %d", v->name, index);
         return MESH_ERR_INVALID_ARG;
     }
-    dev *d = calloc(1, sizeof *d);
-    if (!d) {
-        snprintf(err, n, "out of memory");
-        return MESH_ERR_NOMEM;
-    }
-    d->v = v;
-    d->index = index;
-    mesh_status st = v->open(d);
-    if (st != MESH_OK) {
-        snprintf(err, n, "%s", d->error);
-        free(d);
-        return st;
-    }
-    *out = d;
-    return MESH_OK;
+    return open_with(v, index, out, err, n);
+}
+
+mesh_status dev_open_guarded(dev **out, char *err, size_t n)
+{
+    char none[1];
+    if (!err || n == 0) err = none, n = sizeof none;
+    err[0] = '\0';
+    if (!out) return MESH_ERR_INVALID_ARG;
+    *out = NULL;
+    return open_with(&dev_cpu_guarded_vtbl, 0, out, err, n);
 }
 
 void dev_close(dev *d)

@@ -89,12 +89,14 @@ struct dev {
     int index;       /* the CUDA device number; 0 on the CPU */
     size_t planned;  /* bytes the plan predicts per rank (dev_set_planned; 0: unknown) */
     int fail_alloc;  /* test hook (cpu): every alloc fails as if the memory were full */
+    void *impl;      /* the backend's own state (the guarded CPU device's buffers) */
     char name[128];  /* "cpu", "cuda:0 (NVIDIA H200)": messages start with it */
     char error[512]; /* why the last call failed */
 };
 
 extern const dev_vtbl dev_cpu_vtbl;
 extern const dev_vtbl dev_cuda_vtbl; /* with CUDA=0, open says libmesh was built without it */
+extern const dev_vtbl dev_cpu_guarded_vtbl; /* tests: device_guard.c */
 
 /* ---- opening and the calls (device.c) ----------------------------------- */
 
@@ -104,6 +106,14 @@ extern const dev_vtbl dev_cuda_vtbl; /* with CUDA=0, open says libmesh was built
  * CUDA (make CUDA=1)". */
 mesh_status dev_open(mesh_device_kind kind, int index, dev **out, char *err, size_t n);
 void dev_close(dev *d); /* NULL does nothing */
+
+/* The guarded CPU device (device_guard.c, for tests): host memory the host
+ * cannot touch but through the device's copies and memsets, or inside
+ * dev_guard(d, 1) .. dev_guard(d, 0) (a kernel's run; calls nest). Its
+ * name is "cpu": kernels run with the CPU's table. dev_guard does nothing
+ * on any other device. */
+mesh_status dev_open_guarded(dev **out, char *err, size_t n);
+void dev_guard(dev *d, int open);
 
 const char *dev_last_error(const dev *d);
 

@@ -200,7 +200,7 @@ static int layout(mesh__exec *ex, unsigned flags, char *err, size_t errn)
     /* a slot: the part before the stack (a later stage: what it receives), its layers, the part after */
     exec__set_chunk(ex, ex->stage); /* the stage's first chunk */
     if ((uint64_t)ms->total > SIZE_MAX - EX_HEADER) return -1;
-    if (ex->gpu) { /* device memory, zeroed; a full device says how full, with the plan's bytes */
+    if (!ex->host_arena) { /* device memory, zeroed; a full device says how full, with the plan's bytes */
         void *a = NULL;
         dev_set_planned(ex->dev, (size_t)ms->total);
         if (dev_alloc(ex->dev, &a, (size_t)ms->total) != MESH_OK) {
@@ -219,6 +219,17 @@ static const char *gpu_refusal(const plan *p)
 {
     if (p->setup.world > 1) return "a plan of more than one rank (NCCL between GPUs is not in the executor yet)";
     if (p->setup.precision == 2) return "fp16 (the CUDA kernels store fp32 or bf16)";
+    for (int id = 0; id < p->n_tensors; id++)
+        if (p->tensors[id].op == G_MOE) return "moe layers";
+    return NULL;
+}
+
+/* What the guarded test device cannot run: the host code of moe's routing
+ * and of the vocabulary-parallel cross-entropy (tp > 1) works on arena
+ * memory. NULL if it runs the plan. */
+static const char *guard_refusal(const plan *p)
+{
+    if (p->setup.tp > 1) return "tp > 1 (the vocabulary-parallel cross-entropy's exchange is host code)";
     for (int id = 0; id < p->n_tensors; id++)
         if (p->tensors[id].op == G_MOE) return "moe layers";
     return NULL;
@@ -289,6 +300,7 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
     char why[160];
     const char *no = refusal(p, why, sizeof why);
     if (!no && (flags & MESH__EXEC_CUDA)) no = gpu_refusal(p);
+    if (!no && (flags & MESH__EXEC_GUARD)) no = guard_refusal(p);
     if (!no && p->setup.world > 1 && (!world || world->size != p->setup.world))
         no = "a plan of more than one rank runs on a communicator of its world's size";
     if (!no && (rank < 0 || rank >= p->setup.world)) no = "the rank is not in the plan's world";
@@ -307,10 +319,12 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
     ex->data_ranks = (int)(p->setup.dp * p->setup.ep);
     /* the device and its kernels */
     ex->gpu = (flags & MESH__EXEC_CUDA) != 0;
+    ex->host_arena = !ex->gpu && !(flags & MESH__EXEC_GUARD);
     ex->esize = ex->gpu && p->setup.precision == 1 ? 2 : 4;
     char derr[400];
-    if (dev_open(ex->gpu ? MESH_DEVICE_CUDA : MESH_DEVICE_CPU, 0, &ex->dev, derr, sizeof derr) != MESH_OK ||
-        kern_open(&ex->kern, ex->dev, ex->esize == 2, derr, sizeof derr) != 0) {
+    mesh_status dst = flags & MESH__EXEC_GUARD ? dev_open_guarded(&ex->dev, derr, sizeof derr)
+                    : dev_open(ex->gpu ? MESH_DEVICE_CUDA : MESH_DEVICE_CPU, 0, &ex->dev, derr, sizeof derr);
+    if (dst != MESH_OK || kern_open(&ex->kern, ex->dev, ex->esize == 2, derr, sizeof derr) != 0) {
         set_err(err, errn, "rank %d: %s", rank, derr);
         goto fail;
     }
@@ -465,7 +479,7 @@ const float *mesh__exec_logits(mesh__exec *ex, int *vocab_padded)
     int id = ex->p->tensors[ex->p->loss].in[0];
     *vocab_padded = (int)exec__last_dim(&ex->p->tensors[id]);
     const float *lg = exec__val_in(ex, id, -1, 0);
-    if (!ex->gpu) return lg;
+    if (ex->host_arena) return lg;
     size_t n = ex->numel[id];
     if (!ex->logits_host) ex->logits_host = malloc(n * sizeof *ex->logits_host);
     if (!ex->logits_host || exec__floats_to_host(ex, ex->logits_host, lg, n) != 0) return NULL;
@@ -482,7 +496,7 @@ void mesh__exec_free(mesh__exec *ex)
     }
     if (ex->data != ex->axis[0]) comm_free(ex->data);
     for (int a = 0; a < 4; a++) comm_free(ex->axis[a]);
-    if (ex->gpu) dev_free(ex->dev, ex->arena);
+    if (!ex->host_arena) dev_free(ex->dev, ex->arena);
     else ex_free(ex, ex->arena);
     kern_close(&ex->kern);
     dev_close(ex->dev);

@@ -54,8 +54,12 @@ void mesh__exec_free(mesh__exec *ex);
  * the data-parallel ranks' gradients and losses one rank after another in
  * the one-rank order (mesh_set_deterministic). MESH__EXEC_CUDA trains on
  * GPU 0 (the arena in its memory, the CUDA kernels: kern.h); the plans it
- * runs so far are those of mesh__exec_gpu_supported. */
-enum { MESH__EXEC_NO_REUSE = 1u, MESH__EXEC_DETERMINISTIC = 2u, MESH__EXEC_CUDA = 4u };
+ * runs so far are those of mesh__exec_gpu_supported. MESH__EXEC_GUARD
+ * (tests) trains on the CPU with the arena on the guarded device
+ * (device.h): host code that touches it but through a copy, a kernel or a
+ * collective faults, so the CPU checks the discipline a GPU needs; any
+ * mesh without tp and moe (whose exchanges are host code yet). */
+enum { MESH__EXEC_NO_REUSE = 1u, MESH__EXEC_DETERMINISTIC = 2u, MESH__EXEC_CUDA = 4u, MESH__EXEC_GUARD = 8u };
 mesh__exec *mesh__exec_create_flags(const plan *p, mesh_alloc_fn alloc, void *ud, unsigned flags, char *err,
                                     size_t n);
 

@@ -37,6 +37,8 @@ struct mesh__exec {
     dev *dev;
     kern kern;
     int gpu;             /* dev is a GPU */
+    int host_arena;      /* the arena is plain host memory (the CPU; not a GPU, nor the guarded
+                            test device, MESH__EXEC_GUARD) */
     int esize;           /* bytes of a float element in the arena: 4, or 2 (bf16 on a GPU; the CPU
                             keeps bf16 and fp16 values in fp32 words) */
     int dev_failed;      /* a device call failed: ex->error says which; the step fails */
@@ -155,6 +157,21 @@ float *exec__at(const mesh__exec *ex, float *p, size_t k);
 /* A kernel call that failed (kern's message, with the rank and what it
  * ran for): recorded as a device failure; returns -1. */
 int exec__kern_failed(mesh__exec *ex, const char *what);
+
+/* Kernel fn of the rank's table on its arguments: its return code. The
+ * guarded test device opens its memory around it (dev_guard). */
+#define EXEC_KERN(ex, fn, ...) \
+    (dev_guard((ex)->dev, 1), exec__kern_done((ex), (ex)->kern.v->fn(&(ex)->kern, __VA_ARGS__)))
+int exec__kern_done(mesh__exec *ex, int rc); /* closes the guard; returns rc */
+
+/* A collective or transfer (call) on arena memory: as a GPU's NCCL, it is
+ * device work, bracketed like a kernel. */
+#define EXEC_COMM(ex, call) (dev_guard((ex)->dev, 1), exec__kern_done((ex), (call)))
+
+/* bytes from src to dst, both in the arena (a device-to-device copy); dmove
+ * allows them to overlap (dst below src, as a slice moved to the front). */
+int exec__dcopy(mesh__exec *ex, void *dst, const void *src, size_t bytes);
+int exec__dmove(mesh__exec *ex, void *dst, const void *src, size_t bytes);
 
 /* Mixed precision: x[n] rounded to the plan's precision (fp32: nothing). */
 void exec__round(const mesh__exec *ex, float *x, size_t n);

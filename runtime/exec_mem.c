@@ -29,6 +29,21 @@ int exec__to_dev(mesh__exec *ex, void *dst, const void *src, size_t bytes)
     return dev_failed(ex, "a copy to the device", dev_copy(ex->dev, dst, src, bytes, DEV_HOST_TO_DEVICE, NULL));
 }
 
+int exec__dcopy(mesh__exec *ex, void *dst, const void *src, size_t bytes)
+{
+    return dev_failed(ex, "a copy on the device", dev_copy(ex->dev, dst, src, bytes, DEV_DEVICE_TO_DEVICE, NULL));
+}
+
+int exec__dmove(mesh__exec *ex, void *dst, const void *src, size_t bytes)
+{
+    unsigned char *d = dst;
+    const unsigned char *s = src;
+    size_t step = d < s && (size_t)(s - d) < bytes ? (size_t)(s - d) : bytes; /* copies that do not overlap */
+    for (size_t k = 0; step > 0 && k < bytes; k += step)
+        if (exec__dcopy(ex, d + k, s + k, bytes - k < step ? bytes - k : step) != 0) return -1;
+    return 0;
+}
+
 int exec__to_host(mesh__exec *ex, void *dst, const void *src, size_t bytes)
 {
     if (dev_failed(ex, "a copy from the device", dev_copy(ex->dev, dst, src, bytes, DEV_DEVICE_TO_HOST, NULL)))
@@ -80,6 +95,12 @@ float *exec__at(const mesh__exec *ex, float *p, size_t k)
     return (float *)(void *)((unsigned char *)p + k * (size_t)ex->esize);
 }
 
+int exec__kern_done(mesh__exec *ex, int rc)
+{
+    dev_guard(ex->dev, 0);
+    return rc;
+}
+
 int exec__kern_failed(mesh__exec *ex, const char *what)
 {
     if (!ex->dev_failed) snprintf(ex->error, sizeof ex->error, "rank %d: %s: %.300s", ex->rank, what, ex->kern.error);
@@ -90,7 +111,10 @@ int exec__kern_failed(mesh__exec *ex, const char *what)
 void exec__round(const mesh__exec *ex, float *x, size_t n)
 {
     /* (a GPU stores bf16 itself: nothing to emulate) */
-    if (ex->prec != KCPU_FP32 && x && !ex->gpu) kcpu_round(x, n, ex->prec);
+    if (ex->prec == KCPU_FP32 || !x || ex->gpu) return;
+    dev_guard(ex->dev, 1); /* a CPU kernel of its own */
+    kcpu_round(x, n, ex->prec);
+    dev_guard(ex->dev, 0);
 }
 
 float *exec__master(const mesh__exec *ex, int id, int it)

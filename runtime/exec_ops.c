@@ -21,7 +21,7 @@
 /* A kernel on the rank's device; a failure ends the op (exec__kern_failed). */
 #define K(fn, ...)                                                                                          \
     do {                                                                                                    \
-        if (ex->kern.v->fn(&ex->kern, __VA_ARGS__) != 0) return exec__kern_failed(ex, #fn);                \
+        if (EXEC_KERN(ex, fn, __VA_ARGS__) != 0) return exec__kern_failed(ex, #fn);                        \
     } while (0)
 
 /* With expert parallelism the rows go through two exchanges over the ep
@@ -67,7 +67,7 @@ static int moe_exchange(mesh__exec *ex, const float *in, float *out, size_t per)
     comm *c = ex->axis[3];
     size_t counts[64];
     for (int q = 0; q < c->size; q++) counts[q] = per;
-    if (comm_all_to_all(c, in, counts, out, counts) == 0) return 0;
+    if (EXEC_COMM(ex, comm_all_to_all(c, in, counts, out, counts)) == 0) return 0;
     snprintf(ex->error, sizeof ex->error, "rank %d: the moe all-to-all over ep: %s", ex->rank, c->error);
     return -1;
 }

@@ -78,24 +78,26 @@ static int tp_convert(mesh__exec *ex, const plan_step *st, int it, comm *c)
     case STEP_REDUCE_SCATTER:
         if (pack) {
             for (int q = 0; q < tp; q++)
-                for (size_t o = 0; o < outer; o++)
-                    memcpy(pack + ((size_t)q * outer + o) * run, buf + (o * L + (size_t)q * Ll) * inner, run * sizeof *buf);
-            rc = comm_reduce_scatter(c, pack, buf, chunk);
+                for (size_t o = 0; rc == 0 && o < outer; o++)
+                    rc = exec__dcopy(ex, pack + ((size_t)q * outer + o) * run, buf + (o * L + (size_t)q * Ll) * inner,
+                                     run * sizeof *buf);
+            if (rc == 0) rc = EXEC_COMM(ex, comm_reduce_scatter(c, pack, buf, chunk));
             break;
         }
-        rc = comm_all_reduce(c, buf, n); /* no room to pack: the whole sum, then the rank's slice */
+        rc = EXEC_COMM(ex, comm_all_reduce(c, buf, n)); /* no room to pack: the whole sum, then the rank's slice */
         /* fallthrough */
     case STEP_SLICE:
         for (size_t o = 0; rc == 0 && o < outer; o++)
-            memmove(buf + o * run, buf + (o * L + (size_t)r * Ll) * inner, run * sizeof *buf);
+            rc = exec__dmove(ex, buf + o * run, buf + (o * L + (size_t)r * Ll) * inner, run * sizeof *buf);
         break;
     case STEP_ALL_GATHER:
         if (!pack) return comm_fail(c, "all-gather", "the communication buffer holds %lld bytes, not %zu",
                                     (long long)ex->ms->comm, n * sizeof *pack);
-        rc = comm_all_gather(c, buf, pack, chunk);
+        rc = EXEC_COMM(ex, comm_all_gather(c, buf, pack, chunk));
         for (int q = tp - 1; rc == 0 && q >= 0; q--)
-            for (size_t o = outer; o-- > 0;)
-                memcpy(buf + (o * L + (size_t)q * Ll) * inner, pack + ((size_t)q * outer + o) * run, run * sizeof *buf);
+            for (size_t o = outer; rc == 0 && o-- > 0;)
+                rc = exec__dcopy(ex, buf + (o * L + (size_t)q * Ll) * inner, pack + ((size_t)q * outer + o) * run,
+                                 run * sizeof *buf);
         break;
     default:
         return comm_fail(c, "convert", "not run yet");
@@ -132,24 +134,26 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
         what = "all-reduce";
         if (ex->p->tensors[st->node].op == G_CROSS_ENTROPY) return 0; /* the op exchanges its sums itself */
         if (nt->op == G_PARAM && st->phase == PLAN_GRAD_SYNC && ex->p->setup.zero >= 2) { /* a tied param's shards */
-            rc = comm_all_reduce(c, exec__gshard(ex, st->node, it), ex->shard[st->node]);
+            rc = EXEC_COMM(ex, comm_all_reduce(c, exec__gshard(ex, st->node, it), ex->shard[st->node]));
             break; /* the step's gradients are rounded after the sync (mesh__exec_train_step) */
         }
         /* forward: a partial sum of values; backward and the gradient sync: of gradients */
         float *x = value ? exec__vptr(ex, st->node, it) : exec__gptr(ex, st->node, it);
-        rc = comm_all_reduce(c, x, n);
+        rc = EXEC_COMM(ex, comm_all_reduce(c, x, n));
         if (rc == 0) exec__round(ex, x, n); /* a sum in fp32, stored in the plan's precision */
         break;
     case STEP_REDUCE_SCATTER: { /* ZeRO's gradient sync: this rank's shard summed, in place */
         what = "reduce-scatter";
         float *g = exec__gptr(ex, st->node, it);
-        if (n % (size_t)c->size == 0) rc = comm_reduce_scatter(c, g, g + (size_t)c->rank * part, part);
-        else rc = comm_all_reduce(c, g, n); /* uneven shards: the whole sum, of which it uses its part */
+        if (n % (size_t)c->size == 0)
+            rc = EXEC_COMM(ex, comm_reduce_scatter(c, g, exec__at(ex, g, (size_t)c->rank * part), part));
+        else /* uneven shards: the whole sum, of which it uses its part */
+            rc = EXEC_COMM(ex, comm_all_reduce(c, g, n));
         if (rc == 0 && zparam) { /* zero 2/3: the micro-batch's sum, added to the rank's shard */
             size_t lo, len;
             float *m, *v, *sh = exec__gshard(ex, st->node, it);
             exec__shard_of(ex, st->node, it, &lo, &len, &m, &v);
-            for (size_t i = 0; i < len; i++) sh[i] += g[lo + i];
+            if (EXEC_KERN(ex, add_into, sh, exec__at(ex, g, lo), len) != 0) return exec__kern_failed(ex, "ZeRO's shard");
             exec__round(ex, sh, len);
         }
         break;
@@ -159,13 +163,16 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
         float *w = exec__vptr(ex, st->node, it);
         size_t sh = ex->shard[st->node], lo = (size_t)c->rank * sh, hi = lo + sh < n ? lo + sh : n;
         /* zero 3, before use: from the rank's shard; zero 1/2, after the optimizer: in place */
-        if (zparam && hi > lo) memcpy(w + lo, exec__pshard(ex, st->node, it), (hi - lo) * sizeof *w);
-        if (n % (size_t)c->size == 0) {
-            rc = comm_all_gather(c, w + lo, w, sh);
+        rc = 0;
+        if (zparam && hi > lo) rc = exec__dcopy(ex, w + lo, exec__pshard(ex, st->node, it), (hi - lo) * sizeof *w);
+        if (rc != 0) {
+            snprintf(c->error, sizeof c->error, "%.300s", ex->error);
+        } else if (n % (size_t)c->size == 0) {
+            rc = EXEC_COMM(ex, comm_all_gather(c, w + lo, w, sh));
         } else { /* uneven: a sum of the shards over zeros is the gather, exactly */
-            memset(w, 0, lo * sizeof *w);
-            if (hi < n) memset(w + hi, 0, (n - hi) * sizeof *w);
-            rc = comm_all_reduce(c, w, n);
+            exec__fill(ex, w, 0, lo * sizeof *w);
+            if (hi < n) exec__fill(ex, w + hi, 0, (n - hi) * sizeof *w);
+            rc = EXEC_COMM(ex, comm_all_reduce(c, w, n));
         }
         break;
     }
@@ -241,10 +248,10 @@ static int pipe_transfer(mesh__exec *ex, int grad, int send)
         int exit = g->carry[k].exit, entry = g->carry[k].entry;
         size_t bytes = (size_t)exec__buf_of(ex, exit)->bytes;
         int rc;
-        if (!grad && !send) rc = comm_recv(c, ex->arena + exec__recv_at(ex, k), bytes, peer);
-        else if (!grad) rc = comm_send(c, exec__vptr(ex, exit, last_it), bytes, peer);
-        else if (!send) rc = comm_recv(c, exec__gptr(ex, exit, last_it), bytes, peer);
-        else rc = comm_send(c, exec__gptr(ex, entry, 0), bytes, peer);
+        if (!grad && !send) rc = EXEC_COMM(ex, comm_recv(c, ex->arena + exec__recv_at(ex, k), bytes, peer));
+        else if (!grad) rc = EXEC_COMM(ex, comm_send(c, exec__vptr(ex, exit, last_it), bytes, peer));
+        else if (!send) rc = EXEC_COMM(ex, comm_recv(c, exec__gptr(ex, exit, last_it), bytes, peer));
+        else rc = EXEC_COMM(ex, comm_send(c, exec__gptr(ex, entry, 0), bytes, peer));
         if (rc == 0 && send && ex->counting) ex->sent_p2p += (double)bytes;
         if (rc != 0) {
             snprintf(ex->error, sizeof ex->error, "rank %d (stage %d): %s %s %s stage %d: %s", ex->rank, ex->stage,
@@ -501,10 +508,10 @@ static int chain_link(mesh__exec *ex, int end, double *loss)
         zero_param_grads(ex);
         *loss = 0;
     } else if (!end) {
-        rc = comm_recv(c, g, bytes, d - 1) | comm_recv(c, loss, sizeof *loss, d - 1);
+        rc = EXEC_COMM(ex, comm_recv(c, g, bytes, d - 1)) | comm_recv(c, loss, sizeof *loss, d - 1);
     } else {
-        if (d < last) rc = comm_send(c, g, bytes, d + 1) | comm_send(c, loss, sizeof *loss, d + 1);
-        if (rc == 0) rc = comm_broadcast(c, g, bytes, last) | comm_broadcast(c, loss, sizeof *loss, last);
+        if (d < last) rc = EXEC_COMM(ex, comm_send(c, g, bytes, d + 1)) | comm_send(c, loss, sizeof *loss, d + 1);
+        if (rc == 0) rc = EXEC_COMM(ex, comm_broadcast(c, g, bytes, last)) | comm_broadcast(c, loss, sizeof *loss, last);
     }
     if (rc != 0) snprintf(ex->error, sizeof ex->error, "rank %d: the deterministic chain: %s", ex->rank, c->error);
     return rc ? -1 : 0;
@@ -531,7 +538,7 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
     for (int b = 0; ex->prec != KCPU_FP32 && b < ex->n_gbufs; b++) exec__round(ex, ex->gbufs[b], ex->gsizes[b]);
     double S = ex->loss_scale, clip = S == 1.0 ? s->clip : 0.0, norm, scale = 1.0;
     /* each buffer's sum of squares, on its device */
-    if (ex->kern.v->sum_squares(&ex->kern, ex->gss, (void *const *)ex->gbufs, ex->gsizes, ex->n_gbufs) != 0) {
+    if (EXEC_KERN(ex, sum_squares, ex->gss, (void *const *)ex->gbufs, ex->gsizes, ex->n_gbufs) != 0) {
         exec__kern_failed(ex, "the gradient's norm");
         return -2;
     }
@@ -562,7 +569,7 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
         if (s->clip > 0 && s->clip / (norm + 1e-6) < 1.0) scale *= s->clip / (norm + 1e-6);
     }
     for (int b = 0; (scale < 1.0 || S != 1.0) && isfinite(norm) && b < ex->n_gbufs; b++)
-        if (ex->kern.v->scale(&ex->kern, ex->gbufs[b], ex->gsizes[b], scale) != 0) {
+        if (EXEC_KERN(ex, scale, ex->gbufs[b], ex->gsizes[b], scale) != 0) {
             exec__kern_failed(ex, "clipping the gradient");
             return -2;
         }
@@ -603,9 +610,8 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
             /* mixed precision: the fp32 master updated, the weights its rounding
              * (the kernel writes them: bf16 on a GPU; fp32 words on the CPU,
              * rounded here) */
-            if (ex->kern.v->adamw_step(&ex->kern, master ? master : w, master ? w : NULL, exec__gshard(ex, id, it), mo,
-                                       vo, n, (float)lr, (float)s->beta1, (float)s->beta2, (float)s->eps, wd,
-                                       (int)ex->adam_t) != 0) {
+            if (EXEC_KERN(ex, adamw_step, master ? master : w, master ? w : NULL, exec__gshard(ex, id, it), mo, vo, n,
+                          (float)lr, (float)s->beta1, (float)s->beta2, (float)s->eps, wd, (int)ex->adam_t) != 0) {
                 exec__kern_failed(ex, "AdamW");
                 return -2;
             }

@@ -6,10 +6,12 @@
  */
 #include <math.h>   /* fabs */
 #include <stdio.h>  /* fprintf */
-#include <stdlib.h> /* free */
+#include <stdlib.h> /* free, mkdtemp, system */
 #include <string.h> /* strlen */
 #include <time.h>   /* time */
 
+#include "api_impl.h"   /* defines: mesh__set_exec_flags */
+#include "checkpoint.h" /* defines: mesh__ckpt_save, mesh__ckpt_load */
 #include "exec.h"    /* defines: mesh__exec_* */
 #include "fixture.h" /* defines: fixture_tiny_gpt */
 #include "mesh.h" /* defines: mesh_compile */
@@ -249,6 +251,78 @@ TEST_IMPL(exec_memory_is_the_plan)
             free(b);
             plan_free(&p);
         }
+}
+
+/* The executor a GPU runs, checked on the CPU: with MESH__EXEC_GUARD the
+ * arena is on the guarded device, which the host cannot read or write but
+ * through the executor's copies and kernels (anything else faults, ending
+ * this test program). Training, a forward's loss and logits, the params
+ * read back and a checkpoint saved and loaded give the plain CPU
+ * executor's numbers to the bit: GPT (fp32, bf16), Llama, with full
+ * recompute and two micro-batches in flight (GPipe), and ZeRO-3's sharded
+ * layout on one rank. */
+TEST_IMPL(exec_guarded_arena_only_through_copies_and_kernels)
+{
+    static const char *const sets[][2] = {
+        {"train.seed=7", "train.precision=fp32"}, {"train.precision=bf16", "train.seed=7"},
+        {"train.recompute=full", "train.schedule=gpipe"}, {"train.zero=3", "train.seed=7"},
+    };
+    const char *srcs[] = {tiny_src, tiny_src, llama_src, tiny_src};
+    for (int v = 0; v < 4; v++) {
+        plan p;
+        compile_plan_with(&p, srcs[v], sets[v], 2);
+        char err[512], dir[] = "/tmp/mesh-guard-XXXXXX";
+        mesh__exec *plain = mesh__exec_create(&p, NULL, NULL, err, sizeof err);
+        if (!plain) unit_fail(__FILE__, __LINE__, "%s", err);
+        mesh__exec *guarded = mesh__exec_create_flags(&p, NULL, NULL, MESH__EXEC_GUARD, err, sizeof err);
+        if (!guarded) unit_fail(__FILE__, __LINE__, "%s", err);
+        int32_t in[32], tg[32];
+        for (int step = 1; step <= 6; step++) {
+            batch(in, tg, 16, step);
+            batch(in + 16, tg + 16, 16, step + 5);
+            mesh__step_stats a, b;
+            ASSERT_INT_EQ(mesh__exec_train_step(plain, step, in, tg, &a), 0);
+            ASSERT_INT_EQ(mesh__exec_train_step(guarded, step, in, tg, &b), 0);
+            if (a.loss != b.loss || a.norm != b.norm)
+                unit_fail(__FILE__, __LINE__, "settings %d, step %d: %.17g (norm %.17g) guarded, %.17g (%.17g)", v, step,
+                          b.loss, b.norm, a.loss, a.norm);
+        }
+        ASSERT_INT_EQ(mesh__exec_loss(plain, in, tg) == mesh__exec_loss(guarded, in, tg), 1);
+        int vp, vq;
+        size_t rows = mesh__exec_batch_tokens(plain);
+        const float *la = mesh__exec_logits(plain, &vp), *lb = mesh__exec_logits(guarded, &vq);
+        ASSERT_NOT_NULL(lb);
+        ASSERT_INT_EQ(vp, vq);
+        ASSERT_INT_EQ(memcmp(la, lb, rows * (size_t)vp * sizeof *la), 0);
+        /* saved from the guarded arena, loaded into a fresh guarded one: the plain run's next step */
+        if (!mkdtemp(dir)) unit_fail(__FILE__, __LINE__, "mkdtemp failed");
+        if (mesh__ckpt_save(guarded, dir, 6, NULL, err, sizeof err) != 0) unit_fail(__FILE__, __LINE__, "%s", err);
+        mesh__exec *again = mesh__exec_create_flags(&p, NULL, NULL, MESH__EXEC_GUARD, err, sizeof err);
+        long long step = 0;
+        if (!again || mesh__ckpt_load(again, dir, 1, &step, NULL, err, sizeof err) != 0)
+            unit_fail(__FILE__, __LINE__, "%s", err);
+        mesh__step_stats a, c;
+        batch(in, tg, 16, 7);
+        batch(in + 16, tg + 16, 16, 12);
+        ASSERT_INT_EQ(mesh__exec_train_step(plain, 7, in, tg, &a), 0);
+        ASSERT_INT_EQ(mesh__exec_train_step(again, 7, in, tg, &c), 0);
+        ASSERT_INT_EQ(a.loss == c.loss, 1);
+        for (int k = 0; k < 3; k++) {
+            size_t n = mesh__exec_param_numel(plain, k);
+            float *wa = malloc(2 * n * sizeof *wa);
+            ASSERT_INT_EQ(mesh__exec_param_get(plain, k, wa), 0);
+            ASSERT_INT_EQ(mesh__exec_param_get(again, k, wa + n), 0);
+            ASSERT_INT_EQ(memcmp(wa, wa + n, n * sizeof *wa), 0);
+            free(wa);
+        }
+        char cmd[64];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        if (system(cmd) != 0) unit_fail(__FILE__, __LINE__, "%s failed", cmd);
+        mesh__exec_free(plain);
+        mesh__exec_free(guarded);
+        mesh__exec_free(again);
+        plan_free(&p);
+    }
 }
 
 /* ---- several ranks ---------------------------------------------------- */
@@ -580,6 +654,42 @@ TEST_IMPL(parallel_mixed_precision_follows_one_rank)
                     precisions[q][1], worst);
             if (q < 2) ASSERT_INT_LT((long)(ref[EQ_STEPS - 1] * 100), (long)(ref[0] * 100)); /* it trains */
         }
+}
+
+/* Several ranks with their arenas on the guarded device: every collective,
+ * pipeline transfer, ZeRO shard and gather and the deterministic chain
+ * works on arena memory only as device work (as NCCL on a GPU does), so
+ * nothing faults, and the losses are the plain run's to the bit: dp 2
+ * with ZeRO 0-3, dp 3 (uneven shards), pp 2 (1F1B, GPipe), dp2 x pp2, in
+ * fp32 and bf16, and the deterministic chain. */
+TEST_IMPL(parallel_guarded_arenas_match)
+{
+    static const char *const meshes[][4] = {
+        {"mesh.dp=2", "train.zero=0", "mesh.pp=1", "train.precision=fp32"},
+        {"mesh.dp=2", "train.zero=1", "mesh.pp=1", "train.precision=bf16"},
+        {"mesh.dp=2", "train.zero=2", "mesh.pp=1", "train.precision=fp32"},
+        {"mesh.dp=3", "train.zero=3", "mesh.pp=1", "train.precision=fp32"},
+        {"mesh.dp=1", "train.zero=0", "mesh.pp=2", "train.schedule=gpipe"},
+        {"mesh.dp=2", "train.zero=1", "mesh.pp=2", "train.precision=fp32"},
+        {"mesh.dp=2", "train.zero=3", "mesh.pp=2", "train.recompute=full"},
+    };
+    for (int v = 0; v < (int)(sizeof meshes / sizeof meshes[0]) + 1; v++) {
+        int chain = v == (int)(sizeof meshes / sizeof meshes[0]); /* last: the deterministic chain on dp 2 */
+        const char *sets[6] = {"train.micro_batch=1", "train.global_batch=12", chain ? "mesh.dp=2" : meshes[v][0],
+                               chain ? "train.zero=0" : meshes[v][1], chain ? "mesh.pp=1" : meshes[v][2],
+                               chain ? "train.seed=7" : meshes[v][3]};
+        double plain[EQ_STEPS], guarded[EQ_STEPS];
+        mesh_set_deterministic(chain);
+        eq_losses(tiny_src, sets, 6, plain);
+        mesh__set_exec_flags(MESH__EXEC_GUARD);
+        eq_losses(tiny_src, sets, 6, guarded);
+        mesh__set_exec_flags(0);
+        mesh_set_deterministic(0);
+        for (int k = 0; k < EQ_STEPS; k++)
+            if (plain[k] != guarded[k])
+                unit_fail(__FILE__, __LINE__, "%s %s %s %s, step %d: %.17g guarded, %.17g plain", sets[2], sets[3],
+                          sets[4], sets[5], k + 1, guarded[k], plain[k]);
+    }
 }
 
 /* A rank that fails stops the others: mesh_run_ranks returns its status

@@ -120,11 +120,13 @@ TEST(bpe_refusals)
 TEST(exec_gradient_matches_finite_differences)
 TEST(exec_training_lowers_the_loss)
 TEST(exec_memory_is_the_plan)
+TEST(exec_guarded_arena_only_through_copies_and_kernels)
 TEST(parallel_dp_losses_equal_one_rank)
 TEST(parallel_deterministic_dp_is_bit_identical)
 TEST(parallel_tp_pp_losses_equal_one_rank)
 TEST(parallel_ep_losses_equal_one_rank)
 TEST(parallel_mixed_precision_follows_one_rank)
+TEST(parallel_guarded_arenas_match)
 TEST(parallel_failing_rank_stops_the_job)
 
 /* mixed precision on the CPU reference: test_precision.c */

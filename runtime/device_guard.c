@@ -1,0 +1,131 @@
+/* device_guard.c — the guarded CPU device (device.h), for tests: the CPU's
+ * memory made to behave like a GPU's for the host.
+ *
+ * Its buffers come from mmap and stay PROT_NONE except while one of the
+ * device's own calls (a copy, a memset) or a kernel (between dev_guard(d,
+ * 1) and dev_guard(d, 0), which the executor's kernel table brackets every
+ * kernel with) runs. Host code that reads or writes such a buffer any
+ * other way faults at once: the test that an executor moves everything
+ * between the host and its arena by explicit copies, as a GPU needs,
+ * while computing with the CPU kernels, so that the results can be
+ * compared to the bit.
+ */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
+#include "device.h"
+
+#include <errno.h>    /* errno */
+#include <stdio.h>    /* snprintf */
+#include <stdlib.h>   /* calloc, realloc, free */
+#include <string.h>   /* memcpy, memset, strerror */
+#include <sys/mman.h> /* mmap, mprotect, munmap */
+#include <unistd.h>   /* sysconf */
+
+typedef struct guard_buf {
+    void *p;
+    size_t len; /* whole pages */
+} guard_buf;
+
+typedef struct guard_state {
+    guard_buf *b;
+    int n, cap;
+    int open;   /* nesting of dev_guard(d, 1) */
+    int failed; /* an mprotect failed (d->error says why): every later copy fails */
+} guard_state;
+
+static guard_state *state(dev *d) { return d->impl; }
+
+static void protect(dev *d, guard_state *g, int prot)
+{
+    for (int i = 0; i < g->n; i++)
+        if (mprotect(g->b[i].p, g->b[i].len, prot) != 0 && !g->failed) {
+            g->failed = 1;
+            dev_fail(d, MESH_ERR_INTERNAL, "mprotect: %s", strerror(errno));
+        }
+}
+
+void dev_guard(dev *d, int open)
+{
+    guard_state *g = d && d->v == &dev_cpu_guarded_vtbl ? state(d) : NULL;
+    if (!g) return;
+    if (open && g->open++ == 0) protect(d, g, PROT_READ | PROT_WRITE);
+    if (!open && g->open > 0 && --g->open == 0) protect(d, g, PROT_NONE);
+}
+
+static mesh_status guard_open(dev *d)
+{
+    snprintf(d->name, sizeof d->name, "cpu (guarded)");
+    d->impl = calloc(1, sizeof(guard_state));
+    return d->impl ? MESH_OK : dev_fail(d, MESH_ERR_NOMEM, "out of memory");
+}
+
+static void guard_close(dev *d)
+{
+    guard_state *g = state(d);
+    for (int i = 0; g && i < g->n; i++) munmap(g->b[i].p, g->b[i].len);
+    if (g) free(g->b);
+    free(g);
+    d->impl = NULL;
+}
+
+static mesh_status guard_alloc(dev *d, void **p, size_t bytes)
+{
+    guard_state *g = state(d);
+    long page = sysconf(_SC_PAGESIZE);
+    size_t len = (bytes + (size_t)page - 1) / (size_t)page * (size_t)page;
+    if (g->n == g->cap) {
+        int cap = g->cap ? 2 * g->cap : 8;
+        guard_buf *b = realloc(g->b, (size_t)cap * sizeof *b);
+        if (!b) return MESH_ERR_NOMEM;
+        g->b = b;
+        g->cap = cap;
+    }
+    void *m = mmap(NULL, len, g->open ? PROT_READ | PROT_WRITE : PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        *p = NULL;
+        return errno == ENOMEM ? MESH_ERR_NOMEM : dev_fail(d, MESH_ERR_INTERNAL, "mmap(%zu): %s", len, strerror(errno));
+    }
+    g->b[g->n++] = (guard_buf){m, len};
+    *p = m;
+    return MESH_OK;
+}
+
+static void guard_free(dev *d, void *p)
+{
+    guard_state *g = state(d);
+    for (int i = 0; i < g->n; i++)
+        if (g->b[i].p == p) {
+            munmap(p, g->b[i].len);
+            g->b[i] = g->b[--g->n];
+            return;
+        }
+}
+
+static mesh_status guard_copy(dev *d, void *dst, const void *src, size_t bytes, dev_copy_kind kind, dev_stream *s)
+{
+    (void)kind;
+    (void)s;
+    dev_guard(d, 1);
+    memcpy(dst, src, bytes);
+    dev_guard(d, 0);
+    return state(d)->failed ? MESH_ERR_INTERNAL : MESH_OK;
+}
+
+static mesh_status guard_memset(dev *d, void *p, int byte, size_t bytes, dev_stream *s)
+{
+    (void)s;
+    dev_guard(d, 1);
+    memset(p, byte, bytes);
+    dev_guard(d, 0);
+    return state(d)->failed ? MESH_ERR_INTERNAL : MESH_OK;
+}
+
+static mesh_status guard_mem_info(dev *d, size_t *free_bytes, size_t *total_bytes)
+{
+    return dev_cpu_vtbl.mem_info(d, free_bytes, total_bytes);
+}
+
+const dev_vtbl dev_cpu_guarded_vtbl = {
+    "cpu", "mmap", guard_open, guard_close, guard_alloc, guard_free, guard_copy, guard_memset,
+    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, /* synchronous: streams and events are tokens */
+    guard_mem_info,
+};
