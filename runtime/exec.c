@@ -224,12 +224,10 @@ static const char *gpu_refusal(const plan *p)
     return NULL;
 }
 
-/* What the guarded test device cannot run: the host code of moe's routing
- * and of the vocabulary-parallel cross-entropy (tp > 1) works on arena
- * memory. NULL if it runs the plan. */
+/* What the guarded test device cannot run: moe's routing is host code on
+ * arena memory. NULL if it runs the plan. */
 static const char *guard_refusal(const plan *p)
 {
-    if (p->setup.tp > 1) return "tp > 1 (the vocabulary-parallel cross-entropy's exchange is host code)";
     for (int id = 0; id < p->n_tensors; id++)
         if (p->tensors[id].op == G_MOE) return "moe layers";
     return NULL;
@@ -515,6 +513,7 @@ void mesh__exec_free(mesh__exec *ex)
     ex_free(ex, ex->gsizes);
     ex_free(ex, ex->gsplit);
     ex_free(ex, ex->gss);
+    ex_free(ex, ex->ce_host);
     ex_free(ex, ex->shard);
     ex_free(ex, ex->opt_at);
     ex_free(ex, ex->slot_of);

@@ -43,6 +43,8 @@ struct mesh__exec {
                             keeps bf16 and fp16 values in fp32 words) */
     int dev_failed;      /* a device call failed: ex->error says which; the step fails */
     float *logits_host;  /* gpu: the logits copied back for mesh__exec_logits */
+    float *ce_host;      /* the vocabulary-parallel cross-entropy's host copies (ce_host_n floats) */
+    size_t ce_host_n;
     memplan mp;          /* the layout, in fp32 */
     const mem_stage *ms; /* this stage's sizes */
     unsigned char *arena; /* the one allocation: ms->total bytes */
@@ -255,8 +257,9 @@ int exec__step_parts(mesh__exec *ex);
  * travel as bytes). */
 int exec__sum_doubles(mesh__exec *ex, comm *c, double *x, int n);
 
-/* The same with scratch of (group size + 1) x 2 n floats. */
-int exec__sum_doubles_in(mesh__exec *ex, comm *c, double *x, int n, float *scratch);
+/* The same for host x[n] through the arena: dscratch, (group size + 1) x
+ * 2 n floats of it, and host scratch hall of group size x 2 n floats. */
+int exec__sum_doubles_dev(mesh__exec *ex, comm *c, double *x, int n, float *dscratch, float *hall);
 
 /* exec_params.c */
 void exec__param_runs(const mesh__exec *ex, int id, int rt, int re, run_fn fn, void *ctx);

@@ -109,14 +109,16 @@ static int vocab_split(const mesh__exec *ex, int id)
 /* Vocabulary-parallel cross-entropy: this rank holds columns [r W, (r + 1)
  * W) of the logits. The ranks take the rows' maximum, then add their sums
  * of exp(logit - max) and their target logits (exactly, in rank order).
- * aux: losses, rowmax, lse [N] each, as the whole-vocabulary kernel's. */
+ * aux: losses, rowmax, lse [N] each, as the whole-vocabulary kernel's. The
+ * statistics live on the device; the per-row arithmetic between the
+ * exchanges is the host's, on copies (ex->ce_host). *mean: the loss. */
 static int ce_shard_forward(mesh__exec *ex, float *out, float *aux, const float *logits, const int32_t *targets,
-                            int N, int W, int V)
+                            int N, int W, int V, float *mean)
 {
     comm *c = ex->axis[1];
+    size_t n = (size_t)N, tp = (size_t)c->size;
     float *mx = aux + N, *lse = aux + 2 * N, *tl = aux; /* the losses' place holds the target logits first */
     int col0 = ex->coord[1] * W;
-    kcpu_crossentropy_shard_max(mx, tl, logits, targets, N, col0, W, V);
     /* in the communication buffer (memplan_ce_exchange_bytes): the rows'
      * sums, then every rank's maxima, later the exact sum's scratch */
     if ((int64_t)memplan_ce_exchange_bytes(N, c->size) > ex->ms->comm) {
@@ -125,25 +127,55 @@ static int ce_shard_forward(mesh__exec *ex, float *out, float *aux, const float 
         comm_abort(c, ex->error);
         return -1;
     }
+    /* host copies: the sums to add (2 N doubles), every rank's maxima (tp N
+     * floats), the rows' maxima and log-sum-exps (2 N floats), the exact
+     * sum's gathered values (tp x 4 N floats) */
+    size_t need = tp * n + 2 * n * 2 + tp * 4 * n + 2 * n;
+    if (ex->ce_host_n < need) {
+        ex->ce_host = exec__host_calloc(ex, need, sizeof(float));
+        if (!ex->ce_host) {
+            snprintf(ex->error, sizeof ex->error, "rank %d: out of memory", ex->rank);
+            comm_abort(c, ex->error);
+            return -1;
+        }
+        ex->ce_host_n = need;
+    }
+    double *x = (double *)(void *)ex->ce_host; /* first: 8-aligned */
+    float *hall = ex->ce_host + 4 * n, *hl = hall + tp * n, *hls = hl + n, *hsum = hls + n;
     double *st = (double *)(void *)(ex->arena + ((ex->comm_at + 7) & ~(int64_t)7)); /* the arena is 8-aligned */
-    float *all = (float *)(void *)(st + 2 * (size_t)N);
-    int rc = comm_all_gather(c, mx, all, (size_t)N);
-    if (rc == 0) {
-        for (int i = 0; i < N; i++)
-            for (int q = 0; q < c->size; q++) mx[i] = all[(size_t)q * N + i] > mx[i] ? all[(size_t)q * N + i] : mx[i];
-        kcpu_crossentropy_shard_sumexp(st, logits, mx, N, col0, W, V);
-        for (int i = 0; i < N; i++) st[N + i] = tl[i];
-        rc = exec__sum_doubles_in(ex, c, st, 2 * N, all);
+    float *all = (float *)(void *)(st + 2 * n);
+    /* a device failure stops the group rather than leave it waiting in the next exchange */
+    if (EXEC_KERN(ex, crossentropy_shard_max, mx, tl, logits, targets, N, col0, W, V) != 0)
+        return exec__kern_failed(ex, "crossentropy_shard_max"), comm_abort(c, ex->error), -1;
+    int rc = EXEC_COMM(ex, comm_all_gather(c, mx, all, n));
+    if (rc == 0 && exec__to_host(ex, hall, all, tp * n * sizeof *hall) == 0) {
+        for (size_t i = 0; i < n; i++) { /* the row's maximum over every shard, as the host's copy */
+            float m = hall[i];
+            for (size_t q = 1; q < tp; q++) m = hall[q * n + i] > m ? hall[q * n + i] : m;
+            hl[i] = m;
+        }
+        if (exec__to_dev(ex, mx, hl, n * sizeof *hl) != 0) return comm_abort(c, ex->error), -1;
+        if (EXEC_KERN(ex, crossentropy_shard_sumexp, st, logits, mx, N, col0, W, V) != 0)
+            return exec__kern_failed(ex, "crossentropy_shard_sumexp"), comm_abort(c, ex->error), -1;
+        if (exec__to_host(ex, x, st, n * sizeof *x) != 0 || exec__to_host(ex, hls, tl, n * sizeof *hls) != 0)
+            return comm_abort(c, ex->error), -1;
+        for (size_t i = 0; i < n; i++) x[n + i] = hls[i];
+        rc = exec__sum_doubles_dev(ex, c, x, 2 * N, all, hsum);
+    } else if (rc == 0) {
+        return comm_abort(c, ex->error), -1;
     }
     if (rc == 0) {
         double total = 0;
-        for (int i = 0; i < N; i++) {
-            double ls = log(st[i]), loss = ls - (st[N + i] - mx[i]);
-            aux[i] = (float)loss;
-            lse[i] = (float)ls;
+        for (size_t i = 0; i < n; i++) {
+            double ls = log(x[i]), loss = ls - (x[n + i] - hl[i]);
+            hall[i] = (float)loss;
+            hls[i] = (float)ls;
             total += loss;
         }
-        out[0] = (float)(total / N);
+        *mean = (float)(total / N);
+        if (exec__to_dev(ex, aux, hall, n * sizeof *hall) != 0 || exec__to_dev(ex, lse, hls, n * sizeof *hls) != 0 ||
+            exec__floats_to_dev(ex, out, mean, 1) != 0)
+            return -1;
     } else if (!ex->error[0]) {
         snprintf(ex->error, sizeof ex->error, "rank %d: vocabulary-parallel cross-entropy: %s", ex->rank, c->error);
     }
@@ -244,7 +276,8 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
         int V = t->vocab > 0 ? (int)t->vocab : (int)exec__last_dim(a);
         float *aux = AUX;
         if (vocab_split(ex, t->in[0])) { /* vocabulary-parallel */
-            if (ce_shard_forward(ex, OUT, aux, IN(0), I32(IN(1)), N, W, V) != 0) return -1;
+            if (ce_shard_forward(ex, OUT, aux, IN(0), I32(IN(1)), N, W, V, &ce_mean) != 0) return -1;
+            ce_read = 1;
         } else {
             K(crossentropy_forward, &ce_mean, aux, aux + N, aux + 2 * N, IN(0), I32(IN(1)), N, V, W);
             if (exec__floats_to_dev(ex, OUT, &ce_mean, 1) != 0) return -1;

@@ -455,42 +455,57 @@ static int run_units(mesh__exec *ex, const int32_t *inputs, const int32_t *targe
     return 0;
 }
 
-int exec__sum_doubles_in(mesh__exec *ex, comm *c, double *x, int n, float *scratch)
+/* x[k] <- the sum over the group's ranks q, in rank order, of the double
+ * at all[(q n + k) x 2] (every rank's n doubles as 2 n floats each). */
+static void sum_gathered(double *x, int n, int size, const float *all)
+{
+    for (int k = 0; k < n; k++) {
+        double sum = 0, v;
+        for (int q = 0; q < size; q++) {
+            memcpy(&v, all + ((size_t)q * (size_t)n + (size_t)k) * 2, sizeof v);
+            sum += v;
+        }
+        x[k] = sum;
+    }
+}
+
+int exec__sum_doubles_dev(mesh__exec *ex, comm *c, double *x, int n, float *dscratch, float *hall)
 {
     if (!c) return 0;
-    float *mine = scratch, *all = scratch + (size_t)n * 2;
-    memcpy(mine, x, (size_t)n * sizeof *x);
-    int rc = comm_all_gather(c, mine, all, (size_t)n * 2);
-    if (rc == 0)
-        for (int k = 0; k < n; k++) {
-            double sum = 0, v;
-            for (int q = 0; q < c->size; q++) {
-                memcpy(&v, all + ((size_t)q * (size_t)n + (size_t)k) * 2, sizeof v);
-                sum += v;
-            }
-            x[k] = sum;
-        }
-    else
+    float *mine = dscratch, *all = dscratch + (size_t)n * 2;
+    size_t gathered = (size_t)c->size * (size_t)n * 2 * sizeof *all;
+    if (exec__to_dev(ex, mine, x, (size_t)n * sizeof *x) != 0) return comm_abort(c, ex->error), -1;
+    int rc = EXEC_COMM(ex, comm_all_gather(c, mine, all, (size_t)n * 2));
+    if (rc != 0) {
         snprintf(ex->error, sizeof ex->error, "rank %d: an all-gather of sums: %s", ex->rank, c->error);
-    return rc;
+        return rc;
+    }
+    if (exec__to_host(ex, hall, all, gathered) != 0) return -1;
+    sum_gathered(x, n, c->size, hall);
+    return 0;
 }
 
 /* The sum over the group of x[0..n-1], in rank order, exactly (doubles
- * travel as bytes): a few numbers (the loss, the norm's squares) in a
- * buffer on the stack, more in the communication buffer. */
+ * travel as bytes): a few numbers (the loss, the norm's squares), in host
+ * memory on the stack. */
 int exec__sum_doubles(mesh__exec *ex, comm *c, double *x, int n)
 {
     enum { ON_STACK = 8192 };
     float stack[ON_STACK];
     if (!c) return 0;
     size_t need = (size_t)(c->size + 1) * 2 * (size_t)n;
-    if (need <= ON_STACK) return exec__sum_doubles_in(ex, c, x, n, stack);
-    if (need * sizeof(float) <= (size_t)ex->ms->comm)
-        return exec__sum_doubles_in(ex, c, x, n, (float *)(void *)(ex->arena + ex->comm_at));
-    snprintf(ex->error, sizeof ex->error, "rank %d: an exact sum of %d numbers over %d ranks needs %zu bytes, more "
-             "than the plan's communication buffer", ex->rank, n, c->size, need * sizeof(float));
-    comm_abort(c, ex->error);
-    return -1;
+    if (need > ON_STACK) {
+        snprintf(ex->error, sizeof ex->error, "rank %d: an exact sum of %d numbers over %d ranks needs %zu bytes, "
+                 "more than its %zu", ex->rank, n, c->size, need * sizeof(float), sizeof stack);
+        comm_abort(c, ex->error);
+        return -1;
+    }
+    float *mine = stack, *all = stack + (size_t)n * 2;
+    memcpy(mine, x, (size_t)n * sizeof *x);
+    int rc = comm_all_gather(c, mine, all, (size_t)n * 2);
+    if (rc == 0) sum_gathered(x, n, c->size, all);
+    else snprintf(ex->error, sizeof ex->error, "rank %d: an all-gather of sums: %s", ex->rank, c->error);
+    return rc;
 }
 
 /* The deterministic chain over the data-parallel ranks: before its

@@ -83,6 +83,13 @@ typedef struct kern_vtbl {
      * lse [N] each (fp32, on the device), and the mean loss to the host */
     int (*crossentropy_forward)(kern *k, float *mean, float *losses, float *rowmax, float *lse,
                                 const void *logits, const int32_t *targets, int N, int V, int Vp);
+    /* the vocabulary-parallel pieces: each row's maximum and target logit
+     * (if in [col0, col0 + W)) over this shard's columns, and its sum of
+     * exp(logit - rowmax) in double (sums: N doubles, on the device) */
+    int (*crossentropy_shard_max)(kern *k, float *rowmax, float *target_logit, const void *logits,
+                                  const int32_t *targets, int N, int col0, int W, int V);
+    int (*crossentropy_shard_sumexp)(kern *k, double *sums, const void *logits, const float *rowmax, int N, int col0,
+                                     int W, int V);
     int (*crossentropy_shard_backward)(kern *k, void *dlogits, const void *logits, const int32_t *targets,
                                        const float *rowmax, const float *lse, float dloss, int N, int col0, int W,
                                        int V);

@@ -232,6 +232,22 @@ static int crossentropy_forward(kern *k, float *mean, float *losses, float *rowm
     return 0;
 }
 
+static int crossentropy_shard_max(kern *k, float *rowmax, float *target_logit, const void *logits,
+                                  const int32_t *targets, int N, int col0, int W, int V)
+{
+    (void)k;
+    kcpu_crossentropy_shard_max(rowmax, target_logit, CF(logits), targets, N, col0, W, V);
+    return 0;
+}
+
+static int crossentropy_shard_sumexp(kern *k, double *sums, const void *logits, const float *rowmax, int N, int col0,
+                                     int W, int V)
+{
+    (void)k;
+    kcpu_crossentropy_shard_sumexp(sums, CF(logits), rowmax, N, col0, W, V);
+    return 0;
+}
+
 static int crossentropy_shard_backward(kern *k, void *dlogits, const void *logits, const int32_t *targets,
                                        const float *rowmax, const float *lse, float dloss, int N, int col0, int W,
                                        int V)
@@ -280,7 +296,8 @@ const kern_vtbl kern_cpu_vtbl = {
     add_broadcast_backward, layernorm_forward, layernorm_backward, rmsnorm_forward, rmsnorm_backward,
     attention_forward, attention_backward, attention_qkv_forward, attention_qkv_backward, rope_forward,
     rope_backward, gelu_forward, gelu_backward, silu_forward, silu_backward, swiglu_forward, swiglu_backward,
-    crossentropy_forward, crossentropy_shard_backward, sum_squares, scale, adamw_step, add_into,
+    crossentropy_forward, crossentropy_shard_max, crossentropy_shard_sumexp, crossentropy_shard_backward,
+    sum_squares, scale, adamw_step, add_into,
 };
 
 int kern_open(kern *k, dev *d, int bf16, char *err, size_t n)

@@ -236,6 +236,18 @@ static int crossentropy_forward(kern *k, float *mean, float *losses, float *rowm
     return from_dev(k, "the mean loss", dev_stream_sync(k->d, (dev_stream *)k->stream));
 }
 
+static int crossentropy_shard_max(kern *k, float *rowmax, float *target_logit, const void *logits,
+                                  const int32_t *targets, int N, int col0, int W, int V)
+{
+    KC(kcuda_crossentropy_shard_max, rowmax, target_logit, logits, targets, N, col0, W, V, DT(k), k->stream);
+}
+
+static int crossentropy_shard_sumexp(kern *k, double *sums, const void *logits, const float *rowmax, int N, int col0,
+                                     int W, int V)
+{
+    KC(kcuda_crossentropy_shard_sumexp, sums, logits, rowmax, N, col0, W, V, DT(k), k->stream);
+}
+
 static int crossentropy_shard_backward(kern *k, void *dlogits, const void *logits, const int32_t *targets,
                                        const float *rowmax, const float *lse, float dloss, int N, int col0, int W,
                                        int V)
@@ -292,7 +304,8 @@ const kern_vtbl kern_cuda_vtbl = {
     add_broadcast_backward, layernorm_forward, layernorm_backward, rmsnorm_forward, rmsnorm_backward,
     attention_forward, attention_backward, attention_qkv_forward, attention_qkv_backward, rope_forward,
     rope_backward, gelu_forward, gelu_backward, silu_forward, silu_backward, swiglu_forward, swiglu_backward,
-    crossentropy_forward, crossentropy_shard_backward, sum_squares, scale, adamw_step, add_into,
+    crossentropy_forward, crossentropy_shard_max, crossentropy_shard_sumexp, crossentropy_shard_backward,
+    sum_squares, scale, adamw_step, add_into,
 };
 
 #else /* no CUDA in this build */
@@ -306,6 +319,6 @@ static int nocuda_open(kern *k)
 /* kern_open never hands out this table: only open is called. */
 const kern_vtbl kern_cuda_vtbl = {"cuda", nocuda_open, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
                                   NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+                                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 
 #endif

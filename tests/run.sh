@@ -49,6 +49,7 @@
 #                           in docs/language.md, from the actual output
 #                           instead of comparing (review the diff!)
 #   MESH_TEST_TIMEOUT=SECS  limit per command (default: 60)
+#   MESH_UNIT_TIMEOUT=SECS  limit for the unit tests program (default: 400)
 #   MESH_MPI=0|1            whether the build has MPI (make test passes it)
 set -u
 
@@ -60,6 +61,9 @@ MESHC=$B/meshc
 MESHRUN=$B/meshrun
 UPDATE=${MESH_UPDATE_GOLDEN:-0}
 LIMIT=${MESH_TEST_TIMEOUT:-60}
+# the unit tests are one program of some 160 cases, many of them several
+# ranks as threads (about a minute on 2 cores, more under sanitizers)
+UNIT_LIMIT=${MESH_UNIT_TIMEOUT:-400}
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/mesh-test.XXXXXX") || exit 1
 # the SLURM section's daemons, if a run stops while they are up
 trap '[ ! -f "$TMP/slurm/pids" ] || tests/slurm/slurm-down.sh "$TMP/slurm"; rm -rf "$TMP"' EXIT
@@ -134,7 +138,7 @@ unit_section() {
         fail unit/unit_tests "$detail"
         return
     fi
-    timeout "$LIMIT" "$B/unit_tests" >"$out" 2>&1 </dev/null
+    timeout "$UNIT_LIMIT" "$B/unit_tests" >"$out" 2>&1 </dev/null
     rc=$?
     : >"$detail"
     while IFS= read -r line; do

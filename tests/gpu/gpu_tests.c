@@ -1021,6 +1021,20 @@ static void t_convert(kcuda_dtype dt)
     expect_bits("fp32 -> bf16 -> fp32", down(back, n, KCUDA_F32), r, n * 4);
 }
 
+/* kcuda_arange: the positions 0 .. n-1 an arange() gives (the executor's). */
+static void t_arange(kcuda_dtype dt)
+{
+    (void)dt;
+    size_t n = 70001;
+    int32_t *want = malloc(n * sizeof *want);
+    for (size_t i = 0; i < n; i++)
+        want[i] = (int32_t)i;
+    void *d = dmem(n * sizeof *want);
+    KC(kcuda_arange((int32_t *)d, n, NULL));
+    expect_bits("arange", down_raw(d, n * sizeof *want), want, n * sizeof *want);
+    free(want);
+}
+
 /* ---- the runner ----------------------------------------------------------- */
 
 typedef struct gpu_case {
@@ -1031,6 +1045,7 @@ typedef struct gpu_case {
 
 static const gpu_case cases[] = {
     {"convert", t_convert, KCUDA_F32},
+    {"arange", t_arange, KCUDA_F32},
     {"matmul_f32", t_matmul, KCUDA_F32},
     {"matmul_bf16", t_matmul, KCUDA_BF16},
     {"matmul_gelu_f32", t_matmul_gelu, KCUDA_F32},

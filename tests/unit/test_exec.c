@@ -657,21 +657,25 @@ TEST_IMPL(parallel_mixed_precision_follows_one_rank)
 }
 
 /* Several ranks with their arenas on the guarded device: every collective,
- * pipeline transfer, ZeRO shard and gather and the deterministic chain
- * works on arena memory only as device work (as NCCL on a GPU does), so
- * nothing faults, and the losses are the plain run's to the bit: dp 2
- * with ZeRO 0-3, dp 3 (uneven shards), pp 2 (1F1B, GPipe), dp2 x pp2, in
- * fp32 and bf16, and the deterministic chain. */
+ * pipeline transfer, ZeRO shard and gather, sequence parallelism's
+ * conversions, the vocabulary-parallel cross-entropy's exchanges and the
+ * deterministic chain work on arena memory only as device work (as NCCL
+ * on a GPU does), so nothing faults, and the losses are the plain run's to
+ * the bit: dp 2 with ZeRO 1 and 2, dp 3 (uneven shards) with ZeRO 3, pp 2
+ * (GPipe), dp2 x pp2 (ZeRO 3, recompute), dp2 x tp2 (ZeRO 1 and 3),
+ * sequence parallelism with pp and with ZeRO 3, in fp32 and bf16, and the
+ * deterministic chain. */
 TEST_IMPL(parallel_guarded_arenas_match)
 {
     static const char *const meshes[][4] = {
-        {"mesh.dp=2", "train.zero=0", "mesh.pp=1", "train.precision=fp32"},
         {"mesh.dp=2", "train.zero=1", "mesh.pp=1", "train.precision=bf16"},
         {"mesh.dp=2", "train.zero=2", "mesh.pp=1", "train.precision=fp32"},
         {"mesh.dp=3", "train.zero=3", "mesh.pp=1", "train.precision=fp32"},
         {"mesh.dp=1", "train.zero=0", "mesh.pp=2", "train.schedule=gpipe"},
-        {"mesh.dp=2", "train.zero=1", "mesh.pp=2", "train.precision=fp32"},
         {"mesh.dp=2", "train.zero=3", "mesh.pp=2", "train.recompute=full"},
+        {"mesh.tp=2", "mesh.dp=2", "train.zero=1", "train.precision=bf16"},
+        {"mesh.tp=2", "train.sequence_parallel=true", "mesh.pp=2", "train.precision=fp32"},
+        {"mesh.tp=2", "mesh.dp=2", "train.zero=3", "train.sequence_parallel=true"},
     };
     for (int v = 0; v < (int)(sizeof meshes / sizeof meshes[0]) + 1; v++) {
         int chain = v == (int)(sizeof meshes / sizeof meshes[0]); /* last: the deterministic chain on dp 2 */
