@@ -479,7 +479,7 @@ const float *mesh__exec_logits(mesh__exec *ex, int *vocab_padded)
     const float *lg = exec__val_in(ex, id, -1, 0);
     if (ex->host_arena) return lg;
     size_t n = ex->numel[id];
-    if (!ex->logits_host) ex->logits_host = malloc(n * sizeof *ex->logits_host);
+    if (!ex->logits_host) ex->logits_host = exec__host_calloc(ex, n, sizeof *ex->logits_host);
     if (!ex->logits_host || exec__floats_to_host(ex, ex->logits_host, lg, n) != 0) return NULL;
     return ex->logits_host;
 }
@@ -498,7 +498,7 @@ void mesh__exec_free(mesh__exec *ex)
     else ex_free(ex, ex->arena);
     kern_close(&ex->kern);
     dev_close(ex->dev);
-    free(ex->logits_host);
+    ex_free(ex, ex->logits_host);
     ex_free(ex, ex->moe);
     ex_free(ex, ex->numel);
     ex_free(ex, ex->cnumel);

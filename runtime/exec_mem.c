@@ -38,6 +38,7 @@ int exec__dmove(mesh__exec *ex, void *dst, const void *src, size_t bytes)
 {
     unsigned char *d = dst;
     const unsigned char *s = src;
+    if (d == s) return 0;
     size_t step = d < s && (size_t)(s - d) < bytes ? (size_t)(s - d) : bytes; /* copies that do not overlap */
     for (size_t k = 0; step > 0 && k < bytes; k += step)
         if (exec__dcopy(ex, d + k, s + k, bytes - k < step ? bytes - k : step) != 0) return -1;
