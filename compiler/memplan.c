@@ -74,11 +74,13 @@ static int64_t local_elems(const mp *x, int id) {
 /* With 2-byte floats every activation's room, every slot entry and every
  * region is rounded up to 16 bytes, so that the fp32 statistics and int32
  * ids after bf16 values are aligned, and a GPU's 16-byte loads are too. */
-static int64_t rnd(const mp *x, int64_t bytes) { return x->fb == 2 ? (bytes + 15) & ~(int64_t)15 : bytes; }
-
-int64_t memplan_round(const memplan *m, int64_t bytes) {
-    return m->float_bytes == 2 ? (bytes + 15) & ~(int64_t)15 : bytes;
+static int64_t round_for(int float_bytes, int64_t bytes) {
+    return float_bytes == 2 ? (bytes + 15) & ~(int64_t)15 : bytes;
 }
+
+static int64_t rnd(const mp *x, int64_t bytes) { return round_for(x->fb, bytes); }
+
+int64_t memplan_round(const memplan *m, int64_t bytes) { return round_for(m->float_bytes, bytes); }
 
 static int64_t local_bytes(const mp *x, int id) {
     const plan_tensor *t = &x->p->tensors[id];

@@ -43,6 +43,13 @@ void *exec__host_calloc(mesh__exec *ex, size_t n, size_t size)
     return p;
 }
 
+void exec__host_free(mesh__exec *ex, void *p, size_t bytes)
+{
+    if (!p) return;
+    ex->host_bytes -= bytes;
+    ex_free(ex, p);
+}
+
 static void set_err(char *err, size_t n, const char *fmt, ...)
 {
     va_list ap;
@@ -214,16 +221,6 @@ static int layout(mesh__exec *ex, unsigned flags, char *err, size_t errn)
     return ex->arena ? 0 : -1;
 }
 
-/* What the GPU executor does not run yet; NULL if it runs the plan. */
-static const char *gpu_refusal(const plan *p)
-{
-    if (p->setup.world > 1) return "a plan of more than one rank (NCCL between GPUs is not in the executor yet)";
-    if (p->setup.precision == 2) return "fp16 (the CUDA kernels store fp32 or bf16)";
-    for (int id = 0; id < p->n_tensors; id++)
-        if (p->tensors[id].op == G_MOE) return "moe layers";
-    return NULL;
-}
-
 /* What the guarded test device cannot run: moe's routing is host code on
  * arena memory. NULL if it runs the plan. */
 static const char *guard_refusal(const plan *p)
@@ -231,6 +228,15 @@ static const char *guard_refusal(const plan *p)
     for (int id = 0; id < p->n_tensors; id++)
         if (p->tensors[id].op == G_MOE) return "moe layers";
     return NULL;
+}
+
+/* What the GPU executor does not run yet (what the guard does not, and
+ * more); NULL if it runs the plan. */
+static const char *gpu_refusal(const plan *p)
+{
+    if (p->setup.world > 1) return "a plan of more than one rank (NCCL between GPUs is not in the executor yet)";
+    if (p->setup.precision == 2) return "fp16 (the CUDA kernels store fp32 or bf16)";
+    return guard_refusal(p);
 }
 
 int mesh__exec_gpu_supported(const plan *p, char *err, size_t errn)

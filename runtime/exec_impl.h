@@ -284,5 +284,6 @@ int exec__optimizer_shards(mesh__exec *ex);
 /* exec.c */
 /* Bookkeeping: counted apart from the arena. */
 void *exec__host_calloc(mesh__exec *ex, size_t n, size_t size);
+void exec__host_free(mesh__exec *ex, void *p, size_t bytes); /* one of those, of `bytes` */
 
 #endif

@@ -69,25 +69,29 @@ static float bf16_value(uint16_t h)
     return x;
 }
 
+/* bf16 staging: on the stack for the per-step scalars (the loss, its
+ * seed), else a buffer for the call (init, checkpoints, logits). */
+enum { STAGE_ON_STACK = 64 };
+
 int exec__floats_to_dev(mesh__exec *ex, void *dst, const float *src, size_t n)
 {
     if (ex->esize == 4) return exec__to_dev(ex, dst, src, n * sizeof *src);
-    uint16_t *h = malloc((n ? n : 1) * sizeof *h);
+    uint16_t stack[STAGE_ON_STACK] = {0}, *h = n <= STAGE_ON_STACK ? stack : malloc(n * sizeof *h);
     if (!h) return dev_failed(ex, "a copy to the device", MESH_ERR_NOMEM);
     for (size_t i = 0; i < n; i++) h[i] = bf16_bits(src[i]);
     int rc = exec__to_dev(ex, dst, h, n * sizeof *h);
-    free(h);
+    if (h != stack) free(h);
     return rc;
 }
 
 int exec__floats_to_host(mesh__exec *ex, float *dst, const void *src, size_t n)
 {
     if (ex->esize == 4) return exec__to_host(ex, dst, src, n * sizeof *dst);
-    uint16_t *h = malloc((n ? n : 1) * sizeof *h);
+    uint16_t stack[STAGE_ON_STACK] = {0}, *h = n <= STAGE_ON_STACK ? stack : malloc(n * sizeof *h);
     if (!h) return dev_failed(ex, "a copy from the device", MESH_ERR_NOMEM);
     int rc = exec__to_host(ex, h, src, n * sizeof *h);
     for (size_t i = 0; rc == 0 && i < n; i++) dst[i] = bf16_value(h[i]);
-    free(h);
+    if (h != stack) free(h);
     return rc;
 }
 

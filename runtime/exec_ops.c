@@ -131,7 +131,9 @@ static int ce_shard_forward(mesh__exec *ex, float *out, float *aux, const float 
      * floats), the rows' maxima and log-sum-exps (2 N floats), the exact
      * sum's gathered values (tp x 4 N floats) */
     size_t need = tp * n + 2 * n * 2 + tp * 4 * n + 2 * n;
-    if (ex->ce_host_n < need) {
+    if (ex->ce_host_n < need) { /* once: every later micro-batch reuses it (a larger layer grows it) */
+        exec__host_free(ex, ex->ce_host, ex->ce_host_n * sizeof(float));
+        ex->ce_host_n = 0;
         ex->ce_host = exec__host_calloc(ex, need, sizeof(float));
         if (!ex->ce_host) {
             snprintf(ex->error, sizeof ex->error, "rank %d: out of memory", ex->rank);
