@@ -163,9 +163,16 @@ mesh_status mesh_context_create_with(const mesh_plan *mp, int rank, mesh_alloc_f
 }
 
 static int deterministic; /* mesh_set_deterministic */
+static int no_overlap;    /* mesh_set_overlap(0) */
 static unsigned extra_flags; /* mesh__set_exec_flags */
 
 void mesh__set_exec_flags(unsigned flags) { extra_flags = flags; }
+
+mesh_status mesh_set_overlap(int on)
+{
+    no_overlap = on == 0;
+    return MESH_OK;
+}
 
 mesh_status mesh_set_deterministic(int on)
 {
@@ -187,7 +194,7 @@ mesh_status mesh__context_create(const mesh_plan *mp, int rank, comm *world, mes
     ctx->plan = mp;
     ctx->rank = rank;
     mesh_device_info(&ctx->device, NULL);
-    unsigned flags = (deterministic ? MESH__EXEC_DETERMINISTIC : 0) | (ctx->device == MESH_DEVICE_CUDA ? MESH__EXEC_CUDA : 0) |
+    unsigned flags = (deterministic ? MESH__EXEC_DETERMINISTIC : 0) | (no_overlap ? MESH__EXEC_NO_OVERLAP : 0) | (ctx->device == MESH_DEVICE_CUDA ? MESH__EXEC_CUDA : 0) |
                      extra_flags;
     if (ctx->device == MESH_DEVICE_CUDA && mesh__exec_gpu_supported(&mp->p, err, sizeof err) != 0) {
         char why[600];
@@ -241,10 +248,11 @@ mesh_status mesh_train_step(mesh_context *ctx, const int *inputs, const int *tar
                             mesh_step_stats *stats)
 {
     if (!ctx || !inputs || !targets) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_train_step: NULL argument");
-    mesh__step_stats st;
+    mesh__step_stats st = {0};
     int rc = mesh__exec_train_step(ctx->ex, ctx->step + 1, inputs, targets, &st);
     ctx->step++; /* a skipped step counts too: the schedule and the data move on */
-    if (stats) *stats = (mesh_step_stats){st.loss, st.norm, st.lr, ctx->step, st.loss_scale, st.skipped};
+    if (stats) *stats = (mesh_step_stats){st.loss, st.norm, st.lr, ctx->step, st.loss_scale, st.skipped,
+                                          st.overlapped};
     if (rc == -2) return mesh__fail(MESH_ERR_RANK, "step %lld: %s", ctx->step, mesh__exec_error(ctx->ex));
     if (rc != 0)
         return mesh__fail(MESH_ERR_CHECK, "step %lld: the loss (%g) or the gradient norm (%g) is not finite; "

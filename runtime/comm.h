@@ -140,6 +140,10 @@ comm *comm_mpi_world(double timeout_s, char *err, size_t n);
  * then stops the job with comm_abort(why). */
 int comm_mpi_finish(comm *c, int failed, const char *why);
 
+/* 1 if MPI runs with MPI_THREAD_MULTIPLE (two threads may call it at
+ * once: a communication queue beside the rank, comm_async.h), else 0. */
+int comm_mpi_thread_multiple(void);
+
 /* ---- TCP (comm_tcp.c, over rendezvous.c) -------------------------------- */
 
 /* This process's handle on the world of a job that no MPI launcher

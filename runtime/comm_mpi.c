@@ -70,9 +70,17 @@ static pthread_t dog;
 static int dog_on;
 static atomic_int dog_stop;
 static double timeout = 600; /* the latest world's */
-static const char *wait_op;  /* the call this rank waits in, or NULL */
-static int wait_rank;
-static double wait_since;
+/* The calls this rank waits in, one per thread that calls MPI (the
+ * rank's own and its communication queue's, comm_async.h): a slot each,
+ * taken by a thread on its first call. */
+enum { WAIT_SLOTS = 8 };
+static struct {
+    const char *op; /* NULL: not waiting */
+    int rank;
+    double since;
+} waits[WAIT_SLOTS];
+static int wait_slots;                      /* slots taken */
+static _Thread_local int wait_slot = -1;    /* this thread's */
 static int live_rank = -1;   /* from comm_mpi_world to comm_mpi_finish: this process's rank */
 
 
@@ -91,16 +99,16 @@ static _Noreturn void stop_job(const char *why, int may_call_mpi)
 static void watch(const comm *c, const char *op)
 {
     pthread_mutex_lock(&mu);
-    wait_op = op;
-    wait_rank = c->world_rank;
-    wait_since = comm_now();
+    if (wait_slot < 0 && wait_slots < WAIT_SLOTS) wait_slot = wait_slots++;
+    if (wait_slot >= 0) /* (a ninth thread's waits go unwatched) */
+        waits[wait_slot].op = op, waits[wait_slot].rank = c->world_rank, waits[wait_slot].since = comm_now();
     pthread_mutex_unlock(&mu);
 }
 
 static void unwatch(void)
 {
     pthread_mutex_lock(&mu);
-    wait_op = NULL;
+    if (wait_slot >= 0) waits[wait_slot].op = NULL;
     pthread_mutex_unlock(&mu);
 }
 
@@ -111,9 +119,10 @@ static void *watchdog(void *arg)
         comm_sleep(0.05);
         char why[240] = "";
         pthread_mutex_lock(&mu);
-        if (wait_op && comm_now() - wait_since > timeout)
-            snprintf(why, sizeof why, "rank %d waited in %s for more than %g s (MESH_COLLECTIVE_TIMEOUT_S): "
-                     "another rank is stuck or gone", wait_rank, wait_op, timeout);
+        for (int k = 0; k < wait_slots && !why[0]; k++)
+            if (waits[k].op && comm_now() - waits[k].since > timeout)
+                snprintf(why, sizeof why, "rank %d waited in %s for more than %g s (MESH_COLLECTIVE_TIMEOUT_S): "
+                         "another rank is stuck or gone", waits[k].rank, waits[k].op, timeout);
         pthread_mutex_unlock(&mu);
         if (why[0]) stop_job(why, multiple);
     }
@@ -483,7 +492,17 @@ int comm_mpi_finish(comm *c, int failed, const char *why)
     return first;
 }
 
+int comm_mpi_thread_multiple(void)
+{
+    pthread_mutex_lock(&mu);
+    int m = multiple;
+    pthread_mutex_unlock(&mu);
+    return m;
+}
+
 #else /* no MPI in this build */
+
+int comm_mpi_thread_multiple(void) { return 0; }
 
 comm *comm_mpi_world(double timeout_s, char *err, size_t n)
 {

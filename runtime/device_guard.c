@@ -14,6 +14,7 @@
 #include "device.h"
 
 #include <errno.h>    /* errno */
+#include <pthread.h>  /* pthread_mutex_t */
 #include <stdio.h>    /* snprintf */
 #include <stdlib.h>   /* calloc, realloc, free */
 #include <string.h>   /* memcpy, memset, strerror */
@@ -28,7 +29,8 @@ typedef struct guard_buf {
 typedef struct guard_state {
     guard_buf *b;
     int n, cap;
-    int open;   /* nesting of dev_guard(d, 1) */
+    pthread_mutex_t mu; /* dev_guard's: the rank's thread and its communication queue's */
+    int open;   /* nesting of dev_guard(d, 1), over both threads */
     int failed; /* an mprotect failed (d->error says why): every later copy fails */
 } guard_state;
 
@@ -47,22 +49,30 @@ void dev_guard(dev *d, int open)
 {
     guard_state *g = d && d->v == &dev_cpu_guarded_vtbl ? state(d) : NULL;
     if (!g) return;
+    pthread_mutex_lock(&g->mu);
     if (open && g->open++ == 0) protect(d, g, PROT_READ | PROT_WRITE);
     if (!open && g->open > 0 && --g->open == 0) protect(d, g, PROT_NONE);
+    pthread_mutex_unlock(&g->mu);
 }
 
 static mesh_status guard_open(dev *d)
 {
     snprintf(d->name, sizeof d->name, "cpu (guarded)");
-    d->impl = calloc(1, sizeof(guard_state));
-    return d->impl ? MESH_OK : dev_fail(d, MESH_ERR_NOMEM, "out of memory");
+    guard_state *g = calloc(1, sizeof *g);
+    if (!g) return dev_fail(d, MESH_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&g->mu, NULL);
+    d->impl = g;
+    return MESH_OK;
 }
 
 static void guard_close(dev *d)
 {
     guard_state *g = state(d);
     for (int i = 0; g && i < g->n; i++) munmap(g->b[i].p, g->b[i].len);
-    if (g) free(g->b);
+    if (g) {
+        free(g->b);
+        pthread_mutex_destroy(&g->mu);
+    }
     free(g);
     d->impl = NULL;
 }

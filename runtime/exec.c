@@ -450,6 +450,12 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
         goto fail;
     }
     if (init != 0) goto oom;
+    int ov = exec__overlap_init(ex, flags);
+    if (ov == -2) {
+        set_err(err, errn, "%s", ex->error);
+        goto fail;
+    }
+    if (ov != 0) goto oom;
     if (ex->tokens_in < 0 || ex->targets_in < 0) {
         set_err(err, errn, "the model needs two inputs (tokens and targets)");
         goto fail;
@@ -498,6 +504,7 @@ void mesh__exec_free(mesh__exec *ex)
         if (ex->names) ex_free(ex, ex->names[id]);
         if (ex->moe) ex_free(ex, ex->moe[id]);
     }
+    exec__overlap_free(ex); /* its queues use the arena and the groups */
     if (ex->data != ex->axis[0]) comm_free(ex->data);
     for (int a = 0; a < 4; a++) comm_free(ex->axis[a]);
     if (!ex->host_arena) dev_free(ex->dev, ex->arena);

@@ -39,6 +39,7 @@ typedef struct mesh__step_stats {
     double loss_scale; /* the loss scale the step's backward used (1 but with fp16) */
     int skipped;      /* fp16: the gradients overflowed, the step was skipped (params and
                          AdamW unchanged) and the loss scale lowered */
+    int overlapped;   /* gradient-sync collectives issued during backward (exec_overlap.c) */
 } mesh__step_stats;
 
 /* Creates the executor for a plan (which must outlive it) and initialises
@@ -59,7 +60,13 @@ void mesh__exec_free(mesh__exec *ex);
  * (device.h): host code that touches it but through a copy, a kernel or a
  * collective faults, so the CPU checks the discipline a GPU needs; any
  * mesh without tp and moe (whose exchanges are host code yet). */
-enum { MESH__EXEC_NO_REUSE = 1u, MESH__EXEC_DETERMINISTIC = 2u, MESH__EXEC_CUDA = 4u, MESH__EXEC_GUARD = 8u };
+enum {
+    MESH__EXEC_NO_REUSE = 1u,
+    MESH__EXEC_DETERMINISTIC = 2u,
+    MESH__EXEC_CUDA = 4u,
+    MESH__EXEC_GUARD = 8u,
+    MESH__EXEC_NO_OVERLAP = 16u /* the gradient sync after backward, not during it (exec_overlap.c) */
+};
 mesh__exec *mesh__exec_create_flags(const plan *p, mesh_alloc_fn alloc, void *ud, unsigned flags, char *err,
                                     size_t n);
 

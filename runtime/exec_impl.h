@@ -14,6 +14,7 @@
 #include <stdint.h> /* int64_t, uint64_t */
 
 #include "comm.h"    /* comm */
+#include "comm_async.h" /* comm_async */
 #include "device.h"  /* dev */
 #include "exec.h"    /* mesh__exec */
 #include "kern.h"    /* kern */
@@ -113,6 +114,15 @@ struct mesh__exec {
     comm *tied;          /* the first and the last stage, for a param both use (pp > 1) */
     comm *data;          /* dp x ep: the ranks the batch is split over, a dense param's data-parallel
                             group (axis[0] when ep = 1; owned when ep > 1) */
+    /* the gradient sync overlapped with backward (exec_overlap.c) */
+    comm *ov_comm[2];    /* the data-parallel groups (dense params', experts') */
+    comm_async *ov_q[2]; /* and their queues; NULL: not overlapped */
+    int *ov_at;          /* per plan step: where its copies' flags start in ov_issued, -1: never early */
+    signed char *ov_parts; /* per plan step outside the stack: the parts whose backward adds to its param */
+    char *ov_issued;     /* per (early step, copy): issued this step */
+    size_t ov_n;
+    int ov_last;         /* running the last backward of its chunk this step: gradients finish */
+    int ov_step_calls;   /* calls issued during this step's backward */
     char error[400];     /* why the last step failed */
     int counting;        /* in a training step: bytes sent are counted */
     int chain;           /* deterministic: the data-parallel ranks add their gradients one after
@@ -260,6 +270,25 @@ int exec__sum_doubles(mesh__exec *ex, comm *c, double *x, int n);
 /* The same for host x[n] through the arena: dscratch, (group size + 1) x
  * 2 n floats of it, and host scratch hall of group size x 2 n floats. */
 int exec__sum_doubles_dev(mesh__exec *ex, comm *c, double *x, int n, float *dscratch, float *hall);
+
+/* The group a collective step runs over on this rank (NULL: a group of one). */
+comm *exec__step_comm(const mesh__exec *ex, const plan_step *st);
+
+/* exec_overlap.c: the gradient sync overlapped with backward. init (after
+ * the groups, collective over the data-parallel ones): 0, -1 out of
+ * memory, -2 a queue failed (ex->error). step_begin: before a step's first
+ * unit. layer_done: the backward of a stack iteration is done; parts_done:
+ * of the parts the unit's chunk runs (`here`, MEM_PART_* bits), backward
+ * adds nothing more to those not in `left`; each issues what is finished
+ * (when ex->ov_last: the chunk's last backward of the step). wait:
+ * before the grad-sync phase. issued: was step st's copy at it issued? */
+int exec__overlap_init(mesh__exec *ex, unsigned flags);
+void exec__overlap_free(mesh__exec *ex);
+void exec__overlap_step_begin(mesh__exec *ex);
+int exec__overlap_layer_done(mesh__exec *ex, int it);
+int exec__overlap_parts_done(mesh__exec *ex, int here, int left);
+int exec__overlap_wait(mesh__exec *ex);
+int exec__overlap_issued(const mesh__exec *ex, const plan_step *st, int it);
 
 /* exec_params.c */
 void exec__param_runs(const mesh__exec *ex, int id, int rt, int re, run_fn fn, void *ctx);

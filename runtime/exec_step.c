@@ -105,16 +105,23 @@ static int tp_convert(mesh__exec *ex, const plan_step *st, int it, comm *c)
     return rc;
 }
 
-/* A collective step of the program on the rank's group of its axis. */
-static int collective(mesh__exec *ex, const plan_step *st, int it)
+comm *exec__step_comm(const mesh__exec *ex, const plan_step *st)
 {
     /* over pp: a tied param's two copies, on the first and the last stage;
      * over dp, a dense param's gradients: dp x ep */
-    comm *c = st->axis == 2 ? ex->tied : ex->axis[st->axis];
     const plan_tensor *nt = &ex->p->tensors[st->node];
-    if (st->axis == 0 && nt->op == G_PARAM && nt->pl.kind[3] != PL_SPLIT) c = ex->data;
+    if (st->axis == 0 && nt->op == G_PARAM && nt->pl.kind[3] != PL_SPLIT) return ex->data;
+    return st->axis == 2 ? ex->tied : ex->axis[st->axis];
+}
+
+/* A collective step of the program on the rank's group of its axis. */
+static int collective(mesh__exec *ex, const plan_step *st, int it)
+{
+    comm *c = exec__step_comm(ex, st);
+    const plan_tensor *nt = &ex->p->tensors[st->node];
     if (ex->chain && st->axis == 0 && st->kind == STEP_ALL_REDUCE) return 0; /* the chain summed them */
     if (c && ex->counting && st->kind < STEP_SLICE) ex->sent[st->kind][st->axis] += (double)st->elems * 4;
+    if (exec__overlap_issued(ex, st, it)) return 0; /* run during backward (exec_overlap.c) */
     if (st->kind == STEP_ALL_TO_ALL && nt->op == G_MOE) return 0; /* the op exchanges its rows itself */
     if (!c) return 0; /* a group of one */
     int rc = -1;
@@ -295,6 +302,20 @@ static void round_grads(mesh__exec *ex, int id, int it)
     }
 }
 
+/* The parts of the model (MEM_PART_* bits) whose backward steps from
+ * step `from` on run in this unit (backward still adds to their params),
+ * and in *here the parts the unit's chunk runs. */
+static int parts_left(const mesh__exec *ex, int from, int *here)
+{
+    int left = 0;
+    *here = (ex->chunk == 0) << MEM_PART_PRE | (ex->n_layers > 0) << MEM_PART_LAYER |
+            (ex->chunk == ex->chunks - 1) << MEM_PART_POST;
+    for (int q = from; q < ex->p->n_steps; q++)
+        if (ex->p->steps[q].phase == PLAN_BACKWARD && ex->p->steps[q].kind == STEP_COMPUTE && step_here(ex, q))
+            left |= 1 << ex->step_part[q];
+    return left;
+}
+
 /* Runs the program's steps of one phase on this stage; a run of
  * consecutive steps in a region repeats per iteration (backward: last to
  * first, each iteration starting with the forward steps it recomputes).
@@ -311,6 +332,7 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
     } else if (phase == PLAN_FORWARD && ex->chunk > 0 && pipe_transfer(ex, 0, 0) != 0) {
         return -1;
     }
+    if (phase == PLAN_GRAD_SYNC && exec__overlap_wait(ex) != 0) return -1;
     int sync = phase == PLAN_GRAD_SYNC || phase == PLAN_AFTER_OPTIMIZER;
     for (int s = 0; s < p->n_steps;) {
         const plan_step *st = &p->steps[s];
@@ -349,7 +371,10 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
                     round_value(ex, sq->node, it);
                 }
             }
+            if (back && stack && exec__overlap_layer_done(ex, it) != 0) return -1;
         }
+        int here, left = back && ex->ov_last ? parts_left(ex, e, &here) : 0;
+        if (back && ex->ov_last && exec__overlap_parts_done(ex, here, left) != 0) return -1;
         s = e;
     }
     if (phase == PLAN_FORWARD && ex->chunk < ex->chunks - 1) return pipe_transfer(ex, 0, 1);
@@ -448,7 +473,13 @@ static int run_units(mesh__exec *ex, const int32_t *inputs, const int32_t *targe
             *loss += l;
         } else if (un->op == SCHED_BWD) {
             ex->slot = ex->slot_of[unit];
-            if (run_phase(ex, PLAN_BACKWARD) != 0) return -1;
+            /* the chunk's last backward this step: its gradients finish (exec_overlap.c) */
+            ex->ov_last = 1;
+            for (int v = u + 1; v < g->n_units; v++)
+                ex->ov_last &= g->units[v].op != SCHED_BWD || g->units[v].chunk != un->chunk;
+            int rc = run_phase(ex, PLAN_BACKWARD);
+            ex->ov_last = 0;
+            if (rc != 0) return -1;
             ex->slot_busy[ex->slot] = 0;
         }
     }
@@ -540,6 +571,7 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
     double loss = 0;
     ex->counting = 1;
     ex->steps++;
+    exec__overlap_step_begin(ex);
     /* deterministic: data-parallel rank d starts from rank d - 1's sums */
     if (ex->chain ? chain_link(ex, 0, &loss) != 0 : (zero_param_grads(ex), 0)) return -2;
     /* the loss is the last stage's */
@@ -547,6 +579,7 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
         run_phase(ex, PLAN_GRAD_SYNC) != 0 || exec__sum_doubles(ex, ex->axis[2], &loss, 1) != 0 ||
         (!ex->chain && exec__sum_doubles(ex, ex->data, &loss, 1) != 0))
         return -2;
+    st->overlapped = ex->ov_step_calls;
     loss /= (double)m * ex->data_ranks;
     /* mixed precision: the summed gradients stored in the plan's precision;
      * with a loss scale, the clipping below is of the unscaled norm */

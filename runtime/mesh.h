@@ -214,6 +214,8 @@ typedef struct mesh_step_stats {
     double loss_scale; /* the loss scale of the step's backward: 1 but with fp16 */
     int skipped;      /* fp16: the scaled gradients overflowed, so the step changed nothing
                          but the loss scale (halved when dynamic); 0 otherwise */
+    int overlapped;   /* this rank's gradient-sync collectives that ran during backward, on a
+                         communication thread (mesh_set_overlap); 0 without data parallelism */
 } mesh_step_stats;
 
 /* One training step: micro_batches x micro_batch x seq_len input ids and
@@ -422,6 +424,15 @@ mesh_status mesh_set_threads(int n);
  * gives the one-rank losses bit for bit; the ranks then compute their
  * backward passes in turn, not at once. Off by default. */
 mesh_status mesh_set_deterministic(int on);
+
+/* For the contexts created after it: with on (the default), a step sums
+ * each param's gradient over its data-parallel ranks while backward goes
+ * on (issued as soon as the last micro-batch's backward has finished it,
+ * run by a communication thread of the rank), as DDP and Megatron-LM
+ * overlap their gradient buckets; off, after backward. The sums are the
+ * same bits either way. ZeRO-2/3, the deterministic order, GPUs and MPI
+ * without MPI_THREAD_MULTIPLE sync after backward. */
+mesh_status mesh_set_overlap(int on);
 
 /* The device contexts train on. */
 typedef enum mesh_device_kind {

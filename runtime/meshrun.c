@@ -65,6 +65,8 @@ static const char usage_text[] =
     "                 training when there is no GPU or a plan it does not run\n"
     "  --deterministic  data-parallel ranks add their gradients in turn, in the\n"
     "                 one-rank order: the one-rank losses bit for bit (dp, ZeRO 0)\n"
+    "  --no-overlap   sum the gradients over the data-parallel ranks after\n"
+    "                 backward, not while it runs (the same numbers)\n"
     "  --local-rank=N accepted and ignored (torchrun's)\n"
     "  --prompt TEXT, --tokens N (200), --temperature T (0.8), --seed S (0),\n"
     "  --bpe DIR (GPT-2 BPE for a model that is not byte-level)\n"
@@ -320,6 +322,12 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
             break;
         }
         skipped = 0;
+        if (step == first && lead && st.overlapped > 0) {
+            printf("meshrun: gradient sync overlapped with backward: %d collective%s a step run on a "
+                   "communication thread while backward goes on (--no-overlap: after it)\n", st.overlapped,
+                   st.overlapped == 1 ? "" : "s");
+            fflush(stdout);
+        }
         if (st.skipped && lead) { /* fp16: an overflow, the same on every rank */
             printf("%sstep %lld/%lld | skipped: the gradients overflowed fp16 at loss scale %g; the parameters are "
                    "unchanged\n", tty ? "\r" : "", step, steps, st.loss_scale);
@@ -650,6 +658,8 @@ int main(int argc, char **argv)
                 opts.skip_nonfinite = 1;
             } else if (strcmp(arg, "--deterministic") == 0) {
                 mesh_set_deterministic(1);
+            } else if (strcmp(arg, "--no-overlap") == 0) {
+                mesh_set_overlap(0);
             } else if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
                 fputs(usage_text, stdout);
                 return 0;

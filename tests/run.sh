@@ -547,6 +547,19 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
         cat "$TMP/dp1.jsonl" "$TMP/det.jsonl" >>"$TMP/det.out"
         fail meshrun/deterministic-dp4-identical-to-one-rank "$TMP/det.out"
     fi
+    # the gradient sync overlapped with backward (the default: a line says
+    # so) and after it (--no-overlap): the same metrics to the last digit
+    rm -f "$TMP/noov.jsonl"
+    capture "$TMP/noov.out" "$MESHRUN" "$TMP/dp4.plan" --no-overlap --data "$TMP/dd.bin" --steps 20 \
+        --metrics "$TMP/noov.jsonl"
+    if [ "$(tail -n 1 "$TMP/noov.out")" = "exit: 0" ] && ! grep -q "overlapped" "$TMP/noov.out" &&
+        grep -q "^meshrun: gradient sync overlapped with backward: [0-9]* collectives a step run on a communication thread while backward goes on (--no-overlap: after it)$" "$TMP/m4x1x1.out" &&
+        [ "$(sed 's/, "ms".*//' "$TMP/dp4.jsonl")" = "$(sed 's/, "ms".*//' "$TMP/noov.jsonl")" ]; then
+        pass meshrun/overlap-same-metrics-as-no-overlap
+    else
+        cat "$TMP/m4x1x1.out" "$TMP/dp4.jsonl" "$TMP/noov.jsonl" >>"$TMP/noov.out"
+        fail meshrun/overlap-same-metrics-as-no-overlap "$TMP/noov.out"
+    fi
     # ZeRO on dp 2: 1 shards the optimizer state, 2 the gradients too
     # (reduce-scattered per micro-batch: 2 micro-batches of 4 here), 3 the
     # params too (gathered before use; with pp 2 the tied wte on both end
@@ -739,6 +752,15 @@ mpi_section() {
             -- "${MPI_ENV[@]}" mpirun -n $n "$B/mpi_tests" collectives
     done
     mpi_case mpi/split-groups-np4 0 30 "^ok groups (rank 3 of 4)$" -- "${MPI_ENV[@]}" mpirun -n 4 "$B/mpi_tests" groups
+    # a communication queue's thread (comm_async.h, the overlapped gradient
+    # sync) calls MPI beside the rank's own calls: the same bits
+    for n in 2 4; do
+        mpi_case mpi/async-queue-np$n 0 30 "^ok async (rank 0 of $n)$" "^ok async (rank $((n - 1)) of $n)$" \
+            -- "${MPI_ENV[@]}" mpirun -n $n "$B/mpi_tests" async
+    done
+    mpi_case mpi/async-abort-names-the-rank 3 20 \
+        "^mesh: rank 1 failed: rank 1 ran out of memory; stopping the job (MPI_Abort)$" \
+        -- "${MPI_ENV[@]}" mpirun -n 3 "$B/mpi_tests" async-abort
     # a rank that aborts stops the job (mpirun exits 3), naming it
     mpi_case mpi/abort-names-the-rank 3 20 \
         "^mesh: rank 1 failed: the loss is not finite at step 3; stopping the job (MPI_Abort)$" \

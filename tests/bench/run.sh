@@ -58,11 +58,20 @@ echo "ratio: the step's time over the GEMM-only limit (6 x params x tokens FLOPs
 # gpt-tiny (global batch 16 x 64) on 1, 2 and 4 ranks, threads of one
 # process sharing this machine's cores (the kernels' threads divided among
 # the ranks)
-printf '\n%-28s %5s %4s %4s %9s %10s\n' "plan" "ranks" "dp" "tp" "ms/step" "tok/s"
+printf '\n%-28s %5s %4s %4s %9s %10s %11s %6s\n' "plan" "ranks" "dp" "tp" "ms/step" "tok/s" "no-overlap" "ratio"
 for m in 2x1 4x1 1x2 2x2; do # one rank: the table above
     "$MESHC" -o "$tmp/tiny-$m.plan" examples/gpt-tiny.mesh --set mesh.dp=${m%x*} --set mesh.tp=${m#*x} >/dev/null 2>&1 &&
         (cd "$tmp" && "$OLDPWD/$TRAIN_BENCH" "tiny-$m.plan" 20) || exit 1
 done
+# a larger model, where the gradient sync is worth hiding: GPT-2 small's
+# width with 4 layers, dp 2 (and ZeRO-1)
+for z in 0 1; do
+    "$MESHC" -o "$tmp/gpt2-4l-dp2-z$z.plan" examples/gpt2.mesh --set model.layers=4 --set mesh.dp=2 --set mesh.tp=1 \
+        --set mesh.pp=1 --set train.global_batch=4 --set train.micro_batch=2 --set train.seq_len=64 \
+        --set train.zero=$z --set train.precision=fp32 >/dev/null 2>&1 &&
+        (cd "$tmp" && "$OLDPWD/$TRAIN_BENCH" "gpt2-4l-dp2-z$z.plan" 3) || exit 1
+done
+echo "ratio: ms/step with the gradient sync overlapped with backward over ms/step with it after backward"
 
 # the threads communicator's bandwidth, next to memcpy's (tests/bench/comm_bench.c)
 echo

@@ -8,6 +8,10 @@
  *   collectives   comm_case_collectives (tests/unit/comm_cases.c, which the
  *                 threads backend passes too): "ok collectives (rank R of N)"
  *   groups        comm_case_groups, on 4 ranks
+ *   async         comm_case_async: a communication queue's thread calls MPI
+ *                 while the rank does (MPI_THREAD_MULTIPLE)
+ *   async-abort   rank 1 aborts while the others wait for their queue: the
+ *                 job stops (mpirun exits 3) with a line naming rank 1
  *   abort         rank 1 aborts; the others wait in an all-reduce: the job
  *                 stops (mpirun exits 3) with a line naming rank 1
  *   timeout       rank 1 never comes to the all-reduce: rank 0's watchdog
@@ -45,6 +49,11 @@ static int comm_case(const char *name)
         }
     } else if (strcmp(name, "groups") == 0) {
         rc = comm_case_groups(c, err, sizeof err);
+    } else if (strcmp(name, "async") == 0) {
+        rc = comm_case_async(c, err, sizeof err);
+        if (rc == 1 && !comm_mpi_thread_multiple()) snprintf(err, sizeof err, "MPI has no MPI_THREAD_MULTIPLE");
+    } else if (strcmp(name, "async-abort") == 0) {
+        rc = comm_case_async_abort(c, err, sizeof err); /* (MPI_Abort stops the job first) */
     } else if (strcmp(name, "abort") == 0) {
         if (rank == 1) comm_abort(c, "the loss is not finite at step 3");
         rc = comm_all_reduce(c, x, 16) == 0 ? 1 : -1; /* either way: not ok */

@@ -6,6 +6,7 @@
 #include <stdlib.h> /* defines: malloc, free */
 #include <string.h> /* defines: memcmp */
 
+#include "comm_async.h" /* defines: comm_async_* */
 #include "comm_cases.h"
 
 enum { N = 1001, RS = 257, MAXC = 3, MAXP = COMM_CASES_MAX_RANKS };
@@ -155,4 +156,82 @@ int comm_case_one_missing(comm *c, double idle, char *err, size_t n)
     int rc = comm_all_reduce(c, x, 4);
     snprintf(err, n, "%s", c->error);
     return rc == 0;
+}
+
+int comm_case_async(comm *c, char *err, size_t n)
+{
+    int r = c->rank, p = c->size, bad = 0;
+    if (p < 2 || p > MAXP || !comm_async_supported(c)) return 1;
+    comm_async *q = NULL;
+    if (comm_async_new(c, NULL, NULL, &q) != 0) return call_failed(c, err, n);
+    static const size_t sizes[3] = {N, 1, 64 * 1024 + 3};
+    float *buf[3], *want[3];
+    for (int k = 0; k < 3; k++) {
+        buf[k] = malloc(sizes[k] * sizeof *buf[k]);
+        want[k] = malloc(sizes[k] * sizeof *want[k]);
+        if (!buf[k] || !want[k]) return snprintf(err, n, "out of memory"), -1; /* (a test: leaks) */
+        for (size_t i = 0; i < sizes[k]; i++) {
+            buf[k][i] = value(r, i + (size_t)k);
+            want[k][i] = value(0, i + (size_t)k);
+            for (int o = 1; o < p; o++) want[k][i] += value(o, i + (size_t)k);
+        }
+    }
+    float in[MAXP * RS], out[RS], wrs[RS], mine[RS], all[MAXP * RS];
+    for (size_t i = 0; i < (size_t)p * RS; i++) in[i] = value(r, i * 3);
+    for (size_t i = 0; i < RS; i++) {
+        wrs[i] = value(0, ((size_t)r * RS + i) * 3);
+        for (int o = 1; o < p; o++) wrs[i] += value(o, ((size_t)r * RS + i) * 3);
+        mine[i] = value(r, i + 5);
+    }
+    long t[5];
+    t[0] = comm_async_all_reduce(q, buf[0], sizes[0]);
+    t[1] = comm_async_reduce_scatter(q, in, out, RS);
+    t[2] = comm_async_all_reduce(q, buf[1], sizes[1]);
+    t[3] = comm_async_all_gather(q, mine, all, RS);
+    t[4] = comm_async_all_reduce(q, buf[2], sizes[2]);
+    for (int k = 0; k < 5; k++) bad |= (t[k] != k + 1) << 1;
+    /* the rank's own calls meanwhile, on the group the queue copied */
+    for (int k = 0; k < 3 && !bad; k++) {
+        float x[RS];
+        for (size_t i = 0; i < RS; i++) x[i] = value(r, i * 7);
+        if (comm_all_reduce(c, x, RS) != 0) return call_failed(c, err, n);
+        float w0 = value(0, 0);
+        for (int o = 1; o < p; o++) w0 += value(o, 0);
+        bad |= (x[0] != w0) << 2;
+    }
+    if (comm_async_wait(q, t[1]) != 0) return snprintf(err, n, "%s", comm_async_error(q)), -1;
+    bad |= !same(buf[0], want[0], sizes[0]) << 3; /* done: it came before */
+    bad |= !same(out, wrs, RS) << 4;
+    if (comm_async_wait_all(q) != 0) return snprintf(err, n, "%s", comm_async_error(q)), -1;
+    bad |= (comm_async_pending(q) != 0) << 5;
+    bad |= !same(buf[1], want[1], sizes[1]) << 6;
+    bad |= !same(buf[2], want[2], sizes[2]) << 7;
+    for (int o = 0; o < p; o++)
+        for (size_t i = 0; i < RS; i++) bad |= (all[(size_t)o * RS + i] != value(o, i + 5)) << 8;
+    comm_async_free(q);
+    for (int k = 0; k < 3; k++) {
+        free(buf[k]);
+        free(want[k]);
+    }
+    return bad;
+}
+
+int comm_case_async_abort(comm *c, char *err, size_t n)
+{
+    comm_async *q = NULL;
+    if (comm_async_new(c, NULL, NULL, &q) != 0) return call_failed(c, err, n);
+    float x[16] = {0};
+    int rc = 0;
+    if (c->rank == 1) {
+        comm_abort(c, "rank 1 ran out of memory");
+    } else {
+        long t = comm_async_all_reduce(q, x, 16);
+        rc |= t != 1;
+        rc |= comm_async_wait(q, t) == 0;
+        snprintf(err, n, "%s", comm_async_error(q));
+        rc |= comm_async_all_reduce(q, x, 16) != -1; /* the queue stays failed */
+        rc |= comm_async_wait_all(q) == 0;
+    }
+    comm_async_free(q);
+    return rc;
 }

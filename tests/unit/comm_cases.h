@@ -36,4 +36,17 @@ int comm_case_one_aborts(comm *c, char *err, size_t n);
  * comm_case_one_aborts. */
 int comm_case_one_missing(comm *c, double idle, char *err, size_t n);
 
+/* A communication queue (comm_async.h) beside the rank's own calls: 3
+ * all-reduces of different sizes, a reduce-scatter and an all-gather
+ * queued, blocking all-reduces on c meanwhile, then the waits: every
+ * result equal to the serial reference (the bits of the blocking calls).
+ * Returns as comm_case_collectives; 1 if the backend takes no queue. */
+int comm_case_async(comm *c, char *err, size_t n);
+
+/* Failure in a queue: rank 1 aborts ("rank 1 ran out of memory") while
+ * the others have an all-reduce queued: their wait must fail naming it,
+ * later calls fail at once, and comm_async_free returns (err: the wait's
+ * message). Returns 0 as expected. */
+int comm_case_async_abort(comm *c, char *err, size_t n);
+
 #endif

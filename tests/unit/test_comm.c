@@ -121,3 +121,25 @@ TEST_IMPL(comm_threads_timeout_names_the_wait)
                                           "for more than 0.2 s"));
     ASSERT_INT_LT((long)(jobs[0].seconds * 10), 20);
 }
+
+/* A communication queue (comm_async.h) beside the rank's own calls: the
+ * blocking calls' bits; an abort fails the queued call, naming the rank. */
+static int async_calls(rank_job *j, comm *c) { return comm_case_async(c, j->error, sizeof j->error); }
+static int async_abort(rank_job *j, comm *c) { return comm_case_async_abort(c, j->error, sizeof j->error); }
+
+TEST_IMPL(comm_threads_async_queue)
+{
+    rank_job jobs[P];
+    run_world(P, 30, async_calls, jobs);
+    for (int r = 0; r < P; r++) {
+        if (jobs[r].rc != 0) fprintf(stderr, "# rank %d: %d %s\n", r, jobs[r].rc, jobs[r].error);
+        ASSERT_INT_EQ(jobs[r].rc, 0);
+    }
+    run_world(3, 30, async_abort, jobs);
+    for (int r = 0; r < 3; r++) ASSERT_INT_EQ(jobs[r].rc, 0);
+    for (int r = 0; r < 3; r += 2) {
+        ASSERT_NOT_NULL(strstr(jobs[r].error, "all-reduce over 3 ranks"));
+        ASSERT_NOT_NULL(strstr(jobs[r].error, "rank 1 failed: rank 1 ran out of memory"));
+        ASSERT_INT_LT((long)(jobs[r].seconds * 10), 20); /* well within the 30 s timeout */
+    }
+}

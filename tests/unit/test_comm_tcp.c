@@ -367,3 +367,22 @@ TEST_IMPL(comm_tcp_address_from_env)
     ASSERT_NULL(comm_tcp_world(1, err, sizeof err));
     ASSERT_STR_EQ(err, "RANK=2 of WORLD_SIZE=2: no such rank");
 }
+
+/* A communication queue (comm_async.h) over TCP: its calls share the
+ * world's sockets with the rank's own, at the same time. */
+static int async_calls(rank_job *j, comm *c) { return comm_case_async(c, j->error, sizeof j->error); }
+static int async_abort(rank_job *j, comm *c) { return comm_case_async_abort(c, j->error, sizeof j->error); }
+
+TEST_IMPL(comm_tcp_async_queue)
+{
+    rank_job jobs[4] = {{0}};
+    run_world(4, 30, 0, async_calls, jobs);
+    expect_all_ok(jobs, 4);
+    run_world(3, 30, 0, async_abort, jobs);
+    for (int r = 0; r < 3; r++) ASSERT_INT_EQ(jobs[r].rc, 0);
+    for (int r = 0; r < 3; r += 2) {
+        ASSERT_NOT_NULL(strstr(jobs[r].error, "all-reduce over 3 ranks"));
+        ASSERT_NOT_NULL(strstr(jobs[r].error, "rank 1 ran out of memory"));
+        ASSERT_INT_LT((long)(jobs[r].seconds * 10), 20);
+    }
+}

@@ -142,7 +142,7 @@ static void check_training(const char *src)
     if (!ex) unit_fail(__FILE__, __LINE__, err);
     ASSERT_INT_EQ(p.setup.micro_batches, 2);
     int32_t in[32], tg[32];
-    mesh__step_stats st, first = {0, 0, 0, 1, 0};
+    mesh__step_stats st, first = {0, 0, 0, 1, 0, 0};
     for (int step = 1; step <= 40; step++) {
         batch(in, tg, 16, step);
         batch(in + 16, tg + 16, 16, step + 5);
@@ -335,6 +335,7 @@ typedef struct eq_run {
     const mesh_plan *plan;
     double loss[EQ_STEPS];
     int fail_rank, fail_step;
+    int overlapped; /* rank 0's gradient-sync calls issued during backward, at the last step */
 } eq_run;
 
 static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
@@ -361,6 +362,7 @@ static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
         mesh_status s = mesh_train_step(ctx, gin + part * (size_t)dr, gtg + part * (size_t)dr, &st);
         if (s != MESH_OK) return s;
         if (rank == 0) r->loss[step - 1] = st.loss;
+        if (rank == 0) r->overlapped = st.overlapped;
     }
     return MESH_OK;
 }
@@ -371,6 +373,8 @@ static void diag_to_stderr(void *ud, int level, const char *text)
     (void)level;
     fputs(text, stderr);
 }
+
+static int eq_overlapped; /* the last eq_losses run's eq_run.overlapped */
 
 /* The losses of 20 steps of src with the settings given. */
 static void eq_losses(const char *src, const char *const *sets, int n_sets, double *out)
@@ -386,10 +390,11 @@ static void eq_losses(const char *src, const char *const *sets, int n_sets, doub
     mesh_plan *mp = NULL;
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run r = {mp, {0}, -1, 0};
+    eq_run r = {mp, {0}, -1, 0, 0};
     mesh_status st = mesh_run_ranks(mp, eq_rank, &r);
     if (st != MESH_OK) unit_fail(__FILE__, __LINE__, "%s", mesh_last_error());
     memcpy(out, r.loss, sizeof r.loss);
+    eq_overlapped = r.overlapped;
     mesh_plan_free(mp);
 }
 
@@ -696,6 +701,58 @@ TEST_IMPL(parallel_guarded_arenas_match)
     }
 }
 
+/* The gradient sync overlapped with backward (runtime/exec_overlap.c)
+ * gives the bits of the sync after it, on every mesh it applies to: dp
+ * with ZeRO 0 and 1 (uneven shards on 3), the pipeline (its tied wte
+ * waits for the phase; interleaved chunks finish at different units),
+ * tp, moe's two data-parallel groups, bf16, and the guarded arena (the
+ * queue's thread opens the device's memory as a kernel does). Rank 0
+ * issued calls during backward where it has a data-parallel group, and
+ * none with ZeRO 2 or mesh_set_overlap(0). */
+TEST_IMPL(parallel_overlap_is_bit_identical)
+{
+    static const struct {
+        const char *src_name;
+        int n;
+        const char *sets[7];
+        int issues; /* rank 0 issues calls during backward */
+    } cases[] = {
+        {"tiny", 4, {"mesh.dp=2", "train.zero=0", "train.micro_batch=1", "train.global_batch=12"}, 1},
+        {"tiny", 4, {"mesh.dp=3", "train.zero=1", "train.micro_batch=1", "train.global_batch=12"}, 1},
+        {"llama", 4, {"mesh.dp=2", "train.zero=1", "train.micro_batch=1", "train.global_batch=8"}, 1},
+        {"tiny", 5, {"mesh.dp=2", "mesh.pp=2", "train.micro_batch=1", "train.global_batch=8", "train.schedule=1f1b"}, 1},
+        {"tiny", 7, {"mesh.dp=2", "mesh.pp=2", "model.layers=4", "train.virtual_stages=2", "train.schedule=interleaved",
+                     "train.micro_batch=1", "train.global_batch=8"}, 1},
+        {"tiny", 4, {"mesh.dp=2", "mesh.tp=2", "train.micro_batch=1", "train.global_batch=8"}, 1},
+        {"moe", 4, {"mesh.dp=2", "mesh.ep=2", "train.micro_batch=1", "train.global_batch=8"}, 1},
+        {"tiny", 4, {"mesh.dp=2", "train.precision=bf16", "train.micro_batch=1", "train.global_batch=8"}, 1},
+        {"tiny", 4, {"mesh.dp=2", "train.zero=2", "train.micro_batch=1", "train.global_batch=8"}, 0},
+    };
+    for (int v = 0; v < (int)(sizeof cases / sizeof cases[0]) + 1; v++) {
+        int guard = v == (int)(sizeof cases / sizeof cases[0]); /* last: dp2 x pp2 on the guarded arena */
+        int k = guard ? 3 : v;
+        const char *src = !strcmp(cases[k].src_name, "llama") ? llama_src
+                        : !strcmp(cases[k].src_name, "moe")   ? moe_src
+                                                              : tiny_src;
+        double after[EQ_STEPS], during[EQ_STEPS];
+        mesh__set_exec_flags(guard ? MESH__EXEC_GUARD : 0);
+        mesh_set_overlap(0);
+        eq_losses(src, cases[k].sets, cases[k].n, after);
+        ASSERT_INT_EQ(eq_overlapped, 0);
+        mesh_set_overlap(1);
+        eq_losses(src, cases[k].sets, cases[k].n, during);
+        mesh__set_exec_flags(0);
+        if ((eq_overlapped > 0) != cases[k].issues)
+            unit_fail(__FILE__, __LINE__, "%s %s %s: %d calls issued during backward", cases[k].src_name,
+                      cases[k].sets[0], cases[k].sets[1], eq_overlapped);
+        for (int s = 0; s < EQ_STEPS; s++)
+            if (during[s] != after[s])
+                unit_fail(__FILE__, __LINE__, "%s %s %s %s%s, step %d: %.17g overlapped, %.17g after backward",
+                          cases[k].src_name, cases[k].sets[0], cases[k].sets[1], cases[k].sets[2],
+                          guard ? " (guarded)" : "", s + 1, during[s], after[s]);
+    }
+}
+
 /* A rank that fails stops the others: mesh_run_ranks returns its status
  * and message, not a hang. */
 TEST_IMPL(parallel_failing_rank_stops_the_job)
@@ -710,7 +767,7 @@ TEST_IMPL(parallel_failing_rank_stops_the_job)
     mesh_plan *mp = NULL;
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run r = {mp, {0}, 2, 3};
+    eq_run r = {mp, {0}, 2, 3, 0};
     ASSERT_INT_EQ(mesh_run_ranks(mp, eq_rank, &r), MESH_ERR_IO);
     ASSERT_NOT_NULL(strstr(mesh_last_error(), "rank 2: "));
     ASSERT_INT_EQ(r.loss[2], 0); /* rank 0 never finished step 3 */
@@ -728,7 +785,7 @@ TEST_IMPL(parallel_failing_rank_stops_the_job)
     ASSERT_INT_EQ(mesh_compile("tiny.mesh", tiny_src, strlen(tiny_src), &opt, &text, &len), MESH_OK);
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run q = {mp, {0}, 3, 3};
+    eq_run q = {mp, {0}, 3, 3, 0};
     time_t t0 = time(NULL);
     ASSERT_INT_EQ(mesh_run_ranks(mp, eq_rank, &q), MESH_ERR_IO);
     ASSERT_NOT_NULL(strstr(mesh_last_error(), "rank 3: "));

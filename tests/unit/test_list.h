@@ -127,6 +127,7 @@ TEST(parallel_tp_pp_losses_equal_one_rank)
 TEST(parallel_ep_losses_equal_one_rank)
 TEST(parallel_mixed_precision_follows_one_rank)
 TEST(parallel_guarded_arenas_match)
+TEST(parallel_overlap_is_bit_identical)
 TEST(parallel_failing_rank_stops_the_job)
 
 /* mixed precision on the CPU reference: test_precision.c */
@@ -144,6 +145,7 @@ TEST(comm_threads_collectives_match_serial)
 TEST(comm_threads_split_groups)
 TEST(comm_threads_abort_stops_everyone)
 TEST(comm_threads_timeout_names_the_wait)
+TEST(comm_threads_async_queue)
 
 /* runtime: the TCP communicator and its rendezvous, test_comm_tcp.c */
 TEST(comm_tcp_collectives_match_serial)
@@ -155,6 +157,7 @@ TEST(comm_tcp_dead_process_is_named)
 TEST(comm_tcp_finish_names_the_failed_rank)
 TEST(comm_tcp_rendezvous)
 TEST(comm_tcp_address_from_env)
+TEST(comm_tcp_async_queue)
 
 /* runtime: the NCCL communicator, test_comm_nccl.c (without a GPU: SKIP) */
 TEST(comm_nccl_available_says_why)

@@ -1,0 +1,187 @@
+/* comm_async.c — a queue of collectives run in order by a thread of its
+ * own, over its own copy of the group (comm_async.h). */
+#include "comm_async.h"
+
+#include <pthread.h> /* pthread_*, the queue's thread, mutex and condition */
+#include <stdio.h>   /* snprintf */
+#include <stdlib.h>  /* calloc, malloc, free */
+#include <string.h>  /* strcmp */
+
+typedef enum { A_ALL_REDUCE, A_REDUCE_SCATTER, A_ALL_GATHER } acall_kind;
+
+typedef struct acall {
+    acall_kind kind;
+    const float *in;
+    float *out;
+    size_t n;
+} acall;
+
+struct comm_async {
+    comm *c; /* the queue's own: a split of the caller's group */
+    comm_async_bracket bracket;
+    void *ud;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* a call queued, one done, the end */
+    acall *q;          /* calls [done, issued) wait at q[k % cap] */
+    long cap, issued, done;
+    int failed, stop;
+    char error[sizeof ((comm *)0)->error];
+};
+
+static int run_call(comm_async *a, const acall *k)
+{
+    if (a->bracket) a->bracket(a->ud, 1);
+    int rc = k->kind == A_ALL_REDUCE       ? comm_all_reduce(a->c, k->out, k->n)
+           : k->kind == A_REDUCE_SCATTER   ? comm_reduce_scatter(a->c, k->in, k->out, k->n)
+                                           : comm_all_gather(a->c, k->in, k->out, k->n);
+    if (a->bracket) a->bracket(a->ud, 0);
+    return rc;
+}
+
+static void *progress(void *arg)
+{
+    comm_async *a = arg;
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        while (a->done == a->issued && !a->stop) pthread_cond_wait(&a->cv, &a->mu);
+        if (a->done == a->issued) break; /* stopped, nothing left */
+        acall k = a->q[a->done % a->cap];
+        int failed = a->failed;
+        pthread_mutex_unlock(&a->mu);
+        int rc = failed ? -1 : run_call(a, &k); /* after a failure the rest are dropped */
+        pthread_mutex_lock(&a->mu);
+        if (rc != 0 && !a->failed) {
+            a->failed = 1;
+            snprintf(a->error, sizeof a->error, "%s", a->c->error);
+        }
+        a->done++;
+        pthread_cond_broadcast(&a->cv);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+int comm_async_supported(const comm *c)
+{
+    const char *b = c->v->name;
+    return !strcmp(b, "threads") || !strcmp(b, "tcp") || (!strcmp(b, "mpi") && comm_mpi_thread_multiple());
+}
+
+int comm_async_new(comm *c, comm_async_bracket bracket, void *ud, comm_async **out)
+{
+    *out = NULL;
+    comm_async *a = calloc(1, sizeof *a);
+    int ok = a != NULL;
+    comm *own = NULL;
+    /* collective over c: every member splits, even one that is out of memory */
+    if (comm_split(c, ok ? 0 : -1, c->rank, &own) != 0) {
+        free(a);
+        return -1;
+    }
+    if (!ok || !own) {
+        comm_free(own);
+        free(a);
+        return comm_fail(c, "a communication queue", "out of memory");
+    }
+    a->c = own;
+    a->bracket = bracket;
+    a->ud = ud;
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->cv, NULL);
+    if (pthread_create(&a->thread, NULL, progress, a) != 0) {
+        pthread_cond_destroy(&a->cv);
+        pthread_mutex_destroy(&a->mu);
+        comm_free(own);
+        free(a);
+        return comm_fail(c, "a communication queue", "no thread for it");
+    }
+    *out = a;
+    return 0;
+}
+
+static long issue(comm_async *a, acall k)
+{
+    pthread_mutex_lock(&a->mu);
+    long t = -1;
+    if (a->failed) goto out;
+    if (a->issued - a->done == a->cap) { /* full: grow, keeping the pending calls in order */
+        long cap = a->cap ? 2 * a->cap : 64;
+        acall *q = malloc((size_t)cap * sizeof *q);
+        if (!q) {
+            a->failed = 1;
+            snprintf(a->error, sizeof a->error, "a communication queue over %d ranks: out of memory", a->c->size);
+            goto out;
+        }
+        for (long i = a->done; i < a->issued; i++) q[i % cap] = a->q[i % a->cap];
+        free(a->q);
+        a->q = q;
+        a->cap = cap;
+    }
+    a->q[a->issued % a->cap] = k;
+    t = ++a->issued;
+    pthread_cond_broadcast(&a->cv);
+out:
+    pthread_mutex_unlock(&a->mu);
+    return t;
+}
+
+long comm_async_all_reduce(comm_async *a, float *buf, size_t n)
+{
+    return issue(a, (acall){A_ALL_REDUCE, buf, buf, n});
+}
+
+long comm_async_reduce_scatter(comm_async *a, const float *in, float *out, size_t n)
+{
+    return issue(a, (acall){A_REDUCE_SCATTER, in, out, n});
+}
+
+long comm_async_all_gather(comm_async *a, const float *in, float *out, size_t n)
+{
+    return issue(a, (acall){A_ALL_GATHER, in, out, n});
+}
+
+int comm_async_wait(comm_async *a, long ticket)
+{
+    pthread_mutex_lock(&a->mu);
+    while (a->done < ticket && a->done < a->issued) pthread_cond_wait(&a->cv, &a->mu);
+    int rc = a->failed ? -1 : 0;
+    pthread_mutex_unlock(&a->mu);
+    return rc;
+}
+
+int comm_async_wait_all(comm_async *a)
+{
+    pthread_mutex_lock(&a->mu);
+    long t = a->issued;
+    pthread_mutex_unlock(&a->mu);
+    return comm_async_wait(a, t);
+}
+
+long comm_async_pending(const comm_async *a)
+{
+    comm_async *m = (comm_async *)a; /* the lock only */
+    pthread_mutex_lock(&m->mu);
+    long n = a->issued - a->done;
+    pthread_mutex_unlock(&m->mu);
+    return n;
+}
+
+void comm_async_abort(comm_async *a, const char *why) { comm_abort(a->c, why); }
+
+const char *comm_async_error(const comm_async *a) { return a->error; }
+
+void comm_async_free(comm_async *a)
+{
+    if (!a) return;
+    pthread_mutex_lock(&a->mu);
+    a->stop = 1;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    pthread_join(a->thread, NULL);
+    pthread_cond_destroy(&a->cv);
+    pthread_mutex_destroy(&a->mu);
+    comm_free(a->c);
+    free(a->q);
+    free(a);
+}
