@@ -4,7 +4,8 @@
 
 #include <stdarg.h> /* va_list */
 #include <stdio.h>  /* snprintf, vsnprintf */
-#include <stdlib.h> /* realloc */
+#include <stdlib.h> /* realloc, free */
+#include <string.h> /* memcpy */
 #include <time.h>   /* clock_gettime, nanosleep */
 
 int comm_all_reduce(comm *c, float *buf, size_t n) { return c->size == 1 ? 0 : c->v->all_reduce(c, buf, n); }
@@ -32,7 +33,76 @@ void comm_abort(comm *c, const char *why) { c->v->abort(c, why); }
 
 void comm_free(comm *c)
 {
-    if (c) c->v->free(c);
+    if (!c) return;
+    free(c->packed);
+    c->v->free(c);
+}
+
+/* Copies between the buffers of a _v call and one packed array p: whole
+ * (all_reduce_v) one after another; by chunk (reduce_scatter_v,
+ * all_gather_v) rank-major, each buffer's chunk q for q = 0, 1, ..., so
+ * that one call's chunk of a rank is its chunks of all. Ranks [q0, q1)
+ * only; in: into p, else out of it. */
+static void pack(const comm *c, float *const *bufs, const size_t *n, int k, int chunks, int q0, int q1, float *p,
+                 int in)
+{
+    for (int q = 0; q < (chunks ? q1 : 1); q++)
+        for (int i = 0; i < k; i++) {
+            size_t len = chunks ? n[i] / (size_t)c->size : n[i];
+            if (!chunks || q >= q0) {
+                if (in) memcpy(p, bufs[i] + (size_t)q * len, len * sizeof *p);
+                else memcpy(bufs[i] + (size_t)q * len, p, len * sizeof *p);
+            }
+            p += len;
+        }
+}
+
+/* c->packed, for all elements; NULL if out of memory. */
+static float *packed(comm *c, const size_t *n, int k, size_t *all)
+{
+    *all = 0;
+    for (int i = 0; i < k; i++) *all += n[i];
+    return comm_scratch(&c->packed, &c->packed_n, *all);
+}
+
+int comm_all_reduce_v(comm *c, float *const *bufs, const size_t *n, int k)
+{
+    if (c->size == 1 || k == 0) return 0;
+    if (c->v->all_reduce_v) return c->v->all_reduce_v(c, bufs, n, k);
+    if (k == 1) return c->v->all_reduce(c, bufs[0], n[0]);
+    size_t all;
+    float *p = packed(c, n, k, &all);
+    if (!p) return comm_fail(c, "all-reduce", "out of memory packing %d buffers", k);
+    pack(c, bufs, n, k, 0, 0, 1, p, 1);
+    if (c->v->all_reduce(c, p, all) != 0) return -1;
+    pack(c, bufs, n, k, 0, 0, 1, p, 0);
+    return 0;
+}
+
+int comm_reduce_scatter_v(comm *c, float *const *bufs, const size_t *n, int k)
+{
+    if (c->size == 1 || k == 0) return 0;
+    if (c->v->reduce_scatter_v) return c->v->reduce_scatter_v(c, bufs, n, k);
+    size_t all;
+    float *p = packed(c, n, k, &all), *mine = p + (size_t)c->rank * (all / (size_t)c->size);
+    if (!p) return comm_fail(c, "reduce-scatter", "out of memory packing %d buffers", k);
+    pack(c, bufs, n, k, 1, 0, c->size, p, 1);
+    if (c->v->reduce_scatter(c, p, mine, all / (size_t)c->size) != 0) return -1;
+    pack(c, bufs, n, k, 1, c->rank, c->rank + 1, p, 0);
+    return 0;
+}
+
+int comm_all_gather_v(comm *c, float *const *bufs, const size_t *n, int k)
+{
+    if (c->size == 1 || k == 0) return 0;
+    if (c->v->all_gather_v) return c->v->all_gather_v(c, bufs, n, k);
+    size_t all;
+    float *p = packed(c, n, k, &all), *mine = p + (size_t)c->rank * (all / (size_t)c->size);
+    if (!p) return comm_fail(c, "all-gather", "out of memory packing %d buffers", k);
+    pack(c, bufs, n, k, 1, c->rank, c->rank + 1, p, 1);
+    if (c->v->all_gather(c, mine, p, all / (size_t)c->size) != 0) return -1;
+    pack(c, bufs, n, k, 1, 0, c->size, p, 0);
+    return 0;
 }
 
 int comm_fail(comm *c, const char *op, const char *fmt, ...)

@@ -63,6 +63,16 @@ typedef struct comm_vtbl {
     /* not collective: stops every rank of the world, with why */
     void (*abort)(comm *c, const char *why);
     void (*free)(comm *c);
+    /* k buffers in one call (a gradient bucket), the same k and sizes on
+     * every member: all_reduce_v sums each bufs[i][n[i]] in place;
+     * reduce_scatter_v sums each and leaves this rank's chunk of it (n[i] /
+     * size elements, n[i] a multiple of size) at bufs[i] + rank x n[i] /
+     * size; all_gather_v fills each bufs[i] with every rank's chunk of it,
+     * this rank's being at bufs[i] + rank x n[i] / size. NULL: comm.c packs
+     * the buffers into one and makes one call (host memory) */
+    int (*all_reduce_v)(comm *c, float *const *bufs, const size_t *n, int k);
+    int (*reduce_scatter_v)(comm *c, float *const *bufs, const size_t *n, int k);
+    int (*all_gather_v)(comm *c, float *const *bufs, const size_t *n, int k);
 } comm_vtbl;
 
 struct comm {
@@ -70,12 +80,17 @@ struct comm {
     int rank, size;        /* in this group */
     int world_rank;        /* in the world */
     char error[320];       /* why the last call failed */
+    float *packed;         /* comm.c's: the buffers of a _v call packed into one (freed by comm_free) */
+    size_t packed_n;
 };
 
 /* Calls through the table; comm_free(NULL) does nothing. */
 int comm_all_reduce(comm *c, float *buf, size_t n);
 int comm_reduce_scatter(comm *c, const float *in, float *out, size_t n);
 int comm_all_gather(comm *c, const float *in, float *out, size_t n);
+int comm_all_reduce_v(comm *c, float *const *bufs, const size_t *n, int k);
+int comm_reduce_scatter_v(comm *c, float *const *bufs, const size_t *n, int k);
+int comm_all_gather_v(comm *c, float *const *bufs, const size_t *n, int k);
 int comm_all_to_all(comm *c, const float *in, const size_t *send, float *out, const size_t *recv);
 int comm_broadcast(comm *c, void *buf, size_t bytes, int root);
 int comm_send(comm *c, const void *buf, size_t bytes, int peer);

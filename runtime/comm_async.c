@@ -7,13 +7,23 @@
 #include <stdlib.h>  /* calloc, malloc, free */
 #include <string.h>  /* strcmp */
 
-typedef enum { A_ALL_REDUCE, A_REDUCE_SCATTER, A_ALL_GATHER } acall_kind;
+typedef enum {
+    A_ALL_REDUCE,
+    A_REDUCE_SCATTER,
+    A_ALL_GATHER,
+    A_ALL_REDUCE_V,
+    A_REDUCE_SCATTER_V,
+    A_ALL_GATHER_V
+} acall_kind;
 
 typedef struct acall {
     acall_kind kind;
     const float *in;
     float *out;
     size_t n;
+    float **bufs; /* _v: the queue's copies of the caller's arrays (one allocation, freed once run) */
+    size_t *ns;
+    int k;
 } acall;
 
 struct comm_async {
@@ -34,7 +44,10 @@ static int run_call(comm_async *a, const acall *k)
     if (a->bracket) a->bracket(a->ud, 1);
     int rc = k->kind == A_ALL_REDUCE       ? comm_all_reduce(a->c, k->out, k->n)
            : k->kind == A_REDUCE_SCATTER   ? comm_reduce_scatter(a->c, k->in, k->out, k->n)
-                                           : comm_all_gather(a->c, k->in, k->out, k->n);
+           : k->kind == A_ALL_GATHER       ? comm_all_gather(a->c, k->in, k->out, k->n)
+           : k->kind == A_ALL_REDUCE_V     ? comm_all_reduce_v(a->c, k->bufs, k->ns, k->k)
+           : k->kind == A_REDUCE_SCATTER_V ? comm_reduce_scatter_v(a->c, k->bufs, k->ns, k->k)
+                                           : comm_all_gather_v(a->c, k->bufs, k->ns, k->k);
     if (a->bracket) a->bracket(a->ud, 0);
     return rc;
 }
@@ -50,6 +63,7 @@ static void *progress(void *arg)
         int failed = a->failed;
         pthread_mutex_unlock(&a->mu);
         int rc = failed ? -1 : run_call(a, &k); /* after a failure the rest are dropped */
+        free(k.bufs);
         pthread_mutex_lock(&a->mu);
         if (rc != 0 && !a->failed) {
             a->failed = 1;
@@ -128,17 +142,51 @@ out:
 
 long comm_async_all_reduce(comm_async *a, float *buf, size_t n)
 {
-    return issue(a, (acall){A_ALL_REDUCE, buf, buf, n});
+    return issue(a, (acall){A_ALL_REDUCE, buf, buf, n, NULL, NULL, 0});
 }
 
 long comm_async_reduce_scatter(comm_async *a, const float *in, float *out, size_t n)
 {
-    return issue(a, (acall){A_REDUCE_SCATTER, in, out, n});
+    return issue(a, (acall){A_REDUCE_SCATTER, in, out, n, NULL, NULL, 0});
 }
 
 long comm_async_all_gather(comm_async *a, const float *in, float *out, size_t n)
 {
-    return issue(a, (acall){A_ALL_GATHER, in, out, n});
+    return issue(a, (acall){A_ALL_GATHER, in, out, n, NULL, NULL, 0});
+}
+
+static long issue_v(comm_async *a, acall_kind kind, float *const *bufs, const size_t *n, int k)
+{
+    /* the arrays copied, in one block: pointers, then sizes */
+    void *block = malloc((size_t)k * (sizeof(float *) + sizeof(size_t)) + 1);
+    if (!block) {
+        pthread_mutex_lock(&a->mu);
+        a->failed = 1;
+        snprintf(a->error, sizeof a->error, "a communication queue over %d ranks: out of memory", a->c->size);
+        pthread_mutex_unlock(&a->mu);
+        return -1;
+    }
+    float **b = block;
+    size_t *ns = (size_t *)(void *)(b + k);
+    for (int i = 0; i < k; i++) b[i] = bufs[i], ns[i] = n[i];
+    long t = issue(a, (acall){kind, NULL, NULL, 0, b, ns, k});
+    if (t < 0) free(block);
+    return t;
+}
+
+long comm_async_all_reduce_v(comm_async *a, float *const *bufs, const size_t *n, int k)
+{
+    return issue_v(a, A_ALL_REDUCE_V, bufs, n, k);
+}
+
+long comm_async_reduce_scatter_v(comm_async *a, float *const *bufs, const size_t *n, int k)
+{
+    return issue_v(a, A_REDUCE_SCATTER_V, bufs, n, k);
+}
+
+long comm_async_all_gather_v(comm_async *a, float *const *bufs, const size_t *n, int k)
+{
+    return issue_v(a, A_ALL_GATHER_V, bufs, n, k);
 }
 
 int comm_async_wait(comm_async *a, long ticket)
@@ -178,7 +226,7 @@ void comm_async_free(comm_async *a)
     a->stop = 1;
     pthread_cond_broadcast(&a->cv);
     pthread_mutex_unlock(&a->mu);
-    pthread_join(a->thread, NULL);
+    pthread_join(a->thread, NULL); /* (it ran, or dropped, every call queued) */
     pthread_cond_destroy(&a->cv);
     pthread_mutex_destroy(&a->mu);
     comm_free(a->c);

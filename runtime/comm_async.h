@@ -48,6 +48,10 @@ int comm_async_new(comm *c, comm_async_bracket bracket, void *ud, comm_async **o
 long comm_async_all_reduce(comm_async *a, float *buf, size_t n);
 long comm_async_reduce_scatter(comm_async *a, const float *in, float *out, size_t n);
 long comm_async_all_gather(comm_async *a, const float *in, float *out, size_t n);
+/* the bucket calls (comm.h's _v); the arrays are copied, the buffers not */
+long comm_async_all_reduce_v(comm_async *a, float *const *bufs, const size_t *n, int k);
+long comm_async_reduce_scatter_v(comm_async *a, float *const *bufs, const size_t *n, int k);
+long comm_async_all_gather_v(comm_async *a, float *const *bufs, const size_t *n, int k);
 
 /* Waits until the call of `ticket` (and all before it) has run: 0, or -1
  * if the queue failed. comm_async_wait_all: every call issued. */

@@ -440,7 +440,7 @@ static void m_free(comm *c)
 
 static const comm_vtbl mpi_vtbl = {
     "mpi", m_all_reduce, m_reduce_scatter, m_all_gather, m_all_to_all, m_broadcast, m_send, m_recv,
-    m_barrier, m_split, m_group_noop, m_group_noop, m_abort, m_free,
+    m_barrier, m_split, m_group_noop, m_group_noop, m_abort, m_free, NULL, NULL, NULL, /* _v: packed by comm.c */
 };
 
 comm *comm_mpi_world(double timeout_s, char *err, size_t n)
@@ -449,7 +449,7 @@ comm *comm_mpi_world(double timeout_s, char *err, size_t n)
     MPI_Comm mc = MPI_COMM_NULL, end = MPI_COMM_NULL;
     int rank = 0, rc;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    comm probe = {NULL, rank, 0, rank, ""};
+    comm probe = {NULL, rank, 0, rank, "", NULL, 0};
     watch(&probe, "making the world's communicator");
     rc = MPI_Comm_dup(MPI_COMM_WORLD, &mc);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_dup(MPI_COMM_WORLD, &end);

@@ -694,9 +694,37 @@ static void n_free(comm *c)
     if (!w->comms) free(w);
 }
 
+/* A bucket of device buffers: one call per buffer (comm.c's packing is
+ * host memory). */
+static int n_all_reduce_v(comm *c, float *const *bufs, const size_t *n, int k)
+{
+    for (int i = 0; i < k; i++)
+        if (n_all_reduce(c, bufs[i], n[i]) != 0) return -1;
+    return 0;
+}
+
+static int n_reduce_scatter_v(comm *c, float *const *bufs, const size_t *n, int k)
+{
+    for (int i = 0; i < k; i++) {
+        size_t len = n[i] / (size_t)c->size;
+        if (n_reduce_scatter(c, bufs[i], bufs[i] + (size_t)c->rank * len, len) != 0) return -1;
+    }
+    return 0;
+}
+
+static int n_all_gather_v(comm *c, float *const *bufs, const size_t *n, int k)
+{
+    for (int i = 0; i < k; i++) {
+        size_t len = n[i] / (size_t)c->size;
+        if (n_all_gather(c, bufs[i] + (size_t)c->rank * len, bufs[i], len) != 0) return -1;
+    }
+    return 0;
+}
+
 static const comm_vtbl nccl_vtbl = {
     "nccl", n_all_reduce, n_reduce_scatter, n_all_gather, n_all_to_all, n_broadcast, n_send, n_recv,
-    n_barrier, n_split, n_group_begin, n_group_end, n_abort, n_free,
+    n_barrier, n_split, n_group_begin, n_group_end, n_abort, n_free, n_all_reduce_v, n_reduce_scatter_v,
+    n_all_gather_v,
 };
 
 /* ---- the world -------------------------------------------------------- */

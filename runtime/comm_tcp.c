@@ -793,7 +793,7 @@ static void c_free(comm *c)
 
 static const comm_vtbl tcp_vtbl = {
     "tcp", c_all_reduce, c_reduce_scatter, c_all_gather, c_all_to_all, c_broadcast, c_send, c_recv,
-    c_barrier, c_split, c_group_noop, c_group_noop, c_abort, c_free,
+    c_barrier, c_split, c_group_noop, c_group_noop, c_abort, c_free, NULL, NULL, NULL, /* _v: packed by comm.c */
 };
 
 /* ---- making the world --------------------------------------------------- */

@@ -205,6 +205,112 @@ static int t_reduce_scatter(comm *c, const float *in, float *out, size_t n)
     return 0;
 }
 
+/* The _v calls: a member publishes its k buffers (the same n[] on every
+ * member), treated as one array of their elements laid end to end; each
+ * rank sums its 1/size of that array, as t_all_reduce does of one. */
+typedef struct vseg {
+    float *const *bufs; /* the member's k buffers */
+    const size_t *n;
+    int k;
+} vseg;
+
+/* Calls fn on each run [x, x + len) of the virtual array's [lo, hi) that
+ * lies in one buffer: its index i and its offset there. */
+static void runs(const size_t *n, int k, size_t lo, size_t hi, void (*fn)(void *, int, size_t, size_t, size_t),
+                 void *ud)
+{
+    size_t start = 0;
+    for (int i = 0; i < k && start < hi; start += n[i], i++) {
+        size_t a = lo > start ? lo : start, b = hi < start + n[i] ? hi : start + n[i];
+        if (a < b) fn(ud, i, a - start, a - lo, b - a);
+    }
+}
+
+typedef struct vsum {
+    const tgroup *g;
+    float *part;
+} vsum;
+
+/* part[at..] = the sum over members, in rank order, of their buffer i's [off, off + len) */
+static void sum_run(void *ud, int i, size_t off, size_t at, size_t len)
+{
+    vsum *v = ud;
+    float *restrict out = v->part + at;
+    memcpy(out, ((const vseg *)v->g->ptr[0])->bufs[i] + off, len * sizeof *out);
+    for (int q = 1; q < v->g->size; q++) {
+        const float *restrict in = ((const vseg *)v->g->ptr[q])->bufs[i] + off;
+        for (size_t e = 0; e < len; e++) out[e] += in[e];
+    }
+}
+
+/* every member's buffer i's [off, off + len) = part[at..] */
+static void copy_run(void *ud, int i, size_t off, size_t at, size_t len)
+{
+    vsum *v = ud;
+    for (int q = 0; q < v->g->size; q++)
+        memcpy(((const vseg *)v->g->ptr[q])->bufs[i] + off, v->part + at, len * sizeof *v->part);
+}
+
+static int t_all_reduce_v(comm *c, float *const *bufs, const size_t *n, int k)
+{
+    tcomm *t = (tcomm *)c;
+    tgroup *g = t->g;
+    size_t all = 0;
+    for (int i = 0; i < k; i++) all += n[i];
+    size_t lo = all * (size_t)c->rank / (size_t)g->size, hi = all * (size_t)(c->rank + 1) / (size_t)g->size;
+    vseg me = {bufs, n, k};
+    vsum v = {g, scratch(t, hi - lo)};
+    if (!v.part) return out_of_memory(t, "all-reduce");
+    g->ptr[c->rank] = &me;
+    if (meet(t, "all-reduce") != 0) return -1;
+    runs(n, k, lo, hi, sum_run, &v);
+    if (meet_committed(t, "all-reduce") != 0) return -1;
+    runs(n, k, lo, hi, copy_run, &v);
+    return meet_committed(t, "all-reduce");
+}
+
+static int t_reduce_scatter_v(comm *c, float *const *bufs, const size_t *n, int k)
+{
+    tcomm *t = (tcomm *)c;
+    tgroup *g = t->g;
+    size_t all = 0;
+    for (int i = 0; i < k; i++) all += n[i] / (size_t)g->size;
+    vseg me = {bufs, n, k};
+    vsum v = {g, scratch(t, all)};
+    if (!v.part) return out_of_memory(t, "reduce-scatter");
+    g->ptr[c->rank] = &me;
+    if (meet(t, "reduce-scatter") != 0) return -1;
+    size_t at = 0;
+    for (int i = 0; i < k; i++) { /* this rank's chunk of each */
+        size_t len = n[i] / (size_t)g->size;
+        sum_run(&v, i, (size_t)c->rank * len, at, len);
+        at += len;
+    }
+    if (meet_committed(t, "reduce-scatter") != 0) return -1; /* no one reads the buffers after it */
+    at = 0;
+    for (int i = 0; i < k; i++) {
+        size_t len = n[i] / (size_t)g->size;
+        memcpy(bufs[i] + (size_t)c->rank * len, v.part + at, len * sizeof *v.part);
+        at += len;
+    }
+    return 0;
+}
+
+static int t_all_gather_v(comm *c, float *const *bufs, const size_t *n, int k)
+{
+    tcomm *t = (tcomm *)c;
+    tgroup *g = t->g;
+    vseg me = {bufs, n, k};
+    g->ptr[c->rank] = &me;
+    if (meet(t, "all-gather") != 0) return -1;
+    for (int q = 0; q < g->size; q++) /* every peer's chunk of each, from its buffers */
+        for (int i = 0; q != c->rank && i < k; i++) {
+            size_t len = n[i] / (size_t)g->size;
+            memcpy(bufs[i] + (size_t)q * len, ((const vseg *)g->ptr[q])->bufs[i] + (size_t)q * len, len * sizeof(float));
+        }
+    return meet_committed(t, "all-gather");
+}
+
 static int t_all_gather(comm *c, const float *in, float *out, size_t n)
 {
     tcomm *t = (tcomm *)c;
@@ -443,7 +549,8 @@ static void t_free(comm *c)
 
 static const comm_vtbl threads_vtbl = {
     "threads", t_all_reduce, t_reduce_scatter, t_all_gather, t_all_to_all, t_broadcast, t_send, t_recv,
-    t_barrier, t_split, t_group_noop, t_group_noop, t_abort, t_free,
+    t_barrier, t_split, t_group_noop, t_group_noop, t_abort, t_free, t_all_reduce_v, t_reduce_scatter_v,
+    t_all_gather_v,
 };
 
 comm_threads_world *comm_threads_world_new(int size, double timeout_s)

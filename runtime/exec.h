@@ -39,7 +39,8 @@ typedef struct mesh__step_stats {
     double loss_scale; /* the loss scale the step's backward used (1 but with fp16) */
     int skipped;      /* fp16: the gradients overflowed, the step was skipped (params and
                          AdamW unchanged) and the loss scale lowered */
-    int overlapped;   /* gradient-sync collectives issued during backward (exec_overlap.c) */
+    int overlapped;   /* collectives run while the rank computed (exec_overlap.c): the gradient
+                         sync during backward, ZeRO-3's gathers a layer ahead */
 } mesh__step_stats;
 
 /* Creates the executor for a plan (which must outlive it) and initialises
@@ -65,7 +66,8 @@ enum {
     MESH__EXEC_DETERMINISTIC = 2u,
     MESH__EXEC_CUDA = 4u,
     MESH__EXEC_GUARD = 8u,
-    MESH__EXEC_NO_OVERLAP = 16u /* the gradient sync after backward, not during it (exec_overlap.c) */
+    MESH__EXEC_NO_OVERLAP = 16u, /* the gradient sync after backward, not during it (exec_overlap.c) */
+    MESH__EXEC_NO_BUCKETS = 32u  /* tests: one collective per param, not per bucket (exec__bucketed) */
 };
 mesh__exec *mesh__exec_create_flags(const plan *p, mesh_alloc_fn alloc, void *ud, unsigned flags, char *err,
                                     size_t n);

@@ -123,6 +123,12 @@ struct mesh__exec {
     size_t ov_n;
     int ov_last;         /* running the last backward of its chunk this step: gradients finish */
     int ov_step_calls;   /* calls issued during this step's backward */
+    int no_buckets;      /* MESH__EXEC_NO_BUCKETS */
+    float **bk_bufs;     /* a bucket's call: 2 x steps buffers and their sizes (exec__bucket_call) */
+    size_t *bk_n;
+    long *pf_ticket;     /* ZeRO-3 prefetch, per plan step: the gather in flight's ticket */
+    int *pf_it;          /* and its iteration (-1: none in flight, -2: a step never prefetched) */
+    int pf_step_calls;   /* gathers prefetched this step */
     char error[400];     /* why the last step failed */
     int counting;        /* in a training step: bytes sent are counted */
     int chain;           /* deterministic: the data-parallel ranks add their gradients one after
@@ -274,6 +280,18 @@ int exec__sum_doubles_dev(mesh__exec *ex, comm *c, double *x, int n, float *dscr
 /* The group a collective step runs over on this rank (NULL: a group of one). */
 comm *exec__step_comm(const mesh__exec *ex, const plan_step *st);
 
+/* Gradient buckets (the plan's `bucket`): is step s a data-parallel
+ * gradient sum (zero 0/1) or after-optimizer gather that goes in its
+ * bucket's one call? bucket_end: the end of the run of steps from q (below
+ * end) in q's bucket. bucket_call: steps [q, r) at iteration it in one
+ * call (comm.h's _v; two when some shards are uneven), skipping params
+ * this stage does not hold; blocking (queue NULL: counts the bytes, skips
+ * what the overlap issued) or queued. The calls made (0 to 2), or -1 with
+ * ex->error. */
+int exec__bucketed(const mesh__exec *ex, int s);
+int exec__bucket_end(const mesh__exec *ex, int q, int end);
+int exec__bucket_call(mesh__exec *ex, int q, int r, int it, comm_async *queue);
+
 /* exec_overlap.c: the gradient sync overlapped with backward. init (after
  * the groups, collective over the data-parallel ones): 0, -1 out of
  * memory, -2 a queue failed (ex->error). step_begin: before a step's first
@@ -289,6 +307,13 @@ int exec__overlap_layer_done(mesh__exec *ex, int it);
 int exec__overlap_parts_done(mesh__exec *ex, int here, int left);
 int exec__overlap_wait(mesh__exec *ex);
 int exec__overlap_issued(const mesh__exec *ex, const plan_step *st, int it);
+
+/* ZeRO-3 prefetch: issues the gathers among steps [from, to) (a stack
+ * block) for iteration it, the next one (0, or -1 with ex->error).
+ * prefetched: step st's gather at it was prefetched: waits for it (1), 0
+ * if it was not, -1 if it failed (ex->error). */
+int exec__prefetch(mesh__exec *ex, int from, int to, int it);
+int exec__prefetched(mesh__exec *ex, const plan_step *st, int it);
 
 /* exec_params.c */
 void exec__param_runs(const mesh__exec *ex, int id, int rt, int re, run_fn fn, void *ctx);

@@ -14,8 +14,14 @@
  * are the same calls as the phase's, on a copy of the same group, so the
  * sums are the same bits (tests: parallel_overlap_is_bit_identical).
  *
- * Not overlapped: ZeRO-2/3 (their reduce-scatters are in backward already,
- * into staging reused per layer), the deterministic chain, a GPU (NCCL's
+ * ZeRO-3 prefetch: a layer's params are gathered whole into one of two
+ * buffers (iterations alternate); while iteration it of the stack computes,
+ * in forward and in backward, the queue gathers the next iteration's into
+ * the other, and the next iteration waits for them instead of gathering.
+ * Within one unit's phase: the first layer a phase runs gathers as before.
+ *
+ * Not overlapped: ZeRO-2/3's reduce-scatters (in backward already, into
+ * staging reused per layer), the deterministic chain, a GPU (NCCL's
  * overlap is a stream of its own, not a thread), a backend that cannot
  * take calls from two threads (comm_async_supported), mesh_set_overlap(0).
  */
@@ -56,25 +62,45 @@ static int parts_using(const mesh__exec *ex, int id)
     return mask;
 }
 
+/* ZeRO-3: is step s a gather of a layer's param whose next iteration's
+ * gather can be issued while this one computes (into the other of the
+ * layer's two gathered buffers)? */
+static int prefetch_step(const mesh__exec *ex, int s)
+{
+    const plan *p = ex->p;
+    const plan_step *st = &p->steps[s];
+    if ((st->phase != PLAN_FORWARD && st->phase != PLAN_BACKWARD) || st->kind != STEP_ALL_GATHER || st->axis != 0)
+        return 0;
+    return p->setup.zero == 3 && ex->stack >= 0 && st->region == ex->stack && p->tensors[st->node].op == G_PARAM &&
+           exec__staged(ex, st->node) && exec__step_comm(ex, st) != NULL;
+}
+
 static void bracket(void *ud, int open) { dev_guard(((mesh__exec *)ud)->dev, open); }
 
 int exec__overlap_init(mesh__exec *ex, unsigned flags)
 {
     const plan *p = ex->p;
-    if ((flags & MESH__EXEC_NO_OVERLAP) || ex->gpu || ex->chain || p->setup.zero >= 2) return 0;
+    ex->no_buckets = (flags & MESH__EXEC_NO_BUCKETS) != 0;
+    ex->bk_bufs = exec__host_calloc(ex, 2 * (size_t)p->n_steps, sizeof *ex->bk_bufs);
+    ex->bk_n = exec__host_calloc(ex, 2 * (size_t)p->n_steps, sizeof *ex->bk_n);
+    if (!ex->bk_bufs || !ex->bk_n) return -1;
+    if ((flags & MESH__EXEC_NO_OVERLAP) || ex->gpu || ex->chain) return 0;
     int any = 0;
     comm *groups[2] = {ex->data, ex->axis[0] != ex->data ? ex->axis[0] : NULL};
     for (int g = 0; g < 2; g++)
         if (groups[g] && !comm_async_supported(groups[g])) return 0;
-    for (int s = 0; s < p->n_steps && !any; s++) any = early_step(ex, s);
+    for (int s = 0; s < p->n_steps && !any; s++) any = (p->setup.zero <= 1 && early_step(ex, s)) || prefetch_step(ex, s);
     if (!any) return 0;
     ex->ov_at = exec__host_calloc(ex, (size_t)p->n_steps, sizeof *ex->ov_at);
     ex->ov_parts = exec__host_calloc(ex, (size_t)p->n_steps, sizeof *ex->ov_parts);
-    if (!ex->ov_at || !ex->ov_parts) return -1;
+    ex->pf_ticket = exec__host_calloc(ex, (size_t)p->n_steps, sizeof *ex->pf_ticket);
+    ex->pf_it = exec__host_calloc(ex, (size_t)p->n_steps, sizeof *ex->pf_it);
+    if (!ex->ov_at || !ex->ov_parts || !ex->pf_ticket || !ex->pf_it) return -1;
     size_t flags_n = 0;
     for (int s = 0; s < p->n_steps; s++) {
         ex->ov_at[s] = -1;
-        if (!early_step(ex, s)) continue;
+        ex->pf_it[s] = prefetch_step(ex, s) ? -1 : -2; /* -2: never prefetched; -1: none in flight */
+        if (p->setup.zero >= 2 || !early_step(ex, s)) continue;
         ex->ov_at[s] = (int)flags_n;
         flags_n += (size_t)ex->copies[p->steps[s].node];
         if (p->steps[s].region != ex->stack || ex->stack < 0) ex->ov_parts[s] = (signed char)parts_using(ex, p->steps[s].node);
@@ -104,9 +130,17 @@ void exec__overlap_free(mesh__exec *ex)
     exec__host_free(ex, ex->ov_at, ex->ov_at ? (size_t)ex->p->n_steps * sizeof *ex->ov_at : 0);
     exec__host_free(ex, ex->ov_parts, ex->ov_parts ? (size_t)ex->p->n_steps : 0);
     exec__host_free(ex, ex->ov_issued, ex->ov_n);
+    exec__host_free(ex, ex->bk_bufs, ex->bk_bufs ? 2 * (size_t)ex->p->n_steps * sizeof *ex->bk_bufs : 0);
+    exec__host_free(ex, ex->bk_n, ex->bk_n ? 2 * (size_t)ex->p->n_steps * sizeof *ex->bk_n : 0);
+    ex->bk_bufs = NULL;
+    ex->bk_n = NULL;
+    exec__host_free(ex, ex->pf_ticket, ex->pf_ticket ? (size_t)ex->p->n_steps * sizeof *ex->pf_ticket : 0);
+    exec__host_free(ex, ex->pf_it, ex->pf_it ? (size_t)ex->p->n_steps * sizeof *ex->pf_it : 0);
     ex->ov_at = NULL;
     ex->ov_parts = NULL;
     ex->ov_issued = NULL;
+    ex->pf_ticket = NULL;
+    ex->pf_it = NULL;
 }
 
 static comm_async *queue_of(const mesh__exec *ex, const comm *c)
@@ -114,47 +148,77 @@ static comm_async *queue_of(const mesh__exec *ex, const comm *c)
     return c == ex->ov_comm[0] ? ex->ov_q[0] : c == ex->ov_comm[1] ? ex->ov_q[1] : NULL;
 }
 
-/* Issues copy k of step s's sync. */
-static int issue(mesh__exec *ex, int s, int k)
+/* Issues steps [q, r) of one bucket (early, finished, not yet issued) at
+ * iteration it as one call, and marks them issued. */
+static int issue(mesh__exec *ex, int q, int r, int it)
+{
+    comm_async *queue = queue_of(ex, exec__step_comm(ex, &ex->p->steps[q]));
+    int calls = exec__bucket_call(ex, q, r, it, queue);
+    if (calls < 0) return -1;
+    ex->ov_step_calls += calls;
+    for (int s = q; s < r; s++)
+        if (ex->copies[ex->p->steps[s].node] > 0)
+            ex->ov_issued[ex->ov_at[s] + exec__param_copy(ex, ex->p->steps[s].node, it)] = 1;
+    return 0;
+}
+
+/* The end of the run from q of steps that ready() says may go now, in
+ * q's bucket. */
+static int ready_run(const mesh__exec *ex, int q, int (*ready)(const mesh__exec *, int, int), int arg)
+{
+    int r = q + 1, end = exec__bucket_end(ex, q, ex->p->n_steps);
+    while (r < end && ready(ex, r, arg)) r++;
+    return r;
+}
+
+/* A layer's step: early, in the stack, its copy of iteration it not issued. */
+static int layer_ready(const mesh__exec *ex, int s, int it)
 {
     const plan_step *st = &ex->p->steps[s];
-    comm *c = exec__step_comm(ex, st);
-    comm_async *q = queue_of(ex, c);
-    int it = exec__copy_it(ex, st->node, k);
-    float *g = exec__gptr(ex, st->node, it);
-    size_t n = (size_t)(exec__buf_of(ex, st->node)->bytes / 4), part = n / (size_t)c->size;
-    long t = st->kind == STEP_REDUCE_SCATTER && n % (size_t)c->size == 0
-           ? comm_async_reduce_scatter(q, g, exec__at(ex, g, (size_t)c->rank * part), part)
-           : comm_async_all_reduce(q, g, n); /* (uneven shards: the whole sum, as the phase does) */
-    ex->ov_issued[ex->ov_at[s] + k] = 1;
-    ex->ov_step_calls++;
-    if (t > 0) return 0;
-    snprintf(ex->error, sizeof ex->error, "rank %d: %s(dp) of tensor %d (grad-sync, overlapped): %s", ex->rank,
-             st->kind == STEP_REDUCE_SCATTER ? "reduce-scatter" : "all-reduce", st->node, comm_async_error(q));
-    return -1;
+    return ex->ov_at[s] >= 0 && st->region == ex->stack &&
+           !ex->ov_issued[ex->ov_at[s] + exec__param_copy(ex, st->node, it)];
 }
 
 int exec__overlap_layer_done(mesh__exec *ex, int it)
 {
     if (!ex->ov_last || !ex->ov_issued || ex->stack < 0) return 0;
     for (int s = 0; s < ex->p->n_steps; s++) {
-        if (ex->ov_at[s] < 0 || ex->p->steps[s].region != ex->stack) continue;
-        int k = (int)exec__param_copy(ex, ex->p->steps[s].node, it);
-        if (!ex->ov_issued[ex->ov_at[s] + k] && issue(ex, s, k) != 0) return -1;
+        if (!layer_ready(ex, s, it)) continue;
+        int r = ready_run(ex, s, layer_ready, it);
+        if (issue(ex, s, r, it) != 0) return -1;
+        s = r - 1;
     }
     return 0;
+}
+
+/* A step outside the stack: early, backward adds nothing more to its
+ * param (arg: the parts it still adds in, in bits 0-2, and those the
+ * unit's chunk runs, in bits 3-5), not issued. */
+static int part_ready(const mesh__exec *ex, int s, int arg)
+{
+    int left = arg & 7, here = arg >> 3, parts = ex->ov_parts[s];
+    if (ex->ov_at[s] < 0 || (ex->p->steps[s].region == ex->stack && ex->stack >= 0)) return 0;
+    /* backward still adds to it: in this unit, or in another chunk's (the
+     * part before the stack is chunk 0's, the part after the last's) */
+    if ((parts & left) || (parts & ~here)) return 0;
+    for (int k = 0; k < ex->copies[ex->p->steps[s].node]; k++)
+        if (ex->ov_issued[ex->ov_at[s] + k]) return 0;
+    return 1;
 }
 
 int exec__overlap_parts_done(mesh__exec *ex, int here, int left)
 {
     if (!ex->ov_last || !ex->ov_issued) return 0;
+    int arg = left | here << 3;
     for (int s = 0; s < ex->p->n_steps; s++) {
-        if (ex->ov_at[s] < 0 || (ex->p->steps[s].region == ex->stack && ex->stack >= 0)) continue;
-        /* backward still adds to it: in this unit, or in another chunk's
-         * (the part before the stack is chunk 0's, the part after the last's) */
-        if ((ex->ov_parts[s] & left) || (ex->ov_parts[s] & ~here)) continue;
-        for (int k = 0; k < ex->copies[ex->p->steps[s].node]; k++)
-            if (!ex->ov_issued[ex->ov_at[s] + k] && issue(ex, s, k) != 0) return -1;
+        if (!part_ready(ex, s, arg)) continue;
+        int r = ready_run(ex, s, part_ready, arg);
+        /* a step outside the stack has one copy, or a non-stack region's
+         * (issued per iteration) */
+        int copies = ex->p->steps[s].region >= 0 ? (int)ex->p->regions[ex->p->steps[s].region].count : 1;
+        for (int k = 0; k < copies; k++)
+            if (issue(ex, s, r, k) != 0) return -1;
+        s = r - 1;
     }
     return 0;
 }
@@ -183,4 +247,53 @@ void exec__overlap_step_begin(mesh__exec *ex)
 {
     if (ex->ov_issued) memset(ex->ov_issued, 0, ex->ov_n);
     ex->ov_step_calls = 0;
+    ex->pf_step_calls = 0;
+}
+
+/* ---- ZeRO-3: the next layer's params gathered while this one computes -- */
+
+int exec__prefetch(mesh__exec *ex, int from, int to, int it)
+{
+    if (!ex->pf_it) return 0;
+    for (int s = from; s < to; s++) {
+        if (ex->pf_it[s] == -2) continue;
+        const plan_step *st = &ex->p->steps[s];
+        comm *c = exec__step_comm(ex, st);
+        comm_async *q = queue_of(ex, c);
+        /* the rank's shard into its place in the whole, then every rank's
+         * (collective() does the same, blocking) */
+        float *w = exec__vptr(ex, st->node, it);
+        size_t n = (size_t)(exec__buf_of(ex, st->node)->bytes / 4), sh = ex->shard[st->node];
+        size_t lo = (size_t)c->rank * sh, hi = lo + sh < n ? lo + sh : n;
+        if (hi > lo && exec__dcopy(ex, w + lo, exec__pshard(ex, st->node, it), (hi - lo) * sizeof *w) != 0) return -1;
+        long t;
+        if (n % (size_t)c->size == 0) {
+            t = comm_async_all_gather(q, w + lo, w, sh);
+        } else { /* uneven: a sum of the shards over zeros is the gather, exactly */
+            exec__fill(ex, w, 0, lo * sizeof *w);
+            if (hi < n) exec__fill(ex, w + hi, 0, (n - hi) * sizeof *w);
+            t = comm_async_all_reduce(q, w, n);
+        }
+        if (t < 0) {
+            snprintf(ex->error, sizeof ex->error, "rank %d: all-gather(dp) of tensor %d (%s, prefetched): %s", ex->rank,
+                     st->node, plan_phase_name(st->phase), comm_async_error(q));
+            return -1;
+        }
+        ex->pf_ticket[s] = t;
+        ex->pf_it[s] = it;
+        ex->pf_step_calls++;
+    }
+    return 0;
+}
+
+int exec__prefetched(mesh__exec *ex, const plan_step *st, int it)
+{
+    int s = (int)(st - ex->p->steps);
+    if (!ex->pf_it || ex->pf_it[s] != it) return 0;
+    comm_async *q = queue_of(ex, exec__step_comm(ex, st));
+    ex->pf_it[s] = -1;
+    if (comm_async_wait(q, ex->pf_ticket[s]) == 0) return 1;
+    snprintf(ex->error, sizeof ex->error, "rank %d: all-gather(dp) of tensor %d (%s, prefetched): %s", ex->rank,
+             st->node, plan_phase_name(st->phase), comm_async_error(q));
+    return -1;
 }

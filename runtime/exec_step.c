@@ -114,6 +114,80 @@ comm *exec__step_comm(const mesh__exec *ex, const plan_step *st)
     return st->axis == 2 ? ex->tied : ex->axis[st->axis];
 }
 
+int exec__bucketed(const mesh__exec *ex, int s)
+{
+    const plan_step *st = &ex->p->steps[s];
+    if (ex->no_buckets || st->bucket < 1 || st->axis != 0 || ex->p->tensors[st->node].op != G_PARAM || !exec__step_comm(ex, st)) return 0;
+    if (st->phase == PLAN_AFTER_OPTIMIZER) return st->kind == STEP_ALL_GATHER;
+    return st->phase == PLAN_GRAD_SYNC && ex->p->setup.zero <= 1 && !ex->chain &&
+           (st->kind == STEP_ALL_REDUCE || st->kind == STEP_REDUCE_SCATTER);
+}
+
+int exec__bucket_end(const mesh__exec *ex, int q, int end)
+{
+    const plan_step *a = &ex->p->steps[q];
+    int r = q + 1;
+    while (r < end && exec__bucketed(ex, r) && ex->p->steps[r].bucket == a->bucket &&
+           ex->p->steps[r].region == a->region && ex->p->steps[r].phase == a->phase &&
+           exec__step_comm(ex, &ex->p->steps[r]) == exec__step_comm(ex, a))
+        r++;
+    return r;
+}
+
+int exec__bucket_call(mesh__exec *ex, int q, int r, int it, comm_async *queue)
+{
+    const plan *p = ex->p;
+    const plan_step *first = &p->steps[q];
+    comm *c = exec__step_comm(ex, first);
+    int kind = first->kind, a = 0, b = 0;
+    /* even: the kind's own call (reduce-scatter, all-gather, all-reduce);
+     * uneven shards: the whole sum (a gather's over zeros), as collective() */
+    float **even = ex->bk_bufs, **uneven = ex->bk_bufs + p->n_steps;
+    size_t *ne = ex->bk_n, *nu = ex->bk_n + p->n_steps;
+    for (int s = q; s < r; s++) {
+        const plan_step *st = &p->steps[s];
+        if (ex->copies[st->node] == 0) continue; /* not held on this stage */
+        if (!queue) {
+            if (ex->counting && st->kind < STEP_SLICE) ex->sent[st->kind][st->axis] += (double)st->elems * 4;
+            if (exec__overlap_issued(ex, st, it)) continue; /* run during backward */
+        }
+        size_t n = (size_t)(exec__buf_of(ex, st->node)->bytes / 4);
+        float *x = kind == STEP_ALL_GATHER ? exec__vptr(ex, st->node, it) : exec__gptr(ex, st->node, it);
+        if (kind != STEP_ALL_REDUCE && n % (size_t)c->size == 0) {
+            even[a] = x, ne[a++] = n;
+            continue;
+        }
+        if (kind == STEP_ALL_GATHER) { /* the rank's shard, zeros around it */
+            size_t sh = ex->shard[st->node], lo = (size_t)c->rank * sh, hi = lo + sh < n ? lo + sh : n;
+            exec__fill(ex, x, 0, lo * sizeof *x);
+            if (hi < n) exec__fill(ex, x + hi, 0, (n - hi) * sizeof *x);
+        }
+        uneven[b] = x, nu[b++] = n;
+    }
+    const char *what = kind == STEP_ALL_GATHER ? "all-gather" : kind == STEP_REDUCE_SCATTER ? "reduce-scatter"
+                                                                                           : "all-reduce";
+    int rc = 0;
+    if (queue) {
+        long t = !a ? 0
+               : kind == STEP_REDUCE_SCATTER ? comm_async_reduce_scatter_v(queue, even, ne, a)
+                                             : comm_async_all_gather_v(queue, even, ne, a);
+        if (t >= 0 && b) t = comm_async_all_reduce_v(queue, uneven, nu, b);
+        if (t >= 0) return (a > 0) + (b > 0);
+        snprintf(ex->error, sizeof ex->error, "rank %d: %s(dp) of bucket %d (%s, overlapped): %s", ex->rank, what,
+                 first->bucket, plan_phase_name(first->phase), comm_async_error(queue));
+        return -1;
+    }
+    if (a)
+        rc = EXEC_COMM(ex, kind == STEP_REDUCE_SCATTER ? comm_reduce_scatter_v(c, even, ne, a)
+                                                       : comm_all_gather_v(c, even, ne, a));
+    if (rc == 0 && b) rc = EXEC_COMM(ex, comm_all_reduce_v(c, uneven, nu, b));
+    for (int i = 0; rc == 0 && kind == STEP_ALL_REDUCE && i < b; i++) exec__round(ex, uneven[i], nu[i]);
+    if (rc != 0)
+        snprintf(ex->error, sizeof ex->error, "rank %d: %s(dp) of bucket %d (%d tensors, %s): %s", ex->rank, what,
+                 first->bucket, a + b, plan_phase_name(first->phase), c->error);
+    return rc ? -1 : (a > 0) + (b > 0);
+}
+
 /* A collective step of the program on the rank's group of its axis. */
 static int collective(mesh__exec *ex, const plan_step *st, int it)
 {
@@ -122,6 +196,8 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
     if (ex->chain && st->axis == 0 && st->kind == STEP_ALL_REDUCE) return 0; /* the chain summed them */
     if (c && ex->counting && st->kind < STEP_SLICE) ex->sent[st->kind][st->axis] += (double)st->elems * 4;
     if (exec__overlap_issued(ex, st, it)) return 0; /* run during backward (exec_overlap.c) */
+    int pf = exec__prefetched(ex, st, it);          /* ZeRO-3: gathered while the layer before computed */
+    if (pf != 0) return pf > 0 ? 0 : -1;
     if (st->kind == STEP_ALL_TO_ALL && nt->op == G_MOE) return 0; /* the op exchanges its rows itself */
     if (!c) return 0; /* a group of one */
     int rc = -1;
@@ -337,6 +413,12 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
     for (int s = 0; s < p->n_steps;) {
         const plan_step *st = &p->steps[s];
         if (st->phase != phase) { s++; continue; }
+        if (sync && st->region < 0 && exec__bucketed(ex, s)) { /* a bucket outside any region: one call */
+            int r = exec__bucket_end(ex, s, p->n_steps);
+            if (exec__bucket_call(ex, s, r, 0, NULL) < 0) return -1;
+            s = r;
+            continue;
+        }
         int e = s + 1;
         if (st->region >= 0)
             while (e < p->n_steps && p->steps[e].phase == phase && p->steps[e].region == st->region) e++;
@@ -349,11 +431,18 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
                    : stack         ? ex->first_layer + (back ? count - 1 - k : k)
                                    : back ? count - 1 - k : k;
             if (back && st->region >= 0) start_carries(ex, st->region, it);
+            if (stack && !sync && k + 1 < count && /* ZeRO-3: the next layer's params, gathered meanwhile */
+                exec__prefetch(ex, s, e, ex->first_layer + (back ? count - 2 - k : k + 1)) != 0)
+                return -1;
             if (back && stack && ex->ms->zlayer) /* zero >= 2: the layer's gradients, staged */
                 exec__fill(ex, ex->arena + ex->gathered_at + ex->ms->zfixed, 0, (size_t)ex->ms->zlayer);
             for (int q = s; q < e; q++) {
                 const plan_step *sq = &p->steps[q];
-                if (sq->kind != STEP_COMPUTE) {
+                if (sync && exec__bucketed(ex, q)) { /* a layer's bucket: one call */
+                    int r = exec__bucket_end(ex, q, e);
+                    if (exec__bucket_call(ex, q, r, it, NULL) < 0) return -1;
+                    q = r - 1;
+                } else if (sq->kind != STEP_COMPUTE) {
                     if (collective(ex, sq, it) != 0) return -1;
                 } else if (back && sq->recompute) {
                     ex->recomputing = 1;
@@ -579,7 +668,7 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
         run_phase(ex, PLAN_GRAD_SYNC) != 0 || exec__sum_doubles(ex, ex->axis[2], &loss, 1) != 0 ||
         (!ex->chain && exec__sum_doubles(ex, ex->data, &loss, 1) != 0))
         return -2;
-    st->overlapped = ex->ov_step_calls;
+    st->overlapped = ex->ov_step_calls + ex->pf_step_calls;
     loss /= (double)m * ex->data_ranks;
     /* mixed precision: the summed gradients stored in the plan's precision;
      * with a loss scale, the clipping below is of the unscaled norm */

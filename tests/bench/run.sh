@@ -64,8 +64,8 @@ for m in 2x1 4x1 1x2 2x2; do # one rank: the table above
         (cd "$tmp" && "$OLDPWD/$TRAIN_BENCH" "tiny-$m.plan" 20) || exit 1
 done
 # a larger model, where the gradient sync is worth hiding: GPT-2 small's
-# width with 4 layers, dp 2 (and ZeRO-1)
-for z in 0 1; do
+# width with 4 layers, dp 2 (ZeRO 0, 1, and 3: its gathers a layer ahead)
+for z in 0 1 3; do
     "$MESHC" -o "$tmp/gpt2-4l-dp2-z$z.plan" examples/gpt2.mesh --set model.layers=4 --set mesh.dp=2 --set mesh.tp=1 \
         --set mesh.pp=1 --set train.global_batch=4 --set train.micro_batch=2 --set train.seq_len=64 \
         --set train.zero=$z --set train.precision=fp32 >/dev/null 2>&1 &&

@@ -14,7 +14,8 @@
 
 enum { COMM_CASES_MAX_RANKS = 8 };
 
-/* Every collective against a serial reference (sums in rank order, equal
+/* Every collective (the bucket calls, all_reduce_v, reduce_scatter_v and
+ * all_gather_v, too) against a serial reference (sums in rank order, equal
  * to the bit), point to point around the ring with sends first, and a
  * receive of the wrong size, whose message goes to note. A group of 2 to
  * COMM_CASES_MAX_RANKS ranks. Returns 0 if all passed; -1 if a call failed
@@ -36,9 +37,9 @@ int comm_case_one_aborts(comm *c, char *err, size_t n);
  * comm_case_one_aborts. */
 int comm_case_one_missing(comm *c, double idle, char *err, size_t n);
 
-/* A communication queue (comm_async.h) beside the rank's own calls: 3
- * all-reduces of different sizes, a reduce-scatter and an all-gather
- * queued, blocking all-reduces on c meanwhile, then the waits: every
+/* A communication queue (comm_async.h) beside the rank's own calls: an
+ * all-reduce, a reduce-scatter, a bucket of two (all_reduce_v) and an
+ * all-gather queued, blocking all-reduces on c meanwhile, then the waits: every
  * result equal to the serial reference (the bits of the blocking calls).
  * Returns as comm_case_collectives; 1 if the backend takes no queue. */
 int comm_case_async(comm *c, char *err, size_t n);
@@ -46,7 +47,8 @@ int comm_case_async(comm *c, char *err, size_t n);
 /* Failure in a queue: rank 1 aborts ("rank 1 ran out of memory") while
  * the others have an all-reduce queued: their wait must fail naming it,
  * later calls fail at once, and comm_async_free returns (err: the wait's
- * message). Returns 0 as expected. */
+ * message; or the queue's making's, when the abort came before a peer had
+ * finished it). Returns 0 as expected. */
 int comm_case_async_abort(comm *c, char *err, size_t n);
 
 #endif

@@ -701,14 +701,16 @@ TEST_IMPL(parallel_guarded_arenas_match)
     }
 }
 
-/* The gradient sync overlapped with backward (runtime/exec_overlap.c)
- * gives the bits of the sync after it, on every mesh it applies to: dp
- * with ZeRO 0 and 1 (uneven shards on 3), the pipeline (its tied wte
- * waits for the phase; interleaved chunks finish at different units),
- * tp, moe's two data-parallel groups, bf16, and the guarded arena (the
+/* The gradient sync in buckets (one call per bucket of the plan), the
+ * sync overlapped with backward and ZeRO-3's gathers a layer ahead
+ * (runtime/exec_overlap.c) give the bits of one collective per param in
+ * turn, on every mesh they apply to: dp with ZeRO 0, 1 and 3 (uneven
+ * shards on 3), the pipeline (its tied wte waits for the phase;
+ * interleaved chunks finish at different units), tp, moe's two
+ * data-parallel groups, bf16, recompute, and the guarded arena (the
  * queue's thread opens the device's memory as a kernel does). Rank 0
- * issued calls during backward where it has a data-parallel group, and
- * none with ZeRO 2 or mesh_set_overlap(0). */
+ * overlapped calls where it has a data-parallel group, and none with
+ * ZeRO 2 or mesh_set_overlap(0). */
 TEST_IMPL(parallel_overlap_is_bit_identical)
 {
     static const struct {
@@ -727,16 +729,28 @@ TEST_IMPL(parallel_overlap_is_bit_identical)
         {"moe", 4, {"mesh.dp=2", "mesh.ep=2", "train.micro_batch=1", "train.global_batch=8"}, 1},
         {"tiny", 4, {"mesh.dp=2", "train.precision=bf16", "train.micro_batch=1", "train.global_batch=8"}, 1},
         {"tiny", 4, {"mesh.dp=2", "train.zero=2", "train.micro_batch=1", "train.global_batch=8"}, 0},
+        /* ZeRO-3: the next layer's gathers prefetched, in forward and backward */
+        {"tiny", 5, {"mesh.dp=2", "train.zero=3", "model.layers=3", "train.micro_batch=1", "train.global_batch=8"}, 1},
+        {"tiny", 5, {"mesh.dp=3", "train.zero=3", "model.layers=3", "train.micro_batch=1", "train.global_batch=12"}, 1},
+        {"llama", 5, {"mesh.dp=2", "train.zero=3", "train.recompute=full", "train.micro_batch=1",
+                      "train.global_batch=8"}, 1},
+        {"tiny", 6, {"mesh.dp=2", "train.zero=3", "mesh.pp=2", "model.layers=4", "train.micro_batch=1",
+                     "train.global_batch=8"}, 1},
+        {"moe", 5, {"mesh.dp=2", "train.zero=3", "mesh.ep=2", "train.micro_batch=1", "train.global_batch=8"}, 1},
     };
-    for (int v = 0; v < (int)(sizeof cases / sizeof cases[0]) + 1; v++) {
-        int guard = v == (int)(sizeof cases / sizeof cases[0]); /* last: dp2 x pp2 on the guarded arena */
-        int k = guard ? 3 : v;
+    enum { N_CASES = sizeof cases / sizeof cases[0] };
+    for (int v = 0; v < N_CASES + 2; v++) {
+        int guard = v >= N_CASES; /* last: dp2 x pp2 and dp2 ZeRO-3 on the guarded arena */
+        int k = v == N_CASES ? 3 : v == N_CASES + 1 ? 9 : v;
         const char *src = !strcmp(cases[k].src_name, "llama") ? llama_src
                         : !strcmp(cases[k].src_name, "moe")   ? moe_src
                                                               : tiny_src;
-        double after[EQ_STEPS], during[EQ_STEPS];
-        mesh__set_exec_flags(guard ? MESH__EXEC_GUARD : 0);
+        double after[EQ_STEPS], during[EQ_STEPS], each[EQ_STEPS];
+        unsigned g = guard ? MESH__EXEC_GUARD : 0;
+        mesh__set_exec_flags(g | MESH__EXEC_NO_BUCKETS); /* the reference: a call per param, in turn */
         mesh_set_overlap(0);
+        eq_losses(src, cases[k].sets, cases[k].n, each);
+        mesh__set_exec_flags(g);
         eq_losses(src, cases[k].sets, cases[k].n, after);
         ASSERT_INT_EQ(eq_overlapped, 0);
         mesh_set_overlap(1);
@@ -746,10 +760,10 @@ TEST_IMPL(parallel_overlap_is_bit_identical)
             unit_fail(__FILE__, __LINE__, "%s %s %s: %d calls issued during backward", cases[k].src_name,
                       cases[k].sets[0], cases[k].sets[1], eq_overlapped);
         for (int s = 0; s < EQ_STEPS; s++)
-            if (during[s] != after[s])
-                unit_fail(__FILE__, __LINE__, "%s %s %s %s%s, step %d: %.17g overlapped, %.17g after backward",
-                          cases[k].src_name, cases[k].sets[0], cases[k].sets[1], cases[k].sets[2],
-                          guard ? " (guarded)" : "", s + 1, during[s], after[s]);
+            if (during[s] != each[s] || after[s] != each[s])
+                unit_fail(__FILE__, __LINE__, "%s %s %s %s%s, step %d: %.17g overlapped, %.17g in buckets after "
+                          "backward, %.17g a call per param", cases[k].src_name, cases[k].sets[0], cases[k].sets[1],
+                          cases[k].sets[2], guard ? " (guarded)" : "", s + 1, during[s], after[s], each[s]);
     }
 }
 
