@@ -537,10 +537,11 @@ int memplan_build(memplan *m, const plan *p, int float_bytes, unsigned flags) {
         ms->pinned = pinned;
         ms->shared = shared;
         /* zero >= 2: full gradients staged before their reduce-scatter (the
-         * params outside the stack, one layer); zero = 3: the params' values
-         * gathered whole for use (outside the stack, the layer in use and
-         * the one prefetched) */
-        ms->gathered = (p->setup.zero >= 2 ? ms->zfixed + ms->zlayer : 0) +
+         * params outside the stack, and two layers: the one in backward and
+         * the one before it, whose reduce-scatter is still running); zero =
+         * 3: the params' values gathered whole for use (outside the stack,
+         * the layer in use and the one prefetched) */
+        ms->gathered = (p->setup.zero >= 2 ? ms->zfixed + 2 * ms->zlayer : 0) +
                        (p->setup.zero == 3 ? ms->zfixed + 2 * ms->zlayer : 0);
         ms->workspace = ms->pinned + ms->shared + ms->recompute + ms->gathered;
         ms->comm = comm;

@@ -27,11 +27,13 @@
  *               (first fit over their live intervals); recompute: one layer's
  *               saved activations, rebuilt before its backward; gathered:
  *               with zero >= 2 the full gradients of the params outside the
- *               stack this stage holds and of one layer, each reduce-scattered
- *               into the sharded grads once its backward is done (per micro-
+ *               stack this stage holds and of two layers (iterations
+ *               alternate: one layer's reduce-scatter runs while the next
+ *               one's backward fills the other), each reduce-scattered into
+ *               the sharded grads once its backward is done (per micro-
  *               batch); then with zero = 3 those params' values gathered whole
  *               for use, the layers' twice (the layer in use and the next,
- *               prefetched on a GPU);
+ *               prefetched);
  *   comm        the largest collective's output buffer (sequence parallelism
  *               packs a tensor's slices in it around a reduce-scatter or an
  *               all-gather; a vocabulary-parallel cross-entropy exchanges its

@@ -129,6 +129,14 @@ struct mesh__exec {
     long *pf_ticket;     /* ZeRO-3 prefetch, per plan step: the gather in flight's ticket */
     int *pf_it;          /* and its iteration (-1: none in flight, -2: a step never prefetched) */
     int pf_step_calls;   /* gathers prefetched this step */
+    struct ex_rs {        /* ZeRO-2/3: the reduce-scatters queued in backward, not yet added to their
+                             shards (rs_n, in issue order) */
+        int node, it;
+        long ticket;
+        comm_async *queue;
+    } *rs;
+    int rs_n, rs_cap;
+    int rs_step_calls;   /* reduce-scatters queued this step */
     char error[400];     /* why the last step failed */
     int counting;        /* in a training step: bytes sent are counted */
     int chain;           /* deterministic: the data-parallel ranks add their gradients one after
@@ -307,6 +315,19 @@ int exec__overlap_layer_done(mesh__exec *ex, int it);
 int exec__overlap_parts_done(mesh__exec *ex, int here, int left);
 int exec__overlap_wait(mesh__exec *ex);
 int exec__overlap_issued(const mesh__exec *ex, const plan_step *st, int it);
+
+/* zero 2/3: the micro-batch's sum of copy it of param id (in its staged
+ * gradient, after its reduce-scatter), added to the rank's shard. 0, or
+ * -1 (ex->error). */
+int exec__zshard_add(mesh__exec *ex, int id, int it);
+
+/* ZeRO-2/3's reduce-scatter of a param's staged gradient in backward, on
+ * the queue: rs_issue queues step st's at iteration it (1), 0 if there is
+ * no queue (the caller runs it), -1 on failure. rs_finish waits for the
+ * queued ones of layer iterations of parity `parity` (-1: all of them)
+ * and adds each to its shard, in issue order. 0, or -1 (ex->error). */
+int exec__rs_issue(mesh__exec *ex, const plan_step *st, int it);
+int exec__rs_finish(mesh__exec *ex, int parity);
 
 /* ZeRO-3 prefetch: issues the gathers among steps [from, to) (a stack
  * block) for iteration it, the next one (0, or -1 with ex->error).

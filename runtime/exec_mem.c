@@ -206,14 +206,14 @@ int exec__staged(const mesh__exec *ex, int id)
 
 /* Where copy it of a staged param is: its gradient (grad = 1) or with
  * zero 3 its value gathered whole. The staging area holds the gradients
- * (the params outside the stack, one layer), then the values (outside the
- * stack, two layers: a layer's iterations alternate). */
+ * (the params outside the stack, two layers), then the values (outside
+ * the stack, two layers): a layer's iterations alternate in both. */
 static float *staged(const mesh__exec *ex, int id, int it, int grad)
 {
     const mem_buf *b = exec__buf_of(ex, id);
     const mem_stage *ms = ex->ms;
-    int64_t at = ex->gathered_at + (grad ? 0 : ms->zfixed + ms->zlayer) + b->zoffset;
-    if (exec__in_stack(ex, id)) at += ms->zfixed + (grad ? 0 : (int64_t)(it % 2) * ms->zlayer);
+    int64_t at = ex->gathered_at + (grad ? 0 : ms->zfixed + 2 * ms->zlayer) + b->zoffset;
+    if (exec__in_stack(ex, id)) at += ms->zfixed + (int64_t)(it % 2) * ms->zlayer;
     else at += exec__param_copy(ex, id, it) * b->bytes;
     return (float *)(void *)(ex->arena + at);
 }

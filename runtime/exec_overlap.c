@@ -20,10 +20,15 @@
  * the other, and the next iteration waits for them instead of gathering.
  * Within one unit's phase: the first layer a phase runs gathers as before.
  *
- * Not overlapped: ZeRO-2/3's reduce-scatters (in backward already, into
- * staging reused per layer), the deterministic chain, a GPU (NCCL's
- * overlap is a stream of its own, not a thread), a backend that cannot
- * take calls from two threads (comm_async_supported), mesh_set_overlap(0).
+ * ZeRO-2/3's reduce-scatters of a layer's staged gradients (per
+ * micro-batch, in backward) go on the queue too; the staging area has two
+ * layers, iterations alternate, and a buffer's sums are waited for and
+ * added to the shards before backward fills it again (exec__rs_finish;
+ * all of them at the end of each backward).
+ *
+ * Not overlapped: the deterministic chain, a GPU (NCCL's overlap is a
+ * stream of its own, not a thread), a backend that cannot take calls from
+ * two threads (comm_async_supported), mesh_set_overlap(0).
  */
 #include "exec_impl.h"
 
@@ -75,6 +80,16 @@ static int prefetch_step(const mesh__exec *ex, int s)
            exec__staged(ex, st->node) && exec__step_comm(ex, st) != NULL;
 }
 
+/* ZeRO-2/3: is step s a reduce-scatter of a param's staged gradient in
+ * backward (per micro-batch), which the queue can run while backward goes
+ * on? */
+static int rs_step(const mesh__exec *ex, int s)
+{
+    const plan_step *st = &ex->p->steps[s];
+    return st->phase == PLAN_BACKWARD && st->kind == STEP_REDUCE_SCATTER && st->axis == 0 &&
+           ex->p->tensors[st->node].op == G_PARAM && exec__staged(ex, st->node) && exec__step_comm(ex, st) != NULL;
+}
+
 static void bracket(void *ud, int open) { dev_guard(((mesh__exec *)ud)->dev, open); }
 
 int exec__overlap_init(mesh__exec *ex, unsigned flags)
@@ -89,8 +104,17 @@ int exec__overlap_init(mesh__exec *ex, unsigned flags)
     comm *groups[2] = {ex->data, ex->axis[0] != ex->data ? ex->axis[0] : NULL};
     for (int g = 0; g < 2; g++)
         if (groups[g] && !comm_async_supported(groups[g])) return 0;
-    for (int s = 0; s < p->n_steps && !any; s++) any = (p->setup.zero <= 1 && early_step(ex, s)) || prefetch_step(ex, s);
-    if (!any) return 0;
+    int rs = 0;
+    for (int s = 0; s < p->n_steps; s++) {
+        any |= (p->setup.zero <= 1 && early_step(ex, s)) || prefetch_step(ex, s);
+        rs += rs_step(ex, s);
+    }
+    if (!any && !rs) return 0;
+    if (rs) { /* at most each once per layer in flight (two) and once outside the stack */
+        ex->rs_cap = 2 * rs;
+        ex->rs = exec__host_calloc(ex, (size_t)ex->rs_cap, sizeof *ex->rs);
+        if (!ex->rs) return -1;
+    }
     ex->ov_at = exec__host_calloc(ex, (size_t)p->n_steps, sizeof *ex->ov_at);
     ex->ov_parts = exec__host_calloc(ex, (size_t)p->n_steps, sizeof *ex->ov_parts);
     ex->pf_ticket = exec__host_calloc(ex, (size_t)p->n_steps, sizeof *ex->pf_ticket);
@@ -130,6 +154,8 @@ void exec__overlap_free(mesh__exec *ex)
     exec__host_free(ex, ex->ov_at, ex->ov_at ? (size_t)ex->p->n_steps * sizeof *ex->ov_at : 0);
     exec__host_free(ex, ex->ov_parts, ex->ov_parts ? (size_t)ex->p->n_steps : 0);
     exec__host_free(ex, ex->ov_issued, ex->ov_n);
+    exec__host_free(ex, ex->rs, ex->rs ? (size_t)ex->rs_cap * sizeof *ex->rs : 0);
+    ex->rs = NULL;
     exec__host_free(ex, ex->bk_bufs, ex->bk_bufs ? 2 * (size_t)ex->p->n_steps * sizeof *ex->bk_bufs : 0);
     exec__host_free(ex, ex->bk_n, ex->bk_n ? 2 * (size_t)ex->p->n_steps * sizeof *ex->bk_n : 0);
     ex->bk_bufs = NULL;
@@ -248,6 +274,8 @@ void exec__overlap_step_begin(mesh__exec *ex)
     if (ex->ov_issued) memset(ex->ov_issued, 0, ex->ov_n);
     ex->ov_step_calls = 0;
     ex->pf_step_calls = 0;
+    ex->rs_step_calls = 0;
+    ex->rs_n = 0; /* (left by a failed step: its queue failed too) */
 }
 
 /* ---- ZeRO-3: the next layer's params gathered while this one computes -- */
@@ -296,4 +324,50 @@ int exec__prefetched(mesh__exec *ex, const plan_step *st, int it)
     snprintf(ex->error, sizeof ex->error, "rank %d: all-gather(dp) of tensor %d (%s, prefetched): %s", ex->rank,
              st->node, plan_phase_name(st->phase), comm_async_error(q));
     return -1;
+}
+
+/* ---- ZeRO-2/3: a layer's reduce-scatters while the layer below runs --- */
+
+int exec__rs_issue(mesh__exec *ex, const plan_step *st, int it)
+{
+    if (!ex->rs) return 0;
+    comm *c = exec__step_comm(ex, st);
+    comm_async *q = queue_of(ex, c);
+    if (!q) return 0;
+    if (ex->rs_n == ex->rs_cap) { /* (cannot happen: the layers alternate) */
+        snprintf(ex->error, sizeof ex->error, "rank %d: more than %d reduce-scatters in flight", ex->rank, ex->rs_cap);
+        return -1;
+    }
+    float *g = exec__gptr(ex, st->node, it);
+    size_t n = (size_t)(exec__buf_of(ex, st->node)->bytes / 4), part = n / (size_t)c->size;
+    long t = n % (size_t)c->size == 0 ? comm_async_reduce_scatter(q, g, exec__at(ex, g, (size_t)c->rank * part), part)
+                                      : comm_async_all_reduce(q, g, n); /* uneven: the whole sum */
+    if (t < 0) {
+        snprintf(ex->error, sizeof ex->error, "rank %d: reduce-scatter(dp) of tensor %d (backward, overlapped): %s",
+                 ex->rank, st->node, comm_async_error(q));
+        return -1;
+    }
+    ex->rs[ex->rs_n++] = (struct ex_rs){st->node, it, t, q};
+    ex->rs_step_calls++;
+    return 1;
+}
+
+int exec__rs_finish(mesh__exec *ex, int parity)
+{
+    int kept = 0;
+    for (int i = 0; i < ex->rs_n; i++) {
+        struct ex_rs r = ex->rs[i];
+        if (parity >= 0 && !(exec__in_stack(ex, r.node) && r.it % 2 == parity)) { /* the other buffer's: later */
+            ex->rs[kept++] = r;
+            continue;
+        }
+        if (comm_async_wait(r.queue, r.ticket) != 0) {
+            snprintf(ex->error, sizeof ex->error, "rank %d: reduce-scatter(dp) of tensor %d (backward, overlapped): %s",
+                     ex->rank, r.node, comm_async_error(r.queue));
+            return -1;
+        }
+        if (exec__zshard_add(ex, r.node, r.it) != 0) return -1;
+    }
+    ex->rs_n = kept;
+    return 0;
 }

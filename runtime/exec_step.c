@@ -188,6 +188,16 @@ int exec__bucket_call(mesh__exec *ex, int q, int r, int it, comm_async *queue)
     return rc ? -1 : (a > 0) + (b > 0);
 }
 
+int exec__zshard_add(mesh__exec *ex, int id, int it)
+{
+    size_t lo, len;
+    float *m, *v, *sh = exec__gshard(ex, id, it), *g = exec__gptr(ex, id, it);
+    exec__shard_of(ex, id, it, &lo, &len, &m, &v);
+    if (EXEC_KERN(ex, add_into, sh, exec__at(ex, g, lo), len) != 0) return exec__kern_failed(ex, "ZeRO's shard");
+    exec__round(ex, sh, len);
+    return 0;
+}
+
 /* A collective step of the program on the rank's group of its axis. */
 static int collective(mesh__exec *ex, const plan_step *st, int it)
 {
@@ -227,18 +237,14 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
         break;
     case STEP_REDUCE_SCATTER: { /* ZeRO's gradient sync: this rank's shard summed, in place */
         what = "reduce-scatter";
+        int queued = zparam ? exec__rs_issue(ex, st, it) : 0; /* zero 2/3: while backward goes on */
+        if (queued != 0) return queued > 0 ? 0 : -1;
         float *g = exec__gptr(ex, st->node, it);
         if (n % (size_t)c->size == 0)
             rc = EXEC_COMM(ex, comm_reduce_scatter(c, g, exec__at(ex, g, (size_t)c->rank * part), part));
         else /* uneven shards: the whole sum, of which it uses its part */
             rc = EXEC_COMM(ex, comm_all_reduce(c, g, n));
-        if (rc == 0 && zparam) { /* zero 2/3: the micro-batch's sum, added to the rank's shard */
-            size_t lo, len;
-            float *m, *v, *sh = exec__gshard(ex, st->node, it);
-            exec__shard_of(ex, st->node, it, &lo, &len, &m, &v);
-            if (EXEC_KERN(ex, add_into, sh, exec__at(ex, g, lo), len) != 0) return exec__kern_failed(ex, "ZeRO's shard");
-            exec__round(ex, sh, len);
-        }
+        if (rc == 0 && zparam && exec__zshard_add(ex, st->node, it) != 0) return -1;
         break;
     }
     case STEP_ALL_GATHER: { /* ZeRO: every rank's shard, into the whole param */
@@ -434,8 +440,13 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
             if (stack && !sync && k + 1 < count && /* ZeRO-3: the next layer's params, gathered meanwhile */
                 exec__prefetch(ex, s, e, ex->first_layer + (back ? count - 2 - k : k + 1)) != 0)
                 return -1;
-            if (back && stack && ex->ms->zlayer) /* zero >= 2: the layer's gradients, staged */
-                exec__fill(ex, ex->arena + ex->gathered_at + ex->ms->zfixed, 0, (size_t)ex->ms->zlayer);
+            if (back && stack && ex->ms->zlayer) { /* zero >= 2: the layer's gradients, staged (layers alternate
+                                                      between two buffers: the one before's reduce-scatter may
+                                                      still be running, the one two before's has to be done) */
+                if (exec__rs_finish(ex, it % 2) != 0) return -1;
+                exec__fill(ex, ex->arena + ex->gathered_at + ex->ms->zfixed + (it % 2) * ex->ms->zlayer, 0,
+                           (size_t)ex->ms->zlayer);
+            }
             for (int q = s; q < e; q++) {
                 const plan_step *sq = &p->steps[q];
                 if (sync && exec__bucketed(ex, q)) { /* a layer's bucket: one call */
@@ -466,6 +477,7 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
         if (back && ex->ov_last && exec__overlap_parts_done(ex, here, left) != 0) return -1;
         s = e;
     }
+    if (back && exec__rs_finish(ex, -1) != 0) return -1; /* zero >= 2: every shard has its sum */
     if (phase == PLAN_FORWARD && ex->chunk < ex->chunks - 1) return pipe_transfer(ex, 0, 1);
     if (back && ex->chunk > 0) return pipe_transfer(ex, 1, 1);
     return 0;
@@ -668,7 +680,7 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
         run_phase(ex, PLAN_GRAD_SYNC) != 0 || exec__sum_doubles(ex, ex->axis[2], &loss, 1) != 0 ||
         (!ex->chain && exec__sum_doubles(ex, ex->data, &loss, 1) != 0))
         return -2;
-    st->overlapped = ex->ov_step_calls + ex->pf_step_calls;
+    st->overlapped = ex->ov_step_calls + ex->pf_step_calls + ex->rs_step_calls;
     loss /= (double)m * ex->data_ranks;
     /* mixed precision: the summed gradients stored in the plan's precision;
      * with a loss scale, the clipping below is of the unscaled norm */

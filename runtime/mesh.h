@@ -215,8 +215,9 @@ typedef struct mesh_step_stats {
     int skipped;      /* fp16: the scaled gradients overflowed, so the step changed nothing
                          but the loss scale (halved when dynamic); 0 otherwise */
     int overlapped;   /* this rank's collectives that ran on a communication thread while it
-                         computed (mesh_set_overlap): gradient sums during backward, ZeRO-3's
-                         gathers of the next layer; 0 without data parallelism */
+                         computed (mesh_set_overlap): gradient sums during backward, ZeRO-2/3's
+                         reduce-scatters, ZeRO-3's gathers of the next layer; 0 without data
+                         parallelism */
 } mesh_step_stats;
 
 /* One training step: micro_batches x micro_batch x seq_len input ids and
@@ -430,11 +431,11 @@ mesh_status mesh_set_deterministic(int on);
  * each param's gradient over its data-parallel ranks while backward goes
  * on (issued as soon as the last micro-batch's backward has finished it,
  * run by a communication thread of the rank), as DDP and Megatron-LM
- * overlap their gradient buckets; with ZeRO-3 the next layer's params are
- * gathered while a layer computes (FSDP's prefetch). Off, each in turn.
- * The numbers are the same bits either way. ZeRO-2/3's reduce-scatters,
- * the deterministic order, GPUs and MPI without MPI_THREAD_MULTIPLE run in
- * turn. */
+ * overlap their gradient buckets; with ZeRO-2/3 a layer's reduce-scatters
+ * run while the layer below computes, and with ZeRO-3 the next layer's
+ * params are gathered while a layer computes (FSDP's prefetch). Off, each
+ * in turn. The numbers are the same bits either way. The deterministic
+ * order, GPUs and MPI without MPI_THREAD_MULTIPLE run in turn. */
 mesh_status mesh_set_overlap(int on);
 
 /* The device contexts train on. */

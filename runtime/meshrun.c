@@ -65,9 +65,10 @@ static const char usage_text[] =
     "                 training when there is no GPU or a plan it does not run\n"
     "  --deterministic  data-parallel ranks add their gradients in turn, in the\n"
     "                 one-rank order: the one-rank losses bit for bit (dp, ZeRO 0)\n"
-    "  --no-overlap   sum the gradients over the data-parallel ranks after\n"
-    "                 backward, not while it runs, and gather ZeRO-3's params\n"
-    "                 when used, not a layer ahead (the same numbers)\n"
+    "  --no-overlap   run each collective in its turn: the gradient sync after\n"
+    "                 backward, not during it; ZeRO's reduce-scatters and\n"
+    "                 gathers when due, not a layer behind or ahead (the same\n"
+    "                 numbers)\n"
     "  --local-rank=N accepted and ignored (torchrun's)\n"
     "  --prompt TEXT, --tokens N (200), --temperature T (0.8), --seed S (0),\n"
     "  --bpe DIR (GPT-2 BPE for a model that is not byte-level)\n"
@@ -325,8 +326,7 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
         skipped = 0;
         if (step == first && lead && st.overlapped > 0) {
             printf("meshrun: overlap: %d collective%s a step run on a communication thread while the rank "
-                   "computes (the gradient sync during backward, ZeRO-3's gathers a layer ahead; --no-overlap: in "
-                   "turn)\n", st.overlapped, st.overlapped == 1 ? "" : "s");
+                   "computes (--no-overlap: in turn)\n", st.overlapped, st.overlapped == 1 ? "" : "s");
             fflush(stdout);
         }
         if (st.skipped && lead) { /* fp16: an overflow, the same on every rank */

@@ -702,15 +702,16 @@ TEST_IMPL(parallel_guarded_arenas_match)
 }
 
 /* The gradient sync in buckets (one call per bucket of the plan), the
- * sync overlapped with backward and ZeRO-3's gathers a layer ahead
+ * sync overlapped with backward, ZeRO-2/3's reduce-scatters a layer
+ * behind and ZeRO-3's gathers a layer ahead
  * (runtime/exec_overlap.c) give the bits of one collective per param in
  * turn, on every mesh they apply to: dp with ZeRO 0, 1 and 3 (uneven
  * shards on 3), the pipeline (its tied wte waits for the phase;
  * interleaved chunks finish at different units), tp, moe's two
  * data-parallel groups, bf16, recompute, and the guarded arena (the
  * queue's thread opens the device's memory as a kernel does). Rank 0
- * overlapped calls where it has a data-parallel group, and none with
- * ZeRO 2 or mesh_set_overlap(0). */
+ * overlapped calls where it has a data-parallel group (ZeRO-2/3's
+ * reduce-scatters in backward too), none with mesh_set_overlap(0). */
 TEST_IMPL(parallel_overlap_is_bit_identical)
 {
     static const struct {
@@ -728,7 +729,10 @@ TEST_IMPL(parallel_overlap_is_bit_identical)
         {"tiny", 4, {"mesh.dp=2", "mesh.tp=2", "train.micro_batch=1", "train.global_batch=8"}, 1},
         {"moe", 4, {"mesh.dp=2", "mesh.ep=2", "train.micro_batch=1", "train.global_batch=8"}, 1},
         {"tiny", 4, {"mesh.dp=2", "train.precision=bf16", "train.micro_batch=1", "train.global_batch=8"}, 1},
-        {"tiny", 4, {"mesh.dp=2", "train.zero=2", "train.micro_batch=1", "train.global_batch=8"}, 0},
+        /* ZeRO-2: each layer's reduce-scatters run while the layer below computes */
+        {"tiny", 5, {"mesh.dp=2", "train.zero=2", "model.layers=3", "train.micro_batch=1", "train.global_batch=8"}, 1},
+        {"tiny", 5, {"mesh.dp=3", "train.zero=2", "mesh.pp=2", "model.layers=4", "train.global_batch=12"}, 1},
+        {"moe", 5, {"mesh.dp=2", "train.zero=2", "mesh.ep=2", "train.micro_batch=1", "train.global_batch=8"}, 1},
         /* ZeRO-3: the next layer's gathers prefetched, in forward and backward */
         {"tiny", 5, {"mesh.dp=2", "train.zero=3", "model.layers=3", "train.micro_batch=1", "train.global_batch=8"}, 1},
         {"tiny", 5, {"mesh.dp=3", "train.zero=3", "model.layers=3", "train.micro_batch=1", "train.global_batch=12"}, 1},
@@ -741,7 +745,7 @@ TEST_IMPL(parallel_overlap_is_bit_identical)
     enum { N_CASES = sizeof cases / sizeof cases[0] };
     for (int v = 0; v < N_CASES + 2; v++) {
         int guard = v >= N_CASES; /* last: dp2 x pp2 and dp2 ZeRO-3 on the guarded arena */
-        int k = v == N_CASES ? 3 : v == N_CASES + 1 ? 9 : v;
+        int k = v == N_CASES ? 3 : v == N_CASES + 1 ? 11 : v;
         const char *src = !strcmp(cases[k].src_name, "llama") ? llama_src
                         : !strcmp(cases[k].src_name, "moe")   ? moe_src
                                                               : tiny_src;
