@@ -35,6 +35,7 @@ struct comm_async {
     pthread_cond_t cv; /* a call queued, one done, the end */
     acall *q;          /* calls [done, issued) wait at q[k % cap] */
     long cap, issued, done;
+    double busy; /* seconds the calls have run, in all */
     int failed, stop;
     char error[sizeof ((comm *)0)->error];
 };
@@ -62,9 +63,12 @@ static void *progress(void *arg)
         acall k = a->q[a->done % a->cap];
         int failed = a->failed;
         pthread_mutex_unlock(&a->mu);
+        double t0 = comm_now();
         int rc = failed ? -1 : run_call(a, &k); /* after a failure the rest are dropped */
+        double ran = comm_now() - t0;
         free(k.bufs);
         pthread_mutex_lock(&a->mu);
+        a->busy += ran;
         if (rc != 0 && !a->failed) {
             a->failed = 1;
             snprintf(a->error, sizeof a->error, "%s", a->c->error);
@@ -218,6 +222,15 @@ long comm_async_pending(const comm_async *a)
 void comm_async_abort(comm_async *a, const char *why) { comm_abort(a->c, why); }
 
 const char *comm_async_error(const comm_async *a) { return a->error; }
+
+double comm_async_busy(const comm_async *a)
+{
+    comm_async *m = (comm_async *)a; /* the lock only */
+    pthread_mutex_lock(&m->mu);
+    double b = a->busy;
+    pthread_mutex_unlock(&m->mu);
+    return b;
+}
 
 void comm_async_free(comm_async *a)
 {

@@ -65,6 +65,10 @@ long comm_async_pending(const comm_async *a);
  * fails with calls in flight, so that the queue's calls end at once. */
 void comm_async_abort(comm_async *a, const char *why);
 
+/* Seconds the queue's calls have run so far, in all (its thread's busy
+ * time: what overlapping can hide). */
+double comm_async_busy(const comm_async *a);
+
 /* Why the queue failed ("" if it did not). */
 const char *comm_async_error(const comm_async *a);
 

@@ -40,7 +40,9 @@ typedef struct mesh__step_stats {
     int skipped;      /* fp16: the gradients overflowed, the step was skipped (params and
                          AdamW unchanged) and the loss scale lowered */
     int overlapped;   /* collectives run while the rank computed (exec_overlap.c): the gradient
-                         sync during backward, ZeRO-3's gathers a layer ahead */
+                         sync during backward, ZeRO-2/3's reduce-scatters, ZeRO-3's gathers */
+    double overlap_ms; /* the time those collectives ran */
+    double wait_ms;   /* the time the rank waited for them (what overlapping did not hide) */
 } mesh__step_stats;
 
 /* Creates the executor for a plan (which must outlive it) and initialises

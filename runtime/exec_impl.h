@@ -126,7 +126,8 @@ struct mesh__exec {
     int no_buckets;      /* MESH__EXEC_NO_BUCKETS */
     float **bk_bufs;     /* a bucket's call: 2 x steps buffers and their sizes (exec__bucket_call) */
     size_t *bk_n;
-    long *pf_ticket;     /* ZeRO-3 prefetch, per plan step: the gather in flight's ticket */
+    long *pf_ticket;     /* ZeRO-3 prefetch, per plan step and iteration parity: the gather in
+                            flight's ticket */
     int *pf_it;          /* and its iteration (-1: none in flight, -2: a step never prefetched) */
     int pf_step_calls;   /* gathers prefetched this step */
     struct ex_rs {        /* ZeRO-2/3: the reduce-scatters queued in backward, not yet added to their
@@ -137,6 +138,8 @@ struct mesh__exec {
     } *rs;
     int rs_n, rs_cap;
     int rs_step_calls;   /* reduce-scatters queued this step */
+    double ov_busy0;     /* the queues' busy seconds when the step began */
+    double ov_wait_s;    /* seconds the rank waited for its queues this step */
     char error[400];     /* why the last step failed */
     int counting;        /* in a training step: bytes sent are counted */
     int chain;           /* deterministic: the data-parallel ranks add their gradients one after
@@ -315,6 +318,11 @@ int exec__overlap_layer_done(mesh__exec *ex, int it);
 int exec__overlap_parts_done(mesh__exec *ex, int here, int left);
 int exec__overlap_wait(mesh__exec *ex);
 int exec__overlap_issued(const mesh__exec *ex, const plan_step *st, int it);
+
+/* This step's overlap so far: seconds its queues' calls ran, and seconds
+ * the rank waited for them (comm_async_busy; the waits exec_overlap.c
+ * makes). */
+void exec__overlap_times(const mesh__exec *ex, double *busy_s, double *wait_s);
 
 /* zero 2/3: the micro-batch's sum of copy it of param id (in its staged
  * gradient, after its reduce-scatter), added to the rank's shard. 0, or

@@ -117,13 +117,13 @@ int exec__overlap_init(mesh__exec *ex, unsigned flags)
     }
     ex->ov_at = exec__host_calloc(ex, (size_t)p->n_steps, sizeof *ex->ov_at);
     ex->ov_parts = exec__host_calloc(ex, (size_t)p->n_steps, sizeof *ex->ov_parts);
-    ex->pf_ticket = exec__host_calloc(ex, (size_t)p->n_steps, sizeof *ex->pf_ticket);
-    ex->pf_it = exec__host_calloc(ex, (size_t)p->n_steps, sizeof *ex->pf_it);
+    ex->pf_ticket = exec__host_calloc(ex, 2 * (size_t)p->n_steps, sizeof *ex->pf_ticket);
+    ex->pf_it = exec__host_calloc(ex, 2 * (size_t)p->n_steps, sizeof *ex->pf_it);
     if (!ex->ov_at || !ex->ov_parts || !ex->pf_ticket || !ex->pf_it) return -1;
     size_t flags_n = 0;
     for (int s = 0; s < p->n_steps; s++) {
         ex->ov_at[s] = -1;
-        ex->pf_it[s] = prefetch_step(ex, s) ? -1 : -2; /* -2: never prefetched; -1: none in flight */
+        ex->pf_it[2 * s] = ex->pf_it[2 * s + 1] = prefetch_step(ex, s) ? -1 : -2; /* -2: never prefetched */
         if (p->setup.zero >= 2 || !early_step(ex, s)) continue;
         ex->ov_at[s] = (int)flags_n;
         flags_n += (size_t)ex->copies[p->steps[s].node];
@@ -160,8 +160,8 @@ void exec__overlap_free(mesh__exec *ex)
     exec__host_free(ex, ex->bk_n, ex->bk_n ? 2 * (size_t)ex->p->n_steps * sizeof *ex->bk_n : 0);
     ex->bk_bufs = NULL;
     ex->bk_n = NULL;
-    exec__host_free(ex, ex->pf_ticket, ex->pf_ticket ? (size_t)ex->p->n_steps * sizeof *ex->pf_ticket : 0);
-    exec__host_free(ex, ex->pf_it, ex->pf_it ? (size_t)ex->p->n_steps * sizeof *ex->pf_it : 0);
+    exec__host_free(ex, ex->pf_ticket, ex->pf_ticket ? 2 * (size_t)ex->p->n_steps * sizeof *ex->pf_ticket : 0);
+    exec__host_free(ex, ex->pf_it, ex->pf_it ? 2 * (size_t)ex->p->n_steps * sizeof *ex->pf_it : 0);
     ex->ov_at = NULL;
     ex->ov_parts = NULL;
     ex->ov_issued = NULL;
@@ -253,7 +253,10 @@ int exec__overlap_wait(mesh__exec *ex)
 {
     for (int g = 0; g < 2; g++) {
         if (!ex->ov_q[g]) continue;
-        if (comm_async_wait_all(ex->ov_q[g]) != 0) {
+        double t0 = comm_now();
+        int rc = comm_async_wait_all(ex->ov_q[g]);
+        ex->ov_wait_s += comm_now() - t0;
+        if (rc != 0) {
             snprintf(ex->error, sizeof ex->error, "rank %d: the overlapped gradient sync: %s", ex->rank,
                      comm_async_error(ex->ov_q[g]));
             return -1;
@@ -276,6 +279,10 @@ void exec__overlap_step_begin(mesh__exec *ex)
     ex->pf_step_calls = 0;
     ex->rs_step_calls = 0;
     ex->rs_n = 0; /* (left by a failed step: its queue failed too) */
+    double busy;
+    exec__overlap_times(ex, &busy, &ex->ov_wait_s);
+    ex->ov_busy0 += busy;
+    ex->ov_wait_s = 0;
 }
 
 /* ---- ZeRO-3: the next layer's params gathered while this one computes -- */
@@ -284,8 +291,14 @@ int exec__prefetch(mesh__exec *ex, int from, int to, int it)
 {
     if (!ex->pf_it) return 0;
     for (int s = from; s < to; s++) {
-        if (ex->pf_it[s] == -2) continue;
+        int slot = 2 * s + it % 2; /* (the iteration before's may still be in flight: the other slot) */
+        if (ex->pf_it[slot] == -2) continue;
         const plan_step *st = &ex->p->steps[s];
+        if (ex->pf_it[slot] >= 0) { /* its gather would race this one into the same buffer */
+            snprintf(ex->error, sizeof ex->error, "rank %d: tensor %d's gather for iteration %d is still in flight "
+                     "when iteration %d's is issued", ex->rank, st->node, ex->pf_it[slot], it);
+            return -1;
+        }
         comm *c = exec__step_comm(ex, st);
         comm_async *q = queue_of(ex, c);
         /* the rank's shard into its place in the whole, then every rank's
@@ -307,8 +320,8 @@ int exec__prefetch(mesh__exec *ex, int from, int to, int it)
                      st->node, plan_phase_name(st->phase), comm_async_error(q));
             return -1;
         }
-        ex->pf_ticket[s] = t;
-        ex->pf_it[s] = it;
+        ex->pf_ticket[slot] = t;
+        ex->pf_it[slot] = it;
         ex->pf_step_calls++;
     }
     return 0;
@@ -316,11 +329,14 @@ int exec__prefetch(mesh__exec *ex, int from, int to, int it)
 
 int exec__prefetched(mesh__exec *ex, const plan_step *st, int it)
 {
-    int s = (int)(st - ex->p->steps);
-    if (!ex->pf_it || ex->pf_it[s] != it) return 0;
+    int slot = 2 * (int)(st - ex->p->steps) + it % 2;
+    if (!ex->pf_it || ex->pf_it[slot] != it) return 0;
     comm_async *q = queue_of(ex, exec__step_comm(ex, st));
-    ex->pf_it[s] = -1;
-    if (comm_async_wait(q, ex->pf_ticket[s]) == 0) return 1;
+    ex->pf_it[slot] = -1;
+    double t0 = comm_now();
+    int rc = comm_async_wait(q, ex->pf_ticket[slot]);
+    ex->ov_wait_s += comm_now() - t0;
+    if (rc == 0) return 1;
     snprintf(ex->error, sizeof ex->error, "rank %d: all-gather(dp) of tensor %d (%s, prefetched): %s", ex->rank,
              st->node, plan_phase_name(st->phase), comm_async_error(q));
     return -1;
@@ -361,7 +377,10 @@ int exec__rs_finish(mesh__exec *ex, int parity)
             ex->rs[kept++] = r;
             continue;
         }
-        if (comm_async_wait(r.queue, r.ticket) != 0) {
+        double t0 = comm_now();
+        int rc = comm_async_wait(r.queue, r.ticket);
+        ex->ov_wait_s += comm_now() - t0;
+        if (rc != 0) {
             snprintf(ex->error, sizeof ex->error, "rank %d: reduce-scatter(dp) of tensor %d (backward, overlapped): %s",
                      ex->rank, r.node, comm_async_error(r.queue));
             return -1;
@@ -370,4 +389,13 @@ int exec__rs_finish(mesh__exec *ex, int parity)
     }
     ex->rs_n = kept;
     return 0;
+}
+
+void exec__overlap_times(const mesh__exec *ex, double *busy_s, double *wait_s)
+{
+    double busy = 0;
+    for (int g = 0; g < 2; g++)
+        if (ex->ov_q[g]) busy += comm_async_busy(ex->ov_q[g]);
+    *busy_s = busy - ex->ov_busy0;
+    *wait_s = ex->ov_wait_s;
 }

@@ -681,6 +681,10 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
         (!ex->chain && exec__sum_doubles(ex, ex->data, &loss, 1) != 0))
         return -2;
     st->overlapped = ex->ov_step_calls + ex->pf_step_calls + ex->rs_step_calls;
+    double busy, wait; /* (the queues have nothing more this step: the gathers after AdamW block) */
+    exec__overlap_times(ex, &busy, &wait);
+    st->overlap_ms = 1e3 * busy;
+    st->wait_ms = 1e3 * wait;
     loss /= (double)m * ex->data_ranks;
     /* mixed precision: the summed gradients stored in the plan's precision;
      * with a loss scale, the clipping below is of the unscaled norm */

@@ -218,6 +218,9 @@ typedef struct mesh_step_stats {
                          computed (mesh_set_overlap): gradient sums during backward, ZeRO-2/3's
                          reduce-scatters, ZeRO-3's gathers of the next layer; 0 without data
                          parallelism */
+    double overlap_ms; /* the time those collectives ran on the communication thread */
+    double wait_ms;   /* the time this rank waited for them: overlap_ms - wait_ms was hidden
+                         behind its compute */
 } mesh_step_stats;
 
 /* One training step: micro_batches x micro_batch x seq_len input ids and

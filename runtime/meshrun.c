@@ -301,6 +301,7 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
     double step_tokens = (double)pi->global_batch * pi->seq_len;
     /* no progress bar when a launcher forwards the output (mpirun, through a terminal) */
     int tty = lead && job_processes == 1 && isatty(STDOUT_FILENO), skipped = 0;
+    double overlap_ms = 0, wait_ms = 0, overlap_steps = 0; /* rank 0's, for the summary */
     double t0 = now_s();
     for (long long step = first; rc == MESH_OK && step <= steps; step++) {
         mesh_step_stats st;
@@ -324,6 +325,11 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
             break;
         }
         skipped = 0;
+        if (step > first && st.overlapped > 0) { /* (the first step warms up) */
+            overlap_ms += st.overlap_ms;
+            wait_ms += st.wait_ms;
+            overlap_steps++;
+        }
         if (step == first && lead && st.overlapped > 0) {
             printf("meshrun: overlap: %d collective%s a step run on a communication thread while the rank "
                    "computes (--no-overlap: in turn)\n", st.overlapped, st.overlapped == 1 ? "" : "s");
@@ -382,6 +388,11 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
         }
     }
     if (lead && rc == MESH_OK) print_sent(ctx);
+    if (lead && rc == MESH_OK && overlap_steps > 0) {
+        double ran = overlap_ms / overlap_steps, waited = wait_ms / overlap_steps;
+        printf("meshrun: overlap: rank 0's communication thread ran %.2f ms a step; the rank waited for it %.2f ms "
+               "(%.0f%% hidden behind compute)\n", ran, waited, ran > 0 && waited < ran ? 100 * (ran - waited) / ran : 0);
+    }
 out:
     if (metrics) fclose(metrics);
     free(in);

@@ -142,7 +142,7 @@ static void check_training(const char *src)
     if (!ex) unit_fail(__FILE__, __LINE__, err);
     ASSERT_INT_EQ(p.setup.micro_batches, 2);
     int32_t in[32], tg[32];
-    mesh__step_stats st, first = {0, 0, 0, 1, 0, 0};
+    mesh__step_stats st, first = {0, 0, 0, 1, 0, 0, 0, 0};
     for (int step = 1; step <= 40; step++) {
         batch(in, tg, 16, step);
         batch(in + 16, tg + 16, 16, step + 5);
@@ -336,6 +336,7 @@ typedef struct eq_run {
     double loss[EQ_STEPS];
     int fail_rank, fail_step;
     int overlapped; /* rank 0's gradient-sync calls issued during backward, at the last step */
+    double overlap_ms, wait_ms; /* and the time they ran, and rank 0 waited for them */
 } eq_run;
 
 static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
@@ -362,7 +363,7 @@ static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
         mesh_status s = mesh_train_step(ctx, gin + part * (size_t)dr, gtg + part * (size_t)dr, &st);
         if (s != MESH_OK) return s;
         if (rank == 0) r->loss[step - 1] = st.loss;
-        if (rank == 0) r->overlapped = st.overlapped;
+        if (rank == 0) r->overlapped = st.overlapped, r->overlap_ms = st.overlap_ms, r->wait_ms = st.wait_ms;
     }
     return MESH_OK;
 }
@@ -374,7 +375,8 @@ static void diag_to_stderr(void *ud, int level, const char *text)
     fputs(text, stderr);
 }
 
-static int eq_overlapped; /* the last eq_losses run's eq_run.overlapped */
+static int eq_overlapped;             /* the last eq_losses run's eq_run.overlapped */
+static double eq_overlap_ms, eq_wait_ms; /* and its times */
 
 /* The losses of 20 steps of src with the settings given. */
 static void eq_losses(const char *src, const char *const *sets, int n_sets, double *out)
@@ -390,11 +392,13 @@ static void eq_losses(const char *src, const char *const *sets, int n_sets, doub
     mesh_plan *mp = NULL;
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run r = {mp, {0}, -1, 0, 0};
+    eq_run r = {mp, {0}, -1, 0, 0, 0, 0};
     mesh_status st = mesh_run_ranks(mp, eq_rank, &r);
     if (st != MESH_OK) unit_fail(__FILE__, __LINE__, "%s", mesh_last_error());
     memcpy(out, r.loss, sizeof r.loss);
     eq_overlapped = r.overlapped;
+    eq_overlap_ms = r.overlap_ms;
+    eq_wait_ms = r.wait_ms;
     mesh_plan_free(mp);
 }
 
@@ -757,9 +761,12 @@ TEST_IMPL(parallel_overlap_is_bit_identical)
         mesh__set_exec_flags(g);
         eq_losses(src, cases[k].sets, cases[k].n, after);
         ASSERT_INT_EQ(eq_overlapped, 0);
+        ASSERT_INT_EQ(eq_overlap_ms == 0 && eq_wait_ms == 0, 1);
         mesh_set_overlap(1);
         eq_losses(src, cases[k].sets, cases[k].n, during);
         mesh__set_exec_flags(0);
+        /* the queue's calls took time; the rank waited no longer than the step */
+        ASSERT_INT_EQ(eq_overlapped == 0 || (eq_overlap_ms > 0 && eq_wait_ms >= 0 && eq_wait_ms < 60e3), 1);
         if ((eq_overlapped > 0) != cases[k].issues)
             unit_fail(__FILE__, __LINE__, "%s %s %s: %d calls issued during backward", cases[k].src_name,
                       cases[k].sets[0], cases[k].sets[1], eq_overlapped);
@@ -785,7 +792,7 @@ TEST_IMPL(parallel_failing_rank_stops_the_job)
     mesh_plan *mp = NULL;
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run r = {mp, {0}, 2, 3, 0};
+    eq_run r = {mp, {0}, 2, 3, 0, 0, 0};
     ASSERT_INT_EQ(mesh_run_ranks(mp, eq_rank, &r), MESH_ERR_IO);
     ASSERT_NOT_NULL(strstr(mesh_last_error(), "rank 2: "));
     ASSERT_INT_EQ(r.loss[2], 0); /* rank 0 never finished step 3 */
@@ -803,7 +810,7 @@ TEST_IMPL(parallel_failing_rank_stops_the_job)
     ASSERT_INT_EQ(mesh_compile("tiny.mesh", tiny_src, strlen(tiny_src), &opt, &text, &len), MESH_OK);
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run q = {mp, {0}, 3, 3, 0};
+    eq_run q = {mp, {0}, 3, 3, 0, 0, 0};
     time_t t0 = time(NULL);
     ASSERT_INT_EQ(mesh_run_ranks(mp, eq_rank, &q), MESH_ERR_IO);
     ASSERT_NOT_NULL(strstr(mesh_last_error(), "rank 3: "));
