@@ -385,7 +385,8 @@ int shard__grad_sync(shard_walk *w, int *has) {
             rc = sum_param_grad(p, t, PP, "tied weight: gradient summed between the first and last pipeline stages");
     /* buckets: params of one part of the model (before, in or after the
      * layer stack; a stack layer's own), of one data-parallel group, in the
-     * order backward finishes them, up to SHARD_BUCKET_ELEMS elements */
+     * order backward finishes them, a bucket closed once it holds
+     * train.bucket_size elements or more (as DDP and Megatron-LM close theirs) */
     int stack = -1;
     for (int r = 0; r < g->n_regions; r++)
         if (g->regions[r].is_stack) stack = r;
@@ -399,7 +400,7 @@ int shard__grad_sync(shard_walk *w, int *has) {
         int part = stack >= 0 && g->nodes[t].region >= 0 ? 1 : stack >= 0 && t >= g->regions[stack].end ? 2 : 0;
         int key = (g->nodes[t].region + 2) * 8 + part * 2 + (p->pl[t].kind[EP] == PL_SPLIT);
         int64_t e = shard__local_numel(p, t);
-        if (key != last_key || filled >= SHARD_BUCKET_ELEMS) {
+        if (key != last_key || filled >= p->setup.bucket_size) {
             n_buckets++;
             filled = 0;
             last_key = key;

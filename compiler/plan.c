@@ -435,6 +435,7 @@ static void write_settings(wr *w, const plan *p) {
     kv_name(w, "schedule", sched_kind_name((sched_kind)s->schedule));
     kv_num(w, "virtual_stages", s->virtual_stages);
     kv_num(w, "zero", s->zero);
+    kv_num(w, "bucket_size", s->bucket_size);
     kv_name(w, "precision", plan__precision_name(s->precision));
     if (s->precision == 2 && s->loss_scale > 0) {
         key(w, "loss_scale");

@@ -453,8 +453,8 @@ static int read_train(rd *r, int m, fe_setup *s, plan *p) {
                                        "schedule", "virtual_stages", "zero", "precision", "recompute",
                                        "sequence_parallel", "optimizer", "lr_schedule", "seed", "log_every",
                                        "eval_every", "checkpoint_every", "data", "val_data", "checkpoint_dir",
-                                       "?loss_scale", NULL};
-    int v[21];
+                                       "?loss_scale", "?bucket_size", NULL};
+    int v[22];
     const char *t = "train";
     if (fields(r, m, t, keys, v) < 0 || get_ll(r, v[0], t, keys[0], 1, MAX_I64, &s->global_batch) < 0 ||
         get_ll(r, v[1], t, keys[1], 1, MAX_I64, &s->micro_batch) < 0 ||
@@ -474,6 +474,8 @@ static int read_train(rd *r, int m, fe_setup *s, plan *p) {
         get_path(r, v[18], keys[18], &p->val_data, &s->val_data) < 0 ||
         get_path(r, v[19], keys[19], &p->checkpoint_dir, &s->checkpoint_dir) < 0)
         return -1;
+    s->bucket_size = FE_BUCKET_SIZE; /* (a plan from before the key) */
+    if (v[21] >= 0 && get_ll(r, v[21], t, "bucket_size", 1, MAX_I64, &s->bucket_size) < 0) return -1;
     s->loss_scale = 0;
     if (v[20] >= 0 && s->precision != 2) return fail(r, v[20], "train: loss_scale applies only to precision fp16");
     if (v[20] >= 0 && !(r->nodes[v[20]].kind == Y_SCALAR && strcmp(text_of(r, v[20]), "dynamic") == 0)) {

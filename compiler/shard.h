@@ -58,10 +58,6 @@ typedef struct shard_step {
                             0 none */
 } shard_step;
 
-/* Gradients are reduced in buckets of about this many elements (as
- * Megatron-LM and PyTorch DDP do), last layers first. */
-enum { SHARD_BUCKET_ELEMS = 25 * 1000 * 1000 };
-
 typedef struct shard_prog {
     const graph *g;
     fe_setup setup;

@@ -83,6 +83,7 @@ typedef enum precision_id { PREC_FP32, PREC_BF16, PREC_FP16 } precision_id;
 typedef struct train_cfg {
     int64_t global_batch, micro_batch, seq_len, steps;
     int schedule, virtual_stages, zero, precision, recompute, sequence_parallel;
+    int64_t bucket_size;     /* elements of a gradient bucket (the data-parallel sync's unit) */
     double loss_scale;       /* 0 = dynamic */
     double lr, beta1, beta2, eps, weight_decay, clip;
     const char *lr_schedule; /* constant, cosine, linear */

@@ -118,14 +118,14 @@ enum {
     T_GLOBAL_BATCH, T_MICRO_BATCH, T_SEQ_LEN, T_STEPS, T_SCHEDULE, T_VIRTUAL_STAGES, T_ZERO,
     T_PRECISION, T_LOSS_SCALE, T_RECOMPUTE, T_SEQUENCE_PARALLEL, T_OPTIMIZER, T_LR_SCHEDULE,
     T_SEED, T_DATA, T_VAL_DATA, T_EVAL_EVERY, T_LOG_EVERY, T_CHECKPOINT_DIR, T_CHECKPOINT_EVERY,
-    T_MEMORY_LIMIT, T_STAGE_LAYERS, T_COUNT
+    T_MEMORY_LIMIT, T_STAGE_LAYERS, T_BUCKET_SIZE, T_COUNT
 };
 
 static const char *const train_keys[T_COUNT] = {
     "global_batch", "micro_batch", "seq_len", "steps", "schedule", "virtual_stages", "zero",
     "precision", "loss_scale", "recompute", "sequence_parallel", "optimizer", "lr_schedule",
     "seed", "data", "val_data", "eval_every", "log_every", "checkpoint_dir", "checkpoint_every",
-    "memory_limit", "stage_layers",
+    "memory_limit", "stage_layers", "bucket_size",
 };
 
 static const char *const schedules[] = {"gpipe", "1f1b", "interleaved"};
@@ -321,6 +321,7 @@ void check_train(checker *c) {
     *t = (train_cfg){0};
     t->schedule = SCHED_1F1B;
     t->virtual_stages = 1;
+    t->bucket_size = FE_BUCKET_SIZE;
     t->beta1 = 0.9;
     t->beta2 = 0.999;
     t->eps = 1e-8;
@@ -350,6 +351,7 @@ void check_train(checker *c) {
         case T_EVAL_EVERY: ok = int_opt(c, &v, "eval_every", 0, INT64_MAX, &t->eval_every); break;
         case T_LOG_EVERY: ok = int_opt(c, &v, "log_every", 1, INT64_MAX, &t->log_every); break;
         case T_CHECKPOINT_EVERY: ok = int_opt(c, &v, "checkpoint_every", 0, INT64_MAX, &t->checkpoint_every); break;
+        case T_BUCKET_SIZE: ok = int_opt(c, &v, "bucket_size", 1, INT64_MAX, &t->bucket_size); break;
         case T_VIRTUAL_STAGES:
             ok = int_opt(c, &v, "virtual_stages", 1, 1024, &x);
             if (ok) t->virtual_stages = (int)x;

@@ -349,6 +349,7 @@ fe_setup fe_get_setup(const fe *f) {
     s.micro_batches = t->ok ? t->global_batch / (t->micro_batch * s.dp * s.ep) : 0;
     s.schedule = t->schedule;
     s.virtual_stages = t->virtual_stages;
+    s.bucket_size = t->bucket_size;
     s.zero = t->zero;
     s.precision = t->precision;
     s.loss_scale = t->loss_scale;

@@ -39,6 +39,10 @@ fe_status fe_check(fe *f);                                 /* FE_ERRORS if any e
 int fe_error_count(const fe *f);
 int fe_warning_count(const fe *f);
 
+/* train.bucket_size's default: 25 million elements a gradient bucket
+ * (Megatron-LM and PyTorch DDP bucket their gradient sync alike). */
+#define FE_BUCKET_SIZE 25000000LL
+
 /* What the compiler needs after a successful fe_check. */
 typedef struct fe_setup {
     long long dp, tp, pp, ep, world;
@@ -46,6 +50,7 @@ typedef struct fe_setup {
     int schedule;            /* 0 gpipe, 1 1f1b, 2 interleaved */
     int virtual_stages, zero, precision; /* precision: 0 fp32, 1 bf16, 2 fp16 */
     int recompute, sequence_parallel;
+    long long bucket_size;   /* elements of a gradient bucket (train.bucket_size) */
     double loss_scale;       /* fp16: 0 dynamic, else the fixed scale */
     long long layers;        /* layer-stack count, 0 if none */
     long long memory_limit;  /* train.memory_limit in bytes per rank, 0 if none */

@@ -726,6 +726,10 @@ TEST_IMPL(parallel_overlap_is_bit_identical)
     } cases[] = {
         {"tiny", 4, {"mesh.dp=2", "train.zero=0", "train.micro_batch=1", "train.global_batch=12"}, 1},
         {"tiny", 4, {"mesh.dp=3", "train.zero=1", "train.micro_batch=1", "train.global_batch=12"}, 1},
+        /* a layer in two buckets (train.bucket_size), ZeRO 0 and 1 */
+        {"tiny", 5, {"mesh.dp=2", "train.bucket_size=20000", "train.zero=1", "train.micro_batch=1",
+                     "train.global_batch=8"}, 1},
+        {"llama", 4, {"mesh.dp=2", "train.bucket_size=3000", "train.micro_batch=1", "train.global_batch=8"}, 1},
         {"llama", 4, {"mesh.dp=2", "train.zero=1", "train.micro_batch=1", "train.global_batch=8"}, 1},
         {"tiny", 5, {"mesh.dp=2", "mesh.pp=2", "train.micro_batch=1", "train.global_batch=8", "train.schedule=1f1b"}, 1},
         {"tiny", 7, {"mesh.dp=2", "mesh.pp=2", "model.layers=4", "train.virtual_stages=2", "train.schedule=interleaved",
@@ -749,7 +753,7 @@ TEST_IMPL(parallel_overlap_is_bit_identical)
     enum { N_CASES = sizeof cases / sizeof cases[0] };
     for (int v = 0; v < N_CASES + 2; v++) {
         int guard = v >= N_CASES; /* last: dp2 x pp2 and dp2 ZeRO-3 on the guarded arena */
-        int k = v == N_CASES ? 3 : v == N_CASES + 1 ? 11 : v;
+        int k = v == N_CASES ? 5 : v == N_CASES + 1 ? 13 : v;
         const char *src = !strcmp(cases[k].src_name, "llama") ? llama_src
                         : !strcmp(cases[k].src_name, "moe")   ? moe_src
                                                               : tiny_src;
