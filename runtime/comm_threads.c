@@ -306,7 +306,8 @@ static int t_all_gather_v(comm *c, float *const *bufs, const size_t *n, int k)
     for (int q = 0; q < g->size; q++) /* every peer's chunk of each, from its buffers */
         for (int i = 0; q != c->rank && i < k; i++) {
             size_t len = n[i] / (size_t)g->size;
-            memcpy(bufs[i] + (size_t)q * len, ((const vseg *)g->ptr[q])->bufs[i] + (size_t)q * len, len * sizeof(float));
+            const float *from = ((const vseg *)g->ptr[q])->bufs[i] + (size_t)q * len;
+            memcpy(bufs[i] + (size_t)q * len, from, len * sizeof *from);
         }
     return meet_committed(t, "all-gather");
 }

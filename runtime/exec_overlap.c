@@ -127,7 +127,8 @@ int exec__overlap_init(mesh__exec *ex, unsigned flags)
         if (p->setup.zero >= 2 || !early_step(ex, s)) continue;
         ex->ov_at[s] = (int)flags_n;
         flags_n += (size_t)ex->copies[p->steps[s].node];
-        if (p->steps[s].region != ex->stack || ex->stack < 0) ex->ov_parts[s] = (signed char)parts_using(ex, p->steps[s].node);
+        if (p->steps[s].region != ex->stack || ex->stack < 0)
+            ex->ov_parts[s] = (signed char)parts_using(ex, p->steps[s].node);
     }
     ex->ov_issued = exec__host_calloc(ex, flags_n, 1);
     ex->ov_n = flags_n;

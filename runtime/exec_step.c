@@ -117,7 +117,9 @@ comm *exec__step_comm(const mesh__exec *ex, const plan_step *st)
 int exec__bucketed(const mesh__exec *ex, int s)
 {
     const plan_step *st = &ex->p->steps[s];
-    if (ex->no_buckets || st->bucket < 1 || st->axis != 0 || ex->p->tensors[st->node].op != G_PARAM || !exec__step_comm(ex, st)) return 0;
+    if (ex->no_buckets || st->bucket < 1 || st->axis != 0 || ex->p->tensors[st->node].op != G_PARAM ||
+        !exec__step_comm(ex, st))
+        return 0;
     if (st->phase == PLAN_AFTER_OPTIMIZER) return st->kind == STEP_ALL_GATHER;
     return st->phase == PLAN_GRAD_SYNC && ex->p->setup.zero <= 1 && !ex->chain &&
            (st->kind == STEP_ALL_REDUCE || st->kind == STEP_REDUCE_SCATTER);

@@ -736,6 +736,10 @@ TEST_IMPL(parallel_overlap_is_bit_identical)
                      "train.micro_batch=1", "train.global_batch=8"}, 1},
         {"tiny", 4, {"mesh.dp=2", "mesh.tp=2", "train.micro_batch=1", "train.global_batch=8"}, 1},
         {"moe", 4, {"mesh.dp=2", "mesh.ep=2", "train.micro_batch=1", "train.global_batch=8"}, 1},
+        {"moe", 5, {"mesh.dp=2", "mesh.ep=2", "train.zero=1", "train.micro_batch=1", "train.global_batch=8"}, 1},
+        {"tiny", 5, {"mesh.dp=2", "mesh.pp=2", "train.zero=1", "train.micro_batch=1", "train.global_batch=8"}, 1},
+        {"tiny", 6, {"mesh.dp=2", "mesh.tp=2", "train.sequence_parallel=true", "train.zero=1", "train.micro_batch=1",
+                     "train.global_batch=8"}, 1},
         {"tiny", 4, {"mesh.dp=2", "train.precision=bf16", "train.micro_batch=1", "train.global_batch=8"}, 1},
         /* ZeRO-2: each layer's reduce-scatters run while the layer below computes */
         {"tiny", 5, {"mesh.dp=2", "train.zero=2", "model.layers=3", "train.micro_batch=1", "train.global_batch=8"}, 1},
@@ -753,7 +757,7 @@ TEST_IMPL(parallel_overlap_is_bit_identical)
     enum { N_CASES = sizeof cases / sizeof cases[0] };
     for (int v = 0; v < N_CASES + 2; v++) {
         int guard = v >= N_CASES; /* last: dp2 x pp2 and dp2 ZeRO-3 on the guarded arena */
-        int k = v == N_CASES ? 5 : v == N_CASES + 1 ? 13 : v;
+        int k = v == N_CASES ? 5 : v == N_CASES + 1 ? 16 : v;
         const char *src = !strcmp(cases[k].src_name, "llama") ? llama_src
                         : !strcmp(cases[k].src_name, "moe")   ? moe_src
                                                               : tiny_src;
