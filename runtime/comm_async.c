@@ -36,6 +36,7 @@ struct comm_async {
     acall *q;          /* calls [done, issued) wait at q[k % cap] */
     long cap, issued, done;
     double busy; /* seconds the calls have run, in all */
+    double delay; /* comm_async_set_delay */
     int failed, stop;
     char error[sizeof ((comm *)0)->error];
 };
@@ -63,6 +64,7 @@ static void *progress(void *arg)
         acall k = a->q[a->done % a->cap];
         int failed = a->failed;
         pthread_mutex_unlock(&a->mu);
+        if (a->delay > 0) comm_sleep(a->delay);
         double t0 = comm_now();
         int rc = failed ? -1 : run_call(a, &k); /* after a failure the rest are dropped */
         double ran = comm_now() - t0;
@@ -208,6 +210,22 @@ int comm_async_wait_all(comm_async *a)
     long t = a->issued;
     pthread_mutex_unlock(&a->mu);
     return comm_async_wait(a, t);
+}
+
+void comm_async_set_delay(comm_async *a, double seconds)
+{
+    pthread_mutex_lock(&a->mu);
+    a->delay = seconds;
+    pthread_mutex_unlock(&a->mu);
+}
+
+long comm_async_last(const comm_async *a)
+{
+    comm_async *m = (comm_async *)a; /* the lock only */
+    pthread_mutex_lock(&m->mu);
+    long t = a->issued;
+    pthread_mutex_unlock(&m->mu);
+    return t;
 }
 
 long comm_async_pending(const comm_async *a)

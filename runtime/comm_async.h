@@ -58,12 +58,20 @@ long comm_async_all_gather_v(comm_async *a, float *const *bufs, const size_t *n,
 int comm_async_wait(comm_async *a, long ticket);
 int comm_async_wait_all(comm_async *a);
 
+/* The ticket of the latest call issued (0 before the first). */
+long comm_async_last(const comm_async *a);
+
 /* Calls issued that have not finished running (0 after wait_all). */
 long comm_async_pending(const comm_async *a);
 
 /* Stops the world (comm_abort on the queue's communicator): a rank that
  * fails with calls in flight, so that the queue's calls end at once. */
 void comm_async_abort(comm_async *a, const char *why);
+
+/* Test hook: the queue's thread sleeps `seconds` before each call, so that
+ * a caller that reads a buffer before waiting for its call reads it stale
+ * every time, not once in a while. */
+void comm_async_set_delay(comm_async *a, double seconds);
 
 /* Seconds the queue's calls have run so far, in all (its thread's busy
  * time: what overlapping can hide). */

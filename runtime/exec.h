@@ -69,7 +69,9 @@ enum {
     MESH__EXEC_CUDA = 4u,
     MESH__EXEC_GUARD = 8u,
     MESH__EXEC_NO_OVERLAP = 16u, /* the gradient sync after backward, not during it (exec_overlap.c) */
-    MESH__EXEC_NO_BUCKETS = 32u  /* tests: one collective per param, not per bucket (exec__bucketed) */
+    MESH__EXEC_NO_BUCKETS = 32u, /* tests: one collective per param, not per bucket (exec__bucketed) */
+    MESH__EXEC_SLOW_QUEUE = 64u  /* tests: the communication queue waits 1 ms before each call, so that a
+                                    missing wait for one reads stale data every time */
 };
 mesh__exec *mesh__exec_create_flags(const plan *p, mesh_alloc_fn alloc, void *ud, unsigned flags, char *err,
                                     size_t n);

@@ -138,6 +138,13 @@ struct mesh__exec {
     } *rs;
     int rs_n, rs_cap;
     int rs_step_calls;   /* reduce-scatters queued this step */
+    long ag_fixed[2];    /* ZeRO-1/2: per queue, the last ticket of the updated params' gathers outside
+                            the stack, issued after AdamW and waited for by the next forward */
+    long (*ag_layer)[2]; /* and per layer copy of the stage (ag_layers of them) */
+    int ag_layers;
+    int ag_pending;      /* gathers issued and not all waited for */
+    int ag_step_calls;   /* gathers queued after this step's AdamW */
+    int ov_failed;       /* the last step failed: its calls in flight are abandoned at free */
     double ov_busy0;     /* the queues' busy seconds when the step began */
     double ov_wait_s;    /* seconds the rank waited for its queues this step */
     char error[400];     /* why the last step failed */
@@ -336,6 +343,14 @@ int exec__zshard_add(mesh__exec *ex, int id, int it);
  * and adds each to its shard, in issue order. 0, or -1 (ex->error). */
 int exec__rs_issue(mesh__exec *ex, const plan_step *st, int it);
 int exec__rs_finish(mesh__exec *ex, int parity);
+
+/* ZeRO-1/2: the after-optimizer gathers of the updated params, queued
+ * (1; 0: no queue, the caller runs the phase; -1 on failure), those
+ * outside the stack first, then the layers in forward order. gather_wait:
+ * waits for those outside the stack and layer copy `copy`'s (-1: all of
+ * them, -2: only those outside the stack). 0, or -1 (ex->error). */
+int exec__gather_issue(mesh__exec *ex);
+int exec__gather_wait(mesh__exec *ex, int copy);
 
 /* ZeRO-3 prefetch: issues the gathers among steps [from, to) (a stack
  * block) for iteration it, the next one (0, or -1 with ex->error).

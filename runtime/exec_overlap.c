@@ -26,6 +26,17 @@
  * added to the shards before backward fills it again (exec__rs_finish;
  * all of them at the end of each backward).
  *
+ * ZeRO-1/2's gathers of the updated params after AdamW go on the queue
+ * (outside the stack first, then the layers in forward order) and run
+ * into the next step: its forward waits for what is outside the stack at
+ * its start and for each layer's before the layer (exec__gather_wait);
+ * whatever reads or writes params otherwise (a checkpoint, mesh_param_*)
+ * waits for all of them first (Megatron-LM's overlapped param gather).
+ *
+ * Tests: parallel_overlap_is_bit_identical, also with a queue that waits
+ * 1 ms before each call (MESH__EXEC_SLOW_QUEUE), where any read before its
+ * wait reads stale data and changes the losses.
+ *
  * Not overlapped: the deterministic chain, a GPU (NCCL's overlap is a
  * stream of its own, not a thread), a backend that cannot take calls from
  * two threads (comm_async_supported), mesh_set_overlap(0).
@@ -109,7 +120,19 @@ int exec__overlap_init(mesh__exec *ex, unsigned flags)
         any |= (p->setup.zero <= 1 && early_step(ex, s)) || prefetch_step(ex, s);
         rs += rs_step(ex, s);
     }
+    int ag = 0; /* ZeRO-1/2's gathers after AdamW, every one in a bucket the queue can take */
+    for (int s = 0; s < p->n_steps; s++)
+        if (p->steps[s].phase == PLAN_AFTER_OPTIMIZER) ag = ag >= 0 && exec__bucketed(ex, s) ? 1 : -1;
+    any |= ag > 0;
     if (!any && !rs) return 0;
+    if (ag > 0) { /* the gathers after AdamW: a ticket per layer copy */
+        ex->ag_layers = 1;
+        for (int s = 0; s < p->n_steps; s++)
+            if (p->steps[s].phase == PLAN_AFTER_OPTIMIZER && ex->copies[p->steps[s].node] > ex->ag_layers)
+                ex->ag_layers = ex->copies[p->steps[s].node];
+        ex->ag_layer = exec__host_calloc(ex, (size_t)ex->ag_layers, sizeof *ex->ag_layer);
+        if (!ex->ag_layer) return -1;
+    }
     if (rs) { /* at most each once per layer in flight (two) and once outside the stack */
         ex->rs_cap = 2 * rs;
         ex->rs = exec__host_calloc(ex, (size_t)ex->rs_cap, sizeof *ex->rs);
@@ -140,6 +163,7 @@ int exec__overlap_init(mesh__exec *ex, unsigned flags)
             snprintf(ex->error, sizeof ex->error, "rank %d: %s", ex->rank, groups[g]->error);
             return -2;
         }
+        if (ex->ov_q[g] && (flags & MESH__EXEC_SLOW_QUEUE)) comm_async_set_delay(ex->ov_q[g], 1e-3);
     }
     return 0;
 }
@@ -147,11 +171,13 @@ int exec__overlap_init(mesh__exec *ex, unsigned flags)
 void exec__overlap_free(mesh__exec *ex)
 {
     for (int g = 0; g < 2; g++) {
-        if (ex->ov_q[g] && comm_async_pending(ex->ov_q[g]) > 0) /* a failed step left sums in flight */
-            comm_async_abort(ex->ov_q[g], "its step failed with gradient sums in flight");
-        comm_async_free(ex->ov_q[g]);
+        if (ex->ov_q[g] && ex->ov_failed && comm_async_pending(ex->ov_q[g]) > 0) /* its peers may never come */
+            comm_async_abort(ex->ov_q[g], "its step failed with collectives in flight");
+        comm_async_free(ex->ov_q[g]); /* (else the last step's gathers finish first) */
         ex->ov_q[g] = NULL;
     }
+    exec__host_free(ex, ex->ag_layer, ex->ag_layer ? (size_t)ex->ag_layers * sizeof *ex->ag_layer : 0);
+    ex->ag_layer = NULL;
     exec__host_free(ex, ex->ov_at, ex->ov_at ? (size_t)ex->p->n_steps * sizeof *ex->ov_at : 0);
     exec__host_free(ex, ex->ov_parts, ex->ov_parts ? (size_t)ex->p->n_steps : 0);
     exec__host_free(ex, ex->ov_issued, ex->ov_n);
@@ -279,6 +305,7 @@ void exec__overlap_step_begin(mesh__exec *ex)
     ex->ov_step_calls = 0;
     ex->pf_step_calls = 0;
     ex->rs_step_calls = 0;
+    ex->ag_step_calls = 0;
     ex->rs_n = 0; /* (left by a failed step: its queue failed too) */
     double busy;
     exec__overlap_times(ex, &busy, &ex->ov_wait_s);
@@ -399,4 +426,70 @@ void exec__overlap_times(const mesh__exec *ex, double *busy_s, double *wait_s)
         if (ex->ov_q[g]) busy += comm_async_busy(ex->ov_q[g]);
     *busy_s = busy - ex->ov_busy0;
     *wait_s = ex->ov_wait_s;
+}
+
+/* ---- ZeRO-1/2: the updated params gathered while the next forward runs - */
+
+static void last_tickets(const mesh__exec *ex, long t[2])
+{
+    for (int g = 0; g < 2; g++) t[g] = ex->ov_q[g] ? comm_async_last(ex->ov_q[g]) : 0;
+}
+
+int exec__gather_issue(mesh__exec *ex)
+{
+    const plan *p = ex->p;
+    if (!ex->ag_layer) return 0;
+    /* outside the stack first (the embedding comes first in forward), then
+     * the layers, first to last */
+    for (int pass = 0; pass < 2; pass++) {
+        int layers = pass ? ex->ag_layers : 1;
+        for (int k = 0; k < layers; k++) {
+            for (int s = 0; s < p->n_steps; s++) {
+                const plan_step *st = &p->steps[s];
+                int stack = ex->stack >= 0 && st->region == ex->stack;
+                if (st->phase != PLAN_AFTER_OPTIMIZER || stack != pass) continue;
+                int r = exec__bucket_end(ex, s, p->n_steps);
+                int copies = !stack && st->region >= 0 ? (int)p->regions[st->region].count : 1;
+                for (int c = 0; c < copies; c++) {
+                    int it = stack ? exec__copy_it(ex, st->node, k) : c;
+                    if (stack && k >= ex->copies[st->node]) break;
+                    int calls = exec__bucket_call(ex, s, r, it, queue_of(ex, exec__step_comm(ex, st)));
+                    if (calls < 0) return -1;
+                    ex->ag_step_calls += calls;
+                }
+                s = r - 1;
+            }
+            if (pass) last_tickets(ex, ex->ag_layer[k]);
+        }
+        if (!pass) last_tickets(ex, ex->ag_fixed);
+    }
+    ex->ag_pending = 1;
+    return 1;
+}
+
+static int wait_tickets(mesh__exec *ex, const long t[2])
+{
+    for (int g = 0; g < 2; g++) {
+        if (!ex->ov_q[g] || t[g] <= 0) continue;
+        double t0 = comm_now();
+        int rc = comm_async_wait(ex->ov_q[g], t[g]);
+        ex->ov_wait_s += comm_now() - t0;
+        if (rc != 0) {
+            snprintf(ex->error, sizeof ex->error, "rank %d: the updated params' gathers (overlapped): %s", ex->rank,
+                     comm_async_error(ex->ov_q[g]));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int exec__gather_wait(mesh__exec *ex, int copy)
+{
+    if (!ex->ag_pending) return 0;
+    if (wait_tickets(ex, ex->ag_fixed) != 0) return -1;
+    if (copy == -2) return 0;
+    if (copy >= 0 && copy < ex->ag_layers) return wait_tickets(ex, ex->ag_layer[copy]);
+    if (wait_tickets(ex, ex->ag_layer[ex->ag_layers - 1]) != 0) return -1; /* the last issued: all */
+    ex->ag_pending = 0;
+    return 0;
 }

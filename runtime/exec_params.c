@@ -240,6 +240,7 @@ static int param_at(const mesh__exec *ex, int k, int *it)
 
 int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float **value, float **grad)
 {
+    if (exec__gather_wait(ex, -1) != 0) return -1; /* ZeRO-1/2: the last step's gathers */
     int it, id = param_at(ex, k, &it);
     if (id < 0) return -1;
     *name = ex->names[id][exec__param_copy(ex, id, it)];
@@ -340,6 +341,7 @@ static int masters_get(mesh__exec *ex, int id, int it, float *whole)
 
 int mesh__exec_param_get(mesh__exec *ex, int k, float *whole)
 {
+    if (exec__gather_wait(ex, -1) != 0) return -1; /* ZeRO-1/2: the last step's gathers */
     int it, id = param_at(ex, k, &it);
     if (id < 0) return -1;
     if (ex->prec != KCPU_FP32) return masters_get(ex, id, it, whole);
@@ -355,6 +357,7 @@ int mesh__exec_param_get(mesh__exec *ex, int k, float *whole)
 
 int mesh__exec_param_set(mesh__exec *ex, int k, const float *whole)
 {
+    if (exec__gather_wait(ex, -1) != 0) return -1; /* ZeRO-1/2: the last step's gathers */
     int it, id = param_at(ex, k, &it);
     if (id < 0) return -1;
     size_t lo, len, n = ex->numel[id];

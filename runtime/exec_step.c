@@ -417,6 +417,7 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
         return -1;
     }
     if (phase == PLAN_GRAD_SYNC && exec__overlap_wait(ex) != 0) return -1;
+    if (phase == PLAN_FORWARD && exec__gather_wait(ex, -2) != 0) return -1; /* ZeRO-1/2: the last step's params */
     int sync = phase == PLAN_GRAD_SYNC || phase == PLAN_AFTER_OPTIMIZER;
     for (int s = 0; s < p->n_steps;) {
         const plan_step *st = &p->steps[s];
@@ -439,6 +440,8 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
                    : stack         ? ex->first_layer + (back ? count - 1 - k : k)
                                    : back ? count - 1 - k : k;
             if (back && st->region >= 0) start_carries(ex, st->region, it);
+            if (phase == PLAN_FORWARD && stack && exec__gather_wait(ex, (int)exec__param_copy(ex, st->node, it)) != 0)
+                return -1; /* ZeRO-1/2: the layer's params, gathered since the last step's AdamW */
             if (stack && !sync && k + 1 < count && /* ZeRO-3: the next layer's params, gathered meanwhile */
                 exec__prefetch(ex, s, e, ex->first_layer + (back ? count - 2 - k : k + 1)) != 0)
                 return -1;
@@ -666,8 +669,30 @@ static int chain_link(mesh__exec *ex, int end, double *loss)
     return rc ? -1 : 0;
 }
 
+static int train_step(mesh__exec *ex, long long step, const int32_t *inputs, const int32_t *targets,
+                      mesh__step_stats *st);
+
+/* The step's overlapped collectives (the gathers after AdamW included, which
+ * run into the next step's forward) and their times so far. */
+static void overlap_stats(const mesh__exec *ex, mesh__step_stats *st)
+{
+    double busy, wait;
+    st->overlapped = ex->ov_step_calls + ex->pf_step_calls + ex->rs_step_calls + ex->ag_step_calls;
+    exec__overlap_times(ex, &busy, &wait);
+    st->overlap_ms = 1e3 * busy;
+    st->wait_ms = 1e3 * wait;
+}
+
 int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
                           const int32_t *targets, mesh__step_stats *st)
+{
+    int rc = train_step(ex, step, inputs, targets, st);
+    ex->ov_failed = rc == -2; /* its collectives in flight are abandoned (exec__overlap_free) */
+    return rc;
+}
+
+static int train_step(mesh__exec *ex, long long step, const int32_t *inputs, const int32_t *targets,
+                      mesh__step_stats *st)
 {
     const fe_setup *s = &ex->p->setup;
     int m = (int)(s->micro_batches > 0 ? s->micro_batches : 1);
@@ -682,11 +707,6 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
         run_phase(ex, PLAN_GRAD_SYNC) != 0 || exec__sum_doubles(ex, ex->axis[2], &loss, 1) != 0 ||
         (!ex->chain && exec__sum_doubles(ex, ex->data, &loss, 1) != 0))
         return -2;
-    st->overlapped = ex->ov_step_calls + ex->pf_step_calls + ex->rs_step_calls;
-    double busy, wait; /* (the queues have nothing more this step: the gathers after AdamW block) */
-    exec__overlap_times(ex, &busy, &wait);
-    st->overlap_ms = 1e3 * busy;
-    st->wait_ms = 1e3 * wait;
     loss /= (double)m * ex->data_ranks;
     /* mixed precision: the summed gradients stored in the plan's precision;
      * with a loss scale, the clipping below is of the unscaled norm */
@@ -741,6 +761,7 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
         if (ex->scale_dynamic) ex->loss_scale = S / 2 > 1.0 ? S / 2 : 1.0;
         ex->scale_good = 0;
         ex->counting = 0;
+        overlap_stats(ex, st);
         return 0;
     }
     if (ex->scale_dynamic && ++ex->scale_good >= ex->scale_interval) {
@@ -773,8 +794,12 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
             exec__round(ex, master ? w : NULL, n);
         }
     }
-    int rc = run_phase(ex, PLAN_AFTER_OPTIMIZER) == 0 && !ex->dev_failed ? 0 : -2;
+    /* ZeRO-1/2: the updated params gathered, on the queue while the next
+     * step's forward begins, else now */
+    int queued = exec__gather_issue(ex);
+    int rc = queued < 0 ? -2 : (queued || run_phase(ex, PLAN_AFTER_OPTIMIZER) == 0) && !ex->dev_failed ? 0 : -2;
     ex->counting = 0;
+    overlap_stats(ex, st);
     return rc;
 }
 

@@ -216,8 +216,8 @@ typedef struct mesh_step_stats {
                          but the loss scale (halved when dynamic); 0 otherwise */
     int overlapped;   /* this rank's collectives that ran on a communication thread while it
                          computed (mesh_set_overlap): gradient sums during backward, ZeRO-2/3's
-                         reduce-scatters, ZeRO-3's gathers of the next layer; 0 without data
-                         parallelism */
+                         reduce-scatters, ZeRO-3's gathers of the next layer, ZeRO-1/2's gathers
+                         after AdamW (which run into the next step); 0 without data parallelism */
     double overlap_ms; /* the time those collectives ran on the communication thread */
     double wait_ms;   /* the time this rank waited for them: overlap_ms - wait_ms was hidden
                          behind its compute */
@@ -435,9 +435,10 @@ mesh_status mesh_set_deterministic(int on);
  * on (issued as soon as the last micro-batch's backward has finished it,
  * run by a communication thread of the rank), as DDP and Megatron-LM
  * overlap their gradient buckets; with ZeRO-2/3 a layer's reduce-scatters
- * run while the layer below computes, and with ZeRO-3 the next layer's
- * params are gathered while a layer computes (FSDP's prefetch). Off, each
- * in turn. The numbers are the same bits either way. The deterministic
+ * run while the layer below computes; with ZeRO-3 the next layer's params
+ * are gathered while a layer computes (FSDP's prefetch); with ZeRO-1/2 the
+ * updated params are gathered while the next step's forward begins (each
+ * layer waits for its own). Off, each in turn. The numbers are the same bits either way. The deterministic
  * order, GPUs and MPI without MPI_THREAD_MULTIPLE run in turn. */
 mesh_status mesh_set_overlap(int on);
 

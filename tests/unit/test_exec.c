@@ -723,36 +723,37 @@ TEST_IMPL(parallel_overlap_is_bit_identical)
         int n;
         const char *sets[7];
         int issues; /* rank 0 issues calls during backward */
+        int slow;   /* run once more with a slow queue (MESH__EXEC_SLOW_QUEUE): a missing wait shows */
     } cases[] = {
-        {"tiny", 4, {"mesh.dp=2", "train.zero=0", "train.micro_batch=1", "train.global_batch=12"}, 1},
-        {"tiny", 4, {"mesh.dp=3", "train.zero=1", "train.micro_batch=1", "train.global_batch=12"}, 1},
+        {"tiny", 4, {"mesh.dp=2", "train.zero=0", "train.micro_batch=1", "train.global_batch=12"}, 1, 1},
+        {"tiny", 4, {"mesh.dp=3", "train.zero=1", "train.micro_batch=1", "train.global_batch=12"}, 1, 1},
         /* a layer in two buckets (train.bucket_size), ZeRO 0 and 1 */
         {"tiny", 5, {"mesh.dp=2", "train.bucket_size=20000", "train.zero=1", "train.micro_batch=1",
-                     "train.global_batch=8"}, 1},
-        {"llama", 4, {"mesh.dp=2", "train.bucket_size=3000", "train.micro_batch=1", "train.global_batch=8"}, 1},
-        {"llama", 4, {"mesh.dp=2", "train.zero=1", "train.micro_batch=1", "train.global_batch=8"}, 1},
-        {"tiny", 5, {"mesh.dp=2", "mesh.pp=2", "train.micro_batch=1", "train.global_batch=8", "train.schedule=1f1b"}, 1},
+                     "train.global_batch=8"}, 1, 0},
+        {"llama", 4, {"mesh.dp=2", "train.bucket_size=3000", "train.micro_batch=1", "train.global_batch=8"}, 1, 0},
+        {"llama", 4, {"mesh.dp=2", "train.zero=1", "train.micro_batch=1", "train.global_batch=8"}, 1, 0},
+        {"tiny", 5, {"mesh.dp=2", "mesh.pp=2", "train.micro_batch=1", "train.global_batch=8", "train.schedule=1f1b"}, 1, 0},
         {"tiny", 7, {"mesh.dp=2", "mesh.pp=2", "model.layers=4", "train.virtual_stages=2", "train.schedule=interleaved",
-                     "train.micro_batch=1", "train.global_batch=8"}, 1},
-        {"tiny", 4, {"mesh.dp=2", "mesh.tp=2", "train.micro_batch=1", "train.global_batch=8"}, 1},
-        {"moe", 4, {"mesh.dp=2", "mesh.ep=2", "train.micro_batch=1", "train.global_batch=8"}, 1},
-        {"moe", 5, {"mesh.dp=2", "mesh.ep=2", "train.zero=1", "train.micro_batch=1", "train.global_batch=8"}, 1},
-        {"tiny", 5, {"mesh.dp=2", "mesh.pp=2", "train.zero=1", "train.micro_batch=1", "train.global_batch=8"}, 1},
+                     "train.micro_batch=1", "train.global_batch=8"}, 1, 1},
+        {"tiny", 4, {"mesh.dp=2", "mesh.tp=2", "train.micro_batch=1", "train.global_batch=8"}, 1, 0},
+        {"moe", 4, {"mesh.dp=2", "mesh.ep=2", "train.micro_batch=1", "train.global_batch=8"}, 1, 0},
+        {"moe", 5, {"mesh.dp=2", "mesh.ep=2", "train.zero=1", "train.micro_batch=1", "train.global_batch=8"}, 1, 1},
+        {"tiny", 5, {"mesh.dp=2", "mesh.pp=2", "train.zero=1", "train.micro_batch=1", "train.global_batch=8"}, 1, 0},
         {"tiny", 6, {"mesh.dp=2", "mesh.tp=2", "train.sequence_parallel=true", "train.zero=1", "train.micro_batch=1",
-                     "train.global_batch=8"}, 1},
-        {"tiny", 4, {"mesh.dp=2", "train.precision=bf16", "train.micro_batch=1", "train.global_batch=8"}, 1},
+                     "train.global_batch=8"}, 1, 0},
+        {"tiny", 4, {"mesh.dp=2", "train.precision=bf16", "train.micro_batch=1", "train.global_batch=8"}, 1, 0},
         /* ZeRO-2: each layer's reduce-scatters run while the layer below computes */
-        {"tiny", 5, {"mesh.dp=2", "train.zero=2", "model.layers=3", "train.micro_batch=1", "train.global_batch=8"}, 1},
-        {"tiny", 5, {"mesh.dp=3", "train.zero=2", "mesh.pp=2", "model.layers=4", "train.global_batch=12"}, 1},
-        {"moe", 5, {"mesh.dp=2", "train.zero=2", "mesh.ep=2", "train.micro_batch=1", "train.global_batch=8"}, 1},
+        {"tiny", 5, {"mesh.dp=2", "train.zero=2", "model.layers=3", "train.micro_batch=1", "train.global_batch=8"}, 1, 1},
+        {"tiny", 5, {"mesh.dp=3", "train.zero=2", "mesh.pp=2", "model.layers=4", "train.global_batch=12"}, 1, 0},
+        {"moe", 5, {"mesh.dp=2", "train.zero=2", "mesh.ep=2", "train.micro_batch=1", "train.global_batch=8"}, 1, 0},
         /* ZeRO-3: the next layer's gathers prefetched, in forward and backward */
-        {"tiny", 5, {"mesh.dp=2", "train.zero=3", "model.layers=3", "train.micro_batch=1", "train.global_batch=8"}, 1},
-        {"tiny", 5, {"mesh.dp=3", "train.zero=3", "model.layers=3", "train.micro_batch=1", "train.global_batch=12"}, 1},
+        {"tiny", 5, {"mesh.dp=2", "train.zero=3", "model.layers=3", "train.micro_batch=1", "train.global_batch=8"}, 1, 0},
+        {"tiny", 5, {"mesh.dp=3", "train.zero=3", "model.layers=3", "train.micro_batch=1", "train.global_batch=12"}, 1, 1},
         {"llama", 5, {"mesh.dp=2", "train.zero=3", "train.recompute=full", "train.micro_batch=1",
-                      "train.global_batch=8"}, 1},
+                      "train.global_batch=8"}, 1, 0},
         {"tiny", 6, {"mesh.dp=2", "train.zero=3", "mesh.pp=2", "model.layers=4", "train.micro_batch=1",
-                     "train.global_batch=8"}, 1},
-        {"moe", 5, {"mesh.dp=2", "train.zero=3", "mesh.ep=2", "train.micro_batch=1", "train.global_batch=8"}, 1},
+                     "train.global_batch=8"}, 1, 0},
+        {"moe", 5, {"mesh.dp=2", "train.zero=3", "mesh.ep=2", "train.micro_batch=1", "train.global_batch=8"}, 1, 0},
     };
     enum { N_CASES = sizeof cases / sizeof cases[0] };
     for (int v = 0; v < N_CASES + 2; v++) {
@@ -772,6 +773,16 @@ TEST_IMPL(parallel_overlap_is_bit_identical)
         ASSERT_INT_EQ(eq_overlap_ms == 0 && eq_wait_ms == 0, 1);
         mesh_set_overlap(1);
         eq_losses(src, cases[k].sets, cases[k].n, during);
+        double slow[EQ_STEPS];
+        if (cases[k].slow && !guard) { /* every queued call late: a read before its wait reads stale data */
+            mesh__set_exec_flags(MESH__EXEC_SLOW_QUEUE);
+            eq_losses(src, cases[k].sets, cases[k].n, slow);
+            for (int s = 0; s < EQ_STEPS; s++)
+                if (slow[s] != each[s])
+                    unit_fail(__FILE__, __LINE__, "%s %s %s %s, step %d: %.17g with a slow queue, %.17g a call per "
+                              "param", cases[k].src_name, cases[k].sets[0], cases[k].sets[1], cases[k].sets[2], s + 1,
+                              slow[s], each[s]);
+        }
         mesh__set_exec_flags(0);
         /* the queue's calls took time; the rank waited no longer than the step */
         ASSERT_INT_EQ(eq_overlapped == 0 || (eq_overlap_ms > 0 && eq_wait_ms >= 0 && eq_wait_ms < 60e3), 1);
