@@ -219,22 +219,31 @@ void comm_async_set_delay(comm_async *a, double seconds)
     pthread_mutex_unlock(&a->mu);
 }
 
-long comm_async_last(const comm_async *a)
+/* The queue's counters, read under its lock. */
+static void counters(const comm_async *a, long *issued, long *done, double *busy)
 {
     comm_async *m = (comm_async *)a; /* the lock only */
     pthread_mutex_lock(&m->mu);
-    long t = a->issued;
+    *issued = a->issued;
+    *done = a->done;
+    *busy = a->busy;
     pthread_mutex_unlock(&m->mu);
-    return t;
+}
+
+long comm_async_last(const comm_async *a)
+{
+    long issued, done;
+    double busy;
+    counters(a, &issued, &done, &busy);
+    return issued;
 }
 
 long comm_async_pending(const comm_async *a)
 {
-    comm_async *m = (comm_async *)a; /* the lock only */
-    pthread_mutex_lock(&m->mu);
-    long n = a->issued - a->done;
-    pthread_mutex_unlock(&m->mu);
-    return n;
+    long issued, done;
+    double busy;
+    counters(a, &issued, &done, &busy);
+    return issued - done;
 }
 
 void comm_async_abort(comm_async *a, const char *why) { comm_abort(a->c, why); }
@@ -243,11 +252,10 @@ const char *comm_async_error(const comm_async *a) { return a->error; }
 
 double comm_async_busy(const comm_async *a)
 {
-    comm_async *m = (comm_async *)a; /* the lock only */
-    pthread_mutex_lock(&m->mu);
-    double b = a->busy;
-    pthread_mutex_unlock(&m->mu);
-    return b;
+    long issued, done;
+    double busy;
+    counters(a, &issued, &done, &busy);
+    return busy;
 }
 
 void comm_async_free(comm_async *a)
