@@ -456,6 +456,9 @@ int exec__gather_issue(mesh__exec *ex)
                     int calls = exec__bucket_call(ex, s, r, it, queue_of(ex, exec__step_comm(ex, st)));
                     if (calls < 0) return -1;
                     ex->ag_step_calls += calls;
+                    for (int q = s; q < r && ex->counting; q++) /* the bytes the phase would have counted */
+                        if (ex->copies[p->steps[q].node] > 0)
+                            ex->sent[p->steps[q].kind][p->steps[q].axis] += (double)p->steps[q].elems * 4;
                 }
                 s = r - 1;
             }
