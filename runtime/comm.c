@@ -84,8 +84,9 @@ int comm_reduce_scatter_v(comm *c, float *const *bufs, const size_t *n, int k)
     if (c->size == 1 || k == 0) return 0;
     if (c->v->reduce_scatter_v) return c->v->reduce_scatter_v(c, bufs, n, k);
     size_t all;
-    float *p = packed(c, n, k, &all), *mine = p + (size_t)c->rank * (all / (size_t)c->size);
+    float *p = packed(c, n, k, &all), *mine;
     if (!p) return comm_fail(c, "reduce-scatter", "out of memory packing %d buffers", k);
+    mine = p + (size_t)c->rank * (all / (size_t)c->size);
     pack(c, bufs, n, k, 1, 0, c->size, p, 1);
     if (c->v->reduce_scatter(c, p, mine, all / (size_t)c->size) != 0) return -1;
     pack(c, bufs, n, k, 1, c->rank, c->rank + 1, p, 0);
@@ -97,8 +98,9 @@ int comm_all_gather_v(comm *c, float *const *bufs, const size_t *n, int k)
     if (c->size == 1 || k == 0) return 0;
     if (c->v->all_gather_v) return c->v->all_gather_v(c, bufs, n, k);
     size_t all;
-    float *p = packed(c, n, k, &all), *mine = p + (size_t)c->rank * (all / (size_t)c->size);
+    float *p = packed(c, n, k, &all), *mine;
     if (!p) return comm_fail(c, "all-gather", "out of memory packing %d buffers", k);
+    mine = p + (size_t)c->rank * (all / (size_t)c->size);
     pack(c, bufs, n, k, 1, c->rank, c->rank + 1, p, 1);
     if (c->v->all_gather(c, mine, p, all / (size_t)c->size) != 0) return -1;
     pack(c, bufs, n, k, 1, 0, c->size, p, 0);

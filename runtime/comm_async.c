@@ -63,8 +63,9 @@ static void *progress(void *arg)
         if (a->done == a->issued) break; /* stopped, nothing left */
         acall k = a->q[a->done % a->cap];
         int failed = a->failed;
+        double delay = a->delay;
         pthread_mutex_unlock(&a->mu);
-        if (a->delay > 0) comm_sleep(a->delay);
+        if (delay > 0) comm_sleep(delay);
         double t0 = comm_now();
         int rc = failed ? -1 : run_call(a, &k); /* after a failure the rest are dropped */
         double ran = comm_now() - t0;
@@ -204,13 +205,7 @@ int comm_async_wait(comm_async *a, long ticket)
     return rc;
 }
 
-int comm_async_wait_all(comm_async *a)
-{
-    pthread_mutex_lock(&a->mu);
-    long t = a->issued;
-    pthread_mutex_unlock(&a->mu);
-    return comm_async_wait(a, t);
-}
+int comm_async_wait_all(comm_async *a) { return comm_async_wait(a, comm_async_last(a)); }
 
 void comm_async_set_delay(comm_async *a, double seconds)
 {

@@ -156,18 +156,6 @@ static int meet_committed(tcomm *t, const char *op) { return meet_(t, op, 1); }
 
 static float *scratch(tcomm *t, size_t n) { return comm_scratch(&t->scratch, &t->scratch_n, n); }
 
-/* sum over members q, in rank order, of ptr[q][off + i], i < n, into out
- * (a member at a time, so the adds vectorise; each element still sums in
- * rank order) */
-static void sum_parts(const tgroup *g, size_t off, size_t n, float *restrict out)
-{
-    memcpy(out, (const float *)g->ptr[0] + off, n * sizeof *out);
-    for (int q = 1; q < g->size; q++) {
-        const float *restrict in = (const float *)g->ptr[q] + off;
-        for (size_t i = 0; i < n; i++) out[i] += in[i];
-    }
-}
-
 static int out_of_memory(tcomm *t, const char *op)
 {
     char why[120];
@@ -176,38 +164,10 @@ static int out_of_memory(tcomm *t, const char *op)
     return fail(t, op);
 }
 
-static int t_all_reduce(comm *c, float *buf, size_t n)
-{
-    tcomm *t = (tcomm *)c;
-    tgroup *g = t->g;
-    size_t lo = n * (size_t)c->rank / (size_t)g->size, hi = n * (size_t)(c->rank + 1) / (size_t)g->size;
-    float *part = scratch(t, hi - lo);
-    if (!part) return out_of_memory(t, "all-reduce");
-    g->ptr[c->rank] = buf;
-    if (meet(t, "all-reduce") != 0) return -1;
-    sum_parts(g, lo, hi - lo, part);
-    if (meet_committed(t, "all-reduce") != 0) return -1;
-    for (int q = 0; q < g->size; q++) memcpy((float *)(uintptr_t)g->ptr[q] + lo, part, (hi - lo) * sizeof *part);
-    return meet_committed(t, "all-reduce");
-}
-
-static int t_reduce_scatter(comm *c, const float *in, float *out, size_t n)
-{
-    tcomm *t = (tcomm *)c;
-    tgroup *g = t->g;
-    float *part = scratch(t, n);
-    if (!part) return out_of_memory(t, "reduce-scatter");
-    g->ptr[c->rank] = in;
-    if (meet(t, "reduce-scatter") != 0) return -1;
-    sum_parts(g, n * (size_t)c->rank, n, part);
-    if (meet_committed(t, "reduce-scatter") != 0) return -1; /* out may be this rank's own input */
-    memcpy(out, part, n * sizeof *part);
-    return 0;
-}
-
-/* The _v calls: a member publishes its k buffers (the same n[] on every
- * member), treated as one array of their elements laid end to end; each
- * rank sums its 1/size of that array, as t_all_reduce does of one. */
+/* The sums: a member publishes its k buffers (the same n[] on every
+ * member; one for the plain calls), treated as one array of their
+ * elements laid end to end; each rank sums its part of that array, in
+ * rank order, element by element. */
 typedef struct vseg {
     float *const *bufs; /* the member's k buffers */
     const size_t *n;
@@ -293,6 +253,25 @@ static int t_reduce_scatter_v(comm *c, float *const *bufs, const size_t *n, int 
         memcpy(bufs[i] + (size_t)c->rank * len, v.part + at, len * sizeof *v.part);
         at += len;
     }
+    return 0;
+}
+
+static int t_all_reduce(comm *c, float *buf, size_t n) { return t_all_reduce_v(c, &buf, &n, 1); }
+
+static int t_reduce_scatter(comm *c, const float *in, float *out, size_t n)
+{
+    tcomm *t = (tcomm *)c;
+    tgroup *g = t->g;
+    float *whole = (float *)(uintptr_t)in; /* (read only) */
+    size_t all = n * (size_t)g->size;
+    vseg me = {&whole, &all, 1};
+    vsum v = {g, scratch(t, n)};
+    if (!v.part) return out_of_memory(t, "reduce-scatter");
+    g->ptr[c->rank] = &me;
+    if (meet(t, "reduce-scatter") != 0) return -1;
+    sum_run(&v, 0, n * (size_t)c->rank, 0, n);
+    if (meet_committed(t, "reduce-scatter") != 0) return -1; /* out may be this rank's own input */
+    memcpy(out, v.part, n * sizeof *v.part);
     return 0;
 }
 

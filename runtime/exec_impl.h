@@ -303,9 +303,9 @@ comm *exec__step_comm(const mesh__exec *ex, const plan_step *st);
  * bucket's one call? bucket_end: the end of the run of steps from q (below
  * end) in q's bucket. bucket_call: steps [q, r) at iteration it in one
  * call (comm.h's _v; two when some shards are uneven), skipping params
- * this stage does not hold; blocking (queue NULL: counts the bytes, skips
- * what the overlap issued) or queued. The calls made (0 to 2), or -1 with
- * ex->error. */
+ * this stage does not hold; blocking (queue NULL: skips what the overlap
+ * issued) or queued; the bytes counted where the call is made. The calls
+ * made (0 to 2), or -1 with ex->error. */
 int exec__bucketed(const mesh__exec *ex, int s);
 int exec__bucket_end(const mesh__exec *ex, int q, int end);
 int exec__bucket_call(mesh__exec *ex, int q, int r, int it, comm_async *queue);
@@ -330,6 +330,16 @@ int exec__overlap_issued(const mesh__exec *ex, const plan_step *st, int it);
  * the rank waited for them (comm_async_busy; the waits exec_overlap.c
  * makes). */
 void exec__overlap_times(const mesh__exec *ex, double *busy_s, double *wait_s);
+
+/* ZeRO's two exchanges of copy it of step st's param over its
+ * data-parallel group, blocking (0, or -1 with the group's error) or on
+ * queue (the ticket, or -1): zreduce sums the staged gradient into the
+ * rank's shard of it (a reduce-scatter; the whole sum when the shards are
+ * uneven); zgather fills the whole value from every rank's shard, the
+ * rank's own copied in first from its shard when `own` (zero 3), else
+ * already in place (zero 1/2 after AdamW). */
+long exec__zreduce(mesh__exec *ex, const plan_step *st, int it, comm_async *queue);
+long exec__zgather(mesh__exec *ex, const plan_step *st, int it, int own, comm_async *queue);
 
 /* zero 2/3: the micro-batch's sum of copy it of param id (in its staged
  * gradient, after its reduce-scatter), added to the rank's shard. 0, or

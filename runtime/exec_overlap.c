@@ -196,6 +196,25 @@ void exec__overlap_free(mesh__exec *ex)
     ex->pf_it = NULL;
 }
 
+/* Waits for the queue's call `ticket` (and those before it), counting the
+ * time the rank waited; 0, or -1 if the queue failed. */
+static int wait_for(mesh__exec *ex, comm_async *q, long ticket)
+{
+    double t0 = comm_now();
+    int rc = comm_async_wait(q, ticket);
+    ex->ov_wait_s += comm_now() - t0;
+    return rc;
+}
+
+/* Seconds the rank's queues have run calls, in all. */
+static double queues_busy(const mesh__exec *ex)
+{
+    double busy = 0;
+    for (int g = 0; g < 2; g++)
+        if (ex->ov_q[g]) busy += comm_async_busy(ex->ov_q[g]);
+    return busy;
+}
+
 static comm_async *queue_of(const mesh__exec *ex, const comm *c)
 {
     return c == ex->ov_comm[0] ? ex->ov_q[0] : c == ex->ov_comm[1] ? ex->ov_q[1] : NULL;
@@ -280,10 +299,7 @@ int exec__overlap_wait(mesh__exec *ex)
 {
     for (int g = 0; g < 2; g++) {
         if (!ex->ov_q[g]) continue;
-        double t0 = comm_now();
-        int rc = comm_async_wait_all(ex->ov_q[g]);
-        ex->ov_wait_s += comm_now() - t0;
-        if (rc != 0) {
+        if (wait_for(ex, ex->ov_q[g], comm_async_last(ex->ov_q[g])) != 0) {
             snprintf(ex->error, sizeof ex->error, "rank %d: the overlapped gradient sync: %s", ex->rank,
                      comm_async_error(ex->ov_q[g]));
             return -1;
@@ -307,9 +323,7 @@ void exec__overlap_step_begin(mesh__exec *ex)
     ex->rs_step_calls = 0;
     ex->ag_step_calls = 0;
     ex->rs_n = 0; /* (left by a failed step: its queue failed too) */
-    double busy;
-    exec__overlap_times(ex, &busy, &ex->ov_wait_s);
-    ex->ov_busy0 += busy;
+    ex->ov_busy0 = queues_busy(ex);
     ex->ov_wait_s = 0;
 }
 
@@ -327,25 +341,12 @@ int exec__prefetch(mesh__exec *ex, int from, int to, int it)
                      "when iteration %d's is issued", ex->rank, st->node, ex->pf_it[slot], it);
             return -1;
         }
-        comm *c = exec__step_comm(ex, st);
-        comm_async *q = queue_of(ex, c);
-        /* the rank's shard into its place in the whole, then every rank's
-         * (collective() does the same, blocking) */
-        float *w = exec__vptr(ex, st->node, it);
-        size_t n = (size_t)(exec__buf_of(ex, st->node)->bytes / 4), sh = ex->shard[st->node];
-        size_t lo = (size_t)c->rank * sh, hi = lo + sh < n ? lo + sh : n;
-        if (hi > lo && exec__dcopy(ex, w + lo, exec__pshard(ex, st->node, it), (hi - lo) * sizeof *w) != 0) return -1;
-        long t;
-        if (n % (size_t)c->size == 0) {
-            t = comm_async_all_gather(q, w + lo, w, sh);
-        } else { /* uneven: a sum of the shards over zeros is the gather, exactly */
-            exec__fill(ex, w, 0, lo * sizeof *w);
-            if (hi < n) exec__fill(ex, w + hi, 0, (n - hi) * sizeof *w);
-            t = comm_async_all_reduce(q, w, n);
-        }
-        if (t < 0) {
+        comm_async *q = queue_of(ex, exec__step_comm(ex, st));
+        long t = exec__zgather(ex, st, it, 1, q);
+        if (t < 0) { /* the queue failed, or copying the shard in did */
+            const char *why = comm_async_error(q)[0] ? comm_async_error(q) : exec__step_comm(ex, st)->error;
             snprintf(ex->error, sizeof ex->error, "rank %d: all-gather(dp) of tensor %d (%s, prefetched): %s", ex->rank,
-                     st->node, plan_phase_name(st->phase), comm_async_error(q));
+                     st->node, plan_phase_name(st->phase), why);
             return -1;
         }
         ex->pf_ticket[slot] = t;
@@ -361,10 +362,7 @@ int exec__prefetched(mesh__exec *ex, const plan_step *st, int it)
     if (!ex->pf_it || ex->pf_it[slot] != it) return 0;
     comm_async *q = queue_of(ex, exec__step_comm(ex, st));
     ex->pf_it[slot] = -1;
-    double t0 = comm_now();
-    int rc = comm_async_wait(q, ex->pf_ticket[slot]);
-    ex->ov_wait_s += comm_now() - t0;
-    if (rc == 0) return 1;
+    if (wait_for(ex, q, ex->pf_ticket[slot]) == 0) return 1;
     snprintf(ex->error, sizeof ex->error, "rank %d: all-gather(dp) of tensor %d (%s, prefetched): %s", ex->rank,
              st->node, plan_phase_name(st->phase), comm_async_error(q));
     return -1;
@@ -375,17 +373,13 @@ int exec__prefetched(mesh__exec *ex, const plan_step *st, int it)
 int exec__rs_issue(mesh__exec *ex, const plan_step *st, int it)
 {
     if (!ex->rs) return 0;
-    comm *c = exec__step_comm(ex, st);
-    comm_async *q = queue_of(ex, c);
+    comm_async *q = queue_of(ex, exec__step_comm(ex, st));
     if (!q) return 0;
     if (ex->rs_n == ex->rs_cap) { /* (cannot happen: the layers alternate) */
         snprintf(ex->error, sizeof ex->error, "rank %d: more than %d reduce-scatters in flight", ex->rank, ex->rs_cap);
         return -1;
     }
-    float *g = exec__gptr(ex, st->node, it);
-    size_t n = (size_t)(exec__buf_of(ex, st->node)->bytes / 4), part = n / (size_t)c->size;
-    long t = n % (size_t)c->size == 0 ? comm_async_reduce_scatter(q, g, exec__at(ex, g, (size_t)c->rank * part), part)
-                                      : comm_async_all_reduce(q, g, n); /* uneven: the whole sum */
+    long t = exec__zreduce(ex, st, it, q);
     if (t < 0) {
         snprintf(ex->error, sizeof ex->error, "rank %d: reduce-scatter(dp) of tensor %d (backward, overlapped): %s",
                  ex->rank, st->node, comm_async_error(q));
@@ -405,10 +399,7 @@ int exec__rs_finish(mesh__exec *ex, int parity)
             ex->rs[kept++] = r;
             continue;
         }
-        double t0 = comm_now();
-        int rc = comm_async_wait(r.queue, r.ticket);
-        ex->ov_wait_s += comm_now() - t0;
-        if (rc != 0) {
+        if (wait_for(ex, r.queue, r.ticket) != 0) {
             snprintf(ex->error, sizeof ex->error, "rank %d: reduce-scatter(dp) of tensor %d (backward, overlapped): %s",
                      ex->rank, r.node, comm_async_error(r.queue));
             return -1;
@@ -421,10 +412,7 @@ int exec__rs_finish(mesh__exec *ex, int parity)
 
 void exec__overlap_times(const mesh__exec *ex, double *busy_s, double *wait_s)
 {
-    double busy = 0;
-    for (int g = 0; g < 2; g++)
-        if (ex->ov_q[g]) busy += comm_async_busy(ex->ov_q[g]);
-    *busy_s = busy - ex->ov_busy0;
+    *busy_s = queues_busy(ex) - ex->ov_busy0;
     *wait_s = ex->ov_wait_s;
 }
 
@@ -456,9 +444,6 @@ int exec__gather_issue(mesh__exec *ex)
                     int calls = exec__bucket_call(ex, s, r, it, queue_of(ex, exec__step_comm(ex, st)));
                     if (calls < 0) return -1;
                     ex->ag_step_calls += calls;
-                    for (int q = s; q < r && ex->counting; q++) /* the bytes the phase would have counted */
-                        if (ex->copies[p->steps[q].node] > 0)
-                            ex->sent[p->steps[q].kind][p->steps[q].axis] += (double)p->steps[q].elems * 4;
                 }
                 s = r - 1;
             }
@@ -474,10 +459,7 @@ static int wait_tickets(mesh__exec *ex, const long t[2])
 {
     for (int g = 0; g < 2; g++) {
         if (!ex->ov_q[g] || t[g] <= 0) continue;
-        double t0 = comm_now();
-        int rc = comm_async_wait(ex->ov_q[g], t[g]);
-        ex->ov_wait_s += comm_now() - t0;
-        if (rc != 0) {
+        if (wait_for(ex, ex->ov_q[g], t[g]) != 0) {
             snprintf(ex->error, sizeof ex->error, "rank %d: the updated params' gathers (overlapped): %s", ex->rank,
                      comm_async_error(ex->ov_q[g]));
             return -1;

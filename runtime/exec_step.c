@@ -114,6 +114,15 @@ comm *exec__step_comm(const mesh__exec *ex, const plan_step *st)
     return st->axis == 2 ? ex->tied : ex->axis[st->axis];
 }
 
+/* ZeRO's uneven gather: w[n] zeroed but for rank's shard of sh elements
+ * (which a sum over the ranks then leaves whole). */
+static void zero_around_shard(mesh__exec *ex, float *w, size_t n, size_t sh, int rank)
+{
+    size_t lo = (size_t)rank * sh, hi = lo + sh < n ? lo + sh : n;
+    exec__fill(ex, w, 0, (lo < n ? lo : n) * sizeof *w);
+    if (hi < n) exec__fill(ex, w + hi, 0, (n - hi) * sizeof *w);
+}
+
 int exec__bucketed(const mesh__exec *ex, int s)
 {
     const plan_step *st = &ex->p->steps[s];
@@ -149,21 +158,15 @@ int exec__bucket_call(mesh__exec *ex, int q, int r, int it, comm_async *queue)
     for (int s = q; s < r; s++) {
         const plan_step *st = &p->steps[s];
         if (ex->copies[st->node] == 0) continue; /* not held on this stage */
-        if (!queue) {
-            if (ex->counting && st->kind < STEP_SLICE) ex->sent[st->kind][st->axis] += (double)st->elems * 4;
-            if (exec__overlap_issued(ex, st, it)) continue; /* run during backward */
-        }
+        if (!queue && exec__overlap_issued(ex, st, it)) continue; /* run (and counted) during backward */
+        if (ex->counting && st->kind < STEP_SLICE) ex->sent[st->kind][st->axis] += (double)st->elems * 4;
         size_t n = (size_t)(exec__buf_of(ex, st->node)->bytes / 4);
         float *x = kind == STEP_ALL_GATHER ? exec__vptr(ex, st->node, it) : exec__gptr(ex, st->node, it);
         if (kind != STEP_ALL_REDUCE && n % (size_t)c->size == 0) {
             even[a] = x, ne[a++] = n;
             continue;
         }
-        if (kind == STEP_ALL_GATHER) { /* the rank's shard, zeros around it */
-            size_t sh = ex->shard[st->node], lo = (size_t)c->rank * sh, hi = lo + sh < n ? lo + sh : n;
-            exec__fill(ex, x, 0, lo * sizeof *x);
-            if (hi < n) exec__fill(ex, x + hi, 0, (n - hi) * sizeof *x);
-        }
+        if (kind == STEP_ALL_GATHER) zero_around_shard(ex, x, n, ex->shard[st->node], c->rank);
         uneven[b] = x, nu[b++] = n;
     }
     const char *what = kind == STEP_ALL_GATHER ? "all-gather" : kind == STEP_REDUCE_SCATTER ? "reduce-scatter"
@@ -190,6 +193,34 @@ int exec__bucket_call(mesh__exec *ex, int q, int r, int it, comm_async *queue)
     return rc ? -1 : (a > 0) + (b > 0);
 }
 
+long exec__zreduce(mesh__exec *ex, const plan_step *st, int it, comm_async *queue)
+{
+    comm *c = exec__step_comm(ex, st);
+    float *g = exec__gptr(ex, st->node, it);
+    size_t n = (size_t)(exec__buf_of(ex, st->node)->bytes / 4), part = n / (size_t)c->size;
+    float *mine = exec__at(ex, g, (size_t)c->rank * part);
+    if (queue) /* uneven shards: the whole sum, of which the rank uses its part */
+        return n % (size_t)c->size == 0 ? comm_async_reduce_scatter(queue, g, mine, part) : comm_async_all_reduce(queue, g, n);
+    return n % (size_t)c->size == 0 ? EXEC_COMM(ex, comm_reduce_scatter(c, g, mine, part))
+                                    : EXEC_COMM(ex, comm_all_reduce(c, g, n));
+}
+
+long exec__zgather(mesh__exec *ex, const plan_step *st, int it, int own, comm_async *queue)
+{
+    comm *c = exec__step_comm(ex, st);
+    float *w = exec__vptr(ex, st->node, it);
+    size_t n = (size_t)(exec__buf_of(ex, st->node)->bytes / 4), sh = ex->shard[st->node];
+    size_t lo = (size_t)c->rank * sh, hi = lo + sh < n ? lo + sh : n;
+    if (own && hi > lo && exec__dcopy(ex, w + lo, exec__pshard(ex, st->node, it), (hi - lo) * sizeof *w) != 0) {
+        snprintf(c->error, sizeof c->error, "%.300s", ex->error);
+        return -1;
+    }
+    if (n % (size_t)c->size == 0)
+        return queue ? comm_async_all_gather(queue, w + lo, w, sh) : EXEC_COMM(ex, comm_all_gather(c, w + lo, w, sh));
+    zero_around_shard(ex, w, n, sh, c->rank); /* uneven: a sum of the shards over zeros is the gather, exactly */
+    return queue ? comm_async_all_reduce(queue, w, n) : EXEC_COMM(ex, comm_all_reduce(c, w, n));
+}
+
 int exec__zshard_add(mesh__exec *ex, int id, int it)
 {
     size_t lo, len;
@@ -206,15 +237,15 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
     comm *c = exec__step_comm(ex, st);
     const plan_tensor *nt = &ex->p->tensors[st->node];
     if (ex->chain && st->axis == 0 && st->kind == STEP_ALL_REDUCE) return 0; /* the chain summed them */
+    if (exec__overlap_issued(ex, st, it)) return 0; /* run (and counted) during backward (exec_overlap.c) */
     if (c && ex->counting && st->kind < STEP_SLICE) ex->sent[st->kind][st->axis] += (double)st->elems * 4;
-    if (exec__overlap_issued(ex, st, it)) return 0; /* run during backward (exec_overlap.c) */
     int pf = exec__prefetched(ex, st, it);          /* ZeRO-3: gathered while the layer before computed */
     if (pf != 0) return pf > 0 ? 0 : -1;
     if (st->kind == STEP_ALL_TO_ALL && nt->op == G_MOE) return 0; /* the op exchanges its rows itself */
     if (!c) return 0; /* a group of one */
     int rc = -1;
     const char *what = "?";
-    size_t n = (size_t)(exec__buf_of(ex, st->node)->bytes / 4), part = n / (size_t)c->size;
+    size_t n = (size_t)(exec__buf_of(ex, st->node)->bytes / 4);
     int zparam = nt->op == G_PARAM && (st->phase == PLAN_FORWARD || st->phase == PLAN_BACKWARD);
     int value = st->phase == PLAN_FORWARD || st->recompute; /* a value (a recomputed forward's too), else a gradient */
     if (st->axis == 1 && nt->op != G_PARAM &&
@@ -241,30 +272,14 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
         what = "reduce-scatter";
         int queued = zparam ? exec__rs_issue(ex, st, it) : 0; /* zero 2/3: while backward goes on */
         if (queued != 0) return queued > 0 ? 0 : -1;
-        float *g = exec__gptr(ex, st->node, it);
-        if (n % (size_t)c->size == 0)
-            rc = EXEC_COMM(ex, comm_reduce_scatter(c, g, exec__at(ex, g, (size_t)c->rank * part), part));
-        else /* uneven shards: the whole sum, of which it uses its part */
-            rc = EXEC_COMM(ex, comm_all_reduce(c, g, n));
+        rc = (int)exec__zreduce(ex, st, it, NULL);
         if (rc == 0 && zparam && exec__zshard_add(ex, st->node, it) != 0) return -1;
         break;
     }
     case STEP_ALL_GATHER: { /* ZeRO: every rank's shard, into the whole param */
         what = "all-gather";
-        float *w = exec__vptr(ex, st->node, it);
-        size_t sh = ex->shard[st->node], lo = (size_t)c->rank * sh, hi = lo + sh < n ? lo + sh : n;
         /* zero 3, before use: from the rank's shard; zero 1/2, after the optimizer: in place */
-        rc = 0;
-        if (zparam && hi > lo) rc = exec__dcopy(ex, w + lo, exec__pshard(ex, st->node, it), (hi - lo) * sizeof *w);
-        if (rc != 0) {
-            snprintf(c->error, sizeof c->error, "%.300s", ex->error);
-        } else if (n % (size_t)c->size == 0) {
-            rc = EXEC_COMM(ex, comm_all_gather(c, w + lo, w, sh));
-        } else { /* uneven: a sum of the shards over zeros is the gather, exactly */
-            exec__fill(ex, w, 0, lo * sizeof *w);
-            if (hi < n) exec__fill(ex, w + hi, 0, (n - hi) * sizeof *w);
-            rc = EXEC_COMM(ex, comm_all_reduce(c, w, n));
-        }
+        rc = (int)exec__zgather(ex, st, it, zparam, NULL);
         break;
     }
     default:
