@@ -134,11 +134,16 @@ int64_t memplan_moe_capacity(int64_t N, int64_t E, int64_t K, double factor) {
     return (int64_t)up;
 }
 
-static int64_t align16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+
+static int64_t align256(int64_t n) { return (n + 255) & ~(int64_t)255; }
 
 int64_t memplan_moe_route_bytes(int64_t N, int64_t E, int64_t K, int64_t C) {
-    /* expert, weight, slot [N, K]; token [E, C]; count, chosen [E]; probs [N, E] */
-    return 3 * align16(N * K * 4) + align16(E * C * 4) + 2 * align16(E * 4) + align16(N * E * 4);
+    /* expert, weight, slot [N, K]; token [E, C]; count, chosen [E]; probs
+     * [N, E]: the CPU's arrays; the GPU's, 256-byte aligned, also keep the
+     * per-expert mean probabilities [E] (double) and two scalars (the
+     * dropped pairs, the aux loss), 256 bytes each. Both fit in this. */
+    return 3 * align256(N * K * 4) + align256(E * C * 4) + 2 * align256(E * 4) + align256(N * E * 4) +
+           align256(E * 8) + 2 * 256;
 }
 
 /* A moe layer's shapes on one rank: its N tokens routed over all E

@@ -130,7 +130,8 @@ int64_t memplan_round(const memplan *m, int64_t bytes);
 /* The buffer of tensor id on a stage. */
 const mem_buf *memplan_buf(const memplan *m, int stage, int id);
 
-/* Bytes of the routing arrays of a moe layer: N tokens, E experts, top K, capacity C. */
+/* Bytes of the routing arrays of a moe layer: N tokens, E experts, top K,
+ * capacity C; room for either device's layout (the GPU's is the larger). */
 int64_t memplan_moe_route_bytes(int64_t N, int64_t E, int64_t K, int64_t C);
 /* A moe layer's capacity per expert: ceil(factor x N x K / E), at least 1. */
 int64_t memplan_moe_capacity(int64_t N, int64_t E, int64_t K, double factor);

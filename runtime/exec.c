@@ -9,7 +9,6 @@
 #include <string.h> /* memcpy, memset, strchr, strlen, strstr */
 
 #include "init.h" /* mesh__init_* */
-#include "kcpu.h" /* kcpu_* */
 
 /* Zeroed memory from the context's allocator. The block's size is kept in
  * a header before it, for the hook's old_size. */
@@ -132,29 +131,28 @@ static const char *refusal(const plan *p, char *buf, size_t n)
     return NULL;
 }
 
-/* A moe node's geometry; -1 if the kernels' routing layout differs from
- * the memory plan's. */
+/* A moe node's geometry; -2 if the device's routing layout does not fit
+ * in the memory plan's room, -3 for an ep group over 64 ranks. */
 static int moe_setup(mesh__exec *ex, int id)
 {
     const plan_tensor *t = &ex->p->tensors[id];
     const plan_tensor *wg = &ex->p->tensors[t->in[2]];
-    ex_moe *g = exec__host_calloc(ex, 1, sizeof *g);
-    if (!g) return -1;
-    ex->moe[id] = g;
+    ex_moe *m = exec__host_calloc(ex, 1, sizeof *m);
+    if (!m) return -1;
+    ex->moe[id] = m;
+    kern_moe_dims *g = &m->g;
     g->D = (int)exec__last_dim(t);
     g->N = (int)(ex->numel[id] / (size_t)g->D);
     g->E = (int)wg->dims[0];
-    g->F = (int)ex->ld[t->in[2]][2]; /* the experts' hidden width on this rank (split over tp) */
+    m->F = (int)ex->ld[t->in[2]][2]; /* the experts' hidden width on this rank (split over tp) */
     g->K = (int)t->top_k;
-    g->P = wg->pl.kind[3] == PL_SPLIT ? (int)ex->p->setup.ep : 1;
-    g->El = g->E / g->P;
-    if (g->E > 256 || g->P > 64) return -2; /* the count exchange's buffers */
-    g->C = kcpu_moe_capacity(g->N, g->E, g->K, t->capacity);
-    g->route_bytes = kcpu_moe_route_bytes(g->N, g->E, g->K, g->C);
-    return g->C == memplan_moe_capacity(g->N, g->E, g->K, t->capacity) &&
-                   (int64_t)g->route_bytes == memplan_moe_route_bytes(g->N, g->E, g->K, g->C)
-               ? 0
-               : -2;
+    m->P = wg->pl.kind[3] == PL_SPLIT ? (int)ex->p->setup.ep : 1;
+    m->El = g->E / m->P;
+    g->C = (int)memplan_moe_capacity(g->N, g->E, g->K, t->capacity);
+    m->route_bytes = (size_t)memplan_moe_route_bytes(g->N, g->E, g->K, g->C);
+    if (m->P > 64) return -3; /* the exchange's counts */
+    size_t need = ex->kern.v->moe_route_bytes(g->N, g->E, g->K, g->C);
+    return need > 0 && need <= m->route_bytes ? 0 : -2;
 }
 
 /* The node whose backward starts each tensor's gradient: its last
@@ -221,22 +219,12 @@ static int layout(mesh__exec *ex, unsigned flags, char *err, size_t errn)
     return ex->arena ? 0 : -1;
 }
 
-/* What the guarded test device cannot run: moe's routing is host code on
- * arena memory. NULL if it runs the plan. */
-static const char *guard_refusal(const plan *p)
-{
-    for (int id = 0; id < p->n_tensors; id++)
-        if (p->tensors[id].op == G_MOE) return "moe layers";
-    return NULL;
-}
-
-/* What the GPU executor does not run yet (what the guard does not, and
- * more); NULL if it runs the plan. */
+/* What the GPU executor does not run yet; NULL if it runs the plan. */
 static const char *gpu_refusal(const plan *p)
 {
     if (p->setup.world > 1) return "a plan of more than one rank (NCCL between GPUs is not in the executor yet)";
     if (p->setup.precision == 2) return "fp16 (the CUDA kernels store fp32 or bf16)";
-    return guard_refusal(p);
+    return NULL;
 }
 
 int mesh__exec_gpu_supported(const plan *p, char *err, size_t errn)
@@ -304,7 +292,6 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
     char why[160];
     const char *no = refusal(p, why, sizeof why);
     if (!no && (flags & MESH__EXEC_CUDA)) no = gpu_refusal(p);
-    if (!no && (flags & MESH__EXEC_GUARD)) no = guard_refusal(p);
     if (!no && p->setup.world > 1 && (!world || world->size != p->setup.world))
         no = "a plan of more than one rank runs on a communicator of its world's size";
     if (!no && (rank < 0 || rank >= p->setup.world)) no = "the rank is not in the plan's world";
@@ -410,8 +397,11 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
         ex->iters[id] = iters;
         if (t->op == G_MOE) {
             int rc = moe_setup(ex, id);
-            if (rc == -2) {
-                set_err(err, errn, "moe tensor %d: the kernels' routing layout is not the memory plan's", id);
+            if (rc == -2 || rc == -3) {
+                set_err(err, errn,
+                        rc == -2 ? "moe tensor %d: the %s kernels' routing does not fit in the memory plan's room"
+                                 : "moe tensor %d: an expert-parallel group of more than 64 ranks (%s)",
+                        id, ex->kern.v->name);
                 goto fail;
             }
             if (rc != 0) goto oom;

@@ -17,16 +17,17 @@
 #include "comm_async.h" /* comm_async */
 #include "device.h"  /* dev */
 #include "exec.h"    /* mesh__exec */
-#include "kern.h"    /* kern */
-#include "kcpu.h"    /* kcpu_moe_route */
+#include "kcpu.h"    /* kcpu_precision */
+#include "kern.h"    /* kern, kern_moe_dims */
 #include "memplan.h" /* memplan, mem_buf */
 
-/* A moe node's geometry, and its routing bound to the iteration's memory. */
+/* A moe node's geometry; its routing lives at the start of its aux memory
+ * (route_bytes: the memory plan's room, the device's layout within). */
 typedef struct ex_moe {
-    int N, D, E, K, C, F;
+    kern_moe_dims g;      /* N, D, E, K, C */
+    int F;                /* the experts' hidden width on this rank */
     int P, El;            /* the ep group's ranks, and the experts each holds (E / P) */
     size_t route_bytes;
-    kcpu_moe_route route;
 } ex_moe;
 
 struct mesh__exec {

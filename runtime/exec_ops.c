@@ -1,15 +1,12 @@
 /* exec_ops.c — one op forward and backward on this rank (exec_impl.h),
  * through the rank's device's kernels (kern.h): its shapes on the rank,
  * and the exchanges a few ops make themselves (vocabulary-parallel
- * cross-entropy, expert-parallel moe: on the CPU only so far, which keeps
- * their routing and statistics in host memory). */
+ * cross-entropy, expert-parallel moe). */
 #include "exec_impl.h"
 
 #include <math.h>   /* cos, exp, isfinite, log, sqrt */
 #include <stdio.h>  /* snprintf */
 #include <string.h> /* memcpy, memset */
-
-#include "kcpu.h" /* kcpu_* */
 
 #define IN(k) exec__val_in(ex, t->in[k], t->region, it)
 #define DIN(k) exec__grad_in(ex, t->in[k], t->region, it)
@@ -29,40 +26,43 @@
  * experts are one block) becomes xr (the rows every rank sent to this
  * rank's experts, [P, El, C, D]); the experts turn xr into ys, which goes
  * back as yr ([E, C, D], this rank's tokens again). On one ep rank xr is
- * xs and yr is ys. The backward's gradients go the same ways. */
+ * xs and yr is ys. The backward's gradients go the same ways. The buffers
+ * have room for fp32 elements; they hold the tensors' storage type. */
 typedef struct moe_bufs {
-    float *xs, *xr, *ys, *yr, *hg, *hu, *act;
+    void *route;          /* the routing, in the device's layout */
+    void *xs, *xr, *ys, *yr, *hg, *hu, *act;
     int *cnt;             /* [P, El] rows each rank sent to each local expert */
-    float *dyr, *dys, *dxr, *dxs, *dweight, *scratch;
+    void *dyr, *dys, *dxr, *dxs;
+    float *dweight, *scratch; /* fp32 */
 } moe_bufs;
 
 static moe_bufs moe_at(mesh__exec *ex, int id, int it)
 {
     ex_moe *g = ex->moe[id];
-    size_t ecd = (size_t)g->E * (size_t)g->C * (size_t)g->D, ecf = (size_t)g->E * (size_t)g->C * (size_t)g->F;
+    size_t ecd = (size_t)g->g.E * (size_t)g->g.C * (size_t)g->g.D * 4, ecf = (size_t)g->g.E * (size_t)g->g.C * (size_t)g->F * 4;
     unsigned char *aux = (unsigned char *)exec__aux_ptr(ex, id, it);
     int ep = g->P > 1;
-    kcpu_moe_route_bind(&g->route, aux, g->N, g->E, g->K, g->C);
     moe_bufs m;
-    m.xs = (float *)(void *)(aux + g->route_bytes);
-    m.ys = m.xs + ecd;
-    m.hg = m.ys + ecd;
-    m.hu = m.hg + ecf;
-    m.act = m.hu + ecf;
-    m.xr = ep ? m.act + ecf : m.xs;
-    m.yr = ep ? m.xr + ecd : m.ys;
-    m.cnt = ep ? (int *)(void *)(m.yr + ecd) : g->route.count;
-    m.dyr = (float *)(void *)(ex->arena + ex->shared_at + exec__buf_of(ex, id)->scratch_offset);
-    m.dxr = m.dyr + ecd;
-    m.dys = ep ? m.dxr + ecd : m.dyr;
-    m.dxs = ep ? m.dys + ecd : m.dxr;
-    m.dweight = (ep ? m.dxs : m.dxr) + ecd;
-    m.scratch = m.dweight + (size_t)g->N * (size_t)g->K;
+    m.route = aux;
+    m.xs = aux + g->route_bytes;
+    m.ys = (char *)m.xs + ecd;
+    m.hg = (char *)m.ys + ecd;
+    m.hu = (char *)m.hg + ecf;
+    m.act = (char *)m.hu + ecf;
+    m.xr = ep ? (char *)m.act + ecf : m.xs;
+    m.yr = ep ? (char *)m.xr + ecd : m.ys;
+    m.cnt = ep ? (int *)(void *)((char *)m.yr + ecd) : ex->kern.v->moe_route_count(m.route, &g->g);
+    m.dyr = ex->arena + ex->shared_at + exec__buf_of(ex, id)->scratch_offset;
+    m.dxr = (char *)m.dyr + ecd;
+    m.dys = ep ? (char *)m.dxr + ecd : m.dyr;
+    m.dxs = ep ? (char *)m.dys + ecd : m.dxr;
+    m.dweight = (float *)(void *)((char *)(ep ? m.dxs : m.dxr) + ecd);
+    m.scratch = m.dweight + (size_t)g->g.N * (size_t)g->g.K;
     return m;
 }
 
-/* An all-to-all over the ep group of [P blocks of `per` floats]. */
-static int moe_exchange(mesh__exec *ex, const float *in, float *out, size_t per)
+/* An all-to-all over the ep group of [P blocks of `per` 4-byte words]. */
+static int moe_exchange(mesh__exec *ex, const void *in, void *out, size_t per)
 {
     comm *c = ex->axis[3];
     size_t counts[64];
@@ -72,24 +72,30 @@ static int moe_exchange(mesh__exec *ex, const float *in, float *out, size_t per)
     return -1;
 }
 
+/* p advanced by n elements of the tensors' storage type. */
+static void *el(const mesh__exec *ex, void *p, size_t n) { return (char *)p + n * (size_t)ex->esize; }
+
 /* The local experts on every source rank's rows: one call per source. */
-static void moe_experts_forward(const ex_moe *g, const moe_bufs *m, const float *wg, const float *wu, const float *wd)
+static int moe_experts_forward(mesh__exec *ex, const ex_moe *g, const moe_bufs *m, const void *wg, const void *wu,
+                               const void *wd)
 {
-    size_t rows = (size_t)g->El * (size_t)g->C;
+    size_t rows = (size_t)g->El * (size_t)g->g.C, D = (size_t)g->g.D, F = (size_t)g->F;
     for (int s = 0; s < g->P; s++)
-        kcpu_moe_expert_forward(m->ys + s * rows * g->D, m->hg + s * rows * g->F, m->hu + s * rows * g->F,
-                                m->act + s * rows * g->F, m->xr + s * rows * g->D, wg, wu, wd, m->cnt + s * g->El,
-                                g->El, g->C, g->D, g->F);
+        K(moe_expert_forward, el(ex, m->ys, s * rows * D), el(ex, m->hg, s * rows * F), el(ex, m->hu, s * rows * F),
+          el(ex, m->act, s * rows * F), el(ex, m->xr, s * rows * D), wg, wu, wd, m->cnt + s * g->El, g->El, g->g.C,
+          g->g.D, g->F);
+    return 0;
 }
 
-static void moe_experts_backward(const ex_moe *g, const moe_bufs *m, float *dwg, float *dwu, float *dwd,
-                                 const float *wg, const float *wu, const float *wd)
+static int moe_experts_backward(mesh__exec *ex, const ex_moe *g, const moe_bufs *m, void *dwg, void *dwu, void *dwd,
+                                const void *wg, const void *wu, const void *wd)
 {
-    size_t rows = (size_t)g->El * (size_t)g->C;
+    size_t rows = (size_t)g->El * (size_t)g->g.C, D = (size_t)g->g.D, F = (size_t)g->F;
     for (int s = 0; s < g->P; s++)
-        kcpu_moe_expert_backward(m->dxr + s * rows * g->D, dwg, dwu, dwd, m->scratch, m->dyr + s * rows * g->D,
-                                 m->hg + s * rows * g->F, m->hu + s * rows * g->F, m->act + s * rows * g->F,
-                                 m->xr + s * rows * g->D, wg, wu, wd, m->cnt + s * g->El, g->El, g->C, g->D, g->F);
+        K(moe_expert_backward, el(ex, m->dxr, s * rows * D), dwg, dwu, dwd, m->scratch, el(ex, m->dyr, s * rows * D),
+          el(ex, m->hg, s * rows * F), el(ex, m->hu, s * rows * F), el(ex, m->act, s * rows * F),
+          el(ex, m->xr, s * rows * D), wg, wu, wd, m->cnt + s * g->El, g->El, g->g.C, g->g.D, g->F);
+    return 0;
 }
 
 /* The first vocabulary row of an embedding table on this rank. */
@@ -290,19 +296,19 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
     case G_MOE: {
         ex_moe *g = ex->moe[id];
         moe_bufs m = moe_at(ex, id, it);
-        size_t block = (size_t)g->El * (size_t)g->C * (size_t)g->D;
-        kcpu_moe_route_forward(&g->route, IN(0), IN(1), g->D);
-        kcpu_moe_dispatch_forward(m.xs, IN(0), &g->route, g->D);
-        if (g->P > 1) { /* the counts, then the rows, to the experts' ranks */
-            float fc[256], rc[256];
-            for (int e = 0; e < g->E; e++) fc[e] = (float)g->route.count[e];
-            if (moe_exchange(ex, fc, rc, (size_t)g->El) != 0 || moe_exchange(ex, m.xs, m.xr, block) != 0) return -1;
-            for (int e = 0; e < g->E; e++) m.cnt[e] = (int)rc[e];
+        size_t block = (size_t)g->El * (size_t)g->g.C * (size_t)g->g.D * (size_t)ex->esize / 4;
+        float aux = 0.0f;
+        K(moe_route_forward, m.route, &aux, IN(0), IN(1), &g->g);
+        K(moe_dispatch_forward, m.xs, IN(0), m.route, &g->g);
+        if (g->P > 1) { /* the counts (ints: an all-to-all moves words, it sums nothing), then the rows */
+            if (moe_exchange(ex, ex->kern.v->moe_route_count(m.route, &g->g), m.cnt, (size_t)g->El) != 0 ||
+                moe_exchange(ex, m.xs, m.xr, block) != 0)
+                return -1;
         }
-        moe_experts_forward(g, &m, IN(2), IN(3), IN(4));
+        if (moe_experts_forward(ex, g, &m, IN(2), IN(3), IN(4)) != 0) return -1;
         if (g->P > 1 && moe_exchange(ex, m.ys, m.yr, block) != 0) return -1; /* the outputs back */
-        kcpu_moe_combine_forward(OUT, m.yr, &g->route, g->D);
-        if (!ex->recomputing) ex->loss += t->aux_loss * (double)g->route.aux;
+        K(moe_combine_forward, OUT, m.yr, m.route, &g->g);
+        if (!ex->recomputing) ex->loss += t->aux_loss * (double)aux;
         break;
     }
     default: /* inputs and params are filled elsewhere; others refused at create */
@@ -387,15 +393,15 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
     case G_MOE: {
         ex_moe *g = ex->moe[id];
         moe_bufs m = moe_at(ex, id, it);
-        size_t ecd = (size_t)g->E * (size_t)g->C * (size_t)g->D, block = ecd / (size_t)g->P;
-        memset(m.dys, 0, ecd * sizeof(float));
-        memset(m.dxr, 0, ecd * sizeof(float));
-        memset(m.dweight, 0, (size_t)g->N * (size_t)g->K * sizeof(float));
-        kcpu_moe_combine_backward(m.dys, m.dweight, DOUT, m.yr, &g->route, g->D);
+        size_t ecd = (size_t)g->g.E * (size_t)g->g.C * (size_t)g->g.D, block = ecd * (size_t)ex->esize / 4 / (size_t)g->P;
+        if (exec__fill(ex, m.dys, 0, ecd * (size_t)ex->esize) != 0 || exec__fill(ex, m.dxr, 0, ecd * (size_t)ex->esize) != 0 ||
+            exec__fill(ex, m.dweight, 0, (size_t)g->g.N * (size_t)g->g.K * sizeof(float)) != 0)
+            return -1;
+        K(moe_combine_backward, m.dys, m.dweight, DOUT, m.yr, m.route, &g->g);
         if (g->P > 1 && moe_exchange(ex, m.dys, m.dyr, block) != 0) return -1; /* to the experts' ranks */
-        moe_experts_backward(g, &m, DIN(2), DIN(3), DIN(4), IN(2), IN(3), IN(4));
+        if (moe_experts_backward(ex, g, &m, DIN(2), DIN(3), DIN(4), IN(2), IN(3), IN(4)) != 0) return -1;
         if (g->P > 1 && moe_exchange(ex, m.dxr, m.dxs, block) != 0) return -1; /* back to the tokens' rank */
-        kcpu_moe_dispatch_backward(DIN(0), m.dxs, &g->route, g->D);
+        K(moe_dispatch_backward, DIN(0), m.dxs, m.route, &g->g);
         /* the load-balancing loss is part of the loss: its gradient scales
          * with the seed of the backward, as the cross-entropy's does. With
          * tp the gradients of x and the router are partial sums over the tp
@@ -403,7 +409,7 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
          * the plan's all-reduces: the aux loss, the same on every tp rank,
          * enters on the first only */
         double aux = ex->coord[1] == 0 ? t->aux_loss * ex->dloss * ex->loss_scale : 0.0;
-        kcpu_moe_route_backward(DIN(0), DIN(1), m.scratch, m.dweight, (float)aux, &g->route, IN(0), IN(1), g->D);
+        K(moe_route_backward, DIN(0), DIN(1), m.scratch, m.dweight, (float)aux, m.route, IN(0), IN(1), &g->g);
         break;
     }
     default:

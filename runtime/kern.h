@@ -32,6 +32,12 @@
 
 typedef struct kern kern;
 
+/* A moe layer's routing: N tokens of width D over E experts, the top K of
+ * each, C rows per expert (the capacity). */
+typedef struct kern_moe_dims {
+    int N, D, E, K, C;
+} kern_moe_dims;
+
 typedef struct kern_vtbl {
     const char *name; /* "cpu", "cuda" */
     /* sets up k on k->d (a cuBLASLt context, a little device scratch);
@@ -101,6 +107,31 @@ typedef struct kern_vtbl {
     int (*adamw_step)(kern *k, float *params, void *params_lp, const void *grads, float *m, float *v, size_t n,
                       float lr, float beta1, float beta2, float eps, float weight_decay, int t);
     int (*add_into)(kern *k, void *y, const void *x, size_t n); /* y += x */
+    /* mixture of experts (kcpu_moe.h: the routing rules, shapes, and what
+     * each call overwrites or adds into). `route` is device memory of
+     * moe_route_bytes (16-byte aligned), laid out by the backend;
+     * moe_route_count points at its [E] kept counts (no memory is
+     * touched). Routing, dweight and scratch are fp32; x, the router and
+     * the experts' buffers are the tensors' storage type. route_forward
+     * returns the aux loss (without its coefficient) to the host. */
+    size_t (*moe_route_bytes)(int N, int E, int K, int C);
+    int *(*moe_route_count)(void *route, const kern_moe_dims *g);
+    int (*moe_route_forward)(kern *k, void *route, float *aux, const void *x, const void *router,
+                             const kern_moe_dims *g);
+    int (*moe_route_backward)(kern *k, void *dx, void *drouter, float *scratch, const float *dweight, float aux_coef,
+                              const void *route, const void *x, const void *router, const kern_moe_dims *g);
+    int (*moe_dispatch_forward)(kern *k, void *xe, const void *x, const void *route, const kern_moe_dims *g);
+    int (*moe_dispatch_backward)(kern *k, void *dx, const void *dxe, const void *route, const kern_moe_dims *g);
+    int (*moe_combine_forward)(kern *k, void *y, const void *ye, const void *route, const kern_moe_dims *g);
+    int (*moe_combine_backward)(kern *k, void *dye, float *dweight, const void *dy, const void *ye, const void *route,
+                                const kern_moe_dims *g);
+    /* E experts (a rank's local ones) on the rows of xe; scratch [2, C, F] */
+    int (*moe_expert_forward)(kern *k, void *ye, void *hg, void *hu, void *act, const void *xe, const void *w_gate,
+                              const void *w_up, const void *w_down, const int *count, int E, int C, int D, int F);
+    int (*moe_expert_backward)(kern *k, void *dxe, void *dw_gate, void *dw_up, void *dw_down, float *scratch,
+                               const void *dye, const void *hg, const void *hu, const void *act, const void *xe,
+                               const void *w_gate, const void *w_up, const void *w_down, const int *count, int E,
+                               int C, int D, int F);
 } kern_vtbl;
 
 struct kern {

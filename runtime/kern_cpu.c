@@ -4,6 +4,7 @@
  */
 #include "kern.h"
 
+#include <stdint.h> /* uintptr_t */
 #include <stdio.h>  /* snprintf */
 #include <string.h> /* strcmp, memset */
 
@@ -290,6 +291,92 @@ static int add_into(kern *k, void *y, const void *x, size_t n)
     return 0;
 }
 
+/* ---- mixture of experts: the routing arrays bound in the route memory
+ * at each call (binding touches no memory) ---- */
+
+static size_t moe_route_bytes(int N, int E, int K, int C) { return kcpu_moe_route_bytes(N, E, K, C); }
+
+static kcpu_moe_route moe_bind(const void *route, const kern_moe_dims *g)
+{
+    kcpu_moe_route r;
+    memset(&r, 0, sizeof r);
+    kcpu_moe_route_bind(&r, (void *)(uintptr_t)route, g->N, g->E, g->K, g->C);
+    return r;
+}
+
+static int *moe_route_count(void *route, const kern_moe_dims *g) { return moe_bind(route, g).count; }
+
+static int moe_route_forward(kern *k, void *route, float *aux, const void *x, const void *router,
+                             const kern_moe_dims *g)
+{
+    (void)k;
+    kcpu_moe_route r = moe_bind(route, g);
+    kcpu_moe_route_forward(&r, CF(x), CF(router), g->D);
+    *aux = r.aux;
+    return 0;
+}
+
+static int moe_route_backward(kern *k, void *dx, void *drouter, float *scratch, const float *dweight, float aux_coef,
+                              const void *route, const void *x, const void *router, const kern_moe_dims *g)
+{
+    (void)k;
+    kcpu_moe_route r = moe_bind(route, g);
+    kcpu_moe_route_backward(F(dx), F(drouter), scratch, dweight, aux_coef, &r, CF(x), CF(router), g->D);
+    return 0;
+}
+
+static int moe_dispatch_forward(kern *k, void *xe, const void *x, const void *route, const kern_moe_dims *g)
+{
+    (void)k;
+    kcpu_moe_route r = moe_bind(route, g);
+    kcpu_moe_dispatch_forward(F(xe), CF(x), &r, g->D);
+    return 0;
+}
+
+static int moe_dispatch_backward(kern *k, void *dx, const void *dxe, const void *route, const kern_moe_dims *g)
+{
+    (void)k;
+    kcpu_moe_route r = moe_bind(route, g);
+    kcpu_moe_dispatch_backward(F(dx), CF(dxe), &r, g->D);
+    return 0;
+}
+
+static int moe_combine_forward(kern *k, void *y, const void *ye, const void *route, const kern_moe_dims *g)
+{
+    (void)k;
+    kcpu_moe_route r = moe_bind(route, g);
+    kcpu_moe_combine_forward(F(y), CF(ye), &r, g->D);
+    return 0;
+}
+
+static int moe_combine_backward(kern *k, void *dye, float *dweight, const void *dy, const void *ye, const void *route,
+                                const kern_moe_dims *g)
+{
+    (void)k;
+    kcpu_moe_route r = moe_bind(route, g);
+    kcpu_moe_combine_backward(F(dye), dweight, CF(dy), CF(ye), &r, g->D);
+    return 0;
+}
+
+static int moe_expert_forward(kern *k, void *ye, void *hg, void *hu, void *act, const void *xe, const void *w_gate,
+                              const void *w_up, const void *w_down, const int *count, int E, int C, int D, int Fh)
+{
+    (void)k;
+    kcpu_moe_expert_forward(F(ye), F(hg), F(hu), F(act), CF(xe), CF(w_gate), CF(w_up), CF(w_down), count, E, C, D, Fh);
+    return 0;
+}
+
+static int moe_expert_backward(kern *k, void *dxe, void *dw_gate, void *dw_up, void *dw_down, float *scratch,
+                               const void *dye, const void *hg, const void *hu, const void *act, const void *xe,
+                               const void *w_gate, const void *w_up, const void *w_down, const int *count, int E,
+                               int C, int D, int Fh)
+{
+    (void)k;
+    kcpu_moe_expert_backward(F(dxe), F(dw_gate), F(dw_up), F(dw_down), scratch, CF(dye), CF(hg), CF(hu), CF(act),
+                             CF(xe), CF(w_gate), CF(w_up), CF(w_down), count, E, C, D, Fh);
+    return 0;
+}
+
 const kern_vtbl kern_cpu_vtbl = {
     "cpu", cpu_open, cpu_close, matmul_forward, matmul_backward, matmul_wt_forward, matmul_wt_backward,
     embedding_rows_forward, embedding_rows_backward, arange, add_forward, add_backward, add_broadcast_forward,
@@ -297,7 +384,9 @@ const kern_vtbl kern_cpu_vtbl = {
     attention_forward, attention_backward, attention_qkv_forward, attention_qkv_backward, rope_forward,
     rope_backward, gelu_forward, gelu_backward, silu_forward, silu_backward, swiglu_forward, swiglu_backward,
     crossentropy_forward, crossentropy_shard_max, crossentropy_shard_sumexp, crossentropy_shard_backward,
-    sum_squares, scale, adamw_step, add_into,
+    sum_squares, scale, adamw_step, add_into, moe_route_bytes, moe_route_count, moe_route_forward,
+    moe_route_backward, moe_dispatch_forward, moe_dispatch_backward, moe_combine_forward, moe_combine_backward,
+    moe_expert_forward, moe_expert_backward,
 };
 
 int kern_open(kern *k, dev *d, int bf16, char *err, size_t n)

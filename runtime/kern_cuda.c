@@ -6,8 +6,10 @@
  */
 #include "kern.h"
 
+#include <stdint.h> /* uintptr_t */
 #include <stdio.h>  /* snprintf */
 #include <stdlib.h> /* calloc, free */
+#include <string.h> /* memset */
 
 #if MESH_CUDA
 
@@ -21,6 +23,8 @@ typedef struct cuda_kern {
     double *dss;   /* device: sum_squares' results */
     int dss_cap;
     float *dmean;  /* device: the cross-entropy's mean loss */
+    float *tmp;    /* device: fp32 copies for moe's routing of bf16 tensors */
+    size_t tmp_cap; /* its floats */
 } cuda_kern;
 
 #define CTX(k) (((cuda_kern *)(k)->impl)->ctx)
@@ -67,6 +71,7 @@ static void cuda_close(kern *k)
     if (!c) return;
     dev_free(k->d, c->dss);
     dev_free(k->d, c->dmean);
+    dev_free(k->d, c->tmp);
     kcuda_ctx_free(c->ctx);
     free(c);
     k->impl = NULL;
@@ -298,6 +303,141 @@ static int add_into(kern *k, void *y, const void *x, size_t n)
     KC(kcuda_add_forward, y, y, x, n, DT(k), k->stream);
 }
 
+/* ---- mixture of experts: the routing arrays bound in the route memory at
+ * each call (binding touches no memory). The routing kernels are fp32: with
+ * bf16 tensors, x and the router are converted into the kern's scratch,
+ * and the gradients are summed there and added into the bf16 ones. ---- */
+
+static size_t moe_route_bytes(int N, int E, int K, int C) { return kcuda_moe_route_bytes(N, E, K, C); }
+
+static kcuda_moe_route moe_bind(const void *route, const kern_moe_dims *g)
+{
+    kcuda_moe_route r;
+    memset(&r, 0, sizeof r);
+    kcuda_moe_route_bind(&r, (void *)(uintptr_t)route, g->N, g->E, g->K, g->C);
+    return r;
+}
+
+static int *moe_route_count(void *route, const kern_moe_dims *g) { return moe_bind(route, g).count; }
+
+/* n floats of device scratch, grown (after the stream's work) when short. */
+static float *scratch_floats(kern *k, size_t n)
+{
+    cuda_kern *c = k->impl;
+    if (n <= c->tmp_cap) return c->tmp;
+    void *p = NULL;
+    if (from_dev(k, "moe's fp32 scratch", dev_stream_sync(k->d, (dev_stream *)k->stream))) return NULL;
+    dev_free(k->d, c->tmp);
+    c->tmp = NULL;
+    c->tmp_cap = 0;
+    if (from_dev(k, "moe's fp32 scratch", dev_alloc(k->d, &p, n * sizeof(float)))) return NULL;
+    c->tmp = p;
+    c->tmp_cap = n;
+    return c->tmp;
+}
+
+/* x [N, D] and the router [D, E] as fp32: themselves, or copies in tmp. */
+static int moe_fp32_inputs(kern *k, const float **xf, const float **rf, const void *x, const void *router,
+                           const kern_moe_dims *g, size_t extra)
+{
+    size_t nd = (size_t)g->N * (size_t)g->D, de = (size_t)g->D * (size_t)g->E;
+    if (!k->bf16) {
+        *xf = x;
+        *rf = router;
+        return extra && !scratch_floats(k, extra) ? -1 : 0;
+    }
+    float *t = scratch_floats(k, nd + de + extra);
+    if (!t) return -1;
+    if (check(k, "kcuda_convert", kcuda_convert(t, KCUDA_F32, x, KCUDA_BF16, nd, k->stream)) ||
+        check(k, "kcuda_convert", kcuda_convert(t + nd, KCUDA_F32, router, KCUDA_BF16, de, k->stream)))
+        return -1;
+    *xf = t;
+    *rf = t + nd;
+    return 0;
+}
+
+/* The aux loss comes back to the host: the stream is waited for. */
+static int moe_route_forward(kern *k, void *route, float *aux, const void *x, const void *router,
+                             const kern_moe_dims *g)
+{
+    kcuda_moe_route r = moe_bind(route, g);
+    const float *xf, *rf;
+    dev_stream *s = (dev_stream *)k->stream;
+    if (moe_fp32_inputs(k, &xf, &rf, x, router, g, 0) ||
+        check(k, "kcuda_moe_route_forward", kcuda_moe_route_forward(CTX(k), &r, xf, rf, g->D, k->stream)) ||
+        from_dev(k, "moe's aux loss", dev_copy(k->d, aux, r.aux, sizeof *aux, DEV_DEVICE_TO_HOST, s)))
+        return -1;
+    return from_dev(k, "moe's aux loss", dev_stream_sync(k->d, s));
+}
+
+/* With bf16, dx and drouter are summed in fp32 scratch (after x's and
+ * the router's copies), rounded to bf16 after them (each 256-byte aligned)
+ * and added into the bf16 gradients. */
+static int moe_route_backward(kern *k, void *dx, void *drouter, float *scratch, const float *dweight, float aux_coef,
+                              const void *route, const void *x, const void *router, const kern_moe_dims *g)
+{
+    kcuda_moe_route r = moe_bind(route, g);
+    size_t nd = (size_t)g->N * (size_t)g->D, de = (size_t)g->D * (size_t)g->E;
+    size_t half = (nd / 2 + 64) & ~(size_t)63; /* floats holding nd bf16, rounded to 256 bytes */
+    const float *xf, *rf;
+    if (moe_fp32_inputs(k, &xf, &rf, x, router, g, k->bf16 ? nd + de + half + de : 0)) return -1;
+    if (!k->bf16)
+        KC(kcuda_moe_route_backward, CTX(k), dx, drouter, scratch, dweight, aux_coef, &r, xf, rf, g->D, k->stream);
+    float *dxf = ((cuda_kern *)k->impl)->tmp + nd + de, *drf = dxf + nd, *dx_lp = drf + de, *dr_lp = dx_lp + half;
+    if (from_dev(k, "moe's fp32 scratch",
+                 dev_memset(k->d, dxf, 0, (nd + de) * sizeof(float), (dev_stream *)k->stream)) ||
+        check(k, "kcuda_moe_route_backward",
+              kcuda_moe_route_backward(CTX(k), dxf, drf, scratch, dweight, aux_coef, &r, xf, rf, g->D, k->stream)) ||
+        check(k, "kcuda_convert", kcuda_convert(dx_lp, KCUDA_BF16, dxf, KCUDA_F32, nd, k->stream)) ||
+        check(k, "kcuda_convert", kcuda_convert(dr_lp, KCUDA_BF16, drf, KCUDA_F32, de, k->stream)) ||
+        check(k, "kcuda_add_forward", kcuda_add_forward(dx, dx, dx_lp, nd, KCUDA_BF16, k->stream)))
+        return -1;
+    KC(kcuda_add_forward, drouter, drouter, dr_lp, de, KCUDA_BF16, k->stream);
+}
+
+static int moe_dispatch_forward(kern *k, void *xe, const void *x, const void *route, const kern_moe_dims *g)
+{
+    kcuda_moe_route r = moe_bind(route, g);
+    KC(kcuda_moe_dispatch_forward, xe, x, &r, g->D, DT(k), k->stream);
+}
+
+static int moe_dispatch_backward(kern *k, void *dx, const void *dxe, const void *route, const kern_moe_dims *g)
+{
+    kcuda_moe_route r = moe_bind(route, g);
+    KC(kcuda_moe_dispatch_backward, dx, dxe, &r, g->D, DT(k), k->stream);
+}
+
+static int moe_combine_forward(kern *k, void *y, const void *ye, const void *route, const kern_moe_dims *g)
+{
+    kcuda_moe_route r = moe_bind(route, g);
+    KC(kcuda_moe_combine_forward, y, ye, &r, g->D, DT(k), k->stream);
+}
+
+static int moe_combine_backward(kern *k, void *dye, float *dweight, const void *dy, const void *ye, const void *route,
+                                const kern_moe_dims *g)
+{
+    kcuda_moe_route r = moe_bind(route, g);
+    KC(kcuda_moe_combine_backward, dye, dweight, dy, ye, &r, g->D, DT(k), k->stream);
+}
+
+static int moe_expert_forward(kern *k, void *ye, void *hg, void *hu, void *act, const void *xe, const void *w_gate,
+                              const void *w_up, const void *w_down, const int *count, int E, int C, int D, int F)
+{
+    KC(kcuda_moe_expert_forward, CTX(k), ye, hg, hu, act, xe, w_gate, w_up, w_down, count, E, C, D, F, DT(k),
+       k->stream);
+}
+
+/* The context holds the backward's scratch (scratch is the CPU's). */
+static int moe_expert_backward(kern *k, void *dxe, void *dw_gate, void *dw_up, void *dw_down, float *scratch,
+                               const void *dye, const void *hg, const void *hu, const void *act, const void *xe,
+                               const void *w_gate, const void *w_up, const void *w_down, const int *count, int E,
+                               int C, int D, int F)
+{
+    (void)scratch;
+    KC(kcuda_moe_expert_backward, CTX(k), dxe, dw_gate, dw_up, dw_down, dye, hg, hu, act, xe, w_gate, w_up, w_down,
+       count, E, C, D, F, DT(k), k->stream);
+}
+
 const kern_vtbl kern_cuda_vtbl = {
     "cuda", cuda_open, cuda_close, matmul_forward, matmul_backward, matmul_wt_forward, matmul_wt_backward,
     embedding_rows_forward, embedding_rows_backward, arange, add_forward, add_backward, add_broadcast_forward,
@@ -305,7 +445,9 @@ const kern_vtbl kern_cuda_vtbl = {
     attention_forward, attention_backward, attention_qkv_forward, attention_qkv_backward, rope_forward,
     rope_backward, gelu_forward, gelu_backward, silu_forward, silu_backward, swiglu_forward, swiglu_backward,
     crossentropy_forward, crossentropy_shard_max, crossentropy_shard_sumexp, crossentropy_shard_backward,
-    sum_squares, scale, adamw_step, add_into,
+    sum_squares, scale, adamw_step, add_into, moe_route_bytes, moe_route_count, moe_route_forward,
+    moe_route_backward, moe_dispatch_forward, moe_dispatch_backward, moe_combine_forward, moe_combine_backward,
+    moe_expert_forward, moe_expert_backward,
 };
 
 #else /* no CUDA in this build */
@@ -317,8 +459,6 @@ static int nocuda_open(kern *k)
 }
 
 /* kern_open never hands out this table: only open is called. */
-const kern_vtbl kern_cuda_vtbl = {"cuda", nocuda_open, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+const kern_vtbl kern_cuda_vtbl = {.name = "cuda", .open = nocuda_open};
 
 #endif

@@ -61,7 +61,7 @@ static const char usage_text[] =
     "                 on the CPU and prints a line saying why (no GPU, or a GPU\n"
     "                 the CUDA executor, not yet verified on one, is not chosen\n"
     "                 for by default); cuda trains on GPU 0 (one rank, fp32 or\n"
-    "                 bf16, no moe so far) and stops with an error before\n"
+    "                 bf16, so far) and stops with an error before\n"
     "                 training when there is no GPU or a plan it does not run\n"
     "  --deterministic  data-parallel ranks add their gradients in turn, in the\n"
     "                 one-rank order: the one-rank losses bit for bit (dp, ZeRO 0)\n"

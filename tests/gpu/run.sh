@@ -15,10 +15,11 @@
 #  3. gpu_tests: every CUDA kernel against the CPU reference. Without a GPU
 #             this says so (SKIP) and the script ends here, exit 0.
 #  4. the NCCL (and other CUDA) unit tests of tests/unit/test_list.h.
-#  5. train_equiv: the CUDA executor trains gpt-tiny and a small Llama
-#             (meshrun --device cuda) 20 steps; each step's loss must be
-#             the CPU executor's within 1e-4 relative in fp32, 2e-2 in bf16
-#             (gpt-tiny; the CPU rounds fp32 words where the GPU stores bf16).
+#  5. train_equiv: the CUDA executor trains gpt-tiny, a small Llama and a
+#             small Mixtral (meshrun --device cuda) 20 steps; each step's
+#             loss must be the CPU executor's within 1e-4 relative in fp32
+#             (moe 1e-3), 2e-2 in bf16 (gpt-tiny; moe 3e-2; the CPU rounds
+#             fp32 words where the GPU stores bf16).
 #  6. train_gpt2: GPT-2 124M (examples/gpt2.mesh on one GPU, bf16, T=1024,
 #             B=16 and 32; fp32 B=16) through meshrun --device cuda:
 #             tokens/s and MFU.
@@ -277,10 +278,20 @@ step_train_equiv() {
         --set train.schedule=1f1b --set train.virtual_stages=1 --set train.global_batch=8 --set train.seq_len=64
         --set train.precision=fp32 --set train.zero=0 --set 'train.lr_schedule=cosine(warmup: 5, min_lr: 1e-4)'
         --set 'train.optimizer=adamw(lr: 3e-3)' --set train.steps=20 --set train.log_every=1)
-    for m in gpt-tiny gpt-tiny-bf16 llama; do
+    # moe: a small Mixtral (4 experts, top 2) on one rank; its tolerance is
+    # wider (a token whose two best experts are nearly tied may pick the
+    # other one on the GPU, an equally weighted expert: a small step in the loss)
+    local -a moe=(--set model.dim=64 --set model.layers=2 --set model.heads=4 --set model.kv_heads=2
+        --set model.ffn_dim=128 --set model.vocab=256 --set model.experts=4 --set mesh.dp=1 --set mesh.ep=1
+        --set train.global_batch=8 --set train.micro_batch=4 --set train.seq_len=64 --set train.precision=fp32
+        --set train.zero=0 --set 'train.lr_schedule=cosine(warmup: 5, min_lr: 1e-4)'
+        --set 'train.optimizer=adamw(lr: 3e-3)' --set train.steps=20 --set train.log_every=1)
+    for m in gpt-tiny gpt-tiny-bf16 llama moe moe-bf16; do
         local -a sets=("${tiny[@]}")
         local src=examples/$m.mesh tol=1e-4
         [ "$m" = llama ] && sets=("${llama[@]}")
+        [ "$m" = moe ] && sets=("${moe[@]}") && tol=1e-3
+        [ "$m" = moe-bf16 ] && sets=("${moe[@]}" --set train.precision=bf16) && src=examples/moe.mesh && tol=3e-2
         [ "$m" = gpt-tiny-bf16 ] && sets+=(--set train.precision=bf16) && src=examples/gpt-tiny.mesh && tol=2e-2
         if ! "$BUILD/meshc" -o "$d/$m.plan" "$src" "${sets[@]}" >"$d/$m.meshc" 2>&1; then
             cat "$d/$m.meshc"

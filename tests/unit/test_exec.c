@@ -259,16 +259,18 @@ TEST_IMPL(exec_memory_is_the_plan)
  * this test program). Training, a forward's loss and logits, the params
  * read back and a checkpoint saved and loaded give the plain CPU
  * executor's numbers to the bit: GPT (fp32, bf16), Llama, with full
- * recompute and two micro-batches in flight (GPipe), and ZeRO-3's sharded
- * layout on one rank. */
+ * recompute and two micro-batches in flight (GPipe), ZeRO-3's sharded
+ * layout on one rank, and moe (its routing, dispatch, experts and combine
+ * through the kernel table; fp32, and bf16 with recompute). */
 TEST_IMPL(exec_guarded_arena_only_through_copies_and_kernels)
 {
     static const char *const sets[][2] = {
         {"train.seed=7", "train.precision=fp32"}, {"train.precision=bf16", "train.seed=7"},
         {"train.recompute=full", "train.schedule=gpipe"}, {"train.zero=3", "train.seed=7"},
+        {"train.seed=7", "train.precision=fp32"}, {"train.recompute=full", "train.precision=bf16"},
     };
-    const char *srcs[] = {tiny_src, tiny_src, llama_src, tiny_src};
-    for (int v = 0; v < 4; v++) {
+    const char *srcs[] = {tiny_src, tiny_src, llama_src, tiny_src, moe_src, moe_src};
+    for (int v = 0; v < 6; v++) {
         plan p;
         compile_plan_with(&p, srcs[v], sets[v], 2);
         char err[512], dir[] = "/tmp/mesh-guard-XXXXXX";
@@ -672,8 +674,9 @@ TEST_IMPL(parallel_mixed_precision_follows_one_rank)
  * on a GPU does), so nothing faults, and the losses are the plain run's to
  * the bit: dp 2 with ZeRO 1 and 2, dp 3 (uneven shards) with ZeRO 3, pp 2
  * (GPipe), dp2 x pp2 (ZeRO 3, recompute), dp2 x tp2 (ZeRO 1 and 3),
- * sequence parallelism with pp and with ZeRO 3, in fp32 and bf16, and the
- * deterministic chain. */
+ * sequence parallelism with pp and with ZeRO 3, in fp32 and bf16, moe
+ * over ep 2 (with dp and ZeRO-1 in bf16, tp, pp with ZeRO-3 and recompute),
+ * and the deterministic chain. */
 TEST_IMPL(parallel_guarded_arenas_match)
 {
     static const char *const meshes[][4] = {
@@ -685,17 +688,22 @@ TEST_IMPL(parallel_guarded_arenas_match)
         {"mesh.tp=2", "mesh.dp=2", "train.zero=1", "train.precision=bf16"},
         {"mesh.tp=2", "train.sequence_parallel=true", "mesh.pp=2", "train.precision=fp32"},
         {"mesh.tp=2", "mesh.dp=2", "train.zero=3", "train.sequence_parallel=true"},
+        /* moe: its exchanges over ep (the counts and the rows), with dp, tp and pp */
+        {"mesh.ep=2", "mesh.dp=2", "train.zero=1", "train.precision=bf16"},
+        {"mesh.ep=2", "mesh.tp=2", "mesh.pp=1", "train.precision=fp32"},
+        {"mesh.ep=2", "mesh.pp=2", "train.zero=3", "train.recompute=full"},
     };
     for (int v = 0; v < (int)(sizeof meshes / sizeof meshes[0]) + 1; v++) {
         int chain = v == (int)(sizeof meshes / sizeof meshes[0]); /* last: the deterministic chain on dp 2 */
+        int moe = v >= 8 && !chain;
         const char *sets[6] = {"train.micro_batch=1", "train.global_batch=12", chain ? "mesh.dp=2" : meshes[v][0],
                                chain ? "train.zero=0" : meshes[v][1], chain ? "mesh.pp=1" : meshes[v][2],
                                chain ? "train.seed=7" : meshes[v][3]};
         double plain[EQ_STEPS], guarded[EQ_STEPS];
         mesh_set_deterministic(chain);
-        eq_losses(tiny_src, sets, 6, plain);
+        eq_losses(moe ? moe_src : tiny_src, sets, 6, plain);
         mesh__set_exec_flags(MESH__EXEC_GUARD);
-        eq_losses(tiny_src, sets, 6, guarded);
+        eq_losses(moe ? moe_src : tiny_src, sets, 6, guarded);
         mesh__set_exec_flags(0);
         mesh_set_deterministic(0);
         for (int k = 0; k < EQ_STEPS; k++)

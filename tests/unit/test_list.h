@@ -93,6 +93,7 @@ TEST(memplan_recompute_keeps_layer_inputs)
 TEST(memplan_slots_follow_the_schedule)
 TEST(memplan_zero3_gathers_two_layers)
 TEST(memplan_bf16_aligns_to_16_bytes)
+TEST(memplan_moe_route_room_fits_every_device)
 
 /* kernels/cpu: each area keeps its own list */
 #include "test_list_kcpu_dense.h"

@@ -6,6 +6,7 @@
 
 #include "fixture.h"  /* defines: fixture_checked */
 #include "frontend.h" /* defines: fe_* */
+#include "kern.h"     /* defines: kern_cpu_vtbl, kern_cuda_vtbl */
 #include "memplan.h"  /* defines: memplan_* */
 #include "plan.h"     /* defines: plan_from */
 #include "unit.h"     /* defines: TEST_IMPL, ASSERT_* */
@@ -178,4 +179,29 @@ TEST_IMPL(memplan_bf16_aligns_to_16_bytes)
     ASSERT_INT_EQ(mb.stage[0].optim, mb.stage[0].params / 2 * 12);
     teardown(&xb, &mb);
     teardown(&xf, &mf);
+}
+
+/* A moe layer's routing room holds every device's layout: the CPU
+ * kernels' and (in a CUDA=1 build) the GPU kernels', 256-byte aligned
+ * with their extra arrays, for shapes from one token to uneven large ones;
+ * the room is a multiple of 256 bytes, so the expert buffers after it stay
+ * aligned. */
+TEST_IMPL(memplan_moe_route_room_fits_every_device)
+{
+    static const int shapes[][4] = {{1, 1, 1, 1}, {16, 4, 2, 8}, {33, 7, 3, 15}, {4096, 64, 2, 160}, {0, 8, 1, 1}};
+    const kern_vtbl *tables[] = {&kern_cpu_vtbl, &kern_cuda_vtbl};
+    int checked = 0;
+    for (int s = 0; s < (int)(sizeof shapes / sizeof shapes[0]); s++) {
+        int N = shapes[s][0], E = shapes[s][1], K = shapes[s][2], C = shapes[s][3];
+        int64_t room = memplan_moe_route_bytes(N, E, K, C);
+        ASSERT_INT_EQ(room % 256, 0);
+        for (int t = 0; t < 2; t++) {
+            if (!tables[t]->moe_route_bytes) continue; /* CUDA=0: the cuda table only opens (to fail) */
+            size_t need = tables[t]->moe_route_bytes(N, E, K, C);
+            ASSERT_INT_LT(0, (long)need);
+            ASSERT_INT_LT((long)need - 1, (long)room);
+            checked++;
+        }
+    }
+    ASSERT_INT_LT(4, checked);
 }
