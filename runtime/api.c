@@ -180,6 +180,28 @@ mesh_status mesh_set_deterministic(int on)
     return MESH_OK;
 }
 
+/* Several ranks on GPUs: this rank's GPU (ranks as threads of one
+ * process: GPU rank, one each; one rank per process: its local rank's,
+ * modulo the GPUs it sees, docs/conventions) in *gpu, and the NCCL world
+ * of their device buffers in ctx->nccl, bootstrapped over world.
+ * Collective; on failure the world is aborted and err says why. */
+static int join_gpus(mesh_context *ctx, comm *world, int *gpu, char *err, size_t n)
+{
+    int threads = !strcmp(comm_checked_inner(world)->v->name, "threads"), count = dev_cuda_count();
+    if (threads && count < world->size) {
+        snprintf(err, n, "%d ranks as threads of one process need a GPU each, and this process sees %d "
+                 "(run one rank per process: mpirun, srun or torchrun)", world->size, count);
+        comm_abort(world, err);
+        return -1;
+    }
+    int local = threads ? ctx->rank : mesh__job_local_rank();
+    *gpu = (local >= 0 ? local : ctx->rank) % (count > 0 ? count : 1);
+    ctx->nccl = comm_nccl_world_mpi(world, *gpu, 0, err, n);
+    if (ctx->nccl) return 0;
+    comm_abort(world, err);
+    return -1;
+}
+
 mesh_status mesh__context_create(const mesh_plan *mp, int rank, comm *world, mesh_alloc_fn alloc, void *ud,
                                  mesh_context **out)
 {
@@ -204,8 +226,14 @@ mesh_status mesh__context_create(const mesh_plan *mp, int rank, comm *world, mes
         if (world) comm_abort(world, why); /* every rank refuses alike; none waits */
         return mesh__fail(MESH_ERR_UNSUPPORTED, "%s", why);
     }
-    ctx->ex = mesh__exec_create_rank(&mp->p, rank, world, alloc, ud, flags, err, sizeof err);
+    int gpu = 0;
+    if (ctx->device == MESH_DEVICE_CUDA && world && world->size > 1 && join_gpus(ctx, world, &gpu, err, sizeof err) != 0) {
+        free(ctx);
+        return mesh__fail(MESH_ERR_UNSUPPORTED, "%s", err);
+    }
+    ctx->ex = mesh__exec_create_rank(&mp->p, rank, world, ctx->nccl, gpu, alloc, ud, flags, err, sizeof err);
     if (!ctx->ex) {
+        comm_free(ctx->nccl);
         free(ctx);
         mesh_status st = strstr(err, "memory") ? MESH_ERR_NOMEM
                        : strstr(err, "failed:") || strstr(err, "waited") ? MESH_ERR_RANK
@@ -241,6 +269,7 @@ void mesh_context_free(mesh_context *ctx)
 {
     if (!ctx) return;
     mesh__exec_free(ctx->ex);
+    comm_free(ctx->nccl);
     free(ctx);
 }
 

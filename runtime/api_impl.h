@@ -23,6 +23,7 @@ struct mesh_context {
     int rank;       /* in the plan's world */
     mesh_device_kind device; /* what it runs on (mesh_set_device): the executor's arena and
                                 kernels are on the GPU with MESH_DEVICE_CUDA */
+    comm *nccl;     /* several ranks on GPUs: the world of device buffers (NCCL's), owned */
 };
 
 /* Test hook: executor flags (MESH__EXEC_*) every context created from now
@@ -53,6 +54,11 @@ typedef struct mesh__job {
 /* 0, or -1 with the reason in err for a variable that is not a number or
  * a rank outside the job. */
 int mesh__job_detect(mesh__job *job, char *err, size_t n);
+
+/* This process's rank on its node, from the launcher's variables
+ * (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID, MPI_LOCALRANKID);
+ * -1 when none says. */
+int mesh__job_local_rank(void);
 
 /* Unless mesh_set_threads was called: the kernels' threads set to the
  * process's cores divided by ranks sharing them. */

@@ -247,6 +247,22 @@ static int gather_stages(mesh__exec *ex, st_item **model, st_item **optim, int *
     return 0;
 }
 
+/* The save's end on every rank: rank 0's result (its write done), so that
+ * no rank goes on (to load it, or to stop) before the checkpoint is there
+ * or has failed. A failed transfer (-2) has stopped the world: not here. */
+static int saved_by_rank0(mesh__exec *ex, int rc, char *err, size_t errn)
+{
+    comm *w = mesh__exec_host_world(ex);
+    int32_t st = rc;
+    if (!w) return rc;
+    if (comm_broadcast(w, &st, sizeof st, 0) != 0) {
+        set_err(err, errn, "waiting for rank 0 to write the checkpoint: %s", w->error);
+        return -2;
+    }
+    if (mesh__exec_rank(ex) != 0 && st != 0) set_err(err, errn, "rank 0 could not write the checkpoint (its message says why)");
+    return rc != 0 ? rc : st != 0 ? -1 : 0;
+}
+
 int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint64_t *data_pos, char *err,
                     size_t errn)
 {
@@ -342,7 +358,7 @@ out:
     free(model);
     free(optim);
     free(whole);
-    return rc;
+    return rc == -2 ? rc : saved_by_rank0(ex, rc, err, errn);
 }
 
 /* ---- reading ------------------------------------------------------------ */

@@ -135,6 +135,20 @@ void comm_sleep(double s);
  * when it does); NULL if out of memory. */
 float *comm_scratch(float **buf, size_t *cap, size_t n);
 
+/* ---- checked (comm_checked.c) ------------------------------------------ */
+
+/* Is [p, p + bytes) device memory? (ud: the maker's) */
+typedef int (*comm_buf_check)(void *ud, const void *p, size_t bytes);
+
+/* A handle on in's group that fails any call given a buffer `ok` rejects
+ * ("a host buffer ... handed to a device communicator"), else makes the
+ * call on in: the guarded test device's stand-in for NCCL, which takes
+ * device buffers only. Its splits are checked too. own: in is freed with
+ * it. NULL if out of memory. comm_checked_inner: the communicator under
+ * any checked ones (c itself if none). */
+comm *comm_checked_new(comm *in, int own, comm_buf_check ok, void *ud);
+const comm *comm_checked_inner(const comm *c);
+
 /* ---- MPI (comm_mpi.c; a build with MPI=0 has only the stubs) ------------ */
 
 /* This process's handle on the world of an MPI job, one rank per process:

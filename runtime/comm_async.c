@@ -85,7 +85,7 @@ static void *progress(void *arg)
 
 int comm_async_supported(const comm *c)
 {
-    const char *b = c->v->name;
+    const char *b = comm_checked_inner(c)->v->name; /* a checked one: its inner's */
     return !strcmp(b, "threads") || !strcmp(b, "tcp") || (!strcmp(b, "mpi") && comm_mpi_thread_multiple());
 }
 

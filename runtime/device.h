@@ -114,6 +114,9 @@ void dev_close(dev *d); /* NULL does nothing */
  * on any other device. */
 mesh_status dev_open_guarded(dev **out, char *err, size_t n);
 void dev_guard(dev *d, int open);
+/* 1 if [p, p + bytes) lies in one of the guarded device d's buffers, else
+ * 0 (0 on any other device). */
+int dev_guard_owns(dev *d, const void *p, size_t bytes);
 
 const char *dev_last_error(const dev *d);
 
@@ -161,6 +164,8 @@ void dev_oom_text(char *buf, size_t n, const char *call, size_t bytes, size_t pl
  * the driver first, so it never crashes without one. why and name may be
  * NULL; each gets "" when it has nothing to say. (device_cuda.c) */
 int dev_cuda_probe(char *why, size_t n, char *name, size_t name_n);
+/* The GPUs this process may use (0 without a driver, a device, or CUDA). */
+int dev_cuda_count(void);
 
 /* What a process asking for `asked` trains on, given whether a GPU is
  * usable (gpu) and the probe's text (the GPU's name, else the reason):

@@ -73,6 +73,13 @@ int dev_cuda_probe(char *why, size_t n, char *name, size_t name_n)
     return 1;
 }
 
+int dev_cuda_count(void)
+{
+    int count = 0;
+    if (!dev_cuda_probe(NULL, 0, NULL, 0)) return 0;
+    return cudaGetDeviceCount(&count) == cudaSuccess ? count : ((void)cudaGetLastError(), 0);
+}
+
 /* The status and message of a failed CUDA call; the error is cleared
  * (a sticky one stays: the device is then unusable, as CUDA says). */
 static mesh_status cuda_fail(dev *d, const char *call, cudaError_t rc)
@@ -249,6 +256,8 @@ int dev_cuda_probe(char *why, size_t n, char *name, size_t name_n)
     if (why && n) snprintf(why, n, "%s", NO_CUDA);
     return 0;
 }
+
+int dev_cuda_count(void) { return 0; }
 
 static mesh_status nocuda_open(dev *d)
 {

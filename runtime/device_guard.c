@@ -15,6 +15,7 @@
 
 #include <errno.h>    /* errno */
 #include <pthread.h>  /* pthread_mutex_t */
+#include <stdint.h>   /* uintptr_t */
 #include <stdio.h>    /* snprintf */
 #include <stdlib.h>   /* calloc, realloc, free */
 #include <string.h>   /* memcpy, memset, strerror */
@@ -53,6 +54,20 @@ void dev_guard(dev *d, int open)
     if (open && g->open++ == 0) protect(d, g, PROT_READ | PROT_WRITE);
     if (!open && g->open > 0 && --g->open == 0) protect(d, g, PROT_NONE);
     pthread_mutex_unlock(&g->mu);
+}
+
+int dev_guard_owns(dev *d, const void *p, size_t bytes)
+{
+    guard_state *g = d && d->v == &dev_cpu_guarded_vtbl ? state(d) : NULL;
+    int in = 0;
+    if (!g) return 0;
+    pthread_mutex_lock(&g->mu);
+    for (int i = 0; i < g->n && !in; i++) {
+        uintptr_t b = (uintptr_t)g->b[i].p, q = (uintptr_t)p;
+        in = q >= b && bytes <= g->b[i].len && q - b <= g->b[i].len - bytes;
+    }
+    pthread_mutex_unlock(&g->mu);
+    return in;
 }
 
 static mesh_status guard_open(dev *d)

@@ -155,6 +155,55 @@ static int moe_setup(mesh__exec *ex, int id)
     return need > 0 && need <= m->route_bytes ? 0 : -2;
 }
 
+static int partial(const plan_tensor *t)
+{
+    for (int a = 0; a < SHARD_AXES; a++)
+        if (t->pl.kind[a] == PL_PARTIAL) return 1;
+    return 0;
+}
+
+/* Is step s a forward computation of an op `op` in `region`? Its node, else -1. */
+static int forward_op(const plan *p, int s, g_op op, int region)
+{
+    if (s >= p->n_steps) return -1;
+    const plan_step *st = &p->steps[s];
+    if (st->phase != PLAN_FORWARD || st->kind != STEP_COMPUTE || st->region != region) return -1;
+    return p->tensors[st->node].op == op ? st->node : -1;
+}
+
+/* Which ops run as one kernel (ex_fuse): a matmul (x @ w, w not
+ * transposed) whose value is whole on the rank (not a partial sum that a
+ * collective completes) and read only by the bias add of the next step,
+ * over its last dim; and a GELU of that bias add at the step after. Not
+ * on the CPU in bf16 or fp16, which rounds after each op where a GPU
+ * stores: one kernel rounds once. */
+static void find_fusions(mesh__exec *ex, unsigned flags)
+{
+    const plan *p = ex->p;
+    for (int id = 0; id < ex->n; id++) ex->fuse[id].into = ex->fuse[id].gelu = -1;
+    if ((flags & MESH__EXEC_NO_FUSE) || (!ex->gpu && ex->prec != KCPU_FP32)) return;
+    for (int s = 0; s + 1 < p->n_steps; s++) {
+        int m = forward_op(p, s, G_MATMUL, p->steps[s].region);
+        int b = m >= 0 ? forward_op(p, s + 1, G_BIAS_ADD, p->steps[s].region) : -1;
+        if (b < 0) continue;
+        const plan_tensor *tm = &p->tensors[m], *tb = &p->tensors[b];
+        int readers = 0;
+        for (int id = 0; id < ex->n; id++)
+            for (int k = 0; k < p->tensors[id].n_in; k++) readers += p->tensors[id].in[k] == m;
+        if (readers != 1 || tb->in[0] != m || m == p->loss || partial(tm) || p->tensors[tm->in[1]].op == G_TRANSPOSE ||
+            exec__buf_of(ex, m)->part != exec__buf_of(ex, b)->part || ex->cnumel[m] != ex->numel[b] ||
+            ex->cnumel[tb->in[1]] != (size_t)exec__lastd(ex, m))
+            continue;
+        ex->fuse[m].into = b;
+        ex->n_fused++;
+        int g = forward_op(p, s + 2, G_GELU, p->steps[s].region);
+        if (g >= 0 && p->tensors[g].in[0] == b && ex->numel[g] == ex->numel[b]) {
+            ex->fuse[b].gelu = g;
+            ex->fuse[g].into = b;
+        }
+    }
+}
+
 /* The node whose backward starts each tensor's gradient: its last
  * consumer in its segment; itself when none (the loss); -1 for tensors
  * without a gradient in the shared workspace. */
@@ -222,8 +271,9 @@ static int layout(mesh__exec *ex, unsigned flags, char *err, size_t errn)
 /* What the GPU executor does not run yet; NULL if it runs the plan. */
 static const char *gpu_refusal(const plan *p)
 {
-    if (p->setup.world > 1) return "a plan of more than one rank (NCCL between GPUs is not in the executor yet)";
     if (p->setup.precision == 2) return "fp16 (the CUDA kernels store fp32 or bf16)";
+    if (p->setup.world > 1 && p->setup.precision != 0)
+        return "bf16 on several GPUs (their NCCL calls move fp32 so far: train in fp32, or on one GPU)";
     return NULL;
 }
 
@@ -246,53 +296,106 @@ int mesh__exec_supported(const plan *p, char *err, size_t errn)
 
 mesh__exec *mesh__exec_create(const plan *p, mesh_alloc_fn alloc, void *ud, char *err, size_t errn)
 {
-    return mesh__exec_create_rank(p, 0, NULL, alloc, ud, 0, err, errn);
+    return mesh__exec_create_rank(p, 0, NULL, NULL, 0, alloc, ud, 0, err, errn);
 }
 
 mesh__exec *mesh__exec_create_flags(const plan *p, mesh_alloc_fn alloc, void *ud, unsigned flags, char *err,
                                     size_t errn)
 {
-    return mesh__exec_create_rank(p, 0, NULL, alloc, ud, flags, err, errn);
+    return mesh__exec_create_rank(p, 0, NULL, NULL, 0, alloc, ud, flags, err, errn);
 }
 
-/* This rank's coordinates (tp fastest, then ep, dp, pp: docs/language.md)
- * and its group on each axis of size > 1, split from the world. */
-static int join_axes(mesh__exec *ex, comm *world, char *err, size_t errn)
+/* The mesh's axes (dp, tp, pp, ep): their sizes, and the distance in
+ * ranks between neighbours on each (tp fastest, then ep, dp, pp). */
+static void axis_strides(const fe_setup *s, long long size[4], long long stride[4])
 {
-    const fe_setup *s = &ex->p->setup;
-    long long size[4] = {s->dp, s->tp, s->pp, s->ep}, stride[4];
+    size[0] = s->dp, size[1] = s->tp, size[2] = s->pp, size[3] = s->ep;
     stride[1] = 1;
     stride[3] = s->tp;
     stride[0] = s->tp * s->ep;
     stride[2] = s->tp * s->ep * s->dp;
-    for (int a = 0; a < 4; a++) ex->coord[a] = (int)(ex->rank / stride[a] % size[a]);
-    ex->world = world;
+}
+
+/* This rank's groups split from world: on each axis of size > 1
+ * (axis[a]), dp x ep (*data; axis[0] when ep = 1), and with pp > 1 the
+ * first and the last stage (*tied; NULL elsewhere). */
+static int split_groups(mesh__exec *ex, comm *world, comm **axis, comm **data, comm **tied, char *err, size_t errn)
+{
+    const fe_setup *s = &ex->p->setup;
+    long long size[4], stride[4];
+    axis_strides(s, size, stride);
     for (int a = 0; a < 4; a++) {
         if (size[a] == 1) continue;
         int color = (int)(ex->rank - ex->coord[a] * stride[a]);
-        if (comm_split(world, color, ex->coord[a], &ex->axis[a]) != 0) {
+        if (comm_split(world, color, ex->coord[a], &axis[a]) != 0) {
             set_err(err, errn, "rank %d: making the %s groups: %s", ex->rank, plan__axis_name(a), world->error);
             return -1;
         }
     }
-    ex->data = ex->axis[0];
+    *data = axis[0];
     if (s->ep > 1) { /* dp x ep: the ranks that share pp and tp */
         int color = (int)(ex->rank - ex->coord[0] * stride[0] - ex->coord[3] * stride[3]);
-        if (comm_split(world, color, (int)(ex->coord[0] * s->ep + ex->coord[3]), &ex->data) != 0) {
+        if (comm_split(world, color, (int)(ex->coord[0] * s->ep + ex->coord[3]), data) != 0) {
             set_err(err, errn, "rank %d: making the dp x ep groups: %s", ex->rank, world->error);
             return -1;
         }
     }
+    int stage = ex->coord[2], last = (int)ex->p->pp - 1;
+    if (ex->p->pp > 1 && comm_split(axis[2], stage == 0 || stage == last ? 0 : -1, stage, tied) != 0) {
+        set_err(err, errn, "rank %d: making the tied-param groups: %s", ex->rank, axis[2]->error);
+        return -1;
+    }
     return 0;
 }
 
-mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_alloc_fn alloc, void *ud,
-                                   unsigned flags, char *err, size_t errn)
+/* Is [p, p + bytes) the guarded device's memory? (the checked world's test) */
+static int on_guarded(void *ud, const void *p, size_t bytes) { return dev_guard_owns(ud, p, bytes); }
+
+/* This rank's coordinates (tp fastest, then ep, dp, pp: docs/language.md)
+ * and its groups, from dworld (device buffers) and world (host buffers;
+ * one set of groups when they are one world). The guarded device checks
+ * that its groups move its memory only: a checked world over world. */
+static int join_axes(mesh__exec *ex, comm *world, comm *dworld, unsigned flags, char *err, size_t errn)
+{
+    long long size[4], stride[4];
+    axis_strides(&ex->p->setup, size, stride);
+    for (int a = 0; a < 4; a++) ex->coord[a] = (int)(ex->rank / stride[a] % size[a]);
+    if (!dworld && (flags & MESH__EXEC_GUARD)) {
+        if (!(ex->checked = comm_checked_new(world, 0, on_guarded, ex->dev))) {
+            set_err(err, errn, "rank %d: out of memory", ex->rank);
+            return -1;
+        }
+        dworld = ex->checked;
+    }
+    ex->world = dworld ? dworld : world;
+    ex->hworld = world;
+    if (split_groups(ex, ex->world, ex->axis, &ex->data, &ex->tied, err, errn) != 0) return -1;
+    ex->host_own = ex->world != world;
+    if (!ex->host_own) {
+        memcpy(ex->haxis, ex->axis, sizeof ex->haxis);
+        ex->hdata = ex->data;
+        ex->htied = ex->tied;
+        return 0;
+    }
+    return split_groups(ex, world, ex->haxis, &ex->hdata, &ex->htied, err, errn);
+}
+
+comm *exec__host_comm(const mesh__exec *ex, comm *c)
+{
+    if (!c || !ex->host_own) return c;
+    for (int a = 0; a < 4; a++)
+        if (c == ex->axis[a]) return ex->haxis[a];
+    return c == ex->data ? ex->hdata : c == ex->tied ? ex->htied : c == ex->world ? ex->hworld : c;
+}
+
+mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, comm *dworld, int gpu, mesh_alloc_fn alloc,
+                                   void *ud, unsigned flags, char *err, size_t errn)
 {
     char why[160];
     const char *no = refusal(p, why, sizeof why);
     if (!no && (flags & MESH__EXEC_CUDA)) no = gpu_refusal(p);
-    if (!no && p->setup.world > 1 && (!world || world->size != p->setup.world))
+    if (!no && p->setup.world > 1 &&
+        (!world || world->size != p->setup.world || (dworld && dworld->size != p->setup.world)))
         no = "a plan of more than one rank runs on a communicator of its world's size";
     if (!no && (rank < 0 || rank >= p->setup.world)) no = "the rank is not in the plan's world";
     if (no) {
@@ -314,12 +417,12 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
     ex->esize = ex->gpu && p->setup.precision == 1 ? 2 : 4;
     char derr[400];
     mesh_status dst = flags & MESH__EXEC_GUARD ? dev_open_guarded(&ex->dev, derr, sizeof derr)
-                    : dev_open(ex->gpu ? MESH_DEVICE_CUDA : MESH_DEVICE_CPU, 0, &ex->dev, derr, sizeof derr);
+                    : dev_open(ex->gpu ? MESH_DEVICE_CUDA : MESH_DEVICE_CPU, ex->gpu ? gpu : 0, &ex->dev, derr, sizeof derr);
     if (dst != MESH_OK || kern_open(&ex->kern, ex->dev, ex->esize == 2, derr, sizeof derr) != 0) {
         set_err(err, errn, "rank %d: %s", rank, derr);
         goto fail;
     }
-    if (p->setup.world > 1 && join_axes(ex, world, err, errn) != 0) goto fail;
+    if (p->setup.world > 1 && join_axes(ex, world, dworld, flags, err, errn) != 0) goto fail;
     /* this rank's pipeline stage: its chunk's layers of the stack */
     ex->stack = -1;
     for (int r = 0; r < p->n_regions; r++)
@@ -327,11 +430,6 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
     ex->stage = ex->coord[2];
     ex->last_stage = p->pp - 1;
     ex->chunks = (int)(p->pp * p->v);
-    if (p->pp > 1 && comm_split(ex->axis[2], ex->stage == 0 || ex->stage == ex->last_stage ? 0 : -1, ex->stage,
-                                &ex->tied) != 0) {
-        set_err(err, errn, "rank %d: making the tied-param groups: %s", rank, ex->axis[2]->error);
-        goto fail;
-    }
     int lay = layout(ex, flags, err, errn);
     if (lay == -2) goto fail;
     if (lay != 0) goto oom;
@@ -341,13 +439,14 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
     ex->ld = exec__host_calloc(ex, (size_t)n, sizeof *ex->ld);
     ex->iters = exec__host_calloc(ex, (size_t)n, sizeof *ex->iters);
     ex->zero_by = exec__host_calloc(ex, (size_t)n, sizeof *ex->zero_by);
+    ex->fuse = exec__host_calloc(ex, (size_t)n, sizeof *ex->fuse);
     ex->cnumel = exec__host_calloc(ex, (size_t)n, sizeof *ex->cnumel);
     ex->params = exec__host_calloc(ex, (size_t)n, sizeof *ex->params);
     ex->names = exec__host_calloc(ex, (size_t)n, sizeof *ex->names);
     ex->moe = exec__host_calloc(ex, (size_t)n, sizeof *ex->moe);
     ex->slot_of = exec__host_calloc(ex, (size_t)(p->m > 0 ? p->m : 1) * (size_t)(p->pp * p->v), sizeof *ex->slot_of);
     ex->slot_busy = exec__host_calloc(ex, (size_t)slots, 1);
-    if (!ex->numel || !ex->cnumel || !ex->copies || !ex->ld || !ex->iters || !ex->zero_by || !ex->params || !ex->names || !ex->moe || !ex->slot_of ||
+    if (!ex->numel || !ex->cnumel || !ex->copies || !ex->ld || !ex->iters || !ex->zero_by || !ex->fuse || !ex->params || !ex->names || !ex->moe || !ex->slot_of ||
         !ex->slot_busy)
         goto oom;
     find_zero_by(ex);
@@ -429,6 +528,7 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_al
     /* deterministic: only where the gradients are whole (no ZeRO) and the
      * ranks differ only in their data */
     ex->chain = (flags & MESH__EXEC_DETERMINISTIC) && ex->data && p->setup.zero == 0;
+    find_fusions(ex, flags);
     int shards = exec__optimizer_shards(ex);
     if (shards == -2) {
         set_err(err, errn, "rank %d: the optimizer's shards are not the memory plan's", rank);
@@ -461,13 +561,17 @@ fail:
 
 int mesh__exec_rank(const mesh__exec *ex) { return ex->rank; }
 
+int mesh__exec_fused(const mesh__exec *ex) { return ex->n_fused; }
+
 int mesh__exec_stage(const mesh__exec *ex) { return ex->stage; }
+
+comm *mesh__exec_host_world(const mesh__exec *ex) { return ex->hworld; }
 
 comm *mesh__exec_pipeline(const mesh__exec *ex, int *stage, int *lead)
 {
     *stage = ex->stage;
     *lead = ex->coord[0] == 0 && ex->coord[1] == 0 && ex->coord[3] == 0;
-    return ex->axis[2];
+    return ex->haxis[2];
 }
 
 size_t mesh__exec_bytes(const mesh__exec *ex) { return (size_t)ex->ms->total; }
@@ -497,6 +601,13 @@ void mesh__exec_free(mesh__exec *ex)
     exec__overlap_free(ex); /* its queues use the arena and the groups */
     if (ex->data != ex->axis[0]) comm_free(ex->data);
     for (int a = 0; a < 4; a++) comm_free(ex->axis[a]);
+    comm_free(ex->tied);
+    if (ex->host_own) {
+        if (ex->hdata != ex->haxis[0]) comm_free(ex->hdata);
+        for (int a = 0; a < 4; a++) comm_free(ex->haxis[a]);
+        comm_free(ex->htied);
+    }
+    comm_free(ex->checked);
     if (!ex->host_arena) dev_free(ex->dev, ex->arena);
     else ex_free(ex, ex->arena);
     kern_close(&ex->kern);
@@ -506,10 +617,10 @@ void mesh__exec_free(mesh__exec *ex)
     ex_free(ex, ex->numel);
     ex_free(ex, ex->cnumel);
     ex_free(ex, ex->copies);
-    comm_free(ex->tied);
     ex_free(ex, ex->ld);
     ex_free(ex, ex->iters);
     ex_free(ex, ex->zero_by);
+    ex_free(ex, ex->fuse);
     ex_free(ex, ex->params);
     ex_free(ex, ex->names);
     ex_free(ex, ex->gbufs);

@@ -70,19 +70,23 @@ enum {
     MESH__EXEC_GUARD = 8u,
     MESH__EXEC_NO_OVERLAP = 16u, /* the gradient sync after backward, not during it (exec_overlap.c) */
     MESH__EXEC_NO_BUCKETS = 32u, /* tests: one collective per param, not per bucket (exec__bucketed) */
-    MESH__EXEC_SLOW_QUEUE = 64u  /* tests: the communication queue waits 1 ms before each call, so that a
+    MESH__EXEC_SLOW_QUEUE = 64u, /* tests: the communication queue waits 1 ms before each call, so that a
                                     missing wait for one reads stale data every time */
+    MESH__EXEC_NO_FUSE = 128u    /* tests: every matmul, bias add and GELU at its own node (find_fusions) */
 };
 mesh__exec *mesh__exec_create_flags(const plan *p, mesh_alloc_fn alloc, void *ud, unsigned flags, char *err,
                                     size_t n);
 
 /* The executor of rank `rank` of a plan of several ranks, over world (a
- * communicator of the plan's world size, not owned; NULL for one rank).
- * Collective: every rank of the world creates its executor at once (each
- * splits its groups per mesh axis from the world). On failure the world
- * is aborted, so the other ranks fail too rather than wait. */
-mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, mesh_alloc_fn alloc, void *ud,
-                                   unsigned flags, char *err, size_t n);
+ * communicator of host buffers of the plan's world size, not owned; NULL
+ * for one rank) and dworld (the same ranks' communicator of device
+ * buffers, NCCL's on GPUs, not owned; NULL: world moves both), on GPU
+ * `gpu` with MESH__EXEC_CUDA. Collective:
+ * every rank of the world creates its executor at once (each splits its
+ * groups per mesh axis from both worlds). On failure the world is
+ * aborted, so the other ranks fail too rather than wait. */
+mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, comm *dworld, int gpu, mesh_alloc_fn alloc,
+                                   void *ud, unsigned flags, char *err, size_t n);
 
 /* 0 if this executor runs the plan, else -1 with the reason in err (the
  * check mesh__exec_create makes before anything else). */
@@ -167,12 +171,17 @@ int mesh__exec_moments_set(mesh__exec *ex, int k, const float *m, const float *v
 
 /* The rank in the plan's world, and its pipeline stage. */
 int mesh__exec_rank(const mesh__exec *ex);
+/* The bias adds this rank runs in one kernel with their matmul (and GELU),
+ * counted once per step of the plan (a layer stack's once). */
+int mesh__exec_fused(const mesh__exec *ex);
 int mesh__exec_stage(const mesh__exec *ex);
 
-/* The pipeline group (NULL with pp = 1; its rank s is stage s), this
+/* The pipeline group of host buffers (NULL with pp = 1; its rank s is stage s), this
  * rank's stage, and whether it leads the stage's ranks (dp, tp and ep
  * coordinates 0). */
 comm *mesh__exec_pipeline(const mesh__exec *ex, int *stage, int *lead);
+/* The world's communicator of host buffers (NULL on one rank). */
+comm *mesh__exec_host_world(const mesh__exec *ex);
 
 /* 1 when parameter k is a copy whose original another stage holds (a
  * tied weight's on the last stage). */

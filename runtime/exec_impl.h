@@ -30,6 +30,17 @@ typedef struct ex_moe {
     size_t route_bytes;
 } ex_moe;
 
+/* A matmul whose only consumer is the bias add right after it runs as one
+ * kernel with it (x @ w + bias: cuBLASLt's bias epilogue on a GPU), and a
+ * GELU right after that bias add with them (the GELU epilogue, which also
+ * writes the bias add's value, the GELU's backward input): `into` is the
+ * bias add that computes this matmul or GELU (-1: computed at its own
+ * node); `gelu` the GELU a bias add computes (-1: none). Recomputation
+ * runs the GELU at its own node. The backward is unchanged. */
+typedef struct ex_fuse {
+    int into, gelu;
+} ex_fuse;
+
 struct mesh__exec {
     const plan *p;
     /* where it trains: the arena is device memory (host memory on the CPU,
@@ -97,6 +108,8 @@ struct mesh__exec {
     long long scale_good; /* steps since the last overflow or growth */
     long long scale_interval;
     ex_moe **moe;        /* per tensor: moe layers' geometry, NULL for others */
+    ex_fuse *fuse;       /* per tensor: ops computed by one kernel (exec.c: find_fusions) */
+    int n_fused;         /* the bias adds that run with their matmul */
     double loss;         /* the last forward's loss, with moe's load-balancing losses */
     int recomputing;     /* running forward steps again in a backward */
     int poison;          /* test hook: dead memory is filled with NaN (mesh__exec_set_poison) */
@@ -105,7 +118,15 @@ struct mesh__exec {
     int rank;            /* in the plan's world */
     int coord[4];        /* on each axis: dp, tp, pp, ep */
     comm *axis[4];       /* this rank's group on each axis of size > 1, else NULL */
-    comm *world;         /* the world's communicator (not owned), NULL on one rank */
+    comm *world;         /* the world's communicator for device buffers (not owned), NULL on one rank */
+    /* the host twins of world, axis, data and tied: the groups that move
+     * host buffers (the exact sums of the loss and the norm, init and
+     * checkpoints, the chain's loss). The same handles, unless the device's
+     * communicator takes device buffers only (NCCL; the guarded device's
+     * checked one): then split from the host world and owned (host_own) */
+    comm *hworld, *haxis[4], *hdata, *htied;
+    int host_own;
+    comm *checked;       /* the guarded device's checked world over the host one (owned), or NULL */
     int data_ranks;      /* ranks the global batch is split over: dp x ep */
     /* pipeline: this rank's stage runs chunk `stage` (one chunk per stage) */
     int stage, last_stage;
@@ -202,8 +223,12 @@ int exec__kern_failed(mesh__exec *ex, const char *what);
 int exec__kern_done(mesh__exec *ex, int rc); /* closes the guard; returns rc */
 
 /* A collective or transfer (call) on arena memory: as a GPU's NCCL, it is
- * device work, bracketed like a kernel. */
-#define EXEC_COMM(ex, call) (dev_guard((ex)->dev, 1), exec__kern_done((ex), (call)))
+ * device work, bracketed like a kernel. On a GPU the kernels before it are
+ * waited for first (NCCL's handles run on streams of their own, and a call
+ * returns with its result in place: comm_nccl.c); the call is not made
+ * if that wait fails. */
+#define EXEC_COMM(ex, call) (exec__comm_begin(ex) != 0 ? -1 : exec__kern_done((ex), (call)))
+int exec__comm_begin(mesh__exec *ex);
 
 /* bytes from src to dst, both in the arena (a device-to-device copy); dmove
  * allows them to overlap (dst below src, as a slice moved to the front). */
@@ -290,6 +315,8 @@ int exec__step_parts(mesh__exec *ex);
 
 /* The sum over the group of x[0..n-1], in rank order, exactly (doubles
  * travel as bytes). */
+/* The host twin of a group (itself when the groups are one). */
+comm *exec__host_comm(const mesh__exec *ex, comm *c);
 int exec__sum_doubles(mesh__exec *ex, comm *c, double *x, int n);
 
 /* The same for host x[n] through the arena: dscratch, (group size + 1) x

@@ -237,6 +237,7 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
         K(arange, I32(OUT), n);
         break;
     case G_MATMUL: {
+        if (ex->fuse[id].into >= 0) break; /* with its bias add, at the bias add */
         int K = exec__lastd(ex, t->in[0]), N = exec__lastd(ex, id), M = (int)(n / (size_t)N);
         if (b->op == G_TRANSPOSE) /* x @ transpose(w): w stored [N, K] */
             K(matmul_wt_forward, OUT, IN(0), exec__val_in(ex, b->in[0], t->region, it), M, K, N);
@@ -247,6 +248,16 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
     case G_TRANSPOSE: /* only read through the matmul that uses it */
         break;
     case G_BIAS_ADD:
+        if (ex->fuse[t->in[0]].into == id) { /* x @ w + bias (and its GELU) in one kernel */
+            const plan_tensor *mm = a;
+            int g = ex->recomputing ? -1 : ex->fuse[id].gelu;
+            int K = exec__lastd(ex, mm->in[0]), N = exec__lastd(ex, t->in[0]), M = (int)(n / (size_t)N);
+            K(matmul_bias_forward, g >= 0 ? exec__vptr(ex, g, it) : OUT, g >= 0 ? OUT : NULL,
+              exec__val_in(ex, mm->in[0], t->region, it), exec__val_in(ex, mm->in[1], t->region, it), IN(1), M, K,
+              N, g >= 0);
+            break;
+        }
+        /* fall through */
     case G_ADD:
         if (add_forward(ex, OUT, IN(0), ex->cnumel[t->in[0]], IN(1), ex->cnumel[t->in[1]]) != 0) return -1;
         break;
@@ -276,7 +287,9 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
         K(rope_forward, OUT, IN(0), B, T, H, d, (float)t->theta);
         break;
     }
-    case G_GELU: K(gelu_forward, OUT, IN(0), n); break;
+    case G_GELU:
+        if (ex->fuse[id].into < 0 || ex->recomputing) K(gelu_forward, OUT, IN(0), n); /* else with its bias add */
+        break;
     case G_SILU: K(silu_forward, OUT, IN(0), n); break;
     case G_SWIGLU: K(swiglu_forward, OUT, IN(0), IN(1), n); break;
     case G_CROSS_ENTROPY: {

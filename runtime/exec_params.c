@@ -134,7 +134,7 @@ static int whole_of_shards(mesh__exec *ex, int id, int it, float *whole)
     size_t n = ex->numel[id], lo, len;
     float *m, *v;
     exec__shard_of(ex, id, it, &lo, &len, &m, &v);
-    comm *z = exec__zcomm(ex, id);
+    comm *z = exec__host_comm(ex, exec__zcomm(ex, id)); /* host buffers */
     memset(whole, 0, n * sizeof *whole);
     if (exec__floats_to_host(ex, whole + lo, exec__pshard(ex, id, it), len) != 0) return -1;
     if (!z || comm_all_reduce(z, whole, n) == 0) return 0;
@@ -274,7 +274,7 @@ static int tp_gather(mesh__exec *ex, int id, const float *local, float *whole)
         memcpy(whole, local, nl * sizeof *whole);
         return 0;
     }
-    comm *ct = st ? ex->axis[1] : NULL, *ce = se ? ex->axis[3] : NULL;
+    comm *ct = st ? ex->haxis[1] : NULL, *ce = se ? ex->haxis[3] : NULL; /* host buffers */
     size_t nt = ct ? (size_t)ct->size : 1, ne = ce ? (size_t)ce->size : 1;
     /* over tp, then those over ep: all[qe][qt] */
     float *all = malloc(ne * nt * nl * sizeof *all), *tps = ce && ct ? malloc(nt * nl * sizeof *tps) : NULL;
@@ -319,7 +319,7 @@ static int whole_of_opt(mesh__exec *ex, int id, int it, float *const *shards, in
     size_t n = ex->numel[id], lo, len;
     float *mo, *vo;
     exec__shard_of(ex, id, it, &lo, &len, &mo, &vo);
-    comm *z = exec__zcomm(ex, id);
+    comm *z = exec__host_comm(ex, exec__zcomm(ex, id)); /* host buffers */
     if (z) memset(local, 0, (size_t)k * n * sizeof *local);
     for (int q = 0; q < k; q++)
         if (exec__to_host(ex, local + (size_t)q * n + lo, shards[q], len * sizeof *local) != 0) return -1;

@@ -644,6 +644,7 @@ int exec__sum_doubles(mesh__exec *ex, comm *c, double *x, int n)
 {
     enum { ON_STACK = 8192 };
     float stack[ON_STACK];
+    c = exec__host_comm(ex, c);
     if (!c) return 0;
     size_t need = (size_t)(c->size + 1) * 2 * (size_t)n;
     if (need > ON_STACK) {
@@ -667,7 +668,7 @@ int exec__sum_doubles(mesh__exec *ex, comm *c, double *x, int n)
  * bit, go to every rank. The ranks run one after another. */
 static int chain_link(mesh__exec *ex, int end, double *loss)
 {
-    comm *c = ex->data;
+    comm *c = ex->data, *h = exec__host_comm(ex, c); /* the gradients, the loss */
     int d = c->rank, last = c->size - 1, rc = 0;
     void *g = ex->arena + ex->grads_at;
     size_t bytes = (size_t)ex->ms->grads;
@@ -675,12 +676,14 @@ static int chain_link(mesh__exec *ex, int end, double *loss)
         zero_param_grads(ex);
         *loss = 0;
     } else if (!end) {
-        rc = EXEC_COMM(ex, comm_recv(c, g, bytes, d - 1)) | comm_recv(c, loss, sizeof *loss, d - 1);
+        rc = EXEC_COMM(ex, comm_recv(c, g, bytes, d - 1)) | comm_recv(h, loss, sizeof *loss, d - 1);
     } else {
-        if (d < last) rc = EXEC_COMM(ex, comm_send(c, g, bytes, d + 1)) | comm_send(c, loss, sizeof *loss, d + 1);
-        if (rc == 0) rc = EXEC_COMM(ex, comm_broadcast(c, g, bytes, last)) | comm_broadcast(c, loss, sizeof *loss, last);
+        if (d < last) rc = EXEC_COMM(ex, comm_send(c, g, bytes, d + 1)) | comm_send(h, loss, sizeof *loss, d + 1);
+        if (rc == 0) rc = EXEC_COMM(ex, comm_broadcast(c, g, bytes, last)) | comm_broadcast(h, loss, sizeof *loss, last);
     }
-    if (rc != 0) snprintf(ex->error, sizeof ex->error, "rank %d: the deterministic chain: %s", ex->rank, c->error);
+    if (rc != 0)
+        snprintf(ex->error, sizeof ex->error, "rank %d: the deterministic chain: %s", ex->rank,
+                 c->error[0] ? c->error : h->error);
     return rc ? -1 : 0;
 }
 

@@ -47,6 +47,10 @@ typedef struct kern_vtbl {
     int (*matmul_forward)(kern *k, void *y, const void *x, const void *w, int M, int K, int N);
     int (*matmul_backward)(kern *k, void *dx, void *dw, const void *dy, const void *x, const void *w, int M,
                            int K, int N);
+    /* y = x @ w + bias (bias [N]); with gelu, pre = x @ w + bias and y =
+     * gelu(pre): one kernel on a GPU (cuBLASLt's epilogues) */
+    int (*matmul_bias_forward)(kern *k, void *y, void *pre, const void *x, const void *w, const void *bias, int M,
+                               int K, int N, int gelu);
     int (*matmul_wt_forward)(kern *k, void *y, const void *x, const void *w, int M, int K, int N);
     int (*matmul_wt_backward)(kern *k, void *dx, void *dw, const void *dy, const void *x, const void *w, int M,
                               int K, int N);

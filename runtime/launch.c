@@ -65,6 +65,17 @@ int mesh__job_detect(mesh__job *job, char *err, size_t n)
     return 0;
 }
 
+int mesh__job_local_rank(void)
+{
+    static const char *const vars[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"};
+    char err[160];
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        int r = -1;
+        if (env_int(vars[i], 0, &r, err, sizeof err) == 1) return r;
+    }
+    return -1;
+}
+
 mesh_status mesh_job_info(int *rank, int *processes, const char **launcher)
 {
     mesh__job job;

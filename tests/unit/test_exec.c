@@ -339,6 +339,8 @@ typedef struct eq_run {
     int fail_rank, fail_step;
     int overlapped; /* rank 0's gradient-sync calls issued during backward, at the last step */
     double overlap_ms, wait_ms; /* and the time they ran, and rank 0 waited for them */
+    const char *ckpt; /* if set: a checkpoint saved there after the last step, loaded, and one step more */
+    double after;     /* that step's loss */
 } eq_run;
 
 static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
@@ -367,6 +369,14 @@ static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
         if (rank == 0) r->loss[step - 1] = st.loss;
         if (rank == 0) r->overlapped = st.overlapped, r->overlap_ms = st.overlap_ms, r->wait_ms = st.wait_ms;
     }
+    if (r->ckpt) {
+        mesh_status s = mesh_checkpoint_save(ctx, r->ckpt);
+        if (s == MESH_OK) s = mesh_checkpoint_load(ctx, r->ckpt);
+        mesh_step_stats st;
+        if (s == MESH_OK) s = mesh_train_step(ctx, gin + part * (size_t)dr, gtg + part * (size_t)dr, &st);
+        if (s != MESH_OK) return s;
+        if (rank == 0) r->after = st.loss;
+    }
     return MESH_OK;
 }
 
@@ -381,6 +391,10 @@ static int eq_overlapped;             /* the last eq_losses run's eq_run.overlap
 static double eq_overlap_ms, eq_wait_ms; /* and its times */
 
 /* The losses of 20 steps of src with the settings given. */
+/* eq_losses' checkpoint folder (NULL: none), and the loss of the step after it */
+static const char *eq_ckpt;
+static double eq_after;
+
 static void eq_losses(const char *src, const char *const *sets, int n_sets, double *out)
 {
     char *text = NULL;
@@ -394,10 +408,11 @@ static void eq_losses(const char *src, const char *const *sets, int n_sets, doub
     mesh_plan *mp = NULL;
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run r = {mp, {0}, -1, 0, 0, 0, 0};
+    eq_run r = {mp, {0}, -1, 0, 0, 0, 0, eq_ckpt, 0};
     mesh_status st = mesh_run_ranks(mp, eq_rank, &r);
     if (st != MESH_OK) unit_fail(__FILE__, __LINE__, "%s", mesh_last_error());
     memcpy(out, r.loss, sizeof r.loss);
+    eq_after = r.after;
     eq_overlapped = r.overlapped;
     eq_overlap_ms = r.overlap_ms;
     eq_wait_ms = r.wait_ms;
@@ -667,6 +682,78 @@ TEST_IMPL(parallel_mixed_precision_follows_one_rank)
         }
 }
 
+/* A matmul and the bias add after it run as one kernel, and a GELU after
+ * them too (exec.c: find_fusions; cuBLASLt's epilogues on a GPU): on the
+ * CPU in fp32 the same bits as each op at its own node (MESH__EXEC_NO_FUSE):
+ * GPT's losses, norms and logits over 6 steps, with full recompute (where
+ * the GELU runs at its own node again) and on the guarded device; bf16 on
+ * the CPU, which rounds after each op, fuses nothing. */
+TEST_IMPL(exec_fused_bias_gelu_same_bits)
+{
+    static const char *const sets[][2] = {
+        {"train.seed=7", "train.precision=fp32"},
+        {"train.recompute=full", "train.schedule=gpipe"},
+        {"train.zero=3", "train.seed=7"},
+    };
+    for (int v = 0; v < 4; v++) {
+        plan p;
+        compile_plan_with(&p, tiny_src, sets[v % 3], 2);
+        char err[512];
+        unsigned guard = v == 3 ? MESH__EXEC_GUARD : 0;
+        mesh__exec *fused = mesh__exec_create_flags(&p, NULL, NULL, guard, err, sizeof err);
+        mesh__exec *apart = mesh__exec_create_flags(&p, NULL, NULL, guard | MESH__EXEC_NO_FUSE, err, sizeof err);
+        if (!fused || !apart) unit_fail(__FILE__, __LINE__, "%s", err);
+        ASSERT_INT_EQ(mesh__exec_fused(fused), 4); /* q/k/v, attention's out, the MLP's two */
+        ASSERT_INT_EQ(mesh__exec_fused(apart), 0);
+        int32_t in[32], tg[32];
+        for (int step = 1; step <= 6; step++) {
+            batch(in, tg, 16, step);
+            batch(in + 16, tg + 16, 16, step + 5);
+            mesh__step_stats a, b;
+            ASSERT_INT_EQ(mesh__exec_train_step(fused, step, in, tg, &a), 0);
+            ASSERT_INT_EQ(mesh__exec_train_step(apart, step, in, tg, &b), 0);
+            if (a.loss != b.loss || a.norm != b.norm)
+                unit_fail(__FILE__, __LINE__, "settings %d, step %d: %.17g (norm %.17g) fused, %.17g (%.17g)", v, step,
+                          a.loss, a.norm, b.loss, b.norm);
+        }
+        int vp, vq;
+        const float *la = mesh__exec_logits(fused, &vp), *lb = mesh__exec_logits(apart, &vq);
+        ASSERT_INT_EQ(vp, vq);
+        ASSERT_INT_EQ(memcmp(la, lb, mesh__exec_batch_tokens(fused) * (size_t)vp * sizeof *la), 0);
+        mesh__exec_free(fused);
+        mesh__exec_free(apart);
+        plan_free(&p);
+    }
+    /* several ranks: tp 2 (the row-parallel products, partial sums, stay
+     * apart) with sequence parallelism and pp 2; dp 2 with ZeRO-3 */
+    static const char *const meshes[][4] = {
+        {"mesh.tp=2", "train.sequence_parallel=true", "mesh.pp=2", "train.seed=7"},
+        {"mesh.dp=2", "train.zero=3", "mesh.pp=1", "train.recompute=full"},
+    };
+    for (int v = 0; v < 2; v++) {
+        const char *msets[6] = {"train.micro_batch=1", "train.global_batch=12", meshes[v][0], meshes[v][1],
+                                meshes[v][2], meshes[v][3]};
+        double fused[EQ_STEPS], apart[EQ_STEPS];
+        eq_losses(tiny_src, msets, 6, fused);
+        mesh__set_exec_flags(MESH__EXEC_NO_FUSE);
+        eq_losses(tiny_src, msets, 6, apart);
+        mesh__set_exec_flags(0);
+        for (int k = 0; k < EQ_STEPS; k++)
+            if (fused[k] != apart[k])
+                unit_fail(__FILE__, __LINE__, "%s %s, step %d: %.17g fused, %.17g apart", meshes[v][0], meshes[v][1],
+                          k + 1, fused[k], apart[k]);
+    }
+    static const char *const bf16[] = {"train.precision=bf16"};
+    plan p;
+    compile_plan_with(&p, tiny_src, bf16, 1);
+    char err[512];
+    mesh__exec *ex = mesh__exec_create(&p, NULL, NULL, err, sizeof err);
+    if (!ex) unit_fail(__FILE__, __LINE__, "%s", err);
+    ASSERT_INT_EQ(mesh__exec_fused(ex), 0);
+    mesh__exec_free(ex);
+    plan_free(&p);
+}
+
 /* Several ranks with their arenas on the guarded device: every collective,
  * pipeline transfer, ZeRO shard and gather, sequence parallelism's
  * conversions, the vocabulary-parallel cross-entropy's exchanges and the
@@ -676,7 +763,12 @@ TEST_IMPL(parallel_mixed_precision_follows_one_rank)
  * (GPipe), dp2 x pp2 (ZeRO 3, recompute), dp2 x tp2 (ZeRO 1 and 3),
  * sequence parallelism with pp and with ZeRO 3, in fp32 and bf16, moe
  * over ep 2 (with dp and ZeRO-1 in bf16, tp, pp with ZeRO-3 and recompute),
- * and the deterministic chain. */
+ * and the deterministic chain. The device's groups are checked ones
+ * (comm_checked.c), which fail on a host buffer, as NCCL's would: the
+ * exact sums, the chain's loss, and a checkpoint saved (params gathered
+ * over tp, ep, ZeRO's shards and the pipeline), loaded and trained on go
+ * through the host twins; the checkpoint's files are the plain run's,
+ * byte for byte. */
 TEST_IMPL(parallel_guarded_arenas_match)
 {
     static const char *const meshes[][4] = {
@@ -699,17 +791,37 @@ TEST_IMPL(parallel_guarded_arenas_match)
         const char *sets[6] = {"train.micro_batch=1", "train.global_batch=12", chain ? "mesh.dp=2" : meshes[v][0],
                                chain ? "train.zero=0" : meshes[v][1], chain ? "mesh.pp=1" : meshes[v][2],
                                chain ? "train.seed=7" : meshes[v][3]};
-        double plain[EQ_STEPS], guarded[EQ_STEPS];
+        double plain[EQ_STEPS], guarded[EQ_STEPS], after[2];
+        char dirs[2][32] = {"/tmp/mesh-gck-XXXXXX", "/tmp/mesh-gck-XXXXXX"};
+        if (!mkdtemp(dirs[0]) || !mkdtemp(dirs[1])) unit_fail(__FILE__, __LINE__, "mkdtemp failed");
         mesh_set_deterministic(chain);
+        eq_ckpt = dirs[0];
         eq_losses(moe ? moe_src : tiny_src, sets, 6, plain);
+        after[0] = eq_after;
         mesh__set_exec_flags(MESH__EXEC_GUARD);
+        eq_ckpt = dirs[1];
         eq_losses(moe ? moe_src : tiny_src, sets, 6, guarded);
+        after[1] = eq_after;
+        eq_ckpt = NULL;
         mesh__set_exec_flags(0);
         mesh_set_deterministic(0);
         for (int k = 0; k < EQ_STEPS; k++)
             if (plain[k] != guarded[k])
                 unit_fail(__FILE__, __LINE__, "%s %s %s %s, step %d: %.17g guarded, %.17g plain", sets[2], sets[3],
                           sets[4], sets[5], k + 1, guarded[k], plain[k]);
+        ASSERT_INT_EQ(after[0] == after[1], 1); /* the checkpoint's step, loaded, and one more */
+        for (int f = 0; f < 2; f++) { /* the files, byte for byte */
+            char a[96], b[96], cmd[256];
+            snprintf(a, sizeof a, "%s/step-%08d/%s", dirs[0], EQ_STEPS, f ? "optim.safetensors" : "model.safetensors");
+            snprintf(b, sizeof b, "%s/step-%08d/%s", dirs[1], EQ_STEPS, f ? "optim.safetensors" : "model.safetensors");
+            snprintf(cmd, sizeof cmd, "cmp -s %s %s", a, b);
+            if (system(cmd) != 0) unit_fail(__FILE__, __LINE__, "%s and %s differ", a, b);
+        }
+        for (int d = 0; d < 2; d++) {
+            char cmd[128];
+            snprintf(cmd, sizeof cmd, "rm -rf %s", dirs[d]);
+            if (system(cmd) != 0) unit_fail(__FILE__, __LINE__, "%s failed", cmd);
+        }
     }
 }
 
@@ -819,7 +931,7 @@ TEST_IMPL(parallel_failing_rank_stops_the_job)
     mesh_plan *mp = NULL;
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run r = {mp, {0}, 2, 3, 0, 0, 0};
+    eq_run r = {mp, {0}, 2, 3, 0, 0, 0, NULL, 0};
     ASSERT_INT_EQ(mesh_run_ranks(mp, eq_rank, &r), MESH_ERR_IO);
     ASSERT_NOT_NULL(strstr(mesh_last_error(), "rank 2: "));
     ASSERT_INT_EQ(r.loss[2], 0); /* rank 0 never finished step 3 */
@@ -837,7 +949,7 @@ TEST_IMPL(parallel_failing_rank_stops_the_job)
     ASSERT_INT_EQ(mesh_compile("tiny.mesh", tiny_src, strlen(tiny_src), &opt, &text, &len), MESH_OK);
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run q = {mp, {0}, 3, 3, 0, 0, 0};
+    eq_run q = {mp, {0}, 3, 3, 0, 0, 0, NULL, 0};
     time_t t0 = time(NULL);
     ASSERT_INT_EQ(mesh_run_ranks(mp, eq_rank, &q), MESH_ERR_IO);
     ASSERT_NOT_NULL(strstr(mesh_last_error(), "rank 3: "));

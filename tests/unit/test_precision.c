@@ -306,34 +306,39 @@ TEST_IMPL(precision_checkpoint_resumes_to_the_bit)
  * products sum in another order), and within 2e-2 in bf16 (the GPU's
  * 2-byte storage against the CPU's rounding); its params read back
  * (mesh_param_get's path) match. Without a GPU it prints one SKIP line; a
- * plan the GPU executor does not run (fp16) is refused with the reason. */
+ * plan the GPU executor does not run (fp16, bf16 on several ranks) is
+ * refused with the reason. */
 TEST_IMPL(exec_cuda_trains_as_the_cpu)
 {
     char why[320], err[512];
     plan p;
     /* what the GPU executor takes, asked without a GPU */
-    static const char *const refused[][2] = {{"train.precision=fp16", "fp16"},
-                                             {"mesh.dp=2", "more than one rank"}};
+    static const char *const refused[][3] = {{"train.precision=fp16", "mesh.dp=1", "fp16"},
+                                             {"train.precision=bf16", "mesh.dp=2", "bf16 on several GPUs"}};
     for (int k = 0; k < 2; k++) {
-        compile_with(&p, refused[k], 1);
+        compile_with(&p, refused[k], 2);
         ASSERT_INT_EQ(mesh__exec_gpu_supported(&p, err, sizeof err), -1);
-        if (!strstr(err, refused[k][1])) unit_fail(__FILE__, __LINE__, "%s: %s", refused[k][0], err);
+        if (!strstr(err, refused[k][2])) unit_fail(__FILE__, __LINE__, "%s: %s", refused[k][0], err);
         plan_free(&p);
     }
-    static const char *const bf16_only[] = {"train.precision=bf16"};
-    compile_with(&p, bf16_only, 1);
-    ASSERT_INT_EQ(mesh__exec_gpu_supported(&p, err, sizeof err), 0);
-    plan_free(&p);
+    /* taken: bf16 on one GPU; fp32 on several (NCCL between them) */
+    static const char *const taken[][2] = {{"train.precision=bf16", "mesh.dp=1"},
+                                           {"train.precision=fp32", "mesh.dp=2"}};
+    for (int k = 0; k < 2; k++) {
+        compile_with(&p, taken[k], 2);
+        ASSERT_INT_EQ(mesh__exec_gpu_supported(&p, err, sizeof err), 0);
+        plan_free(&p);
+    }
     compile_with(&p, NULL, 0);
     ASSERT_INT_EQ(mesh__exec_gpu_supported(&p, err, sizeof err), 0);
     if (!dev_cuda_probe(why, sizeof why, NULL, 0)) {
         printf("SKIP exec cuda: no GPU (%s)\n", why);
-        ASSERT_NULL(mesh__exec_create_rank(&p, 0, NULL, NULL, NULL, MESH__EXEC_CUDA, err, sizeof err));
+        ASSERT_NULL(mesh__exec_create_rank(&p, 0, NULL, NULL, 0, NULL, NULL, MESH__EXEC_CUDA, err, sizeof err));
         if (!strstr(err, "no GPU") && !strstr(err, "without CUDA")) unit_fail(__FILE__, __LINE__, "%s", err);
         plan_free(&p);
         return;
     }
-    mesh__exec *cpu = exec_of(&p), *gpu = mesh__exec_create_rank(&p, 0, NULL, NULL, NULL, MESH__EXEC_CUDA, err,
+    mesh__exec *cpu = exec_of(&p), *gpu = mesh__exec_create_rank(&p, 0, NULL, NULL, 0, NULL, NULL, MESH__EXEC_CUDA, err,
                                                                    sizeof err);
     if (!gpu) unit_fail(__FILE__, __LINE__, "%s", err);
     mesh__step_stats a[20], b[20];
@@ -358,7 +363,7 @@ TEST_IMPL(exec_cuda_trains_as_the_cpu)
     static const char *const bf16[] = {"train.precision=bf16"}, *const fp16[] = {"train.precision=fp16"};
     compile_with(&p, bf16, 1);
     cpu = exec_of(&p);
-    gpu = mesh__exec_create_rank(&p, 0, NULL, NULL, NULL, MESH__EXEC_CUDA, err, sizeof err);
+    gpu = mesh__exec_create_rank(&p, 0, NULL, NULL, 0, NULL, NULL, MESH__EXEC_CUDA, err, sizeof err);
     if (!gpu) unit_fail(__FILE__, __LINE__, "%s", err);
     ASSERT_UINT_EQ(mesh__exec_bytes(gpu), (size_t)p.memory[0].total); /* the plan's 2-byte layout */
     train(cpu, 1, 20, a);
@@ -372,7 +377,7 @@ TEST_IMPL(exec_cuda_trains_as_the_cpu)
     plan_free(&p);
     /* fp16 is not on the GPU: refused, saying so */
     compile_with(&p, fp16, 1);
-    ASSERT_NULL(mesh__exec_create_rank(&p, 0, NULL, NULL, NULL, MESH__EXEC_CUDA, err, sizeof err));
+    ASSERT_NULL(mesh__exec_create_rank(&p, 0, NULL, NULL, 0, NULL, NULL, MESH__EXEC_CUDA, err, sizeof err));
     if (!strstr(err, "fp16")) unit_fail(__FILE__, __LINE__, "%s", err);
     plan_free(&p);
 }
