@@ -7,10 +7,18 @@
  * beside them, as it keeps NCCL's and the launcher's on GPUs: a host
  * buffer handed to a device communicator fails the call, naming it, where
  * NCCL would fault or read garbage. Splits are wrapped too.
+ *
+ * With bf16 elements (comm_checked_set_bf16, as comm_nccl_set_bf16 makes
+ * NCCL's) the float counts are of 2-byte bf16 numbers: sums widen them to
+ * fp32, sum in the wrapped communicator (rank order) and round once, as the
+ * CPU's bf16 runs round a sum kept in fp32 words; gathers and all-to-alls
+ * move the bytes as they are.
  */
 #include "comm.h"
 
-#include <stdint.h> /* uintptr_t */
+#include "kcpu.h" /* kcpu_bf16_pack, kcpu_bf16_unpack */
+
+#include <stdint.h> /* uintptr_t, uint16_t */
 #include <stdlib.h> /* calloc, free */
 #include <string.h> /* memcpy */
 
@@ -20,6 +28,9 @@ typedef struct checked {
     int own;            /* in is freed with this handle */
     comm_buf_check ok;  /* is [p, p + bytes) device memory? */
     void *ud;
+    int bf16;           /* float elements are bf16 (2 bytes) */
+    float *tmp;         /* bf16 calls' fp32 or byte staging */
+    size_t tmp_n;
 } checked;
 
 static const comm_vtbl checked_vtbl;
@@ -49,33 +60,76 @@ static size_t sum(const size_t *x, int n)
     return s;
 }
 
+/* Bytes of n float elements. */
+static size_t fb(comm *c, size_t n) { return n * (self(c)->bf16 ? 2u : 4u); }
+
+/* n floats of staging (kept between calls); NULL, with the error, if out
+ * of memory. */
+static float *staging(comm *c, const char *op, size_t n)
+{
+    checked *k = self(c);
+    float *t = comm_scratch(&k->tmp, &k->tmp_n, n ? n : 1);
+    if (!t) comm_fail(c, op, "out of memory (%zu floats of bf16 staging)", n);
+    return t;
+}
+
 static int c_all_reduce(comm *c, float *buf, size_t n)
 {
-    if (check(c, "all-reduce", buf, n * sizeof *buf)) return -1;
-    return done(c, comm_all_reduce(self(c)->in, buf, n));
+    if (check(c, "all-reduce", buf, fb(c, n))) return -1;
+    if (!self(c)->bf16) return done(c, comm_all_reduce(self(c)->in, buf, n));
+    float *t = staging(c, "all-reduce", n);
+    if (!t) return -1;
+    kcpu_bf16_unpack(t, (const uint16_t *)(void *)buf, n);
+    if (done(c, comm_all_reduce(self(c)->in, t, n)) != 0) return -1;
+    kcpu_bf16_pack((uint16_t *)(void *)buf, t, n);
+    return 0;
 }
 
 static int c_reduce_scatter(comm *c, const float *in, float *out, size_t n)
 {
-    if (check(c, "reduce-scatter", in, (size_t)c->size * n * sizeof *in) ||
-        check(c, "reduce-scatter", out, n * sizeof *out))
-        return -1;
-    return done(c, comm_reduce_scatter(self(c)->in, in, out, n));
+    size_t all = (size_t)c->size * n;
+    if (check(c, "reduce-scatter", in, fb(c, all)) || check(c, "reduce-scatter", out, fb(c, n))) return -1;
+    if (!self(c)->bf16) return done(c, comm_reduce_scatter(self(c)->in, in, out, n));
+    float *t = staging(c, "reduce-scatter", all + n);
+    if (!t) return -1;
+    kcpu_bf16_unpack(t, (const uint16_t *)(const void *)in, all);
+    if (done(c, comm_reduce_scatter(self(c)->in, t, t + all, n)) != 0) return -1;
+    kcpu_bf16_pack((uint16_t *)(void *)out, t + all, n);
+    return 0;
 }
 
 static int c_all_gather(comm *c, const float *in, float *out, size_t n)
 {
-    if (check(c, "all-gather", in, n * sizeof *in) || check(c, "all-gather", out, (size_t)c->size * n * sizeof *out))
-        return -1;
-    return done(c, comm_all_gather(self(c)->in, in, out, n));
+    size_t all = (size_t)c->size * n;
+    if (check(c, "all-gather", in, fb(c, n)) || check(c, "all-gather", out, fb(c, all))) return -1;
+    if (!self(c)->bf16) return done(c, comm_all_gather(self(c)->in, in, out, n));
+    /* the bytes, in floats' room: each rank's n bf16 in w = ceil(n / 2) floats */
+    size_t w = (n + 1) / 2;
+    float *t = staging(c, "all-gather", w * (size_t)(c->size + 1));
+    if (!t) return -1;
+    memcpy(t, in, 2 * n);
+    if (done(c, comm_all_gather(self(c)->in, t, t + w, w)) != 0) return -1;
+    for (int q = 0; q < c->size; q++) memcpy((char *)out + 2 * n * (size_t)q, t + w * (size_t)(q + 1), 2 * n);
+    return 0;
 }
 
 static int c_all_to_all(comm *c, const float *in, const size_t *send, float *out, const size_t *recv)
 {
-    if (check(c, "all-to-all", in, sum(send, c->size) * sizeof *in) ||
-        check(c, "all-to-all", out, sum(recv, c->size) * sizeof *out))
+    if (check(c, "all-to-all", in, fb(c, sum(send, c->size))) || check(c, "all-to-all", out, fb(c, sum(recv, c->size))))
         return -1;
-    return done(c, comm_all_to_all(self(c)->in, in, send, out, recv));
+    if (!self(c)->bf16) return done(c, comm_all_to_all(self(c)->in, in, send, out, recv));
+    /* the bytes, each peer's part in ceil(n / 2) floats */
+    size_t ws[64], wr[64], ts = 0, tr = 0;
+    if (c->size > 64) return comm_fail(c, "all-to-all", "bf16 elements over more than 64 ranks");
+    for (int q = 0; q < c->size; q++) ts += ws[q] = (send[q] + 1) / 2, tr += wr[q] = (recv[q] + 1) / 2;
+    float *t = staging(c, "all-to-all", ts + tr);
+    if (!t) return -1;
+    size_t at = 0, fat = 0;
+    for (int q = 0; q < c->size; at += send[q], fat += ws[q], q++) memcpy(t + fat, (const char *)in + 2 * at, 2 * send[q]);
+    if (done(c, comm_all_to_all(self(c)->in, t, ws, t + ts, wr)) != 0) return -1;
+    at = fat = 0;
+    for (int q = 0; q < c->size; at += recv[q], fat += wr[q], q++) memcpy((char *)out + 2 * at, t + ts + fat, 2 * recv[q]);
+    return 0;
 }
 
 static int c_broadcast(comm *c, void *buf, size_t bytes, int root)
@@ -106,7 +160,7 @@ static int c_split(comm *c, int color, int key, comm **out)
     if (comm_split(k->in, color, key, &part) != 0) return done(c, -1);
     if (!part) return 0;
     *out = comm_checked_new(part, 1, k->ok, k->ud);
-    if (*out) return 0;
+    if (*out) return self(*out)->bf16 = k->bf16, 0;
     comm_free(part);
     return comm_fail(c, "split", "out of memory");
 }
@@ -119,6 +173,7 @@ static void c_free(comm *c)
 {
     checked *k = self(c);
     if (k->own) comm_free(k->in);
+    free(k->tmp);
     free(k);
 }
 
@@ -127,25 +182,42 @@ static void c_free(comm *c)
 static int check_v(comm *c, const char *op, float *const *bufs, const size_t *n, int k)
 {
     for (int i = 0; i < k; i++)
-        if (check(c, op, bufs[i], n[i] * sizeof *bufs[i])) return -1;
+        if (check(c, op, bufs[i], fb(c, n[i]))) return -1;
+    return 0;
+}
+
+/* A bucket of bf16 buffers: one call per buffer (NCCL's way) */
+static int each_v(comm *c, int op, float *const *bufs, const size_t *n, int k)
+{
+    for (int i = 0; i < k; i++) {
+        size_t len = n[i] / (size_t)c->size;
+        void *mine = (char *)bufs[i] + 2 * len * (size_t)c->rank;
+        int rc = op == 0 ? c_all_reduce(c, bufs[i], n[i])
+               : op == 1 ? c_reduce_scatter(c, bufs[i], mine, len)
+                         : c_all_gather(c, mine, bufs[i], len);
+        if (rc != 0) return -1;
+    }
     return 0;
 }
 
 static int c_all_reduce_v(comm *c, float *const *bufs, const size_t *n, int k)
 {
     if (check_v(c, "all-reduce", bufs, n, k)) return -1;
+    if (self(c)->bf16) return each_v(c, 0, bufs, n, k);
     return done(c, comm_all_reduce_v(self(c)->in, bufs, n, k));
 }
 
 static int c_reduce_scatter_v(comm *c, float *const *bufs, const size_t *n, int k)
 {
     if (check_v(c, "reduce-scatter", bufs, n, k)) return -1;
+    if (self(c)->bf16) return each_v(c, 1, bufs, n, k);
     return done(c, comm_reduce_scatter_v(self(c)->in, bufs, n, k));
 }
 
 static int c_all_gather_v(comm *c, float *const *bufs, const size_t *n, int k)
 {
     if (check_v(c, "all-gather", bufs, n, k)) return -1;
+    if (self(c)->bf16) return each_v(c, 2, bufs, n, k);
     return done(c, comm_all_gather_v(self(c)->in, bufs, n, k));
 }
 
@@ -169,6 +241,13 @@ comm *comm_checked_new(comm *in, int own, comm_buf_check ok, void *ud)
     k->ok = ok;
     k->ud = ud;
     return &k->c;
+}
+
+int comm_checked_set_bf16(comm *c, int on)
+{
+    if (!c || c->v != &checked_vtbl) return -1;
+    self(c)->bf16 = on != 0;
+    return 0;
 }
 
 const comm *comm_checked_inner(const comm *c)

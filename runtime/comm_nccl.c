@@ -90,6 +90,7 @@ typedef struct ncomm {
     int pending, slots;
     uint64_t *dev;      /* device: 2 x size all-to-all counts, then one int32 */
     uint64_t *host;     /* pinned host mirror of dev */
+    int bf16;           /* its float elements are bf16 (comm_nccl_set_bf16), inherited by splits */
 } ncomm;
 
 struct nworld {
@@ -102,6 +103,10 @@ struct nworld {
 };
 
 static const comm_vtbl nccl_vtbl;
+
+/* The handle's float elements: NCCL's type, and where element k of p is. */
+static ncclDataType_t ftype(const ncomm *m) { return m->bf16 ? ncclBfloat16 : ncclFloat; }
+static void *fat(const ncomm *m, const void *p, size_t k) { return (char *)(uintptr_t)p + k * (m->bf16 ? 2u : 4u); }
 
 /* ---- waiting ---------------------------------------------------------- */
 
@@ -331,7 +336,7 @@ static int n_all_reduce(comm *c, float *buf, size_t n)
 {
     ncomm *m = (ncomm *)c;
     if (on_device(m, "all-reduce", buf, n) != 0 || begin(m, "all-reduce") != 0) return -1;
-    return issued(m, "all-reduce", "ncclAllReduce", ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, m->nc, m->stream));
+    return issued(m, "all-reduce", "ncclAllReduce", ncclAllReduce(buf, buf, n, ftype(m), ncclSum, m->nc, m->stream));
 }
 
 /* in[size x n] -> out[n]; out may be in + rank x n (NCCL's in-place form),
@@ -343,7 +348,7 @@ static int n_reduce_scatter(comm *c, const float *in, float *out, size_t n)
         begin(m, "reduce-scatter") != 0)
         return -1;
     return issued(m, "reduce-scatter", "ncclReduceScatter",
-                  ncclReduceScatter(in, out, n, ncclFloat, ncclSum, m->nc, m->stream));
+                  ncclReduceScatter(in, out, n, ftype(m), ncclSum, m->nc, m->stream));
 }
 
 /* in[n] -> out[size x n]; in may be out + rank x n. */
@@ -353,7 +358,7 @@ static int n_all_gather(comm *c, const float *in, float *out, size_t n)
     if (on_device(m, "all-gather", in, n) != 0 || on_device(m, "all-gather", out, n) != 0 ||
         begin(m, "all-gather") != 0)
         return -1;
-    return issued(m, "all-gather", "ncclAllGather", ncclAllGather(in, out, n, ncclFloat, m->nc, m->stream));
+    return issued(m, "all-gather", "ncclAllGather", ncclAllGather(in, out, n, ftype(m), m->nc, m->stream));
 }
 
 /* Copies bytes between m's pinned host mirror and the device (either way)
@@ -421,8 +426,8 @@ static int n_all_to_all(comm *c, const float *in, const size_t *send, float *out
     if (rc != ncclSuccess) return nccl_fail(m->nc, m, op, "ncclGroupStart", rc);
     size_t at = 0, rat = 0;
     for (int q = 0; q < c->size && !failed(rc); q++) {
-        if (send[q]) rc = ncclSend(in + at, send[q], ncclFloat, q, m->nc, m->stream);
-        if (recv[q] && !failed(rc)) rc = ncclRecv(out + rat, recv[q], ncclFloat, q, m->nc, m->stream);
+        if (send[q]) rc = ncclSend(fat(m, in, at), send[q], ftype(m), q, m->nc, m->stream);
+        if (recv[q] && !failed(rc)) rc = ncclRecv(fat(m, out, rat), recv[q], ftype(m), q, m->nc, m->stream);
         at += send[q];
         rat += recv[q];
     }
@@ -654,6 +659,7 @@ static int n_split(comm *c, int color, int key, comm **out)
     if (!nc) return 0; /* color < 0: in no group */
     ncomm *x = wrap(w, nc, c->world_rank, why, sizeof why);
     if (!x) return comm_fail(c, "split", "%s", why);
+    x->bf16 = m->bf16;
     *out = &x->c;
     return 0;
 }
@@ -707,7 +713,7 @@ static int n_reduce_scatter_v(comm *c, float *const *bufs, const size_t *n, int 
 {
     for (int i = 0; i < k; i++) {
         size_t len = n[i] / (size_t)c->size;
-        if (n_reduce_scatter(c, bufs[i], bufs[i] + (size_t)c->rank * len, len) != 0) return -1;
+        if (n_reduce_scatter(c, bufs[i], fat((ncomm *)c, bufs[i], (size_t)c->rank * len), len) != 0) return -1;
     }
     return 0;
 }
@@ -716,7 +722,7 @@ static int n_all_gather_v(comm *c, float *const *bufs, const size_t *n, int k)
 {
     for (int i = 0; i < k; i++) {
         size_t len = n[i] / (size_t)c->size;
-        if (n_all_gather(c, bufs[i] + (size_t)c->rank * len, bufs[i], len) != 0) return -1;
+        if (n_all_gather(c, fat((ncomm *)c, bufs[i], (size_t)c->rank * len), bufs[i], len) != 0) return -1;
     }
     return 0;
 }
@@ -903,6 +909,13 @@ comm *comm_nccl_world_mpi(comm *boot, int device, double timeout_s, char *err, s
     return world_init(rank, size, device, timeout_s, id, err, n);
 }
 
+int comm_nccl_set_bf16(comm *c, int on)
+{
+    if (!c || c->v != &nccl_vtbl) return -1;
+    ((ncomm *)c)->bf16 = on != 0;
+    return 0;
+}
+
 #else /* no CUDA in this build */
 
 #define NO_CUDA "this libmesh was built without CUDA (make CUDA=1)"
@@ -920,6 +933,13 @@ comm *comm_nccl_world(int rank, int size, int device, double timeout_s, char *er
     (void)timeout_s;
     snprintf(err, n, "%s", NO_CUDA);
     return NULL;
+}
+
+int comm_nccl_set_bf16(comm *c, int on)
+{
+    (void)c;
+    (void)on;
+    return -1;
 }
 
 comm *comm_nccl_world_mpi(comm *boot, int device, double timeout_s, char *err, size_t n)

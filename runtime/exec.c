@@ -175,13 +175,13 @@ static int forward_op(const plan *p, int s, g_op op, int region)
  * transposed) whose value is whole on the rank (not a partial sum that a
  * collective completes) and read only by the bias add of the next step,
  * over its last dim; and a GELU of that bias add at the step after. Not
- * on the CPU in bf16 or fp16, which rounds after each op where a GPU
- * stores: one kernel rounds once. */
+ * where a bf16 or fp16 plan's values are fp32 words (the CPU), rounded
+ * after each op as a GPU stores them: one kernel rounds once. */
 static void find_fusions(mesh__exec *ex, unsigned flags)
 {
     const plan *p = ex->p;
     for (int id = 0; id < ex->n; id++) ex->fuse[id].into = ex->fuse[id].gelu = -1;
-    if ((flags & MESH__EXEC_NO_FUSE) || (!ex->gpu && ex->prec != KCPU_FP32)) return;
+    if ((flags & MESH__EXEC_NO_FUSE) || (ex->esize == 4 && ex->prec != KCPU_FP32)) return;
     for (int s = 0; s + 1 < p->n_steps; s++) {
         int m = forward_op(p, s, G_MATMUL, p->steps[s].region);
         int b = m >= 0 ? forward_op(p, s + 1, G_BIAS_ADD, p->steps[s].region) : -1;
@@ -272,8 +272,6 @@ static int layout(mesh__exec *ex, unsigned flags, char *err, size_t errn)
 static const char *gpu_refusal(const plan *p)
 {
     if (p->setup.precision == 2) return "fp16 (the CUDA kernels store fp32 or bf16)";
-    if (p->setup.world > 1 && p->setup.precision != 0)
-        return "bf16 on several GPUs (their NCCL calls move fp32 so far: train in fp32, or on one GPU)";
     return NULL;
 }
 
@@ -365,6 +363,7 @@ static int join_axes(mesh__exec *ex, comm *world, comm *dworld, unsigned flags, 
             set_err(err, errn, "rank %d: out of memory", ex->rank);
             return -1;
         }
+        if (ex->esize == 2) comm_checked_set_bf16(ex->checked, 1); /* as NCCL's for a bf16 GPU */
         dworld = ex->checked;
     }
     ex->world = dworld ? dworld : world;
@@ -414,7 +413,7 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, comm *d
     /* the device and its kernels */
     ex->gpu = (flags & MESH__EXEC_CUDA) != 0;
     ex->host_arena = !ex->gpu && !(flags & MESH__EXEC_GUARD);
-    ex->esize = ex->gpu && p->setup.precision == 1 ? 2 : 4;
+    ex->esize = (ex->gpu || (flags & MESH__EXEC_CPU16)) && p->setup.precision == 1 ? 2 : 4;
     char derr[400];
     mesh_status dst = flags & MESH__EXEC_GUARD ? dev_open_guarded(&ex->dev, derr, sizeof derr)
                     : dev_open(ex->gpu ? MESH_DEVICE_CUDA : MESH_DEVICE_CPU, ex->gpu ? gpu : 0, &ex->dev, derr, sizeof derr);

@@ -72,7 +72,9 @@ enum {
     MESH__EXEC_NO_BUCKETS = 32u, /* tests: one collective per param, not per bucket (exec__bucketed) */
     MESH__EXEC_SLOW_QUEUE = 64u, /* tests: the communication queue waits 1 ms before each call, so that a
                                     missing wait for one reads stale data every time */
-    MESH__EXEC_NO_FUSE = 128u    /* tests: every matmul, bias add and GELU at its own node (find_fusions) */
+    MESH__EXEC_NO_FUSE = 128u,   /* tests: every matmul, bias add and GELU at its own node (find_fusions) */
+    MESH__EXEC_CPU16 = 256u      /* tests: a bf16 plan on the CPU in 2-byte storage, a GPU's layout
+                                    (kern_cpu16.c) */
 };
 mesh__exec *mesh__exec_create_flags(const plan *p, mesh_alloc_fn alloc, void *ud, unsigned flags, char *err,
                                     size_t n);

@@ -52,23 +52,6 @@ int exec__to_host(mesh__exec *ex, void *dst, const void *src, size_t bytes)
     return ex->gpu ? dev_failed(ex, "waiting for the device", dev_stream_sync(ex->dev, NULL)) : 0;
 }
 
-/* bf16 bits of x, rounded to nearest even (kcpu_bf16_round's number). */
-static uint16_t bf16_bits(float x)
-{
-    float r = kcpu_bf16_round(x);
-    uint32_t u;
-    memcpy(&u, &r, sizeof u);
-    return (uint16_t)(u >> 16);
-}
-
-static float bf16_value(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
 /* bf16 staging: on the stack for the per-step scalars (the loss, its
  * seed), else a buffer for the call (init, checkpoints, logits). */
 enum { STAGE_ON_STACK = 64 };
@@ -78,7 +61,7 @@ int exec__floats_to_dev(mesh__exec *ex, void *dst, const float *src, size_t n)
     if (ex->esize == 4) return exec__to_dev(ex, dst, src, n * sizeof *src);
     uint16_t stack[STAGE_ON_STACK] = {0}, *h = n <= STAGE_ON_STACK ? stack : malloc(n * sizeof *h);
     if (!h) return dev_failed(ex, "a copy to the device", MESH_ERR_NOMEM);
-    for (size_t i = 0; i < n; i++) h[i] = bf16_bits(src[i]);
+    kcpu_bf16_pack(h, src, n);
     int rc = exec__to_dev(ex, dst, h, n * sizeof *h);
     if (h != stack) free(h);
     return rc;
@@ -90,7 +73,7 @@ int exec__floats_to_host(mesh__exec *ex, float *dst, const void *src, size_t n)
     uint16_t stack[STAGE_ON_STACK] = {0}, *h = n <= STAGE_ON_STACK ? stack : malloc(n * sizeof *h);
     if (!h) return dev_failed(ex, "a copy from the device", MESH_ERR_NOMEM);
     int rc = exec__to_host(ex, h, src, n * sizeof *h);
-    for (size_t i = 0; rc == 0 && i < n; i++) dst[i] = bf16_value(h[i]);
+    if (rc == 0) kcpu_bf16_unpack(dst, h, n);
     if (h != stack) free(h);
     return rc;
 }
@@ -128,8 +111,8 @@ int exec__kern_failed(mesh__exec *ex, const char *what)
 
 void exec__round(const mesh__exec *ex, float *x, size_t n)
 {
-    /* (a GPU stores bf16 itself: nothing to emulate) */
-    if (ex->prec == KCPU_FP32 || !x || ex->gpu) return;
+    /* (2-byte storage, a GPU's, is bf16 itself: nothing to emulate) */
+    if (ex->prec == KCPU_FP32 || !x || ex->esize == 2) return;
     dev_guard(ex->dev, 1); /* a CPU kernel of its own */
     kcpu_round(x, n, ex->prec);
     dev_guard(ex->dev, 0);

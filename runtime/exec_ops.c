@@ -61,12 +61,13 @@ static moe_bufs moe_at(mesh__exec *ex, int id, int it)
     return m;
 }
 
-/* An all-to-all over the ep group of [P blocks of `per` 4-byte words]. */
-static int moe_exchange(mesh__exec *ex, const void *in, void *out, size_t per)
+/* An all-to-all over the ep group of [P blocks of `bytes` each] (the
+ * group's elements are the tensors' storage type, ex->esize bytes). */
+static int moe_exchange(mesh__exec *ex, const void *in, void *out, size_t bytes)
 {
     comm *c = ex->axis[3];
     size_t counts[64];
-    for (int q = 0; q < c->size; q++) counts[q] = per;
+    for (int q = 0; q < c->size; q++) counts[q] = bytes / (size_t)ex->esize;
     if (EXEC_COMM(ex, comm_all_to_all(c, in, counts, out, counts)) == 0) return 0;
     snprintf(ex->error, sizeof ex->error, "rank %d: the moe all-to-all over ep: %s", ex->rank, c->error);
     return -1;
@@ -84,6 +85,12 @@ static int moe_experts_forward(mesh__exec *ex, const ex_moe *g, const moe_bufs *
         K(moe_expert_forward, el(ex, m->ys, s * rows * D), el(ex, m->hg, s * rows * F), el(ex, m->hu, s * rows * F),
           el(ex, m->act, s * rows * F), el(ex, m->xr, s * rows * D), wg, wu, wd, m->cnt + s * g->El, g->El, g->g.C,
           g->g.D, g->F);
+    /* stored in the plan's precision (fp32 words on the CPU: rounded) */
+    size_t all = (size_t)g->P * rows;
+    exec__round(ex, m->ys, all * D);
+    exec__round(ex, m->hg, all * F);
+    exec__round(ex, m->hu, all * F);
+    exec__round(ex, m->act, all * F);
     return 0;
 }
 
@@ -91,10 +98,19 @@ static int moe_experts_backward(mesh__exec *ex, const ex_moe *g, const moe_bufs 
                                 const void *wg, const void *wu, const void *wd)
 {
     size_t rows = (size_t)g->El * (size_t)g->g.C, D = (size_t)g->g.D, F = (size_t)g->F;
-    for (int s = 0; s < g->P; s++)
+    size_t w = (size_t)g->El * D * F; /* each expert weight's elements on this rank */
+    for (int s = 0; s < g->P; s++) {
         K(moe_expert_backward, el(ex, m->dxr, s * rows * D), dwg, dwu, dwd, m->scratch, el(ex, m->dyr, s * rows * D),
           el(ex, m->hg, s * rows * F), el(ex, m->hu, s * rows * F), el(ex, m->act, s * rows * F),
           el(ex, m->xr, s * rows * D), wg, wu, wd, m->cnt + s * g->El, g->El, g->g.C, g->g.D, g->F);
+        /* each call's sums stored in the plan's precision, as a GPU stores
+         * them (with ep the experts' weight gradients are rounded once per
+         * source rank's rows) */
+        exec__round(ex, el(ex, m->dxr, s * rows * D), rows * D);
+        exec__round(ex, dwg, w);
+        exec__round(ex, dwu, w);
+        exec__round(ex, dwd, w);
+    }
     return 0;
 }
 
@@ -155,7 +171,7 @@ static int ce_shard_forward(mesh__exec *ex, float *out, float *aux, const float 
     /* a device failure stops the group rather than leave it waiting in the next exchange */
     if (EXEC_KERN(ex, crossentropy_shard_max, mx, tl, logits, targets, N, col0, W, V) != 0)
         return exec__kern_failed(ex, "crossentropy_shard_max"), comm_abort(c, ex->error), -1;
-    int rc = EXEC_COMM(ex, comm_all_gather(c, mx, all, n));
+    int rc = EXEC_COMM(ex, comm_all_gather(c, mx, all, n * sizeof(float) / (size_t)ex->esize)); /* fp32, as elements */
     if (rc == 0 && exec__to_host(ex, hall, all, tp * n * sizeof *hall) == 0) {
         for (size_t i = 0; i < n; i++) { /* the row's maximum over every shard, as the host's copy */
             float m = hall[i];
@@ -309,12 +325,12 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
     case G_MOE: {
         ex_moe *g = ex->moe[id];
         moe_bufs m = moe_at(ex, id, it);
-        size_t block = (size_t)g->El * (size_t)g->g.C * (size_t)g->g.D * (size_t)ex->esize / 4;
+        size_t block = (size_t)g->El * (size_t)g->g.C * (size_t)g->g.D * (size_t)ex->esize; /* bytes */
         float aux = 0.0f;
         K(moe_route_forward, m.route, &aux, IN(0), IN(1), &g->g);
         K(moe_dispatch_forward, m.xs, IN(0), m.route, &g->g);
-        if (g->P > 1) { /* the counts (ints: an all-to-all moves words, it sums nothing), then the rows */
-            if (moe_exchange(ex, ex->kern.v->moe_route_count(m.route, &g->g), m.cnt, (size_t)g->El) != 0 ||
+        if (g->P > 1) { /* the counts (ints: an all-to-all moves bytes, it sums nothing), then the rows */
+            if (moe_exchange(ex, ex->kern.v->moe_route_count(m.route, &g->g), m.cnt, (size_t)g->El * sizeof(int)) != 0 ||
                 moe_exchange(ex, m.xs, m.xr, block) != 0)
                 return -1;
         }
@@ -406,15 +422,17 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
     case G_MOE: {
         ex_moe *g = ex->moe[id];
         moe_bufs m = moe_at(ex, id, it);
-        size_t ecd = (size_t)g->g.E * (size_t)g->g.C * (size_t)g->g.D, block = ecd * (size_t)ex->esize / 4 / (size_t)g->P;
+        size_t ecd = (size_t)g->g.E * (size_t)g->g.C * (size_t)g->g.D, block = ecd * (size_t)ex->esize / (size_t)g->P;
         if (exec__fill(ex, m.dys, 0, ecd * (size_t)ex->esize) != 0 || exec__fill(ex, m.dxr, 0, ecd * (size_t)ex->esize) != 0 ||
             exec__fill(ex, m.dweight, 0, (size_t)g->g.N * (size_t)g->g.K * sizeof(float)) != 0)
             return -1;
         K(moe_combine_backward, m.dys, m.dweight, DOUT, m.yr, m.route, &g->g);
+        exec__round(ex, m.dys, ecd); /* stored in the plan's precision (fp32 words: rounded), as below */
         if (g->P > 1 && moe_exchange(ex, m.dys, m.dyr, block) != 0) return -1; /* to the experts' ranks */
         if (moe_experts_backward(ex, g, &m, DIN(2), DIN(3), DIN(4), IN(2), IN(3), IN(4)) != 0) return -1;
         if (g->P > 1 && moe_exchange(ex, m.dxr, m.dxs, block) != 0) return -1; /* back to the tokens' rank */
         K(moe_dispatch_backward, DIN(0), m.dxs, m.route, &g->g);
+        exec__round(ex, DIN(0), ex->cnumel[t->in[0]]);
         /* the load-balancing loss is part of the loss: its gradient scales
          * with the seed of the backward, as the cross-entropy's does. With
          * tp the gradients of x and the router are partial sums over the tp

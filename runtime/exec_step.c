@@ -71,16 +71,17 @@ static int tp_convert(mesh__exec *ex, const plan_step *st, int it, comm *c)
         L = (size_t)ld[d];
         Ll = L / (size_t)tp;
     }
-    size_t run = Ll * inner, chunk = outer * run, n = chunk * (size_t)tp;
-    float *pack = (size_t)ex->ms->comm >= n * sizeof *pack ? (float *)(void *)(ex->arena + ex->comm_at) : NULL;
+    size_t run = Ll * inner, chunk = outer * run, n = chunk * (size_t)tp, es = (size_t)ex->esize;
+    float *pack = (size_t)ex->ms->comm >= n * es ? (float *)(void *)(ex->arena + ex->comm_at) : NULL;
     int rc = 0;
+#define AT(p, k) exec__at(ex, (p), (k)) /* element k of p: the storage type's */
     switch (st->kind) {
     case STEP_REDUCE_SCATTER:
         if (pack) {
             for (int q = 0; q < tp; q++)
                 for (size_t o = 0; rc == 0 && o < outer; o++)
-                    rc = exec__dcopy(ex, pack + ((size_t)q * outer + o) * run, buf + (o * L + (size_t)q * Ll) * inner,
-                                     run * sizeof *buf);
+                    rc = exec__dcopy(ex, AT(pack, ((size_t)q * outer + o) * run), AT(buf, (o * L + (size_t)q * Ll) * inner),
+                                     run * es);
             if (rc == 0) rc = EXEC_COMM(ex, comm_reduce_scatter(c, pack, buf, chunk));
             break;
         }
@@ -88,21 +89,28 @@ static int tp_convert(mesh__exec *ex, const plan_step *st, int it, comm *c)
         /* fallthrough */
     case STEP_SLICE:
         for (size_t o = 0; rc == 0 && o < outer; o++)
-            rc = exec__dmove(ex, buf + o * run, buf + (o * L + (size_t)r * Ll) * inner, run * sizeof *buf);
+            rc = exec__dmove(ex, AT(buf, o * run), AT(buf, (o * L + (size_t)r * Ll) * inner), run * es);
         break;
     case STEP_ALL_GATHER:
         if (!pack) return comm_fail(c, "all-gather", "the communication buffer holds %lld bytes, not %zu",
-                                    (long long)ex->ms->comm, n * sizeof *pack);
+                                    (long long)ex->ms->comm, n * es);
         rc = EXEC_COMM(ex, comm_all_gather(c, buf, pack, chunk));
         for (int q = tp - 1; rc == 0 && q >= 0; q--)
             for (size_t o = outer; rc == 0 && o-- > 0;)
-                rc = exec__dcopy(ex, buf + (o * L + (size_t)q * Ll) * inner, pack + ((size_t)q * outer + o) * run,
-                                 run * sizeof *buf);
+                rc = exec__dcopy(ex, AT(buf, (o * L + (size_t)q * Ll) * inner), AT(pack, ((size_t)q * outer + o) * run),
+                                 run * es);
         break;
     default:
         return comm_fail(c, "convert", "not run yet");
     }
+#undef AT
     return rc;
+}
+
+/* The elements of tensor id's buffer (of the storage type). */
+static size_t buf_elems(const mesh__exec *ex, int id)
+{
+    return (size_t)exec__buf_of(ex, id)->bytes / (size_t)ex->esize;
 }
 
 comm *exec__step_comm(const mesh__exec *ex, const plan_step *st)
@@ -118,9 +126,9 @@ comm *exec__step_comm(const mesh__exec *ex, const plan_step *st)
  * (which a sum over the ranks then leaves whole). */
 static void zero_around_shard(mesh__exec *ex, float *w, size_t n, size_t sh, int rank)
 {
-    size_t lo = (size_t)rank * sh, hi = lo + sh < n ? lo + sh : n;
-    exec__fill(ex, w, 0, (lo < n ? lo : n) * sizeof *w);
-    if (hi < n) exec__fill(ex, w + hi, 0, (n - hi) * sizeof *w);
+    size_t lo = (size_t)rank * sh, hi = lo + sh < n ? lo + sh : n, es = (size_t)ex->esize;
+    exec__fill(ex, w, 0, (lo < n ? lo : n) * es);
+    if (hi < n) exec__fill(ex, exec__at(ex, w, hi), 0, (n - hi) * es);
 }
 
 int exec__bucketed(const mesh__exec *ex, int s)
@@ -160,7 +168,7 @@ int exec__bucket_call(mesh__exec *ex, int q, int r, int it, comm_async *queue)
         if (ex->copies[st->node] == 0) continue; /* not held on this stage */
         if (!queue && exec__overlap_issued(ex, st, it)) continue; /* run (and counted) during backward */
         if (ex->counting && st->kind < STEP_SLICE) ex->sent[st->kind][st->axis] += (double)st->elems * 4;
-        size_t n = (size_t)(exec__buf_of(ex, st->node)->bytes / 4);
+        size_t n = buf_elems(ex, st->node);
         float *x = kind == STEP_ALL_GATHER ? exec__vptr(ex, st->node, it) : exec__gptr(ex, st->node, it);
         if (kind != STEP_ALL_REDUCE && n % (size_t)c->size == 0) {
             even[a] = x, ne[a++] = n;
@@ -197,7 +205,7 @@ long exec__zreduce(mesh__exec *ex, const plan_step *st, int it, comm_async *queu
 {
     comm *c = exec__step_comm(ex, st);
     float *g = exec__gptr(ex, st->node, it);
-    size_t n = (size_t)(exec__buf_of(ex, st->node)->bytes / 4), part = n / (size_t)c->size;
+    size_t n = buf_elems(ex, st->node), part = n / (size_t)c->size;
     float *mine = exec__at(ex, g, (size_t)c->rank * part);
     if (queue) /* uneven shards: the whole sum, of which the rank uses its part */
         return n % (size_t)c->size == 0 ? comm_async_reduce_scatter(queue, g, mine, part) : comm_async_all_reduce(queue, g, n);
@@ -209,14 +217,15 @@ long exec__zgather(mesh__exec *ex, const plan_step *st, int it, int own, comm_as
 {
     comm *c = exec__step_comm(ex, st);
     float *w = exec__vptr(ex, st->node, it);
-    size_t n = (size_t)(exec__buf_of(ex, st->node)->bytes / 4), sh = ex->shard[st->node];
+    size_t n = buf_elems(ex, st->node), sh = ex->shard[st->node];
     size_t lo = (size_t)c->rank * sh, hi = lo + sh < n ? lo + sh : n;
-    if (own && hi > lo && exec__dcopy(ex, w + lo, exec__pshard(ex, st->node, it), (hi - lo) * sizeof *w) != 0) {
+    float *mine = exec__at(ex, w, lo);
+    if (own && hi > lo && exec__dcopy(ex, mine, exec__pshard(ex, st->node, it), (hi - lo) * (size_t)ex->esize) != 0) {
         snprintf(c->error, sizeof c->error, "%.300s", ex->error);
         return -1;
     }
     if (n % (size_t)c->size == 0)
-        return queue ? comm_async_all_gather(queue, w + lo, w, sh) : EXEC_COMM(ex, comm_all_gather(c, w + lo, w, sh));
+        return queue ? comm_async_all_gather(queue, mine, w, sh) : EXEC_COMM(ex, comm_all_gather(c, mine, w, sh));
     zero_around_shard(ex, w, n, sh, c->rank); /* uneven: a sum of the shards over zeros is the gather, exactly */
     return queue ? comm_async_all_reduce(queue, w, n) : EXEC_COMM(ex, comm_all_reduce(c, w, n));
 }
@@ -226,6 +235,7 @@ int exec__zshard_add(mesh__exec *ex, int id, int it)
     size_t lo, len;
     float *m, *v, *sh = exec__gshard(ex, id, it), *g = exec__gptr(ex, id, it);
     exec__shard_of(ex, id, it, &lo, &len, &m, &v);
+    exec__round(ex, exec__at(ex, g, lo), len); /* the reduced sum as stored (a GPU's bf16) */
     if (EXEC_KERN(ex, add_into, sh, exec__at(ex, g, lo), len) != 0) return exec__kern_failed(ex, "ZeRO's shard");
     exec__round(ex, sh, len);
     return 0;
@@ -245,7 +255,7 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
     if (!c) return 0; /* a group of one */
     int rc = -1;
     const char *what = "?";
-    size_t n = (size_t)(exec__buf_of(ex, st->node)->bytes / 4);
+    size_t n = buf_elems(ex, st->node);
     int zparam = nt->op == G_PARAM && (st->phase == PLAN_FORWARD || st->phase == PLAN_BACKWARD);
     int value = st->phase == PLAN_FORWARD || st->recompute; /* a value (a recomputed forward's too), else a gradient */
     if (st->axis == 1 && nt->op != G_PARAM &&
@@ -627,7 +637,8 @@ int exec__sum_doubles_dev(mesh__exec *ex, comm *c, double *x, int n, float *dscr
     float *mine = dscratch, *all = dscratch + (size_t)n * 2;
     size_t gathered = (size_t)c->size * (size_t)n * 2 * sizeof *all;
     if (exec__to_dev(ex, mine, x, (size_t)n * sizeof *x) != 0) return comm_abort(c, ex->error), -1;
-    int rc = EXEC_COMM(ex, comm_all_gather(c, mine, all, (size_t)n * 2));
+    /* the doubles as the group's elements (ex->esize bytes: bf16 ones with 2-byte storage) */
+    int rc = EXEC_COMM(ex, comm_all_gather(c, mine, all, (size_t)n * sizeof(double) / (size_t)ex->esize));
     if (rc != 0) {
         snprintf(ex->error, sizeof ex->error, "rank %d: an all-gather of sums: %s", ex->rank, c->error);
         return rc;
@@ -761,11 +772,13 @@ static int train_step(mesh__exec *ex, long long step, const int32_t *inputs, con
         scale = 1.0 / S;
         if (s->clip > 0 && s->clip / (norm + 1e-6) < 1.0) scale *= s->clip / (norm + 1e-6);
     }
-    for (int b = 0; (scale < 1.0 || S != 1.0) && isfinite(norm) && b < ex->n_gbufs; b++)
+    for (int b = 0; (scale < 1.0 || S != 1.0) && isfinite(norm) && b < ex->n_gbufs; b++) {
         if (EXEC_KERN(ex, scale, ex->gbufs[b], ex->gsizes[b], scale) != 0) {
             exec__kern_failed(ex, "clipping the gradient");
             return -2;
         }
+        exec__round(ex, ex->gbufs[b], ex->gsizes[b]); /* stored in the plan's precision, as a GPU stores it */
+    }
     double lr = mesh__exec_lr(ex->p, step);
     st->loss = loss;
     st->norm = norm;

@@ -149,9 +149,11 @@ struct kern {
 
 extern const kern_vtbl kern_cpu_vtbl;
 extern const kern_vtbl kern_cuda_vtbl; /* with CUDA=0, open fails: built without CUDA */
+extern const kern_vtbl kern_cpu16_vtbl; /* tests: the CPU kernels on bf16 storage (kern_cpu16.c) */
 
 /* k's table for device d (dev's name "cpu" or "cuda"), with bf16 storage
- * (a GPU only) or fp32: opened, 0; or -1 with the message in err[n].
+ * (on the CPU: kern_cpu16.c, the tests' stand-in for a GPU's layout) or
+ * fp32: opened, 0; or -1 with the message in err[n].
  * kern_close(k) frees what open made. */
 int kern_open(kern *k, dev *d, int bf16, char *err, size_t n);
 void kern_close(kern *k);

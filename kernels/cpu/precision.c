@@ -54,3 +54,15 @@ void kcpu_round(float *x, size_t n, kcpu_precision p)
     else if (p == KCPU_FP16)
         for (size_t i = 0; i < n; i++) x[i] = kcpu_fp16_round(x[i]);
 }
+
+void kcpu_bf16_pack(uint16_t *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = (uint16_t)(bits_of(kcpu_bf16_round(src[i])) >> 16);
+}
+
+void kcpu_bf16_unpack(float *dst, const uint16_t *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = float_of((uint32_t)src[i] << 16);
+}

@@ -20,7 +20,8 @@
 #             loss must be the CPU executor's within 1e-4 relative in fp32
 #             (moe 1e-3), 2e-2 in bf16 (gpt-tiny; moe 3e-2; the CPU rounds
 #             fp32 words where the GPU stores bf16). With 4 GPUs or more,
-#             gpt-tiny on dp 2 x tp 2 in fp32 too (NCCL between the GPUs).
+#             gpt-tiny on dp 2 x tp 2 in fp32 and bf16 too (NCCL between
+#             the GPUs).
 #  6. train_gpt2: GPT-2 124M (examples/gpt2.mesh on one GPU, bf16, T=1024,
 #             B=16 and 32; fp32 B=16) through meshrun --device cuda:
 #             tokens/s and MFU.
@@ -287,8 +288,9 @@ step_train_equiv() {
         --set train.global_batch=8 --set train.micro_batch=4 --set train.seq_len=64 --set train.precision=fp32
         --set train.zero=0 --set 'train.lr_schedule=cosine(warmup: 5, min_lr: 1e-4)'
         --set 'train.optimizer=adamw(lr: 3e-3)' --set train.steps=20 --set train.log_every=1)
-    # several GPUs (NCCL between them): gpt-tiny on dp 2 x tp 2 in fp32, ranks
-    # as threads of meshrun, one GPU each, against the same mesh on the CPU
+    # several GPUs (NCCL between them): gpt-tiny on dp 2 x tp 2 in fp32 and
+    # bf16, ranks as threads of meshrun, one GPU each, against the same mesh
+    # on the CPU
     local -a models=(gpt-tiny gpt-tiny-bf16 llama moe moe-bf16)
     local gpus
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
@@ -296,7 +298,7 @@ step_train_equiv() {
         echo "train_equiv: SKIP several GPUs: this machine has ${gpus:-0} (dp 2 x tp 2 needs 4)"
         detail+="several GPUs: skipped (${gpus:-0} GPU); "
     else
-        models+=(gpt-tiny-dp2tp2)
+        models+=(gpt-tiny-dp2tp2 gpt-tiny-dp2tp2-bf16)
     fi
     for m in "${models[@]}"; do
         local -a sets=("${tiny[@]}")
@@ -307,6 +309,8 @@ step_train_equiv() {
         [ "$m" = gpt-tiny-bf16 ] && sets+=(--set train.precision=bf16) && src=examples/gpt-tiny.mesh && tol=2e-2
         [ "$m" = gpt-tiny-dp2tp2 ] && src=examples/gpt-tiny.mesh &&
             sets+=(--set mesh.dp=2 --set mesh.tp=2 --set mesh.pp=1 --set train.precision=fp32)
+        [ "$m" = gpt-tiny-dp2tp2-bf16 ] && src=examples/gpt-tiny.mesh && tol=2e-2 &&
+            sets+=(--set mesh.dp=2 --set mesh.tp=2 --set mesh.pp=1 --set train.precision=bf16)
         if ! "$BUILD/meshc" -o "$d/$m.plan" "$src" "${sets[@]}" >"$d/$m.meshc" 2>&1; then
             cat "$d/$m.meshc"
             bad=1

@@ -8,6 +8,7 @@
  * only record.
  */
 #include <pthread.h> /* pthread_create */
+#include <stdint.h>  /* uint16_t, uintptr_t */
 #include <stdio.h>   /* snprintf */
 #include <stdlib.h>  /* calloc */
 #include <string.h>  /* strstr */
@@ -141,5 +142,82 @@ TEST_IMPL(comm_threads_async_queue)
         ASSERT_NOT_NULL(strstr(jobs[r].error, "over 3 ranks"));
         ASSERT_NOT_NULL(strstr(jobs[r].error, "rank 1 failed: rank 1 ran out of memory"));
         ASSERT_INT_LT((long)(jobs[r].seconds * 10), 20); /* well within the 30 s timeout */
+    }
+}
+
+/* ---- the checked communicator (comm_checked.c) ---- */
+
+/* Its "device memory": the job's own arrays. */
+typedef struct dev_mem {
+    uint16_t h[64];  /* bf16 elements */
+    float f[64];
+} dev_mem;
+
+static int in_dev(void *ud, const void *p, size_t bytes)
+{
+    uintptr_t b = (uintptr_t)ud, q = (uintptr_t)p;
+    return q >= b && bytes <= sizeof(dev_mem) && q - b <= sizeof(dev_mem) - bytes;
+}
+
+static uint16_t bf16_of(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (uint16_t)(u >> 16); /* exact for the small integers used */
+}
+
+static float float_of(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* A host buffer fails the call, naming it; device buffers go through: fp32
+ * sums, then bf16 elements: a sum rounded once, a gather of bytes, a
+ * reduce-scatter in place, an all-to-all; splits inherit both. */
+static int checked(rank_job *j, comm *c)
+{
+    dev_mem *d = calloc(1, sizeof *d);
+    float host[4] = {1, 2, 3, 4};
+    comm *k = d ? comm_checked_new(c, 0, in_dev, d) : NULL;
+    int bad = !k;
+    if (!bad && comm_all_reduce(k, host, 4) == 0) bad = 1; /* host memory: refused on every rank, before any sum */
+    if (!bad && !strstr(k->error, "host buffer")) bad = 2;
+    for (int i = 0; i < 4; i++) d->f[i] = (float)(c->rank + i);
+    if (!bad && (comm_all_reduce(k, d->f, 4) != 0 || d->f[1] != (float)(P * (P - 1) / 2 + P))) bad = 3;
+    /* bf16: x_r = 1 + r / 128 (exact in bf16); their fp32 sum 4 + 6 / 128 lies
+     * halfway between the bf16 numbers 4 + 1 / 32 and 4 + 2 / 32 (steps of
+     * 1 / 32 above 4): rounded once, to the even one, 4.0625 */
+    comm_checked_set_bf16(k, 1);
+    for (int i = 0; i < 8; i++) d->h[i] = bf16_of(1.0f + (float)c->rank / 128.0f);
+    if (!bad && comm_all_reduce(k, (float *)(void *)d->h, 8) != 0) bad = 4;
+    if (!bad && float_of(d->h[7]) != 4.0625f) bad = 5;
+    /* all-gather of 3 (odd) bf16 elements: the bytes */
+    for (int i = 0; i < 3; i++) d->h[i] = (uint16_t)(0x3f80 + c->rank * 3 + i);
+    if (!bad && comm_all_gather(k, (float *)(void *)d->h, (float *)(void *)(d->h + 8), 3) != 0) bad = 6;
+    for (int q = 0; !bad && q < P; q++)
+        for (int i = 0; i < 3; i++)
+            if (d->h[8 + 3 * q + i] != (uint16_t)(0x3f80 + q * 3 + i)) bad = 7;
+    comm *sub = NULL;
+    if (!bad && (comm_split(k, c->rank % 2, c->rank, &sub) != 0 || !sub)) bad = 8;
+    for (int i = 0; i < 2; i++) d->h[i] = bf16_of(1.0f);
+    if (!bad && (comm_all_reduce(sub, (float *)(void *)d->h, 2) != 0 || float_of(d->h[1]) != 2.0f)) bad = 9;
+    if (!bad && comm_all_reduce(sub, host, 1) == 0) bad = 10;
+    comm_free(sub);
+    comm_free(k);
+    free(d);
+    if (bad) snprintf(j->error, sizeof j->error, "check %d failed", bad);
+    return bad;
+}
+
+TEST_IMPL(comm_checked_refuses_host_buffers_and_moves_bf16)
+{
+    rank_job jobs[P];
+    run_world(P, 30, checked, jobs);
+    for (int r = 0; r < P; r++) {
+        if (jobs[r].rc != 0) fprintf(stderr, "# rank %d: %d %s\n", r, jobs[r].rc, jobs[r].error);
+        ASSERT_INT_EQ(jobs[r].rc, 0);
     }
 }

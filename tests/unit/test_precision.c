@@ -306,25 +306,25 @@ TEST_IMPL(precision_checkpoint_resumes_to_the_bit)
  * products sum in another order), and within 2e-2 in bf16 (the GPU's
  * 2-byte storage against the CPU's rounding); its params read back
  * (mesh_param_get's path) match. Without a GPU it prints one SKIP line; a
- * plan the GPU executor does not run (fp16, bf16 on several ranks) is
- * refused with the reason. */
+ * plan the GPU executor does not run (fp16) is refused with the reason. */
 TEST_IMPL(exec_cuda_trains_as_the_cpu)
 {
     char why[320], err[512];
     plan p;
     /* what the GPU executor takes, asked without a GPU */
     static const char *const refused[][3] = {{"train.precision=fp16", "mesh.dp=1", "fp16"},
-                                             {"train.precision=bf16", "mesh.dp=2", "bf16 on several GPUs"}};
+                                             {"train.precision=fp16", "mesh.dp=2", "fp16"}};
     for (int k = 0; k < 2; k++) {
         compile_with(&p, refused[k], 2);
         ASSERT_INT_EQ(mesh__exec_gpu_supported(&p, err, sizeof err), -1);
         if (!strstr(err, refused[k][2])) unit_fail(__FILE__, __LINE__, "%s: %s", refused[k][0], err);
         plan_free(&p);
     }
-    /* taken: bf16 on one GPU; fp32 on several (NCCL between them) */
+    /* taken: fp32 and bf16, on one GPU and on several (NCCL between them) */
     static const char *const taken[][2] = {{"train.precision=bf16", "mesh.dp=1"},
-                                           {"train.precision=fp32", "mesh.dp=2"}};
-    for (int k = 0; k < 2; k++) {
+                                           {"train.precision=fp32", "mesh.dp=2"},
+                                           {"train.precision=bf16", "mesh.dp=2"}};
+    for (int k = 0; k < 3; k++) {
         compile_with(&p, taken[k], 2);
         ASSERT_INT_EQ(mesh__exec_gpu_supported(&p, err, sizeof err), 0);
         plan_free(&p);
