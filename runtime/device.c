@@ -123,6 +123,7 @@ mesh_status dev_copy(dev *d, void *dst, const void *src, size_t bytes, dev_copy_
     if (!dst || !src) return dev_fail(d, MESH_ERR_INVALID_ARG, "copy of %zu bytes: NULL buffer", bytes);
     if (kind != DEV_HOST_TO_DEVICE && kind != DEV_DEVICE_TO_HOST && kind != DEV_DEVICE_TO_DEVICE)
         return dev_fail(d, MESH_ERR_INVALID_ARG, "copy of %zu bytes: kind %d is not a direction", bytes, (int)kind);
+    d->to_host += kind == DEV_DEVICE_TO_HOST;
     return d->v->copy(d, dst, src, bytes, kind, s);
 }
 

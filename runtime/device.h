@@ -90,6 +90,7 @@ struct dev {
     size_t planned;  /* bytes the plan predicts per rank (dev_set_planned; 0: unknown) */
     int fail_alloc;  /* test hook (cpu): every alloc fails as if the memory were full */
     void *impl;      /* the backend's own state (the guarded CPU device's buffers) */
+    long long to_host; /* device-to-host copies made (on a GPU each is a wait for the device) */
     char name[128];  /* "cpu", "cuda:0 (NVIDIA H200)": messages start with it */
     char error[512]; /* why the last call failed */
 };

@@ -528,6 +528,9 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, comm *d
      * ranks differ only in their data */
     ex->chain = (flags & MESH__EXEC_DETERMINISTIC) && ex->data && p->setup.zero == 0;
     find_fusions(ex, flags);
+    for (int id = 0; id < ex->n; id++)
+        for (int k = 0; k < p->tensors[id].n_in; k++) ex->loss_read |= p->tensors[id].in[k] == p->loss;
+    if (exec__loss_open(ex) != 0) goto oom;
     int shards = exec__optimizer_shards(ex);
     if (shards == -2) {
         set_err(err, errn, "rank %d: the optimizer's shards are not the memory plan's", rank);
@@ -561,6 +564,8 @@ fail:
 int mesh__exec_rank(const mesh__exec *ex) { return ex->rank; }
 
 int mesh__exec_fused(const mesh__exec *ex) { return ex->n_fused; }
+
+long long mesh__exec_host_reads(const mesh__exec *ex) { return ex->dev->to_host; }
 
 int mesh__exec_stage(const mesh__exec *ex) { return ex->stage; }
 
@@ -607,6 +612,7 @@ void mesh__exec_free(mesh__exec *ex)
         comm_free(ex->htied);
     }
     comm_free(ex->checked);
+    exec__loss_close(ex);
     if (!ex->host_arena) dev_free(ex->dev, ex->arena);
     else ex_free(ex, ex->arena);
     kern_close(&ex->kern);

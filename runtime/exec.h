@@ -176,6 +176,8 @@ int mesh__exec_rank(const mesh__exec *ex);
 /* The bias adds this rank runs in one kernel with their matmul (and GELU),
  * counted once per step of the plan (a layer stack's once). */
 int mesh__exec_fused(const mesh__exec *ex);
+/* Device-to-host copies this rank's device has made so far. */
+long long mesh__exec_host_reads(const mesh__exec *ex);
 int mesh__exec_stage(const mesh__exec *ex);
 
 /* The pipeline group of host buffers (NULL with pp = 1; its rank s is stage s), this

@@ -41,6 +41,15 @@ typedef struct ex_fuse {
     int into, gelu;
 } ex_fuse;
 
+/* One term of the loss: coef x the device float in slot `slot`, or coef
+ * itself (slot -1, a value the host has), or a micro-batch's end
+ * (EX_LOSS_END). */
+enum { EX_LOSS_SLOTS = 256, EX_LOSS_TERMS = 512, EX_LOSS_END = -2 };
+typedef struct ex_lterm {
+    int slot;
+    double coef;
+} ex_lterm;
+
 struct mesh__exec {
     const plan *p;
     /* where it trains: the arena is device memory (host memory on the CPU,
@@ -110,7 +119,12 @@ struct mesh__exec {
     ex_moe **moe;        /* per tensor: moe layers' geometry, NULL for others */
     ex_fuse *fuse;       /* per tensor: ops computed by one kernel (exec.c: find_fusions) */
     int n_fused;         /* the bias adds that run with their matmul */
-    double loss;         /* the last forward's loss, with moe's load-balancing losses */
+    /* the loss's terms, on the device until the step reads them (exec_loss.c) */
+    float *lslots;       /* [EX_LOSS_SLOTS + 1] device floats the kernels write */
+    int n_lslots, n_lterms;
+    ex_lterm lterms[EX_LOSS_TERMS];
+    double lacc, lcur;   /* the sum so far, and the current micro-batch's */
+    int loss_read;       /* the loss tensor's value is read by another op */
     int recomputing;     /* running forward steps again in a backward */
     int poison;          /* test hook: dead memory is filled with NaN (mesh__exec_set_poison) */
     long long adam_t;    /* AdamW steps taken */
@@ -315,6 +329,20 @@ int exec__step_parts(mesh__exec *ex);
 
 /* The sum over the group of x[0..n-1], in rank order, exactly (doubles
  * travel as bytes). */
+/* The loss's terms (exec_loss.c): open/close its device floats; begin a
+ * sum from start; a term's device float for a kernel to write (coef x
+ * its value; NULL if reading the earlier ones failed), a value the host
+ * has, a micro-batch's end; take: the sum, the device read once. dump: a
+ * device float for a value nobody adds (a recomputed forward's). */
+int exec__loss_open(mesh__exec *ex);
+void exec__loss_close(mesh__exec *ex);
+void exec__loss_begin(mesh__exec *ex, double start);
+float *exec__loss_term(mesh__exec *ex, double coef);
+float *exec__loss_dump(mesh__exec *ex);
+int exec__loss_value(mesh__exec *ex, double v);
+int exec__loss_micro_end(mesh__exec *ex);
+int exec__loss_take(mesh__exec *ex, double *total);
+
 /* The host twin of a group (itself when the groups are one). */
 comm *exec__host_comm(const mesh__exec *ex, comm *c);
 int exec__sum_doubles(mesh__exec *ex, comm *c, double *x, int n);

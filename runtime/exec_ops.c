@@ -241,7 +241,7 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
     const plan_tensor *a = t->n_in > 0 ? &ex->p->tensors[t->in[0]] : NULL;
     const plan_tensor *b = t->n_in > 1 ? &ex->p->tensors[t->in[1]] : NULL;
     size_t n = ex->numel[id];
-    float ce_mean = 0; /* a whole-vocabulary cross-entropy's mean loss, from its kernel */
+    float ce_mean = 0; /* a cross-entropy's mean loss on the host (the vocabulary-parallel one's) */
     int ce_read = 0;
     switch (t->op) {
     case G_EMBED: { /* a table split over tp holds its rank's rows of the vocabulary */
@@ -315,10 +315,18 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
         if (vocab_split(ex, t->in[0])) { /* vocabulary-parallel */
             if (ce_shard_forward(ex, OUT, aux, IN(0), I32(IN(1)), N, W, V, &ce_mean) != 0) return -1;
             ce_read = 1;
-        } else {
-            K(crossentropy_forward, &ce_mean, aux, aux + N, aux + 2 * N, IN(0), I32(IN(1)), N, V, W);
-            if (exec__floats_to_dev(ex, OUT, &ce_mean, 1) != 0) return -1;
-            ce_read = 1;
+        } else { /* the mean into the loss's terms (read with the step's), or a float of its own */
+            int term = id == ex->p->loss && !ex->recomputing;
+            float *mean = term ? exec__loss_term(ex, 1.0) : exec__loss_dump(ex);
+            if (!mean) return -1;
+            K(crossentropy_forward, mean, aux, aux + N, aux + 2 * N, IN(0), I32(IN(1)), N, V, W);
+            if (ex->esize == 4) { /* the tensor's value too, on the device */
+                if (exec__dcopy(ex, OUT, mean, sizeof *mean) != 0) return -1;
+            } else if (!term || ex->loss_read) { /* a 2-byte value that something reads: through the host */
+                if (exec__floats_to_host(ex, &ce_mean, mean, 1) != 0 || exec__floats_to_dev(ex, OUT, &ce_mean, 1) != 0)
+                    return -1;
+            }
+            if (term) return 0;
         }
         break;
     }
@@ -326,8 +334,9 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
         ex_moe *g = ex->moe[id];
         moe_bufs m = moe_at(ex, id, it);
         size_t block = (size_t)g->El * (size_t)g->g.C * (size_t)g->g.D * (size_t)ex->esize; /* bytes */
-        float aux = 0.0f;
-        K(moe_route_forward, m.route, &aux, IN(0), IN(1), &g->g);
+        float *aux = ex->recomputing ? exec__loss_dump(ex) : exec__loss_term(ex, t->aux_loss); /* on the device */
+        if (!aux) return -1;
+        K(moe_route_forward, m.route, aux, IN(0), IN(1), &g->g);
         K(moe_dispatch_forward, m.xs, IN(0), m.route, &g->g);
         if (g->P > 1) { /* the counts (ints: an all-to-all moves bytes, it sums nothing), then the rows */
             if (moe_exchange(ex, ex->kern.v->moe_route_count(m.route, &g->g), m.cnt, (size_t)g->El * sizeof(int)) != 0 ||
@@ -337,16 +346,15 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
         if (moe_experts_forward(ex, g, &m, IN(2), IN(3), IN(4)) != 0) return -1;
         if (g->P > 1 && moe_exchange(ex, m.ys, m.yr, block) != 0) return -1; /* the outputs back */
         K(moe_combine_forward, OUT, m.yr, m.route, &g->g);
-        if (!ex->recomputing) ex->loss += t->aux_loss * (double)aux;
         break;
     }
     default: /* inputs and params are filled elsewhere; others refused at create */
         break;
     }
-    if (id == ex->p->loss && !ex->recomputing) { /* the kernel's fp32 mean, else the tensor's value */
+    if (id == ex->p->loss && !ex->recomputing) { /* the host's mean, else the tensor's value */
         float loss = ce_mean;
         if (!ce_read && exec__floats_to_host(ex, &loss, OUT, 1) != 0) return -1;
-        ex->loss += loss;
+        if (exec__loss_value(ex, loss) != 0) return -1;
     }
     return 0;
 }

@@ -515,9 +515,10 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
 
 size_t mesh__exec_batch_tokens(const mesh__exec *ex) { return ex->numel[ex->tokens_in]; }
 
-/* Forward of one micro-batch in the current slot: its loss in *loss;
- * -1 if a collective failed (ex->error). */
-static int forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets, double *loss)
+/* Forward of one micro-batch in the current slot: its loss's terms added
+ * to the sum begun (exec__loss_begin); -1 if a collective failed
+ * (ex->error). */
+static int forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
 {
     if (ex->poison)
         exec__fill(ex, ex->arena + ex->slots_at + ex->slot * ex->ms->slot_bytes, 0xff, (size_t)ex->ms->slot_bytes);
@@ -526,9 +527,8 @@ static int forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets
     if (part_here(ex, ex->tokens_in)) exec__to_dev(ex, exec__vptr(ex, ex->tokens_in, 0), inputs, n * sizeof *inputs);
     if (part_here(ex, ex->targets_in))
         exec__to_dev(ex, exec__vptr(ex, ex->targets_in, 0), targets, n * sizeof *targets);
-    ex->loss = 0;
     int rc = run_phase(ex, PLAN_FORWARD);
-    *loss = ex->loss;
+    if (rc == 0) rc = exec__loss_micro_end(ex);
     return rc == 0 && !ex->dev_failed ? 0 : -1;
 }
 
@@ -541,14 +541,14 @@ double mesh__exec_loss(mesh__exec *ex, const int32_t *inputs, const int32_t *tar
 int mesh__exec_forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets, double *loss)
 {
     ex->slot = 0;
-    double l = 0;
     *loss = 0;
+    exec__loss_begin(ex, 0);
     for (int c = ex->stage; c < ex->chunks; c += (int)ex->p->pp) { /* the stage's chunks, in order */
         exec__set_chunk(ex, c);
-        if (forward(ex, inputs, targets, &l) != 0) return -2;
-        *loss += l;
+        if (forward(ex, inputs, targets) != 0) return -2;
     }
     exec__set_chunk(ex, ex->stage);
+    if (exec__loss_take(ex, loss) != 0) return -2;
     /* the last chunk has the loss: every stage gets it */
     return exec__sum_doubles(ex, ex->axis[2], loss, 1) == 0 ? 0 : -2;
 }
@@ -566,7 +566,9 @@ double mesh__exec_grad(mesh__exec *ex, const int32_t *inputs, const int32_t *tar
     ex->loss_scale = 1.0;
     ex->slot = 0;
     double loss;
-    if (forward(ex, inputs, targets, &loss) != 0 || run_phase(ex, PLAN_BACKWARD) != 0) loss = NAN;
+    exec__loss_begin(ex, 0);
+    if (forward(ex, inputs, targets) != 0 || run_phase(ex, PLAN_BACKWARD) != 0 || exec__loss_take(ex, &loss) != 0)
+        loss = NAN;
     ex->dloss = saved;
     ex->loss_scale = scale;
     return loss;
@@ -590,6 +592,7 @@ static int run_units(mesh__exec *ex, const int32_t *inputs, const int32_t *targe
 {
     const plan_stage *g = &ex->p->stages[ex->stage];
     size_t bt = mesh__exec_batch_tokens(ex);
+    exec__loss_begin(ex, *loss); /* the terms read from the device once, at the end */
     for (int u = 0; u < g->n_units; u++) {
         const sched_unit *un = &g->units[u];
         int unit = un->micro * ex->chunks + un->chunk;
@@ -599,9 +602,7 @@ static int run_units(mesh__exec *ex, const int32_t *inputs, const int32_t *targe
             while (ex->slot_busy[s]) s++; /* the memory plan has a slot for every unit in flight */
             ex->slot_busy[s] = 1;
             ex->slot_of[unit] = ex->slot = s;
-            double l;
-            if (forward(ex, inputs + (size_t)un->micro * bt, targets + (size_t)un->micro * bt, &l) != 0) return -1;
-            *loss += l;
+            if (forward(ex, inputs + (size_t)un->micro * bt, targets + (size_t)un->micro * bt) != 0) return -1;
         } else if (un->op == SCHED_BWD) {
             ex->slot = ex->slot_of[unit];
             /* the chunk's last backward this step: its gradients finish (exec_overlap.c) */
@@ -614,7 +615,7 @@ static int run_units(mesh__exec *ex, const int32_t *inputs, const int32_t *targe
             ex->slot_busy[ex->slot] = 0;
         }
     }
-    return 0;
+    return exec__loss_take(ex, loss);
 }
 
 /* x[k] <- the sum over the group's ranks q, in rank order, of the double

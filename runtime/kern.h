@@ -9,9 +9,8 @@
  *     reference; every call is finished when it returns.
  *   - "cuda" (kern_cuda.c, built with make CUDA=1): the CUDA kernels
  *     (kernels/cuda, kcuda.h) on the device's stream, with fp32 or bf16
- *     storage (kern.bf16); calls are asynchronous, and a call that returns
- *     a number to the host (sum_squares, crossentropy's mean loss) waits
- *     for the stream.
+ *     storage (kern.bf16); calls are asynchronous, and the one that
+ *     returns numbers to the host (sum_squares) waits for the stream.
  * With CUDA=0 the cuda table's open says libmesh was built without it.
  *
  * Tensors are device pointers (host pointers on the CPU) to fp32 elements,
@@ -90,7 +89,7 @@ typedef struct kern_vtbl {
     int (*swiglu_backward)(kern *k, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
                            size_t n);
     /* the whole vocabulary's rows (Vp columns, V real): losses, rowmax,
-     * lse [N] each (fp32, on the device), and the mean loss to the host */
+     * lse [N] each, and the mean loss (one float): fp32, on the device */
     int (*crossentropy_forward)(kern *k, float *mean, float *losses, float *rowmax, float *lse,
                                 const void *logits, const int32_t *targets, int N, int V, int Vp);
     /* the vocabulary-parallel pieces: each row's maximum and target logit
@@ -103,7 +102,8 @@ typedef struct kern_vtbl {
     int (*crossentropy_shard_backward)(kern *k, void *dlogits, const void *logits, const int32_t *targets,
                                        const float *rowmax, const float *lse, float dloss, int N, int col0, int W,
                                        int V);
-    /* ss[b] = the sum of squares of bufs[b][0..n[b]), in double, to the host */
+    /* ss[b] = the sum of squares of bufs[b][0..n[b]), in double, to the host
+     * (the one call that waits for the device) */
     int (*sum_squares)(kern *k, double *ss, void *const *bufs, const size_t *n, int nbufs);
     int (*scale)(kern *k, void *buf, size_t n, double scale); /* buf *= scale, the product in double */
     /* params (fp32) updated; params_lp (may be NULL; the GPU's bf16 weights)
@@ -117,7 +117,8 @@ typedef struct kern_vtbl {
      * moe_route_count points at its [E] kept counts (no memory is
      * touched). Routing, dweight and scratch are fp32; x, the router and
      * the experts' buffers are the tensors' storage type. route_forward
-     * returns the aux loss (without its coefficient) to the host. */
+     * writes the aux loss (without its coefficient) to *aux, one fp32
+     * float on the device. */
     size_t (*moe_route_bytes)(int N, int E, int K, int C);
     int *(*moe_route_count)(void *route, const kern_moe_dims *g);
     int (*moe_route_forward)(kern *k, void *route, float *aux, const void *x, const void *router,

@@ -1,7 +1,7 @@
 /* kern_cuda.c — the executor's kernels on a CUDA GPU (kern.h): the CUDA
  * kernels (kernels/cuda, kcuda.h) in fp32 or bf16, on the kern's stream, with one
- * cuBLASLt context and a little device scratch for the numbers that go
- * back to the host (the mean loss, sums of squares). Built for real with
+ * cuBLASLt context and a little device scratch (sums of squares on their
+ * way to the host, moe's fp32 copies of bf16 tensors). Built for real with
  * make CUDA=1 (MESH_CUDA=1); otherwise open says libmesh has no CUDA.
  */
 #include "kern.h"
@@ -22,7 +22,6 @@ typedef struct cuda_kern {
     kcuda_ctx *ctx;
     double *dss;   /* device: sum_squares' results */
     int dss_cap;
-    float *dmean;  /* device: the cross-entropy's mean loss */
     float *tmp;    /* device: fp32 copies for moe's routing of bf16 tensors */
     size_t tmp_cap; /* its floats */
 } cuda_kern;
@@ -54,14 +53,11 @@ static int cuda_open(kern *k)
         return -1;
     }
     k->impl = c;
-    void *p = NULL;
-    if (check(k, "kcuda_ctx_create", kcuda_ctx_create(&c->ctx)) != 0 ||
-        from_dev(k, "the loss's scratch", dev_alloc(k->d, &p, sizeof(double)))) {
+    if (check(k, "kcuda_ctx_create", kcuda_ctx_create(&c->ctx)) != 0) {
         free(c);
         k->impl = NULL;
         return -1;
     }
-    c->dmean = p;
     return 0;
 }
 
@@ -70,7 +66,6 @@ static void cuda_close(kern *k)
     cuda_kern *c = k->impl;
     if (!c) return;
     dev_free(k->d, c->dss);
-    dev_free(k->d, c->dmean);
     dev_free(k->d, c->tmp);
     kcuda_ctx_free(c->ctx);
     free(c);
@@ -235,18 +230,10 @@ static int swiglu_backward(kern *k, void *dgate, void *dup, const void *dout, co
     KC(kcuda_swiglu_backward, dgate, dup, dout, gate, up, n, DT(k), k->stream);
 }
 
-/* The mean loss comes back to the host: the stream is waited for. */
 static int crossentropy_forward(kern *k, float *mean, float *losses, float *rowmax, float *lse, const void *logits,
                                 const int32_t *targets, int N, int V, int Vp)
 {
-    cuda_kern *c = k->impl;
-    if (check(k, "kcuda_crossentropy_forward", kcuda_crossentropy_forward(losses, rowmax, lse, c->dmean, logits,
-                                                                          targets, N, V, Vp, DT(k), k->stream)))
-        return -1;
-    if (from_dev(k, "the mean loss", dev_copy(k->d, mean, c->dmean, sizeof *mean, DEV_DEVICE_TO_HOST,
-                                              (dev_stream *)k->stream)))
-        return -1;
-    return from_dev(k, "the mean loss", dev_stream_sync(k->d, (dev_stream *)k->stream));
+    KC(kcuda_crossentropy_forward, losses, rowmax, lse, mean, logits, targets, N, V, Vp, DT(k), k->stream);
 }
 
 static int crossentropy_shard_max(kern *k, float *rowmax, float *target_logit, const void *logits,
@@ -364,18 +351,17 @@ static int moe_fp32_inputs(kern *k, const float **xf, const float **rf, const vo
     return 0;
 }
 
-/* The aux loss comes back to the host: the stream is waited for. */
+/* The aux loss copied on the device, where the caller wants it. */
 static int moe_route_forward(kern *k, void *route, float *aux, const void *x, const void *router,
                              const kern_moe_dims *g)
 {
     kcuda_moe_route r = moe_bind(route, g);
     const float *xf, *rf;
-    dev_stream *s = (dev_stream *)k->stream;
     if (moe_fp32_inputs(k, &xf, &rf, x, router, g, 0) ||
-        check(k, "kcuda_moe_route_forward", kcuda_moe_route_forward(CTX(k), &r, xf, rf, g->D, k->stream)) ||
-        from_dev(k, "moe's aux loss", dev_copy(k->d, aux, r.aux, sizeof *aux, DEV_DEVICE_TO_HOST, s)))
+        check(k, "kcuda_moe_route_forward", kcuda_moe_route_forward(CTX(k), &r, xf, rf, g->D, k->stream)))
         return -1;
-    return from_dev(k, "moe's aux loss", dev_stream_sync(k->d, s));
+    return from_dev(k, "moe's aux loss",
+                    dev_copy(k->d, aux, r.aux, sizeof *aux, DEV_DEVICE_TO_DEVICE, (dev_stream *)k->stream));
 }
 
 /* With bf16, dx and drouter are summed in fp32 scratch (after x's and

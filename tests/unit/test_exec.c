@@ -327,6 +327,42 @@ TEST_IMPL(exec_guarded_arena_only_through_copies_and_kernels)
     }
 }
 
+/* The loss's terms (the cross-entropy's mean, moe's load-balancing
+ * losses) stay on the device until the step reads them, once
+ * (exec_loss.c): on the guarded device a training step of 2 micro-batches
+ * copies from the device to the host once, GPT's and moe's (2 moe layers
+ * on each), and an evaluation once; the losses are the plain run's. */
+TEST_IMPL(exec_loss_read_once_a_step)
+{
+    static const char *const sets[] = {"train.seed=7", "train.precision=fp32"};
+    const char *srcs[] = {tiny_src, moe_src};
+    for (int v = 0; v < 2; v++) {
+        plan p;
+        compile_plan_with(&p, srcs[v], sets, 2);
+        char err[512];
+        mesh__exec *plain = mesh__exec_create(&p, NULL, NULL, err, sizeof err);
+        mesh__exec *guarded = mesh__exec_create_flags(&p, NULL, NULL, MESH__EXEC_GUARD, err, sizeof err);
+        if (!plain || !guarded) unit_fail(__FILE__, __LINE__, "%s", err);
+        int32_t in[32], tg[32];
+        for (int step = 1; step <= 3; step++) {
+            batch(in, tg, 16, step);
+            batch(in + 16, tg + 16, 16, step + 5);
+            mesh__step_stats a, b;
+            long long before = mesh__exec_host_reads(guarded);
+            ASSERT_INT_EQ(mesh__exec_train_step(plain, step, in, tg, &a), 0);
+            ASSERT_INT_EQ(mesh__exec_train_step(guarded, step, in, tg, &b), 0);
+            ASSERT_INT_EQ(mesh__exec_host_reads(guarded) - before, 1);
+            ASSERT_INT_EQ(a.loss == b.loss, 1);
+        }
+        long long before = mesh__exec_host_reads(guarded);
+        ASSERT_INT_EQ(mesh__exec_loss(plain, in, tg) == mesh__exec_loss(guarded, in, tg), 1);
+        ASSERT_INT_EQ(mesh__exec_host_reads(guarded) - before, 1);
+        mesh__exec_free(plain);
+        mesh__exec_free(guarded);
+        plan_free(&p);
+    }
+}
+
 /* A bf16 plan in a GPU's layout on the CPU (MESH__EXEC_CPU16: 2-byte
  * activations, weights and gradients, fp32 masters, the plan's own memory
  * plan; kern_cpu16.c), on the guarded device: every op's results rounded
