@@ -60,6 +60,11 @@ static float *widen(kern *k, const void *t, size_t n, int back)
 {
     c16 *c = self(k);
     if (!t || c->failed) return NULL;
+    for (int j = 0; j < c->used; j++) /* a tensor passed twice (x + x's gradients): one copy, as one memory */
+        if (c->t[j] == t && c->n[j] == n) {
+            c->back[j] |= back;
+            return c->f[j];
+        }
     int i = c->used;
     if (i == SLOTS) {
         c->failed = 1;

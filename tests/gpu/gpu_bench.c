@@ -5,6 +5,8 @@
  *  - GEMM, bf16 (fp32 accumulation): kcuda_matmul_forward next to a raw
  *    cublasLtMatmul (its heuristic's first algorithm, chosen once) and
  *    cublasGemmEx, on 4096^3 and GPT-2 124M's shapes (B*T = 8192 rows);
+ *  - a linear layer's bias and GELU (GPT-2's fc): in cuBLASLt's epilogue,
+ *    as the executor fuses them, next to a product and two kernels after;
  *  - causal attention, bf16, B=8 T=1024 H=12 d=64: forward and backward
  *    TFLOP/s, counted as FlashAttention does (4 B H T^2 d / 2 forward,
  *    2.5 times that backward; our backward does 3.5 times that work,
@@ -301,6 +303,60 @@ static void bench_gemm(void)
     cublasDestroy(g.blas);
 }
 
+/* ---- a linear layer's bias and GELU: in the epilogue, or kernels after --- */
+
+typedef struct epi_arg {
+    int M, K, N;
+    void *x, *w, *bias, *pre, *y;
+} epi_arg;
+
+/* what the executor runs for matmul -> bias add -> gelu (find_fusions) */
+static void run_epi_fused(void *p)
+{
+    epi_arg *e = p;
+    kc(kcuda_matmul_forward(ctx, e->y, e->pre, e->x, e->w, e->bias, e->M, e->K,
+                            e->N, KCUDA_EPI_GELU, KCUDA_BF16, NULL),
+       "kcuda_matmul_forward (GELU epilogue)");
+}
+
+/* and each op at its own node */
+static void run_epi_apart(void *p)
+{
+    epi_arg *e = p;
+    kc(kcuda_matmul_forward(ctx, e->y, NULL, e->x, e->w, NULL, e->M, e->K,
+                            e->N, KCUDA_EPI_NONE, KCUDA_BF16, NULL),
+       "kcuda_matmul_forward");
+    kc(kcuda_add_broadcast_forward(e->pre, e->y, e->bias, e->M, 1, e->N,
+                                   KCUDA_BF16, NULL),
+       "kcuda_add_broadcast_forward");
+    kc(kcuda_gelu_forward(e->y, e->pre, (size_t)e->M * e->N, KCUDA_BF16,
+                          NULL),
+       "kcuda_gelu_forward");
+}
+
+static void bench_epilogue(void)
+{
+    epi_arg e = {8192, 768, 3072, NULL, NULL, NULL, NULL, NULL};
+    size_t mn = (size_t)e.M * e.N;
+    e.x = drand((size_t)e.M * e.K, 1.0f, KCUDA_BF16);
+    e.w = drand((size_t)e.K * e.N, 1.0f, KCUDA_BF16);
+    e.bias = drand((size_t)e.N, 1.0f, KCUDA_BF16);
+    e.pre = dalloc(mn * 2);
+    e.y = dalloc(mn * 2);
+    double tf = time_ms(run_epi_fused, &e, 50), ta = time_ms(run_epi_apart, &e, 50);
+    printf("\n%-36s %10s %10s %10s\n", "linear + bias + GELU, bf16 (ms)", "epilogue",
+           "3 kernels", "ratio");
+    printf("%-36s %10.3f %10.3f %10.2f\n", "gpt2 fc 8192x768x3072", tf, ta,
+           tf / ta);
+    jcat("\"epilogue\":{\"name\":\"gpt2 fc 8192x768x3072\",\"fused_ms\":%.4f,"
+         "\"apart_ms\":%.4f},", tf, ta);
+    cudaFree(e.x);
+    cudaFree(e.w);
+    cudaFree(e.bias);
+    cudaFree(e.pre);
+    cudaFree(e.y);
+}
+
 /* ---- attention -------------------------------------------------------------- */
 
 typedef struct attn_arg {
@@ -546,6 +602,7 @@ int main(int argc, char **argv)
            (double)prop.totalGlobalMem / (1u << 30));
     jcat("{\"device\":\"%s\",\"sms\":%d,", prop.name, prop.multiProcessorCount);
     bench_gemm();
+    bench_epilogue();
     bench_attention();
     bench_memory();
     jcat("}");
