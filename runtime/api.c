@@ -229,7 +229,8 @@ mesh_status mesh__context_create(const mesh_plan *mp, int rank, comm *world, mes
         return mesh__fail(MESH_ERR_UNSUPPORTED, "%s", why);
     }
     int gpu = 0;
-    if (ctx->device == MESH_DEVICE_CUDA && world && world->size > 1 && join_gpus(ctx, world, &gpu, err, sizeof err) != 0) {
+    if (ctx->device == MESH_DEVICE_CUDA && world && world->size > 1 &&
+        join_gpus(ctx, world, &gpu, err, sizeof err) != 0) {
         free(ctx);
         return mesh__fail(MESH_ERR_UNSUPPORTED, "%s", err);
     }

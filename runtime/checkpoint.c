@@ -259,7 +259,8 @@ static int saved_by_rank0(mesh__exec *ex, int rc, char *err, size_t errn)
         set_err(err, errn, "waiting for rank 0 to write the checkpoint: %s", w->error);
         return -2;
     }
-    if (mesh__exec_rank(ex) != 0 && st != 0) set_err(err, errn, "rank 0 could not write the checkpoint (its message says why)");
+    if (mesh__exec_rank(ex) != 0 && st != 0)
+        set_err(err, errn, "rank 0 could not write the checkpoint (its message says why)");
     return rc != 0 ? rc : st != 0 ? -1 : 0;
 }
 

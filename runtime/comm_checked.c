@@ -125,10 +125,12 @@ static int c_all_to_all(comm *c, const float *in, const size_t *send, float *out
     float *t = staging(c, "all-to-all", ts + tr);
     if (!t) return -1;
     size_t at = 0, fat = 0;
-    for (int q = 0; q < c->size; at += send[q], fat += ws[q], q++) memcpy(t + fat, (const char *)in + 2 * at, 2 * send[q]);
+    for (int q = 0; q < c->size; at += send[q], fat += ws[q], q++)
+        memcpy(t + fat, (const char *)in + 2 * at, 2 * send[q]);
     if (done(c, comm_all_to_all(self(c)->in, t, ws, t + ts, wr)) != 0) return -1;
     at = fat = 0;
-    for (int q = 0; q < c->size; at += recv[q], fat += wr[q], q++) memcpy((char *)out + 2 * at, t + ts + fat, 2 * recv[q]);
+    for (int q = 0; q < c->size; at += recv[q], fat += wr[q], q++)
+        memcpy((char *)out + 2 * at, t + ts + fat, 2 * recv[q]);
     return 0;
 }
 

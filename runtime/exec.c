@@ -445,7 +445,8 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, comm *d
     ex->moe = exec__host_calloc(ex, (size_t)n, sizeof *ex->moe);
     ex->slot_of = exec__host_calloc(ex, (size_t)(p->m > 0 ? p->m : 1) * (size_t)(p->pp * p->v), sizeof *ex->slot_of);
     ex->slot_busy = exec__host_calloc(ex, (size_t)slots, 1);
-    if (!ex->numel || !ex->cnumel || !ex->copies || !ex->ld || !ex->iters || !ex->zero_by || !ex->fuse || !ex->params || !ex->names || !ex->moe || !ex->slot_of ||
+    if (!ex->numel || !ex->cnumel || !ex->copies || !ex->ld || !ex->iters || !ex->zero_by || !ex->fuse ||
+        !ex->params || !ex->names || !ex->moe || !ex->slot_of ||
         !ex->slot_busy)
         goto oom;
     find_zero_by(ex);

@@ -39,7 +39,7 @@ typedef struct moe_bufs {
 static moe_bufs moe_at(mesh__exec *ex, int id, int it)
 {
     ex_moe *g = ex->moe[id];
-    size_t ecd = (size_t)g->g.E * (size_t)g->g.C * (size_t)g->g.D * 4, ecf = (size_t)g->g.E * (size_t)g->g.C * (size_t)g->F * 4;
+    size_t ec = (size_t)g->g.E * (size_t)g->g.C, ecd = ec * (size_t)g->g.D * 4, ecf = ec * (size_t)g->F * 4; /* bytes */
     unsigned char *aux = (unsigned char *)exec__aux_ptr(ex, id, it);
     int ep = g->P > 1;
     moe_bufs m;
@@ -339,7 +339,8 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
         K(moe_route_forward, m.route, aux, IN(0), IN(1), &g->g);
         K(moe_dispatch_forward, m.xs, IN(0), m.route, &g->g);
         if (g->P > 1) { /* the counts (ints: an all-to-all moves bytes, it sums nothing), then the rows */
-            if (moe_exchange(ex, ex->kern.v->moe_route_count(m.route, &g->g), m.cnt, (size_t)g->El * sizeof(int)) != 0 ||
+            int *kept = ex->kern.v->moe_route_count(m.route, &g->g);
+            if (moe_exchange(ex, kept, m.cnt, (size_t)g->El * sizeof(int)) != 0 ||
                 moe_exchange(ex, m.xs, m.xr, block) != 0)
                 return -1;
         }
@@ -431,7 +432,8 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
         ex_moe *g = ex->moe[id];
         moe_bufs m = moe_at(ex, id, it);
         size_t ecd = (size_t)g->g.E * (size_t)g->g.C * (size_t)g->g.D, block = ecd * (size_t)ex->esize / (size_t)g->P;
-        if (exec__fill(ex, m.dys, 0, ecd * (size_t)ex->esize) != 0 || exec__fill(ex, m.dxr, 0, ecd * (size_t)ex->esize) != 0 ||
+        size_t bytes = ecd * (size_t)ex->esize;
+        if (exec__fill(ex, m.dys, 0, bytes) != 0 || exec__fill(ex, m.dxr, 0, bytes) != 0 ||
             exec__fill(ex, m.dweight, 0, (size_t)g->g.N * (size_t)g->g.K * sizeof(float)) != 0)
             return -1;
         K(moe_combine_backward, m.dys, m.dweight, DOUT, m.yr, m.route, &g->g);
