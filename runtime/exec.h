@@ -94,8 +94,8 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, comm *d
  * check mesh__exec_create makes before anything else). */
 int mesh__exec_supported(const plan *p, char *err, size_t n);
 
-/* The same for training on a GPU (MESH__EXEC_CUDA): so far one rank, fp32
- * or bf16, no moe layer. */
+/* The same for training on a GPU (MESH__EXEC_CUDA): fp32 or bf16 (not fp16),
+ * a rank per GPU. */
 int mesh__exec_gpu_supported(const plan *p, char *err, size_t n);
 
 /* Which part of each global batch this rank reads: data_rank of
