@@ -197,8 +197,9 @@ static int join_gpus(mesh_context *ctx, comm *world, int *gpu, char *err, size_t
     int local = threads ? ctx->rank : mesh__job_local_rank();
     *gpu = (local >= 0 ? local : ctx->rank) % (count > 0 ? count : 1);
     ctx->nccl = comm_nccl_world_mpi(world, *gpu, 0, err, n);
-    /* a bf16 plan's tensors are 2-byte on the GPU: so are its collectives' elements */
-    if (ctx->nccl && ctx->plan->p.setup.precision == 1) comm_nccl_set_bf16(ctx->nccl, 1);
+    /* a bf16 or fp16 plan's tensors are 2-byte on the GPU: so are its collectives' elements */
+    int prec = ctx->plan->p.setup.precision;
+    if (ctx->nccl && prec != 0) comm_nccl_set_elements(ctx->nccl, prec == 1 ? COMM_BF16 : COMM_F16);
     if (ctx->nccl) return 0;
     comm_abort(world, err);
     return -1;

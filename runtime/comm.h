@@ -31,6 +31,10 @@
 
 typedef struct comm comm;
 
+/* The float elements a communicator's calls count: fp32 (every backend),
+ * or 2-byte bf16 or fp16 (NCCL's and the checked one's, when set). */
+enum { COMM_F32 = 0, COMM_BF16 = 1, COMM_F16 = 2 };
+
 typedef struct comm_vtbl {
     const char *name; /* "threads", "mpi", "nccl" */
     /* buf[n] summed over the group, in place */
@@ -147,10 +151,11 @@ typedef int (*comm_buf_check)(void *ud, const void *p, size_t bytes);
  * it. NULL if out of memory. comm_checked_inner: the communicator under
  * any checked ones (c itself if none). */
 comm *comm_checked_new(comm *in, int own, comm_buf_check ok, void *ud);
-/* Makes c's float elements bf16 (on != 0: 2 bytes; sums widened to fp32,
- * made by in and rounded once; gathers and all-to-alls move the bytes) or
- * fp32 (0); its later splits inherit it. -1 if c is not a checked one. */
-int comm_checked_set_bf16(comm *c, int on);
+/* Makes c's float elements `type` (COMM_F32, the default; COMM_BF16 or
+ * COMM_F16: 2 bytes, sums widened to fp32, made by in and rounded once;
+ * gathers and all-to-alls move the bytes); its later splits inherit it.
+ * -1 if c is not a checked one. */
+int comm_checked_set_elements(comm *c, int type);
 const comm *comm_checked_inner(const comm *c);
 
 /* ---- MPI (comm_mpi.c; a build with MPI=0 has only the stubs) ------------ */
@@ -238,11 +243,12 @@ comm *comm_nccl_world(int rank, int size, int device, double timeout_s, char *er
  * comm_broadcast. boot stays the caller's. */
 comm *comm_nccl_world_mpi(comm *boot, int device, double timeout_s, char *err, size_t n);
 
-/* Makes c's float elements bf16 (on != 0) or fp32 (0, the default): every
- * float count and offset of its all-reduces, reduce-scatters, all-gathers
- * and all-to-alls is then of 2-byte bf16 elements (its buffers keep their
- * `float *` type), summed by NCCL in bf16; its later splits inherit it.
- * Returns 0, or -1 when c is not an NCCL handle. */
-int comm_nccl_set_bf16(comm *c, int on);
+/* Makes c's float elements `type` (comm.h's COMM_F32, the default;
+ * COMM_BF16, COMM_F16): every float count and offset of its all-reduces,
+ * reduce-scatters, all-gathers and all-to-alls is then of that type's
+ * elements (its buffers keep their `float *` type), summed by NCCL in that
+ * type; its later splits inherit it. Returns 0, or -1 when c is not an
+ * NCCL handle. */
+int comm_nccl_set_elements(comm *c, int type);
 
 #endif

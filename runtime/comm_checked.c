@@ -8,15 +8,15 @@
  * buffer handed to a device communicator fails the call, naming it, where
  * NCCL would fault or read garbage. Splits are wrapped too.
  *
- * With bf16 elements (comm_checked_set_bf16, as comm_nccl_set_bf16 makes
- * NCCL's) the float counts are of 2-byte bf16 numbers: sums widen them to
- * fp32, sum in the wrapped communicator (rank order) and round once, as the
- * CPU's bf16 runs round a sum kept in fp32 words; gathers and all-to-alls
- * move the bytes as they are.
+ * With 2-byte elements (comm_checked_set_elements: bf16 or fp16, as
+ * comm_nccl_set_elements makes NCCL's) the float counts are of 2-byte
+ * numbers: sums widen them to fp32, sum in the wrapped communicator (rank
+ * order) and round once, as the CPU's mixed-precision runs round a sum
+ * kept in fp32 words; gathers and all-to-alls move the bytes as they are.
  */
 #include "comm.h"
 
-#include "kcpu.h" /* kcpu_bf16_pack, kcpu_bf16_unpack */
+#include "kcpu.h" /* kcpu_pack16, kcpu_unpack16 */
 
 #include <stdint.h> /* uintptr_t, uint16_t */
 #include <stdlib.h> /* calloc, free */
@@ -28,8 +28,8 @@ typedef struct checked {
     int own;            /* in is freed with this handle */
     comm_buf_check ok;  /* is [p, p + bytes) device memory? */
     void *ud;
-    int bf16;           /* float elements are bf16 (2 bytes) */
-    float *tmp;         /* bf16 calls' fp32 or byte staging */
+    int half;           /* float elements: COMM_F32, or 2-byte COMM_BF16 / COMM_F16 */
+    float *tmp;         /* 2-byte calls' fp32 or byte staging */
     size_t tmp_n;
 } checked;
 
@@ -60,8 +60,11 @@ static size_t sum(const size_t *x, int n)
     return s;
 }
 
+/* The 2-byte elements' rounding. */
+static kcpu_precision prec(comm *c) { return self(c)->half == COMM_F16 ? KCPU_FP16 : KCPU_BF16; }
+
 /* Bytes of n float elements. */
-static size_t fb(comm *c, size_t n) { return n * (self(c)->bf16 ? 2u : 4u); }
+static size_t fb(comm *c, size_t n) { return n * (self(c)->half ? 2u : 4u); }
 
 /* n floats of staging (kept between calls); NULL, with the error, if out
  * of memory. */
@@ -69,19 +72,19 @@ static float *staging(comm *c, const char *op, size_t n)
 {
     checked *k = self(c);
     float *t = comm_scratch(&k->tmp, &k->tmp_n, n ? n : 1);
-    if (!t) comm_fail(c, op, "out of memory (%zu floats of bf16 staging)", n);
+    if (!t) comm_fail(c, op, "out of memory (%zu floats of 2-byte staging)", n);
     return t;
 }
 
 static int c_all_reduce(comm *c, float *buf, size_t n)
 {
     if (check(c, "all-reduce", buf, fb(c, n))) return -1;
-    if (!self(c)->bf16) return done(c, comm_all_reduce(self(c)->in, buf, n));
+    if (!self(c)->half) return done(c, comm_all_reduce(self(c)->in, buf, n));
     float *t = staging(c, "all-reduce", n);
     if (!t) return -1;
-    kcpu_bf16_unpack(t, (const uint16_t *)(void *)buf, n);
+    kcpu_unpack16(t, (const uint16_t *)(void *)buf, n, prec(c));
     if (done(c, comm_all_reduce(self(c)->in, t, n)) != 0) return -1;
-    kcpu_bf16_pack((uint16_t *)(void *)buf, t, n);
+    kcpu_pack16((uint16_t *)(void *)buf, t, n, prec(c));
     return 0;
 }
 
@@ -89,12 +92,12 @@ static int c_reduce_scatter(comm *c, const float *in, float *out, size_t n)
 {
     size_t all = (size_t)c->size * n;
     if (check(c, "reduce-scatter", in, fb(c, all)) || check(c, "reduce-scatter", out, fb(c, n))) return -1;
-    if (!self(c)->bf16) return done(c, comm_reduce_scatter(self(c)->in, in, out, n));
+    if (!self(c)->half) return done(c, comm_reduce_scatter(self(c)->in, in, out, n));
     float *t = staging(c, "reduce-scatter", all + n);
     if (!t) return -1;
-    kcpu_bf16_unpack(t, (const uint16_t *)(const void *)in, all);
+    kcpu_unpack16(t, (const uint16_t *)(const void *)in, all, prec(c));
     if (done(c, comm_reduce_scatter(self(c)->in, t, t + all, n)) != 0) return -1;
-    kcpu_bf16_pack((uint16_t *)(void *)out, t + all, n);
+    kcpu_pack16((uint16_t *)(void *)out, t + all, n, prec(c));
     return 0;
 }
 
@@ -102,8 +105,8 @@ static int c_all_gather(comm *c, const float *in, float *out, size_t n)
 {
     size_t all = (size_t)c->size * n;
     if (check(c, "all-gather", in, fb(c, n)) || check(c, "all-gather", out, fb(c, all))) return -1;
-    if (!self(c)->bf16) return done(c, comm_all_gather(self(c)->in, in, out, n));
-    /* the bytes, in floats' room: each rank's n bf16 in w = ceil(n / 2) floats */
+    if (!self(c)->half) return done(c, comm_all_gather(self(c)->in, in, out, n));
+    /* the bytes, in floats' room: each rank's n 2-byte elements in w = ceil(n / 2) floats */
     size_t w = (n + 1) / 2;
     float *t = staging(c, "all-gather", w * (size_t)(c->size + 1));
     if (!t) return -1;
@@ -117,10 +120,10 @@ static int c_all_to_all(comm *c, const float *in, const size_t *send, float *out
 {
     if (check(c, "all-to-all", in, fb(c, sum(send, c->size))) || check(c, "all-to-all", out, fb(c, sum(recv, c->size))))
         return -1;
-    if (!self(c)->bf16) return done(c, comm_all_to_all(self(c)->in, in, send, out, recv));
+    if (!self(c)->half) return done(c, comm_all_to_all(self(c)->in, in, send, out, recv));
     /* the bytes, each peer's part in ceil(n / 2) floats */
     size_t ws[64], wr[64], ts = 0, tr = 0;
-    if (c->size > 64) return comm_fail(c, "all-to-all", "bf16 elements over more than 64 ranks");
+    if (c->size > 64) return comm_fail(c, "all-to-all", "2-byte elements over more than 64 ranks");
     for (int q = 0; q < c->size; q++) ts += ws[q] = (send[q] + 1) / 2, tr += wr[q] = (recv[q] + 1) / 2;
     float *t = staging(c, "all-to-all", ts + tr);
     if (!t) return -1;
@@ -162,7 +165,7 @@ static int c_split(comm *c, int color, int key, comm **out)
     if (comm_split(k->in, color, key, &part) != 0) return done(c, -1);
     if (!part) return 0;
     *out = comm_checked_new(part, 1, k->ok, k->ud);
-    if (*out) return self(*out)->bf16 = k->bf16, 0;
+    if (*out) return self(*out)->half = k->half, 0;
     comm_free(part);
     return comm_fail(c, "split", "out of memory");
 }
@@ -188,7 +191,7 @@ static int check_v(comm *c, const char *op, float *const *bufs, const size_t *n,
     return 0;
 }
 
-/* A bucket of bf16 buffers: one call per buffer (NCCL's way) */
+/* A bucket of 2-byte buffers: one call per buffer (NCCL's way) */
 static int each_v(comm *c, int op, float *const *bufs, const size_t *n, int k)
 {
     for (int i = 0; i < k; i++) {
@@ -205,21 +208,21 @@ static int each_v(comm *c, int op, float *const *bufs, const size_t *n, int k)
 static int c_all_reduce_v(comm *c, float *const *bufs, const size_t *n, int k)
 {
     if (check_v(c, "all-reduce", bufs, n, k)) return -1;
-    if (self(c)->bf16) return each_v(c, 0, bufs, n, k);
+    if (self(c)->half) return each_v(c, 0, bufs, n, k);
     return done(c, comm_all_reduce_v(self(c)->in, bufs, n, k));
 }
 
 static int c_reduce_scatter_v(comm *c, float *const *bufs, const size_t *n, int k)
 {
     if (check_v(c, "reduce-scatter", bufs, n, k)) return -1;
-    if (self(c)->bf16) return each_v(c, 1, bufs, n, k);
+    if (self(c)->half) return each_v(c, 1, bufs, n, k);
     return done(c, comm_reduce_scatter_v(self(c)->in, bufs, n, k));
 }
 
 static int c_all_gather_v(comm *c, float *const *bufs, const size_t *n, int k)
 {
     if (check_v(c, "all-gather", bufs, n, k)) return -1;
-    if (self(c)->bf16) return each_v(c, 2, bufs, n, k);
+    if (self(c)->half) return each_v(c, 2, bufs, n, k);
     return done(c, comm_all_gather_v(self(c)->in, bufs, n, k));
 }
 
@@ -245,10 +248,10 @@ comm *comm_checked_new(comm *in, int own, comm_buf_check ok, void *ud)
     return &k->c;
 }
 
-int comm_checked_set_bf16(comm *c, int on)
+int comm_checked_set_elements(comm *c, int type)
 {
-    if (!c || c->v != &checked_vtbl) return -1;
-    self(c)->bf16 = on != 0;
+    if (!c || c->v != &checked_vtbl || type < COMM_F32 || type > COMM_F16) return -1;
+    self(c)->half = type;
     return 0;
 }
 

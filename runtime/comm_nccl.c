@@ -90,7 +90,8 @@ typedef struct ncomm {
     int pending, slots;
     uint64_t *dev;      /* device: 2 x size all-to-all counts, then one int32 */
     uint64_t *host;     /* pinned host mirror of dev */
-    int bf16;           /* its float elements are bf16 (comm_nccl_set_bf16), inherited by splits */
+    int half;           /* its float elements (COMM_F32, COMM_BF16, COMM_F16: comm_nccl_set_elements),
+                           inherited by splits */
 } ncomm;
 
 struct nworld {
@@ -105,8 +106,11 @@ struct nworld {
 static const comm_vtbl nccl_vtbl;
 
 /* The handle's float elements: NCCL's type, and where element k of p is. */
-static ncclDataType_t ftype(const ncomm *m) { return m->bf16 ? ncclBfloat16 : ncclFloat; }
-static void *fat(const ncomm *m, const void *p, size_t k) { return (char *)(uintptr_t)p + k * (m->bf16 ? 2u : 4u); }
+static ncclDataType_t ftype(const ncomm *m)
+{
+    return m->half == COMM_BF16 ? ncclBfloat16 : m->half == COMM_F16 ? ncclFloat16 : ncclFloat;
+}
+static void *fat(const ncomm *m, const void *p, size_t k) { return (char *)(uintptr_t)p + k * (m->half ? 2u : 4u); }
 
 /* ---- waiting ---------------------------------------------------------- */
 
@@ -659,7 +663,7 @@ static int n_split(comm *c, int color, int key, comm **out)
     if (!nc) return 0; /* color < 0: in no group */
     ncomm *x = wrap(w, nc, c->world_rank, why, sizeof why);
     if (!x) return comm_fail(c, "split", "%s", why);
-    x->bf16 = m->bf16;
+    x->half = m->half;
     *out = &x->c;
     return 0;
 }
@@ -909,10 +913,10 @@ comm *comm_nccl_world_mpi(comm *boot, int device, double timeout_s, char *err, s
     return world_init(rank, size, device, timeout_s, id, err, n);
 }
 
-int comm_nccl_set_bf16(comm *c, int on)
+int comm_nccl_set_elements(comm *c, int type)
 {
-    if (!c || c->v != &nccl_vtbl) return -1;
-    ((ncomm *)c)->bf16 = on != 0;
+    if (!c || c->v != &nccl_vtbl || type < COMM_F32 || type > COMM_F16) return -1;
+    ((ncomm *)c)->half = type;
     return 0;
 }
 
@@ -935,10 +939,10 @@ comm *comm_nccl_world(int rank, int size, int device, double timeout_s, char *er
     return NULL;
 }
 
-int comm_nccl_set_bf16(comm *c, int on)
+int comm_nccl_set_elements(comm *c, int type)
 {
     (void)c;
-    (void)on;
+    (void)type;
     return -1;
 }
 

@@ -268,20 +268,9 @@ static int layout(mesh__exec *ex, unsigned flags, char *err, size_t errn)
     return ex->arena ? 0 : -1;
 }
 
-/* What the GPU executor does not run yet; NULL if it runs the plan. */
-static const char *gpu_refusal(const plan *p)
-{
-    if (p->setup.precision == 2) return "fp16 (the CUDA kernels store fp32 or bf16)";
-    return NULL;
-}
-
 int mesh__exec_gpu_supported(const plan *p, char *err, size_t errn)
 {
-    char why[160];
-    const char *no = refusal(p, why, sizeof why);
-    if (!no) no = gpu_refusal(p);
-    if (no) set_err(err, errn, "%s", no);
-    return no ? -1 : 0;
+    return mesh__exec_supported(p, err, errn); /* everything the CPU runs (the CUDA table has every op) */
 }
 
 int mesh__exec_supported(const plan *p, char *err, size_t errn)
@@ -363,7 +352,8 @@ static int join_axes(mesh__exec *ex, comm *world, comm *dworld, unsigned flags, 
             set_err(err, errn, "rank %d: out of memory", ex->rank);
             return -1;
         }
-        if (ex->esize == 2) comm_checked_set_bf16(ex->checked, 1); /* as NCCL's for a bf16 GPU */
+        if (ex->esize == 2) /* as NCCL's on a GPU: the plan's 2-byte type */
+            comm_checked_set_elements(ex->checked, ex->p->setup.precision == 1 ? COMM_BF16 : COMM_F16);
         dworld = ex->checked;
     }
     ex->world = dworld ? dworld : world;
@@ -392,7 +382,6 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, comm *d
 {
     char why[160];
     const char *no = refusal(p, why, sizeof why);
-    if (!no && (flags & MESH__EXEC_CUDA)) no = gpu_refusal(p);
     if (!no && p->setup.world > 1 &&
         (!world || world->size != p->setup.world || (dworld && dworld->size != p->setup.world)))
         no = "a plan of more than one rank runs on a communicator of its world's size";
@@ -413,11 +402,13 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, comm *d
     /* the device and its kernels */
     ex->gpu = (flags & MESH__EXEC_CUDA) != 0;
     ex->host_arena = !ex->gpu && !(flags & MESH__EXEC_GUARD);
-    ex->esize = (ex->gpu || (flags & MESH__EXEC_CPU16)) && p->setup.precision == 1 ? 2 : 4;
+    ex->esize = (ex->gpu || (flags & MESH__EXEC_CPU16)) && p->setup.precision != 0 ? 2 : 4;
+    ex->prec = p->setup.precision == 1 ? KCPU_BF16 : p->setup.precision == 2 ? KCPU_FP16 : KCPU_FP32;
     char derr[400];
     mesh_status dst = flags & MESH__EXEC_GUARD ? dev_open_guarded(&ex->dev, derr, sizeof derr)
                     : dev_open(ex->gpu ? MESH_DEVICE_CUDA : MESH_DEVICE_CPU, ex->gpu ? gpu : 0, &ex->dev, derr, sizeof derr);
-    if (dst != MESH_OK || kern_open(&ex->kern, ex->dev, ex->esize == 2, derr, sizeof derr) != 0) {
+    int half = ex->esize == 4 ? 0 : p->setup.precision == 1 ? KERN_BF16 : KERN_FP16;
+    if (dst != MESH_OK || kern_open(&ex->kern, ex->dev, half, derr, sizeof derr) != 0) {
         set_err(err, errn, "rank %d: %s", rank, derr);
         goto fail;
     }
@@ -460,7 +451,6 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, comm *d
     ex->tokens_in = ex->targets_in = -1;
     /* the gradient of the mean loss over every micro-batch of every rank */
     ex->dloss = 1.0 / ((double)(p->setup.micro_batches > 0 ? p->setup.micro_batches : 1) * ex->data_ranks);
-    ex->prec = p->setup.precision == 1 ? KCPU_BF16 : p->setup.precision == 2 ? KCPU_FP16 : KCPU_FP32;
     ex->loss_scale = 1.0;
     if (ex->prec == KCPU_FP16) { /* PyTorch's GradScaler's defaults */
         ex->scale_dynamic = !(p->setup.loss_scale > 0);

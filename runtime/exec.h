@@ -73,8 +73,8 @@ enum {
     MESH__EXEC_SLOW_QUEUE = 64u, /* tests: the communication queue waits 1 ms before each call, so that a
                                     missing wait for one reads stale data every time */
     MESH__EXEC_NO_FUSE = 128u,   /* tests: every matmul, bias add and GELU at its own node (find_fusions) */
-    MESH__EXEC_CPU16 = 256u      /* tests: a bf16 plan on the CPU in 2-byte storage, a GPU's layout
-                                    (kern_cpu16.c) */
+    MESH__EXEC_CPU16 = 256u      /* tests: a bf16 or fp16 plan on the CPU in 2-byte storage, a GPU's
+                                    layout (kern_cpu16.c) */
 };
 mesh__exec *mesh__exec_create_flags(const plan *p, mesh_alloc_fn alloc, void *ud, unsigned flags, char *err,
                                     size_t n);
@@ -94,8 +94,8 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, comm *d
  * check mesh__exec_create makes before anything else). */
 int mesh__exec_supported(const plan *p, char *err, size_t n);
 
-/* The same for training on a GPU (MESH__EXEC_CUDA): fp32 or bf16 (not fp16),
- * a rank per GPU. */
+/* The same for training on a GPU (MESH__EXEC_CUDA: a rank per GPU, fp32,
+ * bf16 or fp16 storage): every plan the CPU runs. */
 int mesh__exec_gpu_supported(const plan *p, char *err, size_t n);
 
 /* Which part of each global batch this rank reads: data_rank of

@@ -61,7 +61,7 @@ int exec__floats_to_dev(mesh__exec *ex, void *dst, const float *src, size_t n)
     if (ex->esize == 4) return exec__to_dev(ex, dst, src, n * sizeof *src);
     uint16_t stack[STAGE_ON_STACK] = {0}, *h = n <= STAGE_ON_STACK ? stack : malloc(n * sizeof *h);
     if (!h) return dev_failed(ex, "a copy to the device", MESH_ERR_NOMEM);
-    kcpu_bf16_pack(h, src, n);
+    kcpu_pack16(h, src, n, ex->prec);
     int rc = exec__to_dev(ex, dst, h, n * sizeof *h);
     if (h != stack) free(h);
     return rc;
@@ -73,7 +73,7 @@ int exec__floats_to_host(mesh__exec *ex, float *dst, const void *src, size_t n)
     uint16_t stack[STAGE_ON_STACK] = {0}, *h = n <= STAGE_ON_STACK ? stack : malloc(n * sizeof *h);
     if (!h) return dev_failed(ex, "a copy from the device", MESH_ERR_NOMEM);
     int rc = exec__to_host(ex, h, src, n * sizeof *h);
-    if (rc == 0) kcpu_bf16_unpack(dst, h, n);
+    if (rc == 0) kcpu_unpack16(dst, h, n, ex->prec);
     if (h != stack) free(h);
     return rc;
 }

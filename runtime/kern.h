@@ -8,13 +8,13 @@
  *   - "cpu"  (kern_cpu.c): the CPU kernels (kernels/cpu, kcpu.h), the
  *     reference; every call is finished when it returns.
  *   - "cuda" (kern_cuda.c, built with make CUDA=1): the CUDA kernels
- *     (kernels/cuda, kcuda.h) on the device's stream, with fp32 or bf16
- *     storage (kern.bf16); calls are asynchronous, and the one that
+ *     (kernels/cuda, kcuda.h) on the device's stream, with fp32, bf16 or
+ *     fp16 storage (kern.half); calls are asynchronous, and the one that
  *     returns numbers to the host (sum_squares) waits for the stream.
  * With CUDA=0 the cuda table's open says libmesh was built without it.
  *
  * Tensors are device pointers (host pointers on the CPU) to fp32 elements,
- * or bf16 ones on a GPU with kern.bf16 (`float *` arguments are fp32
+ * or 2-byte ones (bf16, fp16) with kern.half (`float *` arguments are fp32
  * always: statistics, AdamW's masters and moments); token ids are int32. Shapes, what a forward overwrites and what a
  * backward ADDS into (+=) are the kcpu function's of the same name
  * (kcpu_dense.h, kcpu_attention.h). Every call returns 0, or -1 with the
@@ -144,19 +144,22 @@ struct kern {
     dev *d;            /* the device the tensors live on (not owned) */
     void *stream;      /* the device's stream (a cudaStream_t; NULL: the default) */
     void *impl;        /* the backend's own state */
-    int bf16;          /* the GPU's float tensors are bf16 (the CPU's are always fp32 words) */
+    int half;          /* 2-byte float tensors: KERN_BF16 or KERN_FP16 (a GPU's, or kern_cpu16's);
+                          0: fp32 (the CPU keeps mixed precision in fp32 words) */
     char error[512];   /* why the last call failed */
 };
 
 extern const kern_vtbl kern_cpu_vtbl;
 extern const kern_vtbl kern_cuda_vtbl; /* with CUDA=0, open fails: built without CUDA */
-extern const kern_vtbl kern_cpu16_vtbl; /* tests: the CPU kernels on bf16 storage (kern_cpu16.c) */
+extern const kern_vtbl kern_cpu16_vtbl; /* tests: the CPU kernels on 2-byte storage (kern_cpu16.c) */
 
-/* k's table for device d (dev's name "cpu" or "cuda"), with bf16 storage
- * (on the CPU: kern_cpu16.c, the tests' stand-in for a GPU's layout) or
- * fp32: opened, 0; or -1 with the message in err[n].
+/* k's table for device d (dev's name "cpu" or "cuda"), with 2-byte storage
+ * (half: KERN_BF16 or KERN_FP16; on the CPU: kern_cpu16.c, the tests'
+ * stand-in for a GPU's layout) or fp32 (0): opened, 0; or -1 with the
+ * message in err[n].
  * kern_close(k) frees what open made. */
-int kern_open(kern *k, dev *d, int bf16, char *err, size_t n);
+enum { KERN_BF16 = 1, KERN_FP16 = 2 };
+int kern_open(kern *k, dev *d, int half, char *err, size_t n);
 void kern_close(kern *k);
 
 #endif

@@ -399,12 +399,12 @@ const kern_vtbl kern_cpu_vtbl = {
     moe_combine_backward, moe_expert_forward, moe_expert_backward,
 };
 
-int kern_open(kern *k, dev *d, int bf16, char *err, size_t n)
+int kern_open(kern *k, dev *d, int half, char *err, size_t n)
 {
     memset(k, 0, sizeof *k);
     k->d = d;
-    k->bf16 = bf16;
-    k->v = strcmp(d->v->name, "cuda") == 0 ? &kern_cuda_vtbl : bf16 ? &kern_cpu16_vtbl : &kern_cpu_vtbl;
+    k->half = half;
+    k->v = strcmp(d->v->name, "cuda") == 0 ? &kern_cuda_vtbl : half ? &kern_cpu16_vtbl : &kern_cpu_vtbl;
     if (k->v->open(k) == 0) return 0;
     snprintf(err, n, "%s", k->error);
     return -1;

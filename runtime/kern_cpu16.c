@@ -1,16 +1,18 @@
-/* kern_cpu16.c — the CPU kernels on a GPU's bf16 storage (kern.h), for
- * tests: the float tensors are 2-byte bf16 arrays, as the CUDA table keeps
- * them, and each call widens its tensors to fp32 scratch, runs the CPU
- * kernel (kern_cpu.c) and rounds what it wrote back to bf16 (ties to even).
+/* kern_cpu16.c — the CPU kernels on a GPU's 2-byte storage (kern.h), for
+ * tests: the float tensors are bf16 or fp16 arrays (kern.half), as the
+ * CUDA table keeps them, and each call widens its tensors to fp32 scratch,
+ * runs the CPU kernel (kern_cpu.c) and rounds what it wrote back (ties to
+ * even).
  *
- * So the executor's GPU layout of a bf16 plan (2-byte activations, weights
- * and gradients, the plan's own memory plan) runs on a machine without a
- * GPU, through every path a GPU takes (ZeRO's shards, tp's conversions,
- * the pipeline's transfers, moe's exchanges), and is checked against the
- * CPU's own bf16 runs, which keep the same numbers in 4-byte words: a
- * kernel rounds its results once when it stores them, as the CPU rounds
- * each op's results. fp32 arguments (statistics, AdamW's masters and
- * moments, moe's routing) pass through. Slow: every call converts.
+ * So the executor's GPU layout of a bf16 or fp16 plan (2-byte activations,
+ * weights and gradients, the plan's own memory plan) runs on a machine
+ * without a GPU, through every path a GPU takes (ZeRO's shards, tp's
+ * conversions, the pipeline's transfers, moe's exchanges, fp16's loss
+ * scale), and is checked against the CPU's own mixed-precision runs, which
+ * keep the same numbers in 4-byte words: a kernel rounds its results once
+ * when it stores them, as the CPU rounds each op's results. fp32 arguments
+ * (statistics, AdamW's masters and moments, moe's routing) pass through.
+ * Slow: every call converts.
  */
 #include "kern.h"
 
@@ -18,7 +20,7 @@
 #include <stdio.h>  /* snprintf */
 #include <stdlib.h> /* calloc, realloc, free */
 
-#include "kcpu.h" /* kcpu_bf16_pack, kcpu_bf16_unpack */
+#include "kcpu.h" /* kcpu_pack16, kcpu_unpack16 */
 
 enum { SLOTS = 16 };
 
@@ -37,6 +39,9 @@ typedef struct c16 {
 
 static c16 *self(kern *k) { return k->impl; }
 
+/* The storage's rounding: bf16 or fp16. */
+static kcpu_precision prec(const kern *k) { return k->half == KERN_FP16 ? KCPU_FP16 : KCPU_BF16; }
+
 static int c16_open(kern *k)
 {
     if (!(k->impl = calloc(1, sizeof(c16)))) {
@@ -54,7 +59,7 @@ static void c16_close(kern *k)
     k->impl = NULL;
 }
 
-/* An fp32 copy of the bf16 tensor t[n] (NULL for NULL), written back to t
+/* An fp32 copy of the 2-byte tensor t[n] (NULL for NULL), written back to t
  * when the call ends if back. */
 static float *widen(kern *k, const void *t, size_t n, int back)
 {
@@ -81,7 +86,7 @@ static float *widen(kern *k, const void *t, size_t n, int back)
         c->f[i] = f;
         c->cap[i] = n;
     }
-    kcpu_bf16_unpack(c->f[i], t, n);
+    kcpu_unpack16(c->f[i], t, n, prec(k));
     c->t[i] = (void *)(uintptr_t)t;
     c->n[i] = n;
     c->back[i] = back;
@@ -92,13 +97,13 @@ static float *widen(kern *k, const void *t, size_t n, int back)
 #define IN(p, n) widen(k, (p), (size_t)(n), 0)
 #define IO(p, n) widen(k, (p), (size_t)(n), 1)
 
-/* The call's end: what it wrote rounded back to bf16; its result, or -1
+/* The call's end: what it wrote rounded back to 2 bytes; its result, or -1
  * when a copy could not be made (then the kernel did not run). */
 static int end(kern *k, int rc)
 {
     c16 *c = self(k);
     for (int i = 0; i < c->used; i++)
-        if (c->back[i] && !c->failed) kcpu_bf16_pack(c->t[i], c->f[i], c->n[i]);
+        if (c->back[i] && !c->failed) kcpu_pack16(c->t[i], c->f[i], c->n[i], prec(k));
     rc = c->failed ? -1 : rc;
     c->used = c->failed = 0;
     return rc;

@@ -1,7 +1,7 @@
 /* kern_cuda.c — the executor's kernels on a CUDA GPU (kern.h): the CUDA
- * kernels (kernels/cuda, kcuda.h) in fp32 or bf16, on the kern's stream, with one
+ * kernels (kernels/cuda, kcuda.h) in fp32, bf16 or fp16, on the kern's stream, with one
  * cuBLASLt context and a little device scratch (sums of squares on their
- * way to the host, moe's fp32 copies of bf16 tensors). Built for real with
+ * way to the host, moe's fp32 copies of 2-byte tensors). Built for real with
  * make CUDA=1 (MESH_CUDA=1); otherwise open says libmesh has no CUDA.
  */
 #include "kern.h"
@@ -16,13 +16,13 @@
 #include "kcuda.h" /* kcuda_* */
 
 /* the storage type of the float tensors */
-#define DT(k) ((k)->bf16 ? KCUDA_BF16 : KCUDA_F32)
+#define DT(k) ((k)->half == KERN_BF16 ? KCUDA_BF16 : (k)->half == KERN_FP16 ? KCUDA_F16 : KCUDA_F32)
 
 typedef struct cuda_kern {
     kcuda_ctx *ctx;
     double *dss;   /* device: sum_squares' results */
     int dss_cap;
-    float *tmp;    /* device: fp32 copies for moe's routing of bf16 tensors */
+    float *tmp;    /* device: fp32 copies for moe's routing of 2-byte tensors */
     size_t tmp_cap; /* its floats */
 } cuda_kern;
 
@@ -300,8 +300,8 @@ static int add_into(kern *k, void *y, const void *x, size_t n)
 
 /* ---- mixture of experts: the routing arrays bound in the route memory at
  * each call (binding touches no memory). The routing kernels are fp32: with
- * bf16 tensors, x and the router are converted into the kern's scratch,
- * and the gradients are summed there and added into the bf16 ones. ---- */
+ * 2-byte tensors, x and the router are converted into the kern's scratch,
+ * and the gradients are summed there and added into the 2-byte ones. ---- */
 
 static size_t moe_route_bytes(int N, int E, int K, int C) { return kcuda_moe_route_bytes(N, E, K, C); }
 
@@ -336,15 +336,15 @@ static int moe_fp32_inputs(kern *k, const float **xf, const float **rf, const vo
                            const kern_moe_dims *g, size_t extra)
 {
     size_t nd = (size_t)g->N * (size_t)g->D, de = (size_t)g->D * (size_t)g->E;
-    if (!k->bf16) {
+    if (!k->half) {
         *xf = x;
         *rf = router;
         return extra && !scratch_floats(k, extra) ? -1 : 0;
     }
     float *t = scratch_floats(k, nd + de + extra);
     if (!t) return -1;
-    if (check(k, "kcuda_convert", kcuda_convert(t, KCUDA_F32, x, KCUDA_BF16, nd, k->stream)) ||
-        check(k, "kcuda_convert", kcuda_convert(t + nd, KCUDA_F32, router, KCUDA_BF16, de, k->stream)))
+    if (check(k, "kcuda_convert", kcuda_convert(t, KCUDA_F32, x, DT(k), nd, k->stream)) ||
+        check(k, "kcuda_convert", kcuda_convert(t + nd, KCUDA_F32, router, DT(k), de, k->stream)))
         return -1;
     *xf = t;
     *rf = t + nd;
@@ -364,29 +364,29 @@ static int moe_route_forward(kern *k, void *route, float *aux, const void *x, co
                     dev_copy(k->d, aux, r.aux, sizeof *aux, DEV_DEVICE_TO_DEVICE, (dev_stream *)k->stream));
 }
 
-/* With bf16, dx and drouter are summed in fp32 scratch (after x's and
- * the router's copies), rounded to bf16 after them (each 256-byte aligned)
- * and added into the bf16 gradients. */
+/* With 2-byte tensors, dx and drouter are summed in fp32 scratch (after
+ * x's and the router's copies), rounded to the storage type after them
+ * (each 256-byte aligned) and added into the 2-byte gradients. */
 static int moe_route_backward(kern *k, void *dx, void *drouter, float *scratch, const float *dweight, float aux_coef,
                               const void *route, const void *x, const void *router, const kern_moe_dims *g)
 {
     kcuda_moe_route r = moe_bind(route, g);
     size_t nd = (size_t)g->N * (size_t)g->D, de = (size_t)g->D * (size_t)g->E;
-    size_t half = (nd / 2 + 64) & ~(size_t)63; /* floats holding nd bf16, rounded to 256 bytes */
+    size_t half = (nd / 2 + 64) & ~(size_t)63; /* floats holding nd 2-byte ones, rounded to 256 bytes */
     const float *xf, *rf;
-    if (moe_fp32_inputs(k, &xf, &rf, x, router, g, k->bf16 ? nd + de + half + de : 0)) return -1;
-    if (!k->bf16)
+    if (moe_fp32_inputs(k, &xf, &rf, x, router, g, k->half ? nd + de + half + de : 0)) return -1;
+    if (!k->half)
         KC(kcuda_moe_route_backward, CTX(k), dx, drouter, scratch, dweight, aux_coef, &r, xf, rf, g->D, k->stream);
     float *dxf = ((cuda_kern *)k->impl)->tmp + nd + de, *drf = dxf + nd, *dx_lp = drf + de, *dr_lp = dx_lp + half;
     if (from_dev(k, "moe's fp32 scratch",
                  dev_memset(k->d, dxf, 0, (nd + de) * sizeof(float), (dev_stream *)k->stream)) ||
         check(k, "kcuda_moe_route_backward",
               kcuda_moe_route_backward(CTX(k), dxf, drf, scratch, dweight, aux_coef, &r, xf, rf, g->D, k->stream)) ||
-        check(k, "kcuda_convert", kcuda_convert(dx_lp, KCUDA_BF16, dxf, KCUDA_F32, nd, k->stream)) ||
-        check(k, "kcuda_convert", kcuda_convert(dr_lp, KCUDA_BF16, drf, KCUDA_F32, de, k->stream)) ||
-        check(k, "kcuda_add_forward", kcuda_add_forward(dx, dx, dx_lp, nd, KCUDA_BF16, k->stream)))
+        check(k, "kcuda_convert", kcuda_convert(dx_lp, DT(k), dxf, KCUDA_F32, nd, k->stream)) ||
+        check(k, "kcuda_convert", kcuda_convert(dr_lp, DT(k), drf, KCUDA_F32, de, k->stream)) ||
+        check(k, "kcuda_add_forward", kcuda_add_forward(dx, dx, dx_lp, nd, DT(k), k->stream)))
         return -1;
-    KC(kcuda_add_forward, drouter, drouter, dr_lp, de, KCUDA_BF16, k->stream);
+    KC(kcuda_add_forward, drouter, drouter, dr_lp, de, DT(k), k->stream);
 }
 
 static int moe_dispatch_forward(kern *k, void *xe, const void *x, const void *route, const kern_moe_dims *g)

@@ -228,9 +228,10 @@ float kcpu_fp16_round(float x);
 /* x[n] rounded in place to precision p (KCPU_FP32: unchanged). */
 void kcpu_round(float *x, size_t n, kcpu_precision p);
 
-/* bf16 storage (2 bytes, the top half of a binary32): dst[n] <- src[n]
- * rounded as kcpu_bf16_round; and back, exactly. */
-void kcpu_bf16_pack(uint16_t *dst, const float *src, size_t n);
-void kcpu_bf16_unpack(float *dst, const uint16_t *src, size_t n);
+/* 2-byte storage of precision p (KCPU_BF16: the top half of a binary32;
+ * KCPU_FP16: IEEE binary16): dst[n] <- src[n] rounded as kcpu_round
+ * rounds; and back, exactly. */
+void kcpu_pack16(uint16_t *dst, const float *src, size_t n, kcpu_precision p);
+void kcpu_unpack16(float *dst, const uint16_t *src, size_t n, kcpu_precision p);
 
 #endif

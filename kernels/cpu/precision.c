@@ -55,14 +55,39 @@ void kcpu_round(float *x, size_t n, kcpu_precision p)
         for (size_t i = 0; i < n; i++) x[i] = kcpu_fp16_round(x[i]);
 }
 
-void kcpu_bf16_pack(uint16_t *dst, const float *src, size_t n)
+/* The binary16 bits of r, a number kcpu_fp16_round gives (exact). */
+static uint16_t fp16_bits(float r)
 {
-    for (size_t i = 0; i < n; i++)
-        dst[i] = (uint16_t)(bits_of(kcpu_bf16_round(src[i])) >> 16);
+    uint32_t u = bits_of(r);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    float a = fabsf(r);
+    if (isnan(r)) return (uint16_t)(sign | 0x7e00u);
+    if (isinf(r)) return (uint16_t)(sign | 0x7c00u);
+    if (a < 0x1p-14f) return (uint16_t)(sign | (uint16_t)(a * 0x1p24f)); /* subnormal: m x 2^-24 */
+    uint32_t e = ((u >> 23) & 0xffu) - 127u + 15u;
+    return (uint16_t)(sign | (e << 10) | ((u >> 13) & 0x3ffu));
 }
 
-void kcpu_bf16_unpack(float *dst, const uint16_t *src, size_t n)
+static float fp16_value(uint16_t h)
 {
-    for (size_t i = 0; i < n; i++)
-        dst[i] = float_of((uint32_t)src[i] << 16);
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) return float_of(sign | bits_of((float)m * 0x1p-24f));
+    if (e == 31) return float_of(sign | 0x7f800000u | (m << 13));
+    return float_of(sign | ((e - 15u + 127u) << 23) | (m << 13));
+}
+
+void kcpu_pack16(uint16_t *dst, const float *src, size_t n, kcpu_precision p)
+{
+    if (p == KCPU_FP16)
+        for (size_t i = 0; i < n; i++) dst[i] = fp16_bits(kcpu_fp16_round(src[i]));
+    else
+        for (size_t i = 0; i < n; i++) dst[i] = (uint16_t)(bits_of(kcpu_bf16_round(src[i])) >> 16);
+}
+
+void kcpu_unpack16(float *dst, const uint16_t *src, size_t n, kcpu_precision p)
+{
+    if (p == KCPU_FP16)
+        for (size_t i = 0; i < n; i++) dst[i] = fp16_value(src[i]);
+    else
+        for (size_t i = 0; i < n; i++) dst[i] = float_of((uint32_t)src[i] << 16);
 }

@@ -28,6 +28,7 @@
  * order; the dq kernel owns a tile of queries and walks the key tiles.
  * Each recomputes p = exp(s - lse) from q, k and the saved lse.
  */
+#include <type_traits> /* defines: std::conditional */
 #include <mma.h>    /* defines: nvcuda::wmma */
 #include <string.h> /* defines: memset */
 
@@ -62,7 +63,10 @@ template <typename T, int DP> struct att_cfg {
     static constexpr size_t TILE_BYTES =
         (sizeof(T) * ATT_TILE * LD + 127) / 128 * 128;
     static constexpr int LDS = 68;     /* fp32 score tile [16 x 64] (TC) */
-    static constexpr int LDP = 72;     /* bf16 P / dS tile [16 x 64] (TC) */
+    static constexpr int LDP = 72;     /* 2-byte P / dS tile [16 x 64] (TC) */
+    /* the tensor cores' 2-byte type: T itself (bf16 or fp16); for fp32 a
+     * placeholder the TC code is compiled with but never runs */
+    typedef typename std::conditional<sizeof(T) == 2, T, bf16>::type L;
     static constexpr int LDO = DP + 4; /* fp32 [16 x DP] output tile (TC) */
     static constexpr int LDF = 65;     /* fp32 P / dS tile (FMA path) */
 };
@@ -121,16 +125,17 @@ __device__ __forceinline__ void warp_abt(float (&s)[4][8], const T *A,
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 3, sub = lane & 7;
     if constexpr (cfg::TC) {
-        const bf16 *a = reinterpret_cast<const bf16 *>(A) + 16 * w * cfg::LD;
-        const bf16 *b = reinterpret_cast<const bf16 *>(B);
+        typedef typename cfg::L L;
+        const L *a = reinterpret_cast<const L *>(A) + 16 * w * cfg::LD;
+        const L *b = reinterpret_cast<const L *>(B);
 #pragma unroll
         for (int n = 0; n < 4; n++) {
             wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
             wmma::fill_fragment(acc, 0.0f);
 #pragma unroll
             for (int k = 0; k < DP / 16; k++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, L, wmma::row_major> fa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, L, wmma::col_major> fb;
                 wmma::load_matrix_sync(fa, a + k * 16, cfg::LD);
                 wmma::load_matrix_sync(fb, b + n * 16 * cfg::LD + k * 16, cfg::LD);
                 wmma::mma_sync(acc, fa, fb, acc);
@@ -178,20 +183,21 @@ __device__ __forceinline__ void warp_abt(float (&s)[4][8], const T *A,
 template <typename T, int DP>
 __device__ __forceinline__ void warp_pv(float (&acc)[4][DP / 8],
                                         const float (&p)[4][8], const T *V,
-                                        float *pf, bf16 *pb, float *po)
+                                        float *pf, typename att_cfg<T, DP>::L *pb, float *po)
 {
     typedef att_cfg<T, DP> cfg;
     int lane = threadIdx.x & 31, g = lane >> 3, sub = lane & 7;
     if constexpr (cfg::TC) {
+        typedef typename cfg::L L;
         (void)pf;
 #pragma unroll
         for (int i = 0; i < 4; i++)
 #pragma unroll
             for (int j = 0; j < 8; j++)
-                pb[(4 * g + i) * cfg::LDP + sub + 8 * j] = __float2bfloat16_rn(p[i][j]);
+                pb[(4 * g + i) * cfg::LDP + sub + 8 * j] = kc_to<L>(p[i][j]);
         __syncwarp();
-        const bf16 *v = reinterpret_cast<const bf16 *>(V);
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[4];
+        const L *v = reinterpret_cast<const L *>(V);
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, L, wmma::row_major> fa[4];
 #pragma unroll
         for (int k = 0; k < 4; k++)
             wmma::load_matrix_sync(fa[k], pb + k * 16, cfg::LDP);
@@ -201,7 +207,7 @@ __device__ __forceinline__ void warp_pv(float (&acc)[4][DP / 8],
             wmma::fill_fragment(o, 0.0f);
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> fb;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, L, wmma::row_major> fb;
                 wmma::load_matrix_sync(fb, v + k * 16 * cfg::LD + n * 16, cfg::LD);
                 wmma::mma_sync(o, fa[k], fb, o);
             }
@@ -263,25 +269,25 @@ __device__ __forceinline__ float group_max(float v)
 /* Per-warp scratch, after the block's [64 x DP] tiles: region A (TC: the
  * fp32 score tile [16][LDS], which warp_abt has read back into registers
  * before warp_pv reuses the region for its output tile [16][LDO]; FMA: the
- * fp32 P tile [16][LDF]) and, TC only, the bf16 P tile [16][LDP]. */
+ * fp32 P tile [16][LDF]) and, TC only, the 2-byte P tile [16][LDP]. */
 template <typename T, int DP> struct att_warp {
     typedef att_cfg<T, DP> cfg;
     static constexpr size_t A =
         cfg::TC ? (sizeof(float) * 16 * (cfg::LDS > cfg::LDO ? cfg::LDS : cfg::LDO) + 127) / 128 * 128
                 : (sizeof(float) * 16 * cfg::LDF + 127) / 128 * 128;
     static constexpr size_t PB =
-        cfg::TC ? (sizeof(bf16) * 16 * cfg::LDP + 127) / 128 * 128 : 0;
+        cfg::TC ? (sizeof(typename cfg::L) * 16 * cfg::LDP + 127) / 128 * 128 : 0;
     static constexpr size_t BYTES = A + PB;
 };
 
-/* The warp's region A and bf16 tile, at byte `base` of shared memory. */
+/* The warp's region A and 2-byte tile, at byte `base` of shared memory. */
 template <typename T, int DP>
 __device__ __forceinline__ void warp_scratch(unsigned char *base, float **wa,
-                                             bf16 **pb)
+                                             typename att_cfg<T, DP>::L **pb)
 {
     unsigned char *wb = base + (threadIdx.x >> 5) * att_warp<T, DP>::BYTES;
     *wa = (float *)wb;
-    *pb = (bf16 *)(wb + att_warp<T, DP>::A);
+    *pb = (typename att_cfg<T, DP>::L *)(wb + att_warp<T, DP>::A);
 }
 
 /* ---- forward -------------------------------------------------------------- */
@@ -305,7 +311,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_args a)
     T *sK = (T *)(smem + cfg::TILE_BYTES);
     T *sV = (T *)(smem + 2 * cfg::TILE_BYTES);
     float *wa;
-    bf16 *pb;
+    typename cfg::L *pb;
     warp_scratch<T, DP>(smem + 3 * cfg::TILE_BYTES, &wa, &pb);
 
     load_tile<T, DP>(sQ, q, a.qs, i0, a.T, a.d, a.vec);
@@ -451,7 +457,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv_kernel(attn_args a)
     float *sL = (float *)(smem + 4 * cfg::TILE_BYTES);
     float *sD = sL + ATT_TILE;
     float *wa;
-    bf16 *pb;
+    typename cfg::L *pb;
     warp_scratch<T, DP>(smem + 4 * cfg::TILE_BYTES + 2 * ATT_TILE * sizeof(float),
                         &wa, &pb);
 
@@ -524,7 +530,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_kernel(attn_args a)
     float *sL = (float *)(smem + 4 * cfg::TILE_BYTES);
     float *sD = sL + ATT_TILE;
     float *wa;
-    bf16 *pb;
+    typename cfg::L *pb;
     warp_scratch<T, DP>(smem + 4 * cfg::TILE_BYTES + 2 * ATT_TILE * sizeof(float),
                         &wa, &pb);
 
@@ -606,6 +612,8 @@ static int attn_dispatch(int which, const attn_args &a, kcuda_dtype dt,
 {
     if (dt == KCUDA_BF16)
         return attn_launch_d<bf16>(which, a, s);
+    if (dt == KCUDA_F16)
+        return attn_launch_d<f16>(which, a, s);
     return attn_launch_d<float>(which, a, s);
 }
 
@@ -632,7 +640,7 @@ static int attn_setup(attn_args *a, int B, int T, int H, int KV, int d,
     a->vs = kvs;
     a->os = (long long)H * d;
     a->scale = 1.0f / sqrtf((float)d);
-    long long W = dt == KCUDA_BF16 ? 8 : 4;
+    long long W = dt == KCUDA_F32 ? 4 : 8;
     a->vec = d % W == 0 && qs % W == 0 && kvs % W == 0 && a->os % W == 0 &&
              kcuda__aligned16(a->q, a->k, a->v, a->dout);
     return 0;

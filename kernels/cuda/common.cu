@@ -82,7 +82,7 @@ int kcuda_available(char *why, size_t n)
 
 size_t kcuda_dtype_size(kcuda_dtype dt)
 {
-    return dt == KCUDA_BF16 ? 2 : 4;
+    return dt == KCUDA_F32 ? 4 : 2;
 }
 
 /* ---- conversion --------------------------------------------------------- */
@@ -112,12 +112,11 @@ int kcuda_convert(void *dst, kcuda_dtype dst_dt, const void *src,
         return 0;
     }
     unsigned blocks = kcuda__blocks(n, 256);
-    if (dst_dt == KCUDA_BF16)
-        convert_kernel<bf16, float>
-            <<<blocks, 256, 0, s>>>((bf16 *)dst, (const float *)src, n);
-    else
-        convert_kernel<float, bf16>
-            <<<blocks, 256, 0, s>>>((float *)dst, (const bf16 *)src, n);
+    KCUDA_DISPATCH(dst_dt, D, {
+        KCUDA_DISPATCH(src_dt, S, {
+            convert_kernel<D, S><<<blocks, 256, 0, s>>>((D *)dst, (const S *)src, n);
+        });
+    });
     KCUDA_LAUNCHED("convert_kernel");
     return 0;
 }

@@ -52,7 +52,8 @@ extern "C" {
 /* Storage types of float tensors. */
 typedef enum kcuda_dtype {
     KCUDA_F32 = 0,  /* IEEE binary32 */
-    KCUDA_BF16 = 1  /* bfloat16: the top 16 bits of a binary32 */
+    KCUDA_BF16 = 1, /* bfloat16: the top 16 bits of a binary32 */
+    KCUDA_F16 = 2   /* IEEE binary16 (fp16: tensor cores as bf16; a loss scale keeps gradients in range) */
 } kcuda_dtype;
 
 /* Return codes besides 0 and CUDA's (positive) error codes. */
@@ -71,7 +72,7 @@ const char *kcuda_last_error(void);
  * dlopen("libcuda.so.1") before asking the CUDA runtime. */
 int kcuda_available(char *why, size_t n);
 
-/* Bytes per element: 4 or 2. */
+/* Bytes per element: 4, or 2 (bf16, fp16). */
 size_t kcuda_dtype_size(kcuda_dtype dt);
 
 /* dst[n] = src[n], converted (fp32 to bf16 rounds to nearest even). dst and
@@ -297,10 +298,10 @@ int kcuda_crossentropy_shard_backward(void *dlogits, const void *logits,
 
 /* kcpu_adamw_step on fp32 master weights, moments in fp32, gradients in
  * grad_dt; the same operations in the same order (no fused multiply-add),
- * so fp32 gives kcpu's bits. params_bf16[n] (may be NULL) gets the updated
- * weights rounded to bf16, for a bf16 forward.
- * params[n], m[n], v[n] updated; grads[n]. */
-int kcuda_adamw_step(float *params, void *params_bf16, const void *grads,
+ * so fp32 gives kcpu's bits. params_lp[n] (may be NULL; grad_dt, 2 bytes)
+ * gets the updated weights rounded to that type, for a bf16 or fp16
+ * forward. params[n], m[n], v[n] updated; grads[n]. */
+int kcuda_adamw_step(float *params, void *params_lp, const void *grads,
                      kcuda_dtype grad_dt, float *m, float *v, size_t n,
                      float lr, float beta1, float beta2, float eps,
                      float weight_decay, int t, void *stream);

@@ -1,5 +1,5 @@
 /* kcuda_impl.h — internal to kernels/cuda (C++ for nvcc): error recording,
- * the context's layout, bf16 <-> fp32 element access, 16-byte packs,
+ * the context's layout, bf16/fp16 <-> fp32 element access, 16-byte packs,
  * warp and block reductions, launch helpers. Not API; nothing outside
  * kernels/cuda includes it.
  */
@@ -8,6 +8,7 @@
 
 #include <cublasLt.h>     /* defines: cublasLtHandle_t, cublasLtMatmulAlgo_t */
 #include <cuda_bf16.h>    /* defines: __nv_bfloat16, conversions */
+#include <cuda_fp16.h>    /* defines: __half, conversions */
 #include <cuda_runtime.h> /* defines: cudaStream_t, cudaError_t */
 #include <math.h>         /* defines: INFINITY */
 #include <stddef.h>       /* defines: size_t */
@@ -16,6 +17,7 @@
 #include "kcuda.h"
 
 typedef __nv_bfloat16 bf16;
+typedef __half f16;
 
 /* ---- errors (common.cu) --------------------------------------------------- */
 
@@ -139,11 +141,14 @@ static inline unsigned kcuda__blocks(size_t work, int threads)
     return (unsigned)b;
 }
 
-/* Runs body with T bound to the storage type of dt (float or bf16). */
+/* Runs body with T bound to the storage type of dt (float, bf16, fp16). */
 #define KCUDA_DISPATCH(dt, T, ...)                                             \
     do {                                                                       \
         if ((dt) == KCUDA_BF16) {                                              \
             typedef bf16 T;                                                    \
+            __VA_ARGS__                                                        \
+        } else if ((dt) == KCUDA_F16) {                                        \
+            typedef f16 T;                                                     \
             __VA_ARGS__                                                        \
         } else {                                                               \
             typedef float T;                                                   \
@@ -152,8 +157,8 @@ static inline unsigned kcuda__blocks(size_t work, int threads)
     } while (0)
 
 #define KCUDA_DT_OK(dt)                                                        \
-    KCUDA_ARG((dt) == KCUDA_F32 || (dt) == KCUDA_BF16, "unknown dtype %d",     \
-              (int)(dt))
+    KCUDA_ARG((dt) == KCUDA_F32 || (dt) == KCUDA_BF16 || (dt) == KCUDA_F16,    \
+              "unknown dtype %d", (int)(dt))
 
 /* ---- element access ------------------------------------------------------- */
 
@@ -165,6 +170,10 @@ __device__ __forceinline__ float kc_f(bf16 x)
 {
     return __bfloat162float(x);
 }
+__device__ __forceinline__ float kc_f(f16 x)
+{
+    return __half2float(x);
+}
 
 template <typename T> __device__ __forceinline__ T kc_to(float x);
 template <> __device__ __forceinline__ float kc_to<float>(float x)
@@ -174,6 +183,10 @@ template <> __device__ __forceinline__ float kc_to<float>(float x)
 template <> __device__ __forceinline__ bf16 kc_to<bf16>(float x)
 {
     return __float2bfloat16_rn(x);
+}
+template <> __device__ __forceinline__ f16 kc_to<f16>(float x)
+{
+    return __float2half_rn(x);
 }
 
 /* 16 bytes of T: 4 floats or 8 bf16. */

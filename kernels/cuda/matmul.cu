@@ -28,7 +28,7 @@
 
 static cudaDataType_t lt_type(kcuda_dtype dt)
 {
-    return dt == KCUDA_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    return dt == KCUDA_BF16 ? CUDA_R_16BF : dt == KCUDA_F16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
 /* A column-major layout of rows x cols with leading dimension ld, batched. */

@@ -15,7 +15,7 @@
 #define SS_THREADS 256
 
 template <typename G>
-__global__ void adamw_kernel(float *params, bf16 *params_bf16, const G *grads,
+__global__ void adamw_kernel(float *params, G *params_lp, const G *grads,
                              float *m, float *v, size_t n, float lr,
                              float beta1, float beta2, float eps, float wd,
                              float c1, float c2)
@@ -38,12 +38,12 @@ __global__ void adamw_kernel(float *params, bf16 *params_bf16, const G *grads,
                                __fmul_rn(wd, p));
         p = __fsub_rn(p, __fmul_rn(lr, step));
         params[i] = p;
-        if (params_bf16)
-            params_bf16[i] = __float2bfloat16_rn(p);
+        if (params_lp)
+            params_lp[i] = kc_to<G>(p);
     }
 }
 
-int kcuda_adamw_step(float *params, void *params_bf16, const void *grads,
+int kcuda_adamw_step(float *params, void *params_lp, const void *grads,
                      kcuda_dtype grad_dt, float *m, float *v, size_t n,
                      float lr, float beta1, float beta2, float eps,
                      float weight_decay, int t, void *stream)
@@ -60,7 +60,7 @@ int kcuda_adamw_step(float *params, void *params_bf16, const void *grads,
     float c2 = (float)(1.0 - pow((double)beta2, (double)t));
     KCUDA_DISPATCH(grad_dt, G, {
         adamw_kernel<G><<<kcuda__blocks(n, 256), 256, 0, s>>>(
-            params, (bf16 *)params_bf16, (const G *)grads, m, v, n, lr, beta1,
+            params, (G *)params_lp, (const G *)grads, m, v, n, lr, beta1,
             beta2, eps, weight_decay, c1, c2);
         KCUDA_LAUNCHED("adamw_kernel");
     });

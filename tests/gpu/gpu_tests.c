@@ -1,7 +1,7 @@
 /*
  * gpu_tests.c: every CUDA kernel (kernels/cuda, kcuda.h) against the CPU
  * reference (kernels/cpu, kcpu.h) on the same random inputs, forward and
- * backward, in fp32 and bf16.
+ * backward, in fp32, bf16 and fp16.
  *
  * usage: gpu_tests [SUBSTRING...]   (no arguments: every case, in order)
  *
@@ -9,8 +9,9 @@
  * `not ok N - name ...` (details on stderr, prefixed "# "), then
  * `# N passed, N failed`. The error of a tensor is its largest absolute
  * difference over its largest reference magnitude; the tolerance is 1e-5
- * in fp32 and 2e-2 in bf16 (where the inputs are rounded to bf16 first and
- * the CPU runs on the rounded values), 0 where the GPU promises the CPU's
+ * in fp32, 2e-2 in bf16 and 5e-3 in fp16 (where the inputs are rounded to
+ * the 2-byte type first and the CPU runs on the rounded values), 0 where
+ * the GPU promises the CPU's
  * bits (AdamW, integer routing arrays). Cases that promise determinism run
  * twice and compare the bits.
  *
@@ -38,10 +39,17 @@ static kcuda_ctx *ctx;       /* one context for every case */
 
 #define TOL_F32 1e-5
 #define TOL_BF16 2e-2
+#define TOL_F16 5e-3 /* 3 more mantissa bits than bf16 */
 
 static double tol_of(kcuda_dtype dt)
 {
-    return dt == KCUDA_BF16 ? TOL_BF16 : TOL_F32;
+    return dt == KCUDA_BF16 ? TOL_BF16 : dt == KCUDA_F16 ? TOL_F16 : TOL_F32;
+}
+
+/* kcpu's name for a 2-byte dtype's rounding. */
+static kcpu_precision prec_of(kcuda_dtype dt)
+{
+    return dt == KCUDA_F16 ? KCPU_FP16 : KCPU_BF16;
 }
 
 /* Fail the case when a kcuda call returns non-zero (and leave it). */
@@ -153,8 +161,8 @@ static float *rnd(size_t n, float scale, kcuda_dtype dt)
     float *x = hf(n);
     for (size_t i = 0; i < n; i++) {
         x[i] = frand() * scale;
-        if (dt == KCUDA_BF16)
-            x[i] = bf2f(f2bf(x[i]));
+        if (dt != KCUDA_F32)
+            kcpu_round(&x[i], 1, prec_of(dt));
     }
     return x;
 }
@@ -163,10 +171,9 @@ static float *rnd(size_t n, float scale, kcuda_dtype dt)
 static void *up(const float *x, size_t n, kcuda_dtype dt)
 {
     void *d = dmem(n * kcuda_dtype_size(dt));
-    if (dt == KCUDA_BF16) {
+    if (dt != KCUDA_F32) {
         uint16_t *h = hmem(n * sizeof *h);
-        for (size_t i = 0; i < n; i++)
-            h[i] = f2bf(x[i]);
+        kcpu_pack16(h, x, n, prec_of(dt));
         cuda_or_die(cudaMemcpy(d, h, n * 2, cudaMemcpyHostToDevice), "upload");
     } else {
         cuda_or_die(cudaMemcpy(d, x, n * 4, cudaMemcpyHostToDevice), "upload");
@@ -187,11 +194,10 @@ static float *down(const void *d, size_t n, kcuda_dtype dt)
 {
     float *x = hf(n);
     cuda_or_die(cudaDeviceSynchronize(), "kernel");
-    if (dt == KCUDA_BF16) {
+    if (dt != KCUDA_F32) {
         uint16_t *h = hmem(n * sizeof *h);
         cuda_or_die(cudaMemcpy(h, d, n * 2, cudaMemcpyDeviceToHost), "download");
-        for (size_t i = 0; i < n; i++)
-            x[i] = bf2f(h[i]);
+        kcpu_unpack16(x, h, n, prec_of(dt));
     } else {
         cuda_or_die(cudaMemcpy(x, d, n * 4, cudaMemcpyDeviceToHost), "download");
     }
@@ -370,8 +376,8 @@ static void norm_case(kcuda_dtype dt, int rows, int C, int rms, int add)
     if (add) { /* the residual sum as stored */
         res = hf(n);
         kcpu_add_forward(res, a, b, n);
-        for (size_t i = 0; i < n && dt == KCUDA_BF16; i++)
-            res[i] = bf2f(f2bf(res[i]));
+        if (dt != KCUDA_F32)
+            kcpu_round(res, n, prec_of(dt));
         x = res;
     }
     if (rms) {
@@ -753,7 +759,7 @@ static void t_adamw(kcuda_dtype dt)
     float *dv = up(v, n, KCUDA_F32);
     void *dg = up(g, n, dt), *dpb = dmem(n * 2);
     for (int t = 1; t <= 3; t++) {
-        KC(kcuda_adamw_step(dp, dt == KCUDA_BF16 ? dpb : NULL, dg, dt, dm, dv,
+        KC(kcuda_adamw_step(dp, dt != KCUDA_F32 ? dpb : NULL, dg, dt, dm, dv,
                             n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, NULL));
         kcpu_adamw_step(p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
     }
@@ -761,11 +767,11 @@ static void t_adamw(kcuda_dtype dt)
     expect_bits("params", down(dp, n, KCUDA_F32), p, n * 4);
     expect_bits("m", down(dm, n, KCUDA_F32), m, n * 4);
     expect_bits("v", down(dv, n, KCUDA_F32), v, n * 4);
-    if (dt == KCUDA_BF16) {
+    if (dt != KCUDA_F32) {
         float *pb = hf(n);
-        for (size_t i = 0; i < n; i++)
-            pb[i] = bf2f(f2bf(p[i]));
-        expect_bits("params_bf16", down(dpb, n, KCUDA_BF16), pb, n * 4);
+        memcpy(pb, p, n * sizeof *pb);
+        kcpu_round(pb, n, prec_of(dt));
+        expect_bits("params_lp", down(dpb, n, dt), pb, n * 4);
     }
 }
 
@@ -961,8 +967,8 @@ static void t_moe(kcuda_dtype dt)
             expect("act", g_act + o, act + o, len);
         }
     }
-    for (size_t i = 0; i < ecd && dt == KCUDA_BF16; i++)
-        ye[i] = bf2f(f2bf(ye[i])); /* the combine reads the stored ye */
+    if (dt != KCUDA_F32)
+        kcpu_round(ye, ecd, prec_of(dt)); /* the combine reads the stored ye */
     kcpu_moe_combine_forward(y, ye, cr, D);
     KC(kcuda_moe_combine_forward(dy, dye, &gr, D, dt, NULL));
     expect_dev("y", dy, y, (size_t)N * D, dt);
@@ -1019,6 +1025,15 @@ static void t_convert(kcuda_dtype dt)
     KC(kcuda_convert(d16, KCUDA_BF16, d32, KCUDA_F32, n, NULL));
     KC(kcuda_convert(back, KCUDA_F32, d16, KCUDA_BF16, n, NULL));
     expect_bits("fp32 -> bf16 -> fp32", down(back, n, KCUDA_F32), r, n * 4);
+    /* fp16: kcpu_fp16_round's numbers (ties to even, subnormals, past 65504 infinity) */
+    for (size_t i = 0; i < n; i++)
+        x[i] *= i % 7 == 0 ? 3e4f : i % 7 == 1 ? 1e-6f : 1.0f;
+    memcpy(r, x, n * sizeof *r);
+    kcpu_round(r, n, KCPU_FP16);
+    d32 = up(x, n, KCUDA_F32);
+    KC(kcuda_convert(d16, KCUDA_F16, d32, KCUDA_F32, n, NULL));
+    KC(kcuda_convert(back, KCUDA_F32, d16, KCUDA_F16, n, NULL));
+    expect_bits("fp32 -> fp16 -> fp32", down(back, n, KCUDA_F32), r, n * 4);
 }
 
 /* kcuda_arange: the positions 0 .. n-1 an arange() gives (the executor's). */
@@ -1048,46 +1063,67 @@ static const gpu_case cases[] = {
     {"arange", t_arange, KCUDA_F32},
     {"matmul_f32", t_matmul, KCUDA_F32},
     {"matmul_bf16", t_matmul, KCUDA_BF16},
+    {"matmul_f16", t_matmul, KCUDA_F16},
     {"matmul_gelu_f32", t_matmul_gelu, KCUDA_F32},
     {"matmul_gelu_bf16", t_matmul_gelu, KCUDA_BF16},
+    {"matmul_gelu_f16", t_matmul_gelu, KCUDA_F16},
     {"matmul_wt_f32", t_matmul_wt, KCUDA_F32},
     {"matmul_wt_bf16", t_matmul_wt, KCUDA_BF16},
+    {"matmul_wt_f16", t_matmul_wt, KCUDA_F16},
     {"layernorm_f32", t_layernorm, KCUDA_F32},
     {"layernorm_bf16", t_layernorm, KCUDA_BF16},
+    {"layernorm_f16", t_layernorm, KCUDA_F16},
     {"rmsnorm_f32", t_rmsnorm, KCUDA_F32},
     {"rmsnorm_bf16", t_rmsnorm, KCUDA_BF16},
+    {"rmsnorm_f16", t_rmsnorm, KCUDA_F16},
     {"add_layernorm_f32", t_add_layernorm, KCUDA_F32},
     {"add_layernorm_bf16", t_add_layernorm, KCUDA_BF16},
+    {"add_layernorm_f16", t_add_layernorm, KCUDA_F16},
     {"add_rmsnorm_f32", t_add_rmsnorm, KCUDA_F32},
     {"add_rmsnorm_bf16", t_add_rmsnorm, KCUDA_BF16},
+    {"add_rmsnorm_f16", t_add_rmsnorm, KCUDA_F16},
     {"gelu_f32", t_gelu, KCUDA_F32},
     {"gelu_bf16", t_gelu, KCUDA_BF16},
+    {"gelu_f16", t_gelu, KCUDA_F16},
     {"silu_f32", t_silu, KCUDA_F32},
     {"silu_bf16", t_silu, KCUDA_BF16},
+    {"silu_f16", t_silu, KCUDA_F16},
     {"swiglu_f32", t_swiglu, KCUDA_F32},
     {"swiglu_bf16", t_swiglu, KCUDA_BF16},
+    {"swiglu_f16", t_swiglu, KCUDA_F16},
     {"add_f32", t_add, KCUDA_F32},
     {"add_bf16", t_add, KCUDA_BF16},
+    {"add_f16", t_add, KCUDA_F16},
     {"rope_f32", t_rope, KCUDA_F32},
     {"rope_bf16", t_rope, KCUDA_BF16},
+    {"rope_f16", t_rope, KCUDA_F16},
     {"embedding_f32", t_embedding, KCUDA_F32},
     {"embedding_bf16", t_embedding, KCUDA_BF16},
+    {"embedding_f16", t_embedding, KCUDA_F16},
     {"crossentropy_f32", t_crossentropy, KCUDA_F32},
     {"crossentropy_bf16", t_crossentropy, KCUDA_BF16},
+    {"crossentropy_f16", t_crossentropy, KCUDA_F16},
     {"crossentropy_fused_f32", t_crossentropy_fused, KCUDA_F32},
     {"crossentropy_fused_bf16", t_crossentropy_fused, KCUDA_BF16},
+    {"crossentropy_fused_f16", t_crossentropy_fused, KCUDA_F16},
     {"crossentropy_shard_f32", t_crossentropy_shard, KCUDA_F32},
     {"crossentropy_shard_bf16", t_crossentropy_shard, KCUDA_BF16},
+    {"crossentropy_shard_f16", t_crossentropy_shard, KCUDA_F16},
     {"adamw_f32", t_adamw, KCUDA_F32},
     {"adamw_bf16_grads", t_adamw, KCUDA_BF16},
+    {"adamw_f16_grads", t_adamw, KCUDA_F16},
     {"global_norm_f32", t_global_norm, KCUDA_F32},
     {"global_norm_bf16", t_global_norm, KCUDA_BF16},
+    {"global_norm_f16", t_global_norm, KCUDA_F16},
     {"attention_f32", t_attention, KCUDA_F32},
     {"attention_bf16", t_attention, KCUDA_BF16},
+    {"attention_f16", t_attention, KCUDA_F16},
     {"attention_qkv_f32", t_attention_qkv, KCUDA_F32},
     {"attention_qkv_bf16", t_attention_qkv, KCUDA_BF16},
+    {"attention_qkv_f16", t_attention_qkv, KCUDA_F16},
     {"moe_f32", t_moe, KCUDA_F32},
     {"moe_bf16", t_moe, KCUDA_BF16},
+    {"moe_f16", t_moe, KCUDA_F16},
 };
 
 enum { NCASES = sizeof cases / sizeof cases[0] };

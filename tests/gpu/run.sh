@@ -18,10 +18,10 @@
 #  5. train_equiv: the CUDA executor trains gpt-tiny, a small Llama and a
 #             small Mixtral (meshrun --device cuda) 20 steps; each step's
 #             loss must be the CPU executor's within 1e-4 relative in fp32
-#             (moe 1e-3), 2e-2 in bf16 (gpt-tiny; moe 3e-2; the CPU rounds
-#             fp32 words where the GPU stores bf16). With 4 GPUs or more,
-#             gpt-tiny on dp 2 x tp 2 in fp32 and bf16 too (NCCL between
-#             the GPUs).
+#             (moe 1e-3), 2e-2 in bf16 and fp16 (gpt-tiny; moe bf16 3e-2;
+#             the CPU rounds fp32 words where the GPU stores 2 bytes). With
+#             4 GPUs or more, gpt-tiny on dp 2 x tp 2 in fp32 and bf16 too
+#             (NCCL between the GPUs).
 #  6. train_gpt2: GPT-2 124M (examples/gpt2.mesh on one GPU, bf16, T=1024,
 #             B=16 and 32; fp32 B=16) through meshrun --device cuda:
 #             tokens/s and MFU.
@@ -291,7 +291,7 @@ step_train_equiv() {
     # several GPUs (NCCL between them): gpt-tiny on dp 2 x tp 2 in fp32 and
     # bf16, ranks as threads of meshrun, one GPU each, against the same mesh
     # on the CPU
-    local -a models=(gpt-tiny gpt-tiny-bf16 llama moe moe-bf16)
+    local -a models=(gpt-tiny gpt-tiny-bf16 gpt-tiny-fp16 llama moe moe-bf16)
     local gpus
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
     if [ "$TRAIN_DEV" = cuda ] && [ "${gpus:-0}" -lt 4 ]; then
@@ -307,6 +307,7 @@ step_train_equiv() {
         [ "$m" = moe ] && sets=("${moe[@]}") && tol=1e-3
         [ "$m" = moe-bf16 ] && sets=("${moe[@]}" --set train.precision=bf16) && src=examples/moe.mesh && tol=3e-2
         [ "$m" = gpt-tiny-bf16 ] && sets+=(--set train.precision=bf16) && src=examples/gpt-tiny.mesh && tol=2e-2
+        [ "$m" = gpt-tiny-fp16 ] && sets+=(--set train.precision=fp16) && src=examples/gpt-tiny.mesh && tol=2e-2
         [ "$m" = gpt-tiny-dp2tp2 ] && src=examples/gpt-tiny.mesh &&
             sets+=(--set mesh.dp=2 --set mesh.tp=2 --set mesh.pp=1 --set train.precision=fp32)
         [ "$m" = gpt-tiny-dp2tp2-bf16 ] && src=examples/gpt-tiny.mesh && tol=2e-2 &&

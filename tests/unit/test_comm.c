@@ -190,7 +190,7 @@ static int checked(rank_job *j, comm *c)
     /* bf16: x_r = 1 + r / 128 (exact in bf16); their fp32 sum 4 + 6 / 128 lies
      * halfway between the bf16 numbers 4 + 1 / 32 and 4 + 2 / 32 (steps of
      * 1 / 32 above 4): rounded once, to the even one, 4.0625 */
-    comm_checked_set_bf16(k, 1);
+    comm_checked_set_elements(k, COMM_BF16);
     for (int i = 0; i < 8; i++) d->h[i] = bf16_of(1.0f + (float)c->rank / 128.0f);
     if (!bad && comm_all_reduce(k, (float *)(void *)d->h, 8) != 0) bad = 4;
     if (!bad && float_of(d->h[7]) != 4.0625f) bad = 5;

@@ -363,14 +363,15 @@ TEST_IMPL(exec_loss_read_once_a_step)
     }
 }
 
-/* A bf16 plan in a GPU's layout on the CPU (MESH__EXEC_CPU16: 2-byte
- * activations, weights and gradients, fp32 masters, the plan's own memory
- * plan; kern_cpu16.c), on the guarded device: every op's results rounded
- * once when stored, as the CPU's bf16 run (fp32 words) rounds each op's,
- * so with each op at its own node the losses and norms are that run's to
- * the bit: GPT, Llama with recompute, moe, ZeRO-3's layout; a checkpoint
- * saved from it loads into the fp32-word run and goes on alike. Fused
- * (one rounding for matmul and bias, as a GPU's epilogue) it stays close. */
+/* A bf16 or fp16 plan in a GPU's layout on the CPU (MESH__EXEC_CPU16:
+ * 2-byte activations, weights and gradients, fp32 masters, the plan's own
+ * memory plan; kern_cpu16.c), on the guarded device: every op's results
+ * rounded once when stored, as the CPU's mixed-precision run (fp32 words)
+ * rounds each op's, so with each op at its own node the losses, norms and
+ * fp16's loss scale and skipped steps are that run's to the bit: GPT,
+ * Llama with recompute, moe, ZeRO-3's layout, and fp16 with a scale that
+ * overflows every step. Fused (one rounding for matmul and bias, as a
+ * GPU's epilogue) it stays close. */
 TEST_IMPL(exec_cpu16_is_the_cpu_bf16_run)
 {
     static const char *const sets[][3] = {
@@ -378,9 +379,13 @@ TEST_IMPL(exec_cpu16_is_the_cpu_bf16_run)
         {"train.precision=bf16", "train.recompute=full", "train.schedule=gpipe"},
         {"train.precision=bf16", "train.seed=7", "train.zero=0"},
         {"train.precision=bf16", "train.zero=3", "train.seed=7"},
+        {"train.precision=fp16", "train.seed=7", "train.zero=0"},
+        {"train.precision=fp16", "train.recompute=full", "train.schedule=gpipe"},
+        {"train.precision=fp16", "train.seed=7", "train.zero=3"},
+        {"train.precision=fp16", "train.loss_scale=1e12", "train.zero=0"},
     };
-    const char *srcs[] = {tiny_src, llama_src, moe_src, tiny_src};
-    for (int v = 0; v < 4; v++) {
+    const char *srcs[] = {tiny_src, llama_src, moe_src, tiny_src, tiny_src, llama_src, moe_src, tiny_src};
+    for (int v = 0; v < 8; v++) {
         plan p;
         compile_plan_with(&p, srcs[v], sets[v], 3);
         char err[512];
@@ -397,7 +402,8 @@ TEST_IMPL(exec_cpu16_is_the_cpu_bf16_run)
             ASSERT_INT_EQ(mesh__exec_train_step(words, step, in, tg, &a), 0);
             ASSERT_INT_EQ(mesh__exec_train_step(half, step, in, tg, &b), 0);
             ASSERT_INT_EQ(mesh__exec_train_step(fused, step, in, tg, &c), 0);
-            if (a.loss != b.loss || a.norm != b.norm)
+            if (a.loss != b.loss || (a.norm != b.norm && !(isnan(a.norm) && isnan(b.norm))) || a.skipped != b.skipped ||
+                a.loss_scale != b.loss_scale)
                 unit_fail(__FILE__, __LINE__, "settings %d, step %d: %.17g (norm %.17g) in 2 bytes, %.17g (%.17g) in words",
                           v, step, b.loss, b.norm, a.loss, a.norm);
             if (fabs(c.loss - a.loss) > 2e-2 * fabs(a.loss))
@@ -849,10 +855,10 @@ TEST_IMPL(exec_fused_bias_gelu_same_bits)
  * (GPipe), dp2 x pp2 (ZeRO 3, recompute), dp2 x tp2 (ZeRO 1 and 3),
  * sequence parallelism with pp and with ZeRO 3, in fp32 and bf16, moe
  * over ep 2 (with dp and ZeRO-1 in bf16, tp, pp with ZeRO-3 and recompute),
- * and the deterministic chain. bf16 runs keep the GPU's 2-byte storage
- * (MESH__EXEC_CPU16: kern_cpu16.c, and bf16 elements in the device's
- * groups, as NCCL's), every op apart, and still give the bits of the
- * CPU's bf16 in fp32 words. The device's groups are checked ones
+ * and the deterministic chain. bf16 and fp16 runs keep the GPU's 2-byte
+ * storage (MESH__EXEC_CPU16: kern_cpu16.c, and 2-byte elements in the
+ * device's groups, as NCCL's), every op apart, and still give the bits of
+ * the CPU's mixed precision in fp32 words. The device's groups are checked ones
  * (comm_checked.c), which fail on a host buffer, as NCCL's would: the
  * exact sums, the chain's loss, and a checkpoint saved (params gathered
  * over tp, ep, ZeRO's shards and the pipeline), loaded and trained on go
@@ -873,11 +879,15 @@ TEST_IMPL(parallel_guarded_arenas_match)
         {"mesh.dp=3", "train.zero=3", "mesh.pp=1", "train.precision=bf16"},
         {"mesh.dp=2", "train.zero=2", "mesh.pp=2", "train.precision=bf16"},
         {"mesh.tp=2", "train.sequence_parallel=true", "mesh.pp=2", "train.precision=bf16"},
+        /* fp16 in 2-byte storage, its loss scale and skipped steps */
+        {"mesh.dp=2", "train.zero=1", "mesh.pp=2", "train.precision=fp16"},
+        {"mesh.tp=2", "mesh.dp=2", "train.zero=3", "train.precision=fp16"},
         /* moe: its exchanges over ep (the counts and the rows), with dp, tp and pp */
         {"mesh.ep=2", "mesh.dp=2", "train.zero=1", "train.precision=bf16"},
         {"mesh.ep=2", "mesh.tp=2", "mesh.pp=1", "train.precision=fp32"},
         {"mesh.ep=2", "mesh.pp=2", "train.zero=3", "train.recompute=full"},
         {"mesh.ep=2", "mesh.tp=2", "train.zero=3", "train.precision=bf16"},
+        {"mesh.ep=2", "mesh.dp=2", "train.zero=2", "train.precision=fp16"},
     };
     for (int v = 0; v < (int)(sizeof meshes / sizeof meshes[0]) + 1; v++) {
         int chain = v == (int)(sizeof meshes / sizeof meshes[0]); /* last: the deterministic chain on dp 2 */
@@ -893,7 +903,7 @@ TEST_IMPL(parallel_guarded_arenas_match)
         eq_losses(moe ? moe_src : tiny_src, sets, 6, plain);
         after[0] = eq_after;
         /* bf16 in 2-byte storage, as a GPU keeps it (each op apart: the same roundings) */
-        int half = strstr(sets[5], "bf16") != NULL;
+        int half = strstr(sets[5], "bf16") != NULL || strstr(sets[5], "fp16") != NULL;
         mesh__set_exec_flags(MESH__EXEC_GUARD | (half ? MESH__EXEC_CPU16 | MESH__EXEC_NO_FUSE : 0));
         eq_ckpt = dirs[1];
         eq_losses(moe ? moe_src : tiny_src, sets, 6, guarded);
