@@ -80,7 +80,23 @@ TEST_IMPL(kcpu_rounds_to_bf16_and_fp16)
         if (isnan(v)) continue;
         if (u_of(kcpu_fp16_round(v)) != u_of(v))
             unit_fail(__FILE__, __LINE__, "binary16 0x%04x (%.9g) does not round to itself", h, (double)v);
+        /* 2-byte storage (kcpu_pack16/unpack16, the GPU's layout on the CPU): every
+         * number's bits there and back, in fp16 and in bf16 */
+        uint16_t bits = (uint16_t)h, again;
+        float w;
+        kcpu_unpack16(&w, &bits, 1, KCPU_FP16);
+        kcpu_pack16(&again, &w, 1, KCPU_FP16);
+        if (u_of(w) != u_of(v) || again != bits)
+            unit_fail(__FILE__, __LINE__, "fp16 0x%04x: unpacked %.9g, packed back 0x%04x", h, (double)w, again);
+        kcpu_unpack16(&w, &bits, 1, KCPU_BF16);
+        kcpu_pack16(&again, &w, 1, KCPU_BF16);
+        if (!isnan(w) && (u_of(w) != (uint32_t)h << 16 || again != bits))
+            unit_fail(__FILE__, __LINE__, "bf16 0x%04x: unpacked %.9g, packed back 0x%04x", h, (double)w, again);
     }
+    float big = 70000.0f;
+    uint16_t inf16;
+    kcpu_pack16(&inf16, &big, 1, KCPU_FP16);
+    ASSERT_INT_EQ(inf16, 0x7c00); /* past fp16's largest: infinity, as a GPU's conversion gives */
     uint64_t s = 88172645463325252ull;
     for (int k = 0; k < 200000; k++) {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
