@@ -307,7 +307,10 @@ step_train_equiv() {
         [ "$m" = moe ] && sets=("${moe[@]}") && tol=1e-3
         [ "$m" = moe-bf16 ] && sets=("${moe[@]}" --set train.precision=bf16) && src=examples/moe.mesh && tol=3e-2
         [ "$m" = gpt-tiny-bf16 ] && sets+=(--set train.precision=bf16) && src=examples/gpt-tiny.mesh && tol=2e-2
-        [ "$m" = gpt-tiny-fp16 ] && sets+=(--set train.precision=fp16) && src=examples/gpt-tiny.mesh && tol=2e-2
+        # fp16 at a fixed loss scale: a step at the dynamic scale's edge may
+        # overflow in one summation order and not the other
+        [ "$m" = gpt-tiny-fp16 ] && sets+=(--set train.precision=fp16 --set train.loss_scale=1024) &&
+            src=examples/gpt-tiny.mesh && tol=2e-2
         [ "$m" = gpt-tiny-dp2tp2 ] && src=examples/gpt-tiny.mesh &&
             sets+=(--set mesh.dp=2 --set mesh.tp=2 --set mesh.pp=1 --set train.precision=fp32)
         [ "$m" = gpt-tiny-dp2tp2-bf16 ] && src=examples/gpt-tiny.mesh && tol=2e-2 &&
