@@ -162,6 +162,15 @@ static int partial(const plan_tensor *t)
     return 0;
 }
 
+/* The ops that read tensor id (an op reading it twice counts twice). */
+static int readers(const plan *p, int id)
+{
+    int n = 0;
+    for (int t = 0; t < p->n_tensors; t++)
+        for (int k = 0; k < p->tensors[t].n_in; k++) n += p->tensors[t].in[k] == id;
+    return n;
+}
+
 /* Is step s a forward computation of an op `op` in `region`? Its node, else -1. */
 static int forward_op(const plan *p, int s, g_op op, int region)
 {
@@ -187,10 +196,7 @@ static void find_fusions(mesh__exec *ex, unsigned flags)
         int b = m >= 0 ? forward_op(p, s + 1, G_BIAS_ADD, p->steps[s].region) : -1;
         if (b < 0) continue;
         const plan_tensor *tm = &p->tensors[m], *tb = &p->tensors[b];
-        int readers = 0;
-        for (int id = 0; id < ex->n; id++)
-            for (int k = 0; k < p->tensors[id].n_in; k++) readers += p->tensors[id].in[k] == m;
-        if (readers != 1 || tb->in[0] != m || m == p->loss || partial(tm) || p->tensors[tm->in[1]].op == G_TRANSPOSE ||
+        if (readers(p, m) != 1 || tb->in[0] != m || m == p->loss || partial(tm) || p->tensors[tm->in[1]].op == G_TRANSPOSE ||
             exec__buf_of(ex, m)->part != exec__buf_of(ex, b)->part || ex->cnumel[m] != ex->numel[b] ||
             ex->cnumel[tb->in[1]] != (size_t)exec__lastd(ex, m))
             continue;
@@ -519,8 +525,7 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, comm *d
      * ranks differ only in their data */
     ex->chain = (flags & MESH__EXEC_DETERMINISTIC) && ex->data && p->setup.zero == 0;
     find_fusions(ex, flags);
-    for (int id = 0; id < ex->n; id++)
-        for (int k = 0; k < p->tensors[id].n_in; k++) ex->loss_read |= p->tensors[id].in[k] == p->loss;
+    ex->loss_read = p->loss >= 0 && readers(p, p->loss) > 0;
     if (exec__loss_open(ex) != 0) goto oom;
     int shards = exec__optimizer_shards(ex);
     if (shards == -2) {

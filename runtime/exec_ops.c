@@ -105,11 +105,14 @@ static int moe_experts_backward(mesh__exec *ex, const ex_moe *g, const moe_bufs 
           el(ex, m->xr, s * rows * D), wg, wu, wd, m->cnt + s * g->El, g->El, g->g.C, g->g.D, g->F);
         /* each call's sums stored in the plan's precision, as a GPU stores
          * them (with ep the experts' weight gradients are rounded once per
-         * source rank's rows) */
+         * source rank's rows; the last source's with the op's gradients,
+         * by round_grads) */
         exec__round(ex, el(ex, m->dxr, s * rows * D), rows * D);
-        exec__round(ex, dwg, w);
-        exec__round(ex, dwu, w);
-        exec__round(ex, dwd, w);
+        if (s + 1 < g->P) {
+            exec__round(ex, dwg, w);
+            exec__round(ex, dwu, w);
+            exec__round(ex, dwd, w);
+        }
     }
     return 0;
 }

@@ -139,6 +139,20 @@ typedef struct kern_vtbl {
                                int C, int D, int F);
 } kern_vtbl;
 
+/* The table's entries after open and close, in kern_vtbl's order: each
+ * backend names its functions after them (static in its file), so a table
+ * is {"name", open, close, KERN_ENTRIES}. */
+#define KERN_ENTRIES \
+    matmul_forward, matmul_backward, matmul_bias_forward, matmul_wt_forward, matmul_wt_backward, \
+    embedding_rows_forward, embedding_rows_backward, arange, add_forward, add_backward, add_broadcast_forward, \
+    add_broadcast_backward, layernorm_forward, layernorm_backward, rmsnorm_forward, rmsnorm_backward, \
+    attention_forward, attention_backward, attention_qkv_forward, attention_qkv_backward, rope_forward, \
+    rope_backward, gelu_forward, gelu_backward, silu_forward, silu_backward, swiglu_forward, swiglu_backward, \
+    crossentropy_forward, crossentropy_shard_max, crossentropy_shard_sumexp, crossentropy_shard_backward, \
+    sum_squares, scale, adamw_step, add_into, moe_route_bytes, moe_route_count, moe_route_forward, \
+    moe_route_backward, moe_dispatch_forward, moe_dispatch_backward, moe_combine_forward, moe_combine_backward, \
+    moe_expert_forward, moe_expert_backward
+
 struct kern {
     const kern_vtbl *v;
     dev *d;            /* the device the tensors live on (not owned) */

@@ -137,24 +137,6 @@ static int irand(int n)
     return k < 0 ? 0 : k >= n ? n - 1 : k;
 }
 
-static uint16_t f2bf(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN stays NaN */
-        return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
-
-static float bf2f(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 /* x[n] uniform in [-scale, scale), rounded to dt's precision. */
 static float *rnd(size_t n, float scale, kcuda_dtype dt)
 {
@@ -1019,8 +1001,8 @@ static void t_convert(kcuda_dtype dt)
     (void)dt;
     size_t n = 1001;
     float *x = rnd(n, 3.0f, KCUDA_F32), *r = hf(n);
-    for (size_t i = 0; i < n; i++)
-        r[i] = bf2f(f2bf(x[i]));
+    memcpy(r, x, n * sizeof *r);
+    kcpu_round(r, n, KCPU_BF16);
     void *d32 = up(x, n, KCUDA_F32), *d16 = dmem(n * 2), *back = dmem(n * 4);
     KC(kcuda_convert(d16, KCUDA_BF16, d32, KCUDA_F32, n, NULL));
     KC(kcuda_convert(back, KCUDA_F32, d16, KCUDA_BF16, n, NULL));
