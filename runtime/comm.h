@@ -221,7 +221,8 @@ int comm_tcp_finish(comm *c, int failed, const char *why);
  * (ncclCommAbort) and returns -1 naming the call, the rank and NCCL's
  * error; so does every later call. comm_abort aborts them too, and says so
  * on stderr; the other processes' calls then fail (NCCL's remote error, or
- * their timeout). One thread uses a world at a time. */
+ * their timeout). One thread uses a world at a time (a split made a world
+ * of its own, comm_nccl_own_thread, may be another thread's). */
 
 /* 1 if this process can use a GPU (CUDA driver and device present), else
  * 0 with the reason in why ("no CUDA driver (libcuda.so.1: ...)", "this
@@ -250,5 +251,14 @@ comm *comm_nccl_world_mpi(comm *boot, int device, double timeout_s, char *err, s
  * type; its later splits inherit it. Returns 0, or -1 when c is not an
  * NCCL handle. */
 int comm_nccl_set_elements(comm *c, int type);
+
+/* Makes c, a fresh split with nothing in flight, an NCCL world of its own,
+ * so that a thread other than the one using the rest of the world may use
+ * it (NCCL's groups, and this backend's deferred sends, are one thread's):
+ * a communication queue's (comm_async.h). Its comm_abort may then come
+ * from any thread: the thread using it aborts it at its next wait or call,
+ * and comm_free. Returns 0 (nothing done for a handle of another backend),
+ * or -1 with the reason in c->error. */
+int comm_nccl_own_thread(comm *c);
 
 #endif

@@ -28,8 +28,7 @@ typedef struct acall {
 
 struct comm_async {
     comm *c; /* the queue's own: a split of the caller's group */
-    comm_async_bracket bracket;
-    void *ud;
+    comm_async_hooks hooks;
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv; /* a call queued, one done, the end */
@@ -41,16 +40,19 @@ struct comm_async {
     char error[sizeof ((comm *)0)->error];
 };
 
-static int run_call(comm_async *a, const acall *k)
+/* Runs call `ticket` in its bracket; 0, or -1 with the reason in err. */
+static int run_call(comm_async *a, const acall *k, long ticket, char *err, size_t n)
 {
-    if (a->bracket) a->bracket(a->ud, 1);
+    const comm_async_hooks *h = &a->hooks;
+    if (h->bracket && h->bracket(h->ud, 1, ticket, err, n) != 0) return -1;
     int rc = k->kind == A_ALL_REDUCE       ? comm_all_reduce(a->c, k->out, k->n)
            : k->kind == A_REDUCE_SCATTER   ? comm_reduce_scatter(a->c, k->in, k->out, k->n)
            : k->kind == A_ALL_GATHER       ? comm_all_gather(a->c, k->in, k->out, k->n)
            : k->kind == A_ALL_REDUCE_V     ? comm_all_reduce_v(a->c, k->bufs, k->ns, k->k)
            : k->kind == A_REDUCE_SCATTER_V ? comm_reduce_scatter_v(a->c, k->bufs, k->ns, k->k)
                                            : comm_all_gather_v(a->c, k->bufs, k->ns, k->k);
-    if (a->bracket) a->bracket(a->ud, 0);
+    if (rc != 0) snprintf(err, n, "%s", a->c->error);
+    if (h->bracket && h->bracket(h->ud, 0, ticket, err, n) != 0) rc = -1;
     return rc;
 }
 
@@ -62,19 +64,21 @@ static void *progress(void *arg)
         while (a->done == a->issued && !a->stop) pthread_cond_wait(&a->cv, &a->mu);
         if (a->done == a->issued) break; /* stopped, nothing left */
         acall k = a->q[a->done % a->cap];
+        long ticket = a->done + 1;
         int failed = a->failed;
         double delay = a->delay;
         pthread_mutex_unlock(&a->mu);
         if (delay > 0) comm_sleep(delay);
+        char err[sizeof a->error] = "";
         double t0 = comm_now();
-        int rc = failed ? -1 : run_call(a, &k); /* after a failure the rest are dropped */
+        int rc = failed ? -1 : run_call(a, &k, ticket, err, sizeof err); /* after a failure the rest are dropped */
         double ran = comm_now() - t0;
         free(k.bufs);
         pthread_mutex_lock(&a->mu);
         a->busy += ran;
         if (rc != 0 && !a->failed) {
             a->failed = 1;
-            snprintf(a->error, sizeof a->error, "%s", a->c->error);
+            snprintf(a->error, sizeof a->error, "%s", err);
         }
         a->done++;
         pthread_cond_broadcast(&a->cv);
@@ -86,10 +90,11 @@ static void *progress(void *arg)
 int comm_async_supported(const comm *c)
 {
     const char *b = comm_checked_inner(c)->v->name; /* a checked one: its inner's */
-    return !strcmp(b, "threads") || !strcmp(b, "tcp") || (!strcmp(b, "mpi") && comm_mpi_thread_multiple());
+    return !strcmp(b, "threads") || !strcmp(b, "tcp") || (!strcmp(b, "mpi") && comm_mpi_thread_multiple()) ||
+           !strcmp(b, "nccl");
 }
 
-int comm_async_new(comm *c, comm_async_bracket bracket, void *ud, comm_async **out)
+int comm_async_new(comm *c, const comm_async_hooks *hooks, comm_async **out)
 {
     *out = NULL;
     comm_async *a = calloc(1, sizeof *a);
@@ -105,9 +110,14 @@ int comm_async_new(comm *c, comm_async_bracket bracket, void *ud, comm_async **o
         free(a);
         return comm_fail(c, "a communication queue", "out of memory");
     }
+    if (comm_nccl_own_thread(own) != 0) { /* NCCL: a world of its own, for the queue's thread */
+        comm_fail(c, "a communication queue", "%s", own->error);
+        comm_free(own);
+        free(a);
+        return -1;
+    }
     a->c = own;
-    a->bracket = bracket;
-    a->ud = ud;
+    if (hooks) a->hooks = *hooks;
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cv, NULL);
     if (pthread_create(&a->thread, NULL, progress, a) != 0) {
@@ -121,17 +131,39 @@ int comm_async_new(comm *c, comm_async_bracket bracket, void *ud, comm_async **o
     return 0;
 }
 
+/* Marks the queue failed with why (under its lock). */
+static void fail_locked(comm_async *a, const char *why)
+{
+    if (a->failed) return;
+    a->failed = 1;
+    snprintf(a->error, sizeof a->error, "%s", why);
+}
+
 static long issue(comm_async *a, acall k)
 {
-    pthread_mutex_lock(&a->mu);
+    const comm_async_hooks *h = &a->hooks;
+    char err[sizeof a->error];
     long t = -1;
+    pthread_mutex_lock(&a->mu);
+    /* a ring of marks: call issued + 1 - marks has run before its slot is marked again */
+    while (h->marks > 0 && !a->failed && a->issued - a->done >= h->marks) pthread_cond_wait(&a->cv, &a->mu);
     if (a->failed) goto out;
+    if (h->mark) { /* in this thread; the queue's runs only calls issued, so not this one yet */
+        pthread_mutex_unlock(&a->mu);
+        err[0] = '\0';
+        int rc = h->mark(h->ud, a->issued + 1, err, sizeof err);
+        pthread_mutex_lock(&a->mu);
+        if (rc != 0) {
+            fail_locked(a, err);
+            goto out;
+        }
+    }
     if (a->issued - a->done == a->cap) { /* full: grow, keeping the pending calls in order */
         long cap = a->cap ? 2 * a->cap : 64;
         acall *q = malloc((size_t)cap * sizeof *q);
         if (!q) {
-            a->failed = 1;
-            snprintf(a->error, sizeof a->error, "a communication queue over %d ranks: out of memory", a->c->size);
+            snprintf(err, sizeof err, "a communication queue over %d ranks: out of memory", a->c->size);
+            fail_locked(a, err);
             goto out;
         }
         for (long i = a->done; i < a->issued; i++) q[i % cap] = a->q[i % a->cap];
@@ -167,9 +199,10 @@ static long issue_v(comm_async *a, acall_kind kind, float *const *bufs, const si
     /* the arrays copied, in one block: pointers, then sizes */
     void *block = malloc((size_t)k * (sizeof(float *) + sizeof(size_t)) + 1);
     if (!block) {
+        char why[96];
+        snprintf(why, sizeof why, "a communication queue over %d ranks: out of memory", a->c->size);
         pthread_mutex_lock(&a->mu);
-        a->failed = 1;
-        snprintf(a->error, sizeof a->error, "a communication queue over %d ranks: out of memory", a->c->size);
+        fail_locked(a, why);
         pthread_mutex_unlock(&a->mu);
         return -1;
     }

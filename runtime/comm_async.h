@@ -13,9 +13,14 @@
  * queue is the queue's until its ticket is waited for: the caller neither
  * writes it nor (for an output) reads it.
  *
- * The bracket, if any, is called around each call in the queue's thread
- * (open 1, then 0): the guarded test device opens its memory with it.
- *
+ * Hooks (comm_async_hooks) tie the queue to a device's own ordering. A
+ * GPU's kernels run after the host has moved on, so "backward has
+ * finished the gradient" means its kernels are enqueued, not done: mark
+ * runs in the caller's thread as a call is queued and records an event on
+ * the compute stream; bracket runs in the queue's thread around the call
+ * and, before it, waits for that event. The guarded test device opens its
+ * memory in the bracket.
+
  * Failure: a call that fails fails the queue: its wait and every later
  * call and wait return -1 with the reason in comm_async_error (the
  * backend's message: which call, which rank). A rank that fails elsewhere
@@ -31,20 +36,39 @@
 
 typedef struct comm_async comm_async;
 
-typedef void (*comm_async_bracket)(void *ud, int open);
+/* What a queue's owner runs around its calls (each hook may be NULL):
+ *   - mark(ud, ticket): in the caller's thread as call `ticket` is queued,
+ *     before the queue's thread can run it;
+ *   - bracket(ud, open, ticket): in the queue's thread around the call:
+ *     open 1 before it, 0 after.
+ * A hook returns 0, or -1 with its reason in err (n bytes): a failed mark
+ * fails the issue, a failed bracket the call (either fails the queue).
+ * marks > 0: the owner keeps a slot per call in flight, `ticket % marks`
+ * (a ring of events): issuing call t first waits until call t - marks
+ * has run, so that no slot is marked again while its call may still wait
+ * for it. 0: no bound. */
+typedef struct comm_async_hooks {
+    int (*mark)(void *ud, long ticket, char *err, size_t n);
+    int (*bracket)(void *ud, int open, long ticket, char *err, size_t n);
+    void *ud;
+    int marks;
+} comm_async_hooks;
 
 /* 1 if c's backend lets a queue's thread call it while the rank calls
- * it too: threads, TCP, MPI with MPI_THREAD_MULTIPLE; not NCCL (one
- * thread a world; its overlap is its own stream's). */
+ * it too: threads, TCP, MPI with MPI_THREAD_MULTIPLE, NCCL (the queue's
+ * communicator gets an NCCL world of its own, comm_nccl_own_thread, and its
+ * own stream). */
 int comm_async_supported(const comm *c);
 
 /* A queue over c's group (collective over c: it splits c), with its
- * thread. 0, or -1 with the reason in c->error (out of memory, no
- * thread, the split failed). */
-int comm_async_new(comm *c, comm_async_bracket bracket, void *ud, comm_async **out);
+ * thread; hooks (copied) may be NULL. 0, or -1 with the reason in
+ * c->error (out of memory, no thread, the split failed). */
+int comm_async_new(comm *c, const comm_async_hooks *hooks, comm_async **out);
 
 /* Queues a call (comm.h's, with the same arguments): returns its ticket
- * (>= 1, in issue order), or -1 if the queue failed or is out of memory. */
+ * (>= 1, in issue order), or -1 if the queue failed, is out of memory or
+ * the mark failed. With hooks.marks, it may first wait for an earlier
+ * call (see comm_async_hooks). */
 long comm_async_all_reduce(comm_async *a, float *buf, size_t n);
 long comm_async_reduce_scatter(comm_async *a, const float *in, float *out, size_t n);
 long comm_async_all_gather(comm_async *a, const float *in, float *out, size_t n);

@@ -46,9 +46,19 @@
  * check in all_to_all, no split); group_end issues the group, with the
  * deferred sends (to oneself too: received in the same group), and waits.
  *
- * One thread uses a world at a time (NCCL's groups are per thread). The
- * whole backend needs CUDA=1 (MESH_CUDA); without it, the constructors say
- * so.
+ * One thread uses a world at a time (NCCL's groups are per thread). A
+ * communication queue's split (comm_async.h) is made a world of its own
+ * (comm_nccl_own_thread), which the queue's thread uses while the rank's
+ * goes on with the rest: its collectives run on its handle's stream beside
+ * the rank's kernels (the executor's overlap). Its comm_abort may come from
+ * the rank's thread: it is asked for (an atomic flag) and done by the
+ * queue's thread at its next poll, or by comm_free. Two communicators
+ * working at once on one GPU rely on both NCCL kernels fitting on the GPU
+ * together, as PyTorch's and Megatron-LM's overlapped gradient reductions
+ * do (NCCL's documentation does not promise it).
+ *
+ * The whole backend needs CUDA=1 (MESH_CUDA); without it, the
+ * constructors say so.
  */
 #include "comm.h"
 #include "device.h" /* dev_cuda_probe: whether a GPU is usable */
@@ -60,6 +70,7 @@
 #include <cuda_runtime.h> /* cudaStream_t, cudaMalloc, cudaMemcpyAsync, cudaStreamQuery */
 #include <limits.h>       /* INT_MAX */
 #include <nccl.h>         /* ncclComm_t, ncclAllReduce, ... */
+#include <stdatomic.h>    /* atomic_int: an own world's abort asked from another thread */
 #include <stdint.h>       /* int32_t, uint64_t */
 #include <stdlib.h>       /* calloc, realloc, free, getenv */
 #include <string.h>       /* memcpy, memset */
@@ -101,6 +112,10 @@ struct nworld {
     int group;          /* group_begin depth */
     int aborted;
     char why[240];
+    int own;            /* a queue's world (comm_nccl_own_thread): comm_abort only asks */
+    atomic_int claimed; /* own: the first comm_abort writes asked_why, */
+    atomic_int asked;   /* then sets this; the world's thread aborts it */
+    char asked_why[240];
 };
 
 static const comm_vtbl nccl_vtbl;
@@ -145,6 +160,15 @@ static void abort_world(nworld *w, const char *why)
     }
 }
 
+/* An own world's abort asked for by another thread: done here, by the
+ * thread using the world. 1 if the world is (now) aborted. */
+static int take_abort(nworld *w)
+{
+    if (w->own && !w->aborted && atomic_load_explicit(&w->asked, memory_order_acquire))
+        abort_world(w, w->asked_why);
+    return w->aborted;
+}
+
 /* Records why op failed in m's error, aborts the world; returns -1. */
 static int fail_abort(ncomm *m, const char *op, const char *why)
 {
@@ -179,6 +203,12 @@ static int timed_out(ncomm *m, const char *op)
     return fail_abort(m, op, why);
 }
 
+/* op's failure when an own world's abort was asked for while it waited. */
+static int asked_abort(ncomm *m, const char *op)
+{
+    return comm_fail(&m->c, op, "the world's NCCL communicators were aborted (%s)", m->w->why);
+}
+
 /* Waits until the work enqueued on the world's touched handles is done:
  * each communicator's async state leaves ncclInProgress (the operations are
  * on the stream), then its stream drains. Errors and the timeout abort the
@@ -189,6 +219,7 @@ static int finish(ncomm *m, const char *op)
     double until = now_s() + w->timeout;
     for (int polls = 0;; pause_poll(&polls)) {
         int busy = 0;
+        if (take_abort(w)) return asked_abort(m, op);
         for (ncomm *x = w->comms; x; x = x->next) {
             if (!x->touched) continue;
             ncclResult_t st = ncclSuccess, rc = ncclCommGetAsyncError(x->nc, &st);
@@ -216,6 +247,7 @@ static int drain(ncomm *m, const char *op)
 {
     double until = now_s() + m->w->timeout;
     for (int polls = 0;; pause_poll(&polls)) {
+        if (take_abort(m->w)) return asked_abort(m, op);
         cudaError_t ce = cudaStreamQuery(m->stream);
         if (ce == cudaSuccess) return 0;
         if (ce != cudaErrorNotReady) return cuda_fail(m, op, "cudaStreamQuery", ce);
@@ -243,7 +275,7 @@ static int failed(ncclResult_t rc) { return rc != ncclSuccess && rc != ncclInPro
 /* -1 (with why) when the world was aborted. */
 static int dead(ncomm *m, const char *op)
 {
-    if (!m->w->aborted && m->nc) return 0;
+    if (!take_abort(m->w) && m->nc) return 0;
     return comm_fail(&m->c, op, "the world's NCCL communicators were aborted (%s)",
                      m->w->aborted ? m->w->why : "no communicator");
 }
@@ -576,14 +608,25 @@ static int n_group_end(comm *c)
     return close_group(m, "group", "ncclSend", rc, bad);
 }
 
+/* An own world (a queue's) may be aborted from another thread: that asks
+ * the thread using it (take_abort). */
 static void n_abort(comm *c, const char *why)
 {
     ncomm *m = (ncomm *)c;
-    char msg[sizeof m->w->why];
+    nworld *w = m->w;
+    char msg[sizeof w->why];
     snprintf(msg, sizeof msg, "rank %d failed: %s", c->world_rank, why ? why : "aborted");
     fprintf(stderr, "mesh: %s; aborting its NCCL communicators\n", msg);
     fflush(stderr);
-    abort_world(m->w, msg);
+    if (!w->own) {
+        abort_world(w, msg);
+        return;
+    }
+    int first = 0;
+    if (atomic_compare_exchange_strong(&w->claimed, &first, 1)) {
+        snprintf(w->asked_why, sizeof w->asked_why, "%s", msg);
+        atomic_store_explicit(&w->asked, 1, memory_order_release);
+    }
 }
 
 /* ---- handles ---------------------------------------------------------- */
@@ -674,6 +717,7 @@ static void n_free(comm *c)
 {
     ncomm *m = (ncomm *)c;
     nworld *w = m->w;
+    (void)take_abort(w);
     if (!w->aborted && m->nc && !w->group && flush_sends(m, "free") != 0)
         fprintf(stderr, "mesh: %s\n", c->error);
     if (m->nc) {
@@ -704,31 +748,55 @@ static void n_free(comm *c)
     if (!w->comms) free(w);
 }
 
-/* A bucket of device buffers: one call per buffer (comm.c's packing is
- * host memory). */
+/* A bucket of device buffers: a call per buffer (comm.c's packing is host
+ * memory), all in one NCCL group, which NCCL launches as one (its
+ * aggregated operations); the deferred sends go out before it, as before
+ * any collective. A call that fails in NCCL has aborted the world, which
+ * closed the group; one refused before (a host buffer) aborts it too. */
+typedef int (*bucket_fn)(comm *c, float *buf, size_t n);
+
+static int bucket(comm *c, const char *op, bucket_fn fn, float *const *bufs, const size_t *n, int k)
+{
+    ncomm *m = (ncomm *)c;
+    if (k == 1) return fn(c, bufs[0], n[0]);
+    if (begin(m, op) != 0 || n_group_begin(c) != 0) return -1;
+    for (int i = 0; i < k; i++) {
+        if (fn(c, bufs[i], n[i]) == 0) continue;
+        if (!m->w->aborted) { /* refused before NCCL (a host buffer): the group is half enqueued */
+            char why[sizeof c->error];
+            snprintf(why, sizeof why, "%s", c->error);
+            (void)fail_abort(m, op, why);
+        }
+        return -1;
+    }
+    return n_group_end(c);
+}
+
+static int bucket_reduce_scatter(comm *c, float *buf, size_t n)
+{
+    size_t len = n / (size_t)c->size;
+    return n_reduce_scatter(c, buf, fat((ncomm *)c, buf, (size_t)c->rank * len), len);
+}
+
+static int bucket_all_gather(comm *c, float *buf, size_t n)
+{
+    size_t len = n / (size_t)c->size;
+    return n_all_gather(c, fat((ncomm *)c, buf, (size_t)c->rank * len), buf, len);
+}
+
 static int n_all_reduce_v(comm *c, float *const *bufs, const size_t *n, int k)
 {
-    for (int i = 0; i < k; i++)
-        if (n_all_reduce(c, bufs[i], n[i]) != 0) return -1;
-    return 0;
+    return k > 0 ? bucket(c, "all-reduce", n_all_reduce, bufs, n, k) : 0;
 }
 
 static int n_reduce_scatter_v(comm *c, float *const *bufs, const size_t *n, int k)
 {
-    for (int i = 0; i < k; i++) {
-        size_t len = n[i] / (size_t)c->size;
-        if (n_reduce_scatter(c, bufs[i], fat((ncomm *)c, bufs[i], (size_t)c->rank * len), len) != 0) return -1;
-    }
-    return 0;
+    return k > 0 ? bucket(c, "reduce-scatter", bucket_reduce_scatter, bufs, n, k) : 0;
 }
 
 static int n_all_gather_v(comm *c, float *const *bufs, const size_t *n, int k)
 {
-    for (int i = 0; i < k; i++) {
-        size_t len = n[i] / (size_t)c->size;
-        if (n_all_gather(c, fat((ncomm *)c, bufs[i], (size_t)c->rank * len), bufs[i], len) != 0) return -1;
-    }
-    return 0;
+    return k > 0 ? bucket(c, "all-gather", bucket_all_gather, bufs, n, k) : 0;
 }
 
 static const comm_vtbl nccl_vtbl = {
@@ -920,6 +988,33 @@ int comm_nccl_set_elements(comm *c, int type)
     return 0;
 }
 
+int comm_nccl_own_thread(comm *c)
+{
+    if (!c || c->v != &nccl_vtbl) return 0;
+    ncomm *m = (ncomm *)c;
+    nworld *w = m->w;
+    if (w->own && w->comms == m && !m->next) return 0;
+    if (dead(m, "own thread") != 0) return -1;
+    if (w->group || m->pending || m->touched)
+        return comm_fail(c, "own thread", "the handle has work in flight (a group open, sends deferred)");
+    nworld *o = calloc(1, sizeof *o);
+    if (!o) return comm_fail(c, "own thread", "out of memory");
+    o->device = w->device;
+    o->timeout = w->timeout;
+    o->own = 1;
+    atomic_init(&o->claimed, 0);
+    atomic_init(&o->asked, 0);
+    for (ncomm **at = &w->comms; *at; at = &(*at)->next)
+        if (*at == m) {
+            *at = m->next;
+            break;
+        }
+    m->next = NULL;
+    m->w = o;
+    o->comms = m;
+    return 0;
+}
+
 #else /* no CUDA in this build */
 
 #define NO_CUDA "this libmesh was built without CUDA (make CUDA=1)"
@@ -944,6 +1039,12 @@ int comm_nccl_set_elements(comm *c, int type)
     (void)c;
     (void)type;
     return -1;
+}
+
+int comm_nccl_own_thread(comm *c)
+{
+    (void)c; /* no NCCL handle exists in this build */
+    return 0;
 }
 
 comm *comm_nccl_world_mpi(comm *boot, int device, double timeout_s, char *err, size_t n)

@@ -10,6 +10,7 @@
 #include <stdarg.h> /* va_list */
 #include <stdio.h>  /* snprintf, vsnprintf */
 #include <stdlib.h> /* calloc, free */
+#include <time.h>   /* nanosleep */
 
 mesh_status dev_fail(dev *d, mesh_status st, const char *fmt, ...)
 {
@@ -200,6 +201,19 @@ mesh_status dev_event_wait(dev *d, dev_stream *s, dev_event *e)
     if (!d) return MESH_ERR_INVALID_ARG;
     if (!e) return dev_fail(d, MESH_ERR_INVALID_ARG, "event wait: NULL event");
     return d->v->event_wait ? d->v->event_wait(d, s, e) : MESH_OK;
+}
+
+mesh_status dev_event_sync(dev *d, dev_event *e)
+{
+    for (int polls = 0;; polls++) {
+        int done = 0;
+        mesh_status st = dev_event_query(d, e, &done);
+        if (st != MESH_OK || done) return st;
+        if (polls >= 200) {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+    }
 }
 
 mesh_status dev_mem_info(dev *d, size_t *free_bytes, size_t *total_bytes)

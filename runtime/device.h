@@ -139,6 +139,9 @@ void dev_event_destroy(dev *d, dev_event *e); /* NULL does nothing */
 mesh_status dev_event_record(dev *d, dev_event *e, dev_stream *s);
 mesh_status dev_event_query(dev *d, dev_event *e, int *done);
 mesh_status dev_event_wait(dev *d, dev_stream *s, dev_event *e);
+/* The host waits until the work before e's record is done (polling
+ * dev_event_query: spinning briefly, then sleeping 20 us at a time). */
+mesh_status dev_event_sync(dev *d, dev_event *e);
 mesh_status dev_mem_info(dev *d, size_t *free_bytes, size_t *total_bytes);
 
 /* For backends: writes "NAME: " and the formatted text into d->error;

@@ -50,6 +50,18 @@ typedef struct ex_lterm {
     double coef;
 } ex_lterm;
 
+/* A communication queue's marks (exec_overlap.c): per call in flight, an
+ * event recorded on the compute stream when the call is queued, which the
+ * queue's thread waits for (through a device handle of its own) before
+ * running the call: on a GPU, the kernels that write its buffers have
+ * run. Slot ticket % EX_MARKS (comm_async_hooks.marks). */
+enum { EX_MARKS = 64 };
+typedef struct ex_marks {
+    struct mesh__exec *ex;
+    dev *dev; /* the queue's thread's handle on the executor's device */
+    dev_event *ev[EX_MARKS];
+} ex_marks;
+
 struct mesh__exec {
     const plan *p;
     /* where it trains: the arena is device memory (host memory on the CPU,
@@ -153,6 +165,7 @@ struct mesh__exec {
     /* the gradient sync overlapped with backward (exec_overlap.c) */
     comm *ov_comm[2];    /* the data-parallel groups (dense params', experts') */
     comm_async *ov_q[2]; /* and their queues; NULL: not overlapped */
+    ex_marks ov_mark[2]; /* and their marks */
     int *ov_at;          /* per plan step: where its copies' flags start in ov_issued, -1: never early */
     signed char *ov_parts; /* per plan step outside the stack: the parts whose backward adds to its param */
     char *ov_issued;     /* per (early step, copy): issued this step */

@@ -37,9 +37,18 @@
  * 1 ms before each call (MESH__EXEC_SLOW_QUEUE), where any read before its
  * wait reads stale data and changes the losses.
  *
- * Not overlapped: the deterministic chain, a GPU (NCCL's overlap is a
- * stream of its own, not a thread), a backend that cannot take calls from
- * two threads (comm_async_supported), mesh_set_overlap(0).
+ * On a GPU the queue's thread runs NCCL calls on its own communicator (a
+ * world of its own, comm_nccl_own_thread) and its stream, beside the
+ * rank's kernels on the compute stream. A call is queued when the kernels
+ * that write its buffers are enqueued, not run: the mark hook records an
+ * event on the compute stream as the call is queued, and the queue's
+ * thread waits for that event before the call (ex_marks; the same code
+ * runs on the CPU, whose events are done at once). The rank's wait for a
+ * ticket is the host's, so the kernels it enqueues after the wait (that
+ * read the result or write the buffers again) come after the call.
+ *
+ * Not overlapped: the deterministic chain, a backend that cannot take
+ * calls from two threads (comm_async_supported), mesh_set_overlap(0).
  */
 #include "exec_impl.h"
 
@@ -101,7 +110,55 @@ static int rs_step(const mesh__exec *ex, int s)
            ex->p->tensors[st->node].op == G_PARAM && exec__staged(ex, st->node) && exec__step_comm(ex, st) != NULL;
 }
 
-static void bracket(void *ud, int open) { dev_guard(((mesh__exec *)ud)->dev, open); }
+/* comm_async's hooks (ud: the queue's ex_marks). As a call is queued: its
+ * slot's event marks the compute stream's work so far. */
+static int mark(void *ud, long ticket, char *err, size_t n)
+{
+    ex_marks *m = ud;
+    mesh__exec *ex = m->ex;
+    if (dev_event_record(ex->dev, m->ev[ticket % EX_MARKS], (dev_stream *)ex->kern.stream) == MESH_OK) return 0;
+    snprintf(err, n, "rank %d: marking a queued collective on %s: %s", ex->rank, ex->dev->name,
+             dev_last_error(ex->dev));
+    return -1;
+}
+
+/* In the queue's thread, around a call: the guarded device's memory opens;
+ * before the call, the work it was queued after has run. */
+static int bracket(void *ud, int open, long ticket, char *err, size_t n)
+{
+    ex_marks *m = ud;
+    mesh__exec *ex = m->ex;
+    dev_guard(ex->dev, open);
+    if (!open || dev_event_sync(m->dev, m->ev[ticket % EX_MARKS]) == MESH_OK) return 0;
+    snprintf(err, n, "rank %d: waiting for the kernels before a queued collective: %s", ex->rank,
+             dev_last_error(m->dev));
+    dev_guard(ex->dev, 0);
+    return -1;
+}
+
+/* The queue's marks: its events and its thread's handle on the device. */
+static int marks_init(mesh__exec *ex, ex_marks *m)
+{
+    char why[256];
+    m->ex = ex;
+    mesh_status st = dev_open(ex->gpu ? MESH_DEVICE_CUDA : MESH_DEVICE_CPU, ex->gpu ? ex->dev->index : 0, &m->dev, why,
+                              sizeof why);
+    for (int i = 0; st == MESH_OK && i < EX_MARKS; i++)
+        if ((st = dev_event_create(ex->dev, &m->ev[i])) != MESH_OK) snprintf(why, sizeof why, "%s", dev_last_error(ex->dev));
+    if (st == MESH_OK) return 0;
+    snprintf(ex->error, sizeof ex->error, "rank %d: a communication queue's events: %s", ex->rank, why);
+    return -2;
+}
+
+static void marks_free(mesh__exec *ex, ex_marks *m)
+{
+    for (int i = 0; i < EX_MARKS; i++) {
+        dev_event_destroy(ex->dev, m->ev[i]);
+        m->ev[i] = NULL;
+    }
+    dev_close(m->dev);
+    m->dev = NULL;
+}
 
 int exec__overlap_init(mesh__exec *ex, unsigned flags)
 {
@@ -110,7 +167,7 @@ int exec__overlap_init(mesh__exec *ex, unsigned flags)
     ex->bk_bufs = exec__host_calloc(ex, 2 * (size_t)p->n_steps, sizeof *ex->bk_bufs);
     ex->bk_n = exec__host_calloc(ex, 2 * (size_t)p->n_steps, sizeof *ex->bk_n);
     if (!ex->bk_bufs || !ex->bk_n) return -1;
-    if ((flags & MESH__EXEC_NO_OVERLAP) || ex->gpu || ex->chain) return 0;
+    if ((flags & MESH__EXEC_NO_OVERLAP) || ex->chain) return 0;
     int any = 0;
     comm *groups[2] = {ex->data, ex->axis[0] != ex->data ? ex->axis[0] : NULL};
     for (int g = 0; g < 2; g++)
@@ -159,10 +216,12 @@ int exec__overlap_init(mesh__exec *ex, unsigned flags)
     /* a queue per data-parallel group (collective over each, the same on every member) */
     for (int g = 0; g < 2; g++) {
         ex->ov_comm[g] = groups[g];
-        if (groups[g] && comm_async_new(groups[g], bracket, ex, &ex->ov_q[g]) != 0) {
+        comm_async_hooks hooks = {mark, bracket, &ex->ov_mark[g], EX_MARKS};
+        if (groups[g] && comm_async_new(groups[g], &hooks, &ex->ov_q[g]) != 0) {
             snprintf(ex->error, sizeof ex->error, "rank %d: %s", ex->rank, groups[g]->error);
             return -2;
         }
+        if (ex->ov_q[g] && marks_init(ex, &ex->ov_mark[g]) != 0) return -2; /* (after the split: collective) */
         if (ex->ov_q[g] && (flags & MESH__EXEC_SLOW_QUEUE)) comm_async_set_delay(ex->ov_q[g], 1e-3);
     }
     return 0;
@@ -175,6 +234,7 @@ void exec__overlap_free(mesh__exec *ex)
             comm_async_abort(ex->ov_q[g], "its step failed with collectives in flight");
         comm_async_free(ex->ov_q[g]); /* (else the last step's gathers finish first) */
         ex->ov_q[g] = NULL;
+        marks_free(ex, &ex->ov_mark[g]);
     }
     exec__host_free(ex, ex->ag_layer, ex->ag_layer ? (size_t)ex->ag_layers * sizeof *ex->ag_layer : 0);
     ex->ag_layer = NULL;

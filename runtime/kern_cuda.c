@@ -65,8 +65,8 @@ static void cuda_close(kern *k)
 {
     cuda_kern *c = k->impl;
     if (!c) return;
-    dev_free(k->d, c->dss);
-    dev_free(k->d, c->tmp);
+    (void)kcuda_free(c->dss, k->stream); /* (kcuda_ctx_free waits for the device) */
+    (void)kcuda_free(c->tmp, k->stream);
     kcuda_ctx_free(c->ctx);
     free(c);
     k->impl = NULL;
@@ -262,12 +262,13 @@ static int sum_squares(kern *k, double *ss, void *const *bufs, const size_t *n, 
     cuda_kern *c = k->impl;
     dev_stream *s = (dev_stream *)k->stream;
     if (nbufs <= 0) return 0;
-    if (nbufs > c->dss_cap) {
-        void *p = NULL;
-        dev_free(k->d, c->dss);
+    if (nbufs > c->dss_cap) { /* stream-ordered: no wait for the other streams (kcuda_alloc) */
+        void *p = NULL, *old = c->dss;
         c->dss = NULL;
         c->dss_cap = 0;
-        if (from_dev(k, "sums of squares", dev_alloc(k->d, &p, (size_t)nbufs * sizeof(double)))) return -1;
+        if (check(k, "kcuda_free", kcuda_free(old, k->stream)) ||
+            check(k, "kcuda_alloc", kcuda_alloc(&p, (size_t)nbufs * sizeof(double), k->stream)))
+            return -1;
         c->dss = p;
         c->dss_cap = nbufs;
     }
@@ -315,17 +316,18 @@ static kcuda_moe_route moe_bind(const void *route, const kern_moe_dims *g)
 
 static int *moe_route_count(void *route, const kern_moe_dims *g) { return moe_bind(route, g).count; }
 
-/* n floats of device scratch, grown (after the stream's work) when short. */
+/* n floats of device scratch, grown (stream-ordered, kcuda_alloc) when
+ * short. */
 static float *scratch_floats(kern *k, size_t n)
 {
     cuda_kern *c = k->impl;
     if (n <= c->tmp_cap) return c->tmp;
-    void *p = NULL;
-    if (from_dev(k, "moe's fp32 scratch", dev_stream_sync(k->d, (dev_stream *)k->stream))) return NULL;
-    dev_free(k->d, c->tmp);
+    void *p = NULL, *old = c->tmp;
     c->tmp = NULL;
     c->tmp_cap = 0;
-    if (from_dev(k, "moe's fp32 scratch", dev_alloc(k->d, &p, n * sizeof(float)))) return NULL;
+    if (check(k, "kcuda_free", kcuda_free(old, k->stream)) ||
+        check(k, "kcuda_alloc", kcuda_alloc(&p, n * sizeof(float), k->stream)))
+        return NULL;
     c->tmp = p;
     c->tmp_cap = n;
     return c->tmp;

@@ -438,8 +438,11 @@ mesh_status mesh_set_deterministic(int on);
  * run while the layer below computes; with ZeRO-3 the next layer's params
  * are gathered while a layer computes (FSDP's prefetch); with ZeRO-1/2 the
  * updated params are gathered while the next step's forward begins (each
- * layer waits for its own). Off, each in turn. The numbers are the same bits either way. The deterministic
- * order, GPUs and MPI without MPI_THREAD_MULTIPLE run in turn. */
+ * layer waits for its own). Off, each in turn. The numbers are the same
+ * bits either way (on GPUs: NCCL's sums, the same calls on a copy of the
+ * group). The deterministic order and MPI without MPI_THREAD_MULTIPLE run
+ * in turn. On GPUs the communication thread uses an NCCL communicator
+ * and stream of its own, beside the compute stream. */
 mesh_status mesh_set_overlap(int on);
 
 /* The device contexts train on. */

@@ -5,6 +5,7 @@
 #include <dlfcn.h>  /* defines: dlopen, dlclose, dlerror */
 #include <stdarg.h> /* defines: va_list */
 #include <stdio.h>  /* defines: snprintf, vsnprintf */
+#include <stdint.h> /* defines: uint64_t, UINT64_MAX */
 #include <stdlib.h> /* defines: calloc, free */
 #include <string.h> /* defines: strrchr */
 
@@ -148,7 +149,37 @@ int kcuda_ctx_create(kcuda_ctx **out)
                                 __LINE__);
     }
     c->workspace_bytes = KCUDA_WORKSPACE;
+    /* the default pool keeps freed memory: no trimming at a synchronize */
+    int dev = 0;
+    cudaMemPool_t pool;
+    uint64_t keep = UINT64_MAX;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetDefaultMemPool(&pool, dev) != cudaSuccess ||
+        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold,
+                                &keep) != cudaSuccess) {
+        e = cudaGetLastError();
+        cudaFree(c->workspace);
+        cublasLtDestroy(c->lt);
+        free(c);
+        return kcuda__cuda_fail(e, "the default memory pool", __FILE__,
+                                __LINE__);
+    }
     *out = c;
+    return 0;
+}
+
+int kcuda_alloc(void **p, size_t bytes, void *stream)
+{
+    KCUDA_ARG(p != NULL, "kcuda_alloc: p is NULL");
+    *p = NULL;
+    KCUDA_CHECK(cudaMallocAsync(p, bytes ? bytes : 1, kcuda__stream(stream)));
+    return 0;
+}
+
+int kcuda_free(void *p, void *stream)
+{
+    if (p)
+        KCUDA_CHECK(cudaFreeAsync(p, kcuda__stream(stream)));
     return 0;
 }
 
@@ -158,7 +189,10 @@ void kcuda_ctx_free(kcuda_ctx *ctx)
         return;
     (void)cudaDeviceSynchronize(); /* queued work may use the buffers */
     cudaFree(ctx->workspace);
-    cudaFree(ctx->scratch);
+    if (ctx->scratch) { /* stream-ordered (kcuda__scratch) */
+        (void)cudaFreeAsync(ctx->scratch, 0);
+        (void)cudaStreamSynchronize(0);
+    }
     cublasLtDestroy(ctx->lt);
     free(ctx);
 }
@@ -172,12 +206,13 @@ int kcuda__scratch(kcuda_ctx *ctx, size_t bytes, void **out,
     if (bytes > ctx->scratch_bytes) {
         /* grow by half again, so that a run of growing calls stays short */
         size_t want = bytes + bytes / 2;
-        KCUDA_CHECK(cudaStreamSynchronize(stream));
-        if (ctx->scratch)
-            KCUDA_CHECK(cudaFree(ctx->scratch));
+        /* stream-ordered: the old buffer's users on the stream run first,
+         * and no other stream is waited for (kcuda_alloc) */
+        void *old = ctx->scratch;
         ctx->scratch = NULL;
         ctx->scratch_bytes = 0;
-        KCUDA_CHECK(cudaMalloc(&ctx->scratch, want));
+        KCUDA_TRY(kcuda_free(old, stream));
+        KCUDA_TRY(kcuda_alloc(&ctx->scratch, want, stream));
         ctx->scratch_bytes = want;
     }
     *out = ctx->scratch;

@@ -83,10 +83,21 @@ int kcuda_convert(void *dst, kcuda_dtype dst_dt, const void *src,
 /* A cuBLASLt handle, its workspace (32 MiB), cached matmul algorithms and a
  * scratch buffer that grows on demand (the ops that need one say so). Use a
  * context from one stream at a time. kcuda_ctx_free(NULL) does nothing;
- * freeing waits for the device. */
+ * freeing waits for the device. Creating one makes the device's default
+ * memory pool keep what is freed into it (its release threshold the
+ * largest), so that the stream-ordered allocations below stay cheap. */
 typedef struct kcuda_ctx kcuda_ctx;
 int kcuda_ctx_create(kcuda_ctx **out);
 void kcuda_ctx_free(kcuda_ctx *ctx);
+
+/* Stream-ordered device memory (cudaMallocAsync, cudaFreeAsync from the
+ * device's default pool) for buffers that grow while training: usable by
+ * `stream`'s later work. A cudaMalloc or cudaFree would wait for every
+ * stream of the device, a communication queue's running NCCL collective
+ * included, which may wait for a peer that waits for this rank: a
+ * deadlock. kcuda_free(NULL, ...) does nothing. */
+int kcuda_alloc(void **p, size_t bytes, void *stream);
+int kcuda_free(void *p, void *stream);
 
 /* ---- matmul.cu: linear layers through cuBLASLt -------------------------- */
 

@@ -20,7 +20,9 @@
 #             loss must be the CPU executor's within 1e-4 relative in fp32
 #             (moe 1e-3), 2e-2 in bf16 and fp16 (gpt-tiny; moe bf16 3e-2;
 #             the CPU rounds fp32 words where the GPU stores 2 bytes). With
-#             4 GPUs or more, gpt-tiny on dp 2 x tp 2 in fp32 and bf16 too
+#             2 GPUs or more, gpt-tiny on dp 2 with ZeRO-3 too (and its
+#             overlapped run against --no-overlap); 4 or more, dp 2 x tp 2
+#             in fp32 and bf16
 #             (NCCL between the GPUs).
 #  6. train_gpt2: GPT-2 124M (examples/gpt2.mesh on one GPU, bf16, T=1024,
 #             B=16 and 32; fp32 B=16) through meshrun --device cuda:
@@ -288,16 +290,25 @@ step_train_equiv() {
         --set train.global_batch=8 --set train.micro_batch=4 --set train.seq_len=64 --set train.precision=fp32
         --set train.zero=0 --set 'train.lr_schedule=cosine(warmup: 5, min_lr: 1e-4)'
         --set 'train.optimizer=adamw(lr: 3e-3)' --set train.steps=20 --set train.log_every=1)
-    # several GPUs (NCCL between them): gpt-tiny on dp 2 x tp 2 in fp32 and
-    # bf16, ranks as threads of meshrun, one GPU each, against the same mesh
-    # on the CPU
+    # several GPUs (NCCL between them): gpt-tiny on dp 2 with ZeRO-3 (its
+    # gradient sums, reduce-scatters and prefetched gathers overlapping
+    # compute on the communication queue's NCCL stream), and on dp 2 x tp 2
+    # in fp32 and bf16; ranks as threads of meshrun, one GPU each, against
+    # the same mesh on the CPU
     local -a models=(gpt-tiny gpt-tiny-bf16 gpt-tiny-fp16 llama moe moe-bf16)
     local gpus
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
-    if [ "$TRAIN_DEV" = cuda ] && [ "${gpus:-0}" -lt 4 ]; then
-        echo "train_equiv: SKIP several GPUs: this machine has ${gpus:-0} (dp 2 x tp 2 needs 4)"
+    [ "$TRAIN_DEV" = cuda ] || gpus=4
+    if [ "${gpus:-0}" -lt 2 ]; then
+        echo "train_equiv: SKIP several GPUs: this machine has ${gpus:-0} (dp 2 needs 2, dp 2 x tp 2 needs 4)"
         detail+="several GPUs: skipped (${gpus:-0} GPU); "
     else
+        models+=(gpt-tiny-dp2z3)
+    fi
+    if [ "${gpus:-0}" -ge 2 ] && [ "${gpus:-0}" -lt 4 ]; then
+        echo "train_equiv: SKIP dp 2 x tp 2: this machine has $gpus GPUs (it needs 4)"
+        detail+="dp 2 x tp 2: skipped ($gpus GPUs); "
+    elif [ "${gpus:-0}" -ge 4 ]; then
         models+=(gpt-tiny-dp2tp2 gpt-tiny-dp2tp2-bf16)
     fi
     for m in "${models[@]}"; do
@@ -311,6 +322,8 @@ step_train_equiv() {
         # overflow in one summation order and not the other
         [ "$m" = gpt-tiny-fp16 ] && sets+=(--set train.precision=fp16 --set train.loss_scale=1024) &&
             src=examples/gpt-tiny.mesh && tol=2e-2
+        [ "$m" = gpt-tiny-dp2z3 ] && src=examples/gpt-tiny.mesh &&
+            sets+=(--set mesh.dp=2 --set mesh.tp=1 --set mesh.pp=1 --set train.precision=fp32 --set train.zero=3)
         [ "$m" = gpt-tiny-dp2tp2 ] && src=examples/gpt-tiny.mesh &&
             sets+=(--set mesh.dp=2 --set mesh.tp=2 --set mesh.pp=1 --set train.precision=fp32)
         [ "$m" = gpt-tiny-dp2tp2-bf16 ] && src=examples/gpt-tiny.mesh && tol=2e-2 &&
@@ -328,6 +341,19 @@ step_train_equiv() {
             echo "== $m on $dev (exit $?)"
             cat "$d/$m-$dev.out"
         done
+        if [ "$m" = gpt-tiny-dp2z3 ]; then # the overlap against the collectives after backward, on the same device
+            rm -f "$d/$m-serial.json"
+            timeout 120 "$BUILD/meshrun" "$d/$m.plan" --device "$TRAIN_DEV" --no-overlap --data "$d/dd.bin" \
+                --val "$d/dd.bin" --checkpoint "$d/ck-$m-serial" --metrics "$d/$m-serial.json" >"$d/$m-serial.out" 2>&1
+            echo "== $m on $TRAIN_DEV, --no-overlap (exit $?)"
+            cat "$d/$m-serial.out"
+            local ov
+            ov=$(paste <(losses_of "$d/$m-serial.json") <(losses_of "$d/$m-$TRAIN_DEV.json") | awk '
+                NF == 2 { n++; r = $1 - $2; if (r < 0) r = -r; if (r > w) w = r } END { printf "%d %.2e\n", n, w }')
+            echo "train_equiv: $m: overlap vs --no-overlap: ${ov% *} steps, largest difference ${ov#* } (allowed 1e-6)"
+            if [ "${ov% *}" != 20 ] || ! awk -v w="${ov#* }" 'BEGIN { exit !(w <= 1e-6) }'; then bad=1; fi
+            detail+="$m overlap vs not: ${ov% *} steps, worst ${ov#* } of 1e-6; "
+        fi
         local cmp
         cmp=$(paste <(losses_of "$d/$m-cpu.json") <(losses_of "$d/$m-$TRAIN_DEV.json") | awk '
             NF == 2 { n++; r = ($1 - $2) / ($1 < 0 ? -$1 : $1); if (r < 0) r = -r; if (r > w) w = r }

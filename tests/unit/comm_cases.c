@@ -2,6 +2,7 @@
  * comm_cases.c: the communicator checks every backend must pass (see
  * comm_cases.h). Each rank only records: the caller checks the results.
  */
+#include <pthread.h> /* defines: pthread_mutex_* (the hooks' log) */
 #include <stdio.h>  /* defines: snprintf */
 #include <stdlib.h> /* defines: malloc, free */
 #include <string.h> /* defines: memcmp */
@@ -202,7 +203,7 @@ int comm_case_async(comm *c, char *err, size_t n)
     int r = c->rank, p = c->size, bad = 0;
     if (p < 2 || p > MAXP || !comm_async_supported(c)) return 1;
     comm_async *q = NULL;
-    if (comm_async_new(c, NULL, NULL, &q) != 0) return call_failed(c, err, n);
+    if (comm_async_new(c, NULL, &q) != 0) return call_failed(c, err, n);
     static const size_t sizes[3] = {N, 1, 64 * 1024 + 3};
     float *buf[3], *want[3];
     for (int k = 0; k < 3; k++) {
@@ -258,10 +259,112 @@ int comm_case_async(comm *c, char *err, size_t n)
     return bad;
 }
 
+/* The hooks' view of a queue: which ticket each of the ring's slots holds,
+ * what ran where. */
+enum { HOOK_MARKS = 4, HOOK_CALLS = 24 };
+typedef struct hook_log {
+    pthread_mutex_t mu;
+    long slot[HOOK_MARKS]; /* the ticket marked into each slot */
+    long marked, opened, closed;
+    long worst;            /* the most calls marked and not yet closed */
+    int bad;               /* a bracket found its slot marked again, or the order wrong */
+    long fail_open;        /* the bracket fails before this ticket (0: never) */
+    long fail_mark;        /* the mark fails for this ticket (0: never) */
+} hook_log;
+
+static int hook_mark(void *ud, long t, char *err, size_t n)
+{
+    hook_log *h = ud;
+    pthread_mutex_lock(&h->mu);
+    int rc = 0;
+    if (t == h->fail_mark) {
+        snprintf(err, n, "mark %ld refused", t);
+        rc = -1;
+    } else {
+        h->bad |= t != h->marked + 1;
+        h->marked = t;
+        h->slot[t % HOOK_MARKS] = t;
+        if (t - h->closed > h->worst) h->worst = t - h->closed;
+    }
+    pthread_mutex_unlock(&h->mu);
+    return rc;
+}
+
+static int hook_bracket(void *ud, int open, long t, char *err, size_t n)
+{
+    hook_log *h = ud;
+    pthread_mutex_lock(&h->mu);
+    int rc = 0;
+    if (open && t == h->fail_open) {
+        snprintf(err, n, "bracket %ld refused", t);
+        rc = -1;
+    } else if (open) {
+        h->bad |= (h->slot[t % HOOK_MARKS] != t) << 1; /* re-marked before its call ran */
+        h->bad |= (t != h->opened + 1) << 2;
+        h->opened = t;
+    } else {
+        h->bad |= (t != h->opened) << 3;
+        h->closed = t;
+    }
+    pthread_mutex_unlock(&h->mu);
+    return rc;
+}
+
+int comm_case_async_hooks(comm *c, char *err, size_t n)
+{
+    int r = c->rank, p = c->size, bad = 0;
+    if (p < 2 || p > MAXP || !comm_async_supported(c)) return 1;
+    /* 1: a ring of 4 marks over a slow queue: the issuer outruns it, and waits */
+    hook_log h = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    comm_async_hooks hooks = {hook_mark, hook_bracket, &h, HOOK_MARKS};
+    comm_async *q = NULL;
+    if (comm_async_new(c, &hooks, &q) != 0) return call_failed(c, err, n);
+    comm_async_set_delay(q, 2e-3);
+    float x[HOOK_CALLS][8];
+    for (int k = 0; k < HOOK_CALLS; k++) {
+        for (int i = 0; i < 8; i++) x[k][i] = value(r, (size_t)(k * 8 + i));
+        bad |= (comm_async_all_reduce(q, x[k], 8) != k + 1) << 4;
+    }
+    if (comm_async_wait_all(q) != 0) return snprintf(err, n, "%s", comm_async_error(q)), -1;
+    for (int k = 0; k < HOOK_CALLS; k++)
+        for (int i = 0; i < 8; i++) {
+            float w = value(0, (size_t)(k * 8 + i));
+            for (int o = 1; o < p; o++) w += value(o, (size_t)(k * 8 + i));
+            bad |= (x[k][i] != w) << 5;
+        }
+    bad |= h.bad << 6; /* bits 6..9 */
+    bad |= (h.marked != HOOK_CALLS || h.opened != HOOK_CALLS || h.closed != HOOK_CALLS) << 10;
+    bad |= (h.worst > HOOK_MARKS) << 11; /* never more in flight than slots */
+    bad |= (h.worst < 2) << 12;          /* (and the queue did fall behind) */
+    comm_async_free(q);
+    /* 2: a bracket that fails (on every rank, at call 3) fails its call and the queue, with its reason */
+    hook_log f = {.mu = PTHREAD_MUTEX_INITIALIZER, .fail_open = 3};
+    hooks.ud = &f;
+    if (comm_async_new(c, &hooks, &q) != 0) return call_failed(c, err, n);
+    long t[4];
+    for (int k = 0; k < 4; k++) t[k] = comm_async_all_reduce(q, x[k], 8);
+    bad |= (t[3] != 4) << 13;
+    bad |= (comm_async_wait(q, t[2]) != -1) << 14;
+    bad |= (strstr(comm_async_error(q), "bracket 3 refused") == NULL) << 15;
+    bad |= (comm_async_all_reduce(q, x[0], 8) != -1) << 16; /* it stays failed */
+    comm_async_free(q);
+    /* 3: a mark that fails fails the issue */
+    hook_log g = {.mu = PTHREAD_MUTEX_INITIALIZER, .fail_mark = 2};
+    hooks.ud = &g;
+    if (comm_async_new(c, &hooks, &q) != 0) return call_failed(c, err, n);
+    bad |= (comm_async_all_reduce(q, x[0], 8) != 1) << 17;
+    bad |= (comm_async_all_reduce(q, x[1], 8) != -1) << 18;
+    bad |= (comm_async_wait(q, 1) != -1) << 19; /* the queue failed */
+    bad |= (strstr(comm_async_error(q), "mark 2 refused") == NULL) << 20;
+    comm_async_free(q);
+    if (bad) snprintf(err, n, "bad bits %#x (worst in flight %ld)", (unsigned)bad, h.worst);
+    return bad;
+}
+
 int comm_case_async_abort(comm *c, char *err, size_t n)
 {
     comm_async *q = NULL;
-    if (comm_async_new(c, NULL, NULL, &q) != 0) { /* rank 1 may abort before a peer's split ends */
+    if (comm_async_new(c, NULL, &q) != 0) { /* rank 1 may abort before a peer's split ends */
         snprintf(err, n, "%s", c->error);
         return c->rank == 1;
     }

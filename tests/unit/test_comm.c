@@ -127,6 +127,17 @@ TEST_IMPL(comm_threads_timeout_names_the_wait)
  * blocking calls' bits; an abort fails the queued call, naming the rank. */
 static int async_calls(rank_job *j, comm *c) { return comm_case_async(c, j->error, sizeof j->error); }
 static int async_abort(rank_job *j, comm *c) { return comm_case_async_abort(c, j->error, sizeof j->error); }
+static int async_hooks(rank_job *j, comm *c) { return comm_case_async_hooks(c, j->error, sizeof j->error); }
+
+TEST_IMPL(comm_threads_async_hooks)
+{
+    rank_job jobs[3];
+    run_world(3, 30, async_hooks, jobs);
+    for (int r = 0; r < 3; r++) {
+        if (jobs[r].rc != 0) fprintf(stderr, "# rank %d: %d %s\n", r, jobs[r].rc, jobs[r].error);
+        ASSERT_INT_EQ(jobs[r].rc, 0);
+    }
+}
 
 TEST_IMPL(comm_threads_async_queue)
 {

@@ -11,6 +11,7 @@
  */
 #include <arpa/inet.h>  /* htonl */
 #include <netinet/in.h> /* struct sockaddr_in */
+#include <pthread.h>    /* pthread_create: a queue's thread */
 #include <stdio.h>      /* printf, snprintf */
 #include <stdlib.h>     /* setenv, unsetenv */
 #include <string.h>     /* strstr, memcmp */
@@ -18,6 +19,7 @@
 #include <unistd.h>     /* close */
 
 #include "comm.h" /* defines: comm_nccl_*, comm_threads_* */
+#include "comm_async.h" /* defines: comm_async_* */
 #include "unit.h" /* defines: TEST_IMPL, ASSERT_* */
 
 #if MESH_CUDA
@@ -161,6 +163,16 @@ static void every_call(comm *c)
     ASSERT_INT_EQ(dev_equals(a, h, N), 1);
     CALL_OK(c, comm_all_gather(c, a, b, N));
     ASSERT_INT_EQ(dev_equals(b, h, N), 1);
+    /* buckets: one NCCL group each */
+    {
+        float *bv[2] = {a, b};
+        size_t nv[2] = {N, N / 2};
+        CALL_OK(c, c->v->all_reduce_v(c, bv, nv, 2));
+        CALL_OK(c, c->v->reduce_scatter_v(c, bv, nv, 2));
+        CALL_OK(c, c->v->all_gather_v(c, bv, nv, 2));
+        ASSERT_INT_EQ(dev_equals(a, h, N), 1);
+        ASSERT_INT_EQ(dev_equals(b, h, N), 1);
+    }
     /* all-to-all: A2A floats to itself; counts that disagree fail */
     size_t send = A2A, recv = A2A, wrong = A2A - 1;
     fill(h2, N, 3.0f);
@@ -279,6 +291,17 @@ TEST_IMPL(comm_nccl_failure_aborts_the_world)
     ASSERT_NOT_NULL(strstr(c->error, "barrier over 1 rank (this is rank 0): the world's NCCL communicators were "
                                      "aborted (rank 0: group failed: "));
     comm_free(c);
+    /* a bucket with a host buffer: refused half enqueued, so the world is aborted */
+    c = one_rank_world(30);
+    {
+        float *bv[2] = {a, h};
+        size_t nv[2] = {N, N};
+        ASSERT_INT_EQ(c->v->all_reduce_v(c, bv, nv, 2), -1);
+        ASSERT_NOT_NULL(strstr(c->error, "is not device memory"));
+        ASSERT_NOT_NULL(strstr(c->error, "; the world's NCCL communicators are aborted"));
+        ASSERT_INT_EQ(comm_barrier(c), -1);
+    }
+    comm_free(c);
     /* comm_abort */
     c = one_rank_world(30);
     comm_abort(c, "a test stops the world");
@@ -286,6 +309,77 @@ TEST_IMPL(comm_nccl_failure_aborts_the_world)
     ASSERT_NOT_NULL(strstr(c->error, "(rank 0 failed: a test stops the world)"));
     comm_free(c);
     cudaFree(a);
+}
+
+/* A queue's communicator (comm_nccl_own_thread): a split with a world of
+ * its own, which another thread uses while the rank's world has a group
+ * open (in one shared world, that thread's call would join the group and
+ * return before its sum ran); its comm_abort, from the rank's thread,
+ * is done by the thread using it at its next call. Over comm_async too. */
+typedef struct own_job {
+    comm *s;
+    float *a;
+    int rc_sum, rc_after_abort;
+    char error[320];
+} own_job;
+
+static void *own_sum(void *arg)
+{
+    own_job *j = arg;
+    j->rc_sum = j->s->v->all_reduce(j->s, j->a, N);
+    return NULL;
+}
+
+static void *own_barrier(void *arg)
+{
+    own_job *j = arg;
+    j->rc_after_abort = comm_barrier(j->s);
+    snprintf(j->error, sizeof j->error, "%s", j->s->error);
+    return NULL;
+}
+
+TEST_IMPL(comm_nccl_queue_on_its_own_world)
+{
+    if (!comm_nccl_available(NULL, 0)) return;
+    comm *c = one_rank_world(30);
+    ASSERT_INT_EQ(comm_async_supported(c), 1);
+    own_job j = {0};
+    CALL_OK(c, comm_split(c, 0, 0, &j.s));
+    ASSERT_NOT_NULL(j.s);
+    CALL_OK(j.s, comm_nccl_own_thread(j.s));
+    static float h[N];
+    fill(h, N, 1.0f);
+    j.a = dev_from(h, N);
+    float *b = dev_from(h, N);
+    CALL_OK(c, comm_group_begin(c));
+    CALL_OK(c, c->v->all_reduce(c, b, N)); /* enqueued in the rank's group */
+    pthread_t t;
+    ASSERT_INT_EQ(pthread_create(&t, NULL, own_sum, &j), 0);
+    pthread_join(t, NULL);
+    ASSERT_INT_EQ(j.rc_sum, 0);
+    ASSERT_INT_EQ(dev_equals(j.a, h, N), 1); /* done when the call returned */
+    CALL_OK(c, comm_group_end(c));
+    ASSERT_INT_EQ(dev_equals(b, h, N), 1);
+    comm_abort(j.s, "the rank failed"); /* asked from this thread, done by the other */
+    ASSERT_INT_EQ(pthread_create(&t, NULL, own_barrier, &j), 0);
+    pthread_join(t, NULL);
+    ASSERT_INT_EQ(j.rc_after_abort, -1);
+    ASSERT_NOT_NULL(strstr(j.error, "(rank 0 failed: the rank failed)"));
+    CALL_OK(c, comm_barrier(c)); /* the rank's world goes on */
+    comm_free(j.s);
+    /* a queue over it: its calls on the queue's thread, the sums right */
+    comm_async *q = NULL;
+    CALL_OK(c, comm_async_new(c, NULL, &q));
+    float *g = dev_from(h, N);
+    long tk = comm_async_all_gather(q, j.a, g, N); /* one rank: a copy, through NCCL */
+    ASSERT_INT_EQ(tk, 1);
+    ASSERT_INT_EQ(comm_async_wait_all(q), 0);
+    ASSERT_INT_EQ(dev_equals(g, h, N), 1);
+    comm_async_free(q);
+    cudaFree(g);
+    cudaFree(b);
+    cudaFree(j.a);
+    comm_free(c);
 }
 
 /* A world of 2 whose rank 1 never comes (NCCL_COMM_ID: no rendezvous,
@@ -307,5 +401,6 @@ TEST_IMPL(comm_nccl_one_rank_calls) {}
 TEST_IMPL(comm_nccl_world_over_threads) {}
 TEST_IMPL(comm_nccl_failure_aborts_the_world) {}
 TEST_IMPL(comm_nccl_world_times_out_without_its_ranks) {}
+TEST_IMPL(comm_nccl_queue_on_its_own_world) {}
 
 #endif

@@ -151,6 +151,7 @@ TEST(comm_threads_abort_stops_everyone)
 TEST(comm_threads_timeout_names_the_wait)
 TEST(comm_checked_refuses_host_buffers_and_moves_bf16)
 TEST(comm_threads_async_queue)
+TEST(comm_threads_async_hooks)
 
 /* runtime: the TCP communicator and its rendezvous, test_comm_tcp.c */
 TEST(comm_tcp_collectives_match_serial)
@@ -171,6 +172,7 @@ TEST(comm_nccl_one_rank_calls)
 TEST(comm_nccl_world_over_threads)
 TEST(comm_nccl_failure_aborts_the_world)
 TEST(comm_nccl_world_times_out_without_its_ranks)
+TEST(comm_nccl_queue_on_its_own_world)
 
 /* runtime: devices and the choice of one, test_device.c */
 TEST(device_cpu_round_trips)
