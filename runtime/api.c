@@ -180,17 +180,32 @@ mesh_status mesh_set_deterministic(int on)
     return MESH_OK;
 }
 
+/* MESH_GPU_SHARED=1: ranks as threads of one process share its GPUs. */
+static int gpus_shared(void)
+{
+    const char *s = getenv("MESH_GPU_SHARED");
+    return s && !strcmp(s, "1");
+}
+
 /* Several ranks on GPUs: this rank's GPU (ranks as threads of one
  * process: GPU rank, one each; one rank per process: its local rank's,
  * modulo the GPUs it sees, docs/conventions) in *gpu, and the NCCL world
  * of their device buffers in ctx->nccl, bootstrapped over world.
- * Collective; on failure the world is aborted and err says why. */
+ * MESH_GPU_SHARED=1 with ranks as threads: GPU rank modulo the GPUs, and
+ * no NCCL world (the executor stages its collectives through the threads
+ * world: a mesh tested on fewer GPUs than ranks, slowly). Collective; on
+ * failure the world is aborted and err says why. */
 static int join_gpus(mesh_context *ctx, comm *world, int *gpu, char *err, size_t n)
 {
     int threads = !strcmp(comm_checked_inner(world)->v->name, "threads"), count = dev_cuda_count();
+    if (threads && gpus_shared() && count > 0) {
+        *gpu = ctx->rank % count;
+        return 0;
+    }
     if (threads && count < world->size) {
         snprintf(err, n, "%d ranks as threads of one process need a GPU each, and this process sees %d "
-                 "(run one rank per process: mpirun, srun or torchrun)", world->size, count);
+                 "(run one rank per process: mpirun, srun or torchrun; or, to test a mesh on fewer GPUs, "
+                 "MESH_GPU_SHARED=1)", world->size, count);
         comm_abort(world, err);
         return -1;
     }

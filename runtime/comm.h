@@ -157,6 +157,14 @@ comm *comm_checked_new(comm *in, int own, comm_buf_check ok, void *ud);
  * -1 if c is not a checked one. */
 int comm_checked_set_elements(comm *c, int type);
 const comm *comm_checked_inner(const comm *c);
+/* Stages c's calls through host memory: each copies its device buffers to
+ * a host area with d's copies (on a stream of c's own, waited for), makes
+ * the call there and copies the results back, so that in never touches
+ * d's memory (a GPU's, moved by a host communicator; the guarded device's,
+ * kept closed). Its later splits inherit it (each with its own stream).
+ * 0, or -1 (not a checked handle, or no stream: c->error says why). */
+struct dev;
+int comm_checked_stage(comm *c, struct dev *d);
 
 /* ---- MPI (comm_mpi.c; a build with MPI=0 has only the stubs) ------------ */
 

@@ -18,9 +18,8 @@
  * finished the gradient" means its kernels are enqueued, not done: mark
  * runs in the caller's thread as a call is queued and records an event on
  * the compute stream; bracket runs in the queue's thread around the call
- * and, before it, waits for that event. The guarded test device opens its
- * memory in the bracket.
-
+ * and, before it, waits for that event.
+ *
  * Failure: a call that fails fails the queue: its wait and every later
  * call and wait return -1 with the reason in comm_async_error (the
  * backend's message: which call, which rank). A rank that fails elsewhere

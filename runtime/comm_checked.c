@@ -13,10 +13,19 @@
  * numbers: sums widen them to fp32, sum in the wrapped communicator (rank
  * order) and round once, as the CPU's mixed-precision runs round a sum
  * kept in fp32 words; gathers and all-to-alls move the bytes as they are.
+ *
+ * Staged (comm_checked_stage): the wrapped communicator never touches the
+ * device's memory; each call copies its inputs to host memory with the
+ * device's copies (on a stream of the handle's own, waited for), makes
+ * the call there and copies the results back. So a host communicator
+ * (threads) can move a GPU's buffers, several ranks sharing one GPU (a
+ * mesh tested on one GPU, MESH_GPU_SHARED), and on the guarded device the
+ * collectives run with its memory closed.
  */
 #include "comm.h"
 
-#include "kcpu.h" /* kcpu_pack16, kcpu_unpack16 */
+#include "device.h" /* dev_copy, dev_stream_*: staging */
+#include "kcpu.h"   /* kcpu_pack16, kcpu_unpack16 */
 
 #include <stdint.h> /* uintptr_t, uint16_t */
 #include <stdlib.h> /* calloc, free */
@@ -31,6 +40,10 @@ typedef struct checked {
     int half;           /* float elements: COMM_F32, or 2-byte COMM_BF16 / COMM_F16 */
     float *tmp;         /* 2-byte calls' fp32 or byte staging */
     size_t tmp_n;
+    dev *d;             /* staged: the device whose buffers go through host memory */
+    dev_stream *s;      /* its copies' stream, this handle's own */
+    float *host;        /* the staging area (floats' room for any bytes) */
+    size_t host_n;
 } checked;
 
 static const comm_vtbl checked_vtbl;
@@ -76,9 +89,10 @@ static float *staging(comm *c, const char *op, size_t n)
     return t;
 }
 
-static int c_all_reduce(comm *c, float *buf, size_t n)
+/* ---- the calls on buffers the wrapped communicator can touch ---------- */
+
+static int h_all_reduce(comm *c, float *buf, size_t n)
 {
-    if (check(c, "all-reduce", buf, fb(c, n))) return -1;
     if (!self(c)->half) return done(c, comm_all_reduce(self(c)->in, buf, n));
     float *t = staging(c, "all-reduce", n);
     if (!t) return -1;
@@ -88,10 +102,9 @@ static int c_all_reduce(comm *c, float *buf, size_t n)
     return 0;
 }
 
-static int c_reduce_scatter(comm *c, const float *in, float *out, size_t n)
+static int h_reduce_scatter(comm *c, const float *in, float *out, size_t n)
 {
     size_t all = (size_t)c->size * n;
-    if (check(c, "reduce-scatter", in, fb(c, all)) || check(c, "reduce-scatter", out, fb(c, n))) return -1;
     if (!self(c)->half) return done(c, comm_reduce_scatter(self(c)->in, in, out, n));
     float *t = staging(c, "reduce-scatter", all + n);
     if (!t) return -1;
@@ -101,10 +114,8 @@ static int c_reduce_scatter(comm *c, const float *in, float *out, size_t n)
     return 0;
 }
 
-static int c_all_gather(comm *c, const float *in, float *out, size_t n)
+static int h_all_gather(comm *c, const float *in, float *out, size_t n)
 {
-    size_t all = (size_t)c->size * n;
-    if (check(c, "all-gather", in, fb(c, n)) || check(c, "all-gather", out, fb(c, all))) return -1;
     if (!self(c)->half) return done(c, comm_all_gather(self(c)->in, in, out, n));
     /* the bytes, in floats' room: each rank's n 2-byte elements in w = ceil(n / 2) floats */
     size_t w = (n + 1) / 2;
@@ -116,10 +127,8 @@ static int c_all_gather(comm *c, const float *in, float *out, size_t n)
     return 0;
 }
 
-static int c_all_to_all(comm *c, const float *in, const size_t *send, float *out, const size_t *recv)
+static int h_all_to_all(comm *c, const float *in, const size_t *send, float *out, const size_t *recv)
 {
-    if (check(c, "all-to-all", in, fb(c, sum(send, c->size))) || check(c, "all-to-all", out, fb(c, sum(recv, c->size))))
-        return -1;
     if (!self(c)->half) return done(c, comm_all_to_all(self(c)->in, in, send, out, recv));
     /* the bytes, each peer's part in ceil(n / 2) floats */
     size_t ws[64], wr[64], ts = 0, tr = 0;
@@ -137,22 +146,129 @@ static int c_all_to_all(comm *c, const float *in, const size_t *send, float *out
     return 0;
 }
 
-static int c_broadcast(comm *c, void *buf, size_t bytes, int root)
+/* ---- staging through host memory (comm_checked_stage) ----------------- */
+
+/* The staging area: `parts` regions of the given bytes, each starting on a
+ * float; NULL, with the error, if out of memory. at[i]: where region i is. */
+static void *area(comm *c, const char *op, const size_t *bytes, int parts, char **at)
 {
-    if (check(c, "broadcast", buf, bytes)) return -1;
-    return done(c, comm_broadcast(self(c)->in, buf, bytes, root));
+    checked *k = self(c);
+    size_t floats = 0;
+    for (int i = 0; i < parts; i++) floats += (bytes[i] + 3) / 4;
+    float *h = comm_scratch(&k->host, &k->host_n, floats ? floats : 1);
+    if (!h) {
+        comm_fail(c, op, "out of memory (%zu bytes of host staging)", 4 * floats);
+        return NULL;
+    }
+    for (int i = 0, f = 0; i < parts; f += (int)((bytes[i] + 3) / 4), i++) at[i] = (char *)(h + f);
+    return h;
 }
 
+/* bytes between the device buffer dptr and the host buffer h, either way,
+ * on the handle's stream, waited for; 0, or -1 naming op. */
+static int move(comm *c, const char *op, void *dst, const void *src, size_t bytes, dev_copy_kind kind)
+{
+    checked *k = self(c);
+    if (bytes == 0) return 0;
+    if (dev_copy(k->d, dst, src, bytes, kind, k->s) == MESH_OK && dev_stream_sync(k->d, k->s) == MESH_OK) return 0;
+    return comm_fail(c, op, "staging through host memory: %s", dev_last_error(k->d));
+}
+
+static int down(comm *c, const char *op, void *h, const void *dptr, size_t bytes)
+{
+    return move(c, op, h, dptr, bytes, DEV_DEVICE_TO_HOST);
+}
+
+static int up(comm *c, const char *op, void *dptr, const void *h, size_t bytes)
+{
+    return move(c, op, dptr, h, bytes, DEV_HOST_TO_DEVICE);
+}
+
+static int staged(comm *c) { return self(c)->d != NULL; }
+
+/* ---- the calls ---------------------------------------------------------- */
+
+static int c_all_reduce(comm *c, float *buf, size_t n)
+{
+    const char *op = "all-reduce";
+    size_t b = fb(c, n);
+    char *h;
+    if (check(c, op, buf, b)) return -1;
+    if (!staged(c)) return h_all_reduce(c, buf, n);
+    if (!area(c, op, &b, 1, &h) || down(c, op, h, buf, b) || h_all_reduce(c, (float *)(void *)h, n)) return -1;
+    return up(c, op, buf, h, b);
+}
+
+static int c_reduce_scatter(comm *c, const float *in, float *out, size_t n)
+{
+    const char *op = "reduce-scatter";
+    size_t b[2] = {fb(c, (size_t)c->size * n), fb(c, n)};
+    char *h[2];
+    if (check(c, op, in, b[0]) || check(c, op, out, b[1])) return -1;
+    if (!staged(c)) return h_reduce_scatter(c, in, out, n);
+    if (!area(c, op, b, 2, h) || down(c, op, h[0], in, b[0]) ||
+        h_reduce_scatter(c, (float *)(void *)h[0], (float *)(void *)h[1], n))
+        return -1;
+    return up(c, op, out, h[1], b[1]);
+}
+
+static int c_all_gather(comm *c, const float *in, float *out, size_t n)
+{
+    const char *op = "all-gather";
+    size_t b[2] = {fb(c, n), fb(c, (size_t)c->size * n)};
+    char *h[2];
+    if (check(c, op, in, b[0]) || check(c, op, out, b[1])) return -1;
+    if (!staged(c)) return h_all_gather(c, in, out, n);
+    if (!area(c, op, b, 2, h) || down(c, op, h[0], in, b[0]) ||
+        h_all_gather(c, (float *)(void *)h[0], (float *)(void *)h[1], n))
+        return -1;
+    return up(c, op, out, h[1], b[1]);
+}
+
+static int c_all_to_all(comm *c, const float *in, const size_t *send, float *out, const size_t *recv)
+{
+    const char *op = "all-to-all";
+    size_t b[2] = {fb(c, sum(send, c->size)), fb(c, sum(recv, c->size))};
+    char *h[2];
+    if (check(c, op, in, b[0]) || check(c, op, out, b[1])) return -1;
+    if (!staged(c)) return h_all_to_all(c, in, send, out, recv);
+    if (!area(c, op, b, 2, h) || down(c, op, h[0], in, b[0]) ||
+        h_all_to_all(c, (float *)(void *)h[0], send, (float *)(void *)h[1], recv))
+        return -1;
+    return up(c, op, out, h[1], b[1]);
+}
+
+static int c_broadcast(comm *c, void *buf, size_t bytes, int root)
+{
+    const char *op = "broadcast";
+    char *h;
+    if (check(c, op, buf, bytes)) return -1;
+    if (!staged(c)) return done(c, comm_broadcast(self(c)->in, buf, bytes, root));
+    if (!area(c, op, &bytes, 1, &h) || down(c, op, h, buf, bytes) ||
+        done(c, comm_broadcast(self(c)->in, h, bytes, root)))
+        return -1;
+    return up(c, op, buf, h, bytes);
+}
+
+/* (sends are eager: the staging area is free again when it returns) */
 static int c_send(comm *c, const void *buf, size_t bytes, int peer)
 {
-    if (check(c, "send", buf, bytes)) return -1;
-    return done(c, comm_send(self(c)->in, buf, bytes, peer));
+    const char *op = "send";
+    char *h;
+    if (check(c, op, buf, bytes)) return -1;
+    if (!staged(c)) return done(c, comm_send(self(c)->in, buf, bytes, peer));
+    if (!area(c, op, &bytes, 1, &h) || down(c, op, h, buf, bytes)) return -1;
+    return done(c, comm_send(self(c)->in, h, bytes, peer));
 }
 
 static int c_recv(comm *c, void *buf, size_t bytes, int peer)
 {
-    if (check(c, "receive", buf, bytes)) return -1;
-    return done(c, comm_recv(self(c)->in, buf, bytes, peer));
+    const char *op = "receive";
+    char *h;
+    if (check(c, op, buf, bytes)) return -1;
+    if (!staged(c)) return done(c, comm_recv(self(c)->in, buf, bytes, peer));
+    if (!area(c, op, &bytes, 1, &h) || done(c, comm_recv(self(c)->in, h, bytes, peer))) return -1;
+    return up(c, op, buf, h, bytes);
 }
 
 static int c_barrier(comm *c) { return done(c, comm_barrier(self(c)->in)); }
@@ -165,9 +281,16 @@ static int c_split(comm *c, int color, int key, comm **out)
     if (comm_split(k->in, color, key, &part) != 0) return done(c, -1);
     if (!part) return 0;
     *out = comm_checked_new(part, 1, k->ok, k->ud);
-    if (*out) return self(*out)->half = k->half, 0;
-    comm_free(part);
-    return comm_fail(c, "split", "out of memory");
+    if (!*out) {
+        comm_free(part);
+        return comm_fail(c, "split", "out of memory");
+    }
+    self(*out)->half = k->half;
+    if (!k->d || comm_checked_stage(*out, k->d) == 0) return 0;
+    comm_fail(c, "split", "%s", (*out)->error);
+    comm_free(*out);
+    *out = NULL;
+    return -1;
 }
 
 static int c_group_begin(comm *c) { return done(c, comm_group_begin(self(c)->in)); }
@@ -178,7 +301,9 @@ static void c_free(comm *c)
 {
     checked *k = self(c);
     if (k->own) comm_free(k->in);
+    if (k->d) dev_stream_destroy(k->d, k->s);
     free(k->tmp);
+    free(k->host);
     free(k);
 }
 
@@ -191,12 +316,12 @@ static int check_v(comm *c, const char *op, float *const *bufs, const size_t *n,
     return 0;
 }
 
-/* A bucket of 2-byte buffers: one call per buffer (NCCL's way) */
+/* A bucket of 2-byte or staged buffers: one call per buffer (NCCL's way) */
 static int each_v(comm *c, int op, float *const *bufs, const size_t *n, int k)
 {
     for (int i = 0; i < k; i++) {
         size_t len = n[i] / (size_t)c->size;
-        void *mine = (char *)bufs[i] + 2 * len * (size_t)c->rank;
+        void *mine = (char *)bufs[i] + fb(c, len) * (size_t)c->rank;
         int rc = op == 0 ? c_all_reduce(c, bufs[i], n[i])
                : op == 1 ? c_reduce_scatter(c, bufs[i], mine, len)
                          : c_all_gather(c, mine, bufs[i], len);
@@ -208,21 +333,21 @@ static int each_v(comm *c, int op, float *const *bufs, const size_t *n, int k)
 static int c_all_reduce_v(comm *c, float *const *bufs, const size_t *n, int k)
 {
     if (check_v(c, "all-reduce", bufs, n, k)) return -1;
-    if (self(c)->half) return each_v(c, 0, bufs, n, k);
+    if (self(c)->half || staged(c)) return each_v(c, 0, bufs, n, k);
     return done(c, comm_all_reduce_v(self(c)->in, bufs, n, k));
 }
 
 static int c_reduce_scatter_v(comm *c, float *const *bufs, const size_t *n, int k)
 {
     if (check_v(c, "reduce-scatter", bufs, n, k)) return -1;
-    if (self(c)->half) return each_v(c, 1, bufs, n, k);
+    if (self(c)->half || staged(c)) return each_v(c, 1, bufs, n, k);
     return done(c, comm_reduce_scatter_v(self(c)->in, bufs, n, k));
 }
 
 static int c_all_gather_v(comm *c, float *const *bufs, const size_t *n, int k)
 {
     if (check_v(c, "all-gather", bufs, n, k)) return -1;
-    if (self(c)->half) return each_v(c, 2, bufs, n, k);
+    if (self(c)->half || staged(c)) return each_v(c, 2, bufs, n, k);
     return done(c, comm_all_gather_v(self(c)->in, bufs, n, k));
 }
 
@@ -252,6 +377,17 @@ int comm_checked_set_elements(comm *c, int type)
 {
     if (!c || c->v != &checked_vtbl || type < COMM_F32 || type > COMM_F16) return -1;
     self(c)->half = type;
+    return 0;
+}
+
+int comm_checked_stage(comm *c, struct dev *d)
+{
+    if (!c || c->v != &checked_vtbl || !d) return -1;
+    checked *k = self(c);
+    if (k->d) return 0;
+    if (dev_stream_create(d, &k->s) != MESH_OK)
+        return comm_fail(c, "staging", "a stream for the copies: %s", dev_last_error(d));
+    k->d = d;
     return 0;
 }
 

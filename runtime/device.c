@@ -216,6 +216,11 @@ mesh_status dev_event_sync(dev *d, dev_event *e)
     }
 }
 
+int dev_owns(dev *d, const void *p, size_t bytes)
+{
+    return d && p && d->v->owns ? d->v->owns(d, p, bytes) : 0;
+}
+
 mesh_status dev_mem_info(dev *d, size_t *free_bytes, size_t *total_bytes)
 {
     size_t f = 0, t = 0;

@@ -82,6 +82,9 @@ typedef struct dev_vtbl {
     mesh_status (*event_wait)(dev *d, dev_stream *s, dev_event *e);
     /* the device's free and total memory, in bytes */
     mesh_status (*mem_info)(dev *d, size_t *free_bytes, size_t *total_bytes);
+    /* 1 if [p, p + bytes) is this device's memory, which the host cannot
+     * touch (NULL: the host's own memory, never) */
+    int (*owns)(dev *d, const void *p, size_t bytes);
 } dev_vtbl;
 
 struct dev {
@@ -90,7 +93,8 @@ struct dev {
     size_t planned;  /* bytes the plan predicts per rank (dev_set_planned; 0: unknown) */
     int fail_alloc;  /* test hook (cpu): every alloc fails as if the memory were full */
     void *impl;      /* the backend's own state (the guarded CPU device's buffers) */
-    long long to_host; /* device-to-host copies made (on a GPU each is a wait for the device) */
+    _Atomic long long to_host; /* device-to-host copies made (on a GPU each is a wait for the device);
+                                  atomic: a communication queue's staging copies count too */
     char name[128];  /* "cpu", "cuda:0 (NVIDIA H200)": messages start with it */
     char error[512]; /* why the last call failed */
 };
@@ -143,6 +147,10 @@ mesh_status dev_event_wait(dev *d, dev_stream *s, dev_event *e);
  * dev_event_query: spinning briefly, then sleeping 20 us at a time). */
 mesh_status dev_event_sync(dev *d, dev_event *e);
 mesh_status dev_mem_info(dev *d, size_t *free_bytes, size_t *total_bytes);
+/* 1 if [p, p + bytes) lies in device memory of d that the host may not
+ * touch (a GPU's, by cudaPointerGetAttributes; the guarded device's
+ * buffers), else 0 (always 0 on the CPU, whose memory is the host's). */
+int dev_owns(dev *d, const void *p, size_t bytes);
 
 /* For backends: writes "NAME: " and the formatted text into d->error;
  * returns st. */

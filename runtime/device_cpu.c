@@ -67,4 +67,5 @@ const dev_vtbl dev_cpu_vtbl = {
     "cpu", "posix_memalign", cpu_open, NULL, cpu_alloc, cpu_free, cpu_copy, cpu_memset,
     NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, /* synchronous: streams and events are tokens */
     cpu_mem_info,
+    NULL, /* owns: the host's memory */
 };

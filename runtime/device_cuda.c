@@ -33,6 +33,7 @@ static void clear(char *s, size_t n)
 
 #include <cuda_runtime.h> /* cudaMalloc, cudaMemcpyAsync, cudaStream_t, cudaEvent_t */
 #include <dlfcn.h>        /* dlopen: the driver probe */
+#include <string.h>       /* memset */
 
 int dev_cuda_probe(char *why, size_t n, char *name, size_t name_n)
 {
@@ -242,10 +243,27 @@ static mesh_status cuda_mem_info(dev *d, size_t *free_bytes, size_t *total_bytes
     return MESH_OK;
 }
 
+/* Device memory of d's GPU (cudaPointerGetAttributes; a host pointer it
+ * does not know is an error it clears). Its last byte is checked too. */
+static int cuda_owns(dev *d, const void *p, size_t bytes)
+{
+    const char *at[2] = {p, (const char *)p + (bytes ? bytes - 1 : 0)};
+    for (int i = 0; i < 2; i++) {
+        struct cudaPointerAttributes a;
+        memset(&a, 0, sizeof a);
+        if (cudaPointerGetAttributes(&a, at[i]) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return 0;
+        }
+        if (a.type != cudaMemoryTypeDevice || a.device != d->index) return 0;
+    }
+    return 1;
+}
+
 const dev_vtbl dev_cuda_vtbl = {
     "cuda", "cudaMalloc", cuda_open, NULL, cuda_alloc, cuda_free, cuda_copy, cuda_memset,
     cuda_stream_create, cuda_stream_destroy, cuda_stream_sync, cuda_event_create, cuda_event_destroy,
-    cuda_event_record, cuda_event_query, cuda_event_wait, cuda_mem_info,
+    cuda_event_record, cuda_event_query, cuda_event_wait, cuda_mem_info, cuda_owns,
 };
 
 #else /* no CUDA in this build: the probe and dev_open say so */
@@ -268,7 +286,7 @@ static mesh_status nocuda_open(dev *d)
 /* dev_open never hands out a handle of this table: only open is called. */
 const dev_vtbl dev_cuda_vtbl = {
     "cuda", "cudaMalloc", nocuda_open, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    NULL, NULL,
+    NULL, NULL, NULL,
 };
 
 #endif

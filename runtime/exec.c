@@ -341,21 +341,27 @@ static int split_groups(mesh__exec *ex, comm *world, comm **axis, comm **data, c
     return 0;
 }
 
-/* Is [p, p + bytes) the guarded device's memory? (the checked world's test) */
-static int on_guarded(void *ud, const void *p, size_t bytes) { return dev_guard_owns(ud, p, bytes); }
+/* Is [p, p + bytes) the device's memory? (the checked world's test) */
+static int on_device(void *ud, const void *p, size_t bytes) { return dev_owns(ud, p, bytes); }
 
 /* This rank's coordinates (tp fastest, then ep, dp, pp: docs/language.md)
  * and its groups, from dworld (device buffers) and world (host buffers;
- * one set of groups when they are one world). The guarded device checks
- * that its groups move its memory only: a checked world over world. */
+ * one set of groups when they are one world). Without dworld, the guarded
+ * device and GPUs sharing a host world (MESH_GPU_SHARED) make theirs a
+ * checked world over world, staged through host memory: it takes the
+ * device's memory only, and world never touches it. */
 static int join_axes(mesh__exec *ex, comm *world, comm *dworld, unsigned flags, char *err, size_t errn)
 {
     long long size[4], stride[4];
     axis_strides(&ex->p->setup, size, stride);
     for (int a = 0; a < 4; a++) ex->coord[a] = (int)(ex->rank / stride[a] % size[a]);
-    if (!dworld && (flags & MESH__EXEC_GUARD)) {
-        if (!(ex->checked = comm_checked_new(world, 0, on_guarded, ex->dev))) {
+    if (!dworld && ((flags & MESH__EXEC_GUARD) || ex->gpu)) {
+        if (!(ex->checked = comm_checked_new(world, 0, on_device, ex->dev))) {
             set_err(err, errn, "rank %d: out of memory", ex->rank);
+            return -1;
+        }
+        if (comm_checked_stage(ex->checked, ex->dev) != 0) {
+            set_err(err, errn, "rank %d: %s", ex->rank, ex->checked->error);
             return -1;
         }
         if (ex->esize == 2) /* as NCCL's on a GPU: the plan's 2-byte type */

@@ -148,11 +148,13 @@ struct mesh__exec {
     /* the host twins of world, axis, data and tied: the groups that move
      * host buffers (the exact sums of the loss and the norm, init and
      * checkpoints, the chain's loss). The same handles, unless the device's
-     * communicator takes device buffers only (NCCL; the guarded device's
-     * checked one): then split from the host world and owned (host_own) */
+     * communicator takes device buffers only (NCCL; the checked one of the
+     * guarded device or of GPUs sharing a host world): then split from the
+     * host world and owned (host_own) */
     comm *hworld, *haxis[4], *hdata, *htied;
     int host_own;
-    comm *checked;       /* the guarded device's checked world over the host one (owned), or NULL */
+    comm *checked;       /* the checked world over the host one, staged through host memory (the
+                            guarded device; GPUs without NCCL, MESH_GPU_SHARED), owned, or NULL */
     int data_ranks;      /* ranks the global batch is split over: dp x ep */
     /* pipeline: this rank's stage runs chunk `stage` (one chunk per stage) */
     int stage, last_stage;
@@ -249,12 +251,13 @@ int exec__kern_failed(mesh__exec *ex, const char *what);
     (dev_guard((ex)->dev, 1), exec__kern_done((ex), (ex)->kern.v->fn(&(ex)->kern, __VA_ARGS__)))
 int exec__kern_done(mesh__exec *ex, int rc); /* closes the guard; returns rc */
 
-/* A collective or transfer (call) on arena memory: as a GPU's NCCL, it is
- * device work, bracketed like a kernel. On a GPU the kernels before it are
- * waited for first (NCCL's handles run on streams of their own, and a call
- * returns with its result in place: comm_nccl.c); the call is not made
- * if that wait fails. */
-#define EXEC_COMM(ex, call) (exec__comm_begin(ex) != 0 ? -1 : exec__kern_done((ex), (call)))
+/* A collective or transfer (call) on arena memory, through a device
+ * communicator (NCCL's; on the guarded device and GPUs sharing a host
+ * world, a checked one staged through host memory, so the guard stays
+ * closed). On a GPU the kernels before it are waited for first (NCCL's
+ * handles run on streams of their own, and a call returns with its result
+ * in place: comm_nccl.c); the call is not made if that wait fails. */
+#define EXEC_COMM(ex, call) (exec__comm_begin(ex) != 0 ? -1 : (call))
 int exec__comm_begin(mesh__exec *ex);
 
 /* bytes from src to dst, both in the arena (a device-to-device copy); dmove

@@ -98,7 +98,6 @@ int exec__comm_begin(mesh__exec *ex)
         ex->dev_failed = 1;
         return -1;
     }
-    dev_guard(ex->dev, 1);
     return 0;
 }
 

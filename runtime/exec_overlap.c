@@ -122,17 +122,15 @@ static int mark(void *ud, long ticket, char *err, size_t n)
     return -1;
 }
 
-/* In the queue's thread, around a call: the guarded device's memory opens;
- * before the call, the work it was queued after has run. */
+/* In the queue's thread, before a call: the work it was queued after has
+ * run. */
 static int bracket(void *ud, int open, long ticket, char *err, size_t n)
 {
     ex_marks *m = ud;
     mesh__exec *ex = m->ex;
-    dev_guard(ex->dev, open);
     if (!open || dev_event_sync(m->dev, m->ev[ticket % EX_MARKS]) == MESH_OK) return 0;
     snprintf(err, n, "rank %d: waiting for the kernels before a queued collective: %s", ex->rank,
              dev_last_error(m->dev));
-    dev_guard(ex->dev, 0);
     return -1;
 }
 

@@ -20,10 +20,12 @@
 #             loss must be the CPU executor's within 1e-4 relative in fp32
 #             (moe 1e-3), 2e-2 in bf16 and fp16 (gpt-tiny; moe bf16 3e-2;
 #             the CPU rounds fp32 words where the GPU stores 2 bytes). With
-#             2 GPUs or more, gpt-tiny on dp 2 with ZeRO-3 too (and its
-#             overlapped run against --no-overlap); 4 or more, dp 2 x tp 2
-#             in fp32 and bf16
-#             (NCCL between the GPUs).
+#             several ranks sharing the GPU (MESH_GPU_SHARED=1: collectives
+#             staged through host memory): gpt-tiny on dp 2 with ZeRO-3 (and
+#             its overlapped run against --no-overlap), on dp 2 x tp 2 x pp 2
+#             in fp32 and bf16, moe on dp 2 x ep 2. With 2 GPUs or more,
+#             gpt-tiny on dp 2 with ZeRO-3 over NCCL (and against
+#             --no-overlap); 4 or more, dp 2 x tp 2 in fp32 and bf16.
 #  6. train_gpt2: GPT-2 124M (examples/gpt2.mesh on one GPU, bf16, T=1024,
 #             B=16 and 32; fp32 B=16) through meshrun --device cuda:
 #             tokens/s and MFU.
@@ -290,12 +292,17 @@ step_train_equiv() {
         --set train.global_batch=8 --set train.micro_batch=4 --set train.seq_len=64 --set train.precision=fp32
         --set train.zero=0 --set 'train.lr_schedule=cosine(warmup: 5, min_lr: 1e-4)'
         --set 'train.optimizer=adamw(lr: 3e-3)' --set train.steps=20 --set train.log_every=1)
-    # several GPUs (NCCL between them): gpt-tiny on dp 2 with ZeRO-3 (its
-    # gradient sums, reduce-scatters and prefetched gathers overlapping
-    # compute on the communication queue's NCCL stream), and on dp 2 x tp 2
-    # in fp32 and bf16; ranks as threads of meshrun, one GPU each, against
-    # the same mesh on the CPU
-    local -a models=(gpt-tiny gpt-tiny-bf16 gpt-tiny-fp16 llama moe moe-bf16)
+    # several ranks on one GPU (MESH_GPU_SHARED=1: ranks as threads of
+    # meshrun share it, their collectives staged through the threads
+    # world; *-shared): gpt-tiny on dp 2 with ZeRO-3 (its gradient sums,
+    # reduce-scatters and prefetched gathers overlapping compute on the
+    # communication queue, after the compute stream's events), gpt-tiny on
+    # dp 2 x tp 2 x pp 2 in fp32 and bf16, moe on dp 2 x ep 2. Several GPUs
+    # (NCCL between them): gpt-tiny on dp 2 with ZeRO-3, and on dp 2 x tp 2
+    # in fp32 and bf16; ranks as threads of meshrun, one GPU each. Each
+    # against the same mesh on the CPU.
+    local -a models=(gpt-tiny gpt-tiny-bf16 gpt-tiny-fp16 llama moe moe-bf16 gpt-tiny-dp2z3-shared
+        gpt-tiny-8-shared gpt-tiny-8-bf16-shared moe-ep2-shared)
     local gpus
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
     [ "$TRAIN_DEV" = cuda ] || gpus=4
@@ -322,8 +329,16 @@ step_train_equiv() {
         # overflow in one summation order and not the other
         [ "$m" = gpt-tiny-fp16 ] && sets+=(--set train.precision=fp16 --set train.loss_scale=1024) &&
             src=examples/gpt-tiny.mesh && tol=2e-2
-        [ "$m" = gpt-tiny-dp2z3 ] && src=examples/gpt-tiny.mesh &&
+        [ "${m%-shared}" = gpt-tiny-dp2z3 ] && src=examples/gpt-tiny.mesh &&
             sets+=(--set mesh.dp=2 --set mesh.tp=1 --set mesh.pp=1 --set train.precision=fp32 --set train.zero=3)
+        [ "$m" = gpt-tiny-8-shared ] && src=examples/gpt-tiny.mesh &&
+            sets+=(--set mesh.dp=2 --set mesh.tp=2 --set mesh.pp=2 --set train.micro_batch=4 --set train.precision=fp32)
+        [ "$m" = gpt-tiny-8-bf16-shared ] && src=examples/gpt-tiny.mesh && tol=2e-2 &&
+            sets+=(--set mesh.dp=2 --set mesh.tp=2 --set mesh.pp=2 --set train.micro_batch=4 --set train.precision=bf16)
+        [ "$m" = moe-ep2-shared ] && src=examples/moe.mesh && tol=1e-3 &&
+            sets=("${moe[@]}" --set mesh.dp=2 --set mesh.ep=2 --set train.micro_batch=2)
+        local -a env=()
+        [ "${m%-shared}" != "$m" ] && env=(MESH_GPU_SHARED=1)
         [ "$m" = gpt-tiny-dp2tp2 ] && src=examples/gpt-tiny.mesh &&
             sets+=(--set mesh.dp=2 --set mesh.tp=2 --set mesh.pp=1 --set train.precision=fp32)
         [ "$m" = gpt-tiny-dp2tp2-bf16 ] && src=examples/gpt-tiny.mesh && tol=2e-2 &&
@@ -336,14 +351,14 @@ step_train_equiv() {
         fi
         for dev in cpu "$TRAIN_DEV"; do
             rm -f "$d/$m-$dev.json"
-            timeout 120 "$BUILD/meshrun" "$d/$m.plan" --device "$dev" --data "$d/dd.bin" --val "$d/dd.bin" \
-                --checkpoint "$d/ck-$m-$dev" --metrics "$d/$m-$dev.json" >"$d/$m-$dev.out" 2>&1
+            env "${env[@]}" timeout 120 "$BUILD/meshrun" "$d/$m.plan" --device "$dev" --data "$d/dd.bin" \
+                --val "$d/dd.bin" --checkpoint "$d/ck-$m-$dev" --metrics "$d/$m-$dev.json" >"$d/$m-$dev.out" 2>&1
             echo "== $m on $dev (exit $?)"
             cat "$d/$m-$dev.out"
         done
-        if [ "$m" = gpt-tiny-dp2z3 ]; then # the overlap against the collectives after backward, on the same device
+        if [ "${m%-shared}" = gpt-tiny-dp2z3 ]; then # the overlap against the collectives after backward, same device
             rm -f "$d/$m-serial.json"
-            timeout 120 "$BUILD/meshrun" "$d/$m.plan" --device "$TRAIN_DEV" --no-overlap --data "$d/dd.bin" \
+            env "${env[@]}" timeout 120 "$BUILD/meshrun" "$d/$m.plan" --device "$TRAIN_DEV" --no-overlap --data "$d/dd.bin" \
                 --val "$d/dd.bin" --checkpoint "$d/ck-$m-serial" --metrics "$d/$m-serial.json" >"$d/$m-serial.out" 2>&1
             echo "== $m on $TRAIN_DEV, --no-overlap (exit $?)"
             cat "$d/$m-serial.out"

@@ -132,6 +132,7 @@ TEST(parallel_ep_losses_equal_one_rank)
 TEST(parallel_mixed_precision_follows_one_rank)
 TEST(parallel_guarded_arenas_match)
 TEST(parallel_overlap_is_bit_identical)
+TEST(parallel_cuda_ranks_share_a_gpu)
 TEST(parallel_failing_rank_stops_the_job)
 
 /* mixed precision on the CPU reference: test_precision.c */
