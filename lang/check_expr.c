@@ -29,7 +29,8 @@ const char *value_describe(checker *c, const value *v) {
     case V_INT: return arena_printf(c->arena, "an integer (%lld)", (long long)v->i);
     case V_FLOAT: {
         char buf[64];
-        if (v->f == (double)(int64_t)v->f && v->f > -1e15 && v->f < 1e15) {
+        /* (range first: converting a float beyond int64's range is undefined) */
+        if (v->f > -1e15 && v->f < 1e15 && v->f == (double)(int64_t)v->f) {
             snprintf(buf, sizeof buf, "%.1f", v->f); /* 10000.0, not 1e+04 */
         } else {
             for (int prec = 1; prec <= 17; prec++) {

@@ -367,6 +367,12 @@ static value op_moe(checker *c, const ast_node *e, const op_desc *d, op_args *a)
         return value_err();
     }
     if (!positive(c, d, a, "capacity")) return value_err();
+    const value *cap = named_value(d, a, "capacity"); /* bounded: the buffers' rows are counted in int64 */
+    if (cap && (cap->kind == V_INT ? (double)cap->i : cap->f) > 1000) {
+        check_error(c, cap->where, "capacity must be at most 1000 (a factor of experts / top_k = %g already keeps "
+                    "every token), not %s", (double)ne / (double)top_k, value_describe(c, cap));
+        return value_err();
+    }
     const value *aux = named_value(d, a, "aux_loss");
     if (aux && (aux->kind == V_INT ? (double)aux->i : aux->f) < 0) {
         check_error(c, aux->where, "aux_loss must not be negative");

@@ -160,7 +160,11 @@ static void *area(comm *c, const char *op, const size_t *bytes, int parts, char 
         comm_fail(c, op, "out of memory (%zu bytes of host staging)", 4 * floats);
         return NULL;
     }
-    for (int i = 0, f = 0; i < parts; f += (int)((bytes[i] + 3) / 4), i++) at[i] = (char *)(h + f);
+    size_t f = 0;
+    for (int i = 0; i < parts; i++) {
+        at[i] = (char *)(h + f);
+        f += (bytes[i] + 3) / 4;
+    }
     return h;
 }
 
