@@ -22,8 +22,8 @@
 #             the CPU rounds fp32 words where the GPU stores 2 bytes). With
 #             several ranks sharing the GPU (MESH_GPU_SHARED=1: collectives
 #             staged through host memory): gpt-tiny on dp 2 with ZeRO-3 (and
-#             its overlapped run against --no-overlap), on dp 2 x tp 2 x pp 2
-#             in fp32 and bf16, moe on dp 2 x ep 2. With 2 GPUs or more,
+#             its overlapped run against --no-overlap), moe on dp 2 x ep 2.
+#             With 2 GPUs or more,
 #             gpt-tiny on dp 2 with ZeRO-3 over NCCL (and against
 #             --no-overlap); 4 or more, dp 2 x tp 2 in fp32 and bf16.
 #  6. train_gpt2: GPT-2 124M (examples/gpt2.mesh on one GPU, bf16, T=1024,
@@ -296,13 +296,13 @@ step_train_equiv() {
     # meshrun share it, their collectives staged through the threads
     # world; *-shared): gpt-tiny on dp 2 with ZeRO-3 (its gradient sums,
     # reduce-scatters and prefetched gathers overlapping compute on the
-    # communication queue, after the compute stream's events), gpt-tiny on
-    # dp 2 x tp 2 x pp 2 in fp32 and bf16, moe on dp 2 x ep 2. Several GPUs
+    # communication queue, after the compute stream's events), moe on dp 2
+    # x ep 2 (dp 2 x tp 2 x pp 2 is parallel_cuda_ranks_share_a_gpu's, in
+    # step 4). Several GPUs
     # (NCCL between them): gpt-tiny on dp 2 with ZeRO-3, and on dp 2 x tp 2
     # in fp32 and bf16; ranks as threads of meshrun, one GPU each. Each
     # against the same mesh on the CPU.
-    local -a models=(gpt-tiny gpt-tiny-bf16 gpt-tiny-fp16 llama moe moe-bf16 gpt-tiny-dp2z3-shared
-        gpt-tiny-8-shared gpt-tiny-8-bf16-shared moe-ep2-shared)
+    local -a models=(gpt-tiny gpt-tiny-bf16 gpt-tiny-fp16 llama moe moe-bf16 gpt-tiny-dp2z3-shared moe-ep2-shared)
     local gpus
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
     [ "$TRAIN_DEV" = cuda ] || gpus=4
@@ -331,10 +331,6 @@ step_train_equiv() {
             src=examples/gpt-tiny.mesh && tol=2e-2
         [ "${m%-shared}" = gpt-tiny-dp2z3 ] && src=examples/gpt-tiny.mesh &&
             sets+=(--set mesh.dp=2 --set mesh.tp=1 --set mesh.pp=1 --set train.precision=fp32 --set train.zero=3)
-        [ "$m" = gpt-tiny-8-shared ] && src=examples/gpt-tiny.mesh &&
-            sets+=(--set mesh.dp=2 --set mesh.tp=2 --set mesh.pp=2 --set train.micro_batch=4 --set train.precision=fp32)
-        [ "$m" = gpt-tiny-8-bf16-shared ] && src=examples/gpt-tiny.mesh && tol=2e-2 &&
-            sets+=(--set mesh.dp=2 --set mesh.tp=2 --set mesh.pp=2 --set train.micro_batch=4 --set train.precision=bf16)
         [ "$m" = moe-ep2-shared ] && src=examples/moe.mesh && tol=1e-3 &&
             sets=("${moe[@]}" --set mesh.dp=2 --set mesh.ep=2 --set train.micro_batch=2)
         local -a env=()
