@@ -271,7 +271,7 @@ TRAIN_DEV=${MESH_GPU_TRAIN_DEV:-cuda}
 losses_of() { sed -n 's/.*"loss": \([-0-9.e+]*\),.*/\1/p' "$1"; }
 
 step_train_equiv() {
-    local d=$OUT/train m dev worst="" detail="" bad=0
+    local d=$OUT/train m dev detail="" bad=0
     mkdir -p "$d"
     if ! "$BUILD/meshrun" tokenize examples/data/devils-dictionary.txt -o "$d/dd.bin" >"$d/tokenize.out" 2>&1; then
         cat "$d/tokenize.out"
