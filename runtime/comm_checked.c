@@ -168,8 +168,8 @@ static void *area(comm *c, const char *op, const size_t *bytes, int parts, char 
     return h;
 }
 
-/* bytes between the device buffer dptr and the host buffer h, either way,
- * on the handle's stream, waited for; 0, or -1 naming op. */
+/* bytes from src to dst, one the device's and the other the staging
+ * area, on the handle's stream, waited for; 0, or -1 naming op. */
 static int move(comm *c, const char *op, void *dst, const void *src, size_t bytes, dev_copy_kind kind)
 {
     checked *k = self(c);
