@@ -9,6 +9,13 @@
  * between the host and its arena by explicit copies, as a GPU needs,
  * while computing with the CPU kernels, so that the results can be
  * compared to the bit.
+ *
+ * The buffers are carved, in order, out of one reserved region (1 GiB of
+ * address space, nothing committed until touched), so that opening or
+ * closing the device is one mprotect over the region's used part, not
+ * one per buffer: each is a system call and a TLB shootdown across the
+ * process's threads, made twice per kernel, which is most of the guarded
+ * tests' time. A buffer that does not fit gets an mmap of its own.
  */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include "device.h"
@@ -25,7 +32,10 @@
 typedef struct guard_buf {
     void *p;
     size_t len; /* whole pages */
+    int own;    /* an mmap of its own (else a part of the region) */
 } guard_buf;
+
+enum { GUARD_REGION_LOG2 = 30 }; /* the region's address space: 1 GiB */
 
 typedef struct guard_state {
     guard_buf *b;
@@ -33,17 +43,25 @@ typedef struct guard_state {
     pthread_mutex_t mu; /* dev_guard's: the rank's thread and its communication queue's */
     int open;   /* nesting of dev_guard(d, 1), over both threads */
     int failed; /* an mprotect failed (d->error says why): every later copy fails */
+    char *base; /* the region (NULL if it could not be reserved) */
+    size_t top; /* its bytes handed out: [base, base + top) */
 } guard_state;
 
 static guard_state *state(dev *d) { return d->impl; }
 
+static void protect_range(dev *d, guard_state *g, void *p, size_t len, int prot)
+{
+    if (len && mprotect(p, len, prot) != 0 && !g->failed) {
+        g->failed = 1;
+        dev_fail(d, MESH_ERR_INTERNAL, "mprotect: %s", strerror(errno));
+    }
+}
+
 static void protect(dev *d, guard_state *g, int prot)
 {
+    protect_range(d, g, g->base, g->top, prot);
     for (int i = 0; i < g->n; i++)
-        if (mprotect(g->b[i].p, g->b[i].len, prot) != 0 && !g->failed) {
-            g->failed = 1;
-            dev_fail(d, MESH_ERR_INTERNAL, "mprotect: %s", strerror(errno));
-        }
+        if (g->b[i].own) protect_range(d, g, g->b[i].p, g->b[i].len, prot);
 }
 
 void dev_guard(dev *d, int open)
@@ -76,6 +94,8 @@ static mesh_status guard_open(dev *d)
     guard_state *g = calloc(1, sizeof *g);
     if (!g) return dev_fail(d, MESH_ERR_NOMEM, "out of memory");
     pthread_mutex_init(&g->mu, NULL);
+    void *r = mmap(NULL, (size_t)1 << GUARD_REGION_LOG2, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    g->base = r == MAP_FAILED ? NULL : r; /* (without it, every buffer is its own mmap) */
     d->impl = g;
     return MESH_OK;
 }
@@ -83,7 +103,9 @@ static mesh_status guard_open(dev *d)
 static void guard_close(dev *d)
 {
     guard_state *g = state(d);
-    for (int i = 0; g && i < g->n; i++) munmap(g->b[i].p, g->b[i].len);
+    for (int i = 0; g && i < g->n; i++)
+        if (g->b[i].own) munmap(g->b[i].p, g->b[i].len);
+    if (g && g->base) munmap(g->base, (size_t)1 << GUARD_REGION_LOG2);
     if (g) {
         free(g->b);
         pthread_mutex_destroy(&g->mu);
@@ -104,12 +126,21 @@ static mesh_status guard_alloc(dev *d, void **p, size_t bytes)
         g->b = b;
         g->cap = cap;
     }
-    void *m = mmap(NULL, len, g->open ? PROT_READ | PROT_WRITE : PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    int prot = g->open ? PROT_READ | PROT_WRITE : PROT_NONE;
+    if (g->base && len <= ((size_t)1 << GUARD_REGION_LOG2) - g->top) { /* the next part of the region */
+        void *m = g->base + g->top;
+        protect_range(d, g, m, len, prot); /* (its pages were left PROT_NONE) */
+        g->top += len;
+        g->b[g->n++] = (guard_buf){m, len, 0};
+        *p = m;
+        return MESH_OK;
+    }
+    void *m = mmap(NULL, len, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) {
         *p = NULL;
         return errno == ENOMEM ? MESH_ERR_NOMEM : dev_fail(d, MESH_ERR_INTERNAL, "mmap(%zu): %s", len, strerror(errno));
     }
-    g->b[g->n++] = (guard_buf){m, len};
+    g->b[g->n++] = (guard_buf){m, len, 1};
     *p = m;
     return MESH_OK;
 }
@@ -119,8 +150,17 @@ static void guard_free(dev *d, void *p)
     guard_state *g = state(d);
     for (int i = 0; i < g->n; i++)
         if (g->b[i].p == p) {
-            munmap(p, g->b[i].len);
+            guard_buf b = g->b[i];
             g->b[i] = g->b[--g->n];
+            if (b.own) {
+                munmap(p, b.len);
+                return;
+            }
+            /* a part of the region: its pages dropped and closed for good
+             * (the region's top comes down when it was the last part) */
+            protect_range(d, g, p, b.len, PROT_NONE);
+            (void)madvise(p, b.len, MADV_DONTNEED);
+            if ((char *)p + b.len == g->base + g->top) g->top -= b.len;
             return;
         }
 }
