@@ -40,11 +40,11 @@ struct comm_async {
     char error[sizeof ((comm *)0)->error];
 };
 
-/* Runs call `ticket` in its bracket; 0, or -1 with the reason in err. */
+/* Runs call `ticket` after its wait hook; 0, or -1 with the reason in err. */
 static int run_call(comm_async *a, const acall *k, long ticket, char *err, size_t n)
 {
     const comm_async_hooks *h = &a->hooks;
-    if (h->bracket && h->bracket(h->ud, 1, ticket, err, n) != 0) return -1;
+    if (h->wait && h->wait(h->ud, ticket, err, n) != 0) return -1;
     int rc = k->kind == A_ALL_REDUCE       ? comm_all_reduce(a->c, k->out, k->n)
            : k->kind == A_REDUCE_SCATTER   ? comm_reduce_scatter(a->c, k->in, k->out, k->n)
            : k->kind == A_ALL_GATHER       ? comm_all_gather(a->c, k->in, k->out, k->n)
@@ -52,7 +52,6 @@ static int run_call(comm_async *a, const acall *k, long ticket, char *err, size_
            : k->kind == A_REDUCE_SCATTER_V ? comm_reduce_scatter_v(a->c, k->bufs, k->ns, k->k)
                                            : comm_all_gather_v(a->c, k->bufs, k->ns, k->k);
     if (rc != 0) snprintf(err, n, "%s", a->c->error);
-    if (h->bracket && h->bracket(h->ud, 0, ticket, err, n) != 0) rc = -1;
     return rc;
 }
 

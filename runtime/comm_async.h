@@ -17,8 +17,8 @@
  * GPU's kernels run after the host has moved on, so "backward has
  * finished the gradient" means its kernels are enqueued, not done: mark
  * runs in the caller's thread as a call is queued and records an event on
- * the compute stream; bracket runs in the queue's thread around the call
- * and, before it, waits for that event.
+ * the compute stream; wait runs in the queue's thread before the call and
+ * waits for that event.
  *
  * Failure: a call that fails fails the queue: its wait and every later
  * call and wait return -1 with the reason in comm_async_error (the
@@ -35,20 +35,19 @@
 
 typedef struct comm_async comm_async;
 
-/* What a queue's owner runs around its calls (each hook may be NULL):
+/* What a queue's owner runs for each call (either hook may be NULL):
  *   - mark(ud, ticket): in the caller's thread as call `ticket` is queued,
  *     before the queue's thread can run it;
- *   - bracket(ud, open, ticket): in the queue's thread around the call:
- *     open 1 before it, 0 after.
+ *   - wait(ud, ticket): in the queue's thread, before it runs the call.
  * A hook returns 0, or -1 with its reason in err (n bytes): a failed mark
- * fails the issue, a failed bracket the call (either fails the queue).
+ * fails the issue, a failed wait the call (either fails the queue).
  * marks > 0: the owner keeps a slot per call in flight, `ticket % marks`
  * (a ring of events): issuing call t first waits until call t - marks
  * has run, so that no slot is marked again while its call may still wait
  * for it. 0: no bound. */
 typedef struct comm_async_hooks {
     int (*mark)(void *ud, long ticket, char *err, size_t n);
-    int (*bracket)(void *ud, int open, long ticket, char *err, size_t n);
+    int (*wait)(void *ud, long ticket, char *err, size_t n);
     void *ud;
     int marks;
 } comm_async_hooks;

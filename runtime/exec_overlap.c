@@ -124,11 +124,11 @@ static int mark(void *ud, long ticket, char *err, size_t n)
 
 /* In the queue's thread, before a call: the work it was queued after has
  * run. */
-static int bracket(void *ud, int open, long ticket, char *err, size_t n)
+static int wait_mark(void *ud, long ticket, char *err, size_t n)
 {
     ex_marks *m = ud;
     mesh__exec *ex = m->ex;
-    if (!open || dev_event_sync(m->dev, m->ev[ticket % EX_MARKS]) == MESH_OK) return 0;
+    if (dev_event_sync(m->dev, m->ev[ticket % EX_MARKS]) == MESH_OK) return 0;
     snprintf(err, n, "rank %d: waiting for the kernels before a queued collective: %s", ex->rank,
              dev_last_error(m->dev));
     return -1;
@@ -214,7 +214,7 @@ int exec__overlap_init(mesh__exec *ex, unsigned flags)
     /* a queue per data-parallel group (collective over each, the same on every member) */
     for (int g = 0; g < 2; g++) {
         ex->ov_comm[g] = groups[g];
-        comm_async_hooks hooks = {mark, bracket, &ex->ov_mark[g], EX_MARKS};
+        comm_async_hooks hooks = {mark, wait_mark, &ex->ov_mark[g], EX_MARKS};
         if (groups[g] && comm_async_new(groups[g], &hooks, &ex->ov_q[g]) != 0) {
             snprintf(ex->error, sizeof ex->error, "rank %d: %s", ex->rank, groups[g]->error);
             return -2;

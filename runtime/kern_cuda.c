@@ -20,10 +20,10 @@
 
 typedef struct cuda_kern {
     kcuda_ctx *ctx;
-    double *dss;   /* device: sum_squares' results */
-    int dss_cap;
-    float *tmp;    /* device: fp32 copies for moe's routing of 2-byte tensors */
-    size_t tmp_cap; /* its floats */
+    void *dss;      /* device: sum_squares' results (doubles) */
+    size_t dss_cap; /* its bytes */
+    void *tmp;      /* device: fp32 copies for moe's routing of 2-byte tensors */
+    size_t tmp_cap; /* its bytes */
 } cuda_kern;
 
 #define CTX(k) (((cuda_kern *)(k)->impl)->ctx)
@@ -44,6 +44,22 @@ static int from_dev(kern *k, const char *name, mesh_status st)
 }
 
 #define KC(name, ...) return check(k, #name, name(__VA_ARGS__))
+
+/* *buf, of *cap bytes, made `bytes` long when shorter: stream-ordered
+ * (kcuda_alloc: no wait for the device's other streams). NULL, with the
+ * error, if that fails. */
+static void *grown(kern *k, void **buf, size_t *cap, size_t bytes)
+{
+    if (bytes <= *cap) return *buf;
+    void *p = NULL, *old = *buf;
+    *buf = NULL;
+    *cap = 0;
+    if (check(k, "kcuda_free", kcuda_free(old, k->stream)) ||
+        check(k, "kcuda_alloc", kcuda_alloc(&p, bytes, k->stream)))
+        return NULL;
+    *cap = bytes;
+    return *buf = p;
+}
 
 static int cuda_open(kern *k)
 {
@@ -262,21 +278,13 @@ static int sum_squares(kern *k, double *ss, void *const *bufs, const size_t *n, 
     cuda_kern *c = k->impl;
     dev_stream *s = (dev_stream *)k->stream;
     if (nbufs <= 0) return 0;
-    if (nbufs > c->dss_cap) { /* stream-ordered: no wait for the other streams (kcuda_alloc) */
-        void *p = NULL, *old = c->dss;
-        c->dss = NULL;
-        c->dss_cap = 0;
-        if (check(k, "kcuda_free", kcuda_free(old, k->stream)) ||
-            check(k, "kcuda_alloc", kcuda_alloc(&p, (size_t)nbufs * sizeof(double), k->stream)))
-            return -1;
-        c->dss = p;
-        c->dss_cap = nbufs;
-    }
-    if (from_dev(k, "sums of squares", dev_memset(k->d, c->dss, 0, (size_t)nbufs * sizeof(double), s))) return -1;
+    double *dss = grown(k, &c->dss, &c->dss_cap, (size_t)nbufs * sizeof(double));
+    if (!dss) return -1;
+    if (from_dev(k, "sums of squares", dev_memset(k->d, dss, 0, (size_t)nbufs * sizeof(double), s))) return -1;
     for (int b = 0; b < nbufs; b++)
-        if (check(k, "kcuda_sum_squares", kcuda_sum_squares(c->ctx, c->dss + b, bufs[b], n[b], DT(k), k->stream)))
+        if (check(k, "kcuda_sum_squares", kcuda_sum_squares(c->ctx, dss + b, bufs[b], n[b], DT(k), k->stream)))
             return -1;
-    if (from_dev(k, "sums of squares", dev_copy(k->d, ss, c->dss, (size_t)nbufs * sizeof(double),
+    if (from_dev(k, "sums of squares", dev_copy(k->d, ss, dss, (size_t)nbufs * sizeof(double),
                                                 DEV_DEVICE_TO_HOST, s)))
         return -1;
     return from_dev(k, "sums of squares", dev_stream_sync(k->d, s));
@@ -316,21 +324,11 @@ static kcuda_moe_route moe_bind(const void *route, const kern_moe_dims *g)
 
 static int *moe_route_count(void *route, const kern_moe_dims *g) { return moe_bind(route, g).count; }
 
-/* n floats of device scratch, grown (stream-ordered, kcuda_alloc) when
- * short. */
+/* n floats of device scratch, grown when short. */
 static float *scratch_floats(kern *k, size_t n)
 {
     cuda_kern *c = k->impl;
-    if (n <= c->tmp_cap) return c->tmp;
-    void *p = NULL, *old = c->tmp;
-    c->tmp = NULL;
-    c->tmp_cap = 0;
-    if (check(k, "kcuda_free", kcuda_free(old, k->stream)) ||
-        check(k, "kcuda_alloc", kcuda_alloc(&p, n * sizeof(float), k->stream)))
-        return NULL;
-    c->tmp = p;
-    c->tmp_cap = n;
-    return c->tmp;
+    return grown(k, &c->tmp, &c->tmp_cap, n * sizeof(float));
 }
 
 /* x [N, D] and the router [D, E] as fp32: themselves, or copies in tmp. */
@@ -379,7 +377,7 @@ static int moe_route_backward(kern *k, void *dx, void *drouter, float *scratch, 
     if (moe_fp32_inputs(k, &xf, &rf, x, router, g, k->half ? nd + de + half + de : 0)) return -1;
     if (!k->half)
         KC(kcuda_moe_route_backward, CTX(k), dx, drouter, scratch, dweight, aux_coef, &r, xf, rf, g->D, k->stream);
-    float *dxf = ((cuda_kern *)k->impl)->tmp + nd + de, *drf = dxf + nd, *dx_lp = drf + de, *dr_lp = dx_lp + half;
+    float *dxf = (float *)((cuda_kern *)k->impl)->tmp + nd + de, *drf = dxf + nd, *dx_lp = drf + de, *dr_lp = dx_lp + half;
     if (from_dev(k, "moe's fp32 scratch",
                  dev_memset(k->d, dxf, 0, (nd + de) * sizeof(float), (dev_stream *)k->stream)) ||
         check(k, "kcuda_moe_route_backward",

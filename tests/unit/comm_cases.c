@@ -265,10 +265,10 @@ enum { HOOK_MARKS = 4, HOOK_CALLS = 24 };
 typedef struct hook_log {
     pthread_mutex_t mu;
     long slot[HOOK_MARKS]; /* the ticket marked into each slot */
-    long marked, opened, closed;
-    long worst;            /* the most calls marked and not yet closed */
-    int bad;               /* a bracket found its slot marked again, or the order wrong */
-    long fail_open;        /* the bracket fails before this ticket (0: never) */
+    long marked, waited;
+    long worst;            /* the most calls marked and not yet waited for */
+    int bad;               /* a wait found its slot marked again, or the order wrong */
+    long fail_wait;        /* the wait fails for this ticket (0: never) */
     long fail_mark;        /* the mark fails for this ticket (0: never) */
 } hook_log;
 
@@ -284,27 +284,24 @@ static int hook_mark(void *ud, long t, char *err, size_t n)
         h->bad |= t != h->marked + 1;
         h->marked = t;
         h->slot[t % HOOK_MARKS] = t;
-        if (t - h->closed > h->worst) h->worst = t - h->closed;
+        if (t - h->waited > h->worst) h->worst = t - h->waited;
     }
     pthread_mutex_unlock(&h->mu);
     return rc;
 }
 
-static int hook_bracket(void *ud, int open, long t, char *err, size_t n)
+static int hook_wait(void *ud, long t, char *err, size_t n)
 {
     hook_log *h = ud;
     pthread_mutex_lock(&h->mu);
     int rc = 0;
-    if (open && t == h->fail_open) {
-        snprintf(err, n, "bracket %ld refused", t);
+    if (t == h->fail_wait) {
+        snprintf(err, n, "wait %ld refused", t);
         rc = -1;
-    } else if (open) {
-        h->bad |= (h->slot[t % HOOK_MARKS] != t) << 1; /* re-marked before its call ran */
-        h->bad |= (t != h->opened + 1) << 2;
-        h->opened = t;
     } else {
-        h->bad |= (t != h->opened) << 3;
-        h->closed = t;
+        h->bad |= (h->slot[t % HOOK_MARKS] != t) << 1; /* re-marked before its call ran */
+        h->bad |= (t != h->waited + 1) << 2;
+        h->waited = t;
     }
     pthread_mutex_unlock(&h->mu);
     return rc;
@@ -316,7 +313,7 @@ int comm_case_async_hooks(comm *c, char *err, size_t n)
     if (p < 2 || p > MAXP || !comm_async_supported(c)) return 1;
     /* 1: a ring of 4 marks over a slow queue: the issuer outruns it, and waits */
     hook_log h = {.mu = PTHREAD_MUTEX_INITIALIZER};
-    comm_async_hooks hooks = {hook_mark, hook_bracket, &h, HOOK_MARKS};
+    comm_async_hooks hooks = {hook_mark, hook_wait, &h, HOOK_MARKS};
     comm_async *q = NULL;
     if (comm_async_new(c, &hooks, &q) != 0) return call_failed(c, err, n);
     comm_async_set_delay(q, 2e-3);
@@ -332,20 +329,20 @@ int comm_case_async_hooks(comm *c, char *err, size_t n)
             for (int o = 1; o < p; o++) w += value(o, (size_t)(k * 8 + i));
             bad |= (x[k][i] != w) << 5;
         }
-    bad |= h.bad << 6; /* bits 6..9 */
-    bad |= (h.marked != HOOK_CALLS || h.opened != HOOK_CALLS || h.closed != HOOK_CALLS) << 10;
+    bad |= h.bad << 6; /* bits 6..8 */
+    bad |= (h.marked != HOOK_CALLS || h.waited != HOOK_CALLS) << 10;
     bad |= (h.worst > HOOK_MARKS) << 11; /* never more in flight than slots */
     bad |= (h.worst < 2) << 12;          /* (and the queue did fall behind) */
     comm_async_free(q);
-    /* 2: a bracket that fails (on every rank, at call 3) fails its call and the queue, with its reason */
-    hook_log f = {.mu = PTHREAD_MUTEX_INITIALIZER, .fail_open = 3};
+    /* 2: a wait that fails (on every rank, at call 3) fails its call and the queue, with its reason */
+    hook_log f = {.mu = PTHREAD_MUTEX_INITIALIZER, .fail_wait = 3};
     hooks.ud = &f;
     if (comm_async_new(c, &hooks, &q) != 0) return call_failed(c, err, n);
     long t[4];
     for (int k = 0; k < 4; k++) t[k] = comm_async_all_reduce(q, x[k], 8);
     bad |= (t[3] != 4) << 13;
     bad |= (comm_async_wait(q, t[2]) != -1) << 14;
-    bad |= (strstr(comm_async_error(q), "bracket 3 refused") == NULL) << 15;
+    bad |= (strstr(comm_async_error(q), "wait 3 refused") == NULL) << 15;
     bad |= (comm_async_all_reduce(q, x[0], 8) != -1) << 16; /* it stays failed */
     comm_async_free(q);
     /* 3: a mark that fails fails the issue */

@@ -52,11 +52,11 @@ int comm_case_async(comm *c, char *err, size_t n);
 int comm_case_async_abort(comm *c, char *err, size_t n);
 
 /* A queue's hooks (comm_async_hooks): each call marked in the caller's
- * thread before the queue runs it, and bracketed in the queue's, in
+ * thread before the queue runs it, and waited for in the queue's, in
  * ticket order; with a ring of 4 marks over a slow queue, never more than
- * 4 calls in flight (a slot is not marked again before its call ran); a
- * bracket that fails fails its call and the queue with the hook's reason,
- * a mark that fails the issue. The sums are right. */
+ * 4 calls marked and not yet waited for (a slot is not marked again before
+ * its call ran); a wait that fails fails its call and the queue with the
+ * hook's reason, a mark that fails the issue. The sums are right. */
 int comm_case_async_hooks(comm *c, char *err, size_t n);
 
 #endif

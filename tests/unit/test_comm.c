@@ -16,6 +16,8 @@
 
 #include "comm.h"       /* defines: comm_* */
 #include "comm_cases.h" /* defines: comm_case_* */
+#include "device.h"     /* defines: dev_open: the staging copies */
+#include "kcpu.h"       /* defines: kcpu_pack16, kcpu_unpack16 */
 #include "unit.h"       /* defines: TEST_IMPL, ASSERT_* */
 
 enum { P = 4 };
@@ -65,6 +67,15 @@ static void run_world(int n, double timeout, int (*body)(rank_job *, comm *), ra
     for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
 }
 
+/* Fails unless every one of the n ranks returned 0 (each failure said first). */
+static void expect_ranks_ok(const rank_job *jobs, int n)
+{
+    for (int r = 0; r < n; r++) {
+        if (jobs[r].rc != 0) fprintf(stderr, "# rank %d: %d %s\n", r, jobs[r].rc, jobs[r].error);
+        ASSERT_INT_EQ(jobs[r].rc, 0);
+    }
+}
+
 static int collectives(rank_job *j, comm *c)
 {
     if (c->size != P || c->world_rank != c->rank) return 1;
@@ -75,11 +86,8 @@ TEST_IMPL(comm_threads_collectives_match_serial)
 {
     rank_job jobs[P];
     run_world(P, 30, collectives, jobs);
-    for (int r = 0; r < P; r++) {
-        if (jobs[r].rc != 0) fprintf(stderr, "# rank %d: %d %s\n", r, jobs[r].rc, jobs[r].error);
-        ASSERT_INT_EQ(jobs[r].rc, 0);
-        ASSERT_NOT_NULL(strstr(jobs[r].note, "4 bytes sent, 8 expected"));
-    }
+    expect_ranks_ok(jobs, P);
+    for (int r = 0; r < P; r++) ASSERT_NOT_NULL(strstr(jobs[r].note, "4 bytes sent, 8 expected"));
 }
 
 static int groups(rank_job *j, comm *c) { return comm_case_groups(c, j->error, sizeof j->error); }
@@ -88,10 +96,7 @@ TEST_IMPL(comm_threads_split_groups)
 {
     rank_job jobs[P];
     run_world(P, 30, groups, jobs);
-    for (int r = 0; r < P; r++) {
-        if (jobs[r].rc != 0) fprintf(stderr, "# rank %d: %d %s\n", r, jobs[r].rc, jobs[r].error);
-        ASSERT_INT_EQ(jobs[r].rc, 0);
-    }
+    expect_ranks_ok(jobs, P);
 }
 
 /* Rank 1 fails before the collective; the others' all-reduce fails at
@@ -133,20 +138,14 @@ TEST_IMPL(comm_threads_async_hooks)
 {
     rank_job jobs[3];
     run_world(3, 30, async_hooks, jobs);
-    for (int r = 0; r < 3; r++) {
-        if (jobs[r].rc != 0) fprintf(stderr, "# rank %d: %d %s\n", r, jobs[r].rc, jobs[r].error);
-        ASSERT_INT_EQ(jobs[r].rc, 0);
-    }
+    expect_ranks_ok(jobs, 3);
 }
 
 TEST_IMPL(comm_threads_async_queue)
 {
     rank_job jobs[P];
     run_world(P, 30, async_calls, jobs);
-    for (int r = 0; r < P; r++) {
-        if (jobs[r].rc != 0) fprintf(stderr, "# rank %d: %d %s\n", r, jobs[r].rc, jobs[r].error);
-        ASSERT_INT_EQ(jobs[r].rc, 0);
-    }
+    expect_ranks_ok(jobs, P);
     run_world(3, 30, async_abort, jobs);
     for (int r = 0; r < 3; r++) ASSERT_INT_EQ(jobs[r].rc, 0);
     for (int r = 0; r < 3; r += 2) {
@@ -172,28 +171,30 @@ static int in_dev(void *ud, const void *p, size_t bytes)
 
 static uint16_t bf16_of(float x)
 {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return (uint16_t)(u >> 16); /* exact for the small integers used */
+    uint16_t h;
+    kcpu_pack16(&h, &x, 1, KCPU_BF16);
+    return h;
 }
 
 static float float_of(uint16_t h)
 {
-    uint32_t u = (uint32_t)h << 16;
     float x;
-    memcpy(&x, &u, sizeof x);
+    kcpu_unpack16(&x, &h, 1, KCPU_BF16);
     return x;
 }
 
 /* A host buffer fails the call, naming it; device buffers go through: fp32
  * sums, then bf16 elements: a sum rounded once, a gather of bytes, a
- * reduce-scatter in place, an all-to-all; splits inherit both. */
-static int checked(rank_job *j, comm *c)
+ * reduce-scatter in place, an all-to-all; splits inherit both. Once with
+ * the wrapped communicator on the buffers themselves, once staged through
+ * host memory (comm_checked_stage, the CPU device's copies). */
+static int checked_once(rank_job *j, comm *c, dev *stage)
 {
     dev_mem *d = calloc(1, sizeof *d);
     float host[4] = {1, 2, 3, 4};
     comm *k = d ? comm_checked_new(c, 0, in_dev, d) : NULL;
     int bad = !k;
+    if (!bad && stage && comm_checked_stage(k, stage) != 0) bad = 11;
     if (!bad && comm_all_reduce(k, host, 4) == 0) bad = 1; /* host memory: refused on every rank, before any sum */
     if (!bad && !strstr(k->error, "host buffer")) bad = 2;
     for (int i = 0; i < 4; i++) d->f[i] = (float)(c->rank + i);
@@ -219,7 +220,19 @@ static int checked(rank_job *j, comm *c)
     comm_free(sub);
     comm_free(k);
     free(d);
-    if (bad) snprintf(j->error, sizeof j->error, "check %d failed", bad);
+    if (bad) snprintf(j->error, sizeof j->error, "check %d failed%s", bad, stage ? " (staged)" : "");
+    return bad;
+}
+
+static int checked(rank_job *j, comm *c)
+{
+    dev *cpu = NULL;
+    char why[256];
+    if (dev_open(MESH_DEVICE_CPU, 0, &cpu, why, sizeof why) != MESH_OK)
+        return snprintf(j->error, sizeof j->error, "%s", why), 12;
+    int bad = checked_once(j, c, NULL);
+    if (!bad) bad = checked_once(j, c, cpu);
+    dev_close(cpu);
     return bad;
 }
 
@@ -227,8 +240,5 @@ TEST_IMPL(comm_checked_refuses_host_buffers_and_moves_bf16)
 {
     rank_job jobs[P];
     run_world(P, 30, checked, jobs);
-    for (int r = 0; r < P; r++) {
-        if (jobs[r].rc != 0) fprintf(stderr, "# rank %d: %d %s\n", r, jobs[r].rc, jobs[r].error);
-        ASSERT_INT_EQ(jobs[r].rc, 0);
-    }
+    expect_ranks_ok(jobs, P);
 }
