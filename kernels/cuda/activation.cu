@@ -7,14 +7,6 @@
  */
 #include "kcuda_impl.h"
 
-#define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
-#define GELU_CUBE 0.044715f
-
-__device__ __forceinline__ float gelu_exp(float x)
-{
-    return expf(-2.0f * GELU_SCALE * (x + GELU_CUBE * x * x * x));
-}
-
 __device__ __forceinline__ float sigmoid(float x)
 {
     return 1.0f / (1.0f + expf(-x));
@@ -31,7 +23,7 @@ __device__ __forceinline__ float silu_grad(float x)
 struct gelu_fwd {
     __device__ void operator()(const float *x, float *y) const
     {
-        y[0] = x[0] / (1.0f + gelu_exp(x[0]));
+        y[0] = x[0] / (1.0f + kc_gelu_exp(x[0]));
     }
 };
 
@@ -40,9 +32,9 @@ struct gelu_fwd {
 struct gelu_bwd {
     __device__ void operator()(const float *x, float *y) const
     {
-        float xi = x[0], e = gelu_exp(xi);
+        float xi = x[0], e = kc_gelu_exp(xi);
         float s = 1.0f / (1.0f + e);
-        float du = GELU_SCALE * (1.0f + 3.0f * GELU_CUBE * xi * xi);
+        float du = KC_GELU_SCALE * (1.0f + 3.0f * KC_GELU_CUBE * xi * xi);
         y[0] = x[2] + (s + 2.0f * xi * du * s * (e * s)) * x[1];
     }
 };

@@ -687,6 +687,7 @@ static int attn_backward(kcuda_ctx *ctx, void *dq, void *dk, void *dv,
         return 0;
     void *scratch = NULL;
     size_t rows = (size_t)B * H * T;
+    KCUDA_ARG((rows + 7) / 8 <= 0x7fffffffu, "attention: B*H*T = %zu rows, too many", rows);
     KCUDA_TRY(kcuda__scratch(ctx, rows * sizeof(float), &scratch, s));
     a.Dw = (float *)scratch;
     a.Dr = a.Dw;

@@ -23,7 +23,8 @@
  *  - Deterministic: no float atomics; every sum has a fixed order that
  *    depends on the shapes only (not on the GPU's size or on timing), so a
  *    call gives the same bits on every run. cuBLASLt products use the same
- *    algorithm for the same shapes within one kcuda_ctx.
+ *    algorithm for the same shapes and pointer alignments (up to 256
+ *    bytes) within one kcuda_ctx.
  *  - Launchers are asynchronous on `stream`. They return 0, a CUDA error
  *    code (a cudaError_t value > 0, e.g. of the launch), or a negative
  *    KCUDA_ERR_* code; kcuda_last_error() then says what failed, in words.
@@ -31,7 +32,8 @@
  *    cudaStreamSynchronize), as usual with CUDA.
  *  - Invalid arguments (negative sizes, an unsupported head size) return
  *    KCUDA_ERR_ARG; token ids out of range are NOT checked on the GPU (the
- *    CPU kernels assert them): such rows read or write nothing.
+ *    CPU kernels assert them): such rows read or write nothing (a
+ *    cross-entropy row whose target is out of range gets a NaN loss).
  *
  * Ops that need cuBLASLt or scratch memory take a kcuda_ctx: one per
  * stream (or per thread), like a cuBLAS handle. Everything else takes only
@@ -82,7 +84,9 @@ int kcuda_convert(void *dst, kcuda_dtype dst_dt, const void *src,
 
 /* A cuBLASLt handle, its workspace (32 MiB), cached matmul algorithms and a
  * scratch buffer that grows on demand (the ops that need one say so). Use a
- * context from one stream at a time. kcuda_ctx_free(NULL) does nothing;
+ * context on one stream only (its scratch is reused and regrown in that
+ * stream's order; another stream would need an event between them).
+ * kcuda_ctx_free(NULL) does nothing;
  * freeing waits for the device. Creating one makes the device's default
  * memory pool keep what is freed into it (its release threshold the
  * largest), so that the stream-ordered allocations below stay cheap. */
@@ -108,10 +112,13 @@ typedef enum kcuda_epilogue {
 } kcuda_epilogue;
 
 /* y = x @ w + bias, w stored [in, out] (kcpu_matmul_forward), then the
- * epilogue. The bias (and GELU) are fused into cuBLASLt's epilogue where
- * it offers one, else applied by a kernel after the product: the same
- * result either way. fp32 is plain fp32 (no TF32); bf16 runs on tensor
- * cores with fp32 accumulation.
+ * epilogue. The bias, and in bf16 and fp16 the GELU, are fused into
+ * cuBLASLt's epilogue where it offers one, else applied by a kernel after
+ * the product. fp32's GELU is always the kernel's (activation.cu's):
+ * cuBLASLt's is its own tanh approximation, within 2-byte storage's
+ * tolerance of ours but not within fp32's. fp32 is plain fp32 (no TF32);
+ * bf16 runs on tensor cores with fp32 accumulation (a split product's
+ * parts too). pre must not be y.
  * y[M,N] out; pre[M,N] out (KCUDA_EPI_GELU only, else may be NULL);
  * x[M,K]; w[K,N]; bias[N] (may be NULL). */
 int kcuda_matmul_forward(kcuda_ctx *ctx, void *y, void *pre, const void *x,
@@ -443,7 +450,10 @@ int kcuda_moe_combine_backward(void *dye, float *dweight, const void *dy,
  * device array, r->count) are masked so that ye is zero there and the
  * backward adds nothing from them, as on the CPU. Unlike the CPU, hg and
  * hu past count[e] are written (with whatever the product gives there) and
- * act there is zero. Backward scratch: 2*E*C*F elements in the context. */
+ * act there is zero; and the backward's dye must be finite on every row
+ * (zero past count[e], as the executor fills it: dw_down's product runs
+ * over all C rows, and 0 x NaN would be NaN). Backward scratch: 2*E*C*F
+ * elements in the context. */
 int kcuda_moe_expert_forward(kcuda_ctx *ctx, void *ye, void *hg, void *hu,
                              void *act, const void *xe, const void *w_gate,
                              const void *w_up, const void *w_down,

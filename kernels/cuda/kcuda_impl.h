@@ -90,8 +90,9 @@ struct kcuda_ctx {
 };
 
 /* *out = at least `bytes` of the context's scratch (256-byte aligned).
- * Growing waits for `stream` (work queued there may still read the old
- * buffer), then frees and reallocates. */
+ * Growing frees the old buffer and allocates a larger one in `stream`'s
+ * order (work queued there may still read the old one; nothing waits): the
+ * context's ops must all be queued on that one stream. */
 int kcuda__scratch(kcuda_ctx *ctx, size_t bytes, void **out,
                    cudaStream_t stream);
 
@@ -187,6 +188,20 @@ template <> __device__ __forceinline__ bf16 kc_to<bf16>(float x)
 template <> __device__ __forceinline__ f16 kc_to<f16>(float x)
 {
     return __float2half_rn(x);
+}
+
+/* ---- GELU (tanh approximation) ------------------------------------------- */
+
+#define KC_GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
+#define KC_GELU_CUBE 0.044715f
+
+/* e^(-2u), u = sqrt(2/pi) (x + 0.044715 x^3): gelu(x) = x / (1 + e). The
+ * exponent is capped at 88, as kcpu__expf caps it: below x = -10.07 an
+ * uncapped e is inf, and the backward's e s = inf * 0 would be NaN (the
+ * CPU's is 1). */
+__device__ __forceinline__ float kc_gelu_exp(float x)
+{
+    return expf(fminf(-2.0f * KC_GELU_SCALE * (x + KC_GELU_CUBE * x * x * x), 88.0f));
 }
 
 /* 16 bytes of T: 4 floats or 8 bf16. */

@@ -47,6 +47,8 @@ __device__ void ce_row_stats(const T *row, int valid, int vec, float *sh,
         for (int j = 0; j < W; j++)
             pm = fmaxf(pm, x[j]);
         float mn = fmaxf(m, pm), t = 0.0f;
+        if (mn == -INFINITY)
+            continue; /* -inf so far: e^(-inf - -inf) would be NaN */
 #pragma unroll
         for (int j = 0; j < W; j++)
             t += expf(x[j] - mn);
@@ -56,6 +58,8 @@ __device__ void ce_row_stats(const T *row, int valid, int vec, float *sh,
     for (int c = full + threadIdx.x; c < valid; c += blockDim.x) {
         float x = kc_f(row[c]);
         float mn = fmaxf(m, x);
+        if (mn == -INFINITY)
+            continue;
         s = s * expf(m - mn) + expf(x - mn);
         m = mn;
     }
@@ -122,8 +126,10 @@ __global__ void __launch_bounds__(CE_THREADS)
     double ls = log((double)s);
     float lsf = (float)ls;
     if (threadIdx.x == 0) {
-        /* -log p[target] = lse - (logit[target] - max) */
-        losses[i] = (float)(ls - ((double)kc_f(row[t]) - m));
+        /* -log p[target] = lse - (logit[target] - max); NaN for a
+         * target out of range (read nowhere) */
+        float xt = t >= 0 && t < V ? kc_f(row[t]) : NAN;
+        losses[i] = (float)(ls - ((double)xt - m));
         rowmax[i] = m;
         lse[i] = lsf;
     }

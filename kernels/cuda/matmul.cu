@@ -104,10 +104,11 @@ static kcuda__algo_entry *algo_find(kcuda_ctx *ctx, const kcuda__algo_key *k)
     return NULL;
 }
 
-/* The pointers' alignments as heuristic preferences, so that the chosen
- * algorithm does not assume more than the pointers have. */
-static cublasStatus_t pref_alignments(cublasLtMatmulPreference_t pref,
-                                      const kcuda__algo_key *k)
+/* The heuristic's preferences: the pointers' alignments, so that the chosen
+ * algorithm does not assume more than the pointers have, and how a split
+ * product may add its parts. */
+static cublasStatus_t pref_set(cublasLtMatmulPreference_t pref,
+                               const kcuda__algo_key *k)
 {
     struct {
         cublasLtMatmulPreferenceAttributes_t attr;
@@ -118,6 +119,10 @@ static cublasStatus_t pref_alignments(cublasLtMatmulPreference_t pref,
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, (uint32_t)k->align_a},
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, (uint32_t)k->align_c},
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, (uint32_t)k->align_c},
+        /* a split-K product's partial sums kept in fp32 (not rounded to
+         * the output's 2 bytes in between): every sum accumulates in fp32 */
+        {CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+         (uint32_t)CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE},
     };
     for (size_t i = 0; i < sizeof al / sizeof al[0]; i++) {
         cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
@@ -186,7 +191,7 @@ int kcuda__gemm_run(kcuda_ctx *ctx, const kcuda__gemm *g, cudaStream_t s)
         LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
             pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-        LT_CHECK(pref_alignments(pref, &key));
+        LT_CHECK(pref_set(pref, &key));
         memset(&res, 0, sizeof res);
         cublasStatus_t hst = cublasLtMatmulAlgoGetHeuristic(
             ctx->lt, desc, la, lb, lc, lc, pref, 1, &res, &found);
@@ -298,9 +303,6 @@ int kcuda_bias_backward(kcuda_ctx *ctx, void *dbias, const void *dy, int M,
 
 /* ---- bias and GELU outside cuBLASLt (its fallback) ----------------------- */
 
-#define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
-#define GELU_CUBE 0.044715f
-
 /* y[M,N] = gelu(pre) or pre, with pre = y + bias when bias is given (pre
  * may be y itself); the same GELU as activation.cu. */
 template <typename T>
@@ -317,7 +319,7 @@ __global__ void bias_gelu_kernel(T *y, T *pre, const T *bias, int M, int N,
             T pv = kc_to<T>(v);
             pre[i] = pv;
             float x = kc_f(pv);
-            float e = expf(-2.0f * GELU_SCALE * (x + GELU_CUBE * x * x * x));
+            float e = kc_gelu_exp(x);
             v = x / (1.0f + e);
         }
         y[i] = kc_to<T>(v);
@@ -346,8 +348,8 @@ static int linear_forward(kcuda_ctx *ctx, void *y, void *pre, const void *x,
     KCUDA_DT_OK(dt);
     KCUDA_ARG(M > 0 && K > 0 && N > 0, "matmul: bad sizes M=%d K=%d N=%d", M,
               K, N);
-    KCUDA_ARG(epi == KCUDA_EPI_NONE || (epi == KCUDA_EPI_GELU && pre),
-              "matmul: the GELU epilogue needs pre (got NULL)");
+    KCUDA_ARG(epi == KCUDA_EPI_NONE || (epi == KCUDA_EPI_GELU && pre && pre != y),
+              "matmul: the GELU epilogue needs pre, apart from y");
     kcuda__gemm g = gemm_init(dt);
     g.M = M;
     g.N = N;
@@ -362,23 +364,27 @@ static int linear_forward(kcuda_ctx *ctx, void *y, void *pre, const void *x,
     g.bias = bias;
     g.epi = epi;
     g.aux = epi == KCUDA_EPI_GELU ? pre : NULL;
-    int fused_ok = epi == KCUDA_EPI_NONE || N % 8 == 0;
-    if (fused_ok) {
-        int rc = kcuda__gemm_run(ctx, &g, s);
-        if (rc != KCUDA_ERR_NO_ALGO)
-            return rc;
+    /* cuBLASLt's GELU epilogue is its own tanh approximation: close enough
+     * for 2-byte storage, not for fp32's tolerance. fp32's GELU, and one
+     * whose row length the epilogue cannot take, is the kernel's below. */
+    if (epi == KCUDA_EPI_GELU && (dt == KCUDA_F32 || N % 8 != 0)) {
+        g.epi = KCUDA_EPI_NONE;
+        g.aux = NULL;
     }
-    /* the product alone, then bias and GELU by a kernel */
-    g.bias = NULL;
-    g.epi = KCUDA_EPI_NONE;
-    g.aux = NULL;
-    KCUDA_TRY(kcuda__gemm_run(ctx, &g, s));
-    if (!bias && epi == KCUDA_EPI_NONE)
-        return 0;
+    int rc = kcuda__gemm_run(ctx, &g, s);
+    if (rc == KCUDA_ERR_NO_ALGO && (g.bias || g.epi != KCUDA_EPI_NONE)) {
+        g.bias = NULL; /* no fused algorithm: the product alone */
+        g.epi = KCUDA_EPI_NONE;
+        g.aux = NULL;
+        rc = kcuda__gemm_run(ctx, &g, s);
+    }
+    int add_bias = bias && !g.bias, gelu = epi == KCUDA_EPI_GELU && g.epi == KCUDA_EPI_NONE;
+    if (rc != 0 || (!add_bias && !gelu))
+        return rc;
     size_t n = (size_t)M * N;
     KCUDA_DISPATCH(dt, T, {
         bias_gelu_kernel<T><<<kcuda__blocks(n, 256), 256, 0, s>>>(
-            (T *)y, (T *)pre, (const T *)bias, M, N, epi == KCUDA_EPI_GELU);
+            (T *)y, (T *)pre, add_bias ? (const T *)bias : NULL, M, N, gelu);
         KCUDA_LAUNCHED("bias_gelu_kernel");
     });
     return 0;

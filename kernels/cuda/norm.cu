@@ -323,6 +323,8 @@ static int norm_backward(kcuda_ctx *ctx, void *dx, void *dw, void *db,
     if (!dw && !db)
         return 0;
     int chunks = (rows + NORM_CHUNK - 1) / NORM_CHUNK;
+    KCUDA_ARG(chunks <= 65535, "norm backward: %d rows, at most %d (the "
+              "column sums' grid)", rows, 65535 * NORM_CHUNK);
     size_t part_bytes = kcuda__round256((size_t)chunks * C * sizeof(float));
     void *scratch = NULL;
     KCUDA_TRY(kcuda__scratch(ctx, 2 * part_bytes, &scratch, s));

@@ -114,14 +114,15 @@ int kcuda_sum_squares(kcuda_ctx *ctx, double *ss, const void *buf, size_t n,
     return 0;
 }
 
-/* x = x * scale (in double); with ss, scale = max_norm / (sqrt(*ss) + 1e-6)
- * and nothing happens unless it is below 1. */
+/* x = x * scale (in double); with ss, scale = max_norm / (norm + 1e-6),
+ * norm = sqrt(*ss) rounded to a float as kcpu_global_norm returns it, and
+ * nothing happens unless it is below 1. */
 template <typename T>
 __global__ void scale_kernel(T *x, size_t n, double scale, const double *ss,
                              float max_norm)
 {
     if (ss) {
-        scale = (double)max_norm / (sqrt(*ss) + 1e-6);
+        scale = (double)max_norm / ((double)(float)sqrt(*ss) + 1e-6);
         if (!(scale < 1.0))
             return;
     }

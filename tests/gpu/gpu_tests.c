@@ -446,9 +446,9 @@ static void t_add_rmsnorm(kcuda_dtype dt)
 
 enum { ACT_GELU, ACT_SILU, ACT_SWIGLU };
 
-static void act_case(kcuda_dtype dt, int kind, size_t n)
+static void act_case(kcuda_dtype dt, int kind, size_t n, float scale)
 {
-    float *x = rnd(n, 4.0f, dt), *u = rnd(n, 2.0f, dt), *y = hf(n);
+    float *x = rnd(n, scale, dt), *u = rnd(n, 2.0f, dt), *y = hf(n);
     void *dx = up(x, n, dt), *du = up(u, n, dt), *dy = dmem(n * 4);
     if (kind == ACT_GELU) {
         KC(kcuda_gelu_forward(dy, dx, n, dt, NULL));
@@ -483,18 +483,22 @@ static void act_case(kcuda_dtype dt, int kind, size_t n)
 
 static void t_gelu(kcuda_dtype dt)
 {
-    act_case(dt, ACT_GELU, 1003);
-    act_case(dt, ACT_GELU, 8);
+    act_case(dt, ACT_GELU, 1003, 4.0f);
+    act_case(dt, ACT_GELU, 8, 4.0f);
+    /* the far tails: below x = -10.07 e^(-2u) overflows fp32 (the
+     * backward's e s must stay 1, not inf * 0) */
+    act_case(dt, ACT_GELU, 1003, 40.0f);
 }
 
 static void t_silu(kcuda_dtype dt)
 {
-    act_case(dt, ACT_SILU, 1003);
+    act_case(dt, ACT_SILU, 1003, 4.0f);
+    act_case(dt, ACT_SILU, 1003, 200.0f); /* e^-x overflows below -88 */
 }
 
 static void t_swiglu(kcuda_dtype dt)
 {
-    act_case(dt, ACT_SWIGLU, 1003);
+    act_case(dt, ACT_SWIGLU, 1003, 4.0f);
     /* one gradient at a time */
     size_t n = 77;
     float *x = rnd(n, 3.0f, dt), *u = rnd(n, 2.0f, dt), *g = rnd(n, 1.0f, dt);
