@@ -70,6 +70,7 @@
 #include <cuda_runtime.h> /* cudaStream_t, cudaMalloc, cudaMemcpyAsync, cudaStreamQuery */
 #include <limits.h>       /* INT_MAX */
 #include <nccl.h>         /* ncclComm_t, ncclAllReduce, ... */
+#include <pthread.h>      /* pthread_mutex_t: the launch lock */
 #include <stdatomic.h>    /* atomic_int: an own world's abort asked from another thread */
 #include <stdint.h>       /* int32_t, uint64_t */
 #include <stdlib.h>       /* calloc, realloc, free, getenv */
@@ -120,6 +121,34 @@ struct nworld {
 
 static const comm_vtbl nccl_vtbl;
 
+/* NCCL launches the work of a group at its outermost ncclGroupEnd. Two
+ * threads may not issue work in parallel to independent communicators on
+ * one GPU (NCCL's "Thread Safety"), which a rank's thread and its
+ * communication queue's (comm_nccl_own_thread) would: so every launch, and
+ * every call outside a group (made a group of its own: LONE), holds this
+ * process's lock. A non-blocking communicator's call returns without
+ * waiting for its peers (ncclInProgress), so the lock is held for the call
+ * alone, never across a wait. */
+static pthread_mutex_t launch_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static ncclResult_t group_end(void)
+{
+    pthread_mutex_lock(&launch_lock);
+    ncclResult_t rc = ncclGroupEnd();
+    pthread_mutex_unlock(&launch_lock);
+    return rc;
+}
+
+/* The result of a call made in a group of its own, which is now launched. */
+static ncclResult_t lone(ncclResult_t rc)
+{
+    ncclResult_t end = group_end();
+    return rc != ncclSuccess && rc != ncclInProgress ? rc : end;
+}
+
+/* An NCCL call on m: recorded in the caller's group, else launched alone. */
+#define LONE(m, call) ((m)->w->group ? (call) : lone((ncclGroupStart(), (call))))
+
 /* The handle's float elements: NCCL's type, and where element k of p is. */
 static ncclDataType_t ftype(const ncomm *m)
 {
@@ -151,7 +180,7 @@ static void abort_world(nworld *w, const char *why)
 {
     if (!w->aborted) snprintf(w->why, sizeof w->why, "%s", why);
     w->aborted = 1;
-    for (; w->group > 0; w->group--) (void)ncclGroupEnd(); /* leave no NCCL group open on this thread */
+    for (; w->group > 0; w->group--) (void)group_end(); /* leave no NCCL group open on this thread */
     for (ncomm *x = w->comms; x; x = x->next) {
         if (x->nc) (void)ncclCommAbort(x->nc);
         x->nc = NULL;
@@ -333,7 +362,7 @@ static int any_pending(const nworld *w)
  * The group is closed before any abort. */
 static int close_group(ncomm *m, const char *op, const char *call, ncclResult_t rc, ncomm *bad)
 {
-    ncclResult_t end = ncclGroupEnd();
+    ncclResult_t end = group_end();
     if (failed(rc)) return nccl_fail(bad->nc, m, op, call, rc);
     if (failed(end)) return nccl_fail(m->nc, m, op, "ncclGroupEnd", end);
     return m->w->group ? 0 : finish(m, op);
@@ -372,7 +401,8 @@ static int n_all_reduce(comm *c, float *buf, size_t n)
 {
     ncomm *m = (ncomm *)c;
     if (on_device(m, "all-reduce", buf, n) != 0 || begin(m, "all-reduce") != 0) return -1;
-    return issued(m, "all-reduce", "ncclAllReduce", ncclAllReduce(buf, buf, n, ftype(m), ncclSum, m->nc, m->stream));
+    return issued(m, "all-reduce", "ncclAllReduce",
+                  LONE(m, ncclAllReduce(buf, buf, n, ftype(m), ncclSum, m->nc, m->stream)));
 }
 
 /* in[size x n] -> out[n]; out may be in + rank x n (NCCL's in-place form),
@@ -384,7 +414,7 @@ static int n_reduce_scatter(comm *c, const float *in, float *out, size_t n)
         begin(m, "reduce-scatter") != 0)
         return -1;
     return issued(m, "reduce-scatter", "ncclReduceScatter",
-                  ncclReduceScatter(in, out, n, ftype(m), ncclSum, m->nc, m->stream));
+                  LONE(m, ncclReduceScatter(in, out, n, ftype(m), ncclSum, m->nc, m->stream)));
 }
 
 /* in[n] -> out[size x n]; in may be out + rank x n. */
@@ -394,7 +424,8 @@ static int n_all_gather(comm *c, const float *in, float *out, size_t n)
     if (on_device(m, "all-gather", in, n) != 0 || on_device(m, "all-gather", out, n) != 0 ||
         begin(m, "all-gather") != 0)
         return -1;
-    return issued(m, "all-gather", "ncclAllGather", ncclAllGather(in, out, n, ftype(m), m->nc, m->stream));
+    return issued(m, "all-gather", "ncclAllGather",
+                  LONE(m, ncclAllGather(in, out, n, ftype(m), m->nc, m->stream)));
 }
 
 /* Copies bytes between m's pinned host mirror and the device (either way)
@@ -433,7 +464,8 @@ static int a2a_counts(ncomm *m, const size_t *send, const size_t *recv)
     int32_t *dflag = (int32_t *)(m->dev + 2 * (size_t)p), *hflag = (int32_t *)(m->host + 2 * (size_t)p);
     *hflag = bad >= 0 ? m->c.rank : INT_MAX;
     if (copy_wait(m, op, dflag, hflag, sizeof *hflag, cudaMemcpyHostToDevice) != 0 ||
-        issued(m, op, "ncclAllReduce", ncclAllReduce(dflag, dflag, 1, ncclInt32, ncclMin, m->nc, m->stream)) != 0 ||
+        issued(m, op, "ncclAllReduce",
+               LONE(m, ncclAllReduce(dflag, dflag, 1, ncclInt32, ncclMin, m->nc, m->stream))) != 0 ||
         copy_wait(m, op, hflag, dflag, sizeof *hflag, cudaMemcpyDeviceToHost) != 0)
         return -1;
     flag = *hflag;
@@ -477,7 +509,7 @@ static int n_broadcast(comm *c, void *buf, size_t bytes, int root)
     if (root < 0 || root >= c->size) return comm_fail(c, "broadcast", "root %d of a group of %d", root, c->size);
     if (on_device(m, "broadcast", buf, bytes) != 0 || begin(m, "broadcast") != 0) return -1;
     return issued(m, "broadcast", "ncclBroadcast",
-                  ncclBroadcast(buf, buf, bytes, ncclChar, root, m->nc, m->stream));
+                  LONE(m, ncclBroadcast(buf, buf, bytes, ncclChar, root, m->nc, m->stream)));
 }
 
 static int n_barrier(comm *c)
@@ -485,7 +517,8 @@ static int n_barrier(comm *c)
     ncomm *m = (ncomm *)c;
     if (begin(m, "barrier") != 0) return -1;
     int32_t *one = (int32_t *)(m->dev + 2 * (size_t)c->size);
-    return issued(m, "barrier", "ncclAllReduce", ncclAllReduce(one, one, 1, ncclInt32, ncclSum, m->nc, m->stream));
+    return issued(m, "barrier", "ncclAllReduce",
+                  LONE(m, ncclAllReduce(one, one, 1, ncclInt32, ncclSum, m->nc, m->stream)));
 }
 
 static int peer_ok(comm *c, int peer, const char *what)
@@ -508,11 +541,11 @@ static nslot *stage_slot(ncomm *m, size_t bytes)
         m->slots = n;
     }
     nslot *s = &m->slot[m->pending];
-    if (s->cap < bytes) {
-        if (s->data) (void)cudaFree(s->data);
+    if (s->cap < bytes) { /* in the stream's order: a cudaFree would wait for every stream of the GPU */
+        if (s->data) (void)cudaFreeAsync(s->data, m->stream);
         s->data = NULL;
         s->cap = 0;
-        if (cudaSetDevice(m->w->device) != cudaSuccess || cudaMalloc(&s->data, bytes) != cudaSuccess) {
+        if (cudaSetDevice(m->w->device) != cudaSuccess || cudaMallocAsync(&s->data, bytes, m->stream) != cudaSuccess) {
             (void)cudaGetLastError();
             s->data = NULL;
             return NULL;
@@ -690,6 +723,7 @@ static int n_split(comm *c, int color, int key, comm **out)
     if (w->group) return comm_fail(c, "split", "split between group_begin and group_end");
     if (begin(m, "split") != 0) return -1;
     cfg.blocking = 0;
+    cfg.splitShare = 0; /* (not NCCL_COMM_SPLIT_SHARE_RESOURCES): a queue's split runs beside its parent */
     ncclResult_t rc = ncclCommSplit(m->nc, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &nc, &cfg);
     if (rc != ncclSuccess && rc != ncclInProgress) {
         if (nc) (void)ncclCommAbort(nc);
@@ -725,13 +759,15 @@ static void n_free(comm *c)
         int late = rc != ncclSuccess && rc != ncclInProgress;
         if (!late) late = ready(m->nc, now_s() + w->timeout, &st) != 0 || st != ncclSuccess;
         if (late) {
-            fprintf(stderr, "mesh: rank %d: ncclCommFinalize did not end cleanly (%s); aborting the communicator\n",
-                    c->world_rank, ncclGetErrorString(rc != ncclSuccess && rc != ncclInProgress ? rc : st));
-            (void)ncclCommAbort(m->nc);
+            char msg[sizeof w->why];
+            snprintf(msg, sizeof msg, "rank %d: ncclCommFinalize did not end cleanly (%s)", c->world_rank,
+                     ncclGetErrorString(rc != ncclSuccess && rc != ncclInProgress ? rc : st));
+            fprintf(stderr, "mesh: %s; aborting the world's NCCL communicators\n", msg);
+            abort_world(w, msg); /* the world's other handles go without waiting a timeout each */
         } else {
             (void)ncclCommDestroy(m->nc);
+            m->nc = NULL;
         }
-        m->nc = NULL;
     }
     for (ncomm **at = &w->comms; *at; at = &(*at)->next)
         if (*at == m) {
@@ -739,7 +775,8 @@ static void n_free(comm *c)
             break;
         }
     for (int i = 0; i < m->slots; i++)
-        if (m->slot[i].data) (void)cudaFree(m->slot[i].data);
+        if (m->slot[i].data) (void)cudaFreeAsync(m->slot[i].data, m->stream);
+    (void)cudaStreamSynchronize(m->stream);
     free(m->slot);
     (void)cudaFree(m->dev);
     (void)cudaFreeHost(m->host);
@@ -865,7 +902,7 @@ static comm *world_init(int rank, int size, int device, double timeout_s, ncclUn
     char why[160];
     ncomm *m = wrap(w, nc, rank, why, sizeof why);
     if (!m) {
-        snprintf(err, n, "the world's communicator: %s", why);
+        snprintf(err, n, "rank %d: the world's communicator: %s", rank, why);
         free(w);
         return NULL;
     }
@@ -933,7 +970,7 @@ comm *comm_nccl_world(int rank, int size, int device, double timeout_s, char *er
         return NULL;
     }
     if (rc != 0) {
-        snprintf(err, n, "bootstrapping the NCCL world: %s", rerr);
+        snprintf(err, n, "rank %d: bootstrapping the NCCL world: %s", rank, rerr);
         return NULL;
     }
     if (bad >= 0) {

@@ -144,8 +144,9 @@ mesh_status dev_event_record(dev *d, dev_event *e, dev_stream *s);
 mesh_status dev_event_query(dev *d, dev_event *e, int *done);
 mesh_status dev_event_wait(dev *d, dev_stream *s, dev_event *e);
 /* The host waits until the work before e's record is done (polling
- * dev_event_query: spinning briefly, then sleeping 20 us at a time). */
-mesh_status dev_event_sync(dev *d, dev_event *e);
+ * dev_event_query: spinning briefly, then sleeping 20 us at a time), at
+ * most timeout_s seconds when it is > 0 (then MESH_ERR_INTERNAL). */
+mesh_status dev_event_sync(dev *d, dev_event *e, double timeout_s);
 mesh_status dev_mem_info(dev *d, size_t *free_bytes, size_t *total_bytes);
 /* 1 if [p, p + bytes) lies in device memory of d that the host may not
  * touch (a GPU's, by cudaPointerGetAttributes; the guarded device's

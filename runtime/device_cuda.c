@@ -143,6 +143,14 @@ static mesh_status cuda_alloc(dev *d, void **p, size_t bytes)
 {
     USE(d);
     cudaError_t rc = cudaMalloc(p, bytes);
+    if (rc == cudaErrorMemoryAllocation) {
+        /* the stream-ordered pool (kcuda_alloc) keeps what was freed into
+         * it: give back what no queued work still uses, then try again */
+        cudaMemPool_t pool;
+        (void)cudaGetLastError();
+        if (cudaDeviceGetDefaultMemPool(&pool, d->index) == cudaSuccess && cudaMemPoolTrimTo(pool, 0) == cudaSuccess)
+            rc = cudaMalloc(p, bytes);
+    }
     if (rc == cudaSuccess) return MESH_OK;
     *p = NULL;
     if (rc != cudaErrorMemoryAllocation) return cuda_fail(d, "cudaMalloc", rc);

@@ -60,6 +60,7 @@ typedef struct ex_marks {
     struct mesh__exec *ex;
     dev *dev; /* the queue's thread's handle on the executor's device */
     dev_event *ev[EX_MARKS];
+    double timeout; /* the longest wait for a mark (MESH_COLLECTIVE_TIMEOUT_S) */
 } ex_marks;
 
 struct mesh__exec {

@@ -48,12 +48,14 @@
  * read the result or write the buffers again) come after the call.
  *
  * Not overlapped: the deterministic chain, a backend that cannot take
- * calls from two threads (comm_async_supported), mesh_set_overlap(0).
+ * calls from two threads (comm_async_supported), mesh_set_overlap(0), and
+ * a GPU under CUDA_DEVICE_MAX_CONNECTIONS=1 (below).
  */
 #include "exec_impl.h"
 
 #include <stdio.h>  /* snprintf */
-#include <string.h> /* memset */
+#include <stdlib.h> /* getenv */
+#include <string.h> /* memset, strcmp */
 
 /* Can step s be issued before the grad-sync phase? */
 static int early_step(const mesh__exec *ex, int s)
@@ -128,7 +130,7 @@ static int wait_mark(void *ud, long ticket, char *err, size_t n)
 {
     ex_marks *m = ud;
     mesh__exec *ex = m->ex;
-    if (dev_event_sync(m->dev, m->ev[ticket % EX_MARKS]) == MESH_OK) return 0;
+    if (dev_event_sync(m->dev, m->ev[ticket % EX_MARKS], m->timeout) == MESH_OK) return 0;
     snprintf(err, n, "rank %d: waiting for the kernels before a queued collective: %s", ex->rank,
              dev_last_error(m->dev));
     return -1;
@@ -139,6 +141,7 @@ static int marks_init(mesh__exec *ex, ex_marks *m)
 {
     char why[256];
     m->ex = ex;
+    m->timeout = comm_timeout_from_env(); /* a queue never waits longer than its backend's timeout */
     mesh_status st = dev_open(ex->gpu ? MESH_DEVICE_CUDA : MESH_DEVICE_CPU, ex->gpu ? ex->dev->index : 0, &m->dev, why,
                               sizeof why);
     for (int i = 0; st == MESH_OK && i < EX_MARKS; i++)
@@ -166,6 +169,12 @@ int exec__overlap_init(mesh__exec *ex, unsigned flags)
     ex->bk_n = exec__host_calloc(ex, 2 * (size_t)p->n_steps, sizeof *ex->bk_n);
     if (!ex->bk_bufs || !ex->bk_n) return -1;
     if ((flags & MESH__EXEC_NO_OVERLAP) || ex->chain) return 0;
+    /* CUDA_DEVICE_MAX_CONNECTIONS=1 puts every stream's kernels in one
+     * queue, in launch order: the queue's NCCL kernels and the rank's
+     * (tp's, the pipeline's) would run in an order that differs between
+     * ranks, and wait for each other. Then nothing overlaps. */
+    const char *conn = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    if (ex->gpu && conn && strcmp(conn, "1") == 0) return 0;
     int any = 0;
     comm *groups[2] = {ex->data, ex->axis[0] != ex->data ? ex->axis[0] : NULL};
     for (int g = 0; g < 2; g++)
