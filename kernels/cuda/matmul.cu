@@ -119,10 +119,11 @@ static cublasStatus_t pref_set(cublasLtMatmulPreference_t pref,
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, (uint32_t)k->align_a},
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, (uint32_t)k->align_c},
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, (uint32_t)k->align_c},
-        /* a split-K product's partial sums kept in fp32 (not rounded to
-         * the output's 2 bytes in between): every sum accumulates in fp32 */
+        /* a split-K product's partial sums kept in fp32 (not in the
+         * output's 2 bytes in between): every sum accumulates in fp32 */
         {CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-         (uint32_t)CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE},
+         k->dt == KCUDA_F32 ? (uint32_t)CUBLASLT_REDUCTION_SCHEME_MASK
+                            : (uint32_t)CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE},
     };
     for (size_t i = 0; i < sizeof al / sizeof al[0]; i++) {
         cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
