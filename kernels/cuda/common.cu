@@ -105,7 +105,7 @@ int kcuda_convert(void *dst, kcuda_dtype dst_dt, const void *src,
     KCUDA_ARG(dst_dt == src_dt || dst != src,
               "kcuda_convert: dst and src alias across dtypes");
     cudaStream_t s = kcuda__stream(stream);
-    if (n == 0)
+    if (n == 0 || dst == src) /* (the same dtype: nothing to do; a copy's areas may not overlap) */
         return 0;
     if (dst_dt == src_dt) {
         KCUDA_CHECK(cudaMemcpyAsync(dst, src, n * kcuda_dtype_size(dst_dt),

@@ -279,6 +279,8 @@ int kcuda__colsum_add(kcuda_ctx *ctx, void *dst, const void *src, int M,
     if (M == 0)
         return 0;
     int chunks = (M + COLSUM_ROWS - 1) / COLSUM_ROWS;
+    KCUDA_ARG(chunks <= 65535, "bias gradient: %d rows, at most %d (the "
+              "column sums' grid)", M, 65535 * COLSUM_ROWS);
     void *scratch = NULL;
     KCUDA_TRY(kcuda__scratch(ctx, (size_t)chunks * N * sizeof(float),
                              &scratch, s));
