@@ -430,6 +430,81 @@ $(BUILD)/mpi_tests: $(MPI_TEST_OBJ) $(OBJ)/tests/unit/comm_cases.o $(BUILD)/libm
 	$(CC) $(ALL_LDFLAGS) -o $@ $(filter %.o,$^) -Wl,--start-group $(filter %.a,$^) -Wl,--end-group \
 	  $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)
 
+# ---- CUDA kernels on a CPU emulation (tests/gpu/emu) ----------------------
+# The CUDA kernels' tests (tests/gpu/gpu_tests.c, unchanged) on a machine
+# without a GPU: the kernels, kernels/cuda/*.cu and *.h unchanged but for
+# their <<<...>>> launches (rewritten at build time into $(BUILD)/emu-gen/
+# by tests/gpu/emu/launch_rewrite.py, nothing else), compiled by g++ as
+# C++17 against the CPU emulation in tests/gpu/emu/ (its include/ first: the
+# CUDA runtime, the device side, WMMA, cuBLASLt and cub; no CUDA toolkit)
+# with cuda_runtime.h force-included as nvcc does; linked with gpu_tests.c
+# and the CPU reference. Every case runs, in fp32, bf16 and fp16; the
+# output ends with `N passed, N failed` (tests/gpu/emu/README.md).
+#   make gpu-emu        build in build-emu/ and run (-j2 builds in parallel)
+#   make gpu-emu-tsan   the same under ThreadSanitizer, in build-emu/tsan/
+# The emulator's own machinery (exec.cpp: fibers, barriers) is not
+# instrumented; under TSan it tells ThreadSanitizer exactly the
+# happens-before edges CUDA promises (-DEMU_TSAN).
+EMU_DIR      = tests/gpu/emu
+EMU_CXX     ?= g++
+EMU_CXXFLAGS ?= -std=c++17 -O2 -g -Wall -Wextra -ffp-contract=off -pthread
+EMU_GEN      = $(BUILD)/emu-gen
+EMU_OBJ      = $(BUILD)/emu-obj
+EMU_KSRC     = $(wildcard kernels/cuda/*.cu)
+EMU_KGEN     = $(addprefix $(EMU_GEN)/,$(wildcard kernels/cuda/*.cu kernels/cuda/*.h))
+EMU_KOBJ     = $(EMU_KSRC:%.cu=$(EMU_OBJ)/%.o)
+EMU_RT_OBJ   = $(patsubst $(EMU_DIR)/%.cpp,$(EMU_OBJ)/emu/%.o,$(wildcard $(EMU_DIR)/*.cpp))
+EMU_TEST_OBJ = $(EMU_OBJ)/tests/gpu/gpu_tests.o
+EMU_SAN      = $(SAN_CFLAGS)
+$(EMU_OBJ)/emu/exec.o: EMU_SAN = $(if $(filter thread,$(SAN)),-DEMU_TSAN)
+.SECONDARY: $(EMU_KGEN) $(EMU_GEN)/$(EMU_DIR)/selftest.cu
+
+.PHONY: gpu-emu gpu-emu-tsan
+# tests/gpu/emu/run.sh: the emulator's self-tests (selftest.cu), then every
+# case with a block's threads run first to last, and (not under TSan, which
+# sees every unordered access anyway) last to first; one summary at the end
+gpu-emu:
+	$(MAKE) BUILD=build-emu build-emu/emu_selftest build-emu/gpu_tests_emu
+	$(EMU_DIR)/run.sh build-emu forward reverse
+
+gpu-emu-tsan:
+	$(MAKE) BUILD=build-emu/tsan SAN=thread build-emu/tsan/emu_selftest build-emu/tsan/gpu_tests_emu
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" $(EMU_DIR)/run.sh build-emu/tsan forward
+
+$(EMU_GEN)/%: % $(EMU_DIR)/launch_rewrite.py
+	@mkdir -p $(@D)
+	python3 $(EMU_DIR)/launch_rewrite.py $< $@
+
+$(EMU_OBJ)/%.o: $(EMU_GEN)/%.cu | $(EMU_KGEN)
+	@mkdir -p $(@D)
+	$(EMU_CXX) $(EMU_CXXFLAGS) -Wno-unknown-pragmas -fno-extern-tls-init $(SAN_CFLAGS) -x c++ \
+	  -I$(EMU_DIR)/include -Iruntime -include cuda_runtime.h -MMD -MP -c -o $@ $<
+
+$(EMU_OBJ)/emu/%.o: $(EMU_DIR)/%.cpp
+	@mkdir -p $(@D)
+	$(EMU_CXX) $(EMU_CXXFLAGS) -Werror $(EMU_SAN) -I$(EMU_DIR)/include -MMD -MP -c -o $@ $<
+
+$(EMU_TEST_OBJ): tests/gpu/gpu_tests.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -isystem $(EMU_DIR)/include -Ikernels/cpu -Ikernels/cuda \
+	  $(BLAS_CFLAGS) -c -o $@ $<
+
+# kcuda_available()'s dlopen("libcuda.so.1") finds this stub: the test's RPATH (not
+# RUNPATH, which a dlopen made through a sanitizer's interceptor would not search)
+$(BUILD)/emu-driver/libcuda.so.1: $(EMU_DIR)/libcuda_stub.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -fPIC -shared -Wl,-soname,libcuda.so.1 -o $@ $<
+
+$(BUILD)/gpu_tests_emu: $(EMU_TEST_OBJ) $(EMU_KOBJ) $(EMU_RT_OBJ) $(BUILD)/libmeshkcpu.a \
+                        $(BUILD)/emu-driver/libcuda.so.1
+	$(EMU_CXX) $(ALL_LDFLAGS) -pthread -o $@ $(filter %.o %.a,$^) $(BLAS_LIBS) \
+	  -Wl,--disable-new-dtags,-rpath,'$$ORIGIN/emu-driver' $(LDLIBS)
+
+$(BUILD)/emu_selftest: $(EMU_OBJ)/$(EMU_DIR)/selftest.o $(EMU_RT_OBJ)
+	$(EMU_CXX) $(ALL_LDFLAGS) -pthread -o $@ $^ $(LDLIBS)
+
+-include $(EMU_KOBJ:.o=.d) $(EMU_RT_OBJ:.o=.d) $(EMU_TEST_OBJ:.o=.d) $(EMU_OBJ)/$(EMU_DIR)/selftest.d
+
 # ---- Fuzzing (clang + libFuzzer) ----------------------------------------
 
 # The corpus folder keeps what libFuzzer finds between runs; it is seeded

@@ -8,6 +8,7 @@ set -euo pipefail
 
 PACKAGES=(
     gcc make flex bison         # build: compiler, make, front-end generators
+    g++ python3                 # make gpu-emu: the CUDA kernels on a CPU emulation (C++, its launch rewriting)
     clang libclang-rt-14-dev    # make fuzz: clang and libFuzzer
     pkg-config                  # mesh.pc, and finding OpenBLAS and libyaml
     libopenblas-dev libyaml-dev # BLAS for the CPU kernels, YAML for the plan file

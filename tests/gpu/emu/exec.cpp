@@ -1,0 +1,883 @@
+/* exec.cpp (CPU emulation, tests/gpu/emu): running kernels.
+ *
+ * A launch's blocks are spread over R runner threads (EMU_RUNNERS; 4 by
+ * default, 2 under ThreadSanitizer, whose cost grows with the number of
+ * fibers): block i runs on runner i % R, the runners concurrently, each
+ * running its blocks one after another. A block runs on its runner's OS
+ * thread, each of its CUDA threads a fiber (its own stack, switched in
+ * user space): a thread runs until it reaches __syncthreads, a
+ * warp-synchronous operation (__syncwarp, a shuffle, a WMMA call) or its
+ * end; when no thread of the block can run, the runner completes what can
+ * be completed (a warp operation whose threads have all arrived, checked
+ * for agreement; a __syncthreads every thread has reached) and runs the
+ * threads again (first to last, or last to first with EMU_ORDER=reverse).
+ * What cannot be completed (a mask naming an exited thread,
+ * threads waiting at different barriers) stops the kernel with a sticky
+ * error and a message, as undefined behaviour should.
+ *
+ * Why fibers, not one OS thread per CUDA thread: a block's __shared__
+ * variables must be one object per block, and `extern __shared__` rules
+ * out `static` (extern static is ill-formed), which leaves thread_local,
+ * one copy per OS thread; and an OS thread per CUDA thread costs about
+ * 3.5 us per thread per barrier on a 2-core machine (measured), over a
+ * minute for gpu_tests' 1024-block reductions alone. Under
+ * ThreadSanitizer (EMU_TSAN) every CUDA thread is a TSan fiber, switched
+ * without synchronization, so TSan sees each as a thread of its own, and
+ * the emulator adds exactly the happens-before edges CUDA promises:
+ * kernel start (launch -> every thread), __syncthreads (the block),
+ * __syncwarp (the threads of its mask), kernel end (every thread -> the
+ * host). Shuffles and WMMA calls order no memory. The blocks a runner runs
+ * one after another are ordered too (its shared memory is reused), so a
+ * race between blocks shows when they are on different runners (blocks i
+ * and j with i - j not a multiple of R).
+ *
+ * A runner's thread-local storage is its block's shared memory: before
+ * each block, the program's whole thread-local block on that OS thread
+ * (the kernels' __shared__ variables, the emulator's one pointer) is
+ * filled with 0xff bytes (NaN in every float type), and so are the
+ * launch's dynamic shared memory bytes, so that a read of shared memory
+ * no thread wrote shows up.
+ */
+#include <cuda_runtime.h>
+
+#include <link.h>     /* dl_iterate_phdr, PT_TLS */
+#include <sys/mman.h> /* mmap, mprotect */
+
+#include <algorithm>          /* std::min */
+#include <atomic>             /* std::atomic */
+#include <condition_variable> /* std::condition_variable */
+#include <cstdarg>            /* va_list */
+#include <cstdio>             /* snprintf */
+#include <cstdlib>            /* getenv, abort */
+#include <cstring>            /* memset */
+#include <mutex>              /* std::mutex */
+#include <string>             /* std::string */
+#include <thread>             /* std::thread */
+#include <type_traits>        /* std::is_standard_layout */
+#include <vector>             /* std::vector */
+
+#include "emu/convert.h"
+#include "internal.h"
+
+#ifdef EMU_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
+
+#if !defined(__x86_64__) || defined(EMU_UCONTEXT)
+#include <ucontext.h>
+#define EMU_USE_UCONTEXT 1
+#endif
+
+/* The kernels' dynamic shared memory: `extern __shared__ T smem[]`. */
+alignas(256) thread_local unsigned char smem[emu::SMEM_OPTIN];
+
+namespace emu {
+
+__thread Thread *tls_thread;
+
+namespace {
+
+/* ---- fibers ------------------------------------------------------------ */
+
+#ifdef EMU_USE_UCONTEXT
+struct Ctx {
+    ucontext_t uc;
+};
+
+/* makecontext passes ints: the function and its argument in halves */
+void ucontext_entry(unsigned fhi, unsigned flo, unsigned ahi, unsigned alo)
+{
+    void (*fn)(void *) = (void (*)(void *))(((uintptr_t)fhi << 32) | flo);
+    fn((void *)(((uintptr_t)ahi << 32) | alo));
+}
+
+void ctx_make(Ctx *c, char *stack, size_t size, void (*fn)(void *), void *arg)
+{
+    getcontext(&c->uc);
+    c->uc.uc_stack.ss_sp = stack;
+    c->uc.uc_stack.ss_size = size;
+    c->uc.uc_link = nullptr;
+    uint64_t f = (uint64_t)(uintptr_t)fn, a = (uint64_t)(uintptr_t)arg;
+    makecontext(&c->uc, (void (*)())ucontext_entry, 4, (unsigned)(f >> 32),
+                (unsigned)(f & 0xffffffffu), (unsigned)(a >> 32), (unsigned)(a & 0xffffffffu));
+}
+
+inline void ctx_switch(Ctx *from, Ctx *to)
+{
+    swapcontext(&from->uc, &to->uc);
+}
+#else
+/* x86-64: save the callee-saved registers, the SSE and x87 control words
+ * and the stack pointer; load the other context's. A new context starts
+ * in the trampoline, which calls r13(r12). */
+extern "C" void emu_ctx_switch(void **save_sp, void *load_sp);
+extern "C" void emu_ctx_trampoline();
+asm(R"(
+    .text
+    .p2align 4
+    .globl emu_ctx_switch
+    .hidden emu_ctx_switch
+    .type emu_ctx_switch, @function
+emu_ctx_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size emu_ctx_switch, .-emu_ctx_switch
+
+    .p2align 4
+    .globl emu_ctx_trampoline
+    .hidden emu_ctx_trampoline
+    .type emu_ctx_trampoline, @function
+emu_ctx_trampoline:
+    movq %r12, %rdi
+    callq *%r13
+    ud2
+    .size emu_ctx_trampoline, .-emu_ctx_trampoline
+)");
+
+struct Ctx {
+    void *sp;
+};
+
+void ctx_make(Ctx *c, char *stack, size_t size, void (*fn)(void *), void *arg)
+{
+    uintptr_t top = ((uintptr_t)stack + size) & ~(uintptr_t)15;
+    uint64_t *f = (uint64_t *)(top - 64);
+    f[0] = 0x1f80u | ((uint64_t)0x037fu << 32); /* mxcsr, x87 control word */
+    f[1] = 0;                                     /* r15 */
+    f[2] = 0;                                     /* r14 */
+    f[3] = (uint64_t)(uintptr_t)fn;               /* r13 */
+    f[4] = (uint64_t)(uintptr_t)arg;              /* r12 */
+    f[5] = 0;                                     /* rbx */
+    f[6] = 0;                                     /* rbp */
+    f[7] = (uint64_t)(uintptr_t)&emu_ctx_trampoline;
+    c->sp = f;
+}
+
+inline void ctx_switch(Ctx *from, Ctx *to)
+{
+    emu_ctx_switch(&from->sp, to->sp);
+}
+#endif
+
+/* ---- ThreadSanitizer's view ------------------------------------------------ */
+
+#ifdef EMU_TSAN
+inline void hb_release(void *a)
+{
+    __tsan_release(a);
+}
+inline void hb_acquire(void *a)
+{
+    __tsan_acquire(a);
+}
+#else
+inline void hb_release(void *) {}
+inline void hb_acquire(void *) {}
+#endif
+
+/* ---- blocks, threads, runners --------------------------------------------- */
+
+enum : uint8_t { READY, AT_WARP, AT_BLOCK, EXITED, TRAPPED };
+
+const size_t STACK_BYTES = 256 * 1024; /* per CUDA thread, plus a guard page */
+
+struct Runner;
+
+struct Lane {
+    Thread t; /* what tls_thread points to while this thread runs */
+    Ctx ctx;
+    Runner *runner;
+    char *stack;
+    uint8_t state;
+    bool started;
+    WarpOp *op;
+    unsigned warp;
+    unsigned bcount;      /* __syncthreads passed */
+    unsigned wcount[32];  /* __syncwarp passed, per lowest lane of the mask */
+#ifdef EMU_TSAN
+    void *fiber;
+#endif
+};
+
+struct Job {
+    const LaunchDesc *d;
+    unsigned long long nblocks;
+    unsigned stride; /* the runners used */
+    std::atomic<bool> abort{false};
+    std::mutex m;
+    std::condition_variable cv;
+    unsigned pending = 0;
+    bool trapped = false;
+    cudaError_t err = cudaSuccess;
+    std::string msg;
+};
+
+struct Runner {
+    unsigned id;
+    std::thread th;
+    std::mutex m;
+    std::condition_variable cv;
+    Job *next = nullptr;
+    /* the block being run */
+    Job *job = nullptr;
+    std::vector<Lane> lanes;
+    unsigned nlanes = 0; /* lanes with a stack */
+    unsigned nthreads = 0, nwarps = 0, nexited = 0;
+    uint3 bid{};
+    Ctx sched;
+    bool trapped = false;
+    cudaError_t trap_err = cudaSuccess;
+    std::string trap_msg;
+    /* this OS thread's copy of the program's thread-local block */
+    unsigned char *tls_lo = nullptr, *tls_hi = nullptr;
+    /* the addresses ThreadSanitizer's happens-before edges hang on */
+    char hb_block[2];
+    char hb_warp[32][32][2];
+    char hb_done;
+    char hb_trap; /* a trapping thread's message -> the runner */
+#ifdef EMU_TSAN
+    void *sched_fiber = nullptr;
+#endif
+};
+
+std::mutex g_launch_mutex; /* one launch at a time */
+std::vector<Runner *> g_runners;
+unsigned g_nrunners;
+bool g_reverse; /* EMU_ORDER=reverse: a block's threads run last to first */
+
+const char *op_name(int kind)
+{
+    switch (kind) {
+    case OP_SYNCWARP: return "__syncwarp";
+    case OP_SHFL_IDX: return "__shfl_sync";
+    case OP_SHFL_UP: return "__shfl_up_sync";
+    case OP_SHFL_DOWN: return "__shfl_down_sync";
+    case OP_SHFL_XOR: return "__shfl_xor_sync";
+    case OP_WMMA_LOAD: return "wmma::load_matrix_sync";
+    case OP_WMMA_STORE: return "wmma::store_matrix_sync";
+    case OP_WMMA_MMA: return "wmma::mma_sync";
+    }
+    return "?";
+}
+
+std::string vformat(const char *fmt, va_list ap)
+{
+    char buf[1024];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    return buf;
+}
+
+std::string format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string format(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    std::string s = vformat(fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+/* The block-level failure: the block stops, the launch too. */
+void block_fail(Runner *r, cudaError_t err, const std::string &msg)
+{
+    if (r->trapped)
+        return;
+    r->trapped = true;
+    r->trap_err = err;
+    r->trap_msg = format("block (%u,%u,%u): ", r->bid.x, r->bid.y, r->bid.z) + msg;
+}
+
+Lane *current()
+{
+    if (!tls_thread) {
+        diag("a device function was called outside a kernel");
+        abort();
+    }
+    return reinterpret_cast<Lane *>(tls_thread);
+}
+
+/* The running CUDA thread gives the runner its OS thread back; returns
+ * when the runner resumes it. */
+void yield(Lane *L)
+{
+    Runner *r = L->runner;
+#ifdef EMU_TSAN
+    __tsan_switch_to_fiber(r->sched_fiber, __tsan_switch_to_fiber_no_sync);
+#endif
+    ctx_switch(&L->ctx, &r->sched);
+}
+
+void resume(Runner *r, Lane *L)
+{
+    tls_thread = &L->t;
+#ifdef EMU_TSAN
+    /* the first switch of the block carries the launch (and the shared
+     * memory fill) into the thread; later ones carry nothing */
+    __tsan_switch_to_fiber(L->fiber, L->started ? __tsan_switch_to_fiber_no_sync : 0);
+#endif
+    L->started = true;
+    ctx_switch(&r->sched, &L->ctx);
+    tls_thread = nullptr;
+}
+
+void lane_main(void *arg)
+{
+    Lane *L = static_cast<Lane *>(arg);
+    Runner *r = L->runner;
+    r->job->d->entry(r->job->d->state);
+    L->state = EXITED;
+    r->nexited++;
+    hb_release(&r->hb_done);
+    yield(L);
+    abort(); /* an exited thread is never resumed */
+}
+
+/* ---- completing warp operations ------------------------------------------ */
+
+/* The shuffles of the threads of mask (all posted, same kind and mask):
+ * each thread's source lane as CUDA defines it for its width. */
+bool do_shfl(Runner *r, Lane *w0, unsigned warp, unsigned mask, int kind)
+{
+    for (unsigned m = 0; m < 32; m++) {
+        if (!((mask >> m) & 1u))
+            continue;
+        WarpOp *op = w0[m].op;
+        unsigned w = (unsigned)op->width, d = (unsigned)op->arg;
+        if (op->width < 1 || op->width > 32 || (w & (w - 1)) != 0) {
+            block_fail(r, cudaErrorIllegalInstruction,
+                       format("warp %u lane %u: %s with width %d (a power of 2 "
+                              "in [1, 32] is required)",
+                              warp, m, op_name(kind), op->width));
+            return false;
+        }
+        long src = -1; /* -1: the thread's own value */
+        switch (kind) {
+        case OP_SHFL_IDX:
+            src = (long)((m & ~(w - 1)) | (d & (w - 1)));
+            break;
+        case OP_SHFL_UP:
+            if ((m & (w - 1)) >= d)
+                src = (long)m - (long)d;
+            break;
+        case OP_SHFL_DOWN:
+            if ((unsigned long)(m & (w - 1)) + d < w)
+                src = (long)m + (long)d;
+            break;
+        case OP_SHFL_XOR: {
+            unsigned s = m ^ d; /* a later group of width gives the own value */
+            if (s < 32 && s / w <= m / w)
+                src = (long)s;
+            break;
+        }
+        }
+        if (src < 0 || (unsigned)src == m) {
+            op->result = op->value;
+            continue;
+        }
+        if (!((mask >> src) & 1u)) {
+            block_fail(r, cudaErrorIllegalInstruction,
+                       format("warp %u lane %u: %s reads lane %ld, which is not in "
+                              "the mask 0x%08x (its value is undefined)",
+                              warp, m, op_name(kind), src, mask));
+            return false;
+        }
+        const WarpOp *so = w0[src].op;
+        if (so->size != op->size) {
+            block_fail(r, cudaErrorIllegalInstruction,
+                       format("warp %u: %s of a %d-byte value in lane %u, of a "
+                              "%d-byte one in lane %ld",
+                              warp, op_name(kind), op->size, m, so->size, src));
+            return false;
+        }
+        op->result = so->value;
+    }
+    return true;
+}
+
+const char *elem_name(int e)
+{
+    return e == ELEM_F32 ? "float" : e == ELEM_BF16 ? "__nv_bfloat16" : "__half";
+}
+
+/* load_matrix_sync / store_matrix_sync: the same arguments in all 32
+ * lanes, a 256-bit aligned pointer, ldm a multiple of 16 bytes. Each lane
+ * then moves its own elements (mma.h). */
+bool do_wmma_mem(Runner *r, Lane *w0, unsigned warp, int kind)
+{
+    const WarpOp *o0 = w0[0].op;
+    for (unsigned m = 1; m < 32; m++) {
+        const WarpOp *o = w0[m].op;
+        if (o->ptr != o0->ptr || o->ldm != o0->ldm || o->layout != o0->layout ||
+            o->elem != o0->elem || o->use != o0->use) {
+            block_fail(r, cudaErrorIllegalInstruction,
+                       format("warp %u: %s: lane %u passes (%p, ldm %u) but lane 0 "
+                              "(%p, ldm %u): all threads of the warp must pass the "
+                              "same pointer, ldm, layout and fragment type",
+                              warp, op_name(kind), m, o->ptr, o->ldm, o0->ptr, o0->ldm));
+            return false;
+        }
+    }
+    unsigned es = o0->elem == ELEM_F32 ? 4 : 2;
+    if (!o0->ptr) {
+        block_fail(r, cudaErrorIllegalAddress,
+                   format("warp %u: %s of a null pointer", warp, op_name(kind)));
+        return false;
+    }
+    if ((uintptr_t)o0->ptr % 32 != 0) {
+        block_fail(r, cudaErrorMisalignedAddress,
+                   format("warp %u: %s: pointer %p is not 256-bit (32-byte) aligned",
+                          warp, op_name(kind), o0->ptr));
+        return false;
+    }
+    if (o0->ldm * es % 16 != 0) {
+        block_fail(r, cudaErrorMisalignedAddress,
+                   format("warp %u: %s: ldm %u is not a multiple of %u (16 bytes of %s)",
+                          warp, op_name(kind), o0->ldm, 16 / es, elem_name(o0->elem)));
+        return false;
+    }
+    return true;
+}
+
+float frag_elem(const void *x, int elem, int i)
+{
+    if (elem == ELEM_F32)
+        return static_cast<const float *>(x)[i];
+    uint16_t h = static_cast<const uint16_t *>(x)[i];
+    return elem == ELEM_BF16 ? emu_bf16_to_f32(h) : emu_f16_to_f32(h);
+}
+
+/* d = a b + c over the warp's fragments: element (r, c), e = 16 r + c, is
+ * in lane e % 32 at index e / 32 (mma.h). */
+bool do_mma(Runner *r, Lane *w0, unsigned warp)
+{
+    float A[16][16], B[16][16], C[16][16];
+    int elem = w0[0].op->elem;
+    for (unsigned m = 0; m < 32; m++) {
+        const WarpOp *o = w0[m].op;
+        if (o->elem != elem) {
+            block_fail(r, cudaErrorIllegalInstruction,
+                       format("warp %u: wmma::mma_sync on %s in lane 0, on %s in lane %u",
+                              warp, elem_name(elem), elem_name(o->elem), m));
+            return false;
+        }
+        for (int i = 0; i < 8; i++) {
+            unsigned e = m + 32u * (unsigned)i;
+            A[e / 16][e % 16] = frag_elem(o->a, elem, i);
+            B[e / 16][e % 16] = frag_elem(o->b, elem, i);
+            C[e / 16][e % 16] = frag_elem(o->c, ELEM_F32, i);
+        }
+    }
+    float D[16][16];
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 16; j++) {
+            float acc = C[i][j];
+            for (int k = 0; k < 16; k++)
+                acc += A[i][k] * B[k][j]; /* exact products, fp32 sums */
+            D[i][j] = acc;
+        }
+    for (unsigned m = 0; m < 32; m++)
+        for (int i = 0; i < 8; i++) {
+            unsigned e = m + 32u * (unsigned)i;
+            static_cast<float *>(w0[m].op->d)[i] = D[e / 16][e % 16];
+        }
+    return true;
+}
+
+/* Where each thread of the block waits, for a deadlock's message. */
+std::string describe(Runner *r)
+{
+    std::string s;
+    for (unsigned w = 0; w < r->nwarps; w++) {
+        unsigned base = w * 32, cnt = std::min(32u, r->nthreads - base);
+        s += format("%swarp %u:", w ? "; " : "", w);
+        unsigned l = 0;
+        while (l < cnt) {
+            auto what = [&](unsigned i) {
+                const Lane &L = r->lanes[base + i];
+                switch (L.state) {
+                case AT_WARP:
+                    return format("at %s (mask 0x%08x)", op_name(L.op->kind), L.op->mask);
+                case AT_BLOCK: return std::string("at __syncthreads()");
+                case EXITED: return std::string("exited");
+                default: return std::string("running");
+                }
+            };
+            std::string a = what(l);
+            unsigned e = l + 1;
+            while (e < cnt && what(e) == a)
+                e++;
+            s += e - l > 1 ? format(" lanes %u-%u %s", l, e - 1, a.c_str())
+                           : format(" lane %u %s", l, a.c_str());
+            l = e;
+            if (l < cnt)
+                s += ",";
+        }
+        if (s.size() > 1500) {
+            s += "; ...";
+            break;
+        }
+    }
+    return s;
+}
+
+/* Completes what can be completed when no thread can run: the warp
+ * operations whose threads have all arrived, else a __syncthreads that
+ * every thread of the block has reached. False (the block failed) when
+ * nothing can. */
+bool resolve(Runner *r)
+{
+    bool progress = false;
+    unsigned n = r->nthreads;
+    for (unsigned w = 0; w < r->nwarps; w++) {
+        Lane *w0 = &r->lanes[w * 32];
+        unsigned cnt = std::min(32u, n - w * 32);
+        for (unsigned l = 0; l < cnt; l++) {
+            if (w0[l].state != AT_WARP)
+                continue;
+            const WarpOp *op = w0[l].op;
+            unsigned mask = op->mask;
+            bool complete = true;
+            for (unsigned m = 0; m < 32 && complete; m++) {
+                if (!((mask >> m) & 1u))
+                    continue;
+                if (m >= cnt) {
+                    block_fail(r, cudaErrorIllegalInstruction,
+                               format("warp %u lane %u: %s with mask 0x%08x names lane %u, "
+                                      "which does not exist (the block has %u threads)",
+                                      w, l, op_name(op->kind), mask, m, n));
+                    return false;
+                }
+                const Lane &M = w0[m];
+                if (M.state == EXITED) {
+                    block_fail(r, cudaErrorIllegalInstruction,
+                               format("warp %u lane %u: %s with mask 0x%08x names lane %u, "
+                                      "which has exited",
+                                      w, l, op_name(op->kind), mask, m));
+                    return false;
+                }
+                complete = M.state == AT_WARP && M.op->kind == op->kind && M.op->mask == mask;
+            }
+            if (!complete)
+                continue;
+            int kind = op->kind;
+            bool ok = true;
+            if (kind >= OP_SHFL_IDX && kind <= OP_SHFL_XOR)
+                ok = do_shfl(r, w0, w, mask, kind);
+            else if (kind == OP_WMMA_LOAD || kind == OP_WMMA_STORE)
+                ok = do_wmma_mem(r, w0, w, kind);
+            else if (kind == OP_WMMA_MMA)
+                ok = do_mma(r, w0, w);
+            if (!ok)
+                return false;
+            for (unsigned m = 0; m < 32; m++)
+                if ((mask >> m) & 1u)
+                    w0[m].state = READY;
+            progress = true;
+        }
+    }
+    if (progress)
+        return true;
+    unsigned at_block = 0;
+    for (unsigned i = 0; i < n; i++)
+        at_block += r->lanes[i].state == AT_BLOCK;
+    if (at_block > 0 && at_block + r->nexited == n) {
+        if (r->nexited > 0) {
+            block_fail(r, cudaErrorIllegalInstruction,
+                       format("__syncthreads() reached by %u threads while %u threads of "
+                              "the block have exited (every thread of the block must "
+                              "reach it)",
+                              at_block, r->nexited));
+            return false;
+        }
+        for (unsigned i = 0; i < n; i++)
+            r->lanes[i].state = READY;
+        return true;
+    }
+    block_fail(r, cudaErrorLaunchFailure,
+               "deadlock: no thread can continue (" + describe(r) + ")");
+    return false;
+}
+
+/* ---- running blocks ------------------------------------------------------- */
+
+int tls_range(struct dl_phdr_info *info, size_t, void *data)
+{
+    Runner *r = static_cast<Runner *>(data);
+    for (int i = 0; i < info->dlpi_phnum; i++)
+        if (info->dlpi_phdr[i].p_type == PT_TLS) {
+            r->tls_lo = static_cast<unsigned char *>(info->dlpi_tls_data);
+            r->tls_hi = r->tls_lo + info->dlpi_phdr[i].p_memsz;
+        }
+    return 1; /* the program is the first object: stop there */
+}
+
+/* This OS thread's shared memory to 0xff: the program's thread-local
+ * block but the dynamic shared memory past the launch's bytes. */
+void fill_shared(Runner *r, size_t dyn)
+{
+    unsigned char *s0 = smem, *s2 = smem + SMEM_OPTIN;
+    memset(r->tls_lo, 0xff, (size_t)(s0 - r->tls_lo));
+    memset(s0, 0xff, dyn);
+    memset(s2, 0xff, (size_t)(r->tls_hi - s2));
+}
+
+void ensure_lanes(Runner *r, unsigned n)
+{
+    static_assert(std::is_standard_layout<Lane>::value, "Lane starts with its Thread");
+    if (r->lanes.empty())
+        r->lanes.resize(MAX_THREADS);
+    size_t page = 4096;
+    for (unsigned i = r->nlanes; i < n; i++) {
+        Lane &L = r->lanes[i];
+        void *p = mmap(nullptr, STACK_BYTES + page, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+        if (p == MAP_FAILED) {
+            diag("cannot map a stack for a CUDA thread");
+            abort();
+        }
+        mprotect(p, page, PROT_NONE); /* a guard page below the stack */
+        L.stack = static_cast<char *>(p) + page;
+        L.runner = r;
+#ifdef EMU_TSAN
+        L.fiber = __tsan_create_fiber(0);
+        __tsan_set_fiber_name(L.fiber, "emu CUDA thread");
+#endif
+    }
+    r->nlanes = std::max(r->nlanes, n);
+}
+
+void run_block(Runner *r, Job *j, unsigned long long b)
+{
+    const LaunchDesc &d = *j->d;
+    unsigned bx = d.block.x, by = d.block.y, n = d.block.x * d.block.y * d.block.z;
+    unsigned long long gx = d.grid.x, gy = d.grid.y;
+    r->bid = uint3{(unsigned)(b % gx), (unsigned)(b / gx % gy), (unsigned)(b / (gx * gy))};
+    fill_shared(r, d.smem);
+    ensure_lanes(r, n);
+    for (unsigned i = 0; i < n; i++) {
+        Lane &L = r->lanes[i];
+        L.t.tid = uint3{i % bx, i / bx % by, i / (bx * by)};
+        L.t.bid = r->bid;
+        L.t.bdim = d.block;
+        L.t.gdim = d.grid;
+        L.t.lane = i & 31;
+        L.warp = i >> 5;
+        L.state = READY;
+        L.started = false;
+        L.op = nullptr;
+        L.bcount = 0;
+        memset(L.wcount, 0, sizeof L.wcount);
+        ctx_make(&L.ctx, L.stack, STACK_BYTES, lane_main, &L);
+    }
+    r->nthreads = n;
+    r->nwarps = (n + 31) / 32;
+    r->nexited = 0;
+    r->trapped = false;
+    while (!r->trapped) {
+        for (unsigned k = 0; k < n && !r->trapped; k++) {
+            unsigned i = g_reverse ? n - 1 - k : k;
+            if (r->lanes[i].state == READY)
+                resume(r, &r->lanes[i]);
+        }
+        if (r->trapped || r->nexited == n || !resolve(r))
+            break;
+    }
+    hb_acquire(&r->hb_done); /* the block's threads -> its runner -> the host */
+    if (r->trapped) {
+        hb_acquire(&r->hb_trap);
+        std::lock_guard<std::mutex> lk(j->m);
+        if (!j->trapped) {
+            j->trapped = true;
+            j->err = r->trap_err;
+            j->msg = r->trap_msg;
+        }
+        j->abort.store(true, std::memory_order_relaxed);
+    }
+}
+
+void runner_main(Runner *r)
+{
+    dl_iterate_phdr(tls_range, r);
+    if (!r->tls_lo || !(r->tls_lo <= smem && smem + SMEM_OPTIN <= r->tls_hi) ||
+        !(r->tls_lo <= (unsigned char *)&tls_thread &&
+          (unsigned char *)(&tls_thread + 1) <= r->tls_hi)) {
+        diag("the emulator's thread-local storage is not in the program's own "
+             "(link tests/gpu/emu into the executable)");
+        abort();
+    }
+#ifdef EMU_TSAN
+    r->sched_fiber = __tsan_get_current_fiber();
+#endif
+    for (;;) {
+        Job *j;
+        {
+            std::unique_lock<std::mutex> lk(r->m);
+            r->cv.wait(lk, [r] { return r->next != nullptr; });
+            j = r->next;
+            r->next = nullptr;
+        }
+        r->job = j;
+        for (unsigned long long b = r->id; b < j->nblocks; b += j->stride) {
+            if (j->abort.load(std::memory_order_relaxed))
+                break;
+            run_block(r, j, b);
+        }
+        r->job = nullptr;
+        std::lock_guard<std::mutex> lk(j->m);
+        if (--j->pending == 0)
+            j->cv.notify_one();
+    }
+}
+
+void start_runners()
+{
+    if (!g_runners.empty())
+        return;
+#ifdef EMU_TSAN
+    g_nrunners = 2; /* ThreadSanitizer's cost grows with the fibers */
+#else
+    g_nrunners = 4;
+#endif
+    if (const char *e = getenv("EMU_ORDER"))
+        g_reverse = strcmp(e, "reverse") == 0;
+    if (const char *e = getenv("EMU_RUNNERS")) {
+        int v = atoi(e);
+        if (v >= 1 && v <= 16)
+            g_nrunners = (unsigned)v;
+    }
+    for (unsigned i = 0; i < g_nrunners; i++) {
+        Runner *r = new Runner;
+        r->id = i;
+        g_runners.push_back(r);
+        r->th = std::thread(runner_main, r);
+        r->th.detach();
+    }
+}
+
+cudaError_t check_config(const LaunchDesc &d)
+{
+    const dim3 &g = d.grid, &b = d.block;
+    if (!g.x || !g.y || !g.z || g.x > 0x7fffffffu || g.y > 65535 || g.z > 65535)
+        return cudaErrorInvalidConfiguration;
+    if (!b.x || !b.y || !b.z || b.x > 1024 || b.y > 1024 || b.z > 64 ||
+        (unsigned long long)b.x * b.y * b.z > MAX_THREADS)
+        return cudaErrorInvalidConfiguration;
+    size_t limit = std::max((size_t)SMEM_DEFAULT, func_max_dynamic_smem(d.func));
+    if (d.smem > limit)
+        return cudaErrorInvalidValue;
+    if (!stream_ok(d.stream))
+        return cudaErrorInvalidResourceHandle;
+    return cudaSuccess;
+}
+
+} /* namespace */
+
+/* ---- the interface (emu/device.h) ------------------------------------------ */
+
+void launch(const LaunchDesc &d)
+{
+    std::lock_guard<std::mutex> lk(g_launch_mutex);
+    if (sticky_error() != cudaSuccess) {
+        record(sticky_error());
+        return;
+    }
+    cudaError_t e = check_config(d);
+    if (e != cudaSuccess) {
+        record(e);
+        return;
+    }
+    start_runners();
+    Job j;
+    j.d = &d;
+    j.nblocks = (unsigned long long)d.grid.x * d.grid.y * d.grid.z;
+    j.stride = (unsigned)std::min<unsigned long long>(g_nrunners, j.nblocks);
+    j.pending = j.stride;
+    for (unsigned i = 0; i < j.stride; i++) {
+        Runner *r = g_runners[i];
+        {
+            std::lock_guard<std::mutex> rl(r->m);
+            r->next = &j;
+        }
+        r->cv.notify_one();
+    }
+    {
+        std::unique_lock<std::mutex> jl(j.m);
+        j.cv.wait(jl, [&j] { return j.pending == 0; });
+    }
+    if (j.trapped) {
+        set_sticky(j.err);
+        diag("kernel %s (%s:%d) failed: %s [%s]", d.name, d.file, d.line, j.msg.c_str(),
+             cudaGetErrorName(j.err));
+    }
+}
+
+void warp_op(WarpOp *op)
+{
+    Lane *L = current();
+    if (!((op->mask >> L->t.lane) & 1u))
+        trap(cudaErrorIllegalInstruction,
+             "%s with mask 0x%08x, which does not name the calling thread (lane %u)",
+             op_name(op->kind), op->mask, L->t.lane);
+    Runner *r = L->runner;
+    unsigned leader = 0, par = 0;
+    if (op->kind == OP_SYNCWARP) {
+        leader = (unsigned)__builtin_ctz(op->mask);
+        par = L->wcount[leader] & 1;
+        hb_release(&r->hb_warp[L->warp][leader][par]);
+    }
+    L->op = op;
+    L->state = AT_WARP;
+    yield(L);
+    if (op->kind == OP_SYNCWARP) {
+        hb_acquire(&r->hb_warp[L->warp][leader][par]);
+        L->wcount[leader]++;
+    }
+}
+
+void syncthreads()
+{
+    Lane *L = current();
+    Runner *r = L->runner;
+    unsigned par = L->bcount & 1;
+    hb_release(&r->hb_block[par]);
+    L->state = AT_BLOCK;
+    yield(L);
+    hb_acquire(&r->hb_block[par]);
+    L->bcount++;
+}
+
+void trap(cudaError_t err, const char *fmt, ...)
+{
+    Lane *L = current();
+    va_list ap;
+    va_start(ap, fmt);
+    std::string msg = vformat(fmt, ap);
+    va_end(ap);
+    block_fail(L->runner, err,
+               format("thread (%u,%u,%u): ", L->t.tid.x, L->t.tid.y, L->t.tid.z) + msg);
+    hb_release(&L->runner->hb_trap);
+    L->state = TRAPPED;
+    yield(L);
+    abort(); /* a stopped thread is never resumed */
+}
+
+} /* namespace emu */

@@ -1,0 +1,319 @@
+/* emu/device.h (CPU emulation, tests/gpu/emu): the device side of CUDA C++
+ * as kernels/cuda uses it, for g++. Included by cuda_runtime.h in C++.
+ *
+ * Execution model (exec.cpp): a block runs on one OS thread, each of its
+ * CUDA threads a fiber of its own (own stack, own registers); barriers and
+ * warp-synchronous operations really wait for the threads they name.
+ * Blocks run concurrently on a few OS threads. So a block's __shared__
+ * variables are thread_local (one copy per block being run), and the
+ * dynamic shared memory is the thread_local array `smem` (the name
+ * kernels/cuda gives it). Under ThreadSanitizer every CUDA thread is a
+ * TSan fiber, and the only happens-before edges are the ones CUDA
+ * promises: __syncthreads, __syncwarp, kernel start and end.
+ */
+#ifndef EMU_DEVICE_H
+#define EMU_DEVICE_H
+
+#include <math.h>   /* expf, ... (libm: not the GPU's ulp errors) */
+#include <stddef.h> /* size_t */
+#include <stdint.h> /* uint64_t */
+#include <string.h> /* memcpy */
+
+#include <tuple>       /* std::tuple, std::apply */
+#include <type_traits> /* std::is_same */
+#include <utility>     /* std::forward */
+
+#include "../cuda_runtime_api.h"
+
+/* ---- execution-space keywords ------------------------------------------ */
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+/* one copy per block being run (a block runs on one OS thread); also
+ * legal as `extern __shared__ T smem[]` */
+#define __shared__ thread_local
+
+/* ---- vector types ------------------------------------------------------- */
+
+struct uint3 {
+    unsigned int x, y, z;
+};
+
+struct dim3 {
+    unsigned int x, y, z;
+    constexpr dim3(unsigned int vx = 1, unsigned int vy = 1,
+                   unsigned int vz = 1)
+        : x(vx), y(vy), z(vz)
+    {
+    }
+    constexpr dim3(uint3 v) : x(v.x), y(v.y), z(v.z) {}
+};
+
+/* ---- the emulator's interface (exec.cpp) -------------------------------- */
+
+namespace emu {
+
+/* What the built-in variables of the running CUDA thread read. */
+struct Thread {
+    uint3 tid, bid;
+    dim3 bdim, gdim;
+    unsigned lane; /* linear thread index % 32 */
+};
+
+/* The running CUDA thread (set by the block's runner at each switch). */
+extern __thread Thread *tls_thread;
+
+__attribute__((always_inline)) inline const Thread &self()
+{
+    return *tls_thread;
+}
+
+/* Warp-synchronous operations: every thread named in mask posts one and
+ * waits until all of them have; the emulator checks that they agree. */
+enum {
+    OP_SYNCWARP = 1,
+    OP_SHFL_IDX,
+    OP_SHFL_UP,
+    OP_SHFL_DOWN,
+    OP_SHFL_XOR,
+    OP_WMMA_LOAD,
+    OP_WMMA_STORE,
+    OP_WMMA_MMA
+};
+
+/* Element types of WMMA fragments. */
+enum { ELEM_F32 = 0, ELEM_BF16 = 1, ELEM_F16 = 2 };
+
+struct WarpOp {
+    int kind;
+    unsigned mask;
+    /* shuffles */
+    uint64_t value, result;
+    int size, arg, width;
+    /* WMMA load and store: what every lane must pass alike */
+    const void *ptr;
+    unsigned ldm;
+    int layout; /* 0 row-major, 1 column-major */
+    int elem;   /* ELEM_* */
+    int use;    /* 0 matrix_a, 1 matrix_b, 2 accumulator */
+    /* WMMA mma: the lane's fragments (8 elements each) */
+    void *d;
+    const void *a, *b, *c;
+};
+
+void warp_op(WarpOp *op);
+void syncthreads();
+
+/* Stops the kernel with a CUDA error (a sticky one, as a GPU fault is)
+ * and a message naming the block and thread. */
+[[noreturn]] void trap(cudaError_t err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+template <class T>
+inline T shfl(int kind, unsigned mask, T var, int arg, int width)
+{
+    static_assert(sizeof(T) <= 8, "shuffle of more than 8 bytes");
+    WarpOp op = {};
+    op.kind = kind;
+    op.mask = mask;
+    memcpy(&op.value, &var, sizeof var);
+    op.size = (int)sizeof var;
+    op.arg = arg;
+    op.width = width;
+    warp_op(&op);
+    T r;
+    memcpy(&r, &op.result, sizeof r);
+    return r;
+}
+
+/* ---- launches ------------------------------------------------------------ */
+
+struct LaunchDesc {
+    const void *func;
+    const char *name, *file;
+    int line;
+    dim3 grid, block;
+    size_t smem;
+    cudaStream_t stream;
+    void (*entry)(const void *state); /* runs the kernel for one thread */
+    const void *state;
+};
+
+/* Runs every block (and returns when all are done), or records the
+ * launch's error for cudaGetLastError. */
+void launch(const LaunchDesc &d);
+
+template <class... P> struct KernelCall {
+    void (*kernel)(P...);
+    std::tuple<P...> args; /* converted to the parameter types, once */
+};
+
+/* Each thread gets its own copies of the arguments. */
+template <class... P> void kernel_entry(const void *state)
+{
+    const KernelCall<P...> *c = static_cast<const KernelCall<P...> *>(state);
+    std::apply(c->kernel, c->args);
+}
+
+template <class... P> struct Launcher {
+    void (*kernel)(P...);
+    const char *name, *file;
+    int line;
+    dim3 grid, block;
+    size_t smem;
+    cudaStream_t stream;
+
+    template <class... A> void operator()(A &&...a) const
+    {
+        static_assert(sizeof...(A) == sizeof...(P),
+                      "kernel launched with the wrong number of arguments");
+        KernelCall<P...> call{kernel, std::tuple<P...>(std::forward<A>(a)...)};
+        LaunchDesc d = {reinterpret_cast<const void *>(kernel),
+                        name,
+                        file,
+                        line,
+                        grid,
+                        block,
+                        smem,
+                        stream,
+                        &kernel_entry<P...>,
+                        &call};
+        launch(d);
+    }
+};
+
+/* `k<<<grid, block, smem, stream>>>(args)` is rewritten at build time
+ * (launch_rewrite.py) into
+ * `::emu::launcher(k, "k", __FILE__, __LINE__, grid, block, smem, stream)(args)`. */
+template <class... P>
+inline Launcher<P...> launcher(void (*kernel)(P...), const char *name,
+                               const char *file, int line, dim3 grid,
+                               dim3 block, size_t smem = 0,
+                               cudaStream_t stream = 0)
+{
+    return Launcher<P...>{kernel, name, file, line, grid, block, smem, stream};
+}
+
+} /* namespace emu */
+
+/* ---- built-in variables -------------------------------------------------- */
+
+#define threadIdx (::emu::self().tid)
+#define blockIdx (::emu::self().bid)
+#define blockDim (::emu::self().bdim)
+#define gridDim (::emu::self().gdim)
+static constexpr int warpSize = 32;
+
+/* ---- synchronization and warp intrinsics --------------------------------- */
+
+static inline void __syncthreads()
+{
+    ::emu::syncthreads();
+}
+
+static inline void __syncwarp(unsigned mask = 0xffffffffu)
+{
+    ::emu::WarpOp op = {};
+    op.kind = ::emu::OP_SYNCWARP;
+    op.mask = mask;
+    ::emu::warp_op(&op);
+}
+
+/* CUDA's overloads, one set per type (cuda_fp16.h and cuda_bf16.h add
+ * theirs). */
+#define EMU_SHFL_OVERLOADS(T)                                                  \
+    static inline T __shfl_sync(unsigned mask, T var, int srcLane,             \
+                                int width = warpSize)                          \
+    {                                                                          \
+        return ::emu::shfl<T>(::emu::OP_SHFL_IDX, mask, var, srcLane, width);  \
+    }                                                                          \
+    static inline T __shfl_up_sync(unsigned mask, T var, unsigned delta,       \
+                                   int width = warpSize)                       \
+    {                                                                          \
+        return ::emu::shfl<T>(::emu::OP_SHFL_UP, mask, var, (int)delta,        \
+                              width);                                          \
+    }                                                                          \
+    static inline T __shfl_down_sync(unsigned mask, T var, unsigned delta,     \
+                                     int width = warpSize)                     \
+    {                                                                          \
+        return ::emu::shfl<T>(::emu::OP_SHFL_DOWN, mask, var, (int)delta,      \
+                              width);                                          \
+    }                                                                          \
+    static inline T __shfl_xor_sync(unsigned mask, T var, int laneMask,        \
+                                    int width = warpSize)                      \
+    {                                                                          \
+        return ::emu::shfl<T>(::emu::OP_SHFL_XOR, mask, var, laneMask, width); \
+    }
+
+EMU_SHFL_OVERLOADS(int)
+EMU_SHFL_OVERLOADS(unsigned int)
+EMU_SHFL_OVERLOADS(long)
+EMU_SHFL_OVERLOADS(unsigned long)
+EMU_SHFL_OVERLOADS(long long)
+EMU_SHFL_OVERLOADS(unsigned long long)
+EMU_SHFL_OVERLOADS(float)
+EMU_SHFL_OVERLOADS(double)
+
+/* ---- arithmetic ------------------------------------------------------------ */
+
+/* Round-to-nearest operations nvcc never fuses into an FMA: the build
+ * fuses nothing anywhere (-ffp-contract=off). */
+static inline float __fadd_rn(float a, float b)
+{
+    return a + b;
+}
+static inline float __fsub_rn(float a, float b)
+{
+    return a - b;
+}
+static inline float __fmul_rn(float a, float b)
+{
+    return a * b;
+}
+static inline float __fdiv_rn(float a, float b)
+{
+    return a / b;
+}
+static inline float __fsqrt_rn(float a)
+{
+    return sqrtf(a);
+}
+
+/* CUDA's min and max overloads. */
+#define EMU_MINMAX(T)                                                          \
+    static inline T min(T a, T b)                                              \
+    {                                                                          \
+        return a < b ? a : b;                                                  \
+    }                                                                          \
+    static inline T max(T a, T b)                                              \
+    {                                                                          \
+        return a > b ? a : b;                                                  \
+    }
+EMU_MINMAX(int)
+EMU_MINMAX(unsigned int)
+EMU_MINMAX(long)
+EMU_MINMAX(unsigned long)
+EMU_MINMAX(long long)
+EMU_MINMAX(unsigned long long)
+static inline float min(float a, float b)
+{
+    return fminf(a, b);
+}
+static inline float max(float a, float b)
+{
+    return fmaxf(a, b);
+}
+static inline double min(double a, double b)
+{
+    return fmin(a, b);
+}
+static inline double max(double a, double b)
+{
+    return fmax(a, b);
+}
+
+#endif

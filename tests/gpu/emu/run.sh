@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# tests/gpu/emu/run.sh BUILD [ORDER...]: the CUDA kernels' tests on the CPU
+# emulation, as `make gpu-emu` (BUILD=build-emu) and `make gpu-emu-tsan`
+# (BUILD=build-emu/tsan) run them: the emulator's self-tests
+# (BUILD/emu_selftest), then every case of tests/gpu/gpu_tests.c
+# (BUILD/gpu_tests_emu) once per ORDER, the order in which a block's threads
+# run between barriers: forward (first to last) and/or reverse (default:
+# both; each hides the other's reads of another thread's unsynchronized
+# writes). Ends with `N passed, N failed` over all runs (a run that fails
+# without counting a failure, a crash, counts as 1); exits 1 if any failed.
+set -u
+B=${1:?usage: run.sh BUILD [ORDER...]}
+shift
+orders=("$@")
+[ ${#orders[@]} -gt 0 ] || orders=(forward reverse)
+passed=0
+failed=0
+
+# run LABEL COMMAND...: runs it, adds its last `# N passed, N failed`
+run() {
+    local label=$1 out rc p f t0
+    shift
+    out=$(mktemp)
+    echo "== $label: $*"
+    t0=$(date +%s%N)
+    "$@" 2>&1 | tee "$out"
+    rc=${PIPESTATUS[0]}
+    read -r p f < <(sed -n 's/^# \([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "$out" | tail -n 1)
+    rm -f "$out"
+    p=${p:-0} f=${f:-0}
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        echo "# $label exited with status $rc"
+        f=1
+    fi
+    passed=$((passed + p))
+    failed=$((failed + f))
+    t0=$((($(date +%s%N) - t0) / 100000000))
+    echo "== $label: $((t0 / 10)).$((t0 % 10)) s"
+}
+
+run "emulator self-tests" "$B/emu_selftest"
+for o in "${orders[@]}"; do
+    case $o in
+    forward | reverse) ;;
+    *) echo "run.sh: unknown order $o" >&2; exit 2 ;;
+    esac
+    run "gpu_tests, threads $o" env OPENBLAS_NUM_THREADS=1 EMU_ORDER="$o" "$B/gpu_tests_emu"
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

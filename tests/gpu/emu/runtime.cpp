@@ -1,0 +1,497 @@
+/* runtime.cpp (CPU emulation, tests/gpu/emu): the CUDA runtime API calls
+ * kernels/cuda and tests/gpu/gpu_tests.c make, on one emulated H200.
+ *
+ * Device memory is host memory, each allocation exactly its size
+ * (posix_memalign, 256-byte aligned as cudaMalloc's: AddressSanitizer
+ * would see an overrun), recorded so that copies and sets check that the
+ * device side lies inside one live allocation. Streams are the default
+ * ones only; all work is done when the call returns. Errors are CUDA's:
+ * a per-thread last error (cudaGetLastError returns and clears it) and a
+ * sticky one after a kernel fault (every later call returns it).
+ */
+#include <cuda_runtime.h>
+
+#include <atomic>  /* std::atomic */
+#include <cstdarg> /* va_list */
+#include <cstdio>  /* fprintf */
+#include <cstdlib> /* posix_memalign, free */
+#include <cstring> /* memcpy, memmove, memset */
+#include <map>     /* std::map */
+#include <mutex>   /* std::mutex */
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include "internal.h"
+
+namespace emu {
+
+namespace {
+
+std::atomic<int> g_sticky{cudaSuccess};
+thread_local cudaError_t t_last = cudaSuccess;
+
+std::mutex g_mem_mutex;
+std::map<uintptr_t, size_t> g_allocs; /* base -> bytes */
+size_t g_alloc_bytes;
+
+std::mutex g_func_mutex;
+std::map<const void *, size_t> g_func_smem;
+
+struct CUmemPoolHandle_st_ {
+    int device;
+} g_pool;
+
+/* The allocation holding [p, p + bytes), or none. */
+bool find_range(uintptr_t p, size_t bytes)
+{
+    auto it = g_allocs.upper_bound(p);
+    if (it == g_allocs.begin())
+        return false;
+    --it;
+    return p >= it->first && bytes <= it->second && p - it->first <= it->second - bytes;
+}
+
+struct LeakReport {
+    ~LeakReport()
+    {
+        if (!g_allocs.empty() && sticky_error() == cudaSuccess)
+            fprintf(stderr, "emu: %zu device allocations (%zu bytes) never freed\n",
+                    g_allocs.size(), g_alloc_bytes);
+    }
+} g_leak_report;
+
+} /* namespace */
+
+cudaError_t sticky_error()
+{
+    return (cudaError_t)g_sticky.load();
+}
+
+void set_sticky(cudaError_t e)
+{
+    int none = cudaSuccess;
+    g_sticky.compare_exchange_strong(none, (int)e);
+}
+
+cudaError_t record(cudaError_t e)
+{
+    if (e != cudaSuccess)
+        t_last = e;
+    return e;
+}
+
+cudaError_t api_enter()
+{
+    return record(sticky_error());
+}
+
+size_t func_max_dynamic_smem(const void *func)
+{
+    std::lock_guard<std::mutex> lk(g_func_mutex);
+    auto it = g_func_smem.find(func);
+    return it == g_func_smem.end() ? 0 : it->second;
+}
+
+bool stream_ok(cudaStream_t s)
+{
+    return s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread;
+}
+
+bool device_range(const void *p, size_t bytes)
+{
+    std::lock_guard<std::mutex> lk(g_mem_mutex);
+    return find_range((uintptr_t)p, bytes);
+}
+
+void diag(const char *fmt, ...)
+{
+    char buf[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "emu: %s\n", buf);
+}
+
+} /* namespace emu */
+
+using namespace emu;
+
+#define API_ENTER()                                                            \
+    do {                                                                       \
+        cudaError_t api_e_ = api_enter();                                      \
+        if (api_e_ != cudaSuccess)                                             \
+            return api_e_;                                                     \
+    } while (0)
+
+/* ---- device ---------------------------------------------------------------- */
+
+extern "C" cudaError_t cudaGetDeviceCount(int *count)
+{
+    if (!count)
+        return record(cudaErrorInvalidValue);
+    *count = 1;
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaGetDevice(int *device)
+{
+    API_ENTER();
+    if (!device)
+        return record(cudaErrorInvalidValue);
+    *device = 0;
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaSetDevice(int device)
+{
+    API_ENTER();
+    return device == 0 ? cudaSuccess : record(cudaErrorInvalidDevice);
+}
+
+extern "C" cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
+{
+    API_ENTER();
+    if (!prop)
+        return record(cudaErrorInvalidValue);
+    if (device != 0)
+        return record(cudaErrorInvalidDevice);
+    memset(prop, 0, sizeof *prop);
+    snprintf(prop->name, sizeof prop->name, "NVIDIA H200 (CPU emulation, tests/gpu/emu)");
+    prop->totalGlobalMem = (size_t)143771 << 20;
+    prop->sharedMemPerBlock = SMEM_DEFAULT;
+    prop->regsPerBlock = 65536;
+    prop->warpSize = 32;
+    prop->maxThreadsPerBlock = MAX_THREADS;
+    prop->maxThreadsDim[0] = 1024;
+    prop->maxThreadsDim[1] = 1024;
+    prop->maxThreadsDim[2] = 64;
+    prop->maxGridSize[0] = 0x7fffffff;
+    prop->maxGridSize[1] = 65535;
+    prop->maxGridSize[2] = 65535;
+    prop->totalConstMem = 65536;
+    prop->major = 9;
+    prop->minor = 0;
+    prop->multiProcessorCount = 132;
+    prop->l2CacheSize = 50 << 20;
+    prop->maxThreadsPerMultiProcessor = 2048;
+    prop->sharedMemPerMultiprocessor = 228 * 1024;
+    prop->sharedMemPerBlockOptin = SMEM_OPTIN;
+    prop->memoryBusWidth = 6144;
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaDeviceSynchronize(void)
+{
+    API_ENTER(); /* all work is done when its call returns */
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t stream)
+{
+    API_ENTER();
+    return stream_ok(stream) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+}
+
+/* ---- errors ---------------------------------------------------------------- */
+
+extern "C" cudaError_t cudaGetLastError(void)
+{
+    cudaError_t s = sticky_error();
+    if (s != cudaSuccess)
+        return s;
+    cudaError_t e = t_last;
+    t_last = cudaSuccess;
+    return e;
+}
+
+extern "C" cudaError_t cudaPeekAtLastError(void)
+{
+    cudaError_t s = sticky_error();
+    return s != cudaSuccess ? s : t_last;
+}
+
+namespace {
+struct ErrorText {
+    cudaError_t e;
+    const char *name, *text;
+};
+const ErrorText g_errors[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
+     "invalid configuration argument"},
+    {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection",
+     "invalid copy direction for memcpy"},
+    {cudaErrorInvalidDeviceFunction, "cudaErrorInvalidDeviceFunction", "invalid device function"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress",
+     "an illegal memory access was encountered"},
+    {cudaErrorLaunchOutOfResources, "cudaErrorLaunchOutOfResources",
+     "too many resources requested for launch"},
+    {cudaErrorLaunchTimeout, "cudaErrorLaunchTimeout",
+     "the launch timed out and was terminated"},
+    {cudaErrorIllegalInstruction, "cudaErrorIllegalInstruction",
+     "an illegal instruction was encountered"},
+    {cudaErrorMisalignedAddress, "cudaErrorMisalignedAddress", "misaligned address"},
+    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
+    {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+    {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
+};
+const ErrorText *error_text(cudaError_t e)
+{
+    for (const ErrorText &t : g_errors)
+        if (t.e == e)
+            return &t;
+    return nullptr;
+}
+} /* namespace */
+
+extern "C" const char *cudaGetErrorString(cudaError_t error)
+{
+    const ErrorText *t = error_text(error);
+    return t ? t->text : "unrecognized error code";
+}
+
+extern "C" const char *cudaGetErrorName(cudaError_t error)
+{
+    const ErrorText *t = error_text(error);
+    return t ? t->name : "cudaErrorUnknown";
+}
+
+/* ---- memory ---------------------------------------------------------------- */
+
+extern "C" cudaError_t cudaMalloc(void **devPtr, size_t size)
+{
+    API_ENTER();
+    if (!devPtr)
+        return record(cudaErrorInvalidValue);
+    *devPtr = nullptr;
+    if (size == 0)
+        return cudaSuccess; /* CUDA: a null pointer, no error */
+    void *p = nullptr;
+    if (posix_memalign(&p, 256, size) != 0)
+        return record(cudaErrorMemoryAllocation);
+    memset(p, 0xff, size); /* cudaMalloc's memory is not zeroed */
+    std::lock_guard<std::mutex> lk(g_mem_mutex);
+    g_allocs[(uintptr_t)p] = size;
+    g_alloc_bytes += size;
+    *devPtr = p;
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaFree(void *devPtr)
+{
+    API_ENTER();
+    if (!devPtr)
+        return cudaSuccess;
+    {
+        std::lock_guard<std::mutex> lk(g_mem_mutex);
+        auto it = g_allocs.find((uintptr_t)devPtr);
+        if (it == g_allocs.end()) {
+            diag("cudaFree(%p): not a live device allocation", devPtr);
+            return record(cudaErrorInvalidValue);
+        }
+        g_alloc_bytes -= it->second;
+        g_allocs.erase(it);
+    }
+    free(devPtr);
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t stream)
+{
+    API_ENTER();
+    if (!stream_ok(stream))
+        return record(cudaErrorInvalidResourceHandle);
+    if (size == 0) /* unlike cudaMalloc, stream-ordered allocation refuses 0 */
+        return record(cudaErrorInvalidValue);
+    return cudaMalloc(devPtr, size);
+}
+
+extern "C" cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream)
+{
+    API_ENTER();
+    if (!stream_ok(stream))
+        return record(cudaErrorInvalidResourceHandle);
+    if (!devPtr) /* CUDA refuses a null pointer here */
+        return record(cudaErrorInvalidValue);
+    return cudaFree(devPtr);
+}
+
+namespace {
+/* The device sides of a copy of count bytes: inside live allocations. */
+cudaError_t copy_check(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                       const char *what)
+{
+    bool dst_dev, src_dev;
+    switch (kind) {
+    case cudaMemcpyHostToHost: dst_dev = src_dev = false; break;
+    case cudaMemcpyHostToDevice: dst_dev = true, src_dev = false; break;
+    case cudaMemcpyDeviceToHost: dst_dev = false, src_dev = true; break;
+    case cudaMemcpyDeviceToDevice: dst_dev = src_dev = true; break;
+    case cudaMemcpyDefault:
+        dst_dev = device_range(dst, 1);
+        src_dev = device_range(src, 1);
+        break;
+    default: return record(cudaErrorInvalidMemcpyDirection);
+    }
+    if (count == 0)
+        return cudaSuccess;
+    if (!dst || !src)
+        return record(cudaErrorInvalidValue);
+    if (dst_dev && !device_range(dst, count)) {
+        diag("%s: destination [%p, +%zu) is not inside a device allocation", what, dst, count);
+        return record(cudaErrorInvalidValue);
+    }
+    if (src_dev && !device_range(src, count)) {
+        diag("%s: source [%p, +%zu) is not inside a device allocation", what, src, count);
+        return record(cudaErrorInvalidValue);
+    }
+    return cudaSuccess;
+}
+} /* namespace */
+
+extern "C" cudaError_t cudaMemcpy(void *dst, const void *src, size_t count,
+                                  enum cudaMemcpyKind kind)
+{
+    API_ENTER();
+    cudaError_t e = copy_check(dst, src, count, kind, "cudaMemcpy");
+    if (e != cudaSuccess || count == 0)
+        return e;
+    memmove(dst, src, count);
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
+                                       enum cudaMemcpyKind kind, cudaStream_t stream)
+{
+    API_ENTER();
+    if (!stream_ok(stream))
+        return record(cudaErrorInvalidResourceHandle);
+    cudaError_t e = copy_check(dst, src, count, kind, "cudaMemcpyAsync");
+    if (e != cudaSuccess || count == 0)
+        return e;
+    uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+    if (d < s + count && s < d + count) { /* CUDA: "may not overlap" */
+        diag("cudaMemcpyAsync(%p, %p, %zu): the memory areas overlap", dst, src, count);
+        return record(cudaErrorInvalidValue);
+    }
+    memcpy(dst, src, count);
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMemset(void *devPtr, int value, size_t count)
+{
+    API_ENTER();
+    if (count == 0)
+        return cudaSuccess;
+    if (!device_range(devPtr, count)) {
+        diag("cudaMemset: [%p, +%zu) is not inside a device allocation", devPtr, count);
+        return record(cudaErrorInvalidValue);
+    }
+    memset(devPtr, value, count);
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count,
+                                       cudaStream_t stream)
+{
+    API_ENTER();
+    if (!stream_ok(stream))
+        return record(cudaErrorInvalidResourceHandle);
+    return cudaMemset(devPtr, value, count);
+}
+
+/* ---- the default memory pool ------------------------------------------------ */
+
+extern "C" cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *memPool, int device)
+{
+    API_ENTER();
+    if (!memPool)
+        return record(cudaErrorInvalidValue);
+    if (device != 0)
+        return record(cudaErrorInvalidDevice);
+    *memPool = reinterpret_cast<cudaMemPool_t>(&g_pool);
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr,
+                                               void *value)
+{
+    API_ENTER();
+    if (memPool != reinterpret_cast<cudaMemPool_t>(&g_pool) || !value)
+        return record(cudaErrorInvalidValue);
+    switch (attr) {
+    case cudaMemPoolReuseFollowEventDependencies:
+    case cudaMemPoolReuseAllowOpportunistic:
+    case cudaMemPoolReuseAllowInternalDependencies:
+    case cudaMemPoolAttrReleaseThreshold:
+        return cudaSuccess; /* the pool is malloc's: nothing to tune */
+    }
+    return record(cudaErrorInvalidValue);
+}
+
+extern "C" cudaError_t cudaMemPoolTrimTo(cudaMemPool_t memPool, size_t)
+{
+    API_ENTER();
+    if (memPool != reinterpret_cast<cudaMemPool_t>(&g_pool))
+        return record(cudaErrorInvalidValue);
+    return cudaSuccess;
+}
+
+/* ---- kernels ----------------------------------------------------------------- */
+
+extern "C" cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr,
+                                            int value)
+{
+    API_ENTER();
+    if (!func)
+        return record(cudaErrorInvalidDeviceFunction);
+    switch (attr) {
+    case cudaFuncAttributeMaxDynamicSharedMemorySize:
+        if (value < 0 || (size_t)value > SMEM_OPTIN)
+            return record(cudaErrorInvalidValue);
+        {
+            std::lock_guard<std::mutex> lk(g_func_mutex);
+            g_func_smem[func] = (size_t)value;
+        }
+        return cudaSuccess;
+    case cudaFuncAttributePreferredSharedMemoryCarveout:
+        return value >= -1 && value <= 100 ? cudaSuccess : record(cudaErrorInvalidValue);
+    }
+    return record(cudaErrorInvalidValue);
+}
+
+/* ---- cub (include/cub/device/device_radix_sort.cuh) ------------------------- */
+
+cudaError_t emu::cub_enter(cudaStream_t stream)
+{
+    API_ENTER();
+    return stream_ok(stream) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+}
+
+bool emu::cub_device(const void *p, size_t bytes, const char *what)
+{
+    if (device_range(p, bytes))
+        return true;
+    diag("cub::DeviceRadixSort::SortPairs: %s [%p, +%zu) is not device memory: the "
+         "kernel faults",
+         what, p, bytes);
+    set_sticky(cudaErrorIllegalAddress);
+    return false;
+}
+
+bool emu::cub_disjoint(const void *a, size_t an, const void *b, size_t bn, const char *what)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    if (x < y + bn && y < x + an) {
+        diag("cub::DeviceRadixSort::SortPairs: %s overlap (CUB requires them apart)", what);
+        return false;
+    }
+    return true;
+}
