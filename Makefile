@@ -464,7 +464,7 @@ $(EMU_OBJ)/emu/exec.o: EMU_SAN = $(if $(filter thread,$(SAN)),-DEMU_TSAN)
 # case with a block's threads run first to last, and (not under TSan, which
 # sees every unordered access anyway) last to first; one summary at the end
 gpu-emu:
-	$(MAKE) BUILD=build-emu build-emu/emu_selftest build-emu/gpu_tests_emu
+	$(MAKE) BUILD=build-emu build-emu/emu_selftest build-emu/gpu_tests_emu build-emu/unit_tests_emu
 	$(EMU_DIR)/run.sh build-emu forward reverse
 
 gpu-emu-tsan:
@@ -503,7 +503,28 @@ $(BUILD)/gpu_tests_emu: $(EMU_TEST_OBJ) $(EMU_KOBJ) $(EMU_RT_OBJ) $(BUILD)/libme
 $(BUILD)/emu_selftest: $(EMU_OBJ)/$(EMU_DIR)/selftest.o $(EMU_RT_OBJ)
 	$(EMU_CXX) $(ALL_LDFLAGS) -pthread -o $@ $^ $(LDLIBS)
 
--include $(EMU_KOBJ:.o=.d) $(EMU_RT_OBJ:.o=.d) $(EMU_TEST_OBJ:.o=.d) $(EMU_OBJ)/$(EMU_DIR)/selftest.d
+# The executor's GPU path on the emulation: the unit tests with the CUDA
+# device (runtime/device_cuda.c) and the executor's CUDA kernel table
+# (runtime/kern_cuda.c) built for CUDA against the emulation's runtime API,
+# linked with the emulated kernels (ahead of libmeshrt.a's CPU-only
+# builds of the two). NCCL is not emulated: comm_nccl.c stays without CUDA
+# (its tests skip), so several ranks share the one GPU, as under
+# MESH_GPU_SHARED=1. run.sh runs the unit tests that need a GPU
+# (EMU_GPU_TESTS) and fails if one of them skips.
+EMU_RT_CUDA = $(EMU_OBJ)/runtime/device_cuda.o $(EMU_OBJ)/runtime/kern_cuda.o
+
+$(EMU_RT_CUDA): $(EMU_OBJ)/runtime/%.o: runtime/%.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -DMESH_CUDA=1 -isystem $(EMU_DIR)/include -Ikernels/cuda -MMD -MP -c -o $@ $<
+
+$(BUILD)/unit_tests_emu: $(UNIT_OBJ) $(EMU_RT_CUDA) $(EMU_KOBJ) $(EMU_RT_OBJ) $(BUILD)/libmeshrt.a \
+                         $(BUILD)/libmeshkcpu.a $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a \
+                         $(BUILD)/emu-driver/libcuda.so.1
+	$(EMU_CXX) $(ALL_LDFLAGS) -pthread -o $@ $(filter %.o,$^) -Wl,--start-group $(filter %.a,$^) -Wl,--end-group \
+	  $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) -Wl,--disable-new-dtags,-rpath,'$$ORIGIN/emu-driver' $(LDLIBS)
+
+-include $(EMU_KOBJ:.o=.d) $(EMU_RT_OBJ:.o=.d) $(EMU_TEST_OBJ:.o=.d) $(EMU_OBJ)/$(EMU_DIR)/selftest.d \
+         $(EMU_RT_CUDA:.o=.d)
 
 # ---- Fuzzing (clang + libFuzzer) ----------------------------------------
 

@@ -18,6 +18,7 @@
 #include <cstring> /* memcpy, memmove, memset */
 #include <map>     /* std::map */
 #include <mutex>   /* std::mutex */
+#include <set>     /* std::set */
 
 #include <cub/device/device_radix_sort.cuh>
 
@@ -33,6 +34,9 @@ thread_local cudaError_t t_last = cudaSuccess;
 std::mutex g_mem_mutex;
 std::map<uintptr_t, size_t> g_allocs; /* base -> bytes */
 size_t g_alloc_bytes;
+
+std::mutex g_handle_mutex; /* the streams and events made and not destroyed */
+std::set<const void *> g_streams, g_events;
 
 std::mutex g_func_mutex;
 std::map<const void *, size_t> g_func_smem;
@@ -94,7 +98,16 @@ size_t func_max_dynamic_smem(const void *func)
 
 bool stream_ok(cudaStream_t s)
 {
-    return s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread;
+    if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread)
+        return true;
+    std::lock_guard<std::mutex> lk(g_handle_mutex);
+    return g_streams.count(s) != 0;
+}
+
+static bool event_ok(cudaEvent_t e)
+{
+    std::lock_guard<std::mutex> lk(g_handle_mutex);
+    return g_events.count(e) != 0;
 }
 
 bool device_range(const void *p, size_t bytes)
@@ -187,10 +200,93 @@ extern "C" cudaError_t cudaDeviceSynchronize(void)
     return cudaSuccess;
 }
 
+/* ---- streams and events ------------------------------------------------------ */
+
+namespace {
+/* A new handle (a byte of its own: each a distinct pointer), recorded in set. */
+template <class H> H make_handle(std::set<const void *> &set)
+{
+    H h = reinterpret_cast<H>(new char);
+    std::lock_guard<std::mutex> lk(g_handle_mutex);
+    set.insert(h);
+    return h;
+}
+
+bool drop_handle(std::set<const void *> &set, const void *h)
+{
+    std::lock_guard<std::mutex> lk(g_handle_mutex);
+    if (!set.erase(h))
+        return false;
+    delete reinterpret_cast<const char *>(h);
+    return true;
+}
+} /* namespace */
+
+extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags)
+{
+    API_ENTER();
+    if (!stream || (flags & ~(unsigned)cudaStreamNonBlocking))
+        return record(cudaErrorInvalidValue);
+    *stream = make_handle<cudaStream_t>(g_streams);
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaStreamDestroy(cudaStream_t stream)
+{
+    API_ENTER();
+    return stream && drop_handle(g_streams, stream) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+}
+
 extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
     API_ENTER();
     return stream_ok(stream) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+}
+
+extern "C" cudaError_t cudaStreamQuery(cudaStream_t stream)
+{
+    API_ENTER(); /* idle: its work was done as it was queued */
+    return stream_ok(stream) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+}
+
+extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
+{
+    API_ENTER();
+    if (!stream_ok(stream) || !event_ok(event))
+        return record(cudaErrorInvalidResourceHandle);
+    return flags == 0 ? cudaSuccess : record(cudaErrorInvalidValue);
+}
+
+extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
+{
+    API_ENTER();
+    if (!event || (flags & ~(unsigned)(cudaEventBlockingSync | cudaEventDisableTiming)))
+        return record(cudaErrorInvalidValue);
+    *event = make_handle<cudaEvent_t>(g_events);
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaEventDestroy(cudaEvent_t event)
+{
+    API_ENTER();
+    return event && drop_handle(g_events, event) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+}
+
+extern "C" cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
+{
+    API_ENTER();
+    return event_ok(event) && stream_ok(stream) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+}
+
+extern "C" cudaError_t cudaEventQuery(cudaEvent_t event)
+{
+    API_ENTER(); /* complete: the work before it is done */
+    return event_ok(event) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+}
+
+extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t event)
+{
+    return cudaEventQuery(event);
 }
 
 /* ---- errors ---------------------------------------------------------------- */
@@ -225,6 +321,10 @@ const ErrorText g_errors[] = {
      "invalid configuration argument"},
     {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection",
      "invalid copy direction for memcpy"},
+    {cudaErrorStubLibrary, "cudaErrorStubLibrary", "CUDA driver is a stub library"},
+    {cudaErrorInsufficientDriver, "cudaErrorInsufficientDriver",
+     "CUDA driver version is insufficient for CUDA runtime version"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
     {cudaErrorInvalidDeviceFunction, "cudaErrorInvalidDeviceFunction", "invalid device function"},
     {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
     {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
@@ -405,6 +505,36 @@ extern "C" cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count,
     if (!stream_ok(stream))
         return record(cudaErrorInvalidResourceHandle);
     return cudaMemset(devPtr, value, count);
+}
+
+extern "C" cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
+{
+    API_ENTER();
+    if (!free_bytes || !total)
+        return record(cudaErrorInvalidValue);
+    *total = (size_t)143771 << 20; /* cudaGetDeviceProperties' totalGlobalMem */
+    std::lock_guard<std::mutex> lk(g_mem_mutex);
+    *free_bytes = g_alloc_bytes < *total ? *total - g_alloc_bytes : 0;
+    return cudaSuccess;
+}
+
+/* Device memory for a pointer inside a live allocation; any other is host
+ * memory CUDA does not know (cudaMemoryTypeUnregistered, and no error, as
+ * from CUDA 11 on). */
+extern "C" cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, const void *ptr)
+{
+    API_ENTER();
+    if (!attributes)
+        return record(cudaErrorInvalidValue);
+    memset(attributes, 0, sizeof *attributes);
+    if (ptr && device_range(ptr, 1)) {
+        attributes->type = cudaMemoryTypeDevice;
+        attributes->devicePointer = const_cast<void *>(ptr);
+    } else {
+        attributes->type = cudaMemoryTypeUnregistered;
+        attributes->device = -2;
+    }
+    return cudaSuccess;
 }
 
 /* ---- the default memory pool ------------------------------------------------ */

@@ -1,6 +1,7 @@
 /* cuda_runtime_api.h (CPU emulation, tests/gpu/emu): the part of the CUDA
- * runtime API that kernels/cuda and tests/gpu/gpu_tests.c use, in C, with
- * CUDA's names and values. "Device" memory is host memory; every call is
+ * runtime API that kernels/cuda, tests/gpu/gpu_tests.c and the executor's
+ * CUDA device (runtime/device_cuda.c) use, in C, with CUDA's names and
+ * values. "Device" memory is host memory; every call is
  * synchronous (a stream's work has finished when the call returns). See
  * tests/gpu/emu/README.md. */
 #ifndef EMU_CUDA_RUNTIME_API_H
@@ -20,6 +21,8 @@ enum cudaError {
     cudaErrorInitializationError = 3,
     cudaErrorInvalidConfiguration = 9,
     cudaErrorInvalidMemcpyDirection = 21,
+    cudaErrorStubLibrary = 34,
+    cudaErrorInsufficientDriver = 35,
     cudaErrorInvalidDeviceFunction = 98,
     cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
@@ -30,13 +33,35 @@ enum cudaError {
     cudaErrorIllegalInstruction = 715,
     cudaErrorMisalignedAddress = 716,
     cudaErrorLaunchFailure = 719,
+    cudaErrorNotReady = 600,
     cudaErrorNotSupported = 801,
     cudaErrorUnknown = 999
 };
 typedef enum cudaError cudaError_t;
 
 typedef struct CUstream_st *cudaStream_t;
+typedef struct CUevent_st *cudaEvent_t;
 typedef struct CUmemPoolHandle_st *cudaMemPool_t;
+
+#define cudaStreamDefault 0x00
+#define cudaStreamNonBlocking 0x01
+#define cudaEventDefault 0x00
+#define cudaEventBlockingSync 0x01
+#define cudaEventDisableTiming 0x02
+
+enum cudaMemoryType {
+    cudaMemoryTypeUnregistered = 0,
+    cudaMemoryTypeHost = 1,
+    cudaMemoryTypeDevice = 2,
+    cudaMemoryTypeManaged = 3
+};
+
+struct cudaPointerAttributes {
+    enum cudaMemoryType type;
+    int device;
+    void *devicePointer;
+    void *hostPointer;
+};
 
 /* The special stream handles (the legacy default stream is also 0). */
 #define cudaStreamLegacy ((cudaStream_t)0x1)
@@ -106,7 +131,23 @@ cudaError_t cudaMemset(void *devPtr, int value, size_t count);
 cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count,
                             cudaStream_t stream);
 
+cudaError_t cudaMemGetInfo(size_t *free, size_t *total);
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes,
+                                     const void *ptr);
+
+/* Streams and events: work is done when its call returns, so a stream is
+ * always idle and an event always complete; the handles are checked. */
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamQuery(cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event,
+                                unsigned int flags);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
+cudaError_t cudaEventQuery(cudaEvent_t event);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
 
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *memPool, int device);
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t memPool,
