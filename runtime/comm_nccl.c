@@ -75,7 +75,7 @@
 #include <stdint.h>       /* int32_t, uint64_t */
 #include <stdlib.h>       /* calloc, realloc, free, getenv */
 #include <string.h>       /* memcpy, memset */
-#include <time.h>         /* clock_gettime, nanosleep */
+#include <time.h>         /* nanosleep */
 
 #include "rendezvous.h" /* rdv_open, rdv_all_gather: the unique id over TCP */
 
@@ -139,11 +139,14 @@ static ncclResult_t group_end(void)
     return rc;
 }
 
+/* Whether an NCCL call failed (ncclInProgress: it goes on, non-blocking). */
+static int failed(ncclResult_t rc) { return rc != ncclSuccess && rc != ncclInProgress; }
+
 /* The result of a call made in a group of its own, which is now launched. */
 static ncclResult_t lone(ncclResult_t rc)
 {
     ncclResult_t end = group_end();
-    return rc != ncclSuccess && rc != ncclInProgress ? rc : end;
+    return failed(rc) ? rc : end;
 }
 
 /* An NCCL call on m: recorded in the caller's group, else launched alone. */
@@ -158,12 +161,6 @@ static void *fat(const ncomm *m, const void *p, size_t k) { return (char *)(uint
 
 /* ---- waiting ---------------------------------------------------------- */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Between polls: spin briefly (a collective often ends within
  * microseconds), then sleep 20 us at a time. */
@@ -245,7 +242,7 @@ static int asked_abort(ncomm *m, const char *op)
 static int finish(ncomm *m, const char *op)
 {
     nworld *w = m->w;
-    double until = now_s() + w->timeout;
+    double until = comm_now() + w->timeout;
     for (int polls = 0;; pause_poll(&polls)) {
         int busy = 0;
         if (take_abort(w)) return asked_abort(m, op);
@@ -267,20 +264,20 @@ static int finish(ncomm *m, const char *op)
             x->touched = 0;
         }
         if (!busy) return 0;
-        if (now_s() > until) return timed_out(m, op);
+        if (comm_now() > until) return timed_out(m, op);
     }
 }
 
 /* Waits for m's stream alone (a staging copy: no NCCL work on it). */
 static int drain(ncomm *m, const char *op)
 {
-    double until = now_s() + m->w->timeout;
+    double until = comm_now() + m->w->timeout;
     for (int polls = 0;; pause_poll(&polls)) {
         if (take_abort(m->w)) return asked_abort(m, op);
         cudaError_t ce = cudaStreamQuery(m->stream);
         if (ce == cudaSuccess) return 0;
         if (ce != cudaErrorNotReady) return cuda_fail(m, op, "cudaStreamQuery", ce);
-        if (now_s() > until) return timed_out(m, op);
+        if (comm_now() > until) return timed_out(m, op);
     }
 }
 
@@ -292,14 +289,11 @@ static int ready(ncclComm_t nc, double until, ncclResult_t *st)
         ncclResult_t rc = ncclCommGetAsyncError(nc, st);
         if (rc != ncclSuccess) *st = rc;
         if (*st != ncclInProgress) return 0;
-        if (now_s() > until) return -1;
+        if (comm_now() > until) return -1;
     }
 }
 
 /* ---- the calls -------------------------------------------------------- */
-
-/* Whether an NCCL call failed (ncclInProgress: it goes on, non-blocking). */
-static int failed(ncclResult_t rc) { return rc != ncclSuccess && rc != ncclInProgress; }
 
 /* -1 (with why) when the world was aborted. */
 static int dead(ncomm *m, const char *op)
@@ -729,7 +723,7 @@ static int n_split(comm *c, int color, int key, comm **out)
         if (nc) (void)ncclCommAbort(nc);
         return nccl_fail(m->nc, m, "split", "ncclCommSplit", rc);
     }
-    double until = now_s() + w->timeout;
+    double until = comm_now() + w->timeout;
     int late = ready(m->nc, until, &st) != 0;
     if (!late && st == ncclSuccess && nc) late = ready(nc, until, &st) != 0;
     if (late || st != ncclSuccess) {
@@ -757,7 +751,7 @@ static void n_free(comm *c)
     if (m->nc) {
         ncclResult_t st = ncclSuccess, rc = ncclCommFinalize(m->nc);
         int late = rc != ncclSuccess && rc != ncclInProgress;
-        if (!late) late = ready(m->nc, now_s() + w->timeout, &st) != 0 || st != ncclSuccess;
+        if (!late) late = ready(m->nc, comm_now() + w->timeout, &st) != 0 || st != ncclSuccess;
         if (late) {
             char msg[sizeof w->why];
             snprintf(msg, sizeof msg, "rank %d: ncclCommFinalize did not end cleanly (%s)", c->world_rank,
@@ -884,7 +878,7 @@ static comm *world_init(int rank, int size, int device, double timeout_s, ncclUn
     ncclResult_t rc = ncclCommInitRankConfig(&nc, size, id, rank, &cfg);
     int late = 0;
     if (rc == ncclSuccess || rc == ncclInProgress) {
-        late = ready(nc, now_s() + timeout_s, &st) != 0;
+        late = ready(nc, comm_now() + timeout_s, &st) != 0;
         rc = late ? ncclInProgress : st;
     }
     if (rc != ncclSuccess) {

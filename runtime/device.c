@@ -7,10 +7,12 @@
  */
 #include "device.h"
 
+#include "comm.h" /* comm_now: the monotonic clock */
+
 #include <stdarg.h> /* va_list */
 #include <stdio.h>  /* snprintf, vsnprintf */
 #include <stdlib.h> /* calloc, free */
-#include <time.h>   /* nanosleep, clock_gettime */
+#include <time.h>   /* nanosleep */
 
 mesh_status dev_fail(dev *d, mesh_status st, const char *fmt, ...)
 {
@@ -203,16 +205,9 @@ mesh_status dev_event_wait(dev *d, dev_stream *s, dev_event *e)
     return d->v->event_wait ? d->v->event_wait(d, s, e) : MESH_OK;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 mesh_status dev_event_sync(dev *d, dev_event *e, double timeout_s)
 {
-    double until = timeout_s > 0 ? now_s() + timeout_s : 0;
+    double until = timeout_s > 0 ? comm_now() + timeout_s : 0;
     for (int polls = 0;; polls++) {
         int done = 0;
         mesh_status st = dev_event_query(d, e, &done);
@@ -220,7 +215,7 @@ mesh_status dev_event_sync(dev *d, dev_event *e, double timeout_s)
         if (polls >= 200) {
             struct timespec ts = {0, 20000};
             nanosleep(&ts, NULL);
-            if (until > 0 && now_s() > until)
+            if (until > 0 && comm_now() > until)
                 return dev_fail(d, MESH_ERR_INTERNAL, "the work before an event did not end within %g s", timeout_s);
         }
     }
