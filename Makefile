@@ -507,17 +507,18 @@ $(BUILD)/emu_selftest: $(EMU_OBJ)/$(EMU_DIR)/selftest.o $(EMU_RT_OBJ)
 # device (runtime/device_cuda.c) and the executor's CUDA kernel table
 # (runtime/kern_cuda.c) built for CUDA against the emulation's runtime API,
 # linked with the emulated kernels (ahead of libmeshrt.a's CPU-only
-# builds of the two). NCCL is not emulated: comm_nccl.c stays without CUDA
-# (its tests skip), so several ranks share the one GPU, as under
-# MESH_GPU_SHARED=1. run.sh runs the unit tests that need a GPU
-# (EMU_GPU_TESTS) and fails if one of them skips.
-EMU_RT_CUDA = $(EMU_OBJ)/runtime/device_cuda.o $(EMU_OBJ)/runtime/kern_cuda.o
+# builds of the two); and the NCCL communicator (runtime/comm_nccl.c) with
+# its tests, built for CUDA against the emulated NCCL (nccl.cpp: ranks as
+# threads, each on an emulated GPU of MESH_EMU_GPUS). run.sh runs the unit
+# tests that need a GPU and fails if one of them skips.
+EMU_RT_CUDA = $(EMU_OBJ)/runtime/device_cuda.o $(EMU_OBJ)/runtime/kern_cuda.o $(EMU_OBJ)/runtime/comm_nccl.o \
+              $(EMU_OBJ)/tests/unit/test_comm_nccl.o
 
-$(EMU_RT_CUDA): $(EMU_OBJ)/runtime/%.o: runtime/%.c
+$(EMU_RT_CUDA): $(EMU_OBJ)/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -DMESH_CUDA=1 -isystem $(EMU_DIR)/include -Ikernels/cuda -MMD -MP -c -o $@ $<
 
-$(BUILD)/unit_tests_emu: $(UNIT_OBJ) $(EMU_RT_CUDA) $(EMU_KOBJ) $(EMU_RT_OBJ) $(BUILD)/libmeshrt.a \
+$(BUILD)/unit_tests_emu: $(filter-out %/test_comm_nccl.o,$(UNIT_OBJ)) $(EMU_RT_CUDA) $(EMU_KOBJ) $(EMU_RT_OBJ) $(BUILD)/libmeshrt.a \
                          $(BUILD)/libmeshkcpu.a $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a \
                          $(BUILD)/emu-driver/libcuda.so.1
 	$(EMU_CXX) $(ALL_LDFLAGS) -pthread -o $@ $(filter %.o,$^) -Wl,--start-group $(filter %.a,$^) -Wl,--end-group \

@@ -120,6 +120,18 @@ comm_threads_world *comm_threads_world_new(int size, double timeout_s);
 comm *comm_threads_rank(comm_threads_world *w, int rank);
 void comm_threads_world_free(comm_threads_world *w);
 
+/* The threads world of c (a threads handle, or a checked one over it), or
+ * NULL. A hold on it (comm_threads_world_hold) keeps it readable until
+ * comm_threads_release, whatever the ranks free meanwhile, and
+ * comm_threads_aborted says, without waiting, whether it was aborted (1,
+ * with why) or not (0). A communicator bootstrapped over a threads world
+ * (NCCL's) polls it, so that a rank's failure ends the others' waits on
+ * the GPU at once. None of these is collective. */
+comm_threads_world *comm_threads_world_of(const comm *c);
+void comm_threads_world_hold(comm_threads_world *w);
+int comm_threads_aborted(comm_threads_world *w, char *why, size_t n);
+void comm_threads_release(comm_threads_world *w);
+
 /* The collective timeout: MESH_COLLECTIVE_TIMEOUT_S, else 600 seconds. */
 double comm_timeout_from_env(void);
 

@@ -14,6 +14,13 @@
  * operation, the rank and NCCL's error (ncclGetErrorString, and
  * ncclGetLastError's detail).
  *
+ * A world bootstrapped over a threads world (comm_nccl_world_mpi: ranks as
+ * threads of one process, a GPU each) holds it (comm_threads_world_hold)
+ * and its waits poll it too: when a rank fails and aborts the threads
+ * world, as a failing rank does, the others' NCCL waits end at once
+ * ("another rank failed (rank 1 failed: ...)") and abort the NCCL world,
+ * instead of lasting until the timeout.
+ *
  * Communicators are non-blocking (config.blocking = 0): any NCCL call may
  * return ncclInProgress, and the wait polls ncclCommGetAsyncError until the
  * operation is enqueued (then the stream until it is done), with the same
@@ -117,6 +124,7 @@ struct nworld {
     atomic_int claimed; /* own: the first comm_abort writes asked_why, */
     atomic_int asked;   /* then sets this; the world's thread aborts it */
     char asked_why[240];
+    comm_threads_world *host; /* held: the threads world it was bootstrapped over, or NULL */
 };
 
 static const comm_vtbl nccl_vtbl;
@@ -195,6 +203,21 @@ static int take_abort(nworld *w)
     return w->aborted;
 }
 
+/* Whether the threads world the world was bootstrapped over (ranks as
+ * threads, a GPU each) was aborted: a rank failed, and this one's wait on
+ * NCCL would last until the timeout. Looked at every 64th poll; why gets
+ * the reason. */
+static int host_down(const nworld *w, int polls, char *why, size_t n)
+{
+    return w->host && polls % 64 == 0 && comm_threads_aborted(w->host, why, n);
+}
+
+static void world_free(nworld *w)
+{
+    comm_threads_release(w->host);
+    free(w);
+}
+
 /* Records why op failed in m's error, aborts the world; returns -1. */
 static int fail_abort(ncomm *m, const char *op, const char *why)
 {
@@ -229,6 +252,14 @@ static int timed_out(ncomm *m, const char *op)
     return fail_abort(m, op, why);
 }
 
+/* op's failure when another rank of the host world failed. */
+static int host_failed(ncomm *m, const char *op, const char *why)
+{
+    char msg[240];
+    snprintf(msg, sizeof msg, "another rank failed (%.200s)", why);
+    return fail_abort(m, op, msg);
+}
+
 /* op's failure when an own world's abort was asked for while it waited. */
 static int asked_abort(ncomm *m, const char *op)
 {
@@ -243,9 +274,11 @@ static int finish(ncomm *m, const char *op)
 {
     nworld *w = m->w;
     double until = comm_now() + w->timeout;
+    char why[200];
     for (int polls = 0;; pause_poll(&polls)) {
         int busy = 0;
         if (take_abort(w)) return asked_abort(m, op);
+        if (host_down(w, polls, why, sizeof why)) return host_failed(m, op, why);
         for (ncomm *x = w->comms; x; x = x->next) {
             if (!x->touched) continue;
             ncclResult_t st = ncclSuccess, rc = ncclCommGetAsyncError(x->nc, &st);
@@ -272,8 +305,10 @@ static int finish(ncomm *m, const char *op)
 static int drain(ncomm *m, const char *op)
 {
     double until = comm_now() + m->w->timeout;
+    char why[200];
     for (int polls = 0;; pause_poll(&polls)) {
         if (take_abort(m->w)) return asked_abort(m, op);
+        if (host_down(m->w, polls, why, sizeof why)) return host_failed(m, op, why);
         cudaError_t ce = cudaStreamQuery(m->stream);
         if (ce == cudaSuccess) return 0;
         if (ce != cudaErrorNotReady) return cuda_fail(m, op, "cudaStreamQuery", ce);
@@ -282,10 +317,12 @@ static int drain(ncomm *m, const char *op)
 }
 
 /* Polls a communicator being made (init, split) until it is ready, or
- * not: *st is its state; 0, or -1 past the deadline. */
-static int ready(ncclComm_t nc, double until, ncclResult_t *st)
+ * not: *st is its state; 0, or -1 past the deadline, or -2 when the world
+ * w was bootstrapped over was aborted (why says why). */
+static int ready(ncclComm_t nc, double until, const nworld *w, ncclResult_t *st, char *why, size_t n)
 {
     for (int polls = 0;; pause_poll(&polls)) {
+        if (w && host_down(w, polls, why, n)) return -2;
         ncclResult_t rc = ncclCommGetAsyncError(nc, st);
         if (rc != ncclSuccess) *st = rc;
         if (*st != ncclInProgress) return 0;
@@ -724,10 +761,11 @@ static int n_split(comm *c, int color, int key, comm **out)
         return nccl_fail(m->nc, m, "split", "ncclCommSplit", rc);
     }
     double until = comm_now() + w->timeout;
-    int late = ready(m->nc, until, &st) != 0;
-    if (!late && st == ncclSuccess && nc) late = ready(nc, until, &st) != 0;
+    int late = ready(m->nc, until, w, &st, why, sizeof why);
+    if (!late && st == ncclSuccess && nc) late = ready(nc, until, w, &st, why, sizeof why);
     if (late || st != ncclSuccess) {
         if (nc) (void)ncclCommAbort(nc);
+        if (late == -2) return host_failed(m, "split", why);
         if (late) return timed_out(m, "split");
         return nccl_fail(m->nc, m, "split", "ncclCommSplit", st);
     }
@@ -751,7 +789,7 @@ static void n_free(comm *c)
     if (m->nc) {
         ncclResult_t st = ncclSuccess, rc = ncclCommFinalize(m->nc);
         int late = rc != ncclSuccess && rc != ncclInProgress;
-        if (!late) late = ready(m->nc, comm_now() + w->timeout, &st) != 0 || st != ncclSuccess;
+        if (!late) late = ready(m->nc, comm_now() + w->timeout, NULL, &st, NULL, 0) != 0 || st != ncclSuccess;
         if (late) {
             char msg[sizeof w->why];
             snprintf(msg, sizeof msg, "rank %d: ncclCommFinalize did not end cleanly (%s)", c->world_rank,
@@ -776,7 +814,7 @@ static void n_free(comm *c)
     (void)cudaFreeHost(m->host);
     (void)cudaStreamDestroy(m->stream);
     free(m);
-    if (!w->comms) free(w);
+    if (!w->comms) world_free(w);
 }
 
 /* A bucket of device buffers: a call per buffer (comm.c's packing is host
@@ -860,17 +898,23 @@ typedef struct boot_rec {
     ncclUniqueId id; /* rank 0's */
 } boot_rec;
 
-/* The world's communicator from the unique id all ranks share. */
-static comm *world_init(int rank, int size, int device, double timeout_s, ncclUniqueId id, char *err, size_t n)
+/* The world's communicator from the unique id all ranks share; host: the
+ * threads world it was bootstrapped over (held from now on), or NULL. */
+static comm *world_init(int rank, int size, int device, double timeout_s, ncclUniqueId id,
+                        comm_threads_world *host, char *err, size_t n)
 {
     nworld *w = calloc(1, sizeof *w);
     ncclComm_t nc = NULL;
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     ncclResult_t st = ncclSuccess;
+    char why[200] = "";
+    if (host) comm_threads_world_hold(host);
     if (!w) {
+        comm_threads_release(host);
         snprintf(err, n, "out of memory");
         return NULL;
     }
+    w->host = host;
     w->device = device;
     w->timeout = timeout_s;
     cfg.blocking = 0;
@@ -878,26 +922,27 @@ static comm *world_init(int rank, int size, int device, double timeout_s, ncclUn
     ncclResult_t rc = ncclCommInitRankConfig(&nc, size, id, rank, &cfg);
     int late = 0;
     if (rc == ncclSuccess || rc == ncclInProgress) {
-        late = ready(nc, comm_now() + timeout_s, &st) != 0;
+        late = ready(nc, comm_now() + timeout_s, w, &st, why, sizeof why);
         rc = late ? ncclInProgress : st;
     }
     if (rc != ncclSuccess) {
         const char *last = ncclGetLastError(nc);
-        if (late)
+        if (late == -2)
+            snprintf(err, n, "ncclCommInitRankConfig (rank %d of %d): another rank failed (%.200s)", rank, size, why);
+        else if (late)
             snprintf(err, n, "ncclCommInitRankConfig (rank %d of %d): the other ranks did not come within %g s "
                      "(MESH_COLLECTIVE_TIMEOUT_S)", rank, size, timeout_s);
         else
             snprintf(err, n, "ncclCommInitRankConfig (rank %d of %d): %s (NCCL error %d)%s%s", rank, size,
                      ncclGetErrorString(rc), (int)rc, last && last[0] ? ": " : "", last ? last : "");
         if (nc) (void)ncclCommAbort(nc);
-        free(w);
+        world_free(w);
         return NULL;
     }
-    char why[160];
     ncomm *m = wrap(w, nc, rank, why, sizeof why);
     if (!m) {
         snprintf(err, n, "rank %d: the world's communicator: %s", rank, why);
-        free(w);
+        world_free(w);
         return NULL;
     }
     return &m->c;
@@ -944,7 +989,7 @@ comm *comm_nccl_world(int rank, int size, int device, double timeout_s, char *er
             snprintf(err, n, "rank %d cannot use GPU %d: %s", rank, device, mine.ok ? ncclGetErrorString(rc) : why);
             return NULL;
         }
-        return world_init(rank, size, device, timeout_s, mine.id, err, n);
+        return world_init(rank, size, device, timeout_s, mine.id, NULL, err, n);
     }
     if (mine.ok && rank == 0 && ncclGetUniqueId(&mine.id) != ncclSuccess) {
         snprintf(why, sizeof why, "ncclGetUniqueId failed");
@@ -971,7 +1016,7 @@ comm *comm_nccl_world(int rank, int size, int device, double timeout_s, char *er
         snprintf(err, n, "rank %d cannot use its GPU (or make the NCCL id): see its error", bad);
         return NULL;
     }
-    return world_init(rank, size, device, timeout_s, id, err, n);
+    return world_init(rank, size, device, timeout_s, id, NULL, err, n);
 }
 
 comm *comm_nccl_world_mpi(comm *boot, int device, double timeout_s, char *err, size_t n)
@@ -1009,7 +1054,7 @@ comm *comm_nccl_world_mpi(comm *boot, int device, double timeout_s, char *err, s
         snprintf(err, n, "rank %d cannot use its GPU (or make the NCCL id): see its error", bad);
         return NULL;
     }
-    return world_init(rank, size, device, timeout_s, id, err, n);
+    return world_init(rank, size, device, timeout_s, id, comm_threads_world_of(boot), err, n);
 }
 
 int comm_nccl_set_elements(comm *c, int type)
@@ -1033,6 +1078,8 @@ int comm_nccl_own_thread(comm *c)
     o->device = w->device;
     o->timeout = w->timeout;
     o->own = 1;
+    o->host = w->host;
+    if (o->host) comm_threads_world_hold(o->host);
     atomic_init(&o->claimed, 0);
     atomic_init(&o->asked, 0);
     for (ncomm **at = &w->comms; *at; at = &(*at)->next)

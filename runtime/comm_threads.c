@@ -562,6 +562,39 @@ comm *comm_threads_rank(comm_threads_world *w, int rank)
     return handle(w->all, rank);
 }
 
+comm_threads_world *comm_threads_world_of(const comm *c)
+{
+    c = c ? comm_checked_inner(c) : NULL;
+    return c && c->v == &threads_vtbl ? ((const tcomm *)(const void *)c)->g->w : NULL;
+}
+
+/* A hold counts as a group alive: the world goes with the last of both. */
+void comm_threads_world_hold(comm_threads_world *w)
+{
+    pthread_mutex_lock(&w->mu);
+    w->refs++;
+    pthread_mutex_unlock(&w->mu);
+}
+
+int comm_threads_aborted(comm_threads_world *w, char *why, size_t n)
+{
+    if (!w) return 0;
+    pthread_mutex_lock(&w->mu);
+    int aborted = w->aborted;
+    if (aborted && why && n) snprintf(why, n, "%s", w->why);
+    pthread_mutex_unlock(&w->mu);
+    return aborted;
+}
+
+void comm_threads_release(comm_threads_world *w)
+{
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    int last = --w->refs == 0;
+    pthread_mutex_unlock(&w->mu);
+    if (last) world_free(w);
+}
+
 void comm_threads_world_free(comm_threads_world *w)
 {
     if (!w) return;

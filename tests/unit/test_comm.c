@@ -115,6 +115,36 @@ TEST_IMPL(comm_threads_abort_stops_everyone)
     }
 }
 
+/* A hold on a threads world (what an NCCL world bootstrapped over it
+ * polls): it sees the abort, with why, and keeps the world readable after
+ * every handle is freed; other communicators have none. */
+TEST_IMPL(comm_threads_hold_sees_the_abort)
+{
+    char why[128] = "";
+    comm_threads_world *tw = comm_threads_world_new(2, 30);
+    ASSERT_NOT_NULL(tw);
+    comm *a = comm_threads_rank(tw, 0), *b = comm_threads_rank(tw, 1);
+    ASSERT_NOT_NULL(a);
+    ASSERT_NOT_NULL(b);
+    comm *checked = comm_checked_new(a, 0, NULL, NULL);
+    ASSERT_NOT_NULL(checked);
+    ASSERT_PTR_EQ(comm_threads_world_of(a), tw);
+    ASSERT_PTR_EQ(comm_threads_world_of(checked), tw); /* through the checked one */
+    ASSERT_NULL(comm_threads_world_of(NULL));
+    comm_threads_world_hold(tw);
+    ASSERT_INT_EQ(comm_threads_aborted(tw, why, sizeof why), 0);
+    ASSERT_STR_EQ(why, "");
+    comm_abort(b, "its GPU failed");
+    ASSERT_INT_EQ(comm_threads_aborted(tw, why, sizeof why), 1);
+    ASSERT_STR_EQ(why, "rank 1 failed: its GPU failed");
+    comm_free(checked);
+    comm_free(b);
+    comm_free(a);
+    ASSERT_INT_EQ(comm_threads_aborted(tw, NULL, 0), 1); /* still readable: held */
+    comm_threads_release(tw);
+    ASSERT_INT_EQ(comm_threads_aborted(NULL, why, sizeof why), 0);
+}
+
 /* Rank 1 never comes: rank 0 gives up after the timeout, saying so. */
 static int one_missing(rank_job *j, comm *c) { return comm_case_one_missing(c, 0, j->error, sizeof j->error); }
 

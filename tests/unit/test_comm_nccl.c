@@ -14,6 +14,7 @@
 #include <pthread.h>    /* pthread_create: a queue's thread */
 #include <stdio.h>      /* printf, snprintf */
 #include <stdlib.h>     /* setenv, unsetenv */
+#include <stdint.h>     /* uint16_t: bf16 elements */
 #include <string.h>     /* strstr, memcmp */
 #include <sys/socket.h> /* socket, bind, getsockname */
 #include <unistd.h>     /* close */
@@ -395,6 +396,306 @@ TEST_IMPL(comm_nccl_world_times_out_without_its_ranks)
                        "(MESH_COLLECTIVE_TIMEOUT_S)");
 }
 
+/* ---- worlds of several ranks: threads of this process, a GPU each ---- */
+
+enum { RANKS_MAX = 4, M = 96 };
+
+typedef struct rank_job {
+    comm_threads_world *tw;
+    int rank, size;
+    double timeout_s;
+    int abort_host; /* rank_fails: rank 1 aborts the threads world (else its NCCL world) */
+    int failed_at; /* 0, or the line of the first failed check */
+    char error[400];
+} rank_job;
+
+/* A check inside a rank's thread: records the first failure and returns
+ * (the threads must not stop the process as ASSERT does). */
+#define RCHECK(j, cond, ...)                                                                        \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            if (!(j)->failed_at) {                                                                 \
+                (j)->failed_at = __LINE__;                                                         \
+                snprintf((j)->error, sizeof (j)->error, __VA_ARGS__);                              \
+            }                                                                                      \
+            goto out;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+#define RCALL(j, c, call) RCHECK(j, (call) == 0, "%s: %s", #call, (c)->error)
+
+static float *dev_alloc(size_t n)
+{
+    void *d = NULL;
+    return cudaMalloc(&d, n * sizeof(float)) == cudaSuccess ? d : NULL;
+}
+
+static int dev_get(float *host, const float *d, size_t n)
+{
+    return cudaMemcpy(host, d, n * sizeof *host, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
+}
+
+static int dev_put(float *d, const float *host, size_t n)
+{
+    return cudaMemcpy(d, host, n * sizeof *host, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : -1;
+}
+
+/* The first i where got and want differ, or -1. */
+static long differs(const float *got, const float *want, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i]) return (long)i;
+    return -1;
+}
+
+/* Every call of a world of size ranks, against values worked out here (small
+ * integers: every order of summing gives the same floats). */
+static void *rank_calls(void *arg)
+{
+    rank_job *j = arg;
+    int r = j->rank, p = j->size;
+    char err[320] = "";
+    float h[RANKS_MAX * M], want[RANKS_MAX * M], got[RANKS_MAX * M];
+    float *a = dev_alloc(RANKS_MAX * M), *b = dev_alloc(RANKS_MAX * M);
+    comm *boot = comm_threads_rank(j->tw, r), *c = NULL, *sub = NULL;
+    long bad;
+    RCHECK(j, a && b && boot, "cudaMalloc or comm_threads_rank failed");
+    c = comm_nccl_world_mpi(boot, r, j->timeout_s, err, sizeof err);
+    RCHECK(j, c, "comm_nccl_world_mpi: %s", err);
+    RCHECK(j, c->rank == r && c->size == p, "rank %d of %d, not %d of %d", c->rank, c->size, r, p);
+
+    /* all-reduce */
+    for (int i = 0; i < M; i++) {
+        h[i] = (float)(r + i % 7);
+        want[i] = (float)(p * (p - 1) / 2 + p * (i % 7));
+    }
+    RCHECK(j, dev_put(a, h, M) == 0, "copy");
+    RCALL(j, c, comm_all_reduce(c, a, M));
+    RCHECK(j, dev_get(got, a, M) == 0, "copy");
+    RCHECK(j, (bad = differs(got, want, M)) < 0, "all-reduce: [%ld] = %g, not %g", bad, got[bad], want[bad]);
+
+    /* reduce-scatter, apart and in place (out = in + rank x M) */
+    for (int i = 0; i < p * M; i++) h[i] = (float)(r * 10 + i % 11);
+    for (int i = 0; i < M; i++) want[i] = (float)(10 * p * (p - 1) / 2 + p * ((r * M + i) % 11));
+    RCHECK(j, dev_put(a, h, (size_t)p * M) == 0, "copy");
+    RCALL(j, c, comm_reduce_scatter(c, a, b, M));
+    RCHECK(j, dev_get(got, b, M) == 0, "copy");
+    RCHECK(j, (bad = differs(got, want, M)) < 0, "reduce-scatter: [%ld] = %g, not %g", bad, got[bad], want[bad]);
+    RCALL(j, c, comm_reduce_scatter(c, a, a + (size_t)r * M, M));
+    RCHECK(j, dev_get(got, a + (size_t)r * M, M) == 0, "copy");
+    RCHECK(j, (bad = differs(got, want, M)) < 0, "reduce-scatter in place: [%ld] = %g", bad, got[bad]);
+
+    /* all-gather, apart and in place (in = out + rank x M) */
+    for (int i = 0; i < M; i++) h[i] = (float)(r * 100 + i);
+    for (int q = 0; q < p; q++)
+        for (int i = 0; i < M; i++) want[q * M + i] = (float)(q * 100 + i);
+    RCHECK(j, dev_put(a, h, M) == 0, "copy");
+    RCALL(j, c, comm_all_gather(c, a, b, M));
+    RCHECK(j, dev_get(got, b, (size_t)p * M) == 0, "copy");
+    RCHECK(j, (bad = differs(got, want, (size_t)p * M)) < 0, "all-gather: [%ld] = %g", bad, got[bad]);
+    RCHECK(j, dev_put(b + (size_t)r * M, h, M) == 0, "copy");
+    RCALL(j, c, comm_all_gather(c, b + (size_t)r * M, b, M));
+    RCHECK(j, dev_get(got, b, (size_t)p * M) == 0, "copy");
+    RCHECK(j, (bad = differs(got, want, (size_t)p * M)) < 0, "all-gather in place: [%ld] = %g", bad, got[bad]);
+
+    /* buckets: two buffers in one NCCL group each time */
+    {
+        size_t nv[2] = {(size_t)p * 8, (size_t)p * 4};
+        float *bv[2] = {a, b};
+        for (int i = 0; i < p * 8; i++) h[i] = (float)(r + 1);
+        RCHECK(j, dev_put(a, h, nv[0]) == 0 && dev_put(b, h, nv[1]) == 0, "copy");
+        RCALL(j, c, comm_all_reduce_v(c, bv, nv, 2)); /* every element: p (p + 1) / 2 */
+        RCALL(j, c, comm_reduce_scatter_v(c, bv, nv, 2)); /* own part: p x that */
+        RCALL(j, c, comm_all_gather_v(c, bv, nv, 2));     /* every part */
+        RCHECK(j, dev_get(got, a, nv[0]) == 0 && dev_get(got + nv[0], b, nv[1]) == 0, "copy");
+        for (size_t i = 0; i < nv[0] + nv[1]; i++) want[i] = (float)(p * p * (p + 1) / 2);
+        RCHECK(j, (bad = differs(got, want, nv[0] + nv[1])) < 0, "buckets: [%ld] = %g, not %g", bad, got[bad],
+               want[bad]);
+    }
+
+    /* broadcast of bytes from the last rank */
+    for (int i = 0; i < M; i++) h[i] = (float)(r == p - 1 ? 7 * i : -1);
+    for (int i = 0; i < M; i++) want[i] = (float)(7 * i);
+    RCHECK(j, dev_put(a, h, M) == 0, "copy");
+    RCALL(j, c, comm_broadcast(c, a, M * sizeof *a, p - 1));
+    RCHECK(j, dev_get(got, a, M) == 0, "copy");
+    RCHECK(j, (bad = differs(got, want, M)) < 0, "broadcast: [%ld] = %g", bad, got[bad]);
+
+    /* all-to-all with counts that differ per pair: q gets (r + q) % 3 + 1
+     * floats r x 100 + q x 10 + k from r */
+    {
+        size_t send[RANKS_MAX], recv[RANKS_MAX], at = 0;
+        for (int q = 0; q < p; q++) {
+            send[q] = (size_t)((r + q) % 3 + 1);
+            recv[q] = (size_t)((q + r) % 3 + 1);
+            for (size_t k = 0; k < send[q]; k++) h[at++] = (float)(r * 100 + q * 10 + (int)k);
+        }
+        RCHECK(j, dev_put(a, h, at) == 0, "copy");
+        RCALL(j, c, comm_all_to_all(c, a, send, b, recv));
+        at = 0;
+        for (int q = 0; q < p; q++)
+            for (size_t k = 0; k < recv[q]; k++) want[at++] = (float)(q * 100 + r * 10 + (int)k);
+        RCHECK(j, dev_get(got, b, at) == 0, "copy");
+        RCHECK(j, (bad = differs(got, want, at)) < 0, "all-to-all: [%ld] = %g, not %g", bad, got[bad], want[bad]);
+        /* rank 0 expects one float too many from rank 1: every rank fails, the world goes on */
+        if (r == 0) recv[1]++;
+        RCHECK(j, comm_all_to_all(c, a, send, b, recv) == -1, "all-to-all with wrong counts passed");
+        RCHECK(j, strstr(c->error, r == 0 ? "rank 0 expected 3 floats from rank 1, which sends 2"
+                                          : "rank 0 expected other counts"),
+               "all-to-all with wrong counts: %s", c->error);
+    }
+
+    /* eager sends around the ring, then a pipeline's exchange in a group */
+    {
+        int next = (r + 1) % p, prev = (r + p - 1) % p;
+        for (int i = 0; i < M; i++) h[i] = (float)(r * 1000 + i);
+        RCHECK(j, dev_put(a, h, M) == 0, "copy");
+        RCALL(j, c, comm_send(c, a, M * sizeof *a, next));
+        RCHECK(j, cudaMemset(a, 0, M * sizeof *a) == cudaSuccess, "memset"); /* the send copied it */
+        RCALL(j, c, comm_recv(c, b, M * sizeof *b, prev));
+        for (int i = 0; i < M; i++) want[i] = (float)(prev * 1000 + i);
+        RCHECK(j, dev_get(got, b, M) == 0, "copy");
+        RCHECK(j, (bad = differs(got, want, M)) < 0, "ring: [%ld] = %g", bad, got[bad]);
+        RCHECK(j, dev_put(a, h, M) == 0, "copy");
+        RCALL(j, c, comm_group_begin(c));
+        RCALL(j, c, comm_recv(c, b, M * sizeof *b, prev));
+        RCALL(j, c, comm_send(c, a, M * sizeof *a, next));
+        RCALL(j, c, comm_group_end(c));
+        RCHECK(j, dev_get(got, b, M) == 0, "copy");
+        RCHECK(j, (bad = differs(got, want, M)) < 0, "group exchange: [%ld] = %g", bad, got[bad]);
+    }
+    RCALL(j, c, comm_barrier(c));
+
+    /* split by parity, keys reversing the order: sums within each part */
+    RCALL(j, c, comm_split(c, r % 2, -r, &sub));
+    RCHECK(j, sub != NULL, "no split");
+    {
+        int n = 0, mine = 0, sum = 0;
+        for (int q = r % 2; q < p; q += 2) {
+            n++;
+            sum += q;
+            if (q > r) mine++; /* higher ranks come first */
+        }
+        RCHECK(j, sub->size == n && sub->rank == mine, "split: rank %d of %d, not %d of %d", sub->rank, sub->size,
+               mine, n);
+        h[0] = (float)r;
+        RCHECK(j, dev_put(a, h, 1) == 0, "copy");
+        RCALL(j, sub, comm_all_reduce(sub, a, 1));
+        RCHECK(j, dev_get(got, a, 1) == 0 && got[0] == (float)sum, "split's all-reduce: %g, not %d", got[0], sum);
+    }
+
+    /* bf16 elements: the all-reduce sums 2-byte floats */
+    {
+        uint16_t hb[M], gb[M];
+        float *x = dev_alloc(M);
+        RCHECK(j, x != NULL, "cudaMalloc");
+        for (int i = 0; i < M; i++) hb[i] = (uint16_t)(0x3f80 + 0x80 * (i % 3)); /* 1, 2, 4 */
+        RCHECK(j, comm_nccl_set_elements(c, COMM_BF16) == 0, "comm_nccl_set_elements");
+        RCHECK(j, cudaMemcpy(x, hb, sizeof hb, cudaMemcpyHostToDevice) == cudaSuccess, "copy");
+        RCALL(j, c, comm_all_reduce(c, x, M));
+        RCHECK(j, cudaMemcpy(gb, x, sizeof gb, cudaMemcpyDeviceToHost) == cudaSuccess, "copy");
+        cudaFree(x);
+        for (int i = 0; i < M; i++) {
+            float g, w = (float)(p << (i % 3));
+            uint32_t bits = (uint32_t)gb[i] << 16;
+            memcpy(&g, &bits, sizeof g);
+            RCHECK(j, g == w, "bf16 all-reduce: [%d] = %g, not %g", i, g, w);
+        }
+        RCHECK(j, comm_nccl_set_elements(c, COMM_F32) == 0, "comm_nccl_set_elements");
+    }
+out:
+    if (sub) comm_free(sub);
+    if (c) comm_free(c);
+    if (boot) comm_free(boot);
+    cudaFree(a);
+    cudaFree(b);
+    return NULL;
+}
+
+/* A rank that fails: with abort_host 0 it aborts its NCCL world only, and
+ * the others' next call fails at their timeout; with abort_host 1 it
+ * aborts the threads world the NCCL one was bootstrapped over (as a
+ * failing rank of meshrun's does), and the others' waits end at once,
+ * naming it. Neither hangs. */
+static void *rank_fails(void *arg)
+{
+    rank_job *j = arg;
+    char err[320] = "";
+    comm *boot = comm_threads_rank(j->tw, j->rank), *c = NULL;
+    RCHECK(j, boot, "comm_threads_rank");
+    c = comm_nccl_world_mpi(boot, j->rank, j->timeout_s, err, sizeof err);
+    RCHECK(j, c, "comm_nccl_world_mpi: %s", err);
+    RCALL(j, c, comm_barrier(c));
+    if (j->rank == 1) {
+        comm_abort(j->abort_host ? boot : c, "rank 1 stops");
+        if (j->abort_host) goto out; /* its thread ends, as a failed rank's does (its barrier would meet theirs) */
+    } else {
+        double t0 = comm_now();
+        RCHECK(j, comm_barrier(c) == -1, "a barrier without rank 1 passed");
+        const char *want = j->abort_host ? "another rank failed (rank 1 failed: rank 1 stops)" : "waited more than";
+        RCHECK(j, strstr(c->error, want), "%s", c->error);
+        RCHECK(j, comm_now() - t0 < (j->abort_host ? 5 : j->timeout_s + 5), "the barrier failed after %g s",
+               comm_now() - t0);
+    }
+    RCHECK(j, comm_barrier(c) == -1, "a call after the abort passed");
+    RCHECK(j, strstr(c->error, "aborted"), "%s", c->error);
+out:
+    if (c) comm_free(c);
+    if (boot) comm_free(boot);
+    return NULL;
+}
+
+/* size ranks, each a thread running fn on its own GPU. */
+static void run_ranks(int size, double timeout_s, int abort_host, void *(*fn)(void *))
+{
+    pthread_t t[RANKS_MAX];
+    rank_job job[RANKS_MAX];
+    comm_threads_world *tw = comm_threads_world_new(size, 60);
+    ASSERT_NOT_NULL(tw);
+    for (int r = 0; r < size; r++) {
+        memset(&job[r], 0, sizeof job[r]);
+        job[r].tw = tw;
+        job[r].rank = r;
+        job[r].size = size;
+        job[r].timeout_s = timeout_s;
+        job[r].abort_host = abort_host;
+        ASSERT_INT_EQ(pthread_create(&t[r], NULL, fn, &job[r]), 0);
+    }
+    for (int r = 0; r < size; r++) pthread_join(t[r], NULL);
+    for (int r = 0; r < size; r++)
+        if (job[r].failed_at) fprintf(stderr, "# rank %d, line %d: %s\n", r, job[r].failed_at, job[r].error);
+    for (int r = 0; r < size; r++) ASSERT_INT_EQ(job[r].failed_at, 0);
+}
+
+/* The GPUs a world of ranks can have here, or 0 (with a SKIP line). */
+static int gpus_for_ranks(void)
+{
+    int n = 0;
+    if (!comm_nccl_available(NULL, 0)) return 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
+        (void)cudaGetLastError();
+        printf("SKIP nccl ranks: %d GPU here, a world of ranks needs 2 or more\n", n);
+        return 0;
+    }
+    return n < RANKS_MAX ? n : RANKS_MAX;
+}
+
+TEST_IMPL(comm_nccl_ranks_over_threads)
+{
+    int n = gpus_for_ranks();
+    if (n < 2) return;
+    run_ranks(n, 60, 0, rank_calls);
+    if (n > 2) run_ranks(2, 60, 0, rank_calls);
+}
+
+TEST_IMPL(comm_nccl_failed_rank_stops_the_others)
+{
+    int n = gpus_for_ranks();
+    if (n < 2) return;
+    run_ranks(n, 2, 0, rank_fails);
+    run_ranks(n, 60, 1, rank_fails);
+}
+
 #else /* no CUDA in this build: comm_nccl_available_says_why said SKIP */
 
 TEST_IMPL(comm_nccl_one_rank_calls) {}
@@ -402,5 +703,7 @@ TEST_IMPL(comm_nccl_world_over_threads) {}
 TEST_IMPL(comm_nccl_failure_aborts_the_world) {}
 TEST_IMPL(comm_nccl_world_times_out_without_its_ranks) {}
 TEST_IMPL(comm_nccl_queue_on_its_own_world) {}
+TEST_IMPL(comm_nccl_ranks_over_threads) {}
+TEST_IMPL(comm_nccl_failed_rank_stops_the_others) {}
 
 #endif

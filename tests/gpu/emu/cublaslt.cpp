@@ -567,6 +567,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     cudaError_t se = emu::sticky_error();
     if (se != cudaSuccess || !emu::stream_ok(stream))
         return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (emu::stream_device(stream) != emu::current_device()) {
+        emu::diag("cublasLtMatmul on device %d into a stream of device %d", emu::current_device(),
+                  emu::stream_device(stream));
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    }
+    emu::stream_wait_idle(stream);
     /* every matrix in device memory, else the kernel would fault */
     bool ok = in_device(Ap, A->rows, A->cols, A->ld, p.batch, A->stride, ops[0].es) &&
               in_device(Bp, B->rows, B->cols, B->ld, p.batch, B->stride, ops[1].es) &&

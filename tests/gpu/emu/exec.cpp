@@ -795,6 +795,16 @@ cudaError_t check_config(const LaunchDesc &d)
 
 void launch(const LaunchDesc &d)
 {
+    if (stream_ok(d.stream)) {
+        int sd = stream_device(d.stream);
+        if (sd != current_device()) { /* CUDA launches into the current device's streams only */
+            diag("kernel %s (%s:%d) launched on device %d into a stream of device %d", d.name, d.file, d.line,
+                 current_device(), sd);
+            record(cudaErrorInvalidResourceHandle);
+            return;
+        }
+        stream_wait_idle(d.stream); /* after the stream's NCCL work (not holding the launch lock) */
+    }
     std::lock_guard<std::mutex> lk(g_launch_mutex);
     if (sticky_error() != cudaSuccess) {
         record(sticky_error());

@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 #include <stddef.h>
 
+#include <mutex>
+
 namespace emu {
 
 /* The device's limits (an H200, sm_90). */
@@ -34,6 +36,45 @@ size_t func_max_dynamic_smem(const void *func);
 /* 1 for the streams this runtime knows: 0 (the legacy default stream),
  * cudaStreamLegacy, cudaStreamPerThread. */
 bool stream_ok(cudaStream_t s);
+
+/* The device a stream (or, cast, an event) was made on; the legacy
+ * stream's is the calling thread's current device; -1 if not alive. */
+int stream_device(cudaStream_t s);
+
+/* Work a stream holds besides kernels, copies and sets (which are done as
+ * they are queued): the emulated NCCL's operations (nccl.cpp). While one
+ * is queued the stream is busy: cudaStreamQuery says cudaErrorNotReady, an
+ * event recorded after it is not complete, and a later kernel, copy, set
+ * or cuBLASLt call on the stream first waits (the calling thread blocks)
+ * until the queue is empty. */
+struct Async {
+    virtual ~Async() {}
+    /* Called under async_mutex() once it is the first of its stream's
+     * queue; it, or whoever finishes it later, calls async_done. */
+    virtual void start() = 0;
+    bool started = false;
+};
+
+/* The lock of the streams' queues, their events, and the NCCL
+ * emulation's state. */
+std::mutex &async_mutex();
+
+/* Under async_mutex: appends a (owned from now on) to s's queue, starting
+ * it if it is first. */
+void async_enqueue(cudaStream_t s, Async *a);
+
+/* Under async_mutex: a, the first of s's queue, is done: it is deleted,
+ * the next one started, and the threads waiting for the queue woken. */
+void async_done(cudaStream_t s, Async *a);
+
+/* Not under async_mutex: blocks until s's queue is empty (what a kernel,
+ * copy or set on s does before it runs). */
+void stream_wait_idle(cudaStream_t s);
+
+/* The calling thread's device (cudaSetDevice), and how many there are
+ * (MESH_EMU_GPUS, 1 to 8; default 1). */
+int current_device();
+int device_count();
 
 /* 1 when [p, p + bytes) lies inside one live device allocation. */
 bool device_range(const void *p, size_t bytes);

@@ -49,16 +49,26 @@ for o in "${orders[@]}"; do
     esac
     run "gpu_tests, threads $o" env OPENBLAS_NUM_THREADS=1 EMU_ORDER="$o" "$B/gpu_tests_emu"
 done
-# the executor's GPU path (unit_tests_emu, when built): the unit tests
-# that need a GPU; one that skips fails. (parallel_cuda_ranks_share_a_gpu
-# passes too but takes some 10 minutes here: run it by name.)
-if [ -x "$B/unit_tests_emu" ]; then
-    run "the executor on the GPU" env OPENBLAS_NUM_THREADS=1 "$B/unit_tests_emu" \
-        device_cuda_probe_says_why device_cuda_round_trips exec_cuda_trains_as_the_cpu
+# the executor's GPU path and the NCCL communicator (unit_tests_emu, when
+# built): the unit tests that need a GPU, or 4 (MESH_EMU_GPUS: ranks as
+# threads, a GPU each, over the emulated NCCL); one that skips fails.
+# (parallel_cuda_ranks_share_a_gpu and parallel_cuda_ranks_over_nccl pass
+# too but take many minutes here: run them by name.)
+skipped() {
     if grep -q '^SKIP' "$LAST"; then
         echo "# a GPU test skipped on the emulation"
         failed=$((failed + 1))
     fi
+}
+if [ -x "$B/unit_tests_emu" ]; then
+    run "the executor on the GPU" env OPENBLAS_NUM_THREADS=1 "$B/unit_tests_emu" \
+        device_cuda_probe_says_why device_cuda_round_trips exec_cuda_trains_as_the_cpu
+    skipped
+    run "the NCCL communicator on 4 GPUs" env MESH_EMU_GPUS=4 "$B/unit_tests_emu" \
+        comm_nccl_available_says_why comm_nccl_one_rank_calls comm_nccl_world_over_threads \
+        comm_nccl_failure_aborts_the_world comm_nccl_world_times_out_without_its_ranks \
+        comm_nccl_queue_on_its_own_world comm_nccl_ranks_over_threads comm_nccl_failed_rank_stops_the_others
+    skipped
 fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

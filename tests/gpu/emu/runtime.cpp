@@ -4,19 +4,25 @@
  * Device memory is host memory, each allocation exactly its size
  * (posix_memalign, 256-byte aligned as cudaMalloc's: AddressSanitizer
  * would see an overrun), recorded so that copies and sets check that the
- * device side lies inside one live allocation. Streams are the default
- * ones only; all work is done when the call returns. Errors are CUDA's:
+ * device side lies inside one live allocation. Kernels, copies and sets
+ * are done when the call returns; a stream may still hold the emulated
+ * NCCL's work (nccl.cpp), which later work on the stream waits for.
+ * MESH_EMU_GPUS GPUs (default 1) share the memory, as on one machine with
+ * peer access. Errors are CUDA's:
  * a per-thread last error (cudaGetLastError returns and clears it) and a
  * sticky one after a kernel fault (every later call returns it).
  */
 #include <cuda_runtime.h>
 
 #include <atomic>  /* std::atomic */
+#include <condition_variable> /* std::condition_variable: waits for a stream */
 #include <cstdarg> /* va_list */
 #include <cstdio>  /* fprintf */
 #include <cstdlib> /* posix_memalign, free */
 #include <cstring> /* memcpy, memmove, memset */
+#include <deque>   /* std::deque: a stream's queue */
 #include <map>     /* std::map */
+#include <memory>  /* std::shared_ptr */
 #include <mutex>   /* std::mutex */
 #include <set>     /* std::set */
 
@@ -33,10 +39,12 @@ thread_local cudaError_t t_last = cudaSuccess;
 
 std::mutex g_mem_mutex;
 std::map<uintptr_t, size_t> g_allocs; /* base -> bytes */
+std::map<uintptr_t, size_t> g_host;   /* cudaMallocHost's: base -> bytes */
 size_t g_alloc_bytes;
 
 std::mutex g_handle_mutex; /* the streams and events made and not destroyed */
 std::set<const void *> g_streams, g_events;
+std::map<const void *, int> g_handle_device; /* a stream's or event's device */
 
 std::mutex g_func_mutex;
 std::map<const void *, size_t> g_func_smem;
@@ -104,6 +112,15 @@ bool stream_ok(cudaStream_t s)
     return g_streams.count(s) != 0;
 }
 
+int stream_device(cudaStream_t s)
+{
+    if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread)
+        return current_device(); /* the current device's legacy stream */
+    std::lock_guard<std::mutex> lk(g_handle_mutex);
+    auto it = g_handle_device.find(s);
+    return it == g_handle_device.end() ? -1 : it->second;
+}
+
 static bool event_ok(cudaEvent_t e)
 {
     std::lock_guard<std::mutex> lk(g_handle_mutex);
@@ -139,11 +156,30 @@ using namespace emu;
 
 /* ---- device ---------------------------------------------------------------- */
 
+namespace {
+thread_local int t_device = 0;
+}
+
+int emu::current_device()
+{
+    return t_device;
+}
+
+int emu::device_count()
+{
+    static const int n = [] {
+        const char *e = getenv("MESH_EMU_GPUS");
+        int v = e ? atoi(e) : 1;
+        return v < 1 ? 1 : v > 8 ? 8 : v;
+    }();
+    return n;
+}
+
 extern "C" cudaError_t cudaGetDeviceCount(int *count)
 {
     if (!count)
         return record(cudaErrorInvalidValue);
-    *count = 1;
+    *count = device_count();
     return cudaSuccess;
 }
 
@@ -152,14 +188,17 @@ extern "C" cudaError_t cudaGetDevice(int *device)
     API_ENTER();
     if (!device)
         return record(cudaErrorInvalidValue);
-    *device = 0;
+    *device = t_device;
     return cudaSuccess;
 }
 
 extern "C" cudaError_t cudaSetDevice(int device)
 {
     API_ENTER();
-    return device == 0 ? cudaSuccess : record(cudaErrorInvalidDevice);
+    if (device < 0 || device >= device_count())
+        return record(cudaErrorInvalidDevice);
+    t_device = device;
+    return cudaSuccess;
 }
 
 extern "C" cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
@@ -167,7 +206,7 @@ extern "C" cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int 
     API_ENTER();
     if (!prop)
         return record(cudaErrorInvalidValue);
-    if (device != 0)
+    if (device < 0 || device >= device_count())
         return record(cudaErrorInvalidDevice);
     memset(prop, 0, sizeof *prop);
     snprintf(prop->name, sizeof prop->name, "NVIDIA H200 (CPU emulation, tests/gpu/emu)");
@@ -194,13 +233,138 @@ extern "C" cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int 
     return cudaSuccess;
 }
 
-extern "C" cudaError_t cudaDeviceSynchronize(void)
+/* ---- streams and events ------------------------------------------------------ */
+
+/* Kernels, copies and sets are done when their call returns; what a stream
+ * may still hold is the NCCL emulation's work (internal.h: Async), in a
+ * queue per stream. An event records how many items its stream had been
+ * given; it is complete once that many are done. */
+namespace {
+struct StreamQ {
+    std::deque<Async *> items;
+    unsigned long long given = 0, done = 0;
+    bool blocking = true; /* not cudaStreamNonBlocking: the legacy stream waits for it */
+    bool pumping = false;
+};
+
+struct EventRec {
+    std::shared_ptr<StreamQ> q; /* none: never recorded */
+    unsigned long long ticket = 0;
+};
+
+std::mutex g_async;
+std::condition_variable g_async_cv;
+std::map<cudaStream_t, std::shared_ptr<StreamQ>> g_queues; /* under g_async */
+std::map<cudaEvent_t, EventRec> g_event_recs;              /* under g_async */
+
+/* The legacy stream's three names are one queue. */
+cudaStream_t canon(cudaStream_t s)
 {
-    API_ENTER(); /* all work is done when its call returns */
-    return cudaSuccess;
+    return s == cudaStreamLegacy || s == cudaStreamPerThread ? nullptr : s;
 }
 
-/* ---- streams and events ------------------------------------------------------ */
+std::shared_ptr<StreamQ> &queue_of(cudaStream_t s)
+{
+    auto &q = g_queues[canon(s)];
+    if (!q)
+        q = std::make_shared<StreamQ>();
+    return q;
+}
+
+/* Starts the queue's first items while they finish as they start. */
+void pump(StreamQ &q)
+{
+    if (q.pumping)
+        return;
+    q.pumping = true;
+    while (!q.items.empty() && !q.items.front()->started) {
+        Async *h = q.items.front();
+        h->started = true;
+        h->start(); /* may finish (and delete) h at once */
+    }
+    q.pumping = false;
+}
+
+bool idle(cudaStream_t s)
+{
+    auto it = g_queues.find(canon(s));
+    return it == g_queues.end() || it->second->items.empty();
+}
+
+bool event_done(const EventRec &r)
+{
+    return !r.q || r.q->done >= r.ticket;
+}
+
+/* Not under g_async: waits until the event is complete. */
+void event_wait(cudaEvent_t e)
+{
+    std::unique_lock<std::mutex> lk(g_async);
+    g_async_cv.wait(lk, [e] {
+        auto it = g_event_recs.find(e);
+        return it == g_event_recs.end() || event_done(it->second);
+    });
+}
+} /* namespace */
+
+std::mutex &emu::async_mutex()
+{
+    return g_async;
+}
+
+void emu::async_enqueue(cudaStream_t s, Async *a)
+{
+    StreamQ &q = *queue_of(s);
+    q.items.push_back(a);
+    q.given++;
+    pump(q);
+}
+
+void emu::async_done(cudaStream_t s, Async *a)
+{
+    StreamQ &q = *queue_of(s);
+    if (q.items.empty() || q.items.front() != a) {
+        diag("internal: an asynchronous operation finished out of its stream's order");
+        abort();
+    }
+    q.items.pop_front();
+    q.done++;
+    delete a;
+    pump(q);
+    g_async_cv.notify_all();
+}
+
+void emu::stream_wait_idle(cudaStream_t s)
+{
+    std::unique_lock<std::mutex> lk(g_async);
+    g_async_cv.wait(lk, [s] { return idle(s); });
+}
+
+/* The legacy stream's synchronous calls wait for it and for every blocking
+ * stream (not for cudaStreamNonBlocking ones), as CUDA's do. */
+static void legacy_wait()
+{
+    std::unique_lock<std::mutex> lk(g_async);
+    g_async_cv.wait(lk, [] {
+        for (auto &kv : g_queues)
+            if ((kv.first == nullptr || kv.second->blocking) && !kv.second->items.empty())
+                return false;
+        return true;
+    });
+}
+
+extern "C" cudaError_t cudaDeviceSynchronize(void)
+{
+    API_ENTER();
+    std::unique_lock<std::mutex> lk(g_async);
+    g_async_cv.wait(lk, [] {
+        for (auto &kv : g_queues)
+            if (!kv.second->items.empty())
+                return false;
+        return true;
+    });
+    return cudaSuccess;
+}
 
 namespace {
 /* A new handle (a byte of its own: each a distinct pointer), recorded in set. */
@@ -209,6 +373,7 @@ template <class H> H make_handle(std::set<const void *> &set)
     H h = reinterpret_cast<H>(new char);
     std::lock_guard<std::mutex> lk(g_handle_mutex);
     set.insert(h);
+    g_handle_device[h] = current_device();
     return h;
 }
 
@@ -217,6 +382,7 @@ bool drop_handle(std::set<const void *> &set, const void *h)
     std::lock_guard<std::mutex> lk(g_handle_mutex);
     if (!set.erase(h))
         return false;
+    g_handle_device.erase(h);
     delete reinterpret_cast<const char *>(h);
     return true;
 }
@@ -228,33 +394,55 @@ extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned 
     if (!stream || (flags & ~(unsigned)cudaStreamNonBlocking))
         return record(cudaErrorInvalidValue);
     *stream = make_handle<cudaStream_t>(g_streams);
+    std::lock_guard<std::mutex> lk(g_async);
+    queue_of(*stream)->blocking = !(flags & cudaStreamNonBlocking);
     return cudaSuccess;
 }
 
+/* CUDA lets a stream go with work queued (its resources are released once
+ * the work is done); here the call waits for that work. */
 extern "C" cudaError_t cudaStreamDestroy(cudaStream_t stream)
 {
     API_ENTER();
-    return stream && drop_handle(g_streams, stream) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+    if (!stream || !stream_ok(stream))
+        return record(cudaErrorInvalidResourceHandle);
+    stream_wait_idle(stream);
+    {
+        std::lock_guard<std::mutex> lk(g_async);
+        g_queues.erase(stream);
+    }
+    return drop_handle(g_streams, stream) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
 }
 
 extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
     API_ENTER();
-    return stream_ok(stream) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+    if (!stream_ok(stream))
+        return record(cudaErrorInvalidResourceHandle);
+    stream_wait_idle(stream);
+    return cudaSuccess;
 }
 
 extern "C" cudaError_t cudaStreamQuery(cudaStream_t stream)
 {
-    API_ENTER(); /* idle: its work was done as it was queued */
-    return stream_ok(stream) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+    API_ENTER();
+    if (!stream_ok(stream))
+        return record(cudaErrorInvalidResourceHandle);
+    std::lock_guard<std::mutex> lk(g_async);
+    return idle(stream) ? cudaSuccess : cudaErrorNotReady; /* (not an error: not recorded) */
 }
 
+/* The stream's later work waits for the event: here the calling thread
+ * waits, since the stream's later work runs as it is queued. */
 extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
 {
     API_ENTER();
     if (!stream_ok(stream) || !event_ok(event))
         return record(cudaErrorInvalidResourceHandle);
-    return flags == 0 ? cudaSuccess : record(cudaErrorInvalidValue);
+    if (flags != 0)
+        return record(cudaErrorInvalidValue);
+    event_wait(event);
+    return cudaSuccess;
 }
 
 extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
@@ -269,24 +457,47 @@ extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int
 extern "C" cudaError_t cudaEventDestroy(cudaEvent_t event)
 {
     API_ENTER();
-    return event && drop_handle(g_events, event) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+    if (!event || !drop_handle(g_events, event))
+        return record(cudaErrorInvalidResourceHandle);
+    std::lock_guard<std::mutex> lk(g_async);
+    g_event_recs.erase(event);
+    return cudaSuccess;
 }
 
 extern "C" cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 {
     API_ENTER();
-    return event_ok(event) && stream_ok(stream) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+    if (!event_ok(event) || !stream_ok(stream))
+        return record(cudaErrorInvalidResourceHandle);
+    int ed = stream_device(reinterpret_cast<cudaStream_t>(event)), sd = stream_device(stream);
+    if (ed != sd) { /* CUDA: "event and stream must be on the same device" */
+        diag("cudaEventRecord: an event of device %d on a stream of device %d", ed, sd);
+        return record(cudaErrorInvalidResourceHandle);
+    }
+    std::lock_guard<std::mutex> lk(g_async);
+    EventRec &r = g_event_recs[event];
+    r.q = queue_of(stream);
+    r.ticket = r.q->given;
+    return cudaSuccess;
 }
 
 extern "C" cudaError_t cudaEventQuery(cudaEvent_t event)
 {
-    API_ENTER(); /* complete: the work before it is done */
-    return event_ok(event) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+    API_ENTER();
+    if (!event_ok(event))
+        return record(cudaErrorInvalidResourceHandle);
+    std::lock_guard<std::mutex> lk(g_async);
+    auto it = g_event_recs.find(event);
+    return it == g_event_recs.end() || event_done(it->second) ? cudaSuccess : cudaErrorNotReady;
 }
 
 extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t event)
 {
-    return cudaEventQuery(event);
+    API_ENTER();
+    if (!event_ok(event))
+        return record(cudaErrorInvalidResourceHandle);
+    event_wait(event);
+    return cudaSuccess;
 }
 
 /* ---- errors ---------------------------------------------------------------- */
@@ -403,6 +614,41 @@ extern "C" cudaError_t cudaFree(void *devPtr)
     return cudaSuccess;
 }
 
+/* Page-locked host memory: malloc's, recorded so that
+ * cudaPointerGetAttributes calls it host memory CUDA knows. */
+extern "C" cudaError_t cudaMallocHost(void **ptr, size_t size)
+{
+    API_ENTER();
+    if (!ptr)
+        return record(cudaErrorInvalidValue);
+    *ptr = nullptr;
+    if (size == 0)
+        return cudaSuccess;
+    void *p = malloc(size);
+    if (!p)
+        return record(cudaErrorMemoryAllocation);
+    std::lock_guard<std::mutex> lk(g_mem_mutex);
+    g_host[(uintptr_t)p] = size;
+    *ptr = p;
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaFreeHost(void *ptr)
+{
+    API_ENTER();
+    if (!ptr)
+        return cudaSuccess;
+    {
+        std::lock_guard<std::mutex> lk(g_mem_mutex);
+        if (!g_host.erase((uintptr_t)ptr)) {
+            diag("cudaFreeHost(%p): not from cudaMallocHost", ptr);
+            return record(cudaErrorInvalidValue);
+        }
+    }
+    free(ptr);
+    return cudaSuccess;
+}
+
 extern "C" cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t stream)
 {
     API_ENTER();
@@ -420,6 +666,7 @@ extern "C" cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream)
         return record(cudaErrorInvalidResourceHandle);
     if (!devPtr) /* CUDA refuses a null pointer here */
         return record(cudaErrorInvalidValue);
+    stream_wait_idle(stream); /* freed in the stream's order */
     return cudaFree(devPtr);
 }
 
@@ -463,6 +710,7 @@ extern "C" cudaError_t cudaMemcpy(void *dst, const void *src, size_t count,
     cudaError_t e = copy_check(dst, src, count, kind, "cudaMemcpy");
     if (e != cudaSuccess || count == 0)
         return e;
+    legacy_wait();
     memmove(dst, src, count);
     return cudaSuccess;
 }
@@ -481,6 +729,7 @@ extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
         diag("cudaMemcpyAsync(%p, %p, %zu): the memory areas overlap", dst, src, count);
         return record(cudaErrorInvalidValue);
     }
+    stream_wait_idle(stream);
     memcpy(dst, src, count);
     return cudaSuccess;
 }
@@ -494,6 +743,7 @@ extern "C" cudaError_t cudaMemset(void *devPtr, int value, size_t count)
         diag("cudaMemset: [%p, +%zu) is not inside a device allocation", devPtr, count);
         return record(cudaErrorInvalidValue);
     }
+    legacy_wait();
     memset(devPtr, value, count);
     return cudaSuccess;
 }
@@ -504,7 +754,15 @@ extern "C" cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count,
     API_ENTER();
     if (!stream_ok(stream))
         return record(cudaErrorInvalidResourceHandle);
-    return cudaMemset(devPtr, value, count);
+    if (count == 0)
+        return cudaSuccess;
+    if (!device_range(devPtr, count)) {
+        diag("cudaMemsetAsync: [%p, +%zu) is not inside a device allocation", devPtr, count);
+        return record(cudaErrorInvalidValue);
+    }
+    stream_wait_idle(stream);
+    memset(devPtr, value, count);
+    return cudaSuccess;
 }
 
 extern "C" cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
@@ -527,9 +785,18 @@ extern "C" cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *at
     if (!attributes)
         return record(cudaErrorInvalidValue);
     memset(attributes, 0, sizeof *attributes);
+    bool pinned = false;
+    {
+        std::lock_guard<std::mutex> lk(g_mem_mutex);
+        auto it = g_host.upper_bound((uintptr_t)ptr);
+        pinned = it != g_host.begin() && (uintptr_t)ptr - (--it)->first < it->second;
+    }
     if (ptr && device_range(ptr, 1)) {
         attributes->type = cudaMemoryTypeDevice;
         attributes->devicePointer = const_cast<void *>(ptr);
+    } else if (ptr && pinned) {
+        attributes->type = cudaMemoryTypeHost;
+        attributes->hostPointer = const_cast<void *>(ptr);
     } else {
         attributes->type = cudaMemoryTypeUnregistered;
         attributes->device = -2;
@@ -544,7 +811,7 @@ extern "C" cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *memPool, int d
     API_ENTER();
     if (!memPool)
         return record(cudaErrorInvalidValue);
-    if (device != 0)
+    if (device < 0 || device >= device_count())
         return record(cudaErrorInvalidDevice);
     *memPool = reinterpret_cast<cudaMemPool_t>(&g_pool);
     return cudaSuccess;
@@ -602,7 +869,10 @@ extern "C" cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttri
 cudaError_t emu::cub_enter(cudaStream_t stream)
 {
     API_ENTER();
-    return stream_ok(stream) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+    if (!stream_ok(stream))
+        return record(cudaErrorInvalidResourceHandle);
+    stream_wait_idle(stream);
+    return cudaSuccess;
 }
 
 bool emu::cub_device(const void *p, size_t bytes, const char *what)
