@@ -464,7 +464,8 @@ $(EMU_OBJ)/emu/exec.o: EMU_SAN = $(if $(filter thread,$(SAN)),-DEMU_TSAN)
 # case with a block's threads run first to last, and (not under TSan, which
 # sees every unordered access anyway) last to first; one summary at the end
 gpu-emu:
-	$(MAKE) BUILD=build-emu build-emu/emu_selftest build-emu/gpu_tests_emu build-emu/unit_tests_emu
+	$(MAKE) BUILD=build-emu build-emu/emu_selftest build-emu/gpu_tests_emu build-emu/unit_tests_emu \
+	  build-emu/meshrun_emu build-emu/meshc
 	$(EMU_DIR)/run.sh build-emu forward reverse
 
 gpu-emu-tsan:
@@ -521,6 +522,15 @@ $(EMU_RT_CUDA): $(EMU_OBJ)/%.o: %.c
 $(BUILD)/unit_tests_emu: $(filter-out %/test_comm_nccl.o,$(UNIT_OBJ)) $(EMU_RT_CUDA) $(EMU_KOBJ) $(EMU_RT_OBJ) $(BUILD)/libmeshrt.a \
                          $(BUILD)/libmeshkcpu.a $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a \
                          $(BUILD)/emu-driver/libcuda.so.1
+	$(EMU_CXX) $(ALL_LDFLAGS) -pthread -o $@ $(filter %.o,$^) -Wl,--start-group $(filter %.a,$^) -Wl,--end-group \
+	  $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) -Wl,--disable-new-dtags,-rpath,'$$ORIGIN/emu-driver' $(LDLIBS)
+
+# meshrun on the emulation (the same objects as unit_tests_emu's): what a
+# user runs with --device cuda, ranks as threads over the emulated NCCL
+# (MESH_EMU_GPUS); tests/gpu/emu/meshrun.sh rehearses it.
+$(BUILD)/meshrun_emu: $(OBJ)/runtime/meshrun.o $(filter-out %/test_comm_nccl.o,$(EMU_RT_CUDA)) $(EMU_KOBJ) \
+                      $(EMU_RT_OBJ) $(BUILD)/libmeshrt.a $(BUILD)/libmeshkcpu.a $(BUILD)/libmeshcomp.a \
+                      $(BUILD)/libmeshlang.a $(BUILD)/emu-driver/libcuda.so.1
 	$(EMU_CXX) $(ALL_LDFLAGS) -pthread -o $@ $(filter %.o,$^) -Wl,--start-group $(filter %.a,$^) -Wl,--end-group \
 	  $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) -Wl,--disable-new-dtags,-rpath,'$$ORIGIN/emu-driver' $(LDLIBS)
 

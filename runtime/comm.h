@@ -272,6 +272,16 @@ comm *comm_nccl_world_mpi(comm *boot, int device, double timeout_s, char *err, s
  * NCCL handle. */
 int comm_nccl_set_elements(comm *c, int type);
 
+/* The sends c's world deferred (comm_nccl.c: an NCCL send is issued at
+ * the rank's next call) go out now, and the call returns once they are
+ * received. For the end of a pipeline's schedule, whose last send would
+ * otherwise wait for a later NCCL call while the receiver waits for it
+ * (the rank's next collective being on the host world, as an evaluation's
+ * loss sum is). Not collective. Returns 0 (nothing done for a handle of
+ * another backend, whose sends are eager), or -1 with the reason in
+ * c->error (the world aborted). */
+int comm_nccl_flush(comm *c);
+
 /* Makes c, a fresh split with nothing in flight, an NCCL world of its own,
  * so that a thread other than the one using the rest of the world may use
  * it (NCCL's groups, and this backend's deferred sends, are one thread's):

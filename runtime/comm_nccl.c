@@ -1064,6 +1064,15 @@ int comm_nccl_set_elements(comm *c, int type)
     return 0;
 }
 
+int comm_nccl_flush(comm *c)
+{
+    c = c ? (comm *)(uintptr_t)comm_checked_inner(c) : NULL;
+    if (!c || c->v != &nccl_vtbl) return 0;
+    ncomm *m = (ncomm *)c;
+    if (dead(m, "flush") != 0) return -1;
+    return m->w->group ? 0 : flush_sends(m, "flush"); /* in a group: its end issues them */
+}
+
 int comm_nccl_own_thread(comm *c)
 {
     if (!c || c->v != &nccl_vtbl) return 0;
@@ -1122,6 +1131,12 @@ int comm_nccl_set_elements(comm *c, int type)
 int comm_nccl_own_thread(comm *c)
 {
     (void)c; /* no NCCL handle exists in this build */
+    return 0;
+}
+
+int comm_nccl_flush(comm *c)
+{
+    (void)c;
     return 0;
 }
 

@@ -379,6 +379,18 @@ static int pipe_transfer(mesh__exec *ex, int grad, int send)
     return 0;
 }
 
+/* The stage's last transfer goes out before what follows the schedule: an
+ * NCCL send waits for the rank's next NCCL call (comm_nccl_flush), and the
+ * next may be on the host world (the loss's sum), which the receiver
+ * reaches only after receiving it. Other backends' sends are eager. */
+static int pipe_flush(mesh__exec *ex)
+{
+    if (ex->p->pp == 1 || !ex->axis[2] || EXEC_COMM(ex, comm_nccl_flush(ex->axis[2])) == 0) return 0;
+    snprintf(ex->error, sizeof ex->error, "rank %d (stage %d): the schedule's last transfer: %s", ex->rank,
+             ex->stage, ex->axis[2]->error);
+    return -1;
+}
+
 /* Is an input's part (before or after the stack) run on this stage? */
 static int part_here(const mesh__exec *ex, int id)
 {
@@ -548,7 +560,7 @@ int mesh__exec_forward(mesh__exec *ex, const int32_t *inputs, const int32_t *tar
         if (forward(ex, inputs, targets) != 0) return -2;
     }
     exec__set_chunk(ex, ex->stage);
-    if (exec__loss_take(ex, loss) != 0) return -2;
+    if (pipe_flush(ex) != 0 || exec__loss_take(ex, loss) != 0) return -2;
     /* the last chunk has the loss: every stage gets it */
     return exec__sum_doubles(ex, ex->axis[2], loss, 1) == 0 ? 0 : -2;
 }
@@ -615,7 +627,7 @@ static int run_units(mesh__exec *ex, const int32_t *inputs, const int32_t *targe
             ex->slot_busy[ex->slot] = 0;
         }
     }
-    return exec__loss_take(ex, loss);
+    return pipe_flush(ex) != 0 ? -1 : exec__loss_take(ex, loss);
 }
 
 /* x[k] <- the sum over the group's ranks q, in rank order, of the double

@@ -70,5 +70,9 @@ if [ -x "$B/unit_tests_emu" ]; then
         comm_nccl_queue_on_its_own_world comm_nccl_ranks_over_threads comm_nccl_failed_rank_stops_the_others
     skipped
 fi
+# meshrun --device cuda on 4 GPUs (tp 2 x pp 2 over NCCL), as a user runs it
+if [ -x "$B/meshrun_emu" ] && [ -x "$B/meshc" ]; then
+    run "meshrun on 4 GPUs" bash "$(dirname "$0")/meshrun.sh" "$B"
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
