@@ -469,8 +469,9 @@ gpu-emu:
 	$(EMU_DIR)/run.sh build-emu forward reverse
 
 gpu-emu-tsan:
-	$(MAKE) BUILD=build-emu/tsan SAN=thread build-emu/tsan/emu_selftest build-emu/tsan/gpu_tests_emu
-	TSAN_OPTIONS="halt_on_error=1 exitcode=66" $(EMU_DIR)/run.sh build-emu/tsan forward
+	$(MAKE) BUILD=build-emu/tsan SAN=thread build-emu/tsan/emu_selftest build-emu/tsan/gpu_tests_emu \
+	  build-emu/tsan/unit_tests_emu
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" EMU_TSAN=1 $(EMU_DIR)/run.sh build-emu/tsan forward
 
 $(EMU_GEN)/%: % $(EMU_DIR)/launch_rewrite.py
 	@mkdir -p $(@D)

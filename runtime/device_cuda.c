@@ -33,7 +33,25 @@ static void clear(char *s, size_t n)
 
 #include <cuda_runtime.h> /* cudaMalloc, cudaMemcpyAsync, cudaStream_t, cudaEvent_t */
 #include <dlfcn.h>        /* dlopen: the driver probe */
+#include <pthread.h>      /* pthread_once: the driver probed once */
 #include <string.h>       /* memset */
+
+/* Whether the driver loads, asked once a process (ranks as threads probe
+ * together: their dlopen and dlclose would each take the loader's lock for
+ * nothing): "" if it does, else why not. */
+static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
+static char driver_why[256];
+
+static void driver_probe(void)
+{
+    void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (!driver) {
+        const char *e = dlerror();
+        snprintf(driver_why, sizeof driver_why, "no CUDA driver (%s)", e ? e : "libcuda.so.1 not found");
+        return;
+    }
+    dlclose(driver);
+}
 
 int dev_cuda_probe(char *why, size_t n, char *name, size_t name_n)
 {
@@ -44,13 +62,11 @@ int dev_cuda_probe(char *why, size_t n, char *name, size_t name_n)
     why[0] = '\0';
     /* the cheapest probe: without the driver, cudart would say the same,
      * more slowly */
-    void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-    if (!driver) {
-        const char *e = dlerror();
-        snprintf(why, n, "no CUDA driver (%s)", e ? e : "libcuda.so.1 not found");
+    pthread_once(&driver_once, driver_probe);
+    if (driver_why[0]) {
+        snprintf(why, n, "%s", driver_why);
         return 0;
     }
-    dlclose(driver);
     cudaError_t rc = cudaGetDeviceCount(&count);
     if (rc != cudaSuccess) { /* 35: no driver, 34: the stub as the driver, 100: no device */
         (void)cudaGetLastError();

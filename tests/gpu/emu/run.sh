@@ -61,9 +61,11 @@ skipped() {
     fi
 }
 if [ -x "$B/unit_tests_emu" ]; then
-    run "the executor on the GPU" env OPENBLAS_NUM_THREADS=1 "$B/unit_tests_emu" \
-        device_cuda_probe_says_why device_cuda_round_trips exec_cuda_trains_as_the_cpu
-    skipped
+    if [ "${EMU_TSAN:-0}" != 1 ]; then # (under TSan: NCCL's tests alone; the executor's take too long)
+        run "the executor on the GPU" env OPENBLAS_NUM_THREADS=1 "$B/unit_tests_emu" \
+            device_cuda_probe_says_why device_cuda_round_trips exec_cuda_trains_as_the_cpu
+        skipped
+    fi
     run "the NCCL communicator on 4 GPUs" env MESH_EMU_GPUS=4 "$B/unit_tests_emu" \
         comm_nccl_available_says_why comm_nccl_one_rank_calls comm_nccl_world_over_threads \
         comm_nccl_failure_aborts_the_world comm_nccl_world_times_out_without_its_ranks \
@@ -71,7 +73,7 @@ if [ -x "$B/unit_tests_emu" ]; then
     skipped
 fi
 # meshrun --device cuda on 4 GPUs (tp 2 x pp 2 over NCCL), as a user runs it
-if [ -x "$B/meshrun_emu" ] && [ -x "$B/meshc" ]; then
+if [ -x "$B/meshrun_emu" ] && [ -x "$B/meshc" ] && [ "${EMU_TSAN:-0}" != 1 ]; then
     run "meshrun on 4 GPUs" bash "$(dirname "$0")/meshrun.sh" "$B"
 fi
 echo "$passed passed, $failed failed"
