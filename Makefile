@@ -440,8 +440,10 @@ $(BUILD)/mpi_tests: $(MPI_TEST_OBJ) $(OBJ)/tests/unit/comm_cases.o $(BUILD)/libm
 # with cuda_runtime.h force-included as nvcc does; linked with gpu_tests.c
 # and the CPU reference. Every case runs, in fp32, bf16 and fp16; the
 # output ends with `N passed, N failed` (tests/gpu/emu/README.md).
-#   make gpu-emu        build in build-emu/ and run (-j2 builds in parallel)
-#   make gpu-emu-tsan   the same under ThreadSanitizer, in build-emu/tsan/
+#   make gpu-emu        build in $(EMU_BUILD) (build/, beside `make test`'s
+#                       objects, which it shares) and run (-j2 builds in parallel)
+#   make gpu-emu-tsan   the same under ThreadSanitizer, in $(EMU_TSAN_BUILD)
+#                       (build-tsan/, sharing `make tsan`'s)
 # The emulator's own machinery (exec.cpp: fibers, barriers) is not
 # instrumented; under TSan it tells ThreadSanitizer exactly the
 # happens-before edges CUDA promises (-DEMU_TSAN).
@@ -463,15 +465,15 @@ $(EMU_OBJ)/emu/exec.o: EMU_SAN = $(if $(filter thread,$(SAN)),-DEMU_TSAN)
 # tests/gpu/emu/run.sh: the emulator's self-tests (selftest.cu), then every
 # case with a block's threads run first to last, and (not under TSan, which
 # sees every unordered access anyway) last to first; one summary at the end
+EMU_BUILD      ?= build
+EMU_TSAN_BUILD ?= build-tsan
 gpu-emu:
-	$(MAKE) BUILD=build-emu build-emu/emu_selftest build-emu/gpu_tests_emu build-emu/unit_tests_emu \
-	  build-emu/meshrun_emu build-emu/meshc
-	$(EMU_DIR)/run.sh build-emu forward reverse
+	$(MAKE) BUILD=$(EMU_BUILD) $(addprefix $(EMU_BUILD)/,emu_selftest gpu_tests_emu unit_tests_emu meshrun_emu meshc)
+	$(EMU_DIR)/run.sh $(EMU_BUILD) forward reverse
 
 gpu-emu-tsan:
-	$(MAKE) BUILD=build-emu/tsan SAN=thread build-emu/tsan/emu_selftest build-emu/tsan/gpu_tests_emu \
-	  build-emu/tsan/unit_tests_emu
-	TSAN_OPTIONS="halt_on_error=1 exitcode=66" EMU_TSAN=1 $(EMU_DIR)/run.sh build-emu/tsan forward
+	$(MAKE) BUILD=$(EMU_TSAN_BUILD) SAN=thread $(addprefix $(EMU_TSAN_BUILD)/,emu_selftest gpu_tests_emu unit_tests_emu)
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" EMU_TSAN=1 $(EMU_DIR)/run.sh $(EMU_TSAN_BUILD) forward
 
 $(EMU_GEN)/%: % $(EMU_DIR)/launch_rewrite.py
 	@mkdir -p $(@D)

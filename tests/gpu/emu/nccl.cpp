@@ -11,7 +11,10 @@
  *  - Non-blocking communicators (config.blocking = 0): init and split
  *    return ncclInProgress and ncclCommGetAsyncError says ncclInProgress
  *    until the world is formed; after a launch it says ncclInProgress once
- *    more (the enqueue), then ncclSuccess or an error.
+ *    more (the enqueue), then ncclSuccess or an error. As NCCL requires, a
+ *    communicator whose call returned ncclInProgress takes no other call
+ *    (but ncclCommGetAsyncError, ncclGetLastError, ncclCommAbort) until its
+ *    state has been seen to be ncclSuccess: ncclInvalidUsage.
  *  - Groups (ncclGroupStart/End, nested, per thread): the outermost end
  *    launches the group's operations; those on one stream go as one item
  *    of the stream's queue (internal.h: Async), so that a group's sends and
@@ -68,7 +71,8 @@ struct ncclComm {
     bool blocking = true;
     ncclResult_t state = ncclInProgress; /* InProgress until formed; then Success or an error */
     int splitting = 0;                   /* splits of it not yet formed */
-    bool enqueue_poll = false;           /* the next GetAsyncError says InProgress (the enqueue) */
+    bool launching = false; /* a non-blocking launch said ncclInProgress: until GetAsyncError says ncclSuccess */
+    int launch_polls = 0;   /* GetAsyncError's ncclInProgress answers left (the enqueue) */
     bool finalizing = false;
     unsigned long long colls = 0, splits = 0;
     std::map<int, unsigned long long> sent, received; /* per peer */
@@ -464,6 +468,12 @@ ncclResult_t usable(ncclComm *c, const char *call)
                    call, (void *)c);
     if (c->state == ncclInProgress || c->splitting)
         return say(c, ncclInvalidUsage, "%s on a communicator still being made", call);
+    /* NCCL: after ncclInProgress, poll the state until ncclSuccess before any other call */
+    if (c->launching && c->state == ncclSuccess)
+        return say(c, ncclInvalidUsage,
+                   "%s on rank %d's communicator while its last launch is in progress (ncclCommGetAsyncError "
+                   "has not said ncclSuccess since it returned ncclInProgress)",
+                   call, c->rank);
     return c->state;
 }
 
@@ -534,7 +544,10 @@ ncclResult_t launch(std::vector<Op *> &ops)
         it->ops.push_back(op);
         it->left++;
         op->c->live.insert(op);
-        op->c->enqueue_poll = !op->c->blocking;
+        if (!op->c->blocking) {
+            op->c->launching = true;
+            op->c->launch_polls = 1;
+        }
         nonblocking |= !op->c->blocking;
     }
     ops.clear();
@@ -753,9 +766,12 @@ extern "C" ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asy
         *asyncError = comm->state;
     else if (comm->splitting || (comm->finalizing && !comm->live.empty()))
         *asyncError = ncclInProgress;
-    else if (comm->enqueue_poll) {
-        comm->enqueue_poll = false;
+    else if (comm->launching && comm->launch_polls > 0) {
+        comm->launch_polls--;
         *asyncError = ncclInProgress;
+    } else if (comm->launching) {
+        comm->launching = false;
+        *asyncError = ncclSuccess;
     } else
         *asyncError = ncclSuccess;
     if (*asyncError == ncclSuccess && emu::sticky_error() != cudaSuccess)
@@ -769,6 +785,8 @@ extern "C" ncclResult_t ncclCommFinalize(ncclComm_t comm)
     if (!g_comms.count(comm))
         return say(nullptr, ncclInvalidArgument, "ncclCommFinalize on communicator %p, which is not alive",
                    (void *)comm);
+    if (comm->launching && comm->state == ncclSuccess)
+        return say(comm, ncclInvalidUsage, "ncclCommFinalize while the communicator's last launch is in progress");
     comm->finalizing = true;
     if (comm->live.empty())
         return ncclSuccess;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/gpu/emu/run.sh BUILD [ORDER...]: the CUDA kernels' tests on the CPU
-# emulation, as `make gpu-emu` (BUILD=build-emu) and `make gpu-emu-tsan`
-# (BUILD=build-emu/tsan) run them: the emulator's self-tests
+# emulation, as `make gpu-emu` (BUILD=build) and `make gpu-emu-tsan`
+# (BUILD=build-tsan) run them: the emulator's self-tests
 # (BUILD/emu_selftest), then every case of tests/gpu/gpu_tests.c
 # (BUILD/gpu_tests_emu) once per ORDER, the order in which a block's threads
 # run between barriers: forward (first to last) and/or reverse (default:
