@@ -121,7 +121,6 @@ struct World {
     struct Split {
         std::vector<int> color, key;
         std::vector<ncclComm *> child;
-        std::vector<bool> came;
         int arrived = 0;
     };
     std::map<unsigned long long, Split> splits;
@@ -460,12 +459,20 @@ void drop(ncclComm *c)
     delete c;
 }
 
+/* 0 when c is a communicator not destroyed nor aborted. */
+ncclResult_t alive(ncclComm *c, const char *call)
+{
+    if (g_comms.count(c))
+        return ncclSuccess;
+    return say(nullptr, ncclInvalidArgument, "%s on communicator %p, which is not alive (destroyed or aborted)", call,
+               (void *)c);
+}
+
 /* 0 when c may take work. */
 ncclResult_t usable(ncclComm *c, const char *call)
 {
-    if (!g_comms.count(c))
-        return say(nullptr, ncclInvalidArgument, "%s on communicator %p, which is not alive (destroyed or aborted)",
-                   call, (void *)c);
+    if (alive(c, call) != ncclSuccess)
+        return ncclInvalidArgument;
     if (c->state == ncclInProgress || c->splitting)
         return say(c, ncclInvalidUsage, "%s on a communicator still being made", call);
     /* NCCL: after ncclInProgress, poll the state until ncclSuccess before any other call */
@@ -595,14 +602,13 @@ void form_split(World *w, World::Split &sp)
             return sp.key[(size_t)a] != sp.key[(size_t)b] ? sp.key[(size_t)a] < sp.key[(size_t)b] : a < b;
         });
         World *nw = new World;
-        nw->n = (int)ranks.size();
         nw->formed = true;
-        for (size_t i = 0; i < ranks.size(); i++) {
-            ncclComm *child = sp.child[(size_t)ranks[i]];
-            if (!child)
+        for (int r : ranks) {
+            ncclComm *child = sp.child[(size_t)r];
+            if (!g_comms.count(child))
                 continue; /* aborted while forming */
             child->w = nw;
-            child->rank = (int)i;
+            child->rank = (int)nw->members.size();
             child->state = ncclSuccess;
             nw->members.push_back(child);
             nw->alive++;
@@ -724,15 +730,13 @@ extern "C" ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclC
         return say(comm, ncclInvalidArgument, "ncclCommSplit: color %d", color);
     World *w = comm->w;
     World::Split &sp = w->splits[comm->splits++];
-    if (sp.came.empty()) {
+    if (sp.color.empty()) {
         sp.color.assign((size_t)w->n, NCCL_SPLIT_NOCOLOR);
         sp.key.assign((size_t)w->n, 0);
         sp.child.assign((size_t)w->n, nullptr);
-        sp.came.assign((size_t)w->n, false);
     }
     sp.color[(size_t)comm->rank] = color;
     sp.key[(size_t)comm->rank] = key;
-    sp.came[(size_t)comm->rank] = true;
     if (color != NCCL_SPLIT_NOCOLOR) {
         ncclComm *child = new ncclComm;
         child->device = comm->device;
@@ -759,9 +763,8 @@ extern "C" ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asy
     if (!asyncError)
         return ncclInvalidArgument;
     Lock lk(emu::async_mutex());
-    if (!g_comms.count(comm))
-        return say(nullptr, ncclInvalidArgument, "ncclCommGetAsyncError on communicator %p, which is not alive",
-                   (void *)comm);
+    if (alive(comm, "ncclCommGetAsyncError") != ncclSuccess)
+        return ncclInvalidArgument;
     if (comm->state != ncclSuccess)
         *asyncError = comm->state;
     else if (comm->splitting || (comm->finalizing && !comm->live.empty()))
@@ -782,9 +785,8 @@ extern "C" ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asy
 extern "C" ncclResult_t ncclCommFinalize(ncclComm_t comm)
 {
     Lock lk(emu::async_mutex());
-    if (!g_comms.count(comm))
-        return say(nullptr, ncclInvalidArgument, "ncclCommFinalize on communicator %p, which is not alive",
-                   (void *)comm);
+    if (alive(comm, "ncclCommFinalize") != ncclSuccess)
+        return ncclInvalidArgument;
     if (comm->launching && comm->state == ncclSuccess)
         return say(comm, ncclInvalidUsage, "ncclCommFinalize while the communicator's last launch is in progress");
     comm->finalizing = true;
@@ -808,9 +810,8 @@ extern "C" ncclResult_t ncclCommDestroy(ncclComm_t comm)
     if (!comm)
         return ncclSuccess;
     Lock lk(emu::async_mutex());
-    if (!g_comms.count(comm))
-        return say(nullptr, ncclInvalidArgument, "ncclCommDestroy on communicator %p, which is not alive",
-                   (void *)comm);
+    if (alive(comm, "ncclCommDestroy") != ncclSuccess)
+        return ncclInvalidArgument;
     if (!comm->live.empty())
         diag("nccl: ncclCommDestroy of rank %d with %zu operations pending (not finalized): they are ended",
              comm->rank, comm->live.size());
@@ -823,9 +824,8 @@ extern "C" ncclResult_t ncclCommAbort(ncclComm_t comm)
     if (!comm)
         return ncclSuccess;
     Lock lk(emu::async_mutex());
-    if (!g_comms.count(comm))
-        return say(nullptr, ncclInvalidArgument, "ncclCommAbort on communicator %p, which is not alive",
-                   (void *)comm);
+    if (alive(comm, "ncclCommAbort") != ncclSuccess)
+        return ncclInvalidArgument;
     drop(comm);
     return ncclSuccess;
 }

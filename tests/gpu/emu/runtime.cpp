@@ -53,11 +53,11 @@ struct CUmemPoolHandle_st_ {
     int device;
 } g_pool;
 
-/* The allocation holding [p, p + bytes), or none. */
-bool find_range(uintptr_t p, size_t bytes)
+/* Whether one allocation of `in` (base -> bytes) holds [p, p + bytes). */
+bool find_range(const std::map<uintptr_t, size_t> &in, uintptr_t p, size_t bytes)
 {
-    auto it = g_allocs.upper_bound(p);
-    if (it == g_allocs.begin())
+    auto it = in.upper_bound(p);
+    if (it == in.begin())
         return false;
     --it;
     return p >= it->first && bytes <= it->second && p - it->first <= it->second - bytes;
@@ -130,7 +130,7 @@ static bool event_ok(cudaEvent_t e)
 bool device_range(const void *p, size_t bytes)
 {
     std::lock_guard<std::mutex> lk(g_mem_mutex);
-    return find_range((uintptr_t)p, bytes);
+    return find_range(g_allocs, (uintptr_t)p, bytes);
 }
 
 void diag(const char *fmt, ...)
@@ -788,8 +788,7 @@ extern "C" cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *at
     bool pinned = false;
     {
         std::lock_guard<std::mutex> lk(g_mem_mutex);
-        auto it = g_host.upper_bound((uintptr_t)ptr);
-        pinned = it != g_host.begin() && (uintptr_t)ptr - (--it)->first < it->second;
+        pinned = find_range(g_host, (uintptr_t)ptr, 1);
     }
     if (ptr && device_range(ptr, 1)) {
         attributes->type = cudaMemoryTypeDevice;
