@@ -265,6 +265,50 @@ bool in_device(const void *p, uint64_t rows, uint64_t cols, int64_t ld, int batc
                              (size_t)(hi - lo + 1) * es);
 }
 
+/* D = fa op(A) op(B) + fb C, with the epilogue: fp32 products and sums in
+ * k order, D rounded once. */
+void product(const Problem &p, const cublasLtMatmulDescOpaque_t &d, float fa, const void *Ap,
+             const cublasLtMatrixLayoutOpaque_t &A, const void *Bp,
+             const cublasLtMatrixLayoutOpaque_t &B, float fb, const void *Cp,
+             const cublasLtMatrixLayoutOpaque_t &C, void *Dp, const cublasLtMatrixLayoutOpaque_t &D)
+{
+    uint64_t m = p.m, n = p.n, k = p.k;
+    std::vector<float> out(m * n), pre(p.aux ? m * n : 0);
+    for (int b = 0; b < p.batch; b++) {
+        size_t ao = (size_t)((int64_t)b * A.stride), bo = (size_t)((int64_t)b * B.stride);
+        size_t co = (size_t)((int64_t)b * C.stride), dof = (size_t)((int64_t)b * D.stride);
+        for (uint64_t j = 0; j < n; j++)
+            for (uint64_t i = 0; i < m; i++) {
+                float acc = 0.0f;
+                for (uint64_t q = 0; q < k; q++) {
+                    size_t ai = p.ta ? q + i * (uint64_t)A.ld : i + q * (uint64_t)A.ld;
+                    size_t bi = p.tb ? j + q * (uint64_t)B.ld : q + j * (uint64_t)B.ld;
+                    acc += load(A.type, Ap, ao + ai) * load(B.type, Bp, bo + bi);
+                }
+                float v = fa * acc;
+                if (fb != 0.0f)
+                    v += fb * load(C.type, Cp, co + i + j * (uint64_t)C.ld);
+                if (p.bias)
+                    v += load(p.bias_type, d.bias, (size_t)((int64_t)b * d.bias_stride) + i);
+                if (p.aux)
+                    pre[i + j * m] = v;
+                if (p.gelu) /* the tanh approximation */
+                    v = 0.5f * v *
+                        (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+                out[i + j * m] = v;
+            }
+        /* written after all is read: D may be C */
+        for (uint64_t j = 0; j < n; j++)
+            for (uint64_t i = 0; i < m; i++) {
+                store(D.type, Dp, dof + i + j * (uint64_t)D.ld, out[i + j * m]);
+                if (p.aux)
+                    store(p.aux_type, d.aux,
+                          (size_t)((int64_t)b * d.aux_stride) + i + j * (uint64_t)d.aux_ld,
+                          pre[i + j * m]);
+            }
+    }
+}
+
 } /* namespace */
 
 extern "C" {
@@ -572,7 +616,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
                   emu::stream_device(stream));
         return CUBLAS_STATUS_EXECUTION_FAILED;
     }
-    emu::stream_wait_idle(stream);
     /* every matrix in device memory, else the kernel would fault */
     bool ok = in_device(Ap, A->rows, A->cols, A->ld, p.batch, A->stride, ops[0].es) &&
               in_device(Bp, B->rows, B->cols, B->ld, p.batch, B->stride, ops[1].es) &&
@@ -588,41 +631,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
         emu::set_sticky(cudaErrorIllegalAddress);
         return CUBLAS_STATUS_SUCCESS; /* the fault shows at the next call */
     }
-    uint64_t m = p.m, n = p.n, k = p.k;
-    std::vector<float> out(m * n), pre(p.aux ? m * n : 0);
-    for (int b = 0; b < p.batch; b++) {
-        size_t ao = (size_t)((int64_t)b * A->stride), bo = (size_t)((int64_t)b * B->stride);
-        size_t co = (size_t)((int64_t)b * C->stride), dof = (size_t)((int64_t)b * D->stride);
-        for (uint64_t j = 0; j < n; j++)
-            for (uint64_t i = 0; i < m; i++) {
-                float acc = 0.0f;
-                for (uint64_t q = 0; q < k; q++) {
-                    size_t ai = p.ta ? q + i * (uint64_t)A->ld : i + q * (uint64_t)A->ld;
-                    size_t bi = p.tb ? j + q * (uint64_t)B->ld : q + j * (uint64_t)B->ld;
-                    acc += load(A->type, Ap, ao + ai) * load(B->type, Bp, bo + bi);
-                }
-                float v = fa * acc;
-                if (fb != 0.0f)
-                    v += fb * load(C->type, Cp, co + i + j * (uint64_t)C->ld);
-                if (p.bias)
-                    v += load(p.bias_type, d->bias, (size_t)((int64_t)b * d->bias_stride) + i);
-                if (p.aux)
-                    pre[i + j * m] = v;
-                if (p.gelu) /* the tanh approximation */
-                    v = 0.5f * v *
-                        (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
-                out[i + j * m] = v;
-            }
-        /* written after all is read: D may be C */
-        for (uint64_t j = 0; j < n; j++)
-            for (uint64_t i = 0; i < m; i++) {
-                store(D->type, Dp, dof + i + j * (uint64_t)D->ld, out[i + j * m]);
-                if (p.aux)
-                    store(p.aux_type, d->aux,
-                          (size_t)((int64_t)b * d->aux_stride) + i + j * (uint64_t)d->aux_ld,
-                          pre[i + j * m]);
-            }
-    }
+    /* the product, in the stream's order: what it reads, copied */
+    const cublasLtMatrixLayoutOpaque_t LA = *A, LB = *B, LC = *C, LD = *D;
+    const cublasLtMatmulDescOpaque_t dd = *d;
+    emu::stream_run(stream, [=] { product(p, dd, fa, Ap, LA, Bp, LB, fb, Cp, LC, Dp, LD); });
     return CUBLAS_STATUS_SUCCESS;
 }
 

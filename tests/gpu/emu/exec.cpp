@@ -793,28 +793,14 @@ cudaError_t check_config(const LaunchDesc &d)
 
 /* ---- the interface (emu/device.h) ------------------------------------------ */
 
-void launch(const LaunchDesc &d)
+namespace {
+/* Runs a checked launch's blocks (in its stream's order); false if it
+ * faulted (or an earlier kernel had). */
+bool run_launch(const LaunchDesc &d)
 {
-    if (stream_ok(d.stream)) {
-        int sd = stream_device(d.stream);
-        if (sd != current_device()) { /* CUDA launches into the current device's streams only */
-            diag("kernel %s (%s:%d) launched on device %d into a stream of device %d", d.name, d.file, d.line,
-                 current_device(), sd);
-            record(cudaErrorInvalidResourceHandle);
-            return;
-        }
-        stream_wait_idle(d.stream); /* after the stream's NCCL work (not holding the launch lock) */
-    }
     std::lock_guard<std::mutex> lk(g_launch_mutex);
-    if (sticky_error() != cudaSuccess) {
-        record(sticky_error());
-        return;
-    }
-    cudaError_t e = check_config(d);
-    if (e != cudaSuccess) {
-        record(e);
-        return;
-    }
+    if (sticky_error() != cudaSuccess)
+        return false; /* the device stopped at an earlier fault */
     start_runners();
     Job j;
     j.d = &d;
@@ -838,6 +824,32 @@ void launch(const LaunchDesc &d)
         diag("kernel %s (%s:%d) failed: %s [%s]", d.name, d.file, d.line, j.msg.c_str(),
              cudaGetErrorName(j.err));
     }
+    return !j.trapped;
+}
+} /* namespace */
+
+void launch(const LaunchDesc &d, void (*drop)(const void *state))
+{
+    if (stream_ok(d.stream)) {
+        int sd = stream_device(d.stream);
+        if (sd != current_device()) { /* CUDA launches into the current device's streams only */
+            diag("kernel %s (%s:%d) launched on device %d into a stream of device %d", d.name, d.file, d.line,
+                 current_device(), sd);
+            record(cudaErrorInvalidResourceHandle);
+            drop(d.state);
+            return;
+        }
+    }
+    cudaError_t e = sticky_error() != cudaSuccess ? sticky_error() : check_config(d);
+    if (e != cudaSuccess) {
+        record(e);
+        drop(d.state);
+        return;
+    }
+    stream_run(d.stream, [d, drop] {
+        if (run_launch(d)) /* (a faulted kernel's threads never ended: its arguments stay) */
+            drop(d.state);
+    });
 }
 
 void warp_op(WarpOp *op)

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <stddef.h>
 
+#include <functional>
 #include <mutex>
 
 namespace emu {
@@ -41,34 +42,40 @@ bool stream_ok(cudaStream_t s);
  * stream's is the calling thread's current device; -1 if not alive. */
 int stream_device(cudaStream_t s);
 
-/* Work a stream holds besides kernels, copies and sets (which are done as
- * they are queued): the emulated NCCL's operations (nccl.cpp). While one
- * is queued the stream is busy: cudaStreamQuery says cudaErrorNotReady, an
- * event recorded after it is not complete, and a later kernel, copy, set
- * or cuBLASLt call on the stream first waits (the calling thread blocks)
- * until the queue is empty. */
+/* What a stream's queue holds (runtime.cpp): kernels, copies, sets,
+ * cuBLASLt products and sorts (stream_run), the waits CUDA puts between
+ * streams (cudaStreamWaitEvent; the legacy stream's implicit ones), and the
+ * emulated NCCL's operations (nccl.cpp). An item starts once every earlier
+ * item of its stream is done; until the queue is empty the stream is busy:
+ * cudaStreamQuery says cudaErrorNotReady, and an event recorded after an
+ * item is not complete before it. */
 struct Async {
     virtual ~Async() {}
     /* Called under async_mutex() once it is the first of its stream's
      * queue; it, or whoever finishes it later, calls async_done. */
     virtual void start() = 0;
     bool started = false;
+    cudaStream_t key = nullptr; /* its queue (async_enqueue sets it) */
 };
 
 /* The lock of the streams' queues, their events, and the NCCL
  * emulation's state. */
 std::mutex &async_mutex();
 
-/* Under async_mutex: appends a (owned from now on) to s's queue, starting
- * it if it is first. */
+/* Under async_mutex: appends a (owned from now on) to s's queue, after
+ * the waits the legacy stream implies (a blocking stream's work waits for
+ * the legacy stream's earlier work, the legacy stream's for every blocking
+ * stream's of its device), starting it if it is first. */
 void async_enqueue(cudaStream_t s, Async *a);
 
-/* Under async_mutex: a, the first of s's queue, is done: it is deleted,
- * the next one started, and the threads waiting for the queue woken. */
-void async_done(cudaStream_t s, Async *a);
+/* Under async_mutex: a, the first of its stream's queue, is done: it is
+ * deleted, the next one started, and the threads waiting for the queue
+ * woken. */
+void async_done(Async *a);
 
-/* Not under async_mutex: blocks until s's queue is empty (what a kernel,
- * copy or set on s does before it runs). */
+/* stream_run (emu/device.h) puts its work in these queues. */
+
+/* Not under async_mutex: blocks until s's queue is empty. */
 void stream_wait_idle(cudaStream_t s);
 
 /* The calling thread's device (cudaSetDevice), and how many there are

@@ -279,7 +279,7 @@ void finish(Op *op)
         op->c->live.erase(op);
     Item *it = op->item;
     if (--it->left == 0 && it->all_posted)
-        emu::async_done(it->stream, it);
+        emu::async_done(it);
 }
 
 /* The operations of one collective, every rank's started: checked to
@@ -406,7 +406,7 @@ void Item::start()
             post(op);
     all_posted = true;
     if (left == 0)
-        emu::async_done(stream, this);
+        emu::async_done(this);
 }
 
 /* Takes op out of what waits for peers (an abort). */

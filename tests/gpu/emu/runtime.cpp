@@ -4,17 +4,22 @@
  * Device memory is host memory, each allocation exactly its size
  * (posix_memalign, 256-byte aligned as cudaMalloc's: AddressSanitizer
  * would see an overrun), recorded so that copies and sets check that the
- * device side lies inside one live allocation. Kernels, copies and sets
- * are done when the call returns; a stream may still hold the emulated
- * NCCL's work (nccl.cpp), which later work on the stream waits for.
- * MESH_EMU_GPUS GPUs (default 1) share the memory, as on one machine with
- * peer access. Errors are CUDA's:
- * a per-thread last error (cudaGetLastError returns and clears it) and a
- * sticky one after a kernel fault (every later call returns it).
+ * device side lies inside one live allocation. Streams run behind the
+ * host, as a GPU's do: kernels, copies, sets, cuBLASLt products and sorts
+ * are queued on their stream and run by worker threads in each stream's
+ * order (EMU_ASYNC=0: by the caller, once the stream's earlier work is
+ * done), beside the emulated NCCL's work (nccl.cpp); events,
+ * cudaStreamWaitEvent and the legacy stream's implicit waits order the
+ * streams as CUDA's do, and nothing else does. MESH_EMU_GPUS GPUs
+ * (default 1) share the memory, as on one machine with peer access, each
+ * with its own legacy stream. Errors are CUDA's: a per-thread last error
+ * (cudaGetLastError returns and clears it) and a sticky one after a kernel
+ * fault (every later call returns it).
  */
 #include <cuda_runtime.h>
 
 #include <atomic>  /* std::atomic */
+#include <chrono>  /* std::chrono::microseconds: EMU_LAG_US */
 #include <condition_variable> /* std::condition_variable: waits for a stream */
 #include <cstdarg> /* va_list */
 #include <cstdio>  /* fprintf */
@@ -25,6 +30,8 @@
 #include <memory>  /* std::shared_ptr */
 #include <mutex>   /* std::mutex */
 #include <set>     /* std::set */
+#include <thread>  /* std::thread: the device's workers */
+#include <vector>  /* std::vector */
 
 #include <cub/device/device_radix_sort.cuh>
 
@@ -235,15 +242,20 @@ extern "C" cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int 
 
 /* ---- streams and events ------------------------------------------------------ */
 
-/* Kernels, copies and sets are done when their call returns; what a stream
- * may still hold is the NCCL emulation's work (internal.h: Async), in a
- * queue per stream. An event records how many items its stream had been
- * given; it is complete once that many are done. */
+/* Every stream is a queue of items (internal.h: Async); each device has a
+ * legacy stream of its own. An event records how many items its stream had
+ * been given; it is complete once that many are done. Items of
+ * stream_run (kernels, copies, sets, products, sorts) are run by worker
+ * threads, or by their caller (EMU_ASYNC=0); waits between streams are
+ * items that end when what they wait for is done. */
 namespace {
 struct StreamQ {
     std::deque<Async *> items;
     unsigned long long given = 0, done = 0;
-    bool blocking = true; /* not cudaStreamNonBlocking: the legacy stream waits for it */
+    cudaStream_t key = nullptr;
+    int device = 0;
+    bool legacy = false;
+    bool blocking = true; /* not cudaStreamNonBlocking: ordered with the legacy stream */
     bool pumping = false;
 };
 
@@ -257,17 +269,36 @@ std::condition_variable g_async_cv;
 std::map<cudaStream_t, std::shared_ptr<StreamQ>> g_queues; /* under g_async */
 std::map<cudaEvent_t, EventRec> g_event_recs;              /* under g_async */
 
-/* The legacy stream's three names are one queue. */
+char g_legacy_tag[8]; /* device d's legacy stream is &g_legacy_tag[d] in g_queues */
+
+bool async_mode()
+{
+    static const bool on = [] {
+        const char *e = getenv("EMU_ASYNC");
+        return !e || strcmp(e, "0") != 0;
+    }();
+    return on;
+}
+
+/* The legacy stream's three names are the calling thread's device's one. */
 cudaStream_t canon(cudaStream_t s)
 {
-    return s == cudaStreamLegacy || s == cudaStreamPerThread ? nullptr : s;
+    if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread)
+        return reinterpret_cast<cudaStream_t>(&g_legacy_tag[current_device()]);
+    return s;
 }
 
 std::shared_ptr<StreamQ> &queue_of(cudaStream_t s)
 {
-    auto &q = g_queues[canon(s)];
-    if (!q)
+    cudaStream_t k = canon(s);
+    auto &q = g_queues[k];
+    if (!q) {
+        const char *p = reinterpret_cast<const char *>(k);
         q = std::make_shared<StreamQ>();
+        q->key = k;
+        q->legacy = p >= g_legacy_tag && p < g_legacy_tag + sizeof g_legacy_tag;
+        q->device = q->legacy ? (int)(p - g_legacy_tag) : current_device();
+    }
     return q;
 }
 
@@ -285,10 +316,26 @@ void pump(StreamQ &q)
     q.pumping = false;
 }
 
+void push(StreamQ &q, Async *a)
+{
+    a->key = q.key;
+    q.items.push_back(a);
+    q.given++;
+    pump(q);
+}
+
 bool idle(cudaStream_t s)
 {
     auto it = g_queues.find(canon(s));
     return it == g_queues.end() || it->second->items.empty();
+}
+
+bool device_idle(int device)
+{
+    for (auto &kv : g_queues)
+        if (kv.second->device == device && !kv.second->items.empty())
+            return false;
+    return true;
 }
 
 bool event_done(const EventRec &r)
@@ -305,6 +352,104 @@ void event_wait(cudaEvent_t e)
         return it == g_event_recs.end() || event_done(it->second);
     });
 }
+
+/* A wait between streams: done once each queue has done its ticket's
+ * items. */
+struct Wait : Async {
+    std::vector<EventRec> on;
+    bool met() const
+    {
+        for (const EventRec &r : on)
+            if (!event_done(r))
+                return false;
+        return true;
+    }
+    void start() override;
+};
+std::vector<Wait *> g_waiting; /* started, not yet met */
+
+void Wait::start()
+{
+    if (met())
+        async_done(this);
+    else
+        g_waiting.push_back(this);
+}
+
+/* The waits some item's end may have met. */
+void wake_waits()
+{
+    for (size_t i = 0; i < g_waiting.size();) {
+        Wait *w = g_waiting[i];
+        if (!w->met()) {
+            i++;
+            continue;
+        }
+        g_waiting.erase(g_waiting.begin() + (long)i);
+        async_done(w); /* may change g_waiting: look again from the start */
+        i = 0;
+    }
+}
+
+/* Work of stream_run: run by a worker (queued on g_ready) or by its caller
+ * (sync: told by `ready`). */
+struct Work : Async {
+    std::function<void()> fn;
+    int device = 0;
+    bool sync = false, ready = false;
+    void start() override;
+};
+std::deque<Work *> g_ready;
+/* never destroyed: the workers wait on it to the end (glibc's destructor
+ * would wait for them at exit) */
+std::condition_variable &g_work_cv = *new std::condition_variable;
+
+void Work::start()
+{
+    if (sync) {
+        ready = true;
+        g_async_cv.notify_all();
+    } else {
+        g_ready.push_back(this);
+        g_work_cv.notify_one();
+    }
+}
+
+void worker_main(unsigned lag_us)
+{
+    std::unique_lock<std::mutex> lk(g_async);
+    for (;;) {
+        g_work_cv.wait(lk, [] { return !g_ready.empty(); });
+        Work *w = g_ready.front();
+        g_ready.pop_front();
+        std::function<void()> fn = std::move(w->fn);
+        lk.unlock();
+        if (lag_us)
+            std::this_thread::sleep_for(std::chrono::microseconds(lag_us));
+        t_device = w->device;
+        fn();
+        fn = nullptr; /* its captures (a kernel's arguments) go before it is done */
+        lk.lock();
+        async_done(w);
+    }
+}
+
+/* Under g_async: the worker threads (EMU_WORKERS, default 4), once. */
+void start_workers()
+{
+    static bool started;
+    if (started)
+        return;
+    started = true;
+    const char *e = getenv("EMU_WORKERS");
+    const char *l = getenv("EMU_LAG_US");
+    int n = e ? atoi(e) : 4;
+    long lag = l ? atol(l) : 0;
+    n = n < 1 ? 1 : n > 16 ? 16 : n;
+    lag = lag < 0 ? 0 : lag > 100000 ? 100000 : lag;
+    for (int i = 0; i < n; i++)
+        std::thread(worker_main, (unsigned)lag).detach();
+}
 } /* namespace */
 
 std::mutex &emu::async_mutex()
@@ -314,24 +459,60 @@ std::mutex &emu::async_mutex()
 
 void emu::async_enqueue(cudaStream_t s, Async *a)
 {
-    StreamQ &q = *queue_of(s);
-    q.items.push_back(a);
-    q.given++;
-    pump(q);
+    std::shared_ptr<StreamQ> q = queue_of(s);
+    Wait *w = new Wait;
+    if (q->legacy) { /* after every blocking stream's earlier work */
+        for (auto &kv : g_queues) {
+            StreamQ &o = *kv.second;
+            if (!o.legacy && o.blocking && o.device == q->device && o.done < o.given)
+                w->on.push_back(EventRec{kv.second, o.given});
+        }
+    } else if (q->blocking) { /* after the legacy stream's */
+        std::shared_ptr<StreamQ> l = queue_of(reinterpret_cast<cudaStream_t>(&g_legacy_tag[q->device]));
+        if (l->done < l->given)
+            w->on.push_back(EventRec{l, l->given});
+    }
+    if (w->on.empty())
+        delete w;
+    else
+        push(*q, w);
+    push(*q, a);
 }
 
-void emu::async_done(cudaStream_t s, Async *a)
+void emu::async_done(Async *a)
 {
-    StreamQ &q = *queue_of(s);
-    if (q.items.empty() || q.items.front() != a) {
+    auto it = g_queues.find(a->key);
+    if (it == g_queues.end() || it->second->items.empty() || it->second->items.front() != a) {
         diag("internal: an asynchronous operation finished out of its stream's order");
         abort();
     }
-    q.items.pop_front();
-    q.done++;
+    std::shared_ptr<StreamQ> q = it->second;
+    q->items.pop_front();
+    q->done++;
     delete a;
-    pump(q);
+    pump(*q);
+    wake_waits();
     g_async_cv.notify_all();
+}
+
+void emu::stream_run(cudaStream_t s, std::function<void()> fn)
+{
+    Work *w = new Work;
+    w->fn = std::move(fn);
+    w->device = current_device();
+    w->sync = !async_mode();
+    std::unique_lock<std::mutex> lk(g_async);
+    if (!w->sync)
+        start_workers();
+    async_enqueue(s, w);
+    if (!w->sync)
+        return;
+    g_async_cv.wait(lk, [w] { return w->ready; });
+    lk.unlock();
+    w->fn();
+    w->fn = nullptr;
+    lk.lock();
+    async_done(w);
 }
 
 void emu::stream_wait_idle(cudaStream_t s)
@@ -340,30 +521,20 @@ void emu::stream_wait_idle(cudaStream_t s)
     g_async_cv.wait(lk, [s] { return idle(s); });
 }
 
-/* The legacy stream's synchronous calls wait for it and for every blocking
- * stream (not for cudaStreamNonBlocking ones), as CUDA's do. */
-static void legacy_wait()
+/* Not under g_async: waits until no stream of the calling thread's device
+ * holds work (cudaDeviceSynchronize, cudaFree). */
+static void device_wait_idle()
 {
+    int d = current_device();
     std::unique_lock<std::mutex> lk(g_async);
-    g_async_cv.wait(lk, [] {
-        for (auto &kv : g_queues)
-            if ((kv.first == nullptr || kv.second->blocking) && !kv.second->items.empty())
-                return false;
-        return true;
-    });
+    g_async_cv.wait(lk, [d] { return device_idle(d); });
 }
 
 extern "C" cudaError_t cudaDeviceSynchronize(void)
 {
     API_ENTER();
-    std::unique_lock<std::mutex> lk(g_async);
-    g_async_cv.wait(lk, [] {
-        for (auto &kv : g_queues)
-            if (!kv.second->items.empty())
-                return false;
-        return true;
-    });
-    return cudaSuccess;
+    device_wait_idle();
+    return api_enter(); /* a fault of the work it waited for */
 }
 
 namespace {
@@ -420,7 +591,7 @@ extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t stream)
     if (!stream_ok(stream))
         return record(cudaErrorInvalidResourceHandle);
     stream_wait_idle(stream);
-    return cudaSuccess;
+    return api_enter();
 }
 
 extern "C" cudaError_t cudaStreamQuery(cudaStream_t stream)
@@ -429,11 +600,10 @@ extern "C" cudaError_t cudaStreamQuery(cudaStream_t stream)
     if (!stream_ok(stream))
         return record(cudaErrorInvalidResourceHandle);
     std::lock_guard<std::mutex> lk(g_async);
-    return idle(stream) ? cudaSuccess : cudaErrorNotReady; /* (not an error: not recorded) */
+    return idle(stream) ? api_enter() : cudaErrorNotReady; /* (not an error: not recorded) */
 }
 
-/* The stream's later work waits for the event: here the calling thread
- * waits, since the stream's later work runs as it is queued. */
+/* The stream's later work waits for the event (a wait in its queue). */
 extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
 {
     API_ENTER();
@@ -441,7 +611,13 @@ extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t even
         return record(cudaErrorInvalidResourceHandle);
     if (flags != 0)
         return record(cudaErrorInvalidValue);
-    event_wait(event);
+    std::lock_guard<std::mutex> lk(g_async);
+    auto it = g_event_recs.find(event);
+    if (it == g_event_recs.end() || event_done(it->second))
+        return cudaSuccess;
+    Wait *w = new Wait;
+    w->on.push_back(it->second);
+    async_enqueue(stream, w);
     return cudaSuccess;
 }
 
@@ -497,7 +673,7 @@ extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t event)
     if (!event_ok(event))
         return record(cudaErrorInvalidResourceHandle);
     event_wait(event);
-    return cudaSuccess;
+    return api_enter(); /* a fault of the work it waited for */
 }
 
 /* ---- errors ---------------------------------------------------------------- */
@@ -595,21 +771,36 @@ extern "C" cudaError_t cudaMalloc(void **devPtr, size_t size)
     return cudaSuccess;
 }
 
+namespace {
+/* Whether p is a live device allocation; taken out of the record if take. */
+bool live_allocation(void *p, bool take, const char *who)
+{
+    std::lock_guard<std::mutex> lk(g_mem_mutex);
+    auto it = g_allocs.find((uintptr_t)p);
+    if (it == g_allocs.end()) {
+        diag("%s(%p): not a live device allocation", who, p);
+        return false;
+    }
+    if (take) {
+        g_alloc_bytes -= it->second;
+        g_allocs.erase(it);
+    }
+    return true;
+}
+} /* namespace */
+
+/* As CUDA's, it waits for the device first (work still queued may use the
+ * memory). */
 extern "C" cudaError_t cudaFree(void *devPtr)
 {
     API_ENTER();
     if (!devPtr)
         return cudaSuccess;
-    {
-        std::lock_guard<std::mutex> lk(g_mem_mutex);
-        auto it = g_allocs.find((uintptr_t)devPtr);
-        if (it == g_allocs.end()) {
-            diag("cudaFree(%p): not a live device allocation", devPtr);
-            return record(cudaErrorInvalidValue);
-        }
-        g_alloc_bytes -= it->second;
-        g_allocs.erase(it);
-    }
+    if (!live_allocation(devPtr, false, "cudaFree"))
+        return record(cudaErrorInvalidValue);
+    device_wait_idle();
+    if (!live_allocation(devPtr, true, "cudaFree"))
+        return record(cudaErrorInvalidValue);
     free(devPtr);
     return cudaSuccess;
 }
@@ -645,6 +836,7 @@ extern "C" cudaError_t cudaFreeHost(void *ptr)
             return record(cudaErrorInvalidValue);
         }
     }
+    device_wait_idle(); /* as CUDA's: a queued copy may use it */
     free(ptr);
     return cudaSuccess;
 }
@@ -666,16 +858,20 @@ extern "C" cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream)
         return record(cudaErrorInvalidResourceHandle);
     if (!devPtr) /* CUDA refuses a null pointer here */
         return record(cudaErrorInvalidValue);
-    stream_wait_idle(stream); /* freed in the stream's order */
-    return cudaFree(devPtr);
+    if (!live_allocation(devPtr, false, "cudaFreeAsync"))
+        return record(cudaErrorInvalidValue);
+    stream_run(stream, [devPtr] { /* in the stream's order */
+        if (live_allocation(devPtr, true, "cudaFreeAsync"))
+            free(devPtr);
+    });
+    return cudaSuccess;
 }
 
 namespace {
 /* The device sides of a copy of count bytes: inside live allocations. */
 cudaError_t copy_check(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
-                       const char *what)
+                       const char *what, bool &dst_dev, bool &src_dev)
 {
-    bool dst_dev, src_dev;
     switch (kind) {
     case cudaMemcpyHostToHost: dst_dev = src_dev = false; break;
     case cudaMemcpyHostToDevice: dst_dev = true, src_dev = false; break;
@@ -703,25 +899,42 @@ cudaError_t copy_check(void *dst, const void *src, size_t count, enum cudaMemcpy
 }
 } /* namespace */
 
+/* Whether [p, p + bytes) is page-locked host memory (cudaMallocHost). */
+static bool pinned(const void *p, size_t bytes)
+{
+    std::lock_guard<std::mutex> lk(g_mem_mutex);
+    return find_range(g_host, (uintptr_t)p, bytes);
+}
+
+/* Synchronous: on the legacy stream, after its earlier work (and the
+ * blocking streams'), done when the call returns. */
 extern "C" cudaError_t cudaMemcpy(void *dst, const void *src, size_t count,
                                   enum cudaMemcpyKind kind)
 {
     API_ENTER();
-    cudaError_t e = copy_check(dst, src, count, kind, "cudaMemcpy");
+    bool dd, sd;
+    cudaError_t e = copy_check(dst, src, count, kind, "cudaMemcpy", dd, sd);
     if (e != cudaSuccess || count == 0)
         return e;
-    legacy_wait();
-    memmove(dst, src, count);
-    return cudaSuccess;
+    stream_run(nullptr, [dst, src, count] { memmove(dst, src, count); });
+    stream_wait_idle(nullptr);
+    return api_enter();
 }
 
+/* In the stream's order (CUDA's "API synchronization behavior"): a copy
+ * from pageable host memory takes the source when called (staged), one
+ * between host buffers is done when the call returns, every other one
+ * (from or to page-locked memory, to pageable memory, between device
+ * buffers) happens when the stream gets to it: the host must not read its
+ * destination or reuse a page-locked source before synchronising. */
 extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
                                        enum cudaMemcpyKind kind, cudaStream_t stream)
 {
     API_ENTER();
     if (!stream_ok(stream))
         return record(cudaErrorInvalidResourceHandle);
-    cudaError_t e = copy_check(dst, src, count, kind, "cudaMemcpyAsync");
+    bool dd, sd;
+    cudaError_t e = copy_check(dst, src, count, kind, "cudaMemcpyAsync", dd, sd);
     if (e != cudaSuccess || count == 0)
         return e;
     uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
@@ -729,11 +942,24 @@ extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
         diag("cudaMemcpyAsync(%p, %p, %zu): the memory areas overlap", dst, src, count);
         return record(cudaErrorInvalidValue);
     }
-    stream_wait_idle(stream);
-    memcpy(dst, src, count);
+    if (!sd && !dd) {
+        stream_run(stream, [dst, src, count] { memcpy(dst, src, count); });
+        stream_wait_idle(stream);
+    } else if (!sd && !pinned(src, count)) {
+        auto *staged = new std::vector<unsigned char>((const unsigned char *)src,
+                                                      (const unsigned char *)src + count);
+        stream_run(stream, [dst, staged] { /* run once: the copy frees its stage */
+            memcpy(dst, staged->data(), staged->size());
+            delete staged;
+        });
+    } else {
+        stream_run(stream, [dst, src, count] { memcpy(dst, src, count); });
+    }
     return cudaSuccess;
 }
 
+/* Asynchronous for device memory (CUDA's "API synchronization
+ * behavior"), on the legacy stream. */
 extern "C" cudaError_t cudaMemset(void *devPtr, int value, size_t count)
 {
     API_ENTER();
@@ -743,8 +969,7 @@ extern "C" cudaError_t cudaMemset(void *devPtr, int value, size_t count)
         diag("cudaMemset: [%p, +%zu) is not inside a device allocation", devPtr, count);
         return record(cudaErrorInvalidValue);
     }
-    legacy_wait();
-    memset(devPtr, value, count);
+    stream_run(nullptr, [devPtr, value, count] { memset(devPtr, value, count); });
     return cudaSuccess;
 }
 
@@ -760,8 +985,7 @@ extern "C" cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count,
         diag("cudaMemsetAsync: [%p, +%zu) is not inside a device allocation", devPtr, count);
         return record(cudaErrorInvalidValue);
     }
-    stream_wait_idle(stream);
-    memset(devPtr, value, count);
+    stream_run(stream, [devPtr, value, count] { memset(devPtr, value, count); });
     return cudaSuccess;
 }
 
@@ -870,7 +1094,6 @@ cudaError_t emu::cub_enter(cudaStream_t stream)
     API_ENTER();
     if (!stream_ok(stream))
         return record(cudaErrorInvalidResourceHandle);
-    stream_wait_idle(stream);
     return cudaSuccess;
 }
 

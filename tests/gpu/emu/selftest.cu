@@ -685,6 +685,152 @@ static void t_norace()
         CHECK(h[i] == (float)((i % 64 + 32) % 64 + ((i % 64) ^ 1)));
 }
 
+/* ---- streams: the device runs behind the host -------------------------------------- */
+
+/* Waits until the host sets *flag (page-locked memory the device reads),
+ * then writes v: a stream held until the host lets it go. */
+__global__ void k_hold(const int *flag, int *x, int v)
+{
+    while (!__atomic_load_n(flag, __ATOMIC_ACQUIRE)) {
+    }
+    *x = v;
+}
+
+static bool async_streams()
+{
+    const char *e = getenv("EMU_ASYNC");
+    return !e || strcmp(e, "0") != 0;
+}
+
+static int *pinned_int(int v)
+{
+    int *p = nullptr;
+    if (cudaMallocHost((void **)&p, sizeof *p) != cudaSuccess) {
+        fprintf(stderr, "# cudaMallocHost failed\n");
+        exit(1);
+    }
+    *p = v;
+    return p;
+}
+
+static int read_dev(const int *x)
+{
+    int h = -1;
+    CHECK(cudaMemcpy(&h, x, sizeof h, cudaMemcpyDeviceToHost) == cudaSuccess);
+    return h;
+}
+
+/* A launch returns before its kernel runs; a copy to the host lands when
+ * the stream gets to it. (With synchronous streams the kernel would wait
+ * for the host forever: skipped.) */
+static void t_async_launch()
+{
+    if (!async_streams())
+        return;
+    int *flag = pinned_int(0), *out = pinned_int(-1), *x = dalloc<int>(1);
+    k_hold<<<1, 1>>>(flag, x, 7);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    CHECK(cudaMemcpyAsync(out, x, sizeof *x, cudaMemcpyDeviceToHost, 0) == cudaSuccess);
+    CHECK(cudaStreamQuery(0) == cudaErrorNotReady);
+    __atomic_store_n(flag, 1, __ATOMIC_RELEASE);
+    CHECK(cudaStreamSynchronize(0) == cudaSuccess);
+    CHECK(*out == 7);
+    CHECK(cudaStreamQuery(0) == cudaSuccess);
+    cudaFreeHost(flag);
+    cudaFreeHost(out);
+}
+
+/* cudaStreamWaitEvent holds the waiting stream, not the host. */
+static void t_wait_event()
+{
+    if (!async_streams())
+        return;
+    int *flag = pinned_int(0), *x = dalloc<int>(1), *y = dalloc<int>(1);
+    cudaStream_t a, b;
+    cudaEvent_t e;
+    CHECK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking) == cudaSuccess);
+    CHECK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking) == cudaSuccess);
+    CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess);
+    k_hold<<<1, 1, 0, a>>>(flag, x, 7);
+    CHECK(cudaEventRecord(e, a) == cudaSuccess);
+    CHECK(cudaStreamWaitEvent(b, e, 0) == cudaSuccess);
+    CHECK(cudaMemcpyAsync(y, x, sizeof *x, cudaMemcpyDeviceToDevice, b) == cudaSuccess);
+    CHECK(cudaEventQuery(e) == cudaErrorNotReady);
+    CHECK(cudaStreamQuery(b) == cudaErrorNotReady);
+    __atomic_store_n(flag, 1, __ATOMIC_RELEASE);
+    CHECK(cudaStreamSynchronize(b) == cudaSuccess);
+    CHECK(read_dev(y) == 7);
+    CHECK(cudaEventQuery(e) == cudaSuccess);
+    cudaEventDestroy(e);
+    cudaStreamDestroy(a);
+    cudaStreamDestroy(b);
+    cudaFreeHost(flag);
+}
+
+/* The legacy stream waits for blocking streams' earlier work, not for
+ * non-blocking ones'. */
+static void t_legacy_stream()
+{
+    if (!async_streams())
+        return;
+    int *flag = pinned_int(0), *x = dalloc<int>(1), *y = dalloc<int>(1), *z = dalloc<int>(1);
+    cudaStream_t s, n;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamDefault) == cudaSuccess);
+    CHECK(cudaStreamCreateWithFlags(&n, cudaStreamNonBlocking) == cudaSuccess);
+    k_hold<<<1, 1, 0, s>>>(flag, x, 7);
+    CHECK(cudaMemcpyAsync(y, x, sizeof *x, cudaMemcpyDeviceToDevice, 0) == cudaSuccess);
+    CHECK(cudaMemcpyAsync(z, x, sizeof *x, cudaMemcpyDeviceToDevice, n) == cudaSuccess);
+    CHECK(cudaStreamSynchronize(n) == cudaSuccess); /* not held */
+    CHECK(cudaStreamQuery(0) == cudaErrorNotReady);
+    __atomic_store_n(flag, 1, __ATOMIC_RELEASE);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(read_dev(y) == 7);
+    CHECK(read_dev(z) == 0);
+    cudaStreamDestroy(s);
+    cudaStreamDestroy(n);
+    cudaFreeHost(flag);
+}
+
+/* A copy from pageable memory takes its source when called; one from
+ * page-locked memory when the stream gets to it (not under TSan, which
+ * rightly calls the host's write and that read a race). */
+static void t_copy_sources()
+{
+    if (!async_streams())
+        return;
+    int *flag = pinned_int(0), *hold = dalloc<int>(1), *x = dalloc<int>(1), *y = dalloc<int>(1);
+    int *pv = pinned_int(5);
+    int hv = 5;
+    k_hold<<<1, 1>>>(flag, hold, 1);
+    CHECK(cudaMemcpyAsync(x, &hv, sizeof hv, cudaMemcpyHostToDevice, 0) == cudaSuccess);
+    if (!TSAN)
+        CHECK(cudaMemcpyAsync(y, pv, sizeof *pv, cudaMemcpyHostToDevice, 0) == cudaSuccess);
+    hv = 6;
+    if (!TSAN)
+        *pv = 6;
+    __atomic_store_n(flag, 1, __ATOMIC_RELEASE);
+    CHECK(cudaStreamSynchronize(0) == cudaSuccess);
+    CHECK(read_dev(x) == 5);
+    if (!TSAN)
+        CHECK(read_dev(y) == 6);
+    cudaFreeHost(flag);
+    cudaFreeHost(pv);
+}
+
+/* The host reads a copy's destination without waiting for the stream
+ * (until it sees the copy's value, so that TSan sees reads on both sides
+ * of the copy's write). */
+static void t_race_host_read()
+{
+    int *out = pinned_int(0), *x = dalloc<int>(1);
+    cudaMemset(x, 1, sizeof *x);
+    CHECK(cudaMemcpyAsync(out, x, sizeof *x, cudaMemcpyDeviceToHost, 0) == cudaSuccess);
+    for (long i = 0; i < 2000000000L && *(volatile int *)out == 0; i++) {
+    }
+    cudaDeviceSynchronize();
+    cudaFreeHost(out);
+}
+
 /* ---- the runner ------------------------------------------------------------------------ */
 
 struct Case {
@@ -710,10 +856,15 @@ static const Case cases[] = {
     {"memory", t_memory, 0},
     {"cublaslt", t_cublaslt, 0},
     {"cub_sort_pairs", t_cub, 0},
+    {"launch_returns_before_the_kernel_runs", t_async_launch, 0},
+    {"stream_wait_event_holds_the_stream", t_wait_event, 0},
+    {"legacy_stream_waits_for_blocking_streams", t_legacy_stream, 0},
+    {"copies_take_their_sources_in_order", t_copy_sources, 0},
     {"no_race", t_norace, 0},
     {"race_missing_syncthreads", t_race_block, 1},
     {"race_missing_syncwarp", t_race_warp, 1},
     {"race_between_blocks", t_race_grid, 1},
+    {"race_host_reads_before_the_copy", t_race_host_read, 1},
 };
 
 enum { NCASES = sizeof cases / sizeof cases[0] };

@@ -19,6 +19,7 @@
 #include <stdint.h> /* uint64_t */
 #include <string.h> /* memcpy */
 
+#include <functional>  /* std::function: work for a stream */
 #include <tuple>       /* std::tuple, std::apply */
 #include <type_traits> /* std::is_same */
 #include <utility>     /* std::forward */
@@ -143,14 +144,29 @@ struct LaunchDesc {
     const void *state;
 };
 
-/* Runs every block (and returns when all are done), or records the
- * launch's error for cudaGetLastError. */
-void launch(const LaunchDesc &d);
+/* Checks the launch (its error, for cudaGetLastError, is recorded at
+ * once) and runs every block in the stream's order (stream_run); then (or
+ * at once, if refused) drop(d.state) frees the arguments. */
+void launch(const LaunchDesc &d, void (*drop)(const void *state));
+
+/* Runs fn in s's order, as the device runs a kernel, copy or set
+ * (runtime.cpp). Asynchronous (the default; EMU_ASYNC=0 turns it off): fn
+ * is queued and the call returns at once; one of EMU_WORKERS worker
+ * threads (default 4) runs it once every earlier item of s's queue is
+ * done, EMU_LAG_US microseconds late (default 0), so that the device lags
+ * behind the host as a GPU's does. Synchronous: the calling thread waits
+ * for s's earlier work and runs fn itself. */
+void stream_run(cudaStream_t s, std::function<void()> fn);
 
 template <class... P> struct KernelCall {
     void (*kernel)(P...);
     std::tuple<P...> args; /* converted to the parameter types, once */
 };
+
+template <class... P> void kernel_drop(const void *state)
+{
+    delete static_cast<const KernelCall<P...> *>(state);
+}
 
 /* Each thread gets its own copies of the arguments. */
 template <class... P> void kernel_entry(const void *state)
@@ -171,7 +187,8 @@ template <class... P> struct Launcher {
     {
         static_assert(sizeof...(A) == sizeof...(P),
                       "kernel launched with the wrong number of arguments");
-        KernelCall<P...> call{kernel, std::tuple<P...>(std::forward<A>(a)...)};
+        const KernelCall<P...> *call =
+            new KernelCall<P...>{kernel, std::tuple<P...>(std::forward<A>(a)...)};
         LaunchDesc d = {reinterpret_cast<const void *>(kernel),
                         name,
                         file,
@@ -181,8 +198,8 @@ template <class... P> struct Launcher {
                         smem,
                         stream,
                         &kernel_entry<P...>,
-                        &call};
-        launch(d);
+                        call};
+        launch(d, &kernel_drop<P...>);
     }
 };
 

@@ -81,7 +81,19 @@ struct DeviceRadixSort {
             !::emu::cub_device(d_values_out, vb, "d_values_out") ||
             !::emu::cub_device(d_temp_storage, need, "d_temp_storage"))
             return cudaSuccess; /* the fault shows at the next call */
-        /* stage the inputs in the temporary storage, then sort */
+        /* in the stream's order: stage the inputs in the temporary storage, then sort */
+        ::emu::stream_run(stream, [=] { sort(d_temp_storage, d_keys_in, d_keys_out, d_values_in,
+                                             d_values_out, n, begin_bit, end_bit); });
+        return cudaSuccess;
+    }
+
+  private:
+    template <typename KeyT, typename ValueT>
+    static void sort(void *d_temp_storage, const KeyT *d_keys_in, KeyT *d_keys_out,
+                     const ValueT *d_values_in, ValueT *d_values_out, size_t n, int begin_bit,
+                     int end_bit)
+    {
+        const size_t kb = n * sizeof(KeyT), vb = n * sizeof(ValueT);
         char *t = static_cast<char *>(d_temp_storage);
         t += (256 - (uintptr_t)t % 256) % 256;
         KeyT *keys = reinterpret_cast<KeyT *>(t);
@@ -103,7 +115,6 @@ struct DeviceRadixSort {
             memcpy(d_keys_out + i, keys + order[i], sizeof(KeyT));
             memcpy(d_values_out + i, vals + order[i], sizeof(ValueT));
         }
-        return cudaSuccess;
     }
 };
 
