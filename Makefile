@@ -522,20 +522,22 @@ $(EMU_RT_CUDA): $(EMU_OBJ)/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -DMESH_CUDA=1 -isystem $(EMU_DIR)/include -Ikernels/cuda -MMD -MP -c -o $@ $<
 
-$(BUILD)/unit_tests_emu: $(filter-out %/test_comm_nccl.o,$(UNIT_OBJ)) $(EMU_RT_CUDA) $(EMU_KOBJ) $(EMU_RT_OBJ) $(BUILD)/libmeshrt.a \
-                         $(BUILD)/libmeshkcpu.a $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a \
-                         $(BUILD)/emu-driver/libcuda.so.1
-	$(EMU_CXX) $(ALL_LDFLAGS) -pthread -o $@ $(filter %.o,$^) -Wl,--start-group $(filter %.a,$^) -Wl,--end-group \
-	  $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) -Wl,--disable-new-dtags,-rpath,'$$ORIGIN/emu-driver' $(LDLIBS)
+# What both programs below link besides their own objects, and how.
+EMU_LINK_WITH = $(filter-out %/test_comm_nccl.o,$(EMU_RT_CUDA)) $(EMU_KOBJ) $(EMU_RT_OBJ) $(BUILD)/libmeshrt.a \
+                $(BUILD)/libmeshkcpu.a $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/emu-driver/libcuda.so.1
+EMU_LINK = $(EMU_CXX) $(ALL_LDFLAGS) -pthread -o $@ $(filter %.o,$^) -Wl,--start-group $(filter %.a,$^) \
+           -Wl,--end-group $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) \
+           -Wl,--disable-new-dtags,-rpath,'$$ORIGIN/emu-driver' $(LDLIBS)
+
+$(BUILD)/unit_tests_emu: $(filter-out %/test_comm_nccl.o,$(UNIT_OBJ)) $(EMU_OBJ)/tests/unit/test_comm_nccl.o \
+                         $(EMU_LINK_WITH)
+	$(EMU_LINK)
 
 # meshrun on the emulation (the same objects as unit_tests_emu's): what a
 # user runs with --device cuda, ranks as threads over the emulated NCCL
 # (MESH_EMU_GPUS); tests/gpu/emu/meshrun.sh rehearses it.
-$(BUILD)/meshrun_emu: $(OBJ)/runtime/meshrun.o $(filter-out %/test_comm_nccl.o,$(EMU_RT_CUDA)) $(EMU_KOBJ) \
-                      $(EMU_RT_OBJ) $(BUILD)/libmeshrt.a $(BUILD)/libmeshkcpu.a $(BUILD)/libmeshcomp.a \
-                      $(BUILD)/libmeshlang.a $(BUILD)/emu-driver/libcuda.so.1
-	$(EMU_CXX) $(ALL_LDFLAGS) -pthread -o $@ $(filter %.o,$^) -Wl,--start-group $(filter %.a,$^) -Wl,--end-group \
-	  $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) -Wl,--disable-new-dtags,-rpath,'$$ORIGIN/emu-driver' $(LDLIBS)
+$(BUILD)/meshrun_emu: $(OBJ)/runtime/meshrun.o $(EMU_LINK_WITH)
+	$(EMU_LINK)
 
 -include $(EMU_KOBJ:.o=.d) $(EMU_RT_OBJ:.o=.d) $(EMU_TEST_OBJ:.o=.d) $(EMU_OBJ)/$(EMU_DIR)/selftest.d \
          $(EMU_RT_CUDA:.o=.d)
