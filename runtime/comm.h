@@ -177,6 +177,11 @@ const comm *comm_checked_inner(const comm *c);
  * 0, or -1 (not a checked handle, or no stream: c->error says why). */
 struct dev;
 int comm_checked_stage(comm *c, struct dev *d);
+/* A staged handle's copies move to d (a stream of its own on d): for a
+ * split used by another thread (a communication queue's), which must not
+ * share the rank's device handle. 0 (also when c is not staged, or not a
+ * checked handle), or -1 (c->error says why). */
+int comm_checked_restage(comm *c, struct dev *d);
 
 /* ---- MPI (comm_mpi.c; a build with MPI=0 has only the stubs) ------------ */
 

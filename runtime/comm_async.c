@@ -277,6 +277,13 @@ void comm_async_abort(comm_async *a, const char *why) { comm_abort(a->c, why); }
 
 const char *comm_async_error(const comm_async *a) { return a->error; }
 
+int comm_async_own_device(comm_async *a, struct dev *d)
+{
+    if (comm_checked_restage(a->c, d) == 0) return 0;
+    snprintf(a->error, sizeof a->error, "%s", a->c->error);
+    return -1;
+}
+
 double comm_async_busy(const comm_async *a)
 {
     long issued, done;

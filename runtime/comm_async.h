@@ -63,6 +63,13 @@ int comm_async_supported(const comm *c);
  * c->error (out of memory, no thread, the split failed). */
 int comm_async_new(comm *c, const comm_async_hooks *hooks, comm_async **out);
 
+/* The queue's thread stages its communicator's copies (a checked handle
+ * staged through host memory: comm_checked_stage) on d, its own handle on
+ * the device, not on the rank's. Before the first call is queued. 0, or -1
+ * with the reason in comm_async_error. */
+struct dev;
+int comm_async_own_device(comm_async *a, struct dev *d);
+
 /* Queues a call (comm.h's, with the same arguments): returns its ticket
  * (>= 1, in issue order), or -1 if the queue failed, is out of memory or
  * the mark failed. With hooks.marks, it may first wait for an earlier

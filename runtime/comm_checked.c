@@ -395,6 +395,19 @@ int comm_checked_stage(comm *c, struct dev *d)
     return 0;
 }
 
+int comm_checked_restage(comm *c, struct dev *d)
+{
+    if (!c || c->v != &checked_vtbl || !self(c)->d || !d) return 0;
+    checked *k = self(c);
+    dev_stream *s = NULL;
+    if (dev_stream_create(d, &s) != MESH_OK)
+        return comm_fail(c, "staging", "a stream for the copies: %s", dev_last_error(d));
+    dev_stream_destroy(k->d, k->s);
+    k->d = d;
+    k->s = s;
+    return 0;
+}
+
 const comm *comm_checked_inner(const comm *c)
 {
     while (c && c->v == &checked_vtbl) c = ((const checked *)(const void *)c)->in;

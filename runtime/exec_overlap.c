@@ -229,6 +229,13 @@ int exec__overlap_init(mesh__exec *ex, unsigned flags)
             return -2;
         }
         if (ex->ov_q[g] && marks_init(ex, &ex->ov_mark[g]) != 0) return -2; /* (after the split: collective) */
+        /* (a GPU's staged copies on the queue's own handle; the guarded CPU
+         * device's stay on the rank's, which opens and closes its memory) */
+        if (ex->gpu && ex->ov_q[g] && comm_async_own_device(ex->ov_q[g], ex->ov_mark[g].dev) != 0) {
+            snprintf(ex->error, sizeof ex->error, "rank %d: a communication queue: %s", ex->rank,
+                     comm_async_error(ex->ov_q[g]));
+            return -2;
+        }
         if (ex->ov_q[g] && (flags & MESH__EXEC_SLOW_QUEUE)) comm_async_set_delay(ex->ov_q[g], 1e-3);
     }
     return 0;

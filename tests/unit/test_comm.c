@@ -217,8 +217,10 @@ static float float_of(uint16_t h)
  * sums, then bf16 elements: a sum rounded once, a gather of bytes, a
  * reduce-scatter in place, an all-to-all; splits inherit both. Once with
  * the wrapped communicator on the buffers themselves, once staged through
- * host memory (comm_checked_stage, the CPU device's copies). */
-static int checked_once(rank_job *j, comm *c, dev *stage)
+ * host memory (comm_checked_stage, the CPU device's copies), the split
+ * then moved to another device handle (comm_checked_restage, as a
+ * communication queue's thread takes its own), whose copies it makes. */
+static int checked_once(rank_job *j, comm *c, dev *stage, dev *other)
 {
     dev_mem *d = calloc(1, sizeof *d);
     float host[4] = {1, 2, 3, 4};
@@ -244,8 +246,12 @@ static int checked_once(rank_job *j, comm *c, dev *stage)
             if (d->h[8 + 3 * q + i] != (uint16_t)(0x3f80 + q * 3 + i)) bad = 7;
     comm *sub = NULL;
     if (!bad && (comm_split(k, c->rank % 2, c->rank, &sub) != 0 || !sub)) bad = 8;
+    if (!bad && comm_checked_restage(sub, other) != 0) bad = 13;
+    long long mine = stage ? stage->to_host : 0, theirs = other->to_host;
     for (int i = 0; i < 2; i++) d->h[i] = bf16_of(1.0f);
     if (!bad && (comm_all_reduce(sub, (float *)(void *)d->h, 2) != 0 || float_of(d->h[1]) != 2.0f)) bad = 9;
+    if (!bad && stage && (stage->to_host != mine || other->to_host == theirs)) bad = 14;
+    if (!bad && !stage && other->to_host != theirs) bad = 15; /* not staged: nothing moved */
     if (!bad && comm_all_reduce(sub, host, 1) == 0) bad = 10;
     comm_free(sub);
     comm_free(k);
@@ -256,13 +262,17 @@ static int checked_once(rank_job *j, comm *c, dev *stage)
 
 static int checked(rank_job *j, comm *c)
 {
-    dev *cpu = NULL;
+    dev *cpu = NULL, *other = NULL;
     char why[256];
-    if (dev_open(MESH_DEVICE_CPU, 0, &cpu, why, sizeof why) != MESH_OK)
+    if (dev_open(MESH_DEVICE_CPU, 0, &cpu, why, sizeof why) != MESH_OK ||
+        dev_open(MESH_DEVICE_CPU, 0, &other, why, sizeof why) != MESH_OK) {
+        dev_close(cpu);
         return snprintf(j->error, sizeof j->error, "%s", why), 12;
-    int bad = checked_once(j, c, NULL);
-    if (!bad) bad = checked_once(j, c, cpu);
+    }
+    int bad = checked_once(j, c, NULL, other);
+    if (!bad) bad = checked_once(j, c, cpu, other);
     dev_close(cpu);
+    dev_close(other);
     return bad;
 }
 

@@ -9,7 +9,10 @@
 # Then dp 2 with ZeRO-3 in fp32 on 2 GPUs, its collectives overlapped on
 # a communication thread's NCCL world (bucketed gradient reduce-scatters
 # during backward, the next layer's parameters gathered ahead), 2 steps
-# and a validation, within 1e-4 of the CPU's: the streams run behind the
+# and a validation, within 1e-4 of the CPU's, and again with the 2 ranks
+# sharing 1 GPU (MESH_GPU_SHARED=1: the collectives staged through host
+# memory, the communication thread's copies on its own device handle,
+# comm_checked_restage): the streams run behind the
 # host (the emulation's default), so an order between the compute stream
 # and NCCL's that the executor forgets shows as wrong numbers.
 # Ends with `# N passed, N failed`; exits 1 if any failed.
@@ -94,5 +97,9 @@ grep -q 'overlap: [0-9]* collectives a step run on a communication thread' "$T/z
 check "meshrun says the collectives overlap compute" $?
 same "$T/z3gpu.log" "$T/z3cpu.log" 1e-4 3
 check "their 3 losses and validation losses are the CPU's within 1e-4" $?
+MESH_GPU_SHARED=1 MESH_EMU_GPUS=1 PLAN=dp2z3 run "$T/z3shared.log" --device cuda --steps 2
+check "2 ranks sharing 1 emulated GPU train it 2 steps, collectives staged through host memory" $?
+same "$T/z3shared.log" "$T/z3cpu.log" 1e-4 3
+check "theirs too" $?
 echo "# $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
