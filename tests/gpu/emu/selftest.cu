@@ -53,6 +53,8 @@ template <class T> static T *dalloc(size_t n)
         exit(1);
     }
     cudaMemset(p, 0, n * sizeof(T));
+    cudaDeviceSynchronize(); /* (the set is queued on the legacy stream, which a
+                                non-blocking stream's work does not wait for) */
     allocs.push_back(p);
     return static_cast<T *>(p);
 }
