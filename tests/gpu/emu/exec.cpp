@@ -794,13 +794,15 @@ cudaError_t check_config(const LaunchDesc &d)
 /* ---- the interface (emu/device.h) ------------------------------------------ */
 
 namespace {
-/* Runs a checked launch's blocks (in its stream's order); false if it
- * faulted (or an earlier kernel had). */
+/* Runs a checked launch's blocks (in its stream's order); true unless
+ * they faulted: then their threads never ended, and what they point at
+ * (the arguments) must stay. A device stopped at an earlier fault runs
+ * nothing. */
 bool run_launch(const LaunchDesc &d)
 {
     std::lock_guard<std::mutex> lk(g_launch_mutex);
     if (sticky_error() != cudaSuccess)
-        return false; /* the device stopped at an earlier fault */
+        return true; /* the device stopped at an earlier fault: nothing ran */
     start_runners();
     Job j;
     j.d = &d;
@@ -847,7 +849,7 @@ void launch(const LaunchDesc &d, void (*drop)(const void *state))
         return;
     }
     stream_run(d.stream, [d, drop] {
-        if (run_launch(d)) /* (a faulted kernel's threads never ended: its arguments stay) */
+        if (run_launch(d))
             drop(d.state);
     });
 }
