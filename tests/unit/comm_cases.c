@@ -345,13 +345,17 @@ int comm_case_async_hooks(comm *c, char *err, size_t n)
     bad |= (strstr(comm_async_error(q), "wait 3 refused") == NULL) << 15;
     bad |= (comm_async_all_reduce(q, x[0], 8) != -1) << 16; /* it stays failed */
     comm_async_free(q);
-    /* 3: a mark that fails fails the issue */
+    /* 3: a mark that fails fails the issue, and the queue. (Call 1 is
+     * waited for first: a failed queue drops the calls it has not started,
+     * so a rank whose failure came before its thread took call 1 would
+     * leave the others' call 1 waiting for it until the timeout.) */
     hook_log g = {.mu = PTHREAD_MUTEX_INITIALIZER, .fail_mark = 2};
     hooks.ud = &g;
     if (comm_async_new(c, &hooks, &q) != 0) return call_failed(c, err, n);
     bad |= (comm_async_all_reduce(q, x[0], 8) != 1) << 17;
+    bad |= (comm_async_wait(q, 1) != 0) << 19;
     bad |= (comm_async_all_reduce(q, x[1], 8) != -1) << 18;
-    bad |= (comm_async_wait(q, 1) != -1) << 19; /* the queue failed */
+    bad |= (comm_async_all_reduce(q, x[2], 8) != -1) << 21; /* the queue stays failed */
     bad |= (strstr(comm_async_error(q), "mark 2 refused") == NULL) << 20;
     comm_async_free(q);
     if (bad) snprintf(err, n, "bad bits %#x (worst in flight %ld)", (unsigned)bad, h.worst);
