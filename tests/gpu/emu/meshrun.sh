@@ -15,6 +15,12 @@
 # comm_checked_restage): the streams run behind the
 # host (the emulation's default), so an order between the compute stream
 # and NCCL's that the executor forgets shows as wrong numbers.
+# Then one rank per process, as torchrun starts them, on one emulated node
+# (EMU_NCCL_NODE: their NCCL worlds meet through files, nccl_node.cpp):
+# dp 2 ZeRO-3 on 2 processes (1e-4; no files left behind), tp 2 x pp 2 in
+# bf16 on 4 (2e-2), 2 processes on 1 GPU (both stop; rank 0 says NCCL's
+# Duplicate GPU), and a process killed in its first step (the other stops
+# at once, naming it).
 # Ends with `# N passed, N failed`; exits 1 if any failed.
 set -u
 B=${1:?usage: meshrun.sh BUILD}
@@ -101,5 +107,60 @@ MESH_GPU_SHARED=1 MESH_EMU_GPUS=1 PLAN=dp2z3 run "$T/z3shared.log" --device cuda
 check "2 ranks sharing 1 emulated GPU train it 2 steps, collectives staged through host memory" $?
 same "$T/z3shared.log" "$T/z3cpu.log" 1e-4 3
 check "theirs too" $?
+
+# One rank per process, as torchrun starts them (RANK, WORLD_SIZE,
+# LOCAL_RANK, MASTER_ADDR/PORT: the TCP world, over which NCCL's id goes),
+# the processes of one emulated node meeting through EMU_NCCL_NODE's files
+# (nccl_node.cpp): a GPU each, then two on one GPU, then one killed.
+PORT=$((20000 + $$ % 20000))
+procs() { # procs NAME N GPUS PLAN ARGS...: N processes, rank R's output in $T/NAME.R.log
+    local name=$1 n=$2 gpus=$3 plan=$4 r rc=0
+    shift 4
+    PORT=$((PORT + 1))
+    for ((r = 0; r < n; r++)); do
+        EMU_NCCL_NODE="$T/node-$name" MESH_EMU_GPUS=$gpus RANK=$r LOCAL_RANK=$r WORLD_SIZE=$n \
+            MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT timeout 300 "$B/meshrun_emu" "$T/$plan.plan" \
+            --data "$T/train.bin" --val "$T/val.bin" --device cuda "$@" >"$T/$name.$r.log" 2>&1 &
+    done
+    for ((r = 0; r < n; r++)); do wait -n || rc=$?; done
+    return "$rc"
+}
+shown() { # shown NAME N: every process's output, indented
+    local r
+    for ((r = 0; r < $2; r++)); do echo "# rank $r:"; sed 's/^/#   /' "$T/$1.$r.log"; done
+}
+procs z3procs 2 2 dp2z3 --steps 2 || shown z3procs 2
+check "2 processes, a GPU each, train dp 2 ZeRO-3 2 steps over NCCL" $?
+same "$T/z3procs.0.log" "$T/z3cpu.log" 1e-4 3
+check "their 3 losses and validation losses are the CPU's within 1e-4" $?
+[ -z "$(ls -A "$T/node-z3procs")" ]
+check "the last process out of each world removed its files" $?
+procs tp2pp2procs 4 4 tp2pp2 --steps 2 || shown tp2pp2procs 4
+check "4 processes, a GPU each, train tp 2 x pp 2 in bf16 2 steps over NCCL" $?
+same "$T/tp2pp2procs.0.log" "$T/cpu2.log" 2e-2 3
+check "their 3 losses and validation losses are the CPU's within 2e-2" $?
+procs dup 2 1 dp2z3 --steps 2
+[ $? -ne 0 ] && grep -q 'Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 0' "$T/dup.0.log" || shown dup 2
+check "2 processes on 1 GPU both stop, and rank 0 says why (NCCL's Duplicate GPU)" $?
+# rank 1 killed in its first step: rank 0 stops, naming it, long before
+# its collective timeout (MESH_COLLECTIVE_TIMEOUT_S=60, timeout 300)
+PORT=$((PORT + 1))
+killed() { # rank 1 gets SIGKILL 3 s in; rank 0's status
+    local r pid=()
+    for r in 0 1; do
+        EMU_NCCL_NODE="$T/node-killed" MESH_EMU_GPUS=2 RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
+            MASTER_PORT=$PORT timeout 300 "$B/meshrun_emu" "$T/dp2z3.plan" --data "$T/train.bin" --device cuda \
+            --steps 20 >"$T/killed.$r.log" 2>&1 &
+        pid+=($!)
+    done
+    sleep 3
+    pkill -KILL -P "${pid[1]}" # (meshrun_emu, timeout's child)
+    wait "${pid[1]}" 2>/dev/null # (not bash's "Killed" line)
+    wait "${pid[0]}"
+}
+t0=$SECONDS
+killed
+[ $? -eq 1 ] && [ $((SECONDS - t0)) -lt 60 ] && grep -q 'rank 1 failed' "$T/killed.0.log" || shown killed 2
+check "a process killed in its first step stops the other, which names it" $?
 echo "# $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

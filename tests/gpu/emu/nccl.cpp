@@ -1,6 +1,8 @@
 /* nccl.cpp (CPU emulation, tests/gpu/emu): NCCL on the emulated GPUs, for
  * runtime/comm_nccl.c's tests: the ranks of a world are threads of this
- * process, each on its own emulated GPU (MESH_EMU_GPUS of them).
+ * process, each on its own emulated GPU (MESH_EMU_GPUS of them); with
+ * EMU_NCCL_NODE set, processes too (nccl_node.cpp: worlds meet through
+ * files, the processes' GPUs those of one node).
  *
  * What it keeps of NCCL:
  *  - Worlds form from a unique id (ncclGetUniqueId; NCCL_COMM_ID makes
@@ -61,70 +63,15 @@
 
 #include "emu/convert.h"
 #include "internal.h"
+#include "nccl_impl.h"
 
-struct Op;
-struct World;
-
-struct ncclComm {
-    World *w = nullptr; /* none while a split is forming it */
-    int rank = -1, device = 0;
-    bool blocking = true;
-    ncclResult_t state = ncclInProgress; /* InProgress until formed; then Success or an error */
-    int splitting = 0;                   /* splits of it not yet formed */
-    bool launching = false; /* a non-blocking launch said ncclInProgress: until GetAsyncError says ncclSuccess */
-    int launch_polls = 0;   /* GetAsyncError's ncclInProgress answers left (the enqueue) */
-    bool finalizing = false;
-    unsigned long long colls = 0, splits = 0;
-    std::map<int, unsigned long long> sent, received; /* per peer */
-    std::set<Op *> live;                              /* its operations not yet done */
-    std::string last;                                 /* ncclGetLastError */
-};
-
-namespace {
-
+using namespace enccl;
 using emu::diag;
 
-enum Kind { ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, BROADCAST, REDUCE, SEND, RECV };
+namespace enccl {
 const char *const kind_name[] = {"ncclAllReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast",
                                  "ncclReduce",    "ncclSend",          "ncclRecv"};
-
-struct Item;
-
-} /* namespace */
-
-struct Op {
-    Kind kind;
-    const void *send;
-    void *recv;
-    size_t count;
-    ncclDataType_t type;
-    ncclRedOp_t red;
-    int peer; /* root, or the other rank of a send or receive */
-    ncclComm *c;
-    cudaStream_t stream;
-    Item *item = nullptr;
-    bool posted = false, done = false;
-    unsigned long long seq = 0; /* its collective's, or its transfer's between the two ranks */
-};
-
-struct World {
-    std::string id; /* while forming */
-    int n = 0, joined = 0, alive = 0;
-    bool formed = false;
-    std::vector<ncclComm *> members;
-    struct Coll {
-        std::vector<Op *> ops;
-        int posted = 0;
-    };
-    std::map<unsigned long long, Coll> colls;
-    std::map<std::pair<int, int>, std::deque<Op *>> sends, recvs; /* (from, to) */
-    struct Split {
-        std::vector<int> color, key;
-        std::vector<ncclComm *> child;
-        int arrived = 0;
-    };
-    std::map<unsigned long long, Split> splits;
-};
+} /* namespace enccl */
 
 namespace {
 
@@ -155,7 +102,10 @@ ncclResult_t say(ncclComm *c, ncclResult_t rc, const char *fmt, ...)
     return rc;
 }
 
-/* c fails from now on (its first error stays). */
+} /* namespace */
+
+namespace enccl {
+
 void fail(ncclComm *c, ncclResult_t rc, const std::string &why)
 {
     if (!c)
@@ -182,6 +132,10 @@ size_t type_size(ncclDataType_t t)
     default: return 0;
     }
 }
+
+} /* namespace enccl */
+
+namespace {
 
 /* ---- reductions ------------------------------------------------------------- */
 
@@ -254,7 +208,11 @@ void reduce(ncclDataType_t t, ncclRedOp_t red, const std::vector<const char *> &
     }
 }
 
+} /* namespace */
+
 /* ---- operations and the streams' items ---------------------------------------------- */
+
+namespace enccl {
 
 struct Item : emu::Async {
     cudaStream_t stream;
@@ -269,7 +227,6 @@ struct Item : emu::Async {
     void start() override;
 };
 
-/* op is done (or ended by an abort): its item too once all of its are. */
 void finish(Op *op)
 {
     if (op->done)
@@ -282,6 +239,68 @@ void finish(Op *op)
         emu::async_done(it);
 }
 
+} /* namespace enccl */
+
+namespace {
+
+} /* namespace */
+
+namespace enccl {
+
+std::string disagreement(const Op &a, int ra, const Op &b, int rb)
+{
+    if (b.kind == a.kind && b.count == a.count && b.type == a.type &&
+        (a.kind == ALL_GATHER || a.kind == BROADCAST || b.red == a.red) &&
+        !((a.kind == BROADCAST || a.kind == REDUCE) && b.peer != a.peer))
+        return "";
+    char why[300];
+    snprintf(why, sizeof why,
+             "collective #%llu does not agree: rank %d called %s (count %zu, type %d, op %d, root %d), "
+             "rank %d %s (count %zu, type %d, op %d, root %d)",
+             a.seq, ra, kind_name[a.kind], a.count, (int)a.type, (int)a.red, a.peer, rb, kind_name[b.kind],
+             b.count, (int)b.type, (int)b.red, b.peer);
+    return why;
+}
+
+void collective_output(const Op &a, const std::vector<const char *> &in, int r, int n, std::vector<char> &o)
+{
+    size_t es = type_size(a.type), count = a.count, p = (size_t)n;
+    o.clear();
+    switch (a.kind) {
+    case ALL_REDUCE:
+        o.resize(count * es);
+        reduce(a.type, a.red, in, o.data(), count);
+        break;
+    case REDUCE:
+        if (r != a.peer)
+            break;
+        o.resize(count * es);
+        reduce(a.type, a.red, in, o.data(), count);
+        break;
+    case REDUCE_SCATTER: {
+        std::vector<const char *> part;
+        for (const char *x : in)
+            part.push_back(x + (size_t)r * count * es);
+        o.resize(count * es);
+        reduce(a.type, a.red, part, o.data(), count);
+        break;
+    }
+    case ALL_GATHER:
+        o.resize(p * count * es);
+        for (size_t q = 0; q < p; q++)
+            memcpy(o.data() + q * count * es, in[q], count * es);
+        break;
+    case BROADCAST:
+        o.assign(in[(size_t)a.peer], in[(size_t)a.peer] + count * es);
+        break;
+    default: break;
+    }
+}
+
+} /* namespace enccl */
+
+namespace {
+
 /* The operations of one collective, every rank's started: checked to
  * agree, then done, outputs computed from every input before any is
  * written (the in-place forms). */
@@ -289,16 +308,8 @@ void run_collective(World *w, World::Coll &k)
 {
     const Op *a = k.ops[0];
     for (int r = 1; r < w->n; r++) {
-        const Op *b = k.ops[r];
-        if (b->kind != a->kind || b->count != a->count || b->type != a->type ||
-            (a->kind != ALL_GATHER && a->kind != BROADCAST && b->red != a->red) ||
-            ((a->kind == BROADCAST || a->kind == REDUCE) && b->peer != a->peer)) {
-            char why[300];
-            snprintf(why, sizeof why,
-                     "collective #%llu does not agree: rank 0 called %s (count %zu, type %d, op %d, root %d), "
-                     "rank %d %s (count %zu, type %d, op %d, root %d)",
-                     a->seq, kind_name[a->kind], a->count, (int)a->type, (int)a->red, a->peer, r,
-                     kind_name[b->kind], b->count, (int)b->type, (int)b->red, b->peer);
+        std::string why = disagreement(*a, 0, *k.ops[(size_t)r], r);
+        if (!why.empty()) {
             for (Op *op : k.ops)
                 fail(op->c, ncclInvalidUsage, why);
             for (Op *op : k.ops)
@@ -306,43 +317,12 @@ void run_collective(World *w, World::Coll &k)
             return;
         }
     }
-    size_t es = type_size(a->type), n = a->count, p = (size_t)w->n;
     std::vector<std::vector<char>> out((size_t)w->n);
     std::vector<const char *> in;
     for (const Op *op : k.ops)
         in.push_back((const char *)op->send);
-    for (int r = 0; r < w->n; r++) {
-        std::vector<char> &o = out[(size_t)r];
-        switch (a->kind) {
-        case ALL_REDUCE:
-            o.resize(n * es);
-            reduce(a->type, a->red, in, o.data(), n);
-            break;
-        case REDUCE:
-            if (r != a->peer)
-                break;
-            o.resize(n * es);
-            reduce(a->type, a->red, in, o.data(), n);
-            break;
-        case REDUCE_SCATTER: {
-            std::vector<const char *> part;
-            for (const char *x : in)
-                part.push_back(x + (size_t)r * n * es);
-            o.resize(n * es);
-            reduce(a->type, a->red, part, o.data(), n);
-            break;
-        }
-        case ALL_GATHER:
-            o.resize(p * n * es);
-            for (size_t q = 0; q < p; q++)
-                memcpy(o.data() + q * n * es, in[q], n * es);
-            break;
-        case BROADCAST:
-            o.assign(in[(size_t)a->peer], in[(size_t)a->peer] + n * es);
-            break;
-        default: break;
-        }
-    }
+    for (int r = 0; r < w->n; r++)
+        collective_output(*a, in, r, w->n, out[(size_t)r]);
     for (int r = 0; r < w->n; r++)
         if (!out[(size_t)r].empty())
             memcpy(k.ops[(size_t)r]->recv, out[(size_t)r].data(), out[(size_t)r].size());
@@ -377,6 +357,10 @@ void post(Op *op)
         bool send = op->kind == SEND;
         std::pair<int, int> key = send ? std::make_pair(c->rank, op->peer) : std::make_pair(op->peer, c->rank);
         op->seq = send ? c->sent[op->peer]++ : c->received[op->peer]++;
+        if (w->node) {
+            node_post(op);
+            return;
+        }
         std::deque<Op *> &other = send ? w->recvs[key] : w->sends[key];
         if (other.empty()) {
             (send ? w->sends[key] : w->recvs[key]).push_back(op);
@@ -388,6 +372,10 @@ void post(Op *op)
         return;
     }
     op->seq = c->colls++;
+    if (w->node) {
+        node_post(op);
+        return;
+    }
     World::Coll &k = w->colls[op->seq];
     if (k.ops.empty())
         k.ops.assign((size_t)w->n, nullptr);
@@ -399,7 +387,9 @@ void post(Op *op)
     run_collective(w, whole);
 }
 
-void Item::start()
+} /* namespace */
+
+void enccl::Item::start()
 {
     for (Op *op : ops)
         if (!op->done && op->c)
@@ -409,12 +399,18 @@ void Item::start()
         emu::async_done(this);
 }
 
+namespace {
+
 /* Takes op out of what waits for peers (an abort). */
 void unpost(Op *op)
 {
     World *w = op->c->w;
     if (!op->posted || !w)
         return;
+    if (w->node) {
+        node_unpost(op);
+        return;
+    }
     if (op->kind == SEND || op->kind == RECV) {
         bool send = op->kind == SEND;
         std::pair<int, int> key = send ? std::make_pair(op->c->rank, op->peer) : std::make_pair(op->peer, op->c->rank);
@@ -445,6 +441,8 @@ void drop(ncclComm *c)
     }
     g_comms.erase(c);
     World *w = c->w;
+    if (w && w->node)
+        node_leave(c);
     if (w) {
         if (c->rank >= 0 && c->rank < w->n && w->members[(size_t)c->rank] == c)
             w->members[(size_t)c->rank] = nullptr;
@@ -453,6 +451,8 @@ void drop(ncclComm *c)
         if (--w->alive == 0) {
             if (!w->formed)
                 g_forming.erase(w->id);
+            if (w->node)
+                node_forget(w);
             delete w;
         }
     }
@@ -622,31 +622,46 @@ void form_split(World *w, World::Split &sp)
             m->splitting--;
 }
 
-/* Forms a world once all its ranks have come: the GPUs must differ. */
-void form_world(World *w)
-{
-    g_forming.erase(w->id);
-    w->formed = true;
-    for (int a = 0; a < w->n; a++)
-        for (int b = a + 1; b < w->n; b++)
-            if (w->members[(size_t)a]->device == w->members[(size_t)b]->device) {
-                char why[160];
-                snprintf(why, sizeof why, "Duplicate GPU detected : rank %d and rank %d both on CUDA device %d", a,
-                         b, w->members[(size_t)a]->device);
-                for (ncclComm *m : w->members)
-                    fail(m, ncclInvalidUsage, why);
-                return;
-            }
-    for (ncclComm *m : w->members)
-        m->state = ncclSuccess;
-}
-
 bool blocking_config(const ncclConfig_t *config)
 {
     return !config || config->blocking == NCCL_CONFIG_UNDEF_INT || config->blocking != 0;
 }
 
 } /* namespace */
+
+namespace enccl {
+
+std::condition_variable &formed_cv()
+{
+    return g_cv;
+}
+
+bool comm_alive(ncclComm *c)
+{
+    return g_comms.count(c) != 0;
+}
+
+/* The GPUs must differ. */
+void world_formed(World *w, const std::vector<int> &device)
+{
+    g_forming.erase(w->id);
+    w->formed = true;
+    for (int a = 0; a < w->n; a++)
+        for (int b = a + 1; b < w->n; b++)
+            if (device[(size_t)a] == device[(size_t)b]) {
+                char why[160];
+                snprintf(why, sizeof why, "Duplicate GPU detected : rank %d and rank %d both on CUDA device %d", a,
+                         b, device[(size_t)a]);
+                for (ncclComm *m : w->members)
+                    fail(m, ncclInvalidUsage, why);
+                return;
+            }
+    for (ncclComm *m : w->members)
+        if (m)
+            m->state = ncclSuccess;
+}
+
+} /* namespace enccl */
 
 /* ---- the API --------------------------------------------------------------- */
 
@@ -706,8 +721,19 @@ extern "C" ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncc
     w->alive++;
     g_comms.insert(c);
     *comm = c;
-    if (w->joined == w->n) {
-        form_world(w);
+    if (node_on()) { /* (the world forms once every rank's files are there: nccl_node.cpp) */
+        ncclResult_t rc = node_join(w, c);
+        if (rc != ncclSuccess) {
+            *comm = nullptr;
+            std::string why = c->last;
+            drop(c);
+            return say(nullptr, rc, "ncclCommInitRankConfig: %s", why.c_str());
+        }
+    } else if (w->joined == w->n) {
+        std::vector<int> device;
+        for (ncclComm *m : w->members)
+            device.push_back(m->device);
+        world_formed(w, device);
         g_cv.notify_all();
     }
     if (!c->blocking)
@@ -729,28 +755,34 @@ extern "C" ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclC
     if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
         return say(comm, ncclInvalidArgument, "ncclCommSplit: color %d", color);
     World *w = comm->w;
-    World::Split &sp = w->splits[comm->splits++];
-    if (sp.color.empty()) {
-        sp.color.assign((size_t)w->n, NCCL_SPLIT_NOCOLOR);
-        sp.key.assign((size_t)w->n, 0);
-        sp.child.assign((size_t)w->n, nullptr);
-    }
-    sp.color[(size_t)comm->rank] = color;
-    sp.key[(size_t)comm->rank] = key;
+    unsigned long long k = comm->splits++;
+    ncclComm *child = nullptr;
     if (color != NCCL_SPLIT_NOCOLOR) {
-        ncclComm *child = new ncclComm;
+        child = new ncclComm;
         child->device = comm->device;
         child->blocking = blocking_config(config);
         g_comms.insert(child);
-        sp.child[(size_t)comm->rank] = child;
         *newcomm = child;
     }
     comm->splitting++;
-    if (++sp.arrived == w->n) {
-        World::Split whole = sp;
-        w->splits.erase(comm->splits - 1);
-        form_split(w, whole);
-        g_cv.notify_all();
+    if (w->node) {
+        node_split(comm, k, color, key, child); /* (forms once every rank's files are there) */
+    } else {
+        World::Split &sp = w->splits[k];
+        if (sp.color.empty()) {
+            sp.color.assign((size_t)w->n, NCCL_SPLIT_NOCOLOR);
+            sp.key.assign((size_t)w->n, 0);
+            sp.child.assign((size_t)w->n, nullptr);
+        }
+        sp.color[(size_t)comm->rank] = color;
+        sp.key[(size_t)comm->rank] = key;
+        sp.child[(size_t)comm->rank] = child;
+        if (++sp.arrived == w->n) {
+            World::Split whole = sp;
+            w->splits.erase(k);
+            form_split(w, whole);
+            g_cv.notify_all();
+        }
     }
     if (!blocking_config(config) || !comm->blocking)
         return comm->splitting ? ncclInProgress : ncclSuccess;

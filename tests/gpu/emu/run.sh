@@ -66,13 +66,25 @@ if [ -x "$B/unit_tests_emu" ]; then
             device_cuda_probe_says_why device_cuda_round_trips exec_cuda_trains_as_the_cpu
         skipped
     fi
-    run "the NCCL communicator on 4 GPUs" env MESH_EMU_GPUS=4 "$B/unit_tests_emu" \
-        comm_nccl_available_says_why comm_nccl_one_rank_calls comm_nccl_world_over_threads \
-        comm_nccl_failure_aborts_the_world comm_nccl_world_times_out_without_its_ranks \
-        comm_nccl_queue_on_its_own_world comm_nccl_ranks_over_threads comm_nccl_failed_rank_stops_the_others
+    NCCL_TESTS=(comm_nccl_available_says_why comm_nccl_one_rank_calls comm_nccl_world_over_threads
+        comm_nccl_failure_aborts_the_world comm_nccl_world_times_out_without_its_ranks
+        comm_nccl_queue_on_its_own_world comm_nccl_ranks_over_threads comm_nccl_failed_rank_stops_the_others)
+    run "the NCCL communicator on 4 GPUs" env MESH_EMU_GPUS=4 "$B/unit_tests_emu" "${NCCL_TESTS[@]}"
     skipped
+    # again, every world meeting through a node's files, as processes' do
+    # (nccl_node.cpp); the last rank out of each removes its folder
+    NODE=$(mktemp -d)
+    run "the NCCL communicator on 4 GPUs, through EMU_NCCL_NODE's files" \
+        env MESH_EMU_GPUS=4 EMU_NCCL_NODE="$NODE" "$B/unit_tests_emu" "${NCCL_TESTS[@]}"
+    skipped
+    if [ -n "$(ls -A "$NODE")" ]; then
+        echo "# worlds left files behind in EMU_NCCL_NODE: $(ls "$NODE")"
+        failed=$((failed + 1))
+    fi
+    rm -rf "$NODE"
 fi
-# meshrun --device cuda on 4 GPUs (tp 2 x pp 2 over NCCL), as a user runs it
+# meshrun --device cuda as a user runs it, on 4 GPUs: ranks as threads,
+# then one per process (tests/gpu/emu/meshrun.sh)
 if [ -x "$B/meshrun_emu" ] && [ -x "$B/meshc" ] && [ "${EMU_TSAN:-0}" != 1 ]; then
     run "meshrun on 4 GPUs" bash "$(dirname "$0")/meshrun.sh" "$B"
 fi
