@@ -6,7 +6,7 @@
 #include <pthread.h> /* pthread_create, pthread_join */
 #include <stdio.h>   /* snprintf */
 #include <stdlib.h>  /* calloc, free, getenv, strtol */
-#include <string.h>  /* strcmp */
+#include <string.h>  /* strcmp, strncmp, strlen */
 
 #include "api_impl.h" /* mesh__context_create, mesh__fail, mesh__job */
 #include "comm.h"     /* comm_threads_*, comm_mpi_*, comm_tcp_* */
@@ -57,6 +57,15 @@ static int local_processes(void)
 }
 
 /* "the plan has 4 ranks (dp 4 x ...); this job has 2 processes" */
+/* st, with "rank R: " before why unless why starts so already (the
+ * executor names the rank itself). */
+static mesh_status fail_rank(mesh_status st, int rank, const char *why)
+{
+    char own[24];
+    snprintf(own, sizeof own, "rank %d: ", rank);
+    return strncmp(why, own, strlen(own)) ? mesh__fail(st, "%s%s", own, why) : mesh__fail(st, "%s", why);
+}
+
 static mesh_status mismatch(const mesh_plan *mp, int processes)
 {
     const fe_setup *s = &mp->p.setup;
@@ -101,8 +110,8 @@ static mesh_status run_process_rank(const mesh_plan *mp, const mesh__job *job, m
     char after[sizeof c->error];
     snprintf(after, sizeof after, "%s", tcp ? c->error : "");
     comm_free(c);
-    if (r.st != MESH_OK) return mesh__fail(r.st, "rank %d: %s", r.rank, r.error);
-    if (first >= 0 && after[0]) return mesh__fail(MESH_ERR_RANK, "rank %d: %s", r.rank, after);
+    if (r.st != MESH_OK) return fail_rank(r.st, r.rank, r.error);
+    if (first >= 0 && after[0]) return fail_rank(MESH_ERR_RANK, r.rank, after);
     if (first >= 0) return mesh__fail(MESH_ERR_RANK, "rank %d failed (its process says why)", first);
     return MESH_OK;
 }
@@ -153,7 +162,7 @@ mesh_status mesh_run_ranks(const mesh_plan *mp, mesh_rank_fn fn, void *ud)
     for (int r = 0; r < started && cause < 0; r++)
         if (runs[r].st != MESH_OK) cause = r;
     mesh_status st = started < n ? MESH_ERR_NOMEM : MESH_OK;
-    if (cause >= 0) st = mesh__fail(runs[cause].st, "rank %d: %s", cause, runs[cause].error);
+    if (cause >= 0) st = fail_rank(runs[cause].st, cause, runs[cause].error);
     else if (started < n) st = mesh__fail(st, "could not start the thread of rank %d", started);
     free(runs);
     free(th);
