@@ -87,11 +87,17 @@ void dev_set_planned(dev *d, size_t bytes)
     if (d) d->planned = bytes;
 }
 
-void dev_oom_text(char *buf, size_t n, const char *call, size_t bytes, size_t planned, int have_info,
+void dev_oom_text(char *buf, size_t n, const char *call, size_t bytes, size_t planned, size_t held, int have_info,
                   size_t free_bytes, size_t total_bytes)
 {
-    char plan[80] = "", info[96] = "";
-    if (planned > 0) snprintf(plan, sizeof plan, "the plan predicts %zu bytes per rank", planned);
+    char plan[144] = "", info[96] = "";
+    if (planned > 0 && held > 0)
+        snprintf(plan, sizeof plan, "the plan predicts %zu bytes per rank, and the kernels hold %zu more", planned,
+                 held);
+    else if (planned > 0)
+        snprintf(plan, sizeof plan, "the plan predicts %zu bytes per rank", planned);
+    else if (held > 0)
+        snprintf(plan, sizeof plan, "the kernels hold %zu bytes", held);
     if (have_info) snprintf(info, sizeof info, "the device has %zu free of %zu", free_bytes, total_bytes);
     const char *open = plan[0] || info[0] ? " (" : "", *close = plan[0] || info[0] ? ")" : "";
     snprintf(buf, n, "%s%sout of device memory allocating %zu bytes%s%s%s%s%s", call ? call : "",
@@ -109,7 +115,7 @@ mesh_status dev_alloc(dev *d, void **p, size_t bytes)
     size_t free_bytes = 0, total_bytes = 0;
     int have_info = d->v->mem_info(d, &free_bytes, &total_bytes) == MESH_OK;
     char text[400];
-    dev_oom_text(text, sizeof text, d->v->alloc_call, bytes, d->planned, have_info, free_bytes, total_bytes);
+    dev_oom_text(text, sizeof text, d->v->alloc_call, bytes, d->planned, d->held, have_info, free_bytes, total_bytes);
     *p = NULL;
     return dev_fail(d, MESH_ERR_NOMEM, "%s", text);
 }

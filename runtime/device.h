@@ -91,6 +91,7 @@ struct dev {
     const dev_vtbl *v;
     int index;       /* the CUDA device number; 0 on the CPU */
     size_t planned;  /* bytes the plan predicts per rank (dev_set_planned; 0: unknown) */
+    size_t held;     /* bytes the kernels hold beside the plan's (a GPU's cuBLASLt workspace) */
     int fail_alloc;  /* test hook (cpu): every alloc fails as if the memory were full */
     void *impl;      /* the backend's own state (the guarded CPU device's buffers) */
     _Atomic long long to_host; /* device-to-host copies made (on a GPU each is a wait for the device);
@@ -161,10 +162,11 @@ __attribute__((format(printf, 3, 4)))
 mesh_status dev_fail(dev *d, mesh_status st, const char *fmt, ...);
 
 /* The out-of-memory text (without the device's name): "CALL: out of
- * device memory allocating N bytes (the plan predicts P bytes per rank;
- * the device has F free of T)"; the prediction is left out when planned
+ * device memory allocating N bytes (the plan predicts P bytes per rank,
+ * and the kernels hold H more; the device has F free of T)"; the
+ * prediction is left out when planned is 0, the kernels' bytes when held
  * is 0, the free and total bytes when have_info is 0. */
-void dev_oom_text(char *buf, size_t n, const char *call, size_t bytes, size_t planned, int have_info,
+void dev_oom_text(char *buf, size_t n, const char *call, size_t bytes, size_t planned, size_t held, int have_info,
                   size_t free_bytes, size_t total_bytes);
 
 /* ---- the GPU probe and the choice of device ----------------------------- */

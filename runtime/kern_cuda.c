@@ -28,13 +28,28 @@ typedef struct cuda_kern {
 
 #define CTX(k) (((cuda_kern *)(k)->impl)->ctx)
 
-/* 0, or -1 with "cuda: NAME: kcuda's message" in k->error. */
-static int check(kern *k, const char *name, int rc)
+/* 0, or -1 with "cuda:N (GPU): NAME: kcuda's message" in k->error; a full
+ * device says how full, as dev_alloc does: of `bytes` allocated for
+ * `what` when known (bytes > 0), else beside kcuda's message. */
+static int check_alloc(kern *k, const char *name, int rc, const char *what, size_t bytes)
 {
     if (rc == 0) return 0;
-    snprintf(k->error, sizeof k->error, "%s: %s: %s", k->d->name, name, kcuda_last_error());
+    size_t free_bytes = 0, total = 0;
+    int full = kcuda_out_of_memory(rc), info = full && dev_mem_info(k->d, &free_bytes, &total) == MESH_OK;
+    char text[400];
+    if (full && bytes > 0) {
+        dev_oom_text(text, sizeof text, what, bytes, k->d->planned, k->d->held, info, free_bytes, total);
+        snprintf(k->error, sizeof k->error, "%s: %s: %.340s", k->d->name, name, text);
+    } else if (info) {
+        snprintf(k->error, sizeof k->error, "%s: %s: %s (the device has %zu free of %zu)", k->d->name, name,
+                 kcuda_last_error(), free_bytes, total);
+    } else {
+        snprintf(k->error, sizeof k->error, "%s: %s: %s", k->d->name, name, kcuda_last_error());
+    }
     return -1;
 }
+
+static int check(kern *k, const char *name, int rc) { return check_alloc(k, name, rc, NULL, 0); }
 
 static int from_dev(kern *k, const char *name, mesh_status st)
 {
@@ -55,7 +70,7 @@ static void *grown(kern *k, void **buf, size_t *cap, size_t bytes)
     *buf = NULL;
     *cap = 0;
     if (check(k, "kcuda_free", kcuda_free(old, k->stream)) ||
-        check(k, "kcuda_alloc", kcuda_alloc(&p, bytes, k->stream)))
+        check_alloc(k, "kcuda_alloc", kcuda_alloc(&p, bytes, k->stream), "cudaMallocAsync", bytes))
         return NULL;
     *cap = bytes;
     return *buf = p;
@@ -69,11 +84,13 @@ static int cuda_open(kern *k)
         return -1;
     }
     k->impl = c;
-    if (check(k, "kcuda_ctx_create", kcuda_ctx_create(&c->ctx)) != 0) {
+    if (check_alloc(k, "kcuda_ctx_create", kcuda_ctx_create(&c->ctx), "cudaMalloc (cuBLASLt's workspace)",
+                    KCUDA_WORKSPACE_BYTES) != 0) {
         free(c);
         k->impl = NULL;
         return -1;
     }
+    k->d->held += KCUDA_WORKSPACE_BYTES;
     return 0;
 }
 
@@ -84,6 +101,7 @@ static void cuda_close(kern *k)
     (void)kcuda_free(c->dss, k->stream); /* (kcuda_ctx_free waits for the device) */
     (void)kcuda_free(c->tmp, k->stream);
     kcuda_ctx_free(c->ctx);
+    k->d->held -= KCUDA_WORKSPACE_BYTES;
     free(c);
     k->impl = NULL;
 }

@@ -20,6 +20,11 @@ const char *kcuda_last_error(void)
     return kcuda_errbuf;
 }
 
+int kcuda_out_of_memory(int rc)
+{
+    return rc == (int)cudaErrorMemoryAllocation;
+}
+
 /* The file's last path component, for shorter messages. */
 static const char *base_name(const char *file)
 {
@@ -124,9 +129,6 @@ int kcuda_convert(void *dst, kcuda_dtype dst_dt, const void *src,
 
 /* ---- the context -------------------------------------------------------- */
 
-/* cuBLASLt's workspace: NVIDIA recommends 32 MiB on Hopper. */
-#define KCUDA_WORKSPACE (32u << 20)
-
 int kcuda_ctx_create(kcuda_ctx **out)
 {
     KCUDA_ARG(out != NULL, "kcuda_ctx_create: out is NULL");
@@ -141,14 +143,14 @@ int kcuda_ctx_create(kcuda_ctx **out)
         return kcuda__fail(KCUDA_ERR_BLAS, __FILE__, __LINE__,
                            "cublasLtCreate: %s", cublasLtGetStatusString(st));
     }
-    cudaError_t e = cudaMalloc(&c->workspace, KCUDA_WORKSPACE);
+    cudaError_t e = cudaMalloc(&c->workspace, KCUDA_WORKSPACE_BYTES);
     if (e != cudaSuccess) {
         cublasLtDestroy(c->lt);
         free(c);
         return kcuda__cuda_fail(e, "cudaMalloc(cuBLASLt workspace)", __FILE__,
                                 __LINE__);
     }
-    c->workspace_bytes = KCUDA_WORKSPACE;
+    c->workspace_bytes = KCUDA_WORKSPACE_BYTES;
     /* the default pool keeps freed memory: no trimming at a synchronize */
     int dev = 0;
     cudaMemPool_t pool;

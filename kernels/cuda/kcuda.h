@@ -69,6 +69,10 @@ enum {
  * text stays until the next failure on this thread. */
 const char *kcuda_last_error(void);
 
+/* 1 when rc (a kcuda_* call's) says the device's memory is full
+ * (cudaErrorMemoryAllocation). */
+int kcuda_out_of_memory(int rc);
+
 /* 1 when a CUDA device is usable; else 0, with the reason in why[n] (which
  * may be NULL). Never crashes without a driver: it tries
  * dlopen("libcuda.so.1") before asking the CUDA runtime. */
@@ -82,7 +86,11 @@ size_t kcuda_dtype_size(kcuda_dtype dt);
 int kcuda_convert(void *dst, kcuda_dtype dst_dt, const void *src,
                   kcuda_dtype src_dt, size_t n, void *stream);
 
-/* A cuBLASLt handle, its workspace (32 MiB), cached matmul algorithms and a
+/* The device memory a context's cuBLASLt workspace takes: NVIDIA's
+ * recommendation on Hopper. */
+#define KCUDA_WORKSPACE_BYTES ((size_t)32 << 20)
+
+/* A cuBLASLt handle, its workspace (KCUDA_WORKSPACE_BYTES), cached matmul algorithms and a
  * scratch buffer that grows on demand (the ops that need one say so). Use a
  * context on one stream only (its scratch is reused and regrown in that
  * stream's order; another stream would need an event between them).

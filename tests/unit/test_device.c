@@ -113,15 +113,22 @@ TEST_IMPL(device_cpu_round_trips)
 TEST_IMPL(device_out_of_memory_message)
 {
     char text[400];
-    dev_oom_text(text, sizeof text, "cudaMalloc", 1073741824, 2147483648u, 1, 524288000, 150754820096ull);
+    dev_oom_text(text, sizeof text, "cudaMalloc", 1073741824, 2147483648u, 0, 1, 524288000, 150754820096ull);
     ASSERT_STR_EQ(text, "cudaMalloc: out of device memory allocating 1073741824 bytes (the plan predicts "
                         "2147483648 bytes per rank; the device has 524288000 free of 150754820096)");
-    dev_oom_text(text, sizeof text, "cudaMalloc", 4096, 0, 1, 0, 8192);
+    dev_oom_text(text, sizeof text, "cudaMalloc", 1073741824, 2147483648u, 33554432, 1, 524288000, 150754820096ull);
+    ASSERT_STR_EQ(text, "cudaMalloc: out of device memory allocating 1073741824 bytes (the plan predicts "
+                        "2147483648 bytes per rank, and the kernels hold 33554432 more; the device has 524288000 "
+                        "free of 150754820096)");
+    dev_oom_text(text, sizeof text, "cudaMalloc", 4096, 0, 0, 1, 0, 8192);
     ASSERT_STR_EQ(text, "cudaMalloc: out of device memory allocating 4096 bytes (the device has 0 free of 8192)");
-    dev_oom_text(text, sizeof text, "cudaMalloc", 4096, 100, 0, 0, 0);
+    dev_oom_text(text, sizeof text, "cudaMalloc", 4096, 0, 64, 1, 0, 8192);
+    ASSERT_STR_EQ(text, "cudaMalloc: out of device memory allocating 4096 bytes (the kernels hold 64 bytes; the "
+                        "device has 0 free of 8192)");
+    dev_oom_text(text, sizeof text, "cudaMalloc", 4096, 100, 0, 0, 0, 0);
     ASSERT_STR_EQ(text,
                   "cudaMalloc: out of device memory allocating 4096 bytes (the plan predicts 100 bytes per rank)");
-    dev_oom_text(text, sizeof text, NULL, 4096, 0, 0, 0, 0);
+    dev_oom_text(text, sizeof text, NULL, 4096, 0, 0, 0, 0, 0);
     ASSERT_STR_EQ(text, "out of device memory allocating 4096 bytes");
 
     dev *d = NULL;

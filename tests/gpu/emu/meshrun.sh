@@ -15,6 +15,8 @@
 # comm_checked_restage): the streams run behind the
 # host (the emulation's default), so an order between the compute stream
 # and NCCL's that the executor forgets shows as wrong numbers.
+# A GPU too small (EMU_GPU_MEM_MB=34, 16): meshrun stops, naming the
+# bytes (the plan's, the kernels', the device's free and total).
 # Then one rank per process, as torchrun starts them, on one emulated node
 # (EMU_NCCL_NODE: their NCCL worlds meet through files, nccl_node.cpp):
 # dp 2 ZeRO-3 on 2 processes (1e-4; no files left behind), tp 2 x pp 2 in
@@ -107,6 +109,23 @@ MESH_GPU_SHARED=1 MESH_EMU_GPUS=1 PLAN=dp2z3 run "$T/z3shared.log" --device cuda
 check "2 ranks sharing 1 emulated GPU train it 2 steps, collectives staged through host memory" $?
 same "$T/z3shared.log" "$T/z3cpu.log" 1e-4 3
 check "theirs too" $?
+
+# A GPU too small (EMU_GPU_MEM_MB): meshrun stops, saying how full the
+# device is and what the plan and the kernels take (for the plan's arena;
+# for cuBLASLt's workspace, which comes first)
+oom() { # oom MIB PATTERN
+    MESH_EMU_GPUS=2 EMU_GPU_MEM_MB=$1 timeout 60 "$B/meshrun_emu" "$T/dp2z3.plan" --data "$T/train.bin" \
+        --device cuda --steps 1 >"$T/oom$1.log" 2>&1
+    local rc=$?
+    [ "$rc" -eq 1 ] && grep -q "$2" "$T/oom$1.log" && return 0
+    echo "# exit $rc:"
+    sed 's/^/#   /' "$T/oom$1.log"
+    return 1
+}
+oom 34 '^meshrun: error: .*: rank 0: cuda:0 .*: cudaMalloc: out of device memory allocating [0-9]* bytes (the plan predicts [0-9]* bytes per rank, and the kernels hold 33554432 more; the device has [0-9]* free of 35651584)$'
+check "a GPU of 34 MiB: out of memory for the plan's arena, with the plan's bytes, the kernels' and the device's" $?
+oom 16 "^meshrun: error: .*: rank 0: cuda:0 .*: kcuda_ctx_create: cudaMalloc (cuBLASLt's workspace): out of device memory allocating 33554432 bytes (the device has [0-9]* free of 16777216)$"
+check "a GPU of 16 MiB: out of memory for cuBLASLt's workspace, with the device's bytes" $?
 
 # One rank per process, as torchrun starts them (RANK, WORLD_SIZE,
 # LOCAL_RANK, MASTER_ADDR/PORT: the TCP world, over which NCCL's id goes),

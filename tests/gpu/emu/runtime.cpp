@@ -46,8 +46,24 @@ thread_local cudaError_t t_last = cudaSuccess;
 
 std::mutex g_mem_mutex;
 std::map<uintptr_t, size_t> g_allocs; /* base -> bytes */
+std::map<uintptr_t, int> g_alloc_dev; /* base -> its device */
 std::map<uintptr_t, size_t> g_host;   /* cudaMallocHost's: base -> bytes */
 size_t g_alloc_bytes;
+size_t g_dev_bytes[8]; /* allocated on each device */
+
+/* Each device's memory: EMU_GPU_MEM_MB MiB (default an H200's 143771). */
+size_t device_memory()
+{
+    static const size_t bytes = [] {
+        const char *e = getenv("EMU_GPU_MEM_MB");
+        char *end = nullptr;
+        unsigned long long mb = e ? strtoull(e, &end, 10) : 0;
+        if (!e || end == e || *end || mb == 0)
+            mb = 143771;
+        return (size_t)mb << 20;
+    }();
+    return bytes;
+}
 
 std::mutex g_handle_mutex; /* the streams and events made and not destroyed */
 std::set<const void *> g_streams, g_events;
@@ -217,7 +233,7 @@ extern "C" cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int 
         return record(cudaErrorInvalidDevice);
     memset(prop, 0, sizeof *prop);
     snprintf(prop->name, sizeof prop->name, "NVIDIA H200 (CPU emulation, tests/gpu/emu)");
-    prop->totalGlobalMem = (size_t)143771 << 20;
+    prop->totalGlobalMem = device_memory();
     prop->sharedMemPerBlock = SMEM_DEFAULT;
     prop->regsPerBlock = 65536;
     prop->warpSize = 32;
@@ -760,12 +776,23 @@ extern "C" cudaError_t cudaMalloc(void **devPtr, size_t size)
     *devPtr = nullptr;
     if (size == 0)
         return cudaSuccess; /* CUDA: a null pointer, no error */
+    int dev = current_device();
+    {
+        std::lock_guard<std::mutex> lk(g_mem_mutex);
+        if (size > device_memory() - g_dev_bytes[dev])
+            return record(cudaErrorMemoryAllocation);
+        g_dev_bytes[dev] += size; /* (held while the host allocates) */
+    }
     void *p = nullptr;
-    if (posix_memalign(&p, 256, size) != 0)
+    if (posix_memalign(&p, 256, size) != 0) {
+        std::lock_guard<std::mutex> lk(g_mem_mutex);
+        g_dev_bytes[dev] -= size;
         return record(cudaErrorMemoryAllocation);
+    }
     memset(p, 0xff, size); /* cudaMalloc's memory is not zeroed */
     std::lock_guard<std::mutex> lk(g_mem_mutex);
     g_allocs[(uintptr_t)p] = size;
+    g_alloc_dev[(uintptr_t)p] = dev;
     g_alloc_bytes += size;
     *devPtr = p;
     return cudaSuccess;
@@ -783,6 +810,8 @@ bool live_allocation(void *p, bool take, const char *who)
     }
     if (take) {
         g_alloc_bytes -= it->second;
+        g_dev_bytes[g_alloc_dev[(uintptr_t)p]] -= it->second;
+        g_alloc_dev.erase((uintptr_t)p);
         g_allocs.erase(it);
     }
     return true;
@@ -994,9 +1023,9 @@ extern "C" cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
     API_ENTER();
     if (!free_bytes || !total)
         return record(cudaErrorInvalidValue);
-    *total = (size_t)143771 << 20; /* cudaGetDeviceProperties' totalGlobalMem */
+    *total = device_memory(); /* cudaGetDeviceProperties' totalGlobalMem */
     std::lock_guard<std::mutex> lk(g_mem_mutex);
-    *free_bytes = g_alloc_bytes < *total ? *total - g_alloc_bytes : 0;
+    *free_bytes = *total - g_dev_bytes[current_device()];
     return cudaSuccess;
 }
 
