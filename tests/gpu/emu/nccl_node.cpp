@@ -86,6 +86,7 @@ struct State {
     std::vector<PendingSplit> splits;
     std::set<Op *> waiting;
     bool thread = false;
+    bool exiting = false; /* the process is exiting: the thread stops (at_exit) */
 };
 State &g = *new State;
 
@@ -195,10 +196,26 @@ bool make_dir(const std::string &d, std::string &why)
 
 void loop();
 
+/* At exit, before nccl.cpp's objects are destroyed (registered after
+ * them), the thread stops looking: it no longer touches them. (A lock
+ * that stays held, by a thread stuck in a kernel, is given up after 1 s.) */
+void at_exit()
+{
+    for (int i = 0; i < 1000; i++) {
+        if (emu::async_mutex().try_lock()) {
+            g.exiting = true;
+            emu::async_mutex().unlock();
+            return;
+        }
+        usleep(1000);
+    }
+}
+
 void wake()
 {
     if (!g.thread) {
         g.thread = true;
+        atexit(at_exit);
         std::thread(loop).detach();
     }
     g.wake.notify_one();
@@ -402,6 +419,8 @@ void loop()
     Lock lk(emu::async_mutex());
     unsigned us = 10;
     for (;;) {
+        if (g.exiting)
+            return;
         if (g.waiting.empty() && g.forming.empty() && g.splits.empty()) {
             g.wake.wait(lk);
             us = 10;
