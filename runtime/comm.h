@@ -132,6 +132,22 @@ void comm_threads_world_hold(comm_threads_world *w);
 int comm_threads_aborted(comm_threads_world *w, char *why, size_t n);
 void comm_threads_release(comm_threads_world *w);
 
+/* A watch on the world of c (comm.c): says, without waiting, whether the
+ * world stopped (a rank failed, or waited too long), with why, and keeps
+ * that readable until comm_watch_release, whatever the ranks free
+ * meanwhile. A communicator bootstrapped over a world (NCCL's) polls it,
+ * so that a rank's failure ends the others' waits on the GPU at once. For
+ * a threads world (comm_threads_world_hold) or a TCP one (comm_tcp_hold),
+ * or a checked handle over one; NULL for any other (MPI: its launcher ends
+ * the job when a process fails) or when out of memory. comm_watch_hold
+ * adds a holder (each calls comm_watch_release); NULL is a watch that
+ * never sees a stop. None of these is collective. */
+typedef struct comm_watch comm_watch;
+comm_watch *comm_watch_of(const comm *c);
+void comm_watch_hold(comm_watch *w);
+int comm_watch_stopped(comm_watch *w, char *why, size_t n);
+void comm_watch_release(comm_watch *w);
+
 /* The collective timeout: MESH_COLLECTIVE_TIMEOUT_S, else 600 seconds. */
 double comm_timeout_from_env(void);
 
@@ -232,6 +248,17 @@ comm *comm_tcp_connect(const char *host, int port, int rank, int size, double ti
  * waiting for it), then stops them with comm_abort(why). If the world
  * stopped, returns the rank that stopped it, with why in c->error. */
 int comm_tcp_finish(comm *c, int failed, const char *why);
+
+/* The state of c's TCP world (c a TCP handle, or a checked one over it),
+ * or NULL. Held (comm_tcp_hold), it stays readable after the world's last
+ * handle is freed (which still ends the connections), until
+ * comm_tcp_release; comm_tcp_stopped: 1 with why once the world stopped,
+ * else 0. For comm_watch_of. */
+typedef struct comm_tcp_state comm_tcp_state;
+comm_tcp_state *comm_tcp_state_of(const comm *c);
+void comm_tcp_hold(comm_tcp_state *w);
+int comm_tcp_stopped(comm_tcp_state *w, char *why, size_t n);
+void comm_tcp_release(comm_tcp_state *w);
 
 /* ---- NCCL (comm_nccl.c; a build without CUDA=1 has only the stubs) ------ */
 

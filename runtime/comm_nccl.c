@@ -15,11 +15,12 @@
  * ncclGetLastError's detail).
  *
  * A world bootstrapped over a threads world (comm_nccl_world_mpi: ranks as
- * threads of one process, a GPU each) holds it (comm_threads_world_hold)
- * and its waits poll it too: when a rank fails and aborts the threads
- * world, as a failing rank does, the others' NCCL waits end at once
+ * threads of one process, a GPU each) or a TCP one (one rank per process,
+ * as torchrun starts them) holds a watch on it (comm_watch_of) and its
+ * waits poll it too: when a rank fails and aborts that world, as a failing
+ * rank does, or (TCP) its process ends, the others' NCCL waits end at once
  * ("another rank failed (rank 1 failed: ...)") and abort the NCCL world,
- * instead of lasting until the timeout.
+ * instead of lasting until the timeout. (Over MPI, mpirun ends the job.)
  *
  * Communicators are non-blocking (config.blocking = 0): any NCCL call may
  * return ncclInProgress, and the wait polls ncclCommGetAsyncError until the
@@ -124,7 +125,7 @@ struct nworld {
     atomic_int claimed; /* own: the first comm_abort writes asked_why, */
     atomic_int asked;   /* then sets this; the world's thread aborts it */
     char asked_why[240];
-    comm_threads_world *host; /* held: the threads world it was bootstrapped over, or NULL */
+    comm_watch *host; /* held: a watch on the world it was bootstrapped over, or NULL */
 };
 
 static const comm_vtbl nccl_vtbl;
@@ -203,18 +204,18 @@ static int take_abort(nworld *w)
     return w->aborted;
 }
 
-/* Whether the threads world the world was bootstrapped over (ranks as
- * threads, a GPU each) was aborted: a rank failed, and this one's wait on
- * NCCL would last until the timeout. Looked at every 64th poll; why gets
- * the reason. */
+/* Whether the world the NCCL world was bootstrapped over (ranks as
+ * threads, or processes over TCP) stopped: a rank failed, and this one's
+ * wait on NCCL would last until the timeout. Looked at every 64th poll;
+ * why gets the reason. */
 static int host_down(const nworld *w, int polls, char *why, size_t n)
 {
-    return w->host && polls % 64 == 0 && comm_threads_aborted(w->host, why, n);
+    return w->host && polls % 64 == 0 && comm_watch_stopped(w->host, why, n);
 }
 
 static void world_free(nworld *w)
 {
-    comm_threads_release(w->host);
+    comm_watch_release(w->host);
     free(w);
 }
 
@@ -898,19 +899,19 @@ typedef struct boot_rec {
     ncclUniqueId id; /* rank 0's */
 } boot_rec;
 
-/* The world's communicator from the unique id all ranks share; host: the
- * threads world it was bootstrapped over (held from now on), or NULL. */
-static comm *world_init(int rank, int size, int device, double timeout_s, ncclUniqueId id,
-                        comm_threads_world *host, char *err, size_t n)
+/* The world's communicator from the unique id all ranks share; host: a
+ * watch on the world it was bootstrapped over (held from now on), or NULL. */
+static comm *world_init(int rank, int size, int device, double timeout_s, ncclUniqueId id, comm_watch *host,
+                        char *err, size_t n)
 {
     nworld *w = calloc(1, sizeof *w);
     ncclComm_t nc = NULL;
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     ncclResult_t st = ncclSuccess;
-    char why[200] = "";
-    if (host) comm_threads_world_hold(host);
+    char why[256] = ""; /* (a TCP world's reason: up to 255) */
+    comm_watch_hold(host);
     if (!w) {
-        comm_threads_release(host);
+        comm_watch_release(host);
         snprintf(err, n, "out of memory");
         return NULL;
     }
@@ -928,7 +929,7 @@ static comm *world_init(int rank, int size, int device, double timeout_s, ncclUn
     if (rc != ncclSuccess) {
         const char *last = ncclGetLastError(nc);
         if (late == -2)
-            snprintf(err, n, "ncclCommInitRankConfig (rank %d of %d): another rank failed (%.200s)", rank, size, why);
+            snprintf(err, n, "ncclCommInitRankConfig (rank %d of %d): another rank failed (%.255s)", rank, size, why);
         else if (late)
             snprintf(err, n, "ncclCommInitRankConfig (rank %d of %d): the other ranks did not come within %g s "
                      "(MESH_COLLECTIVE_TIMEOUT_S)", rank, size, timeout_s);
@@ -1054,7 +1055,10 @@ comm *comm_nccl_world_mpi(comm *boot, int device, double timeout_s, char *err, s
         snprintf(err, n, "rank %d cannot use its GPU (or make the NCCL id): see its error", bad);
         return NULL;
     }
-    return world_init(rank, size, device, timeout_s, id, comm_threads_world_of(boot), err, n);
+    comm_watch *watch = comm_watch_of(boot);
+    comm *c = world_init(rank, size, device, timeout_s, id, watch, err, n);
+    comm_watch_release(watch);
+    return c;
 }
 
 int comm_nccl_set_elements(comm *c, int type)
@@ -1088,7 +1092,7 @@ int comm_nccl_own_thread(comm *c)
     o->timeout = w->timeout;
     o->own = 1;
     o->host = w->host;
-    if (o->host) comm_threads_world_hold(o->host);
+    comm_watch_hold(o->host);
     atomic_init(&o->claimed, 0);
     atomic_init(&o->asked, 0);
     for (ncomm **at = &w->comms; *at; at = &(*at)->next)

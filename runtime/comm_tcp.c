@@ -86,7 +86,7 @@ typedef struct tpeer {
     int bye, gone;           /* it said goodbye; its connection ended */
 } tpeer;
 
-typedef struct tworld {
+typedef struct comm_tcp_state {
     int rank, size;
     double timeout;
     tpeer *peer;
@@ -97,6 +97,7 @@ typedef struct tworld {
     int told;                /* this rank told its peers */
     uint32_t led;            /* groups made with this rank as their lowest member (split's ids) */
     int refs;                /* handles alive */
+    int holds, ended;        /* comm_tcp_hold's; ended: the last handle went (world_end) */
     pthread_t rx;
     int rx_on, wake[2];      /* the receiver thread, and the pipe that stops it */
     struct pollfd *pf;       /* the receiver's */
@@ -775,7 +776,11 @@ static void world_end(tworld *w)
         while (k < 0 && errno == EINTR);
         pthread_join(w->rx, NULL);
     }
-    world_free(w);
+    pthread_mutex_lock(&w->mu);
+    w->ended = 1;
+    int held = w->holds > 0;
+    pthread_mutex_unlock(&w->mu);
+    if (!held) world_free(w); /* (else comm_tcp_release frees it) */
 }
 
 static void c_free(comm *c)
@@ -1069,6 +1074,38 @@ comm *comm_tcp_world(double timeout_s, char *err, size_t n)
     }
     if (rdv_env_address(host, sizeof host, &port, err, n) != 0) return NULL;
     return comm_tcp_connect(host, port, rank, size, timeout_s, err, n);
+}
+
+comm_tcp_state *comm_tcp_state_of(const comm *c)
+{
+    c = c ? comm_checked_inner(c) : NULL;
+    return c && c->v == &tcp_vtbl ? ((const tcomm *)(const void *)c)->w : NULL;
+}
+
+void comm_tcp_hold(comm_tcp_state *w)
+{
+    pthread_mutex_lock(&w->mu);
+    w->holds++;
+    pthread_mutex_unlock(&w->mu);
+}
+
+int comm_tcp_stopped(comm_tcp_state *w, char *why, size_t n)
+{
+    if (!w) return 0;
+    pthread_mutex_lock(&w->mu);
+    int s = w->aborted;
+    if (s && why && n) snprintf(why, n, "%s", w->why);
+    pthread_mutex_unlock(&w->mu);
+    return s;
+}
+
+void comm_tcp_release(comm_tcp_state *w)
+{
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    int last = --w->holds == 0 && w->ended;
+    pthread_mutex_unlock(&w->mu);
+    if (last) world_free(w);
 }
 
 int comm_tcp_finish(comm *c, int failed, const char *why)

@@ -36,6 +36,7 @@ typedef struct rank_job {
     char note[320];          /* what the body noted */
     double seconds;          /* time in the body */
     float *out;              /* what the body computed, for comparisons */
+    comm_watch *watch;       /* a watch the body took, for after the world */
 } rank_job;
 
 
@@ -79,7 +80,7 @@ static void run_world(int n, double timeout, int threads, int (*body)(rank_job *
     for (int r = 0; r < n; r++) {
         float *out = jobs[r].out;
         memset(&jobs[r], 0, sizeof jobs[r]);
-        jobs[r] = (rank_job){port, n, r, timeout, tw, body, 0, "", "", 0, out};
+        jobs[r] = (rank_job){port, n, r, timeout, tw, body, 0, "", "", 0, out, NULL};
         ASSERT_INT_EQ(pthread_create(&th[r], NULL, run_rank, &jobs[r]), 0);
     }
     for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
@@ -175,6 +176,45 @@ TEST_IMPL(comm_tcp_abort_stops_everyone)
     }
 }
 
+/* A watch on the world (what an NCCL world bootstrapped over it polls):
+ * nothing while the world runs; rank 1's abort within a moment, with its
+ * reason; still readable once every handle is freed. */
+static int watched(rank_job *j, comm *c)
+{
+    char why[256] = "";
+    int go = 1;
+    if (comm_barrier(c) != 0) return 1;
+    if (c->rank == 1) { /* (aborts once rank 0 has looked: told by an eager send) */
+        if (comm_recv(c, &go, sizeof go, 0) != 0) return 3;
+        comm_abort(c, "its GPU failed");
+        return 0;
+    }
+    j->watch = comm_watch_of(c);
+    if (!j->watch || comm_watch_stopped(j->watch, why, sizeof why) != 0 || why[0]) return 2;
+    if (comm_send(c, &go, sizeof go, 1) != 0) return 3;
+    for (double t0 = comm_now(); !comm_watch_stopped(j->watch, why, sizeof why); comm_sleep(1e-3))
+        if (comm_now() - t0 > 5) return 4;
+    snprintf(j->note, sizeof j->note, "%s", why);
+    return 0;
+}
+
+TEST_IMPL(comm_tcp_watch_sees_the_abort)
+{
+    rank_job jobs[2] = {{0}};
+    run_world(2, 30, 0, watched, jobs);
+    expect_all_ok(jobs, 2);
+    ASSERT_STR_EQ(jobs[0].note, "rank 1 failed: its GPU failed");
+    char why[256] = "";
+    ASSERT_INT_EQ(comm_watch_stopped(jobs[0].watch, why, sizeof why), 1); /* held: after the world's end */
+    ASSERT_STR_EQ(why, "rank 1 failed: its GPU failed");
+    comm_watch_hold(jobs[0].watch);
+    comm_watch_release(jobs[0].watch);
+    comm_watch_release(jobs[0].watch);
+    ASSERT_NULL(comm_watch_of(NULL));
+    ASSERT_INT_EQ(comm_watch_stopped(NULL, why, sizeof why), 0);
+    comm_watch_release(NULL);
+}
+
 /* Rank 1 stays but never comes to the collective: rank 0 gives up after
  * the timeout, naming its wait and rank 1. */
 static int one_missing(rank_job *j, comm *c) { return comm_case_one_missing(c, 1, j->error, sizeof j->error); }
@@ -215,7 +255,7 @@ TEST_IMPL(comm_tcp_dead_process_is_named)
     rank_job jobs[3] = {{0}};
     pthread_t th[3];
     for (int r = 0; r < 3; r += 2) {
-        jobs[r] = (rank_job){port, 3, r, 30, NULL, survive, 0, "", "", 0, NULL};
+        jobs[r] = (rank_job){port, 3, r, 30, NULL, survive, 0, "", "", 0, NULL, NULL};
         ASSERT_INT_EQ(pthread_create(&th[r], NULL, run_rank, &jobs[r]), 0);
     }
     for (int r = 0; r < 3; r += 2) pthread_join(th[r], NULL);

@@ -21,8 +21,9 @@
 # (EMU_NCCL_NODE: their NCCL worlds meet through files, nccl_node.cpp):
 # dp 2 ZeRO-3 on 2 processes (1e-4; no files left behind), tp 2 x pp 2 in
 # bf16 on 4 (2e-2), 2 processes on 1 GPU (both stop; rank 0 says NCCL's
-# Duplicate GPU), and a process killed in its first step (the other stops
-# at once, naming it).
+# Duplicate GPU), a process killed in its first step, and one whose NCCL
+# communicator fails to form (the other stops at once, naming it; not at
+# its timeout).
 # Ends with `# N passed, N failed`; exits 1 if any failed.
 set -u
 B=${1:?usage: meshrun.sh BUILD}
@@ -181,5 +182,20 @@ t0=$SECONDS
 killed
 [ $? -eq 1 ] && [ $((SECONDS - t0)) -lt 60 ] && grep -q 'rank 1 failed' "$T/killed.0.log" || shown killed 2
 check "a process killed in its first step stops the other, which names it" $?
+# rank 1's NCCL communicator fails to form (without EMU_NCCL_NODE the
+# emulation refuses an id another process made): rank 0, waiting for the
+# world to form, stops at once (its wait polls the TCP world), naming why
+PORT=$((PORT + 1))
+t0=$SECONDS
+for r in 0 1; do
+    MESH_EMU_GPUS=2 RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT timeout 300 \
+        "$B/meshrun_emu" "$T/dp2z3.plan" --data "$T/train.bin" --device cuda --steps 1 >"$T/nonode.$r.log" 2>&1 &
+done
+rc=0
+for r in 0 1; do wait -n || rc=$?; done
+[ "$rc" -eq 1 ] && [ $((SECONDS - t0)) -lt 30 ] &&
+    grep -q 'ncclCommInitRankConfig (rank 0 of 2): another rank failed (rank 1 failed: ncclCommInitRankConfig (rank 1 of 2)' \
+        "$T/nonode.0.log" || shown nonode 2
+check "a process whose NCCL communicator fails to form stops the other at once, which names it" $?
 echo "# $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -697,6 +697,12 @@ extern "C" ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncc
         return say(nullptr, ncclInvalidArgument, "ncclCommInitRankConfig: rank %d of %d", rank, nranks);
     if (emu::sticky_error() != cudaSuccess)
         return say(nullptr, ncclUnhandledCudaError, "ncclCommInitRankConfig: the GPU has failed");
+    int maker = 0;
+    unsigned long long serial = 0;
+    if (!node_on() && sscanf(commId.internal, "emu %d %llu", &maker, &serial) == 2 && maker != (int)getpid())
+        return say(nullptr, ncclInvalidUsage,
+                   "ncclCommInitRankConfig: the id is process %d's (set EMU_NCCL_NODE to join processes)",
+                   maker);
     Lock lk(emu::async_mutex());
     std::string key(commId.internal, sizeof commId.internal);
     World *&w = g_forming[key];
