@@ -19,7 +19,8 @@
 # bytes (the plan's, the kernels', the device's free and total).
 # Then one rank per process, as torchrun starts them, on one emulated node
 # (EMU_NCCL_NODE: their NCCL worlds meet through files, nccl_node.cpp):
-# dp 2 ZeRO-3 on 2 processes (1e-4; no files left behind), tp 2 x pp 2 in
+# dp 2 ZeRO-3 on 2 processes (1e-4; no files left behind; and under
+# mpirun), tp 2 x pp 2 in
 # bf16 on 4 (2e-2), 2 processes on 1 GPU (both stop; rank 0 says NCCL's
 # Duplicate GPU), a process killed in its first step, and one whose NCCL
 # communicator fails to form (the other stops at once, naming it; not at
@@ -155,6 +156,18 @@ same "$T/z3procs.0.log" "$T/z3cpu.log" 1e-4 3
 check "their 3 losses and validation losses are the CPU's within 1e-4" $?
 [ -z "$(ls -A "$T/node-z3procs")" ]
 check "the last process out of each world removed its files" $?
+# the same under mpirun (the NCCL id over MPI; each process's GPU from
+# OMPI_COMM_WORLD_LOCAL_RANK)
+if command -v mpirun >/dev/null 2>&1; then
+    env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+        OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1 EMU_NCCL_NODE="$T/node-mpi" MESH_EMU_GPUS=2 \
+        timeout 300 mpirun -n 2 "$B/meshrun_emu" "$T/dp2z3.plan" --data "$T/train.bin" --val "$T/val.bin" \
+        --device cuda --steps 2 >"$T/z3mpi.log" 2>&1 && same "$T/z3mpi.log" "$T/z3cpu.log" 1e-4 3 ||
+        { echo "# mpirun:"; sed 's/^/#   /' "$T/z3mpi.log"; false; }
+    check "mpirun: 2 processes, a GPU each, train dp 2 ZeRO-3 2 steps over NCCL, within 1e-4 of the CPU" $?
+else
+    echo "ok - # SKIP mpirun: no mpirun (make deps installs Open MPI)"
+fi
 procs tp2pp2procs 4 4 tp2pp2 --steps 2 || shown tp2pp2procs 4
 check "4 processes, a GPU each, train tp 2 x pp 2 in bf16 2 steps over NCCL" $?
 same "$T/tp2pp2procs.0.log" "$T/cpu2.log" 2e-2 3
