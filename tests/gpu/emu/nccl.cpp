@@ -592,15 +592,8 @@ ncclResult_t call(Kind kind, const void *send, void *recv, size_t count, ncclDat
 /* Forms a split once every rank of the parent world has called it. */
 void form_split(World *w, World::Split &sp)
 {
-    std::map<int, std::vector<int>> by_color;
-    for (int r = 0; r < w->n; r++)
-        if (sp.color[(size_t)r] != NCCL_SPLIT_NOCOLOR)
-            by_color[sp.color[(size_t)r]].push_back(r);
-    for (auto &kv : by_color) {
-        std::vector<int> &ranks = kv.second;
-        std::sort(ranks.begin(), ranks.end(), [&sp](int a, int b) {
-            return sp.key[(size_t)a] != sp.key[(size_t)b] ? sp.key[(size_t)a] < sp.key[(size_t)b] : a < b;
-        });
+    for (const auto &kv : split_groups(sp.color, sp.key)) {
+        const std::vector<int> &ranks = kv.second;
         World *nw = new World;
         nw->formed = true;
         for (int r : ranks) {
@@ -630,6 +623,19 @@ bool blocking_config(const ncclConfig_t *config)
 } /* namespace */
 
 namespace enccl {
+
+std::map<int, std::vector<int>> split_groups(const std::vector<int> &color, const std::vector<int> &key)
+{
+    std::map<int, std::vector<int>> by_color;
+    for (size_t r = 0; r < color.size(); r++)
+        if (color[r] != NCCL_SPLIT_NOCOLOR)
+            by_color[color[r]].push_back((int)r);
+    for (auto &kv : by_color)
+        std::sort(kv.second.begin(), kv.second.end(), [&key](int a, int b) {
+            return key[(size_t)a] != key[(size_t)b] ? key[(size_t)a] < key[(size_t)b] : a < b;
+        });
+    return by_color;
+}
 
 std::condition_variable &formed_cv()
 {

@@ -97,6 +97,9 @@ std::string disagreement(const Op &a, int ra, const Op &b, int rb);
 void world_formed(World *w, const std::vector<int> &device);
 /* 1 when c is a communicator not destroyed nor aborted. */
 bool comm_alive(ncclComm *c);
+/* A split's worlds: color -> the parent ranks of that color, ordered by
+ * key, then by parent rank (NCCL_SPLIT_NOCOLOR's in none). */
+std::map<int, std::vector<int>> split_groups(const std::vector<int> &color, const std::vector<int> &key);
 /* Woken when a world or a split has formed (blocking calls wait). */
 std::condition_variable &formed_cv();
 

@@ -266,6 +266,7 @@ bool try_split(PendingSplit &ps)
         if (sscanf(buf.data(), "%d %d", &color[(size_t)r], &key[(size_t)r]) != 2)
             return false;
     }
+    std::map<int, std::vector<int>> groups = split_groups(color, key);
     std::map<int, World *> made; /* color -> this process's child world */
     for (const PendingSplit::Local &l : ps.local) {
         if (comm_alive(l.parent))
@@ -274,13 +275,7 @@ bool try_split(PendingSplit &ps)
         if (!child || !comm_alive(child))
             continue;
         int c = color[(size_t)l.rank];
-        std::vector<int> ranks;
-        for (int r = 0; r < w->n; r++)
-            if (color[(size_t)r] == c)
-                ranks.push_back(r);
-        std::sort(ranks.begin(), ranks.end(), [&key](int a, int b) {
-            return key[(size_t)a] != key[(size_t)b] ? key[(size_t)a] < key[(size_t)b] : a < b;
-        });
+        const std::vector<int> &ranks = groups[c];
         World *&nw = made[c];
         if (!nw) {
             char tag[96];

@@ -74,17 +74,21 @@ if [ -x "$B/unit_tests_emu" ]; then
     # again, every world meeting through a node's files, as processes' do
     # (nccl_node.cpp); the last rank out of each removes its folder
     # (under TSan, but for the three that wait for timeouts: 13 s)
-    NODE=$(mktemp -d)
+    # (a folder not there before: the worlds make it, which shows they used it)
+    NODE=$(mktemp -d)/node
     [ "${EMU_TSAN:-0}" = 1 ] && NCCL_TESTS=(comm_nccl_one_rank_calls comm_nccl_world_over_threads
         comm_nccl_queue_on_its_own_world comm_nccl_ranks_over_threads)
     run "the NCCL communicator on 4 GPUs, through EMU_NCCL_NODE's files" \
         env MESH_EMU_GPUS=4 EMU_NCCL_NODE="$NODE" "$B/unit_tests_emu" "${NCCL_TESTS[@]}"
     skipped
-    if [ -n "$(ls -A "$NODE")" ]; then
+    if [ ! -d "$NODE" ]; then
+        echo "# no world made EMU_NCCL_NODE's folder: the files were not used"
+        failed=$((failed + 1))
+    elif [ -n "$(ls -A "$NODE")" ]; then
         echo "# worlds left files behind in EMU_NCCL_NODE: $(ls "$NODE")"
         failed=$((failed + 1))
     fi
-    rm -rf "$NODE"
+    rm -rf "$(dirname "$NODE")"
 fi
 # meshrun --device cuda as a user runs it, on 4 GPUs: ranks as threads,
 # then one per process (tests/gpu/emu/meshrun.sh)

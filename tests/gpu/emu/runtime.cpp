@@ -48,7 +48,6 @@ std::mutex g_mem_mutex;
 std::map<uintptr_t, size_t> g_allocs; /* base -> bytes */
 std::map<uintptr_t, int> g_alloc_dev; /* base -> its device */
 std::map<uintptr_t, size_t> g_host;   /* cudaMallocHost's: base -> bytes */
-size_t g_alloc_bytes;
 size_t g_dev_bytes[8]; /* allocated on each device */
 
 /* Each device's memory: EMU_GPU_MEM_MB MiB (default an H200's 143771). */
@@ -89,9 +88,11 @@ bool find_range(const std::map<uintptr_t, size_t> &in, uintptr_t p, size_t bytes
 struct LeakReport {
     ~LeakReport()
     {
+        size_t bytes = 0;
+        for (size_t b : g_dev_bytes)
+            bytes += b;
         if (!g_allocs.empty() && sticky_error() == cudaSuccess)
-            fprintf(stderr, "emu: %zu device allocations (%zu bytes) never freed\n",
-                    g_allocs.size(), g_alloc_bytes);
+            fprintf(stderr, "emu: %zu device allocations (%zu bytes) never freed\n", g_allocs.size(), bytes);
     }
 } g_leak_report;
 
@@ -793,7 +794,6 @@ extern "C" cudaError_t cudaMalloc(void **devPtr, size_t size)
     std::lock_guard<std::mutex> lk(g_mem_mutex);
     g_allocs[(uintptr_t)p] = size;
     g_alloc_dev[(uintptr_t)p] = dev;
-    g_alloc_bytes += size;
     *devPtr = p;
     return cudaSuccess;
 }
@@ -809,7 +809,6 @@ bool live_allocation(void *p, bool take, const char *who)
         return false;
     }
     if (take) {
-        g_alloc_bytes -= it->second;
         g_dev_bytes[g_alloc_dev[(uintptr_t)p]] -= it->second;
         g_alloc_dev.erase((uintptr_t)p);
         g_allocs.erase(it);
