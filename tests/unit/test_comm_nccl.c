@@ -626,6 +626,9 @@ static void *rank_fails(void *arg)
     c = comm_nccl_world_mpi(boot, j->rank, j->timeout_s, err, sizeof err);
     RCHECK(j, c, "comm_nccl_world_mpi: %s", err);
     RCALL(j, c, comm_barrier(c));
+    /* every rank is through that barrier before rank 1 stops (else a rank
+     * still waiting in it may see the abort first, and rightly fail it) */
+    RCALL(j, boot, comm_barrier(boot));
     if (j->rank == 1) {
         comm_abort(j->abort_host ? boot : c, "rank 1 stops");
         if (j->abort_host) goto out; /* its thread ends, as a failed rank's does (its barrier would meet theirs) */
