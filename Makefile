@@ -316,7 +316,8 @@ $(BUILD)/libmesh.so: $(LIBMESH_PIC) runtime/libmesh.map
 	ln -sf libmesh.so $(BUILD)/$(SONAME)
 
 # the runtime's compile API sees the compiler's headers and the std folder
-$(RUNTIME_OBJ) $(RUNTIME_PIC): CPPFLAGS += -Icompiler -Ikernels/cpu $(BLAS_CFLAGS) $(YAML_CFLAGS) -DMESH_STD_DIR='"$(abspath lang)"'
+# (by #include "..." only: compiler/sched.h must not stand for <sched.h>)
+$(RUNTIME_OBJ) $(RUNTIME_PIC): CPPFLAGS += -iquote compiler -Ikernels/cpu $(BLAS_CFLAGS) $(YAML_CFLAGS) -DMESH_STD_DIR='"$(abspath lang)"'
 $(RUNTIME_OBJ) $(RUNTIME_PIC) $(LIBMESH_PIC): | $(GEN_H)
 $(LIBMESH_PIC): CPPFLAGS += $(YAML_CFLAGS)
 

@@ -13,13 +13,21 @@
  * are eager: the data is copied into the (src, dst) queue and the sender
  * goes on, so transfers in any order cannot deadlock.
  *
- * One mutex and condition variable per world: every wait also watches the
- * world's abort flag and the timeout.
+ * A mutex and condition variable per group, for its barrier, so that a
+ * barrier's end wakes and contends only its group's members, not every
+ * thread of the world (with ranks and their queues' threads in many
+ * groups, world-wide wake-ups cost more than the collectives on a few
+ * cores); the world's mutex guards the message queues (a condition
+ * variable per receiving rank), the list of groups and the abort. Every
+ * wait also watches the world's abort flag and the timeout; an abort
+ * wakes every group and every rank. Lock order: the world's, then a
+ * group's.
  */
 #include "comm.h"
 
 #include <errno.h>   /* ETIMEDOUT */
 #include <pthread.h> /* pthread_mutex_t, pthread_cond_t */
+#include <stdatomic.h> /* atomic_int */
 #include <stdint.h>  /* SIZE_MAX */
 #include <stdio.h>   /* snprintf */
 #include <stdlib.h>  /* calloc, free, getenv, strtod */
@@ -40,11 +48,12 @@ typedef struct tgroup tgroup;
 
 struct comm_threads_world {
     tgroup *all;       /* the world's own group */
+    tgroup *groups;    /* every live group, linked by next (mu held) */
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t *rcv; /* per world rank: a message came for it */
     int size;
     double timeout;
-    int aborted;
+    atomic_int aborted; /* set under mu; read under mu or a group's mu */
     char why[256];
     int refs;          /* groups alive */
     tqueue *queue;     /* size x size: [src * size + dst] */
@@ -52,6 +61,10 @@ struct comm_threads_world {
 
 struct tgroup {
     comm_threads_world *w;
+    tgroup *prev, *next; /* in w->groups */
+    pthread_mutex_t mu;  /* the barrier's: arrived, gen */
+    pthread_cond_t cv;
+    int sync_ok;         /* mu and cv were initialized */
     int size;
     int *world;        /* per member: its world rank */
     int arrived;       /* barrier */
@@ -98,7 +111,12 @@ static void abort_locked(comm_threads_world *w, const char *why)
     if (w->aborted) return;
     w->aborted = 1;
     snprintf(w->why, sizeof w->why, "%s", why);
-    pthread_cond_broadcast(&w->cv);
+    for (tgroup *g = w->groups; g; g = g->next) { /* under its mu: a member about to wait sees the flag */
+        pthread_mutex_lock(&g->mu);
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+    }
+    for (int r = 0; r < w->size; r++) pthread_cond_broadcast(&w->rcv[r]);
 }
 
 static void abort_world(comm_threads_world *w, const char *why)
@@ -127,27 +145,35 @@ static int meet_(tcomm *t, const char *op, int committed)
 {
     tgroup *g = t->g;
     comm_threads_world *w = g->w;
-    pthread_mutex_lock(&w->mu);
+    pthread_mutex_lock(&g->mu);
     if (w->aborted && !committed) {
-        pthread_mutex_unlock(&w->mu);
+        pthread_mutex_unlock(&g->mu);
         return fail(t, op);
     }
     unsigned long gen = g->gen;
+    int late = 0;
     if (++g->arrived == g->size) {
         g->arrived = 0;
         g->gen++;
-        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&g->mu);
+        pthread_cond_broadcast(&g->cv); /* unlocked: the woken need not wait for the mutex */
+        return 0;
     } else {
         struct timespec until;
         deadline_after(&until, w->timeout);
         while (g->gen == gen && (committed || !w->aborted))
-            if (pthread_cond_timedwait(&w->cv, &w->mu, &until) == ETIMEDOUT && g->gen == gen) {
-                timed_out_locked(w, t->c.world_rank, op, "another rank of the group is stuck or gone");
+            if (pthread_cond_timedwait(&g->cv, &g->mu, &until) == ETIMEDOUT && g->gen == gen) {
+                late = 1;
                 break;
             }
     }
     int failed = g->gen == gen; /* the barrier did not complete */
-    pthread_mutex_unlock(&w->mu);
+    pthread_mutex_unlock(&g->mu);
+    if (late) { /* (the world's mutex before a group's) */
+        pthread_mutex_lock(&w->mu);
+        timed_out_locked(w, t->c.world_rank, op, "another rank of the group is stuck or gone");
+        pthread_mutex_unlock(&w->mu);
+    }
     return failed ? fail(t, op) : 0;
 }
 
@@ -358,7 +384,7 @@ static int t_send(comm *c, const void *buf, size_t bytes, int peer)
     if (q->tail) q->tail->next = m;
     else q->head = m;
     q->tail = m;
-    pthread_cond_broadcast(&w->cv);
+    pthread_cond_broadcast(&w->rcv[t->g->world[peer]]); /* (a rank's queue's thread may receive too) */
     pthread_mutex_unlock(&w->mu);
     return 0;
 }
@@ -376,7 +402,7 @@ static int t_recv(comm *c, void *buf, size_t bytes, int peer)
     struct timespec until;
     deadline_after(&until, w->timeout);
     while (!q->head && !w->aborted)
-        if (pthread_cond_timedwait(&w->cv, &w->mu, &until) == ETIMEDOUT && !q->head)
+        if (pthread_cond_timedwait(&w->rcv[c->world_rank], &w->mu, &until) == ETIMEDOUT && !q->head)
             timed_out_locked(w, c->world_rank, "receive", "the sender is stuck or gone");
     tmsg *m = q->head;
     if (m && !w->aborted) {
@@ -410,6 +436,10 @@ static void t_abort(comm *c, const char *why)
 
 static void group_free(tgroup *g)
 {
+    if (g->sync_ok) {
+        pthread_mutex_destroy(&g->mu);
+        pthread_cond_destroy(&g->cv);
+    }
     free(g->world);
     free(g->ptr);
     free(g->cnt);
@@ -431,11 +461,32 @@ static tgroup *group_new(comm_threads_world *w, int size)
     g->color = calloc((size_t)size, sizeof *g->color);
     g->key = calloc((size_t)size, sizeof *g->key);
     g->child = calloc((size_t)size, sizeof *g->child);
-    if (!g->world || !g->ptr || !g->cnt || !g->color || !g->key || !g->child) {
+    if (pthread_mutex_init(&g->mu, NULL) == 0) {
+        g->sync_ok = pthread_cond_init(&g->cv, NULL) == 0;
+        if (!g->sync_ok) pthread_mutex_destroy(&g->mu);
+    }
+    if (!g->world || !g->ptr || !g->cnt || !g->color || !g->key || !g->child || !g->sync_ok) {
         group_free(g);
         return NULL;
     }
     return g;
+}
+
+/* Links g into the world's groups; mu held. */
+static void group_link(comm_threads_world *w, tgroup *g)
+{
+    g->prev = NULL;
+    g->next = w->groups;
+    if (w->groups) w->groups->prev = g;
+    w->groups = g;
+}
+
+static void group_unlink(comm_threads_world *w, tgroup *g)
+{
+    if (g->prev) g->prev->next = g->next;
+    else if (w->groups == g) w->groups = g->next;
+    if (g->next) g->next->prev = g->prev;
+    g->prev = g->next = NULL;
 }
 
 static void world_free(comm_threads_world *w)
@@ -447,7 +498,8 @@ static void world_free(comm_threads_world *w)
         }
     free(w->queue);
     pthread_mutex_destroy(&w->mu);
-    pthread_cond_destroy(&w->cv);
+    for (int r = 0; r < w->size; r++) pthread_cond_destroy(&w->rcv[r]);
+    free(w->rcv);
     free(w);
 }
 
@@ -494,6 +546,7 @@ static int t_split(comm *c, int color, int key, comm **out)
             for (int i = 0; i < n; i++) ng->world[i] = g->world[ng->world[i]];
             pthread_mutex_lock(&g->w->mu);
             g->w->refs++;
+            group_link(g->w, ng);
             pthread_mutex_unlock(&g->w->mu);
         } else {
             failed = 1;
@@ -518,7 +571,10 @@ static void t_free(comm *c)
     comm_threads_world *w = g->w;
     pthread_mutex_lock(&w->mu);
     int last_group = --g->refs == 0, last_world = 0;
-    if (last_group) last_world = --w->refs == 0;
+    if (last_group) {
+        group_unlink(w, g);
+        last_world = --w->refs == 0;
+    }
     pthread_mutex_unlock(&w->mu);
     if (last_group && g == w->all) w->all = NULL;
     if (last_group) group_free(g);
@@ -541,16 +597,20 @@ comm_threads_world *comm_threads_world_new(int size, double timeout_s)
     w->size = size;
     w->timeout = timeout_s > 0 ? timeout_s : comm_timeout_from_env();
     w->queue = calloc((size_t)size * (size_t)size, sizeof *w->queue);
+    w->rcv = calloc((size_t)size, sizeof *w->rcv);
     w->all = group_new(w, size);
-    int mu = w->queue && w->all ? pthread_mutex_init(&w->mu, NULL) : -1;
-    int cv = mu == 0 ? pthread_cond_init(&w->cv, NULL) : -1;
-    if (mu != 0 || cv != 0) {
+    int mu = w->queue && w->rcv && w->all ? pthread_mutex_init(&w->mu, NULL) : -1, cvs = 0;
+    while (mu == 0 && cvs < size && pthread_cond_init(&w->rcv[cvs], NULL) == 0) cvs++;
+    if (mu != 0 || cvs < size) {
         if (mu == 0) pthread_mutex_destroy(&w->mu);
+        while (cvs > 0) pthread_cond_destroy(&w->rcv[--cvs]);
         if (w->all) group_free(w->all);
+        free(w->rcv);
         free(w->queue);
         free(w);
         return NULL;
     }
+    group_link(w, w->all);
     for (int r = 0; r < size; r++) w->all->world[r] = r;
     w->refs = 1;
     return w;

@@ -120,6 +120,11 @@ void dev_close(dev *d); /* NULL does nothing */
  * on any other device. */
 mesh_status dev_open_guarded(dev **out, char *err, size_t n);
 void dev_guard(dev *d, int open);
+/* 1 if this process's guarded devices use a protection key (a thread
+ * touches their memory only inside its own dev_guard brackets, copies and
+ * memsets), 0 if mprotect (open to every thread while any has it open);
+ * known once a guarded device was opened. */
+int dev_guard_keyed(void);
 /* 1 if [p, p + bytes) lies in one of the guarded device d's buffers, else
  * 0 (0 on any other device). */
 int dev_guard_owns(dev *d, const void *p, size_t bytes);

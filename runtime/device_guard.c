@@ -1,7 +1,7 @@
 /* device_guard.c — the guarded CPU device (device.h), for tests: the CPU's
  * memory made to behave like a GPU's for the host.
  *
- * Its buffers come from mmap and stay PROT_NONE except while one of the
+ * Its buffers come from mmap and cannot be touched except while one of the
  * device's own calls (a copy, a memset) or a kernel (between dev_guard(d,
  * 1) and dev_guard(d, 0), which the executor's kernel table brackets every
  * kernel with) runs. Host code that reads or writes such a buffer any
@@ -10,14 +10,25 @@
  * while computing with the CPU kernels, so that the results can be
  * compared to the bit.
  *
- * The buffers are carved, in order, out of one reserved region (1 GiB of
- * address space, nothing committed until touched), so that opening or
- * closing the device is one mprotect over the region's used part, not
- * one per buffer: each is a system call and a TLB shootdown across the
- * process's threads, made twice per kernel, which is most of the guarded
- * tests' time. A buffer that does not fit gets an mmap of its own.
+ * Where the CPU and kernel have memory protection keys (x86's PKU), the
+ * buffers carry one key of the process's, shared by every guarded device,
+ * and opening or closing is a change of the calling thread's rights to it
+ * (pkey_set: an instruction, no system call), nested per thread: a thread
+ * touches a guarded buffer only between its own dev_guard(d, 1) and
+ * dev_guard(d, 0), or in a copy or memset it makes; a thread that never
+ * opened (another rank's host code, a pool's worker) faults. Freed buffers
+ * are PROT_NONE until they are handed out again.
+ *
+ * Without keys, opening and closing are mprotect calls, and the memory is
+ * open to every thread while any has it open. The buffers are carved, in
+ * order, out of one reserved region (1 GiB of address space, nothing
+ * committed until touched), so that opening or closing is one mprotect
+ * over the region's used part, not one per buffer (each is a system call
+ * and a TLB shootdown across the process's threads, made twice per
+ * kernel). A buffer that does not fit gets an mmap of its own.
+ * MESH_GUARD_NO_PKEYS=1 makes a process use mprotect where it has keys.
  */
-#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
+#define _GNU_SOURCE /* MAP_ANONYMOUS, pkey_alloc, pkey_mprotect, pkey_set */
 #include "device.h"
 
 #include <errno.h>    /* errno */
@@ -49,9 +60,31 @@ typedef struct guard_state {
 
 static guard_state *state(dev *d) { return d->impl; }
 
+/* The process's protection key for guarded memory, or -1 (mprotect). */
+static int guard_key = -1;
+static pthread_once_t guard_key_once = PTHREAD_ONCE_INIT;
+static _Thread_local int guard_depth; /* this thread's nesting of opens (with a key) */
+
+static void guard_key_alloc(void)
+{
+    const char *off = getenv("MESH_GUARD_NO_PKEYS");
+    if (off && *off && strcmp(off, "0") != 0) return;
+    /* (this thread's rights: none; a new thread starts with its maker's,
+     * and one that existed before the key has none) */
+    guard_key = pkey_alloc(0, PKEY_DISABLE_ACCESS);
+    if (guard_key < 0) guard_key = -1; /* no PKU, or no keys left: mprotect */
+}
+
+/* mprotect, or pkey_mprotect with the key: prot applies only while the
+ * thread's rights to the key allow. */
+static int guard_mprotect(void *p, size_t len, int prot)
+{
+    return guard_key >= 0 ? pkey_mprotect(p, len, prot, guard_key) : mprotect(p, len, prot);
+}
+
 static void protect_range(dev *d, guard_state *g, void *p, size_t len, int prot)
 {
-    if (len && mprotect(p, len, prot) != 0 && !g->failed) {
+    if (len && guard_mprotect(p, len, prot) != 0 && !g->failed) {
         g->failed = 1;
         dev_fail(d, MESH_ERR_INTERNAL, "mprotect: %s", strerror(errno));
     }
@@ -68,11 +101,18 @@ void dev_guard(dev *d, int open)
 {
     guard_state *g = d && d->v == &dev_cpu_guarded_vtbl ? state(d) : NULL;
     if (!g) return;
+    if (guard_key >= 0) { /* this thread's rights only */
+        if (open && guard_depth++ == 0) pkey_set(guard_key, 0);
+        if (!open && guard_depth > 0 && --guard_depth == 0) pkey_set(guard_key, PKEY_DISABLE_ACCESS);
+        return;
+    }
     pthread_mutex_lock(&g->mu);
     if (open && g->open++ == 0) protect(d, g, PROT_READ | PROT_WRITE);
     if (!open && g->open > 0 && --g->open == 0) protect(d, g, PROT_NONE);
     pthread_mutex_unlock(&g->mu);
 }
+
+int dev_guard_keyed(void) { return guard_key >= 0; }
 
 int dev_guard_owns(dev *d, const void *p, size_t bytes)
 {
@@ -91,6 +131,7 @@ int dev_guard_owns(dev *d, const void *p, size_t bytes)
 static mesh_status guard_open(dev *d)
 {
     snprintf(d->name, sizeof d->name, "cpu (guarded)");
+    pthread_once(&guard_key_once, guard_key_alloc);
     guard_state *g = calloc(1, sizeof *g);
     if (!g) return dev_fail(d, MESH_ERR_NOMEM, "out of memory");
     pthread_mutex_init(&g->mu, NULL);
@@ -126,7 +167,7 @@ static mesh_status guard_alloc(dev *d, void **p, size_t bytes)
         g->b = b;
         g->cap = cap;
     }
-    int prot = g->open ? PROT_READ | PROT_WRITE : PROT_NONE;
+    int prot = g->open || guard_key >= 0 ? PROT_READ | PROT_WRITE : PROT_NONE;
     if (g->base && len <= ((size_t)1 << GUARD_REGION_LOG2) - g->top) { /* the next part of the region */
         void *m = g->base + g->top;
         protect_range(d, g, m, len, prot); /* (its pages were left PROT_NONE) */
@@ -140,6 +181,7 @@ static mesh_status guard_alloc(dev *d, void **p, size_t bytes)
         *p = NULL;
         return errno == ENOMEM ? MESH_ERR_NOMEM : dev_fail(d, MESH_ERR_INTERNAL, "mmap(%zu): %s", len, strerror(errno));
     }
+    if (guard_key >= 0) protect_range(d, g, m, len, prot); /* (its key) */
     g->b[g->n++] = (guard_buf){m, len, 1};
     *p = m;
     return MESH_OK;

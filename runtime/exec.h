@@ -70,7 +70,7 @@ enum {
     MESH__EXEC_GUARD = 8u,
     MESH__EXEC_NO_OVERLAP = 16u, /* the gradient sync after backward, not during it (exec_overlap.c) */
     MESH__EXEC_NO_BUCKETS = 32u, /* tests: one collective per param, not per bucket (exec__bucketed) */
-    MESH__EXEC_SLOW_QUEUE = 64u, /* tests: the communication queue waits 1 ms before each call, so that a
+    MESH__EXEC_SLOW_QUEUE = 64u, /* tests: the communication queue waits 0.2 ms before each call, so that a
                                     missing wait for one reads stale data every time */
     MESH__EXEC_NO_FUSE = 128u,   /* tests: every matmul, bias add and GELU at its own node (find_fusions) */
     MESH__EXEC_CPU16 = 256u      /* tests: a bf16 or fp16 plan on the CPU in 2-byte storage, a GPU's

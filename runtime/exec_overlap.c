@@ -34,7 +34,7 @@
  * waits for all of them first (Megatron-LM's overlapped param gather).
  *
  * Tests: parallel_overlap_is_bit_identical, also with a queue that waits
- * 1 ms before each call (MESH__EXEC_SLOW_QUEUE), where any read before its
+ * 0.2 ms before each call (MESH__EXEC_SLOW_QUEUE), where any read before its
  * wait reads stale data and changes the losses.
  *
  * On a GPU the queue's thread runs NCCL calls on its own communicator (a
@@ -236,7 +236,7 @@ int exec__overlap_init(mesh__exec *ex, unsigned flags)
                      comm_async_error(ex->ov_q[g]));
             return -2;
         }
-        if (ex->ov_q[g] && (flags & MESH__EXEC_SLOW_QUEUE)) comm_async_set_delay(ex->ov_q[g], 1e-3);
+        if (ex->ov_q[g] && (flags & MESH__EXEC_SLOW_QUEUE)) comm_async_set_delay(ex->ov_q[g], 2e-4);
     }
     return 0;
 }

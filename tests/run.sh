@@ -1194,7 +1194,7 @@ CPROG
 for name in unit exports install golden docs errors meshrun mpi tcp slurm tokenize; do
     case " ${MESH_TEST_SKIP_SECTIONS:-} " in
     *" $name "*) echo "SKIP $name/*: MESH_TEST_SKIP_SECTIONS" ;;
-    *) "${name}_section" ;;
+    *) t0=$SECONDS; "${name}_section"; echo "# $name: $((SECONDS - t0)) s" ;;
     esac
 done
 

@@ -9,9 +9,15 @@
  * back to the CPU with that reason, while asking for CUDA is a clear error;
  * the choice's rules are also checked with a GPU made up.
  */
-#include <stdint.h> /* uintptr_t */
-#include <stdio.h>  /* snprintf, sscanf */
-#include <string.h> /* memset, memcmp, strncmp, strlen */
+#include <pthread.h>    /* pthread_create: another thread's touch */
+#include <signal.h>     /* sigaction: a fault ends a probe */
+#include <stdint.h>     /* uintptr_t */
+#include <stdio.h>      /* snprintf, sscanf */
+#include <stdlib.h>     /* setenv */
+#include <string.h>     /* memset, memcmp, strncmp, strlen */
+#include <sys/types.h>  /* pid_t */
+#include <sys/wait.h>   /* waitpid */
+#include <unistd.h>     /* fork, _exit, pipe, read, write */
 
 #include "api_impl.h" /* struct mesh_context: the device a context records */
 #include "comm.h"     /* comm_nccl_available: the same probe */
@@ -106,6 +112,116 @@ TEST_IMPL(device_cpu_round_trips)
     ASSERT_STR_EQ(err, "cpu: no device 1");
     ASSERT_INT_EQ(dev_open(MESH_DEVICE_AUTO, 0, &d, err, sizeof err), MESH_ERR_INVALID_ARG);
     ASSERT_STR_EQ(err, "device kind 0 is neither the CPU nor CUDA");
+}
+
+/* ---- the guarded test device: its memory faults outside its calls ---- */
+
+enum { GUARD_FAULT = 42, GUARD_SETUP = 3 }; /* a probe's exit status: it faulted; it could not start */
+
+static void guard_on_fault(int sig)
+{
+    (void)sig;
+    _exit(GUARD_FAULT);
+}
+
+static void *guard_touch(void *p)
+{
+    return (void *)(uintptr_t)((volatile unsigned char *)p)[0];
+}
+
+/* another thread's touch, once fd (a pipe) says go; the thread starts
+ * before the memory is opened (a new thread has its maker's rights) */
+static int guard_go[2];
+static void *guard_touch_on_go(void *p)
+{
+    char c;
+    if (read(guard_go[0], &c, 1) != 1) _exit(GUARD_SETUP);
+    return guard_touch(p);
+}
+
+/* In a child process (with mprotect, not keys, if plain): opens a guarded
+ * device, does what it allows, then probe `what`'s touch; exits
+ * GUARD_FAULT if that faulted, 0 if not, 10 + dev_guard_keyed() for
+ * probe 0. */
+static void guard_probe_child(int plain, int what)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = guard_on_fault;
+    if (sigaction(SIGSEGV, &sa, NULL) != 0) _exit(GUARD_SETUP);
+    if (plain) setenv("MESH_GUARD_NO_PKEYS", "1", 1);
+    char err[256];
+    dev *d = NULL;
+    void *p = NULL, *q = NULL;
+    unsigned char host[64], back[64];
+    for (int i = 0; i < 64; i++) host[i] = (unsigned char)(i * 7 + 1);
+    if (dev_open_guarded(&d, err, sizeof err) != MESH_OK || dev_alloc(d, &p, 4096) != MESH_OK ||
+        dev_alloc(d, &q, 4096) != MESH_OK)
+        _exit(GUARD_SETUP);
+    if (what == 0) _exit(10 + dev_guard_keyed());
+    /* what it allows: its copies and memsets, and touches inside dev_guard (nested) */
+    if (dev_memset(d, p, 0, 4096, NULL) != MESH_OK || dev_copy(d, p, host, 64, DEV_HOST_TO_DEVICE, NULL) != MESH_OK)
+        _exit(GUARD_SETUP);
+    dev_guard(d, 1);
+    dev_guard(d, 1);
+    ((volatile unsigned char *)p)[100] = 9;
+    dev_guard(d, 0);
+    ((volatile unsigned char *)p)[101] = 8; /* still open: one level left */
+    dev_guard(d, 0);
+    if (dev_copy(d, back, p, 64, DEV_DEVICE_TO_HOST, NULL) != MESH_OK || memcmp(back, host, 64) != 0)
+        _exit(GUARD_SETUP);
+    switch (what) {
+    case 1: ((volatile unsigned char *)p)[0] = 1; break; /* the host writes */
+    case 2: (void)guard_touch(p); break;                  /* the host reads */
+    case 3: { /* another thread reads while this one has it open */
+        pthread_t t;
+        if (pipe(guard_go) != 0 || pthread_create(&t, NULL, guard_touch_on_go, p) != 0) _exit(GUARD_SETUP);
+        dev_guard(d, 1);
+        if (write(guard_go[1], "g", 1) != 1) _exit(GUARD_SETUP);
+        pthread_join(t, NULL);
+        dev_guard(d, 0);
+        break;
+    }
+    case 4: /* a freed buffer, inside dev_guard */
+        dev_free(d, q);
+        dev_guard(d, 1);
+        (void)guard_touch(q);
+        dev_guard(d, 0);
+        break;
+    }
+    _exit(0);
+}
+
+static int guard_probe(int plain, int what)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) unit_fail(__FILE__, __LINE__, "fork failed");
+    if (pid == 0) guard_probe_child(plain, what);
+    int st;
+    if (waitpid(pid, &st, 0) != pid) unit_fail(__FILE__, __LINE__, "waitpid failed");
+    if (!WIFEXITED(st) || WEXITSTATUS(st) == GUARD_SETUP)
+        unit_fail(__FILE__, __LINE__, "guard probe %d (%s): status %#x", what, plain ? "mprotect" : "default", st);
+    return WEXITSTATUS(st);
+}
+
+/* The guarded device (device_guard.c) is what the guarded executor tests
+ * rest on: its memory faults when the host touches it but through the
+ * device's copies, memsets and dev_guard's brackets, with mprotect and,
+ * where the CPU has them, with a protection key (then another thread's
+ * touch faults too while this one has the memory open, and a freed
+ * buffer's inside a bracket). */
+TEST_IMPL(device_guarded_memory_faults_outside_its_calls)
+{
+    for (int plain = 0; plain < 2; plain++) {
+        int keyed = guard_probe(plain, 0) - 10;
+        if (plain) ASSERT_INT_EQ(keyed, 0);
+        if (!plain && !keyed) fprintf(stderr, "# no protection keys here: the default is mprotect too\n");
+        ASSERT_INT_EQ(guard_probe(plain, 1), GUARD_FAULT);
+        ASSERT_INT_EQ(guard_probe(plain, 2), GUARD_FAULT);
+        ASSERT_INT_EQ(guard_probe(plain, 3), (keyed ? GUARD_FAULT : 0)); /* mprotect: open to every thread */
+        if (keyed) ASSERT_INT_EQ(guard_probe(plain, 4), GUARD_FAULT);
+    }
 }
 
 /* The out-of-memory text, and a failing allocation (the CPU's test hook)

@@ -182,6 +182,7 @@ TEST(comm_nccl_failed_rank_stops_the_others)
 
 /* runtime: devices and the choice of one, test_device.c */
 TEST(device_cpu_round_trips)
+TEST(device_guarded_memory_faults_outside_its_calls)
 TEST(device_out_of_memory_message)
 TEST(device_cuda_probe_says_why)
 TEST(device_cuda_round_trips)
