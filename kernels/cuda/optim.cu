@@ -67,7 +67,10 @@ int kcuda_adamw_step(float *params, void *params_lp, const void *grads,
     return 0;
 }
 
-/* part[block] = the block's sum of x^2 (double) over a fixed grid. */
+/* part[block] = the block's sum of x^2 (double) over a grid of at most
+ * SS_BLOCKS blocks: element i is block (i / SS_THREADS) % SS_BLOCKS's, so
+ * that a smaller grid (a small tensor's) gives the partial sums of the
+ * fixed one, whose other blocks would hold zeros. */
 template <typename T>
 __global__ void __launch_bounds__(SS_THREADS)
     ss_partial_kernel(double *part, const T *x, size_t n)
@@ -85,12 +88,13 @@ __global__ void __launch_bounds__(SS_THREADS)
         part[blockIdx.x] = acc;
 }
 
-/* *ss += the sum of part[SS_BLOCKS]. */
+/* *ss += the sum of part[nb], summed as SS_BLOCKS partials with zeros
+ * after the nb (the same bits for any nb). */
 __global__ void __launch_bounds__(SS_BLOCKS)
-    ss_finish_kernel(double *ss, const double *part)
+    ss_finish_kernel(double *ss, const double *part, unsigned nb)
 {
     __shared__ double sh[32];
-    double t = kc_block_sum_d(part[threadIdx.x], sh);
+    double t = kc_block_sum_d(threadIdx.x < nb ? part[threadIdx.x] : 0.0, sh);
     if (threadIdx.x == 0)
         *ss += t;
 }
@@ -103,13 +107,15 @@ int kcuda_sum_squares(kcuda_ctx *ctx, double *ss, const void *buf, size_t n,
     if (n == 0)
         return 0;
     void *scratch = NULL;
+    size_t want = (n + SS_THREADS - 1) / SS_THREADS;
+    unsigned nb = want < SS_BLOCKS ? (unsigned)want : SS_BLOCKS;
     KCUDA_TRY(kcuda__scratch(ctx, SS_BLOCKS * sizeof(double), &scratch, s));
     KCUDA_DISPATCH(dt, T, {
-        ss_partial_kernel<T><<<SS_BLOCKS, SS_THREADS, 0, s>>>(
+        ss_partial_kernel<T><<<nb, SS_THREADS, 0, s>>>(
             (double *)scratch, (const T *)buf, n);
         KCUDA_LAUNCHED("ss_partial_kernel");
     });
-    ss_finish_kernel<<<1, SS_BLOCKS, 0, s>>>(ss, (const double *)scratch);
+    ss_finish_kernel<<<1, SS_BLOCKS, 0, s>>>(ss, (const double *)scratch, nb);
     KCUDA_LAUNCHED("ss_finish_kernel");
     return 0;
 }

@@ -52,8 +52,6 @@ done
 # the executor's GPU path and the NCCL communicator (unit_tests_emu, when
 # built): the unit tests that need a GPU, or 4 (MESH_EMU_GPUS: ranks as
 # threads, a GPU each, over the emulated NCCL); one that skips fails.
-# (parallel_cuda_ranks_share_a_gpu and parallel_cuda_ranks_over_nccl pass
-# too but take many minutes here: run them by name.)
 skipped() {
     if grep -q '^SKIP' "$LAST"; then
         echo "# a GPU test skipped on the emulation"
@@ -63,7 +61,11 @@ skipped() {
 if [ -x "$B/unit_tests_emu" ]; then
     if [ "${EMU_TSAN:-0}" != 1 ]; then # (under TSan: NCCL's tests alone; the executor's take too long)
         run "the executor on the GPU" env OPENBLAS_NUM_THREADS=1 "$B/unit_tests_emu" \
-            device_cuda_probe_says_why device_cuda_round_trips exec_cuda_trains_as_the_cpu
+            device_cuda_probe_says_why device_cuda_round_trips exec_cuda_trains_as_the_cpu \
+            parallel_cuda_ranks_share_a_gpu
+        skipped
+        run "the executor on 4 GPUs, over NCCL" env OPENBLAS_NUM_THREADS=1 MESH_EMU_GPUS=4 "$B/unit_tests_emu" \
+            parallel_cuda_ranks_over_nccl
         skipped
     fi
     NCCL_TESTS=(comm_nccl_available_says_why comm_nccl_one_rank_calls comm_nccl_world_over_threads
