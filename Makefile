@@ -214,8 +214,9 @@ TEST_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
            UBSAN_OPTIONS=print_stacktrace=1
 endif
 
-# With MPI, the MPI tests' program too (tests/run.sh runs it under mpirun).
-test: all $(BUILD)/unit_tests $(if $(filter 1,$(MPI)),$(BUILD)/mpi_tests)
+# With MPI, the MPI tests' program too (tests/run.sh runs it under mpirun);
+# and the benchmarks' programs, built (not run) so that make bench links.
+test: all $(BUILD)/unit_tests $(if $(filter 1,$(MPI)),$(BUILD)/mpi_tests) $(BUILD)/train_bench $(BUILD)/comm_bench
 	$(TEST_ENV) MESH_BUILD=$(BUILD) MESH_MPI=$(MPI) tests/run.sh
 
 asan:
@@ -238,8 +239,11 @@ tsan:
 bench: all $(BUILD)/train_bench $(BUILD)/comm_bench
 	MESHC=$(BUILD)/meshc TRAIN_BENCH=$(BUILD)/train_bench COMM_BENCH=$(BUILD)/comm_bench tests/bench/run.sh
 
-$(BUILD)/comm_bench: tests/bench/comm_bench.c $(BUILD)/libmeshrt.a
-	$(CC) $(CFLAGS) -Iruntime -o $@ $< $(BUILD)/libmeshrt.a $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)
+# (the runtime's internals, and what they use: the CPU kernels' packing)
+$(BUILD)/comm_bench: tests/bench/comm_bench.c $(BUILD)/libmeshrt.a $(KCUDA_LIB) $(BUILD)/libmeshkcpu.a \
+                     $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a
+	$(CC) $(CFLAGS) -Iruntime -o $@ $< -Wl,--start-group $(filter %.a,$^) -Wl,--end-group \
+	  $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 $(BUILD)/train_bench: tests/bench/train_bench.c $(BUILD)/libmesh.a
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -Iruntime $(BLAS_CFLAGS) -o $@ $< $(BUILD)/libmesh.a \

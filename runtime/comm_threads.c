@@ -53,7 +53,7 @@ struct comm_threads_world {
     pthread_cond_t *rcv; /* per world rank: a message came for it */
     int size;
     double timeout;
-    atomic_int aborted; /* set under mu; read under mu or a group's mu */
+    atomic_int aborted; /* set under mu, after why; read under mu or a group's mu */
     char why[256];
     int refs;          /* groups alive */
     tqueue *queue;     /* size x size: [src * size + dst] */
@@ -62,8 +62,9 @@ struct comm_threads_world {
 struct tgroup {
     comm_threads_world *w;
     tgroup *prev, *next; /* in w->groups */
-    pthread_mutex_t mu;  /* the barrier's: arrived, gen */
+    pthread_mutex_t mu;  /* the barrier's: arrived, gen, late */
     pthread_cond_t cv;
+    int late;            /* a member gave up waiting: later arrivals fail (until the world's abort says why) */
     int sync_ok;         /* mu and cv were initialized */
     int size;
     int *world;        /* per member: its world rank */
@@ -109,8 +110,8 @@ static void deadline_after(struct timespec *ts, double seconds)
 static void abort_locked(comm_threads_world *w, const char *why)
 {
     if (w->aborted) return;
-    w->aborted = 1;
     snprintf(w->why, sizeof w->why, "%s", why);
+    w->aborted = 1; /* after why: a reader that sees the flag reads it whole */
     for (tgroup *g = w->groups; g; g = g->next) { /* under its mu: a member about to wait sees the flag */
         pthread_mutex_lock(&g->mu);
         pthread_cond_broadcast(&g->cv);
@@ -146,6 +147,8 @@ static int meet_(tcomm *t, const char *op, int committed)
     tgroup *g = t->g;
     comm_threads_world *w = g->w;
     pthread_mutex_lock(&g->mu);
+    if (g->late && !committed) /* the member that gave up is aborting the world: its reason */
+        while (!w->aborted) pthread_cond_wait(&g->cv, &g->mu);
     if (w->aborted && !committed) {
         pthread_mutex_unlock(&g->mu);
         return fail(t, op);
@@ -163,7 +166,7 @@ static int meet_(tcomm *t, const char *op, int committed)
         deadline_after(&until, w->timeout);
         while (g->gen == gen && (committed || !w->aborted))
             if (pthread_cond_timedwait(&g->cv, &g->mu, &until) == ETIMEDOUT && g->gen == gen) {
-                late = 1;
+                late = g->late = 1; /* no one completes this barrier now */
                 break;
             }
     }

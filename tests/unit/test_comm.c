@@ -148,6 +148,17 @@ TEST_IMPL(comm_threads_hold_sees_the_abort)
 /* Rank 1 never comes: rank 0 gives up after the timeout, saying so. */
 static int one_missing(rank_job *j, comm *c) { return comm_case_one_missing(c, 0, j->error, sizeof j->error); }
 
+/* Rank 1 comes after rank 0 gave up: its call fails too, with rank 0's
+ * reason (the barrier rank 0 left is not completed by it). */
+static int one_late(rank_job *j, comm *c)
+{
+    float x[4] = {0};
+    if (c->rank == 1) comm_sleep(0.5);
+    int rc = comm_all_reduce(c, x, 4);
+    snprintf(j->error, sizeof j->error, "%s", c->error);
+    return rc == 0; /* (0: failed, as it must) */
+}
+
 TEST_IMPL(comm_threads_timeout_names_the_wait)
 {
     rank_job jobs[2];
@@ -156,6 +167,11 @@ TEST_IMPL(comm_threads_timeout_names_the_wait)
     ASSERT_NOT_NULL(strstr(jobs[0].error, "all-reduce over 2 ranks (this is rank 0): rank 0 waited in all-reduce "
                                           "for more than 0.2 s"));
     ASSERT_INT_LT((long)(jobs[0].seconds * 10), 20);
+    run_world(2, 0.2, one_late, jobs);
+    for (int r = 0; r < 2; r++) {
+        ASSERT_INT_EQ(jobs[r].rc, 0);
+        ASSERT_NOT_NULL(strstr(jobs[r].error, "rank 0 waited in all-reduce for more than 0.2 s"));
+    }
 }
 
 /* A communication queue (comm_async.h) beside the rank's own calls: the
