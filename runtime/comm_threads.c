@@ -139,11 +139,6 @@ static void timed_out_locked(comm_threads_world *w, int rank, const char *op, co
 
 static int fail(tcomm *t, const char *op) { return comm_fail(&t->c, op, "%s", t->g->w->why); }
 
-/* The group's barrier; -1 if the world aborted, or a rank did not come in
- * time. A committed barrier (one after a collective's first) is passed by
- * every member even when the world aborts: each has passed the one before
- * and only copies before it comes, so no member leaves, and frees its
- * buffer, while a peer still reads or writes it. */
 /* A member that arrives at a barrier first polls for its end for up to
  * SPIN_S before it sleeps: with a core each, the last member is often
  * that close, and a sleep and a wake-up cost more (a small all-reduce on
@@ -190,6 +185,11 @@ static int spun(tcomm *t, unsigned long gen, int committed)
     return 0;
 }
 
+/* The group's barrier; -1 if the world aborted, or a rank did not come in
+ * time. A committed barrier (one after a collective's first) is passed by
+ * every member even when the world aborts: each has passed the one before
+ * and only copies before it comes, so no member leaves, and frees its
+ * buffer, while a peer still reads or writes it. */
 static int meet_(tcomm *t, const char *op, int committed)
 {
     tgroup *g = t->g;
