@@ -242,11 +242,11 @@ bench: all $(BUILD)/train_bench $(BUILD)/comm_bench
 # (the runtime's internals, and what they use: the CPU kernels' packing)
 $(BUILD)/comm_bench: tests/bench/comm_bench.c $(BUILD)/libmeshrt.a $(KCUDA_LIB) $(BUILD)/libmeshkcpu.a \
                      $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a
-	$(CC) $(CFLAGS) -Iruntime -o $@ $< -Wl,--start-group $(filter %.a,$^) -Wl,--end-group \
+	$(CC) $(CFLAGS) $(SAN_CFLAGS) $(ALL_LDFLAGS) -Iruntime -o $@ $< -Wl,--start-group $(filter %.a,$^) -Wl,--end-group \
 	  $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 $(BUILD)/train_bench: tests/bench/train_bench.c $(BUILD)/libmesh.a
-	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -Iruntime $(BLAS_CFLAGS) -o $@ $< $(BUILD)/libmesh.a \
+	$(CC) -std=c11 -O2 -Wall -Wextra -Werror $(SAN_CFLAGS) $(ALL_LDFLAGS) -Iruntime $(BLAS_CFLAGS) -o $@ $< $(BUILD)/libmesh.a \
 	  $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 check-exports: $(BUILD)/libmesh.a $(BUILD)/libmesh.so
