@@ -150,13 +150,6 @@ static int fail(tcomm *t, const char *op) { return comm_fail(&t->c, op, "%s", t-
 enum { SPIN_PROBE = 64, SPIN_MAX = 8 };
 #define SPIN_S 5e-6
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static inline void spin_pause(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
@@ -171,7 +164,7 @@ static int spun(tcomm *t, unsigned long gen, int committed)
 {
     tgroup *g = t->g;
     if (t->spin_score < 1 && ++t->spin_probe % SPIN_PROBE != 0) return 0;
-    double until = now_s() + SPIN_S;
+    double until = comm_now() + SPIN_S;
     do {
         for (int i = 0; i < 32; i++) {
             if (g->gen != gen) {
@@ -180,7 +173,7 @@ static int spun(tcomm *t, unsigned long gen, int committed)
             }
             spin_pause();
         }
-    } while ((committed || !g->w->aborted) && now_s() < until);
+    } while ((committed || !g->w->aborted) && comm_now() < until);
     t->spin_score = t->spin_score > -SPIN_MAX + 4 ? t->spin_score - 4 : -SPIN_MAX;
     return 0;
 }

@@ -149,7 +149,7 @@ TEST_IMPL(comm_threads_hold_sees_the_abort)
 static int one_missing(rank_job *j, comm *c) { return comm_case_one_missing(c, 0, j->error, sizeof j->error); }
 
 /* Rank 1 comes after rank 0 gave up: its call fails too, with rank 0's
- * reason (the barrier rank 0 left is not completed by it). */
+ * reason (it neither completes the barrier rank 0 left nor waits in it). */
 static int one_late(rank_job *j, comm *c)
 {
     float x[4] = {0};
