@@ -265,7 +265,8 @@ void comm_tcp_release(comm_tcp_state *w);
 /* Every buffer passed to an NCCL handle is a device pointer (the CUDA
  * executor owns them), on the world's device; the work that writes it is
  * finished before the call (its stream synchronised), and the result is in
- * place when the call returns. A reduce-scatter's out may be in + rank x n
+ * place when the call returns (unless the world is ordered on a stream:
+ * comm_nccl_order). A reduce-scatter's out may be in + rank x n
  * and an all-gather's in may be out + rank x n, no other overlap. A receive
  * names the size that was sent (NCCL does not check it). Each handle has
  * its own CUDA stream; a call that fails in NCCL or CUDA, or waits longer
@@ -306,13 +307,40 @@ int comm_nccl_set_elements(comm *c, int type);
 
 /* The sends c's world deferred (comm_nccl.c: an NCCL send is issued at
  * the rank's next call) go out now, and the call returns once they are
- * received. For the end of a pipeline's schedule, whose last send would
+ * received (ordered: once enqueued, the caller's stream waiting for
+ * them). For the end of a pipeline's schedule, whose last send would
  * otherwise wait for a later NCCL call while the receiver waits for it
  * (the rank's next collective being on the host world, as an evaluation's
  * loss sum is). Not collective. Returns 0 (nothing done for a handle of
  * another backend, whose sends are eager), or -1 with the reason in
  * c->error (the world aborted). */
 int comm_nccl_flush(comm *c);
+
+/* Orders the calls of c's world on the caller's CUDA stream `stream` (a
+ * cudaStream_t of the world's device; NULL: its legacy default stream)
+ * instead of waiting for them: each call's work starts after the work the
+ * caller enqueued on the stream before the call, and the work the caller
+ * enqueues after it starts after the call's (events between the stream
+ * and the handles' streams), as PyTorch's process groups do; the call
+ * returns once NCCL has enqueued its work, without waiting for the GPU. A
+ * send's buffer may be rewritten by the stream's later work; a receive's
+ * and a collective's result is there for the stream's later work, and for
+ * the host once it has waited for the stream. A barrier still waits on
+ * the host. Errors, a failed rank of the host world and the timeout are
+ * then noticed by the next call, or by comm_nccl_watch while the host
+ * waits for the stream. Not for a queue's own world. Returns 0, or -1
+ * when c is not an NCCL handle (c->error says why if it is one). */
+int comm_nccl_order(comm *c, void *stream);
+
+/* For the host's waits on an ordered world's stream (device.h's
+ * dev_set_watch, ud: a handle of the world): 0 while its work goes on or
+ * is done; -1 with why (n bytes) when an NCCL or CUDA error came, the
+ * world it was bootstrapped over failed, it was aborted, or its work has
+ * kept the host waiting longer than the world's timeout (waited_s; the
+ * message names the last call): every NCCL communicator of the world is
+ * then aborted, which ends its work on the GPU. Not for another thread's
+ * world. */
+int comm_nccl_watch(void *ud, double waited_s, char *why, size_t n);
 
 /* Makes c, a fresh split with nothing in flight, an NCCL world of its own,
  * so that a thread other than the one using the rest of the world may use

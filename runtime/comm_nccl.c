@@ -14,6 +14,25 @@
  * operation, the rank and NCCL's error (ncclGetErrorString, and
  * ncclGetLastError's detail).
  *
+ * Ordered worlds (comm_nccl_order: the CUDA executor's, unless
+ * MESH_NCCL_BLOCKING=1). The host waits for neither the caller's kernels
+ * nor the call: an event recorded on the caller's stream at the call makes
+ * the handle's stream wait for the work before it (after_caller), and once
+ * NCCL has enqueued the operation (a non-blocking communicator's
+ * ncclInProgress ends) an event recorded after it on the handle's stream
+ * makes the caller's stream wait for it (settle), as PyTorch's process
+ * groups order their NCCL streams. The GPU then runs the calls between the
+ * kernels as the host-synchronous calls did, and the host goes on
+ * launching. A send's staging copy is ordered the same way, so the caller
+ * may rewrite the buffer on its stream at once. What is not waited for is
+ * watched: the next call checks the world, and the host's waits for the
+ * caller's stream poll comm_nccl_watch (device.h's dev_set_watch), which
+ * aborts the world on an NCCL or CUDA error, a failed rank of the host
+ * world, or a wait longer than the timeout with NCCL work in flight
+ * (naming its last call); the abort ends that work on the GPU. A barrier,
+ * and the all-to-all's exchange of counts (the host needs them), are still
+ * waited for.
+ *
  * A world bootstrapped over a threads world (comm_nccl_world_mpi: ranks as
  * threads of one process, a GPU each) or a TCP one (one rank per process,
  * as torchrun starts them) holds a watch on it (comm_watch_of) and its
@@ -106,6 +125,9 @@ typedef struct ncomm {
     ncclComm_t nc;      /* NULL once aborted */
     cudaStream_t stream;
     int touched;        /* work enqueued that the next wait waits for */
+    int fresh;          /* ordered world: work enqueued that the caller's stream does not wait for yet */
+    const char *last;   /* the last call that enqueued work (a timeout's message names it) */
+    cudaEvent_t done;   /* ordered world: recorded after a launch, the caller's stream waits for it */
     nslot *slot;        /* [0, pending): deferred sends, oldest first */
     int pending, slots;
     uint64_t *dev;      /* device: 2 x size all-to-all counts, then one int32 */
@@ -126,6 +148,9 @@ struct nworld {
     atomic_int asked;   /* then sets this; the world's thread aborts it */
     char asked_why[240];
     comm_watch *host; /* held: a watch on the world it was bootstrapped over, or NULL */
+    int ordered;          /* comm_nccl_order: calls ordered on the caller's stream, not waited for */
+    cudaStream_t caller;  /* ordered: the caller's stream (NULL: the legacy default stream) */
+    cudaEvent_t before;   /* ordered: recorded on the caller's stream at a call; the handle's stream waits */
 };
 
 static const comm_vtbl nccl_vtbl;
@@ -215,6 +240,7 @@ static int host_down(const nworld *w, int polls, char *why, size_t n)
 
 static void world_free(nworld *w)
 {
+    if (w->before) (void)cudaEventDestroy(w->before);
     comm_watch_release(w->host);
     free(w);
 }
@@ -267,39 +293,99 @@ static int asked_abort(ncomm *m, const char *op)
     return comm_fail(&m->c, op, "the world's NCCL communicators were aborted (%s)", m->w->why);
 }
 
-/* Waits until the work enqueued on the world's touched handles is done:
- * each communicator's async state leaves ncclInProgress (the operations are
- * on the stream), then its stream drains. Errors and the timeout abort the
- * world, recorded in m. */
-static int finish(ncomm *m, const char *op)
+/* A call enqueued work on x (its stream): the next wait waits for it, and
+ * in an ordered world so will the caller's stream. */
+static void mark(ncomm *x, const char *op)
+{
+    x->touched = x->fresh = 1;
+    x->last = op;
+}
+
+/* One look at the world's touched handles: 1 while one is busy (NCCL
+ * still enqueueing; with streams, also its stream still working), else 0
+ * (a handle whose stream is done is no longer touched); -1 when one failed
+ * (the world aborted, recorded in m). */
+static int look(ncomm *m, const char *op, int streams)
+{
+    int busy = 0;
+    for (ncomm *x = m->w->comms; x; x = x->next) {
+        if (!x->touched) continue;
+        ncclResult_t st = ncclSuccess, rc = ncclCommGetAsyncError(x->nc, &st);
+        if (rc != ncclSuccess) st = rc;
+        if (st == ncclInProgress) {
+            busy = 1;
+            continue;
+        }
+        if (st != ncclSuccess) return nccl_fail(x->nc, m, op, "ncclCommGetAsyncError", st);
+        if (!streams) continue;
+        cudaError_t ce = cudaStreamQuery(x->stream);
+        if (ce == cudaErrorNotReady) {
+            busy = 1;
+            continue;
+        }
+        if (ce != cudaSuccess) return cuda_fail(m, op, "cudaStreamQuery", ce);
+        x->touched = x->fresh = 0;
+    }
+    return busy;
+}
+
+/* Polls the touched handles until none is busy (look): with streams,
+ * until their work is done, else until NCCL has enqueued it (a
+ * non-blocking communicator's ncclInProgress ends). Errors, the host
+ * world's failure and the timeout abort the world, recorded in m. */
+static int wait_for(ncomm *m, const char *op, int streams)
 {
     nworld *w = m->w;
     double until = comm_now() + w->timeout;
     char why[200];
     for (int polls = 0;; pause_poll(&polls)) {
-        int busy = 0;
         if (take_abort(w)) return asked_abort(m, op);
         if (host_down(w, polls, why, sizeof why)) return host_failed(m, op, why);
-        for (ncomm *x = w->comms; x; x = x->next) {
-            if (!x->touched) continue;
-            ncclResult_t st = ncclSuccess, rc = ncclCommGetAsyncError(x->nc, &st);
-            if (rc != ncclSuccess) st = rc;
-            if (st == ncclInProgress) {
-                busy = 1;
-                continue;
-            }
-            if (st != ncclSuccess) return nccl_fail(x->nc, m, op, "ncclCommGetAsyncError", st);
-            cudaError_t ce = cudaStreamQuery(x->stream);
-            if (ce == cudaErrorNotReady) {
-                busy = 1;
-                continue;
-            }
-            if (ce != cudaSuccess) return cuda_fail(m, op, "cudaStreamQuery", ce);
-            x->touched = 0;
-        }
-        if (!busy) return 0;
+        int busy = look(m, op, streams);
+        if (busy <= 0) return busy;
         if (comm_now() > until) return timed_out(m, op);
     }
+}
+
+/* Waits until the work enqueued on the world's touched handles is done. */
+static int finish(ncomm *m, const char *op) { return wait_for(m, op, 1); }
+
+/* Ordered world: m's stream waits for the caller's work so far, which
+ * writes the call's buffers or reads those it writes. */
+static int after_caller(ncomm *m, const char *op)
+{
+    nworld *w = m->w;
+    if (!w->ordered) return 0;
+    cudaError_t ce = cudaEventRecord(w->before, w->caller);
+    if (ce != cudaSuccess) return cuda_fail(m, op, "cudaEventRecord", ce);
+    ce = cudaStreamWaitEvent(m->stream, w->before, 0);
+    return ce == cudaSuccess ? 0 : cuda_fail(m, op, "cudaStreamWaitEvent", ce);
+}
+
+/* Ordered world: the caller's stream waits for the work on x's stream so
+ * far (failures recorded in m). */
+static int join_caller(ncomm *x, ncomm *m, const char *op)
+{
+    cudaError_t ce = cudaEventRecord(x->done, x->stream);
+    if (ce != cudaSuccess) return cuda_fail(m, op, "cudaEventRecord", ce);
+    ce = cudaStreamWaitEvent(m->w->caller, x->done, 0);
+    return ce == cudaSuccess ? 0 : cuda_fail(m, op, "cudaStreamWaitEvent", ce);
+}
+
+/* After a launch: the host waits for the work (finish); in an ordered
+ * world, once NCCL has enqueued it, the caller's stream waits for every
+ * stream that got work instead, and the host goes on. */
+static int settle(ncomm *m, const char *op)
+{
+    nworld *w = m->w;
+    if (!w->ordered) return finish(m, op);
+    if (wait_for(m, op, 0) != 0) return -1;
+    for (ncomm *x = w->comms; x; x = x->next) {
+        if (!x->fresh) continue;
+        if (join_caller(x, m, op) != 0) return -1;
+        x->fresh = 0;
+    }
+    return 0;
 }
 
 /* Waits for m's stream alone (a staging copy: no NCCL work on it). */
@@ -372,7 +458,7 @@ static ncclResult_t issue_sends(nworld *w, int self, ncomm **bad)
                 *bad = x;
                 return rc;
             }
-            x->touched = 1;
+            mark(x, "send");
         }
         x->pending = kept; /* the issued buffers stay untouched until the wait for them ends */
     }
@@ -397,7 +483,7 @@ static int close_group(ncomm *m, const char *op, const char *call, ncclResult_t 
     ncclResult_t end = group_end();
     if (failed(rc)) return nccl_fail(bad->nc, m, op, call, rc);
     if (failed(end)) return nccl_fail(m->nc, m, op, "ncclGroupEnd", end);
-    return m->w->group ? 0 : finish(m, op);
+    return m->w->group ? 0 : settle(m, op);
 }
 
 /* The deferred sends go out before a call that is not a receive, and the
@@ -413,20 +499,22 @@ static int flush_sends(ncomm *m, const char *op)
 }
 
 /* The start of every call: -1 if the world was aborted; outside a group,
- * the deferred sends go first. */
+ * the deferred sends go first; in an ordered world, m's stream waits for
+ * the caller's. */
 static int begin(ncomm *m, const char *op)
 {
     if (dead(m, op) != 0) return -1;
-    return m->w->group ? 0 : flush_sends(m, op);
+    if (!m->w->group && flush_sends(m, op) != 0) return -1;
+    return after_caller(m, op);
 }
 
 /* After a call enqueued one NCCL operation (rc): in a group it waits for
- * group_end, else for the operation. */
+ * group_end, else for the operation (settle). */
 static int issued(ncomm *m, const char *op, const char *call, ncclResult_t rc)
 {
     if (failed(rc)) return nccl_fail(m->nc, m, op, call, rc);
-    m->touched = 1;
-    return m->w->group ? 0 : finish(m, op);
+    mark(m, op);
+    return m->w->group ? 0 : settle(m, op);
 }
 
 static int n_all_reduce(comm *c, float *buf, size_t n)
@@ -469,6 +557,20 @@ static int copy_wait(ncomm *m, const char *op, void *dst, const void *src, size_
     return drain(m, op);
 }
 
+/* A copy between device buffers for a call (a send's staging, a receive
+ * from oneself): waited for, or, in an ordered world, between the
+ * caller's work before and after it. */
+static int copy_in_turn(ncomm *m, const char *op, void *dst, const void *src, size_t bytes)
+{
+    if (!m->w->ordered) return copy_wait(m, op, dst, src, bytes, cudaMemcpyDeviceToDevice);
+    if (after_caller(m, op) != 0) return -1;
+    cudaError_t ce = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, m->stream);
+    if (ce != cudaSuccess) return cuda_fail(m, op, "cudaMemcpyAsync", ce);
+    m->touched = 1; /* (not fresh: joined now; in a group, a fresh NCCL call stays fresh) */
+    m->last = op;
+    return join_caller(m, m, op);
+}
+
 /* Every rank learns what each peer sends it; -1 on every rank when one
  * expected other counts (the lowest such rank says which): the threads and
  * MPI backends' check, on the device. */
@@ -486,7 +588,7 @@ static int a2a_counts(ncomm *m, const size_t *send, const size_t *recv)
         rc = ncclSend(m->dev + q, 1, ncclUint64, q, m->nc, m->stream);
         if (!failed(rc)) rc = ncclRecv(m->dev + p + q, 1, ncclUint64, q, m->nc, m->stream);
     }
-    m->touched = 1;
+    mark(m, op);
     if (close_group(m, op, "ncclSend/ncclRecv of the counts", rc, m) != 0 ||
         copy_wait(m, op, theirs, m->dev + p, (size_t)p * sizeof *theirs, cudaMemcpyDeviceToHost) != 0)
         return -1;
@@ -521,7 +623,7 @@ static int n_all_to_all(comm *c, const float *in, const size_t *send, float *out
         nr += recv[q];
     }
     if (on_device(m, op, in, ns) != 0 || on_device(m, op, out, nr) != 0 || begin(m, op) != 0) return -1;
-    if (!m->w->group && a2a_counts(m, send, recv) != 0) return -1;
+    if (!m->w->group && (a2a_counts(m, send, recv) != 0 || after_caller(m, op) != 0)) return -1;
     ncclResult_t rc = ncclGroupStart();
     if (rc != ncclSuccess) return nccl_fail(m->nc, m, op, "ncclGroupStart", rc);
     size_t at = 0, rat = 0;
@@ -531,7 +633,7 @@ static int n_all_to_all(comm *c, const float *in, const size_t *send, float *out
         at += send[q];
         rat += recv[q];
     }
-    m->touched = 1;
+    mark(m, op);
     return close_group(m, op, "ncclSend/ncclRecv", rc, m); /* in the caller's group, only closes ours */
 }
 
@@ -549,8 +651,10 @@ static int n_barrier(comm *c)
     ncomm *m = (ncomm *)c;
     if (begin(m, "barrier") != 0) return -1;
     int32_t *one = (int32_t *)(m->dev + 2 * (size_t)c->size);
-    return issued(m, "barrier", "ncclAllReduce",
-                  LONE(m, ncclAllReduce(one, one, 1, ncclInt32, ncclSum, m->nc, m->stream)));
+    ncclResult_t rc = LONE(m, ncclAllReduce(one, one, 1, ncclInt32, ncclSum, m->nc, m->stream));
+    if (failed(rc)) return nccl_fail(m->nc, m, "barrier", "ncclAllReduce", rc);
+    mark(m, "barrier");
+    return m->w->group ? 0 : finish(m, "barrier"); /* every rank came: a wait on the host, ordered or not */
 }
 
 static int peer_ok(comm *c, int peer, const char *what)
@@ -596,9 +700,7 @@ static int n_send(comm *c, const void *buf, size_t bytes, int peer)
     if (bytes == 0) return 0; /* as the receive of 0 bytes: nothing moves */
     nslot *s = stage_slot(m, bytes);
     if (!s) return comm_fail(c, "send", "out of device memory staging %zu bytes", bytes);
-    cudaError_t ce = cudaMemcpyAsync(s->data, buf, bytes, cudaMemcpyDefault, m->stream);
-    if (ce != cudaSuccess) return cuda_fail(m, "send", "cudaMemcpyAsync", ce);
-    if (drain(m, "send") != 0) return -1;
+    if (copy_in_turn(m, "send", s->data, buf, bytes) != 0) return -1;
     s->bytes = bytes;
     s->peer = peer;
     m->pending++;
@@ -622,7 +724,7 @@ static int recv_self(ncomm *m, void *buf, size_t bytes)
                  s.bytes, bytes);
         return -1;
     }
-    return copy_wait(m, "receive", buf, s.data, bytes, cudaMemcpyDeviceToDevice);
+    return copy_in_turn(m, "receive", buf, s.data, bytes);
 }
 
 /* Outside a group: one NCCL group with the world's deferred sends. */
@@ -632,8 +734,12 @@ static int n_recv(comm *c, void *buf, size_t bytes, int peer)
     if (!peer_ok(c, peer, "receive from") || dead(m, "receive") != 0 || on_device(m, "receive", buf, bytes) != 0)
         return -1;
     if (bytes == 0) return 0;
-    if (m->w->group) return issued(m, "receive", "ncclRecv", ncclRecv(buf, bytes, ncclChar, peer, m->nc, m->stream));
+    if (m->w->group)
+        return after_caller(m, "receive") != 0
+                 ? -1
+                 : issued(m, "receive", "ncclRecv", ncclRecv(buf, bytes, ncclChar, peer, m->nc, m->stream));
     if (peer == c->rank) return begin(m, "receive") != 0 ? -1 : recv_self(m, buf, bytes);
+    if (after_caller(m, "receive") != 0) return -1;
     ncomm *bad = m;
     const char *call = "ncclSend";
     ncclResult_t rc = ncclGroupStart();
@@ -643,7 +749,7 @@ static int n_recv(comm *c, void *buf, size_t bytes, int peer)
         bad = m;
         call = "ncclRecv";
         rc = ncclRecv(buf, bytes, ncclChar, peer, m->nc, m->stream);
-        m->touched = 1;
+        mark(m, "receive");
     }
     return close_group(m, "receive", call, rc, bad);
 }
@@ -706,8 +812,11 @@ static int handle_buffers(ncomm *m, int device, char *err, size_t n)
         what = "cudaStreamCreateWithFlags";
     else if (cudaMalloc((void **)&m->dev, bytes) != cudaSuccess) what = "cudaMalloc";
     else if (cudaMallocHost((void **)&m->host, bytes) != cudaSuccess) what = "cudaMallocHost";
+    else if (cudaEventCreateWithFlags(&m->done, cudaEventDisableTiming) != cudaSuccess)
+        what = "cudaEventCreateWithFlags";
     if (!what) return 0;
     snprintf(err, n, "%s: %s", what, cudaGetErrorString(cudaGetLastError()));
+    if (m->host) (void)cudaFreeHost(m->host);
     if (m->dev) (void)cudaFree(m->dev);
     if (m->stream) (void)cudaStreamDestroy(m->stream);
     return -1;
@@ -813,6 +922,7 @@ static void n_free(comm *c)
     free(m->slot);
     (void)cudaFree(m->dev);
     (void)cudaFreeHost(m->host);
+    (void)cudaEventDestroy(m->done);
     (void)cudaStreamDestroy(m->stream);
     free(m);
     if (!w->comms) world_free(w);
@@ -1077,6 +1187,47 @@ int comm_nccl_flush(comm *c)
     return m->w->group ? 0 : flush_sends(m, "flush"); /* in a group: its end issues them */
 }
 
+int comm_nccl_order(comm *c, void *stream)
+{
+    if (!c || c->v != &nccl_vtbl) return -1;
+    ncomm *m = (ncomm *)c;
+    nworld *w = m->w;
+    if (dead(m, "order") != 0) return -1;
+    if (w->own) return comm_fail(c, "order", "a queue's own world is waited for by its own thread");
+    if (w->group) return comm_fail(c, "order", "between group_begin and group_end");
+    if (!w->before) {
+        cudaError_t ce = cudaSetDevice(w->device);
+        if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&w->before, cudaEventDisableTiming);
+        if (ce != cudaSuccess) {
+            w->before = NULL;
+            return comm_fail(c, "order", "cudaEventCreateWithFlags: %s", cudaGetErrorString(ce));
+        }
+    }
+    w->caller = (cudaStream_t)stream;
+    w->ordered = 1;
+    return 0;
+}
+
+int comm_nccl_watch(void *ud, double waited_s, char *why, size_t n)
+{
+    comm *c = ud;
+    if (!c || c->v != &nccl_vtbl) return 0;
+    ncomm *m = (ncomm *)c;
+    nworld *w = m->w;
+    const char *op = NULL; /* the last call of a handle with work in flight: what the wait may wait for */
+    for (ncomm *x = w->comms; x && !op; x = x->next)
+        if (x->touched) op = x->last ? x->last : "a call";
+    if (!op) return 0; /* no NCCL work in flight: the stream's kernels end by themselves */
+    char down[200];
+    int st;
+    if (take_abort(w)) st = asked_abort(m, op);
+    else if (w->host && comm_watch_stopped(w->host, down, sizeof down)) st = host_failed(m, op, down);
+    else if ((st = look(m, op, 1)) > 0) st = waited_s > w->timeout ? timed_out(m, op) : 0;
+    if (st == 0) return 0;
+    snprintf(why, n, "%s", c->error);
+    return -1;
+}
+
 int comm_nccl_own_thread(comm *c)
 {
     if (!c || c->v != &nccl_vtbl) return 0;
@@ -1135,6 +1286,22 @@ int comm_nccl_set_elements(comm *c, int type)
 int comm_nccl_own_thread(comm *c)
 {
     (void)c; /* no NCCL handle exists in this build */
+    return 0;
+}
+
+int comm_nccl_order(comm *c, void *stream)
+{
+    (void)c;
+    (void)stream;
+    return -1;
+}
+
+int comm_nccl_watch(void *ud, double waited_s, char *why, size_t n)
+{
+    (void)ud;
+    (void)waited_s;
+    (void)why;
+    (void)n;
     return 0;
 }
 

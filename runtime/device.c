@@ -76,6 +76,7 @@ mesh_status dev_open_guarded(dev **out, char *err, size_t n)
 void dev_close(dev *d)
 {
     if (!d) return;
+    dev_event_destroy(d, d->watch_ev);
     if (d->v->close) d->v->close(d);
     free(d);
 }
@@ -163,10 +164,43 @@ void dev_stream_destroy(dev *d, dev_stream *s)
     if (d && s && d->v->stream_destroy) d->v->stream_destroy(d, s);
 }
 
+void dev_set_watch(dev *d, dev_watch_fn watch, void *ud)
+{
+    if (!d) return;
+    d->watch = watch;
+    d->watch_ud = ud;
+}
+
+/* Waits for the work before e's record, polling (spinning briefly, then
+ * sleeping 20 us at a time); with timeout_s > 0 at most that long, and
+ * when watched, asking d's watch every 64th sleep. */
+static mesh_status poll_event(dev *d, dev_event *e, double timeout_s, int watched)
+{
+    double start = comm_now(), until = timeout_s > 0 ? start + timeout_s : 0;
+    char why[400];
+    for (int polls = 0;; polls++) {
+        int done = 0;
+        mesh_status st = dev_event_query(d, e, &done);
+        if (st != MESH_OK || done) return st;
+        if (polls < 200) continue;
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+        if (until > 0 && comm_now() > until)
+            return dev_fail(d, MESH_ERR_INTERNAL, "the work before an event did not end within %g s", timeout_s);
+        if (watched && polls % 64 == 0 && d->watch(d->watch_ud, comm_now() - start, why, sizeof why) != 0)
+            return dev_fail(d, MESH_ERR_RANK, "%s", why);
+    }
+}
+
 mesh_status dev_stream_sync(dev *d, dev_stream *s)
 {
     if (!d) return MESH_ERR_INVALID_ARG;
-    return d->v->stream_sync ? d->v->stream_sync(d, s) : MESH_OK;
+    if (!d->v->stream_sync) return MESH_OK; /* a synchronous device */
+    d->waits++;
+    if (!d->watch || !d->v->event_record) return d->v->stream_sync(d, s);
+    mesh_status st = d->watch_ev ? MESH_OK : dev_event_create(d, &d->watch_ev);
+    if (st == MESH_OK) st = dev_event_record(d, d->watch_ev, s);
+    return st == MESH_OK ? poll_event(d, d->watch_ev, 0, 1) : st;
 }
 
 mesh_status dev_event_create(dev *d, dev_event **e)
@@ -213,18 +247,7 @@ mesh_status dev_event_wait(dev *d, dev_stream *s, dev_event *e)
 
 mesh_status dev_event_sync(dev *d, dev_event *e, double timeout_s)
 {
-    double until = timeout_s > 0 ? comm_now() + timeout_s : 0;
-    for (int polls = 0;; polls++) {
-        int done = 0;
-        mesh_status st = dev_event_query(d, e, &done);
-        if (st != MESH_OK || done) return st;
-        if (polls >= 200) {
-            struct timespec ts = {0, 20000};
-            nanosleep(&ts, NULL);
-            if (until > 0 && comm_now() > until)
-                return dev_fail(d, MESH_ERR_INTERNAL, "the work before an event did not end within %g s", timeout_s);
-        }
-    }
+    return poll_event(d, e, timeout_s, d && d->watch);
 }
 
 int dev_owns(dev *d, const void *p, size_t bytes)

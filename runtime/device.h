@@ -96,6 +96,10 @@ struct dev {
     void *impl;      /* the backend's own state (the guarded CPU device's buffers) */
     _Atomic long long to_host; /* device-to-host copies made (on a GPU each is a wait for the device);
                                   atomic: a communication queue's staging copies count too */
+    long long waits; /* the host's waits for a stream (dev_stream_sync on a GPU) */
+    int (*watch)(void *ud, double waited_s, char *why, size_t n); /* dev_set_watch's check, or NULL */
+    void *watch_ud;
+    dev_event *watch_ev; /* the event a watched stream_sync polls */
     char name[128];  /* "cpu", "cuda:0 (NVIDIA H200)": messages start with it */
     char error[512]; /* why the last call failed */
 };
@@ -144,6 +148,15 @@ mesh_status dev_memset(dev *d, void *p, int byte, size_t bytes, dev_stream *s);
 mesh_status dev_stream_create(dev *d, dev_stream **s);
 void dev_stream_destroy(dev *d, dev_stream *s); /* NULL does nothing */
 mesh_status dev_stream_sync(dev *d, dev_stream *s);
+/* A check made while the host waits in dev_stream_sync or dev_event_sync
+ * on a device with events (a GPU): about every millisecond of the wait,
+ * watch(ud, seconds waited so far, why, n) returns 0 to go on waiting, or
+ * -1 with why to end the wait with MESH_ERR_RANK and that message. For
+ * work the host cannot bound itself: NCCL's, ordered on the stream
+ * (comm_nccl_order's comm_nccl_watch), which waits for other ranks that
+ * may have failed. NULL: a plain wait. */
+typedef int (*dev_watch_fn)(void *ud, double waited_s, char *why, size_t n);
+void dev_set_watch(dev *d, dev_watch_fn watch, void *ud);
 mesh_status dev_event_create(dev *d, dev_event **e);
 void dev_event_destroy(dev *d, dev_event *e); /* NULL does nothing */
 mesh_status dev_event_record(dev *d, dev_event *e, dev_stream *s);

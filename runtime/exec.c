@@ -389,6 +389,25 @@ comm *exec__host_comm(const mesh__exec *ex, comm *c)
     return c == ex->data ? ex->hdata : c == ex->tied ? ex->htied : c == ex->world ? ex->hworld : c;
 }
 
+/* A GPU rank's NCCL calls ordered on its compute stream (comm_nccl_order)
+ * and its waits for the GPU watching the NCCL world (comm_nccl_watch: a
+ * failed rank or NCCL error ends them); with MESH_NCCL_BLOCKING=1 the host
+ * waits for the kernels before each call and for the call instead (slower;
+ * a failure then names its call). */
+static int order_nccl(mesh__exec *ex, comm *dworld, char *err, size_t errn)
+{
+    const char *blocking = getenv("MESH_NCCL_BLOCKING");
+    if (!ex->gpu || !dworld || strcmp(dworld->v->name, "nccl") != 0 || (blocking && strcmp(blocking, "1") == 0))
+        return 0;
+    if (comm_nccl_order(dworld, ex->kern.stream) != 0) {
+        set_err(err, errn, "rank %d: %s", ex->rank, dworld->error);
+        return -1;
+    }
+    dev_set_watch(ex->dev, comm_nccl_watch, dworld);
+    ex->ordered = 1;
+    return 0;
+}
+
 mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, comm *dworld, int gpu, mesh_alloc_fn alloc,
                                    void *ud, unsigned flags, char *err, size_t errn)
 {
@@ -424,7 +443,9 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, comm *d
         set_err(err, errn, "rank %d: %s", rank, derr);
         goto fail;
     }
-    if (p->setup.world > 1 && join_axes(ex, world, dworld, flags, err, errn) != 0) goto fail;
+    if (p->setup.world > 1 && (join_axes(ex, world, dworld, flags, err, errn) != 0 ||
+                               order_nccl(ex, dworld, err, errn) != 0))
+        goto fail;
     /* this rank's pipeline stage: its chunk's layers of the stack */
     ex->stack = -1;
     for (int r = 0; r < p->n_regions; r++)
@@ -569,6 +590,8 @@ int mesh__exec_fused(const mesh__exec *ex) { return ex->n_fused; }
 
 long long mesh__exec_host_reads(const mesh__exec *ex) { return ex->dev->to_host; }
 
+long long mesh__exec_gpu_waits(const mesh__exec *ex) { return ex->dev->waits; }
+
 int mesh__exec_stage(const mesh__exec *ex) { return ex->stage; }
 
 comm *mesh__exec_host_world(const mesh__exec *ex) { return ex->hworld; }
@@ -599,6 +622,10 @@ const float *mesh__exec_logits(mesh__exec *ex, int *vocab_padded)
 void mesh__exec_free(mesh__exec *ex)
 {
     if (!ex) return;
+    if (ex->ordered) { /* the NCCL work on the compute stream ends (or its world fails) before anything is freed */
+        (void)dev_stream_sync(ex->dev, (dev_stream *)ex->kern.stream);
+        dev_set_watch(ex->dev, NULL, NULL);
+    }
     for (int id = 0; id < ex->n; id++) {
         for (int c = 0; ex->names && ex->names[id] && c < ex->copies[id]; c++) ex_free(ex, ex->names[id][c]);
         if (ex->names) ex_free(ex, ex->names[id]);

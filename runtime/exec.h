@@ -178,6 +178,8 @@ int mesh__exec_rank(const mesh__exec *ex);
 int mesh__exec_fused(const mesh__exec *ex);
 /* Device-to-host copies this rank's device has made so far. */
 long long mesh__exec_host_reads(const mesh__exec *ex);
+/* The host's waits for this rank's GPU so far (each a dev_stream_sync). */
+long long mesh__exec_gpu_waits(const mesh__exec *ex);
 int mesh__exec_stage(const mesh__exec *ex);
 
 /* The pipeline group of host buffers (NULL with pp = 1; its rank s is stage s), this

@@ -61,6 +61,8 @@ typedef struct ex_marks {
     dev *dev; /* the queue's thread's handle on the executor's device */
     dev_event *ev[EX_MARKS];
     double timeout; /* the longest wait for a mark (MESH_COLLECTIVE_TIMEOUT_S) */
+    comm_watch *host; /* ordered NCCL calls (ex->ordered): the host world, whose failure ends a wait for a
+                         mark (the compute stream may wait on the GPU for a rank that is gone); held */
 } ex_marks;
 
 struct mesh__exec {
@@ -72,6 +74,8 @@ struct mesh__exec {
     dev *dev;
     kern kern;
     int gpu;             /* dev is a GPU */
+    int ordered;         /* the rank's NCCL calls are ordered on the compute stream (comm_nccl_order):
+                            no wait for the GPU before them */
     int host_arena;      /* the arena is plain host memory (the CPU; not a GPU, nor the guarded
                             test device, MESH__EXEC_GUARD) */
     int esize;           /* bytes of a float element in the arena: 4, or 2 (bf16 on a GPU; the CPU
@@ -255,9 +259,12 @@ int exec__kern_done(mesh__exec *ex, int rc); /* closes the guard; returns rc */
 /* A collective or transfer (call) on arena memory, through a device
  * communicator (NCCL's; on the guarded device and GPUs sharing a host
  * world, a checked one staged through host memory, so the guard stays
- * closed). On a GPU the kernels before it are waited for first (NCCL's
- * handles run on streams of their own, and a call returns with its result
- * in place: comm_nccl.c); the call is not made if that wait fails. */
+ * closed). NCCL's calls are ordered on the compute stream (ex->ordered:
+ * the GPU runs them between the kernels before and after, and the host
+ * goes on); otherwise, on a GPU, the kernels before the call are waited
+ * for first (MESH_NCCL_BLOCKING=1, or a checked world: the call returns
+ * with its result in place), and the call is not made if that wait
+ * fails. */
 #define EXEC_COMM(ex, call) (exec__comm_begin(ex) != 0 ? -1 : (call))
 int exec__comm_begin(mesh__exec *ex);
 

@@ -136,6 +136,14 @@ static int wait_mark(void *ud, long ticket, char *err, size_t n)
     return -1;
 }
 
+/* The queue's device's watch (dev_set_watch, ud: the host world's watch):
+ * a wait for a mark ends once another rank failed. */
+static int host_watch(void *ud, double waited_s, char *why, size_t n)
+{
+    (void)waited_s; /* (the wait's own timeout bounds it) */
+    return comm_watch_stopped(ud, why, n) ? -1 : 0;
+}
+
 /* The queue's marks: its events and its thread's handle on the device. */
 static int marks_init(mesh__exec *ex, ex_marks *m)
 {
@@ -144,6 +152,9 @@ static int marks_init(mesh__exec *ex, ex_marks *m)
     m->timeout = comm_timeout_from_env(); /* a queue never waits longer than its backend's timeout */
     mesh_status st = dev_open(ex->gpu ? MESH_DEVICE_CUDA : MESH_DEVICE_CPU, ex->gpu ? ex->dev->index : 0, &m->dev, why,
                               sizeof why);
+    /* the rank's NCCL calls on the compute stream: a mark may wait for a rank that failed */
+    if (st == MESH_OK && ex->ordered && (m->host = comm_watch_of(ex->hworld)) != NULL)
+        dev_set_watch(m->dev, host_watch, m->host);
     for (int i = 0; st == MESH_OK && i < EX_MARKS; i++)
         if ((st = dev_event_create(ex->dev, &m->ev[i])) != MESH_OK) snprintf(why, sizeof why, "%s", dev_last_error(ex->dev));
     if (st == MESH_OK) return 0;
@@ -159,6 +170,8 @@ static void marks_free(mesh__exec *ex, ex_marks *m)
     }
     dev_close(m->dev);
     m->dev = NULL;
+    comm_watch_release(m->host);
+    m->host = NULL;
 }
 
 int exec__overlap_init(mesh__exec *ex, unsigned flags)

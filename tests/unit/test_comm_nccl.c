@@ -21,6 +21,7 @@
 
 #include "comm.h" /* defines: comm_nccl_*, comm_threads_* */
 #include "comm_async.h" /* defines: comm_async_* */
+#include "device.h"     /* defines: dev_open, dev_set_watch: a watched wait for a stream */
 #include "unit.h" /* defines: TEST_IMPL, ASSERT_* */
 
 #if MESH_CUDA
@@ -405,6 +406,8 @@ typedef struct rank_job {
     int rank, size;
     double timeout_s;
     int abort_host; /* rank_fails: rank 1 aborts the threads world (else its NCCL world) */
+    int ordered;    /* the world's calls ordered on the legacy stream (comm_nccl_order) */
+    int pending;    /* rank_calls, ordered: calls after which the stream still had work */
     int failed_at; /* 0, or the line of the first failed check */
     char error[400];
 } rank_job;
@@ -424,14 +427,19 @@ typedef struct rank_job {
 
 #define RCALL(j, c, call) RCHECK(j, (call) == 0, "%s: %s", #call, (c)->error)
 
-static float *dev_alloc(size_t n)
+static float *gpu_alloc(size_t n)
 {
     void *d = NULL;
     return cudaMalloc(&d, n * sizeof(float)) == cudaSuccess ? d : NULL;
 }
 
+/* An ordered world's rank: its device, whose waits watch the world (a
+ * rank whose checks fail leaves, and the others' waits then end). */
+static _Thread_local dev *t_watched;
+
 static int dev_get(float *host, const float *d, size_t n)
 {
+    if (t_watched && dev_stream_sync(t_watched, NULL) != MESH_OK) return -1;
     return cudaMemcpy(host, d, n * sizeof *host, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
 }
 
@@ -456,23 +464,41 @@ static void *rank_calls(void *arg)
     int r = j->rank, p = j->size;
     char err[320] = "";
     float h[RANKS_MAX * M], want[RANKS_MAX * M], got[RANKS_MAX * M];
-    float *a = dev_alloc(RANKS_MAX * M), *b = dev_alloc(RANKS_MAX * M);
+    float *a = gpu_alloc(RANKS_MAX * M), *b = gpu_alloc(RANKS_MAX * M);
     comm *boot = comm_threads_rank(j->tw, r), *c = NULL, *sub = NULL;
     long bad;
     RCHECK(j, a && b && boot, "cudaMalloc or comm_threads_rank failed");
     c = comm_nccl_world_mpi(boot, r, j->timeout_s, err, sizeof err);
     RCHECK(j, c, "comm_nccl_world_mpi: %s", err);
     RCHECK(j, c->rank == r && c->size == p, "rank %d of %d, not %d of %d", c->rank, c->size, r, p);
-
-    /* all-reduce */
-    for (int i = 0; i < M; i++) {
-        h[i] = (float)(r + i % 7);
-        want[i] = (float)(p * (p - 1) / 2 + p * (i % 7));
+    /* ordered: every call below runs between the legacy stream's copies
+     * (cudaMemcpy, cudaMemset), with no wait of the host's between them */
+    RCHECK(j, !j->ordered || comm_nccl_order(c, NULL) == 0, "comm_nccl_order: %s", c->error);
+    if (j->ordered) {
+        RCHECK(j, dev_open(MESH_DEVICE_CUDA, r, &t_watched, err, sizeof err) == MESH_OK, "dev_open: %s", err);
+        dev_set_watch(t_watched, comm_nccl_watch, c);
     }
-    RCHECK(j, dev_put(a, h, M) == 0, "copy");
-    RCALL(j, c, comm_all_reduce(c, a, M));
-    RCHECK(j, dev_get(got, a, M) == 0, "copy");
-    RCHECK(j, (bad = differs(got, want, M)) < 0, "all-reduce: [%ld] = %g, not %g", bad, got[bad], want[bad]);
+
+    /* all-reduce, a few times: a blocking call leaves nothing on the
+     * stream; an ordered one returns before its peers have come (at least
+     * once in 8, 4 ranks as threads). Every other time the buffer is
+     * cleared on the stream just before: an ordered call starts after
+     * that, a blocking one after the host's wait for it. */
+    for (int i = 0; i < M; i++) h[i] = (float)(r + i % 7);
+    for (int k = 0; k < 8; k++) {
+        for (int i = 0; i < M; i++) want[i] = k % 2 ? 0.0f : (float)(p * (p - 1) / 2 + p * (i % 7));
+        RCHECK(j, dev_put(a, h, M) == 0, "copy");
+        if (k % 2)
+            RCHECK(j, cudaMemsetAsync(a, 0, M * sizeof *a, NULL) == cudaSuccess &&
+                          (j->ordered || cudaStreamSynchronize(NULL) == cudaSuccess), "clearing");
+        RCALL(j, c, comm_all_reduce(c, a, M));
+        cudaError_t q = cudaStreamQuery(NULL);
+        RCHECK(j, q == cudaSuccess || (j->ordered && q == cudaErrorNotReady), "after the all-reduce: %s",
+               cudaGetErrorString(q));
+        j->pending += q == cudaErrorNotReady;
+        RCHECK(j, dev_get(got, a, M) == 0, "copy");
+        RCHECK(j, (bad = differs(got, want, M)) < 0, "all-reduce: [%ld] = %g, not %g", bad, got[bad], want[bad]);
+    }
 
     /* reduce-scatter, apart and in place (out = in + rank x M) */
     for (int i = 0; i < p * M; i++) h[i] = (float)(r * 10 + i % 11);
@@ -549,13 +575,15 @@ static void *rank_calls(void *arg)
     {
         int next = (r + 1) % p, prev = (r + p - 1) % p;
         for (int i = 0; i < M; i++) h[i] = (float)(r * 1000 + i);
-        RCHECK(j, dev_put(a, h, M) == 0, "copy");
-        RCALL(j, c, comm_send(c, a, M * sizeof *a, next));
-        RCHECK(j, cudaMemset(a, 0, M * sizeof *a) == cudaSuccess, "memset"); /* the send copied it */
-        RCALL(j, c, comm_recv(c, b, M * sizeof *b, prev));
         for (int i = 0; i < M; i++) want[i] = (float)(prev * 1000 + i);
-        RCHECK(j, dev_get(got, b, M) == 0, "copy");
-        RCHECK(j, (bad = differs(got, want, M)) < 0, "ring: [%ld] = %g", bad, got[bad]);
+        for (int k = 0; k < 8; k++) { /* (ordered: the memset must come after the send's copy, on the GPU) */
+            RCHECK(j, dev_put(a, h, M) == 0, "copy");
+            RCALL(j, c, comm_send(c, a, M * sizeof *a, next));
+            RCHECK(j, cudaMemset(a, 0, M * sizeof *a) == cudaSuccess, "memset"); /* the send copied it */
+            RCALL(j, c, comm_recv(c, b, M * sizeof *b, prev));
+            RCHECK(j, dev_get(got, b, M) == 0, "copy");
+            RCHECK(j, (bad = differs(got, want, M)) < 0, "ring: [%ld] = %g", bad, got[bad]);
+        }
         RCHECK(j, dev_put(a, h, M) == 0, "copy");
         RCALL(j, c, comm_group_begin(c));
         RCALL(j, c, comm_recv(c, b, M * sizeof *b, prev));
@@ -587,7 +615,7 @@ static void *rank_calls(void *arg)
     /* bf16 elements: the all-reduce sums 2-byte floats */
     {
         uint16_t hb[M], gb[M];
-        float *x = dev_alloc(M);
+        float *x = gpu_alloc(M);
         RCHECK(j, x != NULL, "cudaMalloc");
         for (int i = 0; i < M; i++) hb[i] = (uint16_t)(0x3f80 + 0x80 * (i % 3)); /* 1, 2, 4 */
         RCHECK(j, comm_nccl_set_elements(c, COMM_BF16) == 0, "comm_nccl_set_elements");
@@ -604,6 +632,9 @@ static void *rank_calls(void *arg)
         RCHECK(j, comm_nccl_set_elements(c, COMM_F32) == 0, "comm_nccl_set_elements");
     }
 out:
+    if (t_watched) dev_set_watch(t_watched, NULL, NULL);
+    dev_close(t_watched);
+    t_watched = NULL;
     if (sub) comm_free(sub);
     if (c) comm_free(c);
     if (boot) comm_free(boot);
@@ -648,8 +679,51 @@ out:
     return NULL;
 }
 
-/* size ranks, each a thread running fn on its own GPU. */
-static void run_ranks(int size, double timeout_s, int abort_host, void *(*fn)(void *))
+/* An ordered world's rank that fails while the others' host waits for
+ * their stream, on which an all-reduce waits for it: their watched wait
+ * (dev_set_watch, comm_nccl_watch) ends, at once when it aborted the
+ * threads world (abort_host), else at the timeout, naming the call; the
+ * world is aborted. */
+static void *rank_fails_ordered(void *arg)
+{
+    rank_job *j = arg;
+    char err[320] = "";
+    comm *boot = comm_threads_rank(j->tw, j->rank), *c = NULL;
+    dev *d = NULL;
+    float *a = gpu_alloc(M);
+    RCHECK(j, boot && a, "comm_threads_rank or cudaMalloc");
+    c = comm_nccl_world_mpi(boot, j->rank, j->timeout_s, err, sizeof err);
+    RCHECK(j, c, "comm_nccl_world_mpi: %s", err);
+    RCHECK(j, dev_open(MESH_DEVICE_CUDA, j->rank, &d, err, sizeof err) == MESH_OK, "dev_open: %s", err);
+    RCALL(j, c, comm_nccl_order(c, NULL));
+    dev_set_watch(d, comm_nccl_watch, c);
+    RCALL(j, c, comm_barrier(c));
+    if (j->rank != 1) RCALL(j, c, comm_all_reduce(c, a, M)); /* enqueued: it waits for rank 1 on the GPU */
+    RCALL(j, boot, comm_barrier(boot));
+    if (j->rank == 1) {
+        comm_abort(j->abort_host ? boot : c, "rank 1 stops");
+        goto out;
+    }
+    double t0 = comm_now();
+    RCHECK(j, dev_stream_sync(d, NULL) == MESH_ERR_RANK, "the wait for the stream passed without rank 1");
+    const char *want = j->abort_host ? "another rank failed (rank 1 failed: rank 1 stops)" : "waited more than";
+    RCHECK(j, strstr(dev_last_error(d), want) && strstr(dev_last_error(d), "all-reduce"), "%s", dev_last_error(d));
+    RCHECK(j, comm_now() - t0 < (j->abort_host ? 5 : j->timeout_s + 5), "the wait failed after %g s",
+           comm_now() - t0);
+    RCHECK(j, comm_all_reduce(c, a, M) == -1 && strstr(c->error, "aborted"), "a call after the abort: %s", c->error);
+    RCHECK(j, dev_stream_sync(d, NULL) == MESH_OK, "the stream after the abort: %s", dev_last_error(d)); /* ended */
+out:
+    if (d) dev_set_watch(d, NULL, NULL);
+    dev_close(d);
+    if (c) comm_free(c);
+    if (boot) comm_free(boot);
+    cudaFree(a);
+    return NULL;
+}
+
+/* size ranks, each a thread running fn on its own GPU (with ordered set,
+ * in ordered worlds); the sum of their jobs' pending counts. */
+static int run_ranks_ordered(int size, double timeout_s, int abort_host, int ordered, void *(*fn)(void *))
 {
     pthread_t t[RANKS_MAX];
     rank_job job[RANKS_MAX];
@@ -662,12 +736,23 @@ static void run_ranks(int size, double timeout_s, int abort_host, void *(*fn)(vo
         job[r].size = size;
         job[r].timeout_s = timeout_s;
         job[r].abort_host = abort_host;
+        job[r].ordered = ordered;
         ASSERT_INT_EQ(pthread_create(&t[r], NULL, fn, &job[r]), 0);
     }
+    int pending = 0;
     for (int r = 0; r < size; r++) pthread_join(t[r], NULL);
     for (int r = 0; r < size; r++)
         if (job[r].failed_at) fprintf(stderr, "# rank %d, line %d: %s\n", r, job[r].failed_at, job[r].error);
-    for (int r = 0; r < size; r++) ASSERT_INT_EQ(job[r].failed_at, 0);
+    for (int r = 0; r < size; r++) {
+        ASSERT_INT_EQ(job[r].failed_at, 0);
+        pending += job[r].pending;
+    }
+    return pending;
+}
+
+static void run_ranks(int size, double timeout_s, int abort_host, void *(*fn)(void *))
+{
+    (void)run_ranks_ordered(size, timeout_s, abort_host, 0, fn);
 }
 
 /* The GPUs a world of ranks can have here, or 0 (with a SKIP line). */
@@ -699,6 +784,20 @@ TEST_IMPL(comm_nccl_failed_rank_stops_the_others)
     run_ranks(n, 60, 1, rank_fails);
 }
 
+/* Every call again with the world ordered on the stream (the results the
+ * same, read after the legacy stream's copies alone), and the watched
+ * wait for a stream stopped by a failed rank. */
+TEST_IMPL(comm_nccl_ordered_calls_follow_the_stream)
+{
+    int n = gpus_for_ranks();
+    if (n < 2) return;
+    int pending = run_ranks_ordered(n, 60, 0, 1, rank_calls);
+    printf("# %d of %d ordered all-reduces left work on the stream as they returned\n", pending, 8 * n);
+    if (pending == 0) unit_fail(__FILE__, __LINE__, "every ordered all-reduce was done as it returned");
+    run_ranks_ordered(n, 2, 0, 1, rank_fails_ordered);
+    run_ranks_ordered(n, 60, 1, 1, rank_fails_ordered);
+}
+
 #else /* no CUDA in this build: comm_nccl_available_says_why said SKIP */
 
 TEST_IMPL(comm_nccl_one_rank_calls) {}
@@ -708,5 +807,6 @@ TEST_IMPL(comm_nccl_world_times_out_without_its_ranks) {}
 TEST_IMPL(comm_nccl_queue_on_its_own_world) {}
 TEST_IMPL(comm_nccl_ranks_over_threads) {}
 TEST_IMPL(comm_nccl_failed_rank_stops_the_others) {}
+TEST_IMPL(comm_nccl_ordered_calls_follow_the_stream) {}
 
 #endif

@@ -431,6 +431,7 @@ typedef struct eq_run {
     double overlap_ms, wait_ms; /* and the time they ran, and rank 0 waited for them */
     const char *ckpt; /* if set: a checkpoint saved there after the last step, loaded, and one step more */
     double after;     /* that step's loss */
+    long long waits;  /* rank 0's waits for its GPU in its last step (dev_stream_sync) */
 } eq_run;
 
 static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
@@ -454,9 +455,10 @@ static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
         }
         for (int q = 0; q < global; q++) batch(gin + q * 8, gtg + q * 8, 8, step * 7 + q * 3);
         mesh_step_stats st;
+        long long waits = mesh__exec_gpu_waits(ctx->ex);
         mesh_status s = mesh_train_step(ctx, gin + part * (size_t)dr, gtg + part * (size_t)dr, &st);
         if (s != MESH_OK) return s;
-        if (rank == 0) r->loss[step - 1] = st.loss;
+        if (rank == 0) r->loss[step - 1] = st.loss, r->waits = mesh__exec_gpu_waits(ctx->ex) - waits;
         if (rank == 0) r->overlapped = st.overlapped, r->overlap_ms = st.overlap_ms, r->wait_ms = st.wait_ms;
     }
     if (r->ckpt) {
@@ -478,6 +480,7 @@ static void diag_to_stderr(void *ud, int level, const char *text)
 }
 
 static int eq_overlapped;             /* the last eq_losses run's eq_run.overlapped */
+static long long eq_waits;            /* and its eq_run.waits */
 static double eq_overlap_ms, eq_wait_ms; /* and its times */
 
 /* The losses of 20 steps of src with the settings given. */
@@ -498,12 +501,13 @@ static void eq_losses(const char *src, const char *const *sets, int n_sets, doub
     mesh_plan *mp = NULL;
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run r = {mp, {0}, -1, 0, 0, 0, 0, eq_ckpt, 0};
+    eq_run r = {mp, {0}, -1, 0, 0, 0, 0, eq_ckpt, 0, 0};
     mesh_status st = mesh_run_ranks(mp, eq_rank, &r);
     if (st != MESH_OK) unit_fail(__FILE__, __LINE__, "%s", mesh_last_error());
     memcpy(out, r.loss, sizeof r.loss);
     eq_after = r.after;
     eq_overlapped = r.overlapped;
+    eq_waits = r.waits;
     eq_overlap_ms = r.overlap_ms;
     eq_wait_ms = r.wait_ms;
     mesh_plan_free(mp);
@@ -932,10 +936,21 @@ TEST_IMPL(parallel_cuda_ranks_over_nccl)
         ASSERT_INT_EQ(mesh_set_device(MESH_DEVICE_CUDA), MESH_OK);
         eq_losses(tiny_src, meshes[v], 6, gpu);
         int overlapped = eq_overlapped;
+        long long waits = eq_waits;
         if (v == 0) {
             mesh__set_exec_flags(MESH__EXEC_NO_OVERLAP);
             eq_losses(tiny_src, meshes[v], 6, serial);
             mesh__set_exec_flags(0);
+        } else { /* the host waiting for the kernels before each NCCL call, and for the call */
+            setenv("MESH_NCCL_BLOCKING", "1", 1);
+            eq_losses(tiny_src, meshes[v], 6, serial);
+            unsetenv("MESH_NCCL_BLOCKING");
+            fprintf(stderr, "# %s x %s: the host waited for the GPU %lld times in a step, %lld with "
+                    "MESH_NCCL_BLOCKING=1\n", meshes[v][2], meshes[v][3], waits, eq_waits);
+            if (!(waits > 0 && 3 * waits < eq_waits))
+                unit_fail(__FILE__, __LINE__, "%s x %s: %lld waits for the GPU in a step with NCCL's calls on "
+                          "the stream, %lld with MESH_NCCL_BLOCKING=1", meshes[v][2], meshes[v][3], waits, eq_waits);
+            expect_gpu_losses(v, cpu, serial, NULL, tol);
         }
         ASSERT_INT_EQ(mesh_set_device(was), MESH_OK);
         if (v == 0 && overlapped == 0) unit_fail(__FILE__, __LINE__, "dp 2 with ZeRO-3 over NCCL overlapped nothing");
@@ -1134,7 +1149,7 @@ TEST_IMPL(parallel_failing_rank_stops_the_job)
     mesh_plan *mp = NULL;
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run r = {mp, {0}, 2, 3, 0, 0, 0, NULL, 0};
+    eq_run r = {mp, {0}, 2, 3, 0, 0, 0, NULL, 0, 0};
     ASSERT_INT_EQ(mesh_run_ranks(mp, eq_rank, &r), MESH_ERR_IO);
     ASSERT_NOT_NULL(strstr(mesh_last_error(), "rank 2: "));
     ASSERT_INT_EQ(r.loss[2], 0); /* rank 0 never finished step 3 */
@@ -1152,7 +1167,7 @@ TEST_IMPL(parallel_failing_rank_stops_the_job)
     ASSERT_INT_EQ(mesh_compile("tiny.mesh", tiny_src, strlen(tiny_src), &opt, &text, &len), MESH_OK);
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run q = {mp, {0}, 3, 3, 0, 0, 0, NULL, 0};
+    eq_run q = {mp, {0}, 3, 3, 0, 0, 0, NULL, 0, 0};
     time_t t0 = time(NULL);
     ASSERT_INT_EQ(mesh_run_ranks(mp, eq_rank, &q), MESH_ERR_IO);
     ASSERT_NOT_NULL(strstr(mesh_last_error(), "rank 3: "));

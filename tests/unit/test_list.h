@@ -179,6 +179,7 @@ TEST(comm_nccl_world_times_out_without_its_ranks)
 TEST(comm_nccl_queue_on_its_own_world)
 TEST(comm_nccl_ranks_over_threads)
 TEST(comm_nccl_failed_rank_stops_the_others)
+TEST(comm_nccl_ordered_calls_follow_the_stream)
 
 /* runtime: devices and the choice of one, test_device.c */
 TEST(device_cpu_round_trips)

@@ -174,9 +174,10 @@ procs() { # procs NAME N GPUS PLAN ARGS...: N processes, rank R's output in $T/N
     for ((r = 0; r < n; r++)); do wait -n || rc=$?; done
     return "$rc"
 }
-shown() { # shown NAME N: every process's output, indented
+shown() { # shown NAME N: every process's output, indented; fails (the check it stands in for failed)
     local r
     for ((r = 0; r < $2; r++)); do echo "# rank $r:"; sed 's/^/#   /' "$T/$1.$r.log"; done
+    return 1
 }
 procs z3procs 2 2 dp2z3 --steps 2 || shown z3procs 2
 check "2 processes, a GPU each, train dp 2 ZeRO-3 2 steps over NCCL" $?
