@@ -82,8 +82,6 @@ struct mesh__exec {
                             keeps bf16 and fp16 values in fp32 words) */
     int dev_failed;      /* a device call failed: ex->error says which; the step fails */
     float *logits_host;  /* gpu: the logits copied back for mesh__exec_logits */
-    float *ce_host;      /* the vocabulary-parallel cross-entropy's host copies (ce_host_n floats) */
-    size_t ce_host_n;
     memplan mp;          /* the layout, in fp32 */
     const mem_stage *ms; /* this stage's sizes */
     unsigned char *arena; /* the one allocation: ms->total bytes */
@@ -370,10 +368,6 @@ int exec__loss_take(mesh__exec *ex, double *total);
 /* The host twin of a group (itself when the groups are one). */
 comm *exec__host_comm(const mesh__exec *ex, comm *c);
 int exec__sum_doubles(mesh__exec *ex, comm *c, double *x, int n);
-
-/* The same for host x[n] through the arena: dscratch, (group size + 1) x
- * 2 n floats of it, and host scratch hall of group size x 2 n floats. */
-int exec__sum_doubles_dev(mesh__exec *ex, comm *c, double *x, int n, float *dscratch, float *hall);
 
 /* The group a collective step runs over on this rank (NULL: a group of one). */
 comm *exec__step_comm(const mesh__exec *ex, const plan_step *st);

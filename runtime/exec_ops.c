@@ -134,79 +134,48 @@ static int vocab_split(const mesh__exec *ex, int id)
 /* Vocabulary-parallel cross-entropy: this rank holds columns [r W, (r + 1)
  * W) of the logits. The ranks take the rows' maximum, then add their sums
  * of exp(logit - max) and their target logits (exactly, in rank order).
- * aux: losses, rowmax, lse [N] each, as the whole-vocabulary kernel's. The
- * statistics live on the device; the per-row arithmetic between the
- * exchanges is the host's, on copies (ex->ce_host). *mean: the loss. */
-static int ce_shard_forward(mesh__exec *ex, float *out, float *aux, const float *logits, const int32_t *targets,
-                            int N, int W, int V, float *mean)
+ * aux: losses, rowmax, lse [N] each, as the whole-vocabulary kernel's.
+ * Everything stays on the device (two all-gathers between kernels, which
+ * an ordered NCCL world runs without the host waiting); *mean gets the
+ * mean loss, one float on the device. */
+static int ce_shard_forward(mesh__exec *ex, float *aux, const float *logits, const int32_t *targets, int N, int W,
+                            int V, float *mean)
 {
     comm *c = ex->axis[1];
-    size_t n = (size_t)N, tp = (size_t)c->size;
+    int P = c->size;
     float *mx = aux + N, *lse = aux + 2 * N, *tl = aux; /* the losses' place holds the target logits first */
     int col0 = ex->coord[1] * W;
-    /* in the communication buffer (memplan_ce_exchange_bytes): the rows'
-     * sums, then every rank's maxima, later the exact sum's scratch */
-    if ((int64_t)memplan_ce_exchange_bytes(N, c->size) > ex->ms->comm) {
+    /* in the communication buffer (memplan_ce_exchange_bytes): this rank's
+     * sums and target logits (2 N doubles), then every rank's maxima, later
+     * every rank's sums and target logits */
+    if ((int64_t)memplan_ce_exchange_bytes(N, P) > ex->ms->comm) {
         snprintf(ex->error, sizeof ex->error, "rank %d: the communication buffer is smaller than the "
                  "vocabulary-parallel cross-entropy needs", ex->rank);
         comm_abort(c, ex->error);
         return -1;
     }
-    /* host copies: the sums to add (2 N doubles), every rank's maxima (tp N
-     * floats), the rows' maxima and log-sum-exps (2 N floats), the exact
-     * sum's gathered values (tp x 4 N floats) */
-    size_t need = tp * n + 2 * n * 2 + tp * 4 * n + 2 * n;
-    if (ex->ce_host_n < need) { /* once: every later micro-batch reuses it (a larger layer grows it) */
-        exec__host_free(ex, ex->ce_host, ex->ce_host_n * sizeof(float));
-        ex->ce_host_n = 0;
-        ex->ce_host = exec__host_calloc(ex, need, sizeof(float));
-        if (!ex->ce_host) {
-            snprintf(ex->error, sizeof ex->error, "rank %d: out of memory", ex->rank);
-            comm_abort(c, ex->error);
-            return -1;
-        }
-        ex->ce_host_n = need;
-    }
-    double *x = (double *)(void *)ex->ce_host; /* first: 8-aligned */
-    float *hall = ex->ce_host + 4 * n, *hl = hall + tp * n, *hls = hl + n, *hsum = hls + n;
-    double *st = (double *)(void *)(ex->arena + ((ex->comm_at + 7) & ~(int64_t)7)); /* the arena is 8-aligned */
-    float *all = (float *)(void *)(st + 2 * n);
+    double *x = (double *)(void *)(ex->arena + ((ex->comm_at + 7) & ~(int64_t)7)); /* the arena is 8-aligned */
+    float *all = (float *)(void *)(x + 2 * (size_t)N);
+    size_t elems = (size_t)ex->esize; /* the group's elements: the plan's type (bytes move, nothing is summed) */
     /* a device failure stops the group rather than leave it waiting in the next exchange */
     if (EXEC_KERN(ex, crossentropy_shard_max, mx, tl, logits, targets, N, col0, W, V) != 0)
         return exec__kern_failed(ex, "crossentropy_shard_max"), comm_abort(c, ex->error), -1;
-    int rc = EXEC_COMM(ex, comm_all_gather(c, mx, all, n * sizeof(float) / (size_t)ex->esize)); /* fp32, as elements */
-    if (rc == 0 && exec__to_host(ex, hall, all, tp * n * sizeof *hall) == 0) {
-        for (size_t i = 0; i < n; i++) { /* the row's maximum over every shard, as the host's copy */
-            float m = hall[i];
-            for (size_t q = 1; q < tp; q++) m = hall[q * n + i] > m ? hall[q * n + i] : m;
-            hl[i] = m;
-        }
-        if (exec__to_dev(ex, mx, hl, n * sizeof *hl) != 0) return comm_abort(c, ex->error), -1;
-        if (EXEC_KERN(ex, crossentropy_shard_sumexp, st, logits, mx, N, col0, W, V) != 0)
-            return exec__kern_failed(ex, "crossentropy_shard_sumexp"), comm_abort(c, ex->error), -1;
-        if (exec__to_host(ex, x, st, n * sizeof *x) != 0 || exec__to_host(ex, hls, tl, n * sizeof *hls) != 0)
-            return comm_abort(c, ex->error), -1;
-        for (size_t i = 0; i < n; i++) x[n + i] = hls[i];
-        rc = exec__sum_doubles_dev(ex, c, x, 2 * N, all, hsum);
-    } else if (rc == 0) {
-        return comm_abort(c, ex->error), -1;
-    }
-    if (rc == 0) {
-        double total = 0;
-        for (size_t i = 0; i < n; i++) {
-            double ls = log(x[i]), loss = ls - (x[n + i] - hl[i]);
-            hall[i] = (float)loss;
-            hls[i] = (float)ls;
-            total += loss;
-        }
-        *mean = (float)(total / N);
-        if (exec__to_dev(ex, aux, hall, n * sizeof *hall) != 0 || exec__to_dev(ex, lse, hls, n * sizeof *hls) != 0 ||
-            exec__floats_to_dev(ex, out, mean, 1) != 0)
-            return -1;
-    } else if (!ex->error[0]) {
+    if (EXEC_COMM(ex, comm_all_gather(c, mx, all, (size_t)N * sizeof(float) / elems)) != 0) goto comm_failed;
+    if (EXEC_KERN(ex, crossentropy_shard_rowmax, mx, all, N, P) != 0)
+        return exec__kern_failed(ex, "crossentropy_shard_rowmax"), comm_abort(c, ex->error), -1;
+    if (EXEC_KERN(ex, crossentropy_shard_sumexp, x, logits, mx, N, col0, W, V) != 0)
+        return exec__kern_failed(ex, "crossentropy_shard_sumexp"), comm_abort(c, ex->error), -1;
+    if (EXEC_KERN(ex, crossentropy_shard_pack, x, tl, N) != 0)
+        return exec__kern_failed(ex, "crossentropy_shard_pack"), comm_abort(c, ex->error), -1;
+    if (EXEC_COMM(ex, comm_all_gather(c, (float *)(void *)x, all, 2 * (size_t)N * sizeof(double) / elems)) != 0)
+        goto comm_failed;
+    if (EXEC_KERN(ex, crossentropy_shard_finish, mean, tl, lse, (double *)(void *)all, mx, N, P) != 0)
+        return exec__kern_failed(ex, "crossentropy_shard_finish"), -1;
+    return 0;
+comm_failed:
+    if (!ex->error[0])
         snprintf(ex->error, sizeof ex->error, "rank %d: vocabulary-parallel cross-entropy: %s", ex->rank, c->error);
-    }
-    return rc;
+    return -1;
 }
 
 /* Broadcast add: the smaller operand's elements repeat over the larger's. */
@@ -244,8 +213,7 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
     const plan_tensor *a = t->n_in > 0 ? &ex->p->tensors[t->in[0]] : NULL;
     const plan_tensor *b = t->n_in > 1 ? &ex->p->tensors[t->in[1]] : NULL;
     size_t n = ex->numel[id];
-    float ce_mean = 0; /* a cross-entropy's mean loss on the host (the vocabulary-parallel one's) */
-    int ce_read = 0;
+    float ce_mean = 0; /* a 2-byte cross-entropy's mean, through the host */
     switch (t->op) {
     case G_EMBED: { /* a table split over tp holds its rank's rows of the vocabulary */
         int rows = (int)ex->ld[t->in[1]][0], C = (int)ex->ld[t->in[1]][1];
@@ -315,22 +283,22 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
         int W = exec__lastd(ex, t->in[0]), N = (int)ex->numel[t->in[1]];
         int V = t->vocab > 0 ? (int)t->vocab : (int)exec__last_dim(a);
         float *aux = AUX;
+        /* the mean into the loss's terms (read with the step's), or a float of its own */
+        int term = id == ex->p->loss && !ex->recomputing;
+        float *mean = term ? exec__loss_term(ex, 1.0) : exec__loss_dump(ex);
+        if (!mean) return -1;
         if (vocab_split(ex, t->in[0])) { /* vocabulary-parallel */
-            if (ce_shard_forward(ex, OUT, aux, IN(0), I32(IN(1)), N, W, V, &ce_mean) != 0) return -1;
-            ce_read = 1;
-        } else { /* the mean into the loss's terms (read with the step's), or a float of its own */
-            int term = id == ex->p->loss && !ex->recomputing;
-            float *mean = term ? exec__loss_term(ex, 1.0) : exec__loss_dump(ex);
-            if (!mean) return -1;
+            if (ce_shard_forward(ex, aux, IN(0), I32(IN(1)), N, W, V, mean) != 0) return -1;
+        } else {
             K(crossentropy_forward, mean, aux, aux + N, aux + 2 * N, IN(0), I32(IN(1)), N, V, W);
-            if (ex->esize == 4) { /* the tensor's value too, on the device */
-                if (exec__dcopy(ex, OUT, mean, sizeof *mean) != 0) return -1;
-            } else if (!term || ex->loss_read) { /* a 2-byte value that something reads: through the host */
-                if (exec__floats_to_host(ex, &ce_mean, mean, 1) != 0 || exec__floats_to_dev(ex, OUT, &ce_mean, 1) != 0)
-                    return -1;
-            }
-            if (term) return 0;
         }
+        if (ex->esize == 4) { /* the tensor's value too, on the device */
+            if (exec__dcopy(ex, OUT, mean, sizeof *mean) != 0) return -1;
+        } else if (!term || ex->loss_read) { /* a 2-byte value that something reads: through the host */
+            if (exec__floats_to_host(ex, &ce_mean, mean, 1) != 0 || exec__floats_to_dev(ex, OUT, &ce_mean, 1) != 0)
+                return -1;
+        }
+        if (term) return 0;
         break;
     }
     case G_MOE: {
@@ -355,9 +323,9 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
     default: /* inputs and params are filled elsewhere; others refused at create */
         break;
     }
-    if (id == ex->p->loss && !ex->recomputing) { /* the host's mean, else the tensor's value */
-        float loss = ce_mean;
-        if (!ce_read && exec__floats_to_host(ex, &loss, OUT, 1) != 0) return -1;
+    if (id == ex->p->loss && !ex->recomputing) { /* a loss other than the cross-entropy's: its value */
+        float loss = 0;
+        if (exec__floats_to_host(ex, &loss, OUT, 1) != 0) return -1;
         if (exec__loss_value(ex, loss) != 0) return -1;
     }
     return 0;

@@ -644,23 +644,6 @@ static void sum_gathered(double *x, int n, int size, const float *all)
     }
 }
 
-int exec__sum_doubles_dev(mesh__exec *ex, comm *c, double *x, int n, float *dscratch, float *hall)
-{
-    if (!c) return 0;
-    float *mine = dscratch, *all = dscratch + (size_t)n * 2;
-    size_t gathered = (size_t)c->size * (size_t)n * 2 * sizeof *all;
-    if (exec__to_dev(ex, mine, x, (size_t)n * sizeof *x) != 0) return comm_abort(c, ex->error), -1;
-    /* the doubles as the group's elements (ex->esize bytes: bf16 ones with 2-byte storage) */
-    int rc = EXEC_COMM(ex, comm_all_gather(c, mine, all, (size_t)n * sizeof(double) / (size_t)ex->esize));
-    if (rc != 0) {
-        snprintf(ex->error, sizeof ex->error, "rank %d: an all-gather of sums: %s", ex->rank, c->error);
-        return rc;
-    }
-    if (exec__to_host(ex, hall, all, gathered) != 0) return -1;
-    sum_gathered(x, n, c->size, hall);
-    return 0;
-}
-
 /* The sum over the group of x[0..n-1], in rank order, exactly (doubles
  * travel as bytes): a few numbers (the loss, the norm's squares), in host
  * memory on the stack. */

@@ -259,6 +259,28 @@ static int crossentropy_shard_sumexp(kern *k, double *sums, const void *logits, 
     return 0;
 }
 
+static int crossentropy_shard_rowmax(kern *k, float *rowmax, const float *all, int N, int P)
+{
+    (void)k;
+    kcpu_crossentropy_shard_rowmax(rowmax, all, N, P);
+    return 0;
+}
+
+static int crossentropy_shard_pack(kern *k, double *x, const float *target_logit, int N)
+{
+    (void)k;
+    kcpu_crossentropy_shard_pack(x, target_logit, N);
+    return 0;
+}
+
+static int crossentropy_shard_finish(kern *k, float *mean, float *losses, float *lse, double *all,
+                                     const float *rowmax, int N, int P)
+{
+    (void)k;
+    *mean = kcpu_crossentropy_shard_finish(losses, lse, all, rowmax, N, P);
+    return 0;
+}
+
 static int crossentropy_shard_backward(kern *k, void *dlogits, const void *logits, const int32_t *targets,
                                        const float *rowmax, const float *lse, float dloss, int N, int col0, int W,
                                        int V)

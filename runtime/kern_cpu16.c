@@ -326,6 +326,23 @@ static int crossentropy_shard_sumexp(kern *k, double *sums, const void *logits, 
     RUN(CPU.crossentropy_shard_sumexp(k, sums, L, rowmax, N, col0, W, V));
 }
 
+/* (fp32 and double statistics: nothing stored in 2 bytes) */
+static int crossentropy_shard_rowmax(kern *k, float *rowmax, const float *all, int N, int P)
+{
+    RUN(CPU.crossentropy_shard_rowmax(k, rowmax, all, N, P));
+}
+
+static int crossentropy_shard_pack(kern *k, double *x, const float *target_logit, int N)
+{
+    RUN(CPU.crossentropy_shard_pack(k, x, target_logit, N));
+}
+
+static int crossentropy_shard_finish(kern *k, float *mean, float *losses, float *lse, double *all,
+                                     const float *rowmax, int N, int P)
+{
+    RUN(CPU.crossentropy_shard_finish(k, mean, losses, lse, all, rowmax, N, P));
+}
+
 static int crossentropy_shard_backward(kern *k, void *dlogits, const void *logits, const int32_t *targets,
                                        const float *rowmax, const float *lse, float dloss, int N, int col0, int W,
                                        int V)

@@ -282,6 +282,22 @@ static int crossentropy_shard_sumexp(kern *k, double *sums, const void *logits, 
     KC(kcuda_crossentropy_shard_sumexp, sums, logits, rowmax, N, col0, W, V, DT(k), k->stream);
 }
 
+static int crossentropy_shard_rowmax(kern *k, float *rowmax, const float *all, int N, int P)
+{
+    KC(kcuda_crossentropy_shard_rowmax, rowmax, all, N, P, k->stream);
+}
+
+static int crossentropy_shard_pack(kern *k, double *x, const float *target_logit, int N)
+{
+    KC(kcuda_crossentropy_shard_pack, x, target_logit, N, k->stream);
+}
+
+static int crossentropy_shard_finish(kern *k, float *mean, float *losses, float *lse, double *all,
+                                     const float *rowmax, int N, int P)
+{
+    KC(kcuda_crossentropy_shard_finish, mean, losses, lse, all, rowmax, N, P, k->stream);
+}
+
 static int crossentropy_shard_backward(kern *k, void *dlogits, const void *logits, const int32_t *targets,
                                        const float *rowmax, const float *lse, float dloss, int N, int col0, int W,
                                        int V)

@@ -176,6 +176,22 @@ void kcpu_crossentropy_shard_max(float *rowmax, float *target_logit, const float
  * exp(logit - rowmax[i]), in double. */
 void kcpu_crossentropy_shard_sumexp(double *sums, const float *logits, const float *rowmax, int N, int col0, int W,
                                     int V);
+/* After the exchange of the shards' maxima (all[P][N], every shard's
+ * rowmax in shard order): rowmax[i] = the largest of all[q N + i], taken
+ * from q = 0 up (a later one replaces it only when greater). */
+void kcpu_crossentropy_shard_rowmax(float *rowmax, const float *all, int N, int P);
+/* What a shard gives the exchange of sums: x[0, N) already holds its sums
+ * (kcpu_crossentropy_shard_sumexp), and x[N + i] gets target_logit[i] as
+ * a double. */
+void kcpu_crossentropy_shard_pack(double *x, const float *target_logit, int N);
+/* After the exchange of every shard's x (all[P][2N] doubles, shard order):
+ * per row, sum = the sum over q (from q = 0, starting at 0.0) of
+ * all[q 2N + i], t = that of all[q 2N + N + i]; lse[i] = (float)log(sum),
+ * losses[i] = (float)(log(sum) - (t - rowmax[i])), and all[i] is
+ * overwritten with that loss as a double. Returns the mean loss: the
+ * double losses summed in row order, over N, as a float (the kcpu_
+ * crossentropy_forward's mean of a whole row). */
+float kcpu_crossentropy_shard_finish(float *losses, float *lse, double *all, const float *rowmax, int N, int P);
 /* kcpu_crossentropy_backward on a shard: rowmax and lse are the whole
  * rows' (after the exchange). dlogits[N,W]; logits[N,W]. */
 void kcpu_crossentropy_shard_backward(float *dlogits, const float *logits, const int32_t *targets,

@@ -149,3 +149,38 @@ void kcpu_crossentropy_shard_sumexp(double *sums, const float *logits, const flo
     for (int i = 0; i < N; i++)
         sums[i] = valid > 0 ? ce_row_sumexp(logits + (size_t)i * W, valid, rowmax[i]) : 0.0;
 }
+
+void kcpu_crossentropy_shard_rowmax(float *rowmax, const float *all, int N, int P)
+{
+    for (int i = 0; i < N; i++) {
+        float m = all[i];
+        for (int q = 1; q < P; q++)
+            m = all[(size_t)q * (size_t)N + (size_t)i] > m ? all[(size_t)q * (size_t)N + (size_t)i] : m;
+        rowmax[i] = m;
+    }
+}
+
+void kcpu_crossentropy_shard_pack(double *x, const float *target_logit, int N)
+{
+    for (int i = 0; i < N; i++)
+        x[N + i] = (double)target_logit[i];
+}
+
+float kcpu_crossentropy_shard_finish(float *losses, float *lse, double *all, const float *rowmax, int N, int P)
+{
+    size_t n2 = 2 * (size_t)N;
+    double total = 0.0;
+    for (int i = 0; i < N; i++) {
+        double sum = 0.0, t = 0.0;
+        for (int q = 0; q < P; q++) {
+            sum += all[(size_t)q * n2 + (size_t)i];
+            t += all[(size_t)q * n2 + (size_t)N + (size_t)i];
+        }
+        double ls = log(sum), loss = ls - (t - rowmax[i]);
+        losses[i] = (float)loss;
+        lse[i] = (float)ls;
+        all[i] = loss;
+        total += loss;
+    }
+    return (float)(total / N);
+}

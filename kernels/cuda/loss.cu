@@ -140,8 +140,10 @@ __global__ void __launch_bounds__(CE_THREADS)
     }
 }
 
-/* *mean = the mean of losses[N], summed in double in a fixed order. */
-__global__ void ce_mean_kernel(float *mean, const float *losses, int N)
+/* *mean = the mean of losses[N] (floats, or doubles), summed in double in a
+ * fixed order. */
+template <typename L>
+__global__ void ce_mean_kernel(float *mean, const L *losses, int N)
 {
     __shared__ double sh[32];
     double acc = 0.0;
@@ -226,7 +228,7 @@ static int ce_forward(float *losses, float *rowmax, float *lse,
         KCUDA_LAUNCHED("ce_fwd_kernel");
     });
     if (mean_loss) {
-        ce_mean_kernel<<<1, 1024, 0, s>>>(mean_loss, losses, N);
+        ce_mean_kernel<float><<<1, 1024, 0, s>>>(mean_loss, losses, N);
         KCUDA_LAUNCHED("ce_mean_kernel");
     }
     return 0;
@@ -321,5 +323,91 @@ int kcuda_crossentropy_shard_sumexp(double *sums, const void *logits,
             sums, (const T *)logits, rowmax, W, valid);
         KCUDA_LAUNCHED("ce_shard_sumexp_kernel");
     });
+    return 0;
+}
+
+/* ---- the vocabulary-parallel pieces after the exchanges ----------------- */
+
+/* rowmax[i] = the largest of all[q N + i], from q = 0 up (kcpu's order). */
+__global__ void ce_shard_rowmax_kernel(float *rowmax, const float *all, int N,
+                                       int P)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+         i < (size_t)N; i += (size_t)gridDim.x * blockDim.x) {
+        float m = all[i];
+        for (int q = 1; q < P; q++) {
+            float v = all[(size_t)q * (size_t)N + i];
+            m = v > m ? v : m;
+        }
+        rowmax[i] = m;
+    }
+}
+
+__global__ void ce_shard_pack_kernel(double *x, const float *target_logit,
+                                     int N)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+         i < (size_t)N; i += (size_t)gridDim.x * blockDim.x)
+        x[(size_t)N + i] = (double)target_logit[i];
+}
+
+/* Each row's sums over the shards in shard order, its loss and lse; the
+ * loss as a double into all[i] (read by ce_mean_kernel). */
+__global__ void ce_shard_finish_kernel(float *losses, float *lse, double *all,
+                                       const float *rowmax, int N, int P)
+{
+    size_t n2 = 2 * (size_t)N;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+         i < (size_t)N; i += (size_t)gridDim.x * blockDim.x) {
+        double sum = 0.0, t = 0.0;
+        for (int q = 0; q < P; q++) {
+            sum += all[(size_t)q * n2 + i];
+            t += all[(size_t)q * n2 + (size_t)N + i];
+        }
+        double ls = log(sum), loss = ls - (t - (double)rowmax[i]);
+        losses[i] = (float)loss;
+        lse[i] = (float)ls;
+        all[i] = loss;
+    }
+}
+
+int kcuda_crossentropy_shard_rowmax(float *rowmax, const float *all, int N,
+                                    int P, void *stream)
+{
+    cudaStream_t s = kcuda__stream(stream);
+    KCUDA_ARG(N >= 0 && P >= 1, "crossentropy shard rowmax: bad sizes");
+    if (N == 0)
+        return 0;
+    ce_shard_rowmax_kernel<<<kcuda__blocks((size_t)N, 256), 256, 0, s>>>(
+        rowmax, all, N, P);
+    KCUDA_LAUNCHED("ce_shard_rowmax_kernel");
+    return 0;
+}
+
+int kcuda_crossentropy_shard_pack(double *x, const float *target_logit, int N,
+                                  void *stream)
+{
+    cudaStream_t s = kcuda__stream(stream);
+    KCUDA_ARG(N >= 0, "crossentropy shard pack: bad sizes");
+    if (N == 0)
+        return 0;
+    ce_shard_pack_kernel<<<kcuda__blocks((size_t)N, 256), 256, 0, s>>>(
+        x, target_logit, N);
+    KCUDA_LAUNCHED("ce_shard_pack_kernel");
+    return 0;
+}
+
+int kcuda_crossentropy_shard_finish(float *mean_loss, float *losses,
+                                    float *lse, double *all,
+                                    const float *rowmax, int N, int P,
+                                    void *stream)
+{
+    cudaStream_t s = kcuda__stream(stream);
+    KCUDA_ARG(N > 0 && P >= 1, "crossentropy shard finish: bad sizes");
+    ce_shard_finish_kernel<<<kcuda__blocks((size_t)N, 256), 256, 0, s>>>(
+        losses, lse, all, rowmax, N, P);
+    KCUDA_LAUNCHED("ce_shard_finish_kernel");
+    ce_mean_kernel<double><<<1, 1024, 0, s>>>(mean_loss, all, N);
+    KCUDA_LAUNCHED("ce_mean_kernel");
     return 0;
 }

@@ -732,6 +732,54 @@ static void t_crossentropy_shard(kcuda_dtype dt)
     }
 }
 
+/* The pieces after the vocabulary-parallel exchanges (fp32 and double, the
+ * logits' type aside): P shards' maxima (one of them padding, -inf), every
+ * shard's sums and target logits, on N rows. */
+static void ce_exchange_case(int N, int P)
+{
+    size_t n = (size_t)N, n2 = 2 * n;
+    float *all = hf((size_t)P * n), *mx = hf(n), *tl = rnd(n, 5.0f, KCUDA_F32);
+    for (size_t k = 0; k < (size_t)P * n; k++) /* with 3 shards or more, shard 1 is padding */
+        all[k] = k / n == 1 && P > 2 ? -INFINITY : 5.0f * frand();
+    for (size_t i = 0; i < n; i += 3) /* ties between the first shard and the last */
+        all[i] = all[(size_t)(P - 1) * n + i];
+    kcpu_crossentropy_shard_rowmax(mx, all, N, P);
+    float *dall = up(all, (size_t)P * n, KCUDA_F32), *dmx = dmem(n * 4);
+    KC(kcuda_crossentropy_shard_rowmax(dmx, dall, N, P, NULL));
+    expect_bits("rowmax", down(dmx, n, KCUDA_F32), mx, n * 4);
+
+    double *x = hmem(n2 * sizeof *x), *dx = dmem(n2 * 8);
+    for (size_t i = 0; i < n2; i++)
+        x[i] = 0.5 + 40.0 * frand() * frand();
+    cuda_or_die(cudaMemcpy(dx, x, n2 * 8, cudaMemcpyHostToDevice), "upload");
+    kcpu_crossentropy_shard_pack(x, tl, N);
+    KC(kcuda_crossentropy_shard_pack(dx, up(tl, n, KCUDA_F32), N, NULL));
+    expect_bits("packed sums and target logits", down_raw(dx, n2 * 8), x, n2 * 8);
+
+    double *ex = hmem((size_t)P * n2 * sizeof *ex), *dex = dmem((size_t)P * n2 * 8);
+    for (size_t k = 0; k < (size_t)P * n2; k++) { /* sums in (0.01, 30), target logits in [-4, 4) */
+        double u = 0.5 * (frand() + 1.0);
+        ex[k] = k % n2 < n ? 0.01 + 30.0 * u * u : 4.0 * frand();
+    }
+    cuda_or_die(cudaMemcpy(dex, ex, (size_t)P * n2 * 8, cudaMemcpyHostToDevice), "upload");
+    float *loss = hf(n), *lse = hf(n), *dloss = dmem(n * 4), *dlse = dmem(n * 4), *dmean = dmem(4);
+    float mean = kcpu_crossentropy_shard_finish(loss, lse, ex, mx, N, P);
+    KC(kcuda_crossentropy_shard_finish(dmean, dloss, dlse, dex, dmx, N, P, NULL));
+    double keep = cur_tol;
+    cur_tol = TOL_F32; /* the GPU's log may differ in its last bit; the mean's order is the GPU's */
+    expect_dev("losses", dloss, loss, n, KCUDA_F32);
+    expect_dev("lse", dlse, lse, n, KCUDA_F32);
+    expect_dev("mean loss", dmean, &mean, 1, KCUDA_F32);
+    cur_tol = keep;
+}
+
+static void t_crossentropy_exchange(kcuda_dtype dt)
+{
+    (void)dt;
+    ce_exchange_case(7, 2);
+    ce_exchange_case(3000, 4); /* several blocks */
+}
+
 /* ---- cases: AdamW and norms ----------------------------------------------- */
 
 static void t_adamw(kcuda_dtype dt)
@@ -1095,6 +1143,7 @@ static const gpu_case cases[] = {
     {"crossentropy_shard_f32", t_crossentropy_shard, KCUDA_F32},
     {"crossentropy_shard_bf16", t_crossentropy_shard, KCUDA_BF16},
     {"crossentropy_shard_f16", t_crossentropy_shard, KCUDA_F16},
+    {"crossentropy_exchange", t_crossentropy_exchange, KCUDA_F32},
     {"adamw_f32", t_adamw, KCUDA_F32},
     {"adamw_bf16_grads", t_adamw, KCUDA_BF16},
     {"adamw_f16_grads", t_adamw, KCUDA_F16},
