@@ -241,11 +241,25 @@ static void every_call(comm *c)
     cudaFree(r2);
 }
 
+/* Every call, and again with the world ordered on the legacy stream (the
+ * checks' copies are on it; the GPU's waits through a device watching the
+ * world), which a GPU machine of one GPU runs for real. */
 TEST_IMPL(comm_nccl_one_rank_calls)
 {
     if (!comm_nccl_available(NULL, 0)) return; /* comm_nccl_available_says_why said SKIP */
     comm *c = one_rank_world(60);
     every_call(c);
+    comm_free(c);
+    c = one_rank_world(60);
+    CALL_OK(c, comm_nccl_order(c, NULL));
+    dev *d = NULL;
+    char err[200];
+    ASSERT_INT_EQ(dev_open(MESH_DEVICE_CUDA, 0, &d, err, sizeof err), MESH_OK);
+    dev_set_watch(d, comm_nccl_watch, c);
+    every_call(c);
+    ASSERT_INT_EQ(dev_stream_sync(d, NULL), MESH_OK);
+    dev_set_watch(d, NULL, NULL);
+    dev_close(d);
     comm_free(c);
 }
 
