@@ -207,12 +207,13 @@ check "2 processes on 1 GPU both stop, and rank 0 says why (NCCL's Duplicate GPU
 # rank 1 killed in its first step: rank 0 stops, naming it, long before
 # its collective timeout (MESH_COLLECTIVE_TIMEOUT_S=60, timeout 300)
 PORT=$((PORT + 1))
-killed() { # rank 1 gets SIGKILL 3 s in; rank 0's status
+killed() { # killed NAME PLAN: rank 1 gets SIGKILL 3 s in; rank 0's status
     local r pid=()
+    PORT=$((PORT + 1))
     for r in 0 1; do
-        EMU_NCCL_NODE="$T/node-killed" MESH_EMU_GPUS=2 RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
-            MASTER_PORT=$PORT timeout 300 "$B/meshrun_emu" "$T/dp2z3.plan" --data "$T/train.bin" --device cuda \
-            --steps 20 >"$T/killed.$r.log" 2>&1 &
+        EMU_NCCL_NODE="$T/node-$1" MESH_EMU_GPUS=2 RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
+            MASTER_PORT=$PORT timeout 300 "$B/meshrun_emu" "$T/$2.plan" --data "$T/train.bin" --device cuda \
+            --steps 20 >"$T/$1.$r.log" 2>&1 &
         pid+=($!)
     done
     sleep 3
@@ -221,9 +222,17 @@ killed() { # rank 1 gets SIGKILL 3 s in; rank 0's status
     wait "${pid[0]}"
 }
 t0=$SECONDS
-killed
+killed killed dp2z3
 [ $? -eq 1 ] && [ $((SECONDS - t0)) -lt 60 ] && grep -q 'rank 1 failed' "$T/killed.0.log" || shown killed 2
 check "a process killed in its first step stops the other, which names it" $?
+# the same on tp 2, whose NCCL calls the host does not wait for (ordered
+# on the compute stream): rank 0's wait for its GPU watches the NCCL world
+# and the TCP one, and ends at once
+"$B/meshc" --set mesh.tp=2 --set train.global_batch=4 --set train.precision=fp32 examples/gpt-tiny.mesh \
+    -o "$T/tp2.plan" >/dev/null &&
+    t0=$SECONDS && { killed killedtp tp2; [ $? -eq 1 ]; } && [ $((SECONDS - t0)) -lt 60 ] &&
+    grep -q 'another rank failed (rank 1 failed: its connection closed' "$T/killedtp.0.log" || shown killedtp 2
+check "the same on tp 2, its NCCL calls ordered on the stream: the other stops at once, naming it" $?
 # rank 1's NCCL communicator fails to form (without EMU_NCCL_NODE the
 # emulation refuses an id another process made): rank 0, waiting for the
 # world to form, stops at once (its wait polls the TCP world), naming why
