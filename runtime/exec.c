@@ -391,9 +391,10 @@ comm *exec__host_comm(const mesh__exec *ex, comm *c)
 
 /* A GPU rank's NCCL calls ordered on its compute stream (comm_nccl_order)
  * and its waits for the GPU watching the NCCL world (comm_nccl_watch: a
- * failed rank or NCCL error ends them); with MESH_NCCL_BLOCKING=1 the host
- * waits for the kernels before each call and for the call instead (slower;
- * a failure then names its call). */
+ * failed rank, an NCCL error or the timeout ends them, naming the last
+ * call); with MESH_NCCL_BLOCKING=1 the host waits for the kernels before
+ * each call and for the call instead (slower: for comparison, and to see
+ * which call a failure came from for sure). */
 static int order_nccl(mesh__exec *ex, comm *dworld, char *err, size_t errn)
 {
     const char *blocking = getenv("MESH_NCCL_BLOCKING");
