@@ -482,11 +482,11 @@ static int64_t comm_bytes(const mp *x) {
 }
 
 int64_t memplan_ce_exchange_bytes(int64_t N, int64_t tp) {
-    /* the rows' sums and target logits (2 N doubles, at an 8-byte boundary:
-     * up to 4 bytes of slack), then every rank's maxima (tp x N floats) or,
-     * for the exact sum over ranks, its own and every rank's doubles as
-     * floats (2 N x 2 x (tp + 1)) */
-    return 8 + 16 * N + 16 * N * (tp + 1);
+    /* the rank's sums and target logits (2 N doubles, at an 8-byte
+     * boundary: up to 4 bytes of slack), then every rank's maxima (tp x N
+     * floats), later every rank's sums and target logits (tp x 2 N
+     * doubles) */
+    return 8 + 16 * N + 16 * N * tp;
 }
 
 int memplan_build(memplan *m, const plan *p, int float_bytes, unsigned flags) {
