@@ -910,8 +910,11 @@ TEST_IMPL(parallel_cuda_ranks_share_a_gpu)
  * join_gpus), the ZeRO-3 reduce-scatters and prefetched gathers on the
  * communication queue's own NCCL world. dp 2 with ZeRO-3 (the same losses
  * to the bit with --no-overlap), and with 4 GPUs dp 2 x tp 2 in bf16 and
- * tp 2 x pp 2 in fp32; each within 1e-4 (bf16: 2e-2) of the CPU's. With
- * fewer GPUs than 2: one SKIP line. */
+ * tp 2 x pp 2 in fp32; each within 1e-4 (bf16: 2e-2) of the CPU's. The
+ * last two again with MESH_NCCL_BLOCKING=1 (the host waits for the GPU
+ * before and after each NCCL call), within the same tolerance, and with
+ * at least 10 times more waits for the GPU in a step than with the calls
+ * ordered on the compute stream. With fewer GPUs than 2: one SKIP line. */
 TEST_IMPL(parallel_cuda_ranks_over_nccl)
 {
     char why[320] = "";
