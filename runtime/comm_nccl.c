@@ -623,7 +623,7 @@ static int n_all_to_all(comm *c, const float *in, const size_t *send, float *out
         nr += recv[q];
     }
     if (on_device(m, op, in, ns) != 0 || on_device(m, op, out, nr) != 0 || begin(m, op) != 0) return -1;
-    if (!m->w->group && (a2a_counts(m, send, recv) != 0 || after_caller(m, op) != 0)) return -1;
+    if (!m->w->group && a2a_counts(m, send, recv) != 0) return -1; /* (on m's stream after the caller's work: begin) */
     ncclResult_t rc = ncclGroupStart();
     if (rc != ncclSuccess) return nccl_fail(m->nc, m, op, "ncclGroupStart", rc);
     size_t at = 0, rat = 0;
@@ -1218,10 +1218,9 @@ int comm_nccl_watch(void *ud, double waited_s, char *why, size_t n)
     for (ncomm *x = w->comms; x && !op; x = x->next)
         if (x->touched) op = x->last ? x->last : "a call";
     if (!op) return 0; /* no NCCL work in flight: the stream's kernels end by themselves */
-    char down[200];
+    char down[200]; /* (an ordered world is never a queue's own: no abort is asked of it from elsewhere) */
     int st;
-    if (take_abort(w)) st = asked_abort(m, op);
-    else if (w->host && comm_watch_stopped(w->host, down, sizeof down)) st = host_failed(m, op, down);
+    if (w->host && comm_watch_stopped(w->host, down, sizeof down)) st = host_failed(m, op, down);
     else if ((st = look(m, op, 1)) > 0) st = waited_s > w->timeout ? timed_out(m, op) : 0;
     if (st == 0) return 0;
     snprintf(why, n, "%s", c->error);

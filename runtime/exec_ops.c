@@ -163,10 +163,8 @@ static int ce_shard_forward(mesh__exec *ex, float *aux, const float *logits, con
     if (EXEC_COMM(ex, comm_all_gather(c, mx, all, (size_t)N * sizeof(float) / elems)) != 0) goto comm_failed;
     if (EXEC_KERN(ex, crossentropy_shard_rowmax, mx, all, N, P) != 0)
         return exec__kern_failed(ex, "crossentropy_shard_rowmax"), comm_abort(c, ex->error), -1;
-    if (EXEC_KERN(ex, crossentropy_shard_sumexp, x, logits, mx, N, col0, W, V) != 0)
+    if (EXEC_KERN(ex, crossentropy_shard_sumexp, x, tl, logits, mx, N, col0, W, V) != 0)
         return exec__kern_failed(ex, "crossentropy_shard_sumexp"), comm_abort(c, ex->error), -1;
-    if (EXEC_KERN(ex, crossentropy_shard_pack, x, tl, N) != 0)
-        return exec__kern_failed(ex, "crossentropy_shard_pack"), comm_abort(c, ex->error), -1;
     if (EXEC_COMM(ex, comm_all_gather(c, (float *)(void *)x, all, 2 * (size_t)N * sizeof(double) / elems)) != 0)
         goto comm_failed;
     if (EXEC_KERN(ex, crossentropy_shard_finish, mean, tl, lse, (double *)(void *)all, mx, N, P) != 0)

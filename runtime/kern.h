@@ -94,18 +94,17 @@ typedef struct kern_vtbl {
                                 const void *logits, const int32_t *targets, int N, int V, int Vp);
     /* the vocabulary-parallel pieces: each row's maximum and target logit
      * (if in [col0, col0 + W)) over this shard's columns, and its sum of
-     * exp(logit - rowmax) in double (sums: N doubles, on the device) */
+     * exp(logit - rowmax) in double beside its target logit as a double
+     * (x: 2N doubles, on the device) */
     int (*crossentropy_shard_max)(kern *k, float *rowmax, float *target_logit, const void *logits,
                                   const int32_t *targets, int N, int col0, int W, int V);
-    int (*crossentropy_shard_sumexp)(kern *k, double *sums, const void *logits, const float *rowmax, int N, int col0,
-                                     int W, int V);
-    /* after the exchanges (kcpu_crossentropy_shard_rowmax, _pack, _finish;
-     * all fp32 or double, on the device): the rows' maxima from every
-     * shard's (all[P][N]); the sums and target logits side by side
-     * (x[2N], the sums at x already); the losses, lse and the mean loss
-     * (one float) from every shard's x (all[P][2N], overwritten) */
+    int (*crossentropy_shard_sumexp)(kern *k, double *x, const float *target_logit, const void *logits,
+                                     const float *rowmax, int N, int col0, int W, int V);
+    /* after the exchanges (kcpu_crossentropy_shard_rowmax, _finish; fp32
+     * or double, on the device): the rows' maxima from every shard's
+     * (all[P][N]); the losses, lse and the mean loss (one float) from
+     * every shard's sums and target logits (all[P][2N], overwritten) */
     int (*crossentropy_shard_rowmax)(kern *k, float *rowmax, const float *all, int N, int P);
-    int (*crossentropy_shard_pack)(kern *k, double *x, const float *target_logit, int N);
     int (*crossentropy_shard_finish)(kern *k, float *mean, float *losses, float *lse, double *all,
                                      const float *rowmax, int N, int P);
     int (*crossentropy_shard_backward)(kern *k, void *dlogits, const void *logits, const int32_t *targets,
@@ -158,7 +157,7 @@ typedef struct kern_vtbl {
     attention_forward, attention_backward, attention_qkv_forward, attention_qkv_backward, rope_forward, \
     rope_backward, gelu_forward, gelu_backward, silu_forward, silu_backward, swiglu_forward, swiglu_backward, \
     crossentropy_forward, crossentropy_shard_max, crossentropy_shard_sumexp, crossentropy_shard_rowmax, \
-    crossentropy_shard_pack, crossentropy_shard_finish, crossentropy_shard_backward, \
+    crossentropy_shard_finish, crossentropy_shard_backward, \
     sum_squares, scale, adamw_step, add_into, moe_route_bytes, moe_route_count, moe_route_forward, \
     moe_route_backward, moe_dispatch_forward, moe_dispatch_backward, moe_combine_forward, moe_combine_backward, \
     moe_expert_forward, moe_expert_backward

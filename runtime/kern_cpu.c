@@ -251,11 +251,11 @@ static int crossentropy_shard_max(kern *k, float *rowmax, float *target_logit, c
     return 0;
 }
 
-static int crossentropy_shard_sumexp(kern *k, double *sums, const void *logits, const float *rowmax, int N, int col0,
-                                     int W, int V)
+static int crossentropy_shard_sumexp(kern *k, double *x, const float *target_logit, const void *logits,
+                                     const float *rowmax, int N, int col0, int W, int V)
 {
     (void)k;
-    kcpu_crossentropy_shard_sumexp(sums, CF(logits), rowmax, N, col0, W, V);
+    kcpu_crossentropy_shard_sumexp(x, target_logit, CF(logits), rowmax, N, col0, W, V);
     return 0;
 }
 
@@ -263,13 +263,6 @@ static int crossentropy_shard_rowmax(kern *k, float *rowmax, const float *all, i
 {
     (void)k;
     kcpu_crossentropy_shard_rowmax(rowmax, all, N, P);
-    return 0;
-}
-
-static int crossentropy_shard_pack(kern *k, double *x, const float *target_logit, int N)
-{
-    (void)k;
-    kcpu_crossentropy_shard_pack(x, target_logit, N);
     return 0;
 }
 

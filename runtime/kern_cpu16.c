@@ -319,22 +319,17 @@ static int crossentropy_shard_max(kern *k, float *rowmax, float *target_logit, c
     RUN(CPU.crossentropy_shard_max(k, rowmax, target_logit, L, targets, N, col0, W, V));
 }
 
-static int crossentropy_shard_sumexp(kern *k, double *sums, const void *logits, const float *rowmax, int N, int col0,
-                                     int W, int V)
+static int crossentropy_shard_sumexp(kern *k, double *x, const float *target_logit, const void *logits,
+                                     const float *rowmax, int N, int col0, int W, int V)
 {
     float *L = IN(logits, (size_t)N * W);
-    RUN(CPU.crossentropy_shard_sumexp(k, sums, L, rowmax, N, col0, W, V));
+    RUN(CPU.crossentropy_shard_sumexp(k, x, target_logit, L, rowmax, N, col0, W, V));
 }
 
 /* (fp32 and double statistics: nothing stored in 2 bytes) */
 static int crossentropy_shard_rowmax(kern *k, float *rowmax, const float *all, int N, int P)
 {
     RUN(CPU.crossentropy_shard_rowmax(k, rowmax, all, N, P));
-}
-
-static int crossentropy_shard_pack(kern *k, double *x, const float *target_logit, int N)
-{
-    RUN(CPU.crossentropy_shard_pack(k, x, target_logit, N));
 }
 
 static int crossentropy_shard_finish(kern *k, float *mean, float *losses, float *lse, double *all,

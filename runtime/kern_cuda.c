@@ -276,20 +276,15 @@ static int crossentropy_shard_max(kern *k, float *rowmax, float *target_logit, c
     KC(kcuda_crossentropy_shard_max, rowmax, target_logit, logits, targets, N, col0, W, V, DT(k), k->stream);
 }
 
-static int crossentropy_shard_sumexp(kern *k, double *sums, const void *logits, const float *rowmax, int N, int col0,
-                                     int W, int V)
+static int crossentropy_shard_sumexp(kern *k, double *x, const float *target_logit, const void *logits,
+                                     const float *rowmax, int N, int col0, int W, int V)
 {
-    KC(kcuda_crossentropy_shard_sumexp, sums, logits, rowmax, N, col0, W, V, DT(k), k->stream);
+    KC(kcuda_crossentropy_shard_sumexp, x, target_logit, logits, rowmax, N, col0, W, V, DT(k), k->stream);
 }
 
 static int crossentropy_shard_rowmax(kern *k, float *rowmax, const float *all, int N, int P)
 {
     KC(kcuda_crossentropy_shard_rowmax, rowmax, all, N, P, k->stream);
-}
-
-static int crossentropy_shard_pack(kern *k, double *x, const float *target_logit, int N)
-{
-    KC(kcuda_crossentropy_shard_pack, x, target_logit, N, k->stream);
 }
 
 static int crossentropy_shard_finish(kern *k, float *mean, float *losses, float *lse, double *all,

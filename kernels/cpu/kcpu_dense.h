@@ -172,19 +172,17 @@ void kcpu_crossentropy_backward(float *dlogits, const float *logits,
  * rowmax[N] out (-inf for a shard of padding); target_logit[N] out. */
 void kcpu_crossentropy_shard_max(float *rowmax, float *target_logit, const float *logits, const int32_t *targets,
                                  int N, int col0, int W, int V);
-/* sums[N] out: per row, the sum over the shard's columns of
- * exp(logit - rowmax[i]), in double. */
-void kcpu_crossentropy_shard_sumexp(double *sums, const float *logits, const float *rowmax, int N, int col0, int W,
-                                    int V);
+/* What a shard gives the exchange of sums, x[2N] out: x[i] = the sum over
+ * the shard's columns of exp(logit - rowmax[i]), in double, and x[N + i]
+ * = target_logit[i] as a double. */
+void kcpu_crossentropy_shard_sumexp(double *x, const float *target_logit, const float *logits, const float *rowmax,
+                                    int N, int col0, int W, int V);
 /* After the exchange of the shards' maxima (all[P][N], every shard's
  * rowmax in shard order): rowmax[i] = the largest of all[q N + i], taken
  * from q = 0 up (a later one replaces it only when greater). */
 void kcpu_crossentropy_shard_rowmax(float *rowmax, const float *all, int N, int P);
-/* What a shard gives the exchange of sums: x[0, N) already holds its sums
- * (kcpu_crossentropy_shard_sumexp), and x[N + i] gets target_logit[i] as
- * a double. */
-void kcpu_crossentropy_shard_pack(double *x, const float *target_logit, int N);
-/* After the exchange of every shard's x (all[P][2N] doubles, shard order):
+/* After the exchange of every shard's x (kcpu_crossentropy_shard_sumexp's:
+ * all[P][2N] doubles, shard order):
  * per row, sum = the sum over q (from q = 0, starting at 0.0) of
  * all[q 2N + i], t = that of all[q 2N + N + i]; lse[i] = (float)log(sum),
  * losses[i] = (float)(log(sum) - (t - rowmax[i])), and all[i] is

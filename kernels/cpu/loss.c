@@ -142,12 +142,14 @@ void kcpu_crossentropy_shard_max(float *rowmax, float *target_logit, const float
     }
 }
 
-void kcpu_crossentropy_shard_sumexp(double *sums, const float *logits, const float *rowmax, int N, int col0, int W,
-                                    int V)
+void kcpu_crossentropy_shard_sumexp(double *x, const float *target_logit, const float *logits, const float *rowmax,
+                                    int N, int col0, int W, int V)
 {
     int valid = ce_valid(col0, W, V);
-    for (int i = 0; i < N; i++)
-        sums[i] = valid > 0 ? ce_row_sumexp(logits + (size_t)i * W, valid, rowmax[i]) : 0.0;
+    for (int i = 0; i < N; i++) {
+        x[i] = valid > 0 ? ce_row_sumexp(logits + (size_t)i * W, valid, rowmax[i]) : 0.0;
+        x[N + i] = (double)target_logit[i];
+    }
 }
 
 void kcpu_crossentropy_shard_rowmax(float *rowmax, const float *all, int N, int P)
@@ -158,12 +160,6 @@ void kcpu_crossentropy_shard_rowmax(float *rowmax, const float *all, int N, int 
             m = all[(size_t)q * (size_t)N + (size_t)i] > m ? all[(size_t)q * (size_t)N + (size_t)i] : m;
         rowmax[i] = m;
     }
-}
-
-void kcpu_crossentropy_shard_pack(double *x, const float *target_logit, int N)
-{
-    for (int i = 0; i < N; i++)
-        x[N + i] = (double)target_logit[i];
 }
 
 float kcpu_crossentropy_shard_finish(float *losses, float *lse, double *all, const float *rowmax, int N, int P)

@@ -305,25 +305,24 @@ int kcuda_crossentropy_fused(float *losses, float *rowmax, float *lse,
                              float dloss, int N, int V, int Vp,
                              kcuda_dtype dt, void *stream);
 /* Vocabulary-parallel pieces (kcpu_crossentropy_shard_*): a shard holds
- * columns [col0, col0 + W) of rows of W. sums[N] are doubles. */
+ * columns [col0, col0 + W) of rows of W. x[2N] are doubles: the sums, then
+ * the target logits. */
 int kcuda_crossentropy_shard_max(float *rowmax, float *target_logit,
                                  const void *logits, const int32_t *targets,
                                  int N, int col0, int W, int V,
                                  kcuda_dtype dt, void *stream);
-int kcuda_crossentropy_shard_sumexp(double *sums, const void *logits,
-                                    const float *rowmax, int N, int col0,
-                                    int W, int V, kcuda_dtype dt,
-                                    void *stream);
-/* After the exchanges (kcpu_crossentropy_shard_rowmax, _pack, _finish; fp32
- * and double whatever the logits' type): rowmax[N] from every shard's
- * all[P][N]; x[N, 2N) from target_logit[N]; losses, lse [N] and *mean_loss
- * from every shard's all[P][2N] (overwritten). kcpu's bits but for the
- * mean, summed in double in a fixed order of the GPU's (as
- * kcuda_crossentropy_forward's) and log's last bit. */
+int kcuda_crossentropy_shard_sumexp(double *x, const float *target_logit,
+                                    const void *logits, const float *rowmax,
+                                    int N, int col0, int W, int V,
+                                    kcuda_dtype dt, void *stream);
+/* After the exchanges (kcpu_crossentropy_shard_rowmax, _finish; fp32 and
+ * double whatever the logits' type): rowmax[N] from every shard's
+ * all[P][N]; losses, lse [N] and *mean_loss from every shard's x,
+ * all[P][2N] (overwritten). kcpu's bits but for the mean, summed in double
+ * in a fixed order of the GPU's (as kcuda_crossentropy_forward's) and
+ * log's last bit. */
 int kcuda_crossentropy_shard_rowmax(float *rowmax, const float *all, int N,
                                     int P, void *stream);
-int kcuda_crossentropy_shard_pack(double *x, const float *target_logit, int N,
-                                  void *stream);
 int kcuda_crossentropy_shard_finish(float *mean_loss, float *losses,
                                     float *lse, double *all,
                                     const float *rowmax, int N, int P,

@@ -187,11 +187,13 @@ __global__ void __launch_bounds__(CE_THREADS)
     }
 }
 
-/* sums[i] = sum over the shard's columns of exp(x - rowmax[i]), in double. */
+/* x[i] = sum over the shard's columns of exp(x - rowmax[i]), in double;
+ * x[N + i] = target_logit[i]. */
 template <typename T>
 __global__ void __launch_bounds__(CE_THREADS)
-    ce_shard_sumexp_kernel(double *sums, const T *logits, const float *rowmax,
-                           int W, int valid)
+    ce_shard_sumexp_kernel(double *x, const float *target_logit,
+                           const T *logits, const float *rowmax, int W,
+                           int valid)
 {
     __shared__ double sh[32];
     int i = blockIdx.x;
@@ -201,8 +203,10 @@ __global__ void __launch_bounds__(CE_THREADS)
     for (int c = threadIdx.x; c < valid; c += blockDim.x)
         acc += expf(kc_f(row[c]) - mx);
     acc = kc_block_sum_d(acc, sh);
-    if (threadIdx.x == 0)
-        sums[i] = acc;
+    if (threadIdx.x == 0) {
+        x[i] = acc;
+        x[gridDim.x + i] = (double)target_logit[i];
+    }
 }
 
 /* 16-byte packs over rows of `cols` elements. */
@@ -308,9 +312,10 @@ int kcuda_crossentropy_shard_max(float *rowmax, float *target_logit,
     return 0;
 }
 
-int kcuda_crossentropy_shard_sumexp(double *sums, const void *logits,
-                                    const float *rowmax, int N, int col0,
-                                    int W, int V, kcuda_dtype dt, void *stream)
+int kcuda_crossentropy_shard_sumexp(double *x, const float *target_logit,
+                                    const void *logits, const float *rowmax,
+                                    int N, int col0, int W, int V,
+                                    kcuda_dtype dt, void *stream)
 {
     cudaStream_t s = kcuda__stream(stream);
     KCUDA_DT_OK(dt);
@@ -320,7 +325,7 @@ int kcuda_crossentropy_shard_sumexp(double *sums, const void *logits,
     int valid = ce_valid(col0, W, V);
     KCUDA_DISPATCH(dt, T, {
         ce_shard_sumexp_kernel<T><<<(unsigned)N, CE_THREADS, 0, s>>>(
-            sums, (const T *)logits, rowmax, W, valid);
+            x, target_logit, (const T *)logits, rowmax, W, valid);
         KCUDA_LAUNCHED("ce_shard_sumexp_kernel");
     });
     return 0;
@@ -341,14 +346,6 @@ __global__ void ce_shard_rowmax_kernel(float *rowmax, const float *all, int N,
         }
         rowmax[i] = m;
     }
-}
-
-__global__ void ce_shard_pack_kernel(double *x, const float *target_logit,
-                                     int N)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-         i < (size_t)N; i += (size_t)gridDim.x * blockDim.x)
-        x[(size_t)N + i] = (double)target_logit[i];
 }
 
 /* Each row's sums over the shards in shard order, its loss and lse; the
@@ -381,19 +378,6 @@ int kcuda_crossentropy_shard_rowmax(float *rowmax, const float *all, int N,
     ce_shard_rowmax_kernel<<<kcuda__blocks((size_t)N, 256), 256, 0, s>>>(
         rowmax, all, N, P);
     KCUDA_LAUNCHED("ce_shard_rowmax_kernel");
-    return 0;
-}
-
-int kcuda_crossentropy_shard_pack(double *x, const float *target_logit, int N,
-                                  void *stream)
-{
-    cudaStream_t s = kcuda__stream(stream);
-    KCUDA_ARG(N >= 0, "crossentropy shard pack: bad sizes");
-    if (N == 0)
-        return 0;
-    ce_shard_pack_kernel<<<kcuda__blocks((size_t)N, 256), 256, 0, s>>>(
-        x, target_logit, N);
-    KCUDA_LAUNCHED("ce_shard_pack_kernel");
     return 0;
 }
 

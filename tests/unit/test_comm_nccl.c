@@ -494,8 +494,9 @@ static void *rank_calls(void *arg)
     }
 
     /* all-reduce, a few times: a blocking call leaves nothing on the
-     * stream; an ordered one returns before its peers have come (at least
-     * once in 8, 4 ranks as threads). Every other time the buffer is
+     * stream; an ordered one returns before its peers have come (on some
+     * rank, some time: the test asks for one of the ranks' 8 each). Every
+     * other time the buffer is
      * cleared on the stream just before: an ordered call starts after
      * that, a blocking one after the host's wait for it. */
     for (int i = 0; i < M; i++) h[i] = (float)(r + i % 7);

@@ -206,7 +206,6 @@ procs dup 2 1 dp2z3 --steps 2
 check "2 processes on 1 GPU both stop, and rank 0 says why (NCCL's Duplicate GPU)" $?
 # rank 1 killed in its first step: rank 0 stops, naming it, long before
 # its collective timeout (MESH_COLLECTIVE_TIMEOUT_S=60, timeout 300)
-PORT=$((PORT + 1))
 killed() { # killed NAME PLAN: rank 1 gets SIGKILL 3 s in; rank 0's status
     local r pid=()
     PORT=$((PORT + 1))
