@@ -351,4 +351,29 @@ int comm_nccl_watch(void *ud, double waited_s, char *why, size_t n);
  * or -1 with the reason in c->error. */
 int comm_nccl_own_thread(comm *c);
 
+/* A queue's own world ordered on the GPU instead of waited for
+ * (comm_async's deferred queues; all for the thread using the world):
+ *   - comm_nccl_defer(c): its calls return once NCCL has enqueued their
+ *     work on the handle's stream; the work goes on, watched by
+ *     comm_nccl_progress;
+ *   - comm_nccl_wait_event(c, event): the work of its next calls starts
+ *     after `event` (a cudaEvent_t of the world's device, recorded on
+ *     another stream: the kernels that write the call's buffers);
+ *   - comm_nccl_record_event(c, event): records `event` after the work
+ *     enqueued so far (another stream then waits for it, cudaStreamWaitEvent);
+ *   - comm_nccl_progress(c, waited_s): one look at the work in flight: 1
+ *     while it runs, 0 once it is done (or there is none), -1 with the
+ *     reason in c->error when an NCCL or CUDA error came, the world it was
+ *     bootstrapped over failed, comm_abort was asked for, or the work is
+ *     still running after waited_s > the world's timeout (waited_s: how
+ *     long the thread has had nothing else to do): the world is then
+ *     aborted, which ends its work on the GPU, and the message names the
+ *     last call.
+ * Each returns 0 (progress: also 1), or -1 with the reason in c->error (c
+ * not an own world: -1; progress of another backend's handle: 0). */
+int comm_nccl_defer(comm *c);
+int comm_nccl_wait_event(comm *c, void *event);
+int comm_nccl_record_event(comm *c, void *event);
+int comm_nccl_progress(comm *c, double waited_s);
+
 #endif

@@ -6,6 +6,7 @@
 #include <stdio.h>   /* snprintf */
 #include <stdlib.h>  /* calloc, malloc, free */
 #include <string.h>  /* strcmp */
+#include <time.h>    /* clock_gettime: a deferred queue's pauses between looks */
 
 typedef enum {
     A_ALL_REDUCE,
@@ -35,33 +36,79 @@ struct comm_async {
     acall *q;          /* calls [done, issued) wait at q[k % cap] */
     long cap, issued, done;
     double busy; /* seconds the calls have run, in all */
+    int inflight;     /* deferred: work enqueued that is not known to be done */
+    double busy_from; /* deferred: when that work began */
     double delay; /* comm_async_set_delay */
     int failed, stop;
     char error[sizeof ((comm *)0)->error];
 };
 
-/* Runs call `ticket` after its wait hook; 0, or -1 with the reason in err. */
+/* Runs call `ticket` between its wait and ran hooks; 0, or -1 with the
+ * reason in err. */
 static int run_call(comm_async *a, const acall *k, long ticket, char *err, size_t n)
 {
     const comm_async_hooks *h = &a->hooks;
-    if (h->wait && h->wait(h->ud, ticket, err, n) != 0) return -1;
+    if (h->wait && h->wait(h->ud, ticket, a->c, err, n) != 0) return -1;
     int rc = k->kind == A_ALL_REDUCE       ? comm_all_reduce(a->c, k->out, k->n)
            : k->kind == A_REDUCE_SCATTER   ? comm_reduce_scatter(a->c, k->in, k->out, k->n)
            : k->kind == A_ALL_GATHER       ? comm_all_gather(a->c, k->in, k->out, k->n)
            : k->kind == A_ALL_REDUCE_V     ? comm_all_reduce_v(a->c, k->bufs, k->ns, k->k)
            : k->kind == A_REDUCE_SCATTER_V ? comm_reduce_scatter_v(a->c, k->bufs, k->ns, k->k)
                                            : comm_all_gather_v(a->c, k->bufs, k->ns, k->k);
-    if (rc != 0) snprintf(err, n, "%s", a->c->error);
-    return rc;
+    if (rc != 0) {
+        snprintf(err, n, "%s", a->c->error);
+        return -1;
+    }
+    return h->ran ? h->ran(h->ud, ticket, a->c, err, n) : 0;
+}
+
+/* Marks the queue failed with why (under its lock). */
+static void fail_locked(comm_async *a, const char *why)
+{
+    if (a->failed) return;
+    a->failed = 1;
+    snprintf(a->error, sizeof a->error, "%s", why);
+}
+
+/* Deferred, with work in flight and no call to run: one look at the work
+ * (comm_nccl_progress; idle_s: how long there has been nothing else to
+ * do), then, unless it is done, a pause that a new call ends. Under the
+ * lock, dropped for the look. */
+static void watch_in_flight(comm_async *a, double idle_s, int *looks)
+{
+    char err[sizeof a->error] = "";
+    pthread_mutex_unlock(&a->mu);
+    int st = comm_nccl_progress(a->c, idle_s);
+    if (st < 0) snprintf(err, sizeof err, "%s", a->c->error);
+    pthread_mutex_lock(&a->mu);
+    if (st <= 0) { /* done, or failed (the world aborted: the work ended) */
+        a->busy += comm_now() - a->busy_from;
+        a->inflight = 0;
+        if (st < 0) fail_locked(a, err);
+        pthread_cond_broadcast(&a->cv);
+        return;
+    }
+    if (++*looks < 16) return; /* (a sum often ends within microseconds) */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 100000; /* nothing waits for these looks but errors and the end: 0.1 ms apart */
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    if (a->done == a->issued) pthread_cond_timedwait(&a->cv, &a->mu, &ts);
 }
 
 static void *progress(void *arg)
 {
     comm_async *a = arg;
+    double idle_from = 0; /* deferred: since when only work in flight is left to watch */
+    int looks = 0;
     pthread_mutex_lock(&a->mu);
     for (;;) {
-        while (a->done == a->issued && !a->stop) pthread_cond_wait(&a->cv, &a->mu);
-        if (a->done == a->issued) break; /* stopped, nothing left */
+        while (a->done == a->issued && !a->stop && !a->inflight) pthread_cond_wait(&a->cv, &a->mu);
+        if (a->done == a->issued) {
+            if (!a->inflight) break; /* stopped, nothing left */
+            watch_in_flight(a, comm_now() - idle_from, &looks);
+            continue;
+        }
         acall k = a->q[a->done % a->cap];
         long ticket = a->done + 1;
         int failed = a->failed;
@@ -74,7 +121,10 @@ static void *progress(void *arg)
         double ran = comm_now() - t0;
         free(k.bufs);
         pthread_mutex_lock(&a->mu);
-        a->busy += ran;
+        if (!a->hooks.deferred) a->busy += ran;
+        else if (rc == 0 && !a->inflight) a->inflight = 1, a->busy_from = t0;
+        idle_from = comm_now();
+        looks = 0;
         if (rc != 0 && !a->failed) {
             a->failed = 1;
             snprintf(a->error, sizeof a->error, "%s", err);
@@ -109,7 +159,9 @@ int comm_async_new(comm *c, const comm_async_hooks *hooks, comm_async **out)
         free(a);
         return comm_fail(c, "a communication queue", "out of memory");
     }
-    if (comm_nccl_own_thread(own) != 0) { /* NCCL: a world of its own, for the queue's thread */
+    /* NCCL: a world of its own, for the queue's thread; deferred, its calls return once enqueued */
+    if (comm_nccl_own_thread(own) != 0 ||
+        (hooks && hooks->deferred && !strcmp(own->v->name, "nccl") && comm_nccl_defer(own) != 0)) {
         comm_fail(c, "a communication queue", "%s", own->error);
         comm_free(own);
         free(a);
@@ -128,14 +180,6 @@ int comm_async_new(comm *c, const comm_async_hooks *hooks, comm_async **out)
     }
     *out = a;
     return 0;
-}
-
-/* Marks the queue failed with why (under its lock). */
-static void fail_locked(comm_async *a, const char *why)
-{
-    if (a->failed) return;
-    a->failed = 1;
-    snprintf(a->error, sizeof a->error, "%s", why);
 }
 
 static long issue(comm_async *a, acall k)
@@ -230,11 +274,19 @@ long comm_async_all_gather_v(comm_async *a, float *const *bufs, const size_t *n,
 
 int comm_async_wait(comm_async *a, long ticket)
 {
+    const comm_async_hooks *h = &a->hooks;
     pthread_mutex_lock(&a->mu);
     while (a->done < ticket && a->done < a->issued) pthread_cond_wait(&a->cv, &a->mu);
     int rc = a->failed ? -1 : 0;
+    long last = ticket < a->done ? ticket : a->done; /* the latest call waited for */
     pthread_mutex_unlock(&a->mu);
-    return rc;
+    if (rc != 0 || last < 1 || !h->joined) return rc;
+    char err[sizeof a->error] = "";
+    if (h->joined(h->ud, last, err, sizeof err) == 0) return 0;
+    pthread_mutex_lock(&a->mu);
+    fail_locked(a, err);
+    pthread_mutex_unlock(&a->mu);
+    return -1;
 }
 
 int comm_async_wait_all(comm_async *a) { return comm_async_wait(a, comm_async_last(a)); }
@@ -246,31 +298,32 @@ void comm_async_set_delay(comm_async *a, double seconds)
     pthread_mutex_unlock(&a->mu);
 }
 
-/* The queue's counters, read under its lock. */
-static void counters(const comm_async *a, long *issued, long *done, double *busy)
+/* The queue's counters, read under its lock: calls issued, and not yet
+ * run (deferred: + 1 while work is in flight); seconds busy. */
+static void counters(const comm_async *a, long *issued, long *pending, double *busy)
 {
     comm_async *m = (comm_async *)a; /* the lock only */
     pthread_mutex_lock(&m->mu);
     *issued = a->issued;
-    *done = a->done;
+    *pending = a->issued - a->done + a->inflight;
     *busy = a->busy;
     pthread_mutex_unlock(&m->mu);
 }
 
 long comm_async_last(const comm_async *a)
 {
-    long issued, done;
+    long issued, pending;
     double busy;
-    counters(a, &issued, &done, &busy);
+    counters(a, &issued, &pending, &busy);
     return issued;
 }
 
 long comm_async_pending(const comm_async *a)
 {
-    long issued, done;
+    long issued, pending;
     double busy;
-    counters(a, &issued, &done, &busy);
-    return issued - done;
+    counters(a, &issued, &pending, &busy);
+    return pending;
 }
 
 void comm_async_abort(comm_async *a, const char *why) { comm_abort(a->c, why); }
@@ -286,9 +339,9 @@ int comm_async_own_device(comm_async *a, struct dev *d)
 
 double comm_async_busy(const comm_async *a)
 {
-    long issued, done;
+    long issued, pending;
     double busy;
-    counters(a, &issued, &done, &busy);
+    counters(a, &issued, &pending, &busy);
     return busy;
 }
 

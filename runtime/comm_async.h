@@ -18,7 +18,9 @@
  * finished the gradient" means its kernels are enqueued, not done: mark
  * runs in the caller's thread as a call is queued and records an event on
  * the compute stream; wait runs in the queue's thread before the call and
- * waits for that event.
+ * waits for that event (on the host, or, deferred, the queue's stream
+ * waits for it on the GPU, and the caller's stream waits for the call's
+ * work after its comm_async_wait: then neither host waits for the GPU).
  *
  * Failure: a call that fails fails the queue: its wait and every later
  * call and wait return -1 with the reason in comm_async_error (the
@@ -35,21 +37,39 @@
 
 typedef struct comm_async comm_async;
 
-/* What a queue's owner runs for each call (either hook may be NULL):
+/* What a queue's owner runs for each call (any hook may be NULL):
  *   - mark(ud, ticket): in the caller's thread as call `ticket` is queued,
  *     before the queue's thread can run it;
- *   - wait(ud, ticket): in the queue's thread, before it runs the call.
+ *   - wait(ud, ticket, c): in the queue's thread, before it runs the call
+ *     (c: the queue's communicator);
+ *   - ran(ud, ticket, c): in the queue's thread, once the call has run
+ *     (deferred: once its work is enqueued);
+ *   - joined(ud, ticket): in the caller's thread, at the end of a
+ *     successful comm_async_wait for `ticket` (the latest call waited for).
  * A hook returns 0, or -1 with its reason in err (n bytes): a failed mark
- * fails the issue, a failed wait the call (either fails the queue).
+ * fails the issue, a failed wait or ran the call, a failed joined the wait
+ * (each fails the queue).
  * marks > 0: the owner keeps a slot per call in flight, `ticket % marks`
  * (a ring of events): issuing call t first waits until call t - marks
  * has run, so that no slot is marked again while its call may still wait
- * for it. 0: no bound. */
+ * for it. 0: no bound.
+ * deferred: the queue's NCCL calls return once NCCL has enqueued their
+ * work on the queue's stream (comm_nccl_defer), not once it is done; the
+ * hooks order it on the GPU instead (wait: the queue's stream waits for
+ * the caller's kernels, comm_nccl_wait_event; ran: an event after the
+ * call, comm_nccl_record_event; joined: the caller's stream waits for it).
+ * A call then counts as run once enqueued (comm_async_wait returns then),
+ * and while the queue has nothing else to do its thread watches the work
+ * in flight (comm_nccl_progress: errors, a failed rank, the timeout). Other
+ * backends' calls are done when they return: deferred changes nothing. */
 typedef struct comm_async_hooks {
     int (*mark)(void *ud, long ticket, char *err, size_t n);
-    int (*wait)(void *ud, long ticket, char *err, size_t n);
+    int (*wait)(void *ud, long ticket, comm *c, char *err, size_t n);
+    int (*ran)(void *ud, long ticket, comm *c, char *err, size_t n);
+    int (*joined)(void *ud, long ticket, char *err, size_t n);
     void *ud;
     int marks;
+    int deferred;
 } comm_async_hooks;
 
 /* 1 if c's backend lets a queue's thread call it while the rank calls
@@ -90,7 +110,8 @@ int comm_async_wait_all(comm_async *a);
 /* The ticket of the latest call issued (0 before the first). */
 long comm_async_last(const comm_async *a);
 
-/* Calls issued that have not finished running (0 after wait_all). */
+/* Calls issued that have not finished running (0 after wait_all), and,
+ * deferred, one more while work enqueued is not known to be done. */
 long comm_async_pending(const comm_async *a);
 
 /* Stops the world (comm_abort on the queue's communicator): a rank that
@@ -103,7 +124,8 @@ void comm_async_abort(comm_async *a, const char *why);
 void comm_async_set_delay(comm_async *a, double seconds);
 
 /* Seconds the queue's calls have run so far, in all (its thread's busy
- * time: what overlapping can hide). */
+ * time: what overlapping can hide; deferred: the time its stream had work,
+ * as its thread saw it). */
 double comm_async_busy(const comm_async *a);
 
 /* Why the queue failed ("" if it did not). */

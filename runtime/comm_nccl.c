@@ -79,7 +79,12 @@
  * goes on with the rest: its collectives run on its handle's stream beside
  * the rank's kernels (the executor's overlap). Its comm_abort may come from
  * the rank's thread: it is asked for (an atomic flag) and done by the
- * queue's thread at its next poll, or by comm_free. Two communicators
+ * queue's thread at its next poll, or by comm_free. A deferred own world
+ * (comm_nccl_defer) returns from a call once NCCL has enqueued it; its
+ * stream waits for the caller's events (comm_nccl_wait_event), an event
+ * recorded after a call orders the caller's stream after it
+ * (comm_nccl_record_event), and the queue's thread watches the work in
+ * flight (comm_nccl_progress) with the checks a wait makes. Two communicators
  * working at once on one GPU rely on both NCCL kernels fitting on the GPU
  * together, as PyTorch's and Megatron-LM's overlapped gradient reductions
  * do (NCCL's documentation does not promise it).
@@ -144,6 +149,8 @@ struct nworld {
     int aborted;
     char why[240];
     int own;            /* a queue's world (comm_nccl_own_thread): comm_abort only asks */
+    int deferred;       /* own: calls return once enqueued, watched by comm_nccl_progress (comm_nccl_defer) */
+    int polls;          /* deferred: comm_nccl_progress's looks so far */
     atomic_int claimed; /* own: the first comm_abort writes asked_why, */
     atomic_int asked;   /* then sets this; the world's thread aborts it */
     char asked_why[240];
@@ -374,10 +381,12 @@ static int join_caller(ncomm *x, ncomm *m, const char *op)
 
 /* After a launch: the host waits for the work (finish); in an ordered
  * world, once NCCL has enqueued it, the caller's stream waits for every
- * stream that got work instead, and the host goes on. */
+ * stream that got work instead, and the host goes on; in a deferred one
+ * (a queue's), the host goes on once it is enqueued. */
 static int settle(ncomm *m, const char *op)
 {
     nworld *w = m->w;
+    if (w->deferred) return wait_for(m, op, 0); /* a queue's: its thread watches the work (comm_nccl_progress) */
     if (!w->ordered) return finish(m, op);
     if (wait_for(m, op, 0) != 0) return -1;
     for (ncomm *x = w->comms; x; x = x->next) {
@@ -1227,6 +1236,58 @@ int comm_nccl_watch(void *ud, double waited_s, char *why, size_t n)
     return -1;
 }
 
+/* The handle of an own world (a queue's: one handle), or NULL (c->error
+ * says why when c is an NCCL handle). */
+static ncomm *own_handle(comm *c, const char *op)
+{
+    if (!c || c->v != &nccl_vtbl) return NULL;
+    ncomm *m = (ncomm *)c;
+    if (!m->w->own) {
+        comm_fail(c, op, "not a queue's own world (comm_nccl_own_thread)");
+        return NULL;
+    }
+    return dead(m, op) == 0 ? m : NULL;
+}
+
+int comm_nccl_defer(comm *c)
+{
+    ncomm *m = own_handle(c, "defer");
+    if (!m) return -1;
+    m->w->deferred = 1;
+    return 0;
+}
+
+int comm_nccl_wait_event(comm *c, void *event)
+{
+    ncomm *m = own_handle(c, "wait for an event");
+    if (!m) return -1;
+    cudaError_t ce = cudaStreamWaitEvent(m->stream, (cudaEvent_t)event, 0);
+    return ce == cudaSuccess ? 0 : cuda_fail(m, "wait for an event", "cudaStreamWaitEvent", ce);
+}
+
+int comm_nccl_record_event(comm *c, void *event)
+{
+    ncomm *m = own_handle(c, "record an event");
+    if (!m) return -1;
+    cudaError_t ce = cudaEventRecord((cudaEvent_t)event, m->stream);
+    return ce == cudaSuccess ? 0 : cuda_fail(m, "record an event", "cudaEventRecord", ce);
+}
+
+int comm_nccl_progress(comm *c, double waited_s)
+{
+    if (!c || c->v != &nccl_vtbl) return 0;
+    ncomm *m = (ncomm *)c;
+    nworld *w = m->w;
+    if (!m->touched) return 0;
+    const char *op = m->last ? m->last : "a call";
+    char why[200];
+    if (take_abort(w)) return asked_abort(m, op);
+    if (host_down(w, ++w->polls, why, sizeof why)) return host_failed(m, op, why);
+    int busy = look(m, op, 1);
+    if (busy > 0 && waited_s > w->timeout) return timed_out(m, op);
+    return busy;
+}
+
 int comm_nccl_own_thread(comm *c)
 {
     if (!c || c->v != &nccl_vtbl) return 0;
@@ -1307,6 +1368,33 @@ int comm_nccl_watch(void *ud, double waited_s, char *why, size_t n)
 int comm_nccl_flush(comm *c)
 {
     (void)c;
+    return 0;
+}
+
+int comm_nccl_defer(comm *c)
+{
+    (void)c; /* no NCCL handle exists in this build */
+    return -1;
+}
+
+int comm_nccl_wait_event(comm *c, void *event)
+{
+    (void)c;
+    (void)event;
+    return -1;
+}
+
+int comm_nccl_record_event(comm *c, void *event)
+{
+    (void)c;
+    (void)event;
+    return -1;
+}
+
+int comm_nccl_progress(comm *c, double waited_s)
+{
+    (void)c;
+    (void)waited_s;
     return 0;
 }
 

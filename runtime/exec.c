@@ -593,6 +593,12 @@ long long mesh__exec_host_reads(const mesh__exec *ex) { return ex->dev->to_host;
 
 long long mesh__exec_gpu_waits(const mesh__exec *ex) { return ex->dev->waits; }
 
+long long mesh__exec_queue_ahead(const mesh__exec *ex, long long *waits)
+{
+    if (waits) *waits = ex->ov_mark[0].joins + ex->ov_mark[1].joins;
+    return ex->ov_mark[0].ahead + ex->ov_mark[1].ahead;
+}
+
 int mesh__exec_stage(const mesh__exec *ex) { return ex->stage; }
 
 comm *mesh__exec_host_world(const mesh__exec *ex) { return ex->hworld; }

@@ -180,6 +180,11 @@ int mesh__exec_fused(const mesh__exec *ex);
 long long mesh__exec_host_reads(const mesh__exec *ex);
 /* The host's waits for this rank's GPU so far (each a dev_stream_sync). */
 long long mesh__exec_gpu_waits(const mesh__exec *ex);
+/* This rank's waits for its communication queues' calls so far that
+ * returned while the call was still running on the GPU (a deferred
+ * queue's: exec_overlap.c); *waits (if not NULL): its deferred queues'
+ * waits in all. */
+long long mesh__exec_queue_ahead(const mesh__exec *ex, long long *waits);
 int mesh__exec_stage(const mesh__exec *ex);
 
 /* The pipeline group of host buffers (NULL with pp = 1; its rank s is stage s), this

@@ -54,15 +54,20 @@ typedef struct ex_lterm {
  * event recorded on the compute stream when the call is queued, which the
  * queue's thread waits for (through a device handle of its own) before
  * running the call: on a GPU, the kernels that write its buffers have
- * run. Slot ticket % EX_MARKS (comm_async_hooks.marks). */
+ * run. Deferred (ordered NCCL calls), the queue's stream waits for it
+ * instead, and the compute stream for the call's done event after the
+ * rank's wait for its ticket. Slot ticket % EX_MARKS
+ * (comm_async_hooks.marks). */
 enum { EX_MARKS = 64 };
 typedef struct ex_marks {
     struct mesh__exec *ex;
     dev *dev; /* the queue's thread's handle on the executor's device */
     dev_event *ev[EX_MARKS];
+    dev_event *done[EX_MARKS]; /* deferred: recorded after each call on the queue's stream */
     double timeout; /* the longest wait for a mark (MESH_COLLECTIVE_TIMEOUT_S) */
-    comm_watch *host; /* ordered NCCL calls (ex->ordered): the host world, whose failure ends a wait for a
-                         mark (the compute stream may wait on the GPU for a rank that is gone); held */
+    int deferred;   /* the queue's NCCL calls ordered on the GPU (comm_async_hooks.deferred): with ex->ordered */
+    long long joins, ahead; /* deferred: the rank's waits, and those that returned with the call still
+                               running on the GPU */
 } ex_marks;
 
 struct mesh__exec {

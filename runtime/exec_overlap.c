@@ -46,6 +46,13 @@
  * runs on the CPU, whose events are done at once). The rank's wait for a
  * ticket is the host's, so the kernels it enqueues after the wait (that
  * read the result or write the buffers again) come after the call.
+ * With the rank's NCCL calls ordered on the compute stream (ex->ordered),
+ * the queue is deferred (comm_async_hooks.deferred): its stream waits for
+ * the mark on the GPU, its thread records a done event after each call
+ * once NCCL has enqueued it, and the rank's wait for a ticket ends once
+ * the call is enqueued, the compute stream waiting for that event
+ * (joined): no host waits for the GPU, and the order on the GPU is the
+ * same. Its thread watches the work in flight (comm_nccl_progress).
  *
  * Not overlapped: the deterministic chain, a backend that cannot take
  * calls from two threads (comm_async_supported), mesh_set_overlap(0), and
@@ -125,38 +132,68 @@ static int mark(void *ud, long ticket, char *err, size_t n)
 }
 
 /* In the queue's thread, before a call: the work it was queued after has
- * run. */
-static int wait_mark(void *ud, long ticket, char *err, size_t n)
+ * run (deferred: the queue's stream waits for it on the GPU). */
+static int wait_mark(void *ud, long ticket, comm *c, char *err, size_t n)
 {
     ex_marks *m = ud;
     mesh__exec *ex = m->ex;
+    if (m->deferred) {
+        if (comm_nccl_wait_event(c, m->ev[ticket % EX_MARKS]) == 0) return 0;
+        snprintf(err, n, "%s", c->error);
+        return -1;
+    }
     if (dev_event_sync(m->dev, m->ev[ticket % EX_MARKS], m->timeout) == MESH_OK) return 0;
     snprintf(err, n, "rank %d: waiting for the kernels before a queued collective: %s", ex->rank,
              dev_last_error(m->dev));
     return -1;
 }
 
-/* The queue's device's watch (dev_set_watch, ud: the host world's watch):
- * a wait for a mark ends once another rank failed. */
-static int host_watch(void *ud, double waited_s, char *why, size_t n)
+/* Deferred, in the queue's thread once the call is enqueued: its slot's
+ * done event follows it on the queue's stream. */
+static int ran(void *ud, long ticket, comm *c, char *err, size_t n)
 {
-    (void)waited_s; /* (the wait's own timeout bounds it) */
-    return comm_watch_stopped(ud, why, n) ? -1 : 0;
+    ex_marks *m = ud;
+    if (!m->deferred || comm_nccl_record_event(c, m->done[ticket % EX_MARKS]) == 0) return 0;
+    snprintf(err, n, "%s", c->error);
+    return -1;
 }
 
-/* The queue's marks: its events and its thread's handle on the device. */
+/* Deferred, in the rank's thread at the end of its wait for a ticket: the
+ * compute stream waits for the call's work (a slot marked again since by
+ * a later call makes it wait for that one too: the queue runs in order). */
+static int joined(void *ud, long ticket, char *err, size_t n)
+{
+    ex_marks *m = ud;
+    mesh__exec *ex = m->ex;
+    int done = 1;
+    if (!m->deferred) return 0;
+    if (dev_event_query(ex->dev, m->done[ticket % EX_MARKS], &done) == MESH_OK &&
+        dev_event_wait(ex->dev, (dev_stream *)ex->kern.stream, m->done[ticket % EX_MARKS]) == MESH_OK) {
+        m->joins++;
+        m->ahead += !done; /* (the host went on with the call still on the GPU) */
+        return 0;
+    }
+    snprintf(err, n, "rank %d: ordering the compute stream after a queued collective: %s", ex->rank,
+             dev_last_error(ex->dev));
+    return -1;
+}
+
+/* The queue's marks: its events and its thread's handle on the device.
+ * With the rank's NCCL calls ordered on the compute stream (ex->ordered),
+ * the queue's are ordered on the GPU too (deferred). */
 static int marks_init(mesh__exec *ex, ex_marks *m)
 {
     char why[256];
     m->ex = ex;
+    m->deferred = ex->ordered;
     m->timeout = comm_timeout_from_env(); /* a queue never waits longer than its backend's timeout */
     mesh_status st = dev_open(ex->gpu ? MESH_DEVICE_CUDA : MESH_DEVICE_CPU, ex->gpu ? ex->dev->index : 0, &m->dev, why,
                               sizeof why);
-    /* the rank's NCCL calls on the compute stream: a mark may wait for a rank that failed */
-    if (st == MESH_OK && ex->ordered && (m->host = comm_watch_of(ex->hworld)) != NULL)
-        dev_set_watch(m->dev, host_watch, m->host);
-    for (int i = 0; st == MESH_OK && i < EX_MARKS; i++)
-        if ((st = dev_event_create(ex->dev, &m->ev[i])) != MESH_OK) snprintf(why, sizeof why, "%s", dev_last_error(ex->dev));
+    for (int i = 0; st == MESH_OK && i < EX_MARKS; i++) {
+        st = dev_event_create(ex->dev, &m->ev[i]);
+        if (st == MESH_OK && m->deferred) st = dev_event_create(ex->dev, &m->done[i]);
+        if (st != MESH_OK) snprintf(why, sizeof why, "%s", dev_last_error(ex->dev));
+    }
     if (st == MESH_OK) return 0;
     snprintf(ex->error, sizeof ex->error, "rank %d: a communication queue's events: %s", ex->rank, why);
     return -2;
@@ -166,12 +203,11 @@ static void marks_free(mesh__exec *ex, ex_marks *m)
 {
     for (int i = 0; i < EX_MARKS; i++) {
         dev_event_destroy(ex->dev, m->ev[i]);
-        m->ev[i] = NULL;
+        dev_event_destroy(ex->dev, m->done[i]);
+        m->ev[i] = m->done[i] = NULL;
     }
     dev_close(m->dev);
     m->dev = NULL;
-    comm_watch_release(m->host);
-    m->host = NULL;
 }
 
 int exec__overlap_init(mesh__exec *ex, unsigned flags)
@@ -236,7 +272,7 @@ int exec__overlap_init(mesh__exec *ex, unsigned flags)
     /* a queue per data-parallel group (collective over each, the same on every member) */
     for (int g = 0; g < 2; g++) {
         ex->ov_comm[g] = groups[g];
-        comm_async_hooks hooks = {mark, wait_mark, &ex->ov_mark[g], EX_MARKS};
+        comm_async_hooks hooks = {mark, wait_mark, ran, joined, &ex->ov_mark[g], EX_MARKS, ex->ordered};
         if (groups[g] && comm_async_new(groups[g], &hooks, &ex->ov_q[g]) != 0) {
             snprintf(ex->error, sizeof ex->error, "rank %d: %s", ex->rank, groups[g]->error);
             return -2;

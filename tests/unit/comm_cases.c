@@ -265,7 +265,7 @@ enum { HOOK_MARKS = 4, HOOK_CALLS = 24 };
 typedef struct hook_log {
     pthread_mutex_t mu;
     long slot[HOOK_MARKS]; /* the ticket marked into each slot */
-    long marked, waited;
+    long marked, waited, ran, joined;
     long worst;            /* the most calls marked and not yet waited for */
     int bad;               /* a wait found its slot marked again, or the order wrong */
     long fail_wait;        /* the wait fails for this ticket (0: never) */
@@ -290,8 +290,9 @@ static int hook_mark(void *ud, long t, char *err, size_t n)
     return rc;
 }
 
-static int hook_wait(void *ud, long t, char *err, size_t n)
+static int hook_wait(void *ud, long t, comm *c, char *err, size_t n)
 {
+    (void)c;
     hook_log *h = ud;
     pthread_mutex_lock(&h->mu);
     int rc = 0;
@@ -307,13 +308,42 @@ static int hook_wait(void *ud, long t, char *err, size_t n)
     return rc;
 }
 
+/* After call t ran, in the queue's thread: it is the call last waited
+ * before (hook_wait). */
+static int hook_ran(void *ud, long t, comm *c, char *err, size_t n)
+{
+    hook_log *h = ud;
+    (void)c;
+    (void)err;
+    (void)n;
+    pthread_mutex_lock(&h->mu);
+    h->bad |= (t != h->waited || t != h->ran + 1) << 3;
+    h->ran = t;
+    pthread_mutex_unlock(&h->mu);
+    return 0;
+}
+
+/* At the end of a wait for t, in the caller's thread: t has run. */
+static int hook_joined(void *ud, long t, char *err, size_t n)
+{
+    hook_log *h = ud;
+    (void)err;
+    (void)n;
+    pthread_mutex_lock(&h->mu);
+    h->bad |= (t > h->ran || t < h->joined) << 4;
+    h->joined = t;
+    pthread_mutex_unlock(&h->mu);
+    return 0;
+}
+
 int comm_case_async_hooks(comm *c, char *err, size_t n)
 {
     int r = c->rank, p = c->size, bad = 0;
     if (p < 2 || p > MAXP || !comm_async_supported(c)) return 1;
     /* 1: a ring of 4 marks over a slow queue: the issuer outruns it, and waits */
     hook_log h = {.mu = PTHREAD_MUTEX_INITIALIZER};
-    comm_async_hooks hooks = {hook_mark, hook_wait, &h, HOOK_MARKS};
+    comm_async_hooks hooks = {.mark = hook_mark, .wait = hook_wait, .ran = hook_ran, .joined = hook_joined, .ud = &h,
+                              .marks = HOOK_MARKS};
     comm_async *q = NULL;
     if (comm_async_new(c, &hooks, &q) != 0) return call_failed(c, err, n);
     comm_async_set_delay(q, 2e-3);
@@ -329,8 +359,8 @@ int comm_case_async_hooks(comm *c, char *err, size_t n)
             for (int o = 1; o < p; o++) w += value(o, (size_t)(k * 8 + i));
             bad |= (x[k][i] != w) << 5;
         }
-    bad |= h.bad << 6; /* bits 6..8 */
-    bad |= (h.marked != HOOK_CALLS || h.waited != HOOK_CALLS) << 10;
+    bad |= h.bad << 6; /* bits 6..10 */
+    bad |= (h.marked != HOOK_CALLS || h.waited != HOOK_CALLS || h.ran != HOOK_CALLS || h.joined != HOOK_CALLS) << 22;
     bad |= (h.worst > HOOK_MARKS) << 11; /* never more in flight than slots */
     bad |= (h.worst < 2) << 12;          /* (and the queue did fall behind) */
     comm_async_free(q);

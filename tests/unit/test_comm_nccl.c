@@ -419,7 +419,8 @@ typedef struct rank_job {
     comm_threads_world *tw;
     int rank, size;
     double timeout_s;
-    int abort_host; /* rank_fails: rank 1 aborts the threads world (else its NCCL world) */
+    int abort_host; /* rank_fails: rank 1 aborts the threads world (else its NCCL world); rank_queue: -1, no
+                       rank fails */
     int ordered;    /* the world's calls ordered on the legacy stream (comm_nccl_order) */
     int pending;    /* rank_calls, ordered: calls after which the stream still had work */
     int failed_at; /* 0, or the line of the first failed check */
@@ -736,6 +737,121 @@ out:
     return NULL;
 }
 
+/* A deferred communication queue's hooks, as the executor's
+ * (exec_overlap.c): a mark on the legacy stream as a call is queued, which
+ * the queue's stream waits for; a done event after each call, which the
+ * legacy stream waits for at the end of the wait for its ticket. */
+enum { Q_CALLS = 32, Q_SLOTS = 8 };
+typedef struct q_events {
+    cudaEvent_t mark[Q_SLOTS], done[Q_SLOTS];
+} q_events;
+
+static int q_mark(void *ud, long t, char *err, size_t n)
+{
+    q_events *e = ud;
+    cudaError_t ce = cudaEventRecord(e->mark[t % Q_SLOTS], NULL);
+    if (ce != cudaSuccess) snprintf(err, n, "cudaEventRecord: %s", cudaGetErrorString(ce));
+    return ce == cudaSuccess ? 0 : -1;
+}
+
+static int q_wait(void *ud, long t, comm *c, char *err, size_t n)
+{
+    q_events *e = ud;
+    if (comm_nccl_wait_event(c, e->mark[t % Q_SLOTS]) == 0) return 0;
+    snprintf(err, n, "%s", c->error);
+    return -1;
+}
+
+static int q_ran(void *ud, long t, comm *c, char *err, size_t n)
+{
+    q_events *e = ud;
+    if (comm_nccl_record_event(c, e->done[t % Q_SLOTS]) == 0) return 0;
+    snprintf(err, n, "%s", c->error);
+    return -1;
+}
+
+static int q_joined(void *ud, long t, char *err, size_t n)
+{
+    q_events *e = ud;
+    cudaError_t ce = cudaStreamWaitEvent(NULL, e->done[t % Q_SLOTS], 0);
+    if (ce != cudaSuccess) snprintf(err, n, "cudaStreamWaitEvent: %s", cudaGetErrorString(ce));
+    return ce == cudaSuccess ? 0 : -1;
+}
+
+/* A deferred queue over a world of ranks. Q_CALLS all-reduces, each of a
+ * buffer cleared, then written, on the legacy stream just before it is
+ * queued (the queue's stream must wait for those), read back on that
+ * stream after the wait for its ticket (which must wait for the sum):
+ * neither host waits for the GPU, and some waits return before their
+ * sum is done (pending). Then (abort_host >= 0) rank 1 fails with a sum in
+ * flight on the others' queues: their threads notice it on their own
+ * (abort_host 1: the threads world stopped, at once; 0: the timeout),
+ * fail the queue naming the call, and abort its world, which ends the sum
+ * the legacy stream waits for. */
+static void *rank_queue(void *arg)
+{
+    rank_job *j = arg;
+    int r = j->rank, p = j->size;
+    char err[320] = "";
+    q_events e;
+    memset(&e, 0, sizeof e);
+    comm *boot = comm_threads_rank(j->tw, r), *c = NULL;
+    comm_async *q = NULL;
+    float *a = cudaSetDevice(r) == cudaSuccess ? gpu_alloc((size_t)Q_CALLS * M) : NULL, h[M], want[M], got[M];
+    long bad;
+    RCHECK(j, boot && a, "comm_threads_rank, cudaSetDevice or cudaMalloc");
+    for (int i = 0; i < Q_SLOTS; i++)
+        RCHECK(j, cudaEventCreateWithFlags(&e.mark[i], cudaEventDisableTiming) == cudaSuccess &&
+                      cudaEventCreateWithFlags(&e.done[i], cudaEventDisableTiming) == cudaSuccess, "events");
+    c = comm_nccl_world_mpi(boot, r, j->timeout_s, err, sizeof err);
+    RCHECK(j, c, "comm_nccl_world_mpi: %s", err);
+    comm_async_hooks hooks = {q_mark, q_wait, q_ran, q_joined, &e, Q_SLOTS, 1};
+    RCALL(j, c, comm_async_new(c, &hooks, &q));
+    for (int k = 0; k < Q_CALLS; k++) {
+        float *x = a + (size_t)k * M;
+        for (int i = 0; i < M; i++) h[i] = (float)(r + k + i % 5);
+        RCHECK(j, cudaMemsetAsync(x, 0xff, M * sizeof *x, NULL) == cudaSuccess &&
+                      cudaMemcpyAsync(x, h, M * sizeof *x, cudaMemcpyHostToDevice, NULL) == cudaSuccess, "writing");
+        long t = comm_async_all_reduce(q, x, M);
+        RCHECK(j, t == k + 1, "ticket %ld, not %d: %s", t, k + 1, comm_async_error(q));
+        RCHECK(j, comm_async_wait(q, t) == 0, "wait: %s", comm_async_error(q));
+        j->pending += cudaEventQuery(e.done[t % Q_SLOTS]) == cudaErrorNotReady;
+        RCHECK(j, cudaMemcpyAsync(got, x, M * sizeof *x, cudaMemcpyDeviceToHost, NULL) == cudaSuccess &&
+                      cudaStreamSynchronize(NULL) == cudaSuccess, "reading");
+        for (int i = 0; i < M; i++) want[i] = (float)(p * (p - 1) / 2 + p * (k + i % 5));
+        RCHECK(j, (bad = differs(got, want, M)) < 0, "sum %d: [%ld] = %g, not %g", k, bad, got[bad], want[bad]);
+    }
+    RCHECK(j, comm_async_wait_all(q) == 0, "%s", comm_async_error(q));
+    if (j->abort_host < 0) goto out;
+    RCALL(j, boot, comm_barrier(boot)); /* (every rank's sums done) */
+    if (r != 1) /* enqueued: it waits for rank 1 on the GPU */
+        RCHECK(j, comm_async_all_reduce(q, a, M) > 0 && comm_async_wait(q, Q_CALLS + 1) == 0, "queued: %s",
+               comm_async_error(q));
+    RCALL(j, boot, comm_barrier(boot));
+    if (r == 1) {
+        if (j->abort_host) comm_abort(boot, "rank 1 stops");
+        goto out;
+    }
+    double t0 = comm_now();
+    while (comm_async_pending(q) > 0 && comm_now() - t0 < j->timeout_s + 10) comm_sleep(1e-3);
+    const char *why = j->abort_host ? "another rank failed (rank 1 failed: rank 1 stops)" : "waited more than";
+    RCHECK(j, strstr(comm_async_error(q), why) && strstr(comm_async_error(q), "all-reduce"), "the queue: '%s'",
+           comm_async_error(q));
+    RCHECK(j, comm_now() - t0 < (j->abort_host ? 5 : j->timeout_s + 5), "failed after %g s", comm_now() - t0);
+    RCHECK(j, comm_async_all_reduce(q, a, M) == -1, "a call after the failure was queued");
+    RCHECK(j, cudaStreamSynchronize(NULL) == cudaSuccess, "the legacy stream after the abort"); /* its wait ended */
+out:
+    comm_async_free(q);
+    if (c) comm_free(c);
+    if (boot) comm_free(boot);
+    for (int i = 0; i < Q_SLOTS; i++) {
+        if (e.mark[i]) cudaEventDestroy(e.mark[i]);
+        if (e.done[i]) cudaEventDestroy(e.done[i]);
+    }
+    cudaFree(a);
+    return NULL;
+}
+
 /* size ranks, each a thread running fn on its own GPU (with ordered set,
  * in ordered worlds); the sum of their jobs' pending counts. */
 static int run_ranks_ordered(int size, double timeout_s, int abort_host, int ordered, void *(*fn)(void *))
@@ -813,6 +929,20 @@ TEST_IMPL(comm_nccl_ordered_calls_follow_the_stream)
     run_ranks_ordered(n, 60, 1, 1, rank_fails_ordered);
 }
 
+/* A communication queue ordered on the GPU (comm_async_hooks.deferred):
+ * the sums right with no host waiting for the GPU, and a failed rank
+ * noticed by the queue's own thread. */
+TEST_IMPL(comm_nccl_queue_ordered_on_the_gpu)
+{
+    int n = gpus_for_ranks();
+    if (n < 2) return;
+    int pending = run_ranks_ordered(n, 60, -1, 0, rank_queue);
+    printf("# %d of %d waits for a deferred queue's ticket returned before its sum was done\n", pending, Q_CALLS * n);
+    if (pending == 0) unit_fail(__FILE__, __LINE__, "every deferred sum was done when its wait returned");
+    run_ranks_ordered(n, 2, 0, 0, rank_queue);
+    run_ranks_ordered(n, 60, 1, 0, rank_queue);
+}
+
 #else /* no CUDA in this build: comm_nccl_available_says_why said SKIP */
 
 TEST_IMPL(comm_nccl_one_rank_calls) {}
@@ -823,5 +953,6 @@ TEST_IMPL(comm_nccl_queue_on_its_own_world) {}
 TEST_IMPL(comm_nccl_ranks_over_threads) {}
 TEST_IMPL(comm_nccl_failed_rank_stops_the_others) {}
 TEST_IMPL(comm_nccl_ordered_calls_follow_the_stream) {}
+TEST_IMPL(comm_nccl_queue_ordered_on_the_gpu) {}
 
 #endif

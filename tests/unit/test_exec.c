@@ -432,6 +432,8 @@ typedef struct eq_run {
     const char *ckpt; /* if set: a checkpoint saved there after the last step, loaded, and one step more */
     double after;     /* that step's loss */
     long long waits;  /* rank 0's waits for its GPU in its last step (dev_stream_sync) */
+    long long ahead, joins; /* rank 0's waits for its deferred queues that returned with the call on the GPU,
+                               and all of them */
 } eq_run;
 
 static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
@@ -461,6 +463,7 @@ static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
         if (rank == 0) r->loss[step - 1] = st.loss, r->waits = mesh__exec_gpu_waits(ctx->ex) - waits;
         if (rank == 0) r->overlapped = st.overlapped, r->overlap_ms = st.overlap_ms, r->wait_ms = st.wait_ms;
     }
+    if (rank == 0) r->ahead = mesh__exec_queue_ahead(ctx->ex, &r->joins);
     if (r->ckpt) {
         mesh_status s = mesh_checkpoint_save(ctx, r->ckpt);
         if (s == MESH_OK) s = mesh_checkpoint_load(ctx, r->ckpt);
@@ -481,6 +484,7 @@ static void diag_to_stderr(void *ud, int level, const char *text)
 
 static int eq_overlapped;             /* the last eq_losses run's eq_run.overlapped */
 static long long eq_waits;            /* and its eq_run.waits */
+static long long eq_ahead, eq_joins;  /* and its eq_run.ahead and .joins */
 static double eq_overlap_ms, eq_wait_ms; /* and its times */
 
 /* The losses of 20 steps of src with the settings given. */
@@ -501,13 +505,15 @@ static void eq_losses(const char *src, const char *const *sets, int n_sets, doub
     mesh_plan *mp = NULL;
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run r = {mp, {0}, -1, 0, 0, 0, 0, eq_ckpt, 0, 0};
+    eq_run r = {mp, {0}, -1, 0, 0, 0, 0, eq_ckpt, 0, 0, 0, 0};
     mesh_status st = mesh_run_ranks(mp, eq_rank, &r);
     if (st != MESH_OK) unit_fail(__FILE__, __LINE__, "%s", mesh_last_error());
     memcpy(out, r.loss, sizeof r.loss);
     eq_after = r.after;
     eq_overlapped = r.overlapped;
     eq_waits = r.waits;
+    eq_ahead = r.ahead;
+    eq_joins = r.joins;
     eq_overlap_ms = r.overlap_ms;
     eq_wait_ms = r.wait_ms;
     mesh_plan_free(mp);
@@ -909,8 +915,10 @@ TEST_IMPL(parallel_cuda_ranks_share_a_gpu)
  * device collectives and pipeline transfers go over NCCL (api.c:
  * join_gpus), the ZeRO-3 reduce-scatters and prefetched gathers on the
  * communication queue's own NCCL world. dp 2 with ZeRO-3 (the same losses
- * to the bit with --no-overlap), and with 4 GPUs dp 2 x tp 2 in bf16 and
- * tp 2 x pp 2 in fp32; each within 1e-4 (bf16: 2e-2) of the CPU's. The
+ * to the bit with --no-overlap; some of the rank's waits for the queue
+ * return with the call still on the GPU, ordered there), and with 4 GPUs
+ * dp 2 x tp 2 in bf16 and tp 2 x pp 2 in fp32; each within 1e-4 (bf16:
+ * 2e-2) of the CPU's. The
  * last two again with MESH_NCCL_BLOCKING=1 (the host waits for the GPU
  * before and after each NCCL call), within the same tolerance, and with
  * at least 10 times more waits for the GPU in a step than with the calls
@@ -941,6 +949,10 @@ TEST_IMPL(parallel_cuda_ranks_over_nccl)
         int overlapped = eq_overlapped;
         long long waits = eq_waits;
         if (v == 0) {
+            /* the queue's calls ordered on the GPU: the rank's waits for them return as they are enqueued */
+            fprintf(stderr, "# %s x %s: %lld of rank 0's %lld waits for its queue returned before the call was done\n",
+                    meshes[v][2], meshes[v][3], eq_ahead, eq_joins);
+            if (eq_ahead == 0) unit_fail(__FILE__, __LINE__, "every wait for the queue found its call done");
             mesh__set_exec_flags(MESH__EXEC_NO_OVERLAP);
             eq_losses(tiny_src, meshes[v], 6, serial);
             mesh__set_exec_flags(0);
@@ -1152,7 +1164,7 @@ TEST_IMPL(parallel_failing_rank_stops_the_job)
     mesh_plan *mp = NULL;
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run r = {mp, {0}, 2, 3, 0, 0, 0, NULL, 0, 0};
+    eq_run r = {mp, {0}, 2, 3, 0, 0, 0, NULL, 0, 0, 0, 0};
     ASSERT_INT_EQ(mesh_run_ranks(mp, eq_rank, &r), MESH_ERR_IO);
     ASSERT_NOT_NULL(strstr(mesh_last_error(), "rank 2: "));
     ASSERT_INT_EQ(r.loss[2], 0); /* rank 0 never finished step 3 */
@@ -1170,7 +1182,7 @@ TEST_IMPL(parallel_failing_rank_stops_the_job)
     ASSERT_INT_EQ(mesh_compile("tiny.mesh", tiny_src, strlen(tiny_src), &opt, &text, &len), MESH_OK);
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run q = {mp, {0}, 3, 3, 0, 0, 0, NULL, 0, 0};
+    eq_run q = {mp, {0}, 3, 3, 0, 0, 0, NULL, 0, 0, 0, 0};
     time_t t0 = time(NULL);
     ASSERT_INT_EQ(mesh_run_ranks(mp, eq_rank, &q), MESH_ERR_IO);
     ASSERT_NOT_NULL(strstr(mesh_last_error(), "rank 3: "));

@@ -71,16 +71,16 @@ if [ -x "$B/unit_tests_emu" ]; then
     NCCL_TESTS=(comm_nccl_available_says_why comm_nccl_one_rank_calls comm_nccl_world_over_threads
         comm_nccl_failure_aborts_the_world comm_nccl_world_times_out_without_its_ranks
         comm_nccl_queue_on_its_own_world comm_nccl_ranks_over_threads comm_nccl_failed_rank_stops_the_others
-        comm_nccl_ordered_calls_follow_the_stream)
+        comm_nccl_ordered_calls_follow_the_stream comm_nccl_queue_ordered_on_the_gpu)
     run "the NCCL communicator on 4 GPUs" env MESH_EMU_GPUS=4 "$B/unit_tests_emu" "${NCCL_TESTS[@]}"
     skipped
     # again, every world meeting through a node's files, as processes' do
     # (nccl_node.cpp); the last rank out of each removes its folder
-    # (under TSan, but for the three that wait for timeouts: 13 s)
+    # (under TSan, but for those that wait for timeouts)
     # (a folder not there before: the worlds make it, which shows they used it)
     NODE=$(mktemp -d)/node
     [ "${EMU_TSAN:-0}" = 1 ] && NCCL_TESTS=(comm_nccl_one_rank_calls comm_nccl_world_over_threads
-        comm_nccl_queue_on_its_own_world comm_nccl_ranks_over_threads)
+        comm_nccl_queue_on_its_own_world comm_nccl_ranks_over_threads comm_nccl_queue_ordered_on_the_gpu)
     run "the NCCL communicator on 4 GPUs, through EMU_NCCL_NODE's files" \
         env MESH_EMU_GPUS=4 EMU_NCCL_NODE="$NODE" "$B/unit_tests_emu" "${NCCL_TESTS[@]}"
     skipped
