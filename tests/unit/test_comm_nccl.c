@@ -327,11 +327,54 @@ TEST_IMPL(comm_nccl_failure_aborts_the_world)
     cudaFree(a);
 }
 
+/* A deferred communication queue's hooks, as the executor's
+ * (exec_overlap.c): a mark on the legacy stream as a call is queued, which
+ * the queue's stream waits for; a done event after each call, which the
+ * legacy stream waits for at the end of the wait for its ticket. */
+enum { Q_CALLS = 32, Q_SLOTS = 8 };
+typedef struct q_events {
+    cudaEvent_t mark[Q_SLOTS], done[Q_SLOTS];
+} q_events;
+
+static int q_mark(void *ud, long t, char *err, size_t n)
+{
+    q_events *e = ud;
+    cudaError_t ce = cudaEventRecord(e->mark[t % Q_SLOTS], NULL);
+    if (ce != cudaSuccess) snprintf(err, n, "cudaEventRecord: %s", cudaGetErrorString(ce));
+    return ce == cudaSuccess ? 0 : -1;
+}
+
+static int q_wait(void *ud, long t, comm *c, char *err, size_t n)
+{
+    q_events *e = ud;
+    if (comm_nccl_wait_event(c, e->mark[t % Q_SLOTS]) == 0) return 0;
+    snprintf(err, n, "%s", c->error);
+    return -1;
+}
+
+static int q_ran(void *ud, long t, comm *c, char *err, size_t n)
+{
+    q_events *e = ud;
+    if (comm_nccl_record_event(c, e->done[t % Q_SLOTS]) == 0) return 0;
+    snprintf(err, n, "%s", c->error);
+    return -1;
+}
+
+static int q_joined(void *ud, long t, char *err, size_t n)
+{
+    q_events *e = ud;
+    cudaError_t ce = cudaStreamWaitEvent(NULL, e->done[t % Q_SLOTS], 0);
+    if (ce != cudaSuccess) snprintf(err, n, "cudaStreamWaitEvent: %s", cudaGetErrorString(ce));
+    return ce == cudaSuccess ? 0 : -1;
+}
+
 /* A queue's communicator (comm_nccl_own_thread): a split with a world of
  * its own, which another thread uses while the rank's world has a group
  * open (in one shared world, that thread's call would join the group and
  * return before its sum ran); its comm_abort, from the rank's thread,
- * is done by the thread using it at its next call. Over comm_async too. */
+ * is done by the thread using it at its next call. Over comm_async too,
+ * and a deferred comm_async (comm_async_hooks.deferred) ordered on the
+ * legacy stream. */
 typedef struct own_job {
     comm *s;
     float *a;
@@ -392,6 +435,41 @@ TEST_IMPL(comm_nccl_queue_on_its_own_world)
     ASSERT_INT_EQ(comm_async_wait_all(q), 0);
     ASSERT_INT_EQ(dev_equals(g, h, N), 1);
     comm_async_free(q);
+    /* a deferred queue: each gather's input written on the legacy stream
+     * just before it is queued, its output read there after the wait (so
+     * a GPU with one rank runs the executor's ordering of its queue) */
+    q_events e;
+    memset(&e, 0, sizeof e);
+    for (int i = 0; i < Q_SLOTS; i++) {
+        ASSERT_INT_EQ(cudaEventCreateWithFlags(&e.mark[i], cudaEventDisableTiming), cudaSuccess);
+        ASSERT_INT_EQ(cudaEventCreateWithFlags(&e.done[i], cudaEventDisableTiming), cudaSuccess);
+    }
+    comm_async_hooks hooks = {q_mark, q_wait, q_ran, q_joined, &e, Q_SLOTS, 1};
+    CALL_OK(c, comm_async_new(c, &hooks, &q));
+    static float got[N];
+    size_t busy_n = (size_t)1 << 24; /* 64 MB set before each write: the stream is still busy as the call queues */
+    float *busy = NULL;
+    ASSERT_INT_EQ(cudaMalloc((void **)&busy, busy_n * sizeof *busy), cudaSuccess);
+    for (int k = 0; k < 12; k++) {
+        fill(h, N, (float)k);
+        ASSERT_INT_EQ(cudaMemsetAsync(busy, k, busy_n * sizeof *busy, NULL), cudaSuccess);
+        ASSERT_INT_EQ(cudaMemsetAsync(j.a, 0xff, N * sizeof *j.a, NULL), cudaSuccess);
+        ASSERT_INT_EQ(cudaMemcpyAsync(j.a, h, N * sizeof *j.a, cudaMemcpyHostToDevice, NULL), cudaSuccess);
+        long tick = comm_async_all_gather(q, j.a, g, N);
+        ASSERT_INT_EQ(tick, k + 1);
+        ASSERT_INT_EQ(comm_async_wait(q, tick), 0);
+        ASSERT_INT_EQ(cudaMemcpyAsync(got, g, N * sizeof *g, cudaMemcpyDeviceToHost, NULL), cudaSuccess);
+        ASSERT_INT_EQ(cudaMemsetAsync(g, 0, N * sizeof *g, NULL), cudaSuccess); /* (after the read, on the stream) */
+        ASSERT_INT_EQ(cudaStreamSynchronize(NULL), cudaSuccess);
+        ASSERT_INT_EQ(memcmp(got, h, sizeof got), 0);
+    }
+    ASSERT_INT_EQ(comm_async_wait_all(q), 0);
+    comm_async_free(q);
+    for (int i = 0; i < Q_SLOTS; i++) {
+        cudaEventDestroy(e.mark[i]);
+        cudaEventDestroy(e.done[i]);
+    }
+    cudaFree(busy);
     cudaFree(g);
     cudaFree(b);
     cudaFree(j.a);
@@ -735,47 +813,6 @@ out:
     if (boot) comm_free(boot);
     cudaFree(a);
     return NULL;
-}
-
-/* A deferred communication queue's hooks, as the executor's
- * (exec_overlap.c): a mark on the legacy stream as a call is queued, which
- * the queue's stream waits for; a done event after each call, which the
- * legacy stream waits for at the end of the wait for its ticket. */
-enum { Q_CALLS = 32, Q_SLOTS = 8 };
-typedef struct q_events {
-    cudaEvent_t mark[Q_SLOTS], done[Q_SLOTS];
-} q_events;
-
-static int q_mark(void *ud, long t, char *err, size_t n)
-{
-    q_events *e = ud;
-    cudaError_t ce = cudaEventRecord(e->mark[t % Q_SLOTS], NULL);
-    if (ce != cudaSuccess) snprintf(err, n, "cudaEventRecord: %s", cudaGetErrorString(ce));
-    return ce == cudaSuccess ? 0 : -1;
-}
-
-static int q_wait(void *ud, long t, comm *c, char *err, size_t n)
-{
-    q_events *e = ud;
-    if (comm_nccl_wait_event(c, e->mark[t % Q_SLOTS]) == 0) return 0;
-    snprintf(err, n, "%s", c->error);
-    return -1;
-}
-
-static int q_ran(void *ud, long t, comm *c, char *err, size_t n)
-{
-    q_events *e = ud;
-    if (comm_nccl_record_event(c, e->done[t % Q_SLOTS]) == 0) return 0;
-    snprintf(err, n, "%s", c->error);
-    return -1;
-}
-
-static int q_joined(void *ud, long t, char *err, size_t n)
-{
-    q_events *e = ud;
-    cudaError_t ce = cudaStreamWaitEvent(NULL, e->done[t % Q_SLOTS], 0);
-    if (ce != cudaSuccess) snprintf(err, n, "cudaStreamWaitEvent: %s", cudaGetErrorString(ce));
-    return ce == cudaSuccess ? 0 : -1;
 }
 
 /* A deferred queue over a world of ranks. Q_CALLS all-reduces, each of a
