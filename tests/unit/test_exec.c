@@ -420,6 +420,7 @@ TEST_IMPL(exec_cpu16_is_the_cpu_bf16_run)
 /* ---- several ranks ---------------------------------------------------- */
 
 enum { EQ_STEPS = 20, EQ_MAX_GLOBAL = 12 };
+static int eq_steps = EQ_STEPS; /* the steps eq_losses trains (parallel_cuda_nccl_under_tsan: fewer) */
 
 /* A run of a plan on its ranks: each reads its slice of every global
  * batch; rank 0 records the losses. fail_rank fails at step fail_step. */
@@ -450,7 +451,7 @@ static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
     mesh_plan_get_info(r->plan, sizeof pi, &pi);
     int mixed = strcmp(pi.precision, "fp32") != 0; /* the CPU keeps 2-byte values in 4 bytes */
     if (seq != 8 || global > EQ_MAX_GLOBAL || (allocated != planned && !mixed)) return MESH_ERR_INTERNAL;
-    for (int step = 1; step <= EQ_STEPS; step++) {
+    for (int step = 1; step <= eq_steps; step++) {
         if (rank == r->fail_rank && step == r->fail_step) {
             mesh_context_step(ctx, NULL);
             return MESH_ERR_IO; /* as a failed checkpoint write would */
@@ -864,7 +865,7 @@ TEST_IMPL(exec_fused_bias_gelu_same_bits)
  * the bit. */
 static void expect_gpu_losses(int v, const double *cpu, const double *gpu, const double *serial, double tol)
 {
-    for (int k = 0; k < EQ_STEPS; k++) {
+    for (int k = 0; k < eq_steps; k++) {
         if (!(fabs(gpu[k] - cpu[k]) <= tol * fabs(cpu[k])))
             unit_fail(__FILE__, __LINE__, "mesh %d, step %d: %.9f on the GPU, %.9f on the CPU", v, k + 1, gpu[k],
                       cpu[k]);
@@ -911,6 +912,20 @@ TEST_IMPL(parallel_cuda_ranks_share_a_gpu)
     }
 }
 
+/* The GPUs ranks over NCCL can have here (and *was, the process's
+ * device), or 0 with a SKIP line when fewer than 2. */
+static int nccl_gpus(mesh_device_kind *was)
+{
+    char why[320] = "";
+    int gpus = dev_cuda_count();
+    if (!dev_cuda_probe(why, sizeof why, NULL, 0) || gpus < 2) {
+        printf("SKIP parallel nccl: %s\n", gpus < 2 && !why[0] ? "fewer than 2 GPUs" : why);
+        return 0;
+    }
+    ASSERT_INT_EQ(mesh_device_info(was, NULL), MESH_OK);
+    return gpus;
+}
+
 /* Several ranks as threads, a GPU each (the process's device CUDA): their
  * device collectives and pipeline transfers go over NCCL (api.c:
  * join_gpus), the ZeRO-3 reduce-scatters and prefetched gathers on the
@@ -925,14 +940,9 @@ TEST_IMPL(parallel_cuda_ranks_share_a_gpu)
  * ordered on the compute stream. With fewer GPUs than 2: one SKIP line. */
 TEST_IMPL(parallel_cuda_ranks_over_nccl)
 {
-    char why[320] = "";
-    int gpus = dev_cuda_count();
-    if (!dev_cuda_probe(why, sizeof why, NULL, 0) || gpus < 2) {
-        printf("SKIP parallel nccl: %s\n", gpus < 2 && !why[0] ? "fewer than 2 GPUs" : why);
-        return;
-    }
     mesh_device_kind was = MESH_DEVICE_CPU;
-    ASSERT_INT_EQ(mesh_device_info(&was, NULL), MESH_OK);
+    int gpus = nccl_gpus(&was);
+    if (gpus < 2) return;
     static const char *const meshes[][6] = {
         {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=2", "train.zero=3", "mesh.pp=1", "mesh.tp=1"},
         {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=2", "mesh.tp=2", "train.zero=1",
@@ -971,6 +981,41 @@ TEST_IMPL(parallel_cuda_ranks_over_nccl)
         if (v == 0 && overlapped == 0) unit_fail(__FILE__, __LINE__, "dp 2 with ZeRO-3 over NCCL overlapped nothing");
         expect_gpu_losses(v, cpu, gpu, v == 0 ? serial : NULL, tol);
     }
+}
+
+/* parallel_cuda_ranks_over_nccl's first and second meshes, 2 steps each,
+ * for ThreadSanitizer (gpu-emu-tsan; the whole test takes too long
+ * there): dp 2 with ZeRO-3 (the communication queue ordered on the GPU,
+ * its calls from its own thread: the same losses as --no-overlap) and,
+ * with 4 GPUs, dp 2 x tp 2 in bf16 (the rank's calls ordered on the
+ * compute stream: within 2e-2 of the CPU). */
+TEST_IMPL(parallel_cuda_nccl_under_tsan)
+{
+    mesh_device_kind was = MESH_DEVICE_CPU;
+    int gpus = nccl_gpus(&was);
+    if (gpus < 2) return;
+    static const char *const zero3[] = {"train.micro_batch=1", "train.global_batch=2", "mesh.dp=2", "train.zero=3"};
+    static const char *const dptp[] = {"train.micro_batch=1", "train.global_batch=2", "mesh.dp=2", "mesh.tp=2",
+                                       "train.zero=1", "train.precision=bf16"};
+    double ref[EQ_STEPS], got[EQ_STEPS];
+    eq_steps = 2;
+    ASSERT_INT_EQ(mesh_set_device(MESH_DEVICE_CUDA), MESH_OK);
+    eq_losses(tiny_src, zero3, 4, got);
+    if (eq_overlapped == 0 || eq_ahead == 0)
+        unit_fail(__FILE__, __LINE__, "dp 2 ZeRO-3: %d calls overlapped, %lld waits ahead of the GPU", eq_overlapped,
+                  eq_ahead);
+    mesh__set_exec_flags(MESH__EXEC_NO_OVERLAP);
+    eq_losses(tiny_src, zero3, 4, ref);
+    mesh__set_exec_flags(0);
+    expect_gpu_losses(0, ref, got, ref, 0);
+    if (gpus >= 4) {
+        eq_losses(tiny_src, dptp, 6, got);
+        ASSERT_INT_EQ(mesh_set_device(MESH_DEVICE_CPU), MESH_OK);
+        eq_losses(tiny_src, dptp, 6, ref);
+        expect_gpu_losses(1, ref, got, NULL, 2e-2);
+    }
+    ASSERT_INT_EQ(mesh_set_device(was), MESH_OK);
+    eq_steps = EQ_STEPS;
 }
 
 /* Several ranks with their arenas on the guarded device: every collective,

@@ -59,13 +59,17 @@ skipped() {
     fi
 }
 if [ -x "$B/unit_tests_emu" ]; then
-    if [ "${EMU_TSAN:-0}" != 1 ]; then # (under TSan: NCCL's tests alone; the executor's take too long)
+    if [ "${EMU_TSAN:-0}" != 1 ]; then
         run "the executor on the GPU" env OPENBLAS_NUM_THREADS=1 "$B/unit_tests_emu" \
             device_cuda_probe_says_why device_cuda_round_trips exec_cuda_trains_as_the_cpu \
             parallel_cuda_ranks_share_a_gpu
         skipped
         run "the executor on 4 GPUs, over NCCL" env OPENBLAS_NUM_THREADS=1 MESH_EMU_GPUS=4 "$B/unit_tests_emu" \
             parallel_cuda_ranks_over_nccl
+        skipped
+    else # (under TSan the whole executor tests take too long: 2 steps of two meshes, about a minute)
+        run "the executor on 4 GPUs, over NCCL, 2 steps" env OPENBLAS_NUM_THREADS=1 MESH_EMU_GPUS=4 \
+            "$B/unit_tests_emu" parallel_cuda_nccl_under_tsan
         skipped
     fi
     NCCL_TESTS=(comm_nccl_available_says_why comm_nccl_one_rank_calls comm_nccl_world_over_threads
