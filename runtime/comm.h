@@ -328,14 +328,17 @@ int comm_nccl_flush(comm *c);
  * the host once it has waited for the stream. A barrier still waits on
  * the host. Errors, a failed rank of the host world and the timeout are
  * then noticed by the next call, or by comm_nccl_watch while the host
- * waits for the stream. Not for a queue's own world. Returns 0, or -1
+ * waits for the stream. So are an all-to-all's counts that disagree: they
+ * are checked once back, not waited for, and then abort the world naming
+ * them (unordered, the call fails on every rank, the world intact). Not for a queue's own world. Returns 0, or -1
  * when c is not an NCCL handle (c->error says why if it is one). */
 int comm_nccl_order(comm *c, void *stream);
 
 /* For the host's waits on an ordered world's stream (device.h's
  * dev_set_watch, ud: a handle of the world): 0 while its work goes on or
- * is done; -1 with why (n bytes) when an NCCL or CUDA error came, the
- * world it was bootstrapped over failed, it was aborted, or its work has
+ * is done; -1 with why (n bytes) when an NCCL or CUDA error came, an
+ * all-to-all's counts disagree, the world it was bootstrapped over
+ * failed, it was aborted, or its work has
  * kept the host waiting longer than the world's timeout (waited_s; the
  * message names the last call): every NCCL communicator of the world is
  * then aborted, which ends its work on the GPU. Not for another thread's

@@ -29,9 +29,15 @@
  * caller's stream poll comm_nccl_watch (device.h's dev_set_watch), which
  * aborts the world on an NCCL or CUDA error, a failed rank of the host
  * world, or a wait longer than the timeout with NCCL work in flight
- * (naming its last call); the abort ends that work on the GPU. A barrier,
- * and the all-to-all's exchange of counts (the host needs them), are still
- * waited for.
+ * (naming its last call); the abort ends that work on the GPU. A barrier
+ * is still waited for. An all-to-all's counts go to the peers on the
+ * handle's stream ahead of the data, and come back to the host
+ * asynchronously; the world's next call, or a watched wait (which looks
+ * once more when the stream is done), checks them: counts that disagree
+ * then fail the all-to-all after the fact, naming them, and abort the
+ * world (its transfers may wait for bytes that never come). Unordered, the
+ * counts are checked before the data moves, and a mismatch fails every
+ * rank's call with the world intact.
  *
  * A world bootstrapped over a threads world (comm_nccl_world_mpi: ranks as
  * threads of one process, a GPU each) or a TCP one (one rank per process,
@@ -123,6 +129,16 @@ typedef struct nslot { /* a staged send; kept (with its buffer) for reuse once i
 
 typedef struct nworld nworld;
 
+/* Ordered world: an all-to-all's counts, exchanged on the handle's stream
+ * and checked once they are back (check_counts), not waited for. */
+enum { A2A_CHECKS = 8 }; /* all-to-alls whose counts a handle may have on their way back at once */
+typedef struct a2a_check {
+    uint64_t *host;   /* pinned: [p] this rank's send counts, then [p] each peer's to it (copied back) */
+    size_t *want;     /* [p] the counts the caller expects from each peer */
+    cudaEvent_t back; /* recorded after the copy back */
+    int pending;      /* sent, not yet checked */
+} a2a_check;
+
 typedef struct ncomm {
     comm c;
     nworld *w;
@@ -139,6 +155,8 @@ typedef struct ncomm {
     uint64_t *host;     /* pinned host mirror of dev */
     int half;           /* its float elements (COMM_F32, COMM_BF16, COMM_F16: comm_nccl_set_elements),
                            inherited by splits */
+    a2a_check chk[A2A_CHECKS]; /* ordered world: all-to-all counts to check, a ring */
+    int chk_next;
 } ncomm;
 
 struct nworld {
@@ -308,6 +326,32 @@ static void mark(ncomm *x, const char *op)
     x->last = op;
 }
 
+/* Ordered world: checks the all-to-all counts of the world's handles that
+ * are back (what each peer sends against what the caller expected); a
+ * mismatch fails the all-to-all after the fact and aborts the world (its
+ * transfers may wait for bytes that never come). 0, or -1 (recorded in m). */
+static int check_counts(ncomm *m)
+{
+    for (ncomm *x = m->w->comms; x; x = x->next)
+        for (int i = 0; i < A2A_CHECKS; i++) {
+            a2a_check *k = &x->chk[i];
+            if (!k->pending) continue;
+            cudaError_t ce = cudaEventQuery(k->back);
+            if (ce == cudaErrorNotReady) continue;
+            if (ce != cudaSuccess) return cuda_fail(m, "all-to-all", "cudaEventQuery", ce);
+            k->pending = 0;
+            int p = x->c.size;
+            for (int q = 0; q < p; q++) {
+                if (k->host[p + q] == k->want[q]) continue;
+                char why[200];
+                snprintf(why, sizeof why, "rank %d expected %zu floats from rank %d, which sends %llu", x->c.rank,
+                         k->want[q], q, (unsigned long long)k->host[p + q]);
+                return fail_abort(m, "all-to-all", why);
+            }
+        }
+    return 0;
+}
+
 /* One look at the world's touched handles: 1 while one is busy (NCCL
  * still enqueueing; with streams, also its stream still working), else 0
  * (a handle whose stream is done is no longer touched); -1 when one failed
@@ -348,6 +392,7 @@ static int wait_for(ncomm *m, const char *op, int streams)
     for (int polls = 0;; pause_poll(&polls)) {
         if (take_abort(w)) return asked_abort(m, op);
         if (host_down(w, polls, why, sizeof why)) return host_failed(m, op, why);
+        if (w->ordered && check_counts(m) != 0) return -1;
         int busy = look(m, op, streams);
         if (busy <= 0) return busy;
         if (comm_now() > until) return timed_out(m, op);
@@ -397,20 +442,23 @@ static int settle(ncomm *m, const char *op)
     return 0;
 }
 
-/* Waits for m's stream alone (a staging copy: no NCCL work on it). */
-static int drain(ncomm *m, const char *op)
+/* Waits for event ev, or (ev NULL) for m's stream alone (a staging copy:
+ * no NCCL work on it), with a wait's checks. */
+static int wait_gpu(ncomm *m, const char *op, cudaEvent_t ev)
 {
     double until = comm_now() + m->w->timeout;
     char why[200];
     for (int polls = 0;; pause_poll(&polls)) {
         if (take_abort(m->w)) return asked_abort(m, op);
         if (host_down(m->w, polls, why, sizeof why)) return host_failed(m, op, why);
-        cudaError_t ce = cudaStreamQuery(m->stream);
+        cudaError_t ce = ev ? cudaEventQuery(ev) : cudaStreamQuery(m->stream);
         if (ce == cudaSuccess) return 0;
-        if (ce != cudaErrorNotReady) return cuda_fail(m, op, "cudaStreamQuery", ce);
+        if (ce != cudaErrorNotReady) return cuda_fail(m, op, ev ? "cudaEventQuery" : "cudaStreamQuery", ce);
         if (comm_now() > until) return timed_out(m, op);
     }
 }
+
+static int drain(ncomm *m, const char *op) { return wait_gpu(m, op, NULL); }
 
 /* Polls a communicator being made (init, split) until it is ready, or
  * not: *st is its state; 0, or -1 past the deadline, or -2 when the world
@@ -507,12 +555,13 @@ static int flush_sends(ncomm *m, const char *op)
     return close_group(m, op, "ncclSend", rc, bad);
 }
 
-/* The start of every call: -1 if the world was aborted; outside a group,
- * the deferred sends go first; in an ordered world, m's stream waits for
- * the caller's. */
+/* The start of every call: -1 if the world was aborted (or, ordered, an
+ * all-to-all's counts that are back disagree); outside a group, the
+ * deferred sends go first; in an ordered world, m's stream waits for the
+ * caller's. */
 static int begin(ncomm *m, const char *op)
 {
-    if (dead(m, op) != 0) return -1;
+    if (dead(m, op) != 0 || (m->w->ordered && check_counts(m) != 0)) return -1;
     if (!m->w->group && flush_sends(m, op) != 0) return -1;
     return after_caller(m, op);
 }
@@ -580,6 +629,21 @@ static int copy_in_turn(ncomm *m, const char *op, void *dst, const void *src, si
     return join_caller(m, m, op);
 }
 
+/* In an NCCL group the caller opened: the counts on m's device buffer
+ * ([p] this rank's, then [p] received from each peer) go to and come from
+ * every peer; the first failure. */
+static ncclResult_t counts_exchange(ncomm *m)
+{
+    int p = m->c.size;
+    ncclResult_t rc = ncclSuccess;
+    for (int q = 0; q < p && !failed(rc); q++) {
+        rc = ncclSend(m->dev + q, 1, ncclUint64, q, m->nc, m->stream);
+        if (!failed(rc)) rc = ncclRecv(m->dev + p + q, 1, ncclUint64, q, m->nc, m->stream);
+    }
+    mark(m, "all-to-all");
+    return rc;
+}
+
 /* Every rank learns what each peer sends it; -1 on every rank when one
  * expected other counts (the lowest such rank says which): the threads and
  * MPI backends' check, on the device. */
@@ -593,11 +657,7 @@ static int a2a_counts(ncomm *m, const size_t *send, const size_t *recv)
     if (copy_wait(m, op, m->dev, mine, (size_t)p * sizeof *mine, cudaMemcpyHostToDevice) != 0) return -1;
     ncclResult_t rc = ncclGroupStart();
     if (rc != ncclSuccess) return nccl_fail(m->nc, m, op, "ncclGroupStart", rc);
-    for (int q = 0; q < p && !failed(rc); q++) {
-        rc = ncclSend(m->dev + q, 1, ncclUint64, q, m->nc, m->stream);
-        if (!failed(rc)) rc = ncclRecv(m->dev + p + q, 1, ncclUint64, q, m->nc, m->stream);
-    }
-    mark(m, op);
+    rc = counts_exchange(m);
     if (close_group(m, op, "ncclSend/ncclRecv of the counts", rc, m) != 0 ||
         copy_wait(m, op, theirs, m->dev + p, (size_t)p * sizeof *theirs, cudaMemcpyDeviceToHost) != 0)
         return -1;
@@ -619,6 +679,51 @@ static int a2a_counts(ncomm *m, const size_t *send, const size_t *recv)
     return 0;
 }
 
+/* A check's buffers (a2a_check), made at its first use; 0, or -1 (not
+ * aborting: nothing is enqueued yet). */
+static int check_alloc(ncomm *m, a2a_check *k)
+{
+    size_t p = (size_t)m->c.size;
+    cudaError_t ce = cudaMallocHost((void **)&k->host, 2 * p * sizeof *k->host);
+    if (ce != cudaSuccess) k->host = NULL;
+    else if ((ce = cudaEventCreateWithFlags(&k->back, cudaEventDisableTiming)) != cudaSuccess) k->back = NULL;
+    else if ((k->want = malloc(p * sizeof *k->want)) != NULL) return 0;
+    if (k->back) (void)cudaEventDestroy(k->back);
+    if (k->host) (void)cudaFreeHost(k->host);
+    k->host = NULL;
+    k->back = NULL;
+    return comm_fail(&m->c, "all-to-all", "the counts' check: %s",
+                     ce != cudaSuccess ? cudaGetErrorString(ce) : "out of memory");
+}
+
+/* Ordered world: the counts go to the peers and theirs come back on m's
+ * stream, ahead of the data, and are checked once back (check_counts, at
+ * the world's next call or wait): the host waits for neither. */
+static int a2a_counts_later(ncomm *m, const size_t *send, const size_t *recv)
+{
+    const char *op = "all-to-all";
+    int p = m->c.size;
+    a2a_check *k = &m->chk[m->chk_next];
+    if (k->pending && (wait_gpu(m, op, k->back) != 0 || check_counts(m) != 0)) return -1; /* the ring is full */
+    if (!k->host && check_alloc(m, k) != 0) return -1;
+    for (int q = 0; q < p; q++) k->host[q] = send[q], k->want[q] = recv[q];
+    cudaError_t ce = cudaMemcpyAsync(m->dev, k->host, (size_t)p * sizeof *k->host, cudaMemcpyHostToDevice, m->stream);
+    if (ce != cudaSuccess) return cuda_fail(m, op, "cudaMemcpyAsync", ce);
+    ncclResult_t rc = ncclGroupStart();
+    if (rc != ncclSuccess) return nccl_fail(m->nc, m, op, "ncclGroupStart", rc);
+    rc = counts_exchange(m);
+    ncclResult_t end = group_end();
+    if (failed(rc)) return nccl_fail(m->nc, m, op, "ncclSend/ncclRecv of the counts", rc);
+    if (failed(end)) return nccl_fail(m->nc, m, op, "ncclGroupEnd", end);
+    if (wait_for(m, op, 0) != 0) return -1; /* enqueued: the copy back follows it on the stream */
+    ce = cudaMemcpyAsync(k->host + p, m->dev + p, (size_t)p * sizeof *k->host, cudaMemcpyDeviceToHost, m->stream);
+    if (ce == cudaSuccess) ce = cudaEventRecord(k->back, m->stream);
+    if (ce != cudaSuccess) return cuda_fail(m, op, "cudaMemcpyAsync", ce);
+    k->pending = 1;
+    m->chk_next = (m->chk_next + 1) % A2A_CHECKS;
+    return 0;
+}
+
 /* send[q] floats of in (peers' parts in rank order) to q, recv[q] from q
  * into out: a group of ncclSend/ncclRecv, after the counts are checked
  * (outside a group). */
@@ -632,7 +737,9 @@ static int n_all_to_all(comm *c, const float *in, const size_t *send, float *out
         nr += recv[q];
     }
     if (on_device(m, op, in, ns) != 0 || on_device(m, op, out, nr) != 0 || begin(m, op) != 0) return -1;
-    if (!m->w->group && a2a_counts(m, send, recv) != 0) return -1; /* (on m's stream after the caller's work: begin) */
+    /* (on m's stream after the caller's work: begin) */
+    if (!m->w->group && (m->w->ordered ? a2a_counts_later(m, send, recv) : a2a_counts(m, send, recv)) != 0)
+        return -1;
     ncclResult_t rc = ncclGroupStart();
     if (rc != ncclSuccess) return nccl_fail(m->nc, m, op, "ncclGroupStart", rc);
     size_t at = 0, rat = 0;
@@ -920,6 +1027,8 @@ static void n_free(comm *c)
             m->nc = NULL;
         }
     }
+    /* (its work done: the last all-to-all counts are back) */
+    if (w->ordered && !w->aborted && check_counts(m) != 0) fprintf(stderr, "mesh: %s\n", c->error);
     for (ncomm **at = &w->comms; *at; at = &(*at)->next)
         if (*at == m) {
             *at = m->next;
@@ -928,6 +1037,11 @@ static void n_free(comm *c)
     for (int i = 0; i < m->slots; i++)
         if (m->slot[i].data) (void)cudaFreeAsync(m->slot[i].data, m->stream);
     (void)cudaStreamSynchronize(m->stream);
+    for (int i = 0; i < A2A_CHECKS; i++) {
+        if (m->chk[i].host) (void)cudaFreeHost(m->chk[i].host);
+        if (m->chk[i].back) (void)cudaEventDestroy(m->chk[i].back);
+        free(m->chk[i].want);
+    }
     free(m->slot);
     (void)cudaFree(m->dev);
     (void)cudaFreeHost(m->host);
@@ -1224,6 +1338,10 @@ int comm_nccl_watch(void *ud, double waited_s, char *why, size_t n)
     ncomm *m = (ncomm *)c;
     nworld *w = m->w;
     const char *op = NULL; /* the last call of a handle with work in flight: what the wait may wait for */
+    if (w->ordered && !w->aborted && check_counts(m) != 0) { /* (counts that disagree: the transfers may hang) */
+        snprintf(why, n, "%s", c->error);
+        return -1;
+    }
     for (ncomm *x = w->comms; x && !op; x = x->next)
         if (x->touched) op = x->last ? x->last : "a call";
     if (!op) return 0; /* no NCCL work in flight: the stream's kernels end by themselves */

@@ -173,7 +173,9 @@ void dev_set_watch(dev *d, dev_watch_fn watch, void *ud)
 
 /* Waits for the work before e's record, polling (spinning briefly, then
  * sleeping 20 us at a time); with timeout_s > 0 at most that long, and
- * when watched, asking d's watch every 64th sleep. */
+ * when watched, asking d's watch every 64th sleep, and once more when the
+ * work is done (a failure that did not stop it, an NCCL error or an
+ * all-to-all's counts that disagree, still fails the wait). */
 static mesh_status poll_event(dev *d, dev_event *e, double timeout_s, int watched)
 {
     double start = comm_now(), until = timeout_s > 0 ? start + timeout_s : 0;
@@ -181,7 +183,10 @@ static mesh_status poll_event(dev *d, dev_event *e, double timeout_s, int watche
     for (int polls = 0;; polls++) {
         int done = 0;
         mesh_status st = dev_event_query(d, e, &done);
-        if (st != MESH_OK || done) return st;
+        if (st != MESH_OK) return st;
+        if (done && watched && d->watch(d->watch_ud, comm_now() - start, why, sizeof why) != 0)
+            return dev_fail(d, MESH_ERR_RANK, "%s", why);
+        if (done) return MESH_OK;
         if (polls < 200) continue;
         struct timespec ts = {0, 20000};
         nanosleep(&ts, NULL);

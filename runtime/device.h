@@ -150,8 +150,9 @@ void dev_stream_destroy(dev *d, dev_stream *s); /* NULL does nothing */
 mesh_status dev_stream_sync(dev *d, dev_stream *s);
 /* A check made while the host waits in dev_stream_sync or dev_event_sync
  * on a device with events (a GPU): about every millisecond of the wait,
- * watch(ud, seconds waited so far, why, n) returns 0 to go on waiting, or
- * -1 with why to end the wait with MESH_ERR_RANK and that message. For
+ * and once when the work is done, watch(ud, seconds waited so far, why,
+ * n) returns 0 to go on waiting (or end the wait), or -1 with why to end
+ * it with MESH_ERR_RANK and that message. For
  * work the host cannot bound itself: NCCL's, ordered on the stream
  * (comm_nccl_order's comm_nccl_watch), which waits for other ranks that
  * may have failed. NULL: a plain wait. */

@@ -150,8 +150,9 @@ static comm *one_rank_world(double timeout_s)
     } while (0)
 
 /* Every call on a world of one rank (sums over one rank are the values;
- * comm_all_reduce skips a group of one, so the table is called). */
-static void every_call(comm *c)
+ * comm_all_reduce skips a group of one, so the table is called). Ordered,
+ * all-to-all's counts that disagree are left to ordered_all_to_all. */
+static void every_call(comm *c, int ordered)
 {
     static float h[N], h2[N];
     fill(h, N, 1.0f);
@@ -182,8 +183,10 @@ static void every_call(comm *c)
     CALL_OK(c, comm_all_to_all(c, a, &send, b, &recv));
     memcpy(h2, h, A2A * sizeof *h);
     ASSERT_INT_EQ(dev_equals(b, h2, N), 1);
-    ASSERT_INT_EQ(comm_all_to_all(c, a, &send, b, &wrong), -1);
-    ASSERT_NOT_NULL(strstr(c->error, "rank 0 expected 36 floats from rank 0, which sends 37"));
+    if (!ordered) {
+        ASSERT_INT_EQ(comm_all_to_all(c, a, &send, b, &wrong), -1);
+        ASSERT_NOT_NULL(strstr(c->error, "rank 0 expected 36 floats from rank 0, which sends 37"));
+    }
     /* broadcast of bytes */
     CALL_OK(c, comm_broadcast(c, a, 10 * sizeof *a, 0));
     ASSERT_INT_EQ(dev_equals(a, h, N), 1);
@@ -241,6 +244,38 @@ static void every_call(comm *c)
     cudaFree(r2);
 }
 
+/* An ordered world's all-to-all: it returns while the stream's work
+ * before it still runs (its counts are checked once back, not waited
+ * for: 512 MB set on the stream first); with counts that disagree the
+ * call may return before they are back, and then the watched wait for
+ * the stream fails, naming them, and the world is aborted. */
+static void ordered_all_to_all(comm *c, dev *d)
+{
+    static float h[N], h2[N];
+    fill(h, N, 1.0f);
+    fill(h2, N, 4.0f);
+    float *a = dev_from(h, N), *b = dev_from(h2, N);
+    size_t send = A2A, wrong = A2A - 1, big = (size_t)1 << 29;
+    void *x = NULL;
+    ASSERT_INT_EQ(cudaMalloc(&x, big), cudaSuccess);
+    ASSERT_INT_EQ(cudaMemsetAsync(x, 1, big, NULL), cudaSuccess);
+    CALL_OK(c, comm_all_to_all(c, a, &send, b, &send));
+    ASSERT_INT_EQ(cudaStreamQuery(NULL), cudaErrorNotReady);
+    ASSERT_INT_EQ(dev_stream_sync(d, NULL), MESH_OK);
+    memcpy(h2, h, A2A * sizeof *h);
+    ASSERT_INT_EQ(dev_equals(b, h2, N), 1);
+    cudaFree(x);
+    const char *why = "";
+    if (comm_all_to_all(c, a, &send, b, &wrong) != 0) why = c->error;
+    else if (dev_stream_sync(d, NULL) == MESH_ERR_RANK) why = dev_last_error(d);
+    if (!strstr(why, "rank 0 expected 36 floats from rank 0, which sends 37"))
+        unit_fail(__FILE__, __LINE__, "all-to-all counts that disagree: '%s'", why);
+    ASSERT_INT_EQ(comm_barrier(c), -1); /* aborted */
+    ASSERT_NOT_NULL(strstr(c->error, "aborted"));
+    cudaFree(a);
+    cudaFree(b);
+}
+
 /* Every call, and again with the world ordered on the legacy stream (the
  * checks' copies are on it; the GPU's waits through a device watching the
  * world), which a GPU machine of one GPU runs for real. */
@@ -248,7 +283,7 @@ TEST_IMPL(comm_nccl_one_rank_calls)
 {
     if (!comm_nccl_available(NULL, 0)) return; /* comm_nccl_available_says_why said SKIP */
     comm *c = one_rank_world(60);
-    every_call(c);
+    every_call(c, 0);
     comm_free(c);
     c = one_rank_world(60);
     CALL_OK(c, comm_nccl_order(c, NULL));
@@ -256,8 +291,9 @@ TEST_IMPL(comm_nccl_one_rank_calls)
     char err[200];
     ASSERT_INT_EQ(dev_open(MESH_DEVICE_CUDA, 0, &d, err, sizeof err), MESH_OK);
     dev_set_watch(d, comm_nccl_watch, c);
-    every_call(c);
+    every_call(c, 1);
     ASSERT_INT_EQ(dev_stream_sync(d, NULL), MESH_OK);
+    ordered_all_to_all(c, d);
     dev_set_watch(d, NULL, NULL);
     dev_close(d);
     comm_free(c);
@@ -657,11 +693,12 @@ static void *rank_calls(void *arg)
             for (size_t k = 0; k < recv[q]; k++) want[at++] = (float)(q * 100 + r * 10 + (int)k);
         RCHECK(j, dev_get(got, b, at) == 0, "copy");
         RCHECK(j, (bad = differs(got, want, at)) < 0, "all-to-all: [%ld] = %g, not %g", bad, got[bad], want[bad]);
-        /* rank 0 expects one float too many from rank 1: every rank fails, the world goes on */
+        /* rank 0 expects one float too many from rank 1: every rank fails, the world goes on
+         * (ordered, the counts are checked after the fact: rank_counts_ordered) */
         if (r == 0) recv[1]++;
-        RCHECK(j, comm_all_to_all(c, a, send, b, recv) == -1, "all-to-all with wrong counts passed");
-        RCHECK(j, strstr(c->error, r == 0 ? "rank 0 expected 3 floats from rank 1, which sends 2"
-                                          : "rank 0 expected other counts"),
+        RCHECK(j, j->ordered || comm_all_to_all(c, a, send, b, recv) == -1, "all-to-all with wrong counts passed");
+        RCHECK(j, j->ordered || strstr(c->error, r == 0 ? "rank 0 expected 3 floats from rank 1, which sends 2"
+                                                        : "rank 0 expected other counts"),
                "all-to-all with wrong counts: %s", c->error);
     }
 
@@ -773,6 +810,16 @@ out:
     return NULL;
 }
 
+/* The end of an ordered world's rank: its watched device, world and
+ * threads handle (each may be NULL) go. */
+static void ordered_rank_end(dev *d, comm *c, comm *boot)
+{
+    if (d) dev_set_watch(d, NULL, NULL);
+    dev_close(d);
+    if (c) comm_free(c);
+    if (boot) comm_free(boot);
+}
+
 /* An ordered world's rank that fails while the others' host waits for
  * their stream, on which an all-reduce waits for it: their watched wait
  * (dev_set_watch, comm_nccl_watch) ends, at once when it aborted the
@@ -807,10 +854,7 @@ static void *rank_fails_ordered(void *arg)
     RCHECK(j, comm_all_reduce(c, a, M) == -1 && strstr(c->error, "aborted"), "a call after the abort: %s", c->error);
     RCHECK(j, dev_stream_sync(d, NULL) == MESH_OK, "the stream after the abort: %s", dev_last_error(d)); /* ended */
 out:
-    if (d) dev_set_watch(d, NULL, NULL);
-    dev_close(d);
-    if (c) comm_free(c);
-    if (boot) comm_free(boot);
+    ordered_rank_end(d, c, boot);
     cudaFree(a);
     return NULL;
 }
@@ -889,6 +933,46 @@ out:
     return NULL;
 }
 
+/* An ordered world's all-to-all whose counts disagree (rank 0 expects one
+ * float too many from rank 1): rank 0's call, or its watched wait for the
+ * stream after it, fails naming them (the counts are checked once back)
+ * and aborts its world; it then stops the threads world, as a failing
+ * rank of meshrun does, and every other rank's next wait or call fails. */
+static void *rank_counts_ordered(void *arg)
+{
+    rank_job *j = arg;
+    char err[320] = "";
+    comm *boot = comm_threads_rank(j->tw, j->rank), *c = NULL;
+    dev *d = NULL;
+    float *a = cudaSetDevice(j->rank) == cudaSuccess ? gpu_alloc(4 * RANKS_MAX) : NULL, *b = gpu_alloc(4 * RANKS_MAX);
+    size_t send[RANKS_MAX], recv[RANKS_MAX];
+    RCHECK(j, boot && a && b, "comm_threads_rank, cudaSetDevice or cudaMalloc");
+    c = comm_nccl_world_mpi(boot, j->rank, j->timeout_s, err, sizeof err);
+    RCHECK(j, c, "comm_nccl_world_mpi: %s", err);
+    RCHECK(j, dev_open(MESH_DEVICE_CUDA, j->rank, &d, err, sizeof err) == MESH_OK, "dev_open: %s", err);
+    RCALL(j, c, comm_nccl_order(c, NULL));
+    dev_set_watch(d, comm_nccl_watch, c);
+    for (int q = 0; q < j->size; q++) send[q] = recv[q] = 2;
+    if (j->rank == 0) {
+        recv[1]++;
+        const char *why = "";
+        if (comm_all_to_all(c, a, send, b, recv) != 0) why = c->error;
+        else if (dev_stream_sync(d, NULL) == MESH_ERR_RANK) why = dev_last_error(d);
+        RCHECK(j, strstr(why, "rank 0 expected 3 floats from rank 1, which sends 2"), "rank 0: '%s'", why);
+        comm_abort(boot, "its all-to-all's counts disagree");
+        goto out;
+    }
+    int st = comm_all_to_all(c, a, send, b, recv);
+    if (st == 0) st = dev_stream_sync(d, NULL) != MESH_OK; /* (rank 1's transfer from rank 0 may fail in NCCL) */
+    if (st == 0) st = comm_barrier(c);                     /* with rank 0: it stopped the threads world */
+    RCHECK(j, st != 0, "rank %d went on after rank 0's counts disagreed", j->rank);
+out:
+    ordered_rank_end(d, c, boot);
+    cudaFree(a);
+    cudaFree(b);
+    return NULL;
+}
+
 /* size ranks, each a thread running fn on its own GPU (with ordered set,
  * in ordered worlds); the sum of their jobs' pending counts. */
 static int run_ranks_ordered(int size, double timeout_s, int abort_host, int ordered, void *(*fn)(void *))
@@ -964,6 +1048,7 @@ TEST_IMPL(comm_nccl_ordered_calls_follow_the_stream)
     if (pending == 0) unit_fail(__FILE__, __LINE__, "every ordered all-reduce was done as it returned");
     run_ranks_ordered(n, 2, 0, 1, rank_fails_ordered);
     run_ranks_ordered(n, 60, 1, 1, rank_fails_ordered);
+    run_ranks_ordered(n, 60, 0, 1, rank_counts_ordered);
 }
 
 /* A communication queue ordered on the GPU (comm_async_hooks.deferred):
