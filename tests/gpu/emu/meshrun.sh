@@ -197,6 +197,15 @@ if command -v mpirun >/dev/null 2>&1; then
 else
     echo "ok - # SKIP mpirun: no mpirun (make deps installs Open MPI)"
 fi
+# the small Mixtral on ep 2: its all-to-alls over NCCL between processes,
+# ordered on the stream, their counts checked once back
+"$B/meshc" "${small[@]}" --set model.ffn_dim=128 --set model.experts=4 --set mesh.ep=2 --set train.micro_batch=4 \
+    examples/moe.mesh -o "$T/moeep2.plan" >/dev/null 2>&1 && PLAN=moeep2 run "$T/moeep2-cpu.log" --device cpu --steps 2
+check "meshc compiles the small Mixtral on ep 2, and the CPU trains it 2 steps" $?
+procs moeep2procs 2 2 moeep2 --steps 2 || shown moeep2procs 2
+check "2 processes, a GPU each, train it 2 steps, the all-to-alls over NCCL" $?
+same "$T/moeep2procs.0.log" "$T/moeep2-cpu.log" 1e-3 3
+check "their 3 losses and validation losses are the CPU's within 1e-3" $?
 procs tp2pp2procs 4 4 tp2pp2 --steps 2 || shown tp2pp2procs 4
 check "4 processes, a GPU each, train tp 2 x pp 2 in bf16 2 steps over NCCL" $?
 same "$T/tp2pp2procs.0.log" "$T/cpu2.log" 2e-2 3
