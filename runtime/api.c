@@ -106,6 +106,17 @@ int mesh__plan_vocab(const plan *p)
     return vocab;
 }
 
+mesh_status mesh__check_ids(const plan *p, const int *ids, size_t n, const char *who, const char *what)
+{
+    int vocab = mesh__plan_vocab(p);
+    if (vocab <= 0) return MESH_OK;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab)
+            return mesh__fail(MESH_ERR_INVALID_ARG, "%s: %s[%zu] = %d is not a token of the model's vocabulary "
+                              "(0 to %d)", who, what, i, ids[i], vocab - 1);
+    return MESH_OK;
+}
+
 mesh_status mesh_plan_get_info(const mesh_plan *mp, size_t size, mesh_plan_info *info)
 {
     static const char *const schedules[] = {"constant", "cosine", "linear"};
@@ -296,6 +307,12 @@ mesh_status mesh_train_step(mesh_context *ctx, const int *inputs, const int *tar
                             mesh_step_stats *stats)
 {
     if (!ctx || !inputs || !targets) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_train_step: NULL argument");
+    int mb = 0, m = 0, seq = 0;
+    mesh_plan_batch(ctx->plan, &mb, &m, &seq, NULL);
+    size_t n = (size_t)mb * (size_t)m * (size_t)seq;
+    mesh_status bad = mesh__check_ids(&ctx->plan->p, inputs, n, "mesh_train_step", "inputs");
+    if (bad == MESH_OK) bad = mesh__check_ids(&ctx->plan->p, targets, n, "mesh_train_step", "targets");
+    if (bad != MESH_OK) return bad; /* (before any collective: the launcher stops the other ranks) */
     mesh__step_stats st = {0};
     int rc = mesh__exec_train_step(ctx->ex, ctx->step + 1, inputs, targets, &st);
     ctx->step++; /* a skipped step counts too: the schedule and the data move on */
@@ -338,6 +355,10 @@ mesh_status mesh_forward(mesh_context *ctx, const int *inputs, const int *target
 {
     if (!ctx || !inputs || !targets) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_forward: NULL argument");
     if (logits && ctx->plan->p.setup.tp > 1) return split_logits("mesh_forward");
+    size_t bt = mesh__exec_batch_tokens(ctx->ex);
+    mesh_status bad = mesh__check_ids(&ctx->plan->p, inputs, bt, "mesh_forward", "inputs");
+    if (bad == MESH_OK) bad = mesh__check_ids(&ctx->plan->p, targets, bt, "mesh_forward", "targets");
+    if (bad != MESH_OK) return bad;
     double l = mesh__exec_loss(ctx->ex, inputs, targets);
     if (loss) *loss = l;
     if (!logits) return MESH_OK;
@@ -456,6 +477,8 @@ static mesh_status next_row(mesh_context *ctx, const int *ids, size_t n, const c
 {
     if (!ctx || !ids || n == 0) return mesh__fail(MESH_ERR_INVALID_ARG, "%s: NULL argument or no ids", who);
     if (ctx->plan->p.setup.tp > 1) return split_logits(who);
+    mesh_status bad = mesh__check_ids(&ctx->plan->p, ids, n, who, "ids");
+    if (bad != MESH_OK) return bad;
     size_t bt = mesh__exec_batch_tokens(ctx->ex);
     int32_t *in = malloc(bt * sizeof *in), *tg = malloc(bt * sizeof *tg);
     int vp = 0;

@@ -68,4 +68,10 @@ void mesh__share_threads(int ranks);
  * table's rows (padded) and the loss's classes (without the padding). */
 int mesh__plan_vocab(const plan *p);
 
+/* MESH_OK if each of ids[n] is a token of p's vocabulary (0 to
+ * mesh__plan_vocab - 1), else MESH_ERR_INVALID_ARG naming the first that
+ * is not (who: the call; what: "inputs", "targets"): no kernel, on the
+ * CPU or a GPU, reads an embedding row or a logit past the table. */
+mesh_status mesh__check_ids(const plan *p, const int *ids, size_t n, const char *who, const char *what);
+
 #endif

@@ -1283,6 +1283,27 @@ TEST_IMPL(api_context_errors_are_clear)
     mesh_step_stats st;
     ASSERT_INT_EQ(mesh_train_step(ctx, in, tg, &st), MESH_OK);
     ASSERT_INT_EQ(st.step, 1);
+    /* ids outside the vocabulary (16) are refused, naming the first, before
+     * any kernel reads past a table (and the step does not count) */
+    in[17] = 16;
+    ASSERT_INT_EQ(mesh_train_step(ctx, in, tg, &st), MESH_ERR_INVALID_ARG);
+    ASSERT_NOT_NULL(strstr(mesh_last_error(), "mesh_train_step: inputs[17] = 16 is not a token of the model's "
+                                              "vocabulary (0 to 15)"));
+    in[17] = 0;
+    tg[31] = -1;
+    ASSERT_INT_EQ(mesh_train_step(ctx, in, tg, &st), MESH_ERR_INVALID_ARG);
+    ASSERT_NOT_NULL(strstr(mesh_last_error(), "targets[31] = -1"));
+    ASSERT_INT_EQ(mesh_forward(ctx, in, tg, &loss, NULL, 0), MESH_OK); /* (a micro-batch: 16 ids) */
+    tg[3] = 99;
+    ASSERT_INT_EQ(mesh_forward(ctx, in, tg, &loss, NULL, 0), MESH_ERR_INVALID_ARG);
+    ASSERT_NOT_NULL(strstr(mesh_last_error(), "mesh_forward: targets[3] = 99"));
+    tg[3] = tg[31] = 0;
+    int ids[3] = {1, 2, 16};
+    ASSERT_INT_EQ(mesh_next_logits(ctx, ids, 3, logits, 16), MESH_ERR_INVALID_ARG);
+    ASSERT_NOT_NULL(strstr(mesh_last_error(), "mesh_next_logits: ids[2] = 16"));
+    long long steps = 0;
+    ASSERT_INT_EQ(mesh_context_step(ctx, &steps), MESH_OK);
+    ASSERT_INT_EQ(steps, 1);
     mesh_context_free(ctx);
     mesh_plan_free(mp);
     /* a plan of two ranks is refused, saying why */
