@@ -218,9 +218,12 @@ typedef struct mesh_step_stats {
                          computed (mesh_set_overlap): gradient sums during backward, ZeRO-2/3's
                          reduce-scatters, ZeRO-3's gathers of the next layer, ZeRO-1/2's gathers
                          after AdamW (which run into the next step); 0 without data parallelism */
-    double overlap_ms; /* the time those collectives ran on the communication thread */
+    double overlap_ms; /* the time those collectives ran on the communication thread (on a
+                          GPU: the time it had them in flight) */
     double wait_ms;   /* the time this rank waited for them: overlap_ms - wait_ms was hidden
-                         behind its compute */
+                         behind its compute. On a GPU whose NCCL calls are ordered on the
+                         stream (the default), the host's wait until they are enqueued; the
+                         GPU's own waits for them are not measured */
 } mesh_step_stats;
 
 /* One training step: micro_batches x micro_batch x seq_len input ids and
@@ -460,9 +463,9 @@ typedef enum mesh_device_kind {
  *     but the CUDA executor is not verified on a GPU yet: running on the
  *     CPU (--device cuda trains on the GPU)".
  *   - MESH_DEVICE_CPU: the CPU.
- *   - MESH_DEVICE_CUDA: GPU 0, "the GPU was asked for: running on NAME";
- *     a context of a plan the GPU executor does not run yet (several
- *     ranks, fp16, moe) is refused with MESH_ERR_UNSUPPORTED. With
+ *   - MESH_DEVICE_CUDA: GPU 0 (several ranks: a GPU each), "the GPU was
+ *     asked for: running on NAME"; it runs every plan the CPU runs (a
+ *     plan neither runs yet is refused with MESH_ERR_UNSUPPORTED). With
  *     no usable GPU MESH_ERR_UNSUPPORTED, with the message "--device
  *     cuda: no GPU (REASON)" (REASON: "no CUDA driver (...)", "this
  *     libmesh was built without CUDA (make CUDA=1)", ...).
