@@ -111,7 +111,8 @@ int comm_async_wait_all(comm_async *a);
 long comm_async_last(const comm_async *a);
 
 /* Calls issued that have not finished running (0 after wait_all), and,
- * deferred, one more while work enqueued is not known to be done. */
+ * deferred, one more while work enqueued is not known to be done (so
+ * possibly 1 after wait_all). */
 long comm_async_pending(const comm_async *a);
 
 /* Stops the world (comm_abort on the queue's communicator): a rank that

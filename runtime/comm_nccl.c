@@ -131,7 +131,8 @@ typedef struct nworld nworld;
 
 /* Ordered world: an all-to-all's counts, exchanged on the handle's stream
  * and checked once they are back (check_counts), not waited for. */
-enum { A2A_CHECKS = 8 }; /* all-to-alls whose counts a handle may have on their way back at once */
+enum { A2A_CHECKS = 32 }; /* all-to-alls whose counts a handle may have on their way back at once (the
+                             host waits for the oldest past that: moe runs 4 a layer a micro-batch) */
 typedef struct a2a_check {
     uint64_t *host;   /* pinned: [p] this rank's send counts, then [p] each peer's to it (copied back) */
     size_t *want;     /* [p] the counts the caller expects from each peer */
