@@ -133,7 +133,7 @@ typedef struct nworld nworld;
  * and checked once they are back (check_counts), not waited for. */
 enum { A2A_CHECKS = 32 }; /* all-to-alls whose counts a handle may have on their way back at once (the
                              host waits for the oldest past that: moe runs 4 a layer a micro-batch) */
-typedef struct a2a_check {
+typedef struct a2a_check { /* (made all at once, at the handle's first ordered all-to-all: check_alloc) */
     uint64_t *host;   /* pinned: [p] this rank's send counts, then [p] each peer's to it (copied back) */
     size_t *want;     /* [p] the counts the caller expects from each peer */
     cudaEvent_t back; /* recorded after the copy back */
@@ -680,20 +680,30 @@ static int a2a_counts(ncomm *m, const size_t *send, const size_t *recv)
     return 0;
 }
 
-/* A check's buffers (a2a_check), made at its first use; 0, or -1 (not
- * aborting: nothing is enqueued yet). */
-static int check_alloc(ncomm *m, a2a_check *k)
+/* The handle's checks (a2a_check), all made at its first ordered
+ * all-to-all (a pinned allocation can take a while; not in every call):
+ * one pinned block, one block of expected counts, an event each. 0, or -1
+ * (not aborting: nothing is enqueued yet). */
+static int check_alloc(ncomm *m)
 {
     size_t p = (size_t)m->c.size;
-    cudaError_t ce = cudaMallocHost((void **)&k->host, 2 * p * sizeof *k->host);
-    if (ce != cudaSuccess) k->host = NULL;
-    else if ((ce = cudaEventCreateWithFlags(&k->back, cudaEventDisableTiming)) != cudaSuccess) k->back = NULL;
-    else if ((k->want = malloc(p * sizeof *k->want)) != NULL) return 0;
-    if (k->back) (void)cudaEventDestroy(k->back);
-    if (k->host) (void)cudaFreeHost(k->host);
-    k->host = NULL;
-    k->back = NULL;
-    return comm_fail(&m->c, "all-to-all", "the counts' check: %s",
+    uint64_t *host = NULL;
+    size_t *want = malloc(A2A_CHECKS * p * sizeof *want);
+    cudaError_t ce = want ? cudaMallocHost((void **)&host, A2A_CHECKS * 2 * p * sizeof *host) : cudaSuccess;
+    for (int i = 0; want && ce == cudaSuccess && i < A2A_CHECKS; i++) {
+        ce = cudaEventCreateWithFlags(&m->chk[i].back, cudaEventDisableTiming);
+        if (ce != cudaSuccess) m->chk[i].back = NULL;
+        m->chk[i].host = host + (size_t)i * 2 * p;
+        m->chk[i].want = want + (size_t)i * p;
+    }
+    if (want && ce == cudaSuccess) return 0;
+    for (int i = 0; i < A2A_CHECKS; i++) {
+        if (m->chk[i].back) (void)cudaEventDestroy(m->chk[i].back);
+        memset(&m->chk[i], 0, sizeof m->chk[i]);
+    }
+    if (host) (void)cudaFreeHost(host);
+    free(want);
+    return comm_fail(&m->c, "all-to-all", "the counts' checks: %s",
                      ce != cudaSuccess ? cudaGetErrorString(ce) : "out of memory");
 }
 
@@ -706,7 +716,7 @@ static int a2a_counts_later(ncomm *m, const size_t *send, const size_t *recv)
     int p = m->c.size;
     a2a_check *k = &m->chk[m->chk_next];
     if (k->pending && (wait_gpu(m, op, k->back) != 0 || check_counts(m) != 0)) return -1; /* the ring is full */
-    if (!k->host && check_alloc(m, k) != 0) return -1;
+    if (!k->host && check_alloc(m) != 0) return -1;
     for (int q = 0; q < p; q++) k->host[q] = send[q], k->want[q] = recv[q];
     cudaError_t ce = cudaMemcpyAsync(m->dev, k->host, (size_t)p * sizeof *k->host, cudaMemcpyHostToDevice, m->stream);
     if (ce != cudaSuccess) return cuda_fail(m, op, "cudaMemcpyAsync", ce);
@@ -1038,11 +1048,10 @@ static void n_free(comm *c)
     for (int i = 0; i < m->slots; i++)
         if (m->slot[i].data) (void)cudaFreeAsync(m->slot[i].data, m->stream);
     (void)cudaStreamSynchronize(m->stream);
-    for (int i = 0; i < A2A_CHECKS; i++) {
-        if (m->chk[i].host) (void)cudaFreeHost(m->chk[i].host);
+    if (m->chk[0].host) (void)cudaFreeHost(m->chk[0].host); /* (check_alloc's blocks) */
+    free(m->chk[0].want);
+    for (int i = 0; i < A2A_CHECKS; i++)
         if (m->chk[i].back) (void)cudaEventDestroy(m->chk[i].back);
-        free(m->chk[i].want);
-    }
     free(m->slot);
     (void)cudaFree(m->dev);
     (void)cudaFreeHost(m->host);

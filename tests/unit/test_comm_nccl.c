@@ -246,7 +246,7 @@ static void every_call(comm *c, int ordered)
 
 /* An ordered world's all-to-all: it returns while the stream's work
  * before it still runs (its counts are checked once back, not waited
- * for: 512 MB set on the stream first); with counts that disagree the
+ * for: 2 GB set on the stream first); with counts that disagree the
  * call may return before they are back, and then the watched wait for
  * the stream fails, naming them, and the world is aborted. */
 static void ordered_all_to_all(comm *c, dev *d)
@@ -258,7 +258,10 @@ static void ordered_all_to_all(comm *c, dev *d)
     size_t send = A2A, wrong = A2A - 1, big = (size_t)1 << 29;
     void *x = NULL;
     ASSERT_INT_EQ(cudaMalloc(&x, big), cudaSuccess);
-    ASSERT_INT_EQ(cudaMemsetAsync(x, 1, big, NULL), cudaSuccess);
+    CALL_OK(c, comm_all_to_all(c, a, &send, b, &send)); /* (the first makes the handle's checks) */
+    ASSERT_INT_EQ(dev_stream_sync(d, NULL), MESH_OK);
+    for (int k = 0; k < 4; k++) /* 2 GB set: about 0.6 ms on an H200, far longer than the call's host side */
+        ASSERT_INT_EQ(cudaMemsetAsync(x, k, big, NULL), cudaSuccess);
     CALL_OK(c, comm_all_to_all(c, a, &send, b, &send));
     ASSERT_INT_EQ(cudaStreamQuery(NULL), cudaErrorNotReady);
     ASSERT_INT_EQ(dev_stream_sync(d, NULL), MESH_OK);
