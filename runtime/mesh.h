@@ -219,7 +219,8 @@ typedef struct mesh_step_stats {
                          reduce-scatters, ZeRO-3's gathers of the next layer, ZeRO-1/2's gathers
                          after AdamW (which run into the next step); 0 without data parallelism */
     double overlap_ms; /* the time those collectives ran on the communication thread (on a
-                          GPU: the time it had them in flight) */
+                          GPU: the time it had them in flight, their waits for the kernels
+                          before them included) */
     double wait_ms;   /* the time this rank waited for them: overlap_ms - wait_ms was hidden
                          behind its compute. On a GPU whose NCCL calls are ordered on the
                          stream (the default), the host's wait until they are enqueued; the

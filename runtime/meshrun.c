@@ -395,8 +395,9 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
         mesh_device_kind dev = MESH_DEVICE_CPU;
         mesh_device_info(&dev, NULL);
         if (dev == MESH_DEVICE_CUDA) /* (its calls ordered on the GPU: the host waits only for their enqueueing) */
-            printf("meshrun: overlap: rank 0's communication thread had collectives on the GPU %.2f ms a step; the "
-                   "rank's host waited for it %.2f ms (the GPU's own waits for them are not measured)\n", ran, waited);
+            printf("meshrun: overlap: rank 0's communication thread had collectives in flight on the GPU %.2f ms a "
+                   "step (their waits for the kernels before them included); the rank's host waited for them %.2f ms "
+                   "(the GPU's own waits for them are not measured)\n", ran, waited);
         else
             printf("meshrun: overlap: rank 0's communication thread ran %.2f ms a step; the rank waited for it %.2f "
                    "ms (%.0f%% hidden behind compute)\n", ran, waited,
