@@ -939,8 +939,9 @@ static int nccl_gpus(mesh_device_kind *was)
  * last two again with MESH_NCCL_BLOCKING=1 (the host waits for the GPU
  * before and after each NCCL call), within the same tolerance, and with
  * at least 10 times more waits for the GPU in a step than with the calls
- * ordered on the compute stream. Then moe over ep 2 (its all-to-alls
- * ordered too) within 1e-3. With fewer GPUs than 2: one SKIP line. */
+ * ordered on the compute stream. Then moe over ep 2 in bf16 (its
+ * all-to-alls ordered too) within 1e-2. With fewer GPUs than 2: one SKIP
+ * line. */
 TEST_IMPL(parallel_cuda_ranks_over_nccl)
 {
     mesh_device_kind was = MESH_DEVICE_CPU;
@@ -985,17 +986,19 @@ TEST_IMPL(parallel_cuda_ranks_over_nccl)
         if (v == 0 && overlapped == 0) unit_fail(__FILE__, __LINE__, "dp 2 with ZeRO-3 over NCCL overlapped nothing");
         expect_gpu_losses(v, cpu, gpu, v == 0 ? serial : NULL, tol);
     }
-    /* moe over ep 2: its all-to-alls ordered on the stream too (their
-     * counts checked once back); 1e-3, as a token whose two best experts
-     * nearly tie may pick the other */
-    static const char *const moe_ep[] = {"train.micro_batch=1", "train.global_batch=12", "mesh.ep=2", "mesh.dp=1"};
+    /* moe over ep 2 in bf16 (meshrun.sh runs it in fp32): its all-to-alls
+     * of 2-byte rows ordered on the stream too, their counts checked once
+     * back; within 1e-2 (2.4e-3 seen; rows received at the wrong offset:
+     * 3.3e-2 by step 4) */
+    static const char *const moe_ep[] = {"train.micro_batch=1", "train.global_batch=12", "mesh.ep=2", "mesh.dp=1",
+                                         "train.precision=bf16"};
     double cpu[EQ_STEPS], gpu[EQ_STEPS];
     ASSERT_INT_EQ(mesh_set_device(MESH_DEVICE_CPU), MESH_OK);
-    eq_losses(moe_src, moe_ep, 4, cpu);
+    eq_losses(moe_src, moe_ep, 5, cpu);
     ASSERT_INT_EQ(mesh_set_device(MESH_DEVICE_CUDA), MESH_OK);
-    eq_losses(moe_src, moe_ep, 4, gpu);
+    eq_losses(moe_src, moe_ep, 5, gpu);
     ASSERT_INT_EQ(mesh_set_device(was), MESH_OK);
-    expect_gpu_losses(3, cpu, gpu, NULL, 1e-3);
+    expect_gpu_losses(3, cpu, gpu, NULL, 1e-2);
     eq_steps = EQ_STEPS;
 }
 
