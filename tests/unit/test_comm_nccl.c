@@ -268,9 +268,14 @@ static void ordered_all_to_all(comm *c, dev *d)
     memcpy(h2, h, A2A * sizeof *h);
     ASSERT_INT_EQ(dev_equals(b, h2, N), 1);
     /* more all-to-alls in flight than a handle keeps checks for (32): the
-     * 33rd waits for the first's counts */
+     * 33rd waits for the first's counts. Back and forth between a and b,
+     * each destination cleared on the stream just before: every call must
+     * still run in its turn */
     ASSERT_INT_EQ(cudaMemsetAsync(x, 2, big, NULL), cudaSuccess);
-    for (int k = 0; k < 40; k++) CALL_OK(c, comm_all_to_all(c, k % 2 ? b : a, &send, k % 2 ? a : b, &send));
+    for (int k = 0; k < 40; k++) {
+        ASSERT_INT_EQ(cudaMemsetAsync(k % 2 ? a : b, 0, A2A * sizeof *a, NULL), cudaSuccess);
+        CALL_OK(c, comm_all_to_all(c, k % 2 ? b : a, &send, k % 2 ? a : b, &send));
+    }
     ASSERT_INT_EQ(dev_stream_sync(d, NULL), MESH_OK);
     ASSERT_INT_EQ(dev_equals(a, h, N), 1);
     ASSERT_INT_EQ(dev_equals(b, h2, N), 1);
