@@ -368,7 +368,8 @@ static int look(ncomm *m, const char *op, int streams)
             busy = 1;
             continue;
         }
-        if (st != ncclSuccess) return nccl_fail(x->nc, m, op, "ncclCommGetAsyncError", st);
+        if (st != ncclSuccess) /* (ordered: all-to-all counts that disagree, back by now, say why first) */
+            return m->w->ordered && check_counts(m) != 0 ? -1 : nccl_fail(x->nc, m, op, "ncclCommGetAsyncError", st);
         if (!streams) continue;
         cudaError_t ce = cudaStreamQuery(x->stream);
         if (ce == cudaErrorNotReady) {
