@@ -49,6 +49,8 @@
 #                           in docs/language.md, from the actual output
 #                           instead of comparing (review the diff!)
 #   MESH_TEST_TIMEOUT=SECS  limit per command (default: 60)
+#   MESH_TEST_TIMES=1       each result line ends with the seconds since
+#                           the one before (and unit tests with their own)
 #   MESH_UNIT_TIMEOUT=SECS  limit for the unit tests program (default: 400)
 #   MESH_UNIT_SKIP="A B"    unit tests not to run (each must be a test of
 #                           tests/unit/test_list*.h; .ci/run's CUDA build
@@ -80,11 +82,23 @@ passed=0
 failed=0
 updated=0
 
-pass() { echo "PASS $1"; passed=$((passed + 1)); }
+# MESH_TEST_TIMES=1 adds the seconds since the last result to each line
+# (for finding what makes CI slow; no result depends on it).
+last_result=${EPOCHREALTIME/,/.}
+took=
+took() {
+    took=
+    [ "${MESH_TEST_TIMES:-0}" = 1 ] || return 0
+    local now=${EPOCHREALTIME/,/.}
+    took=$(awk -v a="$last_result" -v b="$now" 'BEGIN { printf "  (%.1f s)", b - a }')
+    last_result=$now
+}
+pass() { took; echo "PASS $1$took"; passed=$((passed + 1)); }
 
 # fail NAME [DETAIL_FILE]: the detail is indented and cut to 40 lines.
 fail() {
-    echo "FAIL $1"
+    took
+    echo "FAIL $1$took"
     failed=$((failed + 1))
     if [ $# -ge 2 ] && [ -s "$2" ]; then
         head -n 40 "$2" | sed 's/^/    /'
@@ -156,7 +170,7 @@ unit_section() {
             case " $MESH_UNIT_SKIP " in *" $t "*) ;; *) names+=("$t") ;; esac
         done
     fi
-    timeout "$UNIT_LIMIT" "$B/unit_tests" "${names[@]}" >"$out" 2>&1 </dev/null
+    MESH_UNIT_TIMES=${MESH_TEST_TIMES:-0} timeout "$UNIT_LIMIT" "$B/unit_tests" "${names[@]}" >"$out" 2>&1 </dev/null
     rc=$?
     : >"$detail"
     while IFS= read -r line; do
@@ -165,6 +179,7 @@ unit_section() {
             "ok "*" - "*) name=${line#* - }; n=$((n + 1)); pass "unit/$name"; : >"$detail" ;;
             "not ok "*" - "*) name=${line#* - }; n=$((n + 1)); fail "unit/$name" "$detail"; : >"$detail" ;;
             "# "*" passed, "*" failed") ;;
+            "# $name: "*" s") echo "  ${line#\# }" ;;
             *) printf '%s\n' "$line" >>"$detail" ;;
         esac
     done <"$out"
@@ -1117,7 +1132,8 @@ exit: 0" "$MESHRUN" tokenize --bpe "$dir" examples/data/devils-dictionary.txt -o
     expect tokenize/gpt2-not-utf8 "meshrun: error: $TMP/latin1.txt: the text is not valid UTF-8 at byte 3
 exit: 1" "$MESHRUN" tokenize --bpe "$dir" "$TMP/latin1.txt" -o "$TMP/x.bin"
     # a GPT-2-vocabulary model trains on the BPE shard and samples text
-    "$MESHC" -o "$TMP/bpe.plan" examples/gpt-tiny.mesh --set model.vocab=50257 >/dev/null 2>&1
+    # (a batch of 2: its 50257 logits a token are most of the work)
+    "$MESHC" -o "$TMP/bpe.plan" examples/gpt-tiny.mesh --set model.vocab=50257 --set train.global_batch=2 >/dev/null 2>&1
     "$MESHRUN" "$TMP/bpe.plan" --data "$TMP/dd.bin" --steps 2 --checkpoint "$TMP/bpe-ck" >/dev/null 2>&1
     capture "$TMP/bpe-sample.out" "$MESHRUN" sample "$TMP/bpe.plan" --checkpoint "$TMP/bpe-ck" --bpe "$dir" \
         --prompt "The devil is" --tokens 5 --temperature 0

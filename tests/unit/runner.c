@@ -9,14 +9,18 @@
  * crash, an abort or a sanitizer report fails that test alone; under
  * LeakSanitizer a test that leaks fails too. Exit status: 0 if all passed,
  * 1 if any failed, 2 for an unknown test name.
+ *
+ * MESH_UNIT_TIMES=1 adds a line `# NAME: S s` after each result (wall
+ * time, for finding what makes CI slow; tests never depend on it).
  */
 #include <errno.h>     /* defines: errno, EINTR */
 #include <stdarg.h>    /* defines: va_list */
 #include <stdio.h>     /* defines: printf, fprintf, fflush */
-#include <stdlib.h>    /* defines: exit */
+#include <stdlib.h>    /* defines: exit, getenv */
 #include <string.h>    /* defines: strcmp, strerror */
 #include <sys/types.h> /* defines: pid_t */
 #include <sys/wait.h>  /* defines: waitpid, WIFEXITED, ... */
+#include <time.h>      /* defines: clock_gettime, CLOCK_MONOTONIC */
 #include <unistd.h>    /* defines: fork, _exit */
 
 #include "unit.h" /* defines: test_<name> declarations, unit_fail */
@@ -92,9 +96,18 @@ static int unit_selected(int i, int argc, char **argv)
     return 0;
 }
 
+static double unit_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 int main(int argc, char **argv)
 {
     int planned = 0, n = 0, passed = 0, failed = 0;
+    const char *times = getenv("MESH_UNIT_TIMES");
+    int timed = times && strcmp(times, "1") == 0;
 
     for (int a = 1; a < argc; a++) {
         int known = 0;
@@ -111,6 +124,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < UNIT_NTESTS; i++) {
         if (!unit_selected(i, argc, argv))
             continue;
+        double t0 = unit_now();
         n++;
         if (unit_run(&unit_tests[i])) {
             passed++;
@@ -119,6 +133,8 @@ int main(int argc, char **argv)
             failed++;
             printf("not ok %d - %s\n", n, unit_tests[i].name);
         }
+        if (timed)
+            printf("# %s: %.2f s\n", unit_tests[i].name, unit_now() - t0);
         fflush(stdout);
     }
     printf("# %d passed, %d failed\n", passed, failed);

@@ -420,7 +420,21 @@ TEST_IMPL(exec_cpu16_is_the_cpu_bf16_run)
 /* ---- several ranks ---------------------------------------------------- */
 
 enum { EQ_STEPS = 20, EQ_MAX_GLOBAL = 12 };
-static int eq_steps = EQ_STEPS; /* the steps eq_losses trains (the tests of several emulated GPUs: fewer) */
+/* The steps eq_losses trains: EQ_STEPS unless a test says fewer (the
+ * tests of several emulated GPUs; each test runs in a child process of
+ * its own, so a change lasts for that test alone). */
+static int eq_steps = EQ_STEPS;
+
+/* The steps eq_losses trains now: eq_steps, or MESH_UNIT_STEPS (2 to
+ * EQ_STEPS) if fewer. The sanitizer runs set it (make asan, make tsan):
+ * they look for what each path does wrong to memory or between threads,
+ * which a few steps run as twenty do; make test runs every step. */
+static int eq_n(void)
+{
+    const char *e = getenv("MESH_UNIT_STEPS");
+    int cap = e ? atoi(e) : 0;
+    return cap >= 2 && cap < eq_steps ? cap : eq_steps;
+}
 
 /* A run of a plan on its ranks: each reads its slice of every global
  * batch; rank 0 records the losses. fail_rank fails at step fail_step. */
@@ -451,7 +465,7 @@ static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
     mesh_plan_get_info(r->plan, sizeof pi, &pi);
     int mixed = strcmp(pi.precision, "fp32") != 0; /* the CPU keeps 2-byte values in 4 bytes */
     if (seq != 8 || global > EQ_MAX_GLOBAL || (allocated != planned && !mixed)) return MESH_ERR_INTERNAL;
-    for (int step = 1; step <= eq_steps; step++) {
+    for (int step = 1; step <= eq_n(); step++) {
         if (rank == r->fail_rank && step == r->fail_step) {
             mesh_context_step(ctx, NULL);
             return MESH_ERR_IO; /* as a failed checkpoint write would */
@@ -488,11 +502,12 @@ static long long eq_waits;            /* and its eq_run.waits */
 static long long eq_ahead, eq_joins;  /* and its eq_run.ahead and .joins */
 static double eq_overlap_ms, eq_wait_ms; /* and its times */
 
-/* The losses of eq_steps steps (20 unless a test says) of src with the settings given. */
 /* eq_losses' checkpoint folder (NULL: none), and the loss of the step after it */
 static const char *eq_ckpt;
 static double eq_after;
 
+/* The losses of eq_n() steps of src with the settings given (the rest of
+ * out's EQ_STEPS: 0). */
 static void eq_losses(const char *src, const char *const *sets, int n_sets, double *out)
 {
     char *text = NULL;
@@ -523,7 +538,7 @@ static void eq_losses(const char *src, const char *const *sets, int n_sets, doub
 /* Fails unless got matches ref within 1e-5 relative at every step. */
 static void expect_same_losses(const double *ref, const double *got, const char *what)
 {
-    for (int k = 0; k < EQ_STEPS; k++) {
+    for (int k = 0; k < eq_n(); k++) {
         if (fabs(got[k] - ref[k]) <= 1e-5 * fabs(ref[k])) continue;
         fprintf(stderr, "# %s, step %d: %.9f vs one rank %.9f\n", what, k + 1, got[k], ref[k]);
         unit_fail(__FILE__, __LINE__, "the losses differ from one rank's");
@@ -563,7 +578,7 @@ TEST_IMPL(parallel_dp_losses_equal_one_rank)
             snprintf(what, sizeof what, "model %d, %s %s", s, meshes[v][2], meshes[v][3]);
             expect_same_losses(ref, got, what);
         }
-        ASSERT_INT_LT((long)(ref[EQ_STEPS - 1] * 100), (long)(ref[0] * 100)); /* and it trains */
+        if (eq_n() == EQ_STEPS) ASSERT_INT_LT((long)(ref[EQ_STEPS - 1] * 100), (long)(ref[0] * 100)); /* it trains */
     }
 }
 
@@ -583,7 +598,7 @@ TEST_IMPL(parallel_deterministic_dp_is_bit_identical)
         eq_losses(srcs[s], meshes[0], 3, ref);
         for (int v = 1; v < 3; v++) {
             eq_losses(srcs[s], meshes[v], 3, got);
-            for (int k = 0; k < EQ_STEPS; k++)
+            for (int k = 0; k < eq_n(); k++)
                 if (got[k] != ref[k]) {
                     fprintf(stderr, "# model %d, %s, step %d: %.17g vs one rank %.17g\n", s, meshes[v][2], k + 1,
                             got[k], ref[k]);
@@ -601,7 +616,7 @@ TEST_IMPL(parallel_deterministic_dp_is_bit_identical)
         eq_losses(tiny_src, sets, 4, ref);
         sets[2] = meshes[2][2];
         eq_losses(tiny_src, sets, 4, got);
-        for (int k = 0; k < EQ_STEPS; k++)
+        for (int k = 0; k < eq_n(); k++)
             if (got[k] != ref[k]) {
                 fprintf(stderr, "# %s, dp 4, step %d: %.17g vs one rank %.17g\n", sets[3], k + 1, got[k], ref[k]);
                 mesh_set_deterministic(0);
@@ -773,7 +788,7 @@ TEST_IMPL(parallel_mixed_precision_follows_one_rank)
                                        precisions[q][1], meshes[v][0], meshes[v][1], meshes[v][2], meshes[v][3]};
                 if (s && v == 1) sets[4] = "mesh.ep=2"; /* moe: the experts over 2 ranks */
                 eq_losses(srcs[s], sets, 8, v == 0 ? ref : got);
-                for (int k = 0; v > 0 && k < EQ_STEPS; k++) {
+                for (int k = 0; v > 0 && k < eq_n(); k++) {
                     double d = fabs(got[k] - ref[k]) / fabs(ref[k]);
                     worst = d > worst ? d : worst;
                     if (d <= bound[s][q]) continue;
@@ -784,7 +799,8 @@ TEST_IMPL(parallel_mixed_precision_follows_one_rank)
             }
             fprintf(stderr, "# model %d, %s %s: largest difference from one rank %.2e\n", s, precisions[q][0],
                     precisions[q][1], worst);
-            if (q < 2) ASSERT_INT_LT((long)(ref[EQ_STEPS - 1] * 100), (long)(ref[0] * 100)); /* it trains */
+            if (q < 2 && eq_n() == EQ_STEPS)
+                ASSERT_INT_LT((long)(ref[EQ_STEPS - 1] * 100), (long)(ref[0] * 100)); /* it trains */
         }
 }
 
@@ -844,7 +860,7 @@ TEST_IMPL(exec_fused_bias_gelu_same_bits)
         mesh__set_exec_flags(MESH__EXEC_NO_FUSE);
         eq_losses(tiny_src, msets, 6, apart);
         mesh__set_exec_flags(0);
-        for (int k = 0; k < EQ_STEPS; k++)
+        for (int k = 0; k < eq_n(); k++)
             if (fused[k] != apart[k])
                 unit_fail(__FILE__, __LINE__, "%s %s, step %d: %.17g fused, %.17g apart", meshes[v][0], meshes[v][1],
                           k + 1, fused[k], apart[k]);
@@ -865,7 +881,7 @@ TEST_IMPL(exec_fused_bias_gelu_same_bits)
  * the bit. */
 static void expect_gpu_losses(int v, const double *cpu, const double *gpu, const double *serial, double tol)
 {
-    for (int k = 0; k < eq_steps; k++) {
+    for (int k = 0; k < eq_n(); k++) {
         if (!(fabs(gpu[k] - cpu[k]) <= tol * fabs(cpu[k])))
             unit_fail(__FILE__, __LINE__, "mesh %d, step %d: %.9f on the GPU, %.9f on the CPU", v, k + 1, gpu[k],
                       cpu[k]);
@@ -911,7 +927,6 @@ TEST_IMPL(parallel_cuda_ranks_share_a_gpu)
         if (v == 0 && overlapped == 0) unit_fail(__FILE__, __LINE__, "dp 2 with ZeRO-3 on the GPU overlapped nothing");
         expect_gpu_losses(v, cpu, gpu, v == 0 ? serial : NULL, tol);
     }
-    eq_steps = EQ_STEPS;
 }
 
 /* The GPUs ranks over NCCL can have here (and *was, the process's
@@ -999,23 +1014,20 @@ TEST_IMPL(parallel_cuda_ranks_over_nccl)
     eq_losses(moe_src, moe_ep, 5, gpu);
     ASSERT_INT_EQ(mesh_set_device(was), MESH_OK);
     expect_gpu_losses(3, cpu, gpu, NULL, 1e-2);
-    eq_steps = EQ_STEPS;
 }
 
-/* parallel_cuda_ranks_over_nccl's first and second meshes, 2 steps each,
- * for ThreadSanitizer (gpu-emu-tsan; the whole test takes too long
- * there): dp 2 with ZeRO-3 (the communication queue ordered on the GPU,
- * its calls from its own thread: the same losses as --no-overlap) and,
- * with 4 GPUs, dp 2 x tp 2 in bf16 (the rank's calls ordered on the
- * compute stream: within 2e-2 of the CPU). */
+/* parallel_cuda_ranks_over_nccl's first mesh, 2 steps, for
+ * ThreadSanitizer (gpu-emu-tsan; the whole test takes too long there):
+ * dp 2 with ZeRO-3, the communication queue ordered on the GPU, its calls
+ * from its own thread beside the rank's own calls ordered on the compute
+ * stream: the same losses as --no-overlap. (dp 2 x tp 2 in bf16 was a
+ * second mesh here: 30 s more under TSan for the same threads; CI's time
+ * went to it, and parallel_cuda_ranks_over_nccl runs it.) */
 TEST_IMPL(parallel_cuda_nccl_under_tsan)
 {
     mesh_device_kind was = MESH_DEVICE_CPU;
-    int gpus = nccl_gpus(&was);
-    if (gpus < 2) return;
+    if (nccl_gpus(&was) < 2) return;
     static const char *const zero3[] = {"train.micro_batch=1", "train.global_batch=2", "mesh.dp=2", "train.zero=3"};
-    static const char *const dptp[] = {"train.micro_batch=1", "train.global_batch=2", "mesh.dp=2", "mesh.tp=2",
-                                       "train.zero=1", "train.precision=bf16"};
     double ref[EQ_STEPS], got[EQ_STEPS];
     eq_steps = 2;
     ASSERT_INT_EQ(mesh_set_device(MESH_DEVICE_CUDA), MESH_OK);
@@ -1026,15 +1038,8 @@ TEST_IMPL(parallel_cuda_nccl_under_tsan)
     mesh__set_exec_flags(MESH__EXEC_NO_OVERLAP);
     eq_losses(tiny_src, zero3, 4, ref);
     mesh__set_exec_flags(0);
-    expect_gpu_losses(0, ref, got, ref, 0);
-    if (gpus >= 4) {
-        eq_losses(tiny_src, dptp, 6, got);
-        ASSERT_INT_EQ(mesh_set_device(MESH_DEVICE_CPU), MESH_OK);
-        eq_losses(tiny_src, dptp, 6, ref);
-        expect_gpu_losses(1, ref, got, NULL, 2e-2);
-    }
     ASSERT_INT_EQ(mesh_set_device(was), MESH_OK);
-    eq_steps = EQ_STEPS;
+    expect_gpu_losses(0, ref, got, ref, 0);
 }
 
 /* Several ranks with their arenas on the guarded device: every collective,
@@ -1102,15 +1107,15 @@ TEST_IMPL(parallel_guarded_arenas_match)
         eq_ckpt = NULL;
         mesh__set_exec_flags(0);
         mesh_set_deterministic(0);
-        for (int k = 0; k < EQ_STEPS; k++)
+        for (int k = 0; k < eq_n(); k++)
             if (plain[k] != guarded[k])
                 unit_fail(__FILE__, __LINE__, "%s %s %s %s, step %d: %.17g guarded, %.17g plain", sets[2], sets[3],
                           sets[4], sets[5], k + 1, guarded[k], plain[k]);
         ASSERT_INT_EQ(after[0] == after[1], 1); /* the checkpoint's step, loaded, and one more */
         for (int f = 0; f < 2; f++) { /* the files, byte for byte */
             char a[96], b[96], cmd[256];
-            snprintf(a, sizeof a, "%s/step-%08d/%s", dirs[0], EQ_STEPS, f ? "optim.safetensors" : "model.safetensors");
-            snprintf(b, sizeof b, "%s/step-%08d/%s", dirs[1], EQ_STEPS, f ? "optim.safetensors" : "model.safetensors");
+            snprintf(a, sizeof a, "%s/step-%08d/%s", dirs[0], eq_n(), f ? "optim.safetensors" : "model.safetensors");
+            snprintf(b, sizeof b, "%s/step-%08d/%s", dirs[1], eq_n(), f ? "optim.safetensors" : "model.safetensors");
             snprintf(cmd, sizeof cmd, "cmp -s %s %s", a, b);
             if (system(cmd) != 0) unit_fail(__FILE__, __LINE__, "%s and %s differ", a, b);
         }
@@ -1194,7 +1199,7 @@ TEST_IMPL(parallel_overlap_is_bit_identical)
         if (cases[k].slow && !guard) { /* every queued call late: a read before its wait reads stale data */
             mesh__set_exec_flags(MESH__EXEC_SLOW_QUEUE);
             eq_losses(src, cases[k].sets, cases[k].n, slow);
-            for (int s = 0; s < EQ_STEPS; s++)
+            for (int s = 0; s < eq_n(); s++)
                 if (slow[s] != each[s])
                     unit_fail(__FILE__, __LINE__, "%s %s %s %s, step %d: %.17g with a slow queue, %.17g a call per "
                               "param", cases[k].src_name, cases[k].sets[0], cases[k].sets[1], cases[k].sets[2], s + 1,
@@ -1206,7 +1211,7 @@ TEST_IMPL(parallel_overlap_is_bit_identical)
         if ((eq_overlapped > 0) != cases[k].issues)
             unit_fail(__FILE__, __LINE__, "%s %s %s: %d calls issued during backward", cases[k].src_name,
                       cases[k].sets[0], cases[k].sets[1], eq_overlapped);
-        for (int s = 0; s < EQ_STEPS; s++)
+        for (int s = 0; s < eq_n(); s++)
             if (during[s] != each[s] || after[s] != each[s])
                 unit_fail(__FILE__, __LINE__, "%s %s %s %s%s, step %d: %.17g overlapped, %.17g in buckets after "
                           "backward, %.17g a call per param", cases[k].src_name, cases[k].sets[0], cases[k].sets[1],

@@ -67,8 +67,8 @@ if [ -x "$B/unit_tests_emu" ]; then
         run "the executor on 4 GPUs, over NCCL" env OPENBLAS_NUM_THREADS=1 MESH_EMU_GPUS=4 "$B/unit_tests_emu" \
             parallel_cuda_ranks_over_nccl
         skipped
-    else # (under TSan the whole executor tests take too long: 2 steps of two meshes, about a minute)
-        run "the executor on 4 GPUs, over NCCL, 2 steps" env OPENBLAS_NUM_THREADS=1 MESH_EMU_GPUS=4 \
+    else # (under TSan the whole executor tests take too long: 2 steps of dp 2 ZeRO-3, about 25 s)
+        run "the executor on 2 GPUs, over NCCL, 2 steps" env OPENBLAS_NUM_THREADS=1 MESH_EMU_GPUS=2 \
             "$B/unit_tests_emu" parallel_cuda_nccl_under_tsan
         skipped
     fi
