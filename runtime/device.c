@@ -208,7 +208,7 @@ mesh_status dev_stream_sync(dev *d, dev_stream *s)
     return st == MESH_OK ? poll_event(d, d->watch_ev, 0, 1) : st;
 }
 
-mesh_status dev_event_create(dev *d, dev_event **e)
+static mesh_status event_create(dev *d, dev_event **e, int timed)
 {
     if (!d || !e) return MESH_ERR_INVALID_ARG;
     *e = NULL;
@@ -216,8 +216,12 @@ mesh_status dev_event_create(dev *d, dev_event **e)
         *e = (dev_event *)(void *)&sync_event;
         return MESH_OK;
     }
-    return d->v->event_create(d, e);
+    return d->v->event_create(d, e, timed);
 }
+
+mesh_status dev_event_create(dev *d, dev_event **e) { return event_create(d, e, 0); }
+
+mesh_status dev_event_create_timed(dev *d, dev_event **e) { return event_create(d, e, 1); }
 
 void dev_event_destroy(dev *d, dev_event *e)
 {
@@ -248,6 +252,14 @@ mesh_status dev_event_wait(dev *d, dev_stream *s, dev_event *e)
     if (!d) return MESH_ERR_INVALID_ARG;
     if (!e) return dev_fail(d, MESH_ERR_INVALID_ARG, "event wait: NULL event");
     return d->v->event_wait ? d->v->event_wait(d, s, e) : MESH_OK;
+}
+
+mesh_status dev_event_elapsed(dev *d, dev_event *from, dev_event *to, double *ms)
+{
+    if (!d || !ms) return MESH_ERR_INVALID_ARG;
+    *ms = 0;
+    if (!from || !to) return dev_fail(d, MESH_ERR_INVALID_ARG, "event elapsed time: NULL event");
+    return d->v->event_elapsed ? d->v->event_elapsed(d, from, to, ms) : MESH_OK;
 }
 
 mesh_status dev_event_sync(dev *d, dev_event *e, double timeout_s)

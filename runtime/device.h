@@ -72,7 +72,8 @@ typedef struct dev_vtbl {
     mesh_status (*stream_create)(dev *d, dev_stream **s);
     void (*stream_destroy)(dev *d, dev_stream *s); /* s != NULL */
     mesh_status (*stream_sync)(dev *d, dev_stream *s);
-    mesh_status (*event_create)(dev *d, dev_event **e);
+    /* timed: the event can be timed (event_elapsed), else lighter */
+    mesh_status (*event_create)(dev *d, dev_event **e, int timed);
     void (*event_destroy)(dev *d, dev_event *e); /* e != NULL */
     /* e marks the point reached by the work enqueued on s so far */
     mesh_status (*event_record)(dev *d, dev_event *e, dev_stream *s);
@@ -80,6 +81,9 @@ typedef struct dev_vtbl {
     mesh_status (*event_query)(dev *d, dev_event *e, int *done);
     /* the work enqueued on s from now on waits for e (the host does not) */
     mesh_status (*event_wait)(dev *d, dev_stream *s, dev_event *e);
+    /* *ms: milliseconds from the point `from` marks to the point `to`
+     * marks, both timed events whose work has finished */
+    mesh_status (*event_elapsed)(dev *d, dev_event *from, dev_event *to, double *ms);
     /* the device's free and total memory, in bytes */
     mesh_status (*mem_info)(dev *d, size_t *free_bytes, size_t *total_bytes);
     /* 1 if [p, p + bytes) is this device's memory, which the host cannot
@@ -159,10 +163,19 @@ mesh_status dev_stream_sync(dev *d, dev_stream *s);
 typedef int (*dev_watch_fn)(void *ud, double waited_s, char *why, size_t n);
 void dev_set_watch(dev *d, dev_watch_fn watch, void *ud);
 mesh_status dev_event_create(dev *d, dev_event **e);
+/* An event that dev_event_elapsed can time (on a GPU a little dearer to
+ * record than dev_event_create's). */
+mesh_status dev_event_create_timed(dev *d, dev_event **e);
 void dev_event_destroy(dev *d, dev_event *e); /* NULL does nothing */
 mesh_status dev_event_record(dev *d, dev_event *e, dev_stream *s);
 mesh_status dev_event_query(dev *d, dev_event *e, int *done);
 mesh_status dev_event_wait(dev *d, dev_stream *s, dev_event *e);
+/* *ms: the device's time in milliseconds from the point timed event
+ * `from` marks to the point timed event `to` marks (may be < 0 if `to`
+ * was reached first), once the work before both has finished
+ * (dev_event_query); 0 on a synchronous device, whose events are done as
+ * they are recorded. */
+mesh_status dev_event_elapsed(dev *d, dev_event *from, dev_event *to, double *ms);
 /* The host waits until the work before e's record is done (polling
  * dev_event_query: spinning briefly, then sleeping 20 us at a time), at
  * most timeout_s seconds when it is > 0 (then MESH_ERR_INTERNAL). */

@@ -65,7 +65,7 @@ static mesh_status cpu_mem_info(dev *d, size_t *free_bytes, size_t *total_bytes)
 
 const dev_vtbl dev_cpu_vtbl = {
     "cpu", "posix_memalign", cpu_open, NULL, cpu_alloc, cpu_free, cpu_copy, cpu_memset,
-    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, /* synchronous: streams and events are tokens */
+    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, /* synchronous: streams and events are tokens */
     cpu_mem_info,
     NULL, /* owns: the host's memory */
 };

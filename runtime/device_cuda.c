@@ -219,11 +219,12 @@ static mesh_status cuda_stream_sync(dev *d, dev_stream *s)
     return MESH_OK;
 }
 
-static mesh_status cuda_event_create(dev *d, dev_event **e)
+static mesh_status cuda_event_create(dev *d, dev_event **e, int timed)
 {
     cudaEvent_t ev = NULL;
     USE(d);
-    CUDA_CHECK(d, "cudaEventCreateWithFlags", cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    CUDA_CHECK(d, "cudaEventCreateWithFlags",
+               cudaEventCreateWithFlags(&ev, timed ? cudaEventDefault : cudaEventDisableTiming));
     *e = (dev_event *)ev;
     return MESH_OK;
 }
@@ -260,6 +261,15 @@ static mesh_status cuda_event_wait(dev *d, dev_stream *s, dev_event *e)
     return MESH_OK;
 }
 
+static mesh_status cuda_event_elapsed(dev *d, dev_event *from, dev_event *to, double *ms)
+{
+    float f = 0;
+    USE(d);
+    CUDA_CHECK(d, "cudaEventElapsedTime", cudaEventElapsedTime(&f, event_of(from), event_of(to)));
+    *ms = f;
+    return MESH_OK;
+}
+
 static mesh_status cuda_mem_info(dev *d, size_t *free_bytes, size_t *total_bytes)
 {
     USE(d);
@@ -287,7 +297,7 @@ static int cuda_owns(dev *d, const void *p, size_t bytes)
 const dev_vtbl dev_cuda_vtbl = {
     "cuda", "cudaMalloc", cuda_open, NULL, cuda_alloc, cuda_free, cuda_copy, cuda_memset,
     cuda_stream_create, cuda_stream_destroy, cuda_stream_sync, cuda_event_create, cuda_event_destroy,
-    cuda_event_record, cuda_event_query, cuda_event_wait, cuda_mem_info, cuda_owns,
+    cuda_event_record, cuda_event_query, cuda_event_wait, cuda_event_elapsed, cuda_mem_info, cuda_owns,
 };
 
 #else /* no CUDA in this build: the probe and dev_open say so */
@@ -310,7 +320,7 @@ static mesh_status nocuda_open(dev *d)
 /* dev_open never hands out a handle of this table: only open is called. */
 const dev_vtbl dev_cuda_vtbl = {
     "cuda", "cudaMalloc", nocuda_open, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    NULL, NULL, NULL,
+    NULL, NULL, NULL, NULL,
 };
 
 #endif

@@ -185,6 +185,11 @@ long long mesh__exec_gpu_waits(const mesh__exec *ex);
  * queue's: exec_overlap.c); *waits (if not NULL): its deferred queues'
  * waits in all. */
 long long mesh__exec_queue_ahead(const mesh__exec *ex, long long *waits);
+/* Milliseconds this rank's compute stream has waited on the GPU for its
+ * deferred queues' calls so far, as far as the GPU has got (0 without);
+ * *untimed: the calls and waits not timed (their ring full: the GPU 256
+ * behind the host). */
+double mesh__exec_queue_stall_ms(mesh__exec *ex, long long *untimed);
 int mesh__exec_stage(const mesh__exec *ex);
 
 /* The pipeline group of host buffers (NULL with pp = 1; its rank s is stage s), this

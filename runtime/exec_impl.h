@@ -10,6 +10,7 @@
 #ifndef MESH_EXEC_IMPL_H
 #define MESH_EXEC_IMPL_H
 
+#include <pthread.h> /* pthread_mutex_t */
 #include <stddef.h> /* size_t */
 #include <stdint.h> /* int64_t, uint64_t */
 
@@ -58,7 +59,7 @@ typedef struct ex_lterm {
  * instead, and the compute stream for the call's done event after the
  * rank's wait for its ticket. Slot ticket % EX_MARKS
  * (comm_async_hooks.marks). */
-enum { EX_MARKS = 64 };
+enum { EX_MARKS = 64, EX_TIMES = 256 };
 typedef struct ex_marks {
     struct mesh__exec *ex;
     dev *dev; /* the queue's thread's handle on the executor's device */
@@ -68,6 +69,24 @@ typedef struct ex_marks {
     int deferred;   /* the queue's NCCL calls ordered on the GPU (comm_async_hooks.deferred): with ex->ordered */
     long long joins, ahead; /* deferred: the rank's waits, and those that returned with the call still
                                running on the GPU */
+    /* Deferred, the GPU's own times, from timed events, in rings of
+     * EX_TIMES: each call's on the queue's stream, from start (recorded
+     * once the stream's wait for the mark is over) to end; and each of the
+     * compute stream's waits for a call (joined), from pre to post. A
+     * slot's times are added in (harvested) once the GPU has finished
+     * them; a call or a wait that finds its ring full (the GPU EX_TIMES
+     * behind the host) goes untimed rather than wait. */
+    dev_event *start[EX_TIMES], *end[EX_TIMES];
+    dev_event *pre[EX_TIMES], *post[EX_TIMES];
+    pthread_mutex_t mu; /* calls_made, calls_timed, busy_ms: the queue's thread records, either harvests */
+    int mu_made;
+    int timing;               /* (the queue's thread) the call in hand has its start recorded */
+    long long calls_made, calls_timed; /* calls whose start and end are recorded; whose times are added in */
+    double busy_ms;           /* the harvested calls' time on the GPU */
+    long long joins_made, joins_timed; /* (the rank's thread only) the same for the waits */
+    double stall_ms;          /* the compute stream's time waiting for calls, harvested */
+    long long untimed_calls;  /* calls that found their ring full (under mu) */
+    long long untimed_joins;  /* (the rank's thread) waits that did */
 } ex_marks;
 
 struct mesh__exec {
@@ -205,6 +224,7 @@ struct mesh__exec {
     int ag_step_calls;   /* gathers queued after this step's AdamW */
     int ov_failed;       /* the last step failed: its calls in flight are abandoned at free */
     double ov_busy0;     /* the queues' busy seconds when the step began */
+    double ov_stall0;    /* deferred: the compute stream's seconds waiting for them, then */
     double ov_wait_s;    /* seconds the rank waited for its queues this step */
     char error[400];     /* why the last step failed */
     int counting;        /* in a training step: bytes sent are counted */
@@ -407,8 +427,11 @@ int exec__overlap_issued(const mesh__exec *ex, const plan_step *st, int it);
 
 /* This step's overlap so far: seconds its queues' calls ran, and seconds
  * the rank waited for them (comm_async_busy; the waits exec_overlap.c
- * makes). */
-void exec__overlap_times(const mesh__exec *ex, double *busy_s, double *wait_s);
+ * makes). Deferred (a GPU's NCCL calls ordered on its streams), from
+ * timed events as far as the GPU has got: the calls' time on the queue's
+ * stream; and the compute stream's waits for them, added to the host's
+ * (until each call is enqueued). */
+void exec__overlap_times(mesh__exec *ex, double *busy_s, double *wait_s);
 
 /* ZeRO's two exchanges of copy it of step st's param over its
  * data-parallel group, blocking (0, or -1 with the group's error) or on

@@ -131,14 +131,61 @@ static int mark(void *ud, long ticket, char *err, size_t n)
     return -1;
 }
 
+/* ---- the GPU's own times (deferred queues) ---------------------------- */
+
+/* Adds in the times of the pairs [*timed, made) of a ring that the GPU
+ * has finished, oldest first (d: the calling thread's handle). A failed
+ * query stops it: the times are a measurement, not the step's result. */
+static void harvest_ring(dev *d, dev_event *const *from, dev_event *const *to, long long made, long long *timed,
+                         double *ms_sum)
+{
+    while (*timed < made) {
+        int slot = (int)(*timed % EX_TIMES), done = 0;
+        double ms = 0;
+        if (dev_event_query(d, to[slot], &done) != MESH_OK || !done ||
+            dev_event_elapsed(d, from[slot], to[slot], &ms) != MESH_OK)
+            return;
+        *ms_sum += ms > 0 ? ms : 0;
+        ++*timed;
+    }
+}
+
+/* The calls' times so far (under m->mu; d: the calling thread's handle). */
+static void harvest_calls(ex_marks *m, dev *d)
+{
+    harvest_ring(d, m->start, m->end, m->calls_made, &m->calls_timed, &m->busy_ms);
+}
+
+/* The rank's thread: the calls' and the compute stream's waits' times, as
+ * far as the GPU has got (no wait). */
+static void harvest(ex_marks *m)
+{
+    if (!m->mu_made) return;
+    pthread_mutex_lock(&m->mu);
+    harvest_calls(m, m->ex->dev);
+    pthread_mutex_unlock(&m->mu);
+    harvest_ring(m->ex->dev, m->pre, m->post, m->joins_made, &m->joins_timed, &m->stall_ms);
+}
+
 /* In the queue's thread, before a call: the work it was queued after has
- * run (deferred: the queue's stream waits for it on the GPU). */
+ * run (deferred: the queue's stream waits for it on the GPU, then marks
+ * the call's start if its ring has room). */
 static int wait_mark(void *ud, long ticket, comm *c, char *err, size_t n)
 {
     ex_marks *m = ud;
     mesh__exec *ex = m->ex;
     if (m->deferred) {
-        if (comm_nccl_wait_event(c, m->ev[ticket % EX_MARKS]) == 0) return 0;
+        if (comm_nccl_wait_event(c, m->ev[ticket % EX_MARKS]) != 0) {
+            snprintf(err, n, "%s", c->error);
+            return -1;
+        }
+        pthread_mutex_lock(&m->mu);
+        harvest_calls(m, m->dev);
+        m->timing = m->calls_made - m->calls_timed < EX_TIMES;
+        m->untimed_calls += !m->timing;
+        long long slot = m->calls_made % EX_TIMES;
+        pthread_mutex_unlock(&m->mu);
+        if (!m->timing || comm_nccl_record_event(c, m->start[slot]) == 0) return 0;
         snprintf(err, n, "%s", c->error);
         return -1;
     }
@@ -149,13 +196,23 @@ static int wait_mark(void *ud, long ticket, comm *c, char *err, size_t n)
 }
 
 /* Deferred, in the queue's thread once the call is enqueued: its slot's
- * done event follows it on the queue's stream. */
+ * done event follows it on the queue's stream (and its end, timed). */
 static int ran(void *ud, long ticket, comm *c, char *err, size_t n)
 {
     ex_marks *m = ud;
-    if (!m->deferred || comm_nccl_record_event(c, m->done[ticket % EX_MARKS]) == 0) return 0;
-    snprintf(err, n, "%s", c->error);
-    return -1;
+    if (!m->deferred) return 0;
+    if (comm_nccl_record_event(c, m->done[ticket % EX_MARKS]) != 0 ||
+        (m->timing && comm_nccl_record_event(c, m->end[m->calls_made % EX_TIMES]) != 0)) {
+        snprintf(err, n, "%s", c->error);
+        return -1;
+    }
+    if (m->timing) {
+        pthread_mutex_lock(&m->mu);
+        m->calls_made++;
+        pthread_mutex_unlock(&m->mu);
+    }
+    m->timing = 0;
+    return 0;
 }
 
 /* Deferred, in the rank's thread at the end of its wait for a ticket: the
@@ -165,11 +222,19 @@ static int joined(void *ud, long ticket, char *err, size_t n)
 {
     ex_marks *m = ud;
     mesh__exec *ex = m->ex;
-    int done = 1;
+    dev_stream *s = (dev_stream *)ex->kern.stream;
+    dev_event *done_ev = m->done[ticket % EX_MARKS];
+    int done = 1, slot = (int)(m->joins_made % EX_TIMES);
     if (!m->deferred) return 0;
-    if (dev_event_query(ex->dev, m->done[ticket % EX_MARKS], &done) == MESH_OK &&
-        dev_event_wait(ex->dev, (dev_stream *)ex->kern.stream, m->done[ticket % EX_MARKS]) == MESH_OK) {
+    harvest(m);
+    int timed = m->joins_made - m->joins_timed < EX_TIMES; /* (else the GPU is EX_TIMES waits behind) */
+    m->untimed_joins += !timed;
+    if (dev_event_query(ex->dev, done_ev, &done) == MESH_OK &&
+        (!timed || dev_event_record(ex->dev, m->pre[slot], s) == MESH_OK) &&
+        dev_event_wait(ex->dev, s, done_ev) == MESH_OK &&
+        (!timed || dev_event_record(ex->dev, m->post[slot], s) == MESH_OK)) {
         m->joins++;
+        m->joins_made += timed;
         m->ahead += !done; /* (the host went on with the call still on the GPU) */
         return 0;
     }
@@ -194,6 +259,15 @@ static int marks_init(mesh__exec *ex, ex_marks *m)
         if (st == MESH_OK && m->deferred) st = dev_event_create(ex->dev, &m->done[i]);
         if (st != MESH_OK) snprintf(why, sizeof why, "%s", dev_last_error(ex->dev));
     }
+    for (int i = 0; st == MESH_OK && m->deferred && i < EX_TIMES; i++) {
+        dev_event **timed[] = {&m->start[i], &m->end[i], &m->pre[i], &m->post[i]};
+        for (int k = 0; st == MESH_OK && k < 4; k++) st = dev_event_create_timed(ex->dev, timed[k]);
+        if (st != MESH_OK) snprintf(why, sizeof why, "%s", dev_last_error(ex->dev));
+    }
+    if (st == MESH_OK && m->deferred) {
+        if (pthread_mutex_init(&m->mu, NULL) == 0) m->mu_made = 1;
+        else st = MESH_ERR_NOMEM, snprintf(why, sizeof why, "pthread_mutex_init failed");
+    }
     if (st == MESH_OK) return 0;
     snprintf(ex->error, sizeof ex->error, "rank %d: a communication queue's events: %s", ex->rank, why);
     return -2;
@@ -206,6 +280,13 @@ static void marks_free(mesh__exec *ex, ex_marks *m)
         dev_event_destroy(ex->dev, m->done[i]);
         m->ev[i] = m->done[i] = NULL;
     }
+    for (int i = 0; i < EX_TIMES; i++) {
+        dev_event *all[] = {m->start[i], m->end[i], m->pre[i], m->post[i]};
+        for (int k = 0; k < 4; k++) dev_event_destroy(ex->dev, all[k]);
+        m->start[i] = m->end[i] = m->pre[i] = m->post[i] = NULL;
+    }
+    if (m->mu_made) pthread_mutex_destroy(&m->mu);
+    m->mu_made = 0;
     dev_close(m->dev);
     m->dev = NULL;
 }
@@ -329,12 +410,27 @@ static int wait_for(mesh__exec *ex, comm_async *q, long ticket)
     return rc;
 }
 
-/* Seconds the rank's queues have run calls, in all. */
-static double queues_busy(const mesh__exec *ex)
+/* Seconds the rank's queues have run calls, in all: deferred, the calls'
+ * time on the GPU, as far as it has finished them; else the queue's
+ * thread's time running them. *stall: deferred, the compute stream's
+ * seconds waiting for them, in all (else 0). */
+static double queues_busy(mesh__exec *ex, double *stall)
 {
     double busy = 0;
-    for (int g = 0; g < 2; g++)
-        if (ex->ov_q[g]) busy += comm_async_busy(ex->ov_q[g]);
+    *stall = 0;
+    for (int g = 0; g < 2; g++) {
+        ex_marks *m = &ex->ov_mark[g];
+        if (!ex->ov_q[g]) continue;
+        if (!m->deferred) {
+            busy += comm_async_busy(ex->ov_q[g]);
+            continue;
+        }
+        harvest(m);
+        pthread_mutex_lock(&m->mu);
+        busy += 1e-3 * m->busy_ms;
+        pthread_mutex_unlock(&m->mu);
+        *stall += 1e-3 * m->stall_ms;
+    }
     return busy;
 }
 
@@ -446,7 +542,7 @@ void exec__overlap_step_begin(mesh__exec *ex)
     ex->rs_step_calls = 0;
     ex->ag_step_calls = 0;
     ex->rs_n = 0; /* (left by a failed step: its queue failed too) */
-    ex->ov_busy0 = queues_busy(ex);
+    ex->ov_busy0 = queues_busy(ex, &ex->ov_stall0);
     ex->ov_wait_s = 0;
 }
 
@@ -533,10 +629,26 @@ int exec__rs_finish(mesh__exec *ex, int parity)
     return 0;
 }
 
-void exec__overlap_times(const mesh__exec *ex, double *busy_s, double *wait_s)
+void exec__overlap_times(mesh__exec *ex, double *busy_s, double *wait_s)
 {
-    *busy_s = queues_busy(ex) - ex->ov_busy0;
-    *wait_s = ex->ov_wait_s;
+    double stall;
+    *busy_s = queues_busy(ex, &stall) - ex->ov_busy0;
+    *wait_s = ex->ov_wait_s + (stall - ex->ov_stall0);
+}
+
+double mesh__exec_queue_stall_ms(mesh__exec *ex, long long *untimed)
+{
+    double stall;
+    queues_busy(ex, &stall);
+    *untimed = 0;
+    for (int g = 0; g < 2; g++) {
+        ex_marks *m = &ex->ov_mark[g];
+        if (!m->mu_made) continue;
+        pthread_mutex_lock(&m->mu);
+        *untimed += m->untimed_calls + m->untimed_joins;
+        pthread_mutex_unlock(&m->mu);
+    }
+    return 1e3 * stall;
 }
 
 /* ---- ZeRO-1/2: the updated params gathered while the next forward runs - */

@@ -699,7 +699,7 @@ static int train_step(mesh__exec *ex, long long step, const int32_t *inputs, con
 
 /* The step's overlapped collectives (the gathers after AdamW included, which
  * run into the next step's forward) and their times so far. */
-static void overlap_stats(const mesh__exec *ex, mesh__step_stats *st)
+static void overlap_stats(mesh__exec *ex, mesh__step_stats *st)
 {
     double busy, wait;
     st->overlapped = ex->ov_step_calls + ex->pf_step_calls + ex->rs_step_calls + ex->ag_step_calls;

@@ -218,13 +218,17 @@ typedef struct mesh_step_stats {
                          computed (mesh_set_overlap): gradient sums during backward, ZeRO-2/3's
                          reduce-scatters, ZeRO-3's gathers of the next layer, ZeRO-1/2's gathers
                          after AdamW (which run into the next step); 0 without data parallelism */
-    double overlap_ms; /* the time those collectives ran on the communication thread (on a
-                          GPU: the time it had them in flight, their waits for the kernels
-                          before them included) */
+    double overlap_ms; /* the time those collectives ran on the communication thread. On a
+                          GPU whose NCCL calls are ordered on its streams (the default over
+                          NCCL), the GPU's own time running them on the communication
+                          stream, from CUDA events (each from its stream's wait for the
+                          kernels before it to its end) */
     double wait_ms;   /* the time this rank waited for them: overlap_ms - wait_ms was hidden
-                         behind its compute. On a GPU whose NCCL calls are ordered on the
-                         stream (the default), the host's wait until they are enqueued; the
-                         GPU's own waits for them are not measured */
+                         behind its compute. On a GPU whose NCCL calls are ordered, the
+                         compute stream's waits for them, from CUDA events, and the host's
+                         until each was enqueued. Either time on a GPU counts what the GPU
+                         has finished when the step returns: a collective still running
+                         then counts in the next step's */
 } mesh_step_stats;
 
 /* One training step: micro_batches x micro_batch x seq_len input ids and

@@ -72,6 +72,27 @@ static void round_trip(dev *d)
     ASSERT_INT_EQ(done, 1);
     ASSERT_INT_EQ(memcmp(back, host, N), 0);
 
+    /* timed events: the time between two points of a stream (0 on a
+     * synchronous device); one made without timing cannot be timed */
+    dev_event *t0 = NULL, *t1 = NULL;
+    double ms = -1;
+    ASSERT_INT_EQ(dev_event_create_timed(d, &t0), MESH_OK);
+    ASSERT_INT_EQ(dev_event_create_timed(d, &t1), MESH_OK);
+    ASSERT_INT_EQ(dev_event_record(d, t0, s), MESH_OK);
+    ASSERT_INT_EQ(dev_copy(d, b, a, N, DEV_DEVICE_TO_DEVICE, s), MESH_OK);
+    ASSERT_INT_EQ(dev_event_record(d, t1, s), MESH_OK);
+    ASSERT_INT_EQ(dev_stream_sync(d, s), MESH_OK);
+    ASSERT_INT_EQ(dev_event_elapsed(d, t0, t1, &ms), MESH_OK);
+    ASSERT_INT_EQ(ms >= 0 && ms < 10e3, 1);
+    if (!d->v->event_elapsed) ASSERT_INT_EQ(ms == 0, 1);
+    ASSERT_INT_EQ(dev_event_elapsed(d, t0, NULL, &ms), MESH_ERR_INVALID_ARG);
+    if (d->v->event_elapsed) {
+        ASSERT_INT_NE(dev_event_elapsed(d, e, t1, &ms), MESH_OK);
+        ASSERT_NOT_NULL(strstr(dev_last_error(d), "cudaEventElapsedTime"));
+    }
+    dev_event_destroy(d, t0);
+    dev_event_destroy(d, t1);
+
     /* bad arguments are refused, with the device named */
     char want[300];
     snprintf(want, sizeof want, "%s: copy of 4 bytes: NULL buffer", d->name);

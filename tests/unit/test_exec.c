@@ -449,6 +449,8 @@ typedef struct eq_run {
     long long waits;  /* rank 0's waits for its GPU in its last step (dev_stream_sync) */
     long long ahead, joins; /* rank 0's waits for its deferred queues that returned with the call on the GPU,
                                and all of them */
+    double stall_ms;  /* rank 0's compute stream's waits on the GPU for its deferred queues' calls */
+    long long untimed; /* and its calls and waits not timed */
 } eq_run;
 
 static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
@@ -479,6 +481,7 @@ static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
         if (rank == 0) r->overlapped = st.overlapped, r->overlap_ms = st.overlap_ms, r->wait_ms = st.wait_ms;
     }
     if (rank == 0) r->ahead = mesh__exec_queue_ahead(ctx->ex, &r->joins);
+    if (rank == 0) r->stall_ms = mesh__exec_queue_stall_ms(ctx->ex, &r->untimed);
     if (r->ckpt) {
         mesh_status s = mesh_checkpoint_save(ctx, r->ckpt);
         if (s == MESH_OK) s = mesh_checkpoint_load(ctx, r->ckpt);
@@ -505,6 +508,8 @@ static double eq_overlap_ms, eq_wait_ms; /* and its times */
 /* eq_losses' checkpoint folder (NULL: none), and the loss of the step after it */
 static const char *eq_ckpt;
 static double eq_after;
+static double eq_stall_ms;   /* the last run's eq_run.stall_ms */
+static long long eq_untimed; /* and .untimed */
 
 /* The losses of eq_n() steps of src with the settings given (the rest of
  * out's EQ_STEPS: 0). */
@@ -521,7 +526,7 @@ static void eq_losses(const char *src, const char *const *sets, int n_sets, doub
     mesh_plan *mp = NULL;
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run r = {mp, {0}, -1, 0, 0, 0, 0, eq_ckpt, 0, 0, 0, 0};
+    eq_run r = {mp, {0}, -1, 0, 0, 0, 0, eq_ckpt, 0, 0, 0, 0, 0, 0};
     mesh_status st = mesh_run_ranks(mp, eq_rank, &r);
     if (st != MESH_OK) unit_fail(__FILE__, __LINE__, "%s", mesh_last_error());
     memcpy(out, r.loss, sizeof r.loss);
@@ -532,6 +537,8 @@ static void eq_losses(const char *src, const char *const *sets, int n_sets, doub
     eq_joins = r.joins;
     eq_overlap_ms = r.overlap_ms;
     eq_wait_ms = r.wait_ms;
+    eq_stall_ms = r.stall_ms;
+    eq_untimed = r.untimed;
     mesh_plan_free(mp);
 }
 
@@ -1016,6 +1023,45 @@ TEST_IMPL(parallel_cuda_ranks_over_nccl)
     expect_gpu_losses(3, cpu, gpu, NULL, 1e-2);
 }
 
+/* What the overlap hid, measured on the GPU (timed events around each
+ * queued call on the queue's stream, and around each of the compute
+ * stream's waits for one): dp 2 over NCCL, its gradient buckets summed
+ * during backward, 3 steps. Rank 0's overlap_ms and wait_ms are > 0 and
+ * >= 0; with EMU_NCCL_LAG_US set (the emulated NCCL holds each launch that
+ * long before it runs: run.sh), each call runs at least that long on the
+ * GPU, so overlap_ms is at least the calls' lags, and the compute stream
+ * waits at least one lag for the last bucket's sum (nothing to compute
+ * after it). The losses are --no-overlap's to the bit. With fewer GPUs
+ * than 2: one SKIP line. */
+TEST_IMPL(parallel_cuda_overlap_timed_on_the_gpu)
+{
+    mesh_device_kind was = MESH_DEVICE_CPU;
+    if (nccl_gpus(&was) < 2) return;
+    static const char *const dp2[] = {"train.micro_batch=1", "train.global_batch=2", "mesh.dp=2", "train.zero=0"};
+    const char *lag_env = getenv("EMU_NCCL_LAG_US");
+    double lag_ms = lag_env ? atof(lag_env) / 1e3 : 0, got[EQ_STEPS], ref[EQ_STEPS];
+    eq_steps = 3;
+    ASSERT_INT_EQ(mesh_set_device(MESH_DEVICE_CUDA), MESH_OK);
+    eq_losses(tiny_src, dp2, 4, got);
+    int overlapped = eq_overlapped;
+    double ran = eq_overlap_ms, waited = eq_wait_ms, stall = eq_stall_ms;
+    long long untimed = eq_untimed;
+    mesh__set_exec_flags(MESH__EXEC_NO_OVERLAP);
+    eq_losses(tiny_src, dp2, 4, ref);
+    mesh__set_exec_flags(0);
+    ASSERT_INT_EQ(mesh_set_device(was), MESH_OK);
+    fprintf(stderr, "# dp 2, NCCL's launches held %.1f ms: %d calls overlapped at step 3, %.2f ms on the GPU; "
+            "rank 0 waited %.2f ms; its compute stream %.2f ms over the 3 steps; %lld untimed\n", lag_ms,
+            overlapped, ran, waited, stall, untimed);
+    expect_gpu_losses(0, ref, got, ref, 0);
+    if (overlapped == 0) unit_fail(__FILE__, __LINE__, "dp 2 over NCCL overlapped nothing");
+    if (!(ran > 0 && waited >= 0 && stall >= 0) || untimed != 0)
+        unit_fail(__FILE__, __LINE__, "%.3f ms ran, %.3f ms waited, %lld calls untimed", ran, waited, untimed);
+    if (lag_ms > 0 && !(ran >= 0.95 * lag_ms * overlapped && waited >= 0.5 * lag_ms && stall >= 1.5 * lag_ms))
+        unit_fail(__FILE__, __LINE__, "%d calls held %.1f ms each: %.2f ms on the GPU, %.2f ms waited (the "
+                  "compute stream %.2f ms over 3 steps)", overlapped, lag_ms, ran, waited, stall);
+}
+
 /* parallel_cuda_ranks_over_nccl's first mesh, 2 steps, for
  * ThreadSanitizer (gpu-emu-tsan; the whole test takes too long there):
  * dp 2 with ZeRO-3, the communication queue ordered on the GPU, its calls
@@ -1233,7 +1279,7 @@ TEST_IMPL(parallel_failing_rank_stops_the_job)
     mesh_plan *mp = NULL;
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run r = {mp, {0}, 2, 3, 0, 0, 0, NULL, 0, 0, 0, 0};
+    eq_run r = {mp, {0}, 2, 3, 0, 0, 0, NULL, 0, 0, 0, 0, 0, 0};
     ASSERT_INT_EQ(mesh_run_ranks(mp, eq_rank, &r), MESH_ERR_IO);
     ASSERT_NOT_NULL(strstr(mesh_last_error(), "rank 2: "));
     ASSERT_INT_EQ(r.loss[2], 0); /* rank 0 never finished step 3 */
@@ -1251,7 +1297,7 @@ TEST_IMPL(parallel_failing_rank_stops_the_job)
     ASSERT_INT_EQ(mesh_compile("tiny.mesh", tiny_src, strlen(tiny_src), &opt, &text, &len), MESH_OK);
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run q = {mp, {0}, 3, 3, 0, 0, 0, NULL, 0, 0, 0, 0};
+    eq_run q = {mp, {0}, 3, 3, 0, 0, 0, NULL, 0, 0, 0, 0, 0, 0};
     time_t t0 = time(NULL);
     ASSERT_INT_EQ(mesh_run_ranks(mp, eq_rank, &q), MESH_ERR_IO);
     ASSERT_NOT_NULL(strstr(mesh_last_error(), "rank 3: "));

@@ -134,6 +134,7 @@ TEST(parallel_guarded_arenas_match)
 TEST(parallel_overlap_is_bit_identical)
 TEST(parallel_cuda_ranks_share_a_gpu)
 TEST(parallel_cuda_ranks_over_nccl)
+TEST(parallel_cuda_overlap_timed_on_the_gpu)
 TEST(parallel_cuda_nccl_under_tsan)
 TEST(parallel_failing_rank_stops_the_job)
 

@@ -73,6 +73,10 @@ void async_enqueue(cudaStream_t s, Async *a);
  * woken. */
 void async_done(Async *a);
 
+/* fn runs, under async_mutex, on a timer thread once `us` microseconds
+ * have passed (callable with async_mutex held or not). */
+void after_us(long us, std::function<void()> fn);
+
 /* stream_run (emu/device.h) puts its work in these queues. */
 
 /* Not under async_mutex: blocks until s's queue is empty. */

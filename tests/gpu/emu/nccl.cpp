@@ -36,6 +36,8 @@
  *    rank x count; any other overlap is refused (ncclInvalidArgument).
  *  - ncclCommAbort and ncclCommDestroy end the communicator's pending
  *    operations (its streams go on); its peers' stay pending.
+ *  - EMU_NCCL_LAG_US holds each launch's item that long before its
+ *    operations start, as a slow link would (launch_lag_us).
  *
  * Sums are taken in rank order, in float for the 2-byte types, rounded
  * once. Every call holds the streams' lock (internal.h: async_mutex), so
@@ -219,6 +221,7 @@ struct Item : emu::Async {
     std::vector<Op *> ops;
     size_t left = 0;
     bool all_posted = false;
+    bool held = false; /* EMU_NCCL_LAG_US: held that long once it starts */
     ~Item() override
     {
         for (Op *op : ops)
@@ -389,8 +392,27 @@ void post(Op *op)
 
 } /* namespace */
 
+/* EMU_NCCL_LAG_US (0 to 1000000; default 0): how long each launch's item
+ * is held once its stream gets to it, before its operations start, so
+ * that every NCCL call takes at least that long on its stream (as a slow
+ * link would): tests of what the executor measures on the GPU. */
+static long launch_lag_us()
+{
+    static const long lag = [] {
+        const char *e = getenv("EMU_NCCL_LAG_US");
+        long v = e ? atol(e) : 0;
+        return v < 0 ? 0 : v > 1000000 ? 1000000 : v;
+    }();
+    return lag;
+}
+
 void enccl::Item::start()
 {
+    if (launch_lag_us() > 0 && !held) {
+        held = true;
+        emu::after_us(launch_lag_us(), [this] { start(); });
+        return;
+    }
     for (Op *op : ops)
         if (!op->done && op->c)
             post(op);

@@ -279,12 +279,16 @@ struct StreamQ {
 struct EventRec {
     std::shared_ptr<StreamQ> q; /* none: never recorded */
     unsigned long long ticket = 0;
+    /* a timed event's: the host clock's seconds when its stream reached
+     * the record (< 0 until then), written by its Stamp */
+    std::shared_ptr<double> at;
 };
 
 std::mutex g_async;
 std::condition_variable g_async_cv;
 std::map<cudaStream_t, std::shared_ptr<StreamQ>> g_queues; /* under g_async */
 std::map<cudaEvent_t, EventRec> g_event_recs;              /* under g_async */
+std::set<cudaEvent_t> g_timed;                             /* under g_async: events with timing */
 
 char g_legacy_tag[8]; /* device d's legacy stream is &g_legacy_tag[d] in g_queues */
 
@@ -408,6 +412,17 @@ void wake_waits()
     }
 }
 
+/* A timed event's record: an item of its stream that notes the time
+ * when the items before it are done. */
+struct Stamp : Async {
+    std::shared_ptr<double> at;
+    void start() override
+    {
+        *at = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+        async_done(this);
+    }
+};
+
 /* Work of stream_run: run by a worker (queued on g_ready) or by its caller
  * (sync: told by `ready`). */
 struct Work : Async {
@@ -474,6 +489,53 @@ std::mutex &emu::async_mutex()
     return g_async;
 }
 
+namespace {
+/* after_us's timer: what is due when, run by one thread (never destroyed:
+ * the thread waits on it to the end) */
+struct Timer {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::multimap<std::chrono::steady_clock::time_point, std::function<void()>> due;
+    bool started = false;
+};
+Timer &g_timer = *new Timer;
+
+void timer_main()
+{
+    std::unique_lock<std::mutex> lk(g_timer.mu);
+    for (;;) {
+        if (g_timer.due.empty()) {
+            g_timer.cv.wait(lk);
+            continue;
+        }
+        auto first = g_timer.due.begin();
+        if (std::chrono::steady_clock::now() < first->first) {
+            g_timer.cv.wait_until(lk, first->first);
+            continue;
+        }
+        std::function<void()> fn = std::move(first->second);
+        g_timer.due.erase(first);
+        lk.unlock(); /* (after_us may be called under g_async: never hold both) */
+        {
+            std::lock_guard<std::mutex> alk(g_async);
+            fn();
+        }
+        lk.lock();
+    }
+}
+} /* namespace */
+
+void emu::after_us(long us, std::function<void()> fn)
+{
+    std::lock_guard<std::mutex> lk(g_timer.mu);
+    if (!g_timer.started) {
+        g_timer.started = true;
+        std::thread(timer_main).detach();
+    }
+    g_timer.due.emplace(std::chrono::steady_clock::now() + std::chrono::microseconds(us), std::move(fn));
+    g_timer.cv.notify_one();
+}
+
 void emu::async_enqueue(cudaStream_t s, Async *a)
 {
     std::shared_ptr<StreamQ> q = queue_of(s);
@@ -482,12 +544,12 @@ void emu::async_enqueue(cudaStream_t s, Async *a)
         for (auto &kv : g_queues) {
             StreamQ &o = *kv.second;
             if (!o.legacy && o.blocking && o.device == q->device && o.done < o.given)
-                w->on.push_back(EventRec{kv.second, o.given});
+                w->on.push_back(EventRec{kv.second, o.given, nullptr});
         }
     } else if (q->blocking) { /* after the legacy stream's */
         std::shared_ptr<StreamQ> l = queue_of(reinterpret_cast<cudaStream_t>(&g_legacy_tag[q->device]));
         if (l->done < l->given)
-            w->on.push_back(EventRec{l, l->given});
+            w->on.push_back(EventRec{l, l->given, nullptr});
     }
     if (w->on.empty())
         delete w;
@@ -644,6 +706,10 @@ extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int
     if (!event || (flags & ~(unsigned)(cudaEventBlockingSync | cudaEventDisableTiming)))
         return record(cudaErrorInvalidValue);
     *event = make_handle<cudaEvent_t>(g_events);
+    if (!(flags & cudaEventDisableTiming)) {
+        std::lock_guard<std::mutex> lk(g_async);
+        g_timed.insert(*event);
+    }
     return cudaSuccess;
 }
 
@@ -654,6 +720,7 @@ extern "C" cudaError_t cudaEventDestroy(cudaEvent_t event)
         return record(cudaErrorInvalidResourceHandle);
     std::lock_guard<std::mutex> lk(g_async);
     g_event_recs.erase(event);
+    g_timed.erase(event);
     return cudaSuccess;
 }
 
@@ -670,6 +737,12 @@ extern "C" cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
     std::lock_guard<std::mutex> lk(g_async);
     EventRec &r = g_event_recs[event];
     r.q = queue_of(stream);
+    r.at = nullptr;
+    if (g_timed.count(event)) { /* a new clock (a stamp of an earlier record may be pending) */
+        Stamp *st = new Stamp;
+        st->at = r.at = std::make_shared<double>(-1.0);
+        push(*r.q, st); /* (may run at once) */
+    }
     r.ticket = r.q->given;
     return cudaSuccess;
 }
@@ -691,6 +764,25 @@ extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t event)
         return record(cudaErrorInvalidResourceHandle);
     event_wait(event);
     return api_enter(); /* a fault of the work it waited for */
+}
+
+extern "C" cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
+{
+    API_ENTER();
+    if (!ms)
+        return record(cudaErrorInvalidValue);
+    if (!event_ok(start) || !event_ok(end))
+        return record(cudaErrorInvalidResourceHandle);
+    std::lock_guard<std::mutex> lk(g_async);
+    auto a = g_event_recs.find(start), b = g_event_recs.find(end);
+    /* CUDA: an event without timing, or never recorded, is an invalid handle here */
+    if (!g_timed.count(start) || !g_timed.count(end) || a == g_event_recs.end() || b == g_event_recs.end() ||
+        !a->second.at || !b->second.at)
+        return record(cudaErrorInvalidResourceHandle);
+    if (!event_done(a->second) || !event_done(b->second))
+        return cudaErrorNotReady; /* (not an error: not recorded) */
+    *ms = (float)(1e3 * (*b->second.at - *a->second.at));
+    return cudaSuccess;
 }
 
 /* ---- errors ---------------------------------------------------------------- */

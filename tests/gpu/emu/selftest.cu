@@ -765,6 +765,60 @@ static void t_wait_event()
     cudaFreeHost(flag);
 }
 
+/* Timed events: the time between two points of a stream's work, and a
+ * stream's own wait for another's event between two of its points (as the
+ * executor measures the compute stream's waits for the communication
+ * queue's collectives); not ready before the work is done; an event
+ * without timing, or not recorded, cannot be timed. */
+static void t_event_timing()
+{
+    int *flag = pinned_int(0), *x = dalloc<int>(1);
+    cudaStream_t a, b;
+    cudaEvent_t from, to, pre, post, e, untimed, unrecorded;
+    CHECK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking) == cudaSuccess);
+    CHECK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking) == cudaSuccess);
+    CHECK(cudaEventCreateWithFlags(&from, cudaEventDefault) == cudaSuccess);
+    CHECK(cudaEventCreateWithFlags(&to, cudaEventDefault) == cudaSuccess);
+    CHECK(cudaEventCreateWithFlags(&pre, cudaEventDefault) == cudaSuccess);
+    CHECK(cudaEventCreateWithFlags(&post, cudaEventDefault) == cudaSuccess);
+    CHECK(cudaEventCreateWithFlags(&unrecorded, cudaEventDefault) == cudaSuccess);
+    CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess);
+    CHECK(cudaEventCreateWithFlags(&untimed, cudaEventDisableTiming) == cudaSuccess);
+    CHECK(cudaEventRecord(from, a) == cudaSuccess);
+    k_hold<<<1, 1, 0, a>>>(flag, x, 7);
+    CHECK(cudaEventRecord(to, a) == cudaSuccess);
+    CHECK(cudaEventRecord(e, a) == cudaSuccess);
+    CHECK(cudaEventRecord(pre, b) == cudaSuccess); /* b waits for a's kernel between pre and post */
+    CHECK(cudaStreamWaitEvent(b, e, 0) == cudaSuccess);
+    CHECK(cudaEventRecord(post, b) == cudaSuccess);
+    float ms = -1;
+    CHECK(cudaEventElapsedTime(&ms, from, to) == cudaErrorNotReady);
+    CHECK(cudaEventElapsedTime(&ms, pre, post) == cudaErrorNotReady);
+    usleep(30000);
+    __atomic_store_n(flag, 1, __ATOMIC_RELEASE);
+    CHECK(cudaStreamSynchronize(b) == cudaSuccess);
+    CHECK(cudaEventElapsedTime(&ms, from, to) == cudaSuccess && ms >= 29 && ms < 10000);
+    CHECK(cudaEventElapsedTime(&ms, to, from) == cudaSuccess && ms <= -29);
+    CHECK(cudaEventElapsedTime(&ms, pre, post) == cudaSuccess && ms >= 29 && ms < 10000);
+    CHECK(cudaEventRecord(e, b) == cudaSuccess);
+    CHECK(cudaEventElapsedTime(&ms, from, e) == cudaErrorInvalidResourceHandle);
+    CHECK(cudaGetLastError() == cudaErrorInvalidResourceHandle);
+    CHECK(cudaEventElapsedTime(&ms, untimed, to) == cudaErrorInvalidResourceHandle);
+    CHECK(cudaEventElapsedTime(&ms, from, unrecorded) == cudaErrorInvalidResourceHandle);
+    CHECK(cudaEventElapsedTime(NULL, from, to) == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    /* recorded again: the new point's time */
+    CHECK(cudaEventRecord(from, a) == cudaSuccess);
+    CHECK(cudaStreamSynchronize(a) == cudaSuccess);
+    CHECK(cudaEventElapsedTime(&ms, to, from) == cudaSuccess && ms >= 0 && ms < 29);
+    cudaEvent_t all[] = {from, to, pre, post, e, untimed, unrecorded};
+    for (cudaEvent_t v : all)
+        cudaEventDestroy(v);
+    cudaStreamDestroy(a);
+    cudaStreamDestroy(b);
+    cudaFreeHost(flag);
+}
+
 /* The legacy stream waits for blocking streams' earlier work, not for
  * non-blocking ones'. */
 static void t_legacy_stream()
@@ -853,6 +907,7 @@ static const Case cases[] = {
     {"cub_sort_pairs", t_cub, 0, 0},
     {"launch_returns_before_the_kernel_runs", t_async_launch, 0, 1},
     {"stream_wait_event_holds_the_stream", t_wait_event, 0, 1},
+    {"timed_events", t_event_timing, 0, 1},
     {"legacy_stream_waits_for_blocking_streams", t_legacy_stream, 0, 1},
     {"copies_take_their_sources_in_order", t_copy_sources, 0, 1},
     {"no_race", t_norace, 0, 0},

@@ -137,8 +137,9 @@ cudaError_t cudaMemGetInfo(size_t *free, size_t *total);
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes,
                                      const void *ptr);
 
-/* Streams and events: work is done when its call returns, so a stream is
- * always idle and an event always complete; the handles are checked. */
+/* Streams and events: each stream's work runs in its order, behind the
+ * host (runtime.cpp); an event marks a point of it; the handles are
+ * checked. */
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
@@ -150,6 +151,9 @@ cudaError_t cudaEventDestroy(cudaEvent_t event);
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
 cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
+/* Milliseconds between two completed events created with timing, from the
+ * host's clock as each stream reached its record. */
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *memPool, int device);
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t memPool,
