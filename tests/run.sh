@@ -21,8 +21,12 @@
 #   errors/NAME   each tests/lang/errors/NAME.mesh: run in that folder as
 #                 `$MESHC [words of NAME.args] NAME.mesh`; output and
 #                 `exit: N` must equal NAME.expected
-#   meshrun/...   meshrun's command line (--version, --help, a plan, errors),
-#                 and meshrun under mpirun (one rank per process)
+#   meshrun/...   meshrun's command line (--version, --help, a plan, errors,
+#                 one rank's training, checkpoints, devices); section
+#                 `ranks` holds its cases on several ranks (every mesh
+#                 against one rank: dp, tp, pp, ZeRO, sequence and expert
+#                 parallelism, as threads), and the mpi section those under
+#                 mpirun (one rank per process)
 #   torchrun/...  meshrun in a job torchrun would start (RANK, WORLD_SIZE,
 #                 MASTER_ADDR, MASTER_PORT; one rank per process over TCP)
 #   mpi/...       the MPI communicator and mesh_run_ranks in a job of
@@ -529,6 +533,48 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     else
         fail meshrun/checkpoint-truncated "$TMP/cut.out"
     fi
+    sed 's/^format: 1$/format: 2/' "$TMP/tiny.plan" >"$TMP/v2.plan"
+    expect meshrun/plan-other-version "meshrun: error: $TMP/v2.plan:3:9: plan format version 2 is not supported: this build reads version 1
+HINT: this plan was written by meshc $v with format version 2; recompile the .mesh file with this meshc (format version 1)
+exit: 1" "$MESHRUN" "$TMP/v2.plan"
+    : >"$TMP/empty.plan"
+    capture "$TMP/empty.out" "$MESHRUN" "$TMP/empty.plan"
+    if grep -q "^meshrun: error: $TMP/empty.plan:" "$TMP/empty.out" && [ "$(tail -n 1 "$TMP/empty.out")" = "exit: 1" ]; then
+        pass meshrun/plan-empty
+    else
+        fail meshrun/plan-empty "$TMP/empty.out"
+    fi
+    expect meshrun/plan-missing "meshrun: error: cannot open '$TMP/missing.plan': No such file or directory
+exit: 1" "$MESHRUN" "$TMP/missing.plan"
+    capture "$TMP/help.out" "$MESHRUN" --help
+    if head -n 1 "$TMP/help.out" | grep -qxF "$usage" && grep -q '^  --device D ' "$TMP/help.out" &&
+        [ "$(tail -n 1 "$TMP/help.out")" = "exit: 0" ]; then
+        pass meshrun/help
+    else
+        fail meshrun/help "$TMP/help.out"
+    fi
+    capture "$TMP/bad.out" "$MESHRUN" --frobnicate x.plan
+    if head -n 2 "$TMP/bad.out" | diff - <(printf '%s\n' \
+        "meshrun: error: unknown option '--frobnicate'" "$usage") >/dev/null &&
+        [ "$(tail -n 1 "$TMP/bad.out")" = "exit: 2" ]; then
+        pass meshrun/unknown-option
+    else
+        fail meshrun/unknown-option "$TMP/bad.out"
+    fi
+    capture "$TMP/none.out" "$MESHRUN"
+    if head -n 1 "$TMP/none.out" | grep -qxF "meshrun: error: no plan file given" &&
+        [ "$(tail -n 1 "$TMP/none.out")" = "exit: 2" ]; then
+        pass meshrun/no-arguments
+    else
+        fail meshrun/no-arguments "$TMP/none.out"
+    fi
+}
+
+# --- ranks --------------------------------------------------------------
+# meshrun on several ranks (its cases are meshrun/...): every mesh gives the
+# one-rank losses; on the meshrun section's files ($TMP/dd.bin, tiny.plan),
+# and the mpi, tcp and slurm sections use its plans and losses
+ranks_section() {
     # data and tensor parallelism: dp 2, dp 4, tp 2 and dp 2 x tp 2 (ranks as
     # threads) give the one-rank losses at every logged step (1, 10, 20),
     # within 1e-5 relative (the JSON lines' 6 digits), and rank 0 sends the
@@ -662,41 +708,6 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     done
     expect meshrun/sample-tensor-parallel "meshrun: error: sample: with tp = 2 each rank holds a slice of the logits; compile this model with tp = 1 and sample from that plan (checkpoints hold whole parameters, so any mesh's loads into any other)
 exit: 1" "$MESHRUN" sample "$TMP/m1x2x1.plan" --checkpoint "$TMP/z1:1-ck"
-    sed 's/^format: 1$/format: 2/' "$TMP/tiny.plan" >"$TMP/v2.plan"
-    expect meshrun/plan-other-version "meshrun: error: $TMP/v2.plan:3:9: plan format version 2 is not supported: this build reads version 1
-HINT: this plan was written by meshc $v with format version 2; recompile the .mesh file with this meshc (format version 1)
-exit: 1" "$MESHRUN" "$TMP/v2.plan"
-    : >"$TMP/empty.plan"
-    capture "$TMP/empty.out" "$MESHRUN" "$TMP/empty.plan"
-    if grep -q "^meshrun: error: $TMP/empty.plan:" "$TMP/empty.out" && [ "$(tail -n 1 "$TMP/empty.out")" = "exit: 1" ]; then
-        pass meshrun/plan-empty
-    else
-        fail meshrun/plan-empty "$TMP/empty.out"
-    fi
-    expect meshrun/plan-missing "meshrun: error: cannot open '$TMP/missing.plan': No such file or directory
-exit: 1" "$MESHRUN" "$TMP/missing.plan"
-    capture "$TMP/help.out" "$MESHRUN" --help
-    if head -n 1 "$TMP/help.out" | grep -qxF "$usage" && grep -q '^  --device D ' "$TMP/help.out" &&
-        [ "$(tail -n 1 "$TMP/help.out")" = "exit: 0" ]; then
-        pass meshrun/help
-    else
-        fail meshrun/help "$TMP/help.out"
-    fi
-    capture "$TMP/bad.out" "$MESHRUN" --frobnicate x.plan
-    if head -n 2 "$TMP/bad.out" | diff - <(printf '%s\n' \
-        "meshrun: error: unknown option '--frobnicate'" "$usage") >/dev/null &&
-        [ "$(tail -n 1 "$TMP/bad.out")" = "exit: 2" ]; then
-        pass meshrun/unknown-option
-    else
-        fail meshrun/unknown-option "$TMP/bad.out"
-    fi
-    capture "$TMP/none.out" "$MESHRUN"
-    if head -n 1 "$TMP/none.out" | grep -qxF "meshrun: error: no plan file given" &&
-        [ "$(tail -n 1 "$TMP/none.out")" = "exit: 2" ]; then
-        pass meshrun/no-arguments
-    else
-        fail meshrun/no-arguments "$TMP/none.out"
-    fi
 }
 
 # --- MPI: one rank per process ------------------------------------------
@@ -1207,7 +1218,7 @@ CPROG
     fi
 }
 
-for name in unit exports install golden docs errors meshrun mpi tcp slurm tokenize; do
+for name in unit exports install golden docs errors meshrun ranks mpi tcp slurm tokenize; do
     case " ${MESH_TEST_SKIP_SECTIONS:-} " in
     *" $name "*) echo "SKIP $name/*: MESH_TEST_SKIP_SECTIONS" ;;
     *) t0=$SECONDS; "${name}_section"; echo "# $name: $((SECONDS - t0)) s" ;;
