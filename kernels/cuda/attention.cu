@@ -292,6 +292,15 @@ __device__ __forceinline__ void warp_scratch(unsigned char *base, float **wa,
 
 /* ---- forward -------------------------------------------------------------- */
 
+/* The (batch, head) pair of this block: blockIdx.y, continued in
+ * blockIdx.z past the grid's 65535 rows (attn_launch); -1 for the padding
+ * blocks of the last z slice (the whole block returns). */
+__device__ __forceinline__ long long att_row_block(long long rows)
+{
+    long long r = (long long)blockIdx.z * gridDim.y + blockIdx.y;
+    return r < rows ? r : -1;
+}
+
 template <typename T, int DP>
 __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_args a)
 {
@@ -301,7 +310,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_args a)
     int g = lane >> 3, sub = lane & 7;
     /* heavy (late) query blocks first when causal */
     int i0 = (a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * ATT_TILE;
-    int b = blockIdx.y / a.H, h = blockIdx.y % a.H, kvh = h / (a.H / a.KV);
+    long long bh = att_row_block(a.B * (long long)a.H);
+    if (bh < 0)
+        return;
+    int b = (int)(bh / a.H), h = (int)(bh % a.H), kvh = h / (a.H / a.KV);
     long long bt0 = (long long)b * a.T;
     const T *q = (const T *)a.q + bt0 * a.qs + (long long)h * a.d;
     const T *k = (const T *)a.k + bt0 * a.ks + (long long)kvh * a.d;
@@ -448,7 +460,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv_kernel(attn_args a)
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 3, sub = lane & 7;
     int j0 = blockIdx.x * ATT_TILE; /* early keys (the most queries) first */
-    int b = blockIdx.y / a.KV, kvh = blockIdx.y % a.KV, rep = a.H / a.KV;
+    long long bkv = att_row_block(a.B * (long long)a.KV);
+    if (bkv < 0)
+        return;
+    int b = (int)(bkv / a.KV), kvh = (int)(bkv % a.KV), rep = a.H / a.KV;
     long long bt0 = (long long)b * a.T;
     T *sK = (T *)smem;
     T *sV = (T *)(smem + cfg::TILE_BYTES);
@@ -519,7 +534,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_kernel(attn_args a)
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 3, sub = lane & 7;
     int i0 = (a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * ATT_TILE;
-    int b = blockIdx.y / a.H, h = blockIdx.y % a.H, kvh = h / (a.H / a.KV);
+    long long bh = att_row_block(a.B * (long long)a.H);
+    if (bh < 0)
+        return;
+    int b = (int)(bh / a.H), h = (int)(bh % a.H), kvh = h / (a.H / a.KV);
     long long bt0 = (long long)b * a.T;
     const T *k = (const T *)a.k + bt0 * a.ks + (long long)kvh * a.d;
     const T *v = (const T *)a.v + bt0 * a.vs + (long long)kvh * a.d;
@@ -576,6 +594,13 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_kernel(attn_args a)
 
 enum { ATT_FWD, ATT_DKV, ATT_DQ };
 
+static int att_grid_rows = 65535; /* kcuda_attention_grid_rows */
+
+void kcuda_attention_grid_rows(int rows)
+{
+    att_grid_rows = rows >= 1 && rows <= 65535 ? rows : 65535;
+}
+
 template <typename T, int DP>
 static int attn_launch(int which, const attn_args &a, cudaStream_t s)
 {
@@ -588,7 +613,12 @@ static int attn_launch(int which, const attn_args &a, cudaStream_t s)
     void (*kern)(attn_args) = which == ATT_FWD   ? attn_fwd_kernel<T, DP>
                               : which == ATT_DKV ? attn_bwd_dkv_kernel<T, DP>
                                                  : attn_bwd_dq_kernel<T, DP>;
-    dim3 grid(tiles, (unsigned)(which == ATT_DKV ? a.B * a.KV : a.B * a.H));
+    /* a block per (query or key tile, batch row, head); the rows past the
+     * grid's 65535 in z slices (att_row_block), the tiles of one head
+     * next to each other (its keys and values stay in L2 among them) */
+    long long rows = which == ATT_DKV ? (long long)a.B * a.KV : (long long)a.B * a.H;
+    unsigned ys = (unsigned)(rows < att_grid_rows ? rows : att_grid_rows);
+    dim3 grid(tiles, ys, (unsigned)((rows + ys - 1) / ys));
     KCUDA_CHECK(cudaFuncSetAttribute(
         kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     kern<<<grid, ATT_THREADS, bytes, s>>>(a);
@@ -627,8 +657,9 @@ static int attn_setup(attn_args *a, int B, int T, int H, int KV, int d,
               B, T, H, KV);
     KCUDA_ARG(d >= 1 && d <= 128,
               "attention: head size d=%d unsupported (1..128)", d);
-    KCUDA_ARG((long long)B * H <= 65535,
-              "attention: B*H=%lld exceeds the grid's 65535", (long long)B * H);
+    KCUDA_ARG((long long)B * H <= 65535LL * 65535,
+              "attention: B*H=%lld exceeds the grid's 65535 x 65535",
+              (long long)B * H);
     a->B = B;
     a->T = T;
     a->H = H;

@@ -404,6 +404,11 @@ int kcuda_attention_qkv_backward(kcuda_ctx *ctx, void *dqkv,
                                  const float *lse, const void *qkv, int B,
                                  int T, int H, int KV, int d, int causal,
                                  kcuda_dtype dt, void *stream);
+/* Tests: the attention kernels' grid takes at most `rows` (batch, head)
+ * pairs in its y dimension (1..65535, CUDA's limit and the default; 0
+ * restores it), the rest in z slices, so that a small case can run the
+ * slices that B*H > 65535 needs. Not thread-safe: set it before launching. */
+void kcuda_attention_grid_rows(int rows);
 
 /* ---- moe.cu: mixture-of-experts routing, dispatch, experts, combine ----- */
 

@@ -906,6 +906,12 @@ static void t_attention(kcuda_dtype dt)
     attn_case(dt, 1, 64, 3, 1, 80, 1, 0);   /* d padded to 128, MQA */
     attn_case(dt, 2, 70, 2, 1, 18, 1, 0);   /* d not in packs */
     attn_case(dt, 1, 200, 2, 2, 128, 1, 0); /* four key tiles */
+    /* B*H past the grid's rows (65535; 3 here): the pairs in z slices,
+     * the last one part padding */
+    kcuda_attention_grid_rows(3);
+    attn_case(dt, 2, 100, 4, 2, 16, 1, 0);
+    attn_case(dt, 1, 130, 5, 5, 32, 0, 0);
+    kcuda_attention_grid_rows(0);
 }
 
 static void t_attention_qkv(kcuda_dtype dt)
