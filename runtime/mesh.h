@@ -228,7 +228,8 @@ typedef struct mesh_step_stats {
                          compute stream's waits for them, from CUDA events, and the host's
                          until each was enqueued. Either time on a GPU counts what the GPU
                          has finished when the step returns: a collective still running
-                         then counts in the next step's */
+                         then counts in the next step's (and one that finds the GPU 256
+                         collectives behind the host is not timed, rather than wait) */
 } mesh_step_stats;
 
 /* One training step: micro_batches x micro_batch x seq_len input ids and
