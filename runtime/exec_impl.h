@@ -51,7 +51,7 @@ typedef struct ex_lterm {
     double coef;
 } ex_lterm;
 
-/* A communication queue's marks (exec_overlap.c): per call in flight, an
+/* A communication queue's marks (exec_marks.c): per call in flight, an
  * event recorded on the compute stream when the call is queued, which the
  * queue's thread waits for (through a device handle of its own) before
  * running the call: on a GPU, the kernels that write its buffers have
@@ -424,6 +424,19 @@ int exec__overlap_layer_done(mesh__exec *ex, int it);
 int exec__overlap_parts_done(mesh__exec *ex, int here, int left);
 int exec__overlap_wait(mesh__exec *ex);
 int exec__overlap_issued(const mesh__exec *ex, const plan_step *st, int it);
+
+/* A queue's marks (exec_marks.c). exec__marks_init makes its events
+ * (with deferred, ex->ordered, the timed ones and the lock too);
+ * exec__marks_hooks gives the hooks comm_async_new takes; exec__marks_busy
+ * the seconds the queue's calls have run so far (deferred: on the GPU, as
+ * far as it has got) and *stall the compute stream's seconds waiting for
+ * them (deferred; else 0); exec__marks_untimed the calls and waits not
+ * timed (their ring full). */
+int exec__marks_init(mesh__exec *ex, ex_marks *m);
+void exec__marks_free(mesh__exec *ex, ex_marks *m);
+comm_async_hooks exec__marks_hooks(ex_marks *m, int deferred);
+double exec__marks_busy(ex_marks *m, const comm_async *q, double *stall);
+long long exec__marks_untimed(ex_marks *m);
 
 /* This step's overlap so far: seconds its queues' calls ran, and seconds
  * the rank waited for them (comm_async_busy; the waits exec_overlap.c

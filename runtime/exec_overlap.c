@@ -119,178 +119,6 @@ static int rs_step(const mesh__exec *ex, int s)
            ex->p->tensors[st->node].op == G_PARAM && exec__staged(ex, st->node) && exec__step_comm(ex, st) != NULL;
 }
 
-/* comm_async's hooks (ud: the queue's ex_marks). As a call is queued: its
- * slot's event marks the compute stream's work so far. */
-static int mark(void *ud, long ticket, char *err, size_t n)
-{
-    ex_marks *m = ud;
-    mesh__exec *ex = m->ex;
-    if (dev_event_record(ex->dev, m->ev[ticket % EX_MARKS], (dev_stream *)ex->kern.stream) == MESH_OK) return 0;
-    snprintf(err, n, "rank %d: marking a queued collective on %s: %s", ex->rank, ex->dev->name,
-             dev_last_error(ex->dev));
-    return -1;
-}
-
-/* ---- the GPU's own times (deferred queues) ---------------------------- */
-
-/* Adds in the times of the pairs [*timed, made) of a ring that the GPU
- * has finished, oldest first (d: the calling thread's handle). A failed
- * query stops it: the times are a measurement, not the step's result. */
-static void harvest_ring(dev *d, dev_event *const *from, dev_event *const *to, long long made, long long *timed,
-                         double *ms_sum)
-{
-    while (*timed < made) {
-        int slot = (int)(*timed % EX_TIMES), done = 0;
-        double ms = 0;
-        if (dev_event_query(d, to[slot], &done) != MESH_OK || !done ||
-            dev_event_elapsed(d, from[slot], to[slot], &ms) != MESH_OK)
-            return;
-        *ms_sum += ms > 0 ? ms : 0;
-        ++*timed;
-    }
-}
-
-/* The calls' times so far (under m->mu; d: the calling thread's handle). */
-static void harvest_calls(ex_marks *m, dev *d)
-{
-    harvest_ring(d, m->start, m->end, m->calls_made, &m->calls_timed, &m->busy_ms);
-}
-
-/* The rank's thread: the calls' and the compute stream's waits' times, as
- * far as the GPU has got (no wait). */
-static void harvest(ex_marks *m)
-{
-    if (!m->mu_made) return;
-    pthread_mutex_lock(&m->mu);
-    harvest_calls(m, m->ex->dev);
-    pthread_mutex_unlock(&m->mu);
-    harvest_ring(m->ex->dev, m->pre, m->post, m->joins_made, &m->joins_timed, &m->stall_ms);
-}
-
-/* In the queue's thread, before a call: the work it was queued after has
- * run (deferred: the queue's stream waits for it on the GPU, then marks
- * the call's start if its ring has room). */
-static int wait_mark(void *ud, long ticket, comm *c, char *err, size_t n)
-{
-    ex_marks *m = ud;
-    mesh__exec *ex = m->ex;
-    if (m->deferred) {
-        if (comm_nccl_wait_event(c, m->ev[ticket % EX_MARKS]) != 0) {
-            snprintf(err, n, "%s", c->error);
-            return -1;
-        }
-        pthread_mutex_lock(&m->mu);
-        harvest_calls(m, m->dev);
-        m->timing = m->calls_made - m->calls_timed < EX_TIMES;
-        m->untimed_calls += !m->timing;
-        long long slot = m->calls_made % EX_TIMES;
-        pthread_mutex_unlock(&m->mu);
-        if (!m->timing || comm_nccl_record_event(c, m->start[slot]) == 0) return 0;
-        snprintf(err, n, "%s", c->error);
-        return -1;
-    }
-    if (dev_event_sync(m->dev, m->ev[ticket % EX_MARKS], m->timeout) == MESH_OK) return 0;
-    snprintf(err, n, "rank %d: waiting for the kernels before a queued collective: %s", ex->rank,
-             dev_last_error(m->dev));
-    return -1;
-}
-
-/* Deferred, in the queue's thread once the call is enqueued: its slot's
- * done event follows it on the queue's stream (and its end, timed). */
-static int ran(void *ud, long ticket, comm *c, char *err, size_t n)
-{
-    ex_marks *m = ud;
-    if (!m->deferred) return 0;
-    if (comm_nccl_record_event(c, m->done[ticket % EX_MARKS]) != 0 ||
-        (m->timing && comm_nccl_record_event(c, m->end[m->calls_made % EX_TIMES]) != 0)) {
-        snprintf(err, n, "%s", c->error);
-        return -1;
-    }
-    if (m->timing) {
-        pthread_mutex_lock(&m->mu);
-        m->calls_made++;
-        pthread_mutex_unlock(&m->mu);
-    }
-    m->timing = 0;
-    return 0;
-}
-
-/* Deferred, in the rank's thread at the end of its wait for a ticket: the
- * compute stream waits for the call's work (a slot marked again since by
- * a later call makes it wait for that one too: the queue runs in order). */
-static int joined(void *ud, long ticket, char *err, size_t n)
-{
-    ex_marks *m = ud;
-    mesh__exec *ex = m->ex;
-    dev_stream *s = (dev_stream *)ex->kern.stream;
-    dev_event *done_ev = m->done[ticket % EX_MARKS];
-    int done = 1, slot = (int)(m->joins_made % EX_TIMES);
-    if (!m->deferred) return 0;
-    harvest(m);
-    int timed = m->joins_made - m->joins_timed < EX_TIMES; /* (else the GPU is EX_TIMES waits behind) */
-    m->untimed_joins += !timed;
-    if (dev_event_query(ex->dev, done_ev, &done) == MESH_OK &&
-        (!timed || dev_event_record(ex->dev, m->pre[slot], s) == MESH_OK) &&
-        dev_event_wait(ex->dev, s, done_ev) == MESH_OK &&
-        (!timed || dev_event_record(ex->dev, m->post[slot], s) == MESH_OK)) {
-        m->joins++;
-        m->joins_made += timed;
-        m->ahead += !done; /* (the host went on with the call still on the GPU) */
-        return 0;
-    }
-    snprintf(err, n, "rank %d: ordering the compute stream after a queued collective: %s", ex->rank,
-             dev_last_error(ex->dev));
-    return -1;
-}
-
-/* The queue's marks: its events and its thread's handle on the device.
- * With the rank's NCCL calls ordered on the compute stream (ex->ordered),
- * the queue's are ordered on the GPU too (deferred). */
-static int marks_init(mesh__exec *ex, ex_marks *m)
-{
-    char why[256];
-    m->ex = ex;
-    m->deferred = ex->ordered;
-    m->timeout = comm_timeout_from_env(); /* a queue never waits longer than its backend's timeout */
-    mesh_status st = dev_open(ex->gpu ? MESH_DEVICE_CUDA : MESH_DEVICE_CPU, ex->gpu ? ex->dev->index : 0, &m->dev, why,
-                              sizeof why);
-    for (int i = 0; st == MESH_OK && i < EX_MARKS; i++) {
-        st = dev_event_create(ex->dev, &m->ev[i]);
-        if (st == MESH_OK && m->deferred) st = dev_event_create(ex->dev, &m->done[i]);
-        if (st != MESH_OK) snprintf(why, sizeof why, "%s", dev_last_error(ex->dev));
-    }
-    for (int i = 0; st == MESH_OK && m->deferred && i < EX_TIMES; i++) {
-        dev_event **timed[] = {&m->start[i], &m->end[i], &m->pre[i], &m->post[i]};
-        for (int k = 0; st == MESH_OK && k < 4; k++) st = dev_event_create_timed(ex->dev, timed[k]);
-        if (st != MESH_OK) snprintf(why, sizeof why, "%s", dev_last_error(ex->dev));
-    }
-    if (st == MESH_OK && m->deferred) {
-        if (pthread_mutex_init(&m->mu, NULL) == 0) m->mu_made = 1;
-        else st = MESH_ERR_NOMEM, snprintf(why, sizeof why, "pthread_mutex_init failed");
-    }
-    if (st == MESH_OK) return 0;
-    snprintf(ex->error, sizeof ex->error, "rank %d: a communication queue's events: %s", ex->rank, why);
-    return -2;
-}
-
-static void marks_free(mesh__exec *ex, ex_marks *m)
-{
-    for (int i = 0; i < EX_MARKS; i++) {
-        dev_event_destroy(ex->dev, m->ev[i]);
-        dev_event_destroy(ex->dev, m->done[i]);
-        m->ev[i] = m->done[i] = NULL;
-    }
-    for (int i = 0; i < EX_TIMES; i++) {
-        dev_event *all[] = {m->start[i], m->end[i], m->pre[i], m->post[i]};
-        for (int k = 0; k < 4; k++) dev_event_destroy(ex->dev, all[k]);
-        m->start[i] = m->end[i] = m->pre[i] = m->post[i] = NULL;
-    }
-    if (m->mu_made) pthread_mutex_destroy(&m->mu);
-    m->mu_made = 0;
-    dev_close(m->dev);
-    m->dev = NULL;
-}
-
 int exec__overlap_init(mesh__exec *ex, unsigned flags)
 {
     const plan *p = ex->p;
@@ -353,12 +181,12 @@ int exec__overlap_init(mesh__exec *ex, unsigned flags)
     /* a queue per data-parallel group (collective over each, the same on every member) */
     for (int g = 0; g < 2; g++) {
         ex->ov_comm[g] = groups[g];
-        comm_async_hooks hooks = {mark, wait_mark, ran, joined, &ex->ov_mark[g], EX_MARKS, ex->ordered};
+        comm_async_hooks hooks = exec__marks_hooks(&ex->ov_mark[g], ex->ordered);
         if (groups[g] && comm_async_new(groups[g], &hooks, &ex->ov_q[g]) != 0) {
             snprintf(ex->error, sizeof ex->error, "rank %d: %s", ex->rank, groups[g]->error);
             return -2;
         }
-        if (ex->ov_q[g] && marks_init(ex, &ex->ov_mark[g]) != 0) return -2; /* (after the split: collective) */
+        if (ex->ov_q[g] && exec__marks_init(ex, &ex->ov_mark[g]) != 0) return -2; /* (after the split: collective) */
         /* (a GPU's staged copies on the queue's own handle; the guarded CPU
          * device's stay on the rank's, which opens and closes its memory) */
         if (ex->gpu && ex->ov_q[g] && comm_async_own_device(ex->ov_q[g], ex->ov_mark[g].dev) != 0) {
@@ -378,7 +206,7 @@ void exec__overlap_free(mesh__exec *ex)
             comm_async_abort(ex->ov_q[g], "its step failed with collectives in flight");
         comm_async_free(ex->ov_q[g]); /* (else the last step's gathers finish first) */
         ex->ov_q[g] = NULL;
-        marks_free(ex, &ex->ov_mark[g]);
+        exec__marks_free(ex, &ex->ov_mark[g]);
     }
     exec__host_free(ex, ex->ag_layer, ex->ag_layer ? (size_t)ex->ag_layers * sizeof *ex->ag_layer : 0);
     ex->ag_layer = NULL;
@@ -410,26 +238,16 @@ static int wait_for(mesh__exec *ex, comm_async *q, long ticket)
     return rc;
 }
 
-/* Seconds the rank's queues have run calls, in all: deferred, the calls'
- * time on the GPU, as far as it has finished them; else the queue's
- * thread's time running them. *stall: deferred, the compute stream's
- * seconds waiting for them, in all (else 0). */
+/* Seconds the rank's queues have run calls, in all (exec__marks_busy);
+ * *stall: their compute stream's seconds waiting for them on a GPU. */
 static double queues_busy(mesh__exec *ex, double *stall)
 {
-    double busy = 0;
+    double busy = 0, st;
     *stall = 0;
     for (int g = 0; g < 2; g++) {
-        ex_marks *m = &ex->ov_mark[g];
         if (!ex->ov_q[g]) continue;
-        if (!m->deferred) {
-            busy += comm_async_busy(ex->ov_q[g]);
-            continue;
-        }
-        harvest(m);
-        pthread_mutex_lock(&m->mu);
-        busy += 1e-3 * m->busy_ms;
-        pthread_mutex_unlock(&m->mu);
-        *stall += 1e-3 * m->stall_ms;
+        busy += exec__marks_busy(&ex->ov_mark[g], ex->ov_q[g], &st);
+        *stall += st;
     }
     return busy;
 }
@@ -640,14 +458,7 @@ double mesh__exec_queue_stall_ms(mesh__exec *ex, long long *untimed)
 {
     double stall;
     queues_busy(ex, &stall);
-    *untimed = 0;
-    for (int g = 0; g < 2; g++) {
-        ex_marks *m = &ex->ov_mark[g];
-        if (!m->mu_made) continue;
-        pthread_mutex_lock(&m->mu);
-        *untimed += m->untimed_calls + m->untimed_joins;
-        pthread_mutex_unlock(&m->mu);
-    }
+    *untimed = exec__marks_untimed(&ex->ov_mark[0]) + exec__marks_untimed(&ex->ov_mark[1]);
     return 1e3 * stall;
 }
 
