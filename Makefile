@@ -212,9 +212,10 @@ all: $(BUILD)/libmesh.a $(BUILD)/libmesh.so $(BUILD)/meshrun $(BUILD)/meshc
 # the unit tests that train on several ranks train 3 steps, not 20
 # (MESH_UNIT_STEPS: a sanitizer needs each path run, which 3 steps do;
 # make test checks the losses of all 20).
+SAN_STEPS = MESH_UNIT_STEPS=3
 ifneq ($(SAN),0)
 TEST_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
-           UBSAN_OPTIONS=print_stacktrace=1 MESH_UNIT_STEPS=3
+           UBSAN_OPTIONS=print_stacktrace=1 $(SAN_STEPS)
 endif
 
 # With MPI, the MPI tests' program too (tests/run.sh runs it under mpirun);
@@ -234,7 +235,7 @@ TSAN_TESTS = $(shell sed -n 's/^TEST(\(comm_[a-z0-9_]*\|parallel_[a-z0-9_]*\|exe
                tests/unit/test_list.h)
 tsan:
 	$(MAKE) BUILD=build-tsan SAN=thread build-tsan/unit_tests
-	OPENBLAS_NUM_THREADS=1 MESH_UNIT_STEPS=3 TSAN_OPTIONS="halt_on_error=1 exitcode=66" build-tsan/unit_tests $(TSAN_TESTS) \
+	OPENBLAS_NUM_THREADS=1 $(SAN_STEPS) TSAN_OPTIONS="halt_on_error=1 exitcode=66" build-tsan/unit_tests $(TSAN_TESTS) \
 	    >build-tsan/tsan.out 2>&1; rc=$$?; cat build-tsan/tsan.out; \
 	    sed -n 's/^# \([0-9]* passed, [0-9]* failed\)$$/\1/p' build-tsan/tsan.out; exit $$rc
 

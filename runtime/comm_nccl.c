@@ -691,6 +691,7 @@ static int check_alloc(ncomm *m)
     uint64_t *host = NULL;
     size_t *want = malloc(A2A_CHECKS * p * sizeof *want);
     cudaError_t ce = want ? cudaMallocHost((void **)&host, A2A_CHECKS * 2 * p * sizeof *host) : cudaSuccess;
+    if (ce != cudaSuccess) host = NULL;
     for (int i = 0; want && ce == cudaSuccess && i < A2A_CHECKS; i++) {
         ce = cudaEventCreateWithFlags(&m->chk[i].back, cudaEventDisableTiming);
         if (ce != cudaSuccess) m->chk[i].back = NULL;

@@ -85,8 +85,8 @@ typedef struct ex_marks {
     double busy_ms;           /* the harvested calls' time on the GPU */
     long long joins_made, joins_timed; /* (the rank's thread only) the same for the waits */
     double stall_ms;          /* the compute stream's time waiting for calls, harvested */
-    long long untimed_calls;  /* calls that found their ring full (under mu) */
-    long long untimed_joins;  /* (the rank's thread) waits that did */
+    long long untimed_calls;  /* calls that found their ring full (under mu; the waits that did:
+                                 joins - joins_made) */
 } ex_marks;
 
 struct mesh__exec {

@@ -129,14 +129,13 @@ static int ran(void *ud, long ticket, comm *c, char *err, size_t n)
 static int joined(void *ud, long ticket, char *err, size_t n)
 {
     ex_marks *m = ud;
+    if (!m->deferred) return 0;
     mesh__exec *ex = m->ex;
     dev_stream *s = (dev_stream *)ex->kern.stream;
     dev_event *done_ev = m->done[ticket % EX_MARKS];
     int done = 1, slot = (int)(m->joins_made % EX_TIMES);
-    if (!m->deferred) return 0;
     harvest(m);
     int timed = m->joins_made - m->joins_timed < EX_TIMES; /* (else the GPU is EX_TIMES waits behind) */
-    m->untimed_joins += !timed;
     if (dev_event_query(ex->dev, done_ev, &done) == MESH_OK &&
         (!timed || dev_event_record(ex->dev, m->pre[slot], s) == MESH_OK) &&
         dev_event_wait(ex->dev, s, done_ev) == MESH_OK &&
@@ -223,5 +222,5 @@ long long exec__marks_untimed(ex_marks *m)
     pthread_mutex_lock(&m->mu);
     long long n = m->untimed_calls;
     pthread_mutex_unlock(&m->mu);
-    return n + m->untimed_joins;
+    return n + (m->joins - m->joins_made);
 }
