@@ -638,7 +638,7 @@ demo: deps
 	@echo; echo "== demo: gpt-tiny trained on 8 ranks (dp 2 x tp 2 x pp 2) in $$(cat $(BUILD)/gpt-tiny-8.log.s) s; the run's summary:"; \
 	grep '^step .* | loss ' $(BUILD)/gpt-tiny-8.log | tail -n 1; \
 	grep ' | val loss ' $(BUILD)/gpt-tiny-8.log | tail -n 1; \
-	grep -E '^meshrun: (memory|bytes)' $(BUILD)/gpt-tiny-8.log
+	grep -E '^meshrun: (memory|bytes|time)' $(BUILD)/gpt-tiny-8.log
 
 clean:
 	rm -rf build build-*/

@@ -284,6 +284,18 @@ mesh_status mesh_context_sent(const mesh_context *ctx, int index, char *what, si
     return MESH_OK;
 }
 
+mesh_status mesh_context_comm_ms(mesh_context *ctx, int index, double *ms, double *calls, long long *untimed)
+{
+    long long u = 0;
+    double n = 0;
+    if (!ctx || !ms) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_comm_ms: NULL argument");
+    if (index < 0 || mesh__exec_comm_ms(ctx->ex, index, ms, &n, &u) != 0)
+        return mesh__fail(MESH_ERR_INVALID_ARG, "no entry %d of the bytes sent", index);
+    if (calls) *calls = n;
+    if (untimed) *untimed = u;
+    return MESH_OK;
+}
+
 mesh_status mesh_context_rank(const mesh_context *ctx, int *rank, int *data_rank, int *data_ranks)
 {
     if (!ctx) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_rank: NULL context");
@@ -317,7 +329,7 @@ mesh_status mesh_train_step(mesh_context *ctx, const int *inputs, const int *tar
     int rc = mesh__exec_train_step(ctx->ex, ctx->step + 1, inputs, targets, &st);
     ctx->step++; /* a skipped step counts too: the schedule and the data move on */
     if (stats) *stats = (mesh_step_stats){st.loss, st.norm, st.lr, ctx->step, st.loss_scale, st.skipped,
-                                          st.overlapped, st.overlap_ms, st.wait_ms};
+                                          st.overlapped, st.overlap_ms, st.wait_ms, st.comm_ms};
     if (rc == -2) return mesh__fail(MESH_ERR_RANK, "step %lld: %s", ctx->step, mesh__exec_error(ctx->ex));
     if (rc != 0)
         return mesh__fail(MESH_ERR_CHECK, "step %lld: the loss (%g) or the gradient norm (%g) is not finite; "

@@ -572,6 +572,10 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, comm *d
         goto fail;
     }
     if (ov != 0) goto oom;
+    if (exec__turns_init(ex) != 0) {
+        set_err(err, errn, "%s", ex->error);
+        goto fail;
+    }
     if (ex->tokens_in < 0 || ex->targets_in < 0) {
         set_err(err, errn, "the model needs two inputs (tokens and targets)");
         goto fail;
@@ -639,6 +643,7 @@ void mesh__exec_free(mesh__exec *ex)
         if (ex->moe) ex_free(ex, ex->moe[id]);
     }
     exec__overlap_free(ex); /* its queues use the arena and the groups */
+    exec__turns_free(ex);
     if (ex->data != ex->axis[0]) comm_free(ex->data);
     for (int a = 0; a < 4; a++) comm_free(ex->axis[a]);
     comm_free(ex->tied);

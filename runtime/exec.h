@@ -43,6 +43,7 @@ typedef struct mesh__step_stats {
                          sync during backward, ZeRO-2/3's reduce-scatters, ZeRO-3's gathers */
     double overlap_ms; /* the time those collectives ran */
     double wait_ms;   /* the time the rank waited for them (what overlapping did not hide) */
+    double comm_ms;   /* the time of the collectives it made in its turn (exec_comm.c) */
 } mesh__step_stats;
 
 /* Creates the executor for a plan (which must outlive it) and initialises
@@ -112,6 +113,14 @@ int mesh__exec_data_mean(mesh__exec *ex, double *x);
  * the plan's prediction for the rank's stage (-1 when the plan has none).
  * -1 past the last entry. */
 int mesh__exec_sent(const mesh__exec *ex, int k, char *what, size_t n, double *bytes, double *planned);
+
+/* The time per training step (the mean over the steps taken, in ms) of
+ * entry k's collectives made in the rank's turn (exec_comm.c; those run
+ * on a communication queue are overlap_ms'), as far as the device has
+ * finished them, and how many calls a step that time is of; *untimed:
+ * the calls of every entry that went untimed (the GPU EX_TIMES calls
+ * behind the host). -1 past the last entry. */
+int mesh__exec_comm_ms(mesh__exec *ex, int k, double *ms, double *calls, long long *untimed);
 
 /* Why the last train step returned -2 (a collective failed). */
 const char *mesh__exec_error(const mesh__exec *ex);

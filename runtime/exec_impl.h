@@ -6,6 +6,10 @@
  *   exec_ops.c     one op forward and backward, through the device's kernels (kern.h)
  *   exec_step.c    the program's phases, collectives, pipeline, a step
  *   exec_params.c  params in the whole param, ZeRO shards, checkpoints' views
+ *   exec_overlap.c the collectives overlapped with compute: what is issued when
+ *   exec_marks.c   their communication queues' marks, and their times on a GPU
+ *   exec_comm.c    the collectives made in the rank's turn: ordered, timed
+ *   exec_loss.c    the loss's terms, on the device until the step reads them
  */
 #ifndef MESH_EXEC_IMPL_H
 #define MESH_EXEC_IMPL_H
@@ -88,6 +92,22 @@ typedef struct ex_marks {
     long long untimed_calls;  /* calls that found their ring full (under mu; the waits that did:
                                  joins - joins_made) */
 } ex_marks;
+
+/* The collectives the rank makes in its turn, timed during a training
+ * step by entry of mesh_context_sent's table (exec_comm.c): ms[kind][axis]
+ * (shard_step_kind; the pipeline's transfers at [STEP_SLICE][0]). Ordered
+ * on a GPU, each call's time comes from the timed events start and end in
+ * a ring of EX_TIMES (kinds, axes: each slot's entry), added in once the
+ * GPU has finished them; else from the host's clock. */
+typedef struct ex_turns {
+    dev_event *start[EX_TIMES], *end[EX_TIMES];
+    signed char kinds[EX_TIMES], axes[EX_TIMES];
+    long long made, timed, untimed; /* calls recorded, added in, found the ring full */
+    int kind, axis, slot;           /* the call in hand: its entry (kind -1: untimed), its slot (-1: the host's) */
+    double t0;                      /* the host's clock as it began */
+    double ms[STEP_SLICE + 1][4];
+    long long calls[STEP_SLICE + 1][4]; /* the calls whose times ms has */
+} ex_turns;
 
 struct mesh__exec {
     const plan *p;
@@ -231,6 +251,7 @@ struct mesh__exec {
     int chain;           /* deterministic: the data-parallel ranks add their gradients one after
                             another, in the one-rank order (MESH__EXEC_DETERMINISTIC) */
     double sent[STEP_SLICE][4], sent_p2p; /* bytes sent by kind and axis, and by pipeline sends */
+    ex_turns turns;      /* the in-turn collectives' times (exec_comm.c) */
     long long steps;     /* training steps counted */
     mesh_alloc_fn alloc; /* the context's allocator hook */
     void *ud;
@@ -288,8 +309,21 @@ int exec__kern_done(mesh__exec *ex, int rc); /* closes the guard; returns rc */
  * for first (MESH_NCCL_BLOCKING=1, or a checked world: the call returns
  * with its result in place), and the call is not made if that wait
  * fails. */
-#define EXEC_COMM(ex, call) (exec__comm_begin(ex) != 0 ? -1 : (call))
-int exec__comm_begin(mesh__exec *ex);
+#define EXEC_COMM(ex, kind, axis, call) \
+    (exec__comm_begin((ex), (kind), (axis)) != 0 ? -1 : exec__comm_end((ex), (call)))
+/* exec_comm.c. The call's time in a training step is added to entry
+ * (kind, axis) of mesh_context_sent's table (a shard_step_kind; STEP_SLICE
+ * with axis 0: the pipeline's transfers; kind -1: not timed). */
+int exec__comm_begin(mesh__exec *ex, int kind, int axis);
+int exec__comm_end(mesh__exec *ex, int rc); /* returns rc, or -1 if timing it failed */
+/* The events that time them (ordered on a GPU): -2 with ex->error */
+int exec__turns_init(mesh__exec *ex);
+void exec__turns_free(mesh__exec *ex);
+/* The time so far of entry (kind, axis)'s calls, in ms, and *calls of
+ * them (*untimed: the calls of all entries that went untimed); and of
+ * every entry. */
+double exec__turns_ms(mesh__exec *ex, int kind, int axis, long long *calls, long long *untimed);
+double exec__turns_total(mesh__exec *ex);
 
 /* bytes from src to dst, both in the arena (a device-to-device copy); dmove
  * allows them to overlap (dst below src, as a slice moved to the front). */

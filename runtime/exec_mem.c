@@ -89,18 +89,6 @@ int exec__kern_done(mesh__exec *ex, int rc)
     return rc;
 }
 
-int exec__comm_begin(mesh__exec *ex)
-{
-    if (ex->gpu && !ex->ordered && dev_stream_sync(ex->dev, (dev_stream *)ex->kern.stream) != MESH_OK) {
-        if (!ex->dev_failed)
-            snprintf(ex->error, sizeof ex->error, "rank %d: waiting for the GPU before a collective: %.300s", ex->rank,
-                     dev_last_error(ex->dev));
-        ex->dev_failed = 1;
-        return -1;
-    }
-    return 0;
-}
-
 int exec__kern_failed(mesh__exec *ex, const char *what)
 {
     if (!ex->dev_failed) snprintf(ex->error, sizeof ex->error, "rank %d: %s: %.300s", ex->rank, what, ex->kern.error);

@@ -68,7 +68,7 @@ static int moe_exchange(mesh__exec *ex, const void *in, void *out, size_t bytes)
     comm *c = ex->axis[3];
     size_t counts[64];
     for (int q = 0; q < c->size; q++) counts[q] = bytes / (size_t)ex->esize;
-    if (EXEC_COMM(ex, comm_all_to_all(c, in, counts, out, counts)) == 0) return 0;
+    if (EXEC_COMM(ex, STEP_ALL_TO_ALL, 3, comm_all_to_all(c, in, counts, out, counts)) == 0) return 0;
     snprintf(ex->error, sizeof ex->error, "rank %d: the moe all-to-all over ep: %s", ex->rank, c->error);
     return -1;
 }
@@ -160,12 +160,15 @@ static int ce_shard_forward(mesh__exec *ex, float *aux, const float *logits, con
     /* a device failure stops the group rather than leave it waiting in the next exchange */
     if (EXEC_KERN(ex, crossentropy_shard_max, mx, tl, logits, targets, N, col0, W, V) != 0)
         return exec__kern_failed(ex, "crossentropy_shard_max"), comm_abort(c, ex->error), -1;
-    if (EXEC_COMM(ex, comm_all_gather(c, mx, all, (size_t)N * sizeof(float) / elems)) != 0) goto comm_failed;
+    /* (timed as the plan's all-reduce(tp) of the loss, which they are) */
+    if (EXEC_COMM(ex, STEP_ALL_REDUCE, 1, comm_all_gather(c, mx, all, (size_t)N * sizeof(float) / elems)) != 0)
+        goto comm_failed;
     if (EXEC_KERN(ex, crossentropy_shard_rowmax, mx, all, N, P) != 0)
         return exec__kern_failed(ex, "crossentropy_shard_rowmax"), comm_abort(c, ex->error), -1;
     if (EXEC_KERN(ex, crossentropy_shard_sumexp, x, tl, logits, mx, N, col0, W, V) != 0)
         return exec__kern_failed(ex, "crossentropy_shard_sumexp"), comm_abort(c, ex->error), -1;
-    if (EXEC_COMM(ex, comm_all_gather(c, (float *)(void *)x, all, 2 * (size_t)N * sizeof(double) / elems)) != 0)
+    if (EXEC_COMM(ex, STEP_ALL_REDUCE, 1,
+                  comm_all_gather(c, (float *)(void *)x, all, 2 * (size_t)N * sizeof(double) / elems)) != 0)
         goto comm_failed;
     if (EXEC_KERN(ex, crossentropy_shard_finish, mean, tl, lse, (double *)(void *)all, mx, N, P) != 0)
         return exec__kern_failed(ex, "crossentropy_shard_finish"), -1;

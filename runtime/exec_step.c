@@ -82,10 +82,11 @@ static int tp_convert(mesh__exec *ex, const plan_step *st, int it, comm *c)
                 for (size_t o = 0; rc == 0 && o < outer; o++)
                     rc = exec__dcopy(ex, AT(pack, ((size_t)q * outer + o) * run), AT(buf, (o * L + (size_t)q * Ll) * inner),
                                      run * es);
-            if (rc == 0) rc = EXEC_COMM(ex, comm_reduce_scatter(c, pack, buf, chunk));
+            if (rc == 0) rc = EXEC_COMM(ex, st->kind, st->axis, comm_reduce_scatter(c, pack, buf, chunk));
             break;
         }
-        rc = EXEC_COMM(ex, comm_all_reduce(c, buf, n)); /* no room to pack: the whole sum, then the rank's slice */
+        /* no room to pack: the whole sum, then the rank's slice */
+        rc = EXEC_COMM(ex, st->kind, st->axis, comm_all_reduce(c, buf, n));
         /* fallthrough */
     case STEP_SLICE:
         for (size_t o = 0; rc == 0 && o < outer; o++)
@@ -94,7 +95,7 @@ static int tp_convert(mesh__exec *ex, const plan_step *st, int it, comm *c)
     case STEP_ALL_GATHER:
         if (!pack) return comm_fail(c, "all-gather", "the communication buffer holds %lld bytes, not %zu",
                                     (long long)ex->ms->comm, n * es);
-        rc = EXEC_COMM(ex, comm_all_gather(c, buf, pack, chunk));
+        rc = EXEC_COMM(ex, st->kind, st->axis, comm_all_gather(c, buf, pack, chunk));
         for (int q = tp - 1; rc == 0 && q >= 0; q--)
             for (size_t o = outer; rc == 0 && o-- > 0;)
                 rc = exec__dcopy(ex, AT(buf, (o * L + (size_t)q * Ll) * inner), AT(pack, ((size_t)q * outer + o) * run),
@@ -191,9 +192,10 @@ int exec__bucket_call(mesh__exec *ex, int q, int r, int it, comm_async *queue)
         return -1;
     }
     if (a)
-        rc = EXEC_COMM(ex, kind == STEP_REDUCE_SCATTER ? comm_reduce_scatter_v(c, even, ne, a)
-                                                       : comm_all_gather_v(c, even, ne, a));
-    if (rc == 0 && b) rc = EXEC_COMM(ex, comm_all_reduce_v(c, uneven, nu, b));
+        rc = EXEC_COMM(ex, kind, first->axis,
+                       kind == STEP_REDUCE_SCATTER ? comm_reduce_scatter_v(c, even, ne, a)
+                                                   : comm_all_gather_v(c, even, ne, a));
+    if (rc == 0 && b) rc = EXEC_COMM(ex, kind, first->axis, comm_all_reduce_v(c, uneven, nu, b));
     for (int i = 0; rc == 0 && kind == STEP_ALL_REDUCE && i < b; i++) exec__round(ex, uneven[i], nu[i]);
     if (rc != 0)
         snprintf(ex->error, sizeof ex->error, "rank %d: %s(dp) of bucket %d (%d tensors, %s): %s", ex->rank, what,
@@ -209,8 +211,8 @@ long exec__zreduce(mesh__exec *ex, const plan_step *st, int it, comm_async *queu
     float *mine = exec__at(ex, g, (size_t)c->rank * part);
     if (queue) /* uneven shards: the whole sum, of which the rank uses its part */
         return n % (size_t)c->size == 0 ? comm_async_reduce_scatter(queue, g, mine, part) : comm_async_all_reduce(queue, g, n);
-    return n % (size_t)c->size == 0 ? EXEC_COMM(ex, comm_reduce_scatter(c, g, mine, part))
-                                    : EXEC_COMM(ex, comm_all_reduce(c, g, n));
+    if (n % (size_t)c->size == 0) return EXEC_COMM(ex, st->kind, st->axis, comm_reduce_scatter(c, g, mine, part));
+    return EXEC_COMM(ex, st->kind, st->axis, comm_all_reduce(c, g, n));
 }
 
 long exec__zgather(mesh__exec *ex, const plan_step *st, int it, int own, comm_async *queue)
@@ -225,9 +227,11 @@ long exec__zgather(mesh__exec *ex, const plan_step *st, int it, int own, comm_as
         return -1;
     }
     if (n % (size_t)c->size == 0)
-        return queue ? comm_async_all_gather(queue, mine, w, sh) : EXEC_COMM(ex, comm_all_gather(c, mine, w, sh));
+        return queue ? comm_async_all_gather(queue, mine, w, sh)
+                     : EXEC_COMM(ex, st->kind, st->axis, comm_all_gather(c, mine, w, sh));
     zero_around_shard(ex, w, n, sh, c->rank); /* uneven: a sum of the shards over zeros is the gather, exactly */
-    return queue ? comm_async_all_reduce(queue, w, n) : EXEC_COMM(ex, comm_all_reduce(c, w, n));
+    return queue ? comm_async_all_reduce(queue, w, n)
+                 : EXEC_COMM(ex, st->kind, st->axis, comm_all_reduce(c, w, n));
 }
 
 int exec__zshard_add(mesh__exec *ex, int id, int it)
@@ -270,12 +274,13 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
         what = "all-reduce";
         if (ex->p->tensors[st->node].op == G_CROSS_ENTROPY) return 0; /* the op exchanges its sums itself */
         if (nt->op == G_PARAM && st->phase == PLAN_GRAD_SYNC && ex->p->setup.zero >= 2) { /* a tied param's shards */
-            rc = EXEC_COMM(ex, comm_all_reduce(c, exec__gshard(ex, st->node, it), ex->shard[st->node]));
+            rc = EXEC_COMM(ex, st->kind, st->axis,
+                           comm_all_reduce(c, exec__gshard(ex, st->node, it), ex->shard[st->node]));
             break; /* the step's gradients are rounded after the sync (mesh__exec_train_step) */
         }
         /* forward: a partial sum of values; backward and the gradient sync: of gradients */
         float *x = value ? exec__vptr(ex, st->node, it) : exec__gptr(ex, st->node, it);
-        rc = EXEC_COMM(ex, comm_all_reduce(c, x, n));
+        rc = EXEC_COMM(ex, st->kind, st->axis, comm_all_reduce(c, x, n));
         if (rc == 0) exec__round(ex, x, n); /* a sum in fp32, stored in the plan's precision */
         break;
     case STEP_REDUCE_SCATTER: { /* ZeRO's gradient sync: this rank's shard summed, in place */
@@ -364,10 +369,11 @@ static int pipe_transfer(mesh__exec *ex, int grad, int send)
         int exit = g->carry[k].exit, entry = g->carry[k].entry;
         size_t bytes = (size_t)exec__buf_of(ex, exit)->bytes;
         int rc;
-        if (!grad && !send) rc = EXEC_COMM(ex, comm_recv(c, ex->arena + exec__recv_at(ex, k), bytes, peer));
-        else if (!grad) rc = EXEC_COMM(ex, comm_send(c, exec__vptr(ex, exit, last_it), bytes, peer));
-        else if (!send) rc = EXEC_COMM(ex, comm_recv(c, exec__gptr(ex, exit, last_it), bytes, peer));
-        else rc = EXEC_COMM(ex, comm_send(c, exec__gptr(ex, entry, 0), bytes, peer));
+        if (!grad && !send)
+            rc = EXEC_COMM(ex, STEP_SLICE, 0, comm_recv(c, ex->arena + exec__recv_at(ex, k), bytes, peer));
+        else if (!grad) rc = EXEC_COMM(ex, STEP_SLICE, 0, comm_send(c, exec__vptr(ex, exit, last_it), bytes, peer));
+        else if (!send) rc = EXEC_COMM(ex, STEP_SLICE, 0, comm_recv(c, exec__gptr(ex, exit, last_it), bytes, peer));
+        else rc = EXEC_COMM(ex, STEP_SLICE, 0, comm_send(c, exec__gptr(ex, entry, 0), bytes, peer));
         if (rc == 0 && send && ex->counting) ex->sent_p2p += (double)bytes;
         if (rc != 0) {
             snprintf(ex->error, sizeof ex->error, "rank %d (stage %d): %s %s %s stage %d: %s", ex->rank, ex->stage,
@@ -385,7 +391,7 @@ static int pipe_transfer(mesh__exec *ex, int grad, int send)
  * reaches only after receiving it. Other backends' sends are eager. */
 static int pipe_flush(mesh__exec *ex)
 {
-    if (ex->p->pp == 1 || !ex->axis[2] || EXEC_COMM(ex, comm_nccl_flush(ex->axis[2])) == 0) return 0;
+    if (ex->p->pp == 1 || !ex->axis[2] || EXEC_COMM(ex, STEP_SLICE, 0, comm_nccl_flush(ex->axis[2])) == 0) return 0;
     snprintf(ex->error, sizeof ex->error, "rank %d (stage %d): the schedule's last transfer: %s", ex->rank,
              ex->stage, ex->axis[2]->error);
     return -1;
@@ -683,10 +689,11 @@ static int chain_link(mesh__exec *ex, int end, double *loss)
         zero_param_grads(ex);
         *loss = 0;
     } else if (!end) {
-        rc = EXEC_COMM(ex, comm_recv(c, g, bytes, d - 1)) | comm_recv(h, loss, sizeof *loss, d - 1);
+        rc = EXEC_COMM(ex, -1, 0, comm_recv(c, g, bytes, d - 1)) | comm_recv(h, loss, sizeof *loss, d - 1);
     } else {
-        if (d < last) rc = EXEC_COMM(ex, comm_send(c, g, bytes, d + 1)) | comm_send(h, loss, sizeof *loss, d + 1);
-        if (rc == 0) rc = EXEC_COMM(ex, comm_broadcast(c, g, bytes, last)) | comm_broadcast(h, loss, sizeof *loss, last);
+        if (d < last) rc = EXEC_COMM(ex, -1, 0, comm_send(c, g, bytes, d + 1)) | comm_send(h, loss, sizeof *loss, d + 1);
+        if (rc == 0)
+            rc = EXEC_COMM(ex, -1, 0, comm_broadcast(c, g, bytes, last)) | comm_broadcast(h, loss, sizeof *loss, last);
     }
     if (rc != 0)
         snprintf(ex->error, sizeof ex->error, "rank %d: the deterministic chain: %s", ex->rank,
@@ -699,9 +706,10 @@ static int train_step(mesh__exec *ex, long long step, const int32_t *inputs, con
 
 /* The step's overlapped collectives (the gathers after AdamW included, which
  * run into the next step's forward) and their times so far. */
-static void overlap_stats(mesh__exec *ex, mesh__step_stats *st)
+static void overlap_stats(mesh__exec *ex, mesh__step_stats *st, double turns0)
 {
     double busy, wait;
+    st->comm_ms = exec__turns_total(ex) - turns0;
     st->overlapped = ex->ov_step_calls + ex->pf_step_calls + ex->rs_step_calls + ex->ag_step_calls;
     exec__overlap_times(ex, &busy, &wait);
     st->overlap_ms = 1e3 * busy;
@@ -721,7 +729,7 @@ static int train_step(mesh__exec *ex, long long step, const int32_t *inputs, con
 {
     const fe_setup *s = &ex->p->setup;
     int m = (int)(s->micro_batches > 0 ? s->micro_batches : 1);
-    double loss = 0;
+    double loss = 0, turns0 = exec__turns_total(ex);
     ex->counting = 1;
     ex->steps++;
     exec__overlap_step_begin(ex);
@@ -788,7 +796,7 @@ static int train_step(mesh__exec *ex, long long step, const int32_t *inputs, con
         if (ex->scale_dynamic) ex->loss_scale = S / 2 > 1.0 ? S / 2 : 1.0;
         ex->scale_good = 0;
         ex->counting = 0;
-        overlap_stats(ex, st);
+        overlap_stats(ex, st, turns0);
         return 0;
     }
     if (ex->scale_dynamic && ++ex->scale_good >= ex->scale_interval) {
@@ -826,14 +834,16 @@ static int train_step(mesh__exec *ex, long long step, const int32_t *inputs, con
     int queued = exec__gather_issue(ex);
     int rc = queued < 0 ? -2 : (queued || run_phase(ex, PLAN_AFTER_OPTIMIZER) == 0) && !ex->dev_failed ? 0 : -2;
     ex->counting = 0;
-    overlap_stats(ex, st);
+    overlap_stats(ex, st, turns0);
     return rc;
 }
 
-int mesh__exec_sent(const mesh__exec *ex, int k, char *what, size_t n, double *bytes, double *planned)
+/* Entry k of the table of what the rank sent: its kind and axis (the
+ * pipeline's transfers: STEP_SLICE, 0), those with bytes or the plan's
+ * prediction in order; -1 past the last. */
+static int sent_entry(const mesh__exec *ex, int k, int *kind_of, int *axis_of)
 {
     const plan_traffic *t = ex->p->traffic ? &ex->p->traffic[ex->stage] : NULL;
-    double steps = ex->steps > 0 ? (double)ex->steps : 1;
     for (int kind = STEP_ALL_REDUCE; kind <= STEP_SLICE; kind++)
         for (int a = 0; a < 4; a++) {
             int p2p = kind == STEP_SLICE;
@@ -842,13 +852,36 @@ int mesh__exec_sent(const mesh__exec *ex, int k, char *what, size_t n, double *b
             double want = !t ? -1 : p2p ? (double)t->send : (double)t->coll[kind][a];
             if (got == 0 && want <= 0) continue;
             if (k-- > 0) continue;
-            if (p2p) snprintf(what, n, "send(pp)");
-            else snprintf(what, n, "%s(%s)", shard_step_name((shard_step_kind)kind), plan__axis_name(a));
-            *bytes = got / steps;
-            *planned = want;
+            *kind_of = kind;
+            *axis_of = a;
             return 0;
         }
     return -1;
+}
+
+int mesh__exec_sent(const mesh__exec *ex, int k, char *what, size_t n, double *bytes, double *planned)
+{
+    const plan_traffic *t = ex->p->traffic ? &ex->p->traffic[ex->stage] : NULL;
+    double steps = ex->steps > 0 ? (double)ex->steps : 1;
+    int kind, a;
+    if (sent_entry(ex, k, &kind, &a) != 0) return -1;
+    int p2p = kind == STEP_SLICE;
+    if (p2p) snprintf(what, n, "send(pp)");
+    else snprintf(what, n, "%s(%s)", shard_step_name((shard_step_kind)kind), plan__axis_name(a));
+    *bytes = (p2p ? ex->sent_p2p : ex->sent[kind][a]) / steps;
+    *planned = !t ? -1 : p2p ? (double)t->send : (double)t->coll[kind][a];
+    return 0;
+}
+
+int mesh__exec_comm_ms(mesh__exec *ex, int k, double *ms, double *calls, long long *untimed)
+{
+    int kind, a;
+    long long n;
+    if (sent_entry(ex, k, &kind, &a) != 0) return -1;
+    double steps = ex->steps > 0 ? (double)ex->steps : 1;
+    *ms = exec__turns_ms(ex, kind, a, &n, untimed) / steps;
+    *calls = (double)n / steps;
+    return 0;
 }
 
 int mesh__exec_data_mean(mesh__exec *ex, double *x)

@@ -205,6 +205,25 @@ mesh_status mesh_context_memory(const mesh_context *ctx, size_t *allocated, size
 mesh_status mesh_context_sent(const mesh_context *ctx, int index, char *what, size_t n, double *bytes,
                               double *planned);
 
+/* The time per training step (the mean over the steps taken, in
+ * milliseconds) that entry `index` of mesh_context_sent's table took in
+ * this rank's turn, and the calls a step it is the time of (calls may be
+ * NULL): its collectives that were not overlapped with
+ * compute (tensor parallelism's sums and conversions, moe's all-to-alls,
+ * the pipeline's sends and receives as "send(pp)", the gradient sums,
+ * reduce-scatters and gathers of --no-overlap or of a group that has no
+ * communication queue; those run on the communication thread are
+ * mesh_step_stats' overlap_ms). On a GPU whose NCCL calls are ordered on
+ * its streams (the default over NCCL), the GPU's own time running them
+ * on the compute stream, from CUDA events recorded around each call (an
+ * NCCL send goes out with the rank's next call and counts there), as far
+ * as the GPU has finished them; else the host's time in each call. Both
+ * include the time a call waits for the group's other ranks (a
+ * pipeline's bubble, an uneven load). untimed (may be NULL): calls of
+ * every entry that went untimed because the GPU was 256 collectives
+ * behind the host. MESH_ERR_INVALID_ARG past the last entry. */
+mesh_status mesh_context_comm_ms(mesh_context *ctx, int index, double *ms, double *calls, long long *untimed);
+
 /* What a training step reports. */
 typedef struct mesh_step_stats {
     double loss;      /* mean over the step's micro-batches */
@@ -230,6 +249,9 @@ typedef struct mesh_step_stats {
                          has finished when the step returns: a collective still running
                          then counts in the next step's (and one that finds the GPU 256
                          collectives behind the host is not timed, rather than wait) */
+    double comm_ms;   /* the time of the collectives this rank made in its turn during the step
+                         (not overlapped; per kind and axis: mesh_context_comm_ms, whose
+                         words apply): on a GPU what it has finished when the step returns */
 } mesh_step_stats;
 
 /* One training step: micro_batches x micro_batch x seq_len input ids and

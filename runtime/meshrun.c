@@ -244,22 +244,35 @@ static void log_step(FILE *metrics, mesh_context *ctx, const mesh_step_stats *st
     if (metrics) {
         if (st->loss_scale != 1.0) snprintf(scale, sizeof scale, ", \"loss_scale\": %g", st->loss_scale);
         fprintf(metrics, "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f%s, "
-                "\"ms\": %.3f, \"tokens_per_s\": %.1f}\n", st->step, st->loss, st->lr, st->grad_norm, scale, ms,
-                1e3 * step_tokens / ms);
+                "\"ms\": %.3f, \"comm_ms\": %.3f, \"tokens_per_s\": %.1f}\n", st->step, st->loss, st->lr,
+                st->grad_norm, scale, ms, st->comm_ms, 1e3 * step_tokens / ms);
         fflush(metrics);
     }
 }
 
-/* The bytes rank 0 sent per step, beside the plan's prediction. */
-static void print_sent(const mesh_context *ctx)
+/* The bytes rank 0 sent per step, beside the plan's prediction; then the
+ * time its collectives took in its turn (gpu: the GPU's own, as
+ * mesh_context_comm_ms measures it when NCCL's calls are ordered). */
+static void print_sent(mesh_context *ctx, int gpu)
 {
     char what[48];
-    double bytes, planned;
+    double bytes, planned, ms;
+    long long untimed = 0;
     for (int k = 0; mesh_context_sent(ctx, k, what, sizeof what, &bytes, &planned) == MESH_OK; k++) {
         if (k == 0) printf("meshrun: bytes rank 0 sent per step (the plan's):");
         if (planned >= 0) printf("%s %s %.0f (%.0f)", k ? "," : "", what, bytes, planned);
         else printf("%s %s %.0f", k ? "," : "", what, bytes);
         if (mesh_context_sent(ctx, k + 1, what, sizeof what, &bytes, &planned) != MESH_OK) putchar('\n');
+    }
+    for (int k = 0; mesh_context_sent(ctx, k, what, sizeof what, &bytes, &planned) == MESH_OK &&
+                    mesh_context_comm_ms(ctx, k, &ms, NULL, &untimed) == MESH_OK; k++) {
+        if (k == 0)
+            printf("meshrun: time rank 0's collectives took per step in its turn, %s:", gpu ? "on the GPU" : "on the host");
+        printf("%s %s %.2f ms", k ? "," : "", what, ms);
+        if (mesh_context_sent(ctx, k + 1, what, sizeof what, &bytes, &planned) != MESH_OK) {
+            if (untimed > 0) printf(" (%lld calls untimed: the GPU was far behind)", untimed);
+            putchar('\n');
+        }
     }
     fflush(stdout);
 }
@@ -395,14 +408,15 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
             t0 = now_s();
         }
     }
-    if (lead && rc == MESH_OK) print_sent(ctx);
+    mesh_device_kind dev = MESH_DEVICE_CPU;
+    mesh_device_info(&dev, NULL);
+    /* NCCL's calls ordered on the GPU: the times are the GPU's own (mesh_step_stats) */
+    int gpu_times = dev == MESH_DEVICE_CUDA && !env_is_1("MESH_NCCL_BLOCKING") && !env_is_1("MESH_GPU_SHARED");
+    if (lead && rc == MESH_OK) print_sent(ctx, gpu_times);
     if (lead && rc == MESH_OK && overlap_steps > 0) {
         double ran = overlap_ms / overlap_steps, waited = wait_ms / overlap_steps;
         double hidden = ran > 0 && waited < ran ? 100 * (ran - waited) / ran : 0;
-        mesh_device_kind dev = MESH_DEVICE_CPU;
-        mesh_device_info(&dev, NULL);
-        if (dev == MESH_DEVICE_CUDA && !env_is_1("MESH_NCCL_BLOCKING") && !env_is_1("MESH_GPU_SHARED"))
-            /* (NCCL's calls ordered on the GPU: both times the GPU's own, mesh_step_stats) */
+        if (gpu_times)
             printf("meshrun: overlap: rank 0's collectives on its communication stream ran %.2f ms a step on the GPU; "
                    "the rank waited for them %.2f ms (its compute stream on the GPU, its host until each was "
                    "enqueued: %.0f%% hidden behind compute)\n", ran, waited, hidden);

@@ -309,10 +309,10 @@ expect() {
 # same_losses A.jsonl B.jsonl: --metrics files with the same 3 logged
 # steps and losses within 1e-5 relative (the JSON lines' 6 digits).
 same_losses() {
-    paste -d ' ' "$1" "$2" | awk '
-        { a = $4; b = $16; sub(",", "", a); sub(",", "", b); n++
-          d = a - b; if (d < 0) d = -d; if (a < 0) a = -a
-          if ($2 != $14 || d > 1e-5 * a) bad = 1 }
+    local pick='s/^{"step": \([0-9]*\), "loss": \([^,]*\),.*/\1 \2/p'
+    paste -d ' ' <(sed -n "$pick" "$1") <(sed -n "$pick" "$2") | awk '
+        { n++; d = $2 - $4; if (d < 0) d = -d; a = $2 < 0 ? -$2 : $2
+          if (NF != 4 || $1 != $3 || d > 1e-5 * a) bad = 1 }
         END { exit !(n == 3 && !bad) }'
 }
 
@@ -321,6 +321,18 @@ same_losses() {
 sent_as_planned() {
     grep "^meshrun: bytes rank 0 sent per step (the plan's):" "$1" | sed 's/^[^:]*:[^:]*://' | tr ',' '\n' |
         awk 'NF == 3 { n++; b = $3; gsub(/[()]/, "", b); if ($2 != b) bad = 1 } END { exit !(n > 0 && !bad) }'
+}
+
+# times_listed OUT WHERE: meshrun's line of the time rank 0's collectives
+# took in its turn (WHERE: "host", "GPU") names the entries of its bytes
+# line, in order, each with a time.
+times_listed() {
+    local bytes times
+    bytes=$(grep "^meshrun: bytes rank 0 sent per step (the plan's):" "$1" | sed 's/^[^:]*:[^:]*://' | tr ',' '\n' |
+        awk 'NF >= 2 { print $1 }')
+    times=$(grep "^meshrun: time rank 0's collectives took per step in its turn, on the $2:" "$1" |
+        sed 's/^[^:]*:[^:]*://' | tr ',' '\n' | awk 'NF == 3 && $2 ~ /^[0-9]+\.[0-9][0-9]$/ && $3 == "ms" { print $1 }')
+    [ -n "$bytes" ] && [ "$bytes" = "$times" ]
 }
 
 # loss_falls OUT MAX: a 60-step run's output: the loss from above 5 at
@@ -469,7 +481,7 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     capture "$TMP/metrics.out" "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/dd.bin" --val "$TMP/dd.bin" --steps 10 \
         --metrics "$TMP/metrics.jsonl" --threads 1
     if [ "$(wc -l <"$TMP/metrics.jsonl")" = 3 ] &&
-        grep -q '^{"step": 1, "loss": 5\.[0-9]*, "lr": [0-9.e+-]*, "grad_norm": [0-9.]*, "ms": [0-9.]*, "tokens_per_s": [0-9.]*}$' "$TMP/metrics.jsonl" &&
+        grep -q '^{"step": 1, "loss": 5\.[0-9]*, "lr": [0-9.e+-]*, "grad_norm": [0-9.]*, "ms": [0-9.]*, "comm_ms": [0-9.]*, "tokens_per_s": [0-9.]*}$' "$TMP/metrics.jsonl" &&
         grep -q '^{"step": 10, "val_loss": [0-9.]*}$' "$TMP/metrics.jsonl"; then
         pass meshrun/metrics-json-lines
     else
@@ -599,7 +611,7 @@ ranks_section() {
         if grep -q "^meshrun: $((dp * tp * pp)) ranks (dp $dp x tp $tp x pp $pp x ep 1) as threads of this process$" "$TMP/m$m.out" &&
             [ "$(grep 'val loss' "$TMP/m$m.out" | tail -n 1 | cut -c1-30)" = "$(grep 'val loss' "$TMP/m1x1x1.out" | tail -n 1 | cut -c1-30)" ] &&
             [ "$(tail -n 1 "$TMP/m$m.out")" = "exit: 0" ] && same_losses "$TMP/m1x1x1.steps" "$TMP/m$m.steps" &&
-            sent_as_planned "$TMP/m$m.out"; then
+            sent_as_planned "$TMP/m$m.out" && times_listed "$TMP/m$m.out" host; then
             pass meshrun/dp$dp-tp$tp-pp$pp-same-losses-as-one-rank
         else
             fail meshrun/dp$dp-tp$tp-pp$pp-same-losses-as-one-rank "$TMP/m$m.out"

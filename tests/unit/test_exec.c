@@ -143,7 +143,7 @@ static void check_training(const char *src)
     if (!ex) unit_fail(__FILE__, __LINE__, err);
     ASSERT_INT_EQ(p.setup.micro_batches, 2);
     int32_t in[32], tg[32];
-    mesh__step_stats st, first = {0, 0, 0, 1, 0, 0, 0, 0};
+    mesh__step_stats st, first = {0, 0, 0, 1, 0, 0, 0, 0, 0};
     for (int step = 1; step <= 40; step++) {
         batch(in, tg, 16, step);
         batch(in + 16, tg + 16, 16, step + 5);
@@ -451,7 +451,27 @@ typedef struct eq_run {
                                and all of them */
     double stall_ms;  /* rank 0's compute stream's waits on the GPU for its deferred queues' calls */
     long long untimed; /* and its calls and waits not timed */
+    double comm_ms;   /* rank 0's collectives in its turn: the sum of its steps' comm_ms */
 } eq_run;
+
+/* Rank 0's collectives in its turn, by entry of mesh_context_sent's table
+ * (mesh_context_comm_ms, per step), after the last eq_losses run. */
+enum { EQ_ENTRIES = 12 };
+static struct eq_comm {
+    int n;
+    char what[EQ_ENTRIES][32];
+    double ms[EQ_ENTRIES], calls[EQ_ENTRIES];
+    long long untimed;
+    double steps_ms; /* eq_run.comm_ms */
+} eq_comm;
+
+/* Entry `what` of eq_comm ("all-reduce(tp)"), or -1. */
+static int eq_entry(const char *what)
+{
+    for (int k = 0; k < eq_comm.n; k++)
+        if (strcmp(eq_comm.what[k], what) == 0) return k;
+    return -1;
+}
 
 static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
 {
@@ -479,6 +499,16 @@ static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
         if (s != MESH_OK) return s;
         if (rank == 0) r->loss[step - 1] = st.loss, r->waits = mesh__exec_gpu_waits(ctx->ex) - waits;
         if (rank == 0) r->overlapped = st.overlapped, r->overlap_ms = st.overlap_ms, r->wait_ms = st.wait_ms;
+        if (rank == 0) r->comm_ms += st.comm_ms;
+    }
+    if (rank == 0) { /* (the table of the context's last run) */
+        double bytes, plan_bytes;
+        memset(&eq_comm, 0, sizeof eq_comm);
+        for (int k = 0; k < EQ_ENTRIES && mesh_context_sent(ctx, k, eq_comm.what[k], sizeof eq_comm.what[k], &bytes,
+                                                            &plan_bytes) == MESH_OK; k++, eq_comm.n++)
+            if (mesh_context_comm_ms(ctx, k, &eq_comm.ms[k], &eq_comm.calls[k], &eq_comm.untimed) != MESH_OK)
+                return MESH_ERR_INTERNAL;
+        eq_comm.steps_ms = r->comm_ms;
     }
     if (rank == 0) r->ahead = mesh__exec_queue_ahead(ctx->ex, &r->joins);
     if (rank == 0) r->stall_ms = mesh__exec_queue_stall_ms(ctx->ex, &r->untimed);
@@ -526,7 +556,7 @@ static void eq_losses(const char *src, const char *const *sets, int n_sets, doub
     mesh_plan *mp = NULL;
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run r = {mp, {0}, -1, 0, 0, 0, 0, eq_ckpt, 0, 0, 0, 0, 0, 0};
+    eq_run r = {mp, {0}, -1, 0, 0, 0, 0, eq_ckpt, 0, 0, 0, 0, 0, 0, 0};
     mesh_status st = mesh_run_ranks(mp, eq_rank, &r);
     if (st != MESH_OK) unit_fail(__FILE__, __LINE__, "%s", mesh_last_error());
     memcpy(out, r.loss, sizeof r.loss);
@@ -950,6 +980,54 @@ static int nccl_gpus(mesh_device_kind *was)
     return gpus;
 }
 
+/* The collectives a rank makes in its turn, timed by entry of
+ * mesh_context_sent's table (mesh_context_comm_ms), on CPU ranks (the
+ * host's time in each call): tp 2 x pp 2, 3 steps: tensor parallelism's
+ * sums and the pipeline's transfers each took calls and time every step,
+ * and the steps' comm_ms add up to the entries' times; no dp entry on a
+ * mesh without dp. dp 2: the gradient sums made in turn with
+ * --no-overlap are more than with the overlap (whose calls run on the
+ * communication thread, timed apart: overlap_ms), and take time. */
+TEST_IMPL(parallel_comm_timed_in_turn)
+{
+    static const char *const tp_pp[] = {"train.micro_batch=1", "train.global_batch=2", "mesh.tp=2", "mesh.pp=2"};
+    static const char *const dp2[] = {"train.micro_batch=1", "train.global_batch=2", "mesh.dp=2"};
+    double losses[EQ_STEPS];
+    eq_steps = 3;
+    eq_losses(tiny_src, tp_pp, 4, losses);
+    int tp = eq_entry("all-reduce(tp)"), pp = eq_entry("send(pp)");
+    double total = 0;
+    for (int k = 0; k < eq_comm.n; k++) {
+        fprintf(stderr, "# tp 2 x pp 2: %s %.3f ms a step, %.1f calls\n", eq_comm.what[k], eq_comm.ms[k],
+                eq_comm.calls[k]);
+        total += eq_comm.ms[k] * 3;
+    }
+    if (tp < 0 || pp < 0) unit_fail(__FILE__, __LINE__, "tp 2 x pp 2: no all-reduce(tp) or send(pp) entry");
+    ASSERT_INT_EQ(eq_entry("all-reduce(dp)"), -1);
+    for (int k = 0; k < 2; k++) {
+        int e = k ? pp : tp;
+        if (!(eq_comm.calls[e] >= 1 && eq_comm.ms[e] > 0))
+            unit_fail(__FILE__, __LINE__, "%s: %.1f calls, %.4f ms a step", eq_comm.what[e], eq_comm.calls[e],
+                      eq_comm.ms[e]);
+    }
+    if (!(fabs(eq_comm.steps_ms - total) <= 1e-6 * total + 1e-9) || eq_comm.untimed != 0)
+        unit_fail(__FILE__, __LINE__, "the steps' comm_ms add to %.6f ms, the entries' to %.6f (%lld untimed)",
+                  eq_comm.steps_ms, total, eq_comm.untimed);
+    double calls[2];
+    for (int v = 0; v < 2; v++) {
+        mesh__set_exec_flags(v ? MESH__EXEC_NO_OVERLAP : 0);
+        eq_losses(tiny_src, dp2, 3, losses);
+        int dp = eq_entry("all-reduce(dp)");
+        if (dp < 0) unit_fail(__FILE__, __LINE__, "dp 2: no all-reduce(dp) entry");
+        calls[v] = eq_comm.calls[dp];
+        if (v && !(eq_comm.ms[dp] > 0)) unit_fail(__FILE__, __LINE__, "dp 2 in turn: %.4f ms", eq_comm.ms[dp]);
+    }
+    mesh__set_exec_flags(0);
+    fprintf(stderr, "# dp 2: %.1f gradient sums a step in turn with the overlap, %.1f without\n", calls[0], calls[1]);
+    if (!(calls[1] > calls[0])) unit_fail(__FILE__, __LINE__, "dp 2: %.1f calls in turn overlapped, %.1f not", calls[0],
+                                          calls[1]);
+}
+
 /* Several ranks as threads, a GPU each (the process's device CUDA): their
  * device collectives and pipeline transfers go over NCCL (api.c:
  * join_gpus), the ZeRO-3 reduce-scatters and prefetched gathers on the
@@ -1060,6 +1138,40 @@ TEST_IMPL(parallel_cuda_overlap_timed_on_the_gpu)
     if (lag_ms > 0 && !(ran >= 0.95 * lag_ms * overlapped && waited >= 0.5 * lag_ms && stall >= 1.5 * lag_ms))
         unit_fail(__FILE__, __LINE__, "%d calls held %.1f ms each: %.2f ms on the GPU, %.2f ms waited (the "
                   "compute stream %.2f ms over 3 steps)", overlapped, lag_ms, ran, waited, stall);
+}
+
+/* The collectives a rank makes in its turn, timed on the GPU (timed
+ * events around each NCCL call on the compute stream): tp 2 over NCCL, 2
+ * steps. all-reduce(tp) took calls and time every step, none untimed;
+ * with EMU_NCCL_LAG_US set (each NCCL launch held that long on its
+ * stream: run.sh), each call at least that long. Then the same with
+ * MESH_NCCL_BLOCKING=1, timed on the host (its wait for each call). With
+ * fewer GPUs than 2: one SKIP line. */
+TEST_IMPL(parallel_cuda_turns_timed_on_the_gpu)
+{
+    mesh_device_kind was = MESH_DEVICE_CPU;
+    if (nccl_gpus(&was) < 2) return;
+    static const char *const tp2[] = {"train.micro_batch=1", "train.global_batch=1", "mesh.tp=2", "mesh.dp=1"};
+    const char *lag_env = getenv("EMU_NCCL_LAG_US");
+    double lag_ms = lag_env ? atof(lag_env) / 1e3 : 0, losses[EQ_STEPS];
+    eq_steps = 2;
+    ASSERT_INT_EQ(mesh_set_device(MESH_DEVICE_CUDA), MESH_OK);
+    for (int v = 0; v < 2; v++) {
+        if (v) setenv("MESH_NCCL_BLOCKING", "1", 1);
+        eq_losses(tiny_src, tp2, 4, losses);
+        unsetenv("MESH_NCCL_BLOCKING");
+        int e = eq_entry("all-reduce(tp)");
+        if (e < 0) unit_fail(__FILE__, __LINE__, "tp 2: no all-reduce(tp) entry");
+        double ms = eq_comm.ms[e], calls = eq_comm.calls[e];
+        fprintf(stderr, "# tp 2 over NCCL%s, its launches held %.1f ms: %.1f all-reduces a step in turn, %.2f ms "
+                "(%s); %lld untimed\n", v ? " (blocking)" : "", lag_ms, calls, ms, v ? "the host's" : "the GPU's",
+                eq_comm.untimed);
+        if (!(calls >= 1 && ms > 0) || eq_comm.untimed != 0)
+            unit_fail(__FILE__, __LINE__, "%.1f calls, %.4f ms, %lld untimed", calls, ms, eq_comm.untimed);
+        if (lag_ms > 0 && !(ms >= 0.95 * lag_ms * calls))
+            unit_fail(__FILE__, __LINE__, "%.1f calls held %.1f ms each took %.2f ms a step", calls, lag_ms, ms);
+    }
+    ASSERT_INT_EQ(mesh_set_device(was), MESH_OK);
 }
 
 /* parallel_cuda_ranks_over_nccl's first mesh, 2 steps, for
@@ -1279,7 +1391,7 @@ TEST_IMPL(parallel_failing_rank_stops_the_job)
     mesh_plan *mp = NULL;
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run r = {mp, {0}, 2, 3, 0, 0, 0, NULL, 0, 0, 0, 0, 0, 0};
+    eq_run r = {mp, {0}, 2, 3, 0, 0, 0, NULL, 0, 0, 0, 0, 0, 0, 0};
     ASSERT_INT_EQ(mesh_run_ranks(mp, eq_rank, &r), MESH_ERR_IO);
     ASSERT_NOT_NULL(strstr(mesh_last_error(), "rank 2: "));
     ASSERT_INT_EQ(r.loss[2], 0); /* rank 0 never finished step 3 */
@@ -1297,7 +1409,7 @@ TEST_IMPL(parallel_failing_rank_stops_the_job)
     ASSERT_INT_EQ(mesh_compile("tiny.mesh", tiny_src, strlen(tiny_src), &opt, &text, &len), MESH_OK);
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run q = {mp, {0}, 3, 3, 0, 0, 0, NULL, 0, 0, 0, 0, 0, 0};
+    eq_run q = {mp, {0}, 3, 3, 0, 0, 0, NULL, 0, 0, 0, 0, 0, 0, 0};
     time_t t0 = time(NULL);
     ASSERT_INT_EQ(mesh_run_ranks(mp, eq_rank, &q), MESH_ERR_IO);
     ASSERT_NOT_NULL(strstr(mesh_last_error(), "rank 3: "));

@@ -74,6 +74,9 @@ run "$T/gpu.log" --device cuda --steps 2 --checkpoint "$T/ck"
 check "4 emulated GPUs train 2 steps over NCCL, validate and save a checkpoint" $?
 grep -q 'running on NVIDIA H200 (CPU emulation' "$T/gpu.log"
 check "meshrun says it runs on the (emulated) GPU" $?
+grep "^meshrun: time rank 0's collectives took per step in its turn, on the GPU:" "$T/gpu.log" |
+    grep -q ' all-reduce(tp) [0-9]*\.[0-9][0-9] ms, .*send(pp) [0-9]*\.[0-9][0-9] ms'
+check "meshrun says how long rank 0's tp sums and pipeline transfers took on the GPU (timed events)" $?
 run "$T/resume.log" --device cuda --steps 3 --checkpoint "$T/ck" --resume
 check "they resume from the checkpoint for a third step" $?
 grep -q 'resumed from .* after step 2' "$T/resume.log"

@@ -69,7 +69,8 @@ if [ -x "$B/unit_tests_emu" ]; then
         skipped
         # (each NCCL launch held 20 ms on its stream: what the overlap hid, timed on the GPU; 3 steps of dp 2)
         run "the overlap timed on 2 GPUs, NCCL's launches held 20 ms" env OPENBLAS_NUM_THREADS=1 MESH_EMU_GPUS=2 \
-            EMU_NCCL_LAG_US=20000 "$B/unit_tests_emu" parallel_cuda_overlap_timed_on_the_gpu
+            EMU_NCCL_LAG_US=20000 "$B/unit_tests_emu" parallel_cuda_overlap_timed_on_the_gpu \
+            parallel_cuda_turns_timed_on_the_gpu
         skipped
     else # (under TSan the whole executor tests take too long: 2 steps of dp 2 ZeRO-3, about 25 s)
         run "the executor on 2 GPUs, over NCCL, 2 steps" env OPENBLAS_NUM_THREADS=1 MESH_EMU_GPUS=2 \

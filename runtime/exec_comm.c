@@ -1,0 +1,145 @@
+/* exec_comm.c — the collectives a rank makes in its own turn (EXEC_COMM,
+ * exec_impl.h): ordered after the kernels before them, and timed.
+ *
+ * In turn means on the rank's path, not queued on a communication thread
+ * (exec_overlap.c, exec_marks.c time those): tensor parallelism's sums and
+ * conversions, the vocabulary-parallel cross-entropy's exchanges, moe's
+ * all-to-alls, the pipeline's sends and receives, and the gradient sums,
+ * reduce-scatters and gathers that are not overlapped. During a training
+ * step each call's time is added to its entry of mesh_context_sent's
+ * table (its kind and axis; the pipeline's transfers: send(pp)):
+ *   - on a GPU whose NCCL calls are ordered on the compute stream
+ *     (ex->ordered), the GPU's own time, from timed events recorded there
+ *     around the call (the call's kernels, from the end of the kernels
+ *     before them), in a ring of EX_TIMES pairs added in once the GPU has
+ *     finished them (never waited for: a call that finds the ring full
+ *     goes untimed). An NCCL send is issued with the rank's next call
+ *     (comm_nccl.c), so its time counts in that call's;
+ *   - else (the CPU, MESH_NCCL_BLOCKING=1, ranks sharing a GPU) the host's
+ *     time in the call, after its wait for the kernels before it.
+ * Either includes the time the call waits for the group's other ranks to
+ * come to it (a pipeline's bubble, an uneven load).
+ */
+#include "exec_impl.h"
+
+#include <stdio.h> /* snprintf */
+
+int exec__turns_init(mesh__exec *ex)
+{
+    ex_turns *t = &ex->turns;
+    t->slot = -1;
+    t->kind = -1;
+    if (!ex->ordered) return 0;
+    for (int i = 0; i < EX_TIMES; i++) {
+        if (dev_event_create_timed(ex->dev, &t->start[i]) == MESH_OK &&
+            dev_event_create_timed(ex->dev, &t->end[i]) == MESH_OK)
+            continue;
+        snprintf(ex->error, sizeof ex->error, "rank %d: the events that time its collectives: %s", ex->rank,
+                 dev_last_error(ex->dev));
+        return -2;
+    }
+    return 0;
+}
+
+void exec__turns_free(mesh__exec *ex)
+{
+    ex_turns *t = &ex->turns;
+    for (int i = 0; i < EX_TIMES; i++) {
+        dev_event_destroy(ex->dev, t->start[i]);
+        dev_event_destroy(ex->dev, t->end[i]);
+        t->start[i] = t->end[i] = NULL;
+    }
+}
+
+/* Adds in the times of the calls the GPU has finished, oldest first (a
+ * failed query stops it: the times are a measurement, not the step's). */
+static void harvest(mesh__exec *ex)
+{
+    ex_turns *t = &ex->turns;
+    while (t->timed < t->made) {
+        int slot = (int)(t->timed % EX_TIMES), done = 0;
+        double ms = 0;
+        if (dev_event_query(ex->dev, t->end[slot], &done) != MESH_OK || !done ||
+            dev_event_elapsed(ex->dev, t->start[slot], t->end[slot], &ms) != MESH_OK)
+            return;
+        t->ms[t->kinds[slot]][t->axes[slot]] += ms > 0 ? ms : 0;
+        t->calls[t->kinds[slot]][t->axes[slot]]++;
+        t->timed++;
+    }
+}
+
+int exec__comm_begin(mesh__exec *ex, int kind, int axis)
+{
+    ex_turns *t = &ex->turns;
+    if (ex->gpu && !ex->ordered && dev_stream_sync(ex->dev, (dev_stream *)ex->kern.stream) != MESH_OK) {
+        if (!ex->dev_failed)
+            snprintf(ex->error, sizeof ex->error, "rank %d: waiting for the GPU before a collective: %.300s", ex->rank,
+                     dev_last_error(ex->dev));
+        ex->dev_failed = 1;
+        return -1;
+    }
+    t->kind = ex->counting && kind >= 0 ? kind : -1; /* timed in a training step only, as the bytes are counted */
+    t->axis = axis;
+    t->slot = -1;
+    if (t->kind < 0) return 0;
+    if (!ex->ordered) {
+        t->t0 = comm_now();
+        return 0;
+    }
+    harvest(ex);
+    if (t->made - t->timed >= EX_TIMES) { /* the GPU is EX_TIMES calls behind: untimed, rather than wait */
+        t->untimed++;
+        t->kind = -1;
+        return 0;
+    }
+    int slot = (int)(t->made % EX_TIMES);
+    if (dev_event_record(ex->dev, t->start[slot], (dev_stream *)ex->kern.stream) != MESH_OK) {
+        if (!ex->dev_failed)
+            snprintf(ex->error, sizeof ex->error, "rank %d: timing a collective: %.300s", ex->rank,
+                     dev_last_error(ex->dev));
+        ex->dev_failed = 1;
+        return -1;
+    }
+    t->slot = slot;
+    return 0;
+}
+
+int exec__comm_end(mesh__exec *ex, int rc)
+{
+    ex_turns *t = &ex->turns;
+    if (t->kind < 0) return rc;
+    if (t->slot < 0) {
+        t->ms[t->kind][t->axis] += 1e3 * (comm_now() - t->t0);
+        t->calls[t->kind][t->axis]++;
+    } else if (dev_event_record(ex->dev, t->end[t->slot], (dev_stream *)ex->kern.stream) == MESH_OK) {
+        t->kinds[t->slot] = (signed char)t->kind;
+        t->axes[t->slot] = (signed char)t->axis;
+        t->made++;
+    } else if (rc == 0) { /* (a failed call's own message comes first) */
+        if (!ex->dev_failed)
+            snprintf(ex->error, sizeof ex->error, "rank %d: timing a collective: %.300s", ex->rank,
+                     dev_last_error(ex->dev));
+        ex->dev_failed = 1;
+        rc = -1;
+    }
+    t->kind = -1;
+    t->slot = -1;
+    return rc;
+}
+
+double exec__turns_ms(mesh__exec *ex, int kind, int axis, long long *calls, long long *untimed)
+{
+    if (ex->ordered) harvest(ex);
+    *calls = ex->turns.calls[kind][axis];
+    *untimed = ex->turns.untimed;
+    return ex->turns.ms[kind][axis];
+}
+
+double exec__turns_total(mesh__exec *ex)
+{
+    if (ex->ordered) harvest(ex);
+    double ms = 0;
+    for (int k = 0; k <= STEP_SLICE; k++)
+        for (int a = 0; a < 4; a++) ms += ex->turns.ms[k][a];
+    return ms;
+}
