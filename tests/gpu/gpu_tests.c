@@ -35,6 +35,7 @@
 static int cur_bad;          /* a check or a call failed */
 static double cur_err;       /* the largest error seen */
 static double cur_tol;       /* the case's tolerance */
+static char cur_shape[160];  /* the sweep's shape in hand ("" elsewhere) */
 static kcuda_ctx *ctx;       /* one context for every case */
 
 #define TOL_F32 1e-5
@@ -57,8 +58,8 @@ static kcpu_precision prec_of(kcuda_dtype dt)
     do {                                                                       \
         int kc_rc_ = (call);                                                   \
         if (kc_rc_ != 0) {                                                     \
-            fprintf(stderr, "# %s:%d: %s returned %d: %s\n", __FILE__,         \
-                    __LINE__, #call, kc_rc_, kcuda_last_error());              \
+            fprintf(stderr, "# %s:%d: %s%s returned %d: %s\n", __FILE__,       \
+                    __LINE__, cur_shape, #call, kc_rc_, kcuda_last_error());   \
             cur_bad = 1;                                                       \
             return;                                                            \
         }                                                                      \
@@ -226,8 +227,8 @@ static void expect(const char *what, const float *got, const float *want,
     note(e);
     if (!(e <= cur_tol)) {
         cur_bad = 1;
-        fprintf(stderr, "# %s: error %.3g over tolerance %.3g\n", what, e,
-                cur_tol);
+        fprintf(stderr, "# %s%s: error %.3g over tolerance %.3g\n", cur_shape,
+                what, e, cur_tol);
         for (size_t i = 0, shown = 0; i < n && shown < 3; i++)
             if (fabs((double)got[i] - want[i]) > cur_tol * fabs((double)want[i]) + 1e-30) {
                 fprintf(stderr, "#   [%zu] got %.8g want %.8g\n", i, got[i],
@@ -250,7 +251,7 @@ static void expect_bits(const char *what, const void *got, const void *want,
 {
     if (memcmp(got, want, bytes) != 0) {
         cur_bad = 1;
-        fprintf(stderr, "# %s: not the same bits\n", what);
+        fprintf(stderr, "# %s%s: not the same bits\n", cur_shape, what);
     }
 }
 
@@ -920,6 +921,79 @@ static void t_attention_qkv(kcuda_dtype dt)
     attn_case(dt, 1, 65, 2, 2, 64, 0, 1);
 }
 
+/* ---- cases: random shapes ---------------------------------------------- */
+
+/* A uniform integer in [lo, hi]. */
+static int pick(int lo, int hi)
+{
+    return lo + irand(hi - lo + 1);
+}
+
+/* The fixed cases above pick their shapes; this one draws them, from the
+ * tests' fixed seed (the same shapes every run): GPU_TESTS_SWEEP shapes
+ * (default 30) of matmuls (plain, with the transposed weight, with bias
+ * and GELU), norms (with the residual add), attention (packed or not,
+ * grouped-query, causal or not, any head size up to 128), embeddings (a
+ * vocabulary shard), cross-entropy (fused or not, padded vocabularies)
+ * and the activations, each from 1 element up, checked as their cases
+ * are. A failure names its shape. */
+static void t_sweep(kcuda_dtype dt)
+{
+    const char *env = getenv("GPU_TESTS_SWEEP");
+    int n = env ? atoi(env) : 30;
+    for (int i = 0; i < n && !cur_bad; i++) {
+        int kind = i % 6;
+        if (kind == 0) {
+            int M = pick(1, 96), K = pick(1, 96), N = pick(1, 96);
+            int wt = irand(2), bias = irand(2), gelu = !wt && irand(3) == 0;
+            snprintf(cur_shape, sizeof cur_shape,
+                     "matmul M %d K %d N %d%s%s%s: ", M, K, N,
+                     wt ? " wt" : "", bias ? " bias" : "", gelu ? " gelu" : "");
+            matmul_case(dt, M, K, N, wt, bias || gelu, gelu);
+        } else if (kind == 1) {
+            int rows = pick(1, 70), C = pick(1, 300), rms = irand(2);
+            int add = irand(2);
+            snprintf(cur_shape, sizeof cur_shape, "norm rows %d C %d%s%s: ",
+                     rows, C, rms ? " rms" : "", add ? " add" : "");
+            norm_case(dt, rows, C, rms, add);
+        } else if (kind == 2) {
+            int KV = pick(1, 3), H = KV * pick(1, 3), B = pick(1, 2);
+            int T = pick(1, 90), d = pick(1, 128), causal = irand(4) != 0;
+            int packed = irand(2);
+            snprintf(cur_shape, sizeof cur_shape,
+                     "attention B %d T %d H %d KV %d d %d%s%s: ", B, T, H, KV,
+                     d, causal ? " causal" : "", packed ? " packed" : "");
+            attn_case(dt, B, T, H, KV, d, causal, packed);
+        } else if (kind == 3) {
+            int V = pick(1, 60), C = pick(1, 40), row0 = irand(V);
+            int rows = pick(1, V - row0), tokens = pick(1, 200);
+            snprintf(cur_shape, sizeof cur_shape,
+                     "embedding n %d V %d C %d rows %d..%d: ", tokens, V, C,
+                     row0, row0 + rows);
+            embed_case(dt, tokens, V, C, row0, rows);
+        } else if (kind == 4) {
+            int N = pick(1, 24), V = pick(1, 1200), Vp = V + irand(40);
+            int fused = irand(2);
+            snprintf(cur_shape, sizeof cur_shape,
+                     "crossentropy N %d V %d Vp %d%s: ", N, V, Vp,
+                     fused ? " fused" : "");
+            ce_case(dt, N, V, Vp, fused);
+        } else {
+            int act = irand(3), len = pick(1, 5000);
+            snprintf(cur_shape, sizeof cur_shape, "%s n %d: ",
+                     act == ACT_GELU ? "gelu" : act == ACT_SILU ? "silu"
+                                                                : "swiglu",
+                     len);
+            act_case(dt, act, (size_t)len, 6.0f);
+        }
+        if (cudaDeviceSynchronize() != cudaSuccess)
+            break; /* (main reports the device's error) */
+        free_all();
+    }
+    if (!cur_bad)
+        cur_shape[0] = 0;
+}
+
 /* ---- cases: mixture of experts -------------------------------------------- */
 
 static void t_moe(kcuda_dtype dt)
@@ -1159,6 +1233,9 @@ static const gpu_case cases[] = {
     {"moe_f32", t_moe, KCUDA_F32},
     {"moe_bf16", t_moe, KCUDA_BF16},
     {"moe_f16", t_moe, KCUDA_F16},
+    {"sweep_f32", t_sweep, KCUDA_F32},
+    {"sweep_bf16", t_sweep, KCUDA_BF16},
+    {"sweep_f16", t_sweep, KCUDA_F16},
 };
 
 enum { NCASES = sizeof cases / sizeof cases[0] };
@@ -1207,11 +1284,12 @@ int main(int argc, char **argv)
         cases[i].fn(cases[i].dt);
         cudaError_t e = cudaDeviceSynchronize();
         if (e != cudaSuccess) {
-            fprintf(stderr, "# %s: the device reports: %s\n", cases[i].name,
-                    cudaGetErrorString(e));
+            fprintf(stderr, "# %s: %sthe device reports: %s\n",
+                    cases[i].name, cur_shape, cudaGetErrorString(e));
             cur_bad = 1;
         }
         free_all();
+        cur_shape[0] = 0;
         if (cur_bad)
             failed++;
         else

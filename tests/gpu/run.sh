@@ -211,7 +211,7 @@ NO_GPU=""
 
 step_gpu_tests() {
     local out rc
-    out=$(timeout 240 "$BUILD/gpu_tests" 2>&1)
+    out=$(GPU_TESTS_SWEEP=${GPU_TESTS_SWEEP:-240} timeout 240 "$BUILD/gpu_tests" 2>&1) # (240 random shapes a dtype)
     rc=$?
     printf '%s\n' "$out"
     if printf '%s\n' "$out" | grep -q '^SKIP gpu:'; then
