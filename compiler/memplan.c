@@ -17,6 +17,7 @@ typedef struct mp {
     int stack;           /* the layer stack's region, -1 if none */
     int64_t layers;      /* its iterations */
     int fb;              /* bytes of a float element */
+    int gb;              /* bytes of a param's gradient element: 4 (fp32 main gradients, memplan.h) */
     int no_reuse;        /* MEMPLAN_NO_REUSE */
     int masters;         /* the optimizer state has fp32 master params (fb 2, or MEMPLAN_MASTERS) */
     int *seg;            /* per tensor: SEG_* */
@@ -417,9 +418,15 @@ static int64_t place_grads(mp *x) {
     return pin;
 }
 
+/* The tensor whose gradient an op's backward adds to for its input id: a
+ * param's for x @ transpose(w), else id's. */
+static int param_of(const plan *p, int id) {
+    return id >= 0 && p->tensors[id].op == G_TRANSPOSE ? p->tensors[id].in[0] : id;
+}
+
 /* Params, their gradients and AdamW's state on stage stg, and with
  * zero >= 2 their staging blocks. */
-static void place_params(mp *x, int stg, mem_stage *ms) {
+static int place_params(mp *x, int stg, mem_stage *ms) {
     const plan *p = x->p;
     const fe_setup *s = &p->setup;
     mem_buf *bufs = x->m->buf + (size_t)stg * (size_t)x->n;
@@ -427,6 +434,8 @@ static void place_params(mp *x, int stg, mem_stage *ms) {
     int64_t layers = 0;
     for (int c = stg; c < chunks; c += p->pp) layers += p->chunk_layers[c];
     double n_params = 0, sharded = 0;
+    int64_t *held = calloc((size_t)(x->n ? x->n : 1), sizeof *held); /* per param: its copies on the stage */
+    if (!held) return -1;
     for (int id = 0; id < x->n; id++) {
         const plan_tensor *t = &p->tensors[id];
         if (t->op != G_PARAM) continue;
@@ -448,19 +457,39 @@ static void place_params(mp *x, int stg, mem_stage *ms) {
             *blk += e * x->fb * (x->seg[id] == SEG_LAYER ? reps(x, id) : copies);
         }
         b->bytes = e * x->fb;
-        b->stride = b->grad_stride = copies > 1 ? b->bytes : 0;
+        b->stride = copies > 1 ? b->bytes : 0;
+        b->grad_stride = copies > 1 ? e * x->gb : 0;
         b->region = b->grad_region = copies > 0 ? MEM_PERSISTENT : MEM_NONE;
-        b->offset = b->grad_offset = copies > 0 ? (int64_t)n_params * x->fb : 0;
+        b->offset = copies > 0 ? (int64_t)n_params * x->fb : 0;
+        b->grad_offset = copies > 0 ? (int64_t)n_params * x->gb : 0;
+        held[id] = copies;
         n_params += (double)(e * copies);
         /* ZeRO's shard of each copy: ceil(e / group) elements (rank r owns
          * [r s, (r + 1) s) of its flat elements, the last rank fewer) */
         sharded += (double)((e + dp_group - 1) / dp_group * copies);
     }
     ms->params = rnd(x, (int64_t)((s->zero == 3 ? sharded : n_params) * x->fb));
-    ms->grads = rnd(x, (int64_t)((s->zero >= 2 ? sharded : n_params) * x->fb));
+    ms->grads = rnd(x, (int64_t)((s->zero >= 2 ? sharded : n_params) * x->gb));
     ms->optim = rnd(x, (int64_t)((s->zero >= 1 ? sharded : n_params) * (x->masters ? 12 : 8)));
     ms->zfixed = rnd(x, ms->zfixed);
     ms->zlayer = rnd(x, ms->zlayer);
+    /* mixed precision: the largest sum of the stage's param gradients one
+     * op's backward writes, in the plan's precision (the op's contribution,
+     * added to the fp32 gradients after it) */
+    ms->gstage = 0;
+    for (int c = 0; s->precision != 0 && c < x->n; c++) {
+        const plan_tensor *t = &p->tensors[c];
+        int64_t sum = 0;
+        for (int k = 0; k < t->n_in; k++) {
+            int in = param_of(p, t->in[k]), seen = 0;
+            for (int j = 0; j < k; j++) seen |= param_of(p, t->in[j]) == in;
+            if (in >= 0 && !seen && p->tensors[in].op == G_PARAM && held[in] > 0)
+                sum += rnd(x, local_elems(x, in) * x->fb);
+        }
+        if (t->op != G_PARAM && sum > ms->gstage) ms->gstage = sum;
+    }
+    free(held);
+    return 0;
 }
 
 /* The communication buffer: the largest collective output (dp's gradient
@@ -492,8 +521,8 @@ int64_t memplan_ce_exchange_bytes(int64_t N, int64_t tp) {
 int memplan_build(memplan *m, const plan *p, int float_bytes, unsigned flags) {
     memset(m, 0, sizeof *m);
     int n = p->n_tensors;
-    mp x = {p, m, n, -1, 0, float_bytes ? float_bytes : p->setup.precision == 0 ? 4 : 2, (flags & MEMPLAN_NO_REUSE) != 0,
-            0, NULL, NULL, NULL, NULL, NULL};
+    mp x = {p, m, n, -1, 0, float_bytes ? float_bytes : p->setup.precision == 0 ? 4 : 2, 4,
+            (flags & MEMPLAN_NO_REUSE) != 0, 0, NULL, NULL, NULL, NULL, NULL};
     x.masters = x.fb == 2 || (flags & MEMPLAN_MASTERS) != 0;
     m->pp = p->pp;
     m->float_bytes = x.fb;
@@ -529,7 +558,7 @@ int memplan_build(memplan *m, const plan *p, int float_bytes, unsigned flags) {
     for (int stg = 0; stg < p->pp; stg++) {
         mem_stage *ms = &m->stage[stg];
         if (stg > 0) memcpy(m->buf + (size_t)stg * nn, m->buf, nn * sizeof *m->buf);
-        place_params(&x, stg, ms);
+        if (place_params(&x, stg, ms) != 0) goto done;
         ms->layer_stride = m->part_bytes[SEG_LAYER];
         for (int c = stg; c < chunks; c += p->pp) {
             /* chunk 0 starts with the part before the stack; a later chunk
@@ -546,9 +575,9 @@ int memplan_build(memplan *m, const plan *p, int float_bytes, unsigned flags) {
          * the one before it, whose reduce-scatter is still running); zero =
          * 3: the params' values gathered whole for use (outside the stack,
          * the layer in use and the one prefetched) */
-        ms->gathered = (p->setup.zero >= 2 ? ms->zfixed + 2 * ms->zlayer : 0) +
+        ms->gathered = (p->setup.zero >= 2 ? (ms->zfixed + 2 * ms->zlayer) * x.gb / x.fb : 0) +
                        (p->setup.zero == 3 ? ms->zfixed + 2 * ms->zlayer : 0);
-        ms->workspace = ms->pinned + ms->shared + ms->recompute + ms->gathered;
+        ms->workspace = ms->pinned + ms->shared + ms->recompute + ms->gathered + ms->gstage;
         ms->comm = comm;
         ms->total = ms->params + ms->grads + ms->optim + ms->slot_bytes * ms->slots + ms->workspace + ms->comm;
     }
@@ -592,8 +621,10 @@ void memplan_dump(const memplan *m, const plan *p, FILE *out) {
         mib(out, "+ comm", x->comm);
         mib(out, "=", x->total);
         fputc('\n', out);
-        fprintf(out, "  workspace: pinned %lld + shared %lld + recompute %lld + gathered %lld bytes\n",
-                (long long)x->pinned, (long long)x->shared, (long long)x->recompute, (long long)x->gathered);
+        fprintf(out, "  workspace: pinned %lld + shared %lld + recompute %lld + gathered %lld", (long long)x->pinned,
+                (long long)x->shared, (long long)x->recompute, (long long)x->gathered);
+        if (x->gstage) fprintf(out, " + gradient staging %lld", (long long)x->gstage);
+        fputs(" bytes\n", out);
     }
     fprintf(out, "# slot parts: first %lld, each layer %lld, last %lld bytes\n", (long long)m->part_bytes[0],
             (long long)m->part_bytes[1], (long long)m->part_bytes[2]);

@@ -7,7 +7,10 @@
  *
  *   params      every param the stage holds (after the tp/ep splits; ZeRO-3
  *               shards them over dp), a layer param's copies one after another;
- *   grads       their gradients, at the params' offsets (ZeRO-2/3 shard them);
+ *   grads       their gradients, in fp32 always (with bf16 or fp16 params too:
+ *               fp32 main gradients, accumulated over the micro-batches and
+ *               summed over the data-parallel ranks in fp32), laid out as
+ *               the params (ZeRO-2/3 shard them);
  *   optim       AdamW's state in fp32: m, then v (then the fp32 master copy
  *               when params are bf16/fp16), each an array laid out like params;
  *   slots       `slots` x `slot_bytes`: the activations one (micro-batch,
@@ -33,7 +36,10 @@
  *               the sharded grads once its backward is done (per micro-
  *               batch); then with zero = 3 those params' values gathered whole
  *               for use, the layers' twice (the layer in use and the next,
- *               prefetched);
+ *               prefetched); gradient staging: with bf16 or fp16, one op's
+ *               contribution to its params' gradients, written by its
+ *               backward in the plan's precision and then added to their
+ *               fp32 gradients;
  *   comm        the largest collective's output buffer (sequence parallelism
  *               packs a tensor's slices in it around a reduce-scatter or an
  *               all-gather; a vocabulary-parallel cross-entropy exchanges its
@@ -71,10 +77,13 @@ typedef struct mem_stage {
     int64_t slot_bytes;             /* one unit's saved activations (the largest chunk's) */
     int slots;                      /* units in flight at the schedule's peak */
     int64_t layer_stride;           /* saved bytes of one layer-stack iteration */
-    int64_t workspace;              /* pinned + shared + recompute + gathered */
+    int64_t workspace;              /* pinned + shared + recompute + gathered + gstage */
     int64_t pinned, shared, recompute, gathered;
     int64_t zfixed, zlayer;         /* zero >= 2: the staged params outside the stack, and one
-                                       layer's (bytes; gathered is made of them) */
+                                       layer's (bytes of their values; their fp32 gradients take
+                                       4 / float_bytes times as many; gathered is made of them) */
+    int64_t gstage;                 /* mixed precision: one op's contribution to the param gradients
+                                       (the largest op's, in the plan's precision), added to them after it */
     int64_t comm;                   /* largest collective output */
     int64_t total;                  /* params + grads + optim + slots x slot_bytes + workspace + comm */
 } mem_stage;
@@ -93,7 +102,8 @@ typedef struct mem_buf {
     int64_t grad_stride;            /* per iteration (0: reused) */
     int64_t scratch, scratch_offset; /* the backward's scratch (moe), in the shared workspace */
     int64_t zoffset;                /* a param staged whole (zero >= 2, data-parallel group > 1): its
-                                       offset in its staging block (zfixed or zlayer), else -1 */
+                                       offset in its staging block (zfixed or zlayer; its gradient's:
+                                       4 / float_bytes times it), else -1 */
 } mem_buf;
 
 typedef struct memplan {

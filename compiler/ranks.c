@@ -135,10 +135,19 @@ static int emit_bytes(builder *b, int rank, int si, long long bytes) {
     return push(b, rank, op);
 }
 
+/* Bytes of an element step si's collective moves: a param's gradient is
+ * fp32 in every precision (fp32 main gradients, memplan.h); values and
+ * other gradients are the plan's precision. */
+static long long step_elem_bytes(const builder *b, int si) {
+    const shard_step *st = &b->p->steps[si];
+    int grads = st->backward >= 1 && st->kind != STEP_ALL_GATHER && b->p->g->nodes[st->node].op == G_PARAM;
+    return grads ? 4 : b->elem_bytes;
+}
+
 static int emit_step(builder *b, int rank, int si) {
     const shard_step *st = &b->p->steps[si];
     if (st->kind == STEP_COMPUTE || st->kind == STEP_SLICE) return 0;
-    return emit_bytes(b, rank, si, st->elems * b->elem_bytes);
+    return emit_bytes(b, rank, si, st->elems * step_elem_bytes(b, si));
 }
 
 /* The region directly inside `parent` that holds step si, or -1 if the
@@ -324,7 +333,7 @@ int ranks_build(rank_progs *r, const shard_prog *p, const sched *sc, char *err, 
                     int stage = coords_of(&b, rank).pp, sj = si;
                     long long bytes = 0;
                     for (; sj < p->n_steps && p->steps[sj].backward == phase && p->steps[sj].bucket == x->bucket; sj++)
-                        bytes += holds(&b, sj, stage) * p->steps[sj].elems * b.elem_bytes;
+                        bytes += holds(&b, sj, stage) * p->steps[sj].elems * step_elem_bytes(&b, sj);
                     if (bytes > 0) rc = emit_bytes(&b, rank, si, bytes);
                     si = sj - 1;
                     continue;

@@ -38,6 +38,12 @@ void comm_free(comm *c)
     c->v->free(c);
 }
 
+int comm_set_elements(comm *c, int type)
+{
+    if (!c || comm_nccl_set_elements(c, type) == 0 || comm_checked_set_elements(c, type) == 0) return 0;
+    return type == COMM_F32 ? 0 : -1;
+}
+
 /* Copies between the buffers of a _v call and one packed array p: whole
  * (all_reduce_v) one after another; by chunk (reduce_scatter_v,
  * all_gather_v) rank-major, each buffer's chunk q for q = 0, 1, ..., so

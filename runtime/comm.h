@@ -105,6 +105,11 @@ int comm_group_begin(comm *c);
 int comm_group_end(comm *c);
 void comm_abort(comm *c, const char *why);
 void comm_free(comm *c);
+/* Makes c's float elements `type` (COMM_F32, COMM_BF16, COMM_F16) for its
+ * calls from now on: an NCCL or a checked handle's (comm_nccl_set_elements,
+ * comm_checked_set_elements); every other backend counts fp32 only.
+ * Returns 0, or -1 when c cannot (a 2-byte type on a backend without). */
+int comm_set_elements(comm *c, int type);
 
 /* ---- threads ---------------------------------------------------------- */
 

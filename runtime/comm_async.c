@@ -25,6 +25,7 @@ typedef struct acall {
     float **bufs; /* _v: the queue's copies of the caller's arrays (one allocation, freed once run) */
     size_t *ns;
     int k;
+    int elements; /* the float elements it counts (comm_async_set_elements), -1: the communicator's */
 } acall;
 
 struct comm_async {
@@ -39,6 +40,7 @@ struct comm_async {
     int inflight;     /* deferred: work enqueued that is not known to be done */
     double busy_from; /* deferred: when that work began */
     double delay; /* comm_async_set_delay */
+    int elements; /* the calls issued from now on: comm_async_set_elements (-1: none set) */
     int failed, stop;
     char error[sizeof ((comm *)0)->error];
 };
@@ -49,6 +51,10 @@ static int run_call(comm_async *a, const acall *k, long ticket, char *err, size_
 {
     const comm_async_hooks *h = &a->hooks;
     if (h->wait && h->wait(h->ud, ticket, a->c, err, n) != 0) return -1;
+    if (k->elements >= 0 && comm_set_elements(a->c, k->elements) != 0) {
+        snprintf(err, n, "a communication queue: its group cannot count elements of type %d", k->elements);
+        return -1;
+    }
     int rc = k->kind == A_ALL_REDUCE       ? comm_all_reduce(a->c, k->out, k->n)
            : k->kind == A_REDUCE_SCATTER   ? comm_reduce_scatter(a->c, k->in, k->out, k->n)
            : k->kind == A_ALL_GATHER       ? comm_all_gather(a->c, k->in, k->out, k->n)
@@ -148,6 +154,7 @@ int comm_async_new(comm *c, const comm_async_hooks *hooks, comm_async **out)
     *out = NULL;
     comm_async *a = calloc(1, sizeof *a);
     int ok = a != NULL;
+    if (a) a->elements = -1;
     comm *own = NULL;
     /* collective over c: every member splits, even one that is out of memory */
     if (comm_split(c, ok ? 0 : -1, c->rank, &own) != 0) {
@@ -187,6 +194,7 @@ static long issue(comm_async *a, acall k)
     const comm_async_hooks *h = &a->hooks;
     char err[sizeof a->error];
     long t = -1;
+    k.elements = a->elements; /* (this thread sets it) */
     pthread_mutex_lock(&a->mu);
     /* a ring of marks: call issued + 1 - marks has run before its slot is marked again */
     while (h->marks > 0 && !a->failed && a->issued - a->done >= h->marks) pthread_cond_wait(&a->cv, &a->mu);
@@ -224,17 +232,17 @@ out:
 
 long comm_async_all_reduce(comm_async *a, float *buf, size_t n)
 {
-    return issue(a, (acall){A_ALL_REDUCE, buf, buf, n, NULL, NULL, 0});
+    return issue(a, (acall){A_ALL_REDUCE, buf, buf, n, NULL, NULL, 0, -1});
 }
 
 long comm_async_reduce_scatter(comm_async *a, const float *in, float *out, size_t n)
 {
-    return issue(a, (acall){A_REDUCE_SCATTER, in, out, n, NULL, NULL, 0});
+    return issue(a, (acall){A_REDUCE_SCATTER, in, out, n, NULL, NULL, 0, -1});
 }
 
 long comm_async_all_gather(comm_async *a, const float *in, float *out, size_t n)
 {
-    return issue(a, (acall){A_ALL_GATHER, in, out, n, NULL, NULL, 0});
+    return issue(a, (acall){A_ALL_GATHER, in, out, n, NULL, NULL, 0, -1});
 }
 
 static long issue_v(comm_async *a, acall_kind kind, float *const *bufs, const size_t *n, int k)
@@ -252,7 +260,7 @@ static long issue_v(comm_async *a, acall_kind kind, float *const *bufs, const si
     float **b = block;
     size_t *ns = (size_t *)(void *)(b + k);
     for (int i = 0; i < k; i++) b[i] = bufs[i], ns[i] = n[i];
-    long t = issue(a, (acall){kind, NULL, NULL, 0, b, ns, k});
+    long t = issue(a, (acall){kind, NULL, NULL, 0, b, ns, k, -1});
     if (t < 0) free(block);
     return t;
 }
@@ -290,6 +298,8 @@ int comm_async_wait(comm_async *a, long ticket)
 }
 
 int comm_async_wait_all(comm_async *a) { return comm_async_wait(a, comm_async_last(a)); }
+
+void comm_async_set_elements(comm_async *a, int type) { a->elements = type; }
 
 void comm_async_set_delay(comm_async *a, double seconds)
 {

@@ -119,6 +119,11 @@ long comm_async_pending(const comm_async *a);
  * fails with calls in flight, so that the queue's calls end at once. */
 void comm_async_abort(comm_async *a, const char *why);
 
+/* The float elements (comm.h's COMM_*) of the calls issued from now on:
+ * the queue's thread sets its group's (comm_set_elements) before each.
+ * The issuing thread's own setting; until set, the group's own type. */
+void comm_async_set_elements(comm_async *a, int type);
+
 /* Test hook: the queue's thread sleeps `seconds` before each call, so that
  * a caller that reads a buffer before waiting for its call reads it stale
  * every time, not once in a while. */

@@ -256,7 +256,8 @@ static int layout(mesh__exec *ex, unsigned flags, char *err, size_t errn)
     ex->shared_at = ex->pinned_at + ms->pinned;
     ex->recompute_at = ex->shared_at + ms->shared;
     ex->gathered_at = ex->recompute_at + ms->recompute;
-    ex->comm_at = ex->gathered_at + ms->gathered;
+    ex->gstage_at = ex->gathered_at + ms->gathered;
+    ex->comm_at = ex->gstage_at + ms->gstage;
     /* a slot: the part before the stack (a later stage: what it receives), its layers, the part after */
     exec__set_chunk(ex, ex->stage); /* the stage's first chunk */
     if ((uint64_t)ms->total > SIZE_MAX - EX_HEADER) return -1;
@@ -444,6 +445,7 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, comm *d
         set_err(err, errn, "rank %d: %s", rank, derr);
         goto fail;
     }
+    ex->kern.grad32 = ex->prec != KCPU_FP32; /* mixed precision: fp32 main gradients (memplan.h) */
     if (p->setup.world > 1 && (join_axes(ex, world, dworld, flags, err, errn) != 0 ||
                                order_nccl(ex, dworld, err, errn) != 0))
         goto fail;

@@ -153,7 +153,8 @@ double mesh__exec_grad(mesh__exec *ex, const int32_t *inputs, const int32_t *tar
 
 /* Parameter k (0-based, in plan order, each layer's copy separately): its
  * name (e.g. "h.1.gpt2_block.w_qkv"), elements on this rank, and this
- * rank's value and gradient (its tp slice; on a GPU, device pointers).
+ * rank's value and gradient (its tp slice; on a GPU, device pointers; the
+ * value in the tensors' storage, the gradient fp32 always).
  * Returns -1 when k is past the last. */
 int mesh__exec_param(mesh__exec *ex, int k, const char **name, size_t *n, float **value,
                      float **grad);

@@ -127,6 +127,16 @@ int exec__comm_end(mesh__exec *ex, int rc)
     return rc;
 }
 
+int exec__grad_elements(mesh__exec *ex, comm *c, comm_async *q, int grads)
+{
+    if (ex->esize != 2) return 0;
+    int type = grads ? COMM_F32 : ex->p->setup.precision == 1 ? COMM_BF16 : COMM_F16;
+    if (q) comm_async_set_elements(q, type);
+    if (!c || comm_set_elements(c, type) == 0) return 0;
+    snprintf(ex->error, sizeof ex->error, "rank %d: a group of 2-byte tensors cannot sum fp32 gradients", ex->rank);
+    return -1;
+}
+
 double exec__turns_ms(mesh__exec *ex, int kind, int axis, long long *calls, long long *untimed)
 {
     if (ex->ordered) harvest(ex);

@@ -123,7 +123,8 @@ struct mesh__exec {
     int host_arena;      /* the arena is plain host memory (the CPU; not a GPU, nor the guarded
                             test device, MESH__EXEC_GUARD) */
     int esize;           /* bytes of a float element in the arena: 4, or 2 (bf16 on a GPU; the CPU
-                            keeps bf16 and fp16 values in fp32 words) */
+                            keeps bf16 and fp16 values in fp32 words); a param's gradient is fp32
+                            always (memplan.h) */
     int dev_failed;      /* a device call failed: ex->error says which; the step fails */
     float *logits_host;  /* gpu: the logits copied back for mesh__exec_logits */
     memplan mp;          /* the layout, in fp32 */
@@ -134,7 +135,14 @@ struct mesh__exec {
     int64_t gathered_at; /* zero >= 2: the full gradients staged before their reduce-scatter
                             (ms->zfixed + ms->zlayer), then with zero = 3 the params gathered
                             whole (ms->zfixed + 2 ms->zlayer) */
+    int64_t gstage_at;   /* mixed precision: an op's contribution to its params' fp32 gradients,
+                            staged (ms->gstage bytes, exec__gstage_begin) */
     int64_t comm_at;     /* the communication buffer: ms->comm bytes */
+    int gst_n;           /* the op whose backward runs stages these params' gradients: exec__gptr */
+    int gst_id[GRAPH_MAX_IN];        /* gives gst_buf[k] for param gst_id[k] */
+    float *gst_buf[GRAPH_MAX_IN];
+    size_t gst_len[GRAPH_MAX_IN];    /* and their elements */
+    int gst_it;                      /* the iteration (the params' copies) */
     size_t *cnumel;      /* per tensor: elements of its value as its consumers read it (after its
                             forward conversion over tp, if any: sequence parallelism) */
     signed char *step_part; /* per plan step of the forward and backward: the part of a unit it
@@ -332,6 +340,19 @@ int exec__dmove(mesh__exec *ex, void *dst, const void *src, size_t bytes);
 
 /* Mixed precision: x[n] rounded to the plan's precision (fp32: nothing). */
 void exec__round(const mesh__exec *ex, float *x, size_t n);
+
+/* Mixed precision's fp32 main gradients (memplan.h): around node c's
+ * backward at iteration it, its params' gradients are staged (begin: each
+ * param's, zeroed in the staging area, is what exec__gptr gives for it),
+ * then added to the fp32 ones (end). 0, or -1 (a device call failed). */
+int exec__gstage_begin(mesh__exec *ex, int c, int it);
+int exec__gstage_end(mesh__exec *ex);
+
+/* The float elements of the collectives on c (and issued on q) from now
+ * on: fp32 for gradients of params (grads), else the tensors' type; on
+ * 2-byte storage only (the CPU's groups are fp32). 0, or -1 with
+ * ex->error. */
+int exec__grad_elements(mesh__exec *ex, comm *c, comm_async *q, int grads);
 
 /* The fp32 master copy of copy it of param id's shard (laid out as its
  * moments, exec__shard_of); NULL in fp32. */

@@ -105,6 +105,41 @@ void exec__round(const mesh__exec *ex, float *x, size_t n)
     dev_guard(ex->dev, 0);
 }
 
+int exec__gstage_begin(mesh__exec *ex, int c, int it)
+{
+    const plan_tensor *t = &ex->p->tensors[c];
+    int64_t at = ex->gstage_at;
+    ex->gst_n = 0;
+    if (ex->prec == KCPU_FP32 || t->op == G_PARAM) return 0;
+    for (int k = 0; k < t->n_in; k++) {
+        int in = t->in[k], seen = 0;
+        if (ex->p->tensors[in].op == G_TRANSPOSE) in = ex->p->tensors[in].in[0]; /* x @ transpose(w): w's */
+        if (ex->p->tensors[in].op != G_PARAM) continue;
+        for (int j = 0; j < ex->gst_n; j++) seen |= ex->gst_id[j] == in;
+        if (seen) continue;
+        size_t n = ex->numel[in];
+        if (exec__fill(ex, ex->arena + at, 0, n * (size_t)ex->esize) != 0) return -1;
+        ex->gst_id[ex->gst_n] = in;
+        ex->gst_buf[ex->gst_n] = (float *)(void *)(ex->arena + at);
+        ex->gst_len[ex->gst_n++] = n;
+        at += memplan_round(&ex->mp, (int64_t)n * ex->esize);
+    }
+    ex->gst_it = it;
+    return 0;
+}
+
+int exec__gstage_end(mesh__exec *ex)
+{
+    int n = ex->gst_n;
+    ex->gst_n = 0; /* (exec__gptr gives the fp32 gradients again) */
+    for (int k = 0; k < n; k++) {
+        float *g = exec__gptr(ex, ex->gst_id[k], ex->gst_it);
+        if (EXEC_KERN(ex, accumulate, g, ex->gst_buf[k], ex->gst_len[k], 0) != 0)
+            return exec__kern_failed(ex, "adding an op's contribution to its params' fp32 gradients");
+    }
+    return 0;
+}
+
 float *exec__master(const mesh__exec *ex, int id, int it)
 {
     if (ex->prec == KCPU_FP32) return NULL;
@@ -189,32 +224,36 @@ int exec__staged(const mesh__exec *ex, int id)
 
 /* Where copy it of a staged param is: its gradient (grad = 1) or with
  * zero 3 its value gathered whole. The staging area holds the gradients
- * (the params outside the stack, two layers), then the values (outside
- * the stack, two layers): a layer's iterations alternate in both. */
+ * (the params outside the stack, two layers; fp32, so 4 / esize times the
+ * values' layout), then the values (outside the stack, two layers): a
+ * layer's iterations alternate in both. */
 static float *staged(const mesh__exec *ex, int id, int it, int grad)
 {
     const mem_buf *b = exec__buf_of(ex, id);
     const mem_stage *ms = ex->ms;
-    int64_t at = ex->gathered_at + (grad ? 0 : ms->zfixed + 2 * ms->zlayer) + b->zoffset;
-    if (exec__in_stack(ex, id)) at += ms->zfixed + (int64_t)(it % 2) * ms->zlayer;
-    else at += exec__param_copy(ex, id, it) * b->bytes;
-    return (float *)(void *)(ex->arena + at);
+    int64_t r = grad ? 4 / ex->esize : 1; /* the gradients are fp32: their blocks are r times the values' */
+    int64_t at = grad ? 0 : (4 / ex->esize) * (ms->zfixed + 2 * ms->zlayer); /* (the values after the gradients) */
+    at += r * b->zoffset;
+    if (exec__in_stack(ex, id)) at += r * (ms->zfixed + (int64_t)(it % 2) * ms->zlayer);
+    else at += r * exec__param_copy(ex, id, it) * b->bytes;
+    return (float *)(void *)(ex->arena + ex->gathered_at + at);
 }
 
-/* With zero >= 2 (gradients) or zero 3 (values), a param's shard of each
- * copy in the sharded layout of its region (at region_at): the optimizer
- * state's layout (exec__optimizer_shards). */
-static float *sharded(const mesh__exec *ex, int id, int it, int64_t region_at)
+/* With zero >= 2 (gradients, fp32) or zero 3 (values), a param's shard of
+ * each copy in the sharded layout of its region (at region_at): the
+ * optimizer state's layout (exec__optimizer_shards). */
+static float *sharded(const mesh__exec *ex, int id, int it, int64_t region_at, int grad)
 {
     size_t at = ex->opt_at[id] + (size_t)exec__param_copy(ex, id, it) * ex->shard[id];
-    return exec__at(ex, (float *)(void *)(ex->arena + region_at), at);
+    float *base = (float *)(void *)(ex->arena + region_at);
+    return grad ? base + at : exec__at(ex, base, at);
 }
 
 float *exec__pshard(const mesh__exec *ex, int id, int it)
 {
     size_t lo, len;
     float *m, *v;
-    if (ex->p->setup.zero == 3) return sharded(ex, id, it, 0);
+    if (ex->p->setup.zero == 3) return sharded(ex, id, it, 0, 0);
     exec__shard_of(ex, id, it, &lo, &len, &m, &v);
     return exec__at(ex, exec__vptr(ex, id, it), lo);
 }
@@ -223,9 +262,9 @@ float *exec__gshard(const mesh__exec *ex, int id, int it)
 {
     size_t lo, len;
     float *m, *v;
-    if (ex->p->setup.zero >= 2) return sharded(ex, id, it, ex->grads_at);
+    if (ex->p->setup.zero >= 2) return sharded(ex, id, it, ex->grads_at, 1);
     exec__shard_of(ex, id, it, &lo, &len, &m, &v);
-    return exec__at(ex, exec__gptr(ex, id, it), lo);
+    return exec__gptr(ex, id, it) + lo; /* (fp32) */
 }
 
 /* Value of tensor id at its iteration it (-1, a carried entry: 0). */
@@ -237,7 +276,7 @@ float *exec__vptr(const mesh__exec *ex, int id, int it)
     if (ex->chunk > 0 && carried_entry(ex, id, &c)) /* received from the chunk before */
         return (float *)(void *)(ex->arena + exec__recv_at(ex, c));
     if (b->region == MEM_PERSISTENT && ex->p->setup.zero == 3) /* a param: gathered, or its own shard */
-        return exec__staged(ex, id) ? staged(ex, id, it, 0) : sharded(ex, id, it, 0);
+        return exec__staged(ex, id) ? staged(ex, id, it, 0) : sharded(ex, id, it, 0, 0);
     switch (b->region) {
     case MEM_PERSISTENT: at = 0; break;
     case MEM_SLOT: at = ex->slots_at + ex->slot * ex->ms->slot_bytes + ex->part_at[b->part]; break;
@@ -257,8 +296,10 @@ float *exec__gptr(const mesh__exec *ex, int id, int it)
 {
     const mem_buf *b = exec__buf_of(ex, id);
     int64_t at;
+    for (int k = 0; k < ex->gst_n; k++) /* an op's backward in hand: its contribution, staged */
+        if (ex->gst_id[k] == id) return ex->gst_buf[k];
     if (b->grad_region == MEM_PERSISTENT && ex->p->setup.zero >= 2) /* a param's: staged, or its own shard */
-        return exec__staged(ex, id) ? staged(ex, id, it, 1) : sharded(ex, id, it, ex->grads_at);
+        return exec__staged(ex, id) ? staged(ex, id, it, 1) : sharded(ex, id, it, ex->grads_at, 1);
     switch (b->grad_region) {
     case MEM_PERSISTENT: at = ex->grads_at; break;
     case MEM_WORKSPACE: at = ex->shared_at; break;

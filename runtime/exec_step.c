@@ -154,6 +154,16 @@ int exec__bucket_end(const mesh__exec *ex, int q, int end)
     return r;
 }
 
+/* Bytes of an element of step st's collective, as meshc counts them: a
+ * param's gradient is fp32 (the main gradients), the rest the plan's
+ * precision (whatever the CPU keeps them in). */
+static double elem_bytes(const mesh__exec *ex, const plan_step *st)
+{
+    int grads = (st->phase == PLAN_BACKWARD || st->phase == PLAN_GRAD_SYNC) && !st->recompute &&
+                st->kind != STEP_ALL_GATHER && ex->p->tensors[st->node].op == G_PARAM;
+    return grads || ex->p->setup.precision == 0 ? 4 : 2;
+}
+
 int exec__bucket_call(mesh__exec *ex, int q, int r, int it, comm_async *queue)
 {
     const plan *p = ex->p;
@@ -168,7 +178,7 @@ int exec__bucket_call(mesh__exec *ex, int q, int r, int it, comm_async *queue)
         const plan_step *st = &p->steps[s];
         if (ex->copies[st->node] == 0) continue; /* not held on this stage */
         if (!queue && exec__overlap_issued(ex, st, it)) continue; /* run (and counted) during backward */
-        if (ex->counting && st->kind < STEP_SLICE) ex->sent[st->kind][st->axis] += (double)st->elems * 4;
+        if (ex->counting && st->kind < STEP_SLICE) ex->sent[st->kind][st->axis] += (double)st->elems * elem_bytes(ex, st);
         size_t n = buf_elems(ex, st->node);
         float *x = kind == STEP_ALL_GATHER ? exec__vptr(ex, st->node, it) : exec__gptr(ex, st->node, it);
         if (kind != STEP_ALL_REDUCE && n % (size_t)c->size == 0) {
@@ -180,23 +190,26 @@ int exec__bucket_call(mesh__exec *ex, int q, int r, int it, comm_async *queue)
     }
     const char *what = kind == STEP_ALL_GATHER ? "all-gather" : kind == STEP_REDUCE_SCATTER ? "reduce-scatter"
                                                                                            : "all-reduce";
-    int rc = 0;
+    int rc = 0, grads = kind != STEP_ALL_GATHER; /* the gradient sync's (fp32), or the params' values */
     if (queue) {
+        exec__grad_elements(ex, NULL, queue, grads);
         long t = !a ? 0
                : kind == STEP_REDUCE_SCATTER ? comm_async_reduce_scatter_v(queue, even, ne, a)
                                              : comm_async_all_gather_v(queue, even, ne, a);
         if (t >= 0 && b) t = comm_async_all_reduce_v(queue, uneven, nu, b);
+        exec__grad_elements(ex, NULL, queue, 0);
         if (t >= 0) return (a > 0) + (b > 0);
         snprintf(ex->error, sizeof ex->error, "rank %d: %s(dp) of bucket %d (%s, overlapped): %s", ex->rank, what,
                  first->bucket, plan_phase_name(first->phase), comm_async_error(queue));
         return -1;
     }
+    if (exec__grad_elements(ex, c, NULL, grads) != 0) return -1;
     if (a)
         rc = EXEC_COMM(ex, kind, first->axis,
                        kind == STEP_REDUCE_SCATTER ? comm_reduce_scatter_v(c, even, ne, a)
                                                    : comm_all_gather_v(c, even, ne, a));
     if (rc == 0 && b) rc = EXEC_COMM(ex, kind, first->axis, comm_all_reduce_v(c, uneven, nu, b));
-    for (int i = 0; rc == 0 && kind == STEP_ALL_REDUCE && i < b; i++) exec__round(ex, uneven[i], nu[i]);
+    if (exec__grad_elements(ex, c, NULL, 0) != 0) return -1;
     if (rc != 0)
         snprintf(ex->error, sizeof ex->error, "rank %d: %s(dp) of bucket %d (%d tensors, %s): %s", ex->rank, what,
                  first->bucket, a + b, plan_phase_name(first->phase), c->error);
@@ -206,13 +219,18 @@ int exec__bucket_call(mesh__exec *ex, int q, int r, int it, comm_async *queue)
 long exec__zreduce(mesh__exec *ex, const plan_step *st, int it, comm_async *queue)
 {
     comm *c = exec__step_comm(ex, st);
-    float *g = exec__gptr(ex, st->node, it);
+    float *g = exec__gptr(ex, st->node, it); /* (a param's: fp32) */
     size_t n = buf_elems(ex, st->node), part = n / (size_t)c->size;
-    float *mine = exec__at(ex, g, (size_t)c->rank * part);
+    float *mine = g + (size_t)c->rank * part;
+    long rc;
+    if (exec__grad_elements(ex, queue ? NULL : c, queue, 1) != 0) return -1;
     if (queue) /* uneven shards: the whole sum, of which the rank uses its part */
-        return n % (size_t)c->size == 0 ? comm_async_reduce_scatter(queue, g, mine, part) : comm_async_all_reduce(queue, g, n);
-    if (n % (size_t)c->size == 0) return EXEC_COMM(ex, st->kind, st->axis, comm_reduce_scatter(c, g, mine, part));
-    return EXEC_COMM(ex, st->kind, st->axis, comm_all_reduce(c, g, n));
+        rc = n % (size_t)c->size == 0 ? comm_async_reduce_scatter(queue, g, mine, part) : comm_async_all_reduce(queue, g, n);
+    else if (n % (size_t)c->size == 0)
+        rc = EXEC_COMM(ex, st->kind, st->axis, comm_reduce_scatter(c, g, mine, part));
+    else
+        rc = EXEC_COMM(ex, st->kind, st->axis, comm_all_reduce(c, g, n));
+    return exec__grad_elements(ex, queue ? NULL : c, queue, 0) != 0 ? -1 : rc;
 }
 
 long exec__zgather(mesh__exec *ex, const plan_step *st, int it, int own, comm_async *queue)
@@ -239,9 +257,7 @@ int exec__zshard_add(mesh__exec *ex, int id, int it)
     size_t lo, len;
     float *m, *v, *sh = exec__gshard(ex, id, it), *g = exec__gptr(ex, id, it);
     exec__shard_of(ex, id, it, &lo, &len, &m, &v);
-    exec__round(ex, exec__at(ex, g, lo), len); /* the reduced sum as stored (a GPU's bf16) */
-    if (EXEC_KERN(ex, add_into, sh, exec__at(ex, g, lo), len) != 0) return exec__kern_failed(ex, "ZeRO's shard");
-    exec__round(ex, sh, len);
+    if (EXEC_KERN(ex, accumulate, sh, g + lo, len, 1) != 0) return exec__kern_failed(ex, "ZeRO's shard"); /* (fp32) */
     return 0;
 }
 
@@ -252,7 +268,7 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
     const plan_tensor *nt = &ex->p->tensors[st->node];
     if (ex->chain && st->axis == 0 && st->kind == STEP_ALL_REDUCE) return 0; /* the chain summed them */
     if (exec__overlap_issued(ex, st, it)) return 0; /* run (and counted) during backward (exec_overlap.c) */
-    if (c && ex->counting && st->kind < STEP_SLICE) ex->sent[st->kind][st->axis] += (double)st->elems * 4;
+    if (c && ex->counting && st->kind < STEP_SLICE) ex->sent[st->kind][st->axis] += (double)st->elems * elem_bytes(ex, st);
     int pf = exec__prefetched(ex, st, it);          /* ZeRO-3: gathered while the layer before computed */
     if (pf != 0) return pf > 0 ? 0 : -1;
     if (st->kind == STEP_ALL_TO_ALL && nt->op == G_MOE) return 0; /* the op exchanges its rows itself */
@@ -274,14 +290,19 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
         what = "all-reduce";
         if (ex->p->tensors[st->node].op == G_CROSS_ENTROPY) return 0; /* the op exchanges its sums itself */
         if (nt->op == G_PARAM && st->phase == PLAN_GRAD_SYNC && ex->p->setup.zero >= 2) { /* a tied param's shards */
-            rc = EXEC_COMM(ex, st->kind, st->axis,
+            rc = exec__grad_elements(ex, c, NULL, 1) != 0 ? -1
+               : EXEC_COMM(ex, st->kind, st->axis,
                            comm_all_reduce(c, exec__gshard(ex, st->node, it), ex->shard[st->node]));
-            break; /* the step's gradients are rounded after the sync (mesh__exec_train_step) */
+            if (exec__grad_elements(ex, c, NULL, 0) != 0) rc = -1;
+            break;
         }
-        /* forward: a partial sum of values; backward and the gradient sync: of gradients */
+        /* forward: a partial sum of values; backward and the gradient sync: of gradients (a param's:
+         * fp32, summed in fp32) */
+        int grads = !value && nt->op == G_PARAM;
         float *x = value ? exec__vptr(ex, st->node, it) : exec__gptr(ex, st->node, it);
-        rc = EXEC_COMM(ex, st->kind, st->axis, comm_all_reduce(c, x, n));
-        if (rc == 0) exec__round(ex, x, n); /* a sum in fp32, stored in the plan's precision */
+        rc = exec__grad_elements(ex, c, NULL, grads) != 0 ? -1 : EXEC_COMM(ex, st->kind, st->axis, comm_all_reduce(c, x, n));
+        if (grads && exec__grad_elements(ex, c, NULL, 0) != 0) rc = -1;
+        if (rc == 0 && !grads) exec__round(ex, x, n); /* a sum in fp32, stored in the plan's precision */
         break;
     case STEP_REDUCE_SCATTER: { /* ZeRO's gradient sync: this rank's shard summed, in place */
         what = "reduce-scatter";
@@ -454,7 +475,8 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
     if (back) {
         poison_workspace(ex);
         exec__fill(ex, ex->arena + ex->pinned_at, 0, (size_t)ex->ms->pinned);
-        exec__fill(ex, ex->arena + ex->gathered_at, 0, (size_t)ex->ms->zfixed); /* zero >= 2: staged gradients */
+        /* zero >= 2: the staged gradients (fp32: 4 / esize times the values' bytes) */
+        exec__fill(ex, ex->arena + ex->gathered_at, 0, (size_t)ex->ms->zfixed * (size_t)(4 / ex->esize));
         if (ex->chunk < ex->chunks - 1 && pipe_transfer(ex, 1, 0) != 0) return -1;
     } else if (phase == PLAN_FORWARD && ex->chunk > 0 && pipe_transfer(ex, 0, 0) != 0) {
         return -1;
@@ -492,8 +514,9 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
                                                       between two buffers: the one before's reduce-scatter may
                                                       still be running, the one two before's has to be done) */
                 if (exec__rs_finish(ex, it % 2) != 0) return -1;
-                exec__fill(ex, ex->arena + ex->gathered_at + ex->ms->zfixed + (it % 2) * ex->ms->zlayer, 0,
-                           (size_t)ex->ms->zlayer);
+                int64_t r = 4 / ex->esize; /* (fp32 gradients) */
+                exec__fill(ex, ex->arena + ex->gathered_at + r * (ex->ms->zfixed + (it % 2) * ex->ms->zlayer), 0,
+                           (size_t)(r * ex->ms->zlayer));
             }
             for (int q = s; q < e; q++) {
                 const plan_step *sq = &p->steps[q];
@@ -511,8 +534,10 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
                     round_value(ex, sq->node, it);
                 } else if (back) {
                     start_grads(ex, sq->node, it);
-                    if (exec__backward_node(ex, sq->node, it) != 0) return -1;
-                    round_grads(ex, sq->node, it);
+                    if (exec__gstage_begin(ex, sq->node, it) != 0 || exec__backward_node(ex, sq->node, it) != 0)
+                        return -1;
+                    round_grads(ex, sq->node, it); /* (a param's: its staged contribution) */
+                    if (exec__gstage_end(ex) != 0) return -1;
                 } else if (exec__forward_node(ex, sq->node, it) != 0) {
                     return -1;
                 } else {
@@ -741,9 +766,8 @@ static int train_step(mesh__exec *ex, long long step, const int32_t *inputs, con
         (!ex->chain && exec__sum_doubles(ex, ex->data, &loss, 1) != 0))
         return -2;
     loss /= (double)m * ex->data_ranks;
-    /* mixed precision: the summed gradients stored in the plan's precision;
-     * with a loss scale, the clipping below is of the unscaled norm */
-    for (int b = 0; ex->prec != KCPU_FP32 && b < ex->n_gbufs; b++) exec__round(ex, ex->gbufs[b], ex->gsizes[b]);
+    /* (mixed precision: the gradients are fp32, summed in fp32.) With a
+     * loss scale, the clipping below is of the unscaled norm */
     double S = ex->loss_scale, clip = S == 1.0 ? s->clip : 0.0, norm, scale = 1.0;
     /* each buffer's sum of squares, on its device */
     if (EXEC_KERN(ex, sum_squares, ex->gss, (void *const *)ex->gbufs, ex->gsizes, ex->n_gbufs) != 0) {
@@ -777,11 +801,10 @@ static int train_step(mesh__exec *ex, long long step, const int32_t *inputs, con
         if (s->clip > 0 && s->clip / (norm + 1e-6) < 1.0) scale *= s->clip / (norm + 1e-6);
     }
     for (int b = 0; (scale < 1.0 || S != 1.0) && isfinite(norm) && b < ex->n_gbufs; b++) {
-        if (EXEC_KERN(ex, scale, ex->gbufs[b], ex->gsizes[b], scale) != 0) {
+        if (EXEC_KERN(ex, scale, ex->gbufs[b], ex->gsizes[b], scale) != 0) { /* (fp32 gradients) */
             exec__kern_failed(ex, "clipping the gradient");
             return -2;
         }
-        exec__round(ex, ex->gbufs[b], ex->gsizes[b]); /* stored in the plan's precision, as a GPU stores it */
     }
     double lr = mesh__exec_lr(ex->p, step);
     st->loss = loss;

@@ -110,8 +110,10 @@ typedef struct kern_vtbl {
     int (*crossentropy_shard_backward)(kern *k, void *dlogits, const void *logits, const int32_t *targets,
                                        const float *rowmax, const float *lse, float dloss, int N, int col0, int W,
                                        int V);
-    /* ss[b] = the sum of squares of bufs[b][0..n[b]), in double, to the host
-     * (the one call that waits for the device) */
+    /* The param gradients' calls: sum_squares, scale and adamw_step's
+     * grads are the gradients' type (fp32 with kern.grad32, else the
+     * tensors'). ss[b] = the sum of squares of bufs[b][0..n[b]), in double,
+     * to the host (the one call that waits for the device) */
     int (*sum_squares)(kern *k, double *ss, void *const *bufs, const size_t *n, int nbufs);
     int (*scale)(kern *k, void *buf, size_t n, double scale); /* buf *= scale, the product in double */
     /* params (fp32) updated; params_lp (may be NULL; the GPU's bf16 weights)
@@ -119,6 +121,9 @@ typedef struct kern_vtbl {
     int (*adamw_step)(kern *k, float *params, void *params_lp, const void *grads, float *m, float *v, size_t n,
                       float lr, float beta1, float beta2, float eps, float weight_decay, int t);
     int (*add_into)(kern *k, void *y, const void *x, size_t n); /* y += x */
+    /* y (fp32) += x, in fp32: x in the tensors' type (an op's contribution
+     * to fp32 gradients), or fp32 when x_f32 */
+    int (*accumulate)(kern *k, float *y, const void *x, size_t n, int x_f32);
     /* mixture of experts (kcpu_moe.h: the routing rules, shapes, and what
      * each call overwrites or adds into). `route` is device memory of
      * moe_route_bytes (16-byte aligned), laid out by the backend;
@@ -158,7 +163,7 @@ typedef struct kern_vtbl {
     rope_backward, gelu_forward, gelu_backward, silu_forward, silu_backward, swiglu_forward, swiglu_backward, \
     crossentropy_forward, crossentropy_shard_max, crossentropy_shard_sumexp, crossentropy_shard_rowmax, \
     crossentropy_shard_finish, crossentropy_shard_backward, \
-    sum_squares, scale, adamw_step, add_into, moe_route_bytes, moe_route_count, moe_route_forward, \
+    sum_squares, scale, adamw_step, add_into, accumulate, moe_route_bytes, moe_route_count, moe_route_forward, \
     moe_route_backward, moe_dispatch_forward, moe_dispatch_backward, moe_combine_forward, moe_combine_backward, \
     moe_expert_forward, moe_expert_backward
 
@@ -169,6 +174,8 @@ struct kern {
     void *impl;        /* the backend's own state */
     int half;          /* 2-byte float tensors: KERN_BF16 or KERN_FP16 (a GPU's, or kern_cpu16's);
                           0: fp32 (the CPU keeps mixed precision in fp32 words) */
+    int grad32;        /* the param gradients are fp32 (sum_squares, scale, adamw_step): mixed
+                          precision's main gradients, set by the executor */
     char error[512];   /* why the last call failed */
 };
 

@@ -316,6 +316,12 @@ static int add_into(kern *k, void *y, const void *x, size_t n)
     return 0;
 }
 
+static int accumulate(kern *k, float *y, const void *x, size_t n, int x_f32)
+{
+    (void)x_f32; /* (the CPU's tensors are fp32 words) */
+    return add_into(k, y, x, n);
+}
+
 /* ---- mixture of experts: the routing arrays bound in the route memory
  * at each call (binding touches no memory) ---- */
 

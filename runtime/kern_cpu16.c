@@ -346,9 +346,11 @@ static int crossentropy_shard_backward(kern *k, void *dlogits, const void *logit
     RUN(CPU.crossentropy_shard_backward(k, D, L, targets, rowmax, lse, dloss, N, col0, W, V));
 }
 
-/* One buffer at a time: each widened, its sum taken. */
+/* One buffer at a time: each widened, its sum taken (fp32 gradients,
+ * grad32: as they are). */
 static int sum_squares(kern *k, double *ss, void *const *bufs, const size_t *n, int nbufs)
 {
+    if (k->grad32) return CPU.sum_squares(k, ss, bufs, n, nbufs);
     for (int b = 0; b < nbufs; b++) {
         float *X = IN(bufs[b], n[b]);
         void *x = X;
@@ -359,6 +361,7 @@ static int sum_squares(kern *k, double *ss, void *const *bufs, const size_t *n, 
 
 static int scale(kern *k, void *buf, size_t n, double s)
 {
+    if (k->grad32) return CPU.scale(k, buf, n, s);
     float *X = IO(buf, n);
     RUN(CPU.scale(k, X, n, s));
 }
@@ -366,7 +369,7 @@ static int scale(kern *k, void *buf, size_t n, double s)
 static int adamw_step(kern *k, float *params, void *params_lp, const void *grads, float *m, float *v, size_t n,
                       float lr, float beta1, float beta2, float eps, float weight_decay, int t)
 {
-    float *LP = IO(params_lp, n), *G = IN(grads, n);
+    float *LP = IO(params_lp, n), *G = k->grad32 ? (float *)(uintptr_t)grads : IN(grads, n);
     RUN(CPU.adamw_step(k, params, LP, G, m, v, n, lr, beta1, beta2, eps, weight_decay, t));
 }
 
@@ -374,6 +377,12 @@ static int add_into(kern *k, void *y, const void *x, size_t n)
 {
     float *Y = IO(y, n), *X = IN(x, n);
     RUN(CPU.add_into(k, Y, X, n));
+}
+
+static int accumulate(kern *k, float *y, const void *x, size_t n, int x_f32)
+{
+    float *X = x_f32 ? (float *)(uintptr_t)x : IN(x, n);
+    RUN(CPU.accumulate(k, y, X, n, 1));
 }
 
 /* ---- mixture of experts: the routing is the CPU's (fp32) ---- */

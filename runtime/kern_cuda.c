@@ -17,6 +17,7 @@
 
 /* the storage type of the float tensors */
 #define DT(k) ((k)->half == KERN_BF16 ? KCUDA_BF16 : (k)->half == KERN_FP16 ? KCUDA_F16 : KCUDA_F32)
+#define GT(k) ((k)->grad32 ? KCUDA_F32 : DT(k)) /* the param gradients' type */
 
 typedef struct cuda_kern {
     kcuda_ctx *ctx;
@@ -311,7 +312,7 @@ static int sum_squares(kern *k, double *ss, void *const *bufs, const size_t *n, 
     if (!dss) return -1;
     if (from_dev(k, "sums of squares", dev_memset(k->d, dss, 0, (size_t)nbufs * sizeof(double), s))) return -1;
     for (int b = 0; b < nbufs; b++)
-        if (check(k, "kcuda_sum_squares", kcuda_sum_squares(c->ctx, dss + b, bufs[b], n[b], DT(k), k->stream)))
+        if (check(k, "kcuda_sum_squares", kcuda_sum_squares(c->ctx, dss + b, bufs[b], n[b], GT(k), k->stream)))
             return -1;
     if (from_dev(k, "sums of squares", dev_copy(k->d, ss, dss, (size_t)nbufs * sizeof(double),
                                                 DEV_DEVICE_TO_HOST, s)))
@@ -321,14 +322,19 @@ static int sum_squares(kern *k, double *ss, void *const *bufs, const size_t *n, 
 
 static int scale(kern *k, void *buf, size_t n, double s)
 {
-    KC(kcuda_scale, buf, n, s, DT(k), k->stream);
+    KC(kcuda_scale, buf, n, s, GT(k), k->stream);
 }
 
 static int adamw_step(kern *k, float *params, void *params_lp, const void *grads, float *m, float *v, size_t n,
                       float lr, float beta1, float beta2, float eps, float weight_decay, int t)
 {
-    KC(kcuda_adamw_step, params, params_lp, grads, DT(k), m, v, n, lr, beta1, beta2, eps, weight_decay, t,
+    KC(kcuda_adamw_step, params, params_lp, DT(k), grads, GT(k), m, v, n, lr, beta1, beta2, eps, weight_decay, t,
        k->stream);
+}
+
+static int accumulate(kern *k, float *y, const void *x, size_t n, int x_f32)
+{
+    KC(kcuda_accumulate, y, x, x_f32 ? KCUDA_F32 : DT(k), n, k->stream);
 }
 
 static int add_into(kern *k, void *y, const void *x, size_t n)

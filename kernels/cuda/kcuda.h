@@ -337,13 +337,18 @@ int kcuda_crossentropy_shard_backward(void *dlogits, const void *logits,
 
 /* kcpu_adamw_step on fp32 master weights, moments in fp32, gradients in
  * grad_dt; the same operations in the same order (no fused multiply-add),
- * so fp32 gives kcpu's bits. params_lp[n] (may be NULL; grad_dt, 2 bytes)
- * gets the updated weights rounded to that type, for a bf16 or fp16
- * forward. params[n], m[n], v[n] updated; grads[n]. */
-int kcuda_adamw_step(float *params, void *params_lp, const void *grads,
-                     kcuda_dtype grad_dt, float *m, float *v, size_t n,
-                     float lr, float beta1, float beta2, float eps,
-                     float weight_decay, int t, void *stream);
+ * so fp32 gives kcpu's bits. params_lp[n] (may be NULL) gets the updated
+ * weights rounded to lp_dt (bf16, fp16), for a 2-byte forward. params[n],
+ * m[n], v[n] updated; grads[n]. */
+int kcuda_adamw_step(float *params, void *params_lp, kcuda_dtype lp_dt,
+                     const void *grads, kcuda_dtype grad_dt, float *m,
+                     float *v, size_t n, float lr, float beta1, float beta2,
+                     float eps, float weight_decay, int t, void *stream);
+
+/* y[n] += x[n] in fp32, x widened from x_dt (fp32 main gradients
+ * accumulating an op's 2-byte contribution; kcpu_add_into on widened x). */
+int kcuda_accumulate(float *y, const void *x, kcuda_dtype x_dt, size_t n,
+                     void *stream);
 
 /* *ss += the sum of squares of buf[n], in double, in a fixed order (a
  * fixed grid's partial sums in the context's scratch, then one block):

@@ -14,8 +14,8 @@
 #define SS_BLOCKS 1024 /* partial sums: a fixed grid, for reproducibility */
 #define SS_THREADS 256
 
-template <typename G>
-__global__ void adamw_kernel(float *params, G *params_lp, const G *grads,
+template <typename G, typename L>
+__global__ void adamw_kernel(float *params, L *params_lp, const G *grads,
                              float *m, float *v, size_t n, float lr,
                              float beta1, float beta2, float eps, float wd,
                              float c1, float c2)
@@ -39,17 +39,18 @@ __global__ void adamw_kernel(float *params, G *params_lp, const G *grads,
         p = __fsub_rn(p, __fmul_rn(lr, step));
         params[i] = p;
         if (params_lp)
-            params_lp[i] = kc_to<G>(p);
+            params_lp[i] = kc_to<L>(p);
     }
 }
 
-int kcuda_adamw_step(float *params, void *params_lp, const void *grads,
-                     kcuda_dtype grad_dt, float *m, float *v, size_t n,
-                     float lr, float beta1, float beta2, float eps,
-                     float weight_decay, int t, void *stream)
+int kcuda_adamw_step(float *params, void *params_lp, kcuda_dtype lp_dt,
+                     const void *grads, kcuda_dtype grad_dt, float *m,
+                     float *v, size_t n, float lr, float beta1, float beta2,
+                     float eps, float weight_decay, int t, void *stream)
 {
     cudaStream_t s = kcuda__stream(stream);
     KCUDA_DT_OK(grad_dt);
+    KCUDA_DT_OK(lp_dt);
     KCUDA_ARG(t >= 1, "adamw: step t=%d, must count from 1", t);
     if (n == 0)
         return 0;
@@ -59,10 +60,37 @@ int kcuda_adamw_step(float *params, void *params_lp, const void *grads,
     float c1 = (float)(1.0 - pow((double)beta1, (double)t));
     float c2 = (float)(1.0 - pow((double)beta2, (double)t));
     KCUDA_DISPATCH(grad_dt, G, {
-        adamw_kernel<G><<<kcuda__blocks(n, 256), 256, 0, s>>>(
-            params, (G *)params_lp, (const G *)grads, m, v, n, lr, beta1,
-            beta2, eps, weight_decay, c1, c2);
-        KCUDA_LAUNCHED("adamw_kernel");
+        KCUDA_DISPATCH(lp_dt, L, {
+            adamw_kernel<G, L><<<kcuda__blocks(n, 256), 256, 0, s>>>(
+                params, (L *)params_lp, (const G *)grads, m, v, n, lr, beta1,
+                beta2, eps, weight_decay, c1, c2);
+            KCUDA_LAUNCHED("adamw_kernel");
+        });
+    });
+    return 0;
+}
+
+/* y += x, in fp32 (x widened from its storage type). */
+template <typename T>
+__global__ void accumulate_kernel(float *y, const T *x, size_t n)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += stride)
+        y[i] = __fadd_rn(y[i], kc_f(x[i]));
+}
+
+int kcuda_accumulate(float *y, const void *x, kcuda_dtype x_dt, size_t n,
+                     void *stream)
+{
+    cudaStream_t s = kcuda__stream(stream);
+    KCUDA_DT_OK(x_dt);
+    if (n == 0)
+        return 0;
+    KCUDA_DISPATCH(x_dt, T, {
+        accumulate_kernel<T><<<kcuda__blocks(n, 256), 256, 0, s>>>(
+            y, (const T *)x, n);
+        KCUDA_LAUNCHED("accumulate_kernel");
     });
     return 0;
 }

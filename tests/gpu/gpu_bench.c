@@ -471,8 +471,8 @@ static void run_gelu_bwd(void *p)
 static void run_adamw(void *p)
 {
     mem_arg *m = p;
-    kc(kcuda_adamw_step(m->p, m->c, m->a, KCUDA_BF16, m->m, m->v, m->n, 1e-4f,
-                        0.9f, 0.95f, 1e-8f, 0.0f, 10, NULL),
+    kc(kcuda_adamw_step(m->p, m->c, KCUDA_BF16, m->a, KCUDA_BF16, m->m, m->v,
+                        m->n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, 10, NULL),
        "kcuda_adamw_step");
 }
 

@@ -777,19 +777,21 @@ static void t_crossentropy_exchange(kcuda_dtype dt)
 
 /* ---- cases: AdamW and norms ----------------------------------------------- */
 
-static void t_adamw(kcuda_dtype dt)
+/* AdamW on fp32 masters, the gradients in gdt, the 2-byte weights (if
+ * any) in dt. */
+static void adamw_case(kcuda_dtype dt, kcuda_dtype gdt)
 {
     size_t n = 1003;
     float *p = rnd(n, 1.0f, KCUDA_F32), *m = rnd(n, 0.1f, KCUDA_F32);
-    float *v = rnd(n, 0.1f, KCUDA_F32), *g = rnd(n, 1.0f, dt);
+    float *v = rnd(n, 0.1f, KCUDA_F32), *g = rnd(n, 1.0f, gdt);
     for (size_t i = 0; i < n; i++)
         v[i] = fabsf(v[i]);
     float *dp = up(p, n, KCUDA_F32), *dm = up(m, n, KCUDA_F32);
     float *dv = up(v, n, KCUDA_F32);
-    void *dg = up(g, n, dt), *dpb = dmem(n * 2);
+    void *dg = up(g, n, gdt), *dpb = dmem(n * 2);
     for (int t = 1; t <= 3; t++) {
-        KC(kcuda_adamw_step(dp, dt != KCUDA_F32 ? dpb : NULL, dg, dt, dm, dv,
-                            n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, NULL));
+        KC(kcuda_adamw_step(dp, dt != KCUDA_F32 ? dpb : NULL, dt, dg, gdt, dm,
+                            dv, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, NULL));
         kcpu_adamw_step(p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
     }
     /* the same operations in the same order: kcpu's bits */
@@ -802,6 +804,25 @@ static void t_adamw(kcuda_dtype dt)
         kcpu_round(pb, n, prec_of(dt));
         expect_bits("params_lp", down(dpb, n, dt), pb, n * 4);
     }
+}
+
+static void t_adamw(kcuda_dtype dt)
+{
+    adamw_case(dt, dt);
+}
+
+/* fp32 main gradients beside 2-byte weights (the executor's mixed
+ * precision); and an op's 2-byte contribution accumulated into them */
+static void t_adamw_f32_grads(kcuda_dtype dt)
+{
+    adamw_case(dt, KCUDA_F32);
+    size_t n = 70001;
+    float *y = rnd(n, 1.0f, KCUDA_F32), *x = rnd(n, 1.0f, dt);
+    float *dy = up(y, n, KCUDA_F32);
+    void *dx = up(x, n, dt);
+    KC(kcuda_accumulate(dy, dx, dt, n, NULL));
+    kcpu_add_forward(y, y, x, n); /* x holds the 2-byte values exactly */
+    expect_bits("accumulated", down(dy, n, KCUDA_F32), y, n * 4);
 }
 
 static void t_global_norm(kcuda_dtype dt)
@@ -1221,6 +1242,8 @@ static const gpu_case cases[] = {
     {"adamw_f32", t_adamw, KCUDA_F32},
     {"adamw_bf16_grads", t_adamw, KCUDA_BF16},
     {"adamw_f16_grads", t_adamw, KCUDA_F16},
+    {"adamw_f32_grads_bf16_weights", t_adamw_f32_grads, KCUDA_BF16},
+    {"adamw_f32_grads_f16_weights", t_adamw_f32_grads, KCUDA_F16},
     {"global_norm_f32", t_global_norm, KCUDA_F32},
     {"global_norm_bf16", t_global_norm, KCUDA_BF16},
     {"global_norm_f16", t_global_norm, KCUDA_F16},

@@ -17,6 +17,7 @@
 #include "exec.h"       /* mesh__exec_* */
 #include "fixture.h"    /* fixture_tiny_gpt */
 #include "kcpu.h"       /* kcpu_bf16_round, kcpu_fp16_round */
+#include "memplan.h"    /* memplan_build: the gradient staging */
 #include "mesh.h"       /* mesh_compile */
 #include "plan.h"       /* plan_read */
 #include "unit.h"       /* TEST_IMPL, ASSERT_* */
@@ -169,12 +170,60 @@ static int values_in(mesh__exec *ex, float (*round)(float), size_t *total)
     return all;
 }
 
+/* Mixed precision keeps fp32 main gradients (memplan.h): an op's backward
+ * stores its contribution to a param's gradient in the plan's precision,
+ * which is then added to the param's fp32 gradient, over the ops that use
+ * it (the tied embedding's two) and the micro-batches, and summed in fp32
+ * over the data-parallel ranks. In bf16 and fp16 the plan's gradients take
+ * 4 bytes a param element (2 its values); after a step of two
+ * micro-batches on 2-byte storage (a GPU's layout, MESH__EXEC_CPU16) most
+ * gradient elements are not numbers of the plan's precision (each op's
+ * contribution is), and they are the bits of the CPU's run in fp32 words.
+ * (Before, the gradients were 2-byte, all of them bf16 numbers.) */
+TEST_IMPL(precision_gradients_accumulate_in_fp32)
+{
+    static const char *const sets[2][1] = {{"train.precision=bf16"}, {"train.precision=fp16"}};
+    float (*rounds[2])(float) = {kcpu_bf16_round, kcpu_fp16_round};
+    for (int v = 0; v < 2; v++) {
+        plan p;
+        compile_with(&p, sets[v], 1);
+        char err[256];
+        mesh__exec *half = mesh__exec_create_flags(&p, NULL, NULL, MESH__EXEC_CPU16 | MESH__EXEC_NO_FUSE, err, sizeof err);
+        if (!half) unit_fail(__FILE__, __LINE__, "%s", err);
+        mesh__exec *words = exec_of(&p);
+        mesh__step_stats st[1];
+        train(half, 1, 1, st);
+        train(words, 1, 1, st);
+        const char *name;
+        size_t n, total = 0, off = 0;
+        float *w, *g, *w2, *g2;
+        for (int k = 0; mesh__exec_param(half, k, &name, &n, &w, &g) == 0; k++) {
+            ASSERT_INT_EQ(mesh__exec_param(words, k, &name, &n, &w2, &g2), 0);
+            for (size_t e = 0; e < n; e++) off += u_of(rounds[v](g[e])) != u_of(g[e]);
+            if (memcmp(g, g2, n * sizeof *g) != 0)
+                unit_fail(__FILE__, __LINE__, "%s: %s's gradient in 2-byte storage is not the fp32 words' run's",
+                          sets[v][0], name);
+            total += n;
+        }
+        fprintf(stderr, "# %s: %zu of %zu gradient elements are not %s numbers\n", sets[v][0], off, total,
+                v ? "fp16" : "bf16");
+        if (!(2 * off > total)) unit_fail(__FILE__, __LINE__, "%zu of %zu off the 2-byte grid", off, total);
+        /* the plan's gradients: 4 bytes an element, the values 2 (each region rounded to 16 bytes) */
+        ASSERT_INT_EQ((long long)p.memory[0].grads, (long long)((total * 4 + 15) / 16 * 16));
+        ASSERT_INT_EQ((long long)p.memory[0].params, (long long)((total * 2 + 15) / 16 * 16));
+        mesh__exec_free(half);
+        mesh__exec_free(words);
+        plan_free(&p);
+    }
+}
+
 /* bf16 and fp16 train the tiny GPT as fp32 does: the loss falls below 1
  * (from ln 16), each step's loss within 0.02 + 3% of fp32's (bf16 strays
  * by 1.2% at most over the first 30 steps, 5.5% at a loss of 0.2; fp16 by
  * 0.4%). The weights the ops
  * read are bf16 (fp16) numbers, the fp32 masters (what mesh_param_get and
- * checkpoints give) are not; the arena is fp32's layout plus the masters. */
+ * checkpoints give) are not; the arena is fp32's layout plus the masters
+ * and the staging of an op's contribution to the (fp32) gradients. */
 TEST_IMPL(precision_bf16_fp16_train_as_fp32)
 {
     static const char *const sets[3][1] = {{"train.precision=fp32"}, {"train.precision=bf16"},
@@ -192,7 +241,13 @@ TEST_IMPL(precision_bf16_fp16_train_as_fp32)
         } else {
             size_t total;
             ASSERT_INT_EQ(values_in(ex, rounds[v], &total), 1);
-            ASSERT_UINT_EQ(mesh__exec_bytes(ex), fp32_bytes + total * sizeof(float)); /* + the masters */
+            /* + the masters, and the staging of an op's contribution to the fp32 gradients (in words) */
+            memplan mp;
+            ASSERT_INT_EQ(memplan_build(&mp, &p, 4, MEMPLAN_MASTERS), 0);
+            size_t staging = (size_t)mp.stage[0].gstage;
+            memplan_free(&mp);
+            ASSERT_INT_EQ(staging > 0, 1);
+            ASSERT_UINT_EQ(mesh__exec_bytes(ex), fp32_bytes + total * sizeof(float) + staging);
             ASSERT_INT_LT((long long)p.memory[0].total, (long long)fp32_bytes);        /* the plan: 2-byte values */
             /* the masters: the whole first param, not all of it representable */
             size_t n0 = mesh__exec_param_numel(ex, 0), off = 0;
