@@ -480,8 +480,12 @@ static int place_params(mp *x, int stg, mem_stage *ms) {
     for (int c = 0; s->precision != 0 && c < x->n; c++) {
         const plan_tensor *t = &p->tensors[c];
         int64_t sum = 0;
+        /* a matmul's weight is not staged: the kernel adds its product to
+         * the fp32 gradient itself (runtime: exec__gstage_begin) */
+        int fused = t->op == G_MATMUL && t->n_in == 2 && param_of(p, t->in[0]) != param_of(p, t->in[1])
+                  ? param_of(p, t->in[1]) : -1;
         for (int k = 0; k < t->n_in; k++) {
-            int in = param_of(p, t->in[k]), seen = 0;
+            int in = param_of(p, t->in[k]), seen = in == fused;
             for (int j = 0; j < k; j++) seen |= param_of(p, t->in[j]) == in;
             if (in >= 0 && !seen && p->tensors[in].op == G_PARAM && held[in] > 0)
                 sum += rnd(x, local_elems(x, in) * x->fb);

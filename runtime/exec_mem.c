@@ -105,16 +105,30 @@ void exec__round(const mesh__exec *ex, float *x, size_t n)
     dev_guard(ex->dev, 0);
 }
 
+/* The param whose gradient input k of node c's backward adds to (x @
+ * transpose(w): w's), or -1. */
+static int param_in(const mesh__exec *ex, const plan_tensor *t, int k)
+{
+    int in = t->in[k];
+    if (ex->p->tensors[in].op == G_TRANSPOSE) in = ex->p->tensors[in].in[0];
+    return ex->p->tensors[in].op == G_PARAM ? in : -1;
+}
+
 int exec__gstage_begin(mesh__exec *ex, int c, int it)
 {
     const plan_tensor *t = &ex->p->tensors[c];
     int64_t at = ex->gstage_at;
     ex->gst_n = 0;
+    ex->kern.dw32 = 0;
     if (ex->prec == KCPU_FP32 || t->op == G_PARAM) return 0;
+    /* a matmul's weight: its product added to the fp32 gradient in fp32 by
+     * the kernel itself (kern.dw32: cuBLASLt's fp32 output), not staged */
+    int fused = t->op == G_MATMUL && t->n_in == 2 ? param_in(ex, t, 1) : -1;
+    if (fused >= 0 && param_in(ex, t, 0) != fused) ex->kern.dw32 = 1;
+    else fused = -1;
     for (int k = 0; k < t->n_in; k++) {
-        int in = t->in[k], seen = 0;
-        if (ex->p->tensors[in].op == G_TRANSPOSE) in = ex->p->tensors[in].in[0]; /* x @ transpose(w): w's */
-        if (ex->p->tensors[in].op != G_PARAM) continue;
+        int in = param_in(ex, t, k), seen = in == fused;
+        if (in < 0) continue;
         for (int j = 0; j < ex->gst_n; j++) seen |= ex->gst_id[j] == in;
         if (seen) continue;
         size_t n = ex->numel[in];
@@ -128,10 +142,18 @@ int exec__gstage_begin(mesh__exec *ex, int c, int it)
     return 0;
 }
 
+int exec__gstage_staged(const mesh__exec *ex, int id)
+{
+    for (int k = 0; k < ex->gst_n; k++)
+        if (ex->gst_id[k] == id) return 1;
+    return 0;
+}
+
 int exec__gstage_end(mesh__exec *ex)
 {
     int n = ex->gst_n;
     ex->gst_n = 0; /* (exec__gptr gives the fp32 gradients again) */
+    ex->kern.dw32 = 0;
     for (int k = 0; k < n; k++) {
         float *g = exec__gptr(ex, ex->gst_id[k], ex->gst_it);
         if (EXEC_KERN(ex, accumulate, g, ex->gst_buf[k], ex->gst_len[k], 0) != 0)

@@ -445,6 +445,8 @@ static void round_grads(mesh__exec *ex, int id, int it)
         int in = t->in[k];
         const plan_tensor *a = &ex->p->tensors[in];
         if (a->op == G_TRANSPOSE) in = a->in[0]; /* x @ transpose(w) adds into w's gradient */
+        if (ex->p->tensors[in].op == G_PARAM && !exec__gstage_staged(ex, in))
+            continue; /* its fp32 gradient, added to in fp32 (a matmul's weight) */
         if (ex->p->tensors[in].dtype == PLAN_DTYPE_F32)
             exec__round(ex, exec__grad_in(ex, in, t->region, it), ex->cnumel[in]);
     }

@@ -121,8 +121,8 @@ static int matmul_forward(kern *k, void *y, const void *x, const void *w, int M,
 static int matmul_backward(kern *k, void *dx, void *dw, const void *dy, const void *x, const void *w, int M, int K,
                            int N)
 {
-    float *DX = IO(dx, (size_t)M * K), *DW = IO(dw, (size_t)K * N), *DY = IN(dy, (size_t)M * N);
-    float *X = IN(x, (size_t)M * K), *W = IN(w, (size_t)K * N);
+    float *DX = IO(dx, (size_t)M * K), *DW = k->dw32 ? dw : IO(dw, (size_t)K * N); /* (dw32: fp32) */
+    float *DY = IN(dy, (size_t)M * N), *X = IN(x, (size_t)M * K), *W = IN(w, (size_t)K * N);
     RUN(CPU.matmul_backward(k, DX, DW, DY, X, W, M, K, N));
 }
 
@@ -143,8 +143,8 @@ static int matmul_wt_forward(kern *k, void *y, const void *x, const void *w, int
 static int matmul_wt_backward(kern *k, void *dx, void *dw, const void *dy, const void *x, const void *w, int M,
                               int K, int N)
 {
-    float *DX = IO(dx, (size_t)M * K), *DW = IO(dw, (size_t)N * K), *DY = IN(dy, (size_t)M * N);
-    float *X = IN(x, (size_t)M * K), *W = IN(w, (size_t)N * K);
+    float *DX = IO(dx, (size_t)M * K), *DW = k->dw32 ? dw : IO(dw, (size_t)N * K); /* (dw32: fp32) */
+    float *DY = IN(dy, (size_t)M * N), *X = IN(x, (size_t)M * K), *W = IN(w, (size_t)N * K);
     RUN(CPU.matmul_wt_backward(k, DX, DW, DY, X, W, M, K, N));
 }
 

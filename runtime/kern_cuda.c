@@ -18,6 +18,7 @@
 /* the storage type of the float tensors */
 #define DT(k) ((k)->half == KERN_BF16 ? KCUDA_BF16 : (k)->half == KERN_FP16 ? KCUDA_F16 : KCUDA_F32)
 #define GT(k) ((k)->grad32 ? KCUDA_F32 : DT(k)) /* the param gradients' type */
+#define WT(k) ((k)->dw32 ? KCUDA_F32 : DT(k))   /* a matmul backward's dw's (kern.dw32) */
 
 typedef struct cuda_kern {
     kcuda_ctx *ctx;
@@ -115,7 +116,7 @@ static int matmul_forward(kern *k, void *y, const void *x, const void *w, int M,
 static int matmul_backward(kern *k, void *dx, void *dw, const void *dy, const void *x, const void *w, int M, int K,
                            int N)
 {
-    KC(kcuda_matmul_backward, CTX(k), dx, dw, NULL, dy, x, w, M, K, N, DT(k), k->stream);
+    KC(kcuda_matmul_backward, CTX(k), dx, dw, NULL, dy, x, w, M, K, N, DT(k), WT(k), k->stream);
 }
 
 /* The bias (and GELU) in cuBLASLt's epilogue where it offers one. */
@@ -134,7 +135,7 @@ static int matmul_wt_forward(kern *k, void *y, const void *x, const void *w, int
 static int matmul_wt_backward(kern *k, void *dx, void *dw, const void *dy, const void *x, const void *w, int M,
                               int K, int N)
 {
-    KC(kcuda_matmul_wt_backward, CTX(k), dx, dw, NULL, dy, x, w, M, K, N, DT(k), k->stream);
+    KC(kcuda_matmul_wt_backward, CTX(k), dx, dw, NULL, dy, x, w, M, K, N, DT(k), WT(k), k->stream);
 }
 
 static int embedding_rows_forward(kern *k, void *out, const int32_t *ids, const void *table, int n, int row0,

@@ -135,10 +135,13 @@ int kcuda_matmul_forward(kcuda_ctx *ctx, void *y, void *pre, const void *x,
 
 /* dx += dy @ w^T, dw += x^T @ dy, dbias += sum over rows of dy (the bias
  * sum in a fixed order through the context's scratch).
- * dx[M,K], dw[K,N], dbias[N] (each may be NULL); dy[M,N]; x[M,K]; w[K,N]. */
+ * dx[M,K], dw[K,N], dbias[N] (each may be NULL); dy[M,N]; x[M,K]; w[K,N].
+ * dw is of dw_dt: dt, or KCUDA_F32 beside 2-byte tensors (an fp32 main
+ * gradient: the product added to it in fp32, never rounded to 2 bytes). */
 int kcuda_matmul_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
                           const void *dy, const void *x, const void *w, int M,
-                          int K, int N, kcuda_dtype dt, void *stream);
+                          int K, int N, kcuda_dtype dt, kcuda_dtype dw_dt,
+                          void *stream);
 
 /* y = x @ w^T + bias with w stored [out, in] (the tied LM head).
  * y[M,N] out; x[M,K]; w[N,K]; bias[N] (may be NULL). */
@@ -147,11 +150,12 @@ int kcuda_matmul_wt_forward(kcuda_ctx *ctx, void *y, const void *x,
                             int N, kcuda_dtype dt, void *stream);
 
 /* dx += dy @ w, dw += dy^T @ x, dbias += sum over rows of dy.
- * dx[M,K], dw[N,K], dbias[N] (each may be NULL); dy[M,N]; x[M,K]; w[N,K]. */
+ * dx[M,K], dw[N,K], dbias[N] (each may be NULL); dy[M,N]; x[M,K]; w[N,K];
+ * dw of dw_dt, as kcuda_matmul_backward's. */
 int kcuda_matmul_wt_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
                              const void *dy, const void *x, const void *w,
                              int M, int K, int N, kcuda_dtype dt,
-                             void *stream);
+                             kcuda_dtype dw_dt, void *stream);
 
 /* dbias[N] += sum over the M rows of dy[M,N], in a fixed order (two
  * passes through the context's scratch). */

@@ -66,7 +66,7 @@ int kcuda__cuda_fail(cudaError_t e, const char *what, const char *file,
 /* One cached cuBLASLt algorithm: the key is every argument the heuristic
  * sees, compared bytewise (zero-filled first). */
 typedef struct kcuda__algo_key {
-    int m, n, k, lda, ldb, ldc, ta, tb, batch, dt, epi, beta_zero;
+    int m, n, k, lda, ldb, ldc, ta, tb, batch, dt, epi, beta_zero, c_f32;
     long long sa, sb, sc;
     int align_a, align_b, align_c, align_bias, align_aux;
 } kcuda__algo_key;
@@ -319,6 +319,8 @@ typedef struct kcuda__gemm {
     void *aux;        /* GELU input [M,N] (ld N) for KCUDA_EPI_GELU */
     int epi;          /* kcuda_epilogue */
     kcuda_dtype dt;
+    int c_f32;        /* C (and the output) fp32 beside 2-byte A and B: a weight gradient
+                         accumulated in fp32 (no epilogue) */
 } kcuda__gemm;
 
 int kcuda__gemm_run(kcuda_ctx *ctx, const kcuda__gemm *g, cudaStream_t s);

@@ -84,12 +84,13 @@ static kcuda__algo_key gemm_key(const kcuda__gemm *g)
     k.dt = (int)g->dt;
     k.epi = g->epi * 2 + (g->bias != NULL);
     k.beta_zero = g->beta == 0.0f;
+    k.c_f32 = g->c_f32;
     k.sa = g->sa;
     k.sb = g->sb;
     k.sc = g->sc;
     k.align_a = batch_align(g->A, g->sa, g->batch, g->dt);
     k.align_b = batch_align(g->B, g->sb, g->batch, g->dt);
-    k.align_c = batch_align(g->C, g->sc, g->batch, g->dt);
+    k.align_c = batch_align(g->C, g->sc, g->batch, g->c_f32 ? KCUDA_F32 : g->dt);
     k.align_bias = kcuda__align_of(g->bias);
     k.align_aux = kcuda__align_of(g->aux);
     return k;
@@ -183,7 +184,8 @@ int kcuda__gemm_run(kcuda_ctx *ctx, const kcuda__gemm *g, cudaStream_t s)
                        g->ldb, g->batch, g->sb));
     LT_CHECK(lt_layout(&lb, g->dt, g->ta ? g->M : g->K, g->ta ? g->K : g->M,
                        g->lda, g->batch, g->sa));
-    LT_CHECK(lt_layout(&lc, g->dt, g->N, g->M, g->ldc, g->batch, g->sc));
+    LT_CHECK(lt_layout(&lc, g->c_f32 ? KCUDA_F32 : g->dt, g->N, g->M, g->ldc,
+                       g->batch, g->sc));
 
     if (!hit) {
         cublasLtMatmulHeuristicResult_t res;
@@ -411,7 +413,8 @@ int kcuda_matmul_wt_forward(kcuda_ctx *ctx, void *y, const void *x,
 
 int kcuda_matmul_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
                           const void *dy, const void *x, const void *w, int M,
-                          int K, int N, kcuda_dtype dt, void *stream)
+                          int K, int N, kcuda_dtype dt, kcuda_dtype dw_dt,
+                          void *stream)
 {
     cudaStream_t s = kcuda__stream(stream);
     KCUDA_DT_OK(dt);
@@ -425,12 +428,14 @@ int kcuda_matmul_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
         g.C = dx, g.ldc = K, g.beta = 1.0f;
         KCUDA_TRY(kcuda__gemm_run(ctx, &g, s));
     }
+    KCUDA_ARG(dw_dt == dt || dw_dt == KCUDA_F32, "matmul: dw of dtype %d beside %d",
+              (int)dw_dt, (int)dt);
     if (dw) { /* dw[K,N] += x[M,K]^T @ dy[M,N] */
         kcuda__gemm g = gemm_init(dt);
         g.M = K, g.N = N, g.K = M;
         g.A = x, g.ta = 1, g.lda = K;
         g.B = dy, g.ldb = N;
-        g.C = dw, g.ldc = N, g.beta = 1.0f;
+        g.C = dw, g.ldc = N, g.beta = 1.0f, g.c_f32 = dw_dt != dt;
         KCUDA_TRY(kcuda__gemm_run(ctx, &g, s));
     }
     if (dbias)
@@ -441,7 +446,7 @@ int kcuda_matmul_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
 int kcuda_matmul_wt_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
                              const void *dy, const void *x, const void *w,
                              int M, int K, int N, kcuda_dtype dt,
-                             void *stream)
+                             kcuda_dtype dw_dt, void *stream)
 {
     cudaStream_t s = kcuda__stream(stream);
     KCUDA_DT_OK(dt);
@@ -455,12 +460,14 @@ int kcuda_matmul_wt_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
         g.C = dx, g.ldc = K, g.beta = 1.0f;
         KCUDA_TRY(kcuda__gemm_run(ctx, &g, s));
     }
+    KCUDA_ARG(dw_dt == dt || dw_dt == KCUDA_F32, "matmul: dw of dtype %d beside %d",
+              (int)dw_dt, (int)dt);
     if (dw) { /* dw[N,K] += dy[M,N]^T @ x[M,K] */
         kcuda__gemm g = gemm_init(dt);
         g.M = N, g.N = K, g.K = M;
         g.A = dy, g.ta = 1, g.lda = N;
         g.B = x, g.ldb = K;
-        g.C = dw, g.ldc = K, g.beta = 1.0f;
+        g.C = dw, g.ldc = K, g.beta = 1.0f, g.c_f32 = dw_dt != dt;
         KCUDA_TRY(kcuda__gemm_run(ctx, &g, s));
     }
     if (dbias)

@@ -310,11 +310,11 @@ static void matmul_case(kcuda_dtype dt, int M, int K, int N, int wt,
     void *dgw = up(gw, (size_t)K * N, dt), *dgb = up(gb, (size_t)N, dt);
     if (wt) {
         KC(kcuda_matmul_wt_backward(ctx, dgx, dgw, dgb, dg, dx, dw, M, K, N,
-                                    dt, NULL));
+                                    dt, dt, NULL));
         kcpu_matmul_wt_backward(gx, gw, gb, g, x, w, M, K, N);
     } else {
         KC(kcuda_matmul_backward(ctx, dgx, dgw, dgb, dg, dx, dw, M, K, N, dt,
-                                 NULL));
+                                 dt, NULL));
         kcpu_matmul_backward(gx, gw, gb, g, x, w, M, K, N);
     }
     expect_dev("dx", dgx, gx, (size_t)M * K, dt);
@@ -327,6 +327,42 @@ static void t_matmul(kcuda_dtype dt)
     matmul_case(dt, 67, 45, 33, 0, 1, 0);
     matmul_case(dt, 64, 96, 128, 0, 0, 0);
     matmul_case(dt, 300, 64, 40, 0, 1, 0); /* dbias over two row chunks */
+}
+
+/* A weight gradient in fp32 beside 2-byte tensors (an fp32 main gradient
+ * the product is added to in fp32): within fp32's tolerance of the CPU's
+ * fp32 sums of the same (2-byte) inputs; dx stays 2-byte. */
+static void matmul_f32_dw_case(kcuda_dtype dt, int M, int K, int N, int wt)
+{
+    size_t nw = (size_t)K * N;
+    float *x = rnd((size_t)M * K, 1.0f, dt), *w = rnd(nw, 0.5f, dt);
+    float *g = rnd((size_t)M * N, 1.0f, dt), *gx = rnd((size_t)M * K, 0.5f, dt);
+    float *gw = rnd(nw, 0.5f, KCUDA_F32);
+    void *dx = up(x, (size_t)M * K, dt), *dw = up(w, nw, dt);
+    void *dg = up(g, (size_t)M * N, dt), *dgx = up(gx, (size_t)M * K, dt);
+    void *dgw = up(gw, nw, KCUDA_F32);
+    if (wt) {
+        KC(kcuda_matmul_wt_backward(ctx, dgx, dgw, NULL, dg, dx, dw, M, K, N,
+                                    dt, KCUDA_F32, NULL));
+        kcpu_matmul_wt_backward(gx, gw, NULL, g, x, w, M, K, N);
+    } else {
+        KC(kcuda_matmul_backward(ctx, dgx, dgw, NULL, dg, dx, dw, M, K, N, dt,
+                                 KCUDA_F32, NULL));
+        kcpu_matmul_backward(gx, gw, NULL, g, x, w, M, K, N);
+    }
+    expect_dev("dx", dgx, gx, (size_t)M * K, dt);
+    double keep = cur_tol;
+    cur_tol = TOL_F32;
+    expect_dev("dw (fp32)", dgw, gw, nw, KCUDA_F32);
+    cur_tol = keep;
+}
+
+static void t_matmul_f32_dw(kcuda_dtype dt)
+{
+    matmul_f32_dw_case(dt, 67, 45, 33, 0);
+    matmul_f32_dw_case(dt, 64, 96, 128, 0);
+    matmul_f32_dw_case(dt, 67, 45, 33, 1);
+    matmul_f32_dw_case(dt, 300, 64, 40, 1);
 }
 
 static void t_matmul_gelu(kcuda_dtype dt)
@@ -1193,6 +1229,8 @@ static const gpu_case cases[] = {
     {"matmul_f32", t_matmul, KCUDA_F32},
     {"matmul_bf16", t_matmul, KCUDA_BF16},
     {"matmul_f16", t_matmul, KCUDA_F16},
+    {"matmul_f32_dw_bf16", t_matmul_f32_dw, KCUDA_BF16},
+    {"matmul_f32_dw_f16", t_matmul_f32_dw, KCUDA_F16},
     {"matmul_gelu_f32", t_matmul_gelu, KCUDA_F32},
     {"matmul_gelu_bf16", t_matmul_gelu, KCUDA_BF16},
     {"matmul_gelu_f16", t_matmul_gelu, KCUDA_F16},

@@ -172,14 +172,15 @@ static int values_in(mesh__exec *ex, float (*round)(float), size_t *total)
 
 /* Mixed precision keeps fp32 main gradients (memplan.h): an op's backward
  * stores its contribution to a param's gradient in the plan's precision,
- * which is then added to the param's fp32 gradient, over the ops that use
- * it (the tied embedding's two) and the micro-batches, and summed in fp32
- * over the data-parallel ranks. In bf16 and fp16 the plan's gradients take
- * 4 bytes a param element (2 its values); after a step of two
- * micro-batches on 2-byte storage (a GPU's layout, MESH__EXEC_CPU16) most
- * gradient elements are not numbers of the plan's precision (each op's
- * contribution is), and they are the bits of the CPU's run in fp32 words.
- * (Before, the gradients were 2-byte, all of them bf16 numbers.) */
+ * which is then added to the param's fp32 gradient (a matmul adds its
+ * weight's in fp32 itself), over the ops that use it (the tied
+ * embedding's two) and the micro-batches, and summed in fp32 over the
+ * data-parallel ranks. In bf16 and fp16 the plan's gradients take 4 bytes
+ * a param element (2 its values); after a step of two micro-batches on
+ * 2-byte storage (a GPU's layout, MESH__EXEC_CPU16) most gradient
+ * elements are not numbers of the plan's precision, and they are the bits
+ * of the CPU's run in fp32 words. (Before, the gradients were 2-byte, all
+ * of them bf16 numbers.) */
 TEST_IMPL(precision_gradients_accumulate_in_fp32)
 {
     static const char *const sets[2][1] = {{"train.precision=bf16"}, {"train.precision=fp16"}};
