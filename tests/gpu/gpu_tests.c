@@ -275,6 +275,37 @@ static void *snapshot(const void *d, size_t n, kcuda_dtype dt)
 
 /* ---- cases: matmul -------------------------------------------------------- */
 
+/* The backward of x @ w (wt: x @ w^T, w stored [N, K]) on the host's x, w
+ * and the device's dx, dw, into gradients that already hold values: dw of
+ * wdt (dt, or fp32 beside 2-byte tensors: checked to fp32's tolerance),
+ * the bias gradient of dt. */
+static void matmul_backward_case(kcuda_dtype dt, kcuda_dtype wdt,
+                                 const float *x, const float *w,
+                                 const void *dx, const void *dw, int M, int K,
+                                 int N, int wt)
+{
+    float *g = rnd((size_t)M * N, 1.0f, dt);
+    float *gx = rnd((size_t)M * K, 0.5f, dt), *gw = rnd((size_t)K * N, 0.5f, wdt);
+    float *gb = rnd((size_t)N, 0.5f, dt);
+    void *dg = up(g, (size_t)M * N, dt), *dgx = up(gx, (size_t)M * K, dt);
+    void *dgw = up(gw, (size_t)K * N, wdt), *dgb = up(gb, (size_t)N, dt);
+    if (wt) {
+        KC(kcuda_matmul_wt_backward(ctx, dgx, dgw, dgb, dg, dx, dw, M, K, N,
+                                    dt, wdt, NULL));
+        kcpu_matmul_wt_backward(gx, gw, gb, g, x, w, M, K, N);
+    } else {
+        KC(kcuda_matmul_backward(ctx, dgx, dgw, dgb, dg, dx, dw, M, K, N, dt,
+                                 wdt, NULL));
+        kcpu_matmul_backward(gx, gw, gb, g, x, w, M, K, N);
+    }
+    expect_dev("dx", dgx, gx, (size_t)M * K, dt);
+    expect_dev("dbias", dgb, gb, (size_t)N, dt);
+    double keep = cur_tol;
+    cur_tol = tol_of(wdt);
+    expect_dev("dw", dgw, gw, (size_t)K * N, wdt);
+    cur_tol = keep;
+}
+
 static void matmul_case(kcuda_dtype dt, int M, int K, int N, int wt,
                         int bias, int gelu)
 {
@@ -300,26 +331,8 @@ static void matmul_case(kcuda_dtype dt, int M, int K, int N, int wt,
         }
     }
     expect_dev("y", dy, y, (size_t)M * N, dt);
-    if (gelu)
-        return;
-    /* backward, into gradients that already hold values */
-    float *g = rnd((size_t)M * N, 1.0f, dt);
-    float *gx = rnd((size_t)M * K, 0.5f, dt), *gw = rnd((size_t)K * N, 0.5f, dt);
-    float *gb = rnd((size_t)N, 0.5f, dt);
-    void *dg = up(g, (size_t)M * N, dt), *dgx = up(gx, (size_t)M * K, dt);
-    void *dgw = up(gw, (size_t)K * N, dt), *dgb = up(gb, (size_t)N, dt);
-    if (wt) {
-        KC(kcuda_matmul_wt_backward(ctx, dgx, dgw, dgb, dg, dx, dw, M, K, N,
-                                    dt, dt, NULL));
-        kcpu_matmul_wt_backward(gx, gw, gb, g, x, w, M, K, N);
-    } else {
-        KC(kcuda_matmul_backward(ctx, dgx, dgw, dgb, dg, dx, dw, M, K, N, dt,
-                                 dt, NULL));
-        kcpu_matmul_backward(gx, gw, gb, g, x, w, M, K, N);
-    }
-    expect_dev("dx", dgx, gx, (size_t)M * K, dt);
-    expect_dev("dw", dgw, gw, (size_t)K * N, dt);
-    expect_dev("dbias", dgb, gb, (size_t)N, dt);
+    if (!gelu)
+        matmul_backward_case(dt, dt, x, w, dx, dw, M, K, N, wt);
 }
 
 static void t_matmul(kcuda_dtype dt)
@@ -334,27 +347,9 @@ static void t_matmul(kcuda_dtype dt)
  * fp32 sums of the same (2-byte) inputs; dx stays 2-byte. */
 static void matmul_f32_dw_case(kcuda_dtype dt, int M, int K, int N, int wt)
 {
-    size_t nw = (size_t)K * N;
-    float *x = rnd((size_t)M * K, 1.0f, dt), *w = rnd(nw, 0.5f, dt);
-    float *g = rnd((size_t)M * N, 1.0f, dt), *gx = rnd((size_t)M * K, 0.5f, dt);
-    float *gw = rnd(nw, 0.5f, KCUDA_F32);
-    void *dx = up(x, (size_t)M * K, dt), *dw = up(w, nw, dt);
-    void *dg = up(g, (size_t)M * N, dt), *dgx = up(gx, (size_t)M * K, dt);
-    void *dgw = up(gw, nw, KCUDA_F32);
-    if (wt) {
-        KC(kcuda_matmul_wt_backward(ctx, dgx, dgw, NULL, dg, dx, dw, M, K, N,
-                                    dt, KCUDA_F32, NULL));
-        kcpu_matmul_wt_backward(gx, gw, NULL, g, x, w, M, K, N);
-    } else {
-        KC(kcuda_matmul_backward(ctx, dgx, dgw, NULL, dg, dx, dw, M, K, N, dt,
-                                 KCUDA_F32, NULL));
-        kcpu_matmul_backward(gx, gw, NULL, g, x, w, M, K, N);
-    }
-    expect_dev("dx", dgx, gx, (size_t)M * K, dt);
-    double keep = cur_tol;
-    cur_tol = TOL_F32;
-    expect_dev("dw (fp32)", dgw, gw, nw, KCUDA_F32);
-    cur_tol = keep;
+    float *x = rnd((size_t)M * K, 1.0f, dt), *w = rnd((size_t)K * N, 0.5f, dt);
+    void *dx = up(x, (size_t)M * K, dt), *dw = up(w, (size_t)K * N, dt);
+    matmul_backward_case(dt, KCUDA_F32, x, w, dx, dw, M, K, N, wt);
 }
 
 static void t_matmul_f32_dw(kcuda_dtype dt)
