@@ -346,10 +346,12 @@ void exec__round(const mesh__exec *ex, float *x, size_t n);
  * param's, zeroed in the staging area, is what exec__gptr gives for it),
  * then added to the fp32 ones (end); but a matmul's weight, whose product
  * the kernel adds to its fp32 gradient itself (kern.dw32). 0, or -1 (a
- * device call failed). exec__gstage_staged: is param id's staged now. */
+ * device call failed: nothing stays staged). exec__gstage_staged: is param
+ * id's staged now. */
 int exec__gstage_begin(mesh__exec *ex, int c, int it);
 int exec__gstage_end(mesh__exec *ex);
 int exec__gstage_staged(const mesh__exec *ex, int id);
+void exec__gstage_drop(mesh__exec *ex); /* after a failure: nothing staged */
 
 /* The float elements of the collectives on c (and issued on q) from now
  * on: fp32 for gradients of params (grads), else the tensors' type; on

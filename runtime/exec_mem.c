@@ -132,7 +132,7 @@ int exec__gstage_begin(mesh__exec *ex, int c, int it)
         for (int j = 0; j < ex->gst_n; j++) seen |= ex->gst_id[j] == in;
         if (seen) continue;
         size_t n = ex->numel[in];
-        if (exec__fill(ex, ex->arena + at, 0, n * (size_t)ex->esize) != 0) return -1;
+        if (exec__fill(ex, ex->arena + at, 0, n * (size_t)ex->esize) != 0) return exec__gstage_drop(ex), -1;
         ex->gst_id[ex->gst_n] = in;
         ex->gst_buf[ex->gst_n] = (float *)(void *)(ex->arena + at);
         ex->gst_len[ex->gst_n++] = n;
@@ -140,6 +140,12 @@ int exec__gstage_begin(mesh__exec *ex, int c, int it)
     }
     ex->gst_it = it;
     return 0;
+}
+
+void exec__gstage_drop(mesh__exec *ex)
+{
+    ex->gst_n = 0;
+    ex->kern.dw32 = 0;
 }
 
 int exec__gstage_staged(const mesh__exec *ex, int id)
@@ -152,8 +158,7 @@ int exec__gstage_staged(const mesh__exec *ex, int id)
 int exec__gstage_end(mesh__exec *ex)
 {
     int n = ex->gst_n;
-    ex->gst_n = 0; /* (exec__gptr gives the fp32 gradients again) */
-    ex->kern.dw32 = 0;
+    exec__gstage_drop(ex); /* (exec__gptr gives the fp32 gradients again) */
     for (int k = 0; k < n; k++) {
         float *g = exec__gptr(ex, ex->gst_id[k], ex->gst_it);
         if (EXEC_KERN(ex, accumulate, g, ex->gst_buf[k], ex->gst_len[k], 0) != 0)

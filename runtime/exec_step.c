@@ -13,7 +13,9 @@
  * unit's forward. */
 static void poison_workspace(mesh__exec *ex)
 {
-    if (ex->poison) exec__fill(ex, ex->arena + ex->shared_at, 0xff, (size_t)(ex->ms->shared + ex->ms->recompute));
+    if (!ex->poison) return;
+    exec__fill(ex, ex->arena + ex->shared_at, 0xff, (size_t)(ex->ms->shared + ex->ms->recompute));
+    exec__fill(ex, ex->arena + ex->gstage_at, 0xff, (size_t)ex->ms->gstage); /* (zeroed before each use) */
 }
 
 void mesh__exec_set_poison(mesh__exec *ex, int on) { ex->poison = on; }
@@ -536,8 +538,10 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
                     round_value(ex, sq->node, it);
                 } else if (back) {
                     start_grads(ex, sq->node, it);
-                    if (exec__gstage_begin(ex, sq->node, it) != 0 || exec__backward_node(ex, sq->node, it) != 0)
+                    if (exec__gstage_begin(ex, sq->node, it) != 0 || exec__backward_node(ex, sq->node, it) != 0) {
+                        exec__gstage_drop(ex);
                         return -1;
+                    }
                     round_grads(ex, sq->node, it); /* (a param's: its staged contribution) */
                     if (exec__gstage_end(ex) != 0) return -1;
                 } else if (exec__forward_node(ex, sq->node, it) != 0) {
