@@ -480,9 +480,11 @@ static int place_params(mp *x, int stg, mem_stage *ms) {
     for (int c = 0; s->precision != 0 && c < x->n; c++) {
         const plan_tensor *t = &p->tensors[c];
         int64_t sum = 0;
-        /* a matmul's weight is not staged: the kernel adds its product to
-         * the fp32 gradient itself (runtime: exec__gstage_begin) */
-        int fused = t->op == G_MATMUL && t->n_in == 2 && param_of(p, t->in[0]) != param_of(p, t->in[1])
+        /* a matmul's weight and an embedding's table are not staged: the
+         * kernel adds to the fp32 gradient itself (runtime:
+         * exec__gstage_begin) */
+        int fused = (t->op == G_MATMUL || t->op == G_EMBED) && t->n_in == 2 &&
+                    param_of(p, t->in[0]) != param_of(p, t->in[1])
                   ? param_of(p, t->in[1]) : -1;
         for (int k = 0; k < t->n_in; k++) {
             int in = param_of(p, t->in[k]), seen = in == fused;
@@ -490,7 +492,7 @@ static int place_params(mp *x, int stg, mem_stage *ms) {
             if (in >= 0 && !seen && p->tensors[in].op == G_PARAM && held[in] > 0)
                 sum += rnd(x, local_elems(x, in) * x->fb);
         }
-        if (t->op != G_PARAM && sum > ms->gstage) ms->gstage = sum;
+        if (t->op != G_PARAM && t->op != G_TRANSPOSE && sum > ms->gstage) ms->gstage = sum; /* (a view: no backward) */
     }
     free(held);
     return 0;

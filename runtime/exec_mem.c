@@ -120,10 +120,11 @@ int exec__gstage_begin(mesh__exec *ex, int c, int it)
     int64_t at = ex->gstage_at;
     ex->gst_n = 0;
     ex->kern.dw32 = 0;
-    if (ex->prec == KCPU_FP32 || t->op == G_PARAM) return 0;
-    /* a matmul's weight: its product added to the fp32 gradient in fp32 by
-     * the kernel itself (kern.dw32: cuBLASLt's fp32 output), not staged */
-    int fused = t->op == G_MATMUL && t->n_in == 2 ? param_in(ex, t, 1) : -1;
+    if (ex->prec == KCPU_FP32 || t->op == G_PARAM || t->op == G_TRANSPOSE) return 0; /* (a view: no backward) */
+    /* a matmul's weight and an embedding's table: added to its fp32
+     * gradient in fp32 by the kernel itself (kern.dw32: cuBLASLt's fp32
+     * output, the embedding's sums), not staged */
+    int fused = (t->op == G_MATMUL || t->op == G_EMBED) && t->n_in == 2 ? param_in(ex, t, 1) : -1;
     if (fused >= 0 && param_in(ex, t, 0) != fused) ex->kern.dw32 = 1;
     else fused = -1;
     for (int k = 0; k < t->n_in; k++) {

@@ -176,9 +176,9 @@ struct kern {
                           0: fp32 (the CPU keeps mixed precision in fp32 words) */
     int grad32;        /* the param gradients are fp32 (sum_squares, scale, adamw_step): mixed
                           precision's main gradients, set by the executor */
-    int dw32;          /* matmul_backward's and matmul_wt_backward's dw is fp32 (a param's main
-                          gradient: the product added to it in fp32), while the executor sets it
-                          around such a call */
+    int dw32;          /* the weight gradient of matmul_backward, matmul_wt_backward (dw) and
+                          embedding_rows_backward (dtable) is fp32 (a param's main gradient,
+                          added to in fp32), while the executor sets it around such a call */
     char error[512];   /* why the last call failed */
 };
 

@@ -158,7 +158,7 @@ static int embedding_rows_forward(kern *k, void *out, const int32_t *ids, const 
 static int embedding_rows_backward(kern *k, void *dtable, const void *dout, const int32_t *ids, int n, int row0,
                                    int rows, int C)
 {
-    float *DT = IO(dtable, (size_t)rows * C), *DO = IN(dout, (size_t)n * C);
+    float *DT = k->dw32 ? dtable : IO(dtable, (size_t)rows * C), *DO = IN(dout, (size_t)n * C); /* (dw32: fp32) */
     RUN(CPU.embedding_rows_backward(k, DT, DO, ids, n, row0, rows, C));
 }
 

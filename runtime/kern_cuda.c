@@ -18,7 +18,7 @@
 /* the storage type of the float tensors */
 #define DT(k) ((k)->half == KERN_BF16 ? KCUDA_BF16 : (k)->half == KERN_FP16 ? KCUDA_F16 : KCUDA_F32)
 #define GT(k) ((k)->grad32 ? KCUDA_F32 : DT(k)) /* the param gradients' type */
-#define WT(k) ((k)->dw32 ? KCUDA_F32 : DT(k))   /* a matmul backward's dw's (kern.dw32) */
+#define WT(k) ((k)->dw32 ? KCUDA_F32 : DT(k))   /* a weight gradient's, kern.dw32 */
 
 typedef struct cuda_kern {
     kcuda_ctx *ctx;
@@ -147,7 +147,7 @@ static int embedding_rows_forward(kern *k, void *out, const int32_t *ids, const 
 static int embedding_rows_backward(kern *k, void *dtable, const void *dout, const int32_t *ids, int n, int row0,
                                    int rows, int C)
 {
-    KC(kcuda_embedding_rows_backward, CTX(k), dtable, dout, ids, n, row0, rows, C, DT(k), k->stream);
+    KC(kcuda_embedding_rows_backward, CTX(k), dtable, dout, ids, n, row0, rows, C, DT(k), WT(k), k->stream);
 }
 
 static int arange(kern *k, int32_t *out, size_t n)

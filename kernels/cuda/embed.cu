@@ -93,8 +93,8 @@ int kcuda_arange(int32_t *out, size_t n, void *stream)
 
 /* Block p owns the run of equal sorted ids that starts at p (if one does):
  * dtable[id - row0, c] += dout[idx[q], c] for q over the run, in order. */
-template <typename T>
-__global__ void embed_bwd_kernel(T *dtable, const T *dout,
+template <typename T, typename D>
+__global__ void embed_bwd_kernel(D *dtable, const T *dout,
                                  const int32_t *keys, const int32_t *idx,
                                  int n, int row0, int rows, int C)
 {
@@ -108,22 +108,25 @@ __global__ void embed_bwd_kernel(T *dtable, const T *dout,
     int end = p + 1;
     while (end < n && keys[end] == id)
         end++;
-    T *row = dtable + (size_t)r * C;
+    D *row = dtable + (size_t)r * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float acc = kc_f(row[c]);
         for (int q = p; q < end; q++)
             acc += kc_f(dout[(size_t)idx[q] * C + c]);
-        row[c] = kc_to<T>(acc);
+        row[c] = kc_to<D>(acc);
     }
 }
 
 int kcuda_embedding_rows_backward(kcuda_ctx *ctx, void *dtable,
                                   const void *dout, const int32_t *ids, int n,
                                   int row0, int rows, int C, kcuda_dtype dt,
-                                  void *stream)
+                                  kcuda_dtype table_dt, void *stream)
 {
     cudaStream_t s = kcuda__stream(stream);
     KCUDA_DT_OK(dt);
+    KCUDA_ARG(table_dt == dt || table_dt == KCUDA_F32,
+              "embedding: dtable of dtype %d beside %d", (int)table_dt,
+              (int)dt);
     KCUDA_ARG(n >= 0 && rows > 0 && C > 0,
               "embedding: bad sizes n=%d rows=%d C=%d", n, rows, C);
     if (n == 0)
@@ -145,8 +148,13 @@ int kcuda_embedding_rows_backward(kcuda_ctx *ctx, void *dtable,
     KCUDA_CHECK(cub::DeviceRadixSort::SortPairs(tmp, cub_bytes, ids, keys,
                                                 idx_in, idx, n, 0, 32, s));
     KCUDA_DISPATCH(dt, T, {
-        embed_bwd_kernel<T><<<(unsigned)n, 128, 0, s>>>(
-            (T *)dtable, (const T *)dout, keys, idx, n, row0, rows, C);
+        if (table_dt == KCUDA_F32) {
+            embed_bwd_kernel<T, float><<<(unsigned)n, 128, 0, s>>>(
+                (float *)dtable, (const T *)dout, keys, idx, n, row0, rows, C);
+        } else {
+            embed_bwd_kernel<T, T><<<(unsigned)n, 128, 0, s>>>(
+                (T *)dtable, (const T *)dout, keys, idx, n, row0, rows, C);
+        }
         KCUDA_LAUNCHED("embed_bwd_kernel");
     });
     return 0;
@@ -157,5 +165,5 @@ int kcuda_embedding_backward(kcuda_ctx *ctx, void *dtable, const void *dout,
                              kcuda_dtype dt, void *stream)
 {
     return kcuda_embedding_rows_backward(ctx, dtable, dout, ids, n, 0, V, C,
-                                         dt, stream);
+                                         dt, dt, stream);
 }

@@ -182,14 +182,15 @@ int kcuda_embedding_backward(kcuda_ctx *ctx, void *dtable, const void *dout,
 
 /* Vocabulary-parallel forms (kcpu_embedding_rows_*): the table holds rows
  * [row0, row0 + rows); an id outside gives a zero row forward and adds
- * nothing backward. */
+ * nothing backward. The backward's dtable is of table_dt: dt, or KCUDA_F32
+ * beside 2-byte tensors (an fp32 main gradient, added to in fp32). */
 int kcuda_embedding_rows_forward(void *out, const int32_t *ids,
                                  const void *table, int n, int row0, int rows,
                                  int C, kcuda_dtype dt, void *stream);
 int kcuda_embedding_rows_backward(kcuda_ctx *ctx, void *dtable,
                                   const void *dout, const int32_t *ids, int n,
                                   int row0, int rows, int C, kcuda_dtype dt,
-                                  void *stream);
+                                  kcuda_dtype table_dt, void *stream);
 
 /* ---- norm.cu: layernorm and rmsnorm, plain and fused with the residual -- */
 

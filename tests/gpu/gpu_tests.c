@@ -602,8 +602,10 @@ static void t_rope(kcuda_dtype dt)
 
 /* ---- cases: embedding --------------------------------------------------- */
 
-static void embed_case(kcuda_dtype dt, int n, int V, int C, int row0,
-                       int rows)
+/* The table's gradient of tdt: dt, or fp32 beside 2-byte tensors (an fp32
+ * main gradient: the CPU's bits, its sums in fp32 in the same order). */
+static void embed_case(kcuda_dtype dt, kcuda_dtype tdt, int n, int V, int C,
+                       int row0, int rows)
 {
     int32_t *ids = hmem((size_t)n * sizeof *ids);
     for (int i = 0; i < n; i++)
@@ -616,30 +618,36 @@ static void embed_case(kcuda_dtype dt, int n, int V, int C, int row0,
     kcpu_embedding_rows_forward(out, ids, table, n, row0, rows, C);
     expect_dev("out", dout, out, (size_t)n * C, dt);
     float *g = rnd((size_t)n * C, 1.0f, dt);
-    float *gt = rnd((size_t)rows * C, 1.0f, dt);
-    void *dg = up(g, (size_t)n * C, dt), *dgt = up(gt, (size_t)rows * C, dt);
-    void *gt0 = snapshot(dgt, (size_t)rows * C, dt);
+    float *gt = rnd((size_t)rows * C, 1.0f, tdt);
+    void *dg = up(g, (size_t)n * C, dt), *dgt = up(gt, (size_t)rows * C, tdt);
+    void *gt0 = snapshot(dgt, (size_t)rows * C, tdt);
     KC(kcuda_embedding_rows_backward(ctx, dgt, dg, dids, n, row0, rows, C, dt,
-                                     NULL));
+                                     tdt, NULL));
     kcpu_embedding_rows_backward(gt, g, ids, n, row0, rows, C);
-    float *got = down(dgt, (size_t)rows * C, dt);
+    float *got = down(dgt, (size_t)rows * C, tdt);
     expect("dtable", got, gt, (size_t)rows * C);
-    if (dt == KCUDA_F32) /* the CPU's additions, in its order */
+    if (tdt == KCUDA_F32) /* the CPU's additions, in its order */
         expect_bits("dtable = kcpu's bits", got, gt, (size_t)rows * C * 4);
-    void *first = snapshot(dgt, (size_t)rows * C, dt);
-    cuda_or_die(cudaMemcpy(dgt, gt0, (size_t)rows * C * kcuda_dtype_size(dt),
+    void *first = snapshot(dgt, (size_t)rows * C, tdt);
+    cuda_or_die(cudaMemcpy(dgt, gt0, (size_t)rows * C * kcuda_dtype_size(tdt),
                            cudaMemcpyHostToDevice), "upload");
     KC(kcuda_embedding_rows_backward(ctx, dgt, dg, dids, n, row0, rows, C, dt,
-                                     NULL));
-    expect_bits("dtable twice", snapshot(dgt, (size_t)rows * C, dt), first,
-                (size_t)rows * C * kcuda_dtype_size(dt));
+                                     tdt, NULL));
+    expect_bits("dtable twice", snapshot(dgt, (size_t)rows * C, tdt), first,
+                (size_t)rows * C * kcuda_dtype_size(tdt));
+}
+
+static void t_embedding_f32_grads(kcuda_dtype dt)
+{
+    embed_case(dt, KCUDA_F32, 300, 40, 13, 0, 40);
+    embed_case(dt, KCUDA_F32, 64, 30, 16, 8, 10);
 }
 
 static void t_embedding(kcuda_dtype dt)
 {
-    embed_case(dt, 50, 20, 24, 0, 20);
-    embed_case(dt, 300, 40, 13, 0, 40);
-    embed_case(dt, 64, 30, 16, 8, 10); /* a vocabulary shard */
+    embed_case(dt, dt, 50, 20, 24, 0, 20);
+    embed_case(dt, dt, 300, 40, 13, 0, 40);
+    embed_case(dt, dt, 64, 30, 16, 8, 10); /* a vocabulary shard */
     /* the plain entry points */
     int n = 33, V = 11, C = 8;
     int32_t *ids = hmem((size_t)n * sizeof *ids);
@@ -1022,7 +1030,7 @@ static void t_sweep(kcuda_dtype dt)
             snprintf(cur_shape, sizeof cur_shape,
                      "embedding n %d V %d C %d rows %d..%d: ", tokens, V, C,
                      row0, row0 + rows);
-            embed_case(dt, tokens, V, C, row0, rows);
+            embed_case(dt, dt, tokens, V, C, row0, rows);
         } else if (kind == 4) {
             int N = pick(1, 24), V = pick(1, 1200), Vp = V + irand(40);
             int fused = irand(2);
@@ -1262,6 +1270,8 @@ static const gpu_case cases[] = {
     {"embedding_f32", t_embedding, KCUDA_F32},
     {"embedding_bf16", t_embedding, KCUDA_BF16},
     {"embedding_f16", t_embedding, KCUDA_F16},
+    {"embedding_f32_grads_bf16", t_embedding_f32_grads, KCUDA_BF16},
+    {"embedding_f32_grads_f16", t_embedding_f32_grads, KCUDA_F16},
     {"crossentropy_f32", t_crossentropy, KCUDA_F32},
     {"crossentropy_bf16", t_crossentropy, KCUDA_BF16},
     {"crossentropy_f16", t_crossentropy, KCUDA_F16},

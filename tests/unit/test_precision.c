@@ -172,9 +172,9 @@ static int values_in(mesh__exec *ex, float (*round)(float), size_t *total)
 
 /* Mixed precision keeps fp32 main gradients (memplan.h): an op's backward
  * stores its contribution to a param's gradient in the plan's precision,
- * which is then added to the param's fp32 gradient (a matmul adds its
- * weight's in fp32 itself), over the ops that use it (the tied
- * embedding's two) and the micro-batches, and summed in fp32 over the
+ * which is then added to the param's fp32 gradient (a matmul and an
+ * embedding add theirs in fp32 themselves), over the ops that use it (the
+ * tied embedding's two) and the micro-batches, and summed in fp32 over the
  * data-parallel ranks. In bf16 and fp16 the plan's gradients take 4 bytes
  * a param element (2 its values); after a step of two micro-batches on
  * 2-byte storage (a GPU's layout, MESH__EXEC_CPU16) most gradient
