@@ -424,6 +424,39 @@ static int param_of(const plan *p, int id) {
     return id >= 0 && p->tensors[id].op == G_TRANSPOSE ? p->tensors[id].in[0] : id;
 }
 
+/* Where an op's kernel writes a weight gradient in fp32 itself (kern.h's
+ * dw32): a matmul's w, an embedding's table. (moe's expert weights are
+ * staged: the CPU's products added into fp32 in place differ in their last
+ * bits with the buffers' alignment, which the 2-byte layout and the CPU's
+ * fp32 words do not share, and their runs must give the same bits.) */
+static int fused_slot(const plan_tensor *t, int k) {
+    return (t->op == G_MATMUL || t->op == G_EMBED) && k == 1;
+}
+
+static int is_param(const plan *p, int id) { return id >= 0 && p->tensors[id].op == G_PARAM; }
+
+int memplan_grad_fused(const plan *p, int node) {
+    const plan_tensor *t = &p->tensors[node];
+    int any = 0;
+    for (int k = 0; k < t->n_in; k++) {
+        int in = param_of(p, t->in[k]);
+        if (!fused_slot(t, k) || !is_param(p, in)) continue;
+        any = 1;
+        for (int j = 0; j < t->n_in; j++) /* the kernel also writes its gradient at another input's place */
+            if (param_of(p, t->in[j]) == in && !fused_slot(t, j)) return 0;
+    }
+    return any;
+}
+
+int memplan_grad_staged(const plan *p, int node, int k) {
+    const plan_tensor *t = &p->tensors[node];
+    int in = param_of(p, t->in[k]);
+    if (t->op == G_PARAM || t->op == G_TRANSPOSE || !is_param(p, in)) return 0;
+    for (int j = 0; j < k; j++)
+        if (param_of(p, t->in[j]) == in) return 0; /* (staged once, at its first input) */
+    return !(fused_slot(t, k) && memplan_grad_fused(p, node));
+}
+
 /* Params, their gradients and AdamW's state on stage stg, and with
  * zero >= 2 their staging blocks. */
 static int place_params(mp *x, int stg, mem_stage *ms) {
@@ -480,19 +513,11 @@ static int place_params(mp *x, int stg, mem_stage *ms) {
     for (int c = 0; s->precision != 0 && c < x->n; c++) {
         const plan_tensor *t = &p->tensors[c];
         int64_t sum = 0;
-        /* a matmul's weight and an embedding's table are not staged: the
-         * kernel adds to the fp32 gradient itself (runtime:
-         * exec__gstage_begin) */
-        int fused = (t->op == G_MATMUL || t->op == G_EMBED) && t->n_in == 2 &&
-                    param_of(p, t->in[0]) != param_of(p, t->in[1])
-                  ? param_of(p, t->in[1]) : -1;
         for (int k = 0; k < t->n_in; k++) {
-            int in = param_of(p, t->in[k]), seen = in == fused;
-            for (int j = 0; j < k; j++) seen |= param_of(p, t->in[j]) == in;
-            if (in >= 0 && !seen && p->tensors[in].op == G_PARAM && held[in] > 0)
-                sum += rnd(x, local_elems(x, in) * x->fb);
+            int in = param_of(p, t->in[k]);
+            if (memplan_grad_staged(p, c, k) && held[in] > 0) sum += rnd(x, local_elems(x, in) * x->fb);
         }
-        if (t->op != G_PARAM && t->op != G_TRANSPOSE && sum > ms->gstage) ms->gstage = sum; /* (a view: no backward) */
+        if (sum > ms->gstage) ms->gstage = sum;
     }
     free(held);
     return 0;

@@ -137,6 +137,18 @@ void memplan_free(memplan *m);
  * region: up to 16 with 2-byte floats, unchanged with 4-byte ones. */
 int64_t memplan_round(const memplan *m, int64_t bytes);
 
+/* Mixed precision: does node's backward stage its contribution to the
+ * gradient of the param at its input k (through a transpose: the param's)
+ * in the gradient staging, in the plan's precision (1), or not (0: not a
+ * param; a param staged at an earlier input; or written in fp32 by the
+ * kernel itself: a matmul's weight, an embedding's table)? The runtime
+ * follows it (exec__gstage_begin). */
+int memplan_grad_staged(const struct plan *p, int node, int k);
+/* Does node's kernel write those weight gradients in fp32 itself (kern.h's
+ * dw32)? Not when such a param is also another of its inputs: then all
+ * its params are staged. */
+int memplan_grad_fused(const struct plan *p, int node);
+
 /* The buffer of tensor id on a stage. */
 const mem_buf *memplan_buf(const memplan *m, int stage, int id);
 

@@ -118,20 +118,15 @@ int exec__gstage_begin(mesh__exec *ex, int c, int it)
 {
     const plan_tensor *t = &ex->p->tensors[c];
     int64_t at = ex->gstage_at;
-    ex->gst_n = 0;
-    ex->kern.dw32 = 0;
+    exec__gstage_drop(ex);
     if (ex->prec == KCPU_FP32 || t->op == G_PARAM || t->op == G_TRANSPOSE) return 0; /* (a view: no backward) */
-    /* a matmul's weight and an embedding's table: added to its fp32
-     * gradient in fp32 by the kernel itself (kern.dw32: cuBLASLt's fp32
+    /* a matmul's weight and an embedding's table: added to their fp32
+     * gradients in fp32 by the kernel itself (kern.dw32: cuBLASLt's fp32
      * output, the embedding's sums), not staged */
-    int fused = (t->op == G_MATMUL || t->op == G_EMBED) && t->n_in == 2 ? param_in(ex, t, 1) : -1;
-    if (fused >= 0 && param_in(ex, t, 0) != fused) ex->kern.dw32 = 1;
-    else fused = -1;
+    ex->kern.dw32 = memplan_grad_fused(ex->p, c);
     for (int k = 0; k < t->n_in; k++) {
-        int in = param_in(ex, t, k), seen = in == fused;
-        if (in < 0) continue;
-        for (int j = 0; j < ex->gst_n; j++) seen |= ex->gst_id[j] == in;
-        if (seen) continue;
+        int in = param_in(ex, t, k);
+        if (in < 0 || !memplan_grad_staged(ex->p, c, k)) continue;
         size_t n = ex->numel[in];
         if (exec__fill(ex, ex->arena + at, 0, n * (size_t)ex->esize) != 0) return exec__gstage_drop(ex), -1;
         ex->gst_id[ex->gst_n] = in;
