@@ -177,17 +177,21 @@ static int values_in(mesh__exec *ex, float (*round)(float), size_t *total)
  * tied embedding's two) and the micro-batches, and summed in fp32 over the
  * data-parallel ranks. In bf16 and fp16 the plan's gradients take 4 bytes
  * a param element (2 its values); after a step of two micro-batches on
- * 2-byte storage (a GPU's layout, MESH__EXEC_CPU16) most gradient
- * elements are not numbers of the plan's precision, and they are the bits
- * of the CPU's run in fp32 words. (Before, the gradients were 2-byte, all
- * of them bf16 numbers.) */
+ * 2-byte storage (a GPU's layout, MESH__EXEC_CPU16), without clipping,
+ * most gradient elements are not numbers of the plan's precision, and
+ * they are the bits of the CPU's run in fp32 words. (Before, the
+ * gradients were 2-byte, all of them bf16 numbers.) */
 TEST_IMPL(precision_gradients_accumulate_in_fp32)
 {
-    static const char *const sets[2][1] = {{"train.precision=bf16"}, {"train.precision=fp16"}};
+    /* (no clipping: its scale alone would take the gradients off the grid) */
+    static const char *const sets[2][2] = {
+        {"train.precision=bf16", "train.optimizer=adamw(lr: 3e-2, weight_decay: 0.0, clip: 0)"},
+        {"train.precision=fp16", "train.optimizer=adamw(lr: 3e-2, weight_decay: 0.0, clip: 0)"}};
     float (*rounds[2])(float) = {kcpu_bf16_round, kcpu_fp16_round};
     for (int v = 0; v < 2; v++) {
         plan p;
-        compile_with(&p, sets[v], 1);
+        compile_with(&p, sets[v], 2);
+        ASSERT_INT_EQ(p.setup.clip == 0.0, 1);
         char err[256];
         mesh__exec *half = mesh__exec_create_flags(&p, NULL, NULL, MESH__EXEC_CPU16 | MESH__EXEC_NO_FUSE, err, sizeof err);
         if (!half) unit_fail(__FILE__, __LINE__, "%s", err);
