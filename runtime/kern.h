@@ -120,7 +120,6 @@ typedef struct kern_vtbl {
      * gets them rounded */
     int (*adamw_step)(kern *k, float *params, void *params_lp, const void *grads, float *m, float *v, size_t n,
                       float lr, float beta1, float beta2, float eps, float weight_decay, int t);
-    int (*add_into)(kern *k, void *y, const void *x, size_t n); /* y += x */
     /* y (fp32) += x, in fp32: x in the tensors' type (an op's contribution
      * to fp32 gradients), or fp32 when x_f32 */
     int (*accumulate)(kern *k, float *y, const void *x, size_t n, int x_f32);
@@ -163,7 +162,7 @@ typedef struct kern_vtbl {
     rope_backward, gelu_forward, gelu_backward, silu_forward, silu_backward, swiglu_forward, swiglu_backward, \
     crossentropy_forward, crossentropy_shard_max, crossentropy_shard_sumexp, crossentropy_shard_rowmax, \
     crossentropy_shard_finish, crossentropy_shard_backward, \
-    sum_squares, scale, adamw_step, add_into, accumulate, moe_route_bytes, moe_route_count, moe_route_forward, \
+    sum_squares, scale, adamw_step, accumulate, moe_route_bytes, moe_route_count, moe_route_forward, \
     moe_route_backward, moe_dispatch_forward, moe_dispatch_backward, moe_combine_forward, moe_combine_backward, \
     moe_expert_forward, moe_expert_backward
 

@@ -307,19 +307,13 @@ static int adamw_step(kern *k, float *params, void *params_lp, const void *grads
     return 0;
 }
 
-static int add_into(kern *k, void *y, const void *x, size_t n)
-{
-    (void)k;
-    float *a = F(y);
-    const float *b = CF(x);
-    for (size_t i = 0; i < n; i++) a[i] += b[i];
-    return 0;
-}
-
 static int accumulate(kern *k, float *y, const void *x, size_t n, int x_f32)
 {
+    (void)k;
     (void)x_f32; /* (the CPU's tensors are fp32 words) */
-    return add_into(k, y, x, n);
+    const float *b = CF(x);
+    for (size_t i = 0; i < n; i++) y[i] += b[i];
+    return 0;
 }
 
 /* ---- mixture of experts: the routing arrays bound in the route memory

@@ -373,12 +373,6 @@ static int adamw_step(kern *k, float *params, void *params_lp, const void *grads
     RUN(CPU.adamw_step(k, params, LP, G, m, v, n, lr, beta1, beta2, eps, weight_decay, t));
 }
 
-static int add_into(kern *k, void *y, const void *x, size_t n)
-{
-    float *Y = IO(y, n), *X = IN(x, n);
-    RUN(CPU.add_into(k, Y, X, n));
-}
-
 static int accumulate(kern *k, float *y, const void *x, size_t n, int x_f32)
 {
     float *X = x_f32 ? (float *)(uintptr_t)x : IN(x, n);

@@ -338,11 +338,6 @@ static int accumulate(kern *k, float *y, const void *x, size_t n, int x_f32)
     KC(kcuda_accumulate, y, x, x_f32 ? KCUDA_F32 : DT(k), n, k->stream);
 }
 
-static int add_into(kern *k, void *y, const void *x, size_t n)
-{
-    KC(kcuda_add_forward, y, y, x, n, DT(k), k->stream);
-}
-
 /* ---- mixture of experts: the routing arrays bound in the route memory at
  * each call (binding touches no memory). The routing kernels are fp32: with
  * 2-byte tensors, x and the router are converted into the kern's scratch,
