@@ -351,7 +351,8 @@ int kcuda_adamw_step(float *params, void *params_lp, kcuda_dtype lp_dt,
                      float eps, float weight_decay, int t, void *stream);
 
 /* y[n] += x[n] in fp32, x widened from x_dt (fp32 main gradients
- * accumulating an op's 2-byte contribution; kcpu_add_into on widened x). */
+ * accumulating an op's 2-byte contribution: kcpu_add_forward(y, y, x) on
+ * widened x). */
 int kcuda_accumulate(float *y, const void *x, kcuda_dtype x_dt, size_t n,
                      void *stream);
 
