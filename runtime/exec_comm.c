@@ -51,21 +51,11 @@ void exec__turns_free(mesh__exec *ex)
     }
 }
 
-/* Adds in the times of the calls the GPU has finished, oldest first (a
- * failed query stops it: the times are a measurement, not the step's). */
+/* Adds in the times of the calls the GPU has finished, by entry. */
 static void harvest(mesh__exec *ex)
 {
     ex_turns *t = &ex->turns;
-    while (t->timed < t->made) {
-        int slot = (int)(t->timed % EX_TIMES), done = 0;
-        double ms = 0;
-        if (dev_event_query(ex->dev, t->end[slot], &done) != MESH_OK || !done ||
-            dev_event_elapsed(ex->dev, t->start[slot], t->end[slot], &ms) != MESH_OK)
-            return;
-        t->ms[t->kinds[slot]][t->axes[slot]] += ms > 0 ? ms : 0;
-        t->calls[t->kinds[slot]][t->axes[slot]]++;
-        t->timed++;
-    }
+    exec__harvest_times(ex->dev, t->start, t->end, t->made, &t->timed, t->entry, t->ms, t->calls);
 }
 
 int exec__comm_begin(mesh__exec *ex, int kind, int axis)
@@ -109,11 +99,10 @@ int exec__comm_end(mesh__exec *ex, int rc)
     ex_turns *t = &ex->turns;
     if (t->kind < 0) return rc;
     if (t->slot < 0) {
-        t->ms[t->kind][t->axis] += 1e3 * (comm_now() - t->t0);
-        t->calls[t->kind][t->axis]++;
+        t->ms[t->kind * 4 + t->axis] += 1e3 * (comm_now() - t->t0);
+        t->calls[t->kind * 4 + t->axis]++;
     } else if (dev_event_record(ex->dev, t->end[t->slot], (dev_stream *)ex->kern.stream) == MESH_OK) {
-        t->kinds[t->slot] = (signed char)t->kind;
-        t->axes[t->slot] = (signed char)t->axis;
+        t->entry[t->slot] = (short)(t->kind * 4 + t->axis);
         t->made++;
     } else if (rc == 0) { /* (a failed call's own message comes first) */
         if (!ex->dev_failed)
@@ -140,16 +129,15 @@ int exec__grad_elements(mesh__exec *ex, comm *c, comm_async *q, int grads)
 double exec__turns_ms(mesh__exec *ex, int kind, int axis, long long *calls, long long *untimed)
 {
     if (ex->ordered) harvest(ex);
-    *calls = ex->turns.calls[kind][axis];
+    *calls = ex->turns.calls[kind * 4 + axis];
     *untimed = ex->turns.untimed;
-    return ex->turns.ms[kind][axis];
+    return ex->turns.ms[kind * 4 + axis];
 }
 
 double exec__turns_total(mesh__exec *ex)
 {
     if (ex->ordered) harvest(ex);
     double ms = 0;
-    for (int k = 0; k <= STEP_SLICE; k++)
-        for (int a = 0; a < 4; a++) ms += ex->turns.ms[k][a];
+    for (int e = 0; e < (STEP_SLICE + 1) * 4; e++) ms += ex->turns.ms[e];
     return ms;
 }

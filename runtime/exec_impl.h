@@ -94,19 +94,19 @@ typedef struct ex_marks {
 } ex_marks;
 
 /* The collectives the rank makes in its turn, timed during a training
- * step by entry of mesh_context_sent's table (exec_comm.c): ms[kind][axis]
- * (shard_step_kind; the pipeline's transfers at [STEP_SLICE][0]). Ordered
+ * step by entry of mesh_context_sent's table (exec_comm.c): ms[kind x 4 +
+ * axis] (shard_step_kind; the pipeline's transfers: kind STEP_SLICE, axis 0). Ordered
  * on a GPU, each call's time comes from the timed events start and end in
- * a ring of EX_TIMES (kinds, axes: each slot's entry), added in once the
- * GPU has finished them; else from the host's clock. */
+ * a ring of EX_TIMES, added in once the GPU has finished them
+ * (exec__harvest_times); else from the host's clock. */
 typedef struct ex_turns {
     dev_event *start[EX_TIMES], *end[EX_TIMES];
-    signed char kinds[EX_TIMES], axes[EX_TIMES];
+    short entry[EX_TIMES];          /* each slot's entry: kind x 4 + axis */
     long long made, timed, untimed; /* calls recorded, added in, found the ring full */
     int kind, axis, slot;           /* the call in hand: its entry (kind -1: untimed), its slot (-1: the host's) */
     double t0;                      /* the host's clock as it began */
-    double ms[STEP_SLICE + 1][4];
-    long long calls[STEP_SLICE + 1][4]; /* the calls whose times ms has */
+    double ms[(STEP_SLICE + 1) * 4];     /* by entry, kind x 4 + axis */
+    long long calls[(STEP_SLICE + 1) * 4]; /* the calls whose times ms has */
 } ex_turns;
 
 struct mesh__exec {
@@ -493,6 +493,14 @@ int exec__overlap_issued(const mesh__exec *ex, const plan_step *st, int it);
  * them (deferred; else 0); exec__marks_untimed the calls and waits not
  * timed (their ring full). */
 int exec__marks_init(mesh__exec *ex, ex_marks *m);
+/* Adds in the times of the pairs [*timed, made) of a ring of EX_TIMES
+ * timed events (pair k in slot k % EX_TIMES, from[slot] to to[slot]) that
+ * the GPU has finished, oldest first, never waiting: each to ms[at[slot]]
+ * (ms[0] when at is NULL), and one to n[at[slot]] when n is not NULL. A
+ * failed query stops it: the times are a measurement, not the step's
+ * result. d: the calling thread's handle on the device. */
+void exec__harvest_times(dev *d, dev_event *const *from, dev_event *const *to, long long made, long long *timed,
+                         const short *at, double *ms, long long *n);
 void exec__marks_free(mesh__exec *ex, ex_marks *m);
 comm_async_hooks exec__marks_hooks(ex_marks *m, int deferred);
 double exec__marks_busy(ex_marks *m, const comm_async *q, double *stall);

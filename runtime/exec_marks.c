@@ -41,19 +41,17 @@ static int mark(void *ud, long ticket, char *err, size_t n)
 
 /* ---- the GPU's own times (deferred queues) ---------------------------- */
 
-/* Adds in the times of the pairs [*timed, made) of a ring that the GPU
- * has finished, oldest first (d: the calling thread's handle). A failed
- * query stops it: the times are a measurement, not the step's result. */
-static void harvest_ring(dev *d, dev_event *const *from, dev_event *const *to, long long made, long long *timed,
-                         double *ms_sum)
+void exec__harvest_times(dev *d, dev_event *const *from, dev_event *const *to, long long made, long long *timed,
+                         const short *at, double *ms, long long *n)
 {
     while (*timed < made) {
-        int slot = (int)(*timed % EX_TIMES), done = 0;
-        double ms = 0;
+        int slot = (int)(*timed % EX_TIMES), done = 0, k = at ? at[slot] : 0;
+        double t = 0;
         if (dev_event_query(d, to[slot], &done) != MESH_OK || !done ||
-            dev_event_elapsed(d, from[slot], to[slot], &ms) != MESH_OK)
+            dev_event_elapsed(d, from[slot], to[slot], &t) != MESH_OK)
             return;
-        *ms_sum += ms > 0 ? ms : 0;
+        ms[k] += t > 0 ? t : 0;
+        if (n) n[k]++;
         ++*timed;
     }
 }
@@ -61,7 +59,7 @@ static void harvest_ring(dev *d, dev_event *const *from, dev_event *const *to, l
 /* The calls' times so far (under m->mu; d: the calling thread's handle). */
 static void harvest_calls(ex_marks *m, dev *d)
 {
-    harvest_ring(d, m->start, m->end, m->calls_made, &m->calls_timed, &m->busy_ms);
+    exec__harvest_times(d, m->start, m->end, m->calls_made, &m->calls_timed, NULL, &m->busy_ms, NULL);
 }
 
 /* The rank's thread: the calls' and the compute stream's waits' times, as
@@ -72,7 +70,7 @@ static void harvest(ex_marks *m)
     pthread_mutex_lock(&m->mu);
     harvest_calls(m, m->ex->dev);
     pthread_mutex_unlock(&m->mu);
-    harvest_ring(m->ex->dev, m->pre, m->post, m->joins_made, &m->joins_timed, &m->stall_ms);
+    exec__harvest_times(m->ex->dev, m->pre, m->post, m->joins_made, &m->joins_timed, NULL, &m->stall_ms, NULL);
 }
 
 /* In the queue's thread, before a call: the work it was queued after has
