@@ -435,12 +435,17 @@ static int fused_slot(const plan_tensor *t, int k) {
 
 static int is_param(const plan *p, int id) { return id >= 0 && p->tensors[id].op == G_PARAM; }
 
+int memplan_grad_param(const plan *p, int node, int k) {
+    int in = param_of(p, p->tensors[node].in[k]);
+    return is_param(p, in) ? in : -1;
+}
+
 int memplan_grad_fused(const plan *p, int node) {
     const plan_tensor *t = &p->tensors[node];
     int any = 0;
     for (int k = 0; k < t->n_in; k++) {
-        int in = param_of(p, t->in[k]);
-        if (!fused_slot(t, k) || !is_param(p, in)) continue;
+        int in = memplan_grad_param(p, node, k);
+        if (!fused_slot(t, k) || in < 0) continue;
         any = 1;
         for (int j = 0; j < t->n_in; j++) /* the kernel also writes its gradient at another input's place */
             if (param_of(p, t->in[j]) == in && !fused_slot(t, j)) return 0;
@@ -450,8 +455,8 @@ int memplan_grad_fused(const plan *p, int node) {
 
 int memplan_grad_staged(const plan *p, int node, int k) {
     const plan_tensor *t = &p->tensors[node];
-    int in = param_of(p, t->in[k]);
-    if (t->op == G_PARAM || t->op == G_TRANSPOSE || !is_param(p, in)) return 0;
+    int in = memplan_grad_param(p, node, k);
+    if (t->op == G_PARAM || t->op == G_TRANSPOSE || in < 0) return 0;
     for (int j = 0; j < k; j++)
         if (param_of(p, t->in[j]) == in) return 0; /* (staged once, at its first input) */
     return !(fused_slot(t, k) && memplan_grad_fused(p, node));
@@ -513,10 +518,9 @@ static int place_params(mp *x, int stg, mem_stage *ms) {
     for (int c = 0; s->precision != 0 && c < x->n; c++) {
         const plan_tensor *t = &p->tensors[c];
         int64_t sum = 0;
-        for (int k = 0; k < t->n_in; k++) {
-            int in = param_of(p, t->in[k]);
-            if (memplan_grad_staged(p, c, k) && held[in] > 0) sum += rnd(x, local_elems(x, in) * x->fb);
-        }
+        for (int k = 0; k < t->n_in; k++)
+            if (memplan_grad_staged(p, c, k) && held[memplan_grad_param(p, c, k)] > 0)
+                sum += rnd(x, local_elems(x, memplan_grad_param(p, c, k)) * x->fb);
         if (sum > ms->gstage) ms->gstage = sum;
     }
     free(held);

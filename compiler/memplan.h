@@ -137,6 +137,9 @@ void memplan_free(memplan *m);
  * region: up to 16 with 2-byte floats, unchanged with 4-byte ones. */
 int64_t memplan_round(const memplan *m, int64_t bytes);
 
+/* The param whose gradient input k of node's backward adds to (x @
+ * transpose(w): w), or -1 when that input is no param. */
+int memplan_grad_param(const struct plan *p, int node, int k);
 /* Mixed precision: does node's backward stage its contribution to the
  * gradient of the param at its input k (through a transpose: the param's)
  * in the gradient staging, in the plan's precision (1), or not (0: not a

@@ -140,8 +140,7 @@ struct mesh__exec {
     int64_t comm_at;     /* the communication buffer: ms->comm bytes */
     int gst_n;           /* the op whose backward runs stages these params' gradients: exec__gptr */
     int gst_id[GRAPH_MAX_IN];        /* gives gst_buf[k] for param gst_id[k] */
-    float *gst_buf[GRAPH_MAX_IN];
-    size_t gst_len[GRAPH_MAX_IN];    /* and their elements */
+    float *gst_buf[GRAPH_MAX_IN];    /* (ex->numel[gst_id[k]] elements) */
     int gst_it;                      /* the iteration (the params' copies) */
     size_t *cnumel;      /* per tensor: elements of its value as its consumers read it (after its
                             forward conversion over tp, if any: sequence parallelism) */

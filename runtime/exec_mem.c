@@ -105,33 +105,23 @@ void exec__round(const mesh__exec *ex, float *x, size_t n)
     dev_guard(ex->dev, 0);
 }
 
-/* The param whose gradient input k of node c's backward adds to (x @
- * transpose(w): w's), or -1. */
-static int param_in(const mesh__exec *ex, const plan_tensor *t, int k)
-{
-    int in = t->in[k];
-    if (ex->p->tensors[in].op == G_TRANSPOSE) in = ex->p->tensors[in].in[0];
-    return ex->p->tensors[in].op == G_PARAM ? in : -1;
-}
-
 int exec__gstage_begin(mesh__exec *ex, int c, int it)
 {
     const plan_tensor *t = &ex->p->tensors[c];
     int64_t at = ex->gstage_at;
     exec__gstage_drop(ex);
-    if (ex->prec == KCPU_FP32 || t->op == G_PARAM || t->op == G_TRANSPOSE) return 0; /* (a view: no backward) */
+    if (ex->prec == KCPU_FP32) return 0;
     /* a matmul's weight and an embedding's table: added to their fp32
      * gradients in fp32 by the kernel itself (kern.dw32: cuBLASLt's fp32
      * output, the embedding's sums), not staged */
     ex->kern.dw32 = memplan_grad_fused(ex->p, c);
     for (int k = 0; k < t->n_in; k++) {
-        int in = param_in(ex, t, k);
-        if (in < 0 || !memplan_grad_staged(ex->p, c, k)) continue;
+        if (!memplan_grad_staged(ex->p, c, k)) continue;
+        int in = memplan_grad_param(ex->p, c, k);
         size_t n = ex->numel[in];
         if (exec__fill(ex, ex->arena + at, 0, n * (size_t)ex->esize) != 0) return exec__gstage_drop(ex), -1;
         ex->gst_id[ex->gst_n] = in;
-        ex->gst_buf[ex->gst_n] = (float *)(void *)(ex->arena + at);
-        ex->gst_len[ex->gst_n++] = n;
+        ex->gst_buf[ex->gst_n++] = (float *)(void *)(ex->arena + at);
         at += memplan_round(&ex->mp, (int64_t)n * ex->esize);
     }
     ex->gst_it = it;
@@ -157,7 +147,7 @@ int exec__gstage_end(mesh__exec *ex)
     exec__gstage_drop(ex); /* (exec__gptr gives the fp32 gradients again) */
     for (int k = 0; k < n; k++) {
         float *g = exec__gptr(ex, ex->gst_id[k], ex->gst_it);
-        if (EXEC_KERN(ex, accumulate, g, ex->gst_buf[k], ex->gst_len[k], 0) != 0)
+        if (EXEC_KERN(ex, accumulate, g, ex->gst_buf[k], ex->numel[ex->gst_id[k]], 0) != 0)
             return exec__kern_failed(ex, "adding an op's contribution to its params' fp32 gradients");
     }
     return 0;
