@@ -296,6 +296,13 @@ mesh_status mesh_context_comm_ms(mesh_context *ctx, int index, double *ms, doubl
     return MESH_OK;
 }
 
+mesh_status mesh_context_times_on_gpu(const mesh_context *ctx, int *on_gpu)
+{
+    if (!ctx || !on_gpu) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_times_on_gpu: NULL argument");
+    *on_gpu = mesh__exec_ordered(ctx->ex);
+    return MESH_OK;
+}
+
 mesh_status mesh_context_rank(const mesh_context *ctx, int *rank, int *data_rank, int *data_ranks)
 {
     if (!ctx) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_rank: NULL context");

@@ -593,6 +593,8 @@ fail:
 
 int mesh__exec_rank(const mesh__exec *ex) { return ex->rank; }
 
+int mesh__exec_ordered(const mesh__exec *ex) { return ex->ordered; }
+
 int mesh__exec_fused(const mesh__exec *ex) { return ex->n_fused; }
 
 long long mesh__exec_host_reads(const mesh__exec *ex) { return ex->dev->to_host; }

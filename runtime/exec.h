@@ -183,6 +183,10 @@ int mesh__exec_moments_set(mesh__exec *ex, int k, const float *m, const float *v
 
 /* The rank in the plan's world, and its pipeline stage. */
 int mesh__exec_rank(const mesh__exec *ex);
+
+/* 1 when the rank's NCCL calls are ordered on its GPU's streams, so that
+ * its collectives' times are the GPU's own (CUDA events), else 0. */
+int mesh__exec_ordered(const mesh__exec *ex);
 /* The bias adds this rank runs in one kernel with their matmul (and GELU),
  * counted once per step of the plan (a layer stack's once). */
 int mesh__exec_fused(const mesh__exec *ex);

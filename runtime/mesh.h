@@ -224,6 +224,13 @@ mesh_status mesh_context_sent(const mesh_context *ctx, int index, char *what, si
  * behind the host. MESH_ERR_INVALID_ARG past the last entry. */
 mesh_status mesh_context_comm_ms(mesh_context *ctx, int index, double *ms, double *calls, long long *untimed);
 
+/* *on_gpu: 1 when this rank's NCCL calls are ordered on its GPU's streams
+ * (the default over NCCL), so that the collectives' times
+ * (mesh_context_comm_ms, mesh_step_stats' overlap_ms and wait_ms) are the
+ * GPU's own, from CUDA events; 0 when they are the host's (the CPU,
+ * MESH_NCCL_BLOCKING=1, ranks sharing a GPU). */
+mesh_status mesh_context_times_on_gpu(const mesh_context *ctx, int *on_gpu);
+
 /* What a training step reports. */
 typedef struct mesh_step_stats {
     double loss;      /* mean over the step's micro-batches */

@@ -153,12 +153,6 @@ static int plan_files_exist(const char *pattern, const char *what)
     return found;
 }
 
-static int env_is_1(const char *name)
-{
-    const char *v = getenv(name);
-    return v && strcmp(v, "1") == 0;
-}
-
 static double now_s(void)
 {
     struct timespec ts;
@@ -408,10 +402,8 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
             t0 = now_s();
         }
     }
-    mesh_device_kind dev = MESH_DEVICE_CPU;
-    mesh_device_info(&dev, NULL);
-    /* NCCL's calls ordered on the GPU: the times are the GPU's own (mesh_step_stats) */
-    int gpu_times = dev == MESH_DEVICE_CUDA && !env_is_1("MESH_NCCL_BLOCKING") && !env_is_1("MESH_GPU_SHARED");
+    int gpu_times = 0; /* NCCL's calls ordered on the GPU: the times are the GPU's own */
+    mesh_context_times_on_gpu(ctx, &gpu_times);
     if (lead && rc == MESH_OK) print_sent(ctx, gpu_times);
     if (lead && rc == MESH_OK && overlap_steps > 0) {
         double ran = overlap_ms / overlap_steps, waited = wait_ms / overlap_steps;

@@ -481,6 +481,7 @@ static struct eq_comm {
     double ms[EQ_ENTRIES], calls[EQ_ENTRIES];
     long long untimed;
     double steps_ms; /* eq_run.comm_ms */
+    int on_gpu;      /* mesh_context_times_on_gpu */
 } eq_comm;
 
 /* Entry `what` of eq_comm ("all-reduce(tp)"), or -1. */
@@ -527,6 +528,7 @@ static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
             if (mesh_context_comm_ms(ctx, k, &eq_comm.ms[k], &eq_comm.calls[k], &eq_comm.untimed) != MESH_OK)
                 return MESH_ERR_INTERNAL;
         eq_comm.steps_ms = r->comm_ms;
+        if (mesh_context_times_on_gpu(ctx, &eq_comm.on_gpu) != MESH_OK) return MESH_ERR_INTERNAL;
     }
     if (rank == 0) r->ahead = mesh__exec_queue_ahead(ctx->ex, &r->joins);
     if (rank == 0) r->stall_ms = mesh__exec_queue_stall_ms(ctx->ex, &r->untimed);
@@ -1021,6 +1023,7 @@ TEST_IMPL(parallel_comm_timed_in_turn)
         total += eq_comm.ms[k] * eq_n();
     }
     if (tp < 0 || pp < 0) unit_fail(__FILE__, __LINE__, "tp 2 x pp 2: no all-reduce(tp) or send(pp) entry");
+    ASSERT_INT_EQ(eq_comm.on_gpu, 0); /* (the host's times) */
     ASSERT_INT_EQ(eq_entry("all-reduce(dp)"), -1);
     for (int k = 0; k < 2; k++) {
         int e = k ? pp : tp;
@@ -1186,6 +1189,7 @@ TEST_IMPL(parallel_cuda_turns_timed_on_the_gpu)
                 eq_comm.untimed);
         if (!(calls >= 1 && ms > 0) || eq_comm.untimed != 0)
             unit_fail(__FILE__, __LINE__, "%.1f calls, %.4f ms, %lld untimed", calls, ms, eq_comm.untimed);
+        ASSERT_INT_EQ(eq_comm.on_gpu, !v); /* ordered on the GPU, but with MESH_NCCL_BLOCKING=1 */
         if (lag_ms > 0 && !(ms >= 0.95 * lag_ms * calls))
             unit_fail(__FILE__, __LINE__, "%.1f calls held %.1f ms each took %.2f ms a step", calls, lag_ms, ms);
     }
