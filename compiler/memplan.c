@@ -424,13 +424,25 @@ static int param_of(const plan *p, int id) {
     return id >= 0 && p->tensors[id].op == G_TRANSPOSE ? p->tensors[id].in[0] : id;
 }
 
-/* Where an op's kernel writes a weight gradient in fp32 itself (kern.h's
- * dw32): a matmul's w, an embedding's table. (moe's expert weights are
- * staged: the CPU's products added into fp32 in place differ in their last
- * bits with the buffers' alignment, which the 2-byte layout and the CPU's
- * fp32 words do not share, and their runs must give the same bits.) */
-static int fused_slot(const plan_tensor *t, int k) {
-    return (t->op == G_MATMUL || t->op == G_EMBED) && k == 1;
+/* Where an op's kernel writes a param's gradient in fp32 itself (kern.h's
+ * dw32): a matmul's w, an embedding's table, a norm's weight and bias (its
+ * column sums), either side of an add (a bias's or a position embedding's
+ * sums over the rows; the same-shaped side: an fp32 add). (moe's expert
+ * weights are staged: the CPU's products added into fp32 in place differ in
+ * their last bits with the buffers' alignment, which the 2-byte layout and
+ * the CPU's fp32 words do not share, and their runs must give the same
+ * bits.) */
+static int fused_slot(const plan *p, const plan_tensor *t, int k) {
+    if (t->op != G_MATMUL && p->tensors[t->in[k]].op != G_PARAM) return 0; /* (only a matmul reads through a transpose) */
+    switch (t->op) {
+    case G_MATMUL:
+    case G_EMBED:
+    case G_RMSNORM: return k == 1;
+    case G_LAYERNORM: return k == 1 || k == 2;
+    case G_ADD:
+    case G_BIAS_ADD: return k == 0 || k == 1;
+    default: return 0;
+    }
 }
 
 static int is_param(const plan *p, int id) { return id >= 0 && p->tensors[id].op == G_PARAM; }
@@ -445,12 +457,16 @@ int memplan_grad_fused(const plan *p, int node) {
     int any = 0;
     for (int k = 0; k < t->n_in; k++) {
         int in = memplan_grad_param(p, node, k);
-        if (!fused_slot(t, k) || in < 0) continue;
+        if (!fused_slot(p, t, k) || in < 0) continue;
         any = 1;
         for (int j = 0; j < t->n_in; j++) /* the kernel also writes its gradient at another input's place */
-            if (param_of(p, t->in[j]) == in && !fused_slot(t, j)) return 0;
+            if (param_of(p, t->in[j]) == in && !fused_slot(p, t, j)) return 0;
     }
     return any;
+}
+
+int memplan_grad_fp32(const plan *p, int node, int k) {
+    return memplan_grad_param(p, node, k) >= 0 && fused_slot(p, &p->tensors[node], k) && memplan_grad_fused(p, node);
 }
 
 int memplan_grad_staged(const plan *p, int node, int k) {
@@ -459,7 +475,7 @@ int memplan_grad_staged(const plan *p, int node, int k) {
     if (t->op == G_PARAM || t->op == G_TRANSPOSE || in < 0) return 0;
     for (int j = 0; j < k; j++)
         if (param_of(p, t->in[j]) == in) return 0; /* (staged once, at its first input) */
-    return !(fused_slot(t, k) && memplan_grad_fused(p, node));
+    return !memplan_grad_fp32(p, node, k);
 }
 
 /* Params, their gradients and AdamW's state on stage stg, and with

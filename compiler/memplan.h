@@ -144,13 +144,18 @@ int memplan_grad_param(const struct plan *p, int node, int k);
  * gradient of the param at its input k (through a transpose: the param's)
  * in the gradient staging, in the plan's precision (1), or not (0: not a
  * param; a param staged at an earlier input; or written in fp32 by the
- * kernel itself: a matmul's weight, an embedding's table)? The runtime
- * follows it (exec__gstage_begin). */
+ * kernel itself, memplan_grad_fp32)? The runtime follows it
+ * (exec__gstage_begin). */
 int memplan_grad_staged(const struct plan *p, int node, int k);
-/* Does node's kernel write those weight gradients in fp32 itself (kern.h's
- * dw32)? Not when such a param is also another of its inputs: then all
- * its params are staged. */
+/* Does node's kernel write its params' gradients in fp32 itself (kern.h's
+ * dw32): a matmul's weight, an embedding's table, a norm's weight and bias,
+ * an add's param (a bias, a position embedding)? Not when such a param is
+ * also another of its inputs, which the kernel writes in the plan's
+ * precision: then all its params are staged. */
 int memplan_grad_fused(const struct plan *p, int node);
+/* Is input k's gradient one of those: a param's fp32 main gradient that
+ * node's kernel adds to in fp32? */
+int memplan_grad_fp32(const struct plan *p, int node, int k);
 
 /* The buffer of tensor id on a stage. */
 const mem_buf *memplan_buf(const memplan *m, int stage, int id);

@@ -188,12 +188,35 @@ static int add_forward(mesh__exec *ex, float *out, const float *a, size_t na, co
     return 0;
 }
 
-static int add_backward(mesh__exec *ex, float *da, size_t na, float *db, size_t nb, const float *dout)
+/* a + b's backward: da += dout, db += dout, the smaller side's summed over
+ * the rows it was broadcast to. A side whose gradient is a param's fp32
+ * main gradient (fa, fb: memplan_grad_fp32, with kern.dw32) gets its sum in
+ * fp32: the broadcast side's column sums in fp32, an equal-sized side's add
+ * by accumulate. */
+static int add_backward(mesh__exec *ex, float *da, size_t na, int fa, float *db, size_t nb, int fb,
+                        const float *dout)
 {
-    if (na == nb) K(add_backward, da, db, dout, na);
-    else if (na > nb) K(add_broadcast_backward, da, db, dout, (int)(na / nb), 1, (int)nb);
-    else K(add_broadcast_backward, db, da, dout, (int)(nb / na), 1, (int)na);
-    return 0;
+    if (!fa && !fb) {
+        if (na == nb) K(add_backward, da, db, dout, na);
+        else if (na > nb) K(add_broadcast_backward, da, db, dout, (int)(na / nb), 1, (int)nb);
+        else K(add_broadcast_backward, db, da, dout, (int)(nb / na), 1, (int)na);
+        return 0;
+    }
+    if (na < nb) { /* a: the larger side (or either) */
+        float *d = da;
+        size_t n = na;
+        int f = fa;
+        da = db, na = nb, fa = fb;
+        db = d, nb = n, fb = f;
+    }
+    int dw32 = ex->kern.dw32, rc = 0;
+    if (da && fa) rc = EXEC_KERN(ex, accumulate, da, dout, na, 0);
+    ex->kern.dw32 = 0;
+    if (rc == 0 && da && !fa) rc = EXEC_KERN(ex, add_backward, da, NULL, dout, na);
+    ex->kern.dw32 = fb;
+    if (rc == 0 && db) rc = EXEC_KERN(ex, add_broadcast_backward, NULL, db, dout, (int)(na / nb), 1, (int)nb);
+    ex->kern.dw32 = dw32;
+    return rc == 0 ? 0 : exec__kern_failed(ex, "add_backward");
 }
 
 /* Attention geometry on this rank: qkv [B, T, (H + 2 KV) d] -> out [B, T,
@@ -356,7 +379,9 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
     }
     case G_BIAS_ADD:
     case G_ADD:
-        if (add_backward(ex, DIN(0), ex->cnumel[t->in[0]], DIN(1), ex->cnumel[t->in[1]], DOUT) != 0) return -1;
+        if (add_backward(ex, DIN(0), ex->cnumel[t->in[0]], ex->kern.dw32 && memplan_grad_fp32(ex->p, id, 0), DIN(1),
+                         ex->cnumel[t->in[1]], ex->kern.dw32 && memplan_grad_fp32(ex->p, id, 1), DOUT) != 0)
+            return -1;
         break;
     case G_LAYERNORM: {
         int C = exec__lastd(ex, id), rows = (int)(n / (size_t)C);

@@ -175,9 +175,11 @@ struct kern {
                           0: fp32 (the CPU keeps mixed precision in fp32 words) */
     int grad32;        /* the param gradients are fp32 (sum_squares, scale, adamw_step): mixed
                           precision's main gradients, set by the executor */
-    int dw32;          /* the weight gradient of matmul_backward, matmul_wt_backward (dw) and
-                          embedding_rows_backward (dtable) is fp32 (a param's main gradient,
-                          added to in fp32), while the executor sets it around such a call */
+    int dw32;          /* the weight gradients a call sums over rows are fp32 (a param's main
+                          gradient, added to in fp32), while the executor sets it around the
+                          call: dw of matmul_backward and matmul_wt_backward, dtable of
+                          embedding_rows_backward, dw and db of layernorm_backward, dw of
+                          rmsnorm_backward, dp of add_broadcast_backward */
     char error[512];   /* why the last call failed */
 };
 

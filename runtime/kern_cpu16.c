@@ -186,7 +186,7 @@ static int add_broadcast_forward(kern *k, void *out, const void *a, const void *
 static int add_broadcast_backward(kern *k, void *da, void *dp, const void *dout, int B, int T, int C)
 {
     size_t n = (size_t)B * T * C;
-    float *DA = IO(da, n), *DP = IO(dp, (size_t)T * C), *DO = IN(dout, n);
+    float *DA = IO(da, n), *DP = k->dw32 ? dp : IO(dp, (size_t)T * C), *DO = IN(dout, n); /* (dw32: fp32) */
     RUN(CPU.add_broadcast_backward(k, DA, DP, DO, B, T, C));
 }
 
@@ -202,7 +202,8 @@ static int layernorm_backward(kern *k, void *dx, void *dw, void *db, const void 
                               const float *mean, const float *rstd, int rows, int C)
 {
     size_t n = (size_t)rows * C;
-    float *DX = IO(dx, n), *DW = IO(dw, C), *DB = IO(db, C), *DO = IN(dout, n), *X = IN(x, n), *W = IN(w, C);
+    float *DX = IO(dx, n), *DO = IN(dout, n), *X = IN(x, n), *W = IN(w, C);
+    float *DW = k->dw32 ? dw : IO(dw, C), *DB = k->dw32 ? db : IO(db, C); /* (dw32: fp32) */
     RUN(CPU.layernorm_backward(k, DX, DW, DB, DO, X, W, mean, rstd, rows, C));
 }
 
@@ -217,7 +218,8 @@ static int rmsnorm_backward(kern *k, void *dx, void *dw, const void *dout, const
                             const float *rstd, int rows, int C)
 {
     size_t n = (size_t)rows * C;
-    float *DX = IO(dx, n), *DW = IO(dw, C), *DO = IN(dout, n), *X = IN(x, n), *W = IN(w, C);
+    float *DX = IO(dx, n), *DO = IN(dout, n), *X = IN(x, n), *W = IN(w, C);
+    float *DW = k->dw32 ? dw : IO(dw, C); /* (dw32: fp32) */
     RUN(CPU.rmsnorm_backward(k, DX, DW, DO, X, W, rstd, rows, C));
 }
 

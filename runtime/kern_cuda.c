@@ -172,7 +172,7 @@ static int add_broadcast_forward(kern *k, void *out, const void *a, const void *
 
 static int add_broadcast_backward(kern *k, void *da, void *dp, const void *dout, int B, int T, int C)
 {
-    KC(kcuda_add_broadcast_backward, da, dp, dout, B, T, C, DT(k), k->stream);
+    KC(kcuda_add_broadcast_backward, CTX(k), da, dp, dout, B, T, C, DT(k), WT(k), k->stream);
 }
 
 static int layernorm_forward(kern *k, void *out, float *mean, float *rstd, const void *x, const void *w,
@@ -184,7 +184,7 @@ static int layernorm_forward(kern *k, void *out, float *mean, float *rstd, const
 static int layernorm_backward(kern *k, void *dx, void *dw, void *db, const void *dout, const void *x, const void *w,
                               const float *mean, const float *rstd, int rows, int C)
 {
-    KC(kcuda_layernorm_backward, CTX(k), dx, dw, db, dout, x, w, mean, rstd, rows, C, DT(k), k->stream);
+    KC(kcuda_layernorm_backward, CTX(k), dx, dw, db, dout, x, w, mean, rstd, rows, C, DT(k), WT(k), k->stream);
 }
 
 static int rmsnorm_forward(kern *k, void *out, float *rstd, const void *x, const void *w, int rows, int C,
@@ -196,7 +196,7 @@ static int rmsnorm_forward(kern *k, void *out, float *rstd, const void *x, const
 static int rmsnorm_backward(kern *k, void *dx, void *dw, const void *dout, const void *x, const void *w,
                             const float *rstd, int rows, int C)
 {
-    KC(kcuda_rmsnorm_backward, CTX(k), dx, dw, dout, x, w, rstd, rows, C, DT(k), k->stream);
+    KC(kcuda_rmsnorm_backward, CTX(k), dx, dw, dout, x, w, rstd, rows, C, DT(k), WT(k), k->stream);
 }
 
 static int attention_forward(kern *k, void *out, float *lse, const void *q, const void *kk, const void *v, int B,

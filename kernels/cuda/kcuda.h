@@ -136,8 +136,9 @@ int kcuda_matmul_forward(kcuda_ctx *ctx, void *y, void *pre, const void *x,
 /* dx += dy @ w^T, dw += x^T @ dy, dbias += sum over rows of dy (the bias
  * sum in a fixed order through the context's scratch).
  * dx[M,K], dw[K,N], dbias[N] (each may be NULL); dy[M,N]; x[M,K]; w[K,N].
- * dw is of dw_dt: dt, or KCUDA_F32 beside 2-byte tensors (an fp32 main
- * gradient: the product added to it in fp32, never rounded to 2 bytes). */
+ * dw and dbias are of dw_dt: dt, or KCUDA_F32 beside 2-byte tensors (fp32
+ * main gradients: the product added to them in fp32, never rounded to 2
+ * bytes). */
 int kcuda_matmul_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
                           const void *dy, const void *x, const void *w, int M,
                           int K, int N, kcuda_dtype dt, kcuda_dtype dw_dt,
@@ -151,7 +152,7 @@ int kcuda_matmul_wt_forward(kcuda_ctx *ctx, void *y, const void *x,
 
 /* dx += dy @ w, dw += dy^T @ x, dbias += sum over rows of dy.
  * dx[M,K], dw[N,K], dbias[N] (each may be NULL); dy[M,N]; x[M,K]; w[N,K];
- * dw of dw_dt, as kcuda_matmul_backward's. */
+ * dw and dbias of dw_dt, as kcuda_matmul_backward's. */
 int kcuda_matmul_wt_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
                              const void *dy, const void *x, const void *w,
                              int M, int K, int N, kcuda_dtype dt,
@@ -206,11 +207,14 @@ int kcuda_layernorm_forward(void *out, float *mean, float *rstd,
 /* dx, dw, db += the gradients of layernorm from the saved mean and rstd.
  * dw and db are column sums over the rows, in a fixed order through the
  * context's scratch. dx[rows,C], dw[C], db[C] (each may be NULL);
- * dout[rows,C]; x[rows,C]; w[C]; mean[rows]; rstd[rows]. */
+ * dout[rows,C]; x[rows,C]; w[C]; mean[rows]; rstd[rows]. dw and db are of
+ * dw_dt: dt, or KCUDA_F32 beside 2-byte tensors (fp32 main gradients,
+ * added to in fp32). */
 int kcuda_layernorm_backward(kcuda_ctx *ctx, void *dx, void *dw, void *db,
                              const void *dout, const void *x, const void *w,
                              const float *mean, const float *rstd, int rows,
-                             int C, kcuda_dtype dt, void *stream);
+                             int C, kcuda_dtype dt, kcuda_dtype dw_dt,
+                             void *stream);
 
 /* out = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps). Saves rstd. */
 int kcuda_rmsnorm_forward(void *out, float *rstd, const void *x,
@@ -218,11 +222,11 @@ int kcuda_rmsnorm_forward(void *out, float *rstd, const void *x,
                           kcuda_dtype dt, void *stream);
 
 /* dx, dw += the gradients of rmsnorm from the saved rstd (dx, dw may be
- * NULL). */
+ * NULL; dw of dw_dt, as layernorm's). */
 int kcuda_rmsnorm_backward(kcuda_ctx *ctx, void *dx, void *dw,
                            const void *dout, const void *x, const void *w,
                            const float *rstd, int rows, int C, kcuda_dtype dt,
-                           void *stream);
+                           kcuda_dtype dw_dt, void *stream);
 
 /* The residual add fused with the norm that follows it, in one pass over
  * memory: res = a + b (stored in dt), then out = layernorm(res) exactly as
@@ -279,10 +283,14 @@ int kcuda_add_backward(void *da, void *db, const void *dout, size_t n,
 int kcuda_add_broadcast_forward(void *out, const void *a, const void *p,
                                 int B, int T, int C, kcuda_dtype dt,
                                 void *stream);
-/* da += dout, dp[t,c] += sum over b of dout[b,t,c] (b in order).
- * da[B,T,C], dp[T,C] (each may be NULL). */
-int kcuda_add_broadcast_backward(void *da, void *dp, const void *dout, int B,
-                                 int T, int C, kcuda_dtype dt, void *stream);
+/* da += dout, dp[t,c] += sum over b of dout[b,t,c] (a fixed order,
+ * through the context's scratch: kcuda_bias_backward's sums). da[B,T,C],
+ * dp[T,C] (each may be NULL); dp of dp_dt: dt, or KCUDA_F32 beside 2-byte
+ * tensors (an fp32 main gradient). */
+int kcuda_add_broadcast_backward(kcuda_ctx *ctx, void *da, void *dp,
+                                 const void *dout, int B, int T, int C,
+                                 kcuda_dtype dt, kcuda_dtype dp_dt,
+                                 void *stream);
 
 /* ---- loss.cu: fused softmax + cross-entropy ----------------------------- */
 

@@ -325,10 +325,19 @@ typedef struct kcuda__gemm {
 
 int kcuda__gemm_run(kcuda_ctx *ctx, const kcuda__gemm *g, cudaStream_t s);
 
-/* Column sums in a fixed order (matmul.cu): dst[N] += sum over rows of
- * src[M,N] (dt), through the context's scratch. */
-int kcuda__colsum_add(kcuda_ctx *ctx, void *dst, const void *src, int M,
-                      int N, kcuda_dtype dt, cudaStream_t s);
+/* Column sums in a fixed order (colsum.cu): dst[N] (of dst_dt: dt, or
+ * KCUDA_F32 beside 2-byte src) += sum over rows of src[M,N] (dt), through
+ * the context's scratch. */
+#define COLSUM_ROWS 256 /* rows per partial sum: the partials depend on the shape alone */
+int kcuda__colsum_add(kcuda_ctx *ctx, void *dst, kcuda_dtype dst_dt,
+                      const void *src, int M, int N, kcuda_dtype dt,
+                      cudaStream_t s);
+/* The pieces, for sums of products (norm.cu): the number of chunks of
+ * COLSUM_ROWS rows (0 for M = 0, or an error when the grid cannot hold
+ * them), and dst[c] += the sum over chunks of part[chunk, c], in order. */
+int kcuda__colsum_chunks(int M, int N, const char *what);
+int kcuda__colsum_finish(void *dst, kcuda_dtype dst_dt, const float *part,
+                         int chunks, int N, cudaStream_t s);
 
 /* The elementwise SwiGLU on rows of experts' buffers (activation.cu), for
  * moe.cu: act[e,c,:] = silu(hg) * hu, zero for rows c >= count[e]. */

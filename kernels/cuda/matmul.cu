@@ -187,7 +187,10 @@ int kcuda__gemm_run(kcuda_ctx *ctx, const kcuda__gemm *g, cudaStream_t s)
     LT_CHECK(lt_layout(&lc, g->c_f32 ? KCUDA_F32 : g->dt, g->N, g->M, g->ldc,
                        g->batch, g->sc));
 
-    if (!hit) {
+    cublasLtMatmulAlgo_t algo;
+    if (hit) {
+        algo = hit->algo;
+    } else {
         cublasLtMatmulHeuristicResult_t res;
         int found = 0;
         size_t ws = ctx->workspace_bytes;
@@ -198,26 +201,46 @@ int kcuda__gemm_run(kcuda_ctx *ctx, const kcuda__gemm *g, cudaStream_t s)
         memset(&res, 0, sizeof res);
         cublasStatus_t hst = cublasLtMatmulAlgoGetHeuristic(
             ctx->lt, desc, la, lb, lc, lc, pref, 1, &res, &found);
-        if (hst == CUBLAS_STATUS_NOT_SUPPORTED)
-            found = 0; /* e.g. an epilogue this dtype lacks */
-        else
-            LT_CHECK(hst);
-        if (found < 1) {
+        /* NOT_SUPPORTED (e.g. an epilogue this dtype lacks) or
+         * INVALID_VALUE (a configuration it does not take): no algorithm,
+         * which a fused product's caller answers without the epilogue */
+        if (hst != CUBLAS_STATUS_SUCCESS || found < 1) {
             rc = kcuda__fail(KCUDA_ERR_NO_ALGO, __FILE__, __LINE__,
                              "cuBLASLt has no algorithm for M=%d N=%d K=%d "
-                             "(dtype %d, epilogue %d)",
-                             g->M, g->N, g->K, (int)g->dt, (int)epi);
+                             "(dtype %d, epilogue %d): %s",
+                             g->M, g->N, g->K, (int)g->dt, (int)epi,
+                             hst != CUBLAS_STATUS_SUCCESS
+                                 ? cublasLtGetStatusString(hst)
+                                 : "none found");
             goto done;
         }
+        algo = res.algo;
+    }
+    {
+        cublasStatus_t st = cublasLtMatmul(
+            ctx->lt, desc, &alpha, g->B, la, g->A, lb, &beta, g->C, lc, g->C,
+            lc, &algo, ctx->workspace, ctx->workspace_bytes, s);
+        /* the heuristic's choice does not guarantee the call runs (the
+         * header says so): a fresh algorithm refused is "no algorithm",
+         * and an algorithm is cached only once it has run */
+        if (!hit && (st == CUBLAS_STATUS_NOT_SUPPORTED ||
+                     st == CUBLAS_STATUS_INVALID_VALUE)) {
+            rc = kcuda__fail(KCUDA_ERR_NO_ALGO, __FILE__, __LINE__,
+                             "cuBLASLt refused its own algorithm for M=%d "
+                             "N=%d K=%d (dtype %d, epilogue %d): %s",
+                             g->M, g->N, g->K, (int)g->dt, (int)epi,
+                             cublasLtGetStatusString(st));
+            goto done;
+        }
+        LT_CHECK(st);
+    }
+    if (!hit) {
         hit = &ctx->algos[ctx->algo_next];
         ctx->algo_next = (ctx->algo_next + 1) % KCUDA__ALGO_CACHE;
         hit->key = key;
-        hit->algo = res.algo;
+        hit->algo = algo;
         hit->valid = 1;
     }
-    LT_CHECK(cublasLtMatmul(ctx->lt, desc, &alpha, g->B, la, g->A, lb, &beta,
-                            g->C, lc, g->C, lc, &hit->algo, ctx->workspace,
-                            ctx->workspace_bytes, s));
 done:
     if (pref)
         cublasLtMatmulPreferenceDestroy(pref);
@@ -232,78 +255,14 @@ done:
     return rc;
 }
 
-/* ---- column sums (the bias gradient) ------------------------------------ */
-
-/* Rows per partial sum: the partials depend on the shape alone. */
-#define COLSUM_ROWS 256
-
-/* part[chunk, c] = sum of src[r, c] over the chunk's rows, in order: block
- * (32 columns) x (8 row lanes); lane y takes rows y, y+8, ...; the 8 lane
- * sums are added in order. */
-template <typename T>
-__global__ void colsum_partial_kernel(float *part, const T *src, int M, int N)
-{
-    __shared__ float sh[8][33];
-    int c = blockIdx.x * 32 + threadIdx.x;
-    int r0 = blockIdx.y * COLSUM_ROWS, r1 = min(M, r0 + COLSUM_ROWS);
-    float acc = 0.0f;
-    if (c < N)
-        for (int r = r0 + (int)threadIdx.y; r < r1; r += 8)
-            acc += kc_f(src[(size_t)r * N + c]);
-    sh[threadIdx.y][threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < N) {
-        float t = 0.0f;
-        for (int y = 0; y < 8; y++)
-            t += sh[y][threadIdx.x];
-        part[(size_t)blockIdx.y * N + c] = t;
-    }
-}
-
-/* dst[c] += sum over the chunks of part[chunk, c], in chunk order. */
-template <typename T>
-__global__ void colsum_finish_kernel(T *dst, const float *part, int chunks,
-                                     int N)
-{
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= N)
-        return;
-    float t = 0.0f;
-    for (int k = 0; k < chunks; k++)
-        t += part[(size_t)k * N + c];
-    dst[c] = kc_to<T>(kc_f(dst[c]) + t);
-}
-
-int kcuda__colsum_add(kcuda_ctx *ctx, void *dst, const void *src, int M,
-                      int N, kcuda_dtype dt, cudaStream_t s)
-{
-    KCUDA_ARG(M >= 0 && N > 0, "column sum: bad sizes M=%d N=%d", M, N);
-    if (M == 0)
-        return 0;
-    int chunks = (M + COLSUM_ROWS - 1) / COLSUM_ROWS;
-    KCUDA_ARG(chunks <= 65535, "bias gradient: %d rows, at most %d (the "
-              "column sums' grid)", M, 65535 * COLSUM_ROWS);
-    void *scratch = NULL;
-    KCUDA_TRY(kcuda__scratch(ctx, (size_t)chunks * N * sizeof(float),
-                             &scratch, s));
-    float *part = (float *)scratch;
-    dim3 grid((unsigned)((N + 31) / 32), (unsigned)chunks), block(32, 8);
-    KCUDA_DISPATCH(dt, T, {
-        colsum_partial_kernel<T><<<grid, block, 0, s>>>(part, (const T *)src,
-                                                        M, N);
-        KCUDA_LAUNCHED("colsum_partial_kernel");
-        colsum_finish_kernel<T><<<(N + 255) / 256, 256, 0, s>>>(
-            (T *)dst, part, chunks, N);
-        KCUDA_LAUNCHED("colsum_finish_kernel");
-    });
-    return 0;
-}
+/* ---- the bias gradient --------------------------------------------------- */
 
 int kcuda_bias_backward(kcuda_ctx *ctx, void *dbias, const void *dy, int M,
                         int N, kcuda_dtype dt, void *stream)
 {
     KCUDA_DT_OK(dt);
-    return kcuda__colsum_add(ctx, dbias, dy, M, N, dt, kcuda__stream(stream));
+    return kcuda__colsum_add(ctx, dbias, dt, dy, M, N, dt,
+                             kcuda__stream(stream));
 }
 
 /* ---- bias and GELU outside cuBLASLt (its fallback) ----------------------- */
@@ -439,7 +398,7 @@ int kcuda_matmul_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
         KCUDA_TRY(kcuda__gemm_run(ctx, &g, s));
     }
     if (dbias)
-        KCUDA_TRY(kcuda__colsum_add(ctx, dbias, dy, M, N, dt, s));
+        KCUDA_TRY(kcuda__colsum_add(ctx, dbias, dw_dt, dy, M, N, dt, s));
     return 0;
 }
 
@@ -471,6 +430,6 @@ int kcuda_matmul_wt_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
         KCUDA_TRY(kcuda__gemm_run(ctx, &g, s));
     }
     if (dbias)
-        KCUDA_TRY(kcuda__colsum_add(ctx, dbias, dy, M, N, dt, s));
+        KCUDA_TRY(kcuda__colsum_add(ctx, dbias, dw_dt, dy, M, N, dt, s));
     return 0;
 }

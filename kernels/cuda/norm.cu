@@ -7,13 +7,13 @@
  * it), as the CPU does in double. The row statistics are saved as kcpu
  * saves them: mean and rstd (layernorm), rstd (rmsnorm).
  * Backward: dx one warp per row; dw and db are column sums over the rows,
- * taken in a fixed order (chunks of 256 rows, then the chunks in order)
- * through the context's scratch: no atomics.
+ * taken in a fixed order (chunks of 256 rows, then the chunks in order:
+ * colsum.cu) through the context's scratch, no atomics; they are fp32
+ * beside 2-byte tensors when they are a param's main gradient (dw_dt).
  */
 #include "kcuda_impl.h"
 
 #define NORM_ROWS_PER_BLOCK 8
-#define NORM_CHUNK 256 /* rows per partial column sum */
 
 /* n (1 or a pack's width) elements from src into dst, as floats. */
 template <typename T>
@@ -256,7 +256,7 @@ __global__ void norm_bwd_cols_kernel(float *part0, float *part1,
 {
     __shared__ float sh0[8][33], sh1[8][33];
     int c = blockIdx.x * 32 + threadIdx.x;
-    int r0 = blockIdx.y * NORM_CHUNK, r1 = min(rows, r0 + NORM_CHUNK);
+    int r0 = blockIdx.y * COLSUM_ROWS, r1 = min(rows, r0 + COLSUM_ROWS);
     float a0 = 0.0f, a1 = 0.0f;
     if (c < C)
         for (int r = r0 + (int)threadIdx.y; r < r1; r += 8) {
@@ -284,27 +284,16 @@ __global__ void norm_bwd_cols_kernel(float *part0, float *part1,
     }
 }
 
-/* dst[c] += sum over chunks of part[chunk, c], in chunk order. */
-template <typename T>
-__global__ void norm_cols_finish_kernel(T *dst, const float *part, int chunks,
-                                        int C)
-{
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C)
-        return;
-    float t = 0.0f;
-    for (int k = 0; k < chunks; k++)
-        t += part[(size_t)k * C + c];
-    dst[c] = kc_to<T>(kc_f(dst[c]) + t);
-}
-
 template <bool RMS>
 static int norm_backward(kcuda_ctx *ctx, void *dx, void *dw, void *db,
                          const void *dout, const void *x, const void *w,
                          const float *mean, const float *rstd, int rows,
-                         int C, kcuda_dtype dt, cudaStream_t s)
+                         int C, kcuda_dtype dt, kcuda_dtype dw_dt,
+                         cudaStream_t s)
 {
     KCUDA_DT_OK(dt);
+    KCUDA_ARG(dw_dt == dt || dw_dt == KCUDA_F32,
+              "norm: dw of dtype %d beside %d", (int)dw_dt, (int)dt);
     KCUDA_ARG(rows >= 0 && C > 0, "norm: bad sizes rows=%d C=%d", rows, C);
     if (rows == 0)
         return 0;
@@ -322,9 +311,9 @@ static int norm_backward(kcuda_ctx *ctx, void *dx, void *dw, void *db,
     }
     if (!dw && !db)
         return 0;
-    int chunks = (rows + NORM_CHUNK - 1) / NORM_CHUNK;
-    KCUDA_ARG(chunks <= 65535, "norm backward: %d rows, at most %d (the "
-              "column sums' grid)", rows, 65535 * NORM_CHUNK);
+    int chunks = kcuda__colsum_chunks(rows, C, "norm backward");
+    if (chunks <= 0)
+        return chunks;
     size_t part_bytes = kcuda__round256((size_t)chunks * C * sizeof(float));
     void *scratch = NULL;
     KCUDA_TRY(kcuda__scratch(ctx, 2 * part_bytes, &scratch, s));
@@ -335,35 +324,29 @@ static int norm_backward(kcuda_ctx *ctx, void *dx, void *dw, void *db,
         norm_bwd_cols_kernel<T, RMS><<<grid, block, 0, s>>>(
             part0, part1, (const T *)dout, (const T *)x, mean, rstd, rows, C);
         KCUDA_LAUNCHED("norm_bwd_cols_kernel");
-        unsigned fb = (unsigned)((C + 255) / 256);
-        if (dw) {
-            norm_cols_finish_kernel<T><<<fb, 256, 0, s>>>((T *)dw, part0,
-                                                          chunks, C);
-            KCUDA_LAUNCHED("norm_cols_finish_kernel");
-        }
-        if (db && part1) {
-            norm_cols_finish_kernel<T><<<fb, 256, 0, s>>>((T *)db, part1,
-                                                          chunks, C);
-            KCUDA_LAUNCHED("norm_cols_finish_kernel");
-        }
     });
+    if (dw)
+        KCUDA_TRY(kcuda__colsum_finish(dw, dw_dt, part0, chunks, C, s));
+    if (db && part1)
+        KCUDA_TRY(kcuda__colsum_finish(db, dw_dt, part1, chunks, C, s));
     return 0;
 }
 
 int kcuda_layernorm_backward(kcuda_ctx *ctx, void *dx, void *dw, void *db,
                              const void *dout, const void *x, const void *w,
                              const float *mean, const float *rstd, int rows,
-                             int C, kcuda_dtype dt, void *stream)
+                             int C, kcuda_dtype dt, kcuda_dtype dw_dt,
+                             void *stream)
 {
     return norm_backward<false>(ctx, dx, dw, db, dout, x, w, mean, rstd, rows,
-                                C, dt, kcuda__stream(stream));
+                                C, dt, dw_dt, kcuda__stream(stream));
 }
 
 int kcuda_rmsnorm_backward(kcuda_ctx *ctx, void *dx, void *dw,
                            const void *dout, const void *x, const void *w,
                            const float *rstd, int rows, int C, kcuda_dtype dt,
-                           void *stream)
+                           kcuda_dtype dw_dt, void *stream)
 {
     return norm_backward<true>(ctx, dx, dw, NULL, dout, x, w, NULL, rstd, rows,
-                               C, dt, kcuda__stream(stream));
+                               C, dt, dw_dt, kcuda__stream(stream));
 }

@@ -1,8 +1,11 @@
 /* residual.cu — the residual add and the broadcast add of a [T,C] tensor
  * (a position embedding, or a bias with T = 1) onto [B,T,C], forward and
- * backward (which accumulates). The broadcast backward sums over b in
- * order with one thread per (t, c): no scratch, no atomics.
+ * backward (which accumulates). The broadcast backward's sums over b are
+ * colsum.cu's column sums (fixed order, no atomics), fp32 beside 2-byte
+ * tensors when they are a param's main gradient (dp_dt).
  */
+#include <climits>
+
 #include "kcuda_impl.h"
 
 /* y = a + b */
@@ -63,20 +66,6 @@ __global__ void add_bcast_kernel(T *out, const T *a, const T *p, size_t tc,
         out[i] = kc_to<T>(kc_f(a[i]) + kc_f(p[i % tc]));
 }
 
-/* dp[i] += sum over b (in order) of dout[b, i]. */
-template <typename T>
-__global__ void add_bcast_dp_kernel(T *dp, const T *dout, int B, size_t tc)
-{
-    size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < tc;
-         i += stride) {
-        float acc = kc_f(dp[i]);
-        for (int b = 0; b < B; b++)
-            acc += kc_f(dout[(size_t)b * tc + i]);
-        dp[i] = kc_to<T>(acc);
-    }
-}
-
 int kcuda_add_broadcast_forward(void *out, const void *a, const void *p,
                                 int B, int T, int C, kcuda_dtype dt,
                                 void *stream)
@@ -95,22 +84,21 @@ int kcuda_add_broadcast_forward(void *out, const void *a, const void *p,
     return 0;
 }
 
-int kcuda_add_broadcast_backward(void *da, void *dp, const void *dout, int B,
-                                 int T, int C, kcuda_dtype dt, void *stream)
+int kcuda_add_broadcast_backward(kcuda_ctx *ctx, void *da, void *dp,
+                                 const void *dout, int B, int T, int C,
+                                 kcuda_dtype dt, kcuda_dtype dp_dt,
+                                 void *stream)
 {
     cudaStream_t s = kcuda__stream(stream);
     KCUDA_DT_OK(dt);
     KCUDA_ARG(B >= 0 && T >= 0 && C >= 0, "add_broadcast: bad sizes");
     size_t tc = (size_t)T * C;
+    KCUDA_ARG(tc <= INT_MAX, "add_broadcast: T*C = %zu, at most %d", tc,
+              INT_MAX);
     if (da)
         KCUDA_TRY(kcuda_add_backward(da, NULL, dout, (size_t)B * tc, dt,
                                      stream));
-    if (dp && tc > 0) {
-        KCUDA_DISPATCH(dt, E, {
-            add_bcast_dp_kernel<E><<<kcuda__blocks(tc, 256), 256, 0, s>>>(
-                (E *)dp, (const E *)dout, B, tc);
-            KCUDA_LAUNCHED("add_bcast_dp_kernel");
-        });
-    }
+    if (dp && tc > 0) /* the sums over b: column sums of dout as [B, T*C] */
+        KCUDA_TRY(kcuda__colsum_add(ctx, dp, dp_dt, dout, B, (int)tc, dt, s));
     return 0;
 }

@@ -253,23 +253,26 @@ TEST_IMPL(exec_memory_is_the_plan)
             plan_free(&p);
         }
     /* bf16 in a GPU's 2-byte layout (MESH__EXEC_CPU16), whose workspace
-     * holds the gradient staging too (poisoned, zeroed before each use) */
+     * holds the gradient staging too (poisoned, zeroed before each use; moe's
+     * experts stage theirs) */
     static const char *const bf16[] = {"train.precision=bf16"};
-    plan p;
-    compile_plan_with(&p, tiny_src, bf16, 1);
-    double planned[6], reference[6];
-    float *a, *b;
-    size_t na = run_steps(&p, MESH__EXEC_CPU16, 1, planned, &a),
-           nb = run_steps(&p, MESH__EXEC_CPU16 | MESH__EXEC_NO_REUSE, 1, reference, &b);
-    for (int k = 0; k < 6; k++)
-        if (planned[k] != reference[k])
-            unit_fail(__FILE__, __LINE__, "bf16: %.9g with the plan's layout, %.9g without reuse", planned[k],
-                      reference[k]);
-    ASSERT_UINT_EQ(na, nb);
-    ASSERT_INT_EQ(memcmp(a, b, na * sizeof *a), 0);
-    free(a);
-    free(b);
-    plan_free(&p);
+    for (int s = 0; s < 3; s += 2) {
+        plan p;
+        compile_plan_with(&p, srcs[s], bf16, 1);
+        double planned[6], reference[6];
+        float *a, *b;
+        size_t na = run_steps(&p, MESH__EXEC_CPU16, 1, planned, &a),
+               nb = run_steps(&p, MESH__EXEC_CPU16 | MESH__EXEC_NO_REUSE, 1, reference, &b);
+        for (int k = 0; k < 6; k++)
+            if (planned[k] != reference[k])
+                unit_fail(__FILE__, __LINE__, "model %d, bf16: %.9g with the plan's layout, %.9g without reuse", s,
+                          planned[k], reference[k]);
+        ASSERT_UINT_EQ(na, nb);
+        ASSERT_INT_EQ(memcmp(a, b, na * sizeof *a), 0);
+        free(a);
+        free(b);
+        plan_free(&p);
+    }
 }
 
 /* The executor a GPU runs, checked on the CPU: with MESH__EXEC_GUARD the

@@ -170,27 +170,31 @@ static int values_in(mesh__exec *ex, float (*round)(float), size_t *total)
     return all;
 }
 
-/* Mixed precision keeps fp32 main gradients (memplan.h): an op's backward
- * stores its contribution to a param's gradient in the plan's precision,
- * which is then added to the param's fp32 gradient (a matmul and an
- * embedding add theirs in fp32 themselves), over the ops that use it (the
- * tied embedding's two) and the micro-batches, and summed in fp32 over the
- * data-parallel ranks. In bf16 and fp16 the plan's gradients take 4 bytes
- * a param element (2 its values); after a step of two micro-batches on
- * 2-byte storage (a GPU's layout, MESH__EXEC_CPU16), without clipping,
- * most gradient elements are not numbers of the plan's precision, and
- * they are the bits of the CPU's run in fp32 words. (Before, the
- * gradients were 2-byte, all of them bf16 numbers.) */
+/* Mixed precision keeps fp32 main gradients (memplan.h): an op's kernel
+ * adds its contribution to a param's gradient in fp32 (a matmul's weight,
+ * an embedding's table, a norm's weight and bias, a bias; others, moe's
+ * experts, stage it in the plan's precision and add that), over the ops
+ * that use it (the tied embedding's two) and the micro-batches, and sums
+ * it in fp32 over the data-parallel ranks. In bf16 and fp16 the plan's
+ * gradients take 4 bytes a param element (2 its values); after a step of
+ * two micro-batches on 2-byte storage (a GPU's layout, MESH__EXEC_CPU16),
+ * without clipping, most gradient elements are not numbers of the plan's
+ * precision, and they are the bits of the CPU's run in fp32 words. With one
+ * micro-batch, every norm's and bias's gradient (one op's contribution
+ * each) has elements off the grid: none was stored in 2 bytes first. */
 TEST_IMPL(precision_gradients_accumulate_in_fp32)
 {
     /* (no clipping: its scale alone would take the gradients off the grid) */
-    static const char *const sets[2][2] = {
-        {"train.precision=bf16", "train.optimizer=adamw(lr: 3e-2, weight_decay: 0.0, clip: 0)"},
-        {"train.precision=fp16", "train.optimizer=adamw(lr: 3e-2, weight_decay: 0.0, clip: 0)"}};
+#define NO_CLIP "train.optimizer=adamw(lr: 3e-2, weight_decay: 0.0, clip: 0)"
+    static const char *const sets[4][3] = {{"train.precision=bf16", NO_CLIP, "train.micro_batch=2"},
+                                           {"train.precision=fp16", NO_CLIP, "train.micro_batch=2"},
+                                           {"train.precision=bf16", NO_CLIP, "train.micro_batch=4"},
+                                           {"train.precision=fp16", NO_CLIP, "train.micro_batch=4"}};
+#undef NO_CLIP
     float (*rounds[2])(float) = {kcpu_bf16_round, kcpu_fp16_round};
-    for (int v = 0; v < 2; v++) {
+    for (int v = 0; v < 4; v++) {
         plan p;
-        compile_with(&p, sets[v], 2);
+        compile_with(&p, sets[v], 3);
         ASSERT_INT_EQ(p.setup.clip == 0.0, 1);
         char err[256];
         mesh__exec *half = mesh__exec_create_flags(&p, NULL, NULL, MESH__EXEC_CPU16 | MESH__EXEC_NO_FUSE, err, sizeof err);
@@ -204,14 +208,19 @@ TEST_IMPL(precision_gradients_accumulate_in_fp32)
         float *w, *g, *w2, *g2;
         for (int k = 0; mesh__exec_param(half, k, &name, &n, &w, &g) == 0; k++) {
             ASSERT_INT_EQ(mesh__exec_param(words, k, &name, &n, &w2, &g2), 0);
-            for (size_t e = 0; e < n; e++) off += u_of(rounds[v](g[e])) != u_of(g[e]);
+            size_t o = 0;
+            for (size_t e = 0; e < n; e++) o += u_of(rounds[v % 2](g[e])) != u_of(g[e]);
             if (memcmp(g, g2, n * sizeof *g) != 0)
                 unit_fail(__FILE__, __LINE__, "%s: %s's gradient in 2-byte storage is not the fp32 words' run's",
                           sets[v][0], name);
+            if (v >= 2 && (strstr(name, "ln") || strstr(name, "b_")) && o == 0)
+                unit_fail(__FILE__, __LINE__, "%s, one micro-batch: %s's gradient is all %s numbers", sets[v][0],
+                          name, sets[v][0] + 16);
+            off += o;
             total += n;
         }
-        fprintf(stderr, "# %s: %zu of %zu gradient elements are not %s numbers\n", sets[v][0], off, total,
-                v ? "fp16" : "bf16");
+        fprintf(stderr, "# %s, %s: %zu of %zu gradient elements are not %s numbers\n", sets[v][0], sets[v][2], off,
+                total, sets[v][0] + 16);
         if (!(2 * off > total)) unit_fail(__FILE__, __LINE__, "%zu of %zu off the 2-byte grid", off, total);
         /* the plan's gradients: 4 bytes an element, the values 2 (each region rounded to 16 bytes) */
         ASSERT_INT_EQ((long long)p.memory[0].grads, (long long)((total * 4 + 15) / 16 * 16));
@@ -228,7 +237,8 @@ TEST_IMPL(precision_gradients_accumulate_in_fp32)
  * 0.4%). The weights the ops
  * read are bf16 (fp16) numbers, the fp32 masters (what mesh_param_get and
  * checkpoints give) are not; the arena is fp32's layout plus the masters
- * and the staging of an op's contribution to the (fp32) gradients. */
+ * (no staging of an op's contribution to the fp32 gradients: every op
+ * here adds its own in fp32). */
 TEST_IMPL(precision_bf16_fp16_train_as_fp32)
 {
     static const char *const sets[3][1] = {{"train.precision=fp32"}, {"train.precision=bf16"},
@@ -246,12 +256,13 @@ TEST_IMPL(precision_bf16_fp16_train_as_fp32)
         } else {
             size_t total;
             ASSERT_INT_EQ(values_in(ex, rounds[v], &total), 1);
-            /* + the masters, and the staging of an op's contribution to the fp32 gradients (in words) */
+            /* + the masters; no staging of an op's contribution to the fp32 gradients: every
+             * op with params here adds to them in fp32 itself (memplan_grad_fp32) */
             memplan mp;
             ASSERT_INT_EQ(memplan_build(&mp, &p, 4, MEMPLAN_MASTERS), 0);
             size_t staging = (size_t)mp.stage[0].gstage;
             memplan_free(&mp);
-            ASSERT_INT_EQ(staging > 0, 1);
+            ASSERT_INT_EQ((long long)staging, 0);
             ASSERT_UINT_EQ(mesh__exec_bytes(ex), fp32_bytes + total * sizeof(float) + staging);
             ASSERT_INT_LT((long long)p.memory[0].total, (long long)fp32_bytes);        /* the plan: 2-byte values */
             /* the masters: the whole first param, not all of it representable */

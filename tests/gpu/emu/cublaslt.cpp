@@ -23,11 +23,15 @@
  * NOT_SUPPORTED, for another kind of problem or less aligned pointers
  * (each batch's matrix included). In place (C == D) needs C's layout to be
  * D's. Matrices outside device memory fault the device (sticky
- * cudaErrorIllegalAddress), as a kernel's load would.
+ * cudaErrorIllegalAddress), as a kernel's load would. With
+ * EMU_CUBLASLT_REFUSE_EPILOGUE set, cublasLtMatmul refuses every fused
+ * epilogue (NOT_SUPPORTED) that the heuristic offered, as a real algorithm
+ * may.
  */
 #include <cublasLt.h>
 
 #include <math.h>  /* tanhf */
+#include <stdlib.h> /* getenv */
 #include <string.h> /* memcpy */
 
 #include <vector> /* std::vector */
@@ -533,8 +537,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     cublasStatus_t st = check(d, A, B, C, D, &p, "cublasLtMatmulAlgoGetHeuristic");
     if (st != CUBLAS_STATUS_SUCCESS)
         return st;
-    if (pref->reduction == 0) /* no reduction scheme allowed, not even none */
-        return CUBLAS_STATUS_NOT_SUPPORTED;
+    /* (the reduction mask: CUBLASLT_REDUCTION_SCHEME_NONE is 0, so every
+     * mask, 0 included, allows the unsplit product emulated here) */
     memset(&results[0], 0, sizeof results[0]);
     uint64_t *a = results[0].algo.data;
     a[0] = ALGO;
@@ -574,6 +578,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
         FAIL(CUBLAS_STATUS_NOT_SUPPORTED,
              "%s: the algorithm was chosen for another epilogue, type, transpose or batching",
              who);
+    /* EMU_CUBLASLT_REFUSE_EPILOGUE (tests): a fused epilogue refused at the
+     * call, as a real algorithm the heuristic chose may be (cublasLt.h: the
+     * heuristic's choice does not fully guarantee the algorithm will run) */
+    if (d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && getenv("EMU_CUBLASLT_REFUSE_EPILOGUE"))
+        FAIL(CUBLAS_STATUS_NOT_SUPPORTED, "%s: epilogue %u refused (EMU_CUBLASLT_REFUSE_EPILOGUE)", who,
+             d->epilogue);
     float fa, fb;
     memcpy(&fa, alpha, sizeof fa);
     memcpy(&fb, beta, sizeof fb);

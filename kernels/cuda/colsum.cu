@@ -1,0 +1,95 @@
+/* colsum.cu — column sums over rows in a fixed order, for the gradients
+ * that are sums over the batch's rows: a bias's (a matmul's, a broadcast
+ * add's), a position embedding's, and a norm's weight and bias (norm.cu
+ * sums its own products into the partials and finishes here).
+ *
+ * Two passes, no atomics: the rows are cut into chunks of COLSUM_ROWS;
+ * a block of 32 columns x 8 row lanes sums one chunk into part[chunk, c]
+ * (lane y takes rows y, y+8, ..., the 8 lanes added in order); then one
+ * thread per column adds the chunks in order to dst. The partials depend
+ * on the shape alone, so a call gives the same bits every time. The grid
+ * has a block per 32 columns and chunk: a bias of 768 over 32768 rows is
+ * 24 x 128 blocks, the whole GPU, where one thread per column would be 3
+ * blocks walking 32768 rows each.
+ */
+#include "kcuda_impl.h"
+
+/* part[chunk, c] = sum of src[r, c] over the chunk's rows. */
+template <typename T>
+__global__ void colsum_partial_kernel(float *part, const T *src, int M, int N)
+{
+    __shared__ float sh[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    int r0 = blockIdx.y * COLSUM_ROWS, r1 = min(M, r0 + COLSUM_ROWS);
+    float acc = 0.0f;
+    if (c < N)
+        for (int r = r0 + (int)threadIdx.y; r < r1; r += 8)
+            acc += kc_f(src[(size_t)r * N + c]);
+    sh[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < N) {
+        float t = 0.0f;
+        for (int y = 0; y < 8; y++)
+            t += sh[y][threadIdx.x];
+        part[(size_t)blockIdx.y * N + c] = t;
+    }
+}
+
+/* dst[c] += sum over the chunks of part[chunk, c], in chunk order. */
+template <typename D>
+__global__ void colsum_finish_kernel(D *dst, const float *part, int chunks,
+                                     int N)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= N)
+        return;
+    float t = 0.0f;
+    for (int k = 0; k < chunks; k++)
+        t += part[(size_t)k * N + c];
+    dst[c] = kc_to<D>(kc_f(dst[c]) + t);
+}
+
+int kcuda__colsum_chunks(int M, int N, const char *what)
+{
+    KCUDA_ARG(M >= 0 && N > 0, "%s: bad sizes rows=%d columns=%d", what, M,
+              N);
+    int chunks = (M + COLSUM_ROWS - 1) / COLSUM_ROWS;
+    KCUDA_ARG(chunks <= 65535, "%s: %d rows, at most %d (the column sums' "
+              "grid)", what, M, 65535 * COLSUM_ROWS);
+    return chunks;
+}
+
+int kcuda__colsum_finish(void *dst, kcuda_dtype dst_dt, const float *part,
+                         int chunks, int N, cudaStream_t s)
+{
+    KCUDA_DT_OK(dst_dt);
+    KCUDA_DISPATCH(dst_dt, D, {
+        colsum_finish_kernel<D><<<(N + 255) / 256, 256, 0, s>>>(
+            (D *)dst, part, chunks, N);
+        KCUDA_LAUNCHED("colsum_finish_kernel");
+    });
+    return 0;
+}
+
+int kcuda__colsum_add(kcuda_ctx *ctx, void *dst, kcuda_dtype dst_dt,
+                      const void *src, int M, int N, kcuda_dtype dt,
+                      cudaStream_t s)
+{
+    KCUDA_DT_OK(dt);
+    KCUDA_ARG(dst_dt == dt || dst_dt == KCUDA_F32,
+              "column sum: a sum of dtype %d beside %d", (int)dst_dt, (int)dt);
+    int chunks = kcuda__colsum_chunks(M, N, "column sum");
+    if (chunks <= 0)
+        return chunks;
+    void *scratch = NULL;
+    KCUDA_TRY(kcuda__scratch(ctx, (size_t)chunks * N * sizeof(float),
+                             &scratch, s));
+    float *part = (float *)scratch;
+    dim3 grid((unsigned)((N + 31) / 32), (unsigned)chunks), block(32, 8);
+    KCUDA_DISPATCH(dt, T, {
+        colsum_partial_kernel<T><<<grid, block, 0, s>>>(part, (const T *)src,
+                                                        M, N);
+        KCUDA_LAUNCHED("colsum_partial_kernel");
+    });
+    return kcuda__colsum_finish(dst, dst_dt, part, chunks, N, s);
+}
