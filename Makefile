@@ -27,6 +27,7 @@ AR      ?= ar
 LD      ?= ld
 OBJCOPY ?= objcopy
 BISON   ?= bison
+BISONFLAGS ?= -Wall -Werror
 FLEX    ?= flex
 NM      ?= nm
 
@@ -275,7 +276,7 @@ $(TOOLS_OK):
 
 $(GEN)/parser.c $(GEN)/parser.h &: lang/parser.y | $(TOOLS_OK)
 	@mkdir -p $(@D)
-	$(BISON) -Wall -Werror -d -o $(GEN)/parser.c lang/parser.y
+	$(BISON) $(BISONFLAGS) -d -o $(GEN)/parser.c lang/parser.y
 
 $(GEN)/lexer.c $(GEN)/lexer.h &: lang/lexer.l | $(TOOLS_OK)
 	@mkdir -p $(@D)

@@ -425,6 +425,7 @@ static void bench_attention(void)
 typedef struct mem_arg {
     size_t n;
     void *a, *b, *c, *w, *bias;
+    float *gw, *gb; /* fp32 main gradients [MEM_C] */
     float *mean, *rstd, *p, *m, *v;
     int32_t *targets;
     int N, V, Vp;
@@ -450,8 +451,26 @@ static void run_ln_bwd(void *p)
     mem_arg *m = p;
     kc(kcuda_layernorm_backward(ctx, m->c, NULL, NULL, m->b, m->a, m->w,
                                 m->mean, m->rstd, MEM_ROWS, MEM_C, KCUDA_BF16,
-                                NULL),
+                                KCUDA_BF16, NULL),
        "kcuda_layernorm_backward");
+}
+
+static void run_ln_bwd_dw(void *p)
+{
+    mem_arg *m = p;
+    kc(kcuda_layernorm_backward(ctx, NULL, m->gw, m->gb, m->b, m->a, m->w,
+                                m->mean, m->rstd, MEM_ROWS, MEM_C, KCUDA_BF16,
+                                KCUDA_F32, NULL),
+       "kcuda_layernorm_backward");
+}
+
+/* a bias's gradient: dout [rows, C] summed over the rows into fp32 */
+static void run_bias_bwd(void *p)
+{
+    mem_arg *m = p;
+    kc(kcuda_add_broadcast_backward(ctx, NULL, m->gb, m->b, MEM_ROWS, 1, MEM_C,
+                                    KCUDA_BF16, KCUDA_F32, NULL),
+       "kcuda_add_broadcast_backward");
 }
 
 static void run_gelu_fwd(void *p)
@@ -509,6 +528,8 @@ static void bench_memory(void)
     m.bias = drand(MEM_C, 1.0f, KCUDA_BF16);
     m.mean = dalloc(MEM_ROWS * 4);
     m.rstd = dalloc(MEM_ROWS * 4);
+    m.gw = drand(MEM_C, 0.0f, KCUDA_F32);
+    m.gb = drand(MEM_C, 0.0f, KCUDA_F32);
     double n = (double)m.n;
     printf("\n%-36s %10s %10s %10s\n", "memory-bound, bf16, 100.7M elements",
            "ms", "GB/s", "of copy");
@@ -522,6 +543,11 @@ static void bench_memory(void)
     mem_row("layernorm fwd (x in, y out)", run_ln_fwd, &m, 4.0 * n, copy_gbps,
             &first);
     mem_row("layernorm bwd dx (4 + 2 passes)", run_ln_bwd, &m, 12.0 * n,
+            copy_gbps, &first);
+    /* the weight gradients' column sums: x and dout read, [C] written */
+    mem_row("layernorm bwd dw db (fp32 sums)", run_ln_bwd_dw, &m, 4.0 * n,
+            copy_gbps, &first);
+    mem_row("bias grad (dout's column sums)", run_bias_bwd, &m, 2.0 * n,
             copy_gbps, &first);
     mem_row("gelu fwd", run_gelu_fwd, &m, 4.0 * n, copy_gbps, &first);
     mem_row("gelu bwd (x, dout, dx rw)", run_gelu_bwd, &m, 8.0 * n, copy_gbps,
@@ -543,6 +569,8 @@ static void bench_memory(void)
     cudaFree(m.c);
     cudaFree(m.mean);
     cudaFree(m.rstd);
+    cudaFree(m.gw);
+    cudaFree(m.gb);
     m.N = 8192;
     m.V = 50257;
     m.Vp = 50304;
