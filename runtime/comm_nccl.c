@@ -327,6 +327,15 @@ static void mark(ncomm *x, const char *op)
     x->last = op;
 }
 
+/* A query's answer, with "not ready" (no error: the work is still going)
+ * cleared from the thread's last error, where a kernel launch's check
+ * (cudaGetLastError) would otherwise find it. */
+static cudaError_t not_ready_clear(cudaError_t ce)
+{
+    if (ce == cudaErrorNotReady) (void)cudaGetLastError();
+    return ce;
+}
+
 /* Ordered world: checks the all-to-all counts of the world's handles that
  * are back (what each peer sends against what the caller expected); a
  * mismatch fails the all-to-all after the fact and aborts the world (its
@@ -337,7 +346,7 @@ static int check_counts(ncomm *m)
         for (int i = 0; i < A2A_CHECKS; i++) {
             a2a_check *k = &x->chk[i];
             if (!k->pending) continue;
-            cudaError_t ce = cudaEventQuery(k->back);
+            cudaError_t ce = not_ready_clear(cudaEventQuery(k->back));
             if (ce == cudaErrorNotReady) continue;
             if (ce != cudaSuccess) return cuda_fail(m, "all-to-all", "cudaEventQuery", ce);
             k->pending = 0;
@@ -371,7 +380,7 @@ static int look(ncomm *m, const char *op, int streams)
         if (st != ncclSuccess) /* (ordered: all-to-all counts that disagree, back by now, say why first) */
             return m->w->ordered && check_counts(m) != 0 ? -1 : nccl_fail(x->nc, m, op, "ncclCommGetAsyncError", st);
         if (!streams) continue;
-        cudaError_t ce = cudaStreamQuery(x->stream);
+        cudaError_t ce = not_ready_clear(cudaStreamQuery(x->stream));
         if (ce == cudaErrorNotReady) {
             busy = 1;
             continue;
@@ -453,7 +462,7 @@ static int wait_gpu(ncomm *m, const char *op, cudaEvent_t ev)
     for (int polls = 0;; pause_poll(&polls)) {
         if (take_abort(m->w)) return asked_abort(m, op);
         if (host_down(m->w, polls, why, sizeof why)) return host_failed(m, op, why);
-        cudaError_t ce = ev ? cudaEventQuery(ev) : cudaStreamQuery(m->stream);
+        cudaError_t ce = not_ready_clear(ev ? cudaEventQuery(ev) : cudaStreamQuery(m->stream));
         if (ce == cudaSuccess) return 0;
         if (ce != cudaErrorNotReady) return cuda_fail(m, op, ev ? "cudaEventQuery" : "cudaStreamQuery", ce);
         if (comm_now() > until) return timed_out(m, op);
@@ -486,10 +495,22 @@ static int dead(ncomm *m, const char *op)
                      m->w->aborted ? m->w->why : "no communicator");
 }
 
+/* The world's GPU made the calling thread's current device: a queue's
+ * thread calls here first, and its first CUDA call on no device would make
+ * device 0's context (memory on another process's GPU when every process
+ * sees every GPU, as under torchrun). */
+static void on_gpu(const ncomm *m)
+{
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur == m->w->device) return;
+    if (cudaSetDevice(m->w->device) != cudaSuccess) (void)cudaGetLastError(); /* (the call's own check reports it) */
+}
+
 /* -1 (not aborting) unless p is device memory the NCCL calls can use. */
 static int on_device(ncomm *m, const char *op, const void *p, size_t bytes)
 {
     struct cudaPointerAttributes a;
+    on_gpu(m);
     if (bytes == 0) return 0;
     memset(&a, 0, sizeof a);
     if (cudaPointerGetAttributes(&a, p) != cudaSuccess) (void)cudaGetLastError();
@@ -563,6 +584,7 @@ static int flush_sends(ncomm *m, const char *op)
  * caller's. */
 static int begin(ncomm *m, const char *op)
 {
+    on_gpu(m);
     if (dead(m, op) != 0 || (m->w->ordered && check_counts(m) != 0)) return -1;
     if (!m->w->group && flush_sends(m, op) != 0) return -1;
     return after_caller(m, op);
@@ -981,6 +1003,17 @@ static ncomm *wrap(nworld *w, ncclComm_t nc, int world_rank, char *err, size_t n
     return m;
 }
 
+static void n_free(comm *c);
+
+/* A new communicator's first collective, made where it is made: NCCL
+ * connects a communicator's peers lazily at its first collective (since
+ * 2.22), allocating as it goes, and two communicators connecting at once
+ * on one GPU from two threads (a rank's and its queue's, in orders that
+ * differ between ranks) may deadlock, as NCCL's documentation warns. So
+ * every rank connects each communicator here, in creation order, with a
+ * barrier. */
+static int connect_now(ncomm *m) { return n_barrier(&m->c); }
+
 static int n_split(comm *c, int color, int key, comm **out)
 {
     ncomm *m = (ncomm *)c;
@@ -1012,6 +1045,11 @@ static int n_split(comm *c, int color, int key, comm **out)
     ncomm *x = wrap(w, nc, c->world_rank, why, sizeof why);
     if (!x) return comm_fail(c, "split", "%s", why);
     x->half = m->half;
+    if (connect_now(x) != 0) {
+        int r = comm_fail(c, "split", "%s", x->c.error);
+        n_free(&x->c);
+        return r;
+    }
     *out = &x->c;
     return 0;
 }
@@ -1189,6 +1227,11 @@ static comm *world_init(int rank, int size, int device, double timeout_s, ncclUn
     if (!m) {
         snprintf(err, n, "rank %d: the world's communicator: %s", rank, why);
         world_free(w);
+        return NULL;
+    }
+    if (connect_now(m) != 0) {
+        snprintf(err, n, "rank %d: the world's first barrier: %s", rank, m->c.error);
+        n_free(&m->c);
         return NULL;
     }
     return &m->c;
@@ -1376,6 +1419,7 @@ static ncomm *own_handle(comm *c, const char *op)
         comm_fail(c, op, "not a queue's own world (comm_nccl_own_thread)");
         return NULL;
     }
+    on_gpu(m);
     return dead(m, op) == 0 ? m : NULL;
 }
 
@@ -1409,6 +1453,7 @@ int comm_nccl_progress(comm *c, double waited_s)
     ncomm *m = (ncomm *)c;
     nworld *w = m->w;
     if (!m->touched) return 0;
+    on_gpu(m);
     const char *op = m->last ? m->last : "a call";
     char why[200];
     if (take_abort(w)) return asked_abort(m, op);

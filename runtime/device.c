@@ -12,6 +12,7 @@
 #include <stdarg.h> /* va_list */
 #include <stdio.h>  /* snprintf, vsnprintf */
 #include <stdlib.h> /* calloc, free */
+#include <string.h> /* memcpy */
 #include <time.h>   /* nanosleep */
 
 mesh_status dev_fail(dev *d, mesh_status st, const char *fmt, ...)
@@ -77,6 +78,8 @@ void dev_close(dev *d)
 {
     if (!d) return;
     dev_event_destroy(d, d->watch_ev);
+    dev_event_destroy(d, d->bounce_ev);
+    if (d->bounce) d->v->host_free(d, d->bounce);
     if (d->v->close) d->v->close(d);
     free(d);
 }
@@ -126,6 +129,47 @@ void dev_free(dev *d, void *p)
     if (d && p) d->v->free(d, p);
 }
 
+static mesh_status poll_event(dev *d, dev_event *e, double timeout_s, int watched);
+
+enum { BOUNCE_BYTES = 4 << 20 }; /* a watched device's page-locked staging */
+
+/* A watched device's copy between the host and the device, through its
+ * page-locked staging: a copy to or from pageable memory may make the host
+ * wait for the stream inside the CUDA call (the driver stages it itself),
+ * where no watch runs, so a rank whose peer died would hang there. Here
+ * the host waits in poll_event, watched: to the host, for each piece's
+ * copy; to the device, before the staging is reused (the copy itself is
+ * left running, as an asynchronous copy is). */
+static mesh_status bounced_copy(dev *d, unsigned char *dst, const unsigned char *src, size_t bytes,
+                                dev_copy_kind kind, dev_stream *s)
+{
+    mesh_status st = MESH_OK;
+    if (!d->bounce) {
+        if (!d->bounce_ev) st = dev_event_create(d, &d->bounce_ev);
+        if (st == MESH_OK) st = d->v->host_alloc(d, &d->bounce, BOUNCE_BYTES);
+        if (st != MESH_OK) return st;
+    }
+    for (size_t at = 0; at < bytes && st == MESH_OK; at += BOUNCE_BYTES) {
+        size_t k = bytes - at < BOUNCE_BYTES ? bytes - at : BOUNCE_BYTES;
+        if (d->bounce_busy) { /* the last copy to the device may still read it */
+            if ((st = poll_event(d, d->bounce_ev, 0, 1)) != MESH_OK) return st;
+            d->bounce_busy = 0;
+        }
+        if (kind == DEV_HOST_TO_DEVICE) {
+            memcpy(d->bounce, src + at, k);
+            st = d->v->copy(d, dst + at, d->bounce, k, kind, s);
+            if (st == MESH_OK) st = dev_event_record(d, d->bounce_ev, s);
+            d->bounce_busy = st == MESH_OK;
+        } else {
+            st = d->v->copy(d, d->bounce, src + at, k, kind, s);
+            if (st == MESH_OK) st = dev_event_record(d, d->bounce_ev, s);
+            if (st == MESH_OK) st = poll_event(d, d->bounce_ev, 0, 1);
+            if (st == MESH_OK) memcpy(dst + at, d->bounce, k);
+        }
+    }
+    return st;
+}
+
 mesh_status dev_copy(dev *d, void *dst, const void *src, size_t bytes, dev_copy_kind kind, dev_stream *s)
 {
     if (!d) return MESH_ERR_INVALID_ARG;
@@ -134,6 +178,8 @@ mesh_status dev_copy(dev *d, void *dst, const void *src, size_t bytes, dev_copy_
     if (kind != DEV_HOST_TO_DEVICE && kind != DEV_DEVICE_TO_HOST && kind != DEV_DEVICE_TO_DEVICE)
         return dev_fail(d, MESH_ERR_INVALID_ARG, "copy of %zu bytes: kind %d is not a direction", bytes, (int)kind);
     d->to_host += kind == DEV_DEVICE_TO_HOST;
+    if (kind != DEV_DEVICE_TO_DEVICE && d->watch && d->v->host_alloc && d->v->event_record)
+        return bounced_copy(d, dst, src, bytes, kind, s);
     return d->v->copy(d, dst, src, bytes, kind, s);
 }
 

@@ -89,6 +89,10 @@ typedef struct dev_vtbl {
     /* 1 if [p, p + bytes) is this device's memory, which the host cannot
      * touch (NULL: the host's own memory, never) */
     int (*owns)(dev *d, const void *p, size_t bytes);
+    /* page-locked host memory, which copies to and from the device do not
+     * wait behind (cudaMallocHost; NULL: the host's memory is as good) */
+    mesh_status (*host_alloc)(dev *d, void **p, size_t bytes);
+    void (*host_free)(dev *d, void *p);
 } dev_vtbl;
 
 struct dev {
@@ -104,6 +108,9 @@ struct dev {
     int (*watch)(void *ud, double waited_s, char *why, size_t n); /* dev_set_watch's check, or NULL */
     void *watch_ud;
     dev_event *watch_ev; /* the event a watched stream_sync polls */
+    void *bounce;        /* a watched device's page-locked staging for copies to and from the host */
+    dev_event *bounce_ev; /* recorded after the copy that last used it */
+    int bounce_busy;     /* a host-to-device copy from it may still be reading it */
     char name[128];  /* "cpu", "cuda:0 (NVIDIA H200)": messages start with it */
     char error[512]; /* why the last call failed */
 };

@@ -68,4 +68,5 @@ const dev_vtbl dev_cpu_vtbl = {
     NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, /* synchronous: streams and events are tokens */
     cpu_mem_info,
     NULL, /* owns: the host's memory */
+    NULL, NULL, /* host_alloc, host_free: the host's memory is the device's */
 };

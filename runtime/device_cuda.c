@@ -191,6 +191,18 @@ static mesh_status cuda_copy(dev *d, void *dst, const void *src, size_t bytes, d
     return MESH_OK;
 }
 
+static mesh_status cuda_host_alloc(dev *d, void **p, size_t bytes)
+{
+    USE(d);
+    CUDA_CHECK(d, "cudaMallocHost", cudaMallocHost(p, bytes));
+    return MESH_OK;
+}
+
+static void cuda_host_free(dev *d, void *p)
+{
+    if (use(d) == MESH_OK && cudaFreeHost(p) != cudaSuccess) (void)cudaGetLastError();
+}
+
 static mesh_status cuda_memset(dev *d, void *p, int byte, size_t bytes, dev_stream *s)
 {
     USE(d);
@@ -246,6 +258,7 @@ static mesh_status cuda_event_query(dev *d, dev_event *e, int *done)
     USE(d);
     cudaError_t rc = cudaEventQuery(event_of(e));
     if (rc == cudaErrorNotReady) {
+        (void)cudaGetLastError(); /* (not an error: never left for a kernel launch's check to find) */
         *done = 0;
         return MESH_OK;
     }
@@ -298,6 +311,7 @@ const dev_vtbl dev_cuda_vtbl = {
     "cuda", "cudaMalloc", cuda_open, NULL, cuda_alloc, cuda_free, cuda_copy, cuda_memset,
     cuda_stream_create, cuda_stream_destroy, cuda_stream_sync, cuda_event_create, cuda_event_destroy,
     cuda_event_record, cuda_event_query, cuda_event_wait, cuda_event_elapsed, cuda_mem_info, cuda_owns,
+    cuda_host_alloc, cuda_host_free,
 };
 
 #else /* no CUDA in this build: the probe and dev_open say so */
@@ -320,7 +334,7 @@ static mesh_status nocuda_open(dev *d)
 /* dev_open never hands out a handle of this table: only open is called. */
 const dev_vtbl dev_cuda_vtbl = {
     "cuda", "cudaMalloc", nocuda_open, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    NULL, NULL, NULL, NULL,
+    NULL, NULL, NULL, NULL, NULL, NULL,
 };
 
 #endif

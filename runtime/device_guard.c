@@ -234,5 +234,5 @@ static mesh_status guard_mem_info(dev *d, size_t *free_bytes, size_t *total_byte
 const dev_vtbl dev_cpu_guarded_vtbl = {
     "cpu", "mmap", guard_open, guard_close, guard_alloc, guard_free, guard_copy, guard_memset,
     NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, /* synchronous: streams and events are tokens */
-    guard_mem_info, dev_guard_owns,
+    guard_mem_info, dev_guard_owns, NULL, NULL,
 };

@@ -323,6 +323,51 @@ TEST_IMPL(device_cuda_probe_says_why)
 /* With a GPU (else nothing: device_cuda_probe_says_why said why): the
  * same round trips on device 0, and an allocation larger than the device
  * says how much it has. */
+/* a watch that counts its calls, and fails once told to */
+typedef struct watch_count {
+    int calls, fail;
+} watch_count;
+
+static int count_watch(void *ud, double waited_s, char *why, size_t n)
+{
+    watch_count *w = ud;
+    (void)waited_s;
+    w->calls++;
+    if (!w->fail) return 0;
+    snprintf(why, n, "rank 1 is gone");
+    return -1;
+}
+
+/* A watched device's copies to and from the host go through its
+ * page-locked staging in pieces (a pageable copy may wait inside the CUDA
+ * call, where no watch runs): the bytes arrive, each piece's wait asks the
+ * watch, and a watch that fails fails the copy with its reason. */
+static void watched_round_trip(dev *d)
+{
+    size_t n = (9u << 20) + 123; /* three pieces of the staging */
+    unsigned char *host = malloc(n), *back = malloc(n);
+    void *a = NULL;
+    ASSERT_NOT_NULL(host);
+    ASSERT_NOT_NULL(back);
+    for (size_t k = 0; k < n; k++) host[k] = (unsigned char)(k * 13 + k / 4099);
+    ASSERT_INT_EQ(dev_alloc(d, &a, n), MESH_OK);
+    watch_count w = {0, 0};
+    dev_set_watch(d, count_watch, &w);
+    ASSERT_INT_EQ(dev_copy(d, a, host, n, DEV_HOST_TO_DEVICE, NULL), MESH_OK);
+    ASSERT_INT_EQ(dev_copy(d, back, a, n, DEV_DEVICE_TO_HOST, NULL), MESH_OK);
+    ASSERT_INT_EQ(memcmp(host, back, n), 0);
+    ASSERT_INT_GE(w.calls, 3 + 2); /* three pieces back, two waits before the staging's reuse going there */
+    w.fail = 1;
+    ASSERT_INT_EQ(dev_copy(d, back, a, 64, DEV_DEVICE_TO_HOST, NULL), MESH_ERR_RANK);
+    if (!strstr(dev_last_error(d), "rank 1 is gone")) unit_fail(__FILE__, __LINE__, "%s", dev_last_error(d));
+    dev_set_watch(d, NULL, NULL);
+    ASSERT_INT_EQ(dev_copy(d, back, a, 64, DEV_DEVICE_TO_HOST, NULL), MESH_OK); /* unwatched: as before */
+    ASSERT_INT_EQ(dev_stream_sync(d, NULL), MESH_OK);
+    dev_free(d, a);
+    free(host);
+    free(back);
+}
+
 TEST_IMPL(device_cuda_round_trips)
 {
     char name[256], err[400] = "x", want[600];
@@ -344,6 +389,7 @@ TEST_IMPL(device_cuda_round_trips)
     if (!starts_with(dev_last_error(d), want)) ASSERT_STR_EQ(dev_last_error(d), want);
     printf("# %s\n", dev_last_error(d));
     round_trip(d); /* the failure left the device usable */
+    watched_round_trip(d);
     dev_close(d);
     ASSERT_INT_EQ(dev_open(MESH_DEVICE_CUDA, 4096, &d, err, sizeof err), MESH_ERR_UNSUPPORTED);
     ASSERT_INT_EQ(strncmp(err, "cuda:4096: no such device: this process sees ", 45), 0);
