@@ -129,7 +129,6 @@ PUBLIC_HEADERS = runtime/mesh.h
 
 GEN      = $(BUILD)/gen
 OBJ      = $(BUILD)/obj
-PIC      = $(BUILD)/pic
 TOOLS_OK = $(BUILD)/.tools-ok
 
 ifeq ($(SAN),1)
@@ -176,7 +175,6 @@ COMPILER_OBJ = $(COMPILER_SRC:%.c=$(OBJ)/%.o) $(OBJ)/compiler/meshc.o
 # libmesh: runtime/*.c except meshrun's main.
 RUNTIME_SRC  = $(filter-out runtime/meshrun.c,$(wildcard runtime/*.c))
 RUNTIME_OBJ  = $(RUNTIME_SRC:%.c=$(OBJ)/%.o)
-RUNTIME_PIC  = $(RUNTIME_SRC:%.c=$(PIC)/%.o)
 
 # Unit tests: tests/unit/runner.c plus every tests/unit/test_*.c, the
 # checked front end the compiler's tests start from (fixture.c), and the
@@ -190,16 +188,14 @@ MPI_TEST_OBJ = $(OBJ)/tests/mpi/mpi_tests.o
 # against), in libmesh and its own archive for the tests.
 KCPU_SRC     = $(wildcard kernels/cpu/*.c)
 KCPU_OBJ     = $(KCPU_SRC:%.c=$(OBJ)/%.o)
-KCPU_PIC     = $(KCPU_SRC:%.c=$(PIC)/%.o)
 
 # The CUDA kernels: kernels/cuda/*.cu with CUDA=1 (none otherwise), in
 # libmesh; built by $(NVCC) (see "CUDA kernels" below).
 CUDA_OBJ     = $(CUDA_SRC:%.cu=$(OBJ)/%.o)
-CUDA_PIC     = $(CUDA_SRC:%.cu=$(PIC)/%.o)
 
 FUZZ_OBJ     = $(OBJ)/tests/fuzz/fuzz_lang.o
 
-ALL_OBJ = $(LANG_OBJ) $(COMPILER_OBJ) $(RUNTIME_OBJ) $(RUNTIME_PIC) \
+ALL_OBJ = $(LANG_OBJ) $(COMPILER_OBJ) $(RUNTIME_OBJ) \
           $(OBJ)/runtime/meshrun.o $(UNIT_OBJ) $(FUZZ_OBJ) $(MPI_TEST_OBJ)
 
 # ---- Top-level targets --------------------------------------------------
@@ -312,8 +308,6 @@ $(BUILD)/meshc: $(OBJ)/compiler/meshc.o $(BUILD)/libmeshcomp.a $(BUILD)/libmeshl
 # the static library is one partially linked object whose other globals
 # objcopy localizes; the shared one hides them with its version script.
 LIBMESH_OBJ = $(RUNTIME_OBJ) $(KCPU_OBJ) $(CUDA_OBJ) $(LANG_OBJ) $(filter-out $(OBJ)/compiler/meshc.o,$(COMPILER_OBJ))
-LIBMESH_PIC = $(RUNTIME_PIC) $(KCPU_PIC) $(CUDA_PIC) $(patsubst $(OBJ)/%,$(PIC)/%,$(LANG_OBJ)) \
-              $(patsubst $(OBJ)/%,$(PIC)/%,$(filter-out $(OBJ)/compiler/meshc.o,$(COMPILER_OBJ)))
 
 $(BUILD)/libmesh.a: $(LIBMESH_OBJ)
 	@rm -f $@
@@ -321,21 +315,23 @@ $(BUILD)/libmesh.a: $(LIBMESH_OBJ)
 	$(OBJCOPY) --wildcard --keep-global-symbol='mesh_*' $(BUILD)/libmesh-all.o
 	$(AR) rcs $@ $(BUILD)/libmesh-all.o
 
-$(BUILD)/libmesh.so: $(LIBMESH_PIC) runtime/libmesh.map
-	$(CC) $(ALL_LDFLAGS) $(SO_LDFLAGS) -o $@ $(LIBMESH_PIC) $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)
+# (the same objects: every one is position-independent, see the pattern
+# rules, so each source is compiled once for both libraries)
+$(BUILD)/libmesh.so: $(LIBMESH_OBJ) runtime/libmesh.map
+	$(CC) $(ALL_LDFLAGS) $(SO_LDFLAGS) -o $@ $(LIBMESH_OBJ) $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)
 	ln -sf libmesh.so $(BUILD)/$(SONAME)
 
 # the runtime's compile API sees the compiler's headers and the std folder
 # (by #include "..." only: compiler/sched.h must not stand for <sched.h>)
-$(RUNTIME_OBJ) $(RUNTIME_PIC): CPPFLAGS += -iquote compiler -Ikernels/cpu $(BLAS_CFLAGS) $(YAML_CFLAGS) -DMESH_STD_DIR='"$(abspath lang)"'
-$(RUNTIME_OBJ) $(RUNTIME_PIC) $(LIBMESH_PIC): | $(GEN_H)
-$(LIBMESH_PIC): CPPFLAGS += $(YAML_CFLAGS)
+$(RUNTIME_OBJ): CPPFLAGS += -iquote compiler -Ikernels/cpu $(BLAS_CFLAGS) $(YAML_CFLAGS) -DMESH_STD_DIR='"$(abspath lang)"'
+$(LIBMESH_OBJ): | $(GEN_H)
+$(LIBMESH_OBJ): CPPFLAGS += $(YAML_CFLAGS)
 
 # The MPI communicator: MESH_MPI says whether it is built (else its stubs
 # say libmesh has no MPI). It is rebuilt, and with it what links it, when
 # the folder's MPI setting changes; MPI=1 without Open MPI stops here.
-$(OBJ)/runtime/comm_mpi.o $(PIC)/runtime/comm_mpi.o: CPPFLAGS += $(MPI_CFLAGS) -DMESH_MPI=$(MPI)
-$(OBJ)/runtime/comm_mpi.o $(PIC)/runtime/comm_mpi.o: $(BUILD)/.mpi
+$(OBJ)/runtime/comm_mpi.o: CPPFLAGS += $(MPI_CFLAGS) -DMESH_MPI=$(MPI)
+$(OBJ)/runtime/comm_mpi.o: $(BUILD)/.mpi
 
 $(BUILD)/.mpi: FORCE
 	@if [ "$(MPI)" = 1 ] && ! $(PKG_CONFIG) --exists ompi-c; then \
@@ -350,11 +346,10 @@ $(BUILD)/.mpi: FORCE
 # libmesh has none). They are rebuilt, and with them what links them, when
 # the folder's CUDA setting (or CUDA_HOME, NCCL_HOME) changes; CUDA=1
 # without the toolkit's and NCCL's headers stops here.
-NCCL_OBJ = $(OBJ)/runtime/comm_nccl.o $(PIC)/runtime/comm_nccl.o $(OBJ)/runtime/device_cuda.o \
-           $(PIC)/runtime/device_cuda.o $(OBJ)/runtime/kern_cuda.o $(PIC)/runtime/kern_cuda.o \
+NCCL_OBJ = $(OBJ)/runtime/comm_nccl.o $(OBJ)/runtime/device_cuda.o $(OBJ)/runtime/kern_cuda.o \
            $(OBJ)/tests/unit/test_comm_nccl.o
 $(NCCL_OBJ): CPPFLAGS += $(CUDA_CFLAGS) -DMESH_CUDA=$(CUDA)
-$(OBJ)/runtime/kern_cuda.o $(PIC)/runtime/kern_cuda.o: CPPFLAGS += -Ikernels/cuda
+$(OBJ)/runtime/kern_cuda.o: CPPFLAGS += -Ikernels/cuda
 $(NCCL_OBJ): $(BUILD)/.cuda
 
 CUDA_STAMP = $(if $(filter 1,$(CUDA)),1 $(CUDA_HOME) $(NCCL_HOME),0)
@@ -366,16 +361,12 @@ $(BUILD)/.cuda: FORCE
 
 # CUDA kernels (CUDA=1): each kernels/cuda/NAME.cu by $(NVCC) into libmesh,
 # with its dependencies tracked; rebuilt when the CUDA setting changes.
-$(CUDA_OBJ) $(CUDA_PIC): $(BUILD)/.cuda
-$(OBJ)/%.o: %.cu
-	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) $(NVCC_WARN) $(CUDA_ARCH) -Iruntime -Ikernels/cuda -MMD -MP -c -o $@ $<
-
-$(PIC)/%.o: %.cu
+$(CUDA_OBJ): $(BUILD)/.cuda
+$(OBJ)/%.o: %.cu $(OBJ)/.pic
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) $(NVCC_WARN) $(CUDA_ARCH) -Iruntime -Ikernels/cuda -Xcompiler -fPIC -MMD -MP -c -o $@ $<
 
--include $(CUDA_OBJ:.o=.d) $(CUDA_PIC:.o=.d)
+-include $(CUDA_OBJ:.o=.d)
 
 # The CUDA kernels' tests against the CPU reference (tests/gpu/gpu_tests.c;
 # without a GPU they print one SKIP line and pass) and their benchmark
@@ -414,7 +405,7 @@ $(BUILD)/meshrun: $(OBJ)/runtime/meshrun.o $(BUILD)/libmesh.a
 $(OBJ)/tests/unit/%.o: CPPFLAGS += -Itests/unit -Icompiler -Ikernels/cpu -DMESH_STD_DIR='"$(abspath lang)"'
 $(MPI_TEST_OBJ): CPPFLAGS += -Itests/unit -Icompiler
 
-$(KCPU_OBJ) $(KCPU_PIC): CPPFLAGS += -Ikernels/cpu $(BLAS_CFLAGS)
+$(KCPU_OBJ): CPPFLAGS += -Ikernels/cpu $(BLAS_CFLAGS)
 
 $(BUILD)/libmeshkcpu.a: $(KCPU_OBJ)
 	@rm -f $@
@@ -646,20 +637,18 @@ clean:
 
 # ---- Pattern rules ------------------------------------------------------
 
-$(OBJ)/%.o: %.c
-	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -c -o $@ $<
+# Every object is position-independent (-fPIC), so that one set makes both
+# libmesh.a and libmesh.so. $(OBJ)/.pic marks a build folder whose objects
+# are: made once, it rebuilds those of an older folder, which were not.
+$(OBJ)/.pic:
+	@mkdir -p $(@D) && touch $@
 
-$(OBJ)/gen/%.o: $(GEN)/%.c
-	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -c -o $@ $<
-
-$(PIC)/%.o: %.c
+$(OBJ)/%.o: %.c $(OBJ)/.pic
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -fPIC -c -o $@ $<
 
-$(PIC)/gen/%.o: $(GEN)/%.c
+$(OBJ)/gen/%.o: $(GEN)/%.c $(OBJ)/.pic
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -fPIC -c -o $@ $<
 
--include $(ALL_OBJ:.o=.d) $(LIBMESH_PIC:.o=.d)
+-include $(ALL_OBJ:.o=.d) $(LIBMESH_OBJ:.o=.d)
