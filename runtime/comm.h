@@ -135,6 +135,7 @@ void comm_threads_world_free(comm_threads_world *w);
 comm_threads_world *comm_threads_world_of(const comm *c);
 void comm_threads_world_hold(comm_threads_world *w);
 int comm_threads_aborted(comm_threads_world *w, char *why, size_t n);
+void comm_threads_stop(comm_threads_world *w, const char *why); /* aborts it, as a rank's comm_abort does */
 void comm_threads_release(comm_threads_world *w);
 
 /* A watch on the world of c (comm.c): says, without waiting, whether the
@@ -146,11 +147,16 @@ void comm_threads_release(comm_threads_world *w);
  * or a checked handle over one; NULL for any other (MPI: its launcher ends
  * the job when a process fails) or when out of memory. comm_watch_hold
  * adds a holder (each calls comm_watch_release); NULL is a watch that
- * never sees a stop. None of these is collective. */
+ * never sees a stop. comm_watch_stop stops the watched world itself, as
+ * this rank's comm_abort would (the first reason stays; the TCP peers are
+ * told): for a communicator that fails first, so that the others hear of
+ * it before it waits on anything of its own. None of these is
+ * collective. */
 typedef struct comm_watch comm_watch;
 comm_watch *comm_watch_of(const comm *c);
 void comm_watch_hold(comm_watch *w);
 int comm_watch_stopped(comm_watch *w, char *why, size_t n);
+void comm_watch_stop(comm_watch *w, const char *why);
 void comm_watch_release(comm_watch *w);
 
 /* The collective timeout: MESH_COLLECTIVE_TIMEOUT_S, else 600 seconds. */
@@ -263,6 +269,7 @@ typedef struct comm_tcp_state comm_tcp_state;
 comm_tcp_state *comm_tcp_state_of(const comm *c);
 void comm_tcp_hold(comm_tcp_state *w);
 int comm_tcp_stopped(comm_tcp_state *w, char *why, size_t n);
+void comm_tcp_stop(comm_tcp_state *w, const char *why); /* stops it, telling the peers, as comm_abort does */
 void comm_tcp_release(comm_tcp_state *w);
 
 /* ---- NCCL (comm_nccl.c; a build without CUDA=1 has only the stubs) ------ */

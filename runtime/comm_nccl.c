@@ -277,6 +277,10 @@ static int fail_abort(ncomm *m, const char *op, const char *why)
     char msg[sizeof m->w->why];
     snprintf(msg, sizeof msg, "rank %d: %.20s failed: %.180s", m->c.world_rank, op, why);
     comm_fail(&m->c, op, "%.170s; the world's NCCL communicators are aborted", why);
+    /* the world it was bootstrapped over first: ncclCommAbort may wait for
+     * the other ranks on the node to abort too (NCCL since 2.16), which
+     * they do once they hear of this failure there */
+    comm_watch_stop(m->w->host, msg);
     abort_world(m->w, msg);
     return -1;
 }

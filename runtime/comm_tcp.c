@@ -1099,6 +1099,15 @@ int comm_tcp_stopped(comm_tcp_state *w, char *why, size_t n)
     return s;
 }
 
+void comm_tcp_stop(comm_tcp_state *w, const char *why)
+{
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    stop_locked(w, w->rank, why);
+    pthread_mutex_unlock(&w->mu);
+    tell_peers(w);
+}
+
 void comm_tcp_release(comm_tcp_state *w)
 {
     if (!w) return;

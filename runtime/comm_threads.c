@@ -695,6 +695,11 @@ int comm_threads_aborted(comm_threads_world *w, char *why, size_t n)
     return aborted;
 }
 
+void comm_threads_stop(comm_threads_world *w, const char *why)
+{
+    if (w) abort_world(w, why);
+}
+
 void comm_threads_release(comm_threads_world *w)
 {
     if (!w) return;

@@ -32,6 +32,13 @@ void comm_watch_hold(comm_watch *w)
     if (w) atomic_fetch_add(&w->refs, 1);
 }
 
+void comm_watch_stop(comm_watch *w, const char *why)
+{
+    if (!w) return;
+    if (w->threads) comm_threads_stop(w->threads, why);
+    else comm_tcp_stop(w->tcp, why);
+}
+
 int comm_watch_stopped(comm_watch *w, char *why, size_t n)
 {
     if (!w) return 0;

@@ -7,8 +7,9 @@
 #             unpacks the .deb files of $MESH_GPU_DEBS (default
 #             tests/gpu/debs/, filled beforehand by tests/gpu/fetch-debs.sh
 #             on a machine with network) with `dpkg -x` into a private
-#             prefix and points PATH, CPATH, LIBRARY_PATH, PKG_CONFIG_PATH
-#             and LD_LIBRARY_PATH at it. Finds nvcc and NCCL (the toolkit's,
+#             prefix and points PATH, CPATH, LIBRARY_PATH and
+#             PKG_CONFIG_PATH at it (its libraries reach the build's tools
+#             and, as an rpath, the programs built; nothing else). Finds nvcc and NCCL (the toolkit's,
 #             the system's, or PyTorch's nvidia-nccl wheel).
 #  2. build:  make CUDA=1 BUILD=build-gpu all unit_tests gpu_tests gpu_bench
 #             (MPI=1 only where Open MPI is installed).
@@ -57,6 +58,7 @@ mkdir -p "$OUT"
 LOG=$OUT/gpu.log
 JSON=$OUT/gpu.json
 
+DEBS_LIBS=""       # the unpacked .deb files' library folders, when used
 declare -A STEP    # step -> PASS / FAIL / SKIP
 declare -A DETAIL  # step -> one line
 ORDER=()
@@ -130,7 +132,10 @@ use_debs() {
     export PATH=$u/bin:$PATH
     export CPATH=$u/include:$u/include/x86_64-linux-gnu${CPATH:+:$CPATH}
     export LIBRARY_PATH=$lib:$lib/openblas-pthread${LIBRARY_PATH:+:$LIBRARY_PATH}
-    export LD_LIBRARY_PATH=$lib:$lib/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    # (their libraries for the build's tools and, through an rpath, for the
+    # programs it links: not exported, so that python3, torch and the
+    # machine's own tools keep the machine's libraries)
+    DEBS_LIBS=$lib:$lib/openblas-pthread
     # (openblas.pc lives beside the library: Debian links it into
     # pkgconfig/ through update-alternatives, which dpkg -x does not run)
     export PKG_CONFIG_PATH=$lib/pkgconfig:$lib/openblas-pthread/pkgconfig:$u/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
@@ -219,7 +224,11 @@ step_build() {
     MAKEARGS=(CUDA=1 "BUILD=$BUILD" "MPI=$mpi" "CUDA_HOME=$cuda" "NCCL_HOME=$nccl"
         "CFLAGS=-std=c11 -O2 -g -Wall -Wextra -D_POSIX_C_SOURCE=200809L"
         "NVCC_WARN=-Xcompiler -Wall,-fno-gnu-unique" "BISONFLAGS=-Wall")
-    if ! timeout $(( $(left) > 60 ? $(left) - 30 : 30 )) \
+    # (DT_RPATH, not RUNPATH: it also finds what those libraries load, as
+    # OpenBLAS does libgfortran)
+    [ -n "$DEBS_LIBS" ] && MAKEARGS+=("LDFLAGS=-Wl,--disable-new-dtags,-rpath,$DEBS_LIBS")
+    if ! env ${DEBS_LIBS:+LD_LIBRARY_PATH=$DEBS_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} \
+        timeout $(( $(left) > 60 ? $(left) - 30 : 30 )) \
         make "${MAKEARGS[@]}" -j"$jobs" all "$BUILD/unit_tests" "$BUILD/gpu_tests" "$BUILD/gpu_bench"; then
         result build FAIL "make ${MAKEARGS[*]} failed (see above)"
         return 1

@@ -790,7 +790,8 @@ out:
 }
 
 /* A rank that fails: with abort_host 0 it aborts its NCCL world only, and
- * the others' next call fails at their timeout; with abort_host 1 it
+ * the others' next call fails at their timeout (which stops the threads
+ * world too, naming the timeout); with abort_host 1 it
  * aborts the threads world the NCCL one was bootstrapped over (as a
  * failing rank of meshrun's does), and the others' waits end at once,
  * naming it. Neither hangs. */
@@ -816,6 +817,12 @@ static void *rank_fails(void *arg)
         RCHECK(j, strstr(c->error, want), "%s", c->error);
         RCHECK(j, comm_now() - t0 < (j->abort_host ? 5 : j->timeout_s + 5), "the barrier failed after %g s",
                comm_now() - t0);
+        /* an NCCL call that fails stops the world it was bootstrapped over
+         * too, before its own abort (which may wait for the others') */
+        char why[256] = "";
+        RCHECK(j, comm_threads_aborted(j->tw, why, sizeof why) && strstr(why, j->abort_host ? "rank 1 stops" :
+                                                                                               "waited more than"),
+               "the threads world: %s", why[0] ? why : "not stopped");
     }
     RCHECK(j, comm_barrier(c) == -1, "a call after the abort passed");
     RCHECK(j, strstr(c->error, "aborted"), "%s", c->error);
