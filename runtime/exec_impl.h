@@ -185,6 +185,9 @@ struct mesh__exec {
     ex_moe **moe;        /* per tensor: moe layers' geometry, NULL for others */
     ex_fuse *fuse;       /* per tensor: ops computed by one kernel (exec.c: find_fusions) */
     int n_fused;         /* the bias adds that run with their matmul */
+    unsigned assign;     /* the node whose backward runs: its inputs (bit k) whose gradients it
+                            overwrites rather than adds to (kern.assign), not zeroed before it
+                            (exec_step.c: start_grads) */
     /* the loss's terms, on the device until the step reads them (exec_loss.c) */
     float *lslots;       /* [EX_LOSS_SLOTS + 1] device floats the kernels write */
     int n_lslots, n_lterms;

@@ -370,11 +370,13 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
     }
     case G_MATMUL: {
         int K = exec__lastd(ex, t->in[0]), N = exec__lastd(ex, id), M = (int)(n / (size_t)N);
+        ex->kern.assign = (int)(ex->assign & 1u); /* dx overwritten (start_grads did not zero it) */
         if (b->op == G_TRANSPOSE)
             K(matmul_wt_backward, DIN(0), exec__grad_in(ex, b->in[0], t->region, it), DOUT, IN(0),
               exec__val_in(ex, b->in[0], t->region, it), M, K, N);
         else
             K(matmul_backward, DIN(0), DIN(1), DOUT, IN(0), IN(1), M, K, N);
+        ex->kern.assign = 0;
         break;
     }
     case G_BIAS_ADD:
@@ -421,8 +423,10 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
         /* the loss's gradient: the backward's seed (exactly, when it is this node) */
         float seed = (float)(ex->dloss * ex->loss_scale);
         if (id != ex->p->loss && exec__floats_to_host(ex, &seed, DOUT, 1) != 0) return -1;
+        ex->kern.assign = (int)(ex->assign & 1u); /* dlogits overwritten (start_grads did not zero it) */
         K(crossentropy_shard_backward, DIN(0), IN(0), I32(IN(1)), aux + N, aux + 2 * N, seed, N,
           vocab_split(ex, t->in[0]) ? ex->coord[1] * W : 0, W, V);
+        ex->kern.assign = 0;
         break;
     }
     case G_MOE: {

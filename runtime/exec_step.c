@@ -20,16 +20,37 @@ static void poison_workspace(mesh__exec *ex)
 
 void mesh__exec_set_poison(mesh__exec *ex, int on) { ex->poison = on; }
 
+/* Does node c's backward overwrite input k's gradient (kern.assign), so
+ * that it need not be zeroed first? A matmul's dx (the product written,
+ * cuBLASLt's beta 0) and the cross-entropy's dlogits, each the whole of its
+ * buffer (no room past the tensor but the 16-byte rounding), of an input
+ * that is not also another of c's. */
+static int assigns(const mesh__exec *ex, int c, int k)
+{
+    const plan_tensor *t = &ex->p->tensors[c];
+    if (k != 0 || (t->op != G_MATMUL && t->op != G_CROSS_ENTROPY)) return 0;
+    for (int j = 1; j < t->n_in; j++)
+        if (t->in[j] == t->in[0]) return 0;
+    size_t whole = ex->cnumel[t->in[0]] * (size_t)ex->esize;
+    return (size_t)exec__buf_of(ex, t->in[0])->bytes <= (whole + 15) / 16 * 16;
+}
+
 /* Before node c's backward: the gradients it starts (of inputs whose last
- * consumer it is, or its own when nothing consumes it) are zeroed; the
- * loss's is the seed. */
+ * consumer it is, or its own when nothing consumes it) are zeroed, but
+ * those its kernel overwrites (ex->assign); the loss's is the seed. */
 static void start_grads(mesh__exec *ex, int c, int it)
 {
     const plan_tensor *t = &ex->p->tensors[c];
+    ex->assign = 0;
+    ex->kern.assign = 0;
     for (int k = 0; k < t->n_in; k++) {
         int in = t->in[k], seen = 0;
         for (int j = 0; j < k; j++) seen |= t->in[j] == in;
         if (seen || ex->zero_by[in] != c) continue;
+        if (assigns(ex, c, k)) {
+            ex->assign |= 1u << k;
+            continue;
+        }
         float *g = exec__grad_in(ex, in, t->region, it);
         if (g) exec__fill(ex, g, 0, (size_t)exec__buf_of(ex, in)->bytes);
     }

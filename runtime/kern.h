@@ -180,6 +180,10 @@ struct kern {
                           call: dw of matmul_backward and matmul_wt_backward, dtable of
                           embedding_rows_backward, dw and db of layernorm_backward, dw of
                           rmsnorm_backward, dp of add_broadcast_backward */
+    int assign;        /* the input gradient of matmul_backward and matmul_wt_backward (dx) and
+                          crossentropy_shard_backward (dlogits) is overwritten, not added to: the
+                          executor did not zero it (every element is written), and sets this
+                          around the call */
     char error[512];   /* why the last call failed */
 };
 

@@ -28,10 +28,17 @@ static int matmul_forward(kern *k, void *y, const void *x, const void *w, int M,
     return 0;
 }
 
+/* kern.assign: the input gradient the call overwrites, zeroed first (the
+ * CPU's kernels add; 0 + x is x, so the bits are those of a zeroed buffer) */
+static void assigned(const kern *k, void *g, size_t n)
+{
+    if (k->assign && g) memset(g, 0, n * sizeof(float));
+}
+
 static int matmul_backward(kern *k, void *dx, void *dw, const void *dy, const void *x, const void *w, int M, int K,
                            int N)
 {
-    (void)k;
+    assigned(k, dx, (size_t)M * (size_t)K);
     kcpu_matmul_backward(F(dx), F(dw), NULL, CF(dy), CF(x), CF(w), M, K, N);
     return 0;
 }
@@ -56,7 +63,7 @@ static int matmul_wt_forward(kern *k, void *y, const void *x, const void *w, int
 static int matmul_wt_backward(kern *k, void *dx, void *dw, const void *dy, const void *x, const void *w, int M,
                               int K, int N)
 {
-    (void)k;
+    assigned(k, dx, (size_t)M * (size_t)K);
     kcpu_matmul_wt_backward(F(dx), F(dw), NULL, CF(dy), CF(x), CF(w), M, K, N);
     return 0;
 }
@@ -278,7 +285,7 @@ static int crossentropy_shard_backward(kern *k, void *dlogits, const void *logit
                                        const float *rowmax, const float *lse, float dloss, int N, int col0, int W,
                                        int V)
 {
-    (void)k;
+    assigned(k, dlogits, (size_t)N * (size_t)W);
     kcpu_crossentropy_shard_backward(F(dlogits), CF(logits), targets, rowmax, lse, dloss, N, col0, W, V);
     return 0;
 }

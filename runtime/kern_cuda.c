@@ -116,7 +116,7 @@ static int matmul_forward(kern *k, void *y, const void *x, const void *w, int M,
 static int matmul_backward(kern *k, void *dx, void *dw, const void *dy, const void *x, const void *w, int M, int K,
                            int N)
 {
-    KC(kcuda_matmul_backward, CTX(k), dx, dw, NULL, dy, x, w, M, K, N, DT(k), WT(k), k->stream);
+    KC(kcuda_matmul_backward, CTX(k), dx, dw, NULL, dy, x, w, M, K, N, DT(k), WT(k), k->assign, k->stream);
 }
 
 /* The bias (and GELU) in cuBLASLt's epilogue where it offers one. */
@@ -135,7 +135,8 @@ static int matmul_wt_forward(kern *k, void *y, const void *x, const void *w, int
 static int matmul_wt_backward(kern *k, void *dx, void *dw, const void *dy, const void *x, const void *w, int M,
                               int K, int N)
 {
-    KC(kcuda_matmul_wt_backward, CTX(k), dx, dw, NULL, dy, x, w, M, K, N, DT(k), WT(k), k->stream);
+    KC(kcuda_matmul_wt_backward, CTX(k), dx, dw, NULL, dy, x, w, M, K, N, DT(k), WT(k), k->assign,
+       k->stream);
 }
 
 static int embedding_rows_forward(kern *k, void *out, const int32_t *ids, const void *table, int n, int row0,
@@ -299,8 +300,8 @@ static int crossentropy_shard_backward(kern *k, void *dlogits, const void *logit
                                        const float *rowmax, const float *lse, float dloss, int N, int col0, int W,
                                        int V)
 {
-    KC(kcuda_crossentropy_shard_backward, dlogits, logits, targets, rowmax, lse, dloss, N, col0, W, V, DT(k),
-       k->stream);
+    KC(kcuda_crossentropy_shard_backward, dlogits, logits, targets, rowmax, lse, dloss, N, col0, W, V, k->assign,
+       DT(k), k->stream);
 }
 
 /* Every buffer's sum into the device scratch, then one copy back. */

@@ -138,11 +138,12 @@ int kcuda_matmul_forward(kcuda_ctx *ctx, void *y, void *pre, const void *x,
  * dx[M,K], dw[K,N], dbias[N] (each may be NULL); dy[M,N]; x[M,K]; w[K,N].
  * dw and dbias are of dw_dt: dt, or KCUDA_F32 beside 2-byte tensors (fp32
  * main gradients: the product added to them in fp32, never rounded to 2
- * bytes). */
+ * bytes). dx_assign: dx = dy @ w^T instead (cuBLASLt's beta 0: dx's old
+ * contents are not read, and need not be zeroed). */
 int kcuda_matmul_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
                           const void *dy, const void *x, const void *w, int M,
                           int K, int N, kcuda_dtype dt, kcuda_dtype dw_dt,
-                          void *stream);
+                          int dx_assign, void *stream);
 
 /* y = x @ w^T + bias with w stored [out, in] (the tied LM head).
  * y[M,N] out; x[M,K]; w[N,K]; bias[N] (may be NULL). */
@@ -152,11 +153,11 @@ int kcuda_matmul_wt_forward(kcuda_ctx *ctx, void *y, const void *x,
 
 /* dx += dy @ w, dw += dy^T @ x, dbias += sum over rows of dy.
  * dx[M,K], dw[N,K], dbias[N] (each may be NULL); dy[M,N]; x[M,K]; w[N,K];
- * dw and dbias of dw_dt, as kcuda_matmul_backward's. */
+ * dw and dbias of dw_dt, and dx_assign, as kcuda_matmul_backward's. */
 int kcuda_matmul_wt_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
                              const void *dy, const void *x, const void *w,
                              int M, int K, int N, kcuda_dtype dt,
-                             kcuda_dtype dw_dt, void *stream);
+                             kcuda_dtype dw_dt, int dx_assign, void *stream);
 
 /* dbias[N] += sum over the M rows of dy[M,N], in a fixed order (two
  * passes through the context's scratch). */
@@ -340,11 +341,14 @@ int kcuda_crossentropy_shard_finish(float *mean_loss, float *losses,
                                     float *lse, double *all,
                                     const float *rowmax, int N, int P,
                                     void *stream);
+/* assign: dlogits (every column of the shard, 0 past V) is overwritten,
+ * not added to (its old contents need not be zeroed). */
 int kcuda_crossentropy_shard_backward(void *dlogits, const void *logits,
                                       const int32_t *targets,
                                       const float *rowmax, const float *lse,
                                       float dloss, int N, int col0, int W,
-                                      int V, kcuda_dtype dt, void *stream);
+                                      int V, int assign, kcuda_dtype dt,
+                                      void *stream);
 
 /* ---- optim.cu: AdamW with fp32 master weights, norms, clipping ---------- */
 

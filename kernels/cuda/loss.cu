@@ -88,14 +88,20 @@ __device__ void ce_row_stats(const T *row, int valid, int vec, float *sh,
 /* dlogits row += (exp(x - mx) inv - onehot(t)) scale over [0, valid). */
 template <typename T>
 __device__ void ce_row_grad(T *drow, const T *row, int valid, int t, float mx,
-                            float inv, float scale, int vec)
+                            float inv, float scale, int vec, int assign)
 {
     constexpr int W = kc_pack<T>::W;
     int full = vec ? valid / W * W : 0;
     for (int c = threadIdx.x * W; c < full; c += blockDim.x * W) {
         float x[W], d[W];
         kc_load_pack<T>(x, row + c);
-        kc_load_pack<T>(d, drow + c);
+        if (assign) {
+#pragma unroll
+            for (int j = 0; j < W; j++)
+                d[j] = 0.0f;
+        } else {
+            kc_load_pack<T>(d, drow + c);
+        }
 #pragma unroll
         for (int j = 0; j < W; j++) {
             float ind = c + j == t ? 1.0f : 0.0f;
@@ -105,7 +111,8 @@ __device__ void ce_row_grad(T *drow, const T *row, int valid, int t, float mx,
     }
     for (int c = full + threadIdx.x; c < valid; c += blockDim.x) {
         float ind = c == t ? 1.0f : 0.0f;
-        float d = kc_f(drow[c]) + (expf(kc_f(row[c]) - mx) * inv - ind) * scale;
+        float d = (assign ? 0.0f : kc_f(drow[c])) +
+                  (expf(kc_f(row[c]) - mx) * inv - ind) * scale;
         drow[c] = kc_to<T>(d);
     }
 }
@@ -136,7 +143,7 @@ __global__ void __launch_bounds__(CE_THREADS)
     if (dlogits) {
         float inv = (float)exp(-(double)lsf);
         ce_row_grad<T>(dlogits + (size_t)i * Vp, row, V, t, m, inv, scale,
-                       vec);
+                       vec, 0);
     }
 }
 
@@ -154,17 +161,22 @@ __global__ void ce_mean_kernel(float *mean, const L *losses, int N)
         *mean = (float)(acc / N);
 }
 
-/* The backward of a shard: rows of W columns [col0, col0 + W). */
+/* The backward of a shard: rows of W columns [col0, col0 + W); assign:
+ * overwritten, its columns past V (valid..W) zeroed. */
 template <typename T>
 __global__ void __launch_bounds__(CE_THREADS)
     ce_bwd_kernel(T *dlogits, const T *logits, const int32_t *targets,
                   const float *rowmax, const float *lse, int col0, int W,
-                  int valid, float scale, int vec)
+                  int valid, float scale, int vec, int assign)
 {
     int i = blockIdx.x;
+    T *drow = dlogits + (size_t)i * W;
     float inv = (float)exp(-(double)lse[i]); /* 1 / sum of exp(x - max) */
-    ce_row_grad<T>(dlogits + (size_t)i * W, logits + (size_t)i * W, valid,
-                   targets[i] - col0, rowmax[i], inv, scale, vec);
+    ce_row_grad<T>(drow, logits + (size_t)i * W, valid, targets[i] - col0,
+                   rowmax[i], inv, scale, vec, assign);
+    if (assign)
+        for (int c = valid + threadIdx.x; c < W; c += blockDim.x)
+            drow[c] = kc_to<T>(0.0f);
 }
 
 /* rowmax and target logit of a shard's row. */
@@ -262,21 +274,27 @@ int kcuda_crossentropy_shard_backward(void *dlogits, const void *logits,
                                       const int32_t *targets,
                                       const float *rowmax, const float *lse,
                                       float dloss, int N, int col0, int W,
-                                      int V, kcuda_dtype dt, void *stream)
+                                      int V, int assign, kcuda_dtype dt,
+                                      void *stream)
 {
     cudaStream_t s = kcuda__stream(stream);
     KCUDA_DT_OK(dt);
     KCUDA_ARG(N > 0 && V > 0 && W > 0 && col0 >= 0,
               "crossentropy: bad sizes N=%d V=%d W=%d col0=%d", N, V, W, col0);
     int valid = ce_valid(col0, W, V);
-    if (valid == 0)
+    if (valid == 0) { /* a shard wholly past the vocabulary: no gradient */
+        if (assign)
+            KCUDA_CHECK(cudaMemsetAsync(dlogits, 0,
+                                        (size_t)N * W * kcuda_dtype_size(dt),
+                                        s));
         return 0;
+    }
     float scale = (float)((double)dloss / N);
     int vec = ce_vec(dt, W, logits, dlogits);
     KCUDA_DISPATCH(dt, T, {
         ce_bwd_kernel<T><<<(unsigned)N, CE_THREADS, 0, s>>>(
             (T *)dlogits, (const T *)logits, targets, rowmax, lse, col0, W,
-            valid, scale, vec);
+            valid, scale, vec, assign);
         KCUDA_LAUNCHED("ce_bwd_kernel");
     });
     return 0;
@@ -289,7 +307,7 @@ int kcuda_crossentropy_backward(void *dlogits, const void *logits,
 {
     KCUDA_ARG(V <= Vp, "crossentropy: V=%d > Vp=%d", V, Vp);
     return kcuda_crossentropy_shard_backward(dlogits, logits, targets, rowmax,
-                                             lse, dloss, N, 0, Vp, V, dt,
+                                             lse, dloss, N, 0, Vp, V, 0, dt,
                                              stream);
 }
 

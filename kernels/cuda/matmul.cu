@@ -373,7 +373,7 @@ int kcuda_matmul_wt_forward(kcuda_ctx *ctx, void *y, const void *x,
 int kcuda_matmul_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
                           const void *dy, const void *x, const void *w, int M,
                           int K, int N, kcuda_dtype dt, kcuda_dtype dw_dt,
-                          void *stream)
+                          int dx_assign, void *stream)
 {
     cudaStream_t s = kcuda__stream(stream);
     KCUDA_DT_OK(dt);
@@ -384,7 +384,7 @@ int kcuda_matmul_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
         g.M = M, g.N = K, g.K = N;
         g.A = dy, g.lda = N;
         g.B = w, g.tb = 1, g.ldb = N;
-        g.C = dx, g.ldc = K, g.beta = 1.0f;
+        g.C = dx, g.ldc = K, g.beta = dx_assign ? 0.0f : 1.0f;
         KCUDA_TRY(kcuda__gemm_run(ctx, &g, s));
     }
     KCUDA_ARG(dw_dt == dt || dw_dt == KCUDA_F32, "matmul: dw of dtype %d beside %d",
@@ -405,7 +405,7 @@ int kcuda_matmul_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
 int kcuda_matmul_wt_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
                              const void *dy, const void *x, const void *w,
                              int M, int K, int N, kcuda_dtype dt,
-                             kcuda_dtype dw_dt, void *stream)
+                             kcuda_dtype dw_dt, int dx_assign, void *stream)
 {
     cudaStream_t s = kcuda__stream(stream);
     KCUDA_DT_OK(dt);
@@ -416,7 +416,7 @@ int kcuda_matmul_wt_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
         g.M = M, g.N = K, g.K = N;
         g.A = dy, g.lda = N;
         g.B = w, g.ldb = K;
-        g.C = dx, g.ldc = K, g.beta = 1.0f;
+        g.C = dx, g.ldc = K, g.beta = dx_assign ? 0.0f : 1.0f;
         KCUDA_TRY(kcuda__gemm_run(ctx, &g, s));
     }
     KCUDA_ARG(dw_dt == dt || dw_dt == KCUDA_F32, "matmul: dw of dtype %d beside %d",

@@ -291,7 +291,7 @@ int kcuda_moe_route_backward(kcuda_ctx *ctx, float *dx, float *drouter,
     KCUDA_LAUNCHED("moe_dz_kernel");
     /* logits = x @ router: drouter += x^T dz, dx += dz router^T */
     return kcuda_matmul_backward(ctx, dx, drouter, NULL, scratch, x, router, N,
-                                 D, E, KCUDA_F32, KCUDA_F32, stream);
+                                 D, E, KCUDA_F32, KCUDA_F32, 0, stream);
 }
 
 /* ---- dispatch and combine ----------------------------------------------- */

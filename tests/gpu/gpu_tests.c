@@ -282,20 +282,25 @@ static void *snapshot(const void *d, size_t n, kcuda_dtype dt)
 static void matmul_backward_case(kcuda_dtype dt, kcuda_dtype wdt,
                                  const float *x, const float *w,
                                  const void *dx, const void *dw, int M, int K,
-                                 int N, int wt)
+                                 int N, int wt, int assign)
 {
     float *g = rnd((size_t)M * N, 1.0f, dt);
     float *gx = rnd((size_t)M * K, 0.5f, dt), *gw = rnd((size_t)K * N, 0.5f, wdt);
     float *gb = rnd((size_t)N, 0.5f, wdt);
     void *dg = up(g, (size_t)M * N, dt), *dgx = up(gx, (size_t)M * K, dt);
     void *dgw = up(gw, (size_t)K * N, wdt), *dgb = up(gb, (size_t)N, wdt);
+    if (assign) { /* dx overwritten: its old contents (NaN here) never read */
+        cuda_or_die(cudaMemset(dgx, 0xff, (size_t)M * K * kcuda_dtype_size(dt)),
+                    "cudaMemset");
+        memset(gx, 0, (size_t)M * K * sizeof *gx);
+    }
     if (wt) {
         KC(kcuda_matmul_wt_backward(ctx, dgx, dgw, dgb, dg, dx, dw, M, K, N,
-                                    dt, wdt, NULL));
+                                    dt, wdt, assign, NULL));
         kcpu_matmul_wt_backward(gx, gw, gb, g, x, w, M, K, N);
     } else {
         KC(kcuda_matmul_backward(ctx, dgx, dgw, dgb, dg, dx, dw, M, K, N, dt,
-                                 wdt, NULL));
+                                 wdt, assign, NULL));
         kcpu_matmul_backward(gx, gw, gb, g, x, w, M, K, N);
     }
     expect_dev("dx", dgx, gx, (size_t)M * K, dt);
@@ -332,7 +337,7 @@ static void matmul_case(kcuda_dtype dt, int M, int K, int N, int wt,
     }
     expect_dev("y", dy, y, (size_t)M * N, dt);
     if (!gelu)
-        matmul_backward_case(dt, dt, x, w, dx, dw, M, K, N, wt);
+        matmul_backward_case(dt, dt, x, w, dx, dw, M, K, N, wt, 0);
 }
 
 static void t_matmul(kcuda_dtype dt)
@@ -349,7 +354,21 @@ static void matmul_f32_dw_case(kcuda_dtype dt, int M, int K, int N, int wt)
 {
     float *x = rnd((size_t)M * K, 1.0f, dt), *w = rnd((size_t)K * N, 0.5f, dt);
     void *dx = up(x, (size_t)M * K, dt), *dw = up(w, (size_t)K * N, dt);
-    matmul_backward_case(dt, KCUDA_F32, x, w, dx, dw, M, K, N, wt);
+    matmul_backward_case(dt, KCUDA_F32, x, w, dx, dw, M, K, N, wt, 0);
+}
+
+/* dx overwritten (the executor's first write of an activation's gradient,
+ * not zeroed before): a NaN-filled dx gives the product alone */
+static void t_matmul_assign(kcuda_dtype dt)
+{
+    int shapes[3][3] = {{67, 45, 33}, {64, 96, 128}, {300, 64, 40}};
+    for (int i = 0; i < 3; i++)
+        for (int wt = 0; wt < 2; wt++) {
+            int M = shapes[i][0], K = shapes[i][1], N = shapes[i][2];
+            float *x = rnd((size_t)M * K, 1.0f, dt), *w = rnd((size_t)K * N, 0.5f, dt);
+            void *dx = up(x, (size_t)M * K, dt), *dw = up(w, (size_t)K * N, dt);
+            matmul_backward_case(dt, dt, x, w, dx, dw, M, K, N, wt, 1);
+        }
 }
 
 static void t_matmul_f32_dw(kcuda_dtype dt)
@@ -821,8 +840,17 @@ static void t_crossentropy_shard(kcuda_dtype dt)
         kcpu_crossentropy_shard_backward(gl, logits, tg, mx, lse, 1.0f, N, col0,
                                          W, V);
         KC(kcuda_crossentropy_shard_backward(dgl, dl, dtg, dmx, dlse, 1.0f, N,
-                                             col0, W, V, dt, NULL));
+                                             col0, W, V, 0, dt, NULL));
         expect_dev("dlogits", dgl, gl, n, dt);
+        /* overwritten (assign): from NaN, the gradient alone, and zero on
+         * the shard's columns past the vocabulary */
+        cuda_or_die(cudaMemset(dgl, 0xff, n * kcuda_dtype_size(dt)), "cudaMemset");
+        memset(gl, 0, n * sizeof *gl);
+        kcpu_crossentropy_shard_backward(gl, logits, tg, mx, lse, 1.0f, N, col0,
+                                         W, V);
+        KC(kcuda_crossentropy_shard_backward(dgl, dl, dtg, dmx, dlse, 1.0f, N,
+                                             col0, W, V, 1, dt, NULL));
+        expect_dev("dlogits assigned", dgl, gl, n, dt);
     }
 }
 
@@ -1292,6 +1320,8 @@ static const gpu_case cases[] = {
     {"matmul_gelu_bf16", t_matmul_gelu, KCUDA_BF16},
     {"matmul_gelu_f16", t_matmul_gelu, KCUDA_F16},
     {"matmul_refused_bf16", t_matmul_refused, KCUDA_BF16},
+    {"matmul_assign_f32", t_matmul_assign, KCUDA_F32},
+    {"matmul_assign_bf16", t_matmul_assign, KCUDA_BF16},
     {"matmul_refused_f32", t_matmul_refused, KCUDA_F32},
     {"matmul_wt_f32", t_matmul_wt, KCUDA_F32},
     {"matmul_wt_bf16", t_matmul_wt, KCUDA_BF16},
