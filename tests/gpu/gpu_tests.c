@@ -719,6 +719,7 @@ static void t_embedding(kcuda_dtype dt)
     embed_case(dt, dt, 50, 20, 24, 0, 20);
     embed_case(dt, dt, 300, 40, 13, 0, 40);
     embed_case(dt, dt, 64, 30, 16, 8, 10); /* a vocabulary shard */
+    embed_case(dt, dt, 600, 5, 64, 0, 5);  /* long runs of one id, in packs */
     /* the plain entry points */
     int n = 33, V = 11, C = 8;
     int32_t *ids = hmem((size_t)n * sizeof *ids);
