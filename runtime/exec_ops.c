@@ -192,15 +192,19 @@ static int add_forward(mesh__exec *ex, float *out, const float *a, size_t na, co
  * the rows it was broadcast to. A side whose gradient is a param's fp32
  * main gradient (fa, fb: memplan_grad_fp32, with kern.dw32) gets its sum in
  * fp32: the broadcast side's column sums in fp32, an equal-sized side's add
- * by accumulate. */
-static int add_backward(mesh__exec *ex, float *da, size_t na, int fa, float *db, size_t nb, int fb,
+ * by accumulate. asg: the sides (bit 0: a, 1: b) whose gradient is
+ * overwritten, not added to (kern.assign; the larger side's only). */
+static int add_backward(mesh__exec *ex, float *da, size_t na, int fa, float *db, size_t nb, int fb, unsigned asg,
                         const float *dout)
 {
+    int rc = 0;
     if (!fa && !fb) {
-        if (na == nb) K(add_backward, da, db, dout, na);
-        else if (na > nb) K(add_broadcast_backward, da, db, dout, (int)(na / nb), 1, (int)nb);
-        else K(add_broadcast_backward, db, da, dout, (int)(nb / na), 1, (int)na);
-        return 0;
+        ex->kern.assign = (int)(na == nb ? asg : na > nb ? asg & 1u : asg >> 1 & 1u);
+        if (na == nb) rc = EXEC_KERN(ex, add_backward, da, db, dout, na);
+        else if (na > nb) rc = EXEC_KERN(ex, add_broadcast_backward, da, db, dout, (int)(na / nb), 1, (int)nb);
+        else rc = EXEC_KERN(ex, add_broadcast_backward, db, da, dout, (int)(nb / na), 1, (int)na);
+        ex->kern.assign = 0;
+        return rc == 0 ? 0 : exec__kern_failed(ex, "add_backward");
     }
     if (na < nb) { /* a: the larger side (or either) */
         float *d = da;
@@ -208,11 +212,14 @@ static int add_backward(mesh__exec *ex, float *da, size_t na, int fa, float *db,
         int f = fa;
         da = db, na = nb, fa = fb;
         db = d, nb = n, fb = f;
+        asg = (asg & 1u) << 1 | (asg >> 1 & 1u);
     }
-    int dw32 = ex->kern.dw32, rc = 0;
+    int dw32 = ex->kern.dw32;
     if (da && fa) rc = EXEC_KERN(ex, accumulate, da, dout, na, 0);
     ex->kern.dw32 = 0;
+    ex->kern.assign = (int)(asg & 1u);
     if (rc == 0 && da && !fa) rc = EXEC_KERN(ex, add_backward, da, NULL, dout, na);
+    ex->kern.assign = 0;
     ex->kern.dw32 = fb;
     if (rc == 0 && db) rc = EXEC_KERN(ex, add_broadcast_backward, NULL, db, dout, (int)(na / nb), 1, (int)nb);
     ex->kern.dw32 = dw32;
@@ -382,7 +389,7 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
     case G_BIAS_ADD:
     case G_ADD:
         if (add_backward(ex, DIN(0), ex->cnumel[t->in[0]], ex->kern.dw32 && memplan_grad_fp32(ex->p, id, 0), DIN(1),
-                         ex->cnumel[t->in[1]], ex->kern.dw32 && memplan_grad_fp32(ex->p, id, 1), DOUT) != 0)
+                         ex->cnumel[t->in[1]], ex->kern.dw32 && memplan_grad_fp32(ex->p, id, 1), ex->assign, DOUT) != 0)
             return -1;
         break;
     case G_LAYERNORM: {

@@ -22,17 +22,23 @@ void mesh__exec_set_poison(mesh__exec *ex, int on) { ex->poison = on; }
 
 /* Does node c's backward overwrite input k's gradient (kern.assign), so
  * that it need not be zeroed first? A matmul's dx (the product written,
- * cuBLASLt's beta 0) and the cross-entropy's dlogits, each the whole of its
+ * cuBLASLt's beta 0), the cross-entropy's dlogits and an add's larger (or
+ * equal) side's (a copy of the output's gradient), each the whole of its
  * buffer (no room past the tensor but the 16-byte rounding), of an input
  * that is not also another of c's. */
 static int assigns(const mesh__exec *ex, int c, int k)
 {
     const plan_tensor *t = &ex->p->tensors[c];
-    if (k != 0 || (t->op != G_MATMUL && t->op != G_CROSS_ENTROPY)) return 0;
-    for (int j = 1; j < t->n_in; j++)
-        if (t->in[j] == t->in[0]) return 0;
-    size_t whole = ex->cnumel[t->in[0]] * (size_t)ex->esize;
-    return (size_t)exec__buf_of(ex, t->in[0])->bytes <= (whole + 15) / 16 * 16;
+    int in = t->in[k];
+    if (t->op == G_ADD || t->op == G_BIAS_ADD) {
+        if (t->n_in != 2 || ex->cnumel[in] < ex->cnumel[t->in[1 - k]]) return 0;
+    } else if (k != 0 || (t->op != G_MATMUL && t->op != G_CROSS_ENTROPY)) {
+        return 0;
+    }
+    for (int j = 0; j < t->n_in; j++)
+        if (j != k && t->in[j] == in) return 0;
+    size_t whole = ex->cnumel[in] * (size_t)ex->esize;
+    return (size_t)exec__buf_of(ex, in)->bytes <= (whole + 15) / 16 * 16;
 }
 
 /* Before node c's backward: the gradients it starts (of inputs whose last

@@ -180,10 +180,11 @@ struct kern {
                           call: dw of matmul_backward and matmul_wt_backward, dtable of
                           embedding_rows_backward, dw and db of layernorm_backward, dw of
                           rmsnorm_backward, dp of add_broadcast_backward */
-    int assign;        /* the input gradient of matmul_backward and matmul_wt_backward (dx) and
-                          crossentropy_shard_backward (dlogits) is overwritten, not added to: the
-                          executor did not zero it (every element is written), and sets this
-                          around the call */
+    int assign;        /* bit k: the call's k-th input gradient is overwritten, not added to
+                          (the executor did not zero it: every element is written), set by the
+                          executor around the call: dx of matmul_backward and
+                          matmul_wt_backward, dlogits of crossentropy_shard_backward (bit 0);
+                          da, db of add_backward (bits 0, 1); da of add_broadcast_backward */
     char error[512];   /* why the last call failed */
 };
 

@@ -28,17 +28,18 @@ static int matmul_forward(kern *k, void *y, const void *x, const void *w, int M,
     return 0;
 }
 
-/* kern.assign: the input gradient the call overwrites, zeroed first (the
- * CPU's kernels add; 0 + x is x, so the bits are those of a zeroed buffer) */
-static void assigned(const kern *k, void *g, size_t n)
+/* kern.assign's bit `bit`: that input gradient of the call is overwritten:
+ * zeroed first (the CPU's kernels add; 0 + x is x, so the bits are those
+ * of a zeroed buffer) */
+static void assigned(const kern *k, int bit, void *g, size_t n)
 {
-    if (k->assign && g) memset(g, 0, n * sizeof(float));
+    if ((k->assign >> bit & 1) && g) memset(g, 0, n * sizeof(float));
 }
 
 static int matmul_backward(kern *k, void *dx, void *dw, const void *dy, const void *x, const void *w, int M, int K,
                            int N)
 {
-    assigned(k, dx, (size_t)M * (size_t)K);
+    assigned(k, 0, dx, (size_t)M * (size_t)K);
     kcpu_matmul_backward(F(dx), F(dw), NULL, CF(dy), CF(x), CF(w), M, K, N);
     return 0;
 }
@@ -63,7 +64,7 @@ static int matmul_wt_forward(kern *k, void *y, const void *x, const void *w, int
 static int matmul_wt_backward(kern *k, void *dx, void *dw, const void *dy, const void *x, const void *w, int M,
                               int K, int N)
 {
-    assigned(k, dx, (size_t)M * (size_t)K);
+    assigned(k, 0, dx, (size_t)M * (size_t)K);
     kcpu_matmul_wt_backward(F(dx), F(dw), NULL, CF(dy), CF(x), CF(w), M, K, N);
     return 0;
 }
@@ -100,7 +101,8 @@ static int add_forward(kern *k, void *out, const void *a, const void *b, size_t 
 
 static int add_backward(kern *k, void *da, void *db, const void *dout, size_t n)
 {
-    (void)k;
+    assigned(k, 0, da, n);
+    if (db != da) assigned(k, 1, db, n);
     kcpu_add_backward(F(da), F(db), CF(dout), n);
     return 0;
 }
@@ -114,7 +116,7 @@ static int add_broadcast_forward(kern *k, void *out, const void *a, const void *
 
 static int add_broadcast_backward(kern *k, void *da, void *dp, const void *dout, int B, int T, int C)
 {
-    (void)k;
+    assigned(k, 0, da, (size_t)B * (size_t)T * (size_t)C);
     kcpu_add_broadcast_backward(F(da), F(dp), CF(dout), B, T, C);
     return 0;
 }
@@ -285,7 +287,7 @@ static int crossentropy_shard_backward(kern *k, void *dlogits, const void *logit
                                        const float *rowmax, const float *lse, float dloss, int N, int col0, int W,
                                        int V)
 {
-    assigned(k, dlogits, (size_t)N * (size_t)W);
+    assigned(k, 0, dlogits, (size_t)N * (size_t)W);
     kcpu_crossentropy_shard_backward(F(dlogits), CF(logits), targets, rowmax, lse, dloss, N, col0, W, V);
     return 0;
 }

@@ -163,7 +163,7 @@ static int add_forward(kern *k, void *out, const void *a, const void *b, size_t 
 
 static int add_backward(kern *k, void *da, void *db, const void *dout, size_t n)
 {
-    KC(kcuda_add_backward, da, db, dout, n, DT(k), k->stream);
+    KC(kcuda_add_backward, da, db, dout, n, k->assign, DT(k), k->stream);
 }
 
 static int add_broadcast_forward(kern *k, void *out, const void *a, const void *p, int B, int T, int C)
@@ -173,7 +173,7 @@ static int add_broadcast_forward(kern *k, void *out, const void *a, const void *
 
 static int add_broadcast_backward(kern *k, void *da, void *dp, const void *dout, int B, int T, int C)
 {
-    KC(kcuda_add_broadcast_backward, CTX(k), da, dp, dout, B, T, C, DT(k), WT(k), k->stream);
+    KC(kcuda_add_broadcast_backward, CTX(k), da, dp, dout, B, T, C, DT(k), WT(k), k->assign & 1, k->stream);
 }
 
 static int layernorm_forward(kern *k, void *out, float *mean, float *rstd, const void *x, const void *w,

@@ -276,9 +276,11 @@ int kcuda_swiglu_backward(void *dgate, void *dup, const void *dout,
 /* out = a + b. out may alias a or b. */
 int kcuda_add_forward(void *out, const void *a, const void *b, size_t n,
                       kcuda_dtype dt, void *stream);
-/* da += dout, db += dout (each may be NULL). */
+/* da += dout, db += dout (each may be NULL); assign (bits 0 and 1: da,
+ * db): that one is overwritten, da = dout (a copy; its old contents need
+ * not be zeroed). */
 int kcuda_add_backward(void *da, void *db, const void *dout, size_t n,
-                       kcuda_dtype dt, void *stream);
+                       int assign, kcuda_dtype dt, void *stream);
 /* out[b,t,c] = a[b,t,c] + p[t,c] (a position embedding; with T = 1, a
  * bias). out[B,T,C] (may alias a); a[B,T,C]; p[T,C]. */
 int kcuda_add_broadcast_forward(void *out, const void *a, const void *p,
@@ -287,11 +289,11 @@ int kcuda_add_broadcast_forward(void *out, const void *a, const void *p,
 /* da += dout, dp[t,c] += sum over b of dout[b,t,c] (a fixed order,
  * through the context's scratch: kcuda_bias_backward's sums). da[B,T,C],
  * dp[T,C] (each may be NULL); dp of dp_dt: dt, or KCUDA_F32 beside 2-byte
- * tensors (an fp32 main gradient). */
+ * tensors (an fp32 main gradient). da_assign: da = dout instead. */
 int kcuda_add_broadcast_backward(kcuda_ctx *ctx, void *da, void *dp,
                                  const void *dout, int B, int T, int C,
                                  kcuda_dtype dt, kcuda_dtype dp_dt,
-                                 void *stream);
+                                 int da_assign, void *stream);
 
 /* ---- loss.cu: fused softmax + cross-entropy ----------------------------- */
 

@@ -34,24 +34,30 @@ int kcuda_add_forward(void *out, const void *a, const void *b, size_t n,
 }
 
 int kcuda_add_backward(void *da, void *db, const void *dout, size_t n,
-                       kcuda_dtype dt, void *stream)
+                       int assign, kcuda_dtype dt, void *stream)
 {
     cudaStream_t s = kcuda__stream(stream);
-    if (da && db && da != db) {
+    KCUDA_DT_OK(dt);
+    if (da && db && da != db && !assign) {
         const void *in[3] = {da, db, dout};
         void *o[2] = {da, db};
         return kc_ew_launch<3, 2>(in, o, n, dt, add_into2(), s);
     }
-    /* one buffer (or the same buffer twice: added twice, as on the CPU) */
+    /* one buffer (or the same buffer twice: added twice, as on the CPU), or
+     * one overwritten: a copy of dout */
     for (int k = 0; k < 2; k++) {
         void *d = k == 0 ? da : db;
-        if (!d)
+        if (!d || n == 0)
             continue;
+        if (assign >> k & 1) {
+            KCUDA_CHECK(cudaMemcpyAsync(d, dout, n * kcuda_dtype_size(dt),
+                                        cudaMemcpyDeviceToDevice, s));
+            continue;
+        }
         const void *in[2] = {d, dout};
         void *o[1] = {d};
         KCUDA_TRY(kc_ew_launch<2, 1>(in, o, n, dt, add2(), s));
     }
-    KCUDA_DT_OK(dt);
     return 0;
 }
 
@@ -87,7 +93,7 @@ int kcuda_add_broadcast_forward(void *out, const void *a, const void *p,
 int kcuda_add_broadcast_backward(kcuda_ctx *ctx, void *da, void *dp,
                                  const void *dout, int B, int T, int C,
                                  kcuda_dtype dt, kcuda_dtype dp_dt,
-                                 void *stream)
+                                 int da_assign, void *stream)
 {
     cudaStream_t s = kcuda__stream(stream);
     KCUDA_DT_OK(dt);
@@ -96,8 +102,8 @@ int kcuda_add_broadcast_backward(kcuda_ctx *ctx, void *da, void *dp,
     KCUDA_ARG(tc <= INT_MAX, "add_broadcast: T*C = %zu, at most %d", tc,
               INT_MAX);
     if (da)
-        KCUDA_TRY(kcuda_add_backward(da, NULL, dout, (size_t)B * tc, dt,
-                                     stream));
+        KCUDA_TRY(kcuda_add_backward(da, NULL, dout, (size_t)B * tc,
+                                     da_assign ? 1 : 0, dt, stream));
     if (dp && tc > 0) /* the sums over b: column sums of dout as [B, T*C] */
         KCUDA_TRY(kcuda__colsum_add(ctx, dp, dp_dt, dout, B, (int)tc, dt, s));
     return 0;

@@ -469,7 +469,7 @@ static void run_bias_bwd(void *p)
 {
     mem_arg *m = p;
     kc(kcuda_add_broadcast_backward(ctx, NULL, m->gb, m->b, MEM_ROWS, 1, MEM_C,
-                                    KCUDA_BF16, KCUDA_F32, NULL),
+                                    KCUDA_BF16, KCUDA_F32, 0, NULL),
        "kcuda_add_broadcast_backward");
 }
 

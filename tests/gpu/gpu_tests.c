@@ -604,10 +604,15 @@ static void bcast_case(kcuda_dtype dt, kcuda_dtype pdt, int B, int T, int C)
     float *gp = rnd(tc, 1.0f, pdt);
     void *dgg = up(gg, all, dt), *dgx = up(gx, all, dt), *dgp = up(gp, tc, pdt);
     void *gp0 = snapshot(dgp, tc, pdt);
-    KC(kcuda_add_broadcast_backward(ctx, dgx, dgp, dgg, B, T, C, dt, pdt,
+    KC(kcuda_add_broadcast_backward(ctx, dgx, dgp, dgg, B, T, C, dt, pdt, 0,
                                     NULL));
     kcpu_add_broadcast_backward(gx, gp, gg, B, T, C);
     expect_dev("broadcast da", dgx, gx, all, dt);
+    /* da overwritten (assign): from NaN, dout itself */
+    cuda_or_die(cudaMemset(dgx, 0xff, all * kcuda_dtype_size(dt)), "cudaMemset");
+    KC(kcuda_add_broadcast_backward(ctx, dgx, NULL, dgg, B, T, C, dt, pdt, 1,
+                                    NULL));
+    expect_dev("broadcast da assigned", dgx, gg, all, dt);
     double keep = cur_tol;
     cur_tol = tol_of(pdt);
     expect_dev("broadcast dp", dgp, gp, tc, pdt);
@@ -616,7 +621,7 @@ static void bcast_case(kcuda_dtype dt, kcuda_dtype pdt, int B, int T, int C)
     void *first = snapshot(dgp, tc, pdt);
     cuda_or_die(cudaMemcpy(dgp, gp0, tc * kcuda_dtype_size(pdt),
                            cudaMemcpyHostToDevice), "upload");
-    KC(kcuda_add_broadcast_backward(ctx, NULL, dgp, dgg, B, T, C, dt, pdt,
+    KC(kcuda_add_broadcast_backward(ctx, NULL, dgp, dgg, B, T, C, dt, pdt, 0,
                                     NULL));
     expect_bits("broadcast dp twice", snapshot(dgp, tc, pdt), first,
                 tc * kcuda_dtype_size(pdt));
@@ -632,10 +637,22 @@ static void t_add(kcuda_dtype dt)
     expect_dev("out", dy, y, n, dt);
     float *g = rnd(n, 1.0f, dt), *ga = rnd(n, 1.0f, dt), *gb = rnd(n, 1.0f, dt);
     void *dg = up(g, n, dt), *dga = up(ga, n, dt), *dgb = up(gb, n, dt);
-    KC(kcuda_add_backward(dga, dgb, dg, n, dt, NULL));
+    KC(kcuda_add_backward(dga, dgb, dg, n, 0, dt, NULL));
     kcpu_add_backward(ga, gb, g, n);
     expect_dev("da", dga, ga, n, dt);
     expect_dev("db", dgb, gb, n, dt);
+    /* one side overwritten (assign bit 0, then 1), from NaN: dout itself;
+     * the other added to */
+    for (int side = 0; side < 2; side++) {
+        void *dset = side ? dgb : dga, *dadd = side ? dga : dgb;
+        float *hadd = side ? ga : gb;
+        cuda_or_die(cudaMemset(dset, 0xff, n * kcuda_dtype_size(dt)), "cudaMemset");
+        KC(kcuda_add_backward(dga, dgb, dg, n, 1 << side, dt, NULL));
+        kcpu_add_backward(hadd, NULL, g, n);
+        expect_dev("assigned side", dset, g, n, dt);
+        expect_dev("added side", dadd, hadd, n, dt);
+        memcpy(side ? gb : ga, g, n * sizeof *g); /* (the device's, for the next side) */
+    }
     /* broadcast (a position embedding; T = 1 is a bias) */
     bcast_case(dt, dt, 3, 5, 7);
     bcast_case(dt, dt, 3, 1, 7);
