@@ -407,11 +407,13 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
     case G_ATTENTION: {
         int B, T, H, KV, d;
         attn_dims(ex, id, &B, &T, &H, &KV, &d);
+        ex->kern.assign = (int)ex->assign; /* dq, dk, dv (or dqkv) overwritten where start_grads did not zero them */
         if (t->n_in == 1)
             K(attention_qkv_backward, DIN(0), DOUT, OUT, AUX, IN(0), B, T, H, KV, d, t->causal);
         else
             K(attention_backward, DIN(0), DIN(1), DIN(2), DOUT, OUT, AUX, IN(0), IN(1), IN(2), B, T, H, KV, d,
               t->causal);
+        ex->kern.assign = 0;
         break;
     }
     case G_ROPE: {
@@ -420,8 +422,13 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
         K(rope_backward, DIN(0), DOUT, B, T, H, d, (float)t->theta);
         break;
     }
-    case G_GELU: K(gelu_backward, DIN(0), IN(0), DOUT, n); break;
-    case G_SILU: K(silu_backward, DIN(0), IN(0), DOUT, n); break;
+    case G_GELU:
+    case G_SILU:
+        ex->kern.assign = (int)(ex->assign & 1u); /* dx overwritten (start_grads did not zero it) */
+        if (t->op == G_GELU) K(gelu_backward, DIN(0), IN(0), DOUT, n);
+        else K(silu_backward, DIN(0), IN(0), DOUT, n);
+        ex->kern.assign = 0;
+        break;
     case G_SWIGLU: K(swiglu_backward, DIN(0), DIN(1), DOUT, IN(0), IN(1), n); break;
     case G_CROSS_ENTROPY: {
         int W = exec__lastd(ex, t->in[0]), N = (int)ex->numel[t->in[1]];

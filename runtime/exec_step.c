@@ -22,17 +22,19 @@ void mesh__exec_set_poison(mesh__exec *ex, int on) { ex->poison = on; }
 
 /* Does node c's backward overwrite input k's gradient (kern.assign), so
  * that it need not be zeroed first? A matmul's dx (the product written,
- * cuBLASLt's beta 0), the cross-entropy's dlogits and an add's larger (or
- * equal) side's (a copy of the output's gradient), each the whole of its
- * buffer (no room past the tensor but the 16-byte rounding), of an input
- * that is not also another of c's. */
+ * cuBLASLt's beta 0), the cross-entropy's dlogits, an add's larger (or
+ * equal) side's (a copy of the output's gradient), attention's dq, dk, dv
+ * (each element written by one block) and a GELU's or SiLU's dx, each the
+ * whole of its buffer (no room past the tensor but the 16-byte rounding),
+ * of an input that is not also another of c's. */
 static int assigns(const mesh__exec *ex, int c, int k)
 {
     const plan_tensor *t = &ex->p->tensors[c];
     int in = t->in[k];
     if (t->op == G_ADD || t->op == G_BIAS_ADD) {
         if (t->n_in != 2 || ex->cnumel[in] < ex->cnumel[t->in[1 - k]]) return 0;
-    } else if (k != 0 || (t->op != G_MATMUL && t->op != G_CROSS_ENTROPY)) {
+    } else if (t->op != G_ATTENTION &&
+               (k != 0 || (t->op != G_MATMUL && t->op != G_CROSS_ENTROPY && t->op != G_GELU && t->op != G_SILU))) {
         return 0;
     }
     for (int j = 0; j < t->n_in; j++)

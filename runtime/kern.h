@@ -183,8 +183,10 @@ struct kern {
     int assign;        /* bit k: the call's k-th input gradient is overwritten, not added to
                           (the executor did not zero it: every element is written), set by the
                           executor around the call: dx of matmul_backward and
-                          matmul_wt_backward, dlogits of crossentropy_shard_backward (bit 0);
-                          da, db of add_backward (bits 0, 1); da of add_broadcast_backward */
+                          matmul_wt_backward, dlogits of crossentropy_shard_backward, dx of
+                          gelu_backward and silu_backward (bit 0); da, db of add_backward (bits
+                          0, 1); da of add_broadcast_backward; dq, dk, dv of attention_backward
+                          (bits 0..2); dqkv of attention_qkv_backward */
     char error[512];   /* why the last call failed */
 };
 

@@ -165,7 +165,10 @@ static int attention_backward(kern *k, void *dq, void *dk, void *dv, const void 
                               const float *lse, const void *q, const void *kk, const void *v, int B, int T, int H,
                               int KV, int d, int causal)
 {
-    (void)k;
+    size_t nq = (size_t)B * (size_t)T * (size_t)H * (size_t)d, nkv = (size_t)B * (size_t)T * (size_t)KV * (size_t)d;
+    assigned(k, 0, dq, nq);
+    assigned(k, 1, dk, nkv);
+    assigned(k, 2, dv, nkv);
     kcpu_attention_backward(F(dq), F(dk), F(dv), CF(dout), CF(out), lse, CF(q), CF(kk), CF(v), B, T, H, KV, d,
                             causal);
     return 0;
@@ -182,7 +185,7 @@ static int attention_qkv_forward(kern *k, void *out, float *lse, const void *qkv
 static int attention_qkv_backward(kern *k, void *dqkv, const void *dout, const void *out, const float *lse,
                                   const void *qkv, int B, int T, int H, int KV, int d, int causal)
 {
-    (void)k;
+    assigned(k, 0, dqkv, (size_t)B * (size_t)T * (size_t)(H + 2 * KV) * (size_t)d);
     kcpu_attention_qkv_backward(F(dqkv), CF(dout), CF(out), lse, CF(qkv), B, T, H, KV, d, causal);
     return 0;
 }
@@ -210,7 +213,7 @@ static int gelu_forward(kern *k, void *out, const void *x, size_t n)
 
 static int gelu_backward(kern *k, void *dx, const void *x, const void *dout, size_t n)
 {
-    (void)k;
+    assigned(k, 0, dx, n);
     kcpu_gelu_backward(F(dx), CF(x), CF(dout), n);
     return 0;
 }
@@ -224,7 +227,7 @@ static int silu_forward(kern *k, void *out, const void *x, size_t n)
 
 static int silu_backward(kern *k, void *dx, const void *x, const void *dout, size_t n)
 {
-    (void)k;
+    assigned(k, 0, dx, n);
     kcpu_silu_backward(F(dx), CF(x), CF(dout), n);
     return 0;
 }

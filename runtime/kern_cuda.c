@@ -210,8 +210,8 @@ static int attention_backward(kern *k, void *dq, void *dk, void *dv, const void 
                               const float *lse, const void *q, const void *kk, const void *v, int B, int T, int H,
                               int KV, int d, int causal)
 {
-    KC(kcuda_attention_backward, CTX(k), dq, dk, dv, dout, out, lse, q, kk, v, B, T, H, KV, d, causal, DT(k),
-       k->stream);
+    KC(kcuda_attention_backward, CTX(k), dq, dk, dv, dout, out, lse, q, kk, v, B, T, H, KV, d, causal, k->assign & 7,
+       DT(k), k->stream);
 }
 
 static int attention_qkv_forward(kern *k, void *out, float *lse, const void *qkv, int B, int T, int H, int KV,
@@ -223,7 +223,8 @@ static int attention_qkv_forward(kern *k, void *out, float *lse, const void *qkv
 static int attention_qkv_backward(kern *k, void *dqkv, const void *dout, const void *out, const float *lse,
                                   const void *qkv, int B, int T, int H, int KV, int d, int causal)
 {
-    KC(kcuda_attention_qkv_backward, CTX(k), dqkv, dout, out, lse, qkv, B, T, H, KV, d, causal, DT(k), k->stream);
+    KC(kcuda_attention_qkv_backward, CTX(k), dqkv, dout, out, lse, qkv, B, T, H, KV, d, causal, k->assign & 1, DT(k),
+       k->stream);
 }
 
 static int rope_forward(kern *k, void *out, const void *x, int B, int T, int H, int d, float theta)
@@ -243,7 +244,7 @@ static int gelu_forward(kern *k, void *out, const void *x, size_t n)
 
 static int gelu_backward(kern *k, void *dx, const void *x, const void *dout, size_t n)
 {
-    KC(kcuda_gelu_backward, dx, x, dout, n, DT(k), k->stream);
+    KC(kcuda_gelu_backward, dx, x, dout, n, k->assign & 1, DT(k), k->stream);
 }
 
 static int silu_forward(kern *k, void *out, const void *x, size_t n)
@@ -253,7 +254,7 @@ static int silu_forward(kern *k, void *out, const void *x, size_t n)
 
 static int silu_backward(kern *k, void *dx, const void *x, const void *dout, size_t n)
 {
-    KC(kcuda_silu_backward, dx, x, dout, n, DT(k), k->stream);
+    KC(kcuda_silu_backward, dx, x, dout, n, k->assign & 1, DT(k), k->stream);
 }
 
 static int swiglu_forward(kern *k, void *out, const void *gate, const void *up, size_t n)

@@ -29,13 +29,15 @@ struct gelu_fwd {
 
 /* dx += gelu'(x) dout; with s = 1 / (1 + e): gelu' = s + 2 x s (1 - s) u'
  * and 1 - s = e s. x = {x, dout, dx}. */
-struct gelu_bwd {
+/* x: x, dout, and (ADD) dx; y: dx (+)= gelu'(x) dout (0 + the gradient
+ * when assigned: the same bits as a zeroed dx's) */
+template <bool ADD> struct gelu_bwd {
     __device__ void operator()(const float *x, float *y) const
     {
         float xi = x[0], e = kc_gelu_exp(xi);
         float s = 1.0f / (1.0f + e);
         float du = KC_GELU_SCALE * (1.0f + 3.0f * KC_GELU_CUBE * xi * xi);
-        y[0] = x[2] + (s + 2.0f * xi * du * s * (e * s)) * x[1];
+        y[0] = (ADD ? x[2] : 0.0f) + (s + 2.0f * xi * du * s * (e * s)) * x[1];
     }
 };
 
@@ -48,10 +50,10 @@ struct silu_fwd {
 };
 
 /* dx += silu'(x) dout; x = {x, dout, dx} */
-struct silu_bwd {
+template <bool ADD> struct silu_bwd {
     __device__ void operator()(const float *x, float *y) const
     {
-        y[0] = x[2] + silu_grad(x[0]) * x[1];
+        y[0] = (ADD ? x[2] : 0.0f) + silu_grad(x[0]) * x[1];
     }
 };
 
@@ -98,11 +100,15 @@ int kcuda_gelu_forward(void *out, const void *x, size_t n, kcuda_dtype dt,
 }
 
 int kcuda_gelu_backward(void *dx, const void *x, const void *dout, size_t n,
-                        kcuda_dtype dt, void *stream)
+                        int assign, kcuda_dtype dt, void *stream)
 {
     const void *in[3] = {x, dout, dx};
     void *o[1] = {dx};
-    return kc_ew_launch<3, 1>(in, o, n, dt, gelu_bwd(), kcuda__stream(stream));
+    if (assign)
+        return kc_ew_launch<2, 1>(in, o, n, dt, gelu_bwd<false>(),
+                                  kcuda__stream(stream));
+    return kc_ew_launch<3, 1>(in, o, n, dt, gelu_bwd<true>(),
+                              kcuda__stream(stream));
 }
 
 int kcuda_silu_forward(void *out, const void *x, size_t n, kcuda_dtype dt,
@@ -114,11 +120,15 @@ int kcuda_silu_forward(void *out, const void *x, size_t n, kcuda_dtype dt,
 }
 
 int kcuda_silu_backward(void *dx, const void *x, const void *dout, size_t n,
-                        kcuda_dtype dt, void *stream)
+                        int assign, kcuda_dtype dt, void *stream)
 {
     const void *in[3] = {x, dout, dx};
     void *o[1] = {dx};
-    return kc_ew_launch<3, 1>(in, o, n, dt, silu_bwd(), kcuda__stream(stream));
+    if (assign)
+        return kc_ew_launch<2, 1>(in, o, n, dt, silu_bwd<false>(),
+                                  kcuda__stream(stream));
+    return kc_ew_launch<3, 1>(in, o, n, dt, silu_bwd<true>(),
+                              kcuda__stream(stream));
 }
 
 int kcuda_swiglu_forward(void *out, const void *gate, const void *up,

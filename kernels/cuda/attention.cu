@@ -44,13 +44,14 @@ using namespace nvcuda;
 struct attn_args {
     const void *q, *k, *v, *out, *dout;
     void *o;              /* forward output */
-    void *dq, *dk, *dv;   /* backward outputs (+=) */
+    void *dq, *dk, *dv;   /* backward outputs (+=, or = where assign's bit says) */
     float *lse;           /* [B, H, T], forward output */
     const float *lse_in;  /* backward input */
     float *Dw;            /* [B, H, T] scratch: rowsum(dout * out) */
     const float *Dr;
     long long qs, ks, vs, os;
     int B, T, H, KV, d, causal, vec;
+    int assign;           /* backward: dq (1), dk (2), dv (4) overwritten, not added to */
     float scale;
 };
 
@@ -422,12 +423,14 @@ __device__ __forceinline__ void load_rowvec(float *dst, const float *src,
         dst[r] = row0 + r < T_ ? src[row0 + r] : 0.0f;
 }
 
-/* y[row0 + 16 w + 4 g + i][sub + 8 c] += acc[i][c] for rows < T and
- * columns < d (one thread per element: no conflicts). */
+/* y[row0 + 16 w + 4 g + i][sub + 8 c] += acc[i][c] (set: = acc, y not
+ * read) for rows < T and columns < d (one thread per element: no
+ * conflicts; each element of a backward's outputs is written by one
+ * block). */
 template <typename T, int DP>
 __device__ __forceinline__ void add_rows_out(T *y, long long stride,
                                              const float (&acc)[4][DP / 8],
-                                             int row0, int T_, int d)
+                                             int row0, int T_, int d, int set)
 {
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 3, sub = lane & 7;
@@ -441,7 +444,7 @@ __device__ __forceinline__ void add_rows_out(T *y, long long stride,
             int col = sub + 8 * c;
             if (col < d) {
                 T *p = y + (long long)row * stride + col;
-                *p = kc_to<T>(kc_f(*p) + acc[i][c]);
+                *p = kc_to<T>((set ? 0.0f : kc_f(*p)) + acc[i][c]);
             }
         }
     }
@@ -519,9 +522,9 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv_kernel(attn_args a)
         }
     }
     add_rows_out<T, DP>((T *)a.dk + bt0 * a.ks + (long long)kvh * a.d, a.ks,
-                        dk, j0, a.T, a.d);
+                        dk, j0, a.T, a.d, a.assign & 2);
     add_rows_out<T, DP>((T *)a.dv + bt0 * a.vs + (long long)kvh * a.d, a.vs,
-                        dv, j0, a.T, a.d);
+                        dv, j0, a.T, a.d, a.assign & 4);
 }
 
 /* dQ of one tile of 64 queries of one head: over the key tiles it sees,
@@ -587,7 +590,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_kernel(attn_args a)
         warp_pv<T, DP>(dq, ds, sK, wa, pb, wa);
     }
     add_rows_out<T, DP>((T *)a.dq + bt0 * a.qs + (long long)h * a.d, a.qs, dq,
-                        i0, a.T, a.d);
+                        i0, a.T, a.d, a.assign & 1);
 }
 
 /* ---- launchers ------------------------------------------------------------ */
@@ -699,11 +702,12 @@ static int attn_backward(kcuda_ctx *ctx, void *dq, void *dk, void *dv,
                          const void *dout, const void *out, const float *lse,
                          const void *q, const void *k, const void *v,
                          long long qs, long long kvs, int B, int T, int H,
-                         int KV, int d, int causal, kcuda_dtype dt,
-                         cudaStream_t s)
+                         int KV, int d, int causal, int assign,
+                         kcuda_dtype dt, cudaStream_t s)
 {
     attn_args a;
     memset(&a, 0, sizeof a);
+    a.assign = assign;
     a.q = q;
     a.k = k;
     a.v = v;
@@ -744,11 +748,12 @@ int kcuda_attention_backward(kcuda_ctx *ctx, void *dq, void *dk, void *dv,
                              const void *dout, const void *out,
                              const float *lse, const void *q, const void *k,
                              const void *v, int B, int T, int H, int KV,
-                             int d, int causal, kcuda_dtype dt, void *stream)
+                             int d, int causal, int assign, kcuda_dtype dt,
+                             void *stream)
 {
     return attn_backward(ctx, dq, dk, dv, dout, out, lse, q, k, v,
                          (long long)H * d, (long long)KV * d, B, T, H, KV, d,
-                         causal, dt, kcuda__stream(stream));
+                         causal, assign, dt, kcuda__stream(stream));
 }
 
 int kcuda_attention_qkv_forward(void *out, float *lse, const void *qkv,
@@ -768,7 +773,7 @@ int kcuda_attention_qkv_backward(kcuda_ctx *ctx, void *dqkv,
                                  const void *dout, const void *out,
                                  const float *lse, const void *qkv, int B,
                                  int T, int H, int KV, int d, int causal,
-                                 kcuda_dtype dt, void *stream)
+                                 int assign, kcuda_dtype dt, void *stream)
 {
     KCUDA_DT_OK(dt);
     size_t es = kcuda_dtype_size(dt);
@@ -778,5 +783,5 @@ int kcuda_attention_qkv_backward(kcuda_ctx *ctx, void *dqkv,
     size_t ko = (size_t)H * d * es, vo = (size_t)(H + KV) * d * es;
     return attn_backward(ctx, dbase, dbase + ko, dbase + vo, dout, out, lse,
                          base, base + ko, base + vo, row, row, B, T, H, KV, d,
-                         causal, dt, kcuda__stream(stream));
+                         causal, assign ? 7 : 0, dt, kcuda__stream(stream));
 }

@@ -253,15 +253,15 @@ int kcuda_add_rmsnorm_forward(void *res, void *out, float *rstd,
  * u = sqrt(2/pi) (x + 0.044715 x^3). out[n] (may alias x); x[n]. */
 int kcuda_gelu_forward(void *out, const void *x, size_t n, kcuda_dtype dt,
                        void *stream);
-/* dx += gelu'(x) * dout. */
+/* dx += gelu'(x) * dout (assign: dx = ..., its old contents not read). */
 int kcuda_gelu_backward(void *dx, const void *x, const void *dout, size_t n,
-                        kcuda_dtype dt, void *stream);
+                        int assign, kcuda_dtype dt, void *stream);
 /* SiLU: out = x * sigmoid(x). out may alias x. */
 int kcuda_silu_forward(void *out, const void *x, size_t n, kcuda_dtype dt,
                        void *stream);
-/* dx += silu'(x) * dout. */
+/* dx += silu'(x) * dout (assign as gelu's). */
 int kcuda_silu_backward(void *dx, const void *x, const void *dout, size_t n,
-                        kcuda_dtype dt, void *stream);
+                        int assign, kcuda_dtype dt, void *stream);
 /* SwiGLU: out = silu(gate) * up. out may alias gate or up. */
 int kcuda_swiglu_forward(void *out, const void *gate, const void *up,
                          size_t n, kcuda_dtype dt, void *stream);
@@ -413,14 +413,17 @@ int kcuda_attention_forward(void *out, float *lse, const void *q,
  * probabilities from q, k and lse. Deterministic without atomics: one
  * kernel owns each key tile (dk, dv, summing the H / KV query heads in
  * order), another each query tile (dq). Scratch: D = rowsum(dout * out),
- * B*H*T floats in the context. */
+ * B*H*T floats in the context. assign: dq (bit 0), dk (1), dv (2) are
+ * overwritten, not added to (their old contents need not be zeroed). */
 int kcuda_attention_backward(kcuda_ctx *ctx, void *dq, void *dk, void *dv,
                              const void *dout, const void *out,
                              const float *lse, const void *q, const void *k,
                              const void *v, int B, int T, int H, int KV,
-                             int d, int causal, kcuda_dtype dt, void *stream);
+                             int d, int causal, int assign, kcuda_dtype dt,
+                             void *stream);
 /* The packed layout: each row of qkv is H*d q, KV*d k, KV*d v channels
- * (kcpu_attention_qkv_*); read and accumulated in place. */
+ * (kcpu_attention_qkv_*); read and accumulated in place (assign: dqkv
+ * overwritten). */
 int kcuda_attention_qkv_forward(void *out, float *lse, const void *qkv,
                                 int B, int T, int H, int KV, int d,
                                 int causal, kcuda_dtype dt, void *stream);
@@ -428,7 +431,7 @@ int kcuda_attention_qkv_backward(kcuda_ctx *ctx, void *dqkv,
                                  const void *dout, const void *out,
                                  const float *lse, const void *qkv, int B,
                                  int T, int H, int KV, int d, int causal,
-                                 kcuda_dtype dt, void *stream);
+                                 int assign, kcuda_dtype dt, void *stream);
 /* Tests: the attention kernels' grid takes at most `rows` (batch, head)
  * pairs in its y dimension (1..65535, CUDA's limit and the default; 0
  * restores it), the rest in z slices, so that a small case can run the

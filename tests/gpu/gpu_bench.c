@@ -379,7 +379,7 @@ static void run_attn_bwd(void *p)
     attn_arg *a = p;
     kc(kcuda_attention_backward(ctx, a->dq, a->dk, a->dv, a->dout, a->o, a->lse,
                                 a->q, a->k, a->v, a->B, a->T, a->H, a->H, a->d,
-                                1, a->dt, NULL),
+                                1, 7, a->dt, NULL),
        "kcuda_attention_backward");
 }
 
@@ -483,7 +483,7 @@ static void run_gelu_fwd(void *p)
 static void run_gelu_bwd(void *p)
 {
     mem_arg *m = p;
-    kc(kcuda_gelu_backward(m->c, m->a, m->b, m->n, KCUDA_BF16, NULL),
+    kc(kcuda_gelu_backward(m->c, m->a, m->b, m->n, 1, KCUDA_BF16, NULL),
        "kcuda_gelu_backward");
 }
 
@@ -550,7 +550,7 @@ static void bench_memory(void)
     mem_row("bias grad (dout's column sums)", run_bias_bwd, &m, 2.0 * n,
             copy_gbps, &first);
     mem_row("gelu fwd", run_gelu_fwd, &m, 4.0 * n, copy_gbps, &first);
-    mem_row("gelu bwd (x, dout, dx rw)", run_gelu_bwd, &m, 8.0 * n, copy_gbps,
+    mem_row("gelu bwd (x, dout in, dx out)", run_gelu_bwd, &m, 6.0 * n, copy_gbps,
             &first);
     /* AdamW over 100.7M parameters: p, m, v fp32 read+write, bf16 grads
      * read, bf16 weights written: 28 bytes each */

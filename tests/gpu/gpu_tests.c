@@ -543,12 +543,21 @@ static void act_case(kcuda_dtype dt, int kind, size_t n, float scale)
     expect_dev("out", dy, y, n, dt);
     float *g = rnd(n, 1.0f, dt), *gx = rnd(n, 0.5f, dt), *gu = rnd(n, 0.5f, dt);
     void *dg = up(g, n, dt), *dgx = up(gx, n, dt), *dgu = up(gu, n, dt);
-    if (kind == ACT_GELU) {
-        KC(kcuda_gelu_backward(dgx, dx, dg, n, dt, NULL));
-        kcpu_gelu_backward(gx, x, g, n);
-    } else if (kind == ACT_SILU) {
-        KC(kcuda_silu_backward(dgx, dx, dg, n, dt, NULL));
-        kcpu_silu_backward(gx, x, g, n);
+    if (kind == ACT_GELU || kind == ACT_SILU) {
+        if (kind == ACT_GELU)
+            KC(kcuda_gelu_backward(dgx, dx, dg, n, 0, dt, NULL));
+        else
+            KC(kcuda_silu_backward(dgx, dx, dg, n, 0, dt, NULL));
+        (kind == ACT_GELU ? kcpu_gelu_backward : kcpu_silu_backward)(gx, x, g, n);
+        expect_dev("dx", dgx, gx, n, dt);
+        /* overwritten (assign), from NaN: the gradient alone */
+        cuda_or_die(cudaMemset(dgx, 0xff, n * kcuda_dtype_size(dt)), "cudaMemset");
+        memset(gx, 0, n * sizeof *gx);
+        if (kind == ACT_GELU)
+            KC(kcuda_gelu_backward(dgx, dx, dg, n, 1, dt, NULL));
+        else
+            KC(kcuda_silu_backward(dgx, dx, dg, n, 1, dt, NULL));
+        (kind == ACT_GELU ? kcpu_gelu_backward : kcpu_silu_backward)(gx, x, g, n);
     } else {
         KC(kcuda_swiglu_backward(dgx, dgu, dg, dx, du, n, dt, NULL));
         kcpu_swiglu_backward(gx, gu, g, x, u, n);
@@ -1033,15 +1042,24 @@ static void attn_case(kcuda_dtype dt, int B, int T, int H, int KV, int d,
         void *dgqkv = up(gqkv, nqkv, dt);
         void *g0 = snapshot(dgqkv, nqkv, dt);
         KC(kcuda_attention_qkv_backward(ctx, dgqkv, dg, dout, dlse, dqkv, B, T,
-                                        H, KV, d, causal, dt, NULL));
+                                        H, KV, d, causal, 0, dt, NULL));
         kcpu_attention_qkv_backward(gqkv, g, out, lse, qkv, B, T, H, KV, d,
                                     causal);
         expect_dev("dqkv", dgqkv, gqkv, nqkv, dt);
+        /* overwritten (assign), from NaN: every element written once */
+        float *zq = hf(nqkv);
+        void *dset = dmem(nqkv * kcuda_dtype_size(dt));
+        cuda_or_die(cudaMemset(dset, 0xff, nqkv * kcuda_dtype_size(dt)), "cudaMemset");
+        KC(kcuda_attention_qkv_backward(ctx, dset, dg, dout, dlse, dqkv, B, T,
+                                        H, KV, d, causal, 1, dt, NULL));
+        kcpu_attention_qkv_backward(zq, g, out, lse, qkv, B, T, H, KV, d,
+                                    causal);
+        expect_dev("dqkv assigned", dset, zq, nqkv, dt);
         void *first = snapshot(dgqkv, nqkv, dt);
         cuda_or_die(cudaMemcpy(dgqkv, g0, nqkv * kcuda_dtype_size(dt),
                                cudaMemcpyHostToDevice), "upload");
         KC(kcuda_attention_qkv_backward(ctx, dgqkv, dg, dout, dlse, dqkv, B, T,
-                                        H, KV, d, causal, dt, NULL));
+                                        H, KV, d, causal, 0, dt, NULL));
         expect_bits("dqkv twice", snapshot(dgqkv, nqkv, dt), first,
                     nqkv * kcuda_dtype_size(dt));
         return;
@@ -1050,12 +1068,22 @@ static void attn_case(kcuda_dtype dt, int B, int T, int H, int KV, int d,
     float *gv = rnd(nkv, 0.5f, dt);
     void *dgq = up(gq, nq, dt), *dgk = up(gk, nkv, dt), *dgv = up(gv, nkv, dt);
     KC(kcuda_attention_backward(ctx, dgq, dgk, dgv, dg, dout, dlse, dq, dk, dv,
-                                B, T, H, KV, d, causal, dt, NULL));
+                                B, T, H, KV, d, causal, 0, dt, NULL));
     kcpu_attention_backward(gq, gk, gv, g, out, lse, q, k, v, B, T, H, KV, d,
                             causal);
     expect_dev("dq", dgq, gq, nq, dt);
     expect_dev("dk", dgk, gk, nkv, dt);
     expect_dev("dv", dgv, gv, nkv, dt);
+    /* dk overwritten (assign bit 1) from NaN; dq, dv added to */
+    cuda_or_die(cudaMemset(dgk, 0xff, nkv * kcuda_dtype_size(dt)), "cudaMemset");
+    memset(gk, 0, nkv * sizeof *gk);
+    KC(kcuda_attention_backward(ctx, dgq, dgk, dgv, dg, dout, dlse, dq, dk, dv,
+                                B, T, H, KV, d, causal, 2, dt, NULL));
+    kcpu_attention_backward(gq, gk, gv, g, out, lse, q, k, v, B, T, H, KV, d,
+                            causal);
+    expect_dev("dq again", dgq, gq, nq, dt);
+    expect_dev("dk assigned", dgk, gk, nkv, dt);
+    expect_dev("dv again", dgv, gv, nkv, dt);
 }
 
 static void t_attention(kcuda_dtype dt)
