@@ -1067,23 +1067,22 @@ static void attn_case(kcuda_dtype dt, int B, int T, int H, int KV, int d,
     float *gq = rnd(nq, 0.5f, dt), *gk = rnd(nkv, 0.5f, dt);
     float *gv = rnd(nkv, 0.5f, dt);
     void *dgq = up(gq, nq, dt), *dgk = up(gk, nkv, dt), *dgv = up(gv, nkv, dt);
-    KC(kcuda_attention_backward(ctx, dgq, dgk, dgv, dg, dout, dlse, dq, dk, dv,
-                                B, T, H, KV, d, causal, 0, dt, NULL));
-    kcpu_attention_backward(gq, gk, gv, g, out, lse, q, k, v, B, T, H, KV, d,
-                            causal);
-    expect_dev("dq", dgq, gq, nq, dt);
-    expect_dev("dk", dgk, gk, nkv, dt);
-    expect_dev("dv", dgv, gv, nkv, dt);
-    /* dk overwritten (assign bit 1) from NaN; dq, dv added to */
-    cuda_or_die(cudaMemset(dgk, 0xff, nkv * kcuda_dtype_size(dt)), "cudaMemset");
-    memset(gk, 0, nkv * sizeof *gk);
-    KC(kcuda_attention_backward(ctx, dgq, dgk, dgv, dg, dout, dlse, dq, dk, dv,
-                                B, T, H, KV, d, causal, 2, dt, NULL));
-    kcpu_attention_backward(gq, gk, gv, g, out, lse, q, k, v, B, T, H, KV, d,
-                            causal);
-    expect_dev("dq again", dgq, gq, nq, dt);
-    expect_dev("dk assigned", dgk, gk, nkv, dt);
-    expect_dev("dv again", dgv, gv, nkv, dt);
+    /* added to; then (assign bit 1) dk overwritten, from NaN, and dq, dv
+     * added to again */
+    for (int assign = 0; assign <= 2; assign += 2) {
+        if (assign) {
+            cuda_or_die(cudaMemset(dgk, 0xff, nkv * kcuda_dtype_size(dt)), "cudaMemset");
+            memset(gk, 0, nkv * sizeof *gk);
+        }
+        KC(kcuda_attention_backward(ctx, dgq, dgk, dgv, dg, dout, dlse, dq, dk,
+                                    dv, B, T, H, KV, d, causal, assign, dt,
+                                    NULL));
+        kcpu_attention_backward(gq, gk, gv, g, out, lse, q, k, v, B, T, H, KV,
+                                d, causal);
+        expect_dev("dq", dgq, gq, nq, dt);
+        expect_dev(assign ? "dk assigned" : "dk", dgk, gk, nkv, dt);
+        expect_dev("dv", dgv, gv, nkv, dt);
+    }
 }
 
 static void t_attention(kcuda_dtype dt)
