@@ -257,12 +257,24 @@ static int64_t first_fit(interval *iv, int n, int no_reuse) {
 }
 
 /* The shared workspace of one segment: forward temporaries (pass 0) or
- * backward gradients and scratch (pass 1, in reverse node order). */
+ * backward gradients and scratch (pass 1, in reverse node order; a bias
+ * add's gradient until its matmul's backward, which reads it:
+ * memplan_grad_alias). */
 static int64_t shared_peak(mp *x, int seg, int pass) {
     const plan *p = x->p;
     int n = x->n, cnt = 0;
     interval *iv = calloc((size_t)(2 * n + 1), sizeof *iv);
-    if (!iv) return -1;
+    int *until = malloc((size_t)(n ? n : 1) * sizeof *until);
+    if (!iv || !until) {
+        free(iv);
+        free(until);
+        return -1;
+    }
+    for (int id = 0; id < n; id++) until[id] = id;
+    for (int id = 0; pass == 1 && id < n; id++) {
+        int b = memplan_grad_alias(p, id);
+        if (b >= 0 && id < until[b]) until[b] = id;
+    }
     for (int id = 0; id < n; id++) {
         mem_buf *b = &x->b[id];
         if (x->seg[id] != seg || !is_activation(p, id)) continue;
@@ -271,13 +283,14 @@ static int64_t shared_peak(mp *x, int seg, int pass) {
             iv[cnt++] = (interval){id, last, b->bytes * reps(x, id), &b->offset};
         } else if (pass == 1) {
             if (b->grad_region == MEM_WORKSPACE)
-                iv[cnt++] = (interval){n - 1 - last, n - 1 - id, b->bytes * reps(x, id), &b->grad_offset};
+                iv[cnt++] = (interval){n - 1 - last, n - 1 - until[id], b->bytes * reps(x, id), &b->grad_offset};
             if (b->scratch) iv[cnt++] = (interval){n - 1 - id, n - 1 - id, b->scratch, &b->scratch_offset};
         }
     }
     /* creation order breaks ties: the offset fields are in tensor order */
     int64_t peak = first_fit(iv, cnt, x->no_reuse);
     free(iv);
+    free(until);
     return peak;
 }
 
@@ -383,8 +396,33 @@ static void place_values(mp *x) {
     for (int s = 0; s < x->m->pp; s++) x->m->stage[s].recompute = rec;
 }
 
+int memplan_grad_alias(const plan *p, int id) {
+    const plan_tensor *t = &p->tensors[id];
+    if (t->op != G_MATMUL || !has_grad(p, id)) return -1;
+    int reader = -1;
+    for (int c = id + 1; c < p->n_tensors; c++)
+        for (int k = 0; k < p->tensors[c].n_in; k++) {
+            if (p->tensors[c].in[k] != id) continue;
+            if (reader >= 0) return -1; /* read twice */
+            reader = c;
+        }
+    if (reader < 0) return -1;
+    const plan_tensor *b = &p->tensors[reader];
+    if (b->op != G_BIAS_ADD || b->n_in != 2 || b->in[0] != id || b->in[1] == id || !has_grad(p, reader) ||
+        b->region != t->region || b->rank != t->rank)
+        return -1;
+    for (int d = 0; d < t->rank; d++)
+        if (b->dims[d] != t->dims[d]) return -1;
+    for (int a = 0; a < SHARD_AXES; a++)
+        if (b->pl.kind[a] != t->pl.kind[a] || (t->pl.kind[a] == PL_SPLIT && b->pl.dim[a] != t->pl.dim[a])) return -1;
+    for (int s = 0; s < p->n_steps; s++) /* converted (an all-reduce of a partial sum, a tp exchange) */
+        if (p->steps[s].node == id && p->steps[s].kind != STEP_COMPUTE) return -1;
+    return reader;
+}
+
 /* Gradients of activations: pinned when used across segments (a carried
- * value's as a pair), else shared by liveness. */
+ * value's as a pair), else shared by liveness (none for a matmul's that is
+ * its bias add's, memplan_grad_alias). */
 static int64_t place_grads(mp *x) {
     const plan *p = x->p;
     int64_t pin = 0;
@@ -404,7 +442,7 @@ static int64_t place_grads(mp *x) {
     }
     for (int id = 0; id < x->n; id++) {
         mem_buf *b = &x->b[id];
-        if (!has_grad(p, id) || b->grad_region != MEM_NONE) continue;
+        if (!has_grad(p, id) || b->grad_region != MEM_NONE || memplan_grad_alias(p, id) >= 0) continue;
         int64_t copies = reps(x, id);
         b->grad_stride = copies > 1 ? b->bytes : 0;
         if (x->cross[id]) {
@@ -692,6 +730,8 @@ void memplan_dump(const memplan *m, const plan *p, FILE *out) {
         if (b->grad_region != MEM_NONE) {
             fprintf(out, " | grad %s %lld", where[b->grad_region], (long long)b->grad_offset);
             if (b->carried && b->grad_region == MEM_PINNED) fprintf(out, " (pair)");
+        } else if (memplan_grad_alias(p, id) >= 0) {
+            fprintf(out, " | grad %%%d's", memplan_grad_alias(p, id));
         }
         if (b->scratch) fprintf(out, " | scratch %lld at %lld", (long long)b->scratch, (long long)b->scratch_offset);
         if (p->tensors[id].op == G_PARAM && b->zoffset >= 0)

@@ -137,6 +137,16 @@ void memplan_free(memplan *m);
  * region: up to 16 with 2-byte floats, unchanged with 4-byte ones. */
 int64_t memplan_round(const memplan *m, int64_t bytes);
 
+/* The tensor whose gradient buffer is also tensor id's, or -1: a matmul's
+ * whose value only a bias add reads (x @ w + b): the bias add's backward
+ * passes its output's gradient on unchanged, so the matmul's backward
+ * reads that gradient in place, and id has no gradient buffer of its own
+ * (none to zero, nothing copied); the bias add's lives until the matmul's
+ * backward. Not when anything converts id between them (a partial sum's
+ * all-reduce, sequence parallelism's exchanges), or their shapes or
+ * placements differ. The runtime follows it (exec__gptr). */
+int memplan_grad_alias(const struct plan *p, int id);
+
 /* The param whose gradient input k of node's backward adds to (x @
  * transpose(w): w), or -1 when that input is no param. */
 int memplan_grad_param(const struct plan *p, int node, int k);

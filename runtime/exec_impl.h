@@ -154,6 +154,8 @@ struct mesh__exec {
     size_t *numel;       /* per tensor: elements of one iteration's value on this rank */
     int64_t (*ld)[GRAPH_MAX_RANK]; /* per tensor: its dims on this rank (tp and ep splits applied) */
     int *iters;          /* per tensor: iterations of its region (1 outside) */
+    int *galias;         /* per tensor: the one whose gradient buffer is its own too (a matmul's:
+                            its bias add's), or -1 (memplan_grad_alias) */
     int *zero_by;        /* per tensor: the node whose backward starts its gradient
                             (its last consumer in its segment, or itself), -1 if none */
     int *params;         /* tensor ids of the params */

@@ -307,6 +307,7 @@ float *exec__vptr(const mesh__exec *ex, int id, int it)
  * the other. */
 float *exec__gptr(const mesh__exec *ex, int id, int it)
 {
+    if (ex->galias && ex->galias[id] >= 0) id = ex->galias[id]; /* a matmul's: its bias add's (same region) */
     const mem_buf *b = exec__buf_of(ex, id);
     int64_t at;
     for (int k = 0; k < ex->gst_n; k++) /* an op's backward in hand: its contribution, staged */

@@ -198,6 +198,10 @@ static int add_backward(mesh__exec *ex, float *da, size_t na, int fa, float *db,
                         const float *dout)
 {
     int rc = 0;
+    /* a side whose gradient is the output's own buffer (a matmul's before
+     * its bias add, memplan_grad_alias) has it already */
+    if (da == dout) da = NULL, asg &= ~1u;
+    if (db == dout) db = NULL, asg &= ~2u;
     if (!fa && !fb) {
         ex->kern.assign = (int)(na == nb ? asg : na > nb ? asg & 1u : asg >> 1 & 1u);
         if (na == nb) rc = EXEC_KERN(ex, add_backward, da, db, dout, na);
