@@ -417,6 +417,8 @@ int memplan_grad_alias(const plan *p, int id) {
         if (b->pl.kind[a] != t->pl.kind[a] || (t->pl.kind[a] == PL_SPLIT && b->pl.dim[a] != t->pl.dim[a])) return -1;
     for (int s = 0; s < p->n_steps; s++) /* converted (an all-reduce of a partial sum, a tp exchange) */
         if (p->steps[s].node == id && p->steps[s].kind != STEP_COMPUTE) return -1;
+    for (int r = 0; r < p->n_regions; r++) /* a repeat between them: other segments, maybe other stages */
+        if (p->regions[r].first > id && p->regions[r].first < reader) return -1;
     return reader;
 }
 
