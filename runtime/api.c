@@ -296,6 +296,16 @@ mesh_status mesh_context_comm_ms(mesh_context *ctx, int index, double *ms, doubl
     return MESH_OK;
 }
 
+mesh_status mesh_context_overlap_ms(mesh_context *ctx, int index, double *ms, double *calls)
+{
+    double n = 0;
+    if (!ctx || !ms) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_overlap_ms: NULL argument");
+    if (index < 0 || mesh__exec_overlap_ms(ctx->ex, index, ms, &n) != 0)
+        return mesh__fail(MESH_ERR_INVALID_ARG, "no entry %d of the bytes sent", index);
+    if (calls) *calls = n;
+    return MESH_OK;
+}
+
 mesh_status mesh_context_times_on_gpu(const mesh_context *ctx, int *on_gpu)
 {
     if (!ctx || !on_gpu) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_times_on_gpu: NULL argument");

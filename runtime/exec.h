@@ -121,6 +121,9 @@ int mesh__exec_sent(const mesh__exec *ex, int k, char *what, size_t n, double *b
  * the calls of every entry that went untimed (the GPU EX_TIMES calls
  * behind the host). -1 past the last entry. */
 int mesh__exec_comm_ms(mesh__exec *ex, int k, double *ms, double *calls, long long *untimed);
+/* The same for entry k's collectives run on a communication queue
+ * (overlapped: exec_marks.c), per step. -1 past the last entry. */
+int mesh__exec_overlap_ms(mesh__exec *ex, int k, double *ms, double *calls);
 
 /* Why the last train step returned -2 (a collective failed). */
 const char *mesh__exec_error(const mesh__exec *ex);

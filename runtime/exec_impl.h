@@ -64,6 +64,10 @@ typedef struct ex_lterm {
  * rank's wait for its ticket. Slot ticket % EX_MARKS
  * (comm_async_hooks.marks). */
 enum { EX_MARKS = 64, EX_TIMES = 256 };
+/* Entries of mesh_context_sent's table a collective's time is kept by:
+ * kind x 4 + axis (shard_step_kind; the pipeline's transfers: kind
+ * STEP_SLICE, axis 0); EX_ENTRIES: none (a call outside a training step). */
+enum { EX_ENTRIES = (STEP_SLICE + 1) * 4 };
 typedef struct ex_marks {
     struct mesh__exec *ex;
     dev *dev; /* the queue's thread's handle on the executor's device */
@@ -82,11 +86,16 @@ typedef struct ex_marks {
      * behind the host) goes untimed rather than wait. */
     dev_event *start[EX_TIMES], *end[EX_TIMES];
     dev_event *pre[EX_TIMES], *post[EX_TIMES];
-    pthread_mutex_t mu; /* calls_made, calls_timed, busy_ms: the queue's thread records, either harvests */
+    pthread_mutex_t mu; /* calls_made, calls_timed, at, ms, n: the queue's thread records, either harvests */
     int mu_made;
     int timing;               /* (the queue's thread) the call in hand has its start recorded */
     long long calls_made, calls_timed; /* calls whose start and end are recorded; whose times are added in */
-    double busy_ms;           /* the harvested calls' time on the GPU */
+    short entry[EX_MARKS];    /* each call's entry (EX_ENTRIES), set as it is queued (mark) from next_entry */
+    short next_entry;         /* (the rank's thread) the entry of the call it queues next */
+    short at[EX_TIMES];       /* deferred: each timed slot's entry */
+    double t0;                /* (the queue's thread) the host's clock as the call in hand began */
+    double ms[EX_ENTRIES + 1];   /* by entry: the calls' time, the GPU's (harvested) or else the host's */
+    long long n[EX_ENTRIES + 1]; /* the calls whose times ms has */
     long long joins_made, joins_timed; /* (the rank's thread only) the same for the waits */
     double stall_ms;          /* the compute stream's time waiting for calls, harvested */
     long long untimed_calls;  /* calls that found their ring full (under mu; the waits that did:
@@ -509,6 +518,15 @@ void exec__marks_free(mesh__exec *ex, ex_marks *m);
 comm_async_hooks exec__marks_hooks(ex_marks *m, int deferred);
 double exec__marks_busy(ex_marks *m, const comm_async *q, double *stall);
 long long exec__marks_untimed(ex_marks *m);
+/* Milliseconds the queue's calls of entry e (EX_ENTRIES) ran, and their
+ * count: the GPU's time as far as it has finished them (deferred), else
+ * the host's in each call after its wait for its mark. */
+double exec__marks_entry_ms(ex_marks *m, int e, long long *calls);
+/* The next call issued to queue q (one of ex's) counts under step kind
+ * and axis's entry, during a training step (else under none). */
+void exec__queue_entry(mesh__exec *ex, const comm_async *q, int kind, int axis);
+/* Both queues' time in calls of kind and axis, and their count. */
+double exec__overlap_entry_ms(mesh__exec *ex, int kind, int axis, long long *calls);
 
 /* This step's overlap so far: seconds its queues' calls ran, and seconds
  * the rank waited for them (comm_async_busy; the waits exec_overlap.c

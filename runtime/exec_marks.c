@@ -21,6 +21,12 @@
  * finished them, never waited for; a call or a wait that finds its ring
  * full goes untimed. They are mesh_step_stats' overlap_ms and wait_ms on
  * a GPU (exec__overlap_times). Test: parallel_cuda_overlap_timed_on_the_gpu.
+ *
+ * Each call's time is also kept by its entry of mesh_context_sent's table
+ * (mesh_context_overlap_ms): the entry exec__queue_entry names as the call
+ * is issued goes with its ticket (mark), then with its timed slot
+ * (deferred), else the host's time from the end of its wait for the mark
+ * to its end (ran). Test: parallel_comm_timed_in_turn.
  */
 #include "exec_impl.h"
 
@@ -33,6 +39,8 @@ static int mark(void *ud, long ticket, char *err, size_t n)
 {
     ex_marks *m = ud;
     mesh__exec *ex = m->ex;
+    m->entry[ticket % EX_MARKS] = m->next_entry; /* (read by the queue's thread once the call is queued) */
+    m->next_entry = EX_ENTRIES;
     if (dev_event_record(ex->dev, m->ev[ticket % EX_MARKS], (dev_stream *)ex->kern.stream) == MESH_OK) return 0;
     snprintf(err, n, "rank %d: marking a queued collective on %s: %s", ex->rank, ex->dev->name,
              dev_last_error(ex->dev));
@@ -59,14 +67,14 @@ void exec__harvest_times(dev *d, dev_event *const *from, dev_event *const *to, l
 /* The calls' times so far (under m->mu; d: the calling thread's handle). */
 static void harvest_calls(ex_marks *m, dev *d)
 {
-    exec__harvest_times(d, m->start, m->end, m->calls_made, &m->calls_timed, NULL, &m->busy_ms, NULL);
+    exec__harvest_times(d, m->start, m->end, m->calls_made, &m->calls_timed, m->at, m->ms, m->n);
 }
 
 /* The rank's thread: the calls' and the compute stream's waits' times, as
  * far as the GPU has got (no wait). */
 static void harvest(ex_marks *m)
 {
-    if (!m->mu_made) return;
+    if (!m->deferred || !m->mu_made) return;
     pthread_mutex_lock(&m->mu);
     harvest_calls(m, m->ex->dev);
     pthread_mutex_unlock(&m->mu);
@@ -90,12 +98,16 @@ static int wait_mark(void *ud, long ticket, comm *c, char *err, size_t n)
         m->timing = m->calls_made - m->calls_timed < EX_TIMES;
         m->untimed_calls += !m->timing;
         long long slot = m->calls_made % EX_TIMES;
+        m->at[slot] = m->entry[ticket % EX_MARKS];
         pthread_mutex_unlock(&m->mu);
         if (!m->timing || comm_nccl_record_event(c, m->start[slot]) == 0) return 0;
         snprintf(err, n, "%s", c->error);
         return -1;
     }
-    if (dev_event_sync(m->dev, m->ev[ticket % EX_MARKS], m->timeout) == MESH_OK) return 0;
+    if (dev_event_sync(m->dev, m->ev[ticket % EX_MARKS], m->timeout) == MESH_OK) {
+        m->t0 = comm_now(); /* the call's own time from here (ran) */
+        return 0;
+    }
     snprintf(err, n, "rank %d: waiting for the kernels before a queued collective: %s", ex->rank,
              dev_last_error(m->dev));
     return -1;
@@ -106,7 +118,15 @@ static int wait_mark(void *ud, long ticket, comm *c, char *err, size_t n)
 static int ran(void *ud, long ticket, comm *c, char *err, size_t n)
 {
     ex_marks *m = ud;
-    if (!m->deferred) return 0;
+    if (!m->deferred) { /* the call has run: the host's time in it, by entry */
+        int e = m->entry[ticket % EX_MARKS];
+        double t = 1e3 * (comm_now() - m->t0);
+        pthread_mutex_lock(&m->mu);
+        m->ms[e] += t;
+        m->n[e]++;
+        pthread_mutex_unlock(&m->mu);
+        return 0;
+    }
     if (comm_nccl_record_event(c, m->done[ticket % EX_MARKS]) != 0 ||
         (m->timing && comm_nccl_record_event(c, m->end[m->calls_made % EX_TIMES]) != 0)) {
         snprintf(err, n, "%s", c->error);
@@ -169,7 +189,8 @@ int exec__marks_init(mesh__exec *ex, ex_marks *m)
         for (int k = 0; st == MESH_OK && k < 4; k++) st = dev_event_create_timed(ex->dev, timed[k]);
         if (st != MESH_OK) snprintf(why, sizeof why, "%s", dev_last_error(ex->dev));
     }
-    if (st == MESH_OK && m->deferred) {
+    m->next_entry = EX_ENTRIES;
+    if (st == MESH_OK) {
         if (pthread_mutex_init(&m->mu, NULL) == 0) m->mu_made = 1;
         else st = MESH_ERR_NOMEM, snprintf(why, sizeof why, "pthread_mutex_init failed");
     }
@@ -208,10 +229,23 @@ double exec__marks_busy(ex_marks *m, const comm_async *q, double *stall)
     if (!m->deferred) return comm_async_busy(q);
     harvest(m);
     pthread_mutex_lock(&m->mu);
-    double busy = 1e-3 * m->busy_ms;
+    double busy = 0;
+    for (int e = 0; e <= EX_ENTRIES; e++) busy += 1e-3 * m->ms[e];
     pthread_mutex_unlock(&m->mu);
     *stall = 1e-3 * m->stall_ms;
     return busy;
+}
+
+double exec__marks_entry_ms(ex_marks *m, int e, long long *calls)
+{
+    *calls = 0;
+    if (!m->mu_made) return 0;
+    harvest(m);
+    pthread_mutex_lock(&m->mu);
+    double ms = m->ms[e];
+    *calls = m->n[e];
+    pthread_mutex_unlock(&m->mu);
+    return ms;
 }
 
 long long exec__marks_untimed(ex_marks *m)

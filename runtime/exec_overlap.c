@@ -454,6 +454,24 @@ void exec__overlap_times(mesh__exec *ex, double *busy_s, double *wait_s)
     *wait_s = ex->ov_wait_s + (stall - ex->ov_stall0);
 }
 
+void exec__queue_entry(mesh__exec *ex, const comm_async *q, int kind, int axis)
+{
+    for (int g = 0; g < 2; g++)
+        if (q && ex->ov_q[g] == q) ex->ov_mark[g].next_entry = (short)(ex->counting ? kind * 4 + axis : EX_ENTRIES);
+}
+
+double exec__overlap_entry_ms(mesh__exec *ex, int kind, int axis, long long *calls)
+{
+    double ms = 0;
+    *calls = 0;
+    for (int g = 0; g < 2; g++) {
+        long long n = 0;
+        if (ex->ov_q[g]) ms += exec__marks_entry_ms(&ex->ov_mark[g], kind * 4 + axis, &n);
+        *calls += n;
+    }
+    return ms;
+}
+
 double mesh__exec_queue_stall_ms(mesh__exec *ex, long long *untimed)
 {
     double stall;

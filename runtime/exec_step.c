@@ -224,9 +224,11 @@ int exec__bucket_call(mesh__exec *ex, int q, int r, int it, comm_async *queue)
     int rc = 0, grads = kind != STEP_ALL_GATHER; /* the gradient sync's (fp32), or the params' values */
     if (queue) {
         exec__grad_elements(ex, NULL, queue, grads);
+        exec__queue_entry(ex, queue, kind, first->axis);
         long t = !a ? 0
                : kind == STEP_REDUCE_SCATTER ? comm_async_reduce_scatter_v(queue, even, ne, a)
                                              : comm_async_all_gather_v(queue, even, ne, a);
+        exec__queue_entry(ex, queue, kind, first->axis);
         if (t >= 0 && b) t = comm_async_all_reduce_v(queue, uneven, nu, b);
         exec__grad_elements(ex, NULL, queue, 0);
         if (t >= 0) return (a > 0) + (b > 0);
@@ -255,6 +257,7 @@ long exec__zreduce(mesh__exec *ex, const plan_step *st, int it, comm_async *queu
     float *mine = g + (size_t)c->rank * part;
     long rc;
     if (exec__grad_elements(ex, queue ? NULL : c, queue, 1) != 0) return -1;
+    exec__queue_entry(ex, queue, st->kind, st->axis);
     if (queue) /* uneven shards: the whole sum, of which the rank uses its part */
         rc = n % (size_t)c->size == 0 ? comm_async_reduce_scatter(queue, g, mine, part) : comm_async_all_reduce(queue, g, n);
     else if (n % (size_t)c->size == 0)
@@ -275,6 +278,7 @@ long exec__zgather(mesh__exec *ex, const plan_step *st, int it, int own, comm_as
         snprintf(c->error, sizeof c->error, "%.300s", ex->error);
         return -1;
     }
+    exec__queue_entry(ex, queue, st->kind, st->axis);
     if (n % (size_t)c->size == 0)
         return queue ? comm_async_all_gather(queue, mine, w, sh)
                      : EXEC_COMM(ex, st->kind, st->axis, comm_all_gather(c, mine, w, sh));
@@ -938,6 +942,17 @@ int mesh__exec_comm_ms(mesh__exec *ex, int k, double *ms, double *calls, long lo
     if (sent_entry(ex, k, &kind, &a) != 0) return -1;
     double steps = ex->steps > 0 ? (double)ex->steps : 1;
     *ms = exec__turns_ms(ex, kind, a, &n, untimed) / steps;
+    *calls = (double)n / steps;
+    return 0;
+}
+
+int mesh__exec_overlap_ms(mesh__exec *ex, int k, double *ms, double *calls)
+{
+    int kind, a;
+    long long n;
+    if (sent_entry(ex, k, &kind, &a) != 0) return -1;
+    double steps = ex->steps > 0 ? (double)ex->steps : 1;
+    *ms = exec__overlap_entry_ms(ex, kind, a, &n) / steps;
     *calls = (double)n / steps;
     return 0;
 }

@@ -224,6 +224,17 @@ mesh_status mesh_context_sent(const mesh_context *ctx, int index, char *what, si
  * behind the host. MESH_ERR_INVALID_ARG past the last entry. */
 mesh_status mesh_context_comm_ms(mesh_context *ctx, int index, double *ms, double *calls, long long *untimed);
 
+/* The same for the entry's collectives that ran on the communication
+ * thread while the rank computed (mesh_set_overlap: the gradient sums of
+ * backward, ZeRO's reduce-scatters and gathers): their time per step by
+ * entry, which mesh_step_stats' overlap_ms adds up over every entry. On a
+ * GPU whose NCCL calls are ordered, the GPU's time on the communication
+ * stream (as far as it has finished them; calls that found the GPU 256
+ * behind go untimed, as overlap_ms's); else the host's time in each call.
+ * calls (may be NULL): their number per step. MESH_ERR_INVALID_ARG past
+ * the last entry. */
+mesh_status mesh_context_overlap_ms(mesh_context *ctx, int index, double *ms, double *calls);
+
 /* *on_gpu: 1 when this rank's NCCL calls are ordered on its GPU's streams
  * (the default over NCCL), so that the collectives' times
  * (mesh_context_comm_ms, mesh_step_stats' overlap_ms and wait_ms) are the

@@ -245,8 +245,9 @@ static void log_step(FILE *metrics, mesh_context *ctx, const mesh_step_stats *st
 }
 
 /* The bytes rank 0 sent per step, beside the plan's prediction; then the
- * time its collectives took in its turn (gpu: the GPU's own, as
- * mesh_context_comm_ms measures it when NCCL's calls are ordered). */
+ * time its collectives took in its turn and, those overlapped, on its
+ * communication thread (gpu: the GPU's own, as mesh_context_comm_ms and
+ * mesh_context_overlap_ms measure them when NCCL's calls are ordered). */
 static void print_sent(mesh_context *ctx, int gpu)
 {
     char what[48];
@@ -268,6 +269,17 @@ static void print_sent(mesh_context *ctx, int gpu)
             putchar('\n');
         }
     }
+    int shown = 0; /* the overlapped ones, by entry: those that ran on the communication thread */
+    double calls;
+    for (int k = 0; mesh_context_sent(ctx, k, what, sizeof what, &bytes, &planned) == MESH_OK &&
+                    mesh_context_overlap_ms(ctx, k, &ms, &calls) == MESH_OK; k++) {
+        if (calls <= 0) continue;
+        if (!shown++)
+            printf("meshrun: time rank 0's collectives took per step on its communication thread, %s:",
+                   gpu ? "on the GPU" : "on the host");
+        printf("%s %s %.2f ms", shown > 1 ? "," : "", what, ms);
+    }
+    if (shown) putchar('\n');
     fflush(stdout);
 }
 

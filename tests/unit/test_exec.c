@@ -482,6 +482,7 @@ static struct eq_comm {
     int n;
     char what[EQ_ENTRIES][32];
     double ms[EQ_ENTRIES], calls[EQ_ENTRIES];
+    double ov_ms[EQ_ENTRIES], ov_calls[EQ_ENTRIES]; /* overlapped: mesh_context_overlap_ms */
     long long untimed;
     double steps_ms; /* eq_run.comm_ms */
     int on_gpu;      /* mesh_context_times_on_gpu */
@@ -528,7 +529,8 @@ static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
         memset(&eq_comm, 0, sizeof eq_comm);
         for (int k = 0; k < EQ_ENTRIES && mesh_context_sent(ctx, k, eq_comm.what[k], sizeof eq_comm.what[k], &bytes,
                                                             &plan_bytes) == MESH_OK; k++, eq_comm.n++)
-            if (mesh_context_comm_ms(ctx, k, &eq_comm.ms[k], &eq_comm.calls[k], &eq_comm.untimed) != MESH_OK)
+            if (mesh_context_comm_ms(ctx, k, &eq_comm.ms[k], &eq_comm.calls[k], &eq_comm.untimed) != MESH_OK ||
+                mesh_context_overlap_ms(ctx, k, &eq_comm.ov_ms[k], &eq_comm.ov_calls[k]) != MESH_OK)
                 return MESH_ERR_INTERNAL;
         eq_comm.steps_ms = r->comm_ms;
         if (mesh_context_times_on_gpu(ctx, &eq_comm.on_gpu) != MESH_OK) return MESH_ERR_INTERNAL;
@@ -1009,8 +1011,9 @@ static int nccl_gpus(mesh_device_kind *was)
  * sums and the pipeline's transfers each took calls and time every step,
  * and the steps' comm_ms add up to the entries' times; no dp entry on a
  * mesh without dp. dp 2: the gradient sums made in turn with
- * --no-overlap are more than with the overlap (whose calls run on the
- * communication thread, timed apart: overlap_ms), and take time. */
+ * --no-overlap are more than with the overlap, by those that ran on the
+ * communication thread, timed there by entry (mesh_context_overlap_ms:
+ * all-reduce(dp) only, with time; none with --no-overlap). */
 TEST_IMPL(parallel_comm_timed_in_turn)
 {
     static const char *const tp_pp[] = {"train.micro_batch=1", "train.global_batch=2", "mesh.tp=2", "mesh.pp=2"};
@@ -1037,19 +1040,28 @@ TEST_IMPL(parallel_comm_timed_in_turn)
     if (!(fabs(eq_comm.steps_ms - total) <= 1e-6 * total + 1e-9) || eq_comm.untimed != 0)
         unit_fail(__FILE__, __LINE__, "the steps' comm_ms add to %.6f ms, the entries' to %.6f (%lld untimed)",
                   eq_comm.steps_ms, total, eq_comm.untimed);
-    double calls[2];
+    double calls[2], ov_calls[2], ov_ms = 0;
     for (int v = 0; v < 2; v++) {
         mesh__set_exec_flags(v ? MESH__EXEC_NO_OVERLAP : 0);
         eq_losses(tiny_src, dp2, 3, losses);
         int dp = eq_entry("all-reduce(dp)");
         if (dp < 0) unit_fail(__FILE__, __LINE__, "dp 2: no all-reduce(dp) entry");
         calls[v] = eq_comm.calls[dp];
+        ov_calls[v] = eq_comm.ov_calls[dp];
+        if (!v) ov_ms = eq_comm.ov_ms[dp];
         if (v && !(eq_comm.ms[dp] > 0)) unit_fail(__FILE__, __LINE__, "dp 2 in turn: %.4f ms", eq_comm.ms[dp]);
+        for (int k = 0; k < eq_comm.n; k++) /* (only the gradient sums overlap here) */
+            if (k != dp && eq_comm.ov_calls[k] != 0) unit_fail(__FILE__, __LINE__, "%s overlapped", eq_comm.what[k]);
     }
     mesh__set_exec_flags(0);
-    fprintf(stderr, "# dp 2: %.1f gradient sums a step in turn with the overlap, %.1f without\n", calls[0], calls[1]);
+    fprintf(stderr, "# dp 2: %.1f gradient sums a step in turn with the overlap (%.1f on the queue, %.3f ms), %.1f "
+            "without\n", calls[0], ov_calls[0], ov_ms, calls[1]);
     if (!(calls[1] > calls[0])) unit_fail(__FILE__, __LINE__, "dp 2: %.1f calls in turn overlapped, %.1f not", calls[0],
                                           calls[1]);
+    /* the queue's calls are the ones the rank no longer makes in turn, timed by entry */
+    if (!(calls[0] + ov_calls[0] == calls[1] && ov_calls[1] == 0 && ov_ms > 0))
+        unit_fail(__FILE__, __LINE__, "dp 2: %.1f + %.1f overlapped calls, %.1f not (%.1f on a queue), %.4f ms",
+                  calls[0], ov_calls[0], calls[1], ov_calls[1], ov_ms);
 }
 
 /* Several ranks as threads, a GPU each (the process's device CUDA): their
@@ -1133,8 +1145,9 @@ TEST_IMPL(parallel_cuda_ranks_over_nccl)
  * long before it runs: run.sh), each call runs at least that long on the
  * GPU, so overlap_ms is at least the calls' lags, and the compute stream
  * waits at least one lag for the last bucket's sum (nothing to compute
- * after it). The losses are --no-overlap's to the bit. With fewer GPUs
- * than 2: one SKIP line. */
+ * after it), and by entry (mesh_context_overlap_ms) the gradient sums'
+ * each at least a lag. The losses are --no-overlap's to the bit. With
+ * fewer GPUs than 2: one SKIP line. */
 TEST_IMPL(parallel_cuda_overlap_timed_on_the_gpu)
 {
     mesh_device_kind was = MESH_DEVICE_CPU;
@@ -1145,8 +1158,9 @@ TEST_IMPL(parallel_cuda_overlap_timed_on_the_gpu)
     eq_steps = 3;
     ASSERT_INT_EQ(mesh_set_device(MESH_DEVICE_CUDA), MESH_OK);
     eq_losses(tiny_src, dp2, 4, got);
-    int overlapped = eq_overlapped;
+    int overlapped = eq_overlapped, dp = eq_entry("all-reduce(dp)");
     double ran = eq_overlap_ms, waited = eq_wait_ms, stall = eq_stall_ms;
+    double dp_ms = dp >= 0 ? eq_comm.ov_ms[dp] : 0, dp_calls = dp >= 0 ? eq_comm.ov_calls[dp] : 0; /* by entry */
     long long untimed = eq_untimed;
     mesh__set_exec_flags(MESH__EXEC_NO_OVERLAP);
     eq_losses(tiny_src, dp2, 4, ref);
@@ -1162,6 +1176,10 @@ TEST_IMPL(parallel_cuda_overlap_timed_on_the_gpu)
     if (lag_ms > 0 && !(ran >= 0.95 * lag_ms * overlapped && waited >= 0.5 * lag_ms && stall >= 1.5 * lag_ms))
         unit_fail(__FILE__, __LINE__, "%d calls held %.1f ms each: %.2f ms on the GPU, %.2f ms waited (the "
                   "compute stream %.2f ms over 3 steps)", overlapped, lag_ms, ran, waited, stall);
+    /* by entry (mesh_context_overlap_ms): the gradient sums, each at least as long as NCCL held it */
+    fprintf(stderr, "# all-reduce(dp) on the queue: %.1f calls, %.2f ms a step on the GPU\n", dp_calls, dp_ms);
+    if (!(dp_calls >= 1 && dp_ms > 0) || (lag_ms > 0 && !(dp_ms >= 0.95 * lag_ms * dp_calls)))
+        unit_fail(__FILE__, __LINE__, "all-reduce(dp) on the queue: %.1f calls, %.3f ms a step", dp_calls, dp_ms);
 }
 
 /* The collectives a rank makes in its turn, timed on the GPU (timed
