@@ -258,8 +258,7 @@ static int64_t first_fit(interval *iv, int n, int no_reuse) {
 
 /* The shared workspace of one segment: forward temporaries (pass 0) or
  * backward gradients and scratch (pass 1, in reverse node order; a bias
- * add's gradient until its matmul's backward, which reads it:
- * memplan_grad_alias). */
+ * add's gradient until its matmul's backward, which reads it: grad_alias). */
 static int64_t shared_peak(mp *x, int seg, int pass) {
     const plan *p = x->p;
     int n = x->n, cnt = 0;
@@ -271,10 +270,8 @@ static int64_t shared_peak(mp *x, int seg, int pass) {
         return -1;
     }
     for (int id = 0; id < n; id++) until[id] = id;
-    for (int id = 0; pass == 1 && id < n; id++) {
-        int b = memplan_grad_alias(p, id);
-        if (b >= 0 && id < until[b]) until[b] = id;
-    }
+    for (int id = 0; id < n; id++) /* (the matmul comes first: id < its alias) */
+        if (x->b[id].grad_alias >= 0 && id < until[x->b[id].grad_alias]) until[x->b[id].grad_alias] = id;
     for (int id = 0; id < n; id++) {
         mem_buf *b = &x->b[id];
         if (x->seg[id] != seg || !is_activation(p, id)) continue;
@@ -396,7 +393,8 @@ static void place_values(mp *x) {
     for (int s = 0; s < x->m->pp; s++) x->m->stage[s].recompute = rec;
 }
 
-int memplan_grad_alias(const plan *p, int id) {
+/* mem_buf.grad_alias's rule. */
+static int grad_alias(const plan *p, int id) {
     const plan_tensor *t = &p->tensors[id];
     if (t->op != G_MATMUL || !has_grad(p, id)) return -1;
     int reader = -1;
@@ -424,10 +422,11 @@ int memplan_grad_alias(const plan *p, int id) {
 
 /* Gradients of activations: pinned when used across segments (a carried
  * value's as a pair), else shared by liveness (none for a matmul's that is
- * its bias add's, memplan_grad_alias). */
+ * its bias add's: grad_alias). */
 static int64_t place_grads(mp *x) {
     const plan *p = x->p;
     int64_t pin = 0;
+    for (int id = 0; id < x->n; id++) x->b[id].grad_alias = grad_alias(p, id);
     if (x->stack >= 0) { /* the stack's carries first: entry and exit share a pair */
         const plan_region *st = &p->regions[x->stack];
         for (int c = 0; c < st->n_carry; c++) {
@@ -444,7 +443,7 @@ static int64_t place_grads(mp *x) {
     }
     for (int id = 0; id < x->n; id++) {
         mem_buf *b = &x->b[id];
-        if (!has_grad(p, id) || b->grad_region != MEM_NONE || memplan_grad_alias(p, id) >= 0) continue;
+        if (!has_grad(p, id) || b->grad_region != MEM_NONE || b->grad_alias >= 0) continue;
         int64_t copies = reps(x, id);
         b->grad_stride = copies > 1 ? b->bytes : 0;
         if (x->cross[id]) {
@@ -732,8 +731,8 @@ void memplan_dump(const memplan *m, const plan *p, FILE *out) {
         if (b->grad_region != MEM_NONE) {
             fprintf(out, " | grad %s %lld", where[b->grad_region], (long long)b->grad_offset);
             if (b->carried && b->grad_region == MEM_PINNED) fprintf(out, " (pair)");
-        } else if (memplan_grad_alias(p, id) >= 0) {
-            fprintf(out, " | grad %%%d's", memplan_grad_alias(p, id));
+        } else if (b->grad_alias >= 0) {
+            fprintf(out, " | grad %%%d's", b->grad_alias);
         }
         if (b->scratch) fprintf(out, " | scratch %lld at %lld", (long long)b->scratch, (long long)b->scratch_offset);
         if (p->tensors[id].op == G_PARAM && b->zoffset >= 0)

@@ -100,6 +100,14 @@ typedef struct mem_buf {
     mem_region grad_region;         /* MEM_PERSISTENT, MEM_WORKSPACE, MEM_PINNED or MEM_NONE */
     int64_t grad_offset;            /* within its region; a carried value's is its pair's first buffer */
     int64_t grad_stride;            /* per iteration (0: reused) */
+    int grad_alias;                 /* the tensor whose gradient buffer is this one's too, or -1: a
+                                       matmul's whose value only a bias add reads (x @ w + b) has
+                                       none of its own (none to zero, nothing copied): the bias
+                                       add's backward passes its output's gradient on unchanged,
+                                       so the matmul's backward reads it, live until then. Not
+                                       when anything converts the product between them (a partial
+                                       sum's all-reduce, sequence parallelism's exchanges), nor
+                                       across a repeat. The runtime follows it (exec__gptr). */
     int64_t scratch, scratch_offset; /* the backward's scratch (moe), in the shared workspace */
     int64_t zoffset;                /* a param staged whole (zero >= 2, data-parallel group > 1): its
                                        offset in its staging block (zfixed or zlayer; its gradient's:
@@ -136,16 +144,6 @@ void memplan_free(memplan *m);
 /* bytes rounded as the layout rounds an activation's room and each
  * region: up to 16 with 2-byte floats, unchanged with 4-byte ones. */
 int64_t memplan_round(const memplan *m, int64_t bytes);
-
-/* The tensor whose gradient buffer is also tensor id's, or -1: a matmul's
- * whose value only a bias add reads (x @ w + b): the bias add's backward
- * passes its output's gradient on unchanged, so the matmul's backward
- * reads that gradient in place, and id has no gradient buffer of its own
- * (none to zero, nothing copied); the bias add's lives until the matmul's
- * backward. Not when anything converts id between them (a partial sum's
- * all-reduce, sequence parallelism's exchanges), or their shapes or
- * placements differ. The runtime follows it (exec__gptr). */
-int memplan_grad_alias(const struct plan *p, int id);
 
 /* The param whose gradient input k of node's backward adds to (x @
  * transpose(w): w), or -1 when that input is no param. */

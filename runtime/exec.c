@@ -216,10 +216,7 @@ static void find_fusions(mesh__exec *ex, unsigned flags)
 static void find_zero_by(mesh__exec *ex)
 {
     const plan *p = ex->p;
-    for (int id = 0; id < ex->n; id++) {
-        ex->zero_by[id] = id;
-        ex->galias[id] = memplan_grad_alias(p, id);
-    }
+    for (int id = 0; id < ex->n; id++) ex->zero_by[id] = id;
     for (int c = 0; c < ex->n; c++)
         for (int k = 0; k < p->tensors[c].n_in; k++) {
             int in = p->tensors[c].in[k];
@@ -468,7 +465,6 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, comm *d
     ex->ld = exec__host_calloc(ex, (size_t)n, sizeof *ex->ld);
     ex->iters = exec__host_calloc(ex, (size_t)n, sizeof *ex->iters);
     ex->zero_by = exec__host_calloc(ex, (size_t)n, sizeof *ex->zero_by);
-    ex->galias = exec__host_calloc(ex, (size_t)n, sizeof *ex->galias);
     ex->fuse = exec__host_calloc(ex, (size_t)n, sizeof *ex->fuse);
     ex->cnumel = exec__host_calloc(ex, (size_t)n, sizeof *ex->cnumel);
     ex->params = exec__host_calloc(ex, (size_t)n, sizeof *ex->params);
@@ -476,7 +472,7 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, comm *d
     ex->moe = exec__host_calloc(ex, (size_t)n, sizeof *ex->moe);
     ex->slot_of = exec__host_calloc(ex, (size_t)(p->m > 0 ? p->m : 1) * (size_t)(p->pp * p->v), sizeof *ex->slot_of);
     ex->slot_busy = exec__host_calloc(ex, (size_t)slots, 1);
-    if (!ex->numel || !ex->cnumel || !ex->copies || !ex->ld || !ex->iters || !ex->zero_by || !ex->galias || !ex->fuse ||
+    if (!ex->numel || !ex->cnumel || !ex->copies || !ex->ld || !ex->iters || !ex->zero_by || !ex->fuse ||
         !ex->params || !ex->names || !ex->moe || !ex->slot_of ||
         !ex->slot_busy)
         goto oom;
@@ -674,7 +670,6 @@ void mesh__exec_free(mesh__exec *ex)
     ex_free(ex, ex->ld);
     ex_free(ex, ex->iters);
     ex_free(ex, ex->zero_by);
-    ex_free(ex, ex->galias);
     ex_free(ex, ex->fuse);
     ex_free(ex, ex->params);
     ex_free(ex, ex->names);

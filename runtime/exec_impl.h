@@ -163,8 +163,6 @@ struct mesh__exec {
     size_t *numel;       /* per tensor: elements of one iteration's value on this rank */
     int64_t (*ld)[GRAPH_MAX_RANK]; /* per tensor: its dims on this rank (tp and ep splits applied) */
     int *iters;          /* per tensor: iterations of its region (1 outside) */
-    int *galias;         /* per tensor: the one whose gradient buffer is its own too (a matmul's:
-                            its bias add's), or -1 (memplan_grad_alias) */
     int *zero_by;        /* per tensor: the node whose backward starts its gradient
                             (its last consumer in its segment, or itself), -1 if none */
     int *params;         /* tensor ids of the params */
@@ -196,9 +194,6 @@ struct mesh__exec {
     ex_moe **moe;        /* per tensor: moe layers' geometry, NULL for others */
     ex_fuse *fuse;       /* per tensor: ops computed by one kernel (exec.c: find_fusions) */
     int n_fused;         /* the bias adds that run with their matmul */
-    unsigned assign;     /* the node whose backward runs: its inputs (bit k) whose gradients it
-                            overwrites rather than adds to (kern.assign), not zeroed before it
-                            (exec_step.c: start_grads) */
     /* the loss's terms, on the device until the step reads them (exec_loss.c) */
     float *lslots;       /* [EX_LOSS_SLOTS + 1] device floats the kernels write */
     int n_lslots, n_lterms;
@@ -357,8 +352,8 @@ void exec__round(const mesh__exec *ex, float *x, size_t n);
 /* Mixed precision's fp32 main gradients (memplan.h): around node c's
  * backward at iteration it, its params' gradients are staged (begin: each
  * param's, zeroed in the staging area, is what exec__gptr gives for it),
- * then added to the fp32 ones (end); but a matmul's weight, whose product
- * the kernel adds to its fp32 gradient itself (kern.dw32). 0, or -1 (a
+ * then added to the fp32 ones (end); but those the kernel adds to in fp32
+ * itself (kern.dw32, memplan_grad_fp32). 0, or -1 (a
  * device call failed: nothing stays staged). exec__gstage_staged: is param
  * id's staged now. */
 int exec__gstage_begin(mesh__exec *ex, int c, int it);

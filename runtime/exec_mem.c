@@ -111,9 +111,9 @@ int exec__gstage_begin(mesh__exec *ex, int c, int it)
     int64_t at = ex->gstage_at;
     exec__gstage_drop(ex);
     if (ex->prec == KCPU_FP32) return 0;
-    /* a matmul's weight and an embedding's table: added to their fp32
-     * gradients in fp32 by the kernel itself (kern.dw32: cuBLASLt's fp32
-     * output, the embedding's sums), not staged */
+    /* the params whose fp32 gradients the kernel adds to itself (kern.dw32:
+     * a matmul's weight, an embedding's table, a norm's weight and bias, a
+     * bias: memplan_grad_fp32) are not staged */
     ex->kern.dw32 = memplan_grad_fused(ex->p, c);
     for (int k = 0; k < t->n_in; k++) {
         if (!memplan_grad_staged(ex->p, c, k)) continue;
@@ -307,8 +307,8 @@ float *exec__vptr(const mesh__exec *ex, int id, int it)
  * the other. */
 float *exec__gptr(const mesh__exec *ex, int id, int it)
 {
-    if (ex->galias && ex->galias[id] >= 0) id = ex->galias[id]; /* a matmul's: its bias add's (same region) */
     const mem_buf *b = exec__buf_of(ex, id);
+    if (b->grad_alias >= 0) b = exec__buf_of(ex, id = b->grad_alias); /* a matmul's: its bias add's (same region) */
     int64_t at;
     for (int k = 0; k < ex->gst_n; k++) /* an op's backward in hand: its contribution, staged */
         if (ex->gst_id[k] == id) return ex->gst_buf[k];

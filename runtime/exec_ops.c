@@ -199,17 +199,9 @@ static int add_backward(mesh__exec *ex, float *da, size_t na, int fa, float *db,
 {
     int rc = 0;
     /* a side whose gradient is the output's own buffer (a matmul's before
-     * its bias add, memplan_grad_alias) has it already */
+     * its bias add, mem_buf.grad_alias) has it already */
     if (da == dout) da = NULL, asg &= ~1u;
     if (db == dout) db = NULL, asg &= ~2u;
-    if (!fa && !fb) {
-        ex->kern.assign = (int)(na == nb ? asg : na > nb ? asg & 1u : asg >> 1 & 1u);
-        if (na == nb) rc = EXEC_KERN(ex, add_backward, da, db, dout, na);
-        else if (na > nb) rc = EXEC_KERN(ex, add_broadcast_backward, da, db, dout, (int)(na / nb), 1, (int)nb);
-        else rc = EXEC_KERN(ex, add_broadcast_backward, db, da, dout, (int)(nb / na), 1, (int)na);
-        ex->kern.assign = 0;
-        return rc == 0 ? 0 : exec__kern_failed(ex, "add_backward");
-    }
     if (na < nb) { /* a: the larger side (or either) */
         float *d = da;
         size_t n = na;
@@ -219,13 +211,18 @@ static int add_backward(mesh__exec *ex, float *da, size_t na, int fa, float *db,
         asg = (asg & 1u) << 1 | (asg >> 1 & 1u);
     }
     int dw32 = ex->kern.dw32;
-    if (da && fa) rc = EXEC_KERN(ex, accumulate, da, dout, na, 0);
     ex->kern.dw32 = 0;
-    ex->kern.assign = (int)(asg & 1u);
-    if (rc == 0 && da && !fa) rc = EXEC_KERN(ex, add_backward, da, NULL, dout, na);
+    if (na == nb && !fa && !fb) { /* both elementwise, in one kernel */
+        ex->kern.assign = (int)asg;
+        rc = EXEC_KERN(ex, add_backward, da, db, dout, na);
+    } else { /* a elementwise (fp32: accumulate), b's sums over the rows it was broadcast to */
+        ex->kern.assign = (int)(asg & 1u);
+        if (da) rc = fa ? EXEC_KERN(ex, accumulate, da, dout, na, 0) : EXEC_KERN(ex, add_backward, da, NULL, dout, na);
+        ex->kern.assign = 0;
+        ex->kern.dw32 = fb;
+        if (rc == 0 && db) rc = EXEC_KERN(ex, add_broadcast_backward, NULL, db, dout, (int)(na / nb), 1, (int)nb);
+    }
     ex->kern.assign = 0;
-    ex->kern.dw32 = fb;
-    if (rc == 0 && db) rc = EXEC_KERN(ex, add_broadcast_backward, NULL, db, dout, (int)(na / nb), 1, (int)nb);
     ex->kern.dw32 = dw32;
     return rc == 0 ? 0 : exec__kern_failed(ex, "add_backward");
 }
@@ -381,19 +378,18 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
     }
     case G_MATMUL: {
         int K = exec__lastd(ex, t->in[0]), N = exec__lastd(ex, id), M = (int)(n / (size_t)N);
-        ex->kern.assign = (int)(ex->assign & 1u); /* dx overwritten (start_grads did not zero it) */
         if (b->op == G_TRANSPOSE)
             K(matmul_wt_backward, DIN(0), exec__grad_in(ex, b->in[0], t->region, it), DOUT, IN(0),
               exec__val_in(ex, b->in[0], t->region, it), M, K, N);
         else
             K(matmul_backward, DIN(0), DIN(1), DOUT, IN(0), IN(1), M, K, N);
-        ex->kern.assign = 0;
         break;
     }
     case G_BIAS_ADD:
     case G_ADD:
         if (add_backward(ex, DIN(0), ex->cnumel[t->in[0]], ex->kern.dw32 && memplan_grad_fp32(ex->p, id, 0), DIN(1),
-                         ex->cnumel[t->in[1]], ex->kern.dw32 && memplan_grad_fp32(ex->p, id, 1), ex->assign, DOUT) != 0)
+                         ex->cnumel[t->in[1]], ex->kern.dw32 && memplan_grad_fp32(ex->p, id, 1), (unsigned)ex->kern.assign,
+                         DOUT) != 0)
             return -1;
         break;
     case G_LAYERNORM: {
@@ -411,13 +407,11 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
     case G_ATTENTION: {
         int B, T, H, KV, d;
         attn_dims(ex, id, &B, &T, &H, &KV, &d);
-        ex->kern.assign = (int)ex->assign; /* dq, dk, dv (or dqkv) overwritten where start_grads did not zero them */
         if (t->n_in == 1)
             K(attention_qkv_backward, DIN(0), DOUT, OUT, AUX, IN(0), B, T, H, KV, d, t->causal);
         else
             K(attention_backward, DIN(0), DIN(1), DIN(2), DOUT, OUT, AUX, IN(0), IN(1), IN(2), B, T, H, KV, d,
               t->causal);
-        ex->kern.assign = 0;
         break;
     }
     case G_ROPE: {
@@ -426,13 +420,8 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
         K(rope_backward, DIN(0), DOUT, B, T, H, d, (float)t->theta);
         break;
     }
-    case G_GELU:
-    case G_SILU:
-        ex->kern.assign = (int)(ex->assign & 1u); /* dx overwritten (start_grads did not zero it) */
-        if (t->op == G_GELU) K(gelu_backward, DIN(0), IN(0), DOUT, n);
-        else K(silu_backward, DIN(0), IN(0), DOUT, n);
-        ex->kern.assign = 0;
-        break;
+    case G_GELU: K(gelu_backward, DIN(0), IN(0), DOUT, n); break;
+    case G_SILU: K(silu_backward, DIN(0), IN(0), DOUT, n); break;
     case G_SWIGLU: K(swiglu_backward, DIN(0), DIN(1), DOUT, IN(0), IN(1), n); break;
     case G_CROSS_ENTROPY: {
         int W = exec__lastd(ex, t->in[0]), N = (int)ex->numel[t->in[1]];
@@ -441,10 +430,8 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
         /* the loss's gradient: the backward's seed (exactly, when it is this node) */
         float seed = (float)(ex->dloss * ex->loss_scale);
         if (id != ex->p->loss && exec__floats_to_host(ex, &seed, DOUT, 1) != 0) return -1;
-        ex->kern.assign = (int)(ex->assign & 1u); /* dlogits overwritten (start_grads did not zero it) */
         K(crossentropy_shard_backward, DIN(0), IN(0), I32(IN(1)), aux + N, aux + 2 * N, seed, N,
           vocab_split(ex, t->in[0]) ? ex->coord[1] * W : 0, W, V);
-        ex->kern.assign = 0;
         break;
     }
     case G_MOE: {

@@ -45,18 +45,19 @@ static int assigns(const mesh__exec *ex, int c, int k)
 
 /* Before node c's backward: the gradients it starts (of inputs whose last
  * consumer it is, or its own when nothing consumes it) are zeroed, but
- * those its kernel overwrites (ex->assign); the loss's is the seed. */
+ * those its kernel overwrites: bit k of kern.assign for input k, which the
+ * ops' backward kernels take in their inputs' order (run_phase clears it
+ * after the node); the loss's is the seed. */
 static void start_grads(mesh__exec *ex, int c, int it)
 {
     const plan_tensor *t = &ex->p->tensors[c];
-    ex->assign = 0;
     ex->kern.assign = 0;
     for (int k = 0; k < t->n_in; k++) {
         int in = t->in[k], seen = 0;
         for (int j = 0; j < k; j++) seen |= t->in[j] == in;
         if (seen || ex->zero_by[in] != c) continue;
         if (assigns(ex, c, k)) {
-            ex->assign |= 1u << k;
+            ex->kern.assign |= 1 << k;
             continue;
         }
         float *g = exec__grad_in(ex, in, t->region, it);
@@ -571,7 +572,9 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
                     round_value(ex, sq->node, it);
                 } else if (back) {
                     start_grads(ex, sq->node, it);
-                    if (exec__gstage_begin(ex, sq->node, it) != 0 || exec__backward_node(ex, sq->node, it) != 0) {
+                    int bad = exec__gstage_begin(ex, sq->node, it) != 0 || exec__backward_node(ex, sq->node, it) != 0;
+                    ex->kern.assign = 0; /* (start_grads's, for this node's kernels only) */
+                    if (bad) {
                         exec__gstage_drop(ex);
                         return -1;
                     }

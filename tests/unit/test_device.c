@@ -320,9 +320,6 @@ TEST_IMPL(device_cuda_probe_says_why)
     ASSERT_STR_EQ(err, want);
 }
 
-/* With a GPU (else nothing: device_cuda_probe_says_why said why): the
- * same round trips on device 0, and an allocation larger than the device
- * says how much it has. */
 /* a watch that counts its calls, and fails once told to */
 typedef struct watch_count {
     int calls, fail;
@@ -368,6 +365,9 @@ static void watched_round_trip(dev *d)
     free(back);
 }
 
+/* With a GPU (else nothing: device_cuda_probe_says_why said why): the
+ * same round trips on device 0, an allocation larger than the device says
+ * how much it has, and the watched round trips. */
 TEST_IMPL(device_cuda_round_trips)
 {
     char name[256], err[400] = "x", want[600];
