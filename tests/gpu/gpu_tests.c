@@ -276,9 +276,9 @@ static void *snapshot(const void *d, size_t n, kcuda_dtype dt)
 /* ---- cases: matmul -------------------------------------------------------- */
 
 /* The backward of x @ w (wt: x @ w^T, w stored [N, K]) on the host's x, w
- * and the device's dx, dw, into gradients that already hold values: dw of
- * wdt (dt, or fp32 beside 2-byte tensors: checked to fp32's tolerance),
- * the bias gradient of dt. */
+ * and the device's dx, dw, into gradients that already hold values (dx
+ * with assign: NaN, overwritten): dw and the bias gradient of wdt (dt, or
+ * fp32 beside 2-byte tensors: checked to fp32's tolerance). */
 static void matmul_backward_case(kcuda_dtype dt, kcuda_dtype wdt,
                                  const float *x, const float *w,
                                  const void *dx, const void *dw, int M, int K,
@@ -347,14 +347,13 @@ static void t_matmul(kcuda_dtype dt)
     matmul_case(dt, 300, 64, 40, 0, 1, 0); /* dbias over two row chunks */
 }
 
-/* A weight gradient in fp32 beside 2-byte tensors (an fp32 main gradient
- * the product is added to in fp32): within fp32's tolerance of the CPU's
- * fp32 sums of the same (2-byte) inputs; dx stays 2-byte. */
-static void matmul_f32_dw_case(kcuda_dtype dt, int M, int K, int N, int wt)
+/* The backward alone, on fresh inputs (matmul_backward_case). */
+static void matmul_bwd_case(kcuda_dtype dt, kcuda_dtype wdt, int M, int K,
+                            int N, int wt, int assign)
 {
     float *x = rnd((size_t)M * K, 1.0f, dt), *w = rnd((size_t)K * N, 0.5f, dt);
     void *dx = up(x, (size_t)M * K, dt), *dw = up(w, (size_t)K * N, dt);
-    matmul_backward_case(dt, KCUDA_F32, x, w, dx, dw, M, K, N, wt, 0);
+    matmul_backward_case(dt, wdt, x, w, dx, dw, M, K, N, wt, assign);
 }
 
 /* dx overwritten (the executor's first write of an activation's gradient,
@@ -363,20 +362,19 @@ static void t_matmul_assign(kcuda_dtype dt)
 {
     int shapes[3][3] = {{67, 45, 33}, {64, 96, 128}, {300, 64, 40}};
     for (int i = 0; i < 3; i++)
-        for (int wt = 0; wt < 2; wt++) {
-            int M = shapes[i][0], K = shapes[i][1], N = shapes[i][2];
-            float *x = rnd((size_t)M * K, 1.0f, dt), *w = rnd((size_t)K * N, 0.5f, dt);
-            void *dx = up(x, (size_t)M * K, dt), *dw = up(w, (size_t)K * N, dt);
-            matmul_backward_case(dt, dt, x, w, dx, dw, M, K, N, wt, 1);
-        }
+        for (int wt = 0; wt < 2; wt++)
+            matmul_bwd_case(dt, dt, shapes[i][0], shapes[i][1], shapes[i][2], wt, 1);
 }
 
+/* A weight gradient in fp32 beside 2-byte tensors (an fp32 main gradient
+ * the product is added to in fp32): within fp32's tolerance of the CPU's
+ * fp32 sums of the same (2-byte) inputs; dx stays 2-byte. */
 static void t_matmul_f32_dw(kcuda_dtype dt)
 {
-    matmul_f32_dw_case(dt, 67, 45, 33, 0);
-    matmul_f32_dw_case(dt, 64, 96, 128, 0);
-    matmul_f32_dw_case(dt, 67, 45, 33, 1);
-    matmul_f32_dw_case(dt, 300, 64, 40, 1);
+    matmul_bwd_case(dt, KCUDA_F32, 67, 45, 33, 0, 0);
+    matmul_bwd_case(dt, KCUDA_F32, 64, 96, 128, 0, 0);
+    matmul_bwd_case(dt, KCUDA_F32, 67, 45, 33, 1, 0);
+    matmul_bwd_case(dt, KCUDA_F32, 300, 64, 40, 1, 0);
 }
 
 static void t_matmul_gelu(kcuda_dtype dt)
@@ -544,20 +542,19 @@ static void act_case(kcuda_dtype dt, int kind, size_t n, float scale)
     float *g = rnd(n, 1.0f, dt), *gx = rnd(n, 0.5f, dt), *gu = rnd(n, 0.5f, dt);
     void *dg = up(g, n, dt), *dgx = up(gx, n, dt), *dgu = up(gu, n, dt);
     if (kind == ACT_GELU || kind == ACT_SILU) {
-        if (kind == ACT_GELU)
-            KC(kcuda_gelu_backward(dgx, dx, dg, n, 0, dt, NULL));
-        else
-            KC(kcuda_silu_backward(dgx, dx, dg, n, 0, dt, NULL));
-        (kind == ACT_GELU ? kcpu_gelu_backward : kcpu_silu_backward)(gx, x, g, n);
-        expect_dev("dx", dgx, gx, n, dt);
-        /* overwritten (assign), from NaN: the gradient alone */
-        cuda_or_die(cudaMemset(dgx, 0xff, n * kcuda_dtype_size(dt)), "cudaMemset");
-        memset(gx, 0, n * sizeof *gx);
-        if (kind == ACT_GELU)
-            KC(kcuda_gelu_backward(dgx, dx, dg, n, 1, dt, NULL));
-        else
-            KC(kcuda_silu_backward(dgx, dx, dg, n, 1, dt, NULL));
-        (kind == ACT_GELU ? kcpu_gelu_backward : kcpu_silu_backward)(gx, x, g, n);
+        /* added to; then overwritten (assign), from NaN: the gradient alone */
+        for (int assign = 0; assign < 2; assign++) {
+            if (assign) {
+                expect_dev("dx", dgx, gx, n, dt);
+                cuda_or_die(cudaMemset(dgx, 0xff, n * kcuda_dtype_size(dt)), "cudaMemset");
+                memset(gx, 0, n * sizeof *gx);
+            }
+            if (kind == ACT_GELU)
+                KC(kcuda_gelu_backward(dgx, dx, dg, n, assign, dt, NULL));
+            else
+                KC(kcuda_silu_backward(dgx, dx, dg, n, assign, dt, NULL));
+            (kind == ACT_GELU ? kcpu_gelu_backward : kcpu_silu_backward)(gx, x, g, n);
+        }
     } else {
         KC(kcuda_swiglu_backward(dgx, dgu, dg, dx, du, n, dt, NULL));
         kcpu_swiglu_backward(gx, gu, g, x, u, n);
