@@ -438,7 +438,8 @@ $(BUILD)/mpi_tests: $(MPI_TEST_OBJ) $(OBJ)/tests/unit/comm_cases.o $(BUILD)/libm
 # their <<<...>>> launches (rewritten at build time into $(BUILD)/emu-gen/
 # by tests/gpu/emu/launch_rewrite.py, nothing else), compiled by g++ as
 # C++17 against the CPU emulation in tests/gpu/emu/ (its include/ first: the
-# CUDA runtime, the device side, WMMA, cuBLASLt and cub; no CUDA toolkit)
+# CUDA runtime, the device side, mma/ldmatrix/cp.async, cuBLASLt and cub;
+# no CUDA toolkit)
 # with cuda_runtime.h force-included as nvcc does; linked with gpu_tests.c
 # and the CPU reference. Every case runs, in fp32, bf16 and fp16; the
 # output ends with `N passed, N failed` (tests/gpu/emu/README.md).

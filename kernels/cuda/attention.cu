@@ -3,19 +3,25 @@
  * softmax, and nothing of size T x T anywhere.
  *
  * A block is 4 warps and owns 64 rows (queries, or keys in the dk/dv
- * kernel); warp w owns 16 of them. Within a warp, lane l holds a [4 x 8]
- * piece of each [16 x 64] score tile: rows 4 (l / 8) + i and columns
- * (l % 8) + 8 j, so the 8 lanes of a row group reduce a row with three
- * butterfly shuffles (every lane ends with the same bits), and the same
- * lanes hold that row's output columns (l % 8) + 8 c. After the block
- * loads a K/V (or Q/dO) tile, all the math of a warp is on its own rows,
- * so only the tile loads need __syncthreads.
+ * kernel); warp w owns 16 of them. Every warp-level tile lives in
+ * registers in the layout of the tensor cores' m16n8k16 accumulator
+ * (kcuda_ptx.h): lane l (g = l / 4, t = l % 4) holds, of a [16 x 64]
+ * score tile, s[j][e] at row g + 8 (e / 2), column 8 j + 2 t + e % 2; of
+ * a [16 x DP] output tile, acc[n][e] at row g + 8 (e / 2), column
+ * 8 n + 2 t + e % 2. So the 4 lanes of a quad hold a row and reduce it
+ * with two butterfly shuffles (every lane ends with the same bits). After
+ * the block loads a K/V (or Q/dO) tile, all the math of a warp is on its
+ * own rows, so only the tile loads need __syncthreads.
  *
- * Tile products: fp32 runs them as fp32 FMAs from shared memory (padded
- * rows, no bank conflicts); bf16 on tensor cores through WMMA (16x16x16,
- * fp32 accumulation), with the score tiles passing through shared memory
- * to reach the lane layout above, and P (and dS) rounded to bf16 for their
- * products. The head size is padded to DP = 32, 64 or 128 with zeros.
+ * Tile products: bf16 and fp16 on the tensor cores (mma.sync m16n8k16,
+ * fp32 accumulation): operands from shared memory by ldmatrix, and the
+ * probabilities P (and dS) straight from the score registers, rounded to
+ * 2 bytes, as the A operand of the next product (the accumulator's layout
+ * is the A operand's, two columns per register): no tile goes through
+ * shared memory on its way from one product to the next. fp32 runs the
+ * same layout as FMAs from shared memory (padded rows, no bank
+ * conflicts), P passing through a per-warp tile. The head size is padded
+ * to DP = 32, 64 or 128 with zeros.
  *
  * Forward: per block of queries, walk the key tiles (only those at or
  * before the diagonal when causal: the tiles start at multiples of 64, so
@@ -28,13 +34,10 @@
  * order; the dq kernel owns a tile of queries and walks the key tiles.
  * Each recomputes p = exp(s - lse) from q, k and the saved lse.
  */
-#include <type_traits> /* defines: std::conditional */
-#include <mma.h>    /* defines: nvcuda::wmma */
 #include <string.h> /* defines: memset */
 
 #include "kcuda_impl.h"
-
-using namespace nvcuda;
+#include "kcuda_ptx.h" /* defines: kc_mma16816, kc_ldsm4, kc_ldsm4_t, kc_pack2, kc_cp_async16 */
 
 #define ATT_TILE 64   /* query rows per block, keys per tile */
 #define ATT_THREADS 128
@@ -56,20 +59,18 @@ struct attn_args {
 };
 
 /* Shared-memory row length of a [64 x DP] tile: fp32 pads by one word
- * (the FMA loops read columns), bf16 by 16 bytes (WMMA needs ldm % 8 == 0
- * and 32-byte aligned fragments). */
+ * (the FMA loops read columns), 2-byte types by 16 bytes (ldmatrix reads
+ * 16-byte rows, and 8 rows of a row stride of 2 DP + 16 bytes fall in 8
+ * different 16-byte bank groups: no conflicts). */
 template <typename T, int DP> struct att_cfg {
     static constexpr bool TC = sizeof(T) == 2;
     static constexpr int LD = TC ? DP + 8 : DP + 1;
     static constexpr size_t TILE_BYTES =
         (sizeof(T) * ATT_TILE * LD + 127) / 128 * 128;
-    static constexpr int LDS = 68;     /* fp32 score tile [16 x 64] (TC) */
-    static constexpr int LDP = 72;     /* 2-byte P / dS tile [16 x 64] (TC) */
-    /* the tensor cores' 2-byte type: T itself (bf16 or fp16); for fp32 a
-     * placeholder the TC code is compiled with but never runs */
-    typedef typename std::conditional<sizeof(T) == 2, T, bf16>::type L;
-    static constexpr int LDO = DP + 4; /* fp32 [16 x DP] output tile (TC) */
-    static constexpr int LDF = 65;     /* fp32 P / dS tile (FMA path) */
+    static constexpr int LDF = 65; /* fp32 P tile [16 x 64] (FMA path) */
+    /* per-warp scratch after the tiles: the fp32 path's P tile only */
+    static constexpr size_t WARP_BYTES =
+        TC ? 0 : (sizeof(float) * 16 * LDF + 127) / 128 * 128;
 };
 
 /* ---- tiles ---------------------------------------------------------------- */
@@ -112,183 +113,210 @@ __device__ void load_tile(T *dst, const T *src, long long stride, int row0,
     }
 }
 
+/* Queues the copy of load_tile's tile into dst: cp.async in 16-byte
+ * packs where whole packs fit (2-byte types with vec; zeros by the copy's
+ * zero fill), else load_tile's stores. Either way every thread sees the
+ * tile after kc_cp_async_wait and a __syncthreads. */
+template <typename T, int DP>
+__device__ __forceinline__ void queue_tile(T *dst, const T *src, long long stride,
+                                           int row0, int T_, int d, int vec)
+{
+    if constexpr (att_cfg<T, DP>::TC) {
+        if (vec) {
+            constexpr int LD = att_cfg<T, DP>::LD, W = kc_pack<T>::W, PPR = DP / W;
+            for (int idx = threadIdx.x; idx < ATT_TILE * PPR; idx += blockDim.x) {
+                int r = idx / PPR, c = (idx % PPR) * W, gr = row0 + r;
+                bool in = gr < T_ && c < d;
+                kc_cp_async16(dst + r * LD + c, in ? src + gr * stride + c : src, in);
+            }
+            return;
+        }
+    }
+    load_tile<T, DP>(dst, src, stride, row0, T_, d, vec);
+}
+
 /* ---- warp-level tile products ------------------------------------------- */
 
-/* s[i][j] = A[16 w + 4 g + i] . B[sub + 8 j] over the head size: a warp's
- * [16 x 64] piece of A B^T, A and B [64][LD] tiles, in the lane layout.
- * fp32: FMAs over the first d columns. bf16: WMMA into the warp's fp32
- * tile ws[16][LDS], then read back. */
+/* The row of element e of a lane's tile (0..15, within the warp's rows)
+ * and its column within a group of 8. */
+__device__ __forceinline__ int att_row(int e)
+{
+    return ((threadIdx.x & 31) >> 2) + 8 * (e >> 1);
+}
+
+__device__ __forceinline__ int att_col(int e)
+{
+    return 2 * (threadIdx.x & 3) + (e & 1);
+}
+
+/* s = A[16 w .. 16 w + 16) B^T over the head size: the warp's [16 x 64]
+ * piece of A B^T, A and B [64][LD] tiles. Tensor cores: per 16 columns of
+ * the head size, A's [16 x 16] piece by one ldmatrix, B's by one per 16
+ * rows of B (stored [n][k]: B operands without .trans). fp32: FMAs over
+ * the first d columns. */
 template <typename T, int DP>
-__device__ __forceinline__ void warp_abt(float (&s)[4][8], const T *A,
-                                         const T *B, int d, float *ws)
+__device__ __forceinline__ void warp_abt(float (&s)[8][4], const T *A,
+                                         const T *B, int d)
 {
     typedef att_cfg<T, DP> cfg;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int g = lane >> 3, sub = lane & 7;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            s[j][e] = 0.0f;
     if constexpr (cfg::TC) {
-        typedef typename cfg::L L;
-        const L *a = reinterpret_cast<const L *>(A) + 16 * w * cfg::LD;
-        const L *b = reinterpret_cast<const L *>(B);
+        (void)d;
+        /* this lane's row address for the A piece (matrices: rows 0-7 and
+         * 8-15 by columns 0-7, then by 8-15) and the B pieces (rows 0-7
+         * by columns 0-7 and 8-15, then rows 8-15) */
+        const T *a = A + (16 * w + (lane & 7) + 8 * ((lane >> 3) & 1)) * cfg::LD +
+                     8 * (lane >> 4);
+        const T *b = B + ((lane & 7) + 8 * (lane >> 4)) * cfg::LD + 8 * ((lane >> 3) & 1);
 #pragma unroll
-        for (int n = 0; n < 4; n++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-            wmma::fill_fragment(acc, 0.0f);
+        for (int kk = 0; kk < DP / 16; kk++) {
+            uint32_t af[4];
+            kc_ldsm4(af, a + 16 * kk);
 #pragma unroll
-            for (int k = 0; k < DP / 16; k++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, L, wmma::row_major> fa;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, L, wmma::col_major> fb;
-                wmma::load_matrix_sync(fa, a + k * 16, cfg::LD);
-                wmma::load_matrix_sync(fb, b + n * 16 * cfg::LD + k * 16, cfg::LD);
-                wmma::mma_sync(acc, fa, fb, acc);
+            for (int jp = 0; jp < 4; jp++) {
+                uint32_t bf[4];
+                kc_ldsm4(bf, b + 16 * jp * cfg::LD + 16 * kk);
+                const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+                kc_mma16816<T>(s[2 * jp], af, b0);
+                kc_mma16816<T>(s[2 * jp + 1], af, b1);
             }
-            wmma::store_matrix_sync(ws + n * 16, acc, cfg::LDS, wmma::mem_row_major);
         }
-        __syncwarp();
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                s[i][j] = ws[(4 * g + i) * cfg::LDS + sub + 8 * j];
-        __syncwarp();
     } else {
-        (void)ws;
-        const float *a = reinterpret_cast<const float *>(A) + (16 * w + 4 * g) * cfg::LD;
-        const float *b = reinterpret_cast<const float *>(B) + sub * cfg::LD;
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                s[i][j] = 0.0f;
-#pragma unroll 4
+        const float *a0 = reinterpret_cast<const float *>(A) + (16 * w + att_row(0)) * cfg::LD;
+        const float *a1 = a0 + 8 * cfg::LD;
+        const float *b = reinterpret_cast<const float *>(B) + att_col(0) * cfg::LD;
+#pragma unroll 2
         for (int kk = 0; kk < d; kk++) {
-            float av[4], bv[8];
+            float x0 = a0[kk], x1 = a1[kk];
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                av[i] = a[i * cfg::LD + kk];
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                bv[j] = b[8 * j * cfg::LD + kk];
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-                    s[i][j] += av[i] * bv[j];
+            for (int j = 0; j < 8; j++) {
+                float y0 = b[8 * j * cfg::LD + kk], y1 = b[(8 * j + 1) * cfg::LD + kk];
+                s[j][0] += x0 * y0;
+                s[j][1] += x0 * y1;
+                s[j][2] += x1 * y0;
+                s[j][3] += x1 * y1;
+            }
         }
     }
 }
 
-/* acc[i][c] += sum over the 64 columns jj of P[4 g + i][jj] * V[jj][sub +
- * 8 c]: a warp's [16 x DP] piece of P V, P the warp's [16 x 64] tile in the
- * lane layout, V a [64][LD] tile. fp32: P goes through the warp's tile
- * pf[16][LDF]. bf16: P rounded into pb[16][LDP], WMMA into po[16][LDO]. */
+/* acc += P X: P the warp's [16 x 64] tile in registers, X a [64][LD]
+ * tile (rows indexed by P's columns), acc the warp's [16 x DP] piece.
+ * Tensor cores: P rounded to 2 bytes is the A operand as it stands (its
+ * columns 16 kk .. 16 kk + 16 are s[2 kk] and s[2 kk + 1]); X, stored
+ * [k][n], gives its B operands by ldmatrix .trans. fp32: P goes through
+ * the warp's tile pf[16][LDF]. */
 template <typename T, int DP>
-__device__ __forceinline__ void warp_pv(float (&acc)[4][DP / 8],
-                                        const float (&p)[4][8], const T *V,
-                                        float *pf, typename att_cfg<T, DP>::L *pb, float *po)
+__device__ __forceinline__ void warp_pv(float (&acc)[DP / 8][4],
+                                        const float (&p)[8][4], const T *X,
+                                        float *pf)
 {
     typedef att_cfg<T, DP> cfg;
-    int lane = threadIdx.x & 31, g = lane >> 3, sub = lane & 7;
+    int lane = threadIdx.x & 31;
     if constexpr (cfg::TC) {
-        typedef typename cfg::L L;
         (void)pf;
+        /* matrices: rows 0-7 and 8-15 by columns 0-7, then by 8-15 */
+        const T *x = X + ((lane & 7) + 8 * ((lane >> 3) & 1)) * cfg::LD + 8 * (lane >> 4);
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int kk = 0; kk < ATT_TILE / 16; kk++) {
+            const uint32_t pa[4] = {
+                kc_pack2<T>(p[2 * kk][0], p[2 * kk][1]),
+                kc_pack2<T>(p[2 * kk][2], p[2 * kk][3]),
+                kc_pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                kc_pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-                pb[(4 * g + i) * cfg::LDP + sub + 8 * j] = kc_to<L>(p[i][j]);
-        __syncwarp();
-        const L *v = reinterpret_cast<const L *>(V);
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, L, wmma::row_major> fa[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-            wmma::load_matrix_sync(fa[k], pb + k * 16, cfg::LDP);
-#pragma unroll
-        for (int n = 0; n < DP / 16; n++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> o;
-            wmma::fill_fragment(o, 0.0f);
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, L, wmma::row_major> fb;
-                wmma::load_matrix_sync(fb, v + k * 16 * cfg::LD + n * 16, cfg::LD);
-                wmma::mma_sync(o, fa[k], fb, o);
+            for (int np = 0; np < DP / 16; np++) {
+                uint32_t bf[4];
+                kc_ldsm4_t(bf, x + 16 * kk * cfg::LD + 16 * np);
+                const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+                kc_mma16816<T>(acc[2 * np], pa, b0);
+                kc_mma16816<T>(acc[2 * np + 1], pa, b1);
             }
-            wmma::store_matrix_sync(po + n * 16, o, cfg::LDO, wmma::mem_row_major);
         }
-        __syncwarp();
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int c = 0; c < DP / 8; c++)
-                acc[i][c] += po[(4 * g + i) * cfg::LDO + sub + 8 * c];
-        __syncwarp();
     } else {
-        (void)pb;
-        (void)po;
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 8; j++)
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-                pf[(4 * g + i) * cfg::LDF + sub + 8 * j] = p[i][j];
+            for (int e = 0; e < 4; e++)
+                pf[att_row(e) * cfg::LDF + 8 * j + att_col(e)] = p[j][e];
         __syncwarp();
-        const float *v = reinterpret_cast<const float *>(V) + sub;
+        const float *p0 = pf + att_row(0) * cfg::LDF, *p1 = p0 + 8 * cfg::LDF;
+        const float *x = reinterpret_cast<const float *>(X) + att_col(0);
 #pragma unroll 2
         for (int jj = 0; jj < ATT_TILE; jj++) {
-            float pv[4];
+            float u0 = p0[jj], u1 = p1[jj];
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                pv[i] = pf[(4 * g + i) * cfg::LDF + jj];
-#pragma unroll
-            for (int c = 0; c < DP / 8; c++) {
-                float vv = v[jj * cfg::LD + 8 * c];
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    acc[i][c] += pv[i] * vv;
+            for (int n = 0; n < DP / 8; n++) {
+                float y0 = x[jj * cfg::LD + 8 * n], y1 = x[jj * cfg::LD + 8 * n + 1];
+                acc[n][0] += u0 * y0;
+                acc[n][1] += u0 * y1;
+                acc[n][2] += u1 * y0;
+                acc[n][3] += u1 * y1;
             }
         }
         __syncwarp();
     }
 }
 
-/* Sum and max over the 8 lanes of a row group (lanes differing in bits
- * 0..2): the same bits in all 8. */
-__device__ __forceinline__ float group_sum(float v)
+/* Sum and max over the 4 lanes of a quad (lanes differing in bits 0..1):
+ * the same bits in all 4. */
+__device__ __forceinline__ float quad_sum(float v)
 {
     v += __shfl_xor_sync(0xffffffffu, v, 1);
     v += __shfl_xor_sync(0xffffffffu, v, 2);
-    v += __shfl_xor_sync(0xffffffffu, v, 4);
     return v;
 }
 
-__device__ __forceinline__ float group_max(float v)
+__device__ __forceinline__ float quad_max(float v)
 {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
     return v;
 }
 
-/* Per-warp scratch, after the block's [64 x DP] tiles: region A (TC: the
- * fp32 score tile [16][LDS], which warp_abt has read back into registers
- * before warp_pv reuses the region for its output tile [16][LDO]; FMA: the
- * fp32 P tile [16][LDF]) and, TC only, the 2-byte P tile [16][LDP]. */
-template <typename T, int DP> struct att_warp {
-    typedef att_cfg<T, DP> cfg;
-    static constexpr size_t A =
-        cfg::TC ? (sizeof(float) * 16 * (cfg::LDS > cfg::LDO ? cfg::LDS : cfg::LDO) + 127) / 128 * 128
-                : (sizeof(float) * 16 * cfg::LDF + 127) / 128 * 128;
-    static constexpr size_t PB =
-        cfg::TC ? (sizeof(typename cfg::L) * 16 * cfg::LDP + 127) / 128 * 128 : 0;
-    static constexpr size_t BYTES = A + PB;
-};
-
-/* The warp's region A and 2-byte tile, at byte `base` of shared memory. */
+/* The i-th [64 x LD] tile of shared memory. */
 template <typename T, int DP>
-__device__ __forceinline__ void warp_scratch(unsigned char *base, float **wa,
-                                             typename att_cfg<T, DP>::L **pb)
+__device__ __forceinline__ T *att_tile(unsigned char *smem, int i)
 {
-    unsigned char *wb = base + (threadIdx.x >> 5) * att_warp<T, DP>::BYTES;
-    *wa = (float *)wb;
-    *pb = (typename att_cfg<T, DP>::L *)(wb + att_warp<T, DP>::A);
+    return (T *)(smem + i * att_cfg<T, DP>::TILE_BYTES);
+}
+
+/* The warp's P tile (fp32 path), at byte `base` of shared memory. */
+template <typename T, int DP>
+__device__ __forceinline__ float *warp_scratch(unsigned char *base)
+{
+    return (float *)(base + (threadIdx.x >> 5) * att_cfg<T, DP>::WARP_BYTES);
+}
+
+/* Key tile `it` of `tiles` (keys from 64 it), double-buffered: its K and
+ * V in the pair of tiles at base + 2 (it % 2), base + 2 (it % 2) + 1,
+ * queued by the call before (the first by the kernel); queues the next
+ * tile into the other pair, which the last iteration read (the caller's
+ * __syncthreads after its products guards it), then waits for this one
+ * and makes it everyone's. */
+template <typename T, int DP>
+__device__ __forceinline__ void kv_tile(unsigned char *smem, int base, int it, int tiles,
+                                        const T *k, const T *v, const attn_args &a,
+                                        const T **sK, const T **sV)
+{
+    int cur = it & 1;
+    *sK = att_tile<T, DP>(smem, base + 2 * cur);
+    *sV = att_tile<T, DP>(smem, base + 2 * cur + 1);
+    if (it + 1 < tiles) {
+        int j1 = (it + 1) * ATT_TILE;
+        queue_tile<T, DP>(att_tile<T, DP>(smem, base + 2 - 2 * cur), k, a.ks, j1, a.T, a.d, a.vec);
+        queue_tile<T, DP>(att_tile<T, DP>(smem, base + 3 - 2 * cur), v, a.vs, j1, a.T, a.d, a.vec);
+        kc_cp_async_commit();
+        kc_cp_async_wait<1>();
+    } else {
+        kc_cp_async_wait<0>();
+    }
+    __syncthreads(); /* this tile is everyone's */
 }
 
 /* ---- forward -------------------------------------------------------------- */
@@ -307,8 +335,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_args a)
 {
     typedef att_cfg<T, DP> cfg;
     extern __shared__ __align__(128) unsigned char smem[];
-    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int g = lane >> 3, sub = lane & 7;
+    int w = threadIdx.x >> 5;
     /* heavy (late) query blocks first when causal */
     int i0 = (a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * ATT_TILE;
     long long bh = att_row_block(a.B * (long long)a.H);
@@ -320,75 +347,89 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_args a)
     const T *k = (const T *)a.k + bt0 * a.ks + (long long)kvh * a.d;
     const T *v = (const T *)a.v + bt0 * a.vs + (long long)kvh * a.d;
     T *o = (T *)a.o + bt0 * a.os + (long long)h * a.d;
+    /* Q, then K and V twice: the next tile's load runs behind this one's
+     * products */
     T *sQ = (T *)smem;
-    T *sK = (T *)(smem + cfg::TILE_BYTES);
-    T *sV = (T *)(smem + 2 * cfg::TILE_BYTES);
-    float *wa;
-    typename cfg::L *pb;
-    warp_scratch<T, DP>(smem + 3 * cfg::TILE_BYTES, &wa, &pb);
-
-    load_tile<T, DP>(sQ, q, a.qs, i0, a.T, a.d, a.vec);
-    float m[4], l[4], acc[4][DP / 8];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        m[i] = -INFINITY;
-        l[i] = 0.0f;
-#pragma unroll
-        for (int c = 0; c < DP / 8; c++)
-            acc[i][c] = 0.0f;
-    }
+    float *pf = warp_scratch<T, DP>(smem + 5 * cfg::TILE_BYTES);
     int end = a.causal ? min(a.T, i0 + ATT_TILE) : a.T;
-    for (int j0 = 0; j0 < end; j0 += ATT_TILE) {
-        __syncthreads(); /* the last tile's K and V are no longer read */
-        load_tile<T, DP>(sK, k, a.ks, j0, a.T, a.d, a.vec);
-        load_tile<T, DP>(sV, v, a.vs, j0, a.T, a.d, a.vec);
-        __syncthreads();
-        float s[4][8];
-        warp_abt<T, DP>(s, sQ, sK, a.d, wa);
+    int tiles = (end + ATT_TILE - 1) / ATT_TILE;
+
+    queue_tile<T, DP>(sQ, q, a.qs, i0, a.T, a.d, a.vec);
+    queue_tile<T, DP>(att_tile<T, DP>(smem, 1), k, a.ks, 0, a.T, a.d, a.vec);
+    queue_tile<T, DP>(att_tile<T, DP>(smem, 2), v, a.vs, 0, a.T, a.d, a.vec);
+    kc_cp_async_commit();
+    float m[2], l[2], acc[DP / 8][4];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int row = i0 + 16 * w + 4 * g + i;
+    for (int r = 0; r < 2; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+#pragma unroll
+    for (int n = 0; n < DP / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[n][e] = 0.0f;
+    for (int it = 0; it < tiles; it++) {
+        int j0 = it * ATT_TILE;
+        const T *sK, *sV;
+        kv_tile<T, DP>(smem, 1, it, tiles, k, v, a, &sK, &sV);
+        float s[8][4];
+        warp_abt<T, DP>(s, sQ, sK, a.d);
+#pragma unroll
+        for (int r = 0; r < 2; r++) { /* the lane's rows g and g + 8 */
+            int row = i0 + 16 * w + att_row(2 * r);
             float mt = -INFINITY;
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                int col = j0 + sub + 8 * j;
-                bool ok = col < a.T && (!a.causal || col <= row);
-                s[i][j] = ok ? s[i][j] * a.scale : -INFINITY;
-                mt = fmaxf(mt, s[i][j]);
-            }
-            mt = group_max(mt);
-            float mn = fmaxf(m[i], mt);
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    int col = j0 + 8 * j + att_col(c);
+                    bool ok = col < a.T && (!a.causal || col <= row);
+                    float x = ok ? s[j][2 * r + c] * a.scale : -INFINITY;
+                    s[j][2 * r + c] = x;
+                    mt = fmaxf(mt, x);
+                }
+            mt = quad_max(mt);
+            float mn = fmaxf(m[r], mt);
             float ms = mn == -INFINITY ? 0.0f : mn;
-            float corr = expf(m[i] - ms); /* 0 on the first tile */
+            float corr = expf(m[r] - ms); /* 0 on the first tile */
             float ls = 0.0f;
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                s[i][j] = expf(s[i][j] - ms); /* -inf gives 0 */
-                ls += s[i][j];
-            }
-            l[i] = l[i] * corr + group_sum(ls);
-            m[i] = mn;
+            for (int j = 0; j < 8; j++)
 #pragma unroll
-            for (int c = 0; c < DP / 8; c++)
-                acc[i][c] *= corr;
+                for (int c = 0; c < 2; c++) {
+                    float x = expf(s[j][2 * r + c] - ms); /* -inf gives 0 */
+                    s[j][2 * r + c] = x;
+                    ls += x;
+                }
+            l[r] = l[r] * corr + quad_sum(ls);
+            m[r] = mn;
+#pragma unroll
+            for (int n = 0; n < DP / 8; n++) {
+                acc[n][2 * r] *= corr;
+                acc[n][2 * r + 1] *= corr;
+            }
         }
-        warp_pv<T, DP>(acc, s, sV, wa, pb, wa);
+        warp_pv<T, DP>(acc, s, sV, pf);
+        __syncthreads(); /* this pair is read: the next iteration refills it */
     }
     float *lse = a.lse + ((long long)b * a.H + h) * a.T;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        int row = i0 + 16 * w + 4 * g + i;
+    for (int r = 0; r < 2; r++) {
+        int row = i0 + 16 * w + att_row(2 * r);
         if (row >= a.T)
             continue;
-        float inv = 1.0f / l[i]; /* a multiply per element, as on the CPU */
+        float inv = 1.0f / l[r]; /* a multiply per element, as on the CPU */
 #pragma unroll
-        for (int c = 0; c < DP / 8; c++) {
-            int col = sub + 8 * c;
-            if (col < a.d)
-                o[(long long)row * a.os + col] = kc_to<T>(acc[i][c] * inv);
-        }
-        if (sub == 0)
-            lse[row] = m[i] + logf(l[i]);
+        for (int n = 0; n < DP / 8; n++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                int col = 8 * n + att_col(c);
+                if (col < a.d)
+                    o[(long long)row * a.os + col] = kc_to<T>(acc[n][2 * r + c] * inv);
+            }
+        if ((threadIdx.x & 3) == 0)
+            lse[row] = m[r] + logf(l[r]);
     }
 }
 
@@ -423,31 +464,40 @@ __device__ __forceinline__ void load_rowvec(float *dst, const float *src,
         dst[r] = row0 + r < T_ ? src[row0 + r] : 0.0f;
 }
 
-/* y[row0 + 16 w + 4 g + i][sub + 8 c] += acc[i][c] (set: = acc, y not
- * read) for rows < T and columns < d (one thread per element: no
+/* y[row0 + 16 w + row][col] += acc (set: = acc, y not read) for the
+ * lane's elements, rows < T and columns < d (one thread per element: no
  * conflicts; each element of a backward's outputs is written by one
  * block). */
 template <typename T, int DP>
 __device__ __forceinline__ void add_rows_out(T *y, long long stride,
-                                             const float (&acc)[4][DP / 8],
+                                             const float (&acc)[DP / 8][4],
                                              int row0, int T_, int d, int set)
 {
-    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int g = lane >> 3, sub = lane & 7;
+    int w = threadIdx.x >> 5;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        int row = row0 + 16 * w + 4 * g + i;
+    for (int e = 0; e < 4; e++) {
+        int row = row0 + 16 * w + att_row(e);
         if (row >= T_)
             continue;
 #pragma unroll
-        for (int c = 0; c < DP / 8; c++) {
-            int col = sub + 8 * c;
+        for (int n = 0; n < DP / 8; n++) {
+            int col = 8 * n + att_col(e);
             if (col < d) {
                 T *p = y + (long long)row * stride + col;
-                *p = kc_to<T>((set ? 0.0f : kc_f(*p)) + acc[i][c]);
+                *p = kc_to<T>((set ? 0.0f : kc_f(*p)) + acc[n][e]);
             }
         }
     }
+}
+
+template <int DP>
+__device__ __forceinline__ void zero_acc(float (&acc)[DP / 8][4])
+{
+#pragma unroll
+    for (int n = 0; n < DP / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[n][e] = 0.0f;
 }
 
 /* dK, dV of one tile of 64 keys of one kv head (a warp per 16 keys): for
@@ -460,66 +510,76 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv_kernel(attn_args a)
 {
     typedef att_cfg<T, DP> cfg;
     extern __shared__ __align__(128) unsigned char smem[];
-    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int g = lane >> 3, sub = lane & 7;
+    int w = threadIdx.x >> 5;
     int j0 = blockIdx.x * ATT_TILE; /* early keys (the most queries) first */
     long long bkv = att_row_block(a.B * (long long)a.KV);
     if (bkv < 0)
         return;
     int b = (int)(bkv / a.KV), kvh = (int)(bkv % a.KV), rep = a.H / a.KV;
     long long bt0 = (long long)b * a.T;
-    T *sK = (T *)smem;
-    T *sV = (T *)(smem + cfg::TILE_BYTES);
-    T *sQ = (T *)(smem + 2 * cfg::TILE_BYTES);
-    T *sO = (T *)(smem + 3 * cfg::TILE_BYTES); /* dout */
-    float *sL = (float *)(smem + 4 * cfg::TILE_BYTES);
-    float *sD = sL + ATT_TILE;
-    float *wa;
-    typename cfg::L *pb;
-    warp_scratch<T, DP>(smem + 4 * cfg::TILE_BYTES + 2 * ATT_TILE * sizeof(float),
-                        &wa, &pb);
+    /* K, V, then Q and dout twice (the next pair loads behind this one's
+     * products), then lse and D twice */
+    float *sLD = (float *)(smem + 6 * cfg::TILE_BYTES); /* [2][lse 64, D 64] */
+    float *pf = warp_scratch<T, DP>((unsigned char *)(sLD + 4 * ATT_TILE));
+    const T *sK = att_tile<T, DP>(smem, 0), *sV = att_tile<T, DP>(smem, 1);
+    int first = a.causal ? j0 : 0;
+    int qtiles = (a.T - first + ATT_TILE - 1) / ATT_TILE, steps = rep * qtiles;
+    /* step i: query head kvh * rep + i / qtiles, its query tile i % qtiles,
+     * into buffer i % 2 */
+    auto queue_step = [&](int i) {
+        int h = kvh * rep + i / qtiles, i0 = first + (i % qtiles) * ATT_TILE, buf = i & 1;
+        long long hrow = ((long long)b * a.H + h) * a.T;
+        queue_tile<T, DP>(att_tile<T, DP>(smem, 2 + 2 * buf),
+                          (const T *)a.q + bt0 * a.qs + (long long)h * a.d, a.qs, i0,
+                          a.T, a.d, a.vec);
+        queue_tile<T, DP>(att_tile<T, DP>(smem, 3 + 2 * buf),
+                          (const T *)a.dout + bt0 * a.os + (long long)h * a.d, a.os,
+                          i0, a.T, a.d, a.vec);
+        load_rowvec(sLD + 2 * ATT_TILE * buf, a.lse_in + hrow, i0, a.T);
+        load_rowvec(sLD + 2 * ATT_TILE * buf + ATT_TILE, a.Dr + hrow, i0, a.T);
+        kc_cp_async_commit();
+    };
 
-    load_tile<T, DP>(sK, (const T *)a.k + bt0 * a.ks + (long long)kvh * a.d,
-                     a.ks, j0, a.T, a.d, a.vec);
-    load_tile<T, DP>(sV, (const T *)a.v + bt0 * a.vs + (long long)kvh * a.d,
-                     a.vs, j0, a.T, a.d, a.vec);
-    float dk[4][DP / 8], dv[4][DP / 8];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int c = 0; c < DP / 8; c++)
-            dk[i][c] = dv[i][c] = 0.0f;
-    for (int hr = 0; hr < rep; hr++) {
-        int h = kvh * rep + hr;
-        const T *q = (const T *)a.q + bt0 * a.qs + (long long)h * a.d;
-        const T *dout = (const T *)a.dout + bt0 * a.os + (long long)h * a.d;
-        const float *lse = a.lse_in + ((long long)b * a.H + h) * a.T;
-        const float *D = a.Dr + ((long long)b * a.H + h) * a.T;
-        for (int i0 = a.causal ? j0 : 0; i0 < a.T; i0 += ATT_TILE) {
-            __syncthreads(); /* the last query tile is no longer read */
-            load_tile<T, DP>(sQ, q, a.qs, i0, a.T, a.d, a.vec);
-            load_tile<T, DP>(sO, dout, a.os, i0, a.T, a.d, a.vec);
-            load_rowvec(sL, lse, i0, a.T);
-            load_rowvec(sD, D, i0, a.T);
-            __syncthreads();
-            float p[4][8], ds[4][8];
-            warp_abt<T, DP>(p, sK, sQ, a.d, wa);  /* s^T */
-            warp_abt<T, DP>(ds, sV, sO, a.d, wa); /* dp^T */
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int key = j0 + 16 * w + 4 * g + i;
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    int qc = sub + 8 * j, qr = i0 + qc;
-                    bool ok = key < a.T && qr < a.T && (!a.causal || key <= qr);
-                    float pv = ok ? expf(p[i][j] * a.scale - sL[qc]) : 0.0f;
-                    p[i][j] = pv;
-                    ds[i][j] = pv * (ds[i][j] - sD[qc]) * a.scale;
-                }
-            }
-            warp_pv<T, DP>(dv, p, sO, wa, pb, wa);
-            warp_pv<T, DP>(dk, ds, sQ, wa, pb, wa);
+    queue_tile<T, DP>(att_tile<T, DP>(smem, 0),
+                      (const T *)a.k + bt0 * a.ks + (long long)kvh * a.d, a.ks, j0,
+                      a.T, a.d, a.vec);
+    queue_tile<T, DP>(att_tile<T, DP>(smem, 1),
+                      (const T *)a.v + bt0 * a.vs + (long long)kvh * a.d, a.vs, j0,
+                      a.T, a.d, a.vec);
+    queue_step(0); /* one group with K and V */
+    float dk[DP / 8][4], dv[DP / 8][4];
+    zero_acc<DP>(dk);
+    zero_acc<DP>(dv);
+    for (int i = 0; i < steps; i++) {
+        int i0 = first + (i % qtiles) * ATT_TILE, cur = i & 1;
+        const T *sQ = att_tile<T, DP>(smem, 2 + 2 * cur);
+        const T *sO = att_tile<T, DP>(smem, 3 + 2 * cur); /* dout */
+        const float *sL = sLD + 2 * ATT_TILE * cur, *sD = sL + ATT_TILE;
+        if (i + 1 < steps) { /* into the buffer the last step read */
+            queue_step(i + 1);
+            kc_cp_async_wait<1>();
+        } else {
+            kc_cp_async_wait<0>();
         }
+        __syncthreads(); /* this step's tiles are everyone's */
+        float p[8][4], ds[8][4];
+        warp_abt<T, DP>(p, sK, sQ, a.d);  /* s^T */
+        warp_abt<T, DP>(ds, sV, sO, a.d); /* dp^T */
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int key = j0 + 16 * w + att_row(e);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                int qc = 8 * j + att_col(e), qr = i0 + qc;
+                bool ok = key < a.T && qr < a.T && (!a.causal || key <= qr);
+                float pv = ok ? expf(p[j][e] * a.scale - sL[qc]) : 0.0f;
+                p[j][e] = pv;
+                ds[j][e] = pv * (ds[j][e] - sD[qc]) * a.scale;
+            }
+        }
+        warp_pv<T, DP>(dv, p, sO, pf);
+        warp_pv<T, DP>(dk, ds, sQ, pf);
+        __syncthreads(); /* this buffer is read: the next step refills it */
     }
     add_rows_out<T, DP>((T *)a.dk + bt0 * a.ks + (long long)kvh * a.d, a.ks,
                         dk, j0, a.T, a.d, a.assign & 2);
@@ -534,8 +594,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_kernel(attn_args a)
 {
     typedef att_cfg<T, DP> cfg;
     extern __shared__ __align__(128) unsigned char smem[];
-    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int g = lane >> 3, sub = lane & 7;
+    int w = threadIdx.x >> 5;
     int i0 = (a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * ATT_TILE;
     long long bh = att_row_block(a.B * (long long)a.H);
     if (bh < 0)
@@ -544,50 +603,48 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_kernel(attn_args a)
     long long bt0 = (long long)b * a.T;
     const T *k = (const T *)a.k + bt0 * a.ks + (long long)kvh * a.d;
     const T *v = (const T *)a.v + bt0 * a.vs + (long long)kvh * a.d;
-    T *sQ = (T *)smem;
-    T *sO = (T *)(smem + cfg::TILE_BYTES); /* dout */
-    T *sK = (T *)(smem + 2 * cfg::TILE_BYTES);
-    T *sV = (T *)(smem + 3 * cfg::TILE_BYTES);
-    float *sL = (float *)(smem + 4 * cfg::TILE_BYTES);
+    /* Q, dout, then K and V twice (the next pair loads behind this one's
+     * products), then lse and D */
+    const T *sQ = att_tile<T, DP>(smem, 0), *sO = att_tile<T, DP>(smem, 1);
+    float *sL = (float *)(smem + 6 * cfg::TILE_BYTES);
     float *sD = sL + ATT_TILE;
-    float *wa;
-    typename cfg::L *pb;
-    warp_scratch<T, DP>(smem + 4 * cfg::TILE_BYTES + 2 * ATT_TILE * sizeof(float),
-                        &wa, &pb);
+    float *pf = warp_scratch<T, DP>((unsigned char *)(sD + ATT_TILE));
+    int end = a.causal ? min(a.T, i0 + ATT_TILE) : a.T;
+    int tiles = (end + ATT_TILE - 1) / ATT_TILE;
 
-    load_tile<T, DP>(sQ, (const T *)a.q + bt0 * a.qs + (long long)h * a.d, a.qs,
-                     i0, a.T, a.d, a.vec);
-    load_tile<T, DP>(sO, (const T *)a.dout + bt0 * a.os + (long long)h * a.d,
-                     a.os, i0, a.T, a.d, a.vec);
+    queue_tile<T, DP>(att_tile<T, DP>(smem, 0),
+                      (const T *)a.q + bt0 * a.qs + (long long)h * a.d, a.qs, i0, a.T,
+                      a.d, a.vec);
+    queue_tile<T, DP>(att_tile<T, DP>(smem, 1),
+                      (const T *)a.dout + bt0 * a.os + (long long)h * a.d, a.os, i0,
+                      a.T, a.d, a.vec);
     load_rowvec(sL, a.lse_in + ((long long)b * a.H + h) * a.T, i0, a.T);
     load_rowvec(sD, a.Dr + ((long long)b * a.H + h) * a.T, i0, a.T);
-    float dq[4][DP / 8];
+    queue_tile<T, DP>(att_tile<T, DP>(smem, 2), k, a.ks, 0, a.T, a.d, a.vec);
+    queue_tile<T, DP>(att_tile<T, DP>(smem, 3), v, a.vs, 0, a.T, a.d, a.vec);
+    kc_cp_async_commit();
+    float dq[DP / 8][4];
+    zero_acc<DP>(dq);
+    for (int it = 0; it < tiles; it++) {
+        int j0 = it * ATT_TILE;
+        const T *sK, *sV;
+        kv_tile<T, DP>(smem, 2, it, tiles, k, v, a, &sK, &sV);
+        float p[8][4], ds[8][4];
+        warp_abt<T, DP>(p, sQ, sK, a.d);
+        warp_abt<T, DP>(ds, sO, sV, a.d);
 #pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int c = 0; c < DP / 8; c++)
-            dq[i][c] = 0.0f;
-    int end = a.causal ? min(a.T, i0 + ATT_TILE) : a.T;
-    for (int j0 = 0; j0 < end; j0 += ATT_TILE) {
-        __syncthreads();
-        load_tile<T, DP>(sK, k, a.ks, j0, a.T, a.d, a.vec);
-        load_tile<T, DP>(sV, v, a.vs, j0, a.T, a.d, a.vec);
-        __syncthreads();
-        float p[4][8], ds[4][8];
-        warp_abt<T, DP>(p, sQ, sK, a.d, wa);
-        warp_abt<T, DP>(ds, sO, sV, a.d, wa);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int r = 16 * w + 4 * g + i, row = i0 + r;
+        for (int e = 0; e < 4; e++) {
+            int r = 16 * w + att_row(e), row = i0 + r;
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                int col = j0 + sub + 8 * j;
+                int col = j0 + 8 * j + att_col(e);
                 bool ok = row < a.T && col < a.T && (!a.causal || col <= row);
-                float pv = ok ? expf(p[i][j] * a.scale - sL[r]) : 0.0f;
-                ds[i][j] = pv * (ds[i][j] - sD[r]) * a.scale;
+                float pv = ok ? expf(p[j][e] * a.scale - sL[r]) : 0.0f;
+                ds[j][e] = pv * (ds[j][e] - sD[r]) * a.scale;
             }
         }
-        warp_pv<T, DP>(dq, ds, sK, wa, pb, wa);
+        warp_pv<T, DP>(dq, ds, sK, pf);
+        __syncthreads(); /* this pair is read: the next iteration refills it */
     }
     add_rows_out<T, DP>((T *)a.dq + bt0 * a.qs + (long long)h * a.d, a.qs, dq,
                         i0, a.T, a.d, a.assign & 1);
@@ -608,10 +665,12 @@ template <typename T, int DP>
 static int attn_launch(int which, const attn_args &a, cudaStream_t s)
 {
     typedef att_cfg<T, DP> cfg;
-    size_t warps = ATT_THREADS / 32 * att_warp<T, DP>::BYTES;
-    size_t bytes = which == ATT_FWD
-                       ? 3 * cfg::TILE_BYTES + warps
-                       : 4 * cfg::TILE_BYTES + 2 * ATT_TILE * sizeof(float) + warps;
+    size_t warps = ATT_THREADS / 32 * cfg::WARP_BYTES;
+    /* the forward: Q, K and V twice; dk/dv: K, V, Q and dout twice, lse
+     * and D twice; dq: Q, dout, K and V twice, lse and D */
+    size_t bytes = which == ATT_FWD   ? 5 * cfg::TILE_BYTES + warps
+                   : which == ATT_DKV ? 6 * cfg::TILE_BYTES + 4 * ATT_TILE * sizeof(float) + warps
+                                      : 6 * cfg::TILE_BYTES + 2 * ATT_TILE * sizeof(float) + warps;
     unsigned tiles = (unsigned)((a.T + ATT_TILE - 1) / ATT_TILE);
     void (*kern)(attn_args) = which == ATT_FWD   ? attn_fwd_kernel<T, DP>
                               : which == ATT_DKV ? attn_bwd_dkv_kernel<T, DP>

@@ -344,7 +344,8 @@ int kcuda_crossentropy_shard_finish(float *mean_loss, float *losses,
                                     const float *rowmax, int N, int P,
                                     void *stream);
 /* assign: dlogits (every column of the shard, 0 past V) is overwritten,
- * not added to (its old contents need not be zeroed). */
+ * not added to (its old contents need not be zeroed); with assign it may
+ * be logits itself (each element is read, then written, by one thread). */
 int kcuda_crossentropy_shard_backward(void *dlogits, const void *logits,
                                       const int32_t *targets,
                                       const float *rowmax, const float *lse,
@@ -402,8 +403,9 @@ int kcuda_rope_backward(void *dx, const void *dout, int B, int T, int H,
  * query rows walk tiles of 64 keys in shared memory with an online softmax
  * (no T x T matrix anywhere), and save lse [B,H,T] (fp32) for the backward.
  * Query head h reads kv head h / (H / KV). Head sizes d <= 128 (padded to
- * 32, 64 or 128 inside). bf16 runs the tile products on tensor cores (WMMA,
- * fp32 accumulation, P rounded to bf16 for P V); fp32 in plain fp32.
+ * 32, 64 or 128 inside). bf16 and fp16 run the tile products on tensor
+ * cores (mma.sync, fp32 accumulation, P rounded to 2 bytes for P V); fp32
+ * in plain fp32.
  * out[B,T,H*d]; lse[B,H,T]; q[B,T,H*d]; k, v[B,T,KV*d]. */
 int kcuda_attention_forward(void *out, float *lse, const void *q,
                             const void *k, const void *v, int B, int T, int H,

@@ -6,14 +6,18 @@
  * running its blocks one after another. A block runs on its runner's OS
  * thread, each of its CUDA threads a fiber (its own stack, switched in
  * user space): a thread runs until it reaches __syncthreads, a
- * warp-synchronous operation (__syncwarp, a shuffle, a WMMA call) or its
- * end; when no thread of the block can run, the runner completes what can
- * be completed (a warp operation whose threads have all arrived, checked
- * for agreement; a __syncthreads every thread has reached) and runs the
- * threads again (first to last, or last to first with EMU_ORDER=reverse).
- * What cannot be completed (a mask naming an exited thread,
- * threads waiting at different barriers) stops the kernel with a sticky
- * error and a message, as undefined behaviour should.
+ * warp-synchronous operation (__syncwarp, a shuffle, an mma or ldmatrix
+ * of emu/ptx.h) or its end; when no thread of the block can run, the
+ * runner completes what can be completed (a warp operation whose threads
+ * have all arrived, checked for agreement: those of every warp, or with
+ * EMU_WARPS=serial those of the first warp that has one; else a
+ * __syncthreads every thread has reached) and runs the threads again
+ * (first to last, or last to first with EMU_ORDER=reverse). What cannot
+ * be completed (a mask naming an exited thread, threads waiting at
+ * different barriers) stops the kernel with a sticky error and a
+ * message, as undefined behaviour should. cp.async copies (emu/ptx.h)
+ * wait in their thread's queue until it waits for them (or, with
+ * EMU_CP_ASYNC=early, land as issued).
  *
  * Why fibers, not one OS thread per CUDA thread: a block's __shared__
  * variables must be one object per block, and `extern __shared__` rules
@@ -26,10 +30,10 @@
  * the emulator adds exactly the happens-before edges CUDA promises:
  * kernel start (launch -> every thread), __syncthreads (the block),
  * __syncwarp (the threads of its mask), kernel end (every thread -> the
- * host). Shuffles and WMMA calls order no memory. The blocks a runner runs
- * one after another are ordered too (its shared memory is reused), so a
- * race between blocks shows when they are on different runners (blocks i
- * and j with i - j not a multiple of R).
+ * host). Shuffles, mma and ldmatrix calls order no memory. The blocks a
+ * runner runs one after another are ordered too (its shared memory is
+ * reused), so a race between blocks shows when they are on different
+ * runners (blocks i and j with i - j not a multiple of R).
  *
  * A runner's thread-local storage is its block's shared memory: before
  * each block, the program's whole thread-local block on that OS thread
@@ -61,6 +65,9 @@
 
 #ifdef EMU_TSAN
 #include <sanitizer/tsan_interface.h>
+/* the runtime's, not in its public header */
+extern "C" void __tsan_read_range(void *addr, unsigned long size);
+extern "C" void __tsan_write_range(void *addr, unsigned long size);
 #endif
 
 #if !defined(__x86_64__) || defined(EMU_UCONTEXT)
@@ -189,14 +196,28 @@ inline void hb_acquire(void *a)
 {
     __tsan_acquire(a);
 }
+/* This file is not instrumented: an access the emulator makes for the
+ * running CUDA thread, shown to TSan as that thread's. */
+inline void tsan_read(const void *p, size_t n)
+{
+    __tsan_read_range(const_cast<void *>(p), n);
+}
+inline void tsan_write(void *p, size_t n)
+{
+    __tsan_write_range(p, n);
+}
 #else
 inline void hb_release(void *) {}
 inline void hb_acquire(void *) {}
+inline void tsan_read(const void *, size_t) {}
+inline void tsan_write(void *, size_t) {}
 #endif
 
 /* ---- blocks, threads, runners --------------------------------------------- */
 
 enum : uint8_t { READY, AT_WARP, AT_BLOCK, EXITED, TRAPPED };
+
+enum { CP_MAX = 64 }; /* cp.async copies queued per thread */
 
 const size_t STACK_BYTES = 256 * 1024; /* per CUDA thread, plus a guard page */
 
@@ -216,6 +237,15 @@ struct Lane {
 #ifdef EMU_TSAN
     void *fiber;
 #endif
+    /* cp.async (emu/ptx.h): the copies not waited for yet, in the order
+     * issued, each with its group (the commits so far + 1 while open);
+     * dst null once landed (EMU_CP_ASYNC=early: at the issue) */
+    struct Copy {
+        unsigned char *dst;
+        const unsigned char *src;
+        unsigned bytes, group;
+    } cp[CP_MAX];
+    unsigned ncp, cp_commits;
 };
 
 struct Job {
@@ -263,6 +293,8 @@ std::mutex g_launch_mutex; /* one launch at a time */
 std::vector<Runner *> g_runners;
 unsigned g_nrunners;
 bool g_reverse; /* EMU_ORDER=reverse: a block's threads run last to first */
+bool g_cp_early; /* EMU_CP_ASYNC=early: cp.async copies land as issued */
+bool g_serial_warps; /* EMU_WARPS=serial: a block's warps go on one at a time */
 
 const char *op_name(int kind)
 {
@@ -272,9 +304,8 @@ const char *op_name(int kind)
     case OP_SHFL_UP: return "__shfl_up_sync";
     case OP_SHFL_DOWN: return "__shfl_down_sync";
     case OP_SHFL_XOR: return "__shfl_xor_sync";
-    case OP_WMMA_LOAD: return "wmma::load_matrix_sync";
-    case OP_WMMA_STORE: return "wmma::store_matrix_sync";
-    case OP_WMMA_MMA: return "wmma::mma_sync";
+    case OP_MMA_M16N8K16: return "mma.sync.aligned.m16n8k16";
+    case OP_LDMATRIX_X4: return "ldmatrix.sync.aligned.m8n8.x4";
     }
     return "?";
 }
@@ -339,11 +370,42 @@ void resume(Runner *r, Lane *L)
     tls_thread = nullptr;
 }
 
+/* Writes a copy's 16 bytes: its source bytes, then zeros. Called in the
+ * issuing thread's fiber, which TSan sees make the copy's accesses (here
+ * memcpy and memset may be inlined, out of TSan's interceptors' sight). */
+void cp_write(const Lane::Copy &c)
+{
+    if (c.bytes)
+        tsan_read(c.src, c.bytes);
+    tsan_write(c.dst, 16);
+    if (c.bytes)
+        memcpy(c.dst, c.src, c.bytes);
+    memset(c.dst + c.bytes, 0, 16 - c.bytes);
+}
+
+/* Lands the lane's queued copies of groups <= upto, in the order issued
+ * (those not landed yet), and keeps the rest. */
+void cp_land(Lane *L, unsigned upto)
+{
+    unsigned keep = 0;
+    for (unsigned i = 0; i < L->ncp; i++) {
+        const Lane::Copy &c = L->cp[i];
+        if (c.group <= upto) {
+            if (c.dst)
+                cp_write(c);
+        } else {
+            L->cp[keep++] = c;
+        }
+    }
+    L->ncp = keep;
+}
+
 void lane_main(void *arg)
 {
     Lane *L = static_cast<Lane *>(arg);
     Runner *r = L->runner;
     r->job->d->entry(r->job->d->state);
+    cp_land(L, L->cp_commits + 1); /* what it never waited for lands too */
     L->state = EXITED;
     r->nexited++;
     hb_release(&r->hb_done);
@@ -415,90 +477,159 @@ bool do_shfl(Runner *r, Lane *w0, unsigned warp, unsigned mask, int kind)
 
 const char *elem_name(int e)
 {
-    return e == ELEM_F32 ? "float" : e == ELEM_BF16 ? "__nv_bfloat16" : "__half";
+    return e == ELEM_BF16 ? "__nv_bfloat16" : "__half";
 }
 
-/* load_matrix_sync / store_matrix_sync: the same arguments in all 32
- * lanes, a 256-bit aligned pointer, ldm a multiple of 16 bytes. Each lane
- * then moves its own elements (mma.h). */
-bool do_wmma_mem(Runner *r, Lane *w0, unsigned warp, int kind)
+/* mma.sync.aligned.m16n8k16.row.col.f32 with bf16 or f16 inputs over the
+ * warp's registers (emu/ptx.h): lane m, g = m / 4, t = m % 4, holds
+ * A (row, k) (g, 2t..2t+1) in a[0], (g+8, 2t..) in a[1], (g, 2t+8..) in
+ * a[2], (g+8, 2t+8..) in a[3]; B (k, n) (2t..2t+1, g) in b[0], (2t+8..,
+ * g) in b[1]; C and D (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1) in
+ * c[0..3] and d[0..3]; the lower-indexed element of a pair in a register's
+ * low half. D = C + A B: exact products, fp32 sums in k order from C. c
+ * and d are the same array: all of C is read first. */
+bool do_mma16816(Runner *r, Lane *w0, unsigned warp)
 {
-    const WarpOp *o0 = w0[0].op;
-    for (unsigned m = 1; m < 32; m++) {
-        const WarpOp *o = w0[m].op;
-        if (o->ptr != o0->ptr || o->ldm != o0->ldm || o->layout != o0->layout ||
-            o->elem != o0->elem || o->use != o0->use) {
-            block_fail(r, cudaErrorIllegalInstruction,
-                       format("warp %u: %s: lane %u passes (%p, ldm %u) but lane 0 "
-                              "(%p, ldm %u): all threads of the warp must pass the "
-                              "same pointer, ldm, layout and fragment type",
-                              warp, op_name(kind), m, o->ptr, o->ldm, o0->ptr, o0->ldm));
-            return false;
-        }
-    }
-    unsigned es = o0->elem == ELEM_F32 ? 4 : 2;
-    if (!o0->ptr) {
-        block_fail(r, cudaErrorIllegalAddress,
-                   format("warp %u: %s of a null pointer", warp, op_name(kind)));
-        return false;
-    }
-    if ((uintptr_t)o0->ptr % 32 != 0) {
-        block_fail(r, cudaErrorMisalignedAddress,
-                   format("warp %u: %s: pointer %p is not 256-bit (32-byte) aligned",
-                          warp, op_name(kind), o0->ptr));
-        return false;
-    }
-    if (o0->ldm * es % 16 != 0) {
-        block_fail(r, cudaErrorMisalignedAddress,
-                   format("warp %u: %s: ldm %u is not a multiple of %u (16 bytes of %s)",
-                          warp, op_name(kind), o0->ldm, 16 / es, elem_name(o0->elem)));
-        return false;
-    }
-    return true;
-}
-
-float frag_elem(const void *x, int elem, int i)
-{
-    if (elem == ELEM_F32)
-        return static_cast<const float *>(x)[i];
-    uint16_t h = static_cast<const uint16_t *>(x)[i];
-    return elem == ELEM_BF16 ? emu_bf16_to_f32(h) : emu_f16_to_f32(h);
-}
-
-/* d = a b + c over the warp's fragments: element (r, c), e = 16 r + c, is
- * in lane e % 32 at index e / 32 (mma.h). */
-bool do_mma(Runner *r, Lane *w0, unsigned warp)
-{
-    float A[16][16], B[16][16], C[16][16];
+    float A[16][16], B[16][8], C[16][8];
     int elem = w0[0].op->elem;
+    auto half = [elem](uint32_t reg, unsigned hi) {
+        uint16_t h = (uint16_t)(hi ? reg >> 16 : reg & 0xffffu);
+        return elem == ELEM_BF16 ? emu_bf16_to_f32(h) : emu_f16_to_f32(h);
+    };
     for (unsigned m = 0; m < 32; m++) {
         const WarpOp *o = w0[m].op;
         if (o->elem != elem) {
             block_fail(r, cudaErrorIllegalInstruction,
-                       format("warp %u: wmma::mma_sync on %s in lane 0, on %s in lane %u",
-                              warp, elem_name(elem), elem_name(o->elem), m));
+                       format("warp %u: %s on %s in lane 0, on %s in lane %u (every lane "
+                              "must run the same instruction)",
+                              warp, op_name(o->kind), elem_name(elem), elem_name(o->elem), m));
             return false;
         }
-        for (int i = 0; i < 8; i++) {
-            unsigned e = m + 32u * (unsigned)i;
-            A[e / 16][e % 16] = frag_elem(o->a, elem, i);
-            B[e / 16][e % 16] = frag_elem(o->b, elem, i);
-            C[e / 16][e % 16] = frag_elem(o->c, ELEM_F32, i);
+        const uint32_t *a = static_cast<const uint32_t *>(o->a);
+        const uint32_t *b = static_cast<const uint32_t *>(o->b);
+        const float *c = static_cast<const float *>(o->c);
+        unsigned g = m / 4, t = m % 4;
+        for (unsigned h = 0; h < 2; h++) {
+            A[g][2 * t + h] = half(a[0], h);
+            A[g + 8][2 * t + h] = half(a[1], h);
+            A[g][2 * t + 8 + h] = half(a[2], h);
+            A[g + 8][2 * t + 8 + h] = half(a[3], h);
+            B[2 * t + h][g] = half(b[0], h);
+            B[2 * t + 8 + h][g] = half(b[1], h);
+            C[g][2 * t + h] = c[h];
+            C[g + 8][2 * t + h] = c[2 + h];
         }
     }
-    float D[16][16];
+    float D[16][8];
     for (int i = 0; i < 16; i++)
-        for (int j = 0; j < 16; j++) {
+        for (int j = 0; j < 8; j++) {
             float acc = C[i][j];
             for (int k = 0; k < 16; k++)
                 acc += A[i][k] * B[k][j]; /* exact products, fp32 sums */
             D[i][j] = acc;
         }
-    for (unsigned m = 0; m < 32; m++)
-        for (int i = 0; i < 8; i++) {
-            unsigned e = m + 32u * (unsigned)i;
-            static_cast<float *>(w0[m].op->d)[i] = D[e / 16][e % 16];
+    for (unsigned m = 0; m < 32; m++) {
+        float *d = static_cast<float *>(w0[m].op->d);
+        unsigned g = m / 4, t = m % 4;
+        d[0] = D[g][2 * t];
+        d[1] = D[g][2 * t + 1];
+        d[2] = D[g + 8][2 * t];
+        d[3] = D[g + 8][2 * t + 1];
+    }
+    return true;
+}
+
+/* What is wrong with [p, p + n) as shared memory of the running block,
+ * "" if nothing. A block's shared memory is its runner's copy of the
+ * program's thread-local block (emu/device.h: __shared__ is thread_local,
+ * the dynamic bytes the thread_local array smem), so an address outside
+ * it (global memory, a thread's stack: its local memory) is refused, and
+ * so are smem's bytes past the launch's dynamic size. The program's other
+ * thread_local variables (none a kernel can name but its __shared__ ones)
+ * share that block and cannot be told from shared memory. */
+std::string shared_problem(Runner *r, const void *p, size_t n)
+{
+    uintptr_t q = (uintptr_t)p, lo = (uintptr_t)r->tls_lo, hi = (uintptr_t)r->tls_hi;
+    uintptr_t s0 = (uintptr_t)smem, s1 = s0 + r->job->d->smem, s2 = s0 + SMEM_OPTIN;
+    if (q < lo || q > hi || hi - q < n)
+        return format("%p is not in the block's shared memory (a __shared__ variable or the "
+                      "launch's dynamic shared memory)",
+                      p);
+    if (q < s2 && q + n > s0 && !(q >= s0 && q + n <= s1))
+        return format("%p is past the launch's %zu bytes of dynamic shared memory "
+                      "(smem + %ld)",
+                      p, (size_t)(s1 - s0), (long)(q - s0));
+    return "";
+}
+
+/* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (emu/ptx.h): lanes
+ * 8i..8i+7 pass rows 0..7 of 8 x 8 matrix i, M_i[row][col] element col of
+ * the row lane 8i + row passed; lane m, g = m / 4, t = m % 4, receives
+ * r[i] = M_i[g][2t] | M_i[g][2t+1] << 16, or with .trans M_i[2t][g] |
+ * M_i[2t+1][g] << 16. Every lane the same .trans; every row non-null,
+ * 16-byte aligned, in shared memory. The rows are read here, at
+ * completion; each lane's src[] says where its elements came from, for
+ * the lane's own read that shows them to ThreadSanitizer (emu/ptx.h). */
+bool do_ldmatrix(Runner *r, Lane *w0, unsigned warp)
+{
+    int trans = w0[0].op->trans;
+    const unsigned char *row[32];
+    for (unsigned m = 0; m < 32; m++) {
+        const WarpOp *o = w0[m].op;
+        if (o->trans != trans) {
+            block_fail(r, cudaErrorIllegalInstruction,
+                       format("warp %u: %s%s in lane 0, %s%s in lane %u (every lane must run "
+                              "the same instruction)",
+                              warp, op_name(o->kind), trans ? ".trans" : "", op_name(o->kind),
+                              o->trans ? ".trans" : "", m));
+            return false;
         }
+        if (!o->ptr) {
+            block_fail(r, cudaErrorIllegalAddress,
+                       format("warp %u lane %u: %s of a null row", warp, m, op_name(o->kind)));
+            return false;
+        }
+        if ((uintptr_t)o->ptr % 16 != 0) {
+            block_fail(r, cudaErrorMisalignedAddress,
+                       format("warp %u lane %u: %s: row %p is not 16-byte aligned", warp, m,
+                              op_name(o->kind), o->ptr));
+            return false;
+        }
+        std::string bad = shared_problem(r, o->ptr, 16);
+        if (!bad.empty()) {
+            block_fail(r, cudaErrorIllegalAddress,
+                       format("warp %u lane %u: %s.shared: row ", warp, m, op_name(o->kind)) + bad);
+            return false;
+        }
+        row[m] = static_cast<const unsigned char *>(o->ptr);
+    }
+    uint32_t out[32][4];
+    const unsigned char *src[32][8];
+    for (unsigned m = 0; m < 32; m++) {
+        unsigned g = m / 4, t = m % 4;
+        for (unsigned i = 0; i < 4; i++) {
+            const unsigned char *lo, *hi;
+            if (trans) { /* M_i[2t][g], M_i[2t+1][g] */
+                lo = row[8 * i + 2 * t] + 2 * g;
+                hi = row[8 * i + 2 * t + 1] + 2 * g;
+            } else { /* M_i[g][2t], M_i[g][2t+1] */
+                lo = row[8 * i + g] + 2 * (2 * t);
+                hi = row[8 * i + g] + 2 * (2 * t + 1);
+            }
+            out[m][i] = (uint32_t)*reinterpret_cast<const uint16_t *>(lo) |
+                        (uint32_t)*reinterpret_cast<const uint16_t *>(hi) << 16;
+            src[m][2 * i] = lo;
+            src[m][2 * i + 1] = hi;
+        }
+    }
+    for (unsigned m = 0; m < 32; m++) { /* after every read: r might be anywhere */
+        WarpOp *o = w0[m].op;
+        uint32_t *d = static_cast<uint32_t *>(o->d);
+        for (unsigned i = 0; i < 4; i++)
+            d[i] = out[m][i];
+        for (unsigned e = 0; e < 8; e++)
+            o->src[e] = src[m][e];
+    }
     return true;
 }
 
@@ -547,7 +678,12 @@ bool resolve(Runner *r)
 {
     bool progress = false;
     unsigned n = r->nthreads;
-    for (unsigned w = 0; w < r->nwarps; w++) {
+    for (unsigned wi = 0; wi < r->nwarps; wi++) {
+        /* one warp at a time: the first (last, reversed) that can go on
+         * runs alone until it waits at a barrier */
+        if (g_serial_warps && progress)
+            break;
+        unsigned w = g_reverse ? r->nwarps - 1 - wi : wi;
         Lane *w0 = &r->lanes[w * 32];
         unsigned cnt = std::min(32u, n - w * 32);
         for (unsigned l = 0; l < cnt; l++) {
@@ -582,10 +718,10 @@ bool resolve(Runner *r)
             bool ok = true;
             if (kind >= OP_SHFL_IDX && kind <= OP_SHFL_XOR)
                 ok = do_shfl(r, w0, w, mask, kind);
-            else if (kind == OP_WMMA_LOAD || kind == OP_WMMA_STORE)
-                ok = do_wmma_mem(r, w0, w, kind);
-            else if (kind == OP_WMMA_MMA)
-                ok = do_mma(r, w0, w);
+            else if (kind == OP_MMA_M16N8K16)
+                ok = do_mma16816(r, w0, w);
+            else if (kind == OP_LDMATRIX_X4)
+                ok = do_ldmatrix(r, w0, w);
             if (!ok)
                 return false;
             for (unsigned m = 0; m < 32; m++)
@@ -686,6 +822,8 @@ void run_block(Runner *r, Job *j, unsigned long long b)
         L.op = nullptr;
         L.bcount = 0;
         memset(L.wcount, 0, sizeof L.wcount);
+        L.ncp = 0;
+        L.cp_commits = 0;
         ctx_make(&L.ctx, L.stack, STACK_BYTES, lane_main, &L);
     }
     r->nthreads = n;
@@ -759,6 +897,10 @@ void start_runners()
 #endif
     if (const char *e = getenv("EMU_ORDER"))
         g_reverse = strcmp(e, "reverse") == 0;
+    if (const char *e = getenv("EMU_WARPS"))
+        g_serial_warps = strcmp(e, "serial") == 0;
+    if (const char *e = getenv("EMU_CP_ASYNC"))
+        g_cp_early = strcmp(e, "early") == 0;
     if (const char *e = getenv("EMU_RUNNERS")) {
         int v = atoi(e);
         if (v >= 1 && v <= 16)
@@ -875,6 +1017,48 @@ void warp_op(WarpOp *op)
         hb_acquire(&r->hb_warp[L->warp][leader][par]);
         L->wcount[leader]++;
     }
+}
+
+/* cp.async (emu/ptx.h) */
+void cp_async16(void *dst, const void *src, unsigned n)
+{
+    Lane *L = current();
+    if (n > 16)
+        trap(cudaErrorIllegalInstruction, "cp.async of %u source bytes into 16", n);
+    if ((uintptr_t)dst % 16 != 0)
+        trap(cudaErrorMisalignedAddress,
+             "cp.async: shared destination %p is not 16-byte aligned", dst);
+    std::string bad = shared_problem(L->runner, dst, 16);
+    if (!bad.empty())
+        trap(cudaErrorIllegalAddress, "cp.async: destination %s", bad.c_str());
+    if (n > 0 && (!src || (uintptr_t)src % 16 != 0))
+        trap(cudaErrorMisalignedAddress,
+             "cp.async: global source %p is not 16-byte aligned", src);
+    if (L->ncp == CP_MAX)
+        trap(cudaErrorLaunchFailure,
+             "more than %d cp.async copies queued in one thread (wait for some)",
+             (int)CP_MAX);
+    Lane::Copy c = {static_cast<unsigned char *>(dst), static_cast<const unsigned char *>(src),
+                    n, L->cp_commits + 1};
+    if (g_cp_early) { /* lands now, but stays queued (counted) until its wait */
+        cp_write(c);
+        c.dst = nullptr;
+    }
+    L->cp[L->ncp++] = c;
+}
+
+void cp_async_commit()
+{
+    current()->cp_commits++;
+}
+
+void cp_async_wait(int n)
+{
+    Lane *L = current();
+    if (n < 0)
+        trap(cudaErrorIllegalInstruction, "cp.async.wait_group %d", n);
+    if (L->cp_commits > (unsigned)n)
+        cp_land(L, L->cp_commits - (unsigned)n);
 }
 
 void syncthreads()

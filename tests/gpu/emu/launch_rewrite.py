@@ -8,10 +8,19 @@
 KERNEL is an expression ending in a name, optionally qualified (a::b) and
 with template arguments (k<T, 4>); CONFIG is the 2 to 4 launch parameters
 (grid, block, shared memory bytes, stream), kept as written. Either may
-span lines; every newline is kept, and a #line directive names IN, so
-that diagnostics and __LINE__ point at the original. Comments and string
-literals are left alone. A `<<<` that is not a launch stops the build.
+span lines; every newline is kept, and a #line directive names IN
+(normalized), so that diagnostics and __LINE__ point at the original.
+Comments and string literals are left alone. A `<<<` that is not a launch
+stops the build.
+
+OUT is written whole (a temporary file, renamed): make may write one file
+twice at once under two names. selftest.cu includes
+"../../../kernels/cuda/kcuda_ptx.h", relative to its copy in
+$(BUILD)/emu-gen/tests/gpu/emu/, and g++ names that header (and those it
+includes) so in selftest.o's dependencies; make then remakes the copy by
+that name too, beside the kernels' remaking it by its own.
 """
+import os
 import sys
 
 
@@ -119,9 +128,11 @@ def main():
         body = rewrite(text)
     except SystemExit as e:
         raise SystemExit("%s: %s" % (src, e))
-    with open(dst, "w", encoding="utf-8") as f:
-        f.write('#line 1 "%s"\n' % src)
+    tmp = "%s.tmp%d" % (dst, os.getpid())
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write('#line 1 "%s"\n' % os.path.normpath(src))
         f.write(body)
+    os.replace(tmp, dst)
 
 
 if __name__ == "__main__":

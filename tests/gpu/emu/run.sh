@@ -2,12 +2,14 @@
 # tests/gpu/emu/run.sh BUILD [ORDER...]: the CUDA kernels' tests on the CPU
 # emulation, as `make gpu-emu` (BUILD=build) and `make gpu-emu-tsan`
 # (BUILD=build-tsan) run them: the emulator's self-tests
-# (BUILD/emu_selftest), then every case of tests/gpu/gpu_tests.c
-# (BUILD/gpu_tests_emu) once per ORDER, the order in which a block's threads
-# run between barriers: forward (first to last) and/or reverse (default:
-# both; each hides the other's reads of another thread's unsynchronized
-# writes). Ends with `N passed, N failed` over all runs (a run that fails
-# without counting a failure, a crash, counts as 1); exits 1 if any failed.
+# (BUILD/emu_selftest) with the emulator's default settings and (but under
+# TSan) again with those of gpu_tests' reversed run (below), then every
+# case of tests/gpu/gpu_tests.c (BUILD/gpu_tests_emu) once per ORDER, the
+# order in which a block's threads run between barriers: forward (first
+# to last) and/or reverse (default: both; each hides the other's reads of
+# another thread's unsynchronized writes). Ends with `N passed, N failed`
+# over all runs (a run that fails without counting a failure, a crash,
+# counts as 1); exits 1 if any failed.
 set -u
 B=${1:?usage: run.sh BUILD [ORDER...]}
 shift
@@ -41,13 +43,28 @@ run() {
     echo "== $label: $((t0 / 10)).$((t0 % 10)) s"
 }
 
+# (the cases that check one setting of EMU_CP_ASYNC or EMU_WARPS skip
+# under the other, and count as passed; under TSan, where each case takes
+# about a second, and gpu_tests runs forward only, the second run is left
+# out)
 run "emulator self-tests" "$B/emu_selftest"
+if [ "${EMU_TSAN:-0}" != 1 ]; then
+    run "emulator self-tests, threads reverse, warps serial, cp.async early" \
+        env EMU_ORDER=reverse EMU_WARPS=serial EMU_CP_ASYNC=early "$B/emu_selftest"
+fi
 for o in "${orders[@]}"; do
     case $o in
     forward | reverse) ;;
     *) echo "run.sh: unknown order $o" >&2; exit 2 ;;
     esac
-    run "gpu_tests, threads $o" env OPENBLAS_NUM_THREADS=1 EMU_ORDER="$o" "$B/gpu_tests_emu"
+    # with the threads forward, the warps abreast and cp.async copies
+    # landing at the wait; reversed, the warps one at a time (each runs
+    # ahead of the others to its next barrier) and the copies landing as
+    # issued (README, emu/ptx.h)
+    warps=abreast cp=late
+    [ "$o" = reverse ] && warps=serial cp=early
+    run "gpu_tests, threads $o, warps $warps, cp.async $cp" env OPENBLAS_NUM_THREADS=1 \
+        EMU_ORDER="$o" EMU_WARPS=$warps EMU_CP_ASYNC=$cp "$B/gpu_tests_emu"
 done
 # the executor's GPU path and the NCCL communicator (unit_tests_emu, when
 # built): the unit tests that need a GPU, or 4 (MESH_EMU_GPUS: ranks as

@@ -81,13 +81,12 @@ enum {
     OP_SHFL_UP,
     OP_SHFL_DOWN,
     OP_SHFL_XOR,
-    OP_WMMA_LOAD,
-    OP_WMMA_STORE,
-    OP_WMMA_MMA
+    OP_MMA_M16N8K16, /* emu/ptx.h */
+    OP_LDMATRIX_X4
 };
 
-/* Element types of WMMA fragments. */
-enum { ELEM_F32 = 0, ELEM_BF16 = 1, ELEM_F16 = 2 };
+/* Element types of mma.m16n8k16's inputs. */
+enum { ELEM_BF16 = 1, ELEM_F16 = 2 };
 
 struct WarpOp {
     int kind;
@@ -95,15 +94,18 @@ struct WarpOp {
     /* shuffles */
     uint64_t value, result;
     int size, arg, width;
-    /* WMMA load and store: what every lane must pass alike */
+    /* ldmatrix: the lane's row, and 1 for .trans */
     const void *ptr;
-    unsigned ldm;
-    int layout; /* 0 row-major, 1 column-major */
-    int elem;   /* ELEM_* */
-    int use;    /* 0 matrix_a, 1 matrix_b, 2 accumulator */
-    /* WMMA mma: the lane's fragments (8 elements each) */
+    int trans;
+    /* mma.m16n8k16: ELEM_* */
+    int elem;
+    /* mma.m16n8k16: the lane's registers (a[4], b[2], c and d float[4]);
+     * ldmatrix: d is r[4] */
     void *d;
     const void *a, *b, *c;
+    /* ldmatrix: where each of the lane's 8 elements (r[i]'s low half at
+     * 2i, high half at 2i + 1) was read; set by the emulator */
+    const void *src[8];
 };
 
 void warp_op(WarpOp *op);

@@ -1,0 +1,119 @@
+/* emu/ptx.h (CPU emulation, tests/gpu/emu): the PTX instructions
+ * kernels/cuda/kcuda_ptx.h wraps: mma, ldmatrix and (at the end) cp.async;
+ * the first two are those whose register layouts PTX documents (PTX
+ * ISA, "Matrix Fragments for mma.m16n8k16 with floating point type" and
+ * "ldmatrix"). Both are warp-synchronous operations of the emulator: all 32
+ * lanes of the warp must call them (mask 0xffffffff), and they complete in
+ * exec.cpp (do_mma16816, do_ldmatrix) once every lane has.
+ *
+ * g = lane / 4, t = lane % 4; a 32-bit register holds two 2-byte elements,
+ * the lower-indexed one in its low 16 bits.
+ *
+ * mma_m16n8k16(d, a, b, bf16): mma.sync.aligned.m16n8k16.row.col.f32 with
+ * bf16 (bf16 true) or f16 inputs, d += a b:
+ *   A [16 x 16] (row, k): a[0] (g, 2t..2t+1), a[1] (g+8, 2t..2t+1),
+ *                         a[2] (g, 2t+8..2t+9), a[3] (g+8, 2t+8..2t+9)
+ *   B [16 x 8] (k, n):    b[0] (2t..2t+1, g), b[1] (2t+8..2t+9, g)
+ *   C, D [16 x 8] fp32:   d[0] (g, 2t), d[1] (g, 2t+1),
+ *                         d[2] (g+8, 2t), d[3] (g+8, 2t+1)
+ * D[i][j] = C[i][j] + sum over k of A[i][k] B[k][j], each product exact
+ * in fp32, summed in k order from C (the tensor cores' internal order and
+ * rounding are not emulated). Every lane must pass the same type, else
+ * cudaErrorIllegalInstruction.
+ *
+ * ldmatrix_x4(r, p, trans): ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16.
+ * Lanes 8i..8i+7 pass the addresses of rows 0..7 of 8 x 8 matrix i (8
+ * contiguous 2-byte elements each); M_i[row][col] is element col of the
+ * row lane 8i + row passed. The lane receives r[i] = M_i[g][2t] |
+ * M_i[g][2t+1] << 16, or with trans r[i] = M_i[2t][g] | M_i[2t+1][g] << 16.
+ * Checked: every lane's row is non-null (else cudaErrorIllegalAddress),
+ * 16-byte aligned (cudaErrorMisalignedAddress) and in the block's shared
+ * memory (cudaErrorIllegalAddress; exec.cpp says what it can tell), and
+ * every lane passes the same trans (cudaErrorIllegalInstruction).
+ *
+ * ThreadSanitizer: the emulator reads the rows when the operation
+ * completes, on the block's runner thread, in exec.cpp, which is not
+ * instrumented; TSan sees nothing of that read (no false report, and no
+ * race found either). So each lane then reads again, in its own fiber
+ * and instrumented (this header is compiled into the kernel), the bytes
+ * of the 8 elements it received (op.src, set by the emulator): TSan
+ * checks the warp's reads against every write not ordered before them by
+ * __syncthreads or __syncwarp (ldmatrix, like the shuffles, orders no
+ * memory), including a lane's own row that other lanes receive. The
+ * values are the ones read at completion; this read only shows TSan (and
+ * ASan) the accesses. The registers (a, b, d, r) are the lane's own, read
+ * and written by the emulator as a shuffle's are.
+ */
+#ifndef EMU_PTX_H
+#define EMU_PTX_H
+
+#include <stdint.h> /* uint32_t */
+
+#include "device.h"
+
+namespace emu {
+
+inline void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4],
+                         const uint32_t (&b)[2], bool bf16)
+{
+    WarpOp op = {};
+    op.kind = OP_MMA_M16N8K16;
+    op.mask = 0xffffffffu;
+    op.elem = bf16 ? ELEM_BF16 : ELEM_F16;
+    op.a = a;
+    op.b = b;
+    op.c = d; /* read in full before d is written */
+    op.d = d;
+    warp_op(&op);
+}
+
+inline void ldmatrix_x4(uint32_t (&r)[4], const void *p, int trans)
+{
+    WarpOp op = {};
+    op.kind = OP_LDMATRIX_X4;
+    op.mask = 0xffffffffu;
+    op.ptr = p;
+    op.trans = trans ? 1 : 0;
+    op.d = r;
+    warp_op(&op);
+    /* the sanitizers' view of the read (above): bytewise, whatever type
+     * the shared memory holds */
+    for (int e = 0; e < 8; e++) {
+        const volatile unsigned char *q =
+            static_cast<const volatile unsigned char *>(op.src[e]);
+        (void)q[0];
+        (void)q[1];
+    }
+}
+
+/* cp.async (kcuda_ptx.h's kc_cp_async16, _commit, _wait; exec.cpp):
+ * cp_async16(dst, src, n) queues a copy of n (0..16) bytes from src and
+ * 16 - n zero bytes into the 16 bytes at dst, in the thread's open group;
+ * cp_async_commit() closes that group; cp_async_wait(n) lands, in the
+ * order issued, the copies of every committed group but the n most
+ * recent. Only then are they written, so a thread that reads the
+ * destination before its wait reads what was there (at a block's start,
+ * NaN bytes), as on a GPU it may. __syncthreads lands nothing. Copies
+ * still queued when the thread exits land then. With EMU_CP_ASYNC=early
+ * each copy lands as it is issued instead, as on a GPU it may too: then
+ * a copy into a buffer other threads still read (no barrier between
+ * their reads and the issue) overwrites it under them. run.sh runs the
+ * kernels' tests both ways (late with the threads forward, early with
+ * them reversed). Checked: dst 16-byte aligned and in the block's shared
+ * memory, src 16-byte aligned (when n > 0), at most 64 copies per thread
+ * issued and not yet waited for, early or late (the emulator's queue,
+ * exec.cpp's CP_MAX, not a GPU's limit).
+ *
+ * ThreadSanitizer: exec.cpp makes a copy with memcpy and memset, which
+ * TSan intercepts, in the issuing thread's fiber as the copy lands; so
+ * TSan sees the copy as that thread's read of src and write of dst at
+ * that moment (the wait, or the issue with EMU_CP_ASYNC=early), and
+ * another thread's access to dst not ordered with it by a barrier is a
+ * reported race (emu_selftest race_cp_async_missing_syncthreads). */
+void cp_async16(void *dst, const void *src, unsigned n);
+void cp_async_commit();
+void cp_async_wait(int n);
+
+} /* namespace emu */
+
+#endif
