@@ -420,13 +420,38 @@ static int grad_alias(const plan *p, int id) {
     return reader;
 }
 
+/* mem_buf.grad_in_value's rule: the logits of the loss's cross-entropy,
+ * read by it alone, in its segment, kept in a slot (for its backward). */
+static int grad_in_value(const mp *x, int id) {
+    const plan *p = x->p;
+    int ce = p->loss;
+    if (ce < 0 || p->tensors[ce].op != G_CROSS_ENTROPY || p->tensors[ce].n_in < 1 ||
+        p->tensors[ce].in[0] != id || !has_grad(p, id) || x->b[id].region != MEM_SLOT || x->b[id].carried ||
+        x->cross[id] || x->seg[id] != x->seg[ce])
+        return 0;
+    for (int c = id + 1; c < p->n_tensors; c++)
+        for (int k = 0; k < p->tensors[c].n_in; k++)
+            if (p->tensors[c].in[k] == id && (c != ce || k != 0)) return 0;
+    return 1;
+}
+
 /* Gradients of activations: pinned when used across segments (a carried
  * value's as a pair), else shared by liveness (none for a matmul's that is
- * its bias add's: grad_alias). */
+ * its bias add's: grad_alias; the loss's logits' is their value's:
+ * grad_in_value). */
 static int64_t place_grads(mp *x) {
     const plan *p = x->p;
     int64_t pin = 0;
-    for (int id = 0; id < x->n; id++) x->b[id].grad_alias = grad_alias(p, id);
+    for (int id = 0; id < x->n; id++) {
+        mem_buf *b = &x->b[id];
+        b->grad_alias = grad_alias(p, id);
+        b->grad_in_value = (signed char)grad_in_value(x, id);
+        if (b->grad_in_value) {
+            b->grad_region = b->region;
+            b->grad_offset = b->offset;
+            b->grad_stride = b->stride;
+        }
+    }
     if (x->stack >= 0) { /* the stack's carries first: entry and exit share a pair */
         const plan_region *st = &p->regions[x->stack];
         for (int c = 0; c < st->n_carry; c++) {
@@ -728,7 +753,9 @@ void memplan_dump(const memplan *m, const plan *p, FILE *out) {
         fprintf(out, " %lld", (long long)b->offset);
         if (b->aux) fprintf(out, " +%lld", (long long)b->aux);
         if (b->stride) fprintf(out, " stride %lld", (long long)b->stride);
-        if (b->grad_region != MEM_NONE) {
+        if (b->grad_in_value) {
+            fprintf(out, " | grad over the value");
+        } else if (b->grad_region != MEM_NONE) {
             fprintf(out, " | grad %s %lld", where[b->grad_region], (long long)b->grad_offset);
             if (b->carried && b->grad_region == MEM_PINNED) fprintf(out, " (pair)");
         } else if (b->grad_alias >= 0) {

@@ -108,6 +108,13 @@ typedef struct mem_buf {
                                        when anything converts the product between them (a partial
                                        sum's all-reduce, sequence parallelism's exchanges), nor
                                        across a repeat. The runtime follows it (exec__gptr). */
+    signed char grad_in_value;      /* 1: the gradient is written over the value, in its buffer
+                                       (grad_region and grad_offset are the value's): the loss's
+                                       cross-entropy's logits, whose gradient that op's forward
+                                       writes over them when a backward follows (it needs nothing
+                                       else of them), so no buffer of its own holds it. Only where
+                                       the cross-entropy is the logits' one reader, in their
+                                       segment. The runtime follows it (exec_ops.c) */
     int64_t scratch, scratch_offset; /* the backward's scratch (moe), in the shared workspace */
     int64_t zoffset;                /* a param staged whole (zero >= 2, data-parallel group > 1): its
                                        offset in its staging block (zfixed or zlayer; its gradient's:

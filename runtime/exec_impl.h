@@ -201,6 +201,9 @@ struct mesh__exec {
     double lacc, lcur;   /* the sum so far, and the current micro-batch's */
     int loss_read;       /* the loss tensor's value is read by another op */
     int recomputing;     /* running forward steps again in a backward */
+    int grads_follow;    /* this forward's backward follows (a training step, mesh__exec_grad): the
+                            loss's cross-entropy writes its logits' gradient over them
+                            (mem_buf.grad_in_value) */
     int poison;          /* test hook: dead memory is filled with NaN (mesh__exec_set_poison) */
     long long adam_t;    /* AdamW steps taken */
     size_t host_bytes;   /* bookkeeping allocated besides the arena */

@@ -308,6 +308,7 @@ float *exec__vptr(const mesh__exec *ex, int id, int it)
 float *exec__gptr(const mesh__exec *ex, int id, int it)
 {
     const mem_buf *b = exec__buf_of(ex, id);
+    if (b->grad_in_value) return exec__vptr(ex, id, it); /* the loss's logits': over them */
     if (b->grad_alias >= 0) b = exec__buf_of(ex, id = b->grad_alias); /* a matmul's: its bias add's (same region) */
     int64_t at;
     for (int k = 0; k < ex->gst_n; k++) /* an op's backward in hand: its contribution, staged */

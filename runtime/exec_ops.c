@@ -319,10 +319,22 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
         int term = id == ex->p->loss && !ex->recomputing;
         float *mean = term ? exec__loss_term(ex, 1.0) : exec__loss_dump(ex);
         if (!mean) return -1;
+        /* in a training step the backward's gradient now, over the logits
+         * (mem_buf.grad_in_value; the loss's seed, exactly) */
+        int over = exec__buf_of(ex, t->in[0])->grad_in_value && ex->grads_follow && !ex->recomputing;
+        float seed = (float)(ex->dloss * ex->loss_scale);
         if (vocab_split(ex, t->in[0])) { /* vocabulary-parallel */
             if (ce_shard_forward(ex, aux, IN(0), I32(IN(1)), N, W, V, mean) != 0) return -1;
+            if (over) {
+                ex->kern.assign = 1;
+                int rc = EXEC_KERN(ex, crossentropy_shard_backward, DIN(0), IN(0), I32(IN(1)), aux + N, aux + 2 * N,
+                                   seed, N, ex->coord[1] * W, W, V);
+                ex->kern.assign = 0;
+                if (rc != 0) return exec__kern_failed(ex, "crossentropy_shard_backward");
+            }
         } else {
-            K(crossentropy_forward, mean, aux, aux + N, aux + 2 * N, IN(0), I32(IN(1)), N, V, W);
+            K(crossentropy_forward, mean, aux, aux + N, aux + 2 * N, IN(0), I32(IN(1)), over ? DIN(0) : NULL, seed, N,
+              V, W);
         }
         if (ex->esize == 4) { /* the tensor's value too, on the device */
             if (exec__dcopy(ex, OUT, mean, sizeof *mean) != 0) return -1;
@@ -428,6 +440,7 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
         int V = t->vocab > 0 ? (int)t->vocab : (int)exec__last_dim(a);
         float *aux = AUX;
         /* the loss's gradient: the backward's seed (exactly, when it is this node) */
+        if (exec__buf_of(ex, t->in[0])->grad_in_value) break; /* written by the forward, over the logits */
         float seed = (float)(ex->dloss * ex->loss_scale);
         if (id != ex->p->loss && exec__floats_to_host(ex, &seed, DOUT, 1) != 0) return -1;
         K(crossentropy_shard_backward, DIN(0), IN(0), I32(IN(1)), aux + N, aux + 2 * N, seed, N,

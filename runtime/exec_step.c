@@ -602,9 +602,11 @@ size_t mesh__exec_batch_tokens(const mesh__exec *ex) { return ex->numel[ex->toke
 
 /* Forward of one micro-batch in the current slot: its loss's terms added
  * to the sum begun (exec__loss_begin); -1 if a collective failed
- * (ex->error). */
-static int forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets)
+ * (ex->error). backward: its backward follows (the loss's cross-entropy
+ * then writes the logits' gradient over them, ex->grads_follow). */
+static int forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets, int backward)
 {
+    ex->grads_follow = backward;
     if (ex->poison)
         exec__fill(ex, ex->arena + ex->slots_at + ex->slot * ex->ms->slot_bytes, 0xff, (size_t)ex->ms->slot_bytes);
     poison_workspace(ex);
@@ -613,6 +615,7 @@ static int forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets
     if (part_here(ex, ex->targets_in))
         exec__to_dev(ex, exec__vptr(ex, ex->targets_in, 0), targets, n * sizeof *targets);
     int rc = run_phase(ex, PLAN_FORWARD);
+    ex->grads_follow = 0;
     if (rc == 0) rc = exec__loss_micro_end(ex);
     return rc == 0 && !ex->dev_failed ? 0 : -1;
 }
@@ -630,7 +633,7 @@ int mesh__exec_forward(mesh__exec *ex, const int32_t *inputs, const int32_t *tar
     exec__loss_begin(ex, 0);
     for (int c = ex->stage; c < ex->chunks; c += (int)ex->p->pp) { /* the stage's chunks, in order */
         exec__set_chunk(ex, c);
-        if (forward(ex, inputs, targets) != 0) return -2;
+        if (forward(ex, inputs, targets, 0) != 0) return -2;
     }
     exec__set_chunk(ex, ex->stage);
     if (pipe_flush(ex) != 0 || exec__loss_take(ex, loss) != 0) return -2;
@@ -652,7 +655,7 @@ double mesh__exec_grad(mesh__exec *ex, const int32_t *inputs, const int32_t *tar
     ex->slot = 0;
     double loss;
     exec__loss_begin(ex, 0);
-    if (forward(ex, inputs, targets) != 0 || run_phase(ex, PLAN_BACKWARD) != 0 || exec__loss_take(ex, &loss) != 0)
+    if (forward(ex, inputs, targets, 1) != 0 || run_phase(ex, PLAN_BACKWARD) != 0 || exec__loss_take(ex, &loss) != 0)
         loss = NAN;
     ex->dloss = saved;
     ex->loss_scale = scale;
@@ -687,7 +690,7 @@ static int run_units(mesh__exec *ex, const int32_t *inputs, const int32_t *targe
             while (ex->slot_busy[s]) s++; /* the memory plan has a slot for every unit in flight */
             ex->slot_busy[s] = 1;
             ex->slot_of[unit] = ex->slot = s;
-            if (forward(ex, inputs + (size_t)un->micro * bt, targets + (size_t)un->micro * bt) != 0) return -1;
+            if (forward(ex, inputs + (size_t)un->micro * bt, targets + (size_t)un->micro * bt, 1) != 0) return -1;
         } else if (un->op == SCHED_BWD) {
             ex->slot = ex->slot_of[unit];
             /* the chunk's last backward this step: its gradients finish (exec_overlap.c) */

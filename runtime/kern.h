@@ -89,9 +89,13 @@ typedef struct kern_vtbl {
     int (*swiglu_backward)(kern *k, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
                            size_t n);
     /* the whole vocabulary's rows (Vp columns, V real): losses, rowmax,
-     * lse [N] each, and the mean loss (one float): fp32, on the device */
+     * lse [N] each, and the mean loss (one float): fp32, on the device;
+     * with dlogits (NULL: none) the backward's too, in the same pass where
+     * the device can: the gradient for dloss written over dlogits (0 past
+     * V), which may be logits itself (mem_buf.grad_in_value) */
     int (*crossentropy_forward)(kern *k, float *mean, float *losses, float *rowmax, float *lse,
-                                const void *logits, const int32_t *targets, int N, int V, int Vp);
+                                const void *logits, const int32_t *targets, void *dlogits, float dloss, int N,
+                                int V, int Vp);
     /* the vocabulary-parallel pieces: each row's maximum and target logit
      * (if in [col0, col0 + W)) over this shard's columns, and its sum of
      * exp(logit - rowmax) in double beside its target logit as a double

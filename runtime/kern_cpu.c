@@ -248,10 +248,14 @@ static int swiglu_backward(kern *k, void *dgate, void *dup, const void *dout, co
 }
 
 static int crossentropy_forward(kern *k, float *mean, float *losses, float *rowmax, float *lse, const void *logits,
-                                const int32_t *targets, int N, int V, int Vp)
+                                const int32_t *targets, void *dlogits, float dloss, int N, int V, int Vp)
 {
     (void)k;
     *mean = kcpu_crossentropy_forward(losses, rowmax, lse, CF(logits), targets, N, V, Vp);
+    if (dlogits) { /* overwritten (in place: over the logits) */
+        if (dlogits != logits) memset(dlogits, 0, (size_t)N * (size_t)Vp * sizeof(float));
+        kcpu_crossentropy_shard_backward(F(dlogits), CF(logits), targets, rowmax, lse, dloss, N, 0, Vp, V);
+    }
     return 0;
 }
 
@@ -290,7 +294,7 @@ static int crossentropy_shard_backward(kern *k, void *dlogits, const void *logit
                                        const float *rowmax, const float *lse, float dloss, int N, int col0, int W,
                                        int V)
 {
-    assigned(k, 0, dlogits, (size_t)N * (size_t)W);
+    if (dlogits != logits) assigned(k, 0, dlogits, (size_t)N * (size_t)W); /* (in place: overwritten) */
     kcpu_crossentropy_shard_backward(F(dlogits), CF(logits), targets, rowmax, lse, dloss, N, col0, W, V);
     return 0;
 }

@@ -308,10 +308,11 @@ static int swiglu_backward(kern *k, void *dgate, void *dup, const void *dout, co
 }
 
 static int crossentropy_forward(kern *k, float *mean, float *losses, float *rowmax, float *lse, const void *logits,
-                                const int32_t *targets, int N, int V, int Vp)
+                                const int32_t *targets, void *dlogits, float dloss, int N, int V, int Vp)
 {
-    float *L = IN(logits, (size_t)N * Vp);
-    RUN(CPU.crossentropy_forward(k, mean, losses, rowmax, lse, L, targets, N, V, Vp));
+    /* (in place, dlogits == logits: one copy, written back) */
+    float *D = dlogits ? IO(dlogits, (size_t)N * Vp) : NULL, *L = IN(logits, (size_t)N * Vp);
+    RUN(CPU.crossentropy_forward(k, mean, losses, rowmax, lse, L, targets, D, dloss, N, V, Vp));
 }
 
 static int crossentropy_shard_max(kern *k, float *rowmax, float *target_logit, const void *logits,

@@ -269,8 +269,11 @@ static int swiglu_backward(kern *k, void *dgate, void *dup, const void *dout, co
 }
 
 static int crossentropy_forward(kern *k, float *mean, float *losses, float *rowmax, float *lse, const void *logits,
-                                const int32_t *targets, int N, int V, int Vp)
+                                const int32_t *targets, void *dlogits, float dloss, int N, int V, int Vp)
 {
+    if (dlogits) /* one kernel: the row read once more, from L2 */
+        KC(kcuda_crossentropy_fused, losses, rowmax, lse, mean, dlogits, logits, targets, dloss, N, V, Vp, DT(k),
+           k->stream);
     KC(kcuda_crossentropy_forward, losses, rowmax, lse, mean, logits, targets, N, V, Vp, DT(k), k->stream);
 }
 

@@ -191,7 +191,9 @@ void kcpu_crossentropy_shard_rowmax(float *rowmax, const float *all, int N, int 
  * crossentropy_forward's mean of a whole row). */
 float kcpu_crossentropy_shard_finish(float *losses, float *lse, double *all, const float *rowmax, int N, int P);
 /* kcpu_crossentropy_backward on a shard: rowmax and lse are the whole
- * rows' (after the exchange). dlogits[N,W]; logits[N,W]. */
+ * rows' (after the exchange). dlogits[N,W]; logits[N,W]. With dlogits ==
+ * logits the gradient overwrites the logits (the columns past V zeroed):
+ * the bits of a zeroed dlogits added to. */
 void kcpu_crossentropy_shard_backward(float *dlogits, const float *logits, const int32_t *targets,
                                       const float *rowmax, const float *lse, float dloss, int N, int col0, int W,
                                       int V);

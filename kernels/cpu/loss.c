@@ -14,6 +14,7 @@
 
 #include <assert.h> /* defines: assert */
 #include <math.h>   /* defines: exp, log, INFINITY */
+#include <string.h> /* defines: memset */
 
 #include "kcpu_math_impl.h" /* defines: kcpu__expf, KCPU_CHUNK, chunk helpers */
 
@@ -103,7 +104,7 @@ void kcpu_crossentropy_shard_backward(float *dlogits, const float *logits, const
                                       int V)
 {
     assert(N > 0 && V > 0 && W > 0 && col0 >= 0);
-    int valid = ce_valid(col0, W, V);
+    int valid = ce_valid(col0, W, V), in_place = dlogits == logits;
     float scale = (float)((double)dloss / N);
     float x[KCPU_CHUNK], d[KCPU_CHUNK];
     for (int i = 0; i < N; i++) {
@@ -114,10 +115,15 @@ void kcpu_crossentropy_shard_backward(float *dlogits, const float *logits, const
         for (size_t j = 0; j < (size_t)valid; j += KCPU_CHUNK) {
             size_t len = kcpu__chunk_len(j, (size_t)valid);
             kcpu__chunk_load_fill(x, row + j, len, -INFINITY);
-            kcpu__chunk_load(d, drow + j, len);
+            if (in_place) /* the gradient over the logits: from zero, as an assigned one */
+                memset(d, 0, sizeof d);
+            else
+                kcpu__chunk_load(d, drow + j, len);
             ce_grad_chunk(d, x, rowmax[i], inv, targets[i] - col0 - (int)j, scale);
             kcpu__chunk_store(drow + j, d, len);
         }
+        if (in_place) /* and 0 past the vocabulary */
+            memset(drow + valid, 0, (size_t)(W - valid) * sizeof *drow);
     }
 }
 

@@ -314,7 +314,9 @@ int kcuda_crossentropy_backward(void *dlogits, const void *logits,
                                 const float *lse, float dloss, int N, int V,
                                 int Vp, kcuda_dtype dt, void *stream);
 /* Forward and backward in one kernel (one block per row reads the row
- * twice, the second time from L2): the same outputs as the two calls. */
+ * twice, the second time from L2): the forward's outputs, and the
+ * backward's gradient written over dlogits (0 in the padded columns),
+ * which may be logits itself (the gradient in the logits' place). */
 int kcuda_crossentropy_fused(float *losses, float *rowmax, float *lse,
                              float *mean_loss, void *dlogits,
                              const void *logits, const int32_t *targets,

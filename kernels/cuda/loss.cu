@@ -117,7 +117,8 @@ __device__ void ce_row_grad(T *drow, const T *row, int valid, int t, float mx,
     }
 }
 
-/* Forward (and, with dlogits, the backward too) of one row per block. */
+/* Forward (and, with dlogits, the backward too, overwriting it, 0 past V:
+ * it may be the logits themselves) of one row per block. */
 template <typename T>
 __global__ void __launch_bounds__(CE_THREADS)
     ce_fwd_kernel(float *losses, float *rowmax, float *lse, T *dlogits,
@@ -142,8 +143,12 @@ __global__ void __launch_bounds__(CE_THREADS)
     }
     if (dlogits) {
         float inv = (float)exp(-(double)lsf);
-        ce_row_grad<T>(dlogits + (size_t)i * Vp, row, V, t, m, inv, scale,
-                       vec, 0);
+        T *drow = dlogits + (size_t)i * Vp;
+        __syncthreads(); /* row[t] read above before any thread overwrites it */
+        /* each element read, then written, by one thread: in place too */
+        ce_row_grad<T>(drow, row, V, t, m, inv, scale, vec, 1);
+        for (int c = V + threadIdx.x; c < Vp; c += blockDim.x)
+            drow[c] = kc_to<T>(0.0f);
     }
 }
 

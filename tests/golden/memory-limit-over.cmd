@@ -1,1 +1,1 @@
-$MESHC --memory-limit 4GiB examples/gpt2.mesh
+$MESHC --memory-limit 3GiB examples/gpt2.mesh

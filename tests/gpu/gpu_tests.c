@@ -763,6 +763,8 @@ static void t_embedding(kcuda_dtype dt)
 
 /* ---- cases: cross-entropy ----------------------------------------------- */
 
+/* fused: 0 the two calls (the backward adds), 1 the fused kernel (it
+ * overwrites dlogits), 2 the fused kernel with dlogits the logits */
 static void ce_case(kcuda_dtype dt, int N, int V, int Vp, int fused)
 {
     size_t n = (size_t)N * Vp;
@@ -773,7 +775,9 @@ static void ce_case(kcuda_dtype dt, int N, int V, int Vp, int fused)
     float *loss = hf((size_t)N), *mx = hf((size_t)N), *lse = hf((size_t)N);
     float *gl = rnd(n, 0.01f, dt);
     void *dl = up(logits, n, dt), *dtg = up_i32(tg, (size_t)N);
-    void *dgl = up(gl, n, dt);
+    void *dgl = fused == 2 ? dl : up(gl, n, dt);
+    if (fused)
+        memset(gl, 0, n * sizeof *gl);
     float *dloss_v = dmem((size_t)N * 4), *dmx = dmem((size_t)N * 4);
     float *dlse = dmem((size_t)N * 4), *dmean = dmem(4);
     float mean = kcpu_crossentropy_forward(loss, mx, lse, logits, tg, N, V, Vp);
@@ -805,8 +809,10 @@ static void t_crossentropy(kcuda_dtype dt)
 
 static void t_crossentropy_fused(kcuda_dtype dt)
 {
-    ce_case(dt, 13, 1000, 1024, 1);
-    ce_case(dt, 5, 77, 80, 1);
+    for (int fused = 1; fused <= 2; fused++) { /* apart, then in place */
+        ce_case(dt, 13, 1000, 1024, fused);
+        ce_case(dt, 5, 77, 80, fused);
+    }
 }
 
 static void t_crossentropy_shard(kcuda_dtype dt)

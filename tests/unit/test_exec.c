@@ -4,7 +4,7 @@
  * tiny GPT compiled from source (two layers through the repeat's carries,
  * a tied LM head), and training that lowers the loss.
  */
-#include <math.h>   /* fabs */
+#include <math.h>   /* fabs, exp, log */
 #include <stdio.h>  /* fprintf */
 #include <stdlib.h> /* free, mkdtemp, system */
 #include <string.h> /* strlen */
@@ -156,6 +156,28 @@ static void check_training(const char *src)
         fprintf(stderr, "# loss %.4f -> %.4f\n", first.loss, st.loss);
         unit_fail(__FILE__, __LINE__, "the loss did not fall below 1.0");
     }
+    /* A forward alone (an evaluation, sampling's) leaves the logits in
+     * place (a training step's writes their gradient over them,
+     * mem_buf.grad_in_value): its loss, taken again from them on the host
+     * (but moe's, whose loss adds the routers' load-balancing terms) */
+    double loss = mesh__exec_loss(ex, in, tg), host = 0;
+    int vp, V = (int)p.tensors[p.loss].vocab;
+    const float *lg = mesh__exec_logits(ex, &vp);
+    ASSERT_NOT_NULL(lg);
+    size_t rows = mesh__exec_batch_tokens(ex);
+    if (V <= 0) V = vp;
+    for (size_t r = 0; r < rows; r++) {
+        const float *row = lg + r * (size_t)vp;
+        double mx = row[0], sum = 0;
+        for (int c = 1; c < V; c++) mx = row[c] > mx ? row[c] : mx;
+        for (int c = 0; c < V; c++) sum += exp(row[c] - mx);
+        host += log(sum) + mx - row[tg[r]];
+    }
+    host /= (double)rows;
+    int moe = 0;
+    for (int id = 0; id < p.n_tensors; id++) moe |= p.tensors[id].op == G_MOE;
+    if (!moe && !(fabs(host - loss) < 1e-4 * (1 + fabs(loss))))
+        unit_fail(__FILE__, __LINE__, "the loss from the logits after a forward is %.6f, the forward's %.6f", host, loss);
     mesh__exec_free(ex);
     plan_free(&p);
 }
