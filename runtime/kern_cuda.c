@@ -8,8 +8,8 @@
 
 #include <stdint.h> /* uintptr_t */
 #include <stdio.h>  /* snprintf */
-#include <stdlib.h> /* calloc, free */
-#include <string.h> /* memset */
+#include <stdlib.h> /* calloc, free, getenv */
+#include <string.h> /* memset, strcmp */
 
 #if MESH_CUDA
 
@@ -93,6 +93,10 @@ static int cuda_open(kern *k)
         return -1;
     }
     k->d->held += KCUDA_WORKSPACE_BYTES;
+    /* MESH_DETERMINISTIC=0: the faster kernels whose sums' order depends
+     * on timing (docs/gpu.md, Determinism) */
+    const char *det = getenv("MESH_DETERMINISTIC");
+    if (det && strcmp(det, "0") == 0) kcuda_ctx_set_deterministic(c->ctx, 0);
     return 0;
 }
 

@@ -51,6 +51,7 @@ struct attn_args {
     float *lse;           /* [B, H, T], forward output */
     const float *lse_in;  /* backward input */
     float *Dw;            /* [B, H, T] scratch: rowsum(dout * out) */
+    float *dqa;           /* [B, T, H, d] fp32 scratch: dq summed by atomics (kcuda_ctx_set_deterministic) */
     const float *Dr;
     long long qs, ks, vs, os;
     int B, T, H, KV, d, causal, vec;
@@ -68,6 +69,11 @@ template <typename T, int DP> struct att_cfg {
     static constexpr size_t TILE_BYTES =
         (sizeof(T) * ATT_TILE * LD + 127) / 128 * 128;
     static constexpr int LDF = 65; /* fp32 P tile [16 x 64] (FMA path) */
+    /* the dk/dv kernel's ds^T tile [64 keys][64 queries] (2-byte types,
+     * kcuda_ctx_set_deterministic 0), rows padded by 16 bytes as the
+     * tiles' are */
+    static constexpr int LDS = ATT_TILE + 8;
+    static constexpr size_t S_BYTES = (sizeof(T) * ATT_TILE * LDS + 127) / 128 * 128;
     /* per-warp scratch after the tiles: the fp32 path's P tile only */
     static constexpr size_t WARP_BYTES =
         TC ? 0 : (sizeof(float) * 16 * LDF + 127) / 128 * 128;
@@ -149,6 +155,17 @@ __device__ __forceinline__ int att_col(int e)
     return 2 * (threadIdx.x & 3) + (e & 1);
 }
 
+/* A warp's [16 x DP] accumulator, zeroed. */
+template <int DP>
+__device__ __forceinline__ void zero_acc(float (&acc)[DP / 8][4])
+{
+#pragma unroll
+    for (int n = 0; n < DP / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[n][e] = 0.0f;
+}
+
 /* s = A[16 w .. 16 w + 16) B^T over the head size: the warp's [16 x 64]
  * piece of A B^T, A and B [64][LD] tiles. Tensor cores: per 16 columns of
  * the head size, A's [16 x 16] piece by one ldmatrix, B's by one per 16
@@ -205,6 +222,27 @@ __device__ __forceinline__ void warp_abt(float (&s)[8][4], const T *A,
     }
 }
 
+/* acc += A X[16 kk .. 16 kk + 16): A a [16 x 16] A operand (of the
+ * rows' columns 16 kk ..), X a [64][LD] tile stored [k][n], whose B
+ * operands ldmatrix .trans gives (matrices: rows 0-7 and 8-15 by columns
+ * 0-7, then by 8-15). Tensor cores only. */
+template <typename T, int DP>
+__device__ __forceinline__ void mma_x(float (&acc)[DP / 8][4], const uint32_t (&pa)[4],
+                                      const T *X, int kk)
+{
+    typedef att_cfg<T, DP> cfg;
+    int lane = threadIdx.x & 31;
+    const T *x = X + (16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1)) * cfg::LD + 8 * (lane >> 4);
+#pragma unroll
+    for (int np = 0; np < DP / 16; np++) {
+        uint32_t bf[4];
+        kc_ldsm4_t(bf, x + 16 * np);
+        const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+        kc_mma16816<T>(acc[2 * np], pa, b0);
+        kc_mma16816<T>(acc[2 * np + 1], pa, b1);
+    }
+}
+
 /* acc += P X: P the warp's [16 x 64] tile in registers, X a [64][LD]
  * tile (rows indexed by P's columns), acc the warp's [16 x DP] piece.
  * Tensor cores: P rounded to 2 bytes is the A operand as it stands (its
@@ -217,11 +255,8 @@ __device__ __forceinline__ void warp_pv(float (&acc)[DP / 8][4],
                                         float *pf)
 {
     typedef att_cfg<T, DP> cfg;
-    int lane = threadIdx.x & 31;
     if constexpr (cfg::TC) {
         (void)pf;
-        /* matrices: rows 0-7 and 8-15 by columns 0-7, then by 8-15 */
-        const T *x = X + ((lane & 7) + 8 * ((lane >> 3) & 1)) * cfg::LD + 8 * (lane >> 4);
 #pragma unroll
         for (int kk = 0; kk < ATT_TILE / 16; kk++) {
             const uint32_t pa[4] = {
@@ -229,14 +264,7 @@ __device__ __forceinline__ void warp_pv(float (&acc)[DP / 8][4],
                 kc_pack2<T>(p[2 * kk][2], p[2 * kk][3]),
                 kc_pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
                 kc_pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
-#pragma unroll
-            for (int np = 0; np < DP / 16; np++) {
-                uint32_t bf[4];
-                kc_ldsm4_t(bf, x + 16 * kk * cfg::LD + 16 * np);
-                const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
-                kc_mma16816<T>(acc[2 * np], pa, b0);
-                kc_mma16816<T>(acc[2 * np + 1], pa, b1);
-            }
+            mma_x<T, DP>(acc, pa, X, kk);
         }
     } else {
 #pragma unroll
@@ -364,11 +392,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_args a)
         m[r] = -INFINITY;
         l[r] = 0.0f;
     }
-#pragma unroll
-    for (int n = 0; n < DP / 8; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            acc[n][e] = 0.0f;
+    zero_acc<DP>(acc);
     for (int it = 0; it < tiles; it++) {
         int j0 = it * ATT_TILE;
         const T *sK, *sV;
@@ -490,22 +514,56 @@ __device__ __forceinline__ void add_rows_out(T *y, long long stride,
     }
 }
 
-template <int DP>
-__device__ __forceinline__ void zero_acc(float (&acc)[DP / 8][4])
+/* dq += ds k of the step's query tile (ADQ: kcuda_ctx_set_deterministic
+ * 0): every warp's rows of ds^T (keys by queries) into the tile sS, then
+ * each warp the product for its 16 queries with the block's 64 keys (A
+ * operands of ds by ldmatrix .trans of ds^T), added into the fp32 dqa by
+ * atomics. */
+template <typename T, int DP>
+__device__ __forceinline__ void dq_atomic(const attn_args &a, const float (&ds)[8][4], T *sS,
+                                          const T *sK, long long bt0, int h, int i0)
 {
+    typedef att_cfg<T, DP> cfg;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
-    for (int n = 0; n < DP / 8; n++)
+    for (int r = 0; r < 2; r++)
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-            acc[n][e] = 0.0f;
+        for (int j = 0; j < 8; j++)
+            *reinterpret_cast<uint32_t *>(sS + (16 * w + att_row(2 * r)) * cfg::LDS + 8 * j + att_col(0)) =
+                kc_pack2<T>(ds[j][2 * r], ds[j][2 * r + 1]);
+    __syncthreads(); /* every warp's keys */
+    float dq[DP / 8][4];
+    zero_acc<DP>(dq);
+    /* matrices: keys 0-7 by queries 0-7, then by 8-15, then keys 8-15 */
+    const T *s = sS + ((lane & 7) + 8 * (lane >> 4)) * cfg::LDS + 16 * w + 8 * ((lane >> 3) & 1);
+#pragma unroll
+    for (int kk = 0; kk < ATT_TILE / 16; kk++) {
+        uint32_t af[4];
+        kc_ldsm4_t(af, s + 16 * kk * cfg::LDS);
+        mma_x<T, DP>(dq, af, sK, kk);
+    }
+    long long hd = (long long)a.H * a.d;
+    float *y = a.dqa + bt0 * hd + (long long)h * a.d;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        int row = i0 + 16 * w + att_row(e);
+        if (row >= a.T)
+            continue;
+#pragma unroll
+        for (int n = 0; n < DP / 8; n++) {
+            int col = 8 * n + att_col(e);
+            if (col < a.d)
+                atomicAdd(y + row * hd + col, dq[n][e]);
+        }
+    }
 }
 
 /* dK, dV of one tile of 64 keys of one kv head (a warp per 16 keys): for
  * each query head of the group in order, and each query tile that sees
  * these keys, in order, the scores come transposed (keys are the warp's
  * rows): p = exp(s - lse), ds = p (dp - D) scale, dv += p^T dout,
- * dk += ds^T q. */
-template <typename T, int DP>
+ * dk += ds^T q; with ADQ also dq += ds k (dq_atomic; tensor cores only). */
+template <typename T, int DP, bool ADQ>
 __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv_kernel(attn_args a)
 {
     typedef att_cfg<T, DP> cfg;
@@ -518,8 +576,9 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv_kernel(attn_args a)
     int b = (int)(bkv / a.KV), kvh = (int)(bkv % a.KV), rep = a.H / a.KV;
     long long bt0 = (long long)b * a.T;
     /* K, V, then Q and dout twice (the next pair loads behind this one's
-     * products), then lse and D twice */
-    float *sLD = (float *)(smem + 6 * cfg::TILE_BYTES); /* [2][lse 64, D 64] */
+     * products), (ADQ: the ds^T tile,) then lse and D twice */
+    T *sS = (T *)(smem + 6 * cfg::TILE_BYTES);
+    float *sLD = (float *)(smem + 6 * cfg::TILE_BYTES + (ADQ ? cfg::S_BYTES : 0)); /* [2][lse 64, D 64] */
     float *pf = warp_scratch<T, DP>((unsigned char *)(sLD + 4 * ATT_TILE));
     const T *sK = att_tile<T, DP>(smem, 0), *sV = att_tile<T, DP>(smem, 1);
     int first = a.causal ? j0 : 0;
@@ -579,6 +638,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv_kernel(attn_args a)
         }
         warp_pv<T, DP>(dv, p, sO, pf);
         warp_pv<T, DP>(dk, ds, sQ, pf);
+        if constexpr (ADQ)
+            dq_atomic<T, DP>(a, ds, sS, sK, bt0, kvh * rep + i / qtiles, i0);
         __syncthreads(); /* this buffer is read: the next step refills it */
     }
     add_rows_out<T, DP>((T *)a.dk + bt0 * a.ks + (long long)kvh * a.d, a.ks,
@@ -650,9 +711,23 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_kernel(attn_args a)
                         i0, a.T, a.d, a.assign & 1);
 }
 
+/* dq = (assign's bit: 0, else dq) + dqa, element by element ([B, T, H,
+ * d] in dq's rows of qs). */
+template <typename T>
+__global__ void attn_dq_finish_kernel(attn_args a)
+{
+    long long hd = (long long)a.H * a.d, n = (long long)a.B * a.T * hd;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    T *p = (T *)a.dq + (i / hd) * a.qs + i % hd;
+    *p = kc_to<T>(((a.assign & 1) ? 0.0f : kc_f(*p)) + a.dqa[i]);
+}
+
 /* ---- launchers ------------------------------------------------------------ */
 
-enum { ATT_FWD, ATT_DKV, ATT_DQ };
+/* ATT_DKV_ADQ: the dk/dv kernel summing dq too, by atomics (2-byte types) */
+enum { ATT_FWD, ATT_DKV, ATT_DQ, ATT_DKV_ADQ };
 
 static int att_grid_rows = 65535; /* kcuda_attention_grid_rows */
 
@@ -666,19 +741,21 @@ static int attn_launch(int which, const attn_args &a, cudaStream_t s)
 {
     typedef att_cfg<T, DP> cfg;
     size_t warps = ATT_THREADS / 32 * cfg::WARP_BYTES;
-    /* the forward: Q, K and V twice; dk/dv: K, V, Q and dout twice, lse
-     * and D twice; dq: Q, dout, K and V twice, lse and D */
-    size_t bytes = which == ATT_FWD   ? 5 * cfg::TILE_BYTES + warps
-                   : which == ATT_DKV ? 6 * cfg::TILE_BYTES + 4 * ATT_TILE * sizeof(float) + warps
-                                      : 6 * cfg::TILE_BYTES + 2 * ATT_TILE * sizeof(float) + warps;
+    /* the forward: Q, K and V twice; dk/dv: K, V, Q and dout twice, (ds^T,)
+     * lse and D twice; dq: Q, dout, K and V twice, lse and D */
+    bool dkv = which == ATT_DKV || which == ATT_DKV_ADQ, adq = which == ATT_DKV_ADQ && cfg::TC;
+    size_t bytes = which == ATT_FWD ? 5 * cfg::TILE_BYTES + warps
+                   : dkv ? 6 * cfg::TILE_BYTES + (adq ? cfg::S_BYTES : 0) + 4 * ATT_TILE * sizeof(float) + warps
+                         : 6 * cfg::TILE_BYTES + 2 * ATT_TILE * sizeof(float) + warps;
     unsigned tiles = (unsigned)((a.T + ATT_TILE - 1) / ATT_TILE);
-    void (*kern)(attn_args) = which == ATT_FWD   ? attn_fwd_kernel<T, DP>
-                              : which == ATT_DKV ? attn_bwd_dkv_kernel<T, DP>
-                                                 : attn_bwd_dq_kernel<T, DP>;
+    void (*kern)(attn_args) = which == ATT_FWD ? attn_fwd_kernel<T, DP>
+                              : adq            ? attn_bwd_dkv_kernel<T, DP, cfg::TC>
+                              : dkv            ? attn_bwd_dkv_kernel<T, DP, false>
+                                               : attn_bwd_dq_kernel<T, DP>;
     /* a block per (query or key tile, batch row, head); the rows past the
      * grid's 65535 in z slices (att_row_block), the tiles of one head
      * next to each other (its keys and values stay in L2 among them) */
-    long long rows = which == ATT_DKV ? (long long)a.B * a.KV : (long long)a.B * a.H;
+    long long rows = dkv ? (long long)a.B * a.KV : (long long)a.B * a.H;
     unsigned ys = (unsigned)(rows < att_grid_rows ? rows : att_grid_rows);
     dim3 grid(tiles, ys, (unsigned)((rows + ys - 1) / ys));
     KCUDA_CHECK(cudaFuncSetAttribute(
@@ -780,18 +857,34 @@ static int attn_backward(kcuda_ctx *ctx, void *dq, void *dk, void *dv,
     if (B == 0 || T == 0)
         return 0;
     void *scratch = NULL;
-    size_t rows = (size_t)B * H * T;
-    KCUDA_ARG((rows + 7) / 8 <= 0x7fffffffu, "attention: B*H*T = %zu rows, too many", rows);
-    KCUDA_TRY(kcuda__scratch(ctx, rows * sizeof(float), &scratch, s));
+    size_t rows = (size_t)B * H * T, qn = rows * (size_t)d; /* D; dq's elements */
+    /* dq by the dk/dv kernel's atomics, into fp32 scratch, then added */
+    int adq = ctx->atomic_dq && dt != KCUDA_F32;
+    size_t dbytes = kcuda__round256(rows * sizeof(float));
+    KCUDA_ARG((rows + 7) / 8 <= 0x7fffffffu && (qn + 255) / 256 <= 0x7fffffffu,
+              "attention: B*H*T = %zu rows, too many", rows);
+    KCUDA_TRY(kcuda__scratch(ctx, dbytes + (adq ? qn * sizeof(float) : 0), &scratch, s));
     a.Dw = (float *)scratch;
     a.Dr = a.Dw;
+    if (adq) {
+        a.dqa = (float *)((char *)scratch + dbytes);
+        KCUDA_CHECK(cudaMemsetAsync(a.dqa, 0, qn * sizeof(float), s));
+    }
     unsigned blocks = (unsigned)((rows + 7) / 8);
     KCUDA_DISPATCH(dt, E, {
         attn_bwd_d_kernel<E><<<blocks, 256, 0, s>>>(a);
         KCUDA_LAUNCHED("attn_bwd_d_kernel");
     });
-    KCUDA_TRY(attn_dispatch(ATT_DKV, a, dt, s));
-    return attn_dispatch(ATT_DQ, a, dt, s);
+    if (!adq) {
+        KCUDA_TRY(attn_dispatch(ATT_DKV, a, dt, s));
+        return attn_dispatch(ATT_DQ, a, dt, s);
+    }
+    KCUDA_TRY(attn_dispatch(ATT_DKV_ADQ, a, dt, s));
+    KCUDA_DISPATCH(dt, E, {
+        attn_dq_finish_kernel<E><<<(unsigned)((qn + 255) / 256), 256, 0, s>>>(a);
+        KCUDA_LAUNCHED("attn_dq_finish_kernel");
+    });
+    return 0;
 }
 
 int kcuda_attention_forward(void *out, float *lse, const void *q,

@@ -129,6 +129,12 @@ int kcuda_convert(void *dst, kcuda_dtype dst_dt, const void *src,
 
 /* ---- the context -------------------------------------------------------- */
 
+void kcuda_ctx_set_deterministic(kcuda_ctx *ctx, int deterministic)
+{
+    if (ctx)
+        ctx->atomic_dq = !deterministic;
+}
+
 int kcuda_ctx_create(kcuda_ctx **out)
 {
     KCUDA_ARG(out != NULL, "kcuda_ctx_create: out is NULL");

@@ -101,6 +101,12 @@ int kcuda_convert(void *dst, kcuda_dtype dst_dt, const void *src,
 typedef struct kcuda_ctx kcuda_ctx;
 int kcuda_ctx_create(kcuda_ctx **out);
 void kcuda_ctx_free(kcuda_ctx *ctx);
+/* deterministic 0 lets the context's ops take faster paths whose sums'
+ * order depends on timing (float atomics): today the attention backward in
+ * bf16 and fp16, whose dq is then summed into fp32 with atomics by the
+ * dk/dv kernel instead of recomputed by a kernel of its own (5 tile
+ * products, not 7). Deterministic (1) is the default. */
+void kcuda_ctx_set_deterministic(kcuda_ctx *ctx, int deterministic);
 
 /* Stream-ordered device memory (cudaMallocAsync, cudaFreeAsync from the
  * device's default pool) for buffers that grow while training: usable by

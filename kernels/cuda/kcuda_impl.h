@@ -87,6 +87,7 @@ struct kcuda_ctx {
     size_t scratch_bytes;
     kcuda__algo_entry algos[KCUDA__ALGO_CACHE];
     int algo_next; /* round-robin replacement */
+    int atomic_dq; /* kcuda_ctx_set_deterministic(ctx, 0): attention's dq by atomics */
 };
 
 /* *out = at least `bytes` of the context's scratch (256-byte aligned).

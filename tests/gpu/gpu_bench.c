@@ -8,6 +8,7 @@
  *  - a linear layer's bias and GELU (GPT-2's fc): in cuBLASLt's epilogue,
  *    as the executor fuses them, next to a product and two kernels after;
  *  - causal attention, bf16, B=8 T=1024 H=12 d=64: forward and backward
+ *    (the backward also with dq summed by atomics, MESH_DETERMINISTIC=0)
  *    TFLOP/s, counted as FlashAttention does (4 B H T^2 d / 2 forward,
  *    2.5 times that backward; our backward does 3.5 times that work,
  *    recomputing the scores in both of its kernels);
@@ -388,8 +389,10 @@ static void bench_attention(void)
     printf("\n%-36s %10s %10s %10s\n", "attention, causal (TFLOP/s)", "forward",
            "backward", "fwd ms");
     jcat("\"attention\":[");
-    for (int k = 0; k < 2; k++) {
-        attn_arg a = {8, 1024, 12, 64, k ? KCUDA_F32 : KCUDA_BF16,
+    /* bf16; bf16 with dq summed by atomics (kcuda_ctx_set_deterministic
+     * 0); fp32 */
+    for (int k = 0; k < 3; k++) {
+        attn_arg a = {8, 1024, 12, 64, k == 2 ? KCUDA_F32 : KCUDA_BF16,
                       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
         size_t n = (size_t)a.B * a.T * a.H * a.d;
         a.q = drand(n, 1.0f, a.dt);
@@ -402,9 +405,13 @@ static void bench_attention(void)
         a.dv = drand(n, 0.0f, a.dt);
         a.lse = dalloc((size_t)a.B * a.H * a.T * 4);
         double fwd = 4.0 * a.B * a.H * (double)a.T * a.T * a.d / 2.0;
+        kcuda_ctx_set_deterministic(ctx, k != 1);
         double tf = time_ms(run_attn_fwd, &a, quick ? 5 : 20);
         double tb = time_ms(run_attn_bwd, &a, quick ? 3 : 10);
-        const char *name = k ? "B8 T1024 H12 d64 fp32" : "B8 T1024 H12 d64 bf16";
+        kcuda_ctx_set_deterministic(ctx, 1);
+        const char *name = k == 2 ? "B8 T1024 H12 d64 fp32"
+                           : k    ? "B8 T1024 H12 d64 bf16 atomic dq"
+                                  : "B8 T1024 H12 d64 bf16";
         printf("%-36s %10.1f %10.1f %10.3f\n", name, fwd / tf / 1e9,
                2.5 * fwd / tb / 1e9, tf);
         jcat("%s{\"name\":\"%s\",\"fwd_tflops\":%.1f,\"bwd_tflops\":%.1f,"

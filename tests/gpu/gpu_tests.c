@@ -1103,6 +1103,16 @@ static void t_attention(kcuda_dtype dt)
     kcuda_attention_grid_rows(0);
 }
 
+/* The same cases with dq summed by the dk/dv kernel's atomics
+ * (kcuda_ctx_set_deterministic 0: 2-byte types; fp32 keeps its dq kernel):
+ * within the same tolerances, not the same bits from run to run. */
+static void t_attention_atomic_dq(kcuda_dtype dt)
+{
+    kcuda_ctx_set_deterministic(ctx, 0);
+    t_attention(dt);
+    kcuda_ctx_set_deterministic(ctx, 1);
+}
+
 static void t_attention_qkv(kcuda_dtype dt)
 {
     attn_case(dt, 2, 70, 4, 2, 32, 1, 1);
@@ -1431,6 +1441,8 @@ static const gpu_case cases[] = {
     {"attention_f32", t_attention, KCUDA_F32},
     {"attention_bf16", t_attention, KCUDA_BF16},
     {"attention_f16", t_attention, KCUDA_F16},
+    {"attention_atomic_dq_bf16", t_attention_atomic_dq, KCUDA_BF16},
+    {"attention_atomic_dq_f16", t_attention_atomic_dq, KCUDA_F16},
     {"attention_qkv_f32", t_attention_qkv, KCUDA_F32},
     {"attention_qkv_bf16", t_attention_qkv, KCUDA_BF16},
     {"attention_qkv_f16", t_attention_qkv, KCUDA_F16},

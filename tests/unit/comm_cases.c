@@ -370,7 +370,10 @@ int comm_case_async_hooks(comm *c, char *err, size_t n)
     if (comm_async_new(c, &hooks, &q) != 0) return call_failed(c, err, n);
     long t[4];
     for (int k = 0; k < 4; k++) t[k] = comm_async_all_reduce(q, x[k], 8);
-    bad |= (t[3] != 4) << 13;
+    /* (call 4 is issued before the queue's thread fails at call 3's wait,
+     * or after: then the failed queue refuses it; a loaded machine, under
+     * ThreadSanitizer, gave -1 once) */
+    bad |= (t[0] != 1 || t[1] != 2 || t[2] != 3 || (t[3] != 4 && t[3] != -1)) << 13;
     bad |= (comm_async_wait(q, t[2]) != -1) << 14;
     bad |= (strstr(comm_async_error(q), "wait 3 refused") == NULL) << 15;
     bad |= (comm_async_all_reduce(q, x[0], 8) != -1) << 16; /* it stays failed */

@@ -277,6 +277,26 @@ EMU_SHFL_OVERLOADS(unsigned long long)
 EMU_SHFL_OVERLOADS(float)
 EMU_SHFL_OVERLOADS(double)
 
+/* ---- atomics ---------------------------------------------------------------- */
+
+/* atomicAdd on a float of global (or shared) memory: *address += val,
+ * the old value returned; the blocks of a launch run on several runner
+ * threads at once, so it is a compare-and-swap loop on the float's bits
+ * (ThreadSanitizer sees atomic accesses). The sum's order is the threads'
+ * arrival order, as on a GPU: not fixed. */
+static inline float atomicAdd(float *address, float val)
+{
+    unsigned *p = reinterpret_cast<unsigned *>(address);
+    unsigned old = __atomic_load_n(p, __ATOMIC_RELAXED), next;
+    float f;
+    do {
+        memcpy(&f, &old, sizeof f);
+        float sum = f + val;
+        memcpy(&next, &sum, sizeof next);
+    } while (!__atomic_compare_exchange_n(p, &old, next, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return f;
+}
+
 /* ---- arithmetic ------------------------------------------------------------ */
 
 /* Round-to-nearest operations nvcc never fuses into an FMA: the build
