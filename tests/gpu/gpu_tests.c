@@ -1103,13 +1103,17 @@ static void t_attention(kcuda_dtype dt)
     kcuda_attention_grid_rows(0);
 }
 
-/* The same cases with dq summed by the dk/dv kernel's atomics
- * (kcuda_ctx_set_deterministic 0: 2-byte types; fp32 keeps its dq kernel):
- * within the same tolerances, not the same bits from run to run. */
+/* dq summed by the dk/dv kernel's atomics (kcuda_ctx_set_deterministic
+ * 0: 2-byte types; fp32 keeps its dq kernel), on t_attention's cases of
+ * each padded head size (32, 64, 128), grouped-query and multi-query
+ * heads, causal or not, ragged tiles, two key tiles: within the same
+ * tolerances, not the same bits from run to run. */
 static void t_attention_atomic_dq(kcuda_dtype dt)
 {
     kcuda_ctx_set_deterministic(ctx, 0);
-    t_attention(dt);
+    attn_case(dt, 2, 100, 4, 2, 16, 1, 0);
+    attn_case(dt, 1, 130, 2, 2, 64, 0, 0);
+    attn_case(dt, 1, 64, 3, 1, 80, 1, 0);
     kcuda_ctx_set_deterministic(ctx, 1);
 }
 

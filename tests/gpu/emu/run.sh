@@ -61,10 +61,14 @@ for o in "${orders[@]}"; do
     # landing at the wait; reversed, the warps one at a time (each runs
     # ahead of the others to its next barrier) and the copies landing as
     # issued (README, emu/ptx.h)
-    warps=abreast cp=late
+    # (under TSan, 12 of the random shapes of t_sweep, not 30: the shapes
+    # are for the numbers, which the other runs check; the races are the
+    # kernels' own)
+    warps=abreast cp=late sweep=30
     [ "$o" = reverse ] && warps=serial cp=early
+    [ "${EMU_TSAN:-0}" = 1 ] && sweep=12
     run "gpu_tests, threads $o, warps $warps, cp.async $cp" env OPENBLAS_NUM_THREADS=1 \
-        EMU_ORDER="$o" EMU_WARPS=$warps EMU_CP_ASYNC=$cp "$B/gpu_tests_emu"
+        EMU_ORDER="$o" EMU_WARPS=$warps EMU_CP_ASYNC=$cp GPU_TESTS_SWEEP=$sweep "$B/gpu_tests_emu"
 done
 # the executor's GPU path and the NCCL communicator (unit_tests_emu, when
 # built): the unit tests that need a GPU, or 4 (MESH_EMU_GPUS: ranks as
