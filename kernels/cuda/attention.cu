@@ -81,12 +81,16 @@ template <typename T, int DP> struct att_cfg {
 
 /* ---- tiles ---------------------------------------------------------------- */
 
-/* dst[64][LD] = rows [row0, row0 + 64) of src (row stride `stride`), the
- * first d columns; zeros past T and past d. With vec, 16-byte packs (d and
- * the stride multiples of the pack width, src aligned). */
+/* Queues the copy of dst[64][LD] = rows [row0, row0 + 64) of src (row
+ * stride `stride`), the first d columns, zeros past T and past d. With vec
+ * (d and the stride multiples of the 16-byte pack's width, src aligned),
+ * in packs: 2-byte types by cp.async (zeros by its zero fill; their rows
+ * of 2 DP + 16 bytes keep the packs aligned), fp32 (rows of an odd length)
+ * by stores of the pack's elements; else element by element. Either way
+ * every thread sees the tile after kc_cp_async_wait and a __syncthreads. */
 template <typename T, int DP>
-__device__ void load_tile(T *dst, const T *src, long long stride, int row0,
-                          int T_, int d, int vec)
+__device__ void queue_tile(T *dst, const T *src, long long stride, int row0,
+                           int T_, int d, int vec)
 {
     constexpr int LD = att_cfg<T, DP>::LD;
     constexpr int W = kc_pack<T>::W;
@@ -94,17 +98,18 @@ __device__ void load_tile(T *dst, const T *src, long long stride, int row0,
         constexpr int PPR = DP / W; /* packs per row */
         for (int idx = threadIdx.x; idx < ATT_TILE * PPR; idx += blockDim.x) {
             int r = idx / PPR, c = (idx % PPR) * W, gr = row0 + r;
-            kc_pack<T> p;
-            if (gr < T_ && c < d) {
-                p = *reinterpret_cast<const kc_pack<T> *>(src + gr * stride + c);
+            bool in = gr < T_ && c < d;
+            if constexpr (att_cfg<T, DP>::TC) {
+                kc_cp_async16(dst + r * LD + c, in ? src + gr * stride + c : src, in);
             } else {
+                kc_pack<T> p;
+                if (in) {
+                    p = *reinterpret_cast<const kc_pack<T> *>(src + gr * stride + c);
+                } else {
 #pragma unroll
-                for (int j = 0; j < W; j++)
-                    p.v[j] = kc_to<T>(0.0f);
-            }
-            if (LD % W == 0) {
-                *reinterpret_cast<kc_pack<T> *>(dst + r * LD + c) = p;
-            } else {
+                    for (int j = 0; j < W; j++)
+                        p.v[j] = kc_to<T>(0.0f);
+                }
 #pragma unroll
                 for (int j = 0; j < W; j++)
                     dst[r * LD + c + j] = p.v[j];
@@ -117,28 +122,6 @@ __device__ void load_tile(T *dst, const T *src, long long stride, int row0,
         dst[r * LD + c] =
             gr < T_ && c < d ? src[gr * stride + c] : kc_to<T>(0.0f);
     }
-}
-
-/* Queues the copy of load_tile's tile into dst: cp.async in 16-byte
- * packs where whole packs fit (2-byte types with vec; zeros by the copy's
- * zero fill), else load_tile's stores. Either way every thread sees the
- * tile after kc_cp_async_wait and a __syncthreads. */
-template <typename T, int DP>
-__device__ __forceinline__ void queue_tile(T *dst, const T *src, long long stride,
-                                           int row0, int T_, int d, int vec)
-{
-    if constexpr (att_cfg<T, DP>::TC) {
-        if (vec) {
-            constexpr int LD = att_cfg<T, DP>::LD, W = kc_pack<T>::W, PPR = DP / W;
-            for (int idx = threadIdx.x; idx < ATT_TILE * PPR; idx += blockDim.x) {
-                int r = idx / PPR, c = (idx % PPR) * W, gr = row0 + r;
-                bool in = gr < T_ && c < d;
-                kc_cp_async16(dst + r * LD + c, in ? src + gr * stride + c : src, in);
-            }
-            return;
-        }
-    }
-    load_tile<T, DP>(dst, src, stride, row0, T_, d, vec);
 }
 
 /* ---- warp-level tile products ------------------------------------------- */
@@ -488,14 +471,10 @@ __device__ __forceinline__ void load_rowvec(float *dst, const float *src,
         dst[r] = row0 + r < T_ ? src[row0 + r] : 0.0f;
 }
 
-/* y[row0 + 16 w + row][col] += acc (set: = acc, y not read) for the
- * lane's elements, rows < T and columns < d (one thread per element: no
- * conflicts; each element of a backward's outputs is written by one
- * block). */
-template <typename T, int DP>
-__device__ __forceinline__ void add_rows_out(T *y, long long stride,
-                                             const float (&acc)[DP / 8][4],
-                                             int row0, int T_, int d, int set)
+/* f(row, col, v) for each of the lane's elements of the warp's [16 x DP]
+ * tile acc, at row row0 + 16 w + its row, below T and d. */
+template <int DP, typename F>
+__device__ __forceinline__ void each_out(const float (&acc)[DP / 8][4], int row0, int T_, int d, F f)
 {
     int w = threadIdx.x >> 5;
 #pragma unroll
@@ -506,12 +485,24 @@ __device__ __forceinline__ void add_rows_out(T *y, long long stride,
 #pragma unroll
         for (int n = 0; n < DP / 8; n++) {
             int col = 8 * n + att_col(e);
-            if (col < d) {
-                T *p = y + (long long)row * stride + col;
-                *p = kc_to<T>((set ? 0.0f : kc_f(*p)) + acc[n][e]);
-            }
+            if (col < d)
+                f(row, col, acc[n][e]);
         }
     }
+}
+
+/* y[row][col] += acc (set: = acc, y not read) for the lane's elements
+ * (one thread per element: no conflicts; each element of a backward's
+ * outputs is written by one block). */
+template <typename T, int DP>
+__device__ __forceinline__ void add_rows_out(T *y, long long stride,
+                                             const float (&acc)[DP / 8][4],
+                                             int row0, int T_, int d, int set)
+{
+    each_out<DP>(acc, row0, T_, d, [&](int row, int col, float v) {
+        T *p = y + (long long)row * stride + col;
+        *p = kc_to<T>((set ? 0.0f : kc_f(*p)) + v);
+    });
 }
 
 /* dq += ds k of the step's query tile (ADQ: kcuda_ctx_set_deterministic
@@ -544,18 +535,7 @@ __device__ __forceinline__ void dq_atomic(const attn_args &a, const float (&ds)[
     }
     long long hd = (long long)a.H * a.d;
     float *y = a.dqa + bt0 * hd + (long long)h * a.d;
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        int row = i0 + 16 * w + att_row(e);
-        if (row >= a.T)
-            continue;
-#pragma unroll
-        for (int n = 0; n < DP / 8; n++) {
-            int col = 8 * n + att_col(e);
-            if (col < a.d)
-                atomicAdd(y + row * hd + col, dq[n][e]);
-        }
-    }
+    each_out<DP>(dq, i0, a.T, a.d, [&](int row, int col, float v) { atomicAdd(y + row * hd + col, v); });
 }
 
 /* dK, dV of one tile of 64 keys of one kv head (a warp per 16 keys): for
