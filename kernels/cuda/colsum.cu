@@ -5,8 +5,8 @@
  *
  * Two passes, no atomics: the rows are cut into chunks of COLSUM_ROWS;
  * a block of 32 columns x 8 row lanes sums one chunk into part[chunk, c]
- * (lane y takes rows y, y+8, ..., the 8 lanes added in order); then one
- * thread per column adds the chunks in order to dst. The partials depend
+ * (lane y takes rows y, y+8, ..., the 8 lanes added in order); then the
+ * same block adds the chunks to dst in the same way. The partials depend
  * on the shape alone, so a call gives the same bits every time. The grid
  * has a block per 32 columns and chunk: a bias of 768 over 32768 rows is
  * 24 x 128 blocks, the whole GPU, where one thread per column would be 3
@@ -14,13 +14,18 @@
  */
 #include "kcuda_impl.h"
 
-/* part[chunk, c] = sum of src[r, c] over the chunk's rows. */
-template <typename T>
-__global__ void colsum_partial_kernel(float *part, const T *src, int M, int N)
+/* Lane y of a block of 32 columns x 8 row lanes sums rows y, y + 8, ...
+ * of src[M, N] in [r0, r1), and the 8 lanes are added in order. First
+ * pass (FINISH false): out[chunk, c] = the sum over the chunk's
+ * COLSUM_ROWS rows (fp32 partials). FINISH: out[c] += the sum over all M
+ * rows (src the partials, M the chunks). */
+template <typename T, typename D, bool FINISH>
+__global__ void colsum_kernel(D *out, const T *src, int M, int N)
 {
     __shared__ float sh[8][33];
     int c = blockIdx.x * 32 + threadIdx.x;
-    int r0 = blockIdx.y * COLSUM_ROWS, r1 = min(M, r0 + COLSUM_ROWS);
+    int r0 = FINISH ? 0 : (int)blockIdx.y * COLSUM_ROWS;
+    int r1 = FINISH ? M : min(M, r0 + COLSUM_ROWS);
     float acc = 0.0f;
     if (c < N)
         for (int r = r0 + (int)threadIdx.y; r < r1; r += 8)
@@ -31,22 +36,11 @@ __global__ void colsum_partial_kernel(float *part, const T *src, int M, int N)
         float t = 0.0f;
         for (int y = 0; y < 8; y++)
             t += sh[y][threadIdx.x];
-        part[(size_t)blockIdx.y * N + c] = t;
+        if (FINISH)
+            out[c] = kc_to<D>(kc_f(out[c]) + t);
+        else
+            out[(size_t)blockIdx.y * N + c] = kc_to<D>(t);
     }
-}
-
-/* dst[c] += sum over the chunks of part[chunk, c], in chunk order. */
-template <typename D>
-__global__ void colsum_finish_kernel(D *dst, const float *part, int chunks,
-                                     int N)
-{
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= N)
-        return;
-    float t = 0.0f;
-    for (int k = 0; k < chunks; k++)
-        t += part[(size_t)k * N + c];
-    dst[c] = kc_to<D>(kc_f(dst[c]) + t);
 }
 
 int kcuda__colsum_chunks(int M, int N, const char *what)
@@ -63,10 +57,11 @@ int kcuda__colsum_finish(void *dst, kcuda_dtype dst_dt, const float *part,
                          int chunks, int N, cudaStream_t s)
 {
     KCUDA_DT_OK(dst_dt);
+    dim3 grid((unsigned)((N + 31) / 32)), block(32, 8);
     KCUDA_DISPATCH(dst_dt, D, {
-        colsum_finish_kernel<D><<<(N + 255) / 256, 256, 0, s>>>(
-            (D *)dst, part, chunks, N);
-        KCUDA_LAUNCHED("colsum_finish_kernel");
+        colsum_kernel<float, D, true><<<grid, block, 0, s>>>((D *)dst, part,
+                                                             chunks, N);
+        KCUDA_LAUNCHED("colsum_kernel (finish)");
     });
     return 0;
 }
@@ -87,9 +82,9 @@ int kcuda__colsum_add(kcuda_ctx *ctx, void *dst, kcuda_dtype dst_dt,
     float *part = (float *)scratch;
     dim3 grid((unsigned)((N + 31) / 32), (unsigned)chunks), block(32, 8);
     KCUDA_DISPATCH(dt, T, {
-        colsum_partial_kernel<T><<<grid, block, 0, s>>>(part, (const T *)src,
-                                                        M, N);
-        KCUDA_LAUNCHED("colsum_partial_kernel");
+        colsum_kernel<T, float, false><<<grid, block, 0, s>>>(
+            part, (const T *)src, M, N);
+        KCUDA_LAUNCHED("colsum_kernel");
     });
     return kcuda__colsum_finish(dst, dst_dt, part, chunks, N, s);
 }

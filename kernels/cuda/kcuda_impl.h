@@ -335,7 +335,8 @@ int kcuda__colsum_add(kcuda_ctx *ctx, void *dst, kcuda_dtype dst_dt,
                       cudaStream_t s);
 /* The pieces, for sums of products (norm.cu): the number of chunks of
  * COLSUM_ROWS rows (0 for M = 0, or an error when the grid cannot hold
- * them), and dst[c] += the sum over chunks of part[chunk, c], in order. */
+ * them), and dst[c] += the sum over the chunks of part[chunk, c] (any
+ * number of chunks), in a fixed order. */
 int kcuda__colsum_chunks(int M, int N, const char *what);
 int kcuda__colsum_finish(void *dst, kcuda_dtype dst_dt, const float *part,
                          int chunks, int N, cudaStream_t s);

@@ -6,10 +6,14 @@
  * butterfly; layernorm takes two passes (the mean, then the variance about
  * it), as the CPU does in double. The row statistics are saved as kcpu
  * saves them: mean and rstd (layernorm), rstd (rmsnorm).
- * Backward: dx one warp per row; dw and db are column sums over the rows,
- * taken in a fixed order (chunks of 256 rows, then the chunks in order:
- * colsum.cu) through the context's scratch, no atomics; they are fp32
- * beside 2-byte tensors when they are a param's main gradient (dw_dt).
+ * Backward: dx one warp per row. dw and db are column sums over the rows
+ * in a fixed order, no atomics: in the same pass as dx, each warp adds its
+ * rows' products into its own column sums in shared memory, a block's
+ * warps are added in order for its chunk of 64 rows, and the chunks in a
+ * fixed order (colsum.cu) through the context's scratch. (Rows too wide
+ * for the shared memory take a pass of their own over dout and x.) They
+ * are fp32 beside 2-byte tensors when they are a param's main gradient
+ * (dw_dt).
  */
 #include "kcuda_impl.h"
 
@@ -188,66 +192,125 @@ int kcuda_add_rmsnorm_forward(void *res, void *out, float *rstd,
                                     C, eps, dt, kcuda__stream(stream));
 }
 
-/* ---- backward: dx ------------------------------------------------------- */
+/* ---- backward ---------------------------------------------------------- */
 
-/* One warp per row. Layernorm, with g = dout w and xhat = (x - mean) rstd:
- *   dx += rstd (g - mean(g) - xhat mean(g xhat));
- * rmsnorm: dx += rstd (g - x k), k = rstd^2 mean(g x). */
-template <typename T, bool RMS>
-__global__ void norm_bwd_dx_kernel(T *dx, const T *dout, const T *x,
-                                   const T *w, const float *mean,
-                                   const float *rstd, int rows, int C, int vec)
+#define NORM_BWD_CHUNK 64 /* rows per block when dw (and db) are summed too */
+#define NORM_BWD_SMEM (48 * 1024) /* the column sums' shared memory, at most */
+
+/* The slot of element c + j of a row (n = 1, or c a pack's start and n its
+ * width) in a warp's column sums: a lane's elements are 32 slots apart and
+ * a lane's slots are those equal to it mod 32, so a warp's adds for one j
+ * fall in 32 banks and a lane reads and writes only its own. */
+__device__ __forceinline__ int norm_slot(int c, int j, int n)
 {
-    constexpr int W = kc_pack<T>::W;
-    int row = blockIdx.x * NORM_ROWS_PER_BLOCK + (threadIdx.x >> 5);
-    if (row >= rows)
-        return;
-    size_t off = (size_t)row * C;
-    float mu = RMS ? 0.0f : mean[row], rs = rstd[row];
-    float s0 = 0.0f, s1 = 0.0f;
-    row_foreach<T>(C, vec, [&](int c, int n) {
-        float g[W], xv[W], wv[W];
-        load_n<T>(g, dout + off + c, n);
-        load_n<T>(xv, x + off + c, n);
-        load_n<T>(wv, w + c, n);
-        for (int j = 0; j < n; j++) {
-            float gj = g[j] * wv[j];
-            if (RMS) {
-                s1 += gj * xv[j];
-            } else {
-                s0 += gj;
-                s1 += gj * ((xv[j] - mu) * rs);
-            }
-        }
-    });
-    s0 = kc_warp_sum(s0);
-    s1 = kc_warp_sum(s1);
-    float gmean = s0 / (float)C, gxmean = s1 / (float)C;
-    float k = rs * rs * gxmean;
-    row_foreach<T>(C, vec, [&](int c, int n) {
-        float g[W], xv[W], wv[W], d[W];
-        load_n<T>(g, dout + off + c, n);
-        load_n<T>(xv, x + off + c, n);
-        load_n<T>(wv, w + c, n);
-        load_n<T>(d, dx + off + c, n);
-        for (int j = 0; j < n; j++) {
-            float gj = g[j] * wv[j];
-            if (RMS) {
-                d[j] += rs * (gj - xv[j] * k);
-            } else {
-                float xhat = (xv[j] - mu) * rs;
-                d[j] += rs * (gj - gmean - xhat * gxmean);
-            }
-        }
-        store_n<T>(dx + off + c, d, n);
-    });
+    int p = c / n;
+    return (p >> 5) * 32 * n + j * 32 + (p & 31);
 }
 
-/* ---- backward: dw, db --------------------------------------------------- */
+/* norm_slot's inverse: the column of slot s (n as there). */
+__device__ __forceinline__ int norm_slot_col(int s, int n)
+{
+    return ((s / (32 * n)) * 32 + (s & 31)) * n + (s >> 5) % n;
+}
+
+/* Each warp takes rows r0 + warp, r0 + warp + warps, ... of its block's
+ * chunk of rows. Layernorm, with g = dout w and xhat = (x - mean) rstd:
+ *   dx += rstd (g - mean(g) - xhat mean(g xhat));
+ * rmsnorm: dx += rstd (g - x k), k = rstd^2 mean(g x) (nothing with dx
+ * NULL). COLS: the same pass sums dout xhat (layernorm) or dout x rstd
+ * (rmsnorm) and dout (layernorm's db) over the warp's rows into its column
+ * sums in shared memory (S slots each: norm_slot), and the block writes
+ * their sums, warps in order, to part0 and part1[block, c]. */
+template <typename T, bool RMS, bool COLS>
+__global__ void norm_bwd_kernel(T *dx, float *part0, float *part1,
+                                const T *dout, const T *x, const T *w,
+                                const float *mean, const float *rstd,
+                                int rows, int C, int vec, int chunk, int S)
+{
+    constexpr int W = kc_pack<T>::W, NACC = RMS ? 1 : 2;
+    extern __shared__ __align__(16) unsigned char smem[];
+    float *acc = reinterpret_cast<float *>(smem); /* [warps][NACC][S] */
+    int warps = blockDim.x >> 5, warp = threadIdx.x >> 5;
+    float *a0 = acc + (size_t)warp * NACC * S, *a1 = a0 + S;
+    if (COLS)
+        for (int s = threadIdx.x & 31; s < NACC * S; s += 32)
+            a0[s] = 0.0f;
+    int r0 = blockIdx.x * chunk, r1 = min(rows, r0 + chunk);
+    for (int row = r0 + warp; row < r1; row += warps) {
+        size_t off = (size_t)row * C;
+        float mu = RMS ? 0.0f : mean[row], rs = rstd[row];
+        float gmean = 0.0f, gxmean = 0.0f;
+        if (dx) {
+            float s0 = 0.0f, s1 = 0.0f;
+            row_foreach<T>(C, vec, [&](int c, int n) {
+                float g[W], xv[W], wv[W];
+                load_n<T>(g, dout + off + c, n);
+                load_n<T>(xv, x + off + c, n);
+                load_n<T>(wv, w + c, n);
+                for (int j = 0; j < n; j++) {
+                    float gj = g[j] * wv[j];
+                    if (RMS) {
+                        s1 += gj * xv[j];
+                    } else {
+                        s0 += gj;
+                        s1 += gj * ((xv[j] - mu) * rs);
+                    }
+                }
+            });
+            gmean = kc_warp_sum(s0) / (float)C;
+            gxmean = kc_warp_sum(s1) / (float)C;
+        }
+        float k = rs * rs * gxmean;
+        row_foreach<T>(C, vec, [&](int c, int n) {
+            float g[W], xv[W], wv[W], d[W];
+            load_n<T>(g, dout + off + c, n);
+            load_n<T>(xv, x + off + c, n);
+            if (dx) {
+                load_n<T>(wv, w + c, n);
+                load_n<T>(d, dx + off + c, n);
+            }
+            for (int j = 0; j < n; j++) {
+                float xhat = RMS ? xv[j] * rs : (xv[j] - mu) * rs;
+                if (dx) {
+                    float gj = g[j] * wv[j];
+                    d[j] += RMS ? rs * (gj - xv[j] * k)
+                                : rs * (gj - gmean - xhat * gxmean);
+                }
+                if (COLS) {
+                    int sl = norm_slot(c, j, n);
+                    a0[sl] += g[j] * xhat;
+                    if (!RMS)
+                        a1[sl] += g[j];
+                }
+            }
+            if (dx)
+                store_n<T>(dx + off + c, d, n);
+        });
+    }
+    if (!COLS)
+        return;
+    __syncthreads();
+    int n = vec ? W : 1;
+    for (int s = threadIdx.x; s < S; s += blockDim.x) {
+        int c = norm_slot_col(s, n);
+        if (c >= C)
+            continue;
+        float t0 = 0.0f, t1 = 0.0f;
+        for (int v = 0; v < warps; v++) {
+            t0 += acc[(size_t)v * NACC * S + s];
+            if (!RMS)
+                t1 += acc[(size_t)v * NACC * S + S + s];
+        }
+        part0[(size_t)blockIdx.x * C + c] = t0;
+        if (!RMS)
+            part1[(size_t)blockIdx.x * C + c] = t1;
+    }
+}
 
 /* part0[chunk, c] = sum over the chunk's rows of dout xhat (layernorm) or
  * dout x rstd (rmsnorm); part1[chunk, c] = sum of dout (layernorm's db).
- * Block: 32 columns x 8 row lanes, the lane sums added in order. */
+ * Block: 32 columns x 8 row lanes, the lane sums added in order. For rows
+ * too wide for norm_bwd_kernel's column sums in shared memory. */
 template <typename T, bool RMS>
 __global__ void norm_bwd_cols_kernel(float *part0, float *part1,
                                      const T *dout, const T *x,
@@ -284,6 +347,81 @@ __global__ void norm_bwd_cols_kernel(float *part0, float *part1,
     }
 }
 
+/* dx alone: a warp per row, NORM_ROWS_PER_BLOCK rows a block. */
+template <bool RMS>
+static int norm_bwd_dx(void *dx, const void *dout, const void *x,
+                       const void *w, const float *mean, const float *rstd,
+                       int rows, int C, int vec, kcuda_dtype dt,
+                       cudaStream_t s)
+{
+    unsigned blocks =
+        (unsigned)((rows + NORM_ROWS_PER_BLOCK - 1) / NORM_ROWS_PER_BLOCK);
+    KCUDA_DISPATCH(dt, T, {
+        norm_bwd_kernel<T, RMS, false>
+            <<<blocks, 32 * NORM_ROWS_PER_BLOCK, 0, s>>>(
+                (T *)dx, (float *)NULL, (float *)NULL, (const T *)dout, (const T *)x,
+                (const T *)w, mean, rstd, rows, C, vec, NORM_ROWS_PER_BLOCK,
+                0);
+        KCUDA_LAUNCHED("norm_bwd_kernel");
+    });
+    return 0;
+}
+
+/* The column sums' partials part0 and (two) part1 [chunks, C], in the
+ * context's scratch. */
+static int norm_parts(kcuda_ctx *ctx, int chunks, int C, bool two,
+                      float **part0, float **part1, cudaStream_t s)
+{
+    size_t part_bytes = kcuda__round256((size_t)chunks * C * sizeof(float));
+    void *scratch = NULL;
+    KCUDA_TRY(kcuda__scratch(ctx, (two ? 2 : 1) * part_bytes, &scratch, s));
+    *part0 = (float *)scratch;
+    *part1 = two ? (float *)((char *)scratch + part_bytes) : NULL;
+    return 0;
+}
+
+/* dw += the sum over the chunks of part0, db += part1's (each if any). */
+static int norm_finish(void *dw, void *db, kcuda_dtype dw_dt,
+                       const float *part0, const float *part1, int chunks,
+                       int C, cudaStream_t s)
+{
+    if (dw)
+        KCUDA_TRY(kcuda__colsum_finish(dw, dw_dt, part0, chunks, C, s));
+    if (db && part1)
+        KCUDA_TRY(kcuda__colsum_finish(db, dw_dt, part1, chunks, C, s));
+    return 0;
+}
+
+/* dx (if any), dw and db (if any) in one pass over dout and x: a block per
+ * NORM_BWD_CHUNK rows with as many warps (up to 8) as their column sums
+ * fit NORM_BWD_SMEM; 0, or 1 when a warp's do not fit. */
+template <bool RMS>
+static int norm_bwd_fused(kcuda_ctx *ctx, void *dx, void *dw, void *db,
+                          const void *dout, const void *x, const void *w,
+                          const float *mean, const float *rstd, int rows,
+                          int C, int vec, kcuda_dtype dt, kcuda_dtype dw_dt,
+                          cudaStream_t s)
+{
+    int n = vec ? 16 / (int)kcuda_dtype_size(dt) : 1, nacc = RMS ? 1 : 2;
+    int S = (C + 32 * n - 1) / (32 * n) * (32 * n);
+    size_t warp_bytes = (size_t)nacc * S * sizeof(float);
+    int warps = (int)(NORM_BWD_SMEM / warp_bytes);
+    if (warps < 1)
+        return 1;
+    warps = warps < 8 ? warps : 8;
+    int chunks = (rows + NORM_BWD_CHUNK - 1) / NORM_BWD_CHUNK;
+    float *part0, *part1;
+    KCUDA_TRY(norm_parts(ctx, chunks, C, !RMS, &part0, &part1, s));
+    KCUDA_DISPATCH(dt, T, {
+        norm_bwd_kernel<T, RMS, true>
+            <<<(unsigned)chunks, 32 * warps, warps * warp_bytes, s>>>(
+                (T *)dx, part0, part1, (const T *)dout, (const T *)x,
+                (const T *)w, mean, rstd, rows, C, vec, NORM_BWD_CHUNK, S);
+        KCUDA_LAUNCHED("norm_bwd_kernel (with the column sums)");
+    });
+    return norm_finish(dw, db, dw_dt, part0, part1, chunks, C, s);
+}
+
 template <bool RMS>
 static int norm_backward(kcuda_ctx *ctx, void *dx, void *dw, void *db,
                          const void *dout, const void *x, const void *w,
@@ -297,39 +435,31 @@ static int norm_backward(kcuda_ctx *ctx, void *dx, void *dw, void *db,
     KCUDA_ARG(rows >= 0 && C > 0, "norm: bad sizes rows=%d C=%d", rows, C);
     if (rows == 0)
         return 0;
-    if (dx) {
-        int vec = rows_vec(kcuda_dtype_size(dt), C, dx, dout, x, w, NULL);
-        unsigned blocks =
-            (unsigned)((rows + NORM_ROWS_PER_BLOCK - 1) / NORM_ROWS_PER_BLOCK);
-        KCUDA_DISPATCH(dt, T, {
-            norm_bwd_dx_kernel<T, RMS>
-                <<<blocks, 32 * NORM_ROWS_PER_BLOCK, 0, s>>>(
-                    (T *)dx, (const T *)dout, (const T *)x, (const T *)w,
-                    mean, rstd, rows, C, vec);
-            KCUDA_LAUNCHED("norm_bwd_dx_kernel");
-        });
-    }
+    int vec = rows_vec(kcuda_dtype_size(dt), C, dx, dout, x, w, NULL);
     if (!dw && !db)
-        return 0;
+        return dx ? norm_bwd_dx<RMS>(dx, dout, x, w, mean, rstd, rows, C, vec,
+                                     dt, s)
+                  : 0;
+    int rc = norm_bwd_fused<RMS>(ctx, dx, dw, db, dout, x, w, mean, rstd,
+                                 rows, C, vec, dt, dw_dt, s);
+    if (rc <= 0)
+        return rc;
+    /* rows too wide: dx, then the column sums in a pass of their own */
+    if (dx)
+        KCUDA_TRY(norm_bwd_dx<RMS>(dx, dout, x, w, mean, rstd, rows, C, vec,
+                                   dt, s));
     int chunks = kcuda__colsum_chunks(rows, C, "norm backward");
     if (chunks <= 0)
         return chunks;
-    size_t part_bytes = kcuda__round256((size_t)chunks * C * sizeof(float));
-    void *scratch = NULL;
-    KCUDA_TRY(kcuda__scratch(ctx, 2 * part_bytes, &scratch, s));
-    float *part0 = (float *)scratch;
-    float *part1 = RMS ? NULL : (float *)((char *)scratch + part_bytes);
+    float *part0, *part1;
+    KCUDA_TRY(norm_parts(ctx, chunks, C, !RMS, &part0, &part1, s));
     dim3 grid((unsigned)((C + 31) / 32), (unsigned)chunks), block(32, 8);
     KCUDA_DISPATCH(dt, T, {
         norm_bwd_cols_kernel<T, RMS><<<grid, block, 0, s>>>(
             part0, part1, (const T *)dout, (const T *)x, mean, rstd, rows, C);
         KCUDA_LAUNCHED("norm_bwd_cols_kernel");
     });
-    if (dw)
-        KCUDA_TRY(kcuda__colsum_finish(dw, dw_dt, part0, chunks, C, s));
-    if (db && part1)
-        KCUDA_TRY(kcuda__colsum_finish(db, dw_dt, part1, chunks, C, s));
-    return 0;
+    return norm_finish(dw, db, dw_dt, part0, part1, chunks, C, s);
 }
 
 int kcuda_layernorm_backward(kcuda_ctx *ctx, void *dx, void *dw, void *db,

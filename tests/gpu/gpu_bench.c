@@ -471,6 +471,16 @@ static void run_ln_bwd_dw(void *p)
        "kcuda_layernorm_backward");
 }
 
+/* what a training step calls: dx, dw and db in one pass */
+static void run_ln_bwd_all(void *p)
+{
+    mem_arg *m = p;
+    kc(kcuda_layernorm_backward(ctx, m->c, m->gw, m->gb, m->b, m->a, m->w,
+                                m->mean, m->rstd, MEM_ROWS, MEM_C, KCUDA_BF16,
+                                KCUDA_F32, NULL),
+       "kcuda_layernorm_backward");
+}
+
 /* a bias's gradient: dout [rows, C] summed over the rows into fp32 */
 static void run_bias_bwd(void *p)
 {
@@ -553,6 +563,9 @@ static void bench_memory(void)
             copy_gbps, &first);
     /* the weight gradients' column sums: x and dout read, [C] written */
     mem_row("layernorm bwd dw db (fp32 sums)", run_ln_bwd_dw, &m, 4.0 * n,
+            copy_gbps, &first);
+    /* a step's call: the two rows above in one pass over dout and x */
+    mem_row("layernorm bwd dx dw db (one pass)", run_ln_bwd_all, &m, 12.0 * n,
             copy_gbps, &first);
     mem_row("bias grad (dout's column sums)", run_bias_bwd, &m, 2.0 * n,
             copy_gbps, &first);

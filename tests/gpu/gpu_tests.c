@@ -493,12 +493,15 @@ static void t_layernorm(kcuda_dtype dt)
 {
     norm_case(dt, dt, 37, 96, 0, 0);
     norm_case(dt, dt, 300, 75, 0, 0); /* rows not in packs; two row chunks */
+    norm_case(dt, dt, 130, 2048, 0, 0); /* three warps a block, three chunks */
+    norm_case(dt, dt, 5, 6200, 0, 0);   /* too wide: dw, db in a pass of their own */
 }
 
 static void t_rmsnorm(kcuda_dtype dt)
 {
     norm_case(dt, dt, 37, 96, 1, 0);
     norm_case(dt, dt, 300, 75, 1, 0);
+    norm_case(dt, dt, 5, 6200, 1, 0); /* one warp a block */
 }
 
 /* 2-byte tensors with fp32 weight gradients (fp32 main gradients) */
