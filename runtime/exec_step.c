@@ -840,17 +840,14 @@ static int train_step(mesh__exec *ex, long long step, const int32_t *inputs, con
         norm = (float)sqrt(ss[0] + ss[1] + ss[2] + ss[3]);
         if (clip > 0) scale = clip / (norm + 1e-6);
     }
-    if (S != 1.0 && isfinite(norm)) { /* unscaled, then clipped: one pass */
+    if (S != 1.0 && isfinite(norm)) { /* unscaled, then clipped: one factor */
         norm /= S;
         scale = 1.0 / S;
         if (s->clip > 0 && s->clip / (norm + 1e-6) < 1.0) scale *= s->clip / (norm + 1e-6);
     }
-    for (int b = 0; (scale < 1.0 || S != 1.0) && isfinite(norm) && b < ex->n_gbufs; b++) {
-        if (EXEC_KERN(ex, scale, ex->gbufs[b], ex->gsizes[b], scale) != 0) { /* (fp32 gradients) */
-            exec__kern_failed(ex, "clipping the gradient");
-            return -2;
-        }
-    }
+    /* the factor is AdamW's to apply as it reads the gradients (no pass of
+     * its own; the same bits as scaling them first) */
+    double gscale = scale < 1.0 || S != 1.0 ? scale : 1.0;
     double lr = mesh__exec_lr(ex->p, step);
     st->loss = loss;
     st->norm = norm;
@@ -889,8 +886,9 @@ static int train_step(mesh__exec *ex, long long step, const int32_t *inputs, con
             /* mixed precision: the fp32 master updated, the weights its rounding
              * (the kernel writes them: bf16 on a GPU; fp32 words on the CPU,
              * rounded here) */
-            if (EXEC_KERN(ex, adamw_step, master ? master : w, master ? w : NULL, exec__gshard(ex, id, it), mo, vo, n,
-                          (float)lr, (float)s->beta1, (float)s->beta2, (float)s->eps, wd, (int)ex->adam_t) != 0) {
+            if (EXEC_KERN(ex, adamw_step, master ? master : w, master ? w : NULL, exec__gshard(ex, id, it), gscale, mo,
+                          vo, n, (float)lr, (float)s->beta1, (float)s->beta2, (float)s->eps, wd,
+                          (int)ex->adam_t) != 0) {
                 exec__kern_failed(ex, "AdamW");
                 return -2;
             }

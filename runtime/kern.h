@@ -114,16 +114,18 @@ typedef struct kern_vtbl {
     int (*crossentropy_shard_backward)(kern *k, void *dlogits, const void *logits, const int32_t *targets,
                                        const float *rowmax, const float *lse, float dloss, int N, int col0, int W,
                                        int V);
-    /* The param gradients' calls: sum_squares, scale and adamw_step's
-     * grads are the gradients' type (fp32 with kern.grad32, else the
-     * tensors'). ss[b] = the sum of squares of bufs[b][0..n[b]), in double,
-     * to the host (the one call that waits for the device) */
+    /* The param gradients' calls: sum_squares' and adamw_step's grads
+     * are the gradients' type (fp32 with kern.grad32, else the tensors').
+     * ss[b] = the sum of squares of bufs[b][0..n[b]), in double, to the
+     * host (the one call that waits for the device) */
     int (*sum_squares)(kern *k, double *ss, void *const *bufs, const size_t *n, int nbufs);
-    int (*scale)(kern *k, void *buf, size_t n, double scale); /* buf *= scale, the product in double */
     /* params (fp32) updated; params_lp (may be NULL; the GPU's bf16 weights)
-     * gets them rounded */
-    int (*adamw_step)(kern *k, float *params, void *params_lp, const void *grads, float *m, float *v, size_t n,
-                      float lr, float beta1, float beta2, float eps, float weight_decay, int t);
+     * gets them rounded. Each gradient is taken as g * gscale (the product
+     * in double, rounded to the gradients' type: clipping and the loss
+     * scale's factor; 1.0: as it is); a backend may leave the scaled
+     * gradients in grads. */
+    int (*adamw_step)(kern *k, float *params, void *params_lp, const void *grads, double gscale, float *m, float *v,
+                      size_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int t);
     /* y (fp32) += x, in fp32: x in the tensors' type (an op's contribution
      * to fp32 gradients), or fp32 when x_f32 */
     int (*accumulate)(kern *k, float *y, const void *x, size_t n, int x_f32);
@@ -166,7 +168,7 @@ typedef struct kern_vtbl {
     rope_backward, gelu_forward, gelu_backward, silu_forward, silu_backward, swiglu_forward, swiglu_backward, \
     crossentropy_forward, crossentropy_shard_max, crossentropy_shard_sumexp, crossentropy_shard_rowmax, \
     crossentropy_shard_finish, crossentropy_shard_backward, \
-    sum_squares, scale, adamw_step, accumulate, moe_route_bytes, moe_route_count, moe_route_forward, \
+    sum_squares, adamw_step, accumulate, moe_route_bytes, moe_route_count, moe_route_forward, \
     moe_route_backward, moe_dispatch_forward, moe_dispatch_backward, moe_combine_forward, moe_combine_backward, \
     moe_expert_forward, moe_expert_backward
 
@@ -177,7 +179,7 @@ struct kern {
     void *impl;        /* the backend's own state */
     int half;          /* 2-byte float tensors: KERN_BF16 or KERN_FP16 (a GPU's, or kern_cpu16's);
                           0: fp32 (the CPU keeps mixed precision in fp32 words) */
-    int grad32;        /* the param gradients are fp32 (sum_squares, scale, adamw_step): mixed
+    int grad32;        /* the param gradients are fp32 (sum_squares, adamw_step): mixed
                           precision's main gradients, set by the executor */
     int dw32;          /* the weight gradients a call sums over rows are fp32 (a param's main
                           gradient, added to in fp32), while the executor sets it around the

@@ -306,19 +306,11 @@ static int sum_squares(kern *k, double *ss, void *const *bufs, const size_t *n, 
     return 0;
 }
 
-static int scale(kern *k, void *buf, size_t n, double s)
+static int adamw_step(kern *k, float *params, void *params_lp, const void *grads, double gscale, float *m, float *v,
+                      size_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int t)
 {
     (void)k;
-    float *b = F(buf);
-    kcpu_scale_buffers(&b, &n, 1, s);
-    return 0;
-}
-
-static int adamw_step(kern *k, float *params, void *params_lp, const void *grads, float *m, float *v, size_t n,
-                      float lr, float beta1, float beta2, float eps, float weight_decay, int t)
-{
-    (void)k;
-    kcpu_adamw_step(params, CF(grads), m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+    kcpu_adamw_step(params, CF(grads), gscale, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
     if (params_lp) memcpy(params_lp, params, n * sizeof *params); /* the CPU's copy is fp32 words */
     return 0;
 }

@@ -362,18 +362,19 @@ static int sum_squares(kern *k, double *ss, void *const *bufs, const size_t *n, 
     return 0;
 }
 
-static int scale(kern *k, void *buf, size_t n, double s)
+/* 2-byte gradients: scaled in place first (rounded to 2 bytes, as the
+ * GPU takes them), then widened; fp32 ones (grad32) scaled as read. */
+static int adamw_step(kern *k, float *params, void *params_lp, const void *grads, double gscale, float *m, float *v,
+                      size_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int t)
 {
-    if (k->grad32) return CPU.scale(k, buf, n, s);
-    float *X = IO(buf, n);
-    RUN(CPU.scale(k, X, n, s));
-}
-
-static int adamw_step(kern *k, float *params, void *params_lp, const void *grads, float *m, float *v, size_t n,
-                      float lr, float beta1, float beta2, float eps, float weight_decay, int t)
-{
+    if (!k->grad32 && gscale != 1.0) {
+        float *X = IO((void *)(uintptr_t)grads, n);
+        if (X) kcpu_scale_buffers(&X, &n, 1, gscale);
+        if (end(k, 0) != 0) return -1;
+        gscale = 1.0;
+    }
     float *LP = IO(params_lp, n), *G = k->grad32 ? (float *)(uintptr_t)grads : IN(grads, n);
-    RUN(CPU.adamw_step(k, params, LP, G, m, v, n, lr, beta1, beta2, eps, weight_decay, t));
+    RUN(CPU.adamw_step(k, params, LP, G, gscale, m, v, n, lr, beta1, beta2, eps, weight_decay, t));
 }
 
 static int accumulate(kern *k, float *y, const void *x, size_t n, int x_f32)

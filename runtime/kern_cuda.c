@@ -330,16 +330,11 @@ static int sum_squares(kern *k, double *ss, void *const *bufs, const size_t *n, 
     return from_dev(k, "sums of squares", dev_stream_sync(k->d, s));
 }
 
-static int scale(kern *k, void *buf, size_t n, double s)
+static int adamw_step(kern *k, float *params, void *params_lp, const void *grads, double gscale, float *m, float *v,
+                      size_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int t)
 {
-    KC(kcuda_scale, buf, n, s, GT(k), k->stream);
-}
-
-static int adamw_step(kern *k, float *params, void *params_lp, const void *grads, float *m, float *v, size_t n,
-                      float lr, float beta1, float beta2, float eps, float weight_decay, int t)
-{
-    KC(kcuda_adamw_step, params, params_lp, DT(k), grads, GT(k), m, v, n, lr, beta1, beta2, eps, weight_decay, t,
-       k->stream);
+    KC(kcuda_adamw_step, params, params_lp, DT(k), grads, GT(k), gscale, m, v, n, lr, beta1, beta2, eps, weight_decay,
+       t, k->stream);
 }
 
 static int accumulate(kern *k, float *y, const void *x, size_t n, int x_f32)

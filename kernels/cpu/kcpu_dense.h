@@ -204,10 +204,13 @@ void kcpu_crossentropy_shard_backward(float *dlogits, const float *logits, const
  *   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
  *   p -= lr * ( (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
  *               + weight_decay * p )
- * params[n], m[n], v[n] updated; grads[n]. */
-void kcpu_adamw_step(float *params, const float *grads, float *m, float *v,
-                     size_t n, float lr, float beta1, float beta2, float eps,
-                     float weight_decay, int t);
+ * params[n], m[n], v[n] updated; grads[n], each taken as
+ * (float)(g * grad_scale) with the product in double, the value
+ * kcpu_scale_buffers would leave (the clipping's and loss scale's factor
+ * folded in: 1.0 takes them as they are). */
+void kcpu_adamw_step(float *params, const float *grads, double grad_scale,
+                     float *m, float *v, size_t n, float lr, float beta1,
+                     float beta2, float eps, float weight_decay, int t);
 
 /* The sum of squares over all the buffers together, in double (the
  * square of kcpu_global_norm before rounding). */

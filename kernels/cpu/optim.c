@@ -6,12 +6,15 @@
  * square roots in a loop of their own: sqrtf keeps a branch for errno that
  * stops the vectoriser. The operations and their order are those of the
  * plain formula, so the results are the same bits as an element-by-element
- * loop. Sums of squares are kept in double, in KCPU_LANES lanes.
+ * loop. The clipping's factor can be folded into the step (grad_scale):
+ * the gradients are scaled as kcpu_scale_buffers would, without writing
+ * them back. Sums of squares are kept in double, in KCPU_LANES lanes.
  */
 #include "kcpu_dense.h"
 
 #include <assert.h> /* defines: assert */
 #include <math.h>   /* defines: pow, sqrt, sqrtf */
+#include <string.h> /* defines: memcpy */
 
 #include "kcpu_math_impl.h" /* defines: KCPU_CHUNK, KCPU_LANES, chunk helpers */
 
@@ -43,13 +46,26 @@ static void adamw_chunk(float *restrict params, const float *restrict grads,
                               k->weight_decay * params[i]);
 }
 
-/* The last n < KCPU_CHUNK elements, through local copies. */
-static void adamw_tail(float *params, const float *grads, float *m, float *v,
-                       size_t n, const adamw_k *k)
+/* x[n] = (float)(x * scale), the product in double. */
+static void scale_in_place(float *x, size_t n, double scale)
+{
+    size_t i = 0;
+    for (; i + KCPU_LANES <= n; i += KCPU_LANES)
+        for (int u = 0; u < KCPU_LANES; u++)
+            x[i + u] = (float)(x[i + u] * scale);
+    for (; i < n; i++)
+        x[i] = (float)(x[i] * scale);
+}
+
+/* The last n < KCPU_CHUNK elements, through local copies (the gradients
+ * scaled). */
+static void adamw_tail(float *params, const float *grads, double scale,
+                       float *m, float *v, size_t n, const adamw_k *k)
 {
     float p[KCPU_CHUNK], g[KCPU_CHUNK], mc[KCPU_CHUNK], vc[KCPU_CHUNK];
     kcpu__chunk_load(p, params, n);
     kcpu__chunk_load(g, grads, n);
+    scale_in_place(g, n, scale);
     kcpu__chunk_load(mc, m, n);
     kcpu__chunk_load(vc, v, n);
     adamw_chunk(p, g, mc, vc, k);
@@ -58,19 +74,27 @@ static void adamw_tail(float *params, const float *grads, float *m, float *v,
     kcpu__chunk_store(v, vc, n);
 }
 
-void kcpu_adamw_step(float *params, const float *grads, float *m, float *v,
-                     size_t n, float lr, float beta1, float beta2, float eps,
-                     float weight_decay, int t)
+void kcpu_adamw_step(float *params, const float *grads, double grad_scale,
+                     float *m, float *v, size_t n, float lr, float beta1,
+                     float beta2, float eps, float weight_decay, int t)
 {
     assert(t >= 1);
     /* bias corrections in double: 1 - beta^t loses digits in float */
     adamw_k k = {lr, beta1, beta2, eps, weight_decay,
                  (float)(1.0 - pow(beta1, t)), (float)(1.0 - pow(beta2, t))};
+    float g[KCPU_CHUNK]; /* a chunk's gradients scaled */
     size_t i = 0;
-    for (; i + KCPU_CHUNK <= n; i += KCPU_CHUNK)
-        adamw_chunk(params + i, grads + i, m + i, v + i, &k);
+    for (; i + KCPU_CHUNK <= n; i += KCPU_CHUNK) {
+        const float *gi = grads + i;
+        if (grad_scale != 1.0) {
+            memcpy(g, gi, sizeof g);
+            scale_in_place(g, KCPU_CHUNK, grad_scale);
+            gi = g;
+        }
+        adamw_chunk(params + i, gi, m + i, v + i, &k);
+    }
     if (i < n)
-        adamw_tail(params + i, grads + i, m + i, v + i, n - i, &k);
+        adamw_tail(params + i, grads + i, grad_scale, m + i, v + i, n - i, &k);
 }
 
 /* sum of x[n]^2 in double, in KCPU_LANES lanes. */
@@ -100,17 +124,6 @@ float kcpu_global_norm(const float *const *bufs, const size_t *sizes,
                        int nbufs)
 {
     return (float)sqrt(kcpu_sum_squares(bufs, sizes, nbufs));
-}
-
-/* x[n] = (float)(x * scale), the product in double. */
-static void scale_in_place(float *x, size_t n, double scale)
-{
-    size_t i = 0;
-    for (; i + KCPU_LANES <= n; i += KCPU_LANES)
-        for (int u = 0; u < KCPU_LANES; u++)
-            x[i + u] = (float)(x[i + u] * scale);
-    for (; i < n; i++)
-        x[i] = (float)(x[i] * scale);
 }
 
 float kcpu_clip_global_norm(float *const *bufs, const size_t *sizes,

@@ -367,11 +367,14 @@ int kcuda_crossentropy_shard_backward(void *dlogits, const void *logits,
  * grad_dt; the same operations in the same order (no fused multiply-add),
  * so fp32 gives kcpu's bits. params_lp[n] (may be NULL) gets the updated
  * weights rounded to lp_dt (bf16, fp16), for a 2-byte forward. params[n],
- * m[n], v[n] updated; grads[n]. */
+ * m[n], v[n] updated; grads[n], each taken as kcuda_scale(grad_scale)
+ * would leave it (the product in double, rounded to grad_dt; 1.0: as
+ * they are), so that clipping costs no pass of its own. */
 int kcuda_adamw_step(float *params, void *params_lp, kcuda_dtype lp_dt,
-                     const void *grads, kcuda_dtype grad_dt, float *m,
-                     float *v, size_t n, float lr, float beta1, float beta2,
-                     float eps, float weight_decay, int t, void *stream);
+                     const void *grads, kcuda_dtype grad_dt,
+                     double grad_scale, float *m, float *v, size_t n,
+                     float lr, float beta1, float beta2, float eps,
+                     float weight_decay, int t, void *stream);
 
 /* y[n] += x[n] in fp32, x widened from x_dt (fp32 main gradients
  * accumulating an op's 2-byte contribution: kcpu_add_forward(y, y, x) on

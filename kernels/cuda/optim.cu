@@ -5,7 +5,8 @@
  * the round-to-nearest intrinsics (__fmul_rn, __fadd_rn, ...) so that nvcc
  * contracts nothing into fused multiply-adds: in fp32 the GPU gives the
  * CPU's bits. The bias corrections are computed on the host in double, as
- * kcpu_adamw_step does.
+ * kcpu_adamw_step does, and so is its gradients' factor (clipping, a loss
+ * scale), applied as the gradients are read.
  */
 #include <math.h> /* defines: pow */
 
@@ -14,17 +15,25 @@
 #define SS_BLOCKS 1024 /* partial sums: a fixed grid, for reproducibility */
 #define SS_THREADS 256
 
+/* x * scale in double, rounded to a float and then to T: what
+ * scale_kernel stores. */
+template <typename T>
+__device__ __forceinline__ float scaled(T x, double scale)
+{
+    return kc_f(kc_to<T>((float)(kc_f(x) * scale)));
+}
+
 template <typename G, typename L>
 __global__ void adamw_kernel(float *params, L *params_lp, const G *grads,
-                             float *m, float *v, size_t n, float lr,
-                             float beta1, float beta2, float eps, float wd,
-                             float c1, float c2)
+                             double gscale, float *m, float *v, size_t n,
+                             float lr, float beta1, float beta2, float eps,
+                             float wd, float c1, float c2)
 {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     float ob1 = __fsub_rn(1.0f, beta1), ob2 = __fsub_rn(1.0f, beta2);
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += stride) {
-        float g = kc_f(grads[i]), p = params[i];
+        float g = scaled(grads[i], gscale), p = params[i];
         /* m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g g */
         float mi = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(ob1, g));
         float vi = __fadd_rn(__fmul_rn(beta2, v[i]),
@@ -44,9 +53,10 @@ __global__ void adamw_kernel(float *params, L *params_lp, const G *grads,
 }
 
 int kcuda_adamw_step(float *params, void *params_lp, kcuda_dtype lp_dt,
-                     const void *grads, kcuda_dtype grad_dt, float *m,
-                     float *v, size_t n, float lr, float beta1, float beta2,
-                     float eps, float weight_decay, int t, void *stream)
+                     const void *grads, kcuda_dtype grad_dt,
+                     double grad_scale, float *m, float *v, size_t n,
+                     float lr, float beta1, float beta2, float eps,
+                     float weight_decay, int t, void *stream)
 {
     cudaStream_t s = kcuda__stream(stream);
     KCUDA_DT_OK(grad_dt);
@@ -62,8 +72,8 @@ int kcuda_adamw_step(float *params, void *params_lp, kcuda_dtype lp_dt,
     KCUDA_DISPATCH(grad_dt, G, {
         KCUDA_DISPATCH(lp_dt, L, {
             adamw_kernel<G, L><<<kcuda__blocks(n, 256), 256, 0, s>>>(
-                params, (L *)params_lp, (const G *)grads, m, v, n, lr, beta1,
-                beta2, eps, weight_decay, c1, c2);
+                params, (L *)params_lp, (const G *)grads, grad_scale, m, v,
+                n, lr, beta1, beta2, eps, weight_decay, c1, c2);
             KCUDA_LAUNCHED("adamw_kernel");
         });
     });
@@ -163,7 +173,7 @@ __global__ void scale_kernel(T *x, size_t n, double scale, const double *ss,
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += stride)
-        x[i] = kc_to<T>((float)(kc_f(x[i]) * scale));
+        x[i] = kc_to<T>(scaled(x[i], scale));
 }
 
 static int scale_launch(void *buf, size_t n, double scale, const double *ss,

@@ -507,8 +507,9 @@ static void run_gelu_bwd(void *p)
 static void run_adamw(void *p)
 {
     mem_arg *m = p;
-    kc(kcuda_adamw_step(m->p, m->c, KCUDA_BF16, m->a, KCUDA_BF16, m->m, m->v,
-                        m->n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, 10, NULL),
+    /* a clipped step: the factor applied as the gradients are read */
+    kc(kcuda_adamw_step(m->p, m->c, KCUDA_BF16, m->a, KCUDA_BF16, 0.5, m->m,
+                        m->v, m->n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, 10, NULL),
        "kcuda_adamw_step");
 }
 

@@ -930,7 +930,9 @@ static void t_crossentropy_exchange(kcuda_dtype dt)
 /* ---- cases: AdamW and norms ----------------------------------------------- */
 
 /* AdamW on fp32 masters, the gradients in gdt, the 2-byte weights (if
- * any) in dt. */
+ * any) in dt; steps 2 and 3 with a factor on the gradients (clipping, a
+ * loss scale): 2-byte ones are taken as kcuda_scale leaves them, rounded
+ * to gdt. */
 static void adamw_case(kcuda_dtype dt, kcuda_dtype gdt)
 {
     size_t n = 1003;
@@ -941,10 +943,22 @@ static void adamw_case(kcuda_dtype dt, kcuda_dtype gdt)
     float *dp = up(p, n, KCUDA_F32), *dm = up(m, n, KCUDA_F32);
     float *dv = up(v, n, KCUDA_F32);
     void *dg = up(g, n, gdt), *dpb = dmem(n * 2);
+    float *gs = hf(n);
     for (int t = 1; t <= 3; t++) {
-        KC(kcuda_adamw_step(dp, dt != KCUDA_F32 ? dpb : NULL, dt, dg, gdt, dm,
-                            dv, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, NULL));
-        kcpu_adamw_step(p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        double scale = t == 1 ? 1.0 : t == 2 ? 0.3712345678901 : 1.0 / 1024;
+        KC(kcuda_adamw_step(dp, dt != KCUDA_F32 ? dpb : NULL, dt, dg, gdt,
+                            scale, dm, dv, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                            t, NULL));
+        if (gdt == KCUDA_F32) {
+            kcpu_adamw_step(p, g, scale, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                            0.1f, t);
+            continue;
+        }
+        memcpy(gs, g, n * sizeof *gs);
+        kcpu_scale_buffers(&gs, &n, 1, scale);
+        kcpu_round(gs, n, prec_of(gdt));
+        kcpu_adamw_step(p, gs, 1.0, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                        t);
     }
     /* the same operations in the same order: kcpu's bits */
     expect_bits("params", down(dp, n, KCUDA_F32), p, n * 4);

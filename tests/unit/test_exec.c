@@ -4,10 +4,10 @@
  * tiny GPT compiled from source (two layers through the repeat's carries,
  * a tied LM head), and training that lowers the loss.
  */
-#include <math.h>   /* fabs, exp, log */
+#include <math.h>   /* fabs, exp, log, sqrt */
 #include <stdio.h>  /* fprintf */
 #include <stdlib.h> /* free, mkdtemp, system */
-#include <string.h> /* strlen */
+#include <string.h> /* strlen, memcpy, memcmp */
 #include <time.h>   /* time */
 
 #include "api_impl.h"   /* defines: mesh__set_exec_flags */
@@ -15,6 +15,7 @@
 #include "device.h"     /* defines: dev_cuda_probe */
 #include "exec.h"    /* defines: mesh__exec_* */
 #include "fixture.h" /* defines: fixture_tiny_gpt */
+#include "kcpu_dense.h" /* defines: kcpu_adamw_step */
 #include "mesh.h" /* defines: mesh_compile */
 #include "plan.h" /* defines: plan_read */
 #include "unit.h" /* defines: TEST_IMPL, ASSERT_* */
@@ -187,6 +188,61 @@ TEST_IMPL(exec_training_lowers_the_loss)
     check_training(tiny_src);
     check_training(llama_src);
     check_training(moe_src);
+}
+
+/* A step's update is AdamW's of the clipped gradient: the tiny GPT, one
+ * micro-batch, clipped to 0.05 with eps 1e-3 (so that the update depends
+ * on the gradient's scale, as Adam's does not where eps is negligible):
+ * the params after one step are, to the bit, kcpu_adamw_step's from the
+ * params before and the gradient of the same batch (mesh__exec_grad),
+ * scaled by clip / (norm + 1e-6) on the host. */
+TEST_IMPL(exec_step_is_adamw_of_the_clipped_gradient)
+{
+    static const char *const sets[] = {
+        "train.micro_batch=4", "train.optimizer=adamw(lr: 3e-2, eps: 1e-3, weight_decay: 0.0, clip: 0.05)"};
+    plan p;
+    compile_plan_with(&p, tiny_src, sets, 2);
+    char err[256];
+    mesh__exec *ex = mesh__exec_create(&p, NULL, NULL, err, sizeof err);
+    if (!ex) unit_fail(__FILE__, __LINE__, err);
+    ASSERT_INT_EQ(p.setup.micro_batches, 1);
+    size_t bt = mesh__exec_batch_tokens(ex), total = 0, n;
+    int32_t in[32], tg[32];
+    ASSERT_UINT_EQ(bt, 32);
+    batch(in, tg, bt, 2);
+    mesh__exec_grad(ex, in, tg);
+    const char *name;
+    float *w, *g;
+    int np = 0;
+    for (; mesh__exec_param(ex, np, &name, &n, &w, &g) == 0; np++) total += n;
+    float *want = malloc(total * sizeof *want), *grad = malloc(total * sizeof *grad);
+    float *m = calloc(total, sizeof *m), *v = calloc(total, sizeof *v);
+    ASSERT_INT_EQ(want && grad && m && v, 1);
+    double ss = 0;
+    for (int k = 0, at = 0; mesh__exec_param(ex, k, &name, &n, &w, &g) == 0; k++, at += (int)n) {
+        memcpy(want + at, w, n * sizeof *w);
+        memcpy(grad + at, g, n * sizeof *g);
+        for (size_t e = 0; e < n; e++) ss += (double)g[e] * g[e];
+    }
+    float norm = (float)sqrt(ss);
+    double scale = (double)0.05f / (norm + 1e-6);
+    ASSERT_INT_EQ(scale < 0.5, 1); /* (clipping engaged) */
+    double lr = mesh__exec_lr(&p, 1);
+    kcpu_adamw_step(want, grad, scale, m, v, total, (float)lr, (float)p.setup.beta1, (float)p.setup.beta2, 1e-3f,
+                    0.0f, 1);
+    mesh__step_stats st;
+    ASSERT_INT_EQ(mesh__exec_train_step(ex, 1, in, tg, &st), 0);
+    ASSERT_INT_EQ(st.norm == norm, 1);
+    size_t bad = 0;
+    for (int k = 0, at = 0; mesh__exec_param(ex, k, &name, &n, &w, &g) == 0; k++, at += (int)n)
+        bad += memcmp(want + at, w, n * sizeof *w) != 0;
+    if (bad) unit_fail(__FILE__, __LINE__, "%zu of %d params are not AdamW's of the clipped gradient", bad, np);
+    free(want);
+    free(grad);
+    free(m);
+    free(v);
+    mesh__exec_free(ex);
+    plan_free(&p);
 }
 
 /* An allocator hook that records the largest block. */

@@ -13,7 +13,7 @@
 
 #include <math.h>   /* defines: fabs, sqrt, exp, log, tanh, NAN */
 #include <stdlib.h> /* defines: malloc, calloc, free */
-#include <string.h> /* defines: memcpy */
+#include <string.h> /* defines: memcpy, memcmp */
 
 #include "kcpu_math_impl.h" /* defines: kcpu__expf (internal to the kernels) */
 #include "unit.h" /* defines: TEST_IMPL, ASSERT_*, unit_fail */
@@ -742,7 +742,7 @@ TEST_IMPL(kcpu_crossentropy_padded_vocab_masked)
 TEST_IMPL(kcpu_adamw_hand_step)
 {
     float p = 1.0f, g = 0.5f, m = 0.0f, v = 0.0f;
-    kcpu_adamw_step(&p, &g, &m, &v, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 1);
+    kcpu_adamw_step(&p, &g, 1.0, &m, &v, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 1);
     CHECK_CLOSE("m", 0, m, 0.05, 1e-6, 0);
     /* 1 - 0.999f is 0.00099998713 in float, not 0.001 */
     CHECK_CLOSE("v", 0, v, (1.0 - (double)0.999f) * 0.25, 1e-6, 0);
@@ -766,7 +766,7 @@ TEST_IMPL(kcpu_adamw_matches_reference)
         for (int i = 0; i < N; i++)
             g[i] = rng_uniform(-1, 1);
         g[0] = 0.0f; /* a zero gradient: only decay and momentum move it */
-        kcpu_adamw_step(p, g, m, v, N, (float)lr, (float)b1, (float)b2,
+        kcpu_adamw_step(p, g, 1.0, m, v, N, (float)lr, (float)b1, (float)b2,
                         (float)eps, (float)wd, t);
         for (int i = 0; i < N; i++) {
             md[i] = b1 * md[i] + (1 - b1) * g[i];
@@ -781,6 +781,38 @@ TEST_IMPL(kcpu_adamw_matches_reference)
         CHECK_CLOSE("m", (size_t)i, m[i], md[i], 1e-5, 1e-7);
         CHECK_CLOSE("v", (size_t)i, v[i], vd[i], 1e-5, 1e-9);
     }
+}
+
+/* The gradients' factor folded into the step gives the bits of scaling
+ * them first (kcpu_scale_buffers) and stepping with 1.0, and leaves them
+ * alone; over two chunks and a tail, three steps. */
+TEST_IMPL(kcpu_adamw_scaled_as_scale_then_step)
+{
+    enum { N = 150 };
+    /* [0] scaled first, [1] the factor folded in, [2] no factor */
+    float p[3][N], m[3][N] = {{0}}, v[3][N] = {{0}}, g[N], gs[N], g0[N];
+    rng_seed(31);
+    for (int i = 0; i < N; i++)
+        p[0][i] = p[1][i] = p[2][i] = rng_uniform(-1, 1);
+    for (int t = 1; t <= 3; t++) {
+        for (int i = 0; i < N; i++)
+            g0[i] = g[i] = gs[i] = rng_uniform(-3, 3);
+        double scale = t == 2 ? 1.0 : 0.3712345678901 / t;
+        float *b = gs;
+        size_t n = N;
+        kcpu_scale_buffers(&b, &n, 1, scale);
+        kcpu_adamw_step(p[0], gs, 1.0, m[0], v[0], N, 3e-3f, 0.9f, 0.95f,
+                        1e-8f, 0.1f, t);
+        kcpu_adamw_step(p[1], g, scale, m[1], v[1], N, 3e-3f, 0.9f, 0.95f,
+                        1e-8f, 0.1f, t);
+        kcpu_adamw_step(p[2], g0, 1.0, m[2], v[2], N, 3e-3f, 0.9f, 0.95f,
+                        1e-8f, 0.1f, t);
+        ASSERT_INT_EQ(memcmp(g, g0, sizeof g), 0);
+    }
+    ASSERT_INT_EQ(memcmp(p[0], p[1], sizeof p[0]), 0);
+    ASSERT_INT_EQ(memcmp(m[0], m[1], sizeof m[0]), 0);
+    ASSERT_INT_EQ(memcmp(v[0], v[1], sizeof v[0]), 0);
+    ASSERT_INT_EQ(memcmp(m[1], m[2], sizeof m[1]) != 0, 1); /* (the factor counted) */
 }
 
 /* Norm over buffers {3, 4} and {12} is 13; clipping to 1 scales by

@@ -120,6 +120,7 @@ TEST(bpe_refusals)
 /* runtime: the one-rank plan interpreter, test_exec.c */
 TEST(exec_gradient_matches_finite_differences)
 TEST(exec_training_lowers_the_loss)
+TEST(exec_step_is_adamw_of_the_clipped_gradient)
 TEST(exec_memory_is_the_plan)
 TEST(exec_guarded_arena_only_through_copies_and_kernels)
 TEST(exec_fused_bias_gelu_same_bits)
