@@ -46,7 +46,7 @@ run() {
 # (the cases that check one setting of EMU_CP_ASYNC or EMU_WARPS skip
 # under the other, and count as passed; under TSan, where each case takes
 # about a second, and gpu_tests runs forward only, the second run is left
-# out)
+# out, and the first runs only the cases TSan adds to: selftest.cu)
 run "emulator self-tests" "$B/emu_selftest"
 if [ "${EMU_TSAN:-0}" != 1 ]; then
     run "emulator self-tests, threads reverse, warps serial, cp.async early" \
