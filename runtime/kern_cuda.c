@@ -94,9 +94,10 @@ static int cuda_open(kern *k)
     }
     k->d->held += KCUDA_WORKSPACE_BYTES;
     /* MESH_DETERMINISTIC=0: the faster kernels whose sums' order depends
-     * on timing (docs/gpu.md, Determinism) */
+     * on timing; 2: deterministic with no block waiting for another
+     * (docs/gpu.md, Determinism) */
     const char *det = getenv("MESH_DETERMINISTIC");
-    if (det && strcmp(det, "0") == 0) kcuda_ctx_set_deterministic(c->ctx, 0);
+    if (det && (strcmp(det, "0") == 0 || strcmp(det, "2") == 0)) kcuda_ctx_set_deterministic(c->ctx, det[0] - '0');
     return 0;
 }
 

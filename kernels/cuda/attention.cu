@@ -28,11 +28,18 @@
  * the first tile shows every row a key and no row's max stays -inf), keep
  * the running max m and sum l per row, rescale the output rows by
  * exp(m_old - m_new), and save lse = m + log(l) per row.
- * Backward, deterministic without atomics: a first kernel computes
- * D = rowsum(dout * out); the dk/dv kernel owns a tile of keys of one kv
- * head and walks its query heads and the query tiles that see it, in
- * order; the dq kernel owns a tile of queries and walks the key tiles.
- * Each recomputes p = exp(s - lse) from q, k and the saved lse.
+ * Backward: a first kernel computes D = rowsum(dout * out); the dk/dv
+ * kernel owns a tile of keys of one kv head and walks its query heads and
+ * the query tiles that see it, in order, recomputing p = exp(s - lse)
+ * from q, k and the saved lse. In 2-byte types it also adds its share of
+ * dq (ds k) into an fp32 copy with atomics, which a last kernel adds to
+ * dq. Deterministic by default (kcuda_ctx_set_deterministic): the key
+ * tiles of a query tile add theirs in turn, last tile first, through a
+ * counter per (batch, head, query tile); the blocks run last key tile
+ * first, so a block waits only for blocks started before it, and along
+ * the diagonal each finds the one before it a step ahead. Mode 0 lets the
+ * atomics land as they come; mode 2, and fp32, recompute dq in a kernel of
+ * its own that owns a tile of queries and walks the key tiles.
  */
 #include <string.h> /* defines: memset */
 
@@ -52,6 +59,7 @@ struct attn_args {
     const float *lse_in;  /* backward input */
     float *Dw;            /* [B, H, T] scratch: rowsum(dout * out) */
     float *dqa;           /* [B, T, H, d] fp32 scratch: dq summed by atomics (kcuda_ctx_set_deterministic) */
+    int *tickets;         /* [B, H, query tiles]: the key tiles whose dq is in (NULL: no turns) */
     const float *Dr;
     long long qs, ks, vs, os;
     int B, T, H, KV, d, causal, vec;
@@ -505,14 +513,16 @@ __device__ __forceinline__ void add_rows_out(T *y, long long stride,
     });
 }
 
-/* dq += ds k of the step's query tile (ADQ: kcuda_ctx_set_deterministic
- * 0): every warp's rows of ds^T (keys by queries) into the tile sS, then
- * each warp the product for its 16 queries with the block's 64 keys (A
- * operands of ds by ldmatrix .trans of ds^T), added into the fp32 dqa by
- * atomics. */
+/* dq += ds k of the step's query tile (ADQ): every warp's rows of ds^T
+ * (keys by queries) into the tile sS, then each warp the product for its
+ * 16 queries with the block's 64 keys (A operands of ds by ldmatrix
+ * .trans of ds^T), added into the fp32 dqa by atomics; with tickets, in
+ * turn: after the key tiles past this one that see the query tile (all
+ * of them, or up to the query tile when causal), then this one's ticket
+ * given. */
 template <typename T, int DP>
 __device__ __forceinline__ void dq_atomic(const attn_args &a, const float (&ds)[8][4], T *sS,
-                                          const T *sK, long long bt0, int h, int i0)
+                                          const T *sK, int b, int h, int i0, int j0)
 {
     typedef att_cfg<T, DP> cfg;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -522,7 +532,14 @@ __device__ __forceinline__ void dq_atomic(const attn_args &a, const float (&ds)[
         for (int j = 0; j < 8; j++)
             *reinterpret_cast<uint32_t *>(sS + (16 * w + att_row(2 * r)) * cfg::LDS + 8 * j + att_col(0)) =
                 kc_pack2<T>(ds[j][2 * r], ds[j][2 * r + 1]);
-    __syncthreads(); /* every warp's keys */
+    int *tk = nullptr;
+    if (a.tickets) {
+        int qt = (a.T + ATT_TILE - 1) / ATT_TILE, I = i0 / ATT_TILE, J = j0 / ATT_TILE;
+        tk = a.tickets + ((long long)b * a.H + h) * qt + I;
+        if (threadIdx.x == 0)
+            kc_wait_ge(tk, a.causal ? I - J : qt - 1 - J);
+    }
+    __syncthreads(); /* every warp's keys (and this tile's turn) */
     float dq[DP / 8][4];
     zero_acc<DP>(dq);
     /* matrices: keys 0-7 by queries 0-7, then by 8-15, then keys 8-15 */
@@ -534,22 +551,30 @@ __device__ __forceinline__ void dq_atomic(const attn_args &a, const float (&ds)[
         mma_x<T, DP>(dq, af, sK, kk);
     }
     long long hd = (long long)a.H * a.d;
-    float *y = a.dqa + bt0 * hd + (long long)h * a.d;
+    float *y = a.dqa + (long long)b * a.T * hd + (long long)h * a.d;
     each_out<DP>(dq, i0, a.T, a.d, [&](int row, int col, float v) { atomicAdd(y + row * hd + col, v); });
+    if (tk) { /* every thread's adds before the ticket */
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0)
+            kc_add_release(tk, 1);
+    }
 }
 
 /* dK, dV of one tile of 64 keys of one kv head (a warp per 16 keys): for
  * each query head of the group in order, and each query tile that sees
  * these keys, in order, the scores come transposed (keys are the warp's
  * rows): p = exp(s - lse), ds = p (dp - D) scale, dv += p^T dout,
- * dk += ds^T q; with ADQ also dq += ds k (dq_atomic; tensor cores only). */
+ * dk += ds^T q; with ADQ also dq += ds k (dq_atomic; tensor cores only).
+ * The early keys (the most queries) first; with tickets the last keys
+ * first, the order of the turns. */
 template <typename T, int DP, bool ADQ>
 __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv_kernel(attn_args a)
 {
     typedef att_cfg<T, DP> cfg;
     extern __shared__ __align__(128) unsigned char smem[];
     int w = threadIdx.x >> 5;
-    int j0 = blockIdx.x * ATT_TILE; /* early keys (the most queries) first */
+    int j0 = (a.tickets ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * ATT_TILE;
     long long bkv = att_row_block(a.B * (long long)a.KV);
     if (bkv < 0)
         return;
@@ -619,7 +644,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv_kernel(attn_args a)
         warp_pv<T, DP>(dv, p, sO, pf);
         warp_pv<T, DP>(dk, ds, sQ, pf);
         if constexpr (ADQ)
-            dq_atomic<T, DP>(a, ds, sS, sK, bt0, kvh * rep + i / qtiles, i0);
+            dq_atomic<T, DP>(a, ds, sS, sK, b, kvh * rep + i / qtiles, i0, j0);
         __syncthreads(); /* this buffer is read: the next step refills it */
     }
     add_rows_out<T, DP>((T *)a.dk + bt0 * a.ks + (long long)kvh * a.d, a.ks,
@@ -838,17 +863,24 @@ static int attn_backward(kcuda_ctx *ctx, void *dq, void *dk, void *dv,
         return 0;
     void *scratch = NULL;
     size_t rows = (size_t)B * H * T, qn = rows * (size_t)d; /* D; dq's elements */
-    /* dq by the dk/dv kernel's atomics, into fp32 scratch, then added */
-    int adq = ctx->atomic_dq && dt != KCUDA_F32;
+    /* dq by the dk/dv kernel's atomics, into fp32 scratch, then added; in
+     * turns unless the context allows any order (kcuda_ctx_set_deterministic) */
+    int adq = ctx->nondet >= 0 && dt != KCUDA_F32, turns = adq && ctx->nondet == 0;
+    size_t nt = (size_t)B * H * ((T + ATT_TILE - 1) / ATT_TILE); /* tickets */
     size_t dbytes = kcuda__round256(rows * sizeof(float));
+    size_t abytes = adq ? kcuda__round256(qn * sizeof(float)) : 0;
     KCUDA_ARG((rows + 7) / 8 <= 0x7fffffffu && (qn + 255) / 256 <= 0x7fffffffu,
               "attention: B*H*T = %zu rows, too many", rows);
-    KCUDA_TRY(kcuda__scratch(ctx, dbytes + (adq ? qn * sizeof(float) : 0), &scratch, s));
+    KCUDA_TRY(kcuda__scratch(ctx, dbytes + abytes + (turns ? nt * sizeof(int) : 0), &scratch, s));
     a.Dw = (float *)scratch;
     a.Dr = a.Dw;
     if (adq) {
         a.dqa = (float *)((char *)scratch + dbytes);
         KCUDA_CHECK(cudaMemsetAsync(a.dqa, 0, qn * sizeof(float), s));
+    }
+    if (turns) {
+        a.tickets = (int *)((char *)scratch + dbytes + abytes);
+        KCUDA_CHECK(cudaMemsetAsync(a.tickets, 0, nt * sizeof(int), s));
     }
     unsigned blocks = (unsigned)((rows + 7) / 8);
     KCUDA_DISPATCH(dt, E, {

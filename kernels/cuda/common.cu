@@ -129,10 +129,10 @@ int kcuda_convert(void *dst, kcuda_dtype dst_dt, const void *src,
 
 /* ---- the context -------------------------------------------------------- */
 
-void kcuda_ctx_set_deterministic(kcuda_ctx *ctx, int deterministic)
+void kcuda_ctx_set_deterministic(kcuda_ctx *ctx, int mode)
 {
     if (ctx)
-        ctx->atomic_dq = !deterministic;
+        ctx->nondet = mode == 0 ? 1 : mode == 2 ? -1 : 0;
 }
 
 int kcuda_ctx_create(kcuda_ctx **out)

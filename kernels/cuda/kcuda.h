@@ -101,12 +101,17 @@ int kcuda_convert(void *dst, kcuda_dtype dst_dt, const void *src,
 typedef struct kcuda_ctx kcuda_ctx;
 int kcuda_ctx_create(kcuda_ctx **out);
 void kcuda_ctx_free(kcuda_ctx *ctx);
-/* deterministic 0 lets the context's ops take faster paths whose sums'
- * order depends on timing (float atomics): today the attention backward in
- * bf16 and fp16, whose dq is then summed into fp32 with atomics by the
- * dk/dv kernel instead of recomputed by a kernel of its own (5 tile
- * products, not 7). Deterministic (1) is the default. */
-void kcuda_ctx_set_deterministic(kcuda_ctx *ctx, int deterministic);
+/* How the context's ops may sum (today the attention backward in bf16 and
+ * fp16, whose dq sums the dk/dv kernel's products over the key tiles):
+ *   1 (the default) deterministic: the dk/dv kernel adds its dq into fp32
+ *     with atomics, the key tiles of a query tile taking turns in a fixed
+ *     order (5 tile products a pair of tiles);
+ *   0 the same atomics in the order they arrive: faster (no block waits
+ *     for another), not the same bits from run to run;
+ *   2 deterministic with no block waiting for another: dq recomputed by a
+ *     kernel of its own (7 products; fp32's path in every mode).
+ * Other values are 1. */
+void kcuda_ctx_set_deterministic(kcuda_ctx *ctx, int mode);
 
 /* Stream-ordered device memory (cudaMallocAsync, cudaFreeAsync from the
  * device's default pool) for buffers that grow while training: usable by

@@ -87,7 +87,9 @@ struct kcuda_ctx {
     size_t scratch_bytes;
     kcuda__algo_entry algos[KCUDA__ALGO_CACHE];
     int algo_next; /* round-robin replacement */
-    int atomic_dq; /* kcuda_ctx_set_deterministic(ctx, 0): attention's dq by atomics */
+    int nondet;    /* kcuda_ctx_set_deterministic's mode, as 1 - mode: 0 by calloc is
+                      the default, 1 (mode 0) attention's dq by atomics in arrival
+                      order, -1 (mode 2) dq recomputed by a kernel of its own */
 };
 
 /* *out = at least `bytes` of the context's scratch (256-byte aligned).

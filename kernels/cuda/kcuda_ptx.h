@@ -12,6 +12,9 @@
  *   kc_cp_async16, kc_cp_async_commit, kc_cp_async_wait<N>
  *                             cp.async 16-byte copies into shared memory
  *                             (at the end)
+ *   kc_wait_ge, kc_add_release
+ *                             blocks taking turns through a counter in
+ *                             global memory (acquire and release)
  *
  * Layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating
  * point type"; g = lane / 4, t = lane % 4; each 32-bit register holds two
@@ -153,6 +156,44 @@ template <int N> __device__ __forceinline__ void kc_cp_async_wait()
     ::emu::cp_async_wait(N);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+/* Blocks taking turns: kc_wait_ge(p, v) spins (one thread) until *p >= v,
+ * reading with ld.acquire.gpu and sleeping between reads;
+ * kc_add_release(p, v) adds v with red.release.gpu. A block may wait only
+ * for blocks of lower linear index (a GPU starts blocks in that order, so
+ * those are running or done). A turn that never comes traps after about
+ * 2^24 reads (seconds): a launch failure the next CUDA call reports, not
+ * a hang. The writer's other threads order their writes before the add by
+ * __threadfence and __syncthreads; the waiter's by __syncthreads after. */
+__device__ __forceinline__ void kc_wait_ge(const int *p, int v)
+{
+#ifdef EMU_CUDA_RUNTIME_H
+    ::emu::wait_ge(p, v);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    for (unsigned n = 0;; n++) {
+        int x;
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(x) : "l"(p) : "memory");
+        if (x >= v)
+            return;
+        if (n == (1u << 24))
+            __trap();
+        __nanosleep(64);
+    }
+#else
+    (void)p, (void)v;
+#endif
+}
+
+__device__ __forceinline__ void kc_add_release(int *p, int v)
+{
+#ifdef EMU_CUDA_RUNTIME_H
+    ::emu::add_release(p, v);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+#else
+    (void)p, (void)v;
 #endif
 }
 

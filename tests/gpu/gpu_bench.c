@@ -8,10 +8,11 @@
  *  - a linear layer's bias and GELU (GPT-2's fc): in cuBLASLt's epilogue,
  *    as the executor fuses them, next to a product and two kernels after;
  *  - causal attention, bf16, B=8 T=1024 H=12 d=64: forward and backward
- *    (the backward also with dq summed by atomics, MESH_DETERMINISTIC=0)
+ *    (the backward in each of its modes: dq's atomics in turns, the
+ *    default; in any order, MESH_DETERMINISTIC=0; dq by its own kernel, 2)
  *    TFLOP/s, counted as FlashAttention does (4 B H T^2 d / 2 forward,
- *    2.5 times that backward; our backward does 3.5 times that work,
- *    recomputing the scores in both of its kernels);
+ *    2.5 times that backward; ours does that work in 2-byte types, and
+ *    3.5 times it with dq's own kernel, which recomputes the scores);
  *  - memory-bound kernels over about 100M elements (layernorm, GELU,
  *    AdamW, the fused cross-entropy) in GB/s of the bytes they must move,
  *    next to a device-to-device cudaMemcpy (read + write).
@@ -389,10 +390,12 @@ static void bench_attention(void)
     printf("\n%-36s %10s %10s %10s\n", "attention, causal (TFLOP/s)", "forward",
            "backward", "fwd ms");
     jcat("\"attention\":[");
-    /* bf16; bf16 with dq summed by atomics (kcuda_ctx_set_deterministic
-     * 0); fp32 */
-    for (int k = 0; k < 3; k++) {
-        attn_arg a = {8, 1024, 12, 64, k == 2 ? KCUDA_F32 : KCUDA_BF16,
+    /* bf16 (dq's atomics in turns, the default); bf16 with them as they
+     * come (kcuda_ctx_set_deterministic 0); bf16 with dq recomputed by its
+     * own kernel (2); fp32 */
+    static const int mode[4] = {1, 0, 2, 1};
+    for (int k = 0; k < 4; k++) {
+        attn_arg a = {8, 1024, 12, 64, k == 3 ? KCUDA_F32 : KCUDA_BF16,
                       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
         size_t n = (size_t)a.B * a.T * a.H * a.d;
         a.q = drand(n, 1.0f, a.dt);
@@ -405,13 +408,13 @@ static void bench_attention(void)
         a.dv = drand(n, 0.0f, a.dt);
         a.lse = dalloc((size_t)a.B * a.H * a.T * 4);
         double fwd = 4.0 * a.B * a.H * (double)a.T * a.T * a.d / 2.0;
-        kcuda_ctx_set_deterministic(ctx, k != 1);
+        kcuda_ctx_set_deterministic(ctx, mode[k]);
         double tf = time_ms(run_attn_fwd, &a, quick ? 5 : 20);
         double tb = time_ms(run_attn_bwd, &a, quick ? 3 : 10);
         kcuda_ctx_set_deterministic(ctx, 1);
-        const char *name = k == 2 ? "B8 T1024 H12 d64 fp32"
-                           : k    ? "B8 T1024 H12 d64 bf16 atomic dq"
-                                  : "B8 T1024 H12 d64 bf16";
+        static const char *const names[4] = {"B8 T1024 H12 d64 bf16", "B8 T1024 H12 d64 bf16 dq any order",
+                                             "B8 T1024 H12 d64 bf16 dq kernel", "B8 T1024 H12 d64 fp32"};
+        const char *name = names[k];
         printf("%-36s %10.1f %10.1f %10.3f\n", name, fwd / tf / 1e9,
                2.5 * fwd / tb / 1e9, tf);
         jcat("%s{\"name\":\"%s\",\"fwd_tflops\":%.1f,\"bwd_tflops\":%.1f,"

@@ -76,7 +76,7 @@ static void cuda_or_die(cudaError_t e, const char *what)
 
 /* ---- host and device buffers, freed after each case --------------------- */
 
-enum { MAX_BUFS = 256 };
+enum { MAX_BUFS = 512 };
 static void *hbufs[MAX_BUFS], *dbufs[MAX_BUFS];
 static int nh, nd;
 
@@ -1023,6 +1023,9 @@ static void t_global_norm(kcuda_dtype dt)
     expect_dev("scaled", dbufs_[0], bufs[0], sizes[0], dt);
 }
 
+/* The context's kcuda_ctx_set_deterministic mode (attention_mode). */
+static int attn_mode = 1;
+
 /* ---- cases: attention ----------------------------------------------------- */
 
 static void attn_case(kcuda_dtype dt, int B, int T, int H, int KV, int d,
@@ -1088,11 +1091,15 @@ static void attn_case(kcuda_dtype dt, int B, int T, int H, int KV, int d,
     float *gv = rnd(nkv, 0.5f, dt);
     void *dgq = up(gq, nq, dt), *dgk = up(gk, nkv, dt), *dgv = up(gv, nkv, dt);
     /* added to; then (assign bit 1) dk overwritten, from NaN, and dq, dv
-     * added to again */
+     * added to again; then, with three key tiles or more (before, any
+     * order of the sums over them gives the same bits), that call again
+     * on the same dq: the same bits (in turns, or dq's own kernel) */
+    void *q0 = NULL;
     for (int assign = 0; assign <= 2; assign += 2) {
         if (assign) {
             cuda_or_die(cudaMemset(dgk, 0xff, nkv * kcuda_dtype_size(dt)), "cudaMemset");
             memset(gk, 0, nkv * sizeof *gk);
+            q0 = snapshot(dgq, nq, dt);
         }
         KC(kcuda_attention_backward(ctx, dgq, dgk, dgv, dg, dout, dlse, dq, dk,
                                     dv, B, T, H, KV, d, causal, assign, dt,
@@ -1103,6 +1110,13 @@ static void attn_case(kcuda_dtype dt, int B, int T, int H, int KV, int d,
         expect_dev(assign ? "dk assigned" : "dk", dgk, gk, nkv, dt);
         expect_dev("dv", dgv, gv, nkv, dt);
     }
+    if (attn_mode != 0 && T > 128) {
+        void *first = snapshot(dgq, nq, dt);
+        cuda_or_die(cudaMemcpy(dgq, q0, nq * kcuda_dtype_size(dt), cudaMemcpyHostToDevice), "upload");
+        KC(kcuda_attention_backward(ctx, dgq, dgk, dgv, dg, dout, dlse, dq, dk, dv, B, T, H, KV, d, causal, 2,
+                                    dt, NULL));
+        expect_bits("dq twice", snapshot(dgq, nq, dt), first, nq * kcuda_dtype_size(dt));
+    }
 }
 
 static void t_attention(kcuda_dtype dt)
@@ -1112,6 +1126,9 @@ static void t_attention(kcuda_dtype dt)
     attn_case(dt, 1, 64, 3, 1, 80, 1, 0);   /* d padded to 128, MQA */
     attn_case(dt, 2, 70, 2, 1, 18, 1, 0);   /* d not in packs */
     attn_case(dt, 1, 200, 2, 2, 128, 1, 0); /* four key tiles */
+    /* five key tiles: more than the emulator's runners (4), so that a
+     * block waiting for one not yet started would never get its turn */
+    attn_case(dt, 1, 300, 1, 1, 16, 1, 0);
     /* B*H past the grid's rows (65535; 3 here): the pairs in z slices,
      * the last one part padding */
     kcuda_attention_grid_rows(3);
@@ -1120,18 +1137,30 @@ static void t_attention(kcuda_dtype dt)
     kcuda_attention_grid_rows(0);
 }
 
-/* dq summed by the dk/dv kernel's atomics (kcuda_ctx_set_deterministic
- * 0: 2-byte types; fp32 keeps its dq kernel), on t_attention's cases of
- * each padded head size (32, 64, 128), grouped-query and multi-query
- * heads, causal or not, ragged tiles, two key tiles: within the same
- * tolerances, not the same bits from run to run. */
-static void t_attention_atomic_dq(kcuda_dtype dt)
+/* The attention backward's other modes (kcuda_ctx_set_deterministic; the
+ * default, dq's atomics in turns, is t_attention's and t_attention_qkv's,
+ * whose packed cases check the bits twice): the atomics as they come (0),
+ * and dq recomputed by its own kernel (2; 2-byte types, fp32's path in
+ * every mode), on t_attention's cases of each padded head size (32, 64,
+ * 128), grouped-query and multi-query heads, causal or not, ragged tiles,
+ * two key tiles: within the same tolerances. */
+static void attention_mode(kcuda_dtype dt, int mode)
 {
-    kcuda_ctx_set_deterministic(ctx, 0);
+    kcuda_ctx_set_deterministic(ctx, attn_mode = mode);
     attn_case(dt, 2, 100, 4, 2, 16, 1, 0);
     attn_case(dt, 1, 130, 2, 2, 64, 0, 0);
     attn_case(dt, 1, 64, 3, 1, 80, 1, 0);
-    kcuda_ctx_set_deterministic(ctx, 1);
+    kcuda_ctx_set_deterministic(ctx, attn_mode = 1);
+}
+
+static void t_attention_atomic_dq(kcuda_dtype dt)
+{
+    attention_mode(dt, 0);
+}
+
+static void t_attention_dq_kernel(kcuda_dtype dt)
+{
+    attention_mode(dt, 2);
 }
 
 static void t_attention_qkv(kcuda_dtype dt)
@@ -1464,6 +1493,8 @@ static const gpu_case cases[] = {
     {"attention_f16", t_attention, KCUDA_F16},
     {"attention_atomic_dq_bf16", t_attention_atomic_dq, KCUDA_BF16},
     {"attention_atomic_dq_f16", t_attention_atomic_dq, KCUDA_F16},
+    {"attention_dq_kernel_bf16", t_attention_dq_kernel, KCUDA_BF16},
+    {"attention_dq_kernel_f16", t_attention_dq_kernel, KCUDA_F16},
     {"attention_qkv_f32", t_attention_qkv, KCUDA_F32},
     {"attention_qkv_bf16", t_attention_qkv, KCUDA_BF16},
     {"attention_qkv_f16", t_attention_qkv, KCUDA_F16},

@@ -22,7 +22,8 @@
 #             (moe 1e-3), 2e-2 in bf16 and fp16 (gpt-tiny; moe bf16 3e-2;
 #             the CPU rounds fp32 words where the GPU stores 2 bytes; gpt-tiny
 #             in bf16 again with MESH_DETERMINISTIC=0, the attention
-#             backward's dq summed by atomics). With
+#             backward's dq atomics in any order, and =2, dq by its own
+#             kernel). With
 #             several ranks sharing the GPU (MESH_GPU_SHARED=1: collectives
 #             staged through host memory): gpt-tiny on dp 2 with ZeRO-3 (and
 #             its overlapped run against --no-overlap), moe on dp 2 x ep 2.
@@ -341,9 +342,10 @@ step_train_equiv() {
     # in fp32 and bf16; ranks as threads of meshrun, one GPU each. Each
     # against the same mesh on the CPU.
     # (gpt-tiny-bf16-atomic: bf16 with MESH_DETERMINISTIC=0, the attention
-    # backward's dq summed by atomics)
-    local -a models=(gpt-tiny gpt-tiny-bf16 gpt-tiny-bf16-atomic gpt-tiny-fp16 llama moe moe-bf16 gpt-tiny-dp2z3-shared
-        moe-ep2-shared)
+    # backward's dq atomics in any order; -dqkernel: =2, dq by its own
+    # kernel; the default takes turns)
+    local -a models=(gpt-tiny gpt-tiny-bf16 gpt-tiny-bf16-atomic gpt-tiny-bf16-dqkernel gpt-tiny-fp16 llama moe moe-bf16
+        gpt-tiny-dp2z3-shared moe-ep2-shared)
     local gpus
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
     [ "$TRAIN_DEV" = cuda ] || gpus=4
@@ -369,7 +371,8 @@ step_train_equiv() {
         [ "$m" = llama ] && sets=("${llama[@]}")
         [ "$m" = moe ] && sets=("${moe[@]}") && tol=1e-3
         [ "$m" = moe-bf16 ] && sets=("${moe[@]}" --set train.precision=bf16) && src=examples/moe.mesh && tol=3e-2
-        [ "${m%-atomic}" = gpt-tiny-bf16 ] && sets+=(--set train.precision=bf16) && src=examples/gpt-tiny.mesh && tol=2e-2
+        [ "${m%-atomic}" = gpt-tiny-bf16 ] || [ "${m%-dqkernel}" = gpt-tiny-bf16 ] &&
+            sets+=(--set train.precision=bf16) && src=examples/gpt-tiny.mesh && tol=2e-2
         # fp16 at a fixed loss scale: a step at the dynamic scale's edge may
         # overflow in one summation order and not the other
         [ "$m" = gpt-tiny-fp16 ] && sets+=(--set train.precision=fp16 --set train.loss_scale=1024) &&
@@ -381,6 +384,7 @@ step_train_equiv() {
         local -a env=()
         [ "${m%-shared}" != "$m" ] && env=(MESH_GPU_SHARED=1)
         [ "${m%-atomic}" != "$m" ] && env=(MESH_DETERMINISTIC=0)
+        [ "${m%-dqkernel}" != "$m" ] && env=(MESH_DETERMINISTIC=2)
         [ "$m" = gpt-tiny-dp2tp2 ] && src=examples/gpt-tiny.mesh &&
             sets+=(--set mesh.dp=2 --set mesh.tp=2 --set mesh.pp=1 --set train.precision=fp32)
         [ "$m" = gpt-tiny-dp2tp2-bf16 ] && src=examples/gpt-tiny.mesh && tol=2e-2 &&
@@ -426,7 +430,7 @@ step_train_equiv() {
 # One GPT-2 124M run (examples/gpt2.mesh on one rank, T=1024, 30 steps)
 # through meshrun --device: its last logged tokens/s, or "" if it failed.
 # MODE "atomic": with MESH_DETERMINISTIC=0 (the attention backward's dq
-# summed by atomics, as PyTorch's flash attention does).
+# atomics in any order, as PyTorch's flash attention does).
 gpt2_run() {
     local d=$1 prec=$2 batch=$3 t=$4 mode=${5:-} name=gpt2-$2-$3${5:+-$5} env=()
     [ "$mode" = atomic ] && env=(MESH_DETERMINISTIC=0)

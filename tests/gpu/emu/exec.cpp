@@ -49,6 +49,7 @@
 
 #include <algorithm>          /* std::min */
 #include <atomic>             /* std::atomic */
+#include <chrono>             /* std::chrono: EMU_JITTER_US */
 #include <condition_variable> /* std::condition_variable */
 #include <cstdarg>            /* va_list */
 #include <cstdio>             /* snprintf */
@@ -263,6 +264,7 @@ struct Job {
 
 struct Runner {
     unsigned id;
+    unsigned rng = 0; /* EMU_JITTER_US's (jitter) */
     std::thread th;
     std::mutex m;
     std::condition_variable cv;
@@ -295,6 +297,7 @@ unsigned g_nrunners;
 bool g_reverse; /* EMU_ORDER=reverse: a block's threads run last to first */
 bool g_cp_early; /* EMU_CP_ASYNC=early: cp.async copies land as issued */
 bool g_serial_warps; /* EMU_WARPS=serial: a block's warps go on one at a time */
+unsigned g_jitter_us; /* EMU_JITTER_US=N: each block starts after 0..N-1 us, at random */
 
 const char *op_name(int kind)
 {
@@ -852,6 +855,18 @@ void run_block(Runner *r, Job *j, unsigned long long b)
     }
 }
 
+/* A runner's next pseudo-random number (xorshift), seeded from the clock:
+ * EMU_JITTER_US's delays differ from run to run. */
+static unsigned jitter(Runner *r)
+{
+    if (!r->rng)
+        r->rng = (unsigned)std::chrono::steady_clock::now().time_since_epoch().count() | 1u;
+    r->rng ^= r->rng << 13;
+    r->rng ^= r->rng >> 17;
+    r->rng ^= r->rng << 5;
+    return r->rng;
+}
+
 void runner_main(Runner *r)
 {
     dl_iterate_phdr(tls_range, r);
@@ -877,6 +892,8 @@ void runner_main(Runner *r)
         for (unsigned long long b = r->id; b < j->nblocks; b += j->stride) {
             if (j->abort.load(std::memory_order_relaxed))
                 break;
+            if (g_jitter_us) /* the runners' blocks in a new interleaving each run */
+                std::this_thread::sleep_for(std::chrono::microseconds(jitter(r) % g_jitter_us));
             run_block(r, j, b);
         }
         r->job = nullptr;
@@ -901,6 +918,10 @@ void start_runners()
         g_serial_warps = strcmp(e, "serial") == 0;
     if (const char *e = getenv("EMU_CP_ASYNC"))
         g_cp_early = strcmp(e, "early") == 0;
+    if (const char *e = getenv("EMU_JITTER_US")) {
+        int v = atoi(e);
+        g_jitter_us = v > 0 && v <= 100000 ? (unsigned)v : 0;
+    }
     if (const char *e = getenv("EMU_RUNNERS")) {
         int v = atoi(e);
         if (v >= 1 && v <= 16)

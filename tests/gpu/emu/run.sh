@@ -70,6 +70,14 @@ for o in "${orders[@]}"; do
     run "gpu_tests, threads $o, warps $warps, cp.async $cp" env OPENBLAS_NUM_THREADS=1 \
         EMU_ORDER="$o" EMU_WARPS=$warps EMU_CP_ASYNC=$cp GPU_TESTS_SWEEP=$sweep "$B/gpu_tests_emu"
 done
+# the attention cases again with each block started after a random delay
+# (EMU_JITTER_US): the key tiles' dq atomics arrive in a new order each
+# run, so a turn not taken shows as bits that differ on the same inputs
+# ("dq twice"; not every run: a sum of 2-byte values may round alike)
+if [ "${EMU_TSAN:-0}" != 1 ]; then
+    run "gpu_tests attention, blocks jittered" env OPENBLAS_NUM_THREADS=1 EMU_JITTER_US=2000 \
+        "$B/gpu_tests_emu" attention
+fi
 # the executor's GPU path and the NCCL communicator (unit_tests_emu, when
 # built): the unit tests that need a GPU, or 4 (MESH_EMU_GPUS: ranks as
 # threads, a GPU each, over the emulated NCCL); one that skips fails.

@@ -297,6 +297,13 @@ static inline float atomicAdd(float *address, float val)
     return f;
 }
 
+/* A fence at the GPU's scope: the thread's writes before it (its atomics
+ * included) are seen before those after it. */
+static inline void __threadfence()
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
 /* ---- arithmetic ------------------------------------------------------------ */
 
 /* Round-to-nearest operations nvcc never fuses into an FMA: the build

@@ -49,6 +49,9 @@
 
 #include <stdint.h> /* uint32_t */
 
+#include <chrono> /* std::chrono::steady_clock */
+#include <thread> /* std::this_thread::yield */
+
 #include "device.h"
 
 namespace emu {
@@ -113,6 +116,29 @@ inline void ldmatrix_x4(uint32_t (&r)[4], const void *p, int trans)
 void cp_async16(void *dst, const void *src, unsigned n);
 void cp_async_commit();
 void cp_async_wait(int n);
+
+/* Blocks taking turns (kc_wait_ge, kc_add_release): ld.acquire.gpu in a
+ * loop until *p >= v, and red.release.gpu.add. A runner runs its blocks
+ * in index order and the runners run at once, so a block that waits only
+ * for blocks of lower index (as a GPU, which starts blocks in index order,
+ * needs) gets its turn; the spin yields its OS thread between reads, and
+ * traps after 20 s (a turn that never comes). ThreadSanitizer sees the
+ * acquire and release. */
+inline void wait_ge(const int *p, int v)
+{
+    auto t0 = std::chrono::steady_clock::now();
+    for (unsigned n = 0; __atomic_load_n(p, __ATOMIC_ACQUIRE) < v; n++) {
+        std::this_thread::yield();
+        if ((n & 1023) == 1023 && std::chrono::steady_clock::now() - t0 > std::chrono::seconds(20))
+            trap(cudaErrorLaunchTimeout, "waited 20 s for %d at %p (it is %d)", v, (const void *)p,
+                 __atomic_load_n(p, __ATOMIC_ACQUIRE));
+    }
+}
+
+inline void add_release(int *p, int v)
+{
+    __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
+}
 
 } /* namespace emu */
 
