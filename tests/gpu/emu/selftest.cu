@@ -1094,6 +1094,38 @@ static void t_norace()
         CHECK(h[i] == (float)((i % 64 + 32) % 64 + ((i % 64) ^ 1)));
 }
 
+/* Blocks taking turns (kc_wait_ge, kc_add_release): block b waits until
+ * the b blocks before it are done, then appends its index with plain
+ * accesses, which only the turns order (ThreadSanitizer would report
+ * them otherwise), and gives the next block its turn. */
+__global__ void k_turns(int *turn, int *order, int *len)
+{
+    if (threadIdx.x == 0)
+        kc_wait_ge(turn, (int)blockIdx.x);
+    __syncthreads();
+    if (threadIdx.x == 0)
+        order[(*len)++] = (int)blockIdx.x;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        kc_add_release(turn, 1);
+}
+
+static void t_turns()
+{
+    enum { N = 24 }; /* more blocks than runners: some wait for blocks run before them on their runner */
+    int *turn = dalloc<int>(1), *order = dalloc<int>(N), *len = dalloc<int>(1);
+    k_turns<<<N, 64>>>(turn, order, len);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    int h[N], t = 0, n = 0;
+    cudaMemcpy(h, order, sizeof h, cudaMemcpyDeviceToHost);
+    cudaMemcpy(&t, turn, sizeof t, cudaMemcpyDeviceToHost);
+    cudaMemcpy(&n, len, sizeof n, cudaMemcpyDeviceToHost);
+    CHECK(t == N && n == N);
+    for (int i = 0; i < N; i++)
+        CHECK(h[i] == i);
+}
+
 /* ---- streams: the device runs behind the host -------------------------------------- */
 
 /* Waits until the host sets *flag (page-locked memory the device reads),
@@ -1350,6 +1382,7 @@ static const Case cases[] = {
     {"legacy_stream_waits_for_blocking_streams", t_legacy_stream, 0, 1, 0},
     {"copies_take_their_sources_in_order", t_copy_sources, 0, 1, 0},
     {"no_race", t_norace, 0, 0, 0},
+    {"blocks_take_turns", t_turns, 0, 0, 0},
     {"race_missing_syncthreads", t_race_block, 1, 0, 0},
     {"race_missing_syncwarp", t_race_warp, 1, 0, 0},
     {"race_between_blocks", t_race_grid, 1, 0, 0},
@@ -1389,10 +1422,10 @@ int main(int argc, char **argv)
         }
         /* under TSan (a second a case, each in a process of its own):
          * only what TSan adds to, the races it must report, a kernel
-         * without one, and the streams' ordering; make gpu-emu runs the
-         * others twice */
+         * without one, the barriers, blocks taking turns, and the
+         * streams' ordering; make gpu-emu runs the others twice */
         if (TSAN && !c.race && !c.async && strcmp(c.name, "no_race") != 0 &&
-            strcmp(c.name, "threads_barriers_fill") != 0) {
+            strcmp(c.name, "threads_barriers_fill") != 0 && strcmp(c.name, "blocks_take_turns") != 0) {
             printf("ok %d - %s # SKIP under ThreadSanitizer (make gpu-emu runs it)\n", n, c.name);
             passed++;
             continue;
