@@ -78,8 +78,7 @@ template <typename T, int DP> struct att_cfg {
         (sizeof(T) * ATT_TILE * LD + 127) / 128 * 128;
     static constexpr int LDF = 65; /* fp32 P tile [16 x 64] (FMA path) */
     /* the dk/dv kernel's ds^T tile [64 keys][64 queries] (2-byte types,
-     * kcuda_ctx_set_deterministic 0), rows padded by 16 bytes as the
-     * tiles' are */
+     * dq by atomics), rows padded by 16 bytes as the tiles' are */
     static constexpr int LDS = ATT_TILE + 8;
     static constexpr size_t S_BYTES = (sizeof(T) * ATT_TILE * LDS + 127) / 128 * 128;
     /* per-warp scratch after the tiles: the fp32 path's P tile only */
@@ -874,13 +873,10 @@ static int attn_backward(kcuda_ctx *ctx, void *dq, void *dk, void *dv,
     KCUDA_TRY(kcuda__scratch(ctx, dbytes + abytes + (turns ? nt * sizeof(int) : 0), &scratch, s));
     a.Dw = (float *)scratch;
     a.Dr = a.Dw;
-    if (adq) {
+    if (adq) { /* dq's fp32 copy and the tickets after it, zeroed together */
         a.dqa = (float *)((char *)scratch + dbytes);
-        KCUDA_CHECK(cudaMemsetAsync(a.dqa, 0, qn * sizeof(float), s));
-    }
-    if (turns) {
-        a.tickets = (int *)((char *)scratch + dbytes + abytes);
-        KCUDA_CHECK(cudaMemsetAsync(a.tickets, 0, nt * sizeof(int), s));
+        a.tickets = turns ? (int *)((char *)scratch + dbytes + abytes) : NULL;
+        KCUDA_CHECK(cudaMemsetAsync(a.dqa, 0, abytes + (turns ? nt * sizeof(int) : 0), s));
     }
     unsigned blocks = (unsigned)((rows + 7) / 8);
     KCUDA_DISPATCH(dt, E, {

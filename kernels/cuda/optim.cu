@@ -16,11 +16,11 @@
 #define SS_THREADS 256
 
 /* x * scale in double, rounded to a float and then to T: what
- * scale_kernel stores. */
+ * scale_kernel stores, and the gradient adamw_kernel takes. */
 template <typename T>
-__device__ __forceinline__ float scaled(T x, double scale)
+__device__ __forceinline__ T scaled(T x, double scale)
 {
-    return kc_f(kc_to<T>((float)(kc_f(x) * scale)));
+    return kc_to<T>((float)(kc_f(x) * scale));
 }
 
 template <typename G, typename L>
@@ -33,7 +33,7 @@ __global__ void adamw_kernel(float *params, L *params_lp, const G *grads,
     float ob1 = __fsub_rn(1.0f, beta1), ob2 = __fsub_rn(1.0f, beta2);
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += stride) {
-        float g = scaled(grads[i], gscale), p = params[i];
+        float g = kc_f(scaled(grads[i], gscale)), p = params[i];
         /* m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g g */
         float mi = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(ob1, g));
         float vi = __fadd_rn(__fmul_rn(beta2, v[i]),
@@ -173,7 +173,7 @@ __global__ void scale_kernel(T *x, size_t n, double scale, const double *ss,
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += stride)
-        x[i] = kc_to<T>(scaled(x[i], scale));
+        x[i] = scaled(x[i], scale);
 }
 
 static int scale_launch(void *buf, size_t n, double scale, const double *ss,

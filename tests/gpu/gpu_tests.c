@@ -1143,7 +1143,8 @@ static void t_attention(kcuda_dtype dt)
 
 /* The attention backward's other modes (kcuda_ctx_set_deterministic; the
  * default, dq's atomics in turns, is t_attention's and t_attention_qkv's,
- * whose packed cases check the bits twice): the atomics as they come (0),
+ * whose cases of three key tiles or more check dq's bits twice): the
+ * atomics as they come (0),
  * and dq recomputed by its own kernel (2; 2-byte types, fp32's path in
  * every mode), on t_attention's cases of each padded head size (32, 64,
  * 128), grouped-query and multi-query heads, causal or not, ragged tiles,
