@@ -258,20 +258,26 @@ static int64_t first_fit(interval *iv, int n, int no_reuse) {
 
 /* The shared workspace of one segment: forward temporaries (pass 0) or
  * backward gradients and scratch (pass 1, in reverse node order; a bias
- * add's gradient until its matmul's backward, which reads it: grad_alias). */
+ * add's gradient until its matmul's backward, which reads it, and a GELU's
+ * input's from the backward of the matmul that reads the GELU: grad_alias). */
 static int64_t shared_peak(mp *x, int seg, int pass) {
     const plan *p = x->p;
     int n = x->n, cnt = 0;
     interval *iv = calloc((size_t)(2 * n + 1), sizeof *iv);
-    int *until = malloc((size_t)(n ? n : 1) * sizeof *until);
-    if (!iv || !until) {
+    int *until = malloc((size_t)(n ? n : 1) * sizeof *until), *from = malloc((size_t)(n ? n : 1) * sizeof *from);
+    if (!iv || !until || !from) {
         free(iv);
         free(until);
+        free(from);
         return -1;
     }
-    for (int id = 0; id < n; id++) until[id] = id;
-    for (int id = 0; id < n; id++) /* (the matmul comes first: id < its alias) */
-        if (x->b[id].grad_alias >= 0 && id < until[x->b[id].grad_alias]) until[x->b[id].grad_alias] = id;
+    for (int id = 0; id < n; id++) until[id] = id, from[id] = x->last[id] >= 0 ? x->last[id] : id;
+    for (int id = 0; id < n; id++) {
+        int a = x->b[id].grad_alias;
+        if (a < 0) continue;
+        if (id < a && id < until[a]) until[a] = id;                  /* a matmul's: until it reads it */
+        if (id > a && from[id] > from[a]) from[a] = from[id];        /* a GELU's: from its reader's backward */
+    }
     for (int id = 0; id < n; id++) {
         mem_buf *b = &x->b[id];
         if (x->seg[id] != seg || !is_activation(p, id)) continue;
@@ -280,7 +286,7 @@ static int64_t shared_peak(mp *x, int seg, int pass) {
             iv[cnt++] = (interval){id, last, b->bytes * reps(x, id), &b->offset};
         } else if (pass == 1) {
             if (b->grad_region == MEM_WORKSPACE)
-                iv[cnt++] = (interval){n - 1 - last, n - 1 - until[id], b->bytes * reps(x, id), &b->grad_offset};
+                iv[cnt++] = (interval){n - 1 - from[id], n - 1 - until[id], b->bytes * reps(x, id), &b->grad_offset};
             if (b->scratch) iv[cnt++] = (interval){n - 1 - id, n - 1 - id, b->scratch, &b->scratch_offset};
         }
     }
@@ -288,6 +294,7 @@ static int64_t shared_peak(mp *x, int seg, int pass) {
     int64_t peak = first_fit(iv, cnt, x->no_reuse);
     free(iv);
     free(until);
+    free(from);
     return peak;
 }
 
@@ -393,31 +400,69 @@ static void place_values(mp *x) {
     for (int s = 0; s < x->m->pp; s++) x->m->stage[s].recompute = rec;
 }
 
-/* mem_buf.grad_alias's rule. */
-static int grad_alias(const plan *p, int id) {
-    const plan_tensor *t = &p->tensors[id];
-    if (t->op != G_MATMUL || !has_grad(p, id)) return -1;
+/* The one op that reads id, and at which of its inputs (*k); -1 when
+ * none does, or id is read twice. */
+static int sole_reader(const plan *p, int id, int *k) {
     int reader = -1;
     for (int c = id + 1; c < p->n_tensors; c++)
-        for (int k = 0; k < p->tensors[c].n_in; k++) {
-            if (p->tensors[c].in[k] != id) continue;
+        for (int j = 0; j < p->tensors[c].n_in; j++) {
+            if (p->tensors[c].in[j] != id) continue;
             if (reader >= 0) return -1; /* read twice */
             reader = c;
+            *k = j;
         }
+    return reader;
+}
+
+/* Are a and b (a < b) in one region, with no repeat starting between
+ * them (other segments, maybe other stages), and a not converted by a step
+ * (an all-reduce of a partial sum, a tp exchange)? */
+static int adjacent(const plan *p, int a, int b) {
+    if (p->tensors[a].region != p->tensors[b].region) return 0;
+    for (int s = 0; s < p->n_steps; s++)
+        if (p->steps[s].node == a && p->steps[s].kind != STEP_COMPUTE) return 0;
+    for (int r = 0; r < p->n_regions; r++)
+        if (p->regions[r].first > a && p->regions[r].first < b) return 0;
+    return 1;
+}
+
+/* Can a and b have one gradient buffer: both with a gradient, of one shape
+ * and placement? */
+static int same_layout(const plan *p, int a, int b) {
+    const plan_tensor *ta = &p->tensors[a], *tb = &p->tensors[b];
+    if (!has_grad(p, a) || !has_grad(p, b) || ta->rank != tb->rank) return 0;
+    for (int d = 0; d < ta->rank; d++)
+        if (ta->dims[d] != tb->dims[d]) return 0;
+    for (int x = 0; x < SHARD_AXES; x++)
+        if (ta->pl.kind[x] != tb->pl.kind[x] || (ta->pl.kind[x] == PL_SPLIT && ta->pl.dim[x] != tb->pl.dim[x]))
+            return 0;
+    return 1;
+}
+
+/* mem_buf.grad_alias's rules. A matmul read by a bias add alone (x @ w +
+ * b): the bias add's gradient, which its backward passes on unchanged. A
+ * GELU whose input it alone reads and whose value one matmul alone reads,
+ * as x: its input's gradient, where that matmul's backward writes the
+ * product and the GELU's backward then its own result over it, in place
+ * (or the two in one kernel, which writes the input's gradient while the
+ * matmul's output gradient is still read: exec.c, find_fusions). */
+static int grad_alias(const mp *x, int id) {
+    const plan *p = x->p;
+    const plan_tensor *t = &p->tensors[id];
+    int k = -1, reader = sole_reader(p, id, &k);
     if (reader < 0) return -1;
     const plan_tensor *b = &p->tensors[reader];
-    if (b->op != G_BIAS_ADD || b->n_in != 2 || b->in[0] != id || b->in[1] == id || !has_grad(p, reader) ||
-        b->region != t->region || b->rank != t->rank)
+    if (t->op == G_MATMUL) {
+        int ok = b->op == G_BIAS_ADD && b->n_in == 2 && k == 0 && b->in[1] != id && same_layout(p, id, reader) &&
+                 adjacent(p, id, reader);
+        return ok ? reader : -1;
+    }
+    int in = t->n_in == 1 ? t->in[0] : -1, j = -1;
+    if (t->op != G_GELU || b->op != G_MATMUL || k != 0 || b->in[1] == id || in < 0 || sole_reader(p, in, &j) != id ||
+        x->cross[in] || x->cross[id] || x->b[in].carried || x->b[id].carried || !same_layout(p, in, id) ||
+        !adjacent(p, in, id) || !adjacent(p, id, reader))
         return -1;
-    for (int d = 0; d < t->rank; d++)
-        if (b->dims[d] != t->dims[d]) return -1;
-    for (int a = 0; a < SHARD_AXES; a++)
-        if (b->pl.kind[a] != t->pl.kind[a] || (t->pl.kind[a] == PL_SPLIT && b->pl.dim[a] != t->pl.dim[a])) return -1;
-    for (int s = 0; s < p->n_steps; s++) /* converted (an all-reduce of a partial sum, a tp exchange) */
-        if (p->steps[s].node == id && p->steps[s].kind != STEP_COMPUTE) return -1;
-    for (int r = 0; r < p->n_regions; r++) /* a repeat between them: other segments, maybe other stages */
-        if (p->regions[r].first > id && p->regions[r].first < reader) return -1;
-    return reader;
+    return in;
 }
 
 /* mem_buf.grad_in_value's rule: the logits of the loss's cross-entropy,
@@ -444,7 +489,7 @@ static int64_t place_grads(mp *x) {
     int64_t pin = 0;
     for (int id = 0; id < x->n; id++) {
         mem_buf *b = &x->b[id];
-        b->grad_alias = grad_alias(p, id);
+        b->grad_alias = grad_alias(x, id);
         b->grad_in_value = (signed char)grad_in_value(x, id);
         if (b->grad_in_value) {
             b->grad_region = b->region;

@@ -107,7 +107,13 @@ typedef struct mem_buf {
                                        so the matmul's backward reads it, live until then. Not
                                        when anything converts the product between them (a partial
                                        sum's all-reduce, sequence parallelism's exchanges), nor
-                                       across a repeat. The runtime follows it (exec__gptr). */
+                                       across a repeat. And a GELU's whose input only it reads and
+                                       whose value one matmul alone reads, as x (an MLP's
+                                       gelu(pre) @ w): its input's, live from that matmul's
+                                       backward, which writes the product there; the GELU's
+                                       backward turns it into its input's gradient in place (or
+                                       the runtime runs both in one kernel: cuBLASLt's DGELU
+                                       epilogue). The runtime follows it (exec__gptr). */
     signed char grad_in_value;      /* 1: the gradient is written over the value, in its buffer
                                        (grad_region and grad_offset are the value's): the loss's
                                        cross-entropy's logits, whose gradient that op's forward

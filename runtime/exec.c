@@ -180,16 +180,49 @@ static int forward_op(const plan *p, int s, g_op op, int region)
     return p->tensors[st->node].op == op ? st->node : -1;
 }
 
+/* Is step s a backward computation (not a recomputation) of an op `op`
+ * in `region`? Its node, else -1. */
+static int backward_op(const plan *p, int s, g_op op, int region)
+{
+    if (s >= p->n_steps) return -1;
+    const plan_step *st = &p->steps[s];
+    if (st->phase != PLAN_BACKWARD || st->kind != STEP_COMPUTE || st->recompute || st->region != region) return -1;
+    return p->tensors[st->node].op == op ? st->node : -1;
+}
+
+/* A backward fusion (ex_fuse.dgelu): the matmul m = g @ w (w not
+ * transposed) at backward step s and the GELU g at step s + 1, g's value
+ * read by m alone (so g's gradient is m's product, all of it) and the
+ * GELU's input's gradient started by g's backward, overwritten whole, in
+ * g's own gradient's buffer (memplan's grad_alias: that buffer is live
+ * from m's backward on, apart from m's output gradient, which the fused
+ * kernel reads while it writes). */
+static int dgelu_fusable(const mesh__exec *ex, int s)
+{
+    const plan *p = ex->p;
+    int m = backward_op(p, s, G_MATMUL, p->steps[s].region);
+    int g = m >= 0 ? backward_op(p, s + 1, G_GELU, p->steps[s].region) : -1;
+    if (g < 0) return 0;
+    const plan_tensor *tm = &p->tensors[m], *tg = &p->tensors[g];
+    int pre = tg->in[0];
+    return tm->in[0] == g && tm->in[1] != g && p->tensors[tm->in[1]].op != G_TRANSPOSE && readers(p, g) == 1 &&
+           g != p->loss && exec__buf_of(ex, g)->grad_alias == pre && ex->zero_by[g] == m && ex->zero_by[pre] == g &&
+           exec__assigns(ex, g, 0) &&
+           ex->numel[pre] == ex->numel[g] && ex->cnumel[pre] == ex->cnumel[g] &&
+           ex->step_part[s] == ex->step_part[s + 1];
+}
+
 /* Which ops run as one kernel (ex_fuse): a matmul (x @ w, w not
  * transposed) whose value is whole on the rank (not a partial sum that a
  * collective completes) and read only by the bias add of the next step,
- * over its last dim; and a GELU of that bias add at the step after. Not
+ * over its last dim; and a GELU of that bias add at the step after; in the
+ * backward, a matmul's and the GELU's before it (dgelu_fusable). Not
  * where a bf16 or fp16 plan's values are fp32 words (the CPU), rounded
  * after each op as a GPU stores them: one kernel rounds once. */
 static void find_fusions(mesh__exec *ex, unsigned flags)
 {
     const plan *p = ex->p;
-    for (int id = 0; id < ex->n; id++) ex->fuse[id].into = ex->fuse[id].gelu = -1;
+    for (int id = 0; id < ex->n; id++) ex->fuse[id].into = ex->fuse[id].gelu = ex->fuse[id].dgelu = ex->fuse[id].dgelu_by = -1;
     if ((flags & MESH__EXEC_NO_FUSE) || (ex->esize == 4 && ex->prec != KCPU_FP32)) return;
     for (int s = 0; s + 1 < p->n_steps; s++) {
         int m = forward_op(p, s, G_MATMUL, p->steps[s].region);
@@ -208,6 +241,13 @@ static void find_fusions(mesh__exec *ex, unsigned flags)
             ex->fuse[g].into = b;
         }
     }
+    for (int s = 0; s + 1 < p->n_steps; s++)
+        if (dgelu_fusable(ex, s)) {
+            int m = p->steps[s].node, g = p->steps[s + 1].node;
+            ex->fuse[m].dgelu = g;
+            ex->fuse[g].dgelu_by = m;
+            ex->n_fused++;
+        }
 }
 
 /* The node whose backward starts each tensor's gradient: its last
@@ -222,8 +262,12 @@ static void find_zero_by(mesh__exec *ex)
             int in = p->tensors[c].in[k];
             if (exec__buf_of(ex, c)->part == exec__buf_of(ex, in)->part) ex->zero_by[in] = c;
         }
-    for (int id = 0; id < ex->n; id++)
-        if (exec__buf_of(ex, id)->grad_region != MEM_WORKSPACE) ex->zero_by[id] = -1;
+    for (int id = 0; id < ex->n; id++) {
+        const mem_buf *b = exec__buf_of(ex, id);
+        if (b->grad_alias >= 0 && b->grad_alias < id) /* a GELU's, in its input's buffer: its reader starts it */
+            b = exec__buf_of(ex, b->grad_alias);
+        if (b->grad_region != MEM_WORKSPACE) ex->zero_by[id] = -1;
+    }
 }
 
 /* Lays the arena out by the memory plan and checks that it is the plan's. */

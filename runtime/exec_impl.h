@@ -41,9 +41,14 @@ typedef struct ex_moe {
  * writes the bias add's value, the GELU's backward input): `into` is the
  * bias add that computes this matmul or GELU (-1: computed at its own
  * node); `gelu` the GELU a bias add computes (-1: none). Recomputation
- * runs the GELU at its own node. The backward is unchanged. */
+ * runs the GELU at its own node. In the backward, a matmul whose input is
+ * a GELU's value, read by it alone, runs the GELU's backward too when the
+ * GELU's is the next backward step (cuBLASLt's DGELU epilogue: the
+ * product's gradient is never stored): `dgelu` is that GELU (-1: none),
+ * `dgelu_by` the matmul that runs a GELU's backward (-1: its own node). */
 typedef struct ex_fuse {
     int into, gelu;
+    int dgelu, dgelu_by;
 } ex_fuse;
 
 /* One term of the loss: coef x the device float in slot `slot`, or coef
@@ -193,7 +198,8 @@ struct mesh__exec {
     long long scale_interval;
     ex_moe **moe;        /* per tensor: moe layers' geometry, NULL for others */
     ex_fuse *fuse;       /* per tensor: ops computed by one kernel (exec.c: find_fusions) */
-    int n_fused;         /* the bias adds that run with their matmul */
+    int n_fused;         /* the bias adds that run with their matmul, and the GELUs whose
+                            backward runs with a matmul's */
     /* the loss's terms, on the device until the step reads them (exec_loss.c) */
     float *lslots;       /* [EX_LOSS_SLOTS + 1] device floats the kernels write */
     int n_lslots, n_lterms;
@@ -359,6 +365,9 @@ void exec__round(const mesh__exec *ex, float *x, size_t n);
  * itself (kern.dw32, memplan_grad_fp32). 0, or -1 (a
  * device call failed: nothing stays staged). exec__gstage_staged: is param
  * id's staged now. */
+/* Does node c's backward overwrite input k's gradient whole (kern.assign),
+ * so that it need not be zeroed first? (exec_step.c) */
+int exec__assigns(const mesh__exec *ex, int c, int k);
 int exec__gstage_begin(mesh__exec *ex, int c, int it);
 int exec__gstage_end(mesh__exec *ex);
 int exec__gstage_staged(const mesh__exec *ex, int id);

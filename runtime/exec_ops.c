@@ -390,7 +390,11 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
     }
     case G_MATMUL: {
         int K = exec__lastd(ex, t->in[0]), N = exec__lastd(ex, id), M = (int)(n / (size_t)N);
-        if (b->op == G_TRANSPOSE)
+        int g = ex->fuse[id].dgelu; /* the GELU whose value x is: its backward too, dx never stored */
+        if (g >= 0)
+            K(matmul_gelu_backward, exec__grad_in(ex, ex->p->tensors[g].in[0], t->region, it), DIN(1), DOUT, IN(0),
+              IN(1), exec__val_in(ex, ex->p->tensors[g].in[0], t->region, it), M, K, N);
+        else if (b->op == G_TRANSPOSE)
             K(matmul_wt_backward, DIN(0), exec__grad_in(ex, b->in[0], t->region, it), DOUT, IN(0),
               exec__val_in(ex, b->in[0], t->region, it), M, K, N);
         else
@@ -432,7 +436,9 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
         K(rope_backward, DIN(0), DOUT, B, T, H, d, (float)t->theta);
         break;
     }
-    case G_GELU: K(gelu_backward, DIN(0), IN(0), DOUT, n); break;
+    case G_GELU:
+        if (ex->fuse[id].dgelu_by < 0) K(gelu_backward, DIN(0), IN(0), DOUT, n); /* else with the matmul's */
+        break;
     case G_SILU: K(silu_backward, DIN(0), IN(0), DOUT, n); break;
     case G_SWIGLU: K(swiglu_backward, DIN(0), DIN(1), DOUT, IN(0), IN(1), n); break;
     case G_CROSS_ENTROPY: {

@@ -27,7 +27,7 @@ void mesh__exec_set_poison(mesh__exec *ex, int on) { ex->poison = on; }
  * (each element written by one block) and a GELU's or SiLU's dx, each the
  * whole of its buffer (no room past the tensor but the 16-byte rounding),
  * of an input that is not also another of c's. */
-static int assigns(const mesh__exec *ex, int c, int k)
+int exec__assigns(const mesh__exec *ex, int c, int k)
 {
     const plan_tensor *t = &ex->p->tensors[c];
     int in = t->in[k];
@@ -56,7 +56,8 @@ static void start_grads(mesh__exec *ex, int c, int it)
         int in = t->in[k], seen = 0;
         for (int j = 0; j < k; j++) seen |= t->in[j] == in;
         if (seen || ex->zero_by[in] != c) continue;
-        if (assigns(ex, c, k)) {
+        if (exec__assigns(ex, c, k) || exec__buf_of(ex, c)->grad_alias == in) { /* (the latter: in place, over
+                                                                                    c's own gradient: a GELU's) */
             ex->kern.assign |= 1 << k;
             continue;
         }

@@ -50,6 +50,12 @@ typedef struct kern_vtbl {
      * gelu(pre): one kernel on a GPU (cuBLASLt's epilogues) */
     int (*matmul_bias_forward)(kern *k, void *y, void *pre, const void *x, const void *w, const void *bias, int M,
                                int K, int N, int gelu);
+    /* the backward of y = gelu(pre) @ w, x = gelu(pre) its input, the
+     * GELU's with the product's: dpre = gelu'(pre) * (dy @ w^T), always
+     * overwritten, and dw += x^T @ dy: one kernel on a GPU (cuBLASLt's DGELU
+     * epilogue), the product's gradient never stored */
+    int (*matmul_gelu_backward)(kern *k, void *dpre, void *dw, const void *dy, const void *x, const void *w,
+                                const void *pre, int M, int K, int N);
     int (*matmul_wt_forward)(kern *k, void *y, const void *x, const void *w, int M, int K, int N);
     int (*matmul_wt_backward)(kern *k, void *dx, void *dw, const void *dy, const void *x, const void *w, int M,
                               int K, int N);
@@ -161,7 +167,7 @@ typedef struct kern_vtbl {
  * backend names its functions after them (static in its file), so a table
  * is {"name", open, close, KERN_ENTRIES}. */
 #define KERN_ENTRIES \
-    matmul_forward, matmul_backward, matmul_bias_forward, matmul_wt_forward, matmul_wt_backward, \
+    matmul_forward, matmul_backward, matmul_bias_forward, matmul_gelu_backward, matmul_wt_forward, matmul_wt_backward, \
     embedding_rows_forward, embedding_rows_backward, arange, add_forward, add_backward, add_broadcast_forward, \
     add_broadcast_backward, layernorm_forward, layernorm_backward, rmsnorm_forward, rmsnorm_backward, \
     attention_forward, attention_backward, attention_qkv_forward, attention_qkv_backward, rope_forward, \
@@ -183,7 +189,7 @@ struct kern {
                           precision's main gradients, set by the executor */
     int dw32;          /* the weight gradients a call sums over rows are fp32 (a param's main
                           gradient, added to in fp32), while the executor sets it around the
-                          call: dw of matmul_backward and matmul_wt_backward, dtable of
+                          call: dw of matmul_backward, matmul_gelu_backward and matmul_wt_backward, dtable of
                           embedding_rows_backward, dw and db of layernorm_backward, dw of
                           rmsnorm_backward, dp of add_broadcast_backward */
     int assign;        /* bit k: the call's k-th input gradient is overwritten, not added to

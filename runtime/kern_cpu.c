@@ -54,6 +54,19 @@ static int matmul_bias_forward(kern *k, void *y, void *pre, const void *x, const
     return 0;
 }
 
+/* The product's backward and then the GELU's, in place (the same bits as
+ * the two ops at their nodes). */
+static int matmul_gelu_backward(kern *k, void *dpre, void *dw, const void *dy, const void *x, const void *w,
+                                const void *pre, int M, int K, int N)
+{
+    (void)k;
+    size_t n = (size_t)M * (size_t)K;
+    memset(dpre, 0, n * sizeof(float));
+    kcpu_matmul_backward(F(dpre), F(dw), NULL, CF(dy), CF(x), CF(w), M, K, N);
+    kcpu_gelu_backward_inplace(F(dpre), CF(pre), n);
+    return 0;
+}
+
 static int matmul_wt_forward(kern *k, void *y, const void *x, const void *w, int M, int K, int N)
 {
     (void)k;
@@ -213,6 +226,10 @@ static int gelu_forward(kern *k, void *out, const void *x, size_t n)
 
 static int gelu_backward(kern *k, void *dx, const void *x, const void *dout, size_t n)
 {
+    if (dx == dout) { /* in place (one gradient buffer: memplan's grad_alias), overwritten */
+        kcpu_gelu_backward_inplace(F(dx), CF(x), n);
+        return 0;
+    }
     assigned(k, 0, dx, n);
     kcpu_gelu_backward(F(dx), CF(x), CF(dout), n);
     return 0;

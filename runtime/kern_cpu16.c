@@ -134,6 +134,16 @@ static int matmul_bias_forward(kern *k, void *y, void *pre, const void *x, const
     RUN(CPU.matmul_bias_forward(k, Y, P, X, W, B, M, K, N, gelu));
 }
 
+/* In fp32 on the copies, rounded once as one GPU kernel stores dpre. */
+static int matmul_gelu_backward(kern *k, void *dpre, void *dw, const void *dy, const void *x, const void *w,
+                                const void *pre, int M, int K, int N)
+{
+    float *DP = IO(dpre, (size_t)M * K), *DW = k->dw32 ? dw : IO(dw, (size_t)K * N); /* (dw32: fp32) */
+    float *DY = IN(dy, (size_t)M * N), *X = IN(x, (size_t)M * K), *W = IN(w, (size_t)K * N);
+    float *P = IN(pre, (size_t)M * K);
+    RUN(CPU.matmul_gelu_backward(k, DP, DW, DY, X, W, P, M, K, N));
+}
+
 static int matmul_wt_forward(kern *k, void *y, const void *x, const void *w, int M, int K, int N)
 {
     float *Y = IO(y, (size_t)M * N), *X = IN(x, (size_t)M * K), *W = IN(w, (size_t)N * K);

@@ -132,6 +132,13 @@ static int matmul_bias_forward(kern *k, void *y, void *pre, const void *x, const
        DT(k), k->stream);
 }
 
+/* The GELU's gradient in cuBLASLt's epilogue where it offers one. */
+static int matmul_gelu_backward(kern *k, void *dpre, void *dw, const void *dy, const void *x, const void *w,
+                                const void *pre, int M, int K, int N)
+{
+    KC(kcuda_matmul_gelu_backward, CTX(k), dpre, dw, dy, x, w, pre, M, K, N, DT(k), WT(k), k->stream);
+}
+
 static int matmul_wt_forward(kern *k, void *y, const void *x, const void *w, int M, int K, int N)
 {
     KC(kcuda_matmul_wt_forward, CTX(k), y, x, w, NULL, M, K, N, DT(k), k->stream);

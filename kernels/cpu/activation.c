@@ -68,6 +68,20 @@ void kcpu_gelu_backward(float *dx, const float *x, const float *dout,
     }
 }
 
+void kcpu_gelu_backward_inplace(float *d, const float *x, size_t n)
+{
+    float xc[KCPU_CHUNK], gc[KCPU_CHUNK], dc[KCPU_CHUNK];
+    for (size_t i = 0; i < n; i += KCPU_CHUNK) {
+        size_t len = kcpu__chunk_len(i, n);
+        kcpu__chunk_load(xc, x + i, len);
+        kcpu__chunk_load(gc, d + i, len);
+        for (int j = 0; j < KCPU_CHUNK; j++)
+            dc[j] = 0.0f; /* 0 + the product, as into a zeroed dx */
+        gelu_grad_chunk(dc, xc, gc);
+        kcpu__chunk_store(d + i, dc, len);
+    }
+}
+
 /* sigmoid(x) = 1 / (1 + exp(-x)); finite for every finite x. */
 static float sigmoidf(float x)
 {

@@ -105,6 +105,11 @@ void kcpu_gelu_forward(float *out, const float *x, size_t n);
 void kcpu_gelu_backward(float *dx, const float *x, const float *dout,
                         size_t n);
 
+/* d = gelu'(x) * d, in place: the GELU input's gradient from the output's,
+ * the same bits as kcpu_gelu_backward into a zeroed dx (the fused matmul
+ * and GELU backward's second half).  d[n]; x[n]. */
+void kcpu_gelu_backward_inplace(float *d, const float *x, size_t n);
+
 /* SiLU: out = x * sigmoid(x).  out[n] out (may alias x); x[n]. */
 void kcpu_silu_forward(float *out, const float *x, size_t n);
 

@@ -156,6 +156,22 @@ int kcuda_matmul_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
                           int K, int N, kcuda_dtype dt, kcuda_dtype dw_dt,
                           int dx_assign, void *stream);
 
+/* The backward of y = gelu(pre) @ w (x = gelu(pre), the product's input),
+ * the GELU's with the product's: dpre = gelu'(pre) * (dy @ w^T),
+ * overwritten (its old contents are not read), and dw += x^T @ dy as
+ * kcuda_matmul_backward's. In bf16 and fp16, cuBLASLt's DGELU epilogue
+ * where it offers one: the product's fp32 sums times the GELU's slope at
+ * pre, rounded once, and the product never stored. fp32, a row length K
+ * not a multiple of 8 and an epilogue refused take the product and then
+ * activation.cu's GELU backward in place (the two ops' own kernels).
+ * dpre[M,K], pre[M,K] (apart); dw[K,N] of dw_dt (may be NULL); dy[M,N];
+ * x[M,K]; w[K,N]. */
+int kcuda_matmul_gelu_backward(kcuda_ctx *ctx, void *dpre, void *dw,
+                               const void *dy, const void *x, const void *w,
+                               const void *pre, int M, int K, int N,
+                               kcuda_dtype dt, kcuda_dtype dw_dt,
+                               void *stream);
+
 /* y = x @ w^T + bias with w stored [out, in] (the tied LM head).
  * y[M,N] out; x[M,K]; w[N,K]; bias[N] (may be NULL). */
 int kcuda_matmul_wt_forward(kcuda_ctx *ctx, void *y, const void *x,

@@ -303,6 +303,10 @@ __device__ __forceinline__ float kc_block_max(float v, float *sh)
 
 /* ---- shared across files -------------------------------------------------- */
 
+/* The backward's epilogue (kcuda_matmul_gelu_backward), beside the
+ * forward's kcuda_epilogue: C = gelu'(aux) * op(A) @ op(B) (beta 0). */
+#define KCUDA__EPI_DGELU 2
+
 /* The cuBLASLt product of row-major matrices (matmul.cu):
  *   C[M,N] = op(A) @ op(B) (+ C if beta = 1), then the epilogue,
  * with A stored [M,K] (ta = 0) or [K,M] (ta = 1), B stored [K,N] (tb = 0)
@@ -319,8 +323,9 @@ typedef struct kcuda__gemm {
     int batch;
     long long sa, sb, sc;
     const void *bias; /* [N] or NULL */
-    void *aux;        /* GELU input [M,N] (ld N) for KCUDA_EPI_GELU */
-    int epi;          /* kcuda_epilogue */
+    void *aux;        /* GELU input [M,N] (ld N): written by KCUDA_EPI_GELU, read by
+                         KCUDA__EPI_DGELU */
+    int epi;          /* kcuda_epilogue, or KCUDA__EPI_DGELU */
     kcuda_dtype dt;
     int c_f32;        /* C (and the output) fp32 beside 2-byte A and B: a weight gradient
                          accumulated in fp32 (no epilogue) */

@@ -1,7 +1,8 @@
 /* matmul.cu — linear layers through cuBLASLt: y = x @ w (+ bias) with w
  * [in, out] or [out, in] (the tied LM head), their backwards (beta = 1, so
- * they accumulate like every kcpu backward), the batched products of the
- * MoE experts, and the bias gradient as a fixed-order column sum.
+ * they accumulate like every kcpu backward), the backward of gelu(pre) @ w
+ * with the GELU's (the DGELU epilogue), the batched products of the MoE
+ * experts, and the bias gradient as a fixed-order column sum.
  *
  * cuBLASLt is column-major; a row-major [r, c] matrix is a column-major
  * [c, r] one with the same leading dimension, so C = A B in row-major is
@@ -157,7 +158,9 @@ int kcuda__gemm_run(kcuda_ctx *ctx, const kcuda__gemm *g, cudaStream_t s)
                                             &opa, sizeof opa));
     LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                             &opb, sizeof opb));
-    if (g->epi == KCUDA_EPI_GELU)
+    if (g->epi == KCUDA__EPI_DGELU)
+        epi = CUBLASLT_EPILOGUE_DGELU;
+    else if (g->epi == KCUDA_EPI_GELU)
         epi = g->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
                       : CUBLASLT_EPILOGUE_GELU_AUX;
     else if (g->bias)
@@ -171,7 +174,7 @@ int kcuda__gemm_run(kcuda_ctx *ctx, const kcuda__gemm *g, cudaStream_t s)
         LT_CHECK(cublasLtMatmulDescSetAttribute(
             desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
     }
-    if (g->epi == KCUDA_EPI_GELU) {
+    if (g->epi == KCUDA_EPI_GELU || g->epi == KCUDA__EPI_DGELU) {
         int64_t ld = g->N;
         LT_CHECK(cublasLtMatmulDescSetAttribute(
             desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux,
@@ -400,6 +403,44 @@ int kcuda_matmul_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,
     if (dbias)
         KCUDA_TRY(kcuda__colsum_add(ctx, dbias, dw_dt, dy, M, N, dt, s));
     return 0;
+}
+
+int kcuda_matmul_gelu_backward(kcuda_ctx *ctx, void *dpre, void *dw,
+                               const void *dy, const void *x, const void *w,
+                               const void *pre, int M, int K, int N,
+                               kcuda_dtype dt, kcuda_dtype dw_dt, void *stream)
+{
+    cudaStream_t s = kcuda__stream(stream);
+    KCUDA_DT_OK(dt);
+    KCUDA_ARG(M > 0 && K > 0 && N > 0, "matmul: bad sizes M=%d K=%d N=%d", M,
+              K, N);
+    KCUDA_ARG(dpre && pre && dpre != pre,
+              "matmul: the GELU backward needs dpre and pre, apart");
+    /* dpre[M,K] = gelu'(pre) * (dy[M,N] @ w[K,N]^T) */
+    kcuda__gemm g = gemm_init(dt);
+    g.M = M, g.N = K, g.K = N;
+    g.A = dy, g.lda = N;
+    g.B = w, g.tb = 1, g.ldb = N;
+    g.C = dpre, g.ldc = K, g.beta = 0.0f;
+    /* (cuBLASLt's GELU is its own, as in linear_forward: not for fp32) */
+    if (dt != KCUDA_F32 && K % 8 == 0) {
+        g.epi = KCUDA__EPI_DGELU;
+        g.aux = (void *)pre;
+    }
+    int rc = kcuda__gemm_run(ctx, &g, s);
+    if (rc == KCUDA_ERR_NO_ALGO && g.epi != KCUDA_EPI_NONE) {
+        g.epi = KCUDA_EPI_NONE; /* no fused algorithm: the product alone */
+        g.aux = NULL;
+        rc = kcuda__gemm_run(ctx, &g, s);
+    }
+    if (rc != 0)
+        return rc;
+    if (g.epi == KCUDA_EPI_NONE)
+        KCUDA_TRY(kcuda_gelu_backward(dpre, pre, dpre, (size_t)M * K, 1, dt,
+                                      stream));
+    return dw ? kcuda_matmul_backward(ctx, NULL, dw, NULL, dy, x, w, M, K, N,
+                                      dt, dw_dt, 0, stream)
+              : 0;
 }
 
 int kcuda_matmul_wt_backward(kcuda_ctx *ctx, void *dx, void *dw, void *dbias,

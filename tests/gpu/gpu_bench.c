@@ -7,6 +7,8 @@
  *    cublasGemmEx, on 4096^3 and GPT-2 124M's shapes (B*T = 8192 rows);
  *  - a linear layer's bias and GELU (GPT-2's fc): in cuBLASLt's epilogue,
  *    as the executor fuses them, next to a product and two kernels after;
+ *    and in the backward, the proj product's dx with the GELU's backward
+ *    (cuBLASLt's DGELU epilogue) next to the product and the GELU kernel;
  *  - causal attention, bf16, B=8 T=1024 H=12 d=64: forward and backward
  *    (the backward in each of its modes: dq's atomics in turns, the
  *    default; in any order, MESH_DETERMINISTIC=0; dq by its own kernel, 2)
@@ -336,6 +338,53 @@ static void run_epi_apart(void *p)
        "kcuda_gelu_forward");
 }
 
+/* the backward of the proj product and the GELU before it: what the
+ * executor runs (find_fusions: cuBLASLt's DGELU epilogue), dx only */
+static void run_dgelu_fused(void *p)
+{
+    epi_arg *e = p;
+    kc(kcuda_matmul_gelu_backward(ctx, e->y, NULL, e->x, e->pre, e->w, e->pre,
+                                  e->M, e->K, e->N, KCUDA_BF16, KCUDA_BF16,
+                                  NULL),
+       "kcuda_matmul_gelu_backward");
+}
+
+/* and each op at its own node: the product written, the GELU's backward
+ * reading it */
+static void run_dgelu_apart(void *p)
+{
+    epi_arg *e = p;
+    kc(kcuda_matmul_backward(ctx, e->bias, NULL, NULL, e->x, e->pre, e->w,
+                             e->M, e->K, e->N, KCUDA_BF16, KCUDA_BF16, 1,
+                             NULL),
+       "kcuda_matmul_backward");
+    kc(kcuda_gelu_backward(e->y, e->pre, e->bias, (size_t)e->M * e->K, 1,
+                           KCUDA_BF16, NULL),
+       "kcuda_gelu_backward");
+}
+
+/* GPT-2's proj backward: dy [8192, 768], w [3072, 768], pre [8192, 3072] */
+static void bench_dgelu(void)
+{
+    epi_arg e = {8192, 3072, 768, NULL, NULL, NULL, NULL, NULL};
+    size_t mk = (size_t)e.M * e.K;
+    e.x = drand((size_t)e.M * e.N, 1.0f, KCUDA_BF16); /* dy */
+    e.w = drand((size_t)e.K * e.N, 1.0f, KCUDA_BF16);
+    e.pre = drand(mk, 2.0f, KCUDA_BF16);
+    e.bias = dalloc(mk * 2); /* the product, apart */
+    e.y = dalloc(mk * 2);    /* dpre */
+    double tf = time_ms(run_dgelu_fused, &e, 50), ta = time_ms(run_dgelu_apart, &e, 50);
+    printf("%-36s %10.3f %10.3f %10.2f\n", "gpt2 proj dx + GELU bwd 8192x3072x768",
+           tf, ta, tf / ta);
+    jcat("\"dgelu\":{\"name\":\"gpt2 proj dx + GELU bwd 8192x3072x768\","
+         "\"fused_ms\":%.4f,\"apart_ms\":%.4f},", tf, ta);
+    cudaFree(e.x);
+    cudaFree(e.w);
+    cudaFree(e.pre);
+    cudaFree(e.bias);
+    cudaFree(e.y);
+}
+
 static void bench_epilogue(void)
 {
     epi_arg e = {8192, 768, 3072, NULL, NULL, NULL, NULL, NULL};
@@ -347,7 +396,7 @@ static void bench_epilogue(void)
     e.y = dalloc(mn * 2);
     double tf = time_ms(run_epi_fused, &e, 50), ta = time_ms(run_epi_apart, &e, 50);
     printf("\n%-36s %10s %10s %10s\n", "linear + bias + GELU, bf16 (ms)", "epilogue",
-           "3 kernels", "ratio");
+           "apart", "ratio");
     printf("%-36s %10.3f %10.3f %10.2f\n", "gpt2 fc 8192x768x3072", tf, ta,
            tf / ta);
     jcat("\"epilogue\":{\"name\":\"gpt2 fc 8192x768x3072\",\"fused_ms\":%.4f,"
@@ -655,6 +704,7 @@ int main(int argc, char **argv)
     jcat("{\"device\":\"%s\",\"sms\":%d,", prop.name, prop.multiProcessorCount);
     bench_gemm();
     bench_epilogue();
+    bench_dgelu();
     bench_attention();
     bench_memory();
     jcat("}");

@@ -381,16 +381,52 @@ static void t_matmul_f32_dw(kcuda_dtype dt)
     matmul_bwd_case(dt, KCUDA_F32, 300, 64, 40, 1, 0);
 }
 
+/* The backward of y = gelu(pre) @ w with the GELU's
+ * (kcuda_matmul_gelu_backward): dpre overwritten (NaN before), dw (of wdt)
+ * added to, against the CPU's product into a zeroed dx and then the GELU's
+ * backward in place (kern_cpu.c's form of the fusion). */
+static void matmul_gelu_bwd_case(kcuda_dtype dt, kcuda_dtype wdt, int M,
+                                 int K, int N)
+{
+    size_t mk = (size_t)M * K, kn = (size_t)K * N;
+    float *pre = rnd(mk, 2.0f, dt), *x = hf(mk), *w = rnd(kn, 0.5f, dt);
+    float *g = rnd((size_t)M * N, 1.0f, dt), *gw = rnd(kn, 0.5f, wdt);
+    float *gp = hf(mk);
+    kcpu_gelu_forward(x, pre, mk);
+    if (dt != KCUDA_F32)
+        kcpu_round(x, mk, prec_of(dt));
+    void *dpre = up(pre, mk, dt), *dx = up(x, mk, dt), *dw = up(w, kn, dt);
+    void *dg = up(g, (size_t)M * N, dt), *dgw = up(gw, kn, wdt);
+    void *dgp = dmem(mk * kcuda_dtype_size(dt));
+    cuda_or_die(cudaMemset(dgp, 0xff, mk * kcuda_dtype_size(dt)), "cudaMemset");
+    KC(kcuda_matmul_gelu_backward(ctx, dgp, dgw, dg, dx, dw, dpre, M, K, N, dt,
+                                  wdt, NULL));
+    kcpu_matmul_backward(gp, gw, NULL, g, x, w, M, K, N);
+    kcpu_gelu_backward_inplace(gp, pre, mk);
+    expect_dev("dpre", dgp, gp, mk, dt);
+    double keep = cur_tol;
+    cur_tol = tol_of(wdt);
+    expect_dev("dw", dgw, gw, kn, wdt);
+    cur_tol = keep;
+}
+
 static void t_matmul_gelu(kcuda_dtype dt)
 {
     matmul_case(dt, 64, 96, 128, 0, 1, 1); /* cuBLASLt's fused epilogue */
     matmul_case(dt, 37, 20, 33, 0, 1, 1);  /* N % 8 != 0: the fallback */
     matmul_case(dt, 32, 16, 64, 0, 0, 1);
+    /* the backward: cuBLASLt's DGELU epilogue (2-byte types; fp32 takes the
+     * product and the GELU kernel), and K % 8 != 0 (the two kernels) */
+    matmul_gelu_bwd_case(dt, dt, 64, 96, 128);
+    matmul_gelu_bwd_case(dt, dt, 37, 20, 33);
+    if (dt != KCUDA_F32) /* an fp32 main gradient */
+        matmul_gelu_bwd_case(dt, KCUDA_F32, 67, 48, 40);
 }
 
 /* cuBLASLt refusing at the call the fused algorithm its heuristic chose
  * (the emulation's EMU_CUBLASLT_REFUSE_EPILOGUE; on a GPU, the cases run
- * as they are): the product falls back to the kernel's bias and GELU, and
+ * as they are): the product falls back to the kernel's bias and GELU (the
+ * backward's to the GELU's backward kernel), and
  * the refused algorithm is not kept, so the next call falls back too.
  * (Shapes no other case uses: none cached yet.) */
 static void t_matmul_refused(kcuda_dtype dt)
@@ -399,6 +435,7 @@ static void t_matmul_refused(kcuda_dtype dt)
     for (int again = 0; again < 2; again++) {
         matmul_case(dt, 56, 24, 88, 0, 1, 1);
         matmul_case(dt, 56, 24, 88, 0, 1, 0);
+        matmul_gelu_bwd_case(dt, dt, 56, 24, 88);
     }
     unsetenv("EMU_CUBLASLT_REFUSE_EPILOGUE");
 }

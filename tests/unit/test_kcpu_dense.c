@@ -457,6 +457,13 @@ static void act_case(int kind, size_t n)
     if (kind == ACT_GELU) {
         kcpu_gelu_forward(out, x, n);
         kcpu_gelu_backward(dx, x, dout, n);
+        /* in place, over dout's copy: the same bits as into a zeroed dx */
+        float *d = malloc(n * sizeof *d);
+        ASSERT_NOT_NULL(d);
+        memcpy(d, dout, n * sizeof *d);
+        kcpu_gelu_backward_inplace(d, x, n);
+        ASSERT_INT_EQ(memcmp(d, dx, n * sizeof *d), 0);
+        free(d);
     } else if (kind == ACT_SILU) {
         kcpu_silu_forward(out, x, n);
         kcpu_silu_backward(dx, x, dout, n);

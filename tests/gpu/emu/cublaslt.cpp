@@ -11,10 +11,12 @@
  * (nearest even) once. Epilogues DEFAULT, BIAS (bias[i] added to row i of
  * D, a vector of D's rows, in D's type), GELU, GELU_BIAS, GELU_AUX and
  * GELU_AUX_BIAS (the aux matrix, leading dimension EPILOGUE_AUX_LD, gets
- * the GELU input; GELU is the tanh approximation); others are
- * NOT_SUPPORTED. A GELU aux leading dimension that is not a multiple of 8
- * is NOT_SUPPORTED, one below D's rows INVALID_VALUE, as are inconsistent
- * layouts.
+ * the GELU input; GELU is the tanh approximation), and DGELU (D = the
+ * product times the tanh approximation's slope at the aux matrix, read;
+ * beta must be 0, since what cuBLASLt does with C there is undocumented);
+ * others are NOT_SUPPORTED. A GELU aux leading dimension that is not a
+ * multiple of 8 is NOT_SUPPORTED, one below D's rows INVALID_VALUE, as are
+ * inconsistent layouts.
  *
  * The heuristic returns one algorithm, which remembers the problem it was
  * chosen for and the pointer alignments it may assume (the preferences'
@@ -133,7 +135,7 @@ struct Problem {
     uint64_t m, n, k;
     int batch;
     const cublasLtMatrixLayoutOpaque_t *A, *B, *C, *D;
-    bool bias, gelu, aux;
+    bool bias, gelu, aux, dgelu; /* dgelu: aux is the GELU input, read */
     uint32_t bias_type, aux_type;
 };
 
@@ -203,6 +205,7 @@ cublasStatus_t check(const cublasLtMatmulDescOpaque_t *d, const cublasLtMatrixLa
     p->B = B;
     p->C = C;
     p->D = D;
+    p->dgelu = false;
     switch (d->epilogue) {
     case CUBLASLT_EPILOGUE_DEFAULT: p->bias = p->gelu = p->aux = false; break;
     case CUBLASLT_EPILOGUE_BIAS: p->bias = true, p->gelu = p->aux = false; break;
@@ -210,6 +213,7 @@ cublasStatus_t check(const cublasLtMatmulDescOpaque_t *d, const cublasLtMatrixLa
     case CUBLASLT_EPILOGUE_GELU_BIAS: p->gelu = p->bias = true, p->aux = false; break;
     case CUBLASLT_EPILOGUE_GELU_AUX: p->gelu = p->aux = true, p->bias = false; break;
     case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: p->gelu = p->aux = p->bias = true; break;
+    case CUBLASLT_EPILOGUE_DGELU: p->dgelu = p->aux = true, p->bias = p->gelu = false; break;
     default:
         FAIL(CUBLAS_STATUS_NOT_SUPPORTED, "%s: epilogue %u is not emulated", who, d->epilogue);
     }
@@ -277,7 +281,7 @@ void product(const Problem &p, const cublasLtMatmulDescOpaque_t &d, float fa, co
              const cublasLtMatrixLayoutOpaque_t &C, void *Dp, const cublasLtMatrixLayoutOpaque_t &D)
 {
     uint64_t m = p.m, n = p.n, k = p.k;
-    std::vector<float> out(m * n), pre(p.aux ? m * n : 0);
+    std::vector<float> out(m * n), pre(p.aux && !p.dgelu ? m * n : 0);
     for (int b = 0; b < p.batch; b++) {
         size_t ao = (size_t)((int64_t)b * A.stride), bo = (size_t)((int64_t)b * B.stride);
         size_t co = (size_t)((int64_t)b * C.stride), dof = (size_t)((int64_t)b * D.stride);
@@ -294,8 +298,15 @@ void product(const Problem &p, const cublasLtMatmulDescOpaque_t &d, float fa, co
                     v += fb * load(C.type, Cp, co + i + j * (uint64_t)C.ld);
                 if (p.bias)
                     v += load(p.bias_type, d.bias, (size_t)((int64_t)b * d.bias_stride) + i);
-                if (p.aux)
+                if (p.dgelu) { /* times the slope of the tanh approximation at aux */
+                    float x = load(p.aux_type, d.aux,
+                                   (size_t)((int64_t)b * d.aux_stride) + i + j * (uint64_t)d.aux_ld);
+                    float c = 0.7978845608028654f, t = tanhf(c * (x + 0.044715f * x * x * x));
+                    v *= 0.5f * (1.0f + t) +
+                         0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * x * x);
+                } else if (p.aux) {
                     pre[i + j * m] = v;
+                }
                 if (p.gelu) /* the tanh approximation */
                     v = 0.5f * v *
                         (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
@@ -305,7 +316,7 @@ void product(const Problem &p, const cublasLtMatmulDescOpaque_t &d, float fa, co
         for (uint64_t j = 0; j < n; j++)
             for (uint64_t i = 0; i < m; i++) {
                 store(D.type, Dp, dof + i + j * (uint64_t)D.ld, out[i + j * m]);
-                if (p.aux)
+                if (p.aux && !p.dgelu)
                     store(p.aux_type, d.aux,
                           (size_t)((int64_t)b * d.aux_stride) + i + j * (uint64_t)d.aux_ld,
                           pre[i + j * m]);
@@ -587,6 +598,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     float fa, fb;
     memcpy(&fa, alpha, sizeof fa);
     memcpy(&fb, beta, sizeof fb);
+    /* DGELU with beta != 0: the documentation does not say whether C is
+     * added before or after the GELU's slope, so no kernel may rely on it */
+    if (p.dgelu && fb != 0.0f)
+        FAIL(CUBLAS_STATUS_NOT_SUPPORTED, "%s: DGELU with beta %g (not emulated)", who, (double)fb);
     if (Cp == Dp && fb != 0.0f &&
         (C->type != D->type || C->ld != D->ld || C->stride != D->stride))
         FAIL(CUBLAS_STATUS_INVALID_VALUE, "%s: in place (C == D) with different C and D layouts",

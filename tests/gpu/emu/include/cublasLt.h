@@ -124,7 +124,8 @@ typedef enum {
     CUBLASLT_EPILOGUE_RELU_AUX = 130,
     CUBLASLT_EPILOGUE_RELU_AUX_BIAS = 134,
     CUBLASLT_EPILOGUE_GELU_AUX = 160,
-    CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 164
+    CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 164,
+    CUBLASLT_EPILOGUE_DGELU = 192
 } cublasLtEpilogue_t;
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *lightHandle);
