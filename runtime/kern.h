@@ -88,6 +88,7 @@ typedef struct kern_vtbl {
     int (*rope_forward)(kern *k, void *out, const void *x, int B, int T, int H, int d, float theta);
     int (*rope_backward)(kern *k, void *dx, const void *dout, int B, int T, int H, int d, float theta);
     int (*gelu_forward)(kern *k, void *out, const void *x, size_t n);
+    /* (dx may be dout itself, with kern.assign: in place, memplan's grad_alias) */
     int (*gelu_backward)(kern *k, void *dx, const void *x, const void *dout, size_t n);
     int (*silu_forward)(kern *k, void *out, const void *x, size_t n);
     int (*silu_backward)(kern *k, void *dx, const void *x, const void *dout, size_t n);

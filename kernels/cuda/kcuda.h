@@ -280,7 +280,8 @@ int kcuda_add_rmsnorm_forward(void *res, void *out, float *rstd,
  * u = sqrt(2/pi) (x + 0.044715 x^3). out[n] (may alias x); x[n]. */
 int kcuda_gelu_forward(void *out, const void *x, size_t n, kcuda_dtype dt,
                        void *stream);
-/* dx += gelu'(x) * dout (assign: dx = ..., its old contents not read). */
+/* dx += gelu'(x) * dout (assign: dx = ..., its old contents not read;
+ * then dx may be dout itself: in place). */
 int kcuda_gelu_backward(void *dx, const void *x, const void *dout, size_t n,
                         int assign, kcuda_dtype dt, void *stream);
 /* SiLU: out = x * sigmoid(x). out may alias x. */
