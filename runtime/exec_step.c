@@ -56,8 +56,8 @@ static void start_grads(mesh__exec *ex, int c, int it)
         int in = t->in[k], seen = 0;
         for (int j = 0; j < k; j++) seen |= t->in[j] == in;
         if (seen || ex->zero_by[in] != c) continue;
-        if (exec__assigns(ex, c, k) || exec__buf_of(ex, c)->grad_alias == in) { /* (the latter: in place, over
-                                                                                    c's own gradient: a GELU's) */
+        /* (or c's own gradient is in that buffer, a GELU's: in place) */
+        if (exec__assigns(ex, c, k) || exec__buf_of(ex, c)->grad_alias == in) {
             ex->kern.assign |= 1 << k;
             continue;
         }
