@@ -191,12 +191,12 @@ static int backward_op(const plan *p, int s, g_op op, int region)
 }
 
 /* A backward fusion (ex_fuse.dgelu): the matmul m = g @ w (w not
- * transposed) at backward step s and the GELU g at step s + 1, g's value
- * read by m alone (so g's gradient is m's product, all of it) and the
- * GELU's input's gradient started by g's backward, overwritten whole, in
- * g's own gradient's buffer (memplan's grad_alias: that buffer is live
- * from m's backward on, apart from m's output gradient, which the fused
- * kernel reads while it writes). */
+ * transposed) at backward step s and the GELU g at step s + 1, g's
+ * gradient in its input's buffer (memplan's grad_alias: g's value read by
+ * m alone, so g's gradient is m's product, all of it; the input read by g
+ * alone, of g's shape; the buffer live from m's backward on, apart from
+ * m's output gradient, which the fused kernel reads while it writes), and
+ * the input's gradient started by g's backward, overwritten whole. */
 static int dgelu_fusable(const mesh__exec *ex, int s)
 {
     const plan *p = ex->p;
@@ -205,11 +205,9 @@ static int dgelu_fusable(const mesh__exec *ex, int s)
     if (g < 0) return 0;
     const plan_tensor *tm = &p->tensors[m], *tg = &p->tensors[g];
     int pre = tg->in[0];
-    return tm->in[0] == g && tm->in[1] != g && p->tensors[tm->in[1]].op != G_TRANSPOSE && readers(p, g) == 1 &&
-           g != p->loss && exec__buf_of(ex, g)->grad_alias == pre && ex->zero_by[g] == m && ex->zero_by[pre] == g &&
-           exec__assigns(ex, g, 0) &&
-           ex->numel[pre] == ex->numel[g] && ex->cnumel[pre] == ex->cnumel[g] &&
-           ex->step_part[s] == ex->step_part[s + 1];
+    return tm->in[0] == g && p->tensors[tm->in[1]].op != G_TRANSPOSE && g != p->loss &&
+           exec__buf_of(ex, g)->grad_alias == pre && ex->zero_by[g] == m && ex->zero_by[pre] == g &&
+           exec__assigns(ex, g, 0) && ex->step_part[s] == ex->step_part[s + 1];
 }
 
 /* Which ops run as one kernel (ex_fuse): a matmul (x @ w, w not

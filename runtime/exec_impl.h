@@ -365,12 +365,12 @@ void exec__round(const mesh__exec *ex, float *x, size_t n);
  * itself (kern.dw32, memplan_grad_fp32). 0, or -1 (a
  * device call failed: nothing stays staged). exec__gstage_staged: is param
  * id's staged now. */
-/* Does node c's backward overwrite input k's gradient whole (kern.assign),
- * so that it need not be zeroed first? (exec_step.c) */
-int exec__assigns(const mesh__exec *ex, int c, int k);
 int exec__gstage_begin(mesh__exec *ex, int c, int it);
 int exec__gstage_end(mesh__exec *ex);
 int exec__gstage_staged(const mesh__exec *ex, int id);
+/* Does node c's backward overwrite input k's gradient whole (kern.assign),
+ * so that it need not be zeroed first? (exec_step.c) */
+int exec__assigns(const mesh__exec *ex, int c, int k);
 void exec__gstage_drop(mesh__exec *ex); /* after a failure: nothing staged */
 
 /* The float elements of the collectives on c (and issued on q) from now
