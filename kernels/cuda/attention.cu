@@ -27,7 +27,14 @@
  * before the diagonal when causal: the tiles start at multiples of 64, so
  * the first tile shows every row a key and no row's max stays -inf), keep
  * the running max m and sum l per row, rescale the output rows by
- * exp(m_old - m_new), and save lse = m + log(l) per row.
+ * exp(m_old - m_new), and save lse = m + log(l) per row. The scores are
+ * kept in log2 units (times scale log2(e), one FMA with the max's
+ * subtraction) so that each exponential is one exp2f, the GPU's ex2
+ * instruction, rather than expf's eight instructions around it: at a
+ * head size of 64 the exponentials, not the tensor cores, bound the loop
+ * otherwise. lse stays in natural-log units (the CPU's, and the
+ * backward's input). Only the tiles with masked entries (the diagonal
+ * one when causal, the one across T) compare positions.
  * Backward: a first kernel computes D = rowsum(dout * out); the dk/dv
  * kernel owns a tile of keys of one kv head and walks its query heads and
  * the query tiles that see it, in order, recomputing p = exp(s - lse)
@@ -47,6 +54,8 @@
 #include "kcuda_ptx.h" /* defines: kc_mma16816, kc_ldsm4, kc_ldsm4_t, kc_pack2, kc_cp_async16 */
 
 #define ATT_TILE 64   /* query rows per block, keys per tile */
+#define KC_LOG2E 1.44269504088896340736f
+#define KC_LN2 0.693147180559945309417f
 #define ATT_THREADS 128
 
 /* Everything a kernel needs; pointers at batch 0, head 0, row 0. Strides
@@ -64,7 +73,8 @@ struct attn_args {
     long long qs, ks, vs, os;
     int B, T, H, KV, d, causal, vec;
     int assign;           /* backward: dq (1), dk (2), dv (4) overwritten, not added to */
-    float scale;
+    float scale;          /* 1 / sqrt(d) */
+    float scale2;         /* scale log2(e): scores in log2 units, for exp2f */
 };
 
 /* Shared-memory row length of a [64 x DP] tile: fp32 pads by one word
@@ -143,6 +153,30 @@ __device__ __forceinline__ int att_row(int e)
 __device__ __forceinline__ int att_col(int e)
 {
     return 2 * (threadIdx.x & 3) + (e & 1);
+}
+
+/* Whether every score of the tile of queries [i0, i0 + 64) by keys
+ * [j0, j0 + 64) is seen: both inside T (rows too when `rows`, the
+ * backward's: the forward never reads the rows past T) and, when causal,
+ * every key at or before every query. Block-uniform: the kernels then
+ * skip the mask's compares, as every tile but the diagonal's and the last
+ * one's allows. */
+__device__ __forceinline__ bool att_full(const attn_args &a, int i0, int j0, bool rows)
+{
+    return j0 + ATT_TILE <= a.T && (!rows || i0 + ATT_TILE <= a.T) &&
+           (!a.causal || j0 + ATT_TILE - 1 <= i0);
+}
+
+/* f(std::true_type) on a tile with masked entries, f(std::false_type)
+ * on a full one (att_full): two copies of f's loop, the full one with no
+ * compares. */
+template <typename F>
+__device__ __forceinline__ void att_tile_math(bool full, F f)
+{
+    if (full)
+        f(std::false_type());
+    else
+        f(std::true_type());
 }
 
 /* A warp's [16 x DP] accumulator, zeroed. */
@@ -389,30 +423,41 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_args a)
         kv_tile<T, DP>(smem, 1, it, tiles, k, v, a, &sK, &sV);
         float s[8][4];
         warp_abt<T, DP>(s, sQ, sK, a.d);
+        /* scores in log2 units, -inf where masked: only the diagonal tile
+         * (causal) and the one across T have masked entries */
+        auto scale = [&](auto masked) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int row = i0 + 16 * w + att_row(e);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    float x = s[j][e] * a.scale2;
+                    if constexpr (decltype(masked)::value) {
+                        int col = j0 + 8 * j + att_col(e);
+                        if (col >= a.T || (a.causal && col > row))
+                            x = -INFINITY;
+                    }
+                    s[j][e] = x;
+                }
+            }
+        };
+        att_tile_math(att_full(a, i0, j0, false), scale);
 #pragma unroll
         for (int r = 0; r < 2; r++) { /* the lane's rows g and g + 8 */
-            int row = i0 + 16 * w + att_row(2 * r);
             float mt = -INFINITY;
 #pragma unroll
             for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    int col = j0 + 8 * j + att_col(c);
-                    bool ok = col < a.T && (!a.causal || col <= row);
-                    float x = ok ? s[j][2 * r + c] * a.scale : -INFINITY;
-                    s[j][2 * r + c] = x;
-                    mt = fmaxf(mt, x);
-                }
+                mt = fmaxf(mt, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
             mt = quad_max(mt);
             float mn = fmaxf(m[r], mt);
             float ms = mn == -INFINITY ? 0.0f : mn;
-            float corr = expf(m[r] - ms); /* 0 on the first tile */
+            float corr = exp2f(m[r] - ms); /* 0 on the first tile */
             float ls = 0.0f;
 #pragma unroll
             for (int j = 0; j < 8; j++)
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
-                    float x = expf(s[j][2 * r + c] - ms); /* -inf gives 0 */
+                    float x = exp2f(s[j][2 * r + c] - ms); /* -inf gives 0 */
                     s[j][2 * r + c] = x;
                     ls += x;
                 }
@@ -443,7 +488,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_args a)
                     o[(long long)row * a.os + col] = kc_to<T>(acc[n][2 * r + c] * inv);
             }
         if ((threadIdx.x & 3) == 0)
-            lse[row] = m[r] + logf(l[r]);
+            lse[row] = m[r] * KC_LN2 + logf(l[r]); /* natural log units */
     }
 }
 
@@ -470,12 +515,13 @@ __global__ void attn_bwd_d_kernel(attn_args a)
         a.Dw[((long long)b * a.H + h) * a.T + t] = s;
 }
 
-/* The per-row values of a tile (lse or D), zero past T. */
+/* The per-row values of a tile (lse, times log2(e) for exp2f; D) times
+ * mul, zero past T. */
 __device__ __forceinline__ void load_rowvec(float *dst, const float *src,
-                                            int row0, int T_)
+                                            int row0, int T_, float mul)
 {
     for (int r = threadIdx.x; r < ATT_TILE; r += blockDim.x)
-        dst[r] = row0 + r < T_ ? src[row0 + r] : 0.0f;
+        dst[r] = row0 + r < T_ ? src[row0 + r] * mul : 0.0f;
 }
 
 /* f(row, col, v) for each of the lane's elements of the warp's [16 x DP]
@@ -598,8 +644,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv_kernel(attn_args a)
         queue_tile<T, DP>(att_tile<T, DP>(smem, 3 + 2 * buf),
                           (const T *)a.dout + bt0 * a.os + (long long)h * a.d, a.os,
                           i0, a.T, a.d, a.vec);
-        load_rowvec(sLD + 2 * ATT_TILE * buf, a.lse_in + hrow, i0, a.T);
-        load_rowvec(sLD + 2 * ATT_TILE * buf + ATT_TILE, a.Dr + hrow, i0, a.T);
+        load_rowvec(sLD + 2 * ATT_TILE * buf, a.lse_in + hrow, i0, a.T, KC_LOG2E);
+        load_rowvec(sLD + 2 * ATT_TILE * buf + ATT_TILE, a.Dr + hrow, i0, a.T, 1.0f);
         kc_cp_async_commit();
     };
 
@@ -628,18 +674,25 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv_kernel(attn_args a)
         float p[8][4], ds[8][4];
         warp_abt<T, DP>(p, sK, sQ, a.d);  /* s^T */
         warp_abt<T, DP>(ds, sV, sO, a.d); /* dp^T */
+        /* p = exp(s - lse) as exp2 of log2 units; the mask's compares
+         * only on the tiles that have masked entries */
+        auto probs = [&](auto masked) {
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int key = j0 + 16 * w + att_row(e);
+            for (int e = 0; e < 4; e++) {
+                int key = j0 + 16 * w + att_row(e);
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                int qc = 8 * j + att_col(e), qr = i0 + qc;
-                bool ok = key < a.T && qr < a.T && (!a.causal || key <= qr);
-                float pv = ok ? expf(p[j][e] * a.scale - sL[qc]) : 0.0f;
-                p[j][e] = pv;
-                ds[j][e] = pv * (ds[j][e] - sD[qc]) * a.scale;
+                for (int j = 0; j < 8; j++) {
+                    int qc = 8 * j + att_col(e), qr = i0 + qc;
+                    float pv = exp2f(p[j][e] * a.scale2 - sL[qc]);
+                    if constexpr (decltype(masked)::value)
+                        if (key >= a.T || qr >= a.T || (a.causal && key > qr))
+                            pv = 0.0f;
+                    p[j][e] = pv;
+                    ds[j][e] = pv * (ds[j][e] - sD[qc]) * a.scale;
+                }
             }
-        }
+        };
+        att_tile_math(att_full(a, i0, j0, true), probs);
         warp_pv<T, DP>(dv, p, sO, pf);
         warp_pv<T, DP>(dk, ds, sQ, pf);
         if constexpr (ADQ)
@@ -683,8 +736,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_kernel(attn_args a)
     queue_tile<T, DP>(att_tile<T, DP>(smem, 1),
                       (const T *)a.dout + bt0 * a.os + (long long)h * a.d, a.os, i0,
                       a.T, a.d, a.vec);
-    load_rowvec(sL, a.lse_in + ((long long)b * a.H + h) * a.T, i0, a.T);
-    load_rowvec(sD, a.Dr + ((long long)b * a.H + h) * a.T, i0, a.T);
+    load_rowvec(sL, a.lse_in + ((long long)b * a.H + h) * a.T, i0, a.T, KC_LOG2E);
+    load_rowvec(sD, a.Dr + ((long long)b * a.H + h) * a.T, i0, a.T, 1.0f);
     queue_tile<T, DP>(att_tile<T, DP>(smem, 2), k, a.ks, 0, a.T, a.d, a.vec);
     queue_tile<T, DP>(att_tile<T, DP>(smem, 3), v, a.vs, 0, a.T, a.d, a.vec);
     kc_cp_async_commit();
@@ -697,17 +750,22 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_kernel(attn_args a)
         float p[8][4], ds[8][4];
         warp_abt<T, DP>(p, sQ, sK, a.d);
         warp_abt<T, DP>(ds, sO, sV, a.d);
+        auto probs = [&](auto masked) { /* as the dk/dv kernel's */
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int r = 16 * w + att_row(e), row = i0 + r;
+            for (int e = 0; e < 4; e++) {
+                int r = 16 * w + att_row(e), row = i0 + r;
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                int col = j0 + 8 * j + att_col(e);
-                bool ok = row < a.T && col < a.T && (!a.causal || col <= row);
-                float pv = ok ? expf(p[j][e] * a.scale - sL[r]) : 0.0f;
-                ds[j][e] = pv * (ds[j][e] - sD[r]) * a.scale;
+                for (int j = 0; j < 8; j++) {
+                    int col = j0 + 8 * j + att_col(e);
+                    float pv = exp2f(p[j][e] * a.scale2 - sL[r]);
+                    if constexpr (decltype(masked)::value)
+                        if (row >= a.T || col >= a.T || (a.causal && col > row))
+                            pv = 0.0f;
+                    ds[j][e] = pv * (ds[j][e] - sD[r]) * a.scale;
+                }
             }
-        }
+        };
+        att_tile_math(att_full(a, i0, j0, true), probs);
         warp_pv<T, DP>(dq, ds, sK, pf);
         __syncthreads(); /* this pair is read: the next iteration refills it */
     }
@@ -814,6 +872,7 @@ static int attn_setup(attn_args *a, int B, int T, int H, int KV, int d,
     a->vs = kvs;
     a->os = (long long)H * d;
     a->scale = 1.0f / sqrtf((float)d);
+    a->scale2 = a->scale * KC_LOG2E;
     long long W = dt == KCUDA_F32 ? 4 : 8;
     a->vec = d % W == 0 && qs % W == 0 && kvs % W == 0 && a->os % W == 0 &&
              kcuda__aligned16(a->q, a->k, a->v, a->dout);
