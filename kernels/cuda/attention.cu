@@ -54,8 +54,6 @@
 #include "kcuda_ptx.h" /* defines: kc_mma16816, kc_ldsm4, kc_ldsm4_t, kc_pack2, kc_cp_async16 */
 
 #define ATT_TILE 64   /* query rows per block, keys per tile */
-#define KC_LOG2E 1.44269504088896340736f
-#define KC_LN2 0.693147180559945309417f
 #define ATT_THREADS 128
 
 /* Everything a kernel needs; pointers at batch 0, head 0, row 0. Strides

@@ -193,6 +193,24 @@ template <> __device__ __forceinline__ f16 kc_to<f16>(float x)
     return __float2half_rn(x);
 }
 
+/* ---- exponentials --------------------------------------------------------- */
+
+#define KC_LOG2E 1.44269504088896340736f
+#define KC_LN2 0.693147180559945309417f
+
+/* e^x as 2^(x log2(e)): exp2f is the GPU's ex2 instruction (2 ulp), where
+ * expf adds eight instructions around it for its last ulp. The product's
+ * rounding costs |x| 2^-24 relatively: at most 5e-6 where e^x is a
+ * normal float, and no more than 1e-7 where x is within 1 of 0, which is
+ * where a softmax's sum has its weight. For the loops that would be
+ * bound by their exponentials rather than by memory (the cross-entropy's
+ * over the vocabulary; attention keeps its scores in log2 units and
+ * calls exp2f itself). The CPU's reference keeps expf. */
+__device__ __forceinline__ float kc_exp(float x)
+{
+    return exp2f(x * KC_LOG2E);
+}
+
 /* ---- GELU (tanh approximation) ------------------------------------------- */
 
 #define KC_GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */

@@ -8,7 +8,10 @@
  * does, only the row maximum and lse = log(s) per row. The backward
  * recomputes p = exp(x - max) / s column by column and adds
  * (p - onehot) * dloss / N into dlogits. The vocabulary-parallel pieces
- * (kcpu_crossentropy_shard_*) share the kernels.
+ * (kcpu_crossentropy_shard_*) share the kernels. Its exponentials are
+ * kc_exp's (a multiply and an ex2): with expf's nine instructions an
+ * element, the loops would be bound by arithmetic, not by the bandwidth
+ * of reading a 2-byte logit.
  */
 #include "kcuda_impl.h"
 
@@ -27,7 +30,7 @@ __device__ __forceinline__ void ms_merge(float &m, float &s, float m2, float s2)
     float mn = fmaxf(m, m2);
     if (mn == -INFINITY)
         return; /* both empty */
-    s = s * expf(m - mn) + s2 * expf(m2 - mn);
+    s = s * kc_exp(m - mn) + s2 * kc_exp(m2 - mn);
     m = mn;
 }
 
@@ -51,8 +54,8 @@ __device__ void ce_row_stats(const T *row, int valid, int vec, float *sh,
             continue; /* -inf so far: e^(-inf - -inf) would be NaN */
 #pragma unroll
         for (int j = 0; j < W; j++)
-            t += expf(x[j] - mn);
-        s = s * expf(m - mn) + t;
+            t += kc_exp(x[j] - mn);
+        s = s * kc_exp(m - mn) + t;
         m = mn;
     }
     for (int c = full + threadIdx.x; c < valid; c += blockDim.x) {
@@ -60,7 +63,7 @@ __device__ void ce_row_stats(const T *row, int valid, int vec, float *sh,
         float mn = fmaxf(m, x);
         if (mn == -INFINITY)
             continue;
-        s = s * expf(m - mn) + expf(x - mn);
+        s = s * kc_exp(m - mn) + kc_exp(x - mn);
         m = mn;
     }
 #pragma unroll
@@ -105,14 +108,14 @@ __device__ void ce_row_grad(T *drow, const T *row, int valid, int t, float mx,
 #pragma unroll
         for (int j = 0; j < W; j++) {
             float ind = c + j == t ? 1.0f : 0.0f;
-            d[j] += (expf(x[j] - mx) * inv - ind) * scale;
+            d[j] += (kc_exp(x[j] - mx) * inv - ind) * scale;
         }
         kc_store_pack<T>(drow + c, d);
     }
     for (int c = full + threadIdx.x; c < valid; c += blockDim.x) {
         float ind = c == t ? 1.0f : 0.0f;
         float d = (assign ? 0.0f : kc_f(drow[c])) +
-                  (expf(kc_f(row[c]) - mx) * inv - ind) * scale;
+                  (kc_exp(kc_f(row[c]) - mx) * inv - ind) * scale;
         drow[c] = kc_to<T>(d);
     }
 }
@@ -218,7 +221,7 @@ __global__ void __launch_bounds__(CE_THREADS)
     float mx = rowmax[i];
     double acc = 0.0;
     for (int c = threadIdx.x; c < valid; c += blockDim.x)
-        acc += expf(kc_f(row[c]) - mx);
+        acc += kc_exp(kc_f(row[c]) - mx);
     acc = kc_block_sum_d(acc, sh);
     if (threadIdx.x == 0) {
         x[i] = acc;
