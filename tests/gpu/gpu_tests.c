@@ -351,6 +351,31 @@ static void t_matmul(kcuda_dtype dt)
     matmul_case(dt, 300, 64, 40, 0, 1, 0); /* dbias over two row chunks */
 }
 
+/* A bias's gradient (colsum.cu): the column sums of dy[M, N] over chunks
+ * of rows, against the CPU's, and the same bits from the pack path (N a
+ * multiple of the 16-byte pack's width, dy aligned) as from the
+ * element-by-element one (the same dy one element further on, so
+ * misaligned): both add each column's rows in one order. M: four row
+ * chunks, the last one short; N: 97 packs of 2-byte types, 4 blocks of 32
+ * packs, the last one partial. */
+static void t_bias_backward(kcuda_dtype dt)
+{
+    int M = 1000, N = 776;
+    size_t n = (size_t)M * N, es = kcuda_dtype_size(dt);
+    float *g = rnd(n, 1.0f, dt), *want = rnd((size_t)N, 0.5f, dt);
+    void *dg = up(g, n, dt);
+    /* the same rows one element on: dmem's buffers are aligned, so +es is not */
+    void *dg1 = dmem((n + 1) * es);
+    cuda_or_die(cudaMemcpy((char *)dg1 + es, dg, n * es, cudaMemcpyDeviceToDevice), "copy");
+    void *db = up(want, (size_t)N, dt), *db1 = up(want, (size_t)N, dt);
+    KC(kcuda_bias_backward(ctx, db, dg, M, N, dt, NULL));
+    KC(kcuda_bias_backward(ctx, db1, (char *)dg1 + es, M, N, dt, NULL));
+    kcpu_matmul_backward(NULL, NULL, want, g, NULL, NULL, M, 1, N);
+    expect_dev("dbias", db, want, (size_t)N, dt);
+    expect_bits("dbias packs against elements", down_raw(db, (size_t)N * es),
+                down_raw(db1, (size_t)N * es), (size_t)N * es);
+}
+
 /* The backward alone, on fresh inputs (matmul_backward_case). */
 static void matmul_bwd_case(kcuda_dtype dt, kcuda_dtype wdt, int M, int K,
                             int N, int wt, int assign)
@@ -1464,6 +1489,9 @@ static const gpu_case cases[] = {
     {"matmul_f32", t_matmul, KCUDA_F32},
     {"matmul_bf16", t_matmul, KCUDA_BF16},
     {"matmul_f16", t_matmul, KCUDA_F16},
+    {"bias_backward_f32", t_bias_backward, KCUDA_F32},
+    {"bias_backward_bf16", t_bias_backward, KCUDA_BF16},
+    {"bias_backward_f16", t_bias_backward, KCUDA_F16},
     {"matmul_f32_dw_bf16", t_matmul_f32_dw, KCUDA_BF16},
     {"matmul_f32_dw_f16", t_matmul_f32_dw, KCUDA_F16},
     {"matmul_gelu_f32", t_matmul_gelu, KCUDA_F32},
