@@ -175,6 +175,7 @@ mesh_status mesh_context_create_with(const mesh_plan *mp, int rank, mesh_alloc_f
 
 static int deterministic; /* mesh_set_deterministic */
 static int no_overlap;    /* mesh_set_overlap(0) */
+static int profile;       /* mesh_set_profile */
 static unsigned extra_flags; /* mesh__set_exec_flags */
 
 void mesh__set_exec_flags(unsigned flags) { extra_flags = flags; }
@@ -182,6 +183,12 @@ void mesh__set_exec_flags(unsigned flags) { extra_flags = flags; }
 mesh_status mesh_set_overlap(int on)
 {
     no_overlap = on == 0;
+    return MESH_OK;
+}
+
+mesh_status mesh_set_profile(int on)
+{
+    profile = on != 0;
     return MESH_OK;
 }
 
@@ -245,7 +252,8 @@ mesh_status mesh__context_create(const mesh_plan *mp, int rank, comm *world, mes
     ctx->plan = mp;
     ctx->rank = rank;
     mesh_device_info(&ctx->device, NULL);
-    unsigned flags = (deterministic ? MESH__EXEC_DETERMINISTIC : 0) | (no_overlap ? MESH__EXEC_NO_OVERLAP : 0) | (ctx->device == MESH_DEVICE_CUDA ? MESH__EXEC_CUDA : 0) |
+    unsigned flags = (deterministic ? MESH__EXEC_DETERMINISTIC : 0) | (no_overlap ? MESH__EXEC_NO_OVERLAP : 0) |
+                     (profile ? MESH__EXEC_PROFILE : 0) | (ctx->device == MESH_DEVICE_CUDA ? MESH__EXEC_CUDA : 0) |
                      extra_flags;
     if (ctx->device == MESH_DEVICE_CUDA && mesh__exec_gpu_supported(&mp->p, err, sizeof err) != 0) {
         char why[600];
@@ -303,6 +311,21 @@ mesh_status mesh_context_overlap_ms(mesh_context *ctx, int index, double *ms, do
     if (index < 0 || mesh__exec_overlap_ms(ctx->ex, index, ms, &n) != 0)
         return mesh__fail(MESH_ERR_INVALID_ARG, "no entry %d of the bytes sent", index);
     if (calls) *calls = n;
+    return MESH_OK;
+}
+
+mesh_status mesh_context_profile(mesh_context *ctx, int index, char *what, size_t n, double *ms, double *calls,
+                                 long long *steps, long long *untimed)
+{
+    double c = 0;
+    long long st = 0, u = 0;
+    if (!ctx || !what || !n || !ms) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_profile: NULL argument");
+    if (index < 0 || mesh__exec_profile(ctx->ex, index, what, n, ms, &c, &st, &u) != 0)
+        return mesh__fail(MESH_ERR_INVALID_ARG, "no entry %d of the profile (mesh_set_profile before the context; "
+                          "a step after the first)", index);
+    if (calls) *calls = c;
+    if (steps) *steps = st;
+    if (untimed) *untimed = u;
     return MESH_OK;
 }
 

@@ -620,6 +620,11 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, comm *d
         set_err(err, errn, "%s", ex->error);
         goto fail;
     }
+    ex->prof.on = (flags & MESH__EXEC_PROFILE) != 0;
+    if (exec__prof_init(ex) != 0) {
+        set_err(err, errn, "%s", ex->error);
+        goto fail;
+    }
     if (ex->tokens_in < 0 || ex->targets_in < 0) {
         set_err(err, errn, "the model needs two inputs (tokens and targets)");
         goto fail;
@@ -690,6 +695,7 @@ void mesh__exec_free(mesh__exec *ex)
     }
     exec__overlap_free(ex); /* its queues use the arena and the groups */
     exec__turns_free(ex);
+    exec__prof_free(ex);
     if (ex->data != ex->axis[0]) comm_free(ex->data);
     for (int a = 0; a < 4; a++) comm_free(ex->axis[a]);
     comm_free(ex->tied);

@@ -74,8 +74,9 @@ enum {
     MESH__EXEC_SLOW_QUEUE = 64u, /* tests: the communication queue waits 0.2 ms before each call, so that a
                                     missing wait for one reads stale data every time */
     MESH__EXEC_NO_FUSE = 128u,   /* tests: every matmul, bias add and GELU at its own node (find_fusions) */
-    MESH__EXEC_CPU16 = 256u      /* tests: a bf16 or fp16 plan on the CPU in 2-byte storage, a GPU's
+    MESH__EXEC_CPU16 = 256u,     /* tests: a bf16 or fp16 plan on the CPU in 2-byte storage, a GPU's
                                     layout (kern_cpu16.c) */
+    MESH__EXEC_PROFILE = 512u    /* the op profile (mesh_set_profile; exec_prof.c) */
 };
 mesh__exec *mesh__exec_create_flags(const plan *p, mesh_alloc_fn alloc, void *ud, unsigned flags, char *err,
                                     size_t n);
@@ -124,6 +125,16 @@ int mesh__exec_comm_ms(mesh__exec *ex, int k, double *ms, double *calls, long lo
 /* The same for entry k's collectives run on a communication queue
  * (overlapped: exec_marks.c), per step. -1 past the last entry. */
 int mesh__exec_overlap_ms(mesh__exec *ex, int k, double *ms, double *calls);
+
+/* Entry k of the op profile (MESH__EXEC_PROFILE), those with calls in
+ * order: what ("matmul backward", "optimizer", "collectives in turn"),
+ * its time per training step (the mean over the steps taken but the
+ * first, in ms), calls per step, and the steps it is the mean of. The
+ * device's work is waited for first. *untimed: work that went untimed
+ * (a GPU EX_PROF_RING pairs behind). -1 past the last entry, or when the
+ * profile is off or no step but the first was taken. */
+int mesh__exec_profile(mesh__exec *ex, int k, char *what, size_t n, double *ms, double *calls, long long *steps,
+                       long long *untimed);
 
 /* Why the last train step returned -2 (a collective failed). */
 const char *mesh__exec_error(const mesh__exec *ex);

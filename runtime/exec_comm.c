@@ -18,47 +18,56 @@
  *   - else (the CPU, MESH_NCCL_BLOCKING=1, ranks sharing a GPU) the host's
  *     time in the call, after its wait for the kernels before it.
  * Either includes the time the call waits for the group's other ranks to
- * come to it (a pipeline's bubble, an uneven load).
+ * come to it (a pipeline's bubble, an uneven load). The op profile's
+ * entry "collectives in turn" (exec_prof.c) brackets them too.
  */
 #include "exec_impl.h"
 
 #include <stdio.h> /* snprintf */
 
-int exec__turns_init(mesh__exec *ex)
+int exec__timed_pairs(mesh__exec *ex, dev_event **start, dev_event **end, int n, const char *what)
 {
-    ex_turns *t = &ex->turns;
-    t->slot = -1;
-    t->kind = -1;
-    if (!ex->ordered) return 0;
-    for (int i = 0; i < EX_TIMES; i++) {
-        if (dev_event_create_timed(ex->dev, &t->start[i]) == MESH_OK &&
-            dev_event_create_timed(ex->dev, &t->end[i]) == MESH_OK)
+    for (int i = 0; i < n; i++) {
+        if (dev_event_create_timed(ex->dev, &start[i]) == MESH_OK &&
+            dev_event_create_timed(ex->dev, &end[i]) == MESH_OK)
             continue;
-        snprintf(ex->error, sizeof ex->error, "rank %d: the events that time its collectives: %s", ex->rank,
+        snprintf(ex->error, sizeof ex->error, "rank %d: the events that time its %s: %.300s", ex->rank, what,
                  dev_last_error(ex->dev));
         return -2;
     }
     return 0;
 }
 
-void exec__turns_free(mesh__exec *ex)
+void exec__timed_pairs_free(mesh__exec *ex, dev_event **start, dev_event **end, int n)
+{
+    for (int i = 0; i < n; i++) {
+        dev_event_destroy(ex->dev, start[i]);
+        dev_event_destroy(ex->dev, end[i]);
+        start[i] = end[i] = NULL;
+    }
+}
+
+int exec__turns_init(mesh__exec *ex)
 {
     ex_turns *t = &ex->turns;
-    for (int i = 0; i < EX_TIMES; i++) {
-        dev_event_destroy(ex->dev, t->start[i]);
-        dev_event_destroy(ex->dev, t->end[i]);
-        t->start[i] = t->end[i] = NULL;
-    }
+    t->slot = -1;
+    t->kind = -1;
+    return ex->ordered ? exec__timed_pairs(ex, t->start, t->end, EX_TIMES, "collectives") : 0;
+}
+
+void exec__turns_free(mesh__exec *ex)
+{
+    exec__timed_pairs_free(ex, ex->turns.start, ex->turns.end, EX_TIMES);
 }
 
 /* Adds in the times of the calls the GPU has finished, by entry. */
 static void harvest(mesh__exec *ex)
 {
     ex_turns *t = &ex->turns;
-    exec__harvest_times(ex->dev, t->start, t->end, t->made, &t->timed, t->entry, t->ms, t->calls);
+    exec__harvest_times(ex->dev, t->start, t->end, EX_TIMES, t->made, &t->timed, t->entry, t->ms, t->calls);
 }
 
-int exec__comm_begin(mesh__exec *ex, int kind, int axis)
+static int comm_begin(mesh__exec *ex, int kind, int axis)
 {
     ex_turns *t = &ex->turns;
     if (ex->gpu && !ex->ordered && dev_stream_sync(ex->dev, (dev_stream *)ex->kern.stream) != MESH_OK) {
@@ -94,7 +103,7 @@ int exec__comm_begin(mesh__exec *ex, int kind, int axis)
     return 0;
 }
 
-int exec__comm_end(mesh__exec *ex, int rc)
+static int comm_end(mesh__exec *ex, int rc)
 {
     ex_turns *t = &ex->turns;
     if (t->kind < 0) return rc;
@@ -114,6 +123,19 @@ int exec__comm_end(mesh__exec *ex, int rc)
     t->kind = -1;
     t->slot = -1;
     return rc;
+}
+
+/* (the op profile's entry of collectives in turn too, exec_prof.c: nested
+ * in an op, such as moe's all-to-alls, they count in the op's) */
+int exec__comm_begin(mesh__exec *ex, int kind, int axis)
+{
+    if (comm_begin(ex, kind, axis) != 0) return -1;
+    return exec__prof_begin(ex, kind >= 0 ? EX_PROF_COMM : -1);
+}
+
+int exec__comm_end(mesh__exec *ex, int rc)
+{
+    return exec__prof_end(ex, comm_end(ex, rc));
 }
 
 int exec__grad_elements(mesh__exec *ex, comm *c, comm_async *q, int grads)

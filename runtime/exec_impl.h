@@ -10,6 +10,7 @@
  *   exec_marks.c   their communication queues' marks, and their times on a GPU
  *   exec_comm.c    the collectives made in the rank's turn: ordered, timed
  *   exec_loss.c    the loss's terms, on the device until the step reads them
+ *   exec_prof.c    the op profile: each kind of work's time in a training step
  */
 #ifndef MESH_EXEC_IMPL_H
 #define MESH_EXEC_IMPL_H
@@ -122,6 +123,34 @@ typedef struct ex_turns {
     double ms[(STEP_SLICE + 1) * 4];     /* by entry, kind x 4 + axis */
     long long calls[(STEP_SLICE + 1) * 4]; /* the calls whose times ms has */
 } ex_turns;
+
+/* The op profile (exec_prof.c; MESH__EXEC_PROFILE): the time of a
+ * training step's work by entry: op x phase (EX_PROF_FWD, _BWD,
+ * _RECOMPUTE) for each node's kernels, then the optimizer (the gradient's
+ * norm and AdamW) and the collectives in the rank's turn (with the
+ * pipeline's transfers). On a GPU from timed events on the compute
+ * stream in rings of EX_PROF_RING pairs, added in once the GPU has
+ * finished them (a pair that finds its ring full goes untimed); else the
+ * host's clock around the calls. The first step (its warm-up) is left
+ * out. */
+enum { EX_PROF_FWD, EX_PROF_BWD, EX_PROF_RECOMPUTE };
+enum {
+    EX_PROF_OPTIMIZER = G_OP_COUNT * 3,
+    EX_PROF_COMM,
+    EX_PROF_ENTRIES,
+    EX_PROF_RING = 4096
+};
+typedef struct ex_prof {
+    int on;
+    dev_event **start, **end; /* a GPU's rings of EX_PROF_RING */
+    short *at;                /* each slot's entry */
+    long long made, timed, untimed;
+    int depth;                /* begin/end nesting: the outermost is timed */
+    int entry, slot;          /* the work in hand: its entry (-1: untimed), its slot (-1: the host's) */
+    double t0;                /* the host's clock as it began */
+    double ms[EX_PROF_ENTRIES];
+    long long calls[EX_PROF_ENTRIES];
+} ex_prof;
 
 struct mesh__exec {
     const plan *p;
@@ -277,6 +306,7 @@ struct mesh__exec {
                             another, in the one-rank order (MESH__EXEC_DETERMINISTIC) */
     double sent[STEP_SLICE][4], sent_p2p; /* bytes sent by kind and axis, and by pipeline sends */
     ex_turns turns;      /* the in-turn collectives' times (exec_comm.c) */
+    ex_prof prof;        /* the op profile (exec_prof.c) */
     long long steps;     /* training steps counted */
     mesh_alloc_fn alloc; /* the context's allocator hook */
     void *ud;
@@ -341,6 +371,10 @@ int exec__kern_done(mesh__exec *ex, int rc); /* closes the guard; returns rc */
  * with axis 0: the pipeline's transfers; kind -1: not timed). */
 int exec__comm_begin(mesh__exec *ex, int kind, int axis);
 int exec__comm_end(mesh__exec *ex, int rc); /* returns rc, or -1 if timing it failed */
+/* n pairs of timed events (start[i], end[i]); 0, or -2 with ex->error
+ * (naming `what` they time); and their release (NULLs allowed). */
+int exec__timed_pairs(mesh__exec *ex, dev_event **start, dev_event **end, int n, const char *what);
+void exec__timed_pairs_free(mesh__exec *ex, dev_event **start, dev_event **end, int n);
 /* The events that time them (ordered on a GPU): -2 with ex->error */
 int exec__turns_init(mesh__exec *ex);
 void exec__turns_free(mesh__exec *ex);
@@ -349,6 +383,22 @@ void exec__turns_free(mesh__exec *ex);
  * every entry. */
 double exec__turns_ms(mesh__exec *ex, int kind, int axis, long long *calls, long long *untimed);
 double exec__turns_total(mesh__exec *ex);
+
+/* exec_prof.c. The op profile (ex->prof.on): the work between begin and
+ * end counts in entry `entry` (EX_PROF_*; -1: not timed) when in a
+ * training step other than the first; nested pairs count in the
+ * outermost. begin: 0, or -1 (a device failure, in ex->error); end
+ * returns rc, or -1 if timing failed. */
+int exec__prof_begin(mesh__exec *ex, int entry);
+int exec__prof_end(mesh__exec *ex, int rc);
+/* The entry of node id's kernels in a phase (EX_PROF_FWD...): its op's, a
+ * matmul's for the bias add that computes it, -1 for a node that runs
+ * nothing of its own (a transpose; a matmul, GELU or GELU backward that
+ * another node's kernel computes; a GELU is recomputed at its own node). */
+int exec__prof_node(const mesh__exec *ex, int id, int phase);
+/* The events (a GPU's, when profiling): -2 with ex->error */
+int exec__prof_init(mesh__exec *ex);
+void exec__prof_free(mesh__exec *ex);
 
 /* bytes from src to dst, both in the arena (a device-to-device copy); dmove
  * allows them to overlap (dst below src, as a slice moved to the front). */
@@ -513,14 +563,14 @@ int exec__overlap_issued(const mesh__exec *ex, const plan_step *st, int it);
  * them (deferred; else 0); exec__marks_untimed the calls and waits not
  * timed (their ring full). */
 int exec__marks_init(mesh__exec *ex, ex_marks *m);
-/* Adds in the times of the pairs [*timed, made) of a ring of EX_TIMES
- * timed events (pair k in slot k % EX_TIMES, from[slot] to to[slot]) that
+/* Adds in the times of the pairs [*timed, made) of a ring of `ring`
+ * timed events (pair k in slot k % ring, from[slot] to to[slot]) that
  * the GPU has finished, oldest first, never waiting: each to ms[at[slot]]
  * (ms[0] when at is NULL), and one to n[at[slot]] when n is not NULL. A
  * failed query stops it: the times are a measurement, not the step's
  * result. d: the calling thread's handle on the device. */
-void exec__harvest_times(dev *d, dev_event *const *from, dev_event *const *to, long long made, long long *timed,
-                         const short *at, double *ms, long long *n);
+void exec__harvest_times(dev *d, dev_event *const *from, dev_event *const *to, int ring, long long made,
+                         long long *timed, const short *at, double *ms, long long *n);
 void exec__marks_free(mesh__exec *ex, ex_marks *m);
 comm_async_hooks exec__marks_hooks(ex_marks *m, int deferred);
 double exec__marks_busy(ex_marks *m, const comm_async *q, double *stall);

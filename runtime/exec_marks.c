@@ -49,11 +49,11 @@ static int mark(void *ud, long ticket, char *err, size_t n)
 
 /* ---- the GPU's own times (deferred queues) ---------------------------- */
 
-void exec__harvest_times(dev *d, dev_event *const *from, dev_event *const *to, long long made, long long *timed,
-                         const short *at, double *ms, long long *n)
+void exec__harvest_times(dev *d, dev_event *const *from, dev_event *const *to, int ring, long long made,
+                         long long *timed, const short *at, double *ms, long long *n)
 {
     while (*timed < made) {
-        int slot = (int)(*timed % EX_TIMES), done = 0, k = at ? at[slot] : 0;
+        int slot = (int)(*timed % ring), done = 0, k = at ? at[slot] : 0;
         double t = 0;
         if (dev_event_query(d, to[slot], &done) != MESH_OK || !done ||
             dev_event_elapsed(d, from[slot], to[slot], &t) != MESH_OK)
@@ -67,7 +67,7 @@ void exec__harvest_times(dev *d, dev_event *const *from, dev_event *const *to, l
 /* The calls' times so far (under m->mu; d: the calling thread's handle). */
 static void harvest_calls(ex_marks *m, dev *d)
 {
-    exec__harvest_times(d, m->start, m->end, m->calls_made, &m->calls_timed, m->at, m->ms, m->n);
+    exec__harvest_times(d, m->start, m->end, EX_TIMES, m->calls_made, &m->calls_timed, m->at, m->ms, m->n);
 }
 
 /* The rank's thread: the calls' and the compute stream's waits' times, as
@@ -78,7 +78,7 @@ static void harvest(ex_marks *m)
     pthread_mutex_lock(&m->mu);
     harvest_calls(m, m->ex->dev);
     pthread_mutex_unlock(&m->mu);
-    exec__harvest_times(m->ex->dev, m->pre, m->post, m->joins_made, &m->joins_timed, NULL, &m->stall_ms, NULL);
+    exec__harvest_times(m->ex->dev, m->pre, m->post, EX_TIMES, m->joins_made, &m->joins_timed, NULL, &m->stall_ms, NULL);
 }
 
 /* In the queue's thread, before a call: the work it was queued after has

@@ -503,6 +503,34 @@ static int parts_left(const mesh__exec *ex, int from, int *here)
     return left;
 }
 
+/* Plan step sq's node at iteration it: its forward, its backward (back),
+ * or its recomputation in a backward; 0, or -1. */
+static int node_step(mesh__exec *ex, const plan_step *sq, int it, int back)
+{
+    if (back && sq->recompute) {
+        ex->recomputing = 1;
+        int rc = exec__forward_node(ex, sq->node, it);
+        ex->recomputing = 0;
+        if (rc != 0) return -1;
+        round_value(ex, sq->node, it);
+    } else if (back) {
+        start_grads(ex, sq->node, it);
+        int bad = exec__gstage_begin(ex, sq->node, it) != 0 || exec__backward_node(ex, sq->node, it) != 0;
+        ex->kern.assign = 0; /* (start_grads's, for this node's kernels only) */
+        if (bad) {
+            exec__gstage_drop(ex);
+            return -1;
+        }
+        round_grads(ex, sq->node, it); /* (a param's: its staged contribution) */
+        if (exec__gstage_end(ex) != 0) return -1;
+    } else if (exec__forward_node(ex, sq->node, it) != 0) {
+        return -1;
+    } else {
+        round_value(ex, sq->node, it);
+    }
+    return 0;
+}
+
 /* Runs the program's steps of one phase on this stage; a run of
  * consecutive steps in a region repeats per iteration (backward: last to
  * first, each iteration starting with the forward steps it recomputes).
@@ -561,30 +589,19 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
                 const plan_step *sq = &p->steps[q];
                 if (sync && exec__bucketed(ex, q)) { /* a layer's bucket: one call */
                     int r = exec__bucket_end(ex, q, e);
-                    if (exec__bucket_call(ex, q, r, it, NULL) < 0) return -1;
+                    if (exec__prof_begin(ex, EX_PROF_COMM) != 0 ||
+                        exec__prof_end(ex, exec__bucket_call(ex, q, r, it, NULL) < 0 ? -1 : 0) != 0)
+                        return -1;
                     q = r - 1;
                 } else if (sq->kind != STEP_COMPUTE) {
-                    if (collective(ex, sq, it) != 0) return -1;
-                } else if (back && sq->recompute) {
-                    ex->recomputing = 1;
-                    int rc = exec__forward_node(ex, sq->node, it);
-                    ex->recomputing = 0;
-                    if (rc != 0) return -1;
-                    round_value(ex, sq->node, it);
-                } else if (back) {
-                    start_grads(ex, sq->node, it);
-                    int bad = exec__gstage_begin(ex, sq->node, it) != 0 || exec__backward_node(ex, sq->node, it) != 0;
-                    ex->kern.assign = 0; /* (start_grads's, for this node's kernels only) */
-                    if (bad) {
-                        exec__gstage_drop(ex);
+                    if (exec__prof_begin(ex, EX_PROF_COMM) != 0 || exec__prof_end(ex, collective(ex, sq, it)) != 0)
                         return -1;
-                    }
-                    round_grads(ex, sq->node, it); /* (a param's: its staged contribution) */
-                    if (exec__gstage_end(ex) != 0) return -1;
-                } else if (exec__forward_node(ex, sq->node, it) != 0) {
+                } else if (exec__prof_begin(ex, exec__prof_node(ex, sq->node, !back ? EX_PROF_FWD
+                                                                   : sq->recompute ? EX_PROF_RECOMPUTE
+                                                                                   : EX_PROF_BWD)) != 0) {
                     return -1;
-                } else {
-                    round_value(ex, sq->node, it);
+                } else if (exec__prof_end(ex, node_step(ex, sq, it, back)) != 0) {
+                    return -1;
                 }
             }
             if (back && stack && exec__overlap_layer_done(ex, it) != 0) return -1;
@@ -787,6 +804,38 @@ static void overlap_stats(mesh__exec *ex, mesh__step_stats *st, double turns0)
     st->wait_ms = 1e3 * wait;
 }
 
+/* AdamW on every param (ex->adam_t counted) at the factor gscale its
+ * gradients are read with; 0, or -1 (ex->error). */
+static int adamw_params(mesh__exec *ex, double gscale, double lr)
+{
+    const fe_setup *s = &ex->p->setup;
+    for (int k = 0; k < ex->n_params; k++) {
+        int id = ex->params[k];
+        const plan_tensor *t = &ex->p->tensors[id];
+        /* decay matrices and embeddings, not gains and biases (GPT-2, llm.c) */
+        float wd = t->rank >= 2 ? (float)s->weight_decay : 0.0f;
+        /* without ZeRO all copies at once (they follow one another), with it each copy's shard */
+        int copies = ex->zero ? ex->copies[id] : 1;
+        for (int c = 0; c < copies; c++) {
+            int it = exec__copy_it(ex, id, c);
+            size_t lo, len;
+            float *mo, *vo;
+            exec__shard_of(ex, id, it, &lo, &len, &mo, &vo);
+            size_t n = ex->zero ? len : (size_t)ex->copies[id] * ex->numel[id];
+            float *w = exec__pshard(ex, id, it), *master = exec__master(ex, id, it);
+            /* mixed precision: the fp32 master updated, the weights its rounding
+             * (the kernel writes them: bf16 on a GPU; fp32 words on the CPU,
+             * rounded here) */
+            if (EXEC_KERN(ex, adamw_step, master ? master : w, master ? w : NULL, exec__gshard(ex, id, it), gscale, mo,
+                          vo, n, (float)lr, (float)s->beta1, (float)s->beta2, (float)s->eps, wd,
+                          (int)ex->adam_t) != 0)
+                return exec__kern_failed(ex, "AdamW");
+            exec__round(ex, master ? w : NULL, n);
+        }
+    }
+    return 0;
+}
+
 int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
                           const int32_t *targets, mesh__step_stats *st)
 {
@@ -815,11 +864,10 @@ static int train_step(mesh__exec *ex, long long step, const int32_t *inputs, con
     /* (mixed precision: the gradients are fp32, summed in fp32.) With a
      * loss scale, the clipping below is of the unscaled norm */
     double S = ex->loss_scale, clip = S == 1.0 ? s->clip : 0.0, norm, scale = 1.0;
-    /* each buffer's sum of squares, on its device */
-    if (EXEC_KERN(ex, sum_squares, ex->gss, (void *const *)ex->gbufs, ex->gsizes, ex->n_gbufs) != 0) {
-        exec__kern_failed(ex, "the gradient's norm");
-        return -2;
-    }
+    /* each buffer's sum of squares, on its device (the profile's optimizer) */
+    if (exec__prof_begin(ex, EX_PROF_OPTIMIZER) != 0) return -2;
+    int ss_rc = EXEC_KERN(ex, sum_squares, ex->gss, (void *const *)ex->gbufs, ex->gsizes, ex->n_gbufs);
+    if (exec__prof_end(ex, ss_rc != 0 ? exec__kern_failed(ex, "the gradient's norm") : 0) != 0) return -2;
     if (!ex->zero && s->tp == 1 && s->ep == 1 && ex->p->pp == 1) {
         double ss = 0;
         for (int b = 0; b < ex->n_gbufs; b++) ss += ex->gss[b];
@@ -870,32 +918,8 @@ static int train_step(mesh__exec *ex, long long step, const int32_t *inputs, con
         ex->scale_good = 0;
     }
     ex->adam_t++;
-    for (int k = 0; k < ex->n_params; k++) {
-        int id = ex->params[k];
-        const plan_tensor *t = &ex->p->tensors[id];
-        /* decay matrices and embeddings, not gains and biases (GPT-2, llm.c) */
-        float wd = t->rank >= 2 ? (float)s->weight_decay : 0.0f;
-        /* without ZeRO all copies at once (they follow one another), with it each copy's shard */
-        int copies = ex->zero ? ex->copies[id] : 1;
-        for (int c = 0; c < copies; c++) {
-            int it = exec__copy_it(ex, id, c);
-            size_t lo, len;
-            float *mo, *vo;
-            exec__shard_of(ex, id, it, &lo, &len, &mo, &vo);
-            size_t n = ex->zero ? len : (size_t)ex->copies[id] * ex->numel[id];
-            float *w = exec__pshard(ex, id, it), *master = exec__master(ex, id, it);
-            /* mixed precision: the fp32 master updated, the weights its rounding
-             * (the kernel writes them: bf16 on a GPU; fp32 words on the CPU,
-             * rounded here) */
-            if (EXEC_KERN(ex, adamw_step, master ? master : w, master ? w : NULL, exec__gshard(ex, id, it), gscale, mo,
-                          vo, n, (float)lr, (float)s->beta1, (float)s->beta2, (float)s->eps, wd,
-                          (int)ex->adam_t) != 0) {
-                exec__kern_failed(ex, "AdamW");
-                return -2;
-            }
-            exec__round(ex, master ? w : NULL, n);
-        }
-    }
+    if (exec__prof_begin(ex, EX_PROF_OPTIMIZER) != 0 || exec__prof_end(ex, adamw_params(ex, gscale, lr)) != 0)
+        return -2;
     /* ZeRO-1/2: the updated params gathered, on the queue while the next
      * step's forward begins, else now */
     int queued = exec__gather_issue(ex);

@@ -71,6 +71,9 @@ static const char usage_text[] =
     "                 backward, not during it; ZeRO's reduce-scatters and\n"
     "                 gathers when due, not a layer behind or ahead, nor into\n"
     "                 the next step (the same numbers)\n"
+    "  --profile      time each kind of work of rank 0's steps (matmul forward,\n"
+    "                 attention backward, optimizer...: on a GPU from CUDA events\n"
+    "                 around each op) and print the table at the end\n"
     "  --local-rank=N accepted and ignored (torchrun's)\n"
     "  --prompt TEXT, --tokens N (200), --temperature T (0.8), --seed S (0),\n"
     "  --bpe DIR (GPT-2 BPE for a model that is not byte-level)\n"
@@ -138,6 +141,7 @@ typedef struct run_opts {
     int skip_nonfinite; /* --skip-nonfinite: skip such a step instead of stopping */
     int threads;        /* --threads: OpenBLAS threads (0: all the process may use) */
     mesh_device_kind device; /* --device: auto (the default), cpu, cuda */
+    int profile;        /* --profile: rank 0's step by kind of work, at the end */
 } run_opts;
 
 /* Whether the plan's pattern for `what` (data, val_data) matches a file;
@@ -283,6 +287,46 @@ static void print_sent(mesh_context *ctx, int gpu)
     fflush(stdout);
 }
 
+/* --profile: rank 0's step by kind of work (mesh_context_profile), the
+ * most costly first, beside the step's own time (step_ms: the mean of
+ * mesh_train_step's over the same steps). */
+static void print_profile(mesh_context *ctx, int gpu, double step_ms)
+{
+    enum { MAX_ROWS = 128 };
+    struct row {
+        char what[48];
+        double ms, calls;
+    } rows[MAX_ROWS], t;
+    long long steps = 0, untimed = 0;
+    int n = 0;
+    while (n < MAX_ROWS && mesh_context_profile(ctx, n, rows[n].what, sizeof rows[n].what, &rows[n].ms,
+                                                &rows[n].calls, &steps, &untimed) == MESH_OK)
+        n++;
+    if (n == 0) {
+        printf("meshrun: profile: nothing timed (a step after the first is needed: the first warms up)\n");
+        return;
+    }
+    for (int i = 1; i < n; i++) /* the most costly first */
+        for (int k = i; k > 0 && rows[k].ms > rows[k - 1].ms; k--) {
+            t = rows[k];
+            rows[k] = rows[k - 1];
+            rows[k - 1] = t;
+        }
+    double total = 0;
+    for (int i = 0; i < n; i++) total += rows[i].ms;
+    printf("meshrun: profile of rank 0's steps after the first (%lld), %s, per step:\n", steps,
+           gpu ? "the GPU's time from CUDA events" : "the host's time");
+    printf("meshrun:   %-28s %10s %7s %9s\n", "work", "ms", "%", "calls");
+    for (int i = 0; i < n; i++)
+        printf("meshrun:   %-28s %10.3f %6.1f%% %9.1f\n", rows[i].what, rows[i].ms,
+               step_ms > 0 ? 100 * rows[i].ms / step_ms : 0.0, rows[i].calls);
+    printf("meshrun:   %-28s %10.3f %6.1f%% of the step's %.3f ms (the rest: %s)\n", "all of the above", total,
+           step_ms > 0 ? 100 * total / step_ms : 0.0, step_ms,
+           gpu ? "the GPU idle: the host behind, waits for other streams" : "the host between the calls");
+    if (untimed > 0) printf("meshrun:   (%lld brackets untimed: the GPU was far behind)\n", untimed);
+    fflush(stdout);
+}
+
 /* One rank's training: every rank reads its slice of each global batch;
  * rank 0 prints, validates and saves checkpoints. A rank stopped because
  * another failed returns quietly (MESH_ERR_RANK): the one that failed says
@@ -329,11 +373,17 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
     /* no progress bar when a launcher forwards the output (mpirun, through a terminal) */
     int tty = lead && job_processes == 1 && isatty(STDOUT_FILENO), skipped = 0;
     double overlap_ms = 0, wait_ms = 0, overlap_steps = 0; /* rank 0's, for the summary */
+    double train_s = 0, train_steps = 0; /* mesh_train_step's time after the first step */
     double t0 = now_s();
     for (long long step = first; rc == MESH_OK && step <= steps; step++) {
         mesh_step_stats st;
         mesh_data_next(data, in, tg);
+        double ts = now_s();
         mesh_status s = mesh_train_step(ctx, in, tg, &st);
+        if (step > first) { /* (the profile's steps: the first warms up) */
+            train_s += now_s() - ts;
+            train_steps++;
+        }
         if (s == MESH_ERR_RANK) {
             rc = s;
             break;
@@ -417,6 +467,11 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
     int gpu_times = 0; /* NCCL's calls ordered on the GPU: the times are the GPU's own */
     mesh_context_times_on_gpu(ctx, &gpu_times);
     if (lead && rc == MESH_OK) print_sent(ctx, gpu_times);
+    if (lead && rc == MESH_OK && o->profile) {
+        mesh_device_kind on = MESH_DEVICE_CPU;
+        mesh_device_info(&on, NULL);
+        print_profile(ctx, on == MESH_DEVICE_CUDA, train_steps > 0 ? 1e3 * train_s / train_steps : 0);
+    }
     if (lead && rc == MESH_OK && overlap_steps > 0) {
         double ran = overlap_ms / overlap_steps, waited = wait_ms / overlap_steps;
         double hidden = ran > 0 && waited < ran ? 100 * (ran - waited) / ran : 0;
@@ -703,6 +758,9 @@ int main(int argc, char **argv)
                 opts.resume = 1;
             } else if (strcmp(arg, "--skip-nonfinite") == 0) {
                 opts.skip_nonfinite = 1;
+            } else if (strcmp(arg, "--profile") == 0) {
+                opts.profile = 1;
+                mesh_set_profile(1);
             } else if (strcmp(arg, "--deterministic") == 0) {
                 mesh_set_deterministic(1);
             } else if (strcmp(arg, "--no-overlap") == 0) {

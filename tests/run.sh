@@ -377,6 +377,20 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     else
         fail meshrun/train-gpt-tiny-loss-falls "$TMP/train.out"
     fi
+    # --profile: rank 0's steps after the first by kind of work, the most
+    # costly first (each op's forward and backward, the optimizer), then
+    # their total against the step's time
+    capture "$TMP/prof.out" "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/dd.bin" --steps 4 --profile
+    if grep -q "^meshrun: profile of rank 0's steps after the first (3), the host's time, per step:$" "$TMP/prof.out" &&
+        grep -Eq '^meshrun:   matmul backward +[0-9]+\.[0-9]{3} +[0-9.]+% +[0-9]+\.[0-9]$' "$TMP/prof.out" &&
+        grep -Eq '^meshrun:   attention forward +[0-9]+\.[0-9]{3} +[0-9.]+% +2\.0$' "$TMP/prof.out" &&
+        grep -Eq '^meshrun:   optimizer +[0-9]+\.[0-9]{3} +[0-9.]+% +2\.0$' "$TMP/prof.out" &&
+        grep -Eq "^meshrun:   all of the above +[0-9]+\.[0-9]{3} +[0-9.]+% of the step's [0-9]+\.[0-9]{3} ms \(the rest: the host between the calls\)$" "$TMP/prof.out" &&
+        [ "$(grep -c '^meshrun:   ' "$TMP/prof.out")" -ge 10 ] && [ "$(tail -n 1 "$TMP/prof.out")" = "exit: 0" ]; then
+        pass meshrun/profile-splits-the-step
+    else
+        fail meshrun/profile-splits-the-step "$TMP/prof.out"
+    fi
     # --device: cuda without a GPU (a build without CUDA, or no driver)
     # stops before training (with one, it trains); auto says first why it
     # runs on the CPU; cpu says nothing about devices
@@ -617,6 +631,14 @@ ranks_section() {
             fail meshrun/dp$dp-tp$tp-pp$pp-same-losses-as-one-rank "$TMP/m$m.out"
         fi
     done
+    # --profile on tp 2: rank 0's collectives in its turn have their entry
+    capture "$TMP/prof-tp2.out" "$MESHRUN" "$TMP/m1x2x1.plan" --data "$TMP/dd.bin" --steps 3 --profile
+    if grep -Eq '^meshrun:   collectives in turn +[0-9]+\.[0-9]{3} +[0-9.]+% +[0-9]+\.[0-9]$' "$TMP/prof-tp2.out" &&
+        [ "$(tail -n 1 "$TMP/prof-tp2.out")" = "exit: 0" ]; then
+        pass meshrun/profile-tp2-collectives-in-turn
+    else
+        fail meshrun/profile-tp2-collectives-in-turn "$TMP/prof-tp2.out"
+    fi
     # torchrun's variables: a job of one process runs its ranks as threads
     # (--local-rank accepted); one of several talks over TCP (torchrun/ below)
     capture "$TMP/torchrun1.out" env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 "$MESHRUN" --local-rank=0 "$TMP/dp2.plan" \

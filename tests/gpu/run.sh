@@ -32,7 +32,9 @@
 #             --no-overlap); 4 or more, dp 2 x tp 2 in fp32 and bf16.
 #  6. train_gpt2: GPT-2 124M (examples/gpt2.mesh on one GPU, bf16, T=1024,
 #             B=16 and 32, and B=32 with MESH_DETERMINISTIC=0; fp32 B=16)
-#             through meshrun --device cuda: tokens/s and MFU.
+#             through meshrun --device cuda: tokens/s and MFU; the B=16
+#             run with --profile, its table of the step's GPU time by
+#             kind of work in $OUT/profile-gpt2-bf16-16-profile.txt.
 #  7. gpu_bench: GEMM, attention and memory-bound throughput.
 #  8. PyTorch GPT-2 124M training throughput, where `import torch` works.
 #
@@ -430,19 +432,23 @@ step_train_equiv() {
 # One GPT-2 124M run (examples/gpt2.mesh on one rank, T=1024, 30 steps)
 # through meshrun --device: its last logged tokens/s, or "" if it failed.
 # MODE "atomic": with MESH_DETERMINISTIC=0 (the attention backward's dq
-# atomics in any order, as PyTorch's flash attention does).
+# atomics in any order, as PyTorch's flash attention does); "profile":
+# with --profile (two CUDA events around each op), its table of where the
+# step's GPU time goes also in $OUT/profile-NAME.txt.
 gpt2_run() {
-    local d=$1 prec=$2 batch=$3 t=$4 mode=${5:-} name=gpt2-$2-$3${5:+-$5} env=()
+    local d=$1 prec=$2 batch=$3 t=$4 mode=${5:-} name=gpt2-$2-$3${5:+-$5} env=() opt=()
     [ "$mode" = atomic ] && env=(MESH_DETERMINISTIC=0)
+    [ "$mode" = profile ] && opt=(--profile)
     "$BUILD/meshc" -o "$d/$name.plan" examples/gpt2.mesh --set mesh.dp=1 --set mesh.tp=1 --set mesh.pp=1 \
         --set train.precision="$prec" --set train.zero=0 --set train.micro_batch="$batch" \
         --set train.global_batch="$batch" --set train.steps=30 --set 'train.lr_schedule=cosine(warmup: 5, min_lr: 6e-5)' \
         --set train.log_every=10 --set train.eval_every=0 >"$d/$name.meshc" 2>&1 || { cat "$d/$name.meshc"; return 1; }
     rm -f "$d/$name.json"
     env "${env[@]}" timeout -k 5 "$(cap "$t")" "$BUILD/meshrun" "$d/$name.plan" --device "$TRAIN_DEV" \
-        --data "$d/dd.bin" --val "$d/dd.bin" \
+        --data "$d/dd.bin" --val "$d/dd.bin" "${opt[@]}" \
         --checkpoint "$d/ck-$name" --metrics "$d/$name.json" >"$d/$name.out" 2>&1
     local rc=$?
+    [ "$mode" = profile ] && grep "^meshrun: .*profile\|^meshrun:   " "$d/$name.out" >"$OUT/profile-$name.txt"
     echo "== $name (exit $rc)" >&2
     cat "$d/$name.out" >&2
     rm -rf "$d/ck-$name"
@@ -460,9 +466,11 @@ step_train_gpt2() {
     [ -s "$d/dd.bin" ] || "$BUILD/meshrun" tokenize examples/data/devils-dictionary.txt -o "$d/dd.bin" >/dev/null 2>&1
     # MFU with PaLM's count per token, 6 N + 12 L T d (N = 124,475,904, L =
     # 12, T = 1024, d = 768), over the H200's dense bf16 peak, 989 TFLOP/s
-    # (and bf16 B=32 with MESH_DETERMINISTIC=0, as PyTorch's step runs)
+    # (and bf16 B=32 with MESH_DETERMINISTIC=0, as PyTorch's step runs;
+    # bf16 B=16 with the op profile, --profile: its two event records an op
+    # cost the host, not the GPU, so a GPU-bound step hides them)
     local prec batch mode what
-    for cfg in "bf16 16" "bf16 32" "bf16 32 atomic" "fp32 16"; do
+    for cfg in "bf16 16 profile" "bf16 32" "bf16 32 atomic" "fp32 16"; do
         read -r prec batch mode <<<"$cfg"
         what="$prec, B=$batch${mode:+, $mode}"
         l=$(left)
@@ -475,7 +483,7 @@ step_train_gpt2() {
         local mfu
         mfu=$(awk -v t="$tps" 'BEGIN { f = 6 * 124475904 + 12 * 12 * 1024 * 768; printf "%.1f", 100 * t * f / 989e12 }')
         detail+="$what: $(printf '%.0f' "$tps") tokens/s, MFU $mfu%; "
-        json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"deterministic\": $([ "$mode" = atomic ] && echo false || echo true), \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu}"
+        json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"deterministic\": $([ "$mode" = atomic ] && echo false || echo true), \"profiled\": $([ "$mode" = profile ] && echo true || echo false), \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu}"
         [ -z "$best" ] && best=$tps
     done
     printf '{"seq": 1024, "runs": [%s]}\n' "$json" >"$OUT/gpt2.json"

@@ -148,6 +148,10 @@ TEST(precision_bf16_fp16_train_as_fp32)
 TEST(precision_fp16_loss_scale_skips_and_grows)
 TEST(precision_checkpoint_resumes_to_the_bit)
 TEST(exec_cuda_trains_as_the_cpu)
+
+/* the op profile: test_profile.c */
+TEST(exec_profile_splits_the_step)
+TEST(exec_cuda_profile_on_the_gpu)
 TEST(api_context_errors_are_clear)
 TEST(api_context_uses_its_allocator)
 TEST(api_info_steps_and_sampling)

@@ -70,13 +70,18 @@ run() { # run LOG ARGS...: meshrun_emu on $PLAN (default tp2pp2), its output in 
 run "$T/cpu2.log" --device cpu --steps 2 && run "$T/cpu3.log" --device cpu --steps 3
 check "the CPU trains 2 steps, and 3" $?
 cat "$T/cpu2.log" "$T/cpu3.log" >"$T/cpu.log"
-run "$T/gpu.log" --device cuda --steps 2 --checkpoint "$T/ck"
+run "$T/gpu.log" --device cuda --steps 2 --checkpoint "$T/ck" --profile
 check "4 emulated GPUs train 2 steps over NCCL, validate and save a checkpoint" $?
 grep -q 'running on NVIDIA H200 (CPU emulation' "$T/gpu.log"
 check "meshrun says it runs on the (emulated) GPU" $?
 grep "^meshrun: time rank 0's collectives took per step in its turn, on the GPU:" "$T/gpu.log" |
     grep -q ' all-reduce(tp) [0-9]*\.[0-9][0-9] ms, .*send(pp) [0-9]*\.[0-9][0-9] ms'
 check "meshrun says how long rank 0's tp sums and pipeline transfers took on the GPU (timed events)" $?
+grep -q "^meshrun: profile of rank 0's steps after the first (1), the GPU's time from CUDA events, per step:$" "$T/gpu.log" &&
+    grep -Eq '^meshrun:   attention backward +[0-9]+\.[0-9]{3} +[0-9.]+% +[0-9]+\.[0-9]$' "$T/gpu.log" &&
+    grep -Eq '^meshrun:   collectives in turn +[0-9]+\.[0-9]{3} ' "$T/gpu.log" &&
+    grep -q "^meshrun:   all of the above .* (the rest: the GPU idle: the host behind, waits for other streams)$" "$T/gpu.log"
+check "meshrun --profile splits rank 0's second step by kind of work on the GPU (timed events)" $?
 run "$T/resume.log" --device cuda --steps 3 --checkpoint "$T/ck" --resume
 check "they resume from the checkpoint for a third step" $?
 grep -q 'resumed from .* after step 2' "$T/resume.log"
