@@ -20,7 +20,7 @@
 #include <glob.h>   /* defines: glob */
 #include <stdarg.h> /* defines: va_list */
 #include <stdio.h>  /* defines: printf, fprintf, fopen */
-#include <stdlib.h> /* defines: malloc, free, strtod */
+#include <stdlib.h> /* defines: malloc, free, strtod, setenv */
 #include <string.h> /* defines: strcmp, strncmp, strerror */
 #include <time.h>   /* defines: clock_gettime */
 #include <unistd.h> /* defines: isatty */
@@ -578,16 +578,25 @@ static int sample(const mesh_plan *plan, const mesh_plan_info *pi, const run_opt
     return st == MESH_OK ? 0 : 1;
 }
 
-/* Loads and checks the plan, then trains it or samples from it. */
-static int run_plan(const char *path, const run_opts *o)
+/* Settles the device (--device; cuda without a GPU it can train on stops
+ * here), then trains the plan or samples from it. Several GPUs: CUDA
+ * loads kernels eagerly unless CUDA_MODULE_LOADING says otherwise. Its
+ * default since 12.2, lazy loading, loads a kernel at its first launch,
+ * which may wait for the GPU's work to drain while holding the context's
+ * lock; with NCCL kernels in flight waiting for peers whose own launches
+ * wait in the same way, a job can deadlock in its first step (the hazard
+ * NVIDIA's lazy-loading guide describes for kernels that wait on one
+ * another). Before the device's probe: CUDA reads it as it starts. */
+static int run_plan(mesh_plan *plan, const run_opts *o)
 {
-    mesh_plan *plan;
     mesh_plan_info pi;
-    if (mesh_plan_load(path, &plan) != MESH_OK) return fail("%s", mesh_last_error());
     mesh_plan_get_info(plan, sizeof pi, &pi);
-    int rc = o->sample ? sample(plan, &pi, o) : train(plan, &pi, o);
-    mesh_plan_free(plan);
-    return rc;
+    if (o->device == MESH_DEVICE_CUDA && pi.world > 1) setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+    if (mesh_set_device(o->device) != MESH_OK) return fail("%s", mesh_last_error());
+    /* --threads; else the cores this process may use, shared by the ranks
+     * it runs as threads (mesh_run_ranks) */
+    if (o->threads > 0) mesh_set_threads(o->threads);
+    return o->sample ? sample(plan, &pi, o) : train(plan, &pi, o);
 }
 
 /* Reads a whole file; prints the error and returns NULL on failure. */
@@ -782,11 +791,9 @@ int main(int argc, char **argv)
     }
     if (!plan_path)
         return usage_error("no plan file given", NULL);
-    /* --device: settled before anything runs; cuda without a GPU it can
-     * train on stops here */
-    if (mesh_set_device(opts.device) != MESH_OK) return fail("%s", mesh_last_error());
-    /* --threads; else the cores this process may use, shared by the ranks
-     * it runs as threads (mesh_run_ranks) */
-    if (opts.threads > 0) mesh_set_threads(opts.threads);
-    return run_plan(plan_path, &opts);
+    mesh_plan *plan;
+    if (mesh_plan_load(plan_path, &plan) != MESH_OK) return fail("%s", mesh_last_error());
+    int rc = run_plan(plan, &opts);
+    mesh_plan_free(plan);
+    return rc;
 }
