@@ -314,18 +314,19 @@ mesh_status mesh_context_overlap_ms(mesh_context *ctx, int index, double *ms, do
     return MESH_OK;
 }
 
-mesh_status mesh_context_profile(mesh_context *ctx, int index, char *what, size_t n, double *ms, double *calls,
-                                 long long *steps, long long *untimed)
+mesh_status mesh_context_profile(mesh_context *ctx, int index, size_t size, mesh_profile_entry *entry)
 {
-    double c = 0;
-    long long st = 0, u = 0;
-    if (!ctx || !what || !n || !ms) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_profile: NULL argument");
-    if (index < 0 || mesh__exec_profile(ctx->ex, index, what, n, ms, &c, &st, &u) != 0)
+    if (!ctx || !entry) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_profile: NULL argument");
+    /* the struct grows only at its end; this is its first layout */
+    if (size < sizeof(mesh_profile_entry))
+        return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_profile: size %zu is not a mesh_profile_entry's", size);
+    mesh_profile_entry e;
+    memset(&e, 0, sizeof e);
+    if (index < 0 || mesh__exec_profile(ctx->ex, index, e.what, sizeof e.what, &e.ms, &e.calls, &e.gflop, &e.steps,
+                                        &e.untimed) != 0)
         return mesh__fail(MESH_ERR_INVALID_ARG, "no entry %d of the profile (mesh_set_profile before the context; "
                           "a step after the first)", index);
-    if (calls) *calls = c;
-    if (steps) *steps = st;
-    if (untimed) *untimed = u;
+    *entry = e;
     return MESH_OK;
 }
 

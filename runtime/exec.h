@@ -129,12 +129,13 @@ int mesh__exec_overlap_ms(mesh__exec *ex, int k, double *ms, double *calls);
 /* Entry k of the op profile (MESH__EXEC_PROFILE), those with calls in
  * order: what ("matmul backward", "optimizer", "collectives in turn"),
  * its time per training step (the mean over the steps taken but the
- * first, in ms), calls per step, and the steps it is the mean of. The
- * device's work is waited for first. *untimed: work that went untimed
- * (a GPU EX_PROF_RING pairs behind). -1 past the last entry, or when the
- * profile is off or no step but the first was taken. */
-int mesh__exec_profile(mesh__exec *ex, int k, char *what, size_t n, double *ms, double *calls, long long *steps,
-                       long long *untimed);
+ * first, in ms), calls and model GFLOP per step (mesh_profile_entry's),
+ * and the steps it is the mean of. The device's work is waited for
+ * first. *untimed: work that went untimed (a GPU EX_PROF_RING pairs
+ * behind). -1 past the last entry, or when the profile is off or no step
+ * but the first was taken. */
+int mesh__exec_profile(mesh__exec *ex, int k, char *what, size_t n, double *ms, double *calls, double *gflop,
+                       long long *steps, long long *untimed);
 
 /* Why the last train step returned -2 (a collective failed). */
 const char *mesh__exec_error(const mesh__exec *ex);

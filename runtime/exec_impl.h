@@ -150,6 +150,7 @@ typedef struct ex_prof {
     double t0;                /* the host's clock as it began */
     double ms[EX_PROF_ENTRIES];
     long long calls[EX_PROF_ENTRIES];
+    double flops[EX_PROF_ENTRIES]; /* model FLOPs of the timed brackets */
 } ex_prof;
 
 struct mesh__exec {
@@ -391,11 +392,12 @@ double exec__turns_total(mesh__exec *ex);
  * returns rc, or -1 if timing failed. */
 int exec__prof_begin(mesh__exec *ex, int entry);
 int exec__prof_end(mesh__exec *ex, int rc);
-/* The entry of node id's kernels in a phase (EX_PROF_FWD...): its op's, a
- * matmul's for the bias add that computes it, -1 for a node that runs
- * nothing of its own (a transpose; a matmul, GELU or GELU backward that
- * another node's kernel computes; a GELU is recomputed at its own node). */
-int exec__prof_node(const mesh__exec *ex, int id, int phase);
+/* exec__prof_begin for node id's kernels in a phase (EX_PROF_FWD...):
+ * its op's entry (a matmul's for the bias add that computes it; none for
+ * a node that runs nothing of its own: a transpose, a matmul, GELU or
+ * GELU backward that another node's kernel computes; a GELU is
+ * recomputed at its own node), and its model FLOPs counted there. */
+int exec__prof_begin_node(mesh__exec *ex, int id, int phase);
 /* The events (a GPU's, when profiling): -2 with ex->error */
 int exec__prof_init(mesh__exec *ex);
 void exec__prof_free(mesh__exec *ex);
@@ -488,6 +490,9 @@ float *exec__gshard(const mesh__exec *ex, int id, int it);
 
 /* The last of tensor id's dims on this rank. */
 int exec__lastd(const mesh__exec *ex, int id);
+/* An attention (or rope) node's batch, sequence, query and kv heads on
+ * this rank, and head size (exec_ops.c). */
+void exec__attn_dims(const mesh__exec *ex, int id, int *B, int *T, int *H, int *KV, int *d);
 
 /* Switches to chunk c of the stage: its layers, and its slot's parts
  * (chunk 0 starts with the part before the stack, a later one with what

@@ -229,7 +229,7 @@ static int add_backward(mesh__exec *ex, float *da, size_t na, int fa, float *db,
 
 /* Attention geometry on this rank: qkv [B, T, (H + 2 KV) d] -> out [B, T,
  * H d]; split over tp, H and KV are the rank's heads. */
-static void attn_dims(const mesh__exec *ex, int id, int *B, int *T, int *H, int *KV, int *d)
+void exec__attn_dims(const mesh__exec *ex, int id, int *B, int *T, int *H, int *KV, int *d)
 {
     const plan_tensor *t = &ex->p->tensors[id];
     *d = (int)(exec__last_dim(t) / t->heads);
@@ -293,7 +293,7 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
     }
     case G_ATTENTION: {
         int B, T, H, KV, d;
-        attn_dims(ex, id, &B, &T, &H, &KV, &d);
+        exec__attn_dims(ex, id, &B, &T, &H, &KV, &d);
         if (t->n_in == 1) /* packed [q | k | v] */
             K(attention_qkv_forward, OUT, AUX, IN(0), B, T, H, KV, d, t->causal);
         else
@@ -302,7 +302,7 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
     }
     case G_ROPE: {
         int B, T, H, KV, d;
-        attn_dims(ex, id, &B, &T, &H, &KV, &d);
+        exec__attn_dims(ex, id, &B, &T, &H, &KV, &d);
         K(rope_forward, OUT, IN(0), B, T, H, d, (float)t->theta);
         break;
     }
@@ -422,7 +422,7 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
     }
     case G_ATTENTION: {
         int B, T, H, KV, d;
-        attn_dims(ex, id, &B, &T, &H, &KV, &d);
+        exec__attn_dims(ex, id, &B, &T, &H, &KV, &d);
         if (t->n_in == 1)
             K(attention_qkv_backward, DIN(0), DOUT, OUT, AUX, IN(0), B, T, H, KV, d, t->causal);
         else
@@ -432,7 +432,7 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
     }
     case G_ROPE: {
         int B, T, H, KV, d;
-        attn_dims(ex, id, &B, &T, &H, &KV, &d);
+        exec__attn_dims(ex, id, &B, &T, &H, &KV, &d);
         K(rope_backward, DIN(0), DOUT, B, T, H, d, (float)t->theta);
         break;
     }

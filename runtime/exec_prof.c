@@ -17,7 +17,9 @@
  *     around the calls.
  * Work that another node's kernel does counts in that node's entry: a
  * matmul's bias add and GELU (cuBLASLt's epilogues) in the matmul's
- * forward, a GELU's backward in the matmul's (DGELU). The first training
+ * forward, a GELU's backward in the matmul's (DGELU). The matmuls' and
+ * attention's timed brackets also add up their model FLOPs (node_flops),
+ * so that the table shows how near each comes to the GPU's peak. The first training
  * step of a context (its warm-up: the GPU's first launches, cuBLASLt's
  * choices) is left out. Tests: exec_profile_splits_the_step,
  * exec_cuda_profile_on_the_gpu.
@@ -111,7 +113,8 @@ int exec__prof_end(mesh__exec *ex, int rc)
     return rc;
 }
 
-int exec__prof_node(const mesh__exec *ex, int id, int phase)
+/* Node id's entry in a phase (exec__prof_begin_node), -1 for none. */
+static int node_entry(const mesh__exec *ex, int id, int phase)
 {
     const plan_tensor *t = &ex->p->tensors[id];
     const ex_fuse *fu = &ex->fuse[id];
@@ -127,8 +130,41 @@ int exec__prof_node(const mesh__exec *ex, int id, int phase)
     return (int)op * 3 + phase;
 }
 
-int mesh__exec_profile(mesh__exec *ex, int k, char *what, size_t n, double *ms, double *calls, long long *steps,
-                       long long *untimed)
+/* Node id's model FLOPs in a phase (mesh_profile_entry's count): a
+ * matmul's (or the bias add's that computes it) 2 M K N forward, 4 M K N
+ * backward (dx and dw); attention's 4 B H T^2 d forward, half of it
+ * causal, 2.5 times that backward; 0 for the others. */
+static double node_flops(const mesh__exec *ex, int id, int phase)
+{
+    const plan_tensor *t = &ex->p->tensors[id];
+    int m = t->op == G_MATMUL ? id : -1;
+    if (t->op == G_BIAS_ADD && phase != EX_PROF_BWD && t->n_in > 0 && ex->fuse[t->in[0]].into == id) m = t->in[0];
+    double back = phase == EX_PROF_BWD;
+    if (m >= 0) {
+        double K = exec__lastd(ex, ex->p->tensors[m].in[0]), N = exec__lastd(ex, m);
+        double M = (double)ex->numel[m] / N;
+        return (back ? 4.0 : 2.0) * M * K * N;
+    }
+    if (t->op == G_ATTENTION) {
+        int B, T, H, KV, d;
+        exec__attn_dims(ex, id, &B, &T, &H, &KV, &d);
+        double f = 4.0 * B * H * (double)T * T * d * (t->causal ? 0.5 : 1.0);
+        return back ? 2.5 * f : f;
+    }
+    return 0;
+}
+
+int exec__prof_begin_node(mesh__exec *ex, int id, int phase)
+{
+    ex_prof *f = &ex->prof;
+    if (!f->on) return 0;
+    int rc = exec__prof_begin(ex, node_entry(ex, id, phase));
+    if (rc == 0 && f->depth == 1 && f->entry >= 0) f->flops[f->entry] += node_flops(ex, id, phase);
+    return rc;
+}
+
+int mesh__exec_profile(mesh__exec *ex, int k, char *what, size_t n, double *ms, double *calls, double *gflop,
+                       long long *steps, long long *untimed)
 {
     ex_prof *f = &ex->prof;
     long long st = ex->steps - 1; /* (the first warms up) */
@@ -145,6 +181,7 @@ int mesh__exec_profile(mesh__exec *ex, int k, char *what, size_t n, double *ms, 
         else snprintf(what, n, "%s %s", graph_op_name((g_op)(e / 3)), phase[e % 3]);
         *ms = f->ms[e] / (double)st;
         *calls = (double)f->calls[e] / (double)st;
+        *gflop = f->flops[e] / 1e9 / (double)st;
         *steps = st;
         *untimed = f->untimed;
         return 0;

@@ -596,9 +596,9 @@ static int run_phase(mesh__exec *ex, plan_phase phase)
                 } else if (sq->kind != STEP_COMPUTE) {
                     if (exec__prof_begin(ex, EX_PROF_COMM) != 0 || exec__prof_end(ex, collective(ex, sq, it)) != 0)
                         return -1;
-                } else if (exec__prof_begin(ex, exec__prof_node(ex, sq->node, !back ? EX_PROF_FWD
-                                                                   : sq->recompute ? EX_PROF_RECOMPUTE
-                                                                                   : EX_PROF_BWD)) != 0) {
+                } else if (exec__prof_begin_node(ex, sq->node, !back          ? EX_PROF_FWD
+                                                               : sq->recompute ? EX_PROF_RECOMPUTE
+                                                                               : EX_PROF_BWD) != 0) {
                     return -1;
                 } else if (exec__prof_end(ex, node_step(ex, sq, it, back)) != 0) {
                     return -1;

@@ -242,29 +242,40 @@ mesh_status mesh_context_overlap_ms(mesh_context *ctx, int index, double *ms, do
  * MESH_NCCL_BLOCKING=1, ranks sharing a GPU). */
 mesh_status mesh_context_times_on_gpu(const mesh_context *ctx, int *on_gpu);
 
+/* An entry of the op profile (mesh_context_profile). The struct grows
+ * only at its end. */
+typedef struct mesh_profile_entry {
+    char what[48];     /* "matmul forward", "attention backward", "layernorm recompute",
+                          "optimizer", "collectives in turn" */
+    double ms;         /* its time per step, milliseconds */
+    double calls;      /* its brackets per step */
+    double gflop;      /* its model GFLOP per step, as FlashAttention and Megatron-LM count
+                          them: a matmul's 2 M K N forward and twice that backward,
+                          attention's 4 B H T^2 d forward (half of it causal) and 2.5 times
+                          that backward, a recomputation's its forward's; 0 for other work */
+    long long steps;   /* the steps the means are of */
+    long long untimed; /* brackets, of every entry, that went untimed because the GPU was 4096
+                          behind the host */
+} mesh_profile_entry;
+
 /* The op profile of a context created after mesh_set_profile(1): entry
  * `index` (0, 1, ... until MESH_ERR_INVALID_ARG) of where this rank's
  * training steps spent their time, the mean over the steps taken but the
- * first (its warm-up), in the order of the graph's ops: what ("matmul
- * forward", "attention backward", "layernorm recompute", "optimizer",
- * "collectives in turn"; n bytes at most), its time per step in
- * milliseconds and its calls per step (may be NULL), and the steps the
- * mean is of (may be NULL). An op's time is its node's kernels' (a
- * matmul's includes the bias add and GELU its kernel computes, and in
- * the backward the GELU's, cuBLASLt's epilogues), and the collectives it
- * makes itself (moe's all-to-alls); "optimizer" is the gradient's norm
- * and AdamW; "collectives in turn" those the rank waits for (the
- * pipeline's transfers included; those overlapped with compute are
- * mesh_step_stats' overlap_ms). On a GPU each is the GPU's own time on
- * the compute stream, from CUDA events recorded around it (the GPU's
- * idle time between them is in none); the call waits for the GPU to
- * finish the step's work. On the CPU, the host's time in the calls.
- * untimed (may be NULL): brackets that went untimed because the GPU was
- * 4096 behind the host. MESH_ERR_INVALID_ARG past the last entry, when
- * the context was created without the profile, or before its second
+ * first (its warm-up), in the order of the graph's ops, then the
+ * optimizer and the collectives (size: sizeof(mesh_profile_entry)). An
+ * op's time is its node's kernels' (a matmul's includes the bias add and
+ * GELU its kernel computes, and in the backward the GELU's: cuBLASLt's
+ * epilogues), and the collectives it makes itself (moe's all-to-alls);
+ * "optimizer" is the gradient's norm and AdamW; "collectives in turn"
+ * those the rank waits for (the pipeline's transfers included; those
+ * overlapped with compute are mesh_step_stats' overlap_ms). On a GPU
+ * each is the GPU's own time on the compute stream, from CUDA events
+ * recorded around it (the GPU's idle time between them is in none); the
+ * call waits for the GPU to finish the step's work. On the CPU, the
+ * host's time in the calls. MESH_ERR_INVALID_ARG past the last entry,
+ * when the context was created without the profile, or before its second
  * step. */
-mesh_status mesh_context_profile(mesh_context *ctx, int index, char *what, size_t n, double *ms, double *calls,
-                                 long long *steps, long long *untimed);
+mesh_status mesh_context_profile(mesh_context *ctx, int index, size_t size, mesh_profile_entry *entry);
 
 /* What a training step reports. */
 typedef struct mesh_step_stats {

@@ -288,20 +288,15 @@ static void print_sent(mesh_context *ctx, int gpu)
 }
 
 /* --profile: rank 0's step by kind of work (mesh_context_profile), the
- * most costly first, beside the step's own time (step_ms: the mean of
- * mesh_train_step's over the same steps). */
+ * most costly first, with the model TFLOP/s of the matmuls and attention,
+ * beside the step's own time (step_ms: the mean of mesh_train_step's over
+ * the same steps). */
 static void print_profile(mesh_context *ctx, int gpu, double step_ms)
 {
     enum { MAX_ROWS = 128 };
-    struct row {
-        char what[48];
-        double ms, calls;
-    } rows[MAX_ROWS], t;
-    long long steps = 0, untimed = 0;
+    mesh_profile_entry rows[MAX_ROWS], t;
     int n = 0;
-    while (n < MAX_ROWS && mesh_context_profile(ctx, n, rows[n].what, sizeof rows[n].what, &rows[n].ms,
-                                                &rows[n].calls, &steps, &untimed) == MESH_OK)
-        n++;
+    while (n < MAX_ROWS && mesh_context_profile(ctx, n, sizeof rows[n], &rows[n]) == MESH_OK) n++;
     if (n == 0) {
         printf("meshrun: profile: nothing timed (a step after the first is needed: the first warms up)\n");
         return;
@@ -312,18 +307,24 @@ static void print_profile(mesh_context *ctx, int gpu, double step_ms)
             rows[k] = rows[k - 1];
             rows[k - 1] = t;
         }
-    double total = 0;
-    for (int i = 0; i < n; i++) total += rows[i].ms;
-    printf("meshrun: profile of rank 0's steps after the first (%lld), %s, per step:\n", steps,
+    double total = 0, gflop = 0;
+    for (int i = 0; i < n; i++) total += rows[i].ms, gflop += rows[i].gflop;
+    printf("meshrun: profile of rank 0's steps after the first (%lld), %s, per step:\n", rows[0].steps,
            gpu ? "the GPU's time from CUDA events" : "the host's time");
-    printf("meshrun:   %-28s %10s %7s %9s\n", "work", "ms", "%", "calls");
-    for (int i = 0; i < n; i++)
-        printf("meshrun:   %-28s %10.3f %6.1f%% %9.1f\n", rows[i].what, rows[i].ms,
-               step_ms > 0 ? 100 * rows[i].ms / step_ms : 0.0, rows[i].calls);
+    printf("meshrun:   %-28s %10s %7s %9s %9s\n", "work", "ms", "%", "calls", "TFLOP/s");
+    for (int i = 0; i < n; i++) {
+        char tf[24] = "-";
+        if (rows[i].gflop > 0 && rows[i].ms > 0) snprintf(tf, sizeof tf, "%.2f", rows[i].gflop / rows[i].ms);
+        printf("meshrun:   %-28s %10.3f %6.1f%% %9.1f %9s\n", rows[i].what, rows[i].ms,
+               step_ms > 0 ? 100 * rows[i].ms / step_ms : 0.0, rows[i].calls, tf);
+    }
     printf("meshrun:   %-28s %10.3f %6.1f%% of the step's %.3f ms (the rest: %s)\n", "all of the above", total,
            step_ms > 0 ? 100 * total / step_ms : 0.0, step_ms,
            gpu ? "the GPU idle: the host behind, waits for other streams" : "the host between the calls");
-    if (untimed > 0) printf("meshrun:   (%lld brackets untimed: the GPU was far behind)\n", untimed);
+    if (step_ms > 0 && gflop > 0)
+        printf("meshrun:   model FLOPs (matmuls, attention): %.1f GFLOP a step, %.2f TFLOP/s over the step\n", gflop,
+               gflop / step_ms);
+    if (rows[0].untimed > 0) printf("meshrun:   (%lld brackets untimed: the GPU was far behind)\n", rows[0].untimed);
     fflush(stdout);
 }
 

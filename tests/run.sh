@@ -378,13 +378,16 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
         fail meshrun/train-gpt-tiny-loss-falls "$TMP/train.out"
     fi
     # --profile: rank 0's steps after the first by kind of work, the most
-    # costly first (each op's forward and backward, the optimizer), then
-    # their total against the step's time
+    # costly first (each op's forward and backward, the optimizer; the
+    # matmuls' and attention's TFLOP/s), then their total against the
+    # step's time, and the model FLOPs (gpt-tiny: 6 x 120,576 parameters x
+    # 1,024 tokens, 0.74 GFLOP, and attention's)
     capture "$TMP/prof.out" "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/dd.bin" --steps 4 --profile
     if grep -q "^meshrun: profile of rank 0's steps after the first (3), the host's time, per step:$" "$TMP/prof.out" &&
-        grep -Eq '^meshrun:   matmul backward +[0-9]+\.[0-9]{3} +[0-9.]+% +[0-9]+\.[0-9]$' "$TMP/prof.out" &&
-        grep -Eq '^meshrun:   attention forward +[0-9]+\.[0-9]{3} +[0-9.]+% +2\.0$' "$TMP/prof.out" &&
-        grep -Eq '^meshrun:   optimizer +[0-9]+\.[0-9]{3} +[0-9.]+% +2\.0$' "$TMP/prof.out" &&
+        grep -Eq '^meshrun:   matmul backward +[0-9]+\.[0-9]{3} +[0-9.]+% +[0-9]+\.[0-9] +[0-9]+\.[0-9]{2}$' "$TMP/prof.out" &&
+        grep -Eq '^meshrun:   attention forward +[0-9]+\.[0-9]{3} +[0-9.]+% +2\.0 +[0-9]+\.[0-9]{2}$' "$TMP/prof.out" &&
+        grep -Eq '^meshrun:   optimizer +[0-9]+\.[0-9]{3} +[0-9.]+% +2\.0 +-$' "$TMP/prof.out" &&
+        grep -Eq '^meshrun:   model FLOPs \(matmuls, attention\): 0\.8 GFLOP a step, [0-9]+\.[0-9]{2} TFLOP/s over the step$' "$TMP/prof.out" &&
         grep -Eq "^meshrun:   all of the above +[0-9]+\.[0-9]{3} +[0-9.]+% of the step's [0-9]+\.[0-9]{3} ms \(the rest: the host between the calls\)$" "$TMP/prof.out" &&
         [ "$(grep -c '^meshrun:   ' "$TMP/prof.out")" -ge 10 ] && [ "$(tail -n 1 "$TMP/prof.out")" = "exit: 0" ]; then
         pass meshrun/profile-splits-the-step
@@ -633,7 +636,7 @@ ranks_section() {
     done
     # --profile on tp 2: rank 0's collectives in its turn have their entry
     capture "$TMP/prof-tp2.out" "$MESHRUN" "$TMP/m1x2x1.plan" --data "$TMP/dd.bin" --steps 3 --profile
-    if grep -Eq '^meshrun:   collectives in turn +[0-9]+\.[0-9]{3} +[0-9.]+% +[0-9]+\.[0-9]$' "$TMP/prof-tp2.out" &&
+    if grep -Eq '^meshrun:   collectives in turn +[0-9]+\.[0-9]{3} +[0-9.]+% +[0-9]+\.[0-9] +-$' "$TMP/prof-tp2.out" &&
         [ "$(tail -n 1 "$TMP/prof-tp2.out")" = "exit: 0" ]; then
         pass meshrun/profile-tp2-collectives-in-turn
     else

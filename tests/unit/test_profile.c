@@ -19,6 +19,14 @@
 
 enum { MAX_ROWS = 64 };
 
+/* a within 1e-12 of b, relatively (a mean's division rounds) */
+#define NEAR_D(a, b)                                                                                   \
+    do {                                                                                               \
+        double a_ = (a), b_ = (b);                                                                     \
+        if (!(fabs(a_ - b_) <= 1e-12 * fabs(b_)))                                                      \
+            unit_fail(__FILE__, __LINE__, "%s = %.17g, %s = %.17g", #a, a_, #b, b_);                   \
+    } while (0)
+
 /* a == b, or the test fails naming both */
 #define EQ_D(a, b)                                                                                     \
     do {                                                                                               \
@@ -28,7 +36,7 @@ enum { MAX_ROWS = 64 };
 
 typedef struct prof_row {
     char what[48];
-    double ms, calls;
+    double ms, calls, gflop;
 } prof_row;
 
 static void compile_tiny(plan *p)
@@ -66,7 +74,8 @@ static int rows_of(mesh__exec *ex, prof_row *r, long long *steps, long long *unt
 {
     int n = 0;
     while (n < MAX_ROWS &&
-           mesh__exec_profile(ex, n, r[n].what, sizeof r[n].what, &r[n].ms, &r[n].calls, steps, untimed) == 0)
+           mesh__exec_profile(ex, n, r[n].what, sizeof r[n].what, &r[n].ms, &r[n].calls, &r[n].gflop, steps,
+                              untimed) == 0)
         n++;
     return n;
 }
@@ -102,6 +111,16 @@ static void check_rows(const prof_row *r, int n, double wall_ms)
     EQ_D(find(r, n, "attention backward")->calls, 4.0);
     EQ_D(find(r, n, "optimizer")->calls, 2.0);
     EQ_D(find(r, n, "matmul backward")->calls, find(r, n, "matmul forward")->calls);
+    /* model FLOPs: a matmul's 2 M K N forward, twice that backward;
+     * attention's 4 B H T^2 d, half of it causal (2 sequences of 8, 2 heads
+     * of 4: 2048 a call, 4 calls), 2.5 times that backward; none for the
+     * rest */
+    if (!(find(r, n, "matmul forward")->gflop > 0)) unit_fail(__FILE__, __LINE__, "no matmul FLOPs");
+    NEAR_D(find(r, n, "matmul backward")->gflop, 2 * find(r, n, "matmul forward")->gflop);
+    NEAR_D(find(r, n, "attention forward")->gflop * 1e9, 4 * 2048.0);
+    NEAR_D(find(r, n, "attention backward")->gflop * 1e9, 2.5 * 4 * 2048.0);
+    EQ_D(find(r, n, "layernorm forward")->gflop, 0.0);
+    EQ_D(find(r, n, "optimizer")->gflop, 0.0);
     if (!(find(r, n, "matmul forward")->ms > 0) || !(find(r, n, "matmul backward")->ms > 0))
         unit_fail(__FILE__, __LINE__, "the matmuls took no time");
     double total = 0;
@@ -113,7 +132,7 @@ static void check_rows(const prof_row *r, int n, double wall_ms)
 TEST_IMPL(exec_profile_splits_the_step)
 {
     char err[512], what[48];
-    double ms, calls, a[4], b[4];
+    double ms, calls, gflop, a[4], b[4];
     long long steps = 0, untimed = 0;
     plan p;
     compile_tiny(&p);
@@ -122,17 +141,17 @@ TEST_IMPL(exec_profile_splits_the_step)
     if (!prof || !plain) unit_fail(__FILE__, __LINE__, "%s", err);
     /* the first step warms up: nothing yet; a context without the profile never has any */
     train(prof, 1, 1, a);
-    ASSERT_INT_EQ(mesh__exec_profile(prof, 0, what, sizeof what, &ms, &calls, &steps, &untimed), -1);
+    ASSERT_INT_EQ(mesh__exec_profile(prof, 0, what, sizeof what, &ms, &calls, &gflop, &steps, &untimed), -1);
     double wall = train(prof, 2, 4, a);
     train(plain, 1, 4, b);
-    ASSERT_INT_EQ(mesh__exec_profile(plain, 0, what, sizeof what, &ms, &calls, &steps, &untimed), -1);
+    ASSERT_INT_EQ(mesh__exec_profile(plain, 0, what, sizeof what, &ms, &calls, &gflop, &steps, &untimed), -1);
     for (int k = 0; k < 4; k++) EQ_D(a[k], b[k]); /* timing changes no number */
     prof_row r[MAX_ROWS];
     int n = rows_of(prof, r, &steps, &untimed);
     ASSERT_INT_EQ((int)steps, 3);
     ASSERT_INT_EQ((int)untimed, 0);
     check_rows(r, n, 1e3 * wall / 3);
-    ASSERT_INT_EQ(mesh__exec_profile(prof, n, what, sizeof what, &ms, &calls, &steps, &untimed), -1);
+    ASSERT_INT_EQ(mesh__exec_profile(prof, n, what, sizeof what, &ms, &calls, &gflop, &steps, &untimed), -1);
     mesh__exec_free(prof);
     mesh__exec_free(plain);
     plan_free(&p);
@@ -149,10 +168,13 @@ TEST_IMPL(exec_profile_splits_the_step)
     ASSERT_INT_EQ(mesh_context_create(mp, 0, &ctx), MESH_OK);
     ASSERT_INT_EQ(mesh_set_profile(0), MESH_OK); /* (the tests after this one: off) */
     for (int k = 0; k < 2; k++) ASSERT_INT_EQ(mesh_train_step(ctx, in, tg, NULL), MESH_OK);
-    ASSERT_INT_EQ(mesh_context_profile(ctx, 0, what, sizeof what, &ms, NULL, &steps, NULL), MESH_OK);
-    ASSERT_INT_EQ((int)steps, 1);
-    ASSERT_INT_EQ(mesh_context_profile(ctx, -1, what, sizeof what, &ms, NULL, NULL, NULL), MESH_ERR_INVALID_ARG);
-    ASSERT_INT_EQ(mesh_context_profile(ctx, 0, NULL, 0, &ms, NULL, NULL, NULL), MESH_ERR_INVALID_ARG);
+    mesh_profile_entry e;
+    ASSERT_INT_EQ(mesh_context_profile(ctx, 0, sizeof e, &e), MESH_OK);
+    ASSERT_INT_EQ((int)e.steps, 1);
+    ASSERT_STR_EQ(e.what, "embed forward"); /* (the graph's first op) */
+    ASSERT_INT_EQ(mesh_context_profile(ctx, -1, sizeof e, &e), MESH_ERR_INVALID_ARG);
+    ASSERT_INT_EQ(mesh_context_profile(ctx, 0, sizeof e - 1, &e), MESH_ERR_INVALID_ARG);
+    ASSERT_INT_EQ(mesh_context_profile(ctx, 0, sizeof e, NULL), MESH_ERR_INVALID_ARG);
     mesh_context_free(ctx);
     mesh_plan_free(mp);
 }
