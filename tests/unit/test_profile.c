@@ -179,8 +179,9 @@ TEST_IMPL(exec_profile_splits_the_step)
     mesh_plan_free(mp);
 }
 
-/* On a GPU: the same entries and calls as the CPU's, from CUDA events (the
- * GPU's time of each, so each above 0); without one, a SKIP line. */
+/* On a GPU: the same entries and calls as the CPU's, from CUDA events
+ * (the GPU's time of each: the matmuls' and attention's above 0, as
+ * check_rows asks); without one, a SKIP line. */
 TEST_IMPL(exec_cuda_profile_on_the_gpu)
 {
     char why[320], err[512];
@@ -212,7 +213,9 @@ TEST_IMPL(exec_cuda_profile_on_the_gpu)
         if (strcmp(rg[k].what, rc[k].what) || rg[k].calls != rc[k].calls)
             unit_fail(__FILE__, __LINE__, "entry %d: '%s' %g calls on the GPU, '%s' %g on the CPU", k, rg[k].what,
                       rg[k].calls, rc[k].what, rc[k].calls);
-        if (!(rg[k].ms > 0)) unit_fail(__FILE__, __LINE__, "'%s': %g ms on the GPU", rg[k].what, rg[k].ms);
+        /* (a bracket with no kernel of its own, as the fused cross-entropy's
+         * backward, may read 0 between its events) */
+        if (!(rg[k].ms >= 0)) unit_fail(__FILE__, __LINE__, "'%s': %g ms on the GPU", rg[k].what, rg[k].ms);
     }
     check_rows(rg, ng, 1e3 * wall / 3);
     mesh__exec_free(cpu);
