@@ -467,8 +467,8 @@ step_train_gpt2() {
     # MFU with PaLM's count per token, 6 N + 12 L T d (N = 124,475,904, L =
     # 12, T = 1024, d = 768), over the H200's dense bf16 peak, 989 TFLOP/s
     # (and bf16 B=32 with MESH_DETERMINISTIC=0, as PyTorch's step runs;
-    # bf16 B=16 with the op profile, --profile: its two event records an op
-    # cost the host, not the GPU, so a GPU-bound step hides them)
+    # bf16 B=16 with the op profile, --profile: two event records an op,
+    # host calls and GPU timestamps, which a GPU-bound step mostly hides)
     local prec batch mode what
     for cfg in "bf16 16 profile" "bf16 32" "bf16 32 atomic" "fp32 16"; do
         read -r prec batch mode <<<"$cfg"
