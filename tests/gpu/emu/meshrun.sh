@@ -19,11 +19,12 @@
 # 1e-4 (moe 1e-3) of the CPU's.
 # A GPU too small (EMU_GPU_MEM_MB=34, 16): meshrun stops, naming the
 # bytes (the plan's, the kernels', the device's free and total).
-# Then one rank per process, as torchrun starts them, on one emulated node
+# Then one rank per process, as torchrun starts them, on emulated nodes
 # (EMU_NCCL_NODE: their NCCL worlds meet through files, nccl_node.cpp):
 # dp 2 ZeRO-3 on 2 processes (1e-4; no files left behind; and under
 # mpirun), tp 2 x pp 2 in
-# bf16 on 4 (2e-2), 2 processes on 1 GPU (both stop; rank 0 says NCCL's
+# bf16 on 4 processes of 2 emulated machines of 2 GPUs (EMU_NCCL_HOST; each
+# machine's LOCAL_RANK from 0) (2e-2), 2 processes on 1 GPU (both stop; rank 0 says NCCL's
 # Duplicate GPU), a process killed in its first step, and one whose NCCL
 # communicator fails to form (the other stops at once, naming it; not at
 # its timeout).
@@ -168,17 +169,24 @@ check "a GPU of 16 MiB: out of memory for cuBLASLt's workspace, with the device'
 
 # One rank per process, as torchrun starts them (RANK, WORLD_SIZE,
 # LOCAL_RANK, MASTER_ADDR/PORT: the TCP world, over which NCCL's id goes),
-# the processes of one emulated node meeting through EMU_NCCL_NODE's files
-# (nccl_node.cpp): a GPU each, then two on one GPU, then one killed.
+# the processes meeting through EMU_NCCL_NODE's files (nccl_node.cpp): a
+# GPU each on one machine, then on two (EMU_NCCL_HOST), then two on one
+# GPU, then one killed.
 PORT=$((20000 + $$ % 20000))
-procs() { # procs NAME N GPUS PLAN ARGS...: N processes, rank R's output in $T/NAME.R.log (NO_NODE=1: without EMU_NCCL_NODE)
-    local name=$1 n=$2 gpus=$3 plan=$4 r rc=0 node
+# procs NAME N GPUS PLAN ARGS...: N processes, rank R's output in
+# $T/NAME.R.log (NO_NODE=1: without EMU_NCCL_NODE; MACHINES=M: on M
+# emulated machines of GPUS GPUs each, N/M processes a machine, as a job
+# of several nodes starts them: each machine's LOCAL_RANK from 0, its
+# EMU_NCCL_HOST its own)
+procs() {
+    local name=$1 n=$2 gpus=$3 plan=$4 r rc=0 node per=$(($2 / ${MACHINES:-1})) host
     shift 4
     node=$([ "${NO_NODE:-0}" = 1 ] || echo "$T/node-$name")
     PORT=$((PORT + 1))
     for ((r = 0; r < n; r++)); do
-        EMU_NCCL_NODE="$node" MESH_EMU_GPUS=$gpus RANK=$r LOCAL_RANK=$r WORLD_SIZE=$n \
-            MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT timeout 300 "$B/meshrun_emu" "$T/$plan.plan" \
+        host=$([ "${MACHINES:-1}" = 1 ] || echo "m$((r / per))")
+        EMU_NCCL_NODE="$node" EMU_NCCL_HOST="$host" MESH_EMU_GPUS=$gpus RANK=$r LOCAL_RANK=$((r % per)) \
+            WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT timeout 300 "$B/meshrun_emu" "$T/$plan.plan" \
             --data "$T/train.bin" --val "$T/val.bin" --device cuda "$@" >"$T/$name.$r.log" 2>&1 &
     done
     for ((r = 0; r < n; r++)); do wait -n || rc=$?; done
@@ -216,8 +224,8 @@ procs moeep2procs 2 2 moeep2 --steps 2 || shown moeep2procs 2
 check "2 processes, a GPU each, train it 2 steps, the all-to-alls over NCCL" $?
 same "$T/moeep2procs.0.log" "$T/moeep2-cpu.log" 1e-3 3
 check "their 3 losses and validation losses are the CPU's within 1e-3" $?
-procs tp2pp2procs 4 4 tp2pp2 --steps 2 || shown tp2pp2procs 4
-check "4 processes, a GPU each, train tp 2 x pp 2 in bf16 2 steps over NCCL" $?
+MACHINES=2 procs tp2pp2procs 4 2 tp2pp2 --steps 2 || shown tp2pp2procs 4
+check "4 processes on 2 emulated machines of 2 GPUs (LOCAL_RANK 0, 1 on each) train tp 2 x pp 2 in bf16 2 steps over NCCL" $?
 same "$T/tp2pp2procs.0.log" "$T/cpu2.log" 2e-2 3
 check "their 3 losses and validation losses are the CPU's within 2e-2" $?
 procs dup 2 1 dp2z3 --steps 2

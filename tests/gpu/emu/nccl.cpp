@@ -670,16 +670,17 @@ bool comm_alive(ncclComm *c)
 }
 
 /* The GPUs must differ. */
-void world_formed(World *w, const std::vector<int> &device)
+void world_formed(World *w, const std::vector<Gpu> &gpu)
 {
     g_forming.erase(w->id);
     w->formed = true;
     for (int a = 0; a < w->n; a++)
         for (int b = a + 1; b < w->n; b++)
-            if (device[(size_t)a] == device[(size_t)b]) {
-                char why[160];
-                snprintf(why, sizeof why, "Duplicate GPU detected : rank %d and rank %d both on CUDA device %d", a,
-                         b, device[(size_t)a]);
+            if (gpu[(size_t)a] == gpu[(size_t)b]) {
+                const Gpu &d = gpu[(size_t)a];
+                char why[240];
+                snprintf(why, sizeof why, "Duplicate GPU detected : rank %d and rank %d both on CUDA device %d%s%s",
+                         a, b, d.device, d.host.empty() ? "" : " of host ", d.host.c_str());
                 for (ncclComm *m : w->members)
                     fail(m, ncclInvalidUsage, why);
                 return;
@@ -764,10 +765,10 @@ extern "C" ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncc
             return say(nullptr, rc, "ncclCommInitRankConfig: %s", why.c_str());
         }
     } else if (w->joined == w->n) {
-        std::vector<int> device;
+        std::vector<Gpu> gpu;
         for (ncclComm *m : w->members)
-            device.push_back(m->device);
-        world_formed(w, device);
+            gpu.push_back(Gpu{m->device, ""});
+        world_formed(w, gpu);
         g_cv.notify_all();
     }
     if (!c->blocking)

@@ -92,9 +92,16 @@ size_t type_size(ncclDataType_t t);
 void collective_output(const Op &a, const std::vector<const char *> &in, int r, int n, std::vector<char> &out);
 /* Why two ranks' calls of one collective do not agree, or "". */
 std::string disagreement(const Op &a, int ra, const Op &b, int rb);
-/* w has all its ranks, on devices device[rank]: its members' states are
- * set (they fail if two share a GPU). */
-void world_formed(World *w, const std::vector<int> &device);
+/* A rank's GPU: its device number on its machine (EMU_NCCL_HOST, "" for
+ * this one: a process's threads share their machine). */
+struct Gpu {
+    int device = 0;
+    std::string host;
+    bool operator==(const Gpu &o) const { return device == o.device && host == o.host; }
+};
+/* w has all its ranks, on gpu[rank]: its members' states are set (they
+ * fail if two share a GPU of one machine). */
+void world_formed(World *w, const std::vector<Gpu> &gpu);
 /* 1 when c is a communicator not destroyed nor aborted. */
 bool comm_alive(ncclComm *c);
 /* A split's worlds: color -> the parent ranks of that color, ordered by
@@ -105,9 +112,11 @@ std::condition_variable &formed_cv();
 
 /* ---- nccl_node.cpp ---- */
 
-/* EMU_NCCL_NODE (a folder the processes of one emulated node share): worlds
- * form and meet through files there, so that their ranks may be processes.
- * Unset: worlds are of this process's threads only. */
+/* EMU_NCCL_NODE (a folder the processes share): worlds form and meet
+ * through files there, so that their ranks may be processes, of one
+ * emulated machine or, with EMU_NCCL_HOST naming each process's, of
+ * several (the folder standing for their network). Unset: worlds are of
+ * this process's threads only. */
 bool node_on();
 /* c (of w, not yet formed) joins: its files say it is alive and on which
  * GPU; the world forms once every rank's are there. ncclInvalidUsage if

@@ -7,9 +7,11 @@
  * split from it, one named after the parent's, the split and the color.
  * Each file appears whole: it is written under a temporary name, then
  * linked to its names.
- *  - join.R: rank R came, on GPU D of the node ("D PID"); the world forms
- *    when every rank's is there, and fails as NCCL does when two ranks
- *    share a GPU. alive.R: rank R has not left; the last rank out removes
+ *  - join.R: rank R came, on GPU D of its machine ("D PID HOST", HOST
+ *    the process's EMU_NCCL_HOST, empty unset: processes of several
+ *    emulated machines may share the folder, which stands for their
+ *    network); the world forms when every rank's is there, and fails as
+ *    NCCL does when two ranks share a GPU of one machine. alive.R: rank R has not left; the last rank out removes
  *    the folder.
  *  - split.K.R: rank R's color and key for the world's K-th split.
  *  - c.S.F.T: rank F's part of the world's S-th collective, for rank T:
@@ -51,7 +53,7 @@ namespace enccl {
 
 struct Node {
     std::string dir;
-    std::vector<int> device; /* per rank, once formed */
+    std::vector<Gpu> gpu; /* per rank, once formed */
     std::set<int> mine;      /* this process's ranks with files here */
 };
 
@@ -236,17 +238,20 @@ size_t input_bytes(const Op &op, int r, int n)
 bool try_form(World *w)
 {
     Node *nd = w->node;
-    std::vector<int> device((size_t)w->n);
+    std::vector<Gpu> gpu((size_t)w->n);
     std::vector<char> buf;
     for (int r = 0; r < w->n; r++) {
         if (!slurp(nd->dir + "/" + num("join", r), buf))
             return false;
         buf.push_back(0);
-        device[(size_t)r] = atoi(buf.data());
+        int host = 0; /* (where the host's name starts: after "D PID ") */
+        if (sscanf(buf.data(), "%d %*d %n", &gpu[(size_t)r].device, &host) < 1 || host <= 0)
+            return false;
+        gpu[(size_t)r].host.assign(buf.data() + host, strcspn(buf.data() + host, "\n"));
     }
-    nd->device = device;
+    nd->gpu = gpu;
     g.forming.erase(w);
-    world_formed(w, device);
+    world_formed(w, gpu);
     formed_cv().notify_all();
     return true;
 }
@@ -287,7 +292,7 @@ bool try_split(PendingSplit &ps)
             nw->node = new Node;
             nw->node->dir = folder(fnv(tag, strlen(tag), fnv(nd->dir.data(), nd->dir.size())));
             for (int r : ranks)
-                nw->node->device.push_back(nd->device[(size_t)r]);
+                nw->node->gpu.push_back(nd->gpu[(size_t)r]);
         }
         int me = (int)(std::find(ranks.begin(), ranks.end(), l.rank) - ranks.begin());
         std::string why;
@@ -449,8 +454,9 @@ ncclResult_t node_join(World *w, ncclComm *c)
         w->node->dir = folder(fnv(&w->n, sizeof w->n, h));
     }
     Node *nd = w->node;
-    char body[64];
-    snprintf(body, sizeof body, "%d %d\n", c->device, (int)getpid());
+    const char *host = getenv("EMU_NCCL_HOST");
+    char body[160];
+    snprintf(body, sizeof body, "%d %d %.120s\n", c->device, (int)getpid(), host ? host : "");
     if (!make_dir(nd->dir, why))
         return fail(c, ncclSystemError, why), ncclSystemError;
     if (!put(nd->dir, {num("join", c->rank)}, body, strlen(body), nullptr, 0, why)) {
