@@ -459,12 +459,12 @@ EMU_KSRC     = $(wildcard kernels/cuda/*.cu)
 EMU_KGEN     = $(addprefix $(EMU_GEN)/,$(wildcard kernels/cuda/*.cu kernels/cuda/*.h))
 EMU_KOBJ     = $(EMU_KSRC:%.cu=$(EMU_OBJ)/%.o)
 EMU_RT_OBJ   = $(patsubst $(EMU_DIR)/%.cpp,$(EMU_OBJ)/emu/%.o,$(wildcard $(EMU_DIR)/*.cpp))
-EMU_TEST_OBJ = $(EMU_OBJ)/tests/gpu/gpu_tests.o
+EMU_TEST_OBJ = $(EMU_OBJ)/tests/gpu/gpu_tests.o $(EMU_OBJ)/tests/gpu/gpu_bench.o
 EMU_SAN      = $(SAN_CFLAGS)
 $(EMU_OBJ)/emu/exec.o: EMU_SAN = $(if $(filter thread,$(SAN)),-DEMU_TSAN)
 .SECONDARY: $(EMU_KGEN) $(EMU_GEN)/$(EMU_DIR)/selftest.cu
 
-.PHONY: gpu-emu gpu-emu-tsan
+.PHONY: gpu-emu gpu-emu-tsan gpu-rehearse
 # tests/gpu/emu/run.sh: the emulator's self-tests (selftest.cu), then every
 # case with a block's threads run first to last, and (not under TSan, which
 # sees every unordered access anyway) last to first; one summary at the end
@@ -477,6 +477,12 @@ gpu-emu:
 gpu-emu-tsan:
 	$(MAKE) BUILD=$(EMU_TSAN_BUILD) SAN=thread $(addprefix $(EMU_TSAN_BUILD)/,emu_selftest gpu_tests_emu unit_tests_emu)
 	TSAN_OPTIONS="halt_on_error=1 exitcode=66" EMU_TSAN=1 $(EMU_DIR)/run.sh $(EMU_TSAN_BUILD) forward
+
+# tests/gpu/run.sh, the GPU machine's script, rehearsed whole on the
+# emulation at cut sizes (its plumbing, not the GPU; results in OUT,
+# default tests/gpu/out/): about 10 minutes here
+gpu-rehearse:
+	MESH_GPU_REHEARSE=1 MESH_GPU_BUILD=$(EMU_BUILD) tests/gpu/run.sh
 
 $(EMU_GEN)/%: % $(EMU_DIR)/launch_rewrite.py
 	@mkdir -p $(@D)
@@ -491,7 +497,7 @@ $(EMU_OBJ)/emu/%.o: $(EMU_DIR)/%.cpp
 	@mkdir -p $(@D)
 	$(EMU_CXX) $(EMU_CXXFLAGS) -Werror $(EMU_SAN) -I$(EMU_DIR)/include -MMD -MP -c -o $@ $<
 
-$(EMU_TEST_OBJ): tests/gpu/gpu_tests.c
+$(EMU_TEST_OBJ): $(EMU_OBJ)/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -isystem $(EMU_DIR)/include -Ikernels/cpu -Ikernels/cuda \
 	  $(BLAS_CFLAGS) -c -o $@ $<
@@ -502,9 +508,15 @@ $(BUILD)/emu-driver/libcuda.so.1: $(EMU_DIR)/libcuda_stub.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -fPIC -shared -Wl,-soname,libcuda.so.1 -o $@ $<
 
-$(BUILD)/gpu_tests_emu: $(EMU_TEST_OBJ) $(EMU_KOBJ) $(EMU_RT_OBJ) $(BUILD)/libmeshkcpu.a \
+$(BUILD)/gpu_tests_emu: $(EMU_OBJ)/tests/gpu/gpu_tests.o $(EMU_KOBJ) $(EMU_RT_OBJ) $(BUILD)/libmeshkcpu.a \
                         $(BUILD)/emu-driver/libcuda.so.1
 	$(EMU_CXX) $(ALL_LDFLAGS) -pthread -o $@ $(filter %.o %.a,$^) $(BLAS_LIBS) \
+	  -Wl,--disable-new-dtags,-rpath,'$$ORIGIN/emu-driver' $(LDLIBS)
+
+# the benchmark on the emulation (cuBLAS's GemmEx too: cublas.cpp), at
+# --tiny sizes: tests/gpu/run.sh's rehearsal runs it (MESH_GPU_REHEARSE=1)
+$(BUILD)/gpu_bench_emu: $(EMU_OBJ)/tests/gpu/gpu_bench.o $(EMU_KOBJ) $(EMU_RT_OBJ) $(BUILD)/emu-driver/libcuda.so.1
+	$(EMU_CXX) $(ALL_LDFLAGS) -pthread -o $@ $(filter %.o %.a,$^) \
 	  -Wl,--disable-new-dtags,-rpath,'$$ORIGIN/emu-driver' $(LDLIBS)
 
 $(BUILD)/emu_selftest: $(EMU_OBJ)/$(EMU_DIR)/selftest.o $(EMU_RT_OBJ)

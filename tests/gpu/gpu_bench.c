@@ -19,11 +19,15 @@
  *    AdamW, the fused cross-entropy) in GB/s of the bytes they must move,
  *    next to a device-to-device cudaMemcpy (read + write).
  *
- * usage: gpu_bench [--json FILE] [--quick]
+ * usage: gpu_bench [--json FILE] [--quick] [--tiny]
  * Prints a table, then one line `JSON {...}` with the summary (also written
  * to FILE). Each time is the best, over 3 runs, of the mean over a batch of
  * launches timed with CUDA events. Without a GPU: `SKIP gpu: no GPU (...)`,
- * exit 0.
+ * exit 0. --tiny: every size cut by 16 (attention to B=1 T=128 H=2; the
+ * cross-entropy's rows, not the vocabulary), one timed launch each: a
+ * rehearsal of the program on the CPU emulation of CUDA (gpu_bench_emu,
+ * tests/gpu/run.sh with MESH_GPU_REHEARSE=1), its figures no measure of
+ * anything.
  */
 #include <stdarg.h> /* defines: va_list */
 #include <stdint.h> /* defines: uint64_t, int32_t */
@@ -37,8 +41,14 @@
 
 #include "kcuda.h" /* defines: kcuda_* */
 
-static int quick;
+static int quick, tiny;
 static kcuda_ctx *ctx;
+
+/* n, or n / 16 with --tiny */
+static int cut(int n)
+{
+    return tiny ? n / 16 : n;
+}
 
 static void die(const char *what, const char *msg)
 {
@@ -113,10 +123,12 @@ static double time_ms(bench_fn fn, void *arg, int reps)
     double best = 1e30;
     cuda(cudaEventCreate(&a), "cudaEventCreate");
     cuda(cudaEventCreate(&b), "cudaEventCreate");
-    for (int i = 0; i < 2; i++)
+    if (tiny)
+        reps = 1;
+    for (int i = 0; i < (tiny ? 1 : 2); i++)
         fn(arg);
     cuda(cudaDeviceSynchronize(), "warm-up");
-    for (int run = 0; run < 3; run++) {
+    for (int run = 0; run < (tiny ? 1 : 3); run++) {
         float ms = 0.0f;
         cuda(cudaEventRecord(a, NULL), "cudaEventRecord");
         for (int i = 0; i < reps; i++)
@@ -279,7 +291,8 @@ static void bench_gemm(void)
     jcat("\"gemm\":[");
     int nsh = quick ? 2 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int i = 0; i < nsh; i++) {
-        const gemm_shape *s = &shapes[i];
+        gemm_shape cs = {shapes[i].name, cut(shapes[i].M), cut(shapes[i].K), cut(shapes[i].N), shapes[i].wt};
+        const gemm_shape *s = &cs;
         double flop = 2.0 * s->M * s->N * (double)s->K;
         g.s = s;
         g.x = drand((size_t)s->M * s->K, 1.0f, KCUDA_BF16);
@@ -366,7 +379,7 @@ static void run_dgelu_apart(void *p)
 /* GPT-2's proj backward: dy [8192, 768], w [3072, 768], pre [8192, 3072] */
 static void bench_dgelu(void)
 {
-    epi_arg e = {8192, 3072, 768, NULL, NULL, NULL, NULL, NULL};
+    epi_arg e = {cut(8192), cut(3072), cut(768), NULL, NULL, NULL, NULL, NULL};
     size_t mk = (size_t)e.M * e.K;
     e.x = drand((size_t)e.M * e.N, 1.0f, KCUDA_BF16); /* dy */
     e.w = drand((size_t)e.K * e.N, 1.0f, KCUDA_BF16);
@@ -387,7 +400,7 @@ static void bench_dgelu(void)
 
 static void bench_epilogue(void)
 {
-    epi_arg e = {8192, 768, 3072, NULL, NULL, NULL, NULL, NULL};
+    epi_arg e = {cut(8192), cut(768), cut(3072), NULL, NULL, NULL, NULL, NULL};
     size_t mn = (size_t)e.M * e.N;
     e.x = drand((size_t)e.M * e.K, 1.0f, KCUDA_BF16);
     e.w = drand((size_t)e.K * e.N, 1.0f, KCUDA_BF16);
@@ -444,7 +457,7 @@ static void bench_attention(void)
      * own kernel (2); fp32 */
     static const int mode[4] = {1, 0, 2, 1};
     for (int k = 0; k < 4; k++) {
-        attn_arg a = {8, 1024, 12, 64, k == 3 ? KCUDA_F32 : KCUDA_BF16,
+        attn_arg a = {tiny ? 1 : 8, tiny ? 128 : 1024, tiny ? 2 : 12, 64, k == 3 ? KCUDA_F32 : KCUDA_BF16,
                       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
         size_t n = (size_t)a.B * a.T * a.H * a.d;
         a.q = drand(n, 1.0f, a.dt);
@@ -478,7 +491,7 @@ static void bench_attention(void)
 
 /* ---- memory-bound kernels ---------------------------------------------------- */
 
-#define MEM_ROWS 131072 /* x 768 = 100.7M elements */
+#define MEM_ROWS cut(131072) /* x 768 = 100.7M elements */
 #define MEM_C 768
 
 typedef struct mem_arg {
@@ -644,7 +657,7 @@ static void bench_memory(void)
     cudaFree(m.rstd);
     cudaFree(m.gw);
     cudaFree(m.gb);
-    m.N = 8192;
+    m.N = cut(8192);
     m.V = 50257;
     m.Vp = 50304;
     {
@@ -686,8 +699,10 @@ int main(int argc, char **argv)
             json_path = argv[++i];
         else if (strcmp(argv[i], "--quick") == 0)
             quick = 1;
+        else if (strcmp(argv[i], "--tiny") == 0)
+            tiny = 1;
         else {
-            fprintf(stderr, "usage: gpu_bench [--json FILE] [--quick]\n");
+            fprintf(stderr, "usage: gpu_bench [--json FILE] [--quick] [--tiny]\n");
             return 2;
         }
     }
@@ -701,7 +716,10 @@ int main(int argc, char **argv)
     printf("gpu_bench: %s, sm_%d%d, %d SMs, %.0f GiB\n", prop.name, prop.major,
            prop.minor, prop.multiProcessorCount,
            (double)prop.totalGlobalMem / (1u << 30));
-    jcat("{\"device\":\"%s\",\"sms\":%d,", prop.name, prop.multiProcessorCount);
+    if (tiny)
+        printf("gpu_bench: --tiny: every size cut by 16, one launch timed: a rehearsal, not a measurement\n");
+    jcat("{\"device\":\"%s\",\"sms\":%d,\"tiny\":%s,", prop.name, prop.multiProcessorCount,
+         tiny ? "true" : "false");
     bench_gemm();
     bench_epilogue();
     bench_dgelu();

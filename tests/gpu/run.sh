@@ -48,14 +48,38 @@
 # when the build, an op test, a CUDA unit test or the benchmark fails.
 # MESH_GPU_FORCE_DEBS=1 uses the .deb files even when the machine has the
 # packages (to test this script's unpacking on a machine with them).
+#
+# MESH_GPU_REHEARSE=1 (make gpu-rehearse): the whole script on a machine
+# without a GPU, the CPU emulation of CUDA, cuBLAS(Lt) and NCCL
+# (tests/gpu/emu) standing in for the GPU: it builds the *_emu programs
+# (in build-emu/, no nvcc) and runs every step on MESH_EMU_GPUS (default
+# 4) emulated GPUs, at sizes the emulation finishes (gpu_tests' sweep of 4
+# shapes, 6 training steps to compare, a GPT-2 of 2 layers, 64 wide, at
+# T=64 for 6 steps, gpu_bench --tiny), within MESH_GPU_BUDGET_S (default
+# here 1800). It checks the script and the programs' plumbing (their
+# arguments, outputs, the JSON), not the GPU: its figures measure nothing.
 set -u -o pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT" || exit 1
 OUT=${OUT:-$ROOT/tests/gpu/out}
 DEBS=${MESH_GPU_DEBS:-$ROOT/tests/gpu/debs}
-BUILD=${MESH_GPU_BUILD:-build-gpu}
-BUDGET=${MESH_GPU_BUDGET_S:-480}
+REHEARSE=${MESH_GPU_REHEARSE:-0}
+if [ "$REHEARSE" = 1 ]; then
+    BUILD=${MESH_GPU_BUILD:-build-emu}
+    BUDGET=${MESH_GPU_BUDGET_S:-1800}
+    EMU=_emu # (the programs' names: gpu_tests_emu, ...)
+    export MESH_EMU_GPUS=${MESH_EMU_GPUS:-4} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+else
+    BUILD=${MESH_GPU_BUILD:-build-gpu}
+    BUDGET=${MESH_GPU_BUDGET_S:-480}
+    EMU=""
+fi
+EQ_STEPS=$([ "$REHEARSE" = 1 ] && echo 6 || echo 20) # train_equiv's steps
+# (rehearsing: GPT-2's blocks at a size the emulation trains in seconds)
+GPT2_CUT=()
+[ "$REHEARSE" = 1 ] && GPT2_CUT=(--set model.layers=2 --set model.dim=64 --set model.heads=2 --set model.vocab=256
+    --set train.seq_len=64 --set train.steps=6 --set train.log_every=3)
 FORCE_DEBS=${MESH_GPU_FORCE_DEBS:-0}
 PREFIX=$ROOT/$BUILD/deps # unpacked .deb files (build*/ is git-ignored)
 T0=$(date +%s)
@@ -217,28 +241,36 @@ find_nccl() {
 # ---- 2. build ----------------------------------------------------------------
 
 step_build() {
-    local cuda nccl mpi=0 t jobs
-    cuda=$(find_cuda) || { result build FAIL "no nvcc (set CUDA_HOME)"; return 1; }
-    nccl=$(find_nccl "$cuda") || { result build FAIL "no NCCL (nccl.h and libnccl.so) in $cuda, /usr or a pip wheel"; return 1; }
+    local cuda nccl mpi=0 t jobs targets
     pkg-config --exists ompi-c 2>/dev/null && mpi=1
     jobs=$(nproc 2>/dev/null || echo 4)
-    echo "build: CUDA_HOME=$cuda NCCL_HOME=$nccl MPI=$mpi, $("$cuda/bin/nvcc" --version | tail -n 1)"
+    if [ "$REHEARSE" = 1 ]; then
+        echo "build: the CPU emulation of CUDA (tests/gpu/emu) in place of nvcc, MPI=$mpi"
+        MAKEARGS=("BUILD=$BUILD" "MPI=$mpi")
+        targets=(all "$BUILD/meshc" "$BUILD/gpu_tests_emu" "$BUILD/unit_tests_emu" "$BUILD/meshrun_emu"
+            "$BUILD/gpu_bench_emu")
+    else
+        cuda=$(find_cuda) || { result build FAIL "no nvcc (set CUDA_HOME)"; return 1; }
+        nccl=$(find_nccl "$cuda") || { result build FAIL "no NCCL (nccl.h and libnccl.so) in $cuda, /usr or a pip wheel"; return 1; }
+        echo "build: CUDA_HOME=$cuda NCCL_HOME=$nccl MPI=$mpi, $("$cuda/bin/nvcc" --version | tail -n 1)"
+        MAKEARGS=(CUDA=1 "BUILD=$BUILD" "MPI=$mpi" "CUDA_HOME=$cuda" "NCCL_HOME=$nccl")
+        targets=(all "$BUILD/unit_tests" "$BUILD/gpu_tests" "$BUILD/gpu_bench")
+    fi
     t=$(date +%s)
     # warnings stay warnings here (CI makes them errors): this machine's
     # gcc, nvcc or bison may warn where CI's do not, and must not cost the run
-    MAKEARGS=(CUDA=1 "BUILD=$BUILD" "MPI=$mpi" "CUDA_HOME=$cuda" "NCCL_HOME=$nccl"
-        "CFLAGS=-std=c11 -O2 -g -Wall -Wextra -D_POSIX_C_SOURCE=200809L"
+    MAKEARGS+=("CFLAGS=-std=c11 -O2 -g -Wall -Wextra -D_POSIX_C_SOURCE=200809L"
         "NVCC_WARN=-Xcompiler -Wall,-fno-gnu-unique" "BISONFLAGS=-Wall")
     # (DT_RPATH, not RUNPATH: it also finds what those libraries load, as
     # OpenBLAS does libgfortran)
     [ -n "$DEBS_LIBS" ] && MAKEARGS+=("LDFLAGS=-Wl,--disable-new-dtags,-rpath,$DEBS_LIBS")
     if ! env ${DEBS_LIBS:+LD_LIBRARY_PATH=$DEBS_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} \
         timeout $(( $(left) > 60 ? $(left) - 30 : 30 )) \
-        make "${MAKEARGS[@]}" -j"$jobs" all "$BUILD/unit_tests" "$BUILD/gpu_tests" "$BUILD/gpu_bench"; then
+        make "${MAKEARGS[@]}" -j"$jobs" "${targets[@]}"; then
         result build FAIL "make ${MAKEARGS[*]} failed (see above)"
         return 1
     fi
-    result build PASS "make CUDA=1 BUILD=$BUILD MPI=$mpi in $(( $(date +%s) - t )) s"
+    result build PASS "make ${MAKEARGS[*]:0:3} in $(( $(date +%s) - t )) s"
 }
 
 # ---- 3.-6. on the GPU --------------------------------------------------------
@@ -249,7 +281,9 @@ NO_GPU=""
 
 step_gpu_tests() {
     local out rc
-    out=$(GPU_TESTS_SWEEP=${GPU_TESTS_SWEEP:-240} timeout "$(cap 240)" "$BUILD/gpu_tests" 2>&1) # (240 random shapes a dtype)
+    # (240 random shapes a dtype; 4 rehearsing)
+    out=$(GPU_TESTS_SWEEP=${GPU_TESTS_SWEEP:-$([ "$REHEARSE" = 1 ] && echo 4 || echo 240)} timeout "$(cap 240)" \
+        "$BUILD/gpu_tests$EMU" 2>&1)
     rc=$?
     printf '%s\n' "$out"
     if printf '%s\n' "$out" | grep -q '^SKIP gpu:'; then
@@ -277,7 +311,7 @@ step_unit_cuda() {
         return 0
     fi
     # shellcheck disable=SC2086 # one argument per test name
-    out=$(timeout "$(cap 180)" "$BUILD/unit_tests" $names 2>&1)
+    out=$(timeout "$(cap 180)" "$BUILD/unit_tests$EMU" $names 2>&1)
     rc=$?
     printf '%s\n' "$out"
     local summary
@@ -295,7 +329,7 @@ step_bench() {
         result gpu_bench SKIP "only $(left) s of the budget left"
         return 0
     fi
-    timeout -k 5 "$(cap 180)" "$BUILD/gpu_bench" --json "$OUT/bench.json"
+    timeout -k 5 "$(cap 180)" "$BUILD/gpu_bench$EMU" --json "$OUT/bench.json" $([ "$REHEARSE" = 1 ] && echo --tiny)
     rc=$?
     if [ "$rc" -eq 0 ]; then
         result gpu_bench PASS "$OUT/bench.json"
@@ -314,17 +348,17 @@ losses_of() { sed -n 's/.*"loss": \([-0-9.e+]*\),.*/\1/p' "$1"; }
 step_train_equiv() {
     local d=$OUT/train m dev detail="" bad=0
     mkdir -p "$d"
-    if ! "$BUILD/meshrun" tokenize examples/data/devils-dictionary.txt -o "$d/dd.bin" >"$d/tokenize.out" 2>&1; then
+    if ! "$BUILD/meshrun$EMU" tokenize examples/data/devils-dictionary.txt -o "$d/dd.bin" >"$d/tokenize.out" 2>&1; then
         cat "$d/tokenize.out"
         result train_equiv FAIL "meshrun tokenize failed"
         return 0
     fi
-    local -a tiny=(--set train.steps=20 --set 'train.lr_schedule=cosine(warmup: 5, min_lr: 3e-4)' --set train.log_every=1)
+    local -a tiny=(--set train.steps=$EQ_STEPS --set 'train.lr_schedule=cosine(warmup: 5, min_lr: 3e-4)' --set train.log_every=1)
     local -a llama=(--set model.dim=64 --set model.layers=2 --set model.heads=4 --set model.kv_heads=2
         --set model.ffn_dim=192 --set model.vocab=256 --set mesh.dp=1 --set mesh.tp=1 --set mesh.pp=1
         --set train.schedule=1f1b --set train.virtual_stages=1 --set train.global_batch=8 --set train.seq_len=64
         --set train.precision=fp32 --set train.zero=0 --set 'train.lr_schedule=cosine(warmup: 5, min_lr: 1e-4)'
-        --set 'train.optimizer=adamw(lr: 3e-3)' --set train.steps=20 --set train.log_every=1)
+        --set 'train.optimizer=adamw(lr: 3e-3)' --set train.steps=$EQ_STEPS --set train.log_every=1)
     # moe: a small Mixtral (4 experts, top 2) on one rank; its tolerance is
     # wider (a token whose two best experts are nearly tied may pick the
     # other one on the GPU, an equally weighted expert: a small step in the loss)
@@ -332,7 +366,7 @@ step_train_equiv() {
         --set model.ffn_dim=128 --set model.vocab=256 --set model.experts=4 --set mesh.dp=1 --set mesh.ep=1
         --set train.global_batch=8 --set train.micro_batch=4 --set train.seq_len=64 --set train.precision=fp32
         --set train.zero=0 --set 'train.lr_schedule=cosine(warmup: 5, min_lr: 1e-4)'
-        --set 'train.optimizer=adamw(lr: 3e-3)' --set train.steps=20 --set train.log_every=1)
+        --set 'train.optimizer=adamw(lr: 3e-3)' --set train.steps=$EQ_STEPS --set train.log_every=1)
     # several ranks on one GPU (MESH_GPU_SHARED=1: ranks as threads of
     # meshrun share it, their collectives staged through the threads
     # world; *-shared): gpt-tiny on dp 2 with ZeRO-3 (its gradient sums,
@@ -351,6 +385,7 @@ step_train_equiv() {
     local gpus
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
     [ "$TRAIN_DEV" = cuda ] || gpus=4
+    [ "$REHEARSE" = 1 ] && gpus=$MESH_EMU_GPUS
     if [ "${gpus:-0}" -lt 2 ]; then
         echo "train_equiv: SKIP several GPUs: this machine has ${gpus:-0} (dp 2 needs 2, dp 2 x tp 2 needs 4)"
         detail+="several GPUs: skipped (${gpus:-0} GPU); "
@@ -399,14 +434,14 @@ step_train_equiv() {
         fi
         for dev in cpu "$TRAIN_DEV"; do
             rm -f "$d/$m-$dev.json"
-            env "${env[@]}" timeout -k 5 "$(cap 120)" "$BUILD/meshrun" "$d/$m.plan" --device "$dev" --data "$d/dd.bin" \
+            env "${env[@]}" timeout -k 5 "$(cap 120)" "$BUILD/meshrun$EMU" "$d/$m.plan" --device "$dev" --data "$d/dd.bin" \
                 --val "$d/dd.bin" --checkpoint "$d/ck-$m-$dev" --metrics "$d/$m-$dev.json" >"$d/$m-$dev.out" 2>&1
             echo "== $m on $dev (exit $?)"
             cat "$d/$m-$dev.out"
         done
         if [ "${m%-shared}" = gpt-tiny-dp2z3 ]; then # the overlap against the collectives after backward, same device
             rm -f "$d/$m-serial.json"
-            env "${env[@]}" timeout -k 5 "$(cap 120)" "$BUILD/meshrun" "$d/$m.plan" --device "$TRAIN_DEV" --no-overlap --data "$d/dd.bin" \
+            env "${env[@]}" timeout -k 5 "$(cap 120)" "$BUILD/meshrun$EMU" "$d/$m.plan" --device "$TRAIN_DEV" --no-overlap --data "$d/dd.bin" \
                 --val "$d/dd.bin" --checkpoint "$d/ck-$m-serial" --metrics "$d/$m-serial.json" >"$d/$m-serial.out" 2>&1
             echo "== $m on $TRAIN_DEV, --no-overlap (exit $?)"
             cat "$d/$m-serial.out"
@@ -414,7 +449,7 @@ step_train_equiv() {
             ov=$(paste <(losses_of "$d/$m-serial.json") <(losses_of "$d/$m-$TRAIN_DEV.json") | awk '
                 NF == 2 { n++; r = $1 - $2; if (r < 0) r = -r; if (r > w) w = r } END { printf "%d %.2e\n", n, w }')
             echo "train_equiv: $m: overlap vs --no-overlap: ${ov% *} steps, largest difference ${ov#* } (allowed 1e-6)"
-            if [ "${ov% *}" != 20 ] || ! awk -v w="${ov#* }" 'BEGIN { exit !(w <= 1e-6) }'; then bad=1; fi
+            if [ "${ov% *}" != "$EQ_STEPS" ] || ! awk -v w="${ov#* }" 'BEGIN { exit !(w <= 1e-6) }'; then bad=1; fi
             detail+="$m overlap vs not: ${ov% *} steps, worst ${ov#* } of 1e-6; "
         fi
         local cmp
@@ -423,7 +458,7 @@ step_train_equiv() {
             END { printf "%d %.2e\n", n, w }')
         local steps=${cmp% *} w=${cmp#* }
         echo "train_equiv: $m: $steps steps compared, largest relative difference $w (allowed $tol)"
-        if [ "$steps" != 20 ] || ! awk -v w="$w" -v t="$tol" 'BEGIN { exit !(w <= t) }'; then bad=1; fi
+        if [ "$steps" != "$EQ_STEPS" ] || ! awk -v w="$w" -v t="$tol" 'BEGIN { exit !(w <= t) }'; then bad=1; fi
         detail+="$m: $steps steps, worst $w of $tol; "
     done
     if [ $bad = 0 ]; then result train_equiv PASS "${detail%; }"; else result train_equiv FAIL "${detail%; }"; fi
@@ -442,9 +477,10 @@ gpt2_run() {
     "$BUILD/meshc" -o "$d/$name.plan" examples/gpt2.mesh --set mesh.dp=1 --set mesh.tp=1 --set mesh.pp=1 \
         --set train.precision="$prec" --set train.zero=0 --set train.micro_batch="$batch" \
         --set train.global_batch="$batch" --set train.steps=30 --set 'train.lr_schedule=cosine(warmup: 5, min_lr: 6e-5)' \
-        --set train.log_every=10 --set train.eval_every=0 >"$d/$name.meshc" 2>&1 || { cat "$d/$name.meshc"; return 1; }
+        --set train.log_every=10 --set train.eval_every=0 "${GPT2_CUT[@]}" >"$d/$name.meshc" 2>&1 ||
+        { cat "$d/$name.meshc"; return 1; }
     rm -f "$d/$name.json"
-    env "${env[@]}" timeout -k 5 "$(cap "$t")" "$BUILD/meshrun" "$d/$name.plan" --device "$TRAIN_DEV" \
+    env "${env[@]}" timeout -k 5 "$(cap "$t")" "$BUILD/meshrun$EMU" "$d/$name.plan" --device "$TRAIN_DEV" \
         --data "$d/dd.bin" --val "$d/dd.bin" "${opt[@]}" \
         --checkpoint "$d/ck-$name" --metrics "$d/$name.json" >"$d/$name.out" 2>&1
     local rc=$?
@@ -463,7 +499,7 @@ step_train_gpt2() {
         return 0
     fi
     mkdir -p "$d"
-    [ -s "$d/dd.bin" ] || "$BUILD/meshrun" tokenize examples/data/devils-dictionary.txt -o "$d/dd.bin" >/dev/null 2>&1
+    [ -s "$d/dd.bin" ] || "$BUILD/meshrun$EMU" tokenize examples/data/devils-dictionary.txt -o "$d/dd.bin" >/dev/null 2>&1
     # MFU with PaLM's count per token, 6 N + 12 L T d (N = 124,475,904, L =
     # 12, T = 1024, d = 768), over the H200's dense bf16 peak, 989 TFLOP/s
     # (and bf16 B=32 with MESH_DETERMINISTIC=0, as PyTorch's step runs;
@@ -486,7 +522,7 @@ step_train_gpt2() {
         json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"deterministic\": $([ "$mode" = atomic ] && echo false || echo true), \"profiled\": $([ "$mode" = profile ] && echo true || echo false), \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu}"
         [ -z "$best" ] && best=$tps
     done
-    printf '{"seq": 1024, "runs": [%s]}\n' "$json" >"$OUT/gpt2.json"
+    printf '{"seq": %d, "runs": [%s]}\n' "$([ "$REHEARSE" = 1 ] && echo 64 || echo 1024)" "$json" >"$OUT/gpt2.json"
     if [ -n "$json" ]; then result train_gpt2 PASS "${detail%; }"; else result train_gpt2 FAIL "${detail%; }"; fi
 }
 
@@ -523,7 +559,8 @@ json_str() { printf '"%s"' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g' | 
 write_json() {
     local status=$1 s first=1
     {
-        printf '{"status":%s,"elapsed_s":%d,' "$(json_str "$status")" "$(elapsed)"
+        printf '{"status":%s,"elapsed_s":%d,"rehearsal":%s,' "$(json_str "$status")" "$(elapsed)" \
+            "$([ "$REHEARSE" = 1 ] && echo true || echo false)"
         printf '"no_gpu":%s,' "$([ -n "$NO_GPU" ] && json_str "$NO_GPU" || echo null)"
         printf '"gpu_tests":{"passed":%d,"failed":%d},' "$GPU_PASSED" "$GPU_FAILED"
         printf '"steps":{'
@@ -546,6 +583,8 @@ main() {
     # killed (the device tool's limit, ^C): the summary so far says so
     trap 'write_json interrupted; exit 143' TERM INT
     echo "run.sh: $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname), $(uname -m), budget $BUDGET s"
+    [ "$REHEARSE" = 1 ] &&
+        echo "run.sh: a rehearsal (MESH_GPU_REHEARSE=1): $MESH_EMU_GPUS GPUs emulated on the CPU; no figure measures a GPU"
     have_tool nvidia-smi && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
     rm -f "$OUT/bench.json" "$OUT/torch.json" "$OUT/gpt2.json"
     local status=pass

@@ -75,13 +75,16 @@ struct CUmemPoolHandle_st_ {
     int device;
 } g_pool;
 
-/* Whether one allocation of `in` (base -> bytes) holds [p, p + bytes). */
-bool find_range(const std::map<uintptr_t, size_t> &in, uintptr_t p, size_t bytes)
+/* Whether one allocation of `in` (base -> bytes) holds [p, p + bytes);
+ * its base in *base if so. */
+bool find_range(const std::map<uintptr_t, size_t> &in, uintptr_t p, size_t bytes, uintptr_t *base = nullptr)
 {
     auto it = in.upper_bound(p);
     if (it == in.begin())
         return false;
     --it;
+    if (base)
+        *base = it->first;
     return p >= it->first && bytes <= it->second && p - it->first <= it->second - bytes;
 }
 
@@ -713,6 +716,11 @@ extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int
     return cudaSuccess;
 }
 
+extern "C" cudaError_t cudaEventCreate(cudaEvent_t *event)
+{
+    return cudaEventCreateWithFlags(event, 0);
+}
+
 extern "C" cudaError_t cudaEventDestroy(cudaEvent_t event)
 {
     API_ENTER();
@@ -1128,13 +1136,19 @@ extern "C" cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *at
     if (!attributes)
         return record(cudaErrorInvalidValue);
     memset(attributes, 0, sizeof *attributes);
-    bool pinned = false;
+    bool pinned = false, on_device = false;
+    int device = 0;
     {
         std::lock_guard<std::mutex> lk(g_mem_mutex);
+        uintptr_t base = 0;
         pinned = find_range(g_host, (uintptr_t)ptr, 1);
+        on_device = find_range(g_allocs, (uintptr_t)ptr, 1, &base);
+        if (on_device)
+            device = g_alloc_dev[base]; /* the device it was allocated on */
     }
-    if (ptr && device_range(ptr, 1)) {
+    if (ptr && on_device) {
         attributes->type = cudaMemoryTypeDevice;
+        attributes->device = device;
         attributes->devicePointer = const_cast<void *>(ptr);
     } else if (ptr && pinned) {
         attributes->type = cudaMemoryTypeHost;
