@@ -510,7 +510,9 @@ static void on_gpu(const ncomm *m)
     if (cudaSetDevice(m->w->device) != cudaSuccess) (void)cudaGetLastError(); /* (the call's own check reports it) */
 }
 
-/* -1 (not aborting) unless p is device memory the NCCL calls can use. */
+/* -1 (not aborting) unless p is device memory the NCCL calls can use:
+ * the world's GPU's (another GPU's would fault NCCL's kernels, or go
+ * through peer access the world never asked for), or managed memory. */
 static int on_device(ncomm *m, const char *op, const void *p, size_t bytes)
 {
     struct cudaPointerAttributes a;
@@ -518,7 +520,10 @@ static int on_device(ncomm *m, const char *op, const void *p, size_t bytes)
     if (bytes == 0) return 0;
     memset(&a, 0, sizeof a);
     if (cudaPointerGetAttributes(&a, p) != cudaSuccess) (void)cudaGetLastError();
-    if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) return 0;
+    if ((a.type == cudaMemoryTypeDevice && a.device == m->w->device) || a.type == cudaMemoryTypeManaged) return 0;
+    if (a.type == cudaMemoryTypeDevice)
+        return comm_fail(&m->c, op, "buffer %p is memory of CUDA device %d, not of this communicator's GPU (%d)", p,
+                         a.device, m->w->device);
     return comm_fail(&m->c, op, "buffer %p is not device memory (the NCCL communicator takes device pointers)", p);
 }
 

@@ -227,6 +227,19 @@ static void every_call(comm *c, int ordered)
     ASSERT_INT_EQ(c->v->all_reduce(c, h, N), -1);
     ASSERT_NOT_NULL(strstr(c->error, "is not device memory"));
     CALL_OK(c, comm_barrier(c));
+    /* so is another GPU's memory, where there is another GPU (the world is
+     * on GPU 0) */
+    int gpus = 0;
+    if (cudaGetDeviceCount(&gpus) == cudaSuccess && gpus > 1) {
+        void *other = NULL;
+        ASSERT_INT_EQ(cudaSetDevice(1), cudaSuccess);
+        ASSERT_INT_EQ(cudaMalloc(&other, N * sizeof *h), cudaSuccess);
+        ASSERT_INT_EQ(cudaSetDevice(0), cudaSuccess);
+        ASSERT_INT_EQ(c->v->all_reduce(c, other, N), -1);
+        ASSERT_NOT_NULL(strstr(c->error, "is memory of CUDA device 1, not of this communicator's GPU (0)"));
+        ASSERT_INT_EQ(cudaFree(other), cudaSuccess);
+        CALL_OK(c, comm_barrier(c));
+    }
     /* split: a group of one, and none */
     comm *sub = NULL, *none = c;
     CALL_OK(c, comm_split(c, 3, 0, &sub));
@@ -608,10 +621,11 @@ static void *rank_calls(void *arg)
     int r = j->rank, p = j->size;
     char err[320] = "";
     float h[RANKS_MAX * M], want[RANKS_MAX * M], got[RANKS_MAX * M];
-    float *a = gpu_alloc(RANKS_MAX * M), *b = gpu_alloc(RANKS_MAX * M);
+    /* (the buffers on the rank's GPU, its world's: NCCL takes no other GPU's) */
+    float *a = cudaSetDevice(r) == cudaSuccess ? gpu_alloc(RANKS_MAX * M) : NULL, *b = gpu_alloc(RANKS_MAX * M);
     comm *boot = comm_threads_rank(j->tw, r), *c = NULL, *sub = NULL;
     long bad;
-    RCHECK(j, a && b && boot, "cudaMalloc or comm_threads_rank failed");
+    RCHECK(j, a && b && boot, "cudaSetDevice, cudaMalloc or comm_threads_rank failed");
     c = comm_nccl_world_mpi(boot, r, j->timeout_s, err, sizeof err);
     RCHECK(j, c, "comm_nccl_world_mpi: %s", err);
     RCHECK(j, c->rank == r && c->size == p, "rank %d of %d, not %d of %d", c->rank, c->size, r, p);
@@ -853,8 +867,8 @@ static void *rank_fails_ordered(void *arg)
     char err[320] = "";
     comm *boot = comm_threads_rank(j->tw, j->rank), *c = NULL;
     dev *d = NULL;
-    float *a = gpu_alloc(M);
-    RCHECK(j, boot && a, "comm_threads_rank or cudaMalloc");
+    float *a = cudaSetDevice(j->rank) == cudaSuccess ? gpu_alloc(M) : NULL;
+    RCHECK(j, boot && a, "comm_threads_rank, cudaSetDevice or cudaMalloc");
     c = comm_nccl_world_mpi(boot, j->rank, j->timeout_s, err, sizeof err);
     RCHECK(j, c, "comm_nccl_world_mpi: %s", err);
     RCHECK(j, dev_open(MESH_DEVICE_CUDA, j->rank, &d, err, sizeof err) == MESH_OK, "dev_open: %s", err);

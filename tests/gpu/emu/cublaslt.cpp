@@ -24,8 +24,9 @@
  * capped at 16 bytes (a vectorized kernel); cublasLtMatmul refuses it,
  * NOT_SUPPORTED, for another kind of problem or less aligned pointers
  * (each batch's matrix included). In place (C == D) needs C's layout to be
- * D's. Matrices outside device memory fault the device (sticky
- * cudaErrorIllegalAddress), as a kernel's load would. With
+ * D's. Matrices outside the current device's memory (the host's, or another
+ * GPU's) fault the device (sticky cudaErrorIllegalAddress), as a kernel's
+ * load would. With
  * EMU_CUBLASLT_REFUSE_EPILOGUE set, cublasLtMatmul refuses every fused
  * epilogue (NOT_SUPPORTED) that the heuristic offered, as a real algorithm
  * may.
@@ -256,7 +257,8 @@ unsigned cap16(unsigned a)
     return a < 16 ? a : 16;
 }
 
-/* [p + lo, p + hi) of a matrix: every batch's elements. */
+/* [p + lo, p + hi) of a matrix (every batch's elements) in the current
+ * device's memory (another GPU's faults the kernel as the host's would). */
 bool in_device(const void *p, uint64_t rows, uint64_t cols, int64_t ld, int batch,
                int64_t stride, size_t es)
 {
@@ -269,8 +271,8 @@ bool in_device(const void *p, uint64_t rows, uint64_t cols, int64_t ld, int batc
         lo = b < 0 ? b : 0;
         hi = last + (b > 0 ? b : 0);
     }
-    return emu::device_range(static_cast<const char *>(p) + lo * (int64_t)es,
-                             (size_t)(hi - lo + 1) * es);
+    return emu::device_of(static_cast<const char *>(p) + lo * (int64_t)es, (size_t)(hi - lo + 1) * es) ==
+           emu::current_device();
 }
 
 /* D = fa op(A) op(B) + fb C, with the epilogue: fp32 products and sums in
@@ -652,7 +654,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
               (!p.aux || in_device(d->aux, p.m, p.n, d->aux_ld, p.batch,
                                    d->aux_stride, ops[5].es));
     if (!ok) {
-        diag("%s: a matrix is not (wholly) in device memory: the kernel faults", who);
+        diag("%s: a matrix is not (wholly) in this device's memory: the kernel faults", who);
         emu::set_sticky(cudaErrorIllegalAddress);
         return CUBLAS_STATUS_SUCCESS; /* the fault shows at the next call */
     }

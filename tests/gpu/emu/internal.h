@@ -89,6 +89,8 @@ int device_count();
 
 /* 1 when [p, p + bytes) lies inside one live device allocation. */
 bool device_range(const void *p, size_t bytes);
+/* The device whose one allocation holds [p, p + bytes), or -1. */
+int device_of(const void *p, size_t bytes);
 
 /* "emu: ..." on stderr. */
 void diag(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

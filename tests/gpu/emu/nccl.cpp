@@ -29,8 +29,9 @@
  *    the other; sizes must agree). A rank that never comes leaves the
  *    others' streams busy, as on a GPU: comm_nccl.c's timeout and abort
  *    are what end it.
- *  - Arguments as NCCL checks them (device memory for every buffer, ranks
- *    in range), and in-place forms as NCCL defines them: an all-reduce or
+ *  - Arguments as NCCL checks them (every buffer in the memory of the
+ *    communicator's GPU: the host's or another GPU's would fault its
+ *    kernel; ranks in range), and in-place forms as NCCL defines them: an all-reduce or
  *    broadcast with sendbuff == recvbuff, a reduce-scatter with recvbuff ==
  *    sendbuff + rank x count, an all-gather with sendbuff == recvbuff +
  *    rank x count; any other overlap is refused (ncclInvalidArgument).
@@ -536,10 +537,13 @@ ncclResult_t check(const Op &op, const char *call)
         out *= n;
     bool reads = op.kind != RECV && !((op.kind == BROADCAST) && op.peer != c->rank);
     bool writes = op.kind != SEND && !(op.kind == REDUCE && op.peer != c->rank);
-    if (reads && in && !emu::device_range(op.send, in))
-        return say(c, ncclInvalidArgument, "%s: sendbuff [%p, +%zu) is not device memory", call, op.send, in);
-    if (writes && out && !emu::device_range(op.recv, out))
-        return say(c, ncclInvalidArgument, "%s: recvbuff [%p, +%zu) is not device memory", call, op.recv, out);
+    /* (another GPU's memory would fault NCCL's kernel, as the host's would) */
+    if (reads && in && emu::device_of(op.send, in) != c->device)
+        return say(c, ncclInvalidArgument, "%s: sendbuff [%p, +%zu) is not memory of CUDA device %d", call, op.send,
+                   in, c->device);
+    if (writes && out && emu::device_of(op.recv, out) != c->device)
+        return say(c, ncclInvalidArgument, "%s: recvbuff [%p, +%zu) is not memory of CUDA device %d", call, op.recv,
+                   out, c->device);
     if (reads && writes && overlap(op.send, in, op.recv, out)) {
         const char *s = (const char *)op.send;
         const char *r = (const char *)op.recv;

@@ -160,6 +160,13 @@ bool device_range(const void *p, size_t bytes)
     return find_range(g_allocs, (uintptr_t)p, bytes);
 }
 
+int device_of(const void *p, size_t bytes)
+{
+    std::lock_guard<std::mutex> lk(g_mem_mutex);
+    uintptr_t base = 0;
+    return find_range(g_allocs, (uintptr_t)p, bytes, &base) ? g_alloc_dev[base] : -1;
+}
+
 void diag(const char *fmt, ...)
 {
     char buf[4096];
