@@ -167,6 +167,20 @@ int device_of(const void *p, size_t bytes)
     return find_range(g_allocs, (uintptr_t)p, bytes, &base) ? g_alloc_dev[base] : -1;
 }
 
+int foreign_device(const void *p)
+{
+    int d = p ? device_of(p, 1) : -1;
+    return d >= 0 && d != current_device() ? d : -1;
+}
+
+void foreign_fault(const LaunchDesc &d, int index, const void *p, int device)
+{
+    diag("kernel %s (%s:%d) launched on device %d: its argument %d (%p) is memory of device %d, which the "
+         "kernel cannot reach (no peer access): it faults",
+         d.name, d.file, d.line, current_device(), index, p, device);
+    set_sticky(cudaErrorIllegalAddress);
+}
+
 void diag(const char *fmt, ...)
 {
     char buf[4096];

@@ -839,6 +839,23 @@ static void t_memory()
     CHECK(cudaGetLastError() == cudaSuccess);
 }
 
+/* A kernel handed another GPU's memory (no peer access): refused as the
+ * fault it would be, the launch's GPU's own is fine. */
+static void t_other_gpu()
+{
+    setenv("MESH_EMU_GPUS", "2", 1); /* (read once, at the process's first device call) */
+    int n = 0;
+    CHECK(cudaGetDeviceCount(&n) == cudaSuccess && n == 2);
+    CHECK(cudaSetDevice(1) == cudaSuccess);
+    int *theirs = dalloc<int>(1);
+    CHECK(cudaSetDevice(0) == cudaSuccess);
+    int *mine = dalloc<int>(1);
+    k_count<<<1, 32>>>(mine);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    k_count<<<1, 32>>>(theirs);
+    expect_fault(cudaErrorIllegalAddress);
+}
+
 /* ---- cuBLASLt ------------------------------------------------------------------------ */
 
 struct Lt {
@@ -1374,6 +1391,7 @@ static const Case cases[] = {
     {"warps_serial", t_warps_serial, 0, 0, MODE_WARPS_SERIAL},
     {"conversions", t_convert, 0, 0, 0},
     {"memory", t_memory, 0, 0, 0},
+    {"kernel_given_another_gpus_memory", t_other_gpu, 0, 0, 0},
     {"cublaslt", t_cublaslt, 0, 0, 0},
     {"cub_sort_pairs", t_cub, 0, 0, 0},
     {"launch_returns_before_the_kernel_runs", t_async_launch, 0, 1, 0},

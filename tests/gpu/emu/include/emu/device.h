@@ -160,6 +160,25 @@ void launch(const LaunchDesc &d, void (*drop)(const void *state));
  * for s's earlier work and runs fn itself. */
 void stream_run(cudaStream_t s, std::function<void()> fn);
 
+/* A kernel's pointer argument into another GPU's memory than the launch's
+ * (runtime.cpp): its device, or -1 (the launch's GPU's memory, the host's,
+ * a null or an end pointer: not judged here). */
+int foreign_device(const void *p);
+/* The launch refused as the kernel would fault on such an argument (sticky
+ * cudaErrorIllegalAddress, with a diagnostic naming it). */
+void foreign_fault(const LaunchDesc &d, int index, const void *p, int device);
+
+/* Pointer arguments checked by foreign_device: the first bad one's index
+ * in *bad. */
+template <class T> inline void check_arg(const T &, int, int *, const void **) {}
+template <class T> inline void check_arg(T *const &p, int i, int *bad, const void **at)
+{
+    if (*bad < 0 && foreign_device((const void *)p) >= 0) {
+        *bad = i;
+        *at = (const void *)p;
+    }
+}
+
 template <class... P> struct KernelCall {
     void (*kernel)(P...);
     std::tuple<P...> args; /* converted to the parameter types, once */
@@ -201,6 +220,14 @@ template <class... P> struct Launcher {
                         stream,
                         &kernel_entry<P...>,
                         call};
+        int bad = -1, i = 0;
+        const void *at = nullptr;
+        std::apply([&](const auto &...x) { (check_arg(x, i++, &bad, &at), ...); }, call->args);
+        if (bad >= 0) {
+            foreign_fault(d, bad, at, foreign_device(at));
+            kernel_drop<P...>(call);
+            return;
+        }
         launch(d, &kernel_drop<P...>);
     }
 };
