@@ -9,6 +9,9 @@
 #   unit/NAME     each `ok`/`not ok` line of $MESH_BUILD/unit_tests
 #                 (tests/unit/test_list.h lists the tests)
 #   exports/LIB   tests/check-exports.sh on libmesh.a and libmesh.so
+#   scripts/FILE  the scripts that run elsewhere parse (bash -n; python3's
+#                 compile): tests/gpu/run.sh and the others of tests/gpu,
+#                 which only a GPU machine (or make gpu-rehearse) runs
 #   golden/NAME   each tests/golden/NAME.cmd: one shell command line, run from
 #                 the repository root with $MESHC set to the meshc binary and
 #                 $SCRATCH to an empty folder for files it writes; its
@@ -204,6 +207,18 @@ exports_section() {
         else
             fail "exports/$lib" "$TMP/exports"
         fi
+    done
+}
+
+# --- scripts run elsewhere ----------------------------------------------
+scripts_section() {
+    local f
+    for f in tests/gpu/*.sh tests/gpu/emu/*.sh; do
+        if bash -n "$f" >"$TMP/scripts" 2>&1; then pass "scripts/$f"; else fail "scripts/$f" "$TMP/scripts"; fi
+    done
+    for f in tests/gpu/*.py; do
+        if python3 -c 'import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])' "$f" >"$TMP/scripts" 2>&1
+        then pass "scripts/$f"; else fail "scripts/$f" "$TMP/scripts"; fi
     done
 }
 
@@ -1257,7 +1272,7 @@ CPROG
     fi
 }
 
-for name in unit exports install golden docs errors meshrun ranks mpi tcp slurm tokenize; do
+for name in unit exports scripts install golden docs errors meshrun ranks mpi tcp slurm tokenize; do
     case " ${MESH_TEST_SKIP_SECTIONS:-} " in
     *" $name "*) echo "SKIP $name/*: MESH_TEST_SKIP_SECTIONS" ;;
     *) t0=$SECONDS; "${name}_section"; echo "# $name: $((SECONDS - t0)) s" ;;
