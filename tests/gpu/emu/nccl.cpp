@@ -31,10 +31,11 @@
  *    are what end it.
  *  - Arguments as NCCL checks them (every buffer in the memory of the
  *    communicator's GPU: the host's or another GPU's would fault its
- *    kernel; ranks in range), and in-place forms as NCCL defines them: an all-reduce or
- *    broadcast with sendbuff == recvbuff, a reduce-scatter with recvbuff ==
- *    sendbuff + rank x count, an all-gather with sendbuff == recvbuff +
- *    rank x count; any other overlap is refused (ncclInvalidArgument).
+ *    kernel; ranks in range), and in-place forms as NCCL defines them: an
+ *    all-reduce or broadcast with sendbuff == recvbuff, a reduce-scatter
+ *    with recvbuff == sendbuff + rank x count, an all-gather with sendbuff
+ *    == recvbuff + rank x count; any other overlap is refused
+ *    (ncclInvalidArgument).
  *  - ncclCommAbort and ncclCommDestroy end the communicator's pending
  *    operations (its streams go on); its peers' stay pending.
  *  - EMU_NCCL_LAG_US holds each launch's item that long before its

@@ -11,8 +11,8 @@
  *    the process's EMU_NCCL_HOST, empty unset: processes of several
  *    emulated machines may share the folder, which stands for their
  *    network); the world forms when every rank's is there, and fails as
- *    NCCL does when two ranks share a GPU of one machine. alive.R: rank R has not left; the last rank out removes
- *    the folder.
+ *    NCCL does when two ranks share a GPU of one machine. alive.R: rank
+ *    R has not left; the last rank out removes the folder.
  *  - split.K.R: rank R's color and key for the world's K-th split.
  *  - c.S.F.T: rank F's part of the world's S-th collective, for rank T:
  *    its call (kind, count, type, operation, root) and its input (none for
