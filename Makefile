@@ -471,7 +471,8 @@ $(EMU_OBJ)/emu/exec.o: EMU_SAN = $(if $(filter thread,$(SAN)),-DEMU_TSAN)
 EMU_BUILD      ?= build
 EMU_TSAN_BUILD ?= build-tsan
 gpu-emu:
-	$(MAKE) BUILD=$(EMU_BUILD) $(addprefix $(EMU_BUILD)/,emu_selftest gpu_tests_emu unit_tests_emu meshrun_emu meshc)
+	$(MAKE) BUILD=$(EMU_BUILD) $(addprefix $(EMU_BUILD)/,emu_selftest gpu_tests_emu unit_tests_emu meshrun_emu meshc \
+	  gpu_bench_emu)
 	$(EMU_DIR)/run.sh $(EMU_BUILD) forward reverse
 
 gpu-emu-tsan:
@@ -480,7 +481,7 @@ gpu-emu-tsan:
 
 # tests/gpu/run.sh, the GPU machine's script, rehearsed whole on the
 # emulation at cut sizes (its plumbing, not the GPU; results in OUT,
-# default tests/gpu/out/): about 10 minutes here
+# default tests/gpu/out/): 6 to 10 minutes here
 gpu-rehearse:
 	MESH_GPU_REHEARSE=1 MESH_GPU_BUILD=$(EMU_BUILD) tests/gpu/run.sh
 

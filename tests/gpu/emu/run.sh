@@ -7,7 +7,9 @@
 # case of tests/gpu/gpu_tests.c (BUILD/gpu_tests_emu) once per ORDER, the
 # order in which a block's threads run between barriers: forward (first
 # to last) and/or reverse (default: both; each hides the other's reads of
-# another thread's unsynchronized writes). Ends with `N passed, N failed`
+# another thread's unsynchronized writes); then the executor's and NCCL's
+# unit tests and meshrun (below), and (but under TSan) the benchmark at
+# --tiny sizes (BUILD/gpu_bench_emu). Ends with `N passed, N failed`
 # over all runs (a run that fails without counting a failure, a crash,
 # counts as 1); exits 1 if any failed.
 set -u
@@ -139,6 +141,23 @@ fi
 # then one per process (tests/gpu/emu/meshrun.sh)
 if [ -x "$B/meshrun_emu" ] && [ -x "$B/meshc" ] && [ "${EMU_TSAN:-0}" != 1 ]; then
     run "meshrun on 4 GPUs" bash "$(dirname "$0")/meshrun.sh" "$B"
+fi
+# the benchmark (tests/gpu/gpu_bench.c, which only a GPU machine measures
+# with) at --tiny sizes: it runs every kernel it times, cuBLASLt's and
+# cuBLAS's products too, and writes its JSON; one case, passed when it
+# exits 0 with a JSON summary that parses (its figures measure nothing)
+if [ -x "$B/gpu_bench_emu" ] && [ "${EMU_TSAN:-0}" != 1 ]; then
+    BENCH_JSON=$(mktemp)
+    run "gpu_bench --tiny" env OPENBLAS_NUM_THREADS=1 "$B/gpu_bench_emu" --tiny --json "$BENCH_JSON"
+    if grep -q '^JSON {' "$LAST" && python3 -c 'import json, sys; d = json.load(open(sys.argv[1]));
+assert d["tiny"] and len(d["gemm"]) == 6 and len(d["attention"]) == 4 and len(d["memory"]) == 9' "$BENCH_JSON"; then
+        echo "ok - gpu_bench --tiny ran every row and wrote its JSON"
+        passed=$((passed + 1))
+    else
+        echo "not ok - gpu_bench --tiny: no JSON summary with every row"
+        failed=$((failed + 1))
+    fi
+    rm -f "$BENCH_JSON"
 fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
