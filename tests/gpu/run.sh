@@ -76,10 +76,12 @@ else
     EMU=""
 fi
 EQ_STEPS=$([ "$REHEARSE" = 1 ] && echo 6 || echo 20) # train_equiv's steps
-# (rehearsing: GPT-2's blocks at a size the emulation trains in seconds)
+# GPT-2's sequence length; rehearsing, its blocks at a size the emulation
+# trains in seconds
+GPT2_T=1024
 GPT2_CUT=()
-[ "$REHEARSE" = 1 ] && GPT2_CUT=(--set model.layers=2 --set model.dim=64 --set model.heads=2 --set model.vocab=256
-    --set train.seq_len=64 --set train.steps=6 --set train.log_every=3)
+[ "$REHEARSE" = 1 ] && GPT2_T=64 && GPT2_CUT=(--set model.layers=2 --set model.dim=64 --set model.heads=2
+    --set model.vocab=256 --set train.seq_len=$GPT2_T --set train.steps=6 --set train.log_every=3)
 FORCE_DEBS=${MESH_GPU_FORCE_DEBS:-0}
 PREFIX=$ROOT/$BUILD/deps # unpacked .deb files (build*/ is git-ignored)
 T0=$(date +%s)
@@ -522,7 +524,7 @@ step_train_gpt2() {
         json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"deterministic\": $([ "$mode" = atomic ] && echo false || echo true), \"profiled\": $([ "$mode" = profile ] && echo true || echo false), \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu}"
         [ -z "$best" ] && best=$tps
     done
-    printf '{"seq": %d, "runs": [%s]}\n' "$([ "$REHEARSE" = 1 ] && echo 64 || echo 1024)" "$json" >"$OUT/gpt2.json"
+    printf '{"seq": %d, "runs": [%s]}\n' "$GPT2_T" "$json" >"$OUT/gpt2.json"
     if [ -n "$json" ]; then result train_gpt2 PASS "${detail%; }"; else result train_gpt2 FAIL "${detail%; }"; fi
 }
 

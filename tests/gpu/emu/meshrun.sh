@@ -22,10 +22,10 @@
 # Then one rank per process, as torchrun starts them, on emulated nodes
 # (EMU_NCCL_NODE: their NCCL worlds meet through files, nccl_node.cpp):
 # dp 2 ZeRO-3 on 2 processes (1e-4; no files left behind; and under
-# mpirun), tp 2 x pp 2 in
-# bf16 on 4 processes of 2 emulated machines of 2 GPUs (EMU_NCCL_HOST; each
-# machine's LOCAL_RANK from 0) (2e-2), 2 processes on 1 GPU (both stop; rank 0 says NCCL's
-# Duplicate GPU), a process killed in its first step, and one whose NCCL
+# mpirun), tp 2 x pp 2 in bf16 on 4 processes of 2 emulated machines of 2
+# GPUs (EMU_NCCL_HOST; each machine's LOCAL_RANK from 0) (2e-2), 2
+# processes on 1 GPU (both stop; rank 0 says NCCL's Duplicate GPU), a
+# process killed in its first step, and one whose NCCL
 # communicator fails to form (the other stops at once, naming it; not at
 # its timeout).
 # Ends with `# N passed, N failed`; exits 1 if any failed.

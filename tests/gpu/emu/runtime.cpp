@@ -156,8 +156,7 @@ static bool event_ok(cudaEvent_t e)
 
 bool device_range(const void *p, size_t bytes)
 {
-    std::lock_guard<std::mutex> lk(g_mem_mutex);
-    return find_range(g_allocs, (uintptr_t)p, bytes);
+    return device_of(p, bytes) >= 0;
 }
 
 int device_of(const void *p, size_t bytes)
@@ -1157,17 +1156,13 @@ extern "C" cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *at
     if (!attributes)
         return record(cudaErrorInvalidValue);
     memset(attributes, 0, sizeof *attributes);
-    bool pinned = false, on_device = false;
-    int device = 0;
+    bool pinned = false;
     {
         std::lock_guard<std::mutex> lk(g_mem_mutex);
-        uintptr_t base = 0;
         pinned = find_range(g_host, (uintptr_t)ptr, 1);
-        on_device = find_range(g_allocs, (uintptr_t)ptr, 1, &base);
-        if (on_device)
-            device = g_alloc_dev[base]; /* the device it was allocated on */
     }
-    if (ptr && on_device) {
+    int device = ptr ? device_of(ptr, 1) : -1; /* the device it was allocated on */
+    if (device >= 0) {
         attributes->type = cudaMemoryTypeDevice;
         attributes->device = device;
         attributes->devicePointer = const_cast<void *>(ptr);

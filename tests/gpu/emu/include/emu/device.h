@@ -168,12 +168,12 @@ int foreign_device(const void *p);
  * cudaErrorIllegalAddress, with a diagnostic naming it). */
 void foreign_fault(const LaunchDesc &d, int index, const void *p, int device);
 
-/* Pointer arguments checked by foreign_device: the first bad one's index
- * in *bad. */
-template <class T> inline void check_arg(const T &, int, int *, const void **) {}
-template <class T> inline void check_arg(T *const &p, int i, int *bad, const void **at)
+/* Pointer arguments checked by foreign_device: the first bad one's
+ * index in *bad, the pointer in *at and its device in *dev. */
+template <class T> inline void check_arg(const T &, int, int *, const void **, int *) {}
+template <class T> inline void check_arg(T *const &p, int i, int *bad, const void **at, int *dev)
 {
-    if (*bad < 0 && foreign_device((const void *)p) >= 0) {
+    if (*bad < 0 && (*dev = foreign_device((const void *)p)) >= 0) {
         *bad = i;
         *at = (const void *)p;
     }
@@ -220,11 +220,11 @@ template <class... P> struct Launcher {
                         stream,
                         &kernel_entry<P...>,
                         call};
-        int bad = -1, i = 0;
+        int bad = -1, i = 0, dev = -1;
         const void *at = nullptr;
-        std::apply([&](const auto &...x) { (check_arg(x, i++, &bad, &at), ...); }, call->args);
+        std::apply([&](const auto &...x) { (check_arg(x, i++, &bad, &at, &dev), ...); }, call->args);
         if (bad >= 0) {
-            foreign_fault(d, bad, at, foreign_device(at));
+            foreign_fault(d, bad, at, dev);
             kernel_drop<P...>(call);
             return;
         }
