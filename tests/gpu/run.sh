@@ -36,7 +36,10 @@
 #             run with --profile, its table of the step's GPU time by
 #             kind of work in $OUT/profile-gpt2-bf16-16-profile.txt.
 #  7. gpu_bench: GEMM, attention and memory-bound throughput.
-#  8. PyTorch GPT-2 124M training throughput, where `import torch` works.
+#  8. PyTorch GPT-2 124M training throughput, where a python3 imports
+#             torch (tests/gpu/torch_gpt2.py: the model of
+#             tests/torch/mesh_torch.py, which make test trains next to
+#             meshrun to the same losses; rehearsing, a tiny one on the CPU).
 #
 # Everything goes to $OUT/gpu.log and a summary to $OUT/gpu.json (OUT
 # defaults to tests/gpu/out/; the device tool sets it; rewritten after each
@@ -528,10 +531,12 @@ step_train_gpt2() {
     if [ -n "$json" ]; then result train_gpt2 PASS "${detail%; }"; else result train_gpt2 FAIL "${detail%; }"; fi
 }
 
+. tests/torch/find-python.sh # torch_python
+
 step_torch() {
-    local l rc args=()
-    if ! have_tool python3 || ! python3 -c 'import torch' >/dev/null 2>&1; then
-        result torch_gpt2 SKIP "python3 cannot import torch"
+    local l rc py args=()
+    if ! py=$(torch_python); then
+        result torch_gpt2 SKIP "no python3 imports torch"
         return 0
     fi
     l=$(left)
@@ -539,12 +544,17 @@ step_torch() {
         result torch_gpt2 SKIP "only $l s of the budget left"
         return 0
     fi
-    [ "$l" -gt 200 ] && args+=(--compile)
-    PYTHONUNBUFFERED=1 timeout -k 5 $(( l - 10 )) python3 tests/gpu/torch_gpt2.py \
-        --batch 16,32 --steps 20 --warmup 5 --budget-s $(( l - 20 )) --json "$OUT/torch.json" "${args[@]}"
+    if [ "$REHEARSE" = 1 ]; then # the script's every line, on the CPU, in seconds
+        args=(--device cpu --tiny --batch 4,8 --steps 5 --warmup 2 --compile)
+    else
+        args=(--batch 16,32 --steps 20 --warmup 5)
+        [ "$l" -gt 200 ] && args+=(--compile)
+    fi
+    PYTHONUNBUFFERED=1 timeout -k 5 $(( l - 10 )) "$py" tests/gpu/torch_gpt2.py \
+        --budget-s $(( l - 20 )) --json "$OUT/torch.json" "${args[@]}"
     rc=$?
     if [ "$rc" -eq 0 ]; then
-        result torch_gpt2 PASS "$(python3 -c "import json; d=json.load(open('$OUT/torch.json')); print(f\"best {d['best_tokens_per_s']:,} tokens/s\")" 2>/dev/null)"
+        result torch_gpt2 PASS "$("$py" -c "import json; d=json.load(open('$OUT/torch.json')); print(f\"best {d['best_tokens_per_s']:,} tokens/s\")" 2>/dev/null)"
     else
         # a reference measurement: reported, not a test failure
         STEP[torch_gpt2]=FAIL

@@ -1,0 +1,336 @@
+"""tests/torch/mesh_torch.py: mesh's models written again in PyTorch, the oracle.
+
+The blocks of lang/std/transformer.mesh (gpt2_block, llama_block), written
+from their definitions with PyTorch's own operators, over parameters named
+and laid out as mesh's checkpoints hold them: global names
+(`h.0.gpt2_block.w_qkv`), weights stored [in, out] so that `x @ w` applies
+them. check_train.py trains them next to meshrun; tests/gpu/torch_gpt2.py
+times the GPT-2 one on a GPU, so the PyTorch figure it prints is for the
+model this file shows to give meshrun's losses.
+
+Also here: a reader of safetensors files (no package needed), of the few
+keys of a plan that a training step needs, and of llm.c token shards.
+"""
+import json
+import math
+import re
+import struct
+
+import torch
+import torch.nn.functional as F
+
+# safetensors dtypes this reader takes, and their torch types
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I32": torch.int32, "I64": torch.int64}
+
+
+def read_safetensors(path):
+    """(tensors by name, metadata): a whole safetensors file, checked."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    if len(blob) < 8:
+        raise ValueError(f"{path}: {len(blob)} bytes, too short for a safetensors header")
+    n = struct.unpack("<Q", blob[:8])[0]
+    if 8 + n > len(blob):
+        raise ValueError(f"{path}: header of {n} bytes runs past the file's {len(blob)}")
+    header = json.loads(blob[8:8 + n].decode("utf-8"))
+    meta = header.pop("__metadata__", {}) or {}
+    data = blob[8 + n:]
+    out = {}
+    for name, e in header.items():
+        b, end = e["data_offsets"]
+        dtype = _DTYPES.get(e["dtype"])
+        if dtype is None:
+            raise ValueError(f"{path}: {name}: dtype {e['dtype']} not read here")
+        t = torch.frombuffer(bytearray(data[b:end]), dtype=dtype) if end > b else torch.empty(0, dtype=dtype)
+        out[name] = t.reshape(e["shape"]).clone()
+    return out, meta
+
+
+def checkpoint_dir(path):
+    """A step folder: PATH itself, or the one PATH/latest names."""
+    import os
+    latest = os.path.join(path, "latest")
+    if os.path.isfile(latest):
+        with open(latest) as f:
+            return os.path.join(path, f.read().strip())
+    return path
+
+
+def read_plan_train(path):
+    """The train keys of a plan file (docs/plan.md) a training step needs."""
+    with open(path) as f:
+        text = f.read()
+    sect = re.search(r"^train:\n((?:  .*\n)+)", text, re.M)
+    if not sect:
+        raise ValueError(f"{path}: no train section")
+    keys = {}
+    for line in sect.group(1).splitlines():
+        k, _, v = line.strip().partition(": ")
+        keys[k] = v
+    def flow(v):  # {kind: adamw, lr: 0.003, ...}
+        return {a.strip(): b.strip() for a, b in (kv.split(":", 1) for kv in v.strip("{}").split(","))}
+    opt, sched = flow(keys["optimizer"]), flow(keys["lr_schedule"])
+    return {
+        "global_batch": int(keys["global_batch"]), "micro_batch": int(keys["micro_batch"]),
+        "seq_len": int(keys["seq_len"]),
+        "steps": int(keys["steps"]), "precision": keys["precision"],
+        "lr": float(opt["lr"]), "beta1": float(opt["beta1"]), "beta2": float(opt["beta2"]),
+        "eps": float(opt["eps"]), "weight_decay": float(opt["weight_decay"]),
+        "clip": float(opt["clip"]), "schedule": sched["kind"],
+        "warmup": int(sched.get("warmup", 0)), "min_lr": float(sched.get("min_lr", 0)),
+    }
+
+
+def read_plan_ops(path):
+    """{op: attributes} of the first tensor of each op in a plan (heads and
+    kv_heads of attention, theta of rope, eps of the norms, top_k, capacity
+    and aux_loss of moe, vocab of cross_entropy): the models here give every
+    op of a kind the same attributes."""
+    with open(path) as f:
+        text = f.read()
+    ops = {}
+    for entry in text[text.find("\ntensors:"):].split("\n- id: ")[1:]:
+        op = re.search(r"^  op: (\w+)$", entry, re.M)
+        if op and op.group(1) not in ops:
+            ops[op.group(1)] = dict(re.findall(r"^    (\w+): (\S+)$", entry, re.M))
+    return ops
+
+
+def lr_at(t, step):
+    """The learning rate of 1-based step `step`: linear warm-up to lr over
+    `warmup` steps, then a cosine (or linear) decay to min_lr at `steps`;
+    llm.c's schedule, from the plan's keys."""
+    if t["warmup"] > 0 and step <= t["warmup"]:
+        return t["lr"] * step / t["warmup"]
+    if t["schedule"] not in ("cosine", "linear") or t["steps"] <= t["warmup"]:
+        return t["lr"]
+    frac = min(1.0, (step - t["warmup"]) / (t["steps"] - t["warmup"]))
+    shape = 0.5 * (1 + math.cos(math.pi * frac)) if t["schedule"] == "cosine" else 1 - frac
+    return t["min_lr"] + (t["lr"] - t["min_lr"]) * shape
+
+
+def read_shard(path):
+    """The tokens of an llm.c shard (header: 256 int32, magic 20240520)."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    magic, version, n = struct.unpack("<3i", blob[:12])
+    if magic != 20240520 or version != 1 or len(blob) != 1024 + 2 * n:
+        raise ValueError(f"{path}: not an llm.c token shard of version 1")
+    return torch.frombuffer(bytearray(blob[1024:]), dtype=torch.int16).to(torch.int64) & 0xFFFF
+
+
+def batch(tokens, first, count, T):
+    """(inputs, targets) [count, T]: windows first .. first + count - 1 of T
+    tokens each, the next token as the last target, wrapping around."""
+    windows = (tokens.numel() - 1) // T
+    idx = [(first + i) % windows for i in range(count)]
+    x = torch.stack([tokens[w * T:w * T + T] for w in idx])
+    y = torch.stack([tokens[w * T + 1:w * T + T + 1] for w in idx])
+    return x, y
+
+
+# --- the operators ---------------------------------------------------------
+
+def attention(q, k, v):
+    """Causal attention: q [B, H, T, d], k and v [B, KV, T, d]; query head h
+    reads kv head h / (H / KV). The scale is 1 / sqrt(d)."""
+    H, KV = q.shape[1], k.shape[1]
+    if KV != H:
+        k = k.repeat_interleave(H // KV, dim=1)
+        v = v.repeat_interleave(H // KV, dim=1)
+    if hasattr(F, "scaled_dot_product_attention"):  # PyTorch 2: flash attention on a GPU
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    T = q.shape[2]
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    return torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1) @ v
+
+
+def linear(x, w, b):
+    """x @ w + b for w stored [in, out], through F.linear (one GEMM with
+    the bias in it, as nn.Linear; the transpose is a view)."""
+    return F.linear(x, w.t(), b)
+
+
+def heads(x, n):
+    """[B, T, n * d] -> [B, n, T, d]."""
+    B, T, C = x.shape
+    return x.view(B, T, n, C // n).transpose(1, 2)
+
+
+def merge(y):
+    """[B, H, T, d] -> [B, T, H * d]."""
+    B, H, T, d = y.shape
+    return y.transpose(1, 2).reshape(B, T, H * d)
+
+
+def rmsnorm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope(x, theta):
+    """Rotate-half rotary embedding (GPT-NeoX, Hugging Face Llama) of
+    x [B, H, T, d]: channel j < d/2 pairs with j + d/2 and turns by
+    t * theta^(-2j/d)."""
+    T, d = x.shape[2], x.shape[3]
+    j = torch.arange(d // 2, dtype=torch.float64)
+    a = torch.arange(T, dtype=torch.float64)[:, None] * theta ** (-2.0 * j / d)
+    c, s = torch.cos(a).to(x.dtype).to(x.device), torch.sin(a).to(x.dtype).to(x.device)
+    x1, x2 = x[..., :d // 2], x[..., d // 2:]
+    return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1)
+
+
+def cross_entropy(logits, targets, vocab=None):
+    """The mean over tokens; with vocab, the logits past it (padding) are
+    left out, as cross_entropy(..., vocab: vocab) does."""
+    if vocab is not None and vocab < logits.shape[-1]:
+        logits = logits[..., :vocab]
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+# --- the models ------------------------------------------------------------
+
+def layers_of(params, prefix):
+    """How many blocks `prefix.N.` the parameters hold."""
+    n = [int(m.group(1)) for m in (re.match(re.escape(prefix) + r"\.(\d+)\.", k) for k in params) if m]
+    return max(n) + 1 if n else 0
+
+
+def gpt2_loss(P, tokens, targets, n_heads, vocab=None, eps=1e-5):
+    """examples/gpt2.mesh and gpt-tiny.mesh: learned positions, pre-LN GPT-2
+    blocks (tanh GELU, biases everywhere), the LM head tied to wte."""
+    T, C = tokens.shape[1], P["wte"].shape[1]
+    x = P["wte"][tokens] + P["wpe"][:T]
+    for i in range(layers_of(P, "h")):
+        p = lambda n: P[f"h.{i}.gpt2_block.{n}"]  # noqa: E731
+        qkv = linear(F.layer_norm(x, (C,), p("ln1_w"), p("ln1_b"), eps), p("w_qkv"), p("b_qkv"))
+        q, k, v = (heads(t, n_heads) for t in qkv.split(C, dim=-1))
+        h = x + linear(merge(attention(q, k, v)), p("w_o"), p("b_o"))
+        m = F.gelu(linear(F.layer_norm(h, (C,), p("ln2_w"), p("ln2_b"), eps), p("w_fc"), p("b_fc")),
+                   approximate="tanh")
+        x = h + linear(m, p("w_out"), p("b_out"))
+    logits = F.linear(F.layer_norm(x, (C,), P["ln_f_w"], P["ln_f_b"], eps), P["wte"])  # x @ wte^T
+    return cross_entropy(logits, targets, vocab)
+
+
+def moe_capacity(N, E, K, factor):
+    """ceil(factor N K / E), a relative excess below 1e-9 ignored, at least 1."""
+    c = factor * N * K / E
+    return max(1, math.ceil(c - 1e-9 * c)) if N > 0 else 0
+
+
+def moe(h, router, w_gate, w_up, w_down, top_k, capacity):
+    """The moe op over the tokens of h [B, T, D] (one micro-batch), as
+    docs/language.md states it: softmax router probabilities p, each token to
+    its top_k experts (the largest p first, ties to the lower expert), weighted
+    by p renormalised over them; an expert keeps the first
+    ceil(capacity N top_k / E) tokens in token order and drops the rest. Returns
+    (y, aux): aux = E sum_e f_e P_e, f_e the share of the N top_k choices that
+    picked e (before capacity), P_e the mean of p[., e]."""
+    B, T, D = h.shape
+    x = h.reshape(B * T, D)
+    N, E = x.shape[0], router.shape[1]
+    p = torch.softmax(x @ router, dim=-1)
+    top, idx = torch.sort(p.detach(), dim=-1, descending=True, stable=True)
+    idx = idx[:, :top_k]
+    w = p.gather(1, idx)
+    w = w / w.sum(-1, keepdim=True)
+    C = moe_capacity(N, E, top_k, capacity)
+    flat = idx.reshape(-1)  # (token, k) pairs in token order
+    onehot = F.one_hot(flat, E)
+    rank = ((onehot.cumsum(0) - 1) * onehot).sum(-1)  # place in its expert's queue
+    keep = (rank < C).reshape(N, top_k)
+    y = torch.zeros_like(x)
+    for e in range(E):
+        n, k = torch.nonzero((idx == e) & keep, as_tuple=True)
+        if n.numel() == 0:
+            continue
+        xe = x[n]
+        ye = (F.silu(xe @ w_gate[e]) * (xe @ w_up[e])) @ w_down[e]
+        y = y.index_add(0, n, ye * w[n, k].unsqueeze(-1))
+    f = torch.bincount(flat, minlength=E).to(p.dtype) / (N * top_k)
+    aux = E * (f * p.mean(0)).sum()
+    return y.reshape(B, T, D), aux
+
+
+def llama_loss(P, tokens, targets, n_heads, kv_heads, theta=10000.0, eps=1e-5,
+               top_k=2, capacity=1.25, aux_loss=0.01, vocab=None):
+    """examples/llama.mesh: RMSNorm, rotary q and k, grouped-query
+    attention, SwiGLU, no biases, an untied LM head. With moe_block layers
+    (examples/moe.mesh), the MLP is moe() over SwiGLU experts and each
+    layer's aux_loss x aux is added to the loss."""
+    x = P["embedding"][tokens]
+    kind = "moe_block" if any(".moe_block." in k for k in P) else "llama_block"
+    extra = 0.0
+    for i in range(layers_of(P, "layers")):
+        p = lambda n: P[f"layers.{i}.{kind}.{n}"]  # noqa: E731
+        n = rmsnorm(x, p("attn_norm"), eps)
+        q = rope(heads(n @ p("wq"), n_heads), theta)
+        k = rope(heads(n @ p("wk"), kv_heads), theta)
+        v = heads(n @ p("wv"), kv_heads)
+        r = x + merge(attention(q, k, v)) @ p("wo")
+        h = rmsnorm(r, p("ffn_norm"), eps)
+        if kind == "moe_block":
+            y, aux = moe(h, p("router"), p("w_gate"), p("w_up"), p("w_down"), top_k, capacity)
+            x, extra = r + y, extra + aux_loss * aux
+        else:
+            x = r + (F.silu(h @ p("w_gate")) * (h @ p("w_up"))) @ p("w_down")
+    return cross_entropy(rmsnorm(x, P["final_norm"], eps) @ P["lm_head"], targets, vocab) + extra
+
+
+def plan_model(P, ops):
+    """(kind, loss(tokens, targets)): the model of the parameters P (a
+    checkpoint's names tell which) with the attributes of its plan's ops
+    (read_plan_ops)."""
+    att = ops.get("attention")
+    if not att:
+        raise ValueError("the plan has no attention op")
+    H = int(att["heads"])
+    KV = int(att.get("kv_heads", H))
+    eps = float((ops.get("layernorm") or ops.get("rmsnorm") or {}).get("eps", 1e-5))
+    vocab = int(ops.get("cross_entropy", {}).get("vocab", 0)) or None
+    if "wte" in P and any(".gpt2_block." in k for k in P):
+        return "gpt2", lambda x, y: gpt2_loss(P, x, y, H, vocab, eps)
+    if "embedding" not in P:
+        raise ValueError("the parameters are neither gpt2.mesh's (wte, h.N.gpt2_block) nor "
+                         "llama.mesh's or moe.mesh's (embedding, layers.N)")
+    theta = float(ops.get("rope", {}).get("theta", 10000.0))
+    m = ops.get("moe")
+    if m is None:
+        return "llama", lambda x, y: llama_loss(P, x, y, H, KV, theta, eps, vocab=vocab)
+    if m.get("act", "swiglu") != "swiglu":
+        raise ValueError(f"moe act: {m['act']}: only swiglu experts are written here")
+    k, c, aux = int(m.get("top_k", 2)), float(m.get("capacity", 1.25)), float(m.get("aux_loss", 0.01))
+    return "moe", lambda x, y: llama_loss(P, x, y, H, KV, theta, eps, k, c, aux, vocab)
+
+
+def gpt2_init(V, T, L, C, device="cpu", seed=0):
+    """GPT-2's parameters as gpt2.mesh initialises them (normal 0.02, the
+    residual projections 0.02 / sqrt(2 L), norms ones, biases zeros), under
+    mesh's names; not mesh's random stream."""
+    g = torch.Generator().manual_seed(seed)
+    def normal(*shape, std=0.02):
+        return (torch.randn(*shape, generator=g) * std).to(device)
+    P = {"wte": normal(V, C), "wpe": normal(T, C),
+         "ln_f_w": torch.ones(C, device=device), "ln_f_b": torch.zeros(C, device=device)}
+    proj = 0.02 / math.sqrt(2 * L)
+    for i in range(L):
+        b = f"h.{i}.gpt2_block."
+        P.update({b + "ln1_w": torch.ones(C, device=device), b + "ln1_b": torch.zeros(C, device=device),
+                  b + "w_qkv": normal(C, 3 * C), b + "b_qkv": torch.zeros(3 * C, device=device),
+                  b + "w_o": normal(C, C, std=proj), b + "b_o": torch.zeros(C, device=device),
+                  b + "ln2_w": torch.ones(C, device=device), b + "ln2_b": torch.zeros(C, device=device),
+                  b + "w_fc": normal(C, 4 * C), b + "b_fc": torch.zeros(4 * C, device=device),
+                  b + "w_out": normal(4 * C, C, std=proj), b + "b_out": torch.zeros(C, device=device)})
+    return P
+
+
+def adamw(P, lr, betas, eps, weight_decay, **kw):
+    """torch.optim.AdamW over the parameters, weight decay on matrices and
+    embeddings only (dimension 2 or more), as meshrun and llm.c decay."""
+    decay = [t for t in P.values() if t.dim() >= 2]
+    rest = [t for t in P.values() if t.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": rest, "weight_decay": 0.0}],
+                             lr=lr, betas=betas, eps=eps, **kw)
