@@ -464,7 +464,7 @@ EMU_SAN      = $(SAN_CFLAGS)
 $(EMU_OBJ)/emu/exec.o: EMU_SAN = $(if $(filter thread,$(SAN)),-DEMU_TSAN)
 .SECONDARY: $(EMU_KGEN) $(EMU_GEN)/$(EMU_DIR)/selftest.cu
 
-.PHONY: gpu-emu gpu-emu-tsan gpu-rehearse
+.PHONY: gpu-emu gpu-emu-tsan gpu-rehearse torch-gpt2
 # tests/gpu/emu/run.sh: the emulator's self-tests (selftest.cu), then every
 # case with a block's threads run first to last, and (not under TSan, which
 # sees every unordered access anyway) last to first; one summary at the end
@@ -478,6 +478,12 @@ gpu-emu:
 gpu-emu-tsan:
 	$(MAKE) BUILD=$(EMU_TSAN_BUILD) SAN=thread $(addprefix $(EMU_TSAN_BUILD)/,emu_selftest gpu_tests_emu unit_tests_emu)
 	TSAN_OPTIONS="halt_on_error=1 exitcode=66" EMU_TSAN=1 $(EMU_DIR)/run.sh $(EMU_TSAN_BUILD) forward
+
+# GPT-2 124M itself (examples/gpt2.mesh, full size, fp32, one rank) trained
+# next to PyTorch (tests/torch/gpt2-124m.sh; make test's torch section
+# checks the models shrunk): some 4.5 minutes, 5 GB
+torch-gpt2: all
+	tests/torch/gpt2-124m.sh $(BUILD)
 
 # tests/gpu/run.sh, the GPU machine's script, rehearsed whole on the
 # emulation at cut sizes (its plumbing, not the GPU; results in OUT,
