@@ -30,6 +30,11 @@
 #             With 2 GPUs or more,
 #             gpt-tiny on dp 2 with ZeRO-3 over NCCL (and against
 #             --no-overlap); 4 or more, dp 2 x tp 2 in fp32 and bf16.
+#  5b. oracle: the GPU against PyTorch (tests/torch), where a python3
+#             imports torch: the CPU trains gpt-tiny and a small Llama 200
+#             steps (fp32), the GPU 10 more from that checkpoint, and
+#             check_train.py the same 10 in PyTorch (float64, on the CPU):
+#             losses within 1e-4 relative, norms 1e-3, parameters 1e-2.
 #  6. train_gpt2: GPT-2 124M (examples/gpt2.mesh on one GPU, bf16, T=1024,
 #             B=16 and 32, and B=32 with MESH_DETERMINISTIC=0; fp32 B=16)
 #             through meshrun --device cuda: tokens/s and MFU; the B=16
@@ -496,6 +501,63 @@ gpt2_run() {
     [ "$rc" -eq 0 ] && sed -n 's/.*"tokens_per_s": \([0-9.]*\)}.*/\1/p' "$d/$name.json" 2>/dev/null | tail -n 1
 }
 
+# meshrun --device cuda against PyTorch (tests/torch): the CPU trains
+# gpt-tiny and a small Llama (fp32) ORACLE_WARM steps into a checkpoint;
+# the GPU trains 10 more from it, a line each; check_train.py trains those
+# 10 in PyTorch, in float64 on the CPU, from the same checkpoint, and
+# compares the losses, gradient norms and parameters, at train_equiv's
+# fp32 tolerance (1e-4 of the loss; the CPU meets 2e-6 in make test).
+ORACLE_WARM=$([ "$REHEARSE" = 1 ] && echo 30 || echo 200)
+step_oracle() {
+    local d=$OUT/oracle py m detail="" bad=0 line
+    if ! py=$(torch_python); then
+        result oracle SKIP "no python3 imports torch"
+        return 0
+    fi
+    mkdir -p "$d"
+    "$BUILD/meshrun$EMU" tokenize examples/data/devils-dictionary.txt -o "$d/dd.bin" >/dev/null 2>&1
+    local -a common=(--set train.precision=fp32 --set train.seq_len=64 --set train.steps=1000
+        --set train.log_every=1 --set train.checkpoint_every=0
+        "--set=train.lr_schedule=cosine(warmup: 20, min_lr: 3e-4)"
+        "--set=train.optimizer=adamw(lr: 3e-3, betas: (0.9, 0.95), eps: 1e-8, weight_decay: 0.1, clip: 1.0)")
+    local -a llama=(--set model.vocab=256 --set model.dim=64 --set model.layers=2 --set model.heads=4
+        --set model.kv_heads=2 --set model.ffn_dim=128 --set train.global_batch=8 --set train.micro_batch=8
+        --set mesh.dp=1 --set mesh.tp=1 --set mesh.pp=1 --set train.schedule=1f1b --set train.virtual_stages=1
+        --set train.zero=0 --set train.sequence_parallel=false)
+    for m in gpt-tiny llama; do
+        if [ "$(left)" -lt 60 ]; then
+            detail+="$m: skipped (budget); "
+            continue
+        fi
+        local -a sets=("${common[@]}")
+        [ "$m" = llama ] && sets+=("${llama[@]}")
+        if ! "$BUILD/meshc" -o "$d/$m.plan" "examples/$m.mesh" "${sets[@]}" >"$d/$m.meshc" 2>&1; then
+            cat "$d/$m.meshc"
+            bad=1
+            detail+="$m: meshc failed; "
+            continue
+        fi
+        rm -rf "$d/ck0-$m" "$d/ck-$m" "$d/$m.jsonl"
+        timeout -k 5 "$(cap 120)" "$BUILD/meshrun$EMU" "$d/$m.plan" --device cpu --data "$d/dd.bin" --val "$d/dd.bin" \
+            --steps "$ORACLE_WARM" --checkpoint "$d/ck0-$m" >"$d/$m-cpu.out" 2>&1 &&
+            cp -r "$d/ck0-$m" "$d/ck-$m" &&
+            timeout -k 5 "$(cap 120)" "$BUILD/meshrun$EMU" "$d/$m.plan" --device "$TRAIN_DEV" --data "$d/dd.bin" \
+                --val "$d/dd.bin" --steps $((ORACLE_WARM + 10)) --checkpoint "$d/ck-$m" --resume \
+                --metrics "$d/$m.jsonl" >"$d/$m-$TRAIN_DEV.out" 2>&1
+        echo "== oracle $m: CPU $ORACLE_WARM steps, then $TRAIN_DEV 10 (exit $?)"
+        tail -n 3 "$d/$m-cpu.out" "$d/$m-$TRAIN_DEV.out"
+        timeout -k 5 "$(cap 120)" "$py" tests/torch/check_train.py --plan "$d/$m.plan" --data "$d/dd.bin" \
+            --from "$d/ck0-$m" --to "$d/ck-$m" --metrics "$d/$m.jsonl" \
+            --loss-tol 1e-4 --norm-tol 1e-3 --param-tol 1e-2 >"$d/$m-check.out" 2>&1
+        cat "$d/$m-check.out"
+        line=$(grep -E '^(PASS|FAIL) check_train' "$d/$m-check.out" | tail -n 1)
+        [ "${line%% *}" = PASS ] || bad=1
+        [ -n "$line" ] || line="FAIL (check_train.py printed no verdict)"
+        detail+="$m: ${line%% *}, ${line#*worst relative differences: }; "
+    done
+    if [ $bad = 0 ]; then result oracle PASS "${detail%; }"; else result oracle FAIL "${detail%; }"; fi
+}
+
 step_train_gpt2() {
     local d=$OUT/train l tps best="" detail="" json="" cfg
     l=$(left)
@@ -608,6 +670,7 @@ main() {
         else
             step_unit_cuda
             step_train_equiv
+            step_oracle
             step_train_gpt2
             step_bench
             step_torch
