@@ -93,7 +93,8 @@ def check(a):
         print(f"FAIL check_train: {a.metrics} logs no step after {step0}")
         return 1
     tokens = mt.read_shard(a.data)
-    kind, loss_of = mt.plan_model(P, mt.read_plan_ops(a.plan))
+    model = mt.PlanModel(P, mt.read_plan_ops(a.plan))
+    kind, loss_of = model.kind, model.loss
 
     for p in P.values():
         p.requires_grad_(True)

@@ -1,7 +1,7 @@
 """tests/torch/mesh_torch.py: mesh's models written again in PyTorch, the oracle.
 
-The blocks of lang/std/transformer.mesh (gpt2_block, llama_block), written
-from their definitions with PyTorch's own operators, over parameters named
+The blocks of lang/std/transformer.mesh (gpt2_block, llama_block,
+moe_block), written from their definitions with PyTorch's own operators, over parameters named
 and laid out as mesh's checkpoints hold them: global names
 (`h.0.gpt2_block.w_qkv`), weights stored [in, out] so that `x @ w` applies
 them. check_train.py trains them next to meshrun; tests/gpu/torch_gpt2.py
@@ -13,6 +13,7 @@ keys of a plan that a training step needs, and of llm.c token shards.
 """
 import json
 import math
+import os
 import re
 import struct
 
@@ -49,7 +50,6 @@ def read_safetensors(path):
 
 def checkpoint_dir(path):
     """A step folder: PATH itself, or the one PATH/latest names."""
-    import os
     latest = os.path.join(path, "latest")
     if os.path.isfile(latest):
         with open(latest) as f:
@@ -114,7 +114,7 @@ def read_shard(path):
     """The tokens of an llm.c shard (header: 256 int32, magic 20240520)."""
     with open(path, "rb") as f:
         blob = f.read()
-    magic, version, n = struct.unpack("<3i", blob[:12])
+    magic, version, n = struct.unpack("<3i", blob[:12]) if len(blob) >= 1024 else (0, 0, 0)
     if magic != 20240520 or version != 1 or len(blob) != 1024 + 2 * n:
         raise ValueError(f"{path}: not an llm.c token shard of version 1")
     return torch.frombuffer(bytearray(blob[1024:]), dtype=torch.int16).to(torch.int64) & 0xFFFF
@@ -197,7 +197,7 @@ def layers_of(params, prefix):
     return max(n) + 1 if n else 0
 
 
-def gpt2_loss(P, tokens, targets, n_heads, vocab=None, eps=1e-5):
+def gpt2_logits(P, tokens, n_heads, eps=1e-5):
     """examples/gpt2.mesh and gpt-tiny.mesh: learned positions, pre-LN GPT-2
     blocks (tanh GELU, biases everywhere), the LM head tied to wte."""
     T, C = tokens.shape[1], P["wte"].shape[1]
@@ -210,8 +210,12 @@ def gpt2_loss(P, tokens, targets, n_heads, vocab=None, eps=1e-5):
         m = F.gelu(linear(F.layer_norm(h, (C,), p("ln2_w"), p("ln2_b"), eps), p("w_fc"), p("b_fc")),
                    approximate="tanh")
         x = h + linear(m, p("w_out"), p("b_out"))
-    logits = F.linear(F.layer_norm(x, (C,), P["ln_f_w"], P["ln_f_b"], eps), P["wte"])  # x @ wte^T
-    return cross_entropy(logits, targets, vocab)
+    return F.linear(F.layer_norm(x, (C,), P["ln_f_w"], P["ln_f_b"], eps), P["wte"])  # x @ wte^T
+
+
+def gpt2_loss(P, tokens, targets, n_heads, vocab=None, eps=1e-5):
+    """gpt2_logits' cross-entropy (the padding past vocab left out)."""
+    return cross_entropy(gpt2_logits(P, tokens, n_heads, eps), targets, vocab)
 
 
 def moe_capacity(N, E, K, factor):
@@ -254,12 +258,13 @@ def moe(h, router, w_gate, w_up, w_down, top_k, capacity):
     return y.reshape(B, T, D), aux
 
 
-def llama_loss(P, tokens, targets, n_heads, kv_heads, theta=10000.0, eps=1e-5,
-               top_k=2, capacity=1.25, aux_loss=0.01, vocab=None):
-    """examples/llama.mesh: RMSNorm, rotary q and k, grouped-query
-    attention, SwiGLU, no biases, an untied LM head. With moe_block layers
-    (examples/moe.mesh), the MLP is moe() over SwiGLU experts and each
-    layer's aux_loss x aux is added to the loss."""
+def llama_logits(P, tokens, n_heads, kv_heads, theta=10000.0, eps=1e-5,
+                 top_k=2, capacity=1.25, aux_loss=0.01):
+    """(logits, extra) of examples/llama.mesh: RMSNorm, rotary q and k,
+    grouped-query attention, SwiGLU, no biases, an untied LM head. With
+    moe_block layers (examples/moe.mesh), the MLP is moe() over SwiGLU
+    experts, and extra, which the loss adds, is the sum of each layer's
+    aux_loss x aux (0 without)."""
     x = P["embedding"][tokens]
     kind = "moe_block" if any(".moe_block." in k for k in P) else "llama_block"
     extra = 0.0
@@ -276,33 +281,51 @@ def llama_loss(P, tokens, targets, n_heads, kv_heads, theta=10000.0, eps=1e-5,
             x, extra = r + y, extra + aux_loss * aux
         else:
             x = r + (F.silu(h @ p("w_gate")) * (h @ p("w_up"))) @ p("w_down")
-    return cross_entropy(rmsnorm(x, P["final_norm"], eps) @ P["lm_head"], targets, vocab) + extra
+    return rmsnorm(x, P["final_norm"], eps) @ P["lm_head"], extra
 
 
-def plan_model(P, ops):
-    """(kind, loss(tokens, targets)): the model of the parameters P (a
-    checkpoint's names tell which) with the attributes of its plan's ops
-    (read_plan_ops)."""
-    att = ops.get("attention")
-    if not att:
-        raise ValueError("the plan has no attention op")
-    H = int(att["heads"])
-    KV = int(att.get("kv_heads", H))
-    eps = float((ops.get("layernorm") or ops.get("rmsnorm") or {}).get("eps", 1e-5))
-    vocab = int(ops.get("cross_entropy", {}).get("vocab", 0)) or None
-    if "wte" in P and any(".gpt2_block." in k for k in P):
-        return "gpt2", lambda x, y: gpt2_loss(P, x, y, H, vocab, eps)
-    if "embedding" not in P:
-        raise ValueError("the parameters are neither gpt2.mesh's (wte, h.N.gpt2_block) nor "
-                         "llama.mesh's or moe.mesh's (embedding, layers.N)")
-    theta = float(ops.get("rope", {}).get("theta", 10000.0))
-    m = ops.get("moe")
-    if m is None:
-        return "llama", lambda x, y: llama_loss(P, x, y, H, KV, theta, eps, vocab=vocab)
-    if m.get("act", "swiglu") != "swiglu":
-        raise ValueError(f"moe act: {m['act']}: only swiglu experts are written here")
-    k, c, aux = int(m.get("top_k", 2)), float(m.get("capacity", 1.25)), float(m.get("aux_loss", 0.01))
-    return "moe", lambda x, y: llama_loss(P, x, y, H, KV, theta, eps, k, c, aux, vocab)
+class PlanModel:
+    """The model of a checkpoint's parameters P (their names tell which)
+    with the attributes of its plan's ops (read_plan_ops): kind ("gpt2",
+    "llama" or "moe"), loss(tokens, targets) as meshrun's, and
+    logits(tokens) [B, T, vocab] (the padding past vocab cut off)."""
+
+    def __init__(self, P, ops):
+        att = ops.get("attention")
+        if not att:
+            raise ValueError("the plan has no attention op")
+        self.P, self.H = P, int(att["heads"])
+        self.KV = int(att.get("kv_heads", self.H))
+        self.eps = float((ops.get("layernorm") or ops.get("rmsnorm") or {}).get("eps", 1e-5))
+        self.vocab = int(ops.get("cross_entropy", {}).get("vocab", 0)) or None
+        self.theta = float(ops.get("rope", {}).get("theta", 10000.0))
+        self.moe = (2, 1.25, 0.0)
+        if "wte" in P and any(".gpt2_block." in k for k in P):
+            self.kind = "gpt2"
+        elif "embedding" in P:
+            m = ops.get("moe")
+            self.kind = "llama" if m is None else "moe"
+            if m is not None:
+                if m.get("act", "swiglu") != "swiglu":
+                    raise ValueError(f"moe act: {m['act']}: only swiglu experts are written here")
+                self.moe = (int(m.get("top_k", 2)), float(m.get("capacity", 1.25)),
+                            float(m.get("aux_loss", 0.01)))
+        else:
+            raise ValueError("the parameters are neither gpt2.mesh's (wte, h.N.gpt2_block) nor "
+                             "llama.mesh's or moe.mesh's (embedding, layers.N)")
+
+    def _forward(self, tokens):
+        if self.kind == "gpt2":
+            return gpt2_logits(self.P, tokens, self.H, self.eps), 0.0
+        return llama_logits(self.P, tokens, self.H, self.KV, self.theta, self.eps, *self.moe)
+
+    def loss(self, tokens, targets):
+        logits, extra = self._forward(tokens)
+        return cross_entropy(logits, targets, self.vocab) + extra
+
+    def logits(self, tokens):
+        logits, _ = self._forward(tokens)
+        return logits[..., :self.vocab] if self.vocab else logits
 
 
 def gpt2_init(V, T, L, C, device="cpu", seed=0):
