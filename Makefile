@@ -13,8 +13,11 @@
 #   make install         PREFIX=/usr/local, DESTDIR honored; its two halves
 #                        are install-runtime (libmesh, mesh.h, mesh.pc,
 #                        meshrun) and install-compiler (meshc, lang/std)
-#   make deps            install the Debian packages the build needs (root)
-#   make demo            deps, build, meshc on every example, train gpt-tiny, sample
+#   make torch-gpt2      GPT-2 124M trained next to PyTorch (tests/torch/)
+#   make deps            install the Debian packages the build and the tests
+#                        need (root; PyTorch among them)
+#   make demo            deps but PyTorch, build, meshc on every example,
+#                        train gpt-tiny, sample
 #   make clean           remove build*/
 
 # ---- Settings -----------------------------------------------------------

@@ -1171,7 +1171,7 @@ torch_plan() {
 }
 
 # torch_case NAME WARM CMP: WARM (a one-rank plan) trains 200 steps into a
-# checkpoint ($TMP/torch-NAME-0), from which the plan CMP trains 10 more
+# checkpoint ($TMP/torch-WARM-0), from which the plan CMP trains 10 more
 # (as threads), logging each; tests/torch/check_train.py trains the same
 # 10 in PyTorch from that checkpoint and compares the losses, the gradient
 # norms and the parameters. The warm-up is shared by cases of one WARM.
@@ -1188,7 +1188,10 @@ torch_case() {
         fail "torch/$name" "$out"
         return
     fi
-    rm -rf "$ck" && cp -r "$ck0" "$ck" || return
+    if ! { rm -rf "$ck" && cp -r "$ck0" "$ck"; } >"$out" 2>&1; then
+        fail "torch/$name" "$out"
+        return
+    fi
     if ! timeout "$LIMIT" "$MESHRUN" "$cmp" --data "$TMP/dd.bin" --val "$TMP/dd.bin" --steps 210 --threads 1 \
         --checkpoint "$ck" --resume --metrics "$TMP/torch-$name.jsonl" >"$out.meshrun" 2>&1; then
         tail -n 20 "$out.meshrun" >"$out"
