@@ -125,16 +125,17 @@ const char *check_unknown_name(checker *c, loc l, const char *what, const char *
 }
 
 const set_item *check_find_set(checker *c, const char *section, const char *key) {
-    for (int i = c->n_sets - 1; i >= 0; i--) {
+    set_item *last = NULL;
+    for (int i = 0; i < c->n_sets; i++) {
         set_item *it = &c->sets[i];
         int same = (!section && !it->section) ||
                    (section && it->section && strcmp(section, it->section) == 0);
         if (same && strcmp(it->key, key) == 0) {
-            it->used = 1;
-            return it;
+            it->used = 1; /* the earlier ones too: the last one wins */
+            last = it;
         }
     }
-    return NULL;
+    return last;
 }
 
 /* [8, 1024, 768] or int[8, 1024]; [] for a scalar. */

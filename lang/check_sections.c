@@ -15,6 +15,16 @@ typedef struct opt_entry {
     int index;             /* into the section's option table */
 } opt_entry;
 
+/* Whether a --set after sets[i] names the same section and key. */
+static int later_set(const checker *c, int i) {
+    const set_item *it = &c->sets[i];
+    for (int j = i + 1; j < c->n_sets; j++)
+        if (c->sets[j].section && strcmp(c->sets[j].section, it->section) == 0 &&
+            strcmp(c->sets[j].key, it->key) == 0)
+            return 1;
+    return 0;
+}
+
 /* `guessed[k]` is set when an unknown key was probably a misspelling of
  * key k, so that "missing k" is not reported on top of it. */
 static int section_options(checker *c, const ast_node *sec, const char *secname, const char *const *keys,
@@ -51,13 +61,14 @@ static int section_options(checker *c, const ast_node *sec, const char *secname,
         for (int j = 0; j < n_keys; j++)
             if (strcmp(keys[j], it->key) == 0) k = j;
         it->used = 1;
+        if (later_set(c, i)) continue; /* a later --set of the same key wins */
         if (k < 0) {
             char what[32];
             snprintf(what, sizeof what, "%s", strcmp(secname, "mesh") == 0 ? "mesh axis" : "train option");
             check_unknown_name(c, it->where, what, it->key, NULL, keys, n_keys);
             continue;
         }
-        if (first[k]) continue; /* a later --set of the same key: the last one won above */
+        if (first[k]) continue; /* the file sets it (and the last --set was taken above) */
         first[k] = it->value;
         out[n++] = (opt_entry){it->key, it->value, it->where, it->where, k};
     }

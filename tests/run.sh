@@ -1245,6 +1245,13 @@ torch_section() {
     torch_plan "$TMP/t-llama-4.plan" llama "${l[@]}" --set mesh.dp=2 --set mesh.tp=2 \
         --set train.micro_batch=4 --set train.zero=1 --set train.sequence_parallel=true
     torch_case llama-dp2-tp2-sp-zero1 "$TMP/t-llama-1.plan" "$TMP/t-llama-4.plan"
+    # llama.mesh of 4 layers: dp 2 x pp 2, interleaved (2 chunks a rank),
+    # ZeRO-3, recomputed activations, 2 micro-batches a rank
+    l+=(--set model.layers=4 --set mesh.tp=1 --set train.sequence_parallel=false)
+    torch_plan "$TMP/t-llama4l-1.plan" llama "${l[@]}" --set mesh.dp=1 --set train.micro_batch=8 --set train.zero=0
+    torch_plan "$TMP/t-llama4l-4.plan" llama "${l[@]}" --set mesh.dp=2 --set mesh.pp=2 --set train.micro_batch=2 \
+        --set train.schedule=interleaved --set train.virtual_stages=2 --set train.zero=3 --set train.recompute=full
+    torch_case llama-dp2-pp2-interleaved-zero3-recompute "$TMP/t-llama4l-1.plan" "$TMP/t-llama4l-4.plan"
     # moe.mesh (4 experts, top 2, capacity 1.25: tokens dropped): one rank;
     # ep 2, each rank routing its micro-batch of 4 sequences
     m=(--set model.vocab=256 --set model.dim=64 --set model.layers=2 --set model.heads=4
