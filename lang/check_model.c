@@ -256,10 +256,12 @@ static void exec_input(checker *c, scope *s, const ast_node *st, exec_ctx *x) {
     b->node = st;
 }
 
+/* The --set of a model constant, `model.KEY` or `MODELNAME.KEY`: the last
+ * given of either spelling. */
 static const set_item *model_set(checker *c, const char *key) {
     const set_item *it = check_find_set(c, "model", key);
-    if (!it && c->model_node) it = check_find_set(c, c->model_node->name, key);
-    return it;
+    const set_item *named = c->model_node ? check_find_set(c, c->model_node->name, key) : NULL;
+    return !it || (named && named > it) ? named : it; /* c->sets is in command-line order */
 }
 
 static void exec_assign(checker *c, scope *s, const ast_node *st, exec_ctx *x) {

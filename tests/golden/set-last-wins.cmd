@@ -1,1 +1,1 @@
-cp examples/gpt-tiny.mesh "$SCRATCH" && cd "$SCRATCH" && $MESHC --set mesh.tp=2 --set mesh.tp=1 --set model.dim=32 --set model.dim=48 --set train.steps=3000 --set train.steps=1000 --set train.eval_every=5 --set train.eval_every=0 gpt-tiny.mesh
+cp examples/gpt-tiny.mesh "$SCRATCH" && cd "$SCRATCH" && $MESHC --set mesh.tp=2 --set mesh.tp=1 --set model.dim=32 --set model.dim=40 --set gpt_tiny.dim=48 --set train.steps=3000 --set train.steps=1000 --set train.eval_every=5 --set train.eval_every=0 gpt-tiny.mesh
