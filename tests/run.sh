@@ -1174,7 +1174,8 @@ torch_plan() {
 # checkpoint ($TMP/torch-WARM-0), from which the plan CMP trains 10 more
 # (as threads), logging each; tests/torch/check_train.py trains the same
 # 10 in PyTorch from that checkpoint and compares the losses, the gradient
-# norms and the parameters. The warm-up is shared by cases of one WARM.
+# norms, the validation loss after them and the parameters. The warm-up is
+# shared by cases of one WARM.
 torch_case() {
     local name=$1 warm=$2 cmp=$3 out=$TMP/torch-$1.out ck0=$TMP/torch-${2##*/}-0 ck=$TMP/torch-$1-ck f
     for f in "$warm" "$cmp"; do # meshc writes no plan when it fails
@@ -1199,7 +1200,7 @@ torch_case() {
         return
     fi
     if timeout "$LIMIT" "$TORCH_PY" tests/torch/check_train.py --plan "$cmp" --data "$TMP/dd.bin" \
-        --from "$ck0" --to "$ck" --metrics "$TMP/torch-$name.jsonl" >"$out" 2>&1 &&
+        --val "$TMP/dd.bin" --from "$ck0" --to "$ck" --metrics "$TMP/torch-$name.jsonl" >"$out" 2>&1 &&
         grep -q '^PASS check_train' "$out"; then
         pass "torch/$name"
     else

@@ -10,11 +10,14 @@ clipping, and compares:
   - each step's loss and gradient norm with meshrun's --metrics lines
     (the loss: the forward; the norm: the backward);
   - the learning rate meshrun logged with llm.c's schedule;
+  - the validation loss meshrun logged after the last step, if it did (the
+    first 8 global batches of --val, else --data; the evaluation's forward);
   - every parameter after the last step with meshrun's final checkpoint
     (the optimizer, over all the steps).
 
-usage: check_train.py --plan PLAN --data SHARD --from CKPT --to CKPT
-         --metrics JSONL [--loss-tol R] [--norm-tol R] [--param-tol R]
+usage: check_train.py --plan PLAN --data SHARD [--val SHARD] --from CKPT
+         --to CKPT --metrics JSONL [--loss-tol R] [--norm-tol R]
+         [--param-tol R] [--dtype float64|float32]
 
 The model (gpt2.mesh's, llama.mesh's or moe.mesh's blocks) is told by the
 checkpoint's parameter names, its sizes by their shapes, and the rest
@@ -56,6 +59,8 @@ def main():
     ap = argparse.ArgumentParser(description="train in PyTorch next to meshrun, step for step")
     ap.add_argument("--plan", required=True, help="the plan meshrun trained")
     ap.add_argument("--data", required=True, help="its training shard (one)")
+    ap.add_argument("--val", help="its validation shard (one; default: --data), for the val_loss "
+                    "--metrics logs after the last step")
     ap.add_argument("--from", dest="start", required=True, help="the checkpoint it resumed from")
     ap.add_argument("--to", required=True, help="the checkpoint it wrote at the end")
     ap.add_argument("--metrics", required=True, help="its --metrics file, a line per step")
@@ -87,8 +92,8 @@ def check(a):
     end, _ = mt.read_safetensors(os.path.join(mt.checkpoint_dir(a.to), "model.safetensors"))
     step0, adam0, pos = int(meta["step"]), int(meta["adam_steps"]), int(meta["data_position"])
     with open(a.metrics) as f:
-        logged = [json.loads(line) for line in f if line.strip()]
-    logged = [m for m in logged if "loss" in m and m["step"] > step0]
+        lines = [json.loads(line) for line in f if line.strip()]
+    logged = [m for m in lines if "loss" in m and m["step"] > step0]
     if not logged:
         print(f"FAIL check_train: {a.metrics} logs no step after {step0}")
         return 1
@@ -105,16 +110,21 @@ def check(a):
 
     worst = {"loss": 0.0, "norm": 0.0, "lr": 0.0}
     B, T = t["global_batch"], t["seq_len"]
+
+    def batch_loss(toks, first):
+        """The global batch at window `first`: the mean of its micro-batches'
+        losses, as meshrun takes it (moe routes each on its own)."""
+        x, y = mt.batch(toks, first, B, T)
+        mb = t["micro_batch"]
+        return sum(loss_of(x[i:i + mb], y[i:i + mb]) for i in range(0, B, mb)) / (B // mb)
+
     params = list(P.values())
     for m in logged:
         step = m["step"]
         if step != step0 + 1:
             print(f"FAIL check_train: {a.metrics} skips from step {step0} to {step}; log every step")
             return 1
-        x, y = mt.batch(tokens, pos, B, T)
-        # the mean of the micro-batches' losses (moe routes each on its own)
-        mb = t["micro_batch"]
-        loss = sum(loss_of(x[i:i + mb], y[i:i + mb]) for i in range(0, B, mb)) / (B // mb)
+        loss = batch_loss(tokens, pos)
         loss.backward()
         norm = float(torch.nn.utils.clip_grad_norm_(params, t["clip"]) if t["clip"] > 0
                      else torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)))
@@ -134,6 +144,17 @@ def check(a):
     # A parameter's difference, against how far meshrun moved it over the
     # steps: a relative error of the updates (an absolute one would hide a
     # wrong weight decay of the gains in their size of 1).
+    # the validation loss meshrun logged after the last step: the first 8
+    # global batches of the validation shard, with the parameters of then
+    val = [m for m in lines if "val_loss" in m and m["step"] == step0]
+    if val:
+        vtok = mt.read_shard(a.val or a.data)
+        with torch.no_grad():
+            vl = float(sum(batch_loss(vtok, g * B) for g in range(8)) / 8)
+        worst["loss"] = max(worst["loss"], rel(vl, val[-1]["val_loss"]))
+        print(f"val loss after step {step0}: torch {vl:.6f} meshrun {val[-1]['val_loss']:.6f} "
+              f"(rel {rel(vl, val[-1]['val_loss']):.1e})")
+
     worst_p, worst_name = 0.0, ""
     with torch.no_grad():
         for name, p in P.items():
@@ -155,7 +176,8 @@ def check(a):
     ok = (worst["loss"] <= a.loss_tol and worst["norm"] <= a.norm_tol and worst["lr"] <= 1e-5
           and worst_p <= a.param_tol)
     verdict = "PASS" if ok else "FAIL"
-    print(f"{verdict} check_train {kind}: {len(logged)} steps; worst relative differences: loss "
+    print(f"{verdict} check_train {kind}: {len(logged)} steps{' and the validation' if val else ''}; "
+          f"worst relative differences: loss "
           f"{worst['loss']:.1e} (tolerance {a.loss_tol:g}), gradient norm {worst['norm']:.1e} "
           f"({a.norm_tol:g}), lr {worst['lr']:.1e}, parameters {worst_p:.1e} ({a.param_tol:g})")
     return 0 if ok else 1
