@@ -1153,14 +1153,7 @@ slurm_section() {
 }
 
 # --- PyTorch, the oracle -------------------------------------------------
-. tests/torch/find-python.sh # torch_python
-
-# The tiny models' shared settings: fp32, a step logged each, a cosine
-# schedule whose warm-up is over by step 200.
-TORCH_TRAIN=(--set train.precision=fp32 --set train.seq_len=64 --set train.steps=1000
-    --set train.log_every=1 --set train.checkpoint_every=0
-    "--set=train.lr_schedule=cosine(warmup: 50, min_lr: 3e-4)"
-    "--set=train.optimizer=adamw(lr: 3e-3, betas: (0.9, 0.95), eps: 1e-8, weight_decay: 0.1, clip: 1.0)")
+. tests/torch/lib.sh # torch_python, TORCH_TRAIN
 
 # torch_plan OUT.plan EXAMPLE SETTINGS...: meshc on an example with the
 # shared settings and SETTINGS.

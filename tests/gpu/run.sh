@@ -516,10 +516,6 @@ step_oracle() {
     fi
     mkdir -p "$d"
     "$BUILD/meshrun$EMU" tokenize examples/data/devils-dictionary.txt -o "$d/dd.bin" >/dev/null 2>&1
-    local -a common=(--set train.precision=fp32 --set train.seq_len=64 --set train.steps=1000
-        --set train.log_every=1 --set train.checkpoint_every=0
-        "--set=train.lr_schedule=cosine(warmup: 20, min_lr: 3e-4)"
-        "--set=train.optimizer=adamw(lr: 3e-3, betas: (0.9, 0.95), eps: 1e-8, weight_decay: 0.1, clip: 1.0)")
     local -a llama=(--set model.vocab=256 --set model.dim=64 --set model.layers=2 --set model.heads=4
         --set model.kv_heads=2 --set model.ffn_dim=128 --set train.global_batch=8 --set train.micro_batch=8
         --set mesh.dp=1 --set mesh.tp=1 --set mesh.pp=1 --set train.schedule=1f1b --set train.virtual_stages=1
@@ -529,7 +525,7 @@ step_oracle() {
             detail+="$m: skipped (budget); "
             continue
         fi
-        local -a sets=("${common[@]}")
+        local -a sets=("${TORCH_TRAIN[@]}")
         [ "$m" = llama ] && sets+=("${llama[@]}")
         if ! "$BUILD/meshc" -o "$d/$m.plan" "examples/$m.mesh" "${sets[@]}" >"$d/$m.meshc" 2>&1; then
             cat "$d/$m.meshc"
@@ -593,7 +589,7 @@ step_train_gpt2() {
     if [ -n "$json" ]; then result train_gpt2 PASS "${detail%; }"; else result train_gpt2 FAIL "${detail%; }"; fi
 }
 
-. tests/torch/find-python.sh # torch_python
+. tests/torch/lib.sh # torch_python, TORCH_TRAIN (tests/run.sh's torch section's)
 
 step_torch() {
     local l rc py args=()

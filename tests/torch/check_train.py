@@ -141,9 +141,6 @@ def check(a):
               f"norm torch {norm:.6f} meshrun {m['grad_norm']:.6f} (rel {d['norm']:.1e}) | lr {lr:.4e}")
         step0, pos = step, pos + B
 
-    # A parameter's difference, against how far meshrun moved it over the
-    # steps: a relative error of the updates (an absolute one would hide a
-    # wrong weight decay of the gains in their size of 1).
     # the validation loss meshrun logged after the last step: the first 8
     # global batches of the validation shard, with the parameters of then
     val = [m for m in lines if "val_loss" in m and m["step"] == step0]
@@ -155,6 +152,9 @@ def check(a):
         print(f"val loss after step {step0}: torch {vl:.6f} meshrun {val[-1]['val_loss']:.6f} "
               f"(rel {rel(vl, val[-1]['val_loss']):.1e})")
 
+    # A parameter's difference, against how far meshrun moved it over the
+    # steps: a relative error of the updates (an absolute one would hide a
+    # wrong weight decay of the gains in their size of 1).
     worst_p, worst_name = 0.0, ""
     with torch.no_grad():
         for name, p in P.items():

@@ -12,7 +12,7 @@ set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 1
 B=${1:-build}
-. tests/torch/find-python.sh
+. tests/torch/lib.sh # torch_python
 PY=$(torch_python) || { echo "gpt2-124m: no python3 imports torch (make deps installs python3-torch)"; exit 1; }
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/mesh-gpt2-124m.XXXXXX") || exit 1
 trap 'rm -rf "$TMP"' EXIT

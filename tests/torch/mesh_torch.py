@@ -1,8 +1,8 @@
 """tests/torch/mesh_torch.py: mesh's models written again in PyTorch, the oracle.
 
 The blocks of lang/std/transformer.mesh (gpt2_block, llama_block,
-moe_block), written from their definitions with PyTorch's own operators, over parameters named
-and laid out as mesh's checkpoints hold them: global names
+moe_block), written from their definitions with PyTorch's own operators,
+over parameters named and laid out as mesh's checkpoints hold them: global names
 (`h.0.gpt2_block.w_qkv`), weights stored [in, out] so that `x @ w` applies
 them. check_train.py trains them next to meshrun; tests/gpu/torch_gpt2.py
 times the GPT-2 one on a GPU, so the PyTorch figure it prints is for the
@@ -236,7 +236,7 @@ def moe(h, router, w_gate, w_up, w_down, top_k, capacity):
     x = h.reshape(B * T, D)
     N, E = x.shape[0], router.shape[1]
     p = torch.softmax(x @ router, dim=-1)
-    top, idx = torch.sort(p.detach(), dim=-1, descending=True, stable=True)
+    _, idx = torch.sort(p.detach(), dim=-1, descending=True, stable=True)
     idx = idx[:, :top_k]
     w = p.gather(1, idx)
     w = w / w.sum(-1, keepdim=True)
@@ -287,8 +287,7 @@ def llama_logits(P, tokens, n_heads, kv_heads, theta=10000.0, eps=1e-5,
 class PlanModel:
     """The model of a checkpoint's parameters P (their names tell which)
     with the attributes of its plan's ops (read_plan_ops): kind ("gpt2",
-    "llama" or "moe"), loss(tokens, targets) as meshrun's, and
-    logits(tokens) [B, T, vocab] (the padding past vocab cut off)."""
+    "llama" or "moe") and loss(tokens, targets) as meshrun's."""
 
     def __init__(self, P, ops):
         att = ops.get("attention")
@@ -299,7 +298,7 @@ class PlanModel:
         self.eps = float((ops.get("layernorm") or ops.get("rmsnorm") or {}).get("eps", 1e-5))
         self.vocab = int(ops.get("cross_entropy", {}).get("vocab", 0)) or None
         self.theta = float(ops.get("rope", {}).get("theta", 10000.0))
-        self.moe = (2, 1.25, 0.0)
+        self.moe = ()  # top_k, capacity, aux_loss: moe's
         if "wte" in P and any(".gpt2_block." in k for k in P):
             self.kind = "gpt2"
         elif "embedding" in P:
@@ -322,10 +321,6 @@ class PlanModel:
     def loss(self, tokens, targets):
         logits, extra = self._forward(tokens)
         return cross_entropy(logits, targets, self.vocab) + extra
-
-    def logits(self, tokens):
-        logits, _ = self._forward(tokens)
-        return logits[..., :self.vocab] if self.vocab else logits
 
 
 def gpt2_init(V, T, L, C, device="cpu", seed=0):
