@@ -18,6 +18,7 @@
 #include <errno.h>  /* defines: errno */
 #include <stdatomic.h> /* defines: atomic_int */
 #include <glob.h>   /* defines: glob */
+#include <math.h>   /* defines: isfinite */
 #include <stdarg.h> /* defines: va_list */
 #include <stdio.h>  /* defines: printf, fprintf, fopen */
 #include <stdlib.h> /* defines: malloc, free, strtod, setenv */
@@ -240,10 +241,13 @@ static void log_step(FILE *metrics, mesh_context *ctx, const mesh_step_stats *st
            steps, st->loss, st->lr, st->grad_norm, scale, ms, step_tokens / ms, (double)allocated / 1e6);
     fflush(stdout);
     if (metrics) {
+        /* JSON has no infinity: fp16's overflowed norm is null */
+        char norm[32] = "null";
+        if (isfinite(st->grad_norm)) snprintf(norm, sizeof norm, "%.6f", st->grad_norm);
         if (st->loss_scale != 1.0) snprintf(scale, sizeof scale, ", \"loss_scale\": %g", st->loss_scale);
-        fprintf(metrics, "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f%s, "
+        fprintf(metrics, "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %s%s%s, "
                 "\"ms\": %.3f, \"comm_ms\": %.3f, \"tokens_per_s\": %.1f}\n", st->step, st->loss, st->lr,
-                st->grad_norm, scale, ms, st->comm_ms, 1e3 * step_tokens / ms);
+                norm, scale, st->skipped ? ", \"skipped\": true" : "", ms, st->comm_ms, 1e3 * step_tokens / ms);
         fflush(metrics);
     }
 }

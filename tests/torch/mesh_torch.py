@@ -130,11 +130,104 @@ def batch(tokens, first, count, T):
     return x, y
 
 
+# --- the storage's precision ------------------------------------------------
+#
+# A bf16 or fp16 plan keeps every tensor in 2 bytes (docs/gpu.md,
+# "Precision"): each op computes in fp32 from its 2-byte inputs and rounds its
+# result once, as it stores it, and its backward the gradients it stores;
+# with fp16 the gradients are of the loss times the loss scale. stored() is
+# that rounding, forward and backward, at the points the models below call it.
+# The weights an op reads are the 2-byte copy of the fp32 master weights;
+# a matmul's, an embedding's, a norm's and a bias's gradients are summed in
+# fp32 by the op itself (weight()), the experts' and the router's of a moe op
+# are stored in 2 bytes and added to an fp32 gradient (stored()). Neither does
+# anything in fp32 (set_storage(None), the default).
+
+_storage = {"dtype": None, "scale": 1.0}
+
+
+def set_storage(dtype, loss_scale=1.0):
+    """Round at the storage points to dtype (torch.bfloat16, torch.float16 or
+    None for fp32); the backward's gradients are rounded times loss_scale."""
+    _storage["dtype"], _storage["scale"] = dtype, float(loss_scale)
+
+
+class _Stored(torch.autograd.Function):
+    """x rounded to the storage's type; its gradient too (scaled by the loss
+    scale while rounded: an fp16 overflow comes back as inf)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.to(_storage["dtype"]).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _round_grad(g)
+
+
+def stored(x):
+    """x as a bf16 or fp16 plan stores it (see above); x itself in fp32."""
+    return x if _storage["dtype"] is None else _Stored.apply(x)
+
+
+def _round_grad(g):
+    S = _storage["scale"]
+    return (g * S).to(_storage["dtype"]).to(g.dtype) / S
+
+
+class _Fanout(torch.autograd.Function):
+    """n aliases of x for n ops that read it: their backwards, run in the
+    reverse order, add into x's stored gradient one after another, each sum
+    stored (rounded); autograd would add them up first and round once."""
+
+    @staticmethod
+    def forward(ctx, x, n):
+        return tuple(x.view_as(x) for _ in range(n))
+
+    @staticmethod
+    def backward(ctx, *gs):
+        acc = None
+        for g in reversed(gs):
+            if g is not None:
+                acc = _round_grad(g if acc is None else acc + g)
+        return acc, None
+
+
+def fanout(x, n):
+    """x for n readers (the forward's order), as _Fanout; n times x in fp32."""
+    return (x,) * n if _storage["dtype"] is None else _Fanout.apply(x, n)
+
+
+class _Weight(torch.autograd.Function):
+    """A master weight's 2-byte copy; its gradient is summed in fp32."""
+
+    @staticmethod
+    def forward(ctx, w):
+        return w.to(_storage["dtype"]).to(w.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def weight(w):
+    """The copy of master weight w that a bf16 or fp16 plan's ops read, its
+    gradient summed in fp32 (see above); w itself in fp32."""
+    return w if _storage["dtype"] is None else _Weight.apply(w)
+
+
 # --- the operators ---------------------------------------------------------
 
 def attention(q, k, v):
     """Causal attention: q [B, H, T, d], k and v [B, KV, T, d]; query head h
-    reads kv head h / (H / KV). The scale is 1 / sqrt(d)."""
+    reads kv head h / (H / KV). The scale is 1 / sqrt(d). With a 2-byte
+    storage, its backward is _Attention's."""
+    if _storage["dtype"] is not None:
+        return _Attention.apply(q, k, v)
+    return _attention(q, k, v)
+
+
+def _attention(q, k, v):
     H, KV = q.shape[1], k.shape[1]
     if KV != H:
         k = k.repeat_interleave(H // KV, dim=1)
@@ -147,10 +240,41 @@ def attention(q, k, v):
     return torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1) @ v
 
 
+class _Attention(torch.autograd.Function):
+    """attention() whose backward is a fused kernel's, FlashAttention's: from
+    the probabilities p and the output's gradient dout, ds = p (dp - D) with
+    dp = dout v^T and D = dout . out per row, where out is the output as
+    stored (rounded), not as computed; the exact gradient's D is of the
+    latter."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out = _attention(q, k, v)
+        ctx.save_for_backward(q, k, v, out.to(_storage["dtype"]).to(out.dtype))
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out = ctx.saved_tensors
+        H, KV, T, d = q.shape[1], k.shape[1], q.shape[2], q.shape[3]
+        g = H // KV
+        ke, ve = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+        p = torch.softmax((q @ ke.transpose(-1, -2) / math.sqrt(d)).masked_fill(mask, float("-inf")), dim=-1)
+        D = (dout * out).sum(-1, keepdim=True)
+        ds = p * (dout @ ve.transpose(-1, -2) - D) / math.sqrt(d)
+        dk, dv = ds.transpose(-1, -2) @ q, p.transpose(-1, -2) @ dout  # per query head
+        B = q.shape[0]
+        return (ds @ ke, dk.view(B, KV, g, T, d).sum(2), dv.view(B, KV, g, T, d).sum(2))
+
+
 def linear(x, w, b):
     """x @ w + b for w stored [in, out], through F.linear (one GEMM with
-    the bias in it, as nn.Linear; the transpose is a view)."""
-    return F.linear(x, w.t(), b)
+    the bias in it, as nn.Linear; the transpose is a view). With a 2-byte
+    storage, the plan's two ops (matmul, bias_add), each stored."""
+    if _storage["dtype"] is None:
+        return F.linear(x, w.t(), b)
+    return stored(stored(x @ w) + b)
 
 
 def heads(x, n):
@@ -201,16 +325,18 @@ def gpt2_logits(P, tokens, n_heads, eps=1e-5):
     """examples/gpt2.mesh and gpt-tiny.mesh: learned positions, pre-LN GPT-2
     blocks (tanh GELU, biases everywhere), the LM head tied to wte."""
     T, C = tokens.shape[1], P["wte"].shape[1]
-    x = P["wte"][tokens] + P["wpe"][:T]
+    W = lambda n: weight(P[n])  # noqa: E731
+    x = stored(W("wte")[tokens] + W("wpe")[:T])
     for i in range(layers_of(P, "h")):
-        p = lambda n: P[f"h.{i}.gpt2_block.{n}"]  # noqa: E731
-        qkv = linear(F.layer_norm(x, (C,), p("ln1_w"), p("ln1_b"), eps), p("w_qkv"), p("b_qkv"))
-        q, k, v = (heads(t, n_heads) for t in qkv.split(C, dim=-1))
-        h = x + linear(merge(attention(q, k, v)), p("w_o"), p("b_o"))
-        m = F.gelu(linear(F.layer_norm(h, (C,), p("ln2_w"), p("ln2_b"), eps), p("w_fc"), p("b_fc")),
-                   approximate="tanh")
-        x = h + linear(m, p("w_out"), p("b_out"))
-    return F.linear(F.layer_norm(x, (C,), P["ln_f_w"], P["ln_f_b"], eps), P["wte"])  # x @ wte^T
+        p = lambda n: W(f"h.{i}.gpt2_block.{n}")  # noqa: E731
+        n = stored(F.layer_norm(x, (C,), p("ln1_w"), p("ln1_b"), eps))
+        q, k, v = (heads(t, n_heads) for t in linear(n, p("w_qkv"), p("b_qkv")).split(C, dim=-1))
+        h = stored(x + linear(stored(merge(attention(q, k, v))), p("w_o"), p("b_o")))
+        n = stored(F.layer_norm(h, (C,), p("ln2_w"), p("ln2_b"), eps))
+        m = stored(F.gelu(linear(n, p("w_fc"), p("b_fc")), approximate="tanh"))
+        x = stored(h + linear(m, p("w_out"), p("b_out")))
+    n = stored(F.layer_norm(x, (C,), W("ln_f_w"), W("ln_f_b"), eps))
+    return stored(F.linear(n, W("wte")))  # x @ wte^T
 
 
 def gpt2_loss(P, tokens, targets, n_heads, vocab=None, eps=1e-5):
@@ -235,7 +361,7 @@ def moe(h, router, w_gate, w_up, w_down, top_k, capacity):
     B, T, D = h.shape
     x = h.reshape(B * T, D)
     N, E = x.shape[0], router.shape[1]
-    p = torch.softmax(x @ router, dim=-1)
+    p = torch.softmax(x @ router, dim=-1)  # the routing: fp32
     _, idx = torch.sort(p.detach(), dim=-1, descending=True, stable=True)
     idx = idx[:, :top_k]
     w = p.gather(1, idx)
@@ -251,11 +377,12 @@ def moe(h, router, w_gate, w_up, w_down, top_k, capacity):
         if n.numel() == 0:
             continue
         xe = x[n]
-        ye = (F.silu(xe @ w_gate[e]) * (xe @ w_up[e])) @ w_down[e]
+        hg, hu = stored(xe @ w_gate[e]), stored(xe @ w_up[e])
+        ye = stored(stored(F.silu(hg) * hu) @ w_down[e])
         y = y.index_add(0, n, ye * w[n, k].unsqueeze(-1))
     f = torch.bincount(flat, minlength=E).to(p.dtype) / (N * top_k)
     aux = E * (f * p.mean(0)).sum()
-    return y.reshape(B, T, D), aux
+    return stored(y).reshape(B, T, D), aux
 
 
 def llama_logits(P, tokens, n_heads, kv_heads, theta=10000.0, eps=1e-5,
@@ -265,23 +392,27 @@ def llama_logits(P, tokens, n_heads, kv_heads, theta=10000.0, eps=1e-5,
     moe_block layers (examples/moe.mesh), the MLP is moe() over SwiGLU
     experts, and extra, which the loss adds, is the sum of each layer's
     aux_loss x aux (0 without)."""
-    x = P["embedding"][tokens]
+    W = lambda n: weight(P[n])  # noqa: E731
+    x = W("embedding")[tokens]
     kind = "moe_block" if any(".moe_block." in k for k in P) else "llama_block"
     extra = 0.0
     for i in range(layers_of(P, "layers")):
-        p = lambda n: P[f"layers.{i}.{kind}.{n}"]  # noqa: E731
-        n = rmsnorm(x, p("attn_norm"), eps)
-        q = rope(heads(n @ p("wq"), n_heads), theta)
-        k = rope(heads(n @ p("wk"), kv_heads), theta)
-        v = heads(n @ p("wv"), kv_heads)
-        r = x + merge(attention(q, k, v)) @ p("wo")
-        h = rmsnorm(r, p("ffn_norm"), eps)
+        p = lambda n: W(f"layers.{i}.{kind}.{n}")  # noqa: E731
+        e = lambda n: stored(P[f"layers.{i}.{kind}.{n}"])  # noqa: E731  (the moe op's)
+        n1, n2, n3 = fanout(stored(rmsnorm(x, p("attn_norm"), eps)), 3)
+        q = stored(rope(heads(stored(n1 @ p("wq")), n_heads), theta))
+        k = stored(rope(heads(stored(n2 @ p("wk")), kv_heads), theta))
+        v = heads(stored(n3 @ p("wv")), kv_heads)
+        r = stored(x + stored(stored(merge(attention(q, k, v))) @ p("wo")))
+        h = stored(rmsnorm(r, p("ffn_norm"), eps))
         if kind == "moe_block":
-            y, aux = moe(h, p("router"), p("w_gate"), p("w_up"), p("w_down"), top_k, capacity)
-            x, extra = r + y, extra + aux_loss * aux
+            y, aux = moe(h, e("router"), e("w_gate"), e("w_up"), e("w_down"), top_k, capacity)
+            x, extra = stored(r + y), extra + aux_loss * aux
         else:
-            x = r + (F.silu(h @ p("w_gate")) * (h @ p("w_up"))) @ p("w_down")
-    return rmsnorm(x, P["final_norm"], eps) @ P["lm_head"], extra
+            h1, h2 = fanout(h, 2)
+            sw = stored(F.silu(stored(h1 @ p("w_gate"))) * stored(h2 @ p("w_up")))
+            x = stored(r + stored(sw @ p("w_down")))
+    return stored(stored(rmsnorm(x, W("final_norm"), eps)) @ W("lm_head")), extra
 
 
 class PlanModel:
