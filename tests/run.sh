@@ -497,9 +497,14 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     fi
     "$MESHC" -o "$TMP/fp16big.plan" examples/gpt-tiny.mesh --set train.precision=fp16 \
         --set train.loss_scale=1e12 >/dev/null 2>&1
-    capture "$TMP/fp16big.out" "$MESHRUN" "$TMP/fp16big.plan" --data "$TMP/dd.bin" --steps 3
+    # (its --metrics lines JSON: the overflowed norm null, not inf)
+    capture "$TMP/fp16big.out" "$MESHRUN" "$TMP/fp16big.plan" --data "$TMP/dd.bin" --steps 3 --metrics "$TMP/fp16big.jsonl"
     if [ "$(grep -c "^step [123]/3 | skipped: the gradients overflowed fp16 at loss scale 1e+12; the parameters are unchanged$" "$TMP/fp16big.out")" = 3 ] &&
-        [ "$(tail -n 1 "$TMP/fp16big.out")" = "exit: 0" ]; then
+        [ "$(tail -n 1 "$TMP/fp16big.out")" = "exit: 0" ] &&
+        python3 -c 'import json, sys
+m = [json.loads(l) for l in open(sys.argv[1])]
+sys.exit(not (m and all(x["grad_norm"] is None and x["skipped"] is True and x["loss_scale"] == 1e12 for x in m)))' \
+            "$TMP/fp16big.jsonl" >>"$TMP/fp16big.out" 2>&1; then
         pass meshrun/fp16-overflow-skips-the-step
     else
         fail meshrun/fp16-overflow-skips-the-step "$TMP/fp16big.out"
