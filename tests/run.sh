@@ -1273,6 +1273,20 @@ torch_section() {
     torch_case gpt-tiny-bf16 "$TMP/t-tiny.plan" "$TMP/t-tiny-bf16.plan" "${tol[@]}"
     torch_plan "$TMP/t-tiny-fp16.plan" gpt-tiny --set train.global_batch=16 --set train.precision=fp16 "${h[@]}"
     torch_case gpt-tiny-fp16 "$TMP/t-tiny.plan" "$TMP/t-tiny-fp16.plan" "${tol[@]}"
+    # fp16 resumed at a loss scale of 2^28: the first steps overflow and are
+    # skipped, halving it, on both sides alike (the warm-up's checkpoint
+    # copied as another plan's, its scale set)
+    cp "$TMP/t-tiny.plan" "$TMP/t-tiny-s28.plan" && rm -rf "$TMP/torch-t-tiny-s28.plan-0" &&
+        cp -r "$TMP/torch-t-tiny.plan-0" "$TMP/torch-t-tiny-s28.plan-0" &&
+        "$TORCH_PY" tests/torch/set_meta.py "$TMP/torch-t-tiny-s28.plan-0/step-00000200/optim.safetensors" \
+            loss_scale=268435456 >"$TMP/torch-s28.out" 2>&1
+    torch_case gpt-tiny-fp16-overflow "$TMP/t-tiny-s28.plan" "$TMP/t-tiny-fp16.plan" "${tol[@]}"
+    if ! grep -q "^PASS check_train gpt2 fp16: 10 steps each from meshrun ([1-9] skipped: fp16 overflowed on both sides)" \
+        "$TMP/torch-gpt-tiny-fp16-overflow.out"; then
+        fail torch/gpt-tiny-fp16-overflow-skipped-steps "$TMP/torch-gpt-tiny-fp16-overflow.out"
+    else
+        pass torch/gpt-tiny-fp16-overflow-skipped-steps
+    fi
     l=(--set model.vocab=256 --set model.dim=64 --set model.layers=2 --set model.heads=4 --set model.kv_heads=2
         --set model.ffn_dim=128 --set train.global_batch=8 --set mesh.pp=1 --set train.schedule=1f1b
         --set train.virtual_stages=1 --set mesh.dp=1 --set mesh.tp=1 --set train.micro_batch=8 --set train.zero=0

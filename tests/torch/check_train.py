@@ -154,7 +154,7 @@ def check(a):
 
     opt = optimizer(S, adam0)
     worst = {"loss": 0.0, "norm": 0.0, "lr": 0.0}
-    worst_p, worst_name = 0.0, ""
+    worst_p, worst_name, skipped = 0.0, "", 0
     B, T = t["global_batch"], t["seq_len"]
 
     def batch_loss(toks, first):
@@ -180,6 +180,7 @@ def check(a):
         params = list(P.values())
         norm = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)))
         lr = mt.lr_at(t, step)
+        skipped += not math.isfinite(norm)
         if math.isfinite(norm):  # else (fp16) an overflow: the step skipped
             if t["clip"] > 0:
                 torch.nn.utils.clip_grad_norm_(params, t["clip"])
@@ -236,6 +237,7 @@ def check(a):
           and worst_p <= a.param_tol)
     verdict = "PASS" if ok else "FAIL"
     print(f"{verdict} check_train {kind} {t['precision']}: {len(logged)} steps{' each from meshrun' if each else ''}"
+          f"{f' ({skipped} skipped: fp16 overflowed on both sides)' if skipped else ''}"
           f"{' and the validation' if val else ''}; worst relative differences: loss "
           f"{worst['loss']:.1e} (tolerance {a.loss_tol:g}), gradient norm {worst['norm']:.1e} "
           f"({a.norm_tol:g}), lr {worst['lr']:.1e}, parameters {worst_p:.1e} ({a.param_tol:g})")

@@ -326,7 +326,9 @@ def gpt2_logits(P, tokens, n_heads, eps=1e-5):
     blocks (tanh GELU, biases everywhere), the LM head tied to wte."""
     T, C = tokens.shape[1], P["wte"].shape[1]
     W = lambda n: weight(P[n])  # noqa: E731
-    x = stored(W("wte")[tokens] + W("wpe")[:T])
+    # the embed ops' outputs are stored: the positions' [T, C] gradient, the
+    # batch's sum, overflows fp16 sooner than the embeddings' weights would
+    x = stored(stored(W("wte")[tokens]) + stored(W("wpe")[:T]))
     for i in range(layers_of(P, "h")):
         p = lambda n: W(f"h.{i}.gpt2_block.{n}")  # noqa: E731
         n = stored(F.layer_norm(x, (C,), p("ln1_w"), p("ln1_b"), eps))
