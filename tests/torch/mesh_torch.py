@@ -361,9 +361,11 @@ def moe(h, router, w_gate, w_up, w_down, top_k, capacity):
     (y, aux): aux = E sum_e f_e P_e, f_e the share of the N top_k choices that
     picked e (before capacity), P_e the mean of p[., e]."""
     B, T, D = h.shape
-    x = h.reshape(B * T, D)
+    # x's readers: the routing (fp32), then the dispatch (x's rows copied
+    # to their experts; their stored gradients summed, then the routing's added)
+    x_route, x = fanout(h.reshape(B * T, D), 2)
     N, E = x.shape[0], router.shape[1]
-    p = torch.softmax(x @ router, dim=-1)  # the routing: fp32
+    p = torch.softmax(x_route @ router, dim=-1)
     _, idx = torch.sort(p.detach(), dim=-1, descending=True, stable=True)
     idx = idx[:, :top_k]
     w = p.gather(1, idx)
@@ -378,7 +380,7 @@ def moe(h, router, w_gate, w_up, w_down, top_k, capacity):
         n, k = torch.nonzero((idx == e) & keep, as_tuple=True)
         if n.numel() == 0:
             continue
-        xe = x[n]
+        xe = stored(x[n])
         hg, hu = stored(xe @ w_gate[e]), stored(xe @ w_up[e])
         ye = stored(stored(F.silu(hg) * hu) @ w_down[e])
         y = y.index_add(0, n, ye * w[n, k].unsqueeze(-1))
@@ -395,7 +397,7 @@ def llama_logits(P, tokens, n_heads, kv_heads, theta=10000.0, eps=1e-5,
     experts, and extra, which the loss adds, is the sum of each layer's
     aux_loss x aux (0 without)."""
     W = lambda n: weight(P[n])  # noqa: E731
-    x = W("embedding")[tokens]
+    x = stored(W("embedding")[tokens])
     kind = "moe_block" if any(".moe_block." in k for k in P) else "llama_block"
     extra = 0.0
     for i in range(layers_of(P, "layers")):
