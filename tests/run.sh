@@ -1293,6 +1293,16 @@ torch_section() {
         --set train.sequence_parallel=false)
     torch_plan "$TMP/t-llama-bf16.plan" llama "${l[@]}" --set train.precision=bf16 "${h[@]}"
     torch_case llama-bf16 "$TMP/t-llama-1.plan" "$TMP/t-llama-bf16.plan" "${tol[@]}"
+    # bf16 over meshes: tp's partial sums rounded before the all-reduce, as
+    # the oracle splits its products (mesh_torch's row_parallel, fanout)
+    torch_plan "$TMP/t-llama-4-bf16.plan" llama "${l[@]}" --set mesh.dp=2 --set mesh.tp=2 \
+        --set train.micro_batch=4 --set train.zero=1 --set train.sequence_parallel=true \
+        --set train.precision=bf16 "${h[@]}"
+    torch_case llama-dp2-tp2-sp-zero1-bf16 "$TMP/t-llama-1.plan" "$TMP/t-llama-4-bf16.plan" "${tol[@]}"
+    m=(--set model.vocab=200 --set model.context=64 --set model.dim=64 --set model.heads=4
+        --set model.layers=2 --set train.global_batch=16)
+    torch_plan "$TMP/t-gpt2-8-bf16.plan" gpt2 "${m[@]}" --set train.micro_batch=4 --set train.precision=bf16 "${h[@]}"
+    torch_case gpt2-dp2-tp2-pp2-zero1-bf16 "$TMP/t-gpt2-1.plan" "$TMP/t-gpt2-8-bf16.plan" "${tol[@]}"
 }
 
 # --- meshrun tokenize ---------------------------------------------------

@@ -174,7 +174,7 @@ def check(a):
             P.update(P_)  # (the model reads P)
             opt = optimizer(S, int(meta["adam_steps"]))
         before = {k: v.detach().clone() for k, v in P.items()}
-        mt.set_storage(half, m.get("loss_scale", 1.0))
+        mt.set_storage(half, m.get("loss_scale", 1.0), t["tp"])
         loss = batch_loss(tokens, pos)
         loss.backward()
         params = list(P.values())

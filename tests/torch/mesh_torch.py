@@ -74,12 +74,18 @@ def read_plan_train(path):
     return {
         "global_batch": int(keys["global_batch"]), "micro_batch": int(keys["micro_batch"]),
         "seq_len": int(keys["seq_len"]),
-        "steps": int(keys["steps"]), "precision": keys["precision"],
+        "steps": int(keys["steps"]), "precision": keys["precision"], "tp": plan_tp(text),
         "lr": float(opt["lr"]), "beta1": float(opt["beta1"]), "beta2": float(opt["beta2"]),
         "eps": float(opt["eps"]), "weight_decay": float(opt["weight_decay"]),
         "clip": float(opt["clip"]), "schedule": sched["kind"],
         "warmup": int(sched.get("warmup", 0)), "min_lr": float(sched.get("min_lr", 0)),
     }
+
+
+def plan_tp(text):
+    """The tensor-parallel degree of a plan's mesh section (text: the plan)."""
+    m = re.search(r"^mesh:\n(?:  .*\n)*?  tp: (\d+)$", text, re.M)
+    return int(m.group(1)) if m else 1
 
 
 def read_plan_ops(path):
@@ -142,14 +148,20 @@ def batch(tokens, first, count, T):
 # fp32 by the op itself (weight()), the experts' and the router's of a moe op
 # are stored in 2 bytes and added to an fp32 gradient (stored()). Neither does
 # anything in fp32 (set_storage(None), the default).
+#
+# Over tp ranks, a partial sum is stored too before the all-reduce (in fp32)
+# adds the ranks' up, and their sum stored: a row-parallel matmul's output
+# (row_parallel()), a column-parallel one's input gradient (fanout()'s
+# aliases a rank each, matmul()).
 
-_storage = {"dtype": None, "scale": 1.0}
+_storage = {"dtype": None, "scale": 1.0, "tp": 1}
 
 
-def set_storage(dtype, loss_scale=1.0):
+def set_storage(dtype, loss_scale=1.0, tp=1):
     """Round at the storage points to dtype (torch.bfloat16, torch.float16 or
-    None for fp32); the backward's gradients are rounded times loss_scale."""
-    _storage["dtype"], _storage["scale"] = dtype, float(loss_scale)
+    None for fp32); the backward's gradients are rounded times loss_scale;
+    the partial sums of tp ranks are rounded before they are added."""
+    _storage["dtype"], _storage["scale"], _storage["tp"] = dtype, float(loss_scale), int(tp)
 
 
 class _Stored(torch.autograd.Function):
@@ -176,26 +188,66 @@ def _round_grad(g):
 
 
 class _Fanout(torch.autograd.Function):
-    """n aliases of x for n ops that read it: their backwards, run in the
-    reverse order, add into x's stored gradient one after another, each sum
-    stored (rounded); autograd would add them up first and round once."""
+    """n x tp aliases of x for n ops that read it on each of tp ranks: on a
+    rank, their backwards, run in the reverse order, add into x's stored
+    gradient one after another, each sum stored (rounded; autograd would add
+    them up first and round once); over tp ranks, each rank's sum is partial,
+    the all-reduce adds them, and their sum is stored."""
 
     @staticmethod
-    def forward(ctx, x, n):
-        return tuple(x.view_as(x) for _ in range(n))
+    def forward(ctx, x, n, tp):
+        ctx.tp = tp
+        return tuple(x.view_as(x) for _ in range(n * tp))
 
     @staticmethod
     def backward(ctx, *gs):
-        acc = None
-        for g in reversed(gs):
-            if g is not None:
-                acc = _round_grad(g if acc is None else acc + g)
-        return acc, None
+        tp, ranks = ctx.tp, []
+        for r in range(tp):
+            acc = None
+            for g in reversed(gs[r::tp]):  # reader j, rank r: gs[j * tp + r]
+                if g is not None:
+                    acc = _round_grad(g if acc is None else acc + g)
+            ranks.append(acc)
+        ranks = [g for g in ranks if g is not None]
+        total = None if not ranks else ranks[0] if tp == 1 else _round_grad(sum(ranks))
+        return total, None, None
 
 
 def fanout(x, n):
-    """x for n readers (the forward's order), as _Fanout; n times x in fp32."""
-    return (x,) * n if _storage["dtype"] is None else _Fanout.apply(x, n)
+    """x for n readers (the forward's order), as _Fanout: a list of n, each
+    the tp ranks' aliases of x (for matmul()); [[x]] * n in fp32."""
+    if _storage["dtype"] is None:
+        return [[x]] * n
+    tp = _storage["tp"]
+    a = _Fanout.apply(x, n, tp)
+    return [list(a[j * tp:(j + 1) * tp]) for j in range(n)]
+
+
+def _split(n, tp):
+    """Rank r's part of n: the r-th of tp equal runs."""
+    k = n // tp
+    return [torch.arange(r * k, (r + 1) * k) for r in range(tp)]
+
+
+def matmul(xs, w, cols=None):
+    """x @ w for fanout()'s aliases xs of x for this reader: with tp ranks,
+    w column-parallel, rank r computing the columns cols[r] (default: the
+    r-th of tp equal runs) from its alias."""
+    if len(xs) == 1:
+        return xs[0] @ w
+    cols = cols or _split(w.shape[1], len(xs))
+    y = torch.cat([x @ w[:, c] for x, c in zip(xs, cols)], -1)
+    return y[..., torch.argsort(torch.cat(cols))]
+
+
+def row_parallel(x, w):
+    """x @ w, stored, for w row-parallel over the tp ranks (split along its
+    rows, x along its last dim): each rank's partial sum stored, then their
+    sum (the all-reduce's, in fp32) stored."""
+    tp = _storage["tp"]
+    if _storage["dtype"] is None or tp == 1:
+        return stored(x @ w)
+    return stored(sum(stored(x[..., r] @ w[r]) for r in _split(w.shape[0], tp)))
 
 
 class _Weight(torch.autograd.Function):
@@ -268,13 +320,16 @@ class _Attention(torch.autograd.Function):
         return (ds @ ke, dk.view(B, KV, g, T, d).sum(2), dv.view(B, KV, g, T, d).sum(2))
 
 
-def linear(x, w, b):
+def linear(x, w, b, cols=None, row=False):
     """x @ w + b for w stored [in, out], through F.linear (one GEMM with
     the bias in it, as nn.Linear; the transpose is a view). With a 2-byte
-    storage, the plan's two ops (matmul, bias_add), each stored."""
+    storage, the plan's two ops (matmul, bias_add), each stored, and over tp
+    ranks w row-parallel (row) or column-parallel (x fanout()'s aliases,
+    cols as matmul()'s)."""
     if _storage["dtype"] is None:
-        return F.linear(x, w.t(), b)
-    return stored(stored(x @ w) + b)
+        return F.linear(x[0] if isinstance(x, list) else x, w.t(), b)
+    y = row_parallel(x, w) if row else stored(matmul(x if isinstance(x, list) else [x], w, cols))
+    return stored(y + b)
 
 
 def heads(x, n):
@@ -329,16 +384,21 @@ def gpt2_logits(P, tokens, n_heads, eps=1e-5):
     # the embed ops' outputs are stored: the positions' [T, C] gradient, the
     # batch's sum, overflows fp16 sooner than the embeddings' weights would
     x = stored(stored(W("wte")[tokens]) + stored(W("wpe")[:T]))
+    tp = _storage["tp"]
+    qkv_cols = [torch.cat([b * C + c for b in range(3)]) for c in _split(C, tp)]  # q, k, v of a rank's heads
     for i in range(layers_of(P, "h")):
         p = lambda n: W(f"h.{i}.gpt2_block.{n}")  # noqa: E731
-        n = stored(F.layer_norm(x, (C,), p("ln1_w"), p("ln1_b"), eps))
-        q, k, v = (heads(t, n_heads) for t in linear(n, p("w_qkv"), p("b_qkv")).split(C, dim=-1))
-        h = stored(x + linear(stored(merge(attention(q, k, v))), p("w_o"), p("b_o")))
-        n = stored(F.layer_norm(h, (C,), p("ln2_w"), p("ln2_b"), eps))
+        n = fanout(stored(F.layer_norm(x, (C,), p("ln1_w"), p("ln1_b"), eps)), 1)[0]
+        qkv = linear(n, p("w_qkv"), p("b_qkv"), qkv_cols)
+        q, k, v = (heads(t, n_heads) for t in qkv.split(C, dim=-1))
+        h = stored(x + linear(stored(merge(attention(q, k, v))), p("w_o"), p("b_o"), row=True))
+        n = fanout(stored(F.layer_norm(h, (C,), p("ln2_w"), p("ln2_b"), eps)), 1)[0]
         m = stored(F.gelu(linear(n, p("w_fc"), p("b_fc")), approximate="tanh"))
-        x = stored(h + linear(m, p("w_out"), p("b_out")))
-    n = stored(F.layer_norm(x, (C,), W("ln_f_w"), W("ln_f_b"), eps))
-    return stored(F.linear(n, W("wte")))  # x @ wte^T
+        x = stored(h + linear(m, p("w_out"), p("b_out"), row=True))
+    n = fanout(stored(F.layer_norm(x, (C,), W("ln_f_w"), W("ln_f_b"), eps)), 1)[0]
+    if len(n) == 1:
+        return stored(F.linear(n[0], W("wte")))  # x @ wte^T
+    return stored(matmul(n, W("wte").t()))  # the vocabulary split over tp
 
 
 def gpt2_loss(P, tokens, targets, n_heads, vocab=None, eps=1e-5):
@@ -363,7 +423,9 @@ def moe(h, router, w_gate, w_up, w_down, top_k, capacity):
     B, T, D = h.shape
     # x's readers: the routing (fp32), then the dispatch (x's rows copied
     # to their experts; their stored gradients summed, then the routing's added)
-    x_route, x = fanout(h.reshape(B * T, D), 2)
+    if _storage["dtype"] is not None and _storage["tp"] > 1:
+        raise ValueError("moe over tp ranks in 2 bytes is not written here")
+    (x_route,), (x,) = fanout(h.reshape(B * T, D), 2)
     N, E = x.shape[0], router.shape[1]
     p = torch.softmax(x_route @ router, dim=-1)
     _, idx = torch.sort(p.detach(), dim=-1, descending=True, stable=True)
@@ -404,19 +466,20 @@ def llama_logits(P, tokens, n_heads, kv_heads, theta=10000.0, eps=1e-5,
         p = lambda n: W(f"layers.{i}.{kind}.{n}")  # noqa: E731
         e = lambda n: stored(P[f"layers.{i}.{kind}.{n}"])  # noqa: E731  (the moe op's)
         n1, n2, n3 = fanout(stored(rmsnorm(x, p("attn_norm"), eps)), 3)
-        q = stored(rope(heads(stored(n1 @ p("wq")), n_heads), theta))
-        k = stored(rope(heads(stored(n2 @ p("wk")), kv_heads), theta))
-        v = heads(stored(n3 @ p("wv")), kv_heads)
-        r = stored(x + stored(stored(merge(attention(q, k, v))) @ p("wo")))
+        q = stored(rope(heads(stored(matmul(n1, p("wq"))), n_heads), theta))
+        k = stored(rope(heads(stored(matmul(n2, p("wk"))), kv_heads), theta))
+        v = heads(stored(matmul(n3, p("wv"))), kv_heads)
+        r = stored(x + row_parallel(stored(merge(attention(q, k, v))), p("wo")))
         h = stored(rmsnorm(r, p("ffn_norm"), eps))
         if kind == "moe_block":
             y, aux = moe(h, e("router"), e("w_gate"), e("w_up"), e("w_down"), top_k, capacity)
             x, extra = stored(r + y), extra + aux_loss * aux
         else:
             h1, h2 = fanout(h, 2)
-            sw = stored(F.silu(stored(h1 @ p("w_gate"))) * stored(h2 @ p("w_up")))
-            x = stored(r + stored(sw @ p("w_down")))
-    return stored(stored(rmsnorm(x, W("final_norm"), eps)) @ W("lm_head")), extra
+            sw = stored(F.silu(stored(matmul(h1, p("w_gate")))) * stored(matmul(h2, p("w_up"))))
+            x = stored(r + row_parallel(sw, p("w_down")))
+    n = fanout(stored(rmsnorm(x, W("final_norm"), eps)), 1)[0]
+    return stored(matmul(n, W("lm_head"))), extra
 
 
 class PlanModel:
