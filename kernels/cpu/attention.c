@@ -15,8 +15,8 @@
  * ATTN_BLOCK floats each, on the stack: 16 KiB per tile, whatever T is.
  * Nothing of size T x T is stored, and the kernels keep no state, so they
  * may run on several threads at once. Deterministic: every sum runs in a
- * fixed order, and OpenBLAS splits a gemm's output among its threads, not
- * its inner sums, so the thread count does not change a bit either.
+ * fixed order, for a given number of OpenBLAS threads (its products change
+ * in their last bits with that number: docs/runtime.md).
  *
  * With query blocks and key tiles the same size and both starting at
  * multiples of it, a causal key tile that starts at or before a query
