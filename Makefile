@@ -231,8 +231,8 @@ asan:
 # rank's, comm_async.c), the executor on several ranks (the overlapped
 # gradient sync) and the guarded device, 3 steps of each run
 # (MESH_UNIT_STEPS, as make asan). Ends with `N passed, N failed`.
-TSAN_TESTS = $(shell sed -n 's/^TEST(\(comm_[a-z0-9_]*\|parallel_[a-z0-9_]*\|exec_guarded[a-z0-9_]*\))$$/\1/p' \
-               tests/unit/test_list.h)
+TSAN_TESTS = $(shell sed -n 's/^TEST(\(comm_[a-z0-9_]*\|parallel_[a-z0-9_]*\|exec_guarded[a-z0-9_]*\|kcpu_gemm_[a-z0-9_]*\))$$/\1/p' \
+               tests/unit/test_list.h tests/unit/test_list_kcpu_dense.h)
 tsan:
 	$(MAKE) BUILD=build-tsan SAN=thread build-tsan/unit_tests
 	OPENBLAS_NUM_THREADS=1 $(SAN_STEPS) TSAN_OPTIONS="halt_on_error=1 exitcode=66" build-tsan/unit_tests $(TSAN_TESTS) \

@@ -1264,15 +1264,19 @@ torch_section() {
     torch_case moe-ep2 "$TMP/t-moe-1.plan" "$TMP/t-moe-2.plan"
     # bf16 and fp16 (2-byte storage, fp32 masters) from the fp32 warm-ups,
     # each step from meshrun's checkpoint of the step before: gpt-tiny in
-    # bf16 and fp16 (its dynamic loss scale), llama.mesh in bf16. Measured:
-    # losses within 1.3e-5, norms 3.9e-5, a step's update 3.8e-3; PyTorch without the
-    # rounding was 1.9e-4, 2.7e-3 and 2.1e-2 off (tests/torch/README.md).
+    # bf16 and fp16 (its dynamic loss scale), llama.mesh in bf16. The
+    # loss and norm tolerances sit between the rounding noise of 3 seeds and
+    # PyTorch without the rounding (tests/torch/README.md): bf16 losses
+    # 2.7e-5 against 1.4e-4, norms 1.8e-4 against 2.8e-3; fp16 7.1e-6
+    # against 2.0e-5, 3.4e-5 against 3.6e-4. A step's update is held to
+    # 5e-2 (2-norms), gross errors only: AdamW turns a rounding that flips
+    # the sign of a near-zero gradient into a full step the other way.
     local h=(--set train.checkpoint_every=1 "--set=train.checkpoint_dir=\"ck\"")
-    local tol=(--loss-tol 3e-5 --norm-tol 1e-4 --param-tol 1e-2)
+    local tol=(--loss-tol 6e-5 --norm-tol 5e-4 --param-tol 5e-2) tol16=(--loss-tol 1.2e-5 --norm-tol 1e-4 --param-tol 5e-2)
     torch_plan "$TMP/t-tiny-bf16.plan" gpt-tiny --set train.global_batch=16 --set train.precision=bf16 "${h[@]}"
     torch_case gpt-tiny-bf16 "$TMP/t-tiny.plan" "$TMP/t-tiny-bf16.plan" "${tol[@]}"
     torch_plan "$TMP/t-tiny-fp16.plan" gpt-tiny --set train.global_batch=16 --set train.precision=fp16 "${h[@]}"
-    torch_case gpt-tiny-fp16 "$TMP/t-tiny.plan" "$TMP/t-tiny-fp16.plan" "${tol[@]}"
+    torch_case gpt-tiny-fp16 "$TMP/t-tiny.plan" "$TMP/t-tiny-fp16.plan" "${tol16[@]}"
     # fp16 resumed at a loss scale of 2^28: the first steps overflow and are
     # skipped, halving it, on both sides alike (the warm-up's checkpoint
     # copied as another plan's, its scale set)
@@ -1280,7 +1284,7 @@ torch_section() {
         cp -r "$TMP/torch-t-tiny.plan-0" "$TMP/torch-t-tiny-s28.plan-0" &&
         "$TORCH_PY" tests/torch/set_meta.py "$TMP/torch-t-tiny-s28.plan-0/step-00000200/optim.safetensors" \
             loss_scale=268435456 >"$TMP/torch-s28.out" 2>&1
-    torch_case gpt-tiny-fp16-overflow "$TMP/t-tiny-s28.plan" "$TMP/t-tiny-fp16.plan" "${tol[@]}"
+    torch_case gpt-tiny-fp16-overflow "$TMP/t-tiny-s28.plan" "$TMP/t-tiny-fp16.plan" "${tol16[@]}"
     if ! grep -q "^PASS check_train gpt2 fp16: 10 steps each from meshrun ([1-9] skipped: fp16 overflowed on both sides)" \
         "$TMP/torch-gpt-tiny-fp16-overflow.out"; then
         fail torch/gpt-tiny-fp16-overflow-skipped-steps "$TMP/torch-gpt-tiny-fp16-overflow.out"

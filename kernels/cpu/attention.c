@@ -1,7 +1,7 @@
 /* attention.c — causal grouped-query scaled dot-product attention, in the
  * FlashAttention manner on a CPU. Each (batch, head) pair is cut into
  * tiles of ATTN_BLOCK query rows by ATTN_BLOCK keys; the score products of
- * a tile go through cblas_sgemm, reading q, k and v in place through their
+ * a tile go through kcpu__gemm (OpenBLAS), reading q, k and v in place through their
  * row strides.
  *
  *  - forward: for a block of query rows, walk the key tiles with an online
@@ -15,8 +15,8 @@
  * ATTN_BLOCK floats each, on the stack: 16 KiB per tile, whatever T is.
  * Nothing of size T x T is stored, and the kernels keep no state, so they
  * may run on several threads at once. Deterministic: every sum runs in a
- * fixed order, for a given number of OpenBLAS threads (its products change
- * in their last bits with that number: docs/runtime.md).
+ * fixed order, and the products give the same bits on any number of
+ * threads (gemm.c).
  *
  * With query blocks and key tiles the same size and both starting at
  * multiples of it, a causal key tile that starts at or before a query
@@ -25,11 +25,11 @@
  *
  * One strided core serves both layouts: separate q, k, v (row strides H*d,
  * KV*d, KV*d) and packed qkv (every row stride (H+2*KV)*d). */
-#include <cblas.h>  /* defines: cblas_sgemm */
 #include <math.h>   /* defines: logf, sqrtf, INFINITY */
 #include <string.h> /* defines: memset */
 
 #include "kcpu_attention.h"
+#include "kcpu_gemm_impl.h" /* defines: kcpu__gemm */
 #include "kcpu_math_impl.h" /* defines: kcpu__expf, KCPU_LANES */
 
 /* Query rows per block and keys per tile (the same: see above). */
@@ -190,7 +190,7 @@ static void attn_forward_block(float *o, float *lse, const float *q,
     for (int j0 = 0; j0 < end; j0 += ATTN_BLOCK) {
         int nc = attn_min(ATTN_BLOCK, end - j0);
         /* s[nr, nc] = scale * q[nr, d] @ k[nc, d]^T */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, d,
+        kcpu__gemm(0, 1, nr, nc, d,
                     a->scale, q, (int)a->qs, k + j0 * a->ks, (int)a->ks, 0.0f,
                     s, ATTN_BLOCK);
         for (int r = 0; r < nr; r++)
@@ -200,7 +200,7 @@ static void attn_forward_block(float *o, float *lse, const float *q,
         if (j0 > 0)
             attn_scale_rows(o, a->os, corr, nr, d);
         /* o[nr, d] (+)= p[nr, nc] @ v[nc, d]; the first tile overwrites */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, d, nc,
+        kcpu__gemm(0, 0, nr, d, nc,
                     1.0f, s, ATTN_BLOCK, v + j0 * a->vs, (int)a->vs,
                     j0 > 0 ? 1.0f : 0.0f, o, (int)a->os);
     }
@@ -238,10 +238,10 @@ static void attn_backward_tile(const attn_bwd *t, const attn_dims *a, int i0,
     const float *k = t->k + j0 * a->ks, *v = t->v + j0 * a->vs;
     int d = a->d;
     /* p[nr, nc] = scale * q[nr, d] @ k[nc, d]^T, then exp(p - lse) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, d, a->scale,
+    kcpu__gemm(0, 1, nr, nc, d, a->scale,
                 q, (int)a->qs, k, (int)a->ks, 0.0f, p, ATTN_BLOCK);
     /* ds[nr, nc] = dout[nr, d] @ v[nc, d]^T: dp, made ds below */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, nc, d, 1.0f,
+    kcpu__gemm(0, 1, nr, nc, d, 1.0f,
                 dout, (int)a->os, v, (int)a->vs, 0.0f, ds, ATTN_BLOCK);
     for (int r = 0; r < nr; r++) {
         float *pr = p + r * ATTN_BLOCK;
@@ -252,15 +252,15 @@ static void attn_backward_tile(const attn_bwd *t, const attn_dims *a, int i0,
         attn_ds_row(ds + r * ATTN_BLOCK, pr, w, D[r], a->scale);
     }
     /* dv[nc, d] += p[nr, nc]^T @ dout[nr, d] */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nc, d, nr, 1.0f, p,
+    kcpu__gemm(1, 0, nc, d, nr, 1.0f, p,
                 ATTN_BLOCK, dout, (int)a->os, 1.0f, t->dv + j0 * a->vs,
                 (int)a->vs);
     /* dk[nc, d] += ds[nr, nc]^T @ q[nr, d] */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nc, d, nr, 1.0f, ds,
+    kcpu__gemm(1, 0, nc, d, nr, 1.0f, ds,
                 ATTN_BLOCK, q, (int)a->qs, 1.0f, t->dk + j0 * a->ks,
                 (int)a->ks);
     /* dq[nr, d] += ds[nr, nc] @ k[nc, d] */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, d, nc, 1.0f,
+    kcpu__gemm(0, 0, nr, d, nc, 1.0f,
                 ds, ATTN_BLOCK, k, (int)a->ks, 1.0f, t->dq + i0 * a->qs,
                 (int)a->qs);
 }

@@ -1,6 +1,7 @@
 /* matmul.c — linear layers: y = x @ w (+ bias) and y = x @ w^T (+ bias).
  *
- * Every product goes through cblas_sgemm in row-major order; backward
+ * Every product goes through kcpu__gemm (gemm.c: OpenBLAS, the same bits
+ * on any number of threads) in row-major order; backward
  * passes use beta = 1 so that they accumulate into the gradients, as every
  * kcpu backward does. Weights are [in, out] (kcpu_matmul_*) or [out, in]
  * (kcpu_matmul_wt_*, the tied LM head).
@@ -8,9 +9,9 @@
 #include "kcpu_dense.h"
 
 #include <assert.h> /* defines: assert */
-#include <cblas.h>  /* defines: cblas_sgemm */
 #include <stddef.h> /* defines: size_t */
 
+#include "kcpu_gemm_impl.h" /* defines: kcpu__gemm */
 #include "kcpu_math_impl.h" /* defines: kcpu__add_into */
 
 /* y[M,N] = bias broadcast over rows, or nothing when bias is NULL. */
@@ -36,7 +37,7 @@ void kcpu_matmul_forward(float *y, const float *x, const float *w,
 {
     assert(M > 0 && K > 0 && N > 0);
     /* y[M,N] = x[M,K] @ w[K,N] */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, x,
+    kcpu__gemm(0, 0, M, N, K, 1.0f, x,
                 K, w, N, 0.0f, y, N);
     matmul_add_bias(y, bias, M, N);
 }
@@ -46,10 +47,10 @@ void kcpu_matmul_backward(float *dx, float *dw, float *dbias, const float *dy,
 {
     assert(M > 0 && K > 0 && N > 0);
     if (dx) /* dx[M,K] += dy[M,N] @ w[K,N]^T */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, K, N, 1.0f,
+        kcpu__gemm(0, 1, M, K, N, 1.0f,
                     dy, N, w, N, 1.0f, dx, K);
     if (dw) /* dw[K,N] += x[M,K]^T @ dy[M,N] */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, N, M, 1.0f, x,
+        kcpu__gemm(1, 0, K, N, M, 1.0f, x,
                     K, dy, N, 1.0f, dw, N);
     matmul_bias_backward(dbias, dy, M, N);
 }
@@ -59,7 +60,7 @@ void kcpu_matmul_wt_forward(float *y, const float *x, const float *w,
 {
     assert(M > 0 && K > 0 && N > 0);
     /* y[M,N] = x[M,K] @ w[N,K]^T */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K,
+    kcpu__gemm(0, 1, M, N, K, 1.0f, x, K,
                 w, K, 0.0f, y, N);
     matmul_add_bias(y, bias, M, N);
 }
@@ -70,10 +71,10 @@ void kcpu_matmul_wt_backward(float *dx, float *dw, float *dbias,
 {
     assert(M > 0 && K > 0 && N > 0);
     if (dx) /* dx[M,K] += dy[M,N] @ w[N,K] */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, 1.0f,
+        kcpu__gemm(0, 0, M, K, N, 1.0f,
                     dy, N, w, K, 1.0f, dx, K);
     if (dw) /* dw[N,K] += dy[M,N]^T @ x[M,K] */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, M, 1.0f,
+        kcpu__gemm(1, 0, N, K, M, 1.0f,
                     dy, N, x, K, 1.0f, dw, K);
     matmul_bias_backward(dbias, dy, M, N);
 }

@@ -3,9 +3,8 @@
 #include <sched.h>  /* sched_getaffinity */
 #include <unistd.h> /* sysconf */
 
-#include <cblas.h> /* openblas_set_num_threads */
-
 #include "kcpu.h"
+#include "kcpu_gemm_impl.h" /* kcpu__gemm_set_threads */
 
 int kcpu_threads_available(void)
 {
@@ -15,4 +14,4 @@ int kcpu_threads_available(void)
     return n > 0 ? (int)n : 1;
 }
 
-void kcpu_set_threads(int n) { openblas_set_num_threads(n > 0 ? n : kcpu_threads_available()); }
+void kcpu_set_threads(int n) { kcpu__gemm_set_threads(n); }

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h> /* sysconf */
 
 static double now(void)
 {
@@ -26,9 +27,13 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* GFLOP/s of cblas_sgemm for [M,K] @ [K,N], best of a few. */
+/* GFLOP/s of cblas_sgemm for [M,K] @ [K,N], best of a few, on every core
+ * (OpenBLAS's own threads: libmesh runs it on one and shares a product's
+ * blocks among threads of its own, kernels/cpu/gemm.c; the process ends
+ * after this). */
 static double sgemm_rate(int M, int K, int N)
 {
+    openblas_set_num_threads((int)sysconf(_SC_NPROCESSORS_ONLN));
     float *a = calloc((size_t)M * K, 4), *b = calloc((size_t)K * N, 4), *c = calloc((size_t)M * N, 4);
     double best = 0;
     for (int r = 0; a && b && c && r < 20; r++) {

@@ -23,7 +23,8 @@ their last bits, so the two runs drift apart at bf16's noise from the second
 step on: such a plan must write a checkpoint after every step
 (train.checkpoint_every=1 into --to), and each step starts from meshrun's
 parameters and AdamW state of the step before, its parameters compared with
-meshrun's after it (a relative error of that step's update). An fp32 plan's
+meshrun's after it (a relative error of that step's update, in 2-norms: an
+element whose gradient a rounding halves, AdamW may move twice as far). An fp32 plan's
 steps may be checked that way too (--each).
 
 usage: check_train.py --plan PLAN --data SHARD [--val SHARD] --from CKPT
@@ -99,9 +100,10 @@ def load(ck, dtype):
     return {k: v.to(dtype) for k, v in P.items()}, {k: v.to(dtype) for k, v in S.items()}, meta
 
 
-def moved_apart(P, end, start):
+def moved_apart(P, end, start, l2=False):
     """The largest of the tensors' differences between P and end, each over
-    the largest change from start to end (0 where both are start's)."""
+    the largest change from start to end (0 where both are start's); with
+    l2, each tensor's difference's 2-norm over its change's."""
     worst, worst_name = 0.0, ""
     with torch.no_grad():
         for name, p in P.items():
@@ -111,6 +113,8 @@ def moved_apart(P, end, start):
             if name.endswith(".b_qkv"):  # the key bias: see key_bias_note
                 C = p.numel() // 3
                 diff, moved = torch.cat([diff[:C], diff[2 * C:]]), torch.cat([moved[:C], moved[2 * C:]])
+            if l2:
+                diff, moved = diff.double().norm(), moved.double().norm()
             r = float(diff.max()) / max(float(moved.max()), 1e-12) if float(diff.max()) > 0 else 0.0
             if r > worst:
                 worst, worst_name = r, name
@@ -200,7 +204,7 @@ def check(a):
               f"norm torch {norm:.6f} meshrun {logged_norm:.6f} (rel {d['norm']:.1e}) | lr {lr:.4e}{scale}")
         if each:  # this step's update, against meshrun's
             end, _, _ = load(step_dir(step), dtype)
-            r, name = moved_apart(P, end, before)
+            r, name = moved_apart(P, end, before, l2=half is not None)
             if r > worst_p:
                 worst_p, worst_name = r, name
         step0, pos = step, pos + B
@@ -228,8 +232,9 @@ def check(a):
         worst_p, worst_name = moved_apart(P, end, P0)
     if kind == "gpt2":
         print(key_bias_note)
-    what = "of meshrun's change to the tensor in the step, worst step" if each else \
-        "of the largest change meshrun made to the tensor"
+    what = ("of meshrun's change to the tensor in the step (2-norms), worst step" if half is not None else
+            "of meshrun's change to the tensor in the step, worst step" if each else
+            "of the largest change meshrun made to the tensor")
     print(f"parameters after step {step0}: largest difference {worst_p:.1e} {what} ({worst_name or '-'}), "
           f"over {len(P)} tensors")
     # logged rates keep 6 significant digits

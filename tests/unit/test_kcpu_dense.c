@@ -12,9 +12,12 @@
 #include "kcpu_dense.h" /* the API under test; included first to prove it stands alone */
 
 #include <math.h>   /* defines: fabs, sqrt, exp, log, tanh, NAN */
+#include <pthread.h> /* defines: pthread_create, pthread_join */
 #include <stdlib.h> /* defines: malloc, calloc, free */
 #include <string.h> /* defines: memcpy, memcmp */
 
+#include "kcpu.h"            /* defines: kcpu_set_threads */
+#include "kcpu_gemm_impl.h"  /* defines: kcpu__gemm (internal to the kernels) */
 #include "kcpu_math_impl.h" /* defines: kcpu__expf (internal to the kernels) */
 #include "unit.h" /* defines: TEST_IMPL, ASSERT_*, unit_fail */
 
@@ -867,4 +870,102 @@ TEST_IMPL(kcpu_clip_global_norm_long_buffer)
         CHECK_CLOSE("clipped", (size_t)i, x[i], want[i] / (norm + 1e-6), 1e-6,
                     0);
     free(x), free(want);
+}
+
+/* ---- the products' threads (gemm.c) ------------------------------------- */
+
+/* The shapes: C [M, N] += x [M, K] @ w [K, N] in the layouts the kernels
+ * use, cut by rows, by columns (few rows, many columns), and in one block
+ * (small). */
+static const int gemm_shapes[][5] = {
+    /* M, N, K, ta, tb */
+    {512, 64, 64, 0, 0},   {300, 96, 70, 0, 1}, {64, 64, 512, 1, 0},
+    {64, 1100, 64, 0, 0},  {70, 600, 96, 1, 1}, {7, 9, 5, 0, 0},
+    {512, 4, 64, 0, 0},    {512, 64, 4, 0, 1}, /* one block of many rows (a router's) */
+};
+enum { GEMM_NSHAPES = sizeof gemm_shapes / sizeof gemm_shapes[0] };
+
+/* C = beta C + op(A) op(B) for shape s on `threads` threads, from C0. */
+static float *gemm_on(int s, int threads, const float *A, const float *B, const float *C0, float beta)
+{
+    int M = gemm_shapes[s][0], N = gemm_shapes[s][1], K = gemm_shapes[s][2];
+    int ta = gemm_shapes[s][3], tb = gemm_shapes[s][4];
+    float *C = malloc((size_t)M * N * sizeof *C);
+    memcpy(C, C0, (size_t)M * N * sizeof *C);
+    kcpu_set_threads(threads);
+    kcpu__gemm(ta, tb, M, N, K, 1.0f, A, ta ? M : K, B, tb ? K : N, beta, C, N);
+    return C;
+}
+
+/* Every product gives the same bits on 1, 2, 3 and 5 threads (OpenBLAS's
+ * own threading does not: its products change with the count), and the
+ * double loop's values. */
+TEST_IMPL(kcpu_gemm_same_bits_on_any_thread_count)
+{
+    rng_seed(21);
+    for (int s = 0; s < GEMM_NSHAPES; s++) {
+        int M = gemm_shapes[s][0], N = gemm_shapes[s][1], K = gemm_shapes[s][2];
+        int ta = gemm_shapes[s][3], tb = gemm_shapes[s][4];
+        float *A = fill((size_t)M * K, -1, 1), *B = fill((size_t)K * N, -1, 1);
+        float *C0 = fill((size_t)M * N, -1, 1);
+        float *one = gemm_on(s, 1, A, B, C0, 1.0f);
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                double want = C0[(size_t)i * N + j];
+                for (int k = 0; k < K; k++)
+                    want += (double)A[ta ? (size_t)k * M + i : (size_t)i * K + k] *
+                            B[tb ? (size_t)j * K + k : (size_t)k * N + j];
+                CHECK_CLOSE("C", (size_t)i * N + j, one[(size_t)i * N + j], want, FWD_RTOL, FWD_ATOL);
+            }
+        static const int counts[] = {2, 3, 5};
+        for (int c = 0; c < 3; c++) {
+            float *more = gemm_on(s, counts[c], A, B, C0, 1.0f);
+            if (memcmp(one, more, (size_t)M * N * sizeof *one) != 0)
+                unit_fail(__FILE__, __LINE__, "shape %d (%d x %d x %d): %d threads differ from 1", s, M, N, K,
+                          counts[c]);
+            free(more);
+        }
+        free(A), free(B), free(C0), free(one);
+    }
+    kcpu_set_threads(0);
+}
+
+/* Threads that multiply at once (a process's ranks) each use their own
+ * workers: the same bits as alone. */
+typedef struct gemm_rank {
+    int s;
+    const float *A, *B, *C0;
+    float *C;
+} gemm_rank;
+
+static void *gemm_rank_main(void *arg)
+{
+    gemm_rank *r = arg;
+    for (int rep = 0; rep < 20; rep++) {
+        free(r->C);
+        r->C = gemm_on(r->s, 2, r->A, r->B, r->C0, 0.0f);
+    }
+    return NULL;
+}
+
+TEST_IMPL(kcpu_gemm_threads_at_once)
+{
+    enum { RANKS = 3 };
+    const int s = 0, M = gemm_shapes[s][0], N = gemm_shapes[s][1], K = gemm_shapes[s][2];
+    rng_seed(22);
+    float *A = fill((size_t)M * K, -1, 1), *B = fill((size_t)K * N, -1, 1), *C0 = fill((size_t)M * N, -1, 1);
+    float *want = gemm_on(s, 1, A, B, C0, 0.0f);
+    gemm_rank r[RANKS];
+    pthread_t t[RANKS];
+    for (int i = 0; i < RANKS; i++) {
+        r[i] = (gemm_rank){s, A, B, C0, NULL};
+        ASSERT_INT_EQ(pthread_create(&t[i], NULL, gemm_rank_main, &r[i]), 0);
+    }
+    for (int i = 0; i < RANKS; i++) {
+        ASSERT_INT_EQ(pthread_join(t[i], NULL), 0);
+        ASSERT_INT_EQ(memcmp(r[i].C, want, (size_t)M * N * sizeof *want), 0);
+        free(r[i].C);
+    }
+    free(A), free(B), free(C0), free(want);
+    kcpu_set_threads(0);
 }
