@@ -485,6 +485,19 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     else
         fail meshrun/train-moe-small-loss-falls "$TMP/moe.out"
     fi
+    # the same bits on any number of kernel threads (kernels/cpu/gemm.c cuts
+    # a product by its shape, not by the threads): 1 and 3 give the same
+    # checkpoint bytes (OpenBLAS's own threading does not)
+    rm -rf "$TMP/th1" "$TMP/th3"
+    capture "$TMP/th1.out" "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/dd.bin" --steps 3 --threads 1 --checkpoint "$TMP/th1"
+    capture "$TMP/th3.out" "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/dd.bin" --steps 3 --threads 3 --checkpoint "$TMP/th3"
+    if [ "$(tail -n 1 "$TMP/th1.out")" = "exit: 0" ] && [ "$(tail -n 1 "$TMP/th3.out")" = "exit: 0" ] &&
+        cmp "$TMP/th1/step-00000003/model.safetensors" "$TMP/th3/step-00000003/model.safetensors" >>"$TMP/th3.out" 2>&1 &&
+        cmp "$TMP/th1/step-00000003/optim.safetensors" "$TMP/th3/step-00000003/optim.safetensors" >>"$TMP/th3.out" 2>&1; then
+        pass meshrun/same-bits-on-1-and-3-threads
+    else
+        fail meshrun/same-bits-on-1-and-3-threads "$TMP/th3.out"
+    fi
     # fp16: the dynamic loss scale in the log; a fixed scale too large for
     # fp16 overflows every step's gradients, and each step is skipped
     "$MESHC" -o "$TMP/fp16.plan" examples/gpt-tiny.mesh --set train.precision=fp16 >/dev/null 2>&1
