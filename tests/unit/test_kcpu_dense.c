@@ -13,6 +13,8 @@
 
 #include <math.h>   /* defines: fabs, sqrt, exp, log, tanh, NAN */
 #include <pthread.h> /* defines: pthread_create, pthread_join */
+#include <sys/wait.h> /* defines: waitpid, WIFEXITED */
+#include <unistd.h>   /* defines: fork, alarm, _exit */
 #include <stdlib.h> /* defines: malloc, calloc, free */
 #include <string.h> /* defines: memcpy, memcmp */
 
@@ -966,6 +968,30 @@ TEST_IMPL(kcpu_gemm_threads_at_once)
         ASSERT_INT_EQ(memcmp(r[i].C, want, (size_t)M * N * sizeof *want), 0);
         free(r[i].C);
     }
+    free(A), free(B), free(C0), free(want);
+    kcpu_set_threads(0);
+}
+
+/* (not in make tsan, which cannot start threads after a fork of several)
+ * A child of fork() multiplies on workers of its own (its parent's are not
+ * in it): the same bits, and no wait for threads that do not exist. */
+TEST_IMPL(kcpu_fork_then_gemm)
+{
+    const int s = 0, M = gemm_shapes[s][0], N = gemm_shapes[s][1], K = gemm_shapes[s][2];
+    rng_seed(23);
+    float *A = fill((size_t)M * K, -1, 1), *B = fill((size_t)K * N, -1, 1), *C0 = fill((size_t)M * N, -1, 1);
+    float *want = gemm_on(s, 2, A, B, C0, 0.0f); /* this thread's workers started */
+    fflush(NULL);
+    pid_t pid = fork();
+    ASSERT_INT_EQ(pid >= 0, 1);
+    if (pid == 0) {
+        alarm(20); /* a hang fails the test */
+        float *got = gemm_on(s, 2, A, B, C0, 0.0f);
+        _exit(memcmp(got, want, (size_t)M * N * sizeof *got) == 0 ? 0 : 3);
+    }
+    int st = 0;
+    ASSERT_INT_EQ(waitpid(pid, &st, 0), pid);
+    ASSERT_INT_EQ(WIFEXITED(st) && WEXITSTATUS(st) == 0, 1);
     free(A), free(B), free(C0), free(want);
     kcpu_set_threads(0);
 }
