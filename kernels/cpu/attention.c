@@ -190,9 +190,8 @@ static void attn_forward_block(float *o, float *lse, const float *q,
     for (int j0 = 0; j0 < end; j0 += ATTN_BLOCK) {
         int nc = attn_min(ATTN_BLOCK, end - j0);
         /* s[nr, nc] = scale * q[nr, d] @ k[nc, d]^T */
-        kcpu__gemm(0, 1, nr, nc, d,
-                    a->scale, q, (int)a->qs, k + j0 * a->ks, (int)a->ks, 0.0f,
-                    s, ATTN_BLOCK);
+        kcpu__gemm(0, 1, nr, nc, d, a->scale, q, (int)a->qs, k + j0 * a->ks, (int)a->ks, 0.0f, s,
+                   ATTN_BLOCK);
         for (int r = 0; r < nr; r++)
             corr[r] = attn_online_row(s + r * ATTN_BLOCK,
                                       attn_visible(a, i0 + r, j0, nc), &m[r],
@@ -200,9 +199,8 @@ static void attn_forward_block(float *o, float *lse, const float *q,
         if (j0 > 0)
             attn_scale_rows(o, a->os, corr, nr, d);
         /* o[nr, d] (+)= p[nr, nc] @ v[nc, d]; the first tile overwrites */
-        kcpu__gemm(0, 0, nr, d, nc,
-                    1.0f, s, ATTN_BLOCK, v + j0 * a->vs, (int)a->vs,
-                    j0 > 0 ? 1.0f : 0.0f, o, (int)a->os);
+        kcpu__gemm(0, 0, nr, d, nc, 1.0f, s, ATTN_BLOCK, v + j0 * a->vs, (int)a->vs,
+                   j0 > 0 ? 1.0f : 0.0f, o, (int)a->os);
     }
     for (int r = 0; r < nr; r++) {
         float inv = 1.0f / l[r]; /* a multiply per element, not a divide */
@@ -238,11 +236,9 @@ static void attn_backward_tile(const attn_bwd *t, const attn_dims *a, int i0,
     const float *k = t->k + j0 * a->ks, *v = t->v + j0 * a->vs;
     int d = a->d;
     /* p[nr, nc] = scale * q[nr, d] @ k[nc, d]^T, then exp(p - lse) */
-    kcpu__gemm(0, 1, nr, nc, d, a->scale,
-                q, (int)a->qs, k, (int)a->ks, 0.0f, p, ATTN_BLOCK);
+    kcpu__gemm(0, 1, nr, nc, d, a->scale, q, (int)a->qs, k, (int)a->ks, 0.0f, p, ATTN_BLOCK);
     /* ds[nr, nc] = dout[nr, d] @ v[nc, d]^T: dp, made ds below */
-    kcpu__gemm(0, 1, nr, nc, d, 1.0f,
-                dout, (int)a->os, v, (int)a->vs, 0.0f, ds, ATTN_BLOCK);
+    kcpu__gemm(0, 1, nr, nc, d, 1.0f, dout, (int)a->os, v, (int)a->vs, 0.0f, ds, ATTN_BLOCK);
     for (int r = 0; r < nr; r++) {
         float *pr = p + r * ATTN_BLOCK;
         int visible = attn_visible(a, i0 + r, j0, nc);
@@ -252,17 +248,14 @@ static void attn_backward_tile(const attn_bwd *t, const attn_dims *a, int i0,
         attn_ds_row(ds + r * ATTN_BLOCK, pr, w, D[r], a->scale);
     }
     /* dv[nc, d] += p[nr, nc]^T @ dout[nr, d] */
-    kcpu__gemm(1, 0, nc, d, nr, 1.0f, p,
-                ATTN_BLOCK, dout, (int)a->os, 1.0f, t->dv + j0 * a->vs,
-                (int)a->vs);
+    kcpu__gemm(1, 0, nc, d, nr, 1.0f, p, ATTN_BLOCK, dout, (int)a->os, 1.0f, t->dv + j0 * a->vs,
+               (int)a->vs);
     /* dk[nc, d] += ds[nr, nc]^T @ q[nr, d] */
-    kcpu__gemm(1, 0, nc, d, nr, 1.0f, ds,
-                ATTN_BLOCK, q, (int)a->qs, 1.0f, t->dk + j0 * a->ks,
-                (int)a->ks);
+    kcpu__gemm(1, 0, nc, d, nr, 1.0f, ds, ATTN_BLOCK, q, (int)a->qs, 1.0f, t->dk + j0 * a->ks,
+               (int)a->ks);
     /* dq[nr, d] += ds[nr, nc] @ k[nc, d] */
-    kcpu__gemm(0, 0, nr, d, nc, 1.0f,
-                ds, ATTN_BLOCK, k, (int)a->ks, 1.0f, t->dq + i0 * a->qs,
-                (int)a->qs);
+    kcpu__gemm(0, 0, nr, d, nc, 1.0f, ds, ATTN_BLOCK, k, (int)a->ks, 1.0f, t->dq + i0 * a->qs,
+               (int)a->qs);
 }
 
 /* Query rows [i0, i0 + nr) of one head, against every key tile they see. */

@@ -32,7 +32,7 @@
 #include <stddef.h>    /* defines: size_t */
 #include <stdlib.h>    /* defines: calloc, free */
 
-#include "kcpu.h" /* kcpu_threads_available */
+#include "kcpu.h" /* kcpu_threads_available, kcpu_set_threads */
 
 enum {
     GEMM_BLOCK = 128,       /* rows (or columns) of C per block */
@@ -73,7 +73,7 @@ static atomic_uint gemm_epoch;   /* forks so far (in this process's line) */
 
 static void gemm_forked(void) { atomic_fetch_add(&gemm_epoch, 1); }
 
-void kcpu__gemm_set_threads(int n) { atomic_store(&gemm_threads, n > 0 ? n : 0); }
+void kcpu_set_threads(int n) { atomic_store(&gemm_threads, n > 0 ? n : 0); }
 
 static int gemm_thread_count(void)
 {
@@ -188,8 +188,10 @@ void kcpu__gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A
         else if (N >= 2 * GEMM_BLOCK)
             j.by_rows = 0, j.blocks = (N + GEMM_BLOCK - 1) / GEMM_BLOCK, j.step = GEMM_BLOCK;
     }
-    int threads = gemm_thread_count();
-    gemm_pool *p = j.blocks > 1 && threads > 1 ? gemm_pool_of(threads - 1) : NULL;
+    /* (the count only for a product of several blocks: attention's tiles
+     * come here thousands of times a step) */
+    int threads = j.blocks > 1 ? gemm_thread_count() : 1;
+    gemm_pool *p = threads > 1 ? gemm_pool_of(threads - 1) : NULL;
     if (!p) {
         for (int b = 0; b < j.blocks; b++) gemm_block(&j, b);
         return;

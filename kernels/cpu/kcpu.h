@@ -26,9 +26,9 @@
 #include "kcpu_moe.h"
 
 /* threads.c: the cores this process may run on (its affinity mask, so
- * ranks pinned to their own cores do not oversubscribe), and the number
- * of threads the kernels' products use (gemm.c; each multiplying thread's
- * own: a rank's): n, or all available for n <= 0. The products give the
+ * ranks pinned to their own cores do not oversubscribe); gemm.c: the
+ * number of threads the kernels' products use (each multiplying thread's
+ * own: a rank's), n, or all available for n <= 0. The products give the
  * same bits on any number. */
 int kcpu_threads_available(void);
 void kcpu_set_threads(int n);

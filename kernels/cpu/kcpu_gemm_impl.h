@@ -9,8 +9,4 @@
 void kcpu__gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
                 float beta, float *C, int ldc);
 
-/* The threads a product uses: n, or every core the process may run on
- * for n <= 0 (kcpu_set_threads). */
-void kcpu__gemm_set_threads(int n);
-
 #endif

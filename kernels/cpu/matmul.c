@@ -37,8 +37,7 @@ void kcpu_matmul_forward(float *y, const float *x, const float *w,
 {
     assert(M > 0 && K > 0 && N > 0);
     /* y[M,N] = x[M,K] @ w[K,N] */
-    kcpu__gemm(0, 0, M, N, K, 1.0f, x,
-                K, w, N, 0.0f, y, N);
+    kcpu__gemm(0, 0, M, N, K, 1.0f, x, K, w, N, 0.0f, y, N);
     matmul_add_bias(y, bias, M, N);
 }
 
@@ -47,11 +46,9 @@ void kcpu_matmul_backward(float *dx, float *dw, float *dbias, const float *dy,
 {
     assert(M > 0 && K > 0 && N > 0);
     if (dx) /* dx[M,K] += dy[M,N] @ w[K,N]^T */
-        kcpu__gemm(0, 1, M, K, N, 1.0f,
-                    dy, N, w, N, 1.0f, dx, K);
+        kcpu__gemm(0, 1, M, K, N, 1.0f, dy, N, w, N, 1.0f, dx, K);
     if (dw) /* dw[K,N] += x[M,K]^T @ dy[M,N] */
-        kcpu__gemm(1, 0, K, N, M, 1.0f, x,
-                    K, dy, N, 1.0f, dw, N);
+        kcpu__gemm(1, 0, K, N, M, 1.0f, x, K, dy, N, 1.0f, dw, N);
     matmul_bias_backward(dbias, dy, M, N);
 }
 
@@ -60,8 +57,7 @@ void kcpu_matmul_wt_forward(float *y, const float *x, const float *w,
 {
     assert(M > 0 && K > 0 && N > 0);
     /* y[M,N] = x[M,K] @ w[N,K]^T */
-    kcpu__gemm(0, 1, M, N, K, 1.0f, x, K,
-                w, K, 0.0f, y, N);
+    kcpu__gemm(0, 1, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
     matmul_add_bias(y, bias, M, N);
 }
 
@@ -71,10 +67,8 @@ void kcpu_matmul_wt_backward(float *dx, float *dw, float *dbias,
 {
     assert(M > 0 && K > 0 && N > 0);
     if (dx) /* dx[M,K] += dy[M,N] @ w[N,K] */
-        kcpu__gemm(0, 0, M, K, N, 1.0f,
-                    dy, N, w, K, 1.0f, dx, K);
+        kcpu__gemm(0, 0, M, K, N, 1.0f, dy, N, w, K, 1.0f, dx, K);
     if (dw) /* dw[N,K] += dy[M,N]^T @ x[M,K] */
-        kcpu__gemm(1, 0, N, K, M, 1.0f,
-                    dy, N, x, K, 1.0f, dw, K);
+        kcpu__gemm(1, 0, N, K, M, 1.0f, dy, N, x, K, 1.0f, dw, K);
     matmul_bias_backward(dbias, dy, M, N);
 }

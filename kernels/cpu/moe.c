@@ -133,8 +133,7 @@ void kcpu_moe_route_forward(kcpu_moe_route *r, const float *x,
 {
     int N = r->N, E = r->E, K = r->K, C = r->C;
     if (N > 0)
-        kcpu__gemm(0, 0, N, E, D, 1.0f,
-                    x, D, router, E, 0.0f, r->probs, E);
+        kcpu__gemm(0, 0, N, E, D, 1.0f, x, D, router, E, 0.0f, r->probs, E);
     moe_softmax_rows(r->probs, N, E);
     for (long i = 0; i < (long)E * C; i++)
         r->token[i] = -1;
@@ -206,10 +205,8 @@ void kcpu_moe_route_backward(float *dx, float *drouter, float *scratch,
         }
     }
     /* logits = x @ router: drouter += x^T dz, dx += dz router^T */
-    kcpu__gemm(1, 0, D, E, N, 1.0f, x, D,
-                scratch, E, 1.0f, drouter, E);
-    kcpu__gemm(0, 1, N, D, E, 1.0f,
-                scratch, E, router, E, 1.0f, dx, D);
+    kcpu__gemm(1, 0, D, E, N, 1.0f, x, D, scratch, E, 1.0f, drouter, E);
+    kcpu__gemm(0, 1, N, D, E, 1.0f, scratch, E, router, E, 1.0f, dx, D);
 }
 
 void kcpu_moe_dispatch_forward(float *xe, const float *x,
@@ -285,16 +282,13 @@ void kcpu_moe_expert_forward(float *ye, float *hg, float *hu, float *act,
         long wo = (long)e * D * F; /* same for w_down's [F, D] */
         if (M == 0)
             continue;
-        kcpu__gemm(0, 0, M, F, D, 1.0f,
-                    xe + xo, D, w_gate + wo, F, 0.0f, hg + ho, F);
-        kcpu__gemm(0, 0, M, F, D, 1.0f,
-                    xe + xo, D, w_up + wo, F, 0.0f, hu + ho, F);
+        kcpu__gemm(0, 0, M, F, D, 1.0f, xe + xo, D, w_gate + wo, F, 0.0f, hg + ho, F);
+        kcpu__gemm(0, 0, M, F, D, 1.0f, xe + xo, D, w_up + wo, F, 0.0f, hu + ho, F);
         for (long i = 0; i < (long)M * F; i++) {
             float g = hg[ho + i];
             act[ho + i] = g * moe_sigmoid(g) * hu[ho + i];
         }
-        kcpu__gemm(0, 0, M, D, F, 1.0f,
-                    act + ho, F, w_down + wo, D, 0.0f, ye + xo, D);
+        kcpu__gemm(0, 0, M, D, F, 1.0f, act + ho, F, w_down + wo, D, 0.0f, ye + xo, D);
     }
 }
 
@@ -313,10 +307,8 @@ void kcpu_moe_expert_backward(float *dxe, float *dw_gate, float *dw_up,
         if (M == 0)
             continue;
         /* ye = act @ w_down: dw_down += act^T dye, d act = dye w_down^T */
-        kcpu__gemm(1, 0, F, D, M, 1.0f,
-                    act + ho, F, dye + xo, D, 1.0f, dw_down + wo, D);
-        kcpu__gemm(0, 1, M, F, D, 1.0f,
-                    dye + xo, D, w_down + wo, D, 0.0f, du, F);
+        kcpu__gemm(1, 0, F, D, M, 1.0f, act + ho, F, dye + xo, D, 1.0f, dw_down + wo, D);
+        kcpu__gemm(0, 1, M, F, D, 1.0f, dye + xo, D, w_down + wo, D, 0.0f, du, F);
         /* act = silu(hg) hu; silu'(g) = s (1 + g (1 - s)) */
         for (long i = 0; i < (long)M * F; i++) {
             float g = hg[ho + i], s = moe_sigmoid(g);
@@ -324,13 +316,9 @@ void kcpu_moe_expert_backward(float *dxe, float *dw_gate, float *dw_up,
             du[i] *= g * s;
         }
         /* hg = xe w_gate, hu = xe w_up */
-        kcpu__gemm(1, 0, D, F, M, 1.0f,
-                    xe + xo, D, dg, F, 1.0f, dw_gate + wo, F);
-        kcpu__gemm(1, 0, D, F, M, 1.0f,
-                    xe + xo, D, du, F, 1.0f, dw_up + wo, F);
-        kcpu__gemm(0, 1, M, D, F, 1.0f,
-                    dg, F, w_gate + wo, F, 1.0f, dxe + xo, D);
-        kcpu__gemm(0, 1, M, D, F, 1.0f,
-                    du, F, w_up + wo, F, 1.0f, dxe + xo, D);
+        kcpu__gemm(1, 0, D, F, M, 1.0f, xe + xo, D, dg, F, 1.0f, dw_gate + wo, F);
+        kcpu__gemm(1, 0, D, F, M, 1.0f, xe + xo, D, du, F, 1.0f, dw_up + wo, F);
+        kcpu__gemm(0, 1, M, D, F, 1.0f, dg, F, w_gate + wo, F, 1.0f, dxe + xo, D);
+        kcpu__gemm(0, 1, M, D, F, 1.0f, du, F, w_up + wo, F, 1.0f, dxe + xo, D);
     }
 }

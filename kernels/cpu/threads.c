@@ -1,10 +1,10 @@
-/* threads.c — how many threads the CPU kernels use (kcpu.h). */
+/* threads.c — the cores the CPU kernels may use (kcpu.h; how many they do
+ * use is gemm.c's kcpu_set_threads). */
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include <sched.h>  /* sched_getaffinity */
 #include <unistd.h> /* sysconf */
 
 #include "kcpu.h"
-#include "kcpu_gemm_impl.h" /* kcpu__gemm_set_threads */
 
 int kcpu_threads_available(void)
 {
@@ -13,5 +13,3 @@ int kcpu_threads_available(void)
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
 }
-
-void kcpu_set_threads(int n) { kcpu__gemm_set_threads(n); }

@@ -174,7 +174,7 @@ def check(a):
             print(f"FAIL check_train: {a.metrics} skips from step {step0} to {step}; log every step")
             return 1
         if each and step > logged[0]["step"]:  # from meshrun's parameters and state of the step before
-            P_, S, meta = load(step_dir(step0), dtype)
+            P_, S, meta = end  # (read below, the step before)
             P.update(P_)  # (the model reads P)
             opt = optimizer(S, int(meta["adam_steps"]))
         before = {k: v.detach().clone() for k, v in P.items()}
@@ -203,8 +203,8 @@ def check(a):
         print(f"step {step}: loss torch {float(loss):.6f} meshrun {m['loss']:.6f} (rel {d['loss']:.1e}) | "
               f"norm torch {norm:.6f} meshrun {logged_norm:.6f} (rel {d['norm']:.1e}) | lr {lr:.4e}{scale}")
         if each:  # this step's update, against meshrun's
-            end, _, _ = load(step_dir(step), dtype)
-            r, name = moved_apart(P, end, before, l2=half is not None)
+            end = load(step_dir(step), dtype)
+            r, name = moved_apart(P, end[0], before, l2=half is not None)
             if r > worst_p:
                 worst_p, worst_name = r, name
         step0, pos = step, pos + B
@@ -213,7 +213,7 @@ def check(a):
     # global batches of the validation shard, with the parameters of then
     # (meshrun's own, with --each)
     val = [m for m in lines if "val_loss" in m and m["step"] == step0]
-    end, _, _ = load(mt.checkpoint_dir(a.to), dtype)
+    end = end[0] if each else load(mt.checkpoint_dir(a.to), dtype)[0]  # (the last step's)
     if val:
         if each:
             P.update(end)

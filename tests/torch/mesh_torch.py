@@ -164,13 +164,18 @@ def set_storage(dtype, loss_scale=1.0, tp=1):
     _storage["dtype"], _storage["scale"], _storage["tp"] = dtype, float(loss_scale), int(tp)
 
 
+def _round(x):
+    """x rounded to the storage's type (nearest even), kept in x's."""
+    return x.to(_storage["dtype"]).to(x.dtype)
+
+
 class _Stored(torch.autograd.Function):
     """x rounded to the storage's type; its gradient too (scaled by the loss
     scale while rounded: an fp16 overflow comes back as inf)."""
 
     @staticmethod
     def forward(ctx, x):
-        return x.to(_storage["dtype"]).to(x.dtype)
+        return _round(x)
 
     @staticmethod
     def backward(ctx, g):
@@ -184,7 +189,7 @@ def stored(x):
 
 def _round_grad(g):
     S = _storage["scale"]
-    return (g * S).to(_storage["dtype"]).to(g.dtype) / S
+    return _round(g * S) / S
 
 
 class _Fanout(torch.autograd.Function):
@@ -255,7 +260,7 @@ class _Weight(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, w):
-        return w.to(_storage["dtype"]).to(w.dtype)
+        return _round(w)
 
     @staticmethod
     def backward(ctx, g):
@@ -302,7 +307,7 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v):
         out = _attention(q, k, v)
-        ctx.save_for_backward(q, k, v, out.to(_storage["dtype"]).to(out.dtype))
+        ctx.save_for_backward(q, k, v, _round(out))
         return out
 
     @staticmethod
@@ -396,9 +401,7 @@ def gpt2_logits(P, tokens, n_heads, eps=1e-5):
         m = stored(F.gelu(linear(n, p("w_fc"), p("b_fc")), approximate="tanh"))
         x = stored(h + linear(m, p("w_out"), p("b_out"), row=True))
     n = fanout(stored(F.layer_norm(x, (C,), W("ln_f_w"), W("ln_f_b"), eps)), 1)[0]
-    if len(n) == 1:
-        return stored(F.linear(n[0], W("wte")))  # x @ wte^T
-    return stored(matmul(n, W("wte").t()))  # the vocabulary split over tp
+    return stored(matmul(n, W("wte").t()))  # x @ wte^T (the vocabulary split over tp)
 
 
 def gpt2_loss(P, tokens, targets, n_heads, vocab=None, eps=1e-5):

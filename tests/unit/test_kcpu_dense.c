@@ -972,9 +972,11 @@ TEST_IMPL(kcpu_gemm_threads_at_once)
     kcpu_set_threads(0);
 }
 
-/* (not in make tsan, which cannot start threads after a fork of several)
- * A child of fork() multiplies on workers of its own (its parent's are not
- * in it): the same bits, and no wait for threads that do not exist. */
+/* A child of fork() multiplies on workers of its own (its parent's are not
+ * in it): the same bits, and no wait for threads that do not exist. (The
+ * hazard gemm.c's fork epoch guards against, a fork while a parent's worker
+ * holds the pool's lock, is not staged here; nor is this in make tsan,
+ * which cannot start threads after a fork of a process of several.) */
 TEST_IMPL(kcpu_fork_then_gemm)
 {
     const int s = 0, M = gemm_shapes[s][0], N = gemm_shapes[s][1], K = gemm_shapes[s][2];
