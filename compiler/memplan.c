@@ -527,10 +527,26 @@ static int64_t place_grads(mp *x) {
     return pin;
 }
 
+int memplan_pos_table(const plan *p, int id) {
+    if (id < 0 || p->setup.precision == 0) return -1;
+    const plan_tensor *e = &p->tensors[id];
+    if (e->op != G_EMBED || e->n_in != 2 || p->tensors[e->in[0]].op != G_ARANGE) return -1;
+    int table = e->in[1], k = -1, add = sole_reader(p, id, &k);
+    const plan_tensor *tb = &p->tensors[table];
+    if (tb->op != G_PARAM || (tb->pl.kind[AX_TP] == PL_SPLIT && tb->pl.dim[AX_TP] == 0) ||
+        (e->pl.kind[AX_TP] == PL_SPLIT && e->pl.dim[AX_TP] == 0) || add < 0 || p->tensors[add].op != G_ADD ||
+        !adjacent(p, id, add))
+        return -1;
+    return table;
+}
+
 /* The tensor whose gradient an op's backward adds to for its input id: a
- * param's for x @ transpose(w), else id's. */
+ * param's for x @ transpose(w) and for a position embedding
+ * (memplan_pos_table), else id's. */
 static int param_of(const plan *p, int id) {
-    return id >= 0 && p->tensors[id].op == G_TRANSPOSE ? p->tensors[id].in[0] : id;
+    if (id >= 0 && p->tensors[id].op == G_TRANSPOSE) return p->tensors[id].in[0];
+    int table = memplan_pos_table(p, id);
+    return table >= 0 ? table : id;
 }
 
 /* Where an op's kernel writes a param's gradient in fp32 itself (kern.h's
@@ -542,7 +558,8 @@ static int param_of(const plan *p, int id) {
  * the CPU's fp32 words do not share, and their runs must give the same
  * bits.) */
 static int fused_slot(const plan *p, const plan_tensor *t, int k) {
-    if (t->op != G_MATMUL && p->tensors[t->in[k]].op != G_PARAM) return 0; /* (only a matmul reads through a transpose) */
+    /* (only a matmul reads through a transpose; an add, a position embedding) */
+    if (t->op != G_MATMUL && p->tensors[t->in[k]].op != G_PARAM && memplan_pos_table(p, t->in[k]) < 0) return 0;
     switch (t->op) {
     case G_MATMUL:
     case G_EMBED:

@@ -158,8 +158,19 @@ void memplan_free(memplan *m);
  * region: up to 16 with 2-byte floats, unchanged with 4-byte ones. */
 int64_t memplan_round(const memplan *m, int64_t bytes);
 
+/* A position embedding in a bf16 or fp16 plan: id = embed(arange(T),
+ * table), read by one add alone (the token embeddings + id, repeated over
+ * the batch), in its region and converted by no step, neither it nor the
+ * table split along the rows. Its gradient is the batch's sum of the add's,
+ * which stored in 2 bytes would overflow fp16 B times sooner than any
+ * other; instead the add's backward sums it in fp32 straight into the
+ * table's fp32 gradient (its first T rows: arange's embedding), as it does
+ * for a bias, and id's own backward does nothing. The table, or -1. */
+int memplan_pos_table(const struct plan *p, int id);
+
 /* The param whose gradient input k of node's backward adds to (x @
- * transpose(w): w), or -1 when that input is no param. */
+ * transpose(w): w; a position embedding: its table), or -1 when that
+ * input is no param. */
 int memplan_grad_param(const struct plan *p, int node, int k);
 /* Mixed precision: does node's backward stage its contribution to the
  * gradient of the param at its input k (through a transpose: the param's)

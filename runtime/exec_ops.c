@@ -227,6 +227,16 @@ static int add_backward(mesh__exec *ex, float *da, size_t na, int fa, float *db,
     return rc == 0 ? 0 : exec__kern_failed(ex, "add_backward");
 }
 
+/* The gradient add node id's backward writes for its input k: a position
+ * embedding's table's fp32 gradient (memplan_pos_table: its first rows,
+ * the embedding's), else the input's own. */
+static float *add_grad(mesh__exec *ex, int id, int k, int it)
+{
+    const plan_tensor *t = &ex->p->tensors[id];
+    int table = memplan_pos_table(ex->p, t->in[k]);
+    return exec__grad_in(ex, table >= 0 ? table : t->in[k], t->region, it);
+}
+
 /* Attention geometry on this rank: qkv [B, T, (H + 2 KV) d] -> out [B, T,
  * H d]; split over tp, H and KV are the rank's heads. */
 void exec__attn_dims(const mesh__exec *ex, int id, int *B, int *T, int *H, int *KV, int *d)
@@ -383,6 +393,7 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
     size_t n = ex->numel[id];
     switch (t->op) {
     case G_EMBED: {
+        if (memplan_pos_table(ex->p, id) >= 0) break; /* its add wrote the table's gradient */
         int rows = (int)ex->ld[t->in[1]][0], C = (int)ex->ld[t->in[1]][1];
         K(embedding_rows_backward, DIN(1), DOUT, I32(IN(0)), (int)ex->numel[t->in[0]], row0_of(ex, t->in[1]), rows,
           C);
@@ -403,9 +414,9 @@ int exec__backward_node(mesh__exec *ex, int id, int it)
     }
     case G_BIAS_ADD:
     case G_ADD:
-        if (add_backward(ex, DIN(0), ex->cnumel[t->in[0]], ex->kern.dw32 && memplan_grad_fp32(ex->p, id, 0), DIN(1),
-                         ex->cnumel[t->in[1]], ex->kern.dw32 && memplan_grad_fp32(ex->p, id, 1), (unsigned)ex->kern.assign,
-                         DOUT) != 0)
+        if (add_backward(ex, add_grad(ex, id, 0, it), ex->cnumel[t->in[0]], ex->kern.dw32 && memplan_grad_fp32(ex->p, id, 0),
+                         add_grad(ex, id, 1, it), ex->cnumel[t->in[1]], ex->kern.dw32 && memplan_grad_fp32(ex->p, id, 1),
+                         (unsigned)ex->kern.assign, DOUT) != 0)
             return -1;
         break;
     case G_LAYERNORM: {

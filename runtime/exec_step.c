@@ -479,11 +479,10 @@ static void round_grads(mesh__exec *ex, int id, int it)
     const plan_tensor *t = &ex->p->tensors[id];
     if (ex->prec == KCPU_FP32) return;
     for (int k = 0; k < t->n_in; k++) {
-        int in = t->in[k];
-        const plan_tensor *a = &ex->p->tensors[in];
-        if (a->op == G_TRANSPOSE) in = a->in[0]; /* x @ transpose(w) adds into w's gradient */
-        if (ex->p->tensors[in].op == G_PARAM && !exec__gstage_staged(ex, in))
-            continue; /* its fp32 gradient, added to in fp32 (a matmul's weight) */
+        int in = t->in[k], w = memplan_grad_param(ex->p, id, k); /* (x @ transpose(w): w's gradient) */
+        if (w >= 0 && !exec__gstage_staged(ex, w))
+            continue; /* its fp32 gradient, added to in fp32 (a matmul's weight, a position embedding's table) */
+        if (w >= 0) in = w;
         if (ex->p->tensors[in].dtype == PLAN_DTYPE_F32)
             exec__round(ex, exec__grad_in(ex, in, t->region, it), ex->cnumel[in]);
     }

@@ -386,9 +386,10 @@ def gpt2_logits(P, tokens, n_heads, eps=1e-5):
     blocks (tanh GELU, biases everywhere), the LM head tied to wte."""
     T, C = tokens.shape[1], P["wte"].shape[1]
     W = lambda n: weight(P[n])  # noqa: E731
-    # the embed ops' outputs are stored: the positions' [T, C] gradient, the
-    # batch's sum, overflows fp16 sooner than the embeddings' weights would
-    x = stored(stored(W("wte")[tokens]) + stored(W("wpe")[:T]))
+    # the tokens' embeddings are stored; the positions' [T, C] gradient, the
+    # batch's sum, is summed in fp32 into wpe's (memplan_pos_table), as a
+    # bias's is: stored, it would overflow fp16 B times sooner than the rest
+    x = stored(stored(W("wte")[tokens]) + W("wpe")[:T])
     tp = _storage["tp"]
     qkv_cols = [torch.cat([b * C + c for b in range(3)]) for c in _split(C, tp)]  # q, k, v of a rank's heads
     for i in range(layers_of(P, "h")):

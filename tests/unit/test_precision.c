@@ -17,7 +17,7 @@
 #include "exec.h"       /* mesh__exec_* */
 #include "fixture.h"    /* fixture_tiny_gpt */
 #include "kcpu.h"       /* kcpu_bf16_round, kcpu_fp16_round */
-#include "memplan.h"    /* memplan_build: the gradient staging */
+#include "memplan.h"    /* memplan_build: the gradient staging; memplan_pos_table */
 #include "mesh.h"       /* mesh_compile */
 #include "plan.h"       /* plan_read */
 #include "unit.h"       /* TEST_IMPL, ASSERT_* */
@@ -213,7 +213,8 @@ TEST_IMPL(precision_gradients_accumulate_in_fp32)
             if (memcmp(g, g2, n * sizeof *g) != 0)
                 unit_fail(__FILE__, __LINE__, "%s: %s's gradient in 2-byte storage is not the fp32 words' run's",
                           sets[v][0], name);
-            if (v >= 2 && (strstr(name, "ln") || strstr(name, "b_")) && o == 0)
+            /* (wpe: its add sums the batch in fp32 into its gradient, memplan_pos_table) */
+            if (v >= 2 && (strstr(name, "ln") || strstr(name, "b_") || !strcmp(name, "wpe")) && o == 0)
                 unit_fail(__FILE__, __LINE__, "%s, one micro-batch: %s's gradient is all %s numbers", sets[v][0],
                           name, sets[v][0] + 16);
             off += o;
@@ -222,6 +223,19 @@ TEST_IMPL(precision_gradients_accumulate_in_fp32)
         fprintf(stderr, "# %s, %s: %zu of %zu gradient elements are not %s numbers\n", sets[v][0], sets[v][2], off,
                 total, sets[v][0] + 16);
         if (!(2 * off > total)) unit_fail(__FILE__, __LINE__, "%zu of %zu off the 2-byte grid", off, total);
+        /* the position embedding, embed(arange(seq), wpe), is the one whose gradient goes to its table's */
+        int pos = 0;
+        for (int id = 0; id < p.n_tensors; id++) {
+            int table = memplan_pos_table(&p, id);
+            if (table < 0) continue;
+            pos++;
+            ASSERT_STR_EQ(p.tensors[table].name, "wpe");
+            for (int c = id + 1; c < p.n_tensors; c++) /* its add's backward writes the table's fp32 gradient */
+                for (int k = 0; k < p.tensors[c].n_in; k++)
+                    if (p.tensors[c].in[k] == id)
+                        ASSERT_INT_EQ(memplan_grad_param(&p, c, k) == table && memplan_grad_fp32(&p, c, k), 1);
+        }
+        ASSERT_INT_EQ(pos, 1);
         /* the plan's gradients: 4 bytes an element, the values 2 (each region rounded to 16 bytes) */
         ASSERT_INT_EQ((long long)p.memory[0].grads, (long long)((total * 4 + 15) / 16 * 16));
         ASSERT_INT_EQ((long long)p.memory[0].params, (long long)((total * 2 + 15) / 16 * 16));
@@ -253,6 +267,8 @@ TEST_IMPL(precision_bf16_fp16_train_as_fp32)
         train(ex, 1, 40, v == 0 ? ref : got);
         if (v == 0) {
             fp32_bytes = mesh__exec_bytes(ex);
+            for (int id = 0; id < p.n_tensors; id++) /* (fp32: every gradient is fp32 already) */
+                ASSERT_INT_EQ(memplan_pos_table(&p, id), -1);
         } else {
             size_t total;
             ASSERT_INT_EQ(values_in(ex, rounds[v], &total), 1);
