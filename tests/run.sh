@@ -1320,6 +1320,20 @@ torch_section() {
         --set model.layers=2 --set train.global_batch=16)
     torch_plan "$TMP/t-gpt2-8-bf16.plan" gpt2 "${m[@]}" --set train.micro_batch=4 --set train.precision=bf16 "${h[@]}"
     torch_case gpt2-dp2-tp2-pp2-zero1-bf16 "$TMP/t-gpt2-1.plan" "$TMP/t-gpt2-8-bf16.plan" "${tol[@]}"
+    # moe.mesh in bf16 (the experts' rounding as meshrun's kernel does it,
+    # mesh_torch's _Expert), every token to all 4 experts: with top 2 a
+    # rounding can move a token from one expert to another now and then,
+    # which no tolerance should cover. One rank; ep 2
+    m=(--set model.vocab=256 --set model.dim=64 --set model.layers=2 --set model.heads=4
+        --set model.kv_heads=2 --set model.ffn_dim=64 --set model.experts=4 --set model.top_k=4 --set mesh.dp=1
+        --set train.global_batch=8 --set train.zero=0)
+    torch_plan "$TMP/t-moe4-1.plan" moe "${m[@]}" --set mesh.ep=1 --set train.micro_batch=8
+    torch_plan "$TMP/t-moe4-1-bf16.plan" moe "${m[@]}" --set mesh.ep=1 --set train.micro_batch=8 \
+        --set train.precision=bf16 "${h[@]}"
+    torch_case moe-all-experts-bf16 "$TMP/t-moe4-1.plan" "$TMP/t-moe4-1-bf16.plan" "${tol[@]}"
+    torch_plan "$TMP/t-moe4-2-bf16.plan" moe "${m[@]}" --set mesh.ep=2 --set train.micro_batch=4 \
+        --set train.precision=bf16 "${h[@]}"
+    torch_case moe-all-experts-ep2-bf16 "$TMP/t-moe4-1.plan" "$TMP/t-moe4-2-bf16.plan" "${tol[@]}"
 }
 
 # --- meshrun tokenize ---------------------------------------------------

@@ -410,6 +410,31 @@ def gpt2_loss(P, tokens, targets, n_heads, vocab=None, eps=1e-5):
     return cross_entropy(gpt2_logits(P, tokens, n_heads, eps), targets, vocab)
 
 
+class _Expert(torch.autograd.Function):
+    """One SwiGLU expert as meshrun's moe op runs it in 2 bytes, one kernel
+    call (kernels/cpu/moe.c) whose results are stored after it: the forward
+    computes hg, hu, their product act and ye = act @ w_down in fp32 and
+    stores them (ye from the unrounded act); the backward reads the stored
+    hg, hu, act, keeps d act, dg and du in fp32, and stores dx (its two
+    products summed first). The weights' gradients are the caller's to store
+    (moe()'s stored() weights)."""
+
+    @staticmethod
+    def forward(ctx, x, wg, wu, wd):
+        hg, hu = x @ wg, x @ wu
+        act = F.silu(hg) * hu
+        ctx.save_for_backward(x, wg, wu, wd, _round(hg), _round(hu), _round(act))
+        return _round(act @ wd)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, wg, wu, wd, hg, hu, act = ctx.saved_tensors
+        dact = dy @ wd.t()
+        s = torch.sigmoid(hg)
+        dg, du = dact * hu * s * (1 + hg * (1 - s)), dact * hg * s
+        return _round_grad(dg @ wg.t() + du @ wu.t()), x.t() @ dg, x.t() @ du, act.t() @ dy
+
+
 def moe_capacity(N, E, K, factor):
     """ceil(factor N K / E), a relative excess below 1e-9 ignored, at least 1."""
     c = factor * N * K / E
@@ -447,8 +472,10 @@ def moe(h, router, w_gate, w_up, w_down, top_k, capacity):
         if n.numel() == 0:
             continue
         xe = stored(x[n])
-        hg, hu = stored(xe @ w_gate[e]), stored(xe @ w_up[e])
-        ye = stored(stored(F.silu(hg) * hu) @ w_down[e])
+        if _storage["dtype"] is None:
+            ye = (F.silu(xe @ w_gate[e]) * (xe @ w_up[e])) @ w_down[e]
+        else:  # (the combine's backward stores ye's gradient: the outer stored())
+            ye = stored(_Expert.apply(xe, w_gate[e], w_up[e], w_down[e]))
         y = y.index_add(0, n, ye * w[n, k].unsqueeze(-1))
     f = torch.bincount(flat, minlength=E).to(p.dtype) / (N * top_k)
     aux = E * (f * p.mean(0)).sum()
