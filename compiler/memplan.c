@@ -106,8 +106,10 @@ static int is_activation(const plan *p, int id) {
     return p->tensors[id].op != G_PARAM && !is_view(p, id);
 }
 
+/* (not a position embedding's: its add writes its table's gradient,
+ * memplan_pos_table) */
 static int has_grad(const plan *p, int id) {
-    return is_activation(p, id) && p->tensors[id].dtype == PLAN_DTYPE_F32;
+    return is_activation(p, id) && p->tensors[id].dtype == PLAN_DTYPE_F32 && memplan_pos_table(p, id) < 0;
 }
 
 /* Does op c's backward read its input k (k >= 0), or its output (k = -1)? */
@@ -822,6 +824,8 @@ void memplan_dump(const memplan *m, const plan *p, FILE *out) {
             if (b->carried && b->grad_region == MEM_PINNED) fprintf(out, " (pair)");
         } else if (b->grad_alias >= 0) {
             fprintf(out, " | grad %%%d's", b->grad_alias);
+        } else if (memplan_pos_table(p, id) >= 0) { /* (its add writes it into the table's gradient) */
+            fprintf(out, " | grad into %%%d's", memplan_pos_table(p, id));
         }
         if (b->scratch) fprintf(out, " | scratch %lld at %lld", (long long)b->scratch, (long long)b->scratch_offset);
         if (p->tensors[id].op == G_PARAM && b->zoffset >= 0)

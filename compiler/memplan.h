@@ -165,7 +165,8 @@ int64_t memplan_round(const memplan *m, int64_t bytes);
  * which stored in 2 bytes would overflow fp16 B times sooner than any
  * other; instead the add's backward sums it in fp32 straight into the
  * table's fp32 gradient (its first T rows: arange's embedding), as it does
- * for a bias, and id's own backward does nothing. The table, or -1. */
+ * for a bias, and id's own backward does nothing; id has no gradient
+ * buffer. The table, or -1. */
 int memplan_pos_table(const struct plan *p, int id);
 
 /* The param whose gradient input k of node's backward adds to (x @

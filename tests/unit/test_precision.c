@@ -230,6 +230,10 @@ TEST_IMPL(precision_gradients_accumulate_in_fp32)
             if (table < 0) continue;
             pos++;
             ASSERT_STR_EQ(p.tensors[table].name, "wpe");
+            memplan mp; /* no gradient buffer of its own */
+            ASSERT_INT_EQ(memplan_build(&mp, &p, 0, 0), 0);
+            ASSERT_INT_EQ(memplan_buf(&mp, 0, id)->grad_region, MEM_NONE);
+            memplan_free(&mp);
             for (int c = id + 1; c < p.n_tensors; c++) /* its add's backward writes the table's fp32 gradient */
                 for (int k = 0; k < p.tensors[c].n_in; k++)
                     if (p.tensors[c].in[k] == id)
