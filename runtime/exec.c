@@ -210,17 +210,37 @@ static int dgelu_fusable(const mesh__exec *ex, int s)
            exec__assigns(ex, g, 0) && ex->step_part[s] == ex->step_part[s + 1];
 }
 
+/* A forward fusion (ex_fuse.norm): the residual add a = x + y at step s
+ * (no broadcast, its value whole on the rank) and a layernorm or rmsnorm
+ * of a over its last dim at step s + 1, whose output (and statistics) has
+ * a slot of its own, so that writing it while the add's inputs are read
+ * overwrites none of them (a workspace buffer might be one of theirs). */
+static int add_norm_fusable(const mesh__exec *ex, int s)
+{
+    const plan *p = ex->p;
+    int r = p->steps[s].region, a = forward_op(p, s, G_ADD, r);
+    int n = a < 0 ? -1 : forward_op(p, s + 1, G_LAYERNORM, r) >= 0 ? p->steps[s + 1].node
+                                                                   : forward_op(p, s + 1, G_RMSNORM, r);
+    if (n < 0) return 0;
+    const plan_tensor *ta = &p->tensors[a], *tn = &p->tensors[n];
+    return tn->in[0] == a && a != p->loss && !partial(ta) && ex->cnumel[ta->in[0]] == ex->numel[a] &&
+           ex->cnumel[ta->in[1]] == ex->numel[a] && ex->numel[n] == ex->numel[a] &&
+           exec__buf_of(ex, n)->region == MEM_SLOT && exec__buf_of(ex, a)->part == exec__buf_of(ex, n)->part;
+}
+
 /* Which ops run as one kernel (ex_fuse): a matmul (x @ w, w not
  * transposed) whose value is whole on the rank (not a partial sum that a
  * collective completes) and read only by the bias add of the next step,
- * over its last dim; and a GELU of that bias add at the step after; in the
+ * over its last dim; and a GELU of that bias add at the step after; a
+ * residual add and the norm after it (add_norm_fusable); in the
  * backward, a matmul's and the GELU's before it (dgelu_fusable). Not
  * where a bf16 or fp16 plan's values are fp32 words (the CPU), rounded
  * after each op as a GPU stores them: one kernel rounds once. */
 static void find_fusions(mesh__exec *ex, unsigned flags)
 {
     const plan *p = ex->p;
-    for (int id = 0; id < ex->n; id++) ex->fuse[id].into = ex->fuse[id].gelu = ex->fuse[id].dgelu = ex->fuse[id].dgelu_by = -1;
+    for (int id = 0; id < ex->n; id++)
+        ex->fuse[id].into = ex->fuse[id].gelu = ex->fuse[id].dgelu = ex->fuse[id].dgelu_by = ex->fuse[id].norm = -1;
     if ((flags & MESH__EXEC_NO_FUSE) || (ex->esize == 4 && ex->prec != KCPU_FP32)) return;
     for (int s = 0; s + 1 < p->n_steps; s++) {
         int m = forward_op(p, s, G_MATMUL, p->steps[s].region);
@@ -239,13 +259,18 @@ static void find_fusions(mesh__exec *ex, unsigned flags)
             ex->fuse[g].into = b;
         }
     }
-    for (int s = 0; s + 1 < p->n_steps; s++)
-        if (dgelu_fusable(ex, s)) {
-            int m = p->steps[s].node, g = p->steps[s + 1].node;
-            ex->fuse[m].dgelu = g;
-            ex->fuse[g].dgelu_by = m;
+    for (int s = 0; s + 1 < p->n_steps; s++) { /* x at step s, y at the next */
+        int x = p->steps[s].node, y = p->steps[s + 1].node;
+        if (add_norm_fusable(ex, s)) { /* the add x computes the norm y */
+            ex->fuse[x].norm = y;
+            ex->fuse[y].into = x;
+            ex->n_fused++;
+        } else if (dgelu_fusable(ex, s)) { /* the matmul x runs the GELU y's backward */
+            ex->fuse[x].dgelu = y;
+            ex->fuse[y].dgelu_by = x;
             ex->n_fused++;
         }
+    }
 }
 
 /* The node whose backward starts each tensor's gradient: its last

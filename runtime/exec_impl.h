@@ -46,10 +46,15 @@ typedef struct ex_moe {
  * a GELU's value, read by it alone, runs the GELU's backward too when the
  * GELU's is the next backward step (cuBLASLt's DGELU epilogue: the
  * product's gradient is never stored): `dgelu` is that GELU (-1: none),
- * `dgelu_by` the matmul that runs a GELU's backward (-1: its own node). */
+ * `dgelu_by` the matmul that runs a GELU's backward (-1: its own node).
+ * A residual add and the layernorm or rmsnorm of the next step that reads
+ * it (kern.add_norm_forward: the sum read back once, not from memory):
+ * `norm` is the norm an add computes (-1: none), and the norm's `into`
+ * that add; recomputation runs the norm at its own node. */
 typedef struct ex_fuse {
     int into, gelu;
     int dgelu, dgelu_by;
+    int norm;
 } ex_fuse;
 
 /* One term of the loss: coef x the device float in slot `slot`, or coef

@@ -288,15 +288,26 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
         }
         /* fall through */
     case G_ADD:
+        if (ex->fuse[id].norm >= 0 && !ex->recomputing) { /* with the norm after it, in one kernel */
+            const plan_tensor *nt = &ex->p->tensors[ex->fuse[id].norm];
+            int rms = nt->op == G_RMSNORM, C = exec__lastd(ex, id), rows = (int)(n / (size_t)C);
+            float *aux = exec__aux_ptr(ex, ex->fuse[id].norm, it);
+            K(add_norm_forward, OUT, exec__vptr(ex, ex->fuse[id].norm, it), rms ? NULL : aux, rms ? aux : aux + rows,
+              IN(0), IN(1), exec__val_in(ex, nt->in[1], nt->region, it),
+              !rms && nt->n_in > 2 ? exec__val_in(ex, nt->in[2], nt->region, it) : NULL, rows, C, (float)nt->eps, rms);
+            break;
+        }
         if (add_forward(ex, OUT, IN(0), ex->cnumel[t->in[0]], IN(1), ex->cnumel[t->in[1]]) != 0) return -1;
         break;
     case G_LAYERNORM: {
+        if (ex->fuse[id].into >= 0 && !ex->recomputing) break; /* with its add, at the add */
         int C = exec__lastd(ex, id), rows = (int)(n / (size_t)C);
         float *aux = AUX;
         K(layernorm_forward, OUT, aux, aux + rows, IN(0), IN(1), t->n_in > 2 ? IN(2) : NULL, rows, C, (float)t->eps);
         break;
     }
     case G_RMSNORM: {
+        if (ex->fuse[id].into >= 0 && !ex->recomputing) break; /* with its add, at the add */
         int C = exec__lastd(ex, id), rows = (int)(n / (size_t)C);
         K(rmsnorm_forward, OUT, AUX, IN(0), IN(1), rows, C, (float)t->eps);
         break;

@@ -124,7 +124,9 @@ static int node_entry(const mesh__exec *ex, int id, int phase)
         if (op == G_GELU && fu->dgelu_by >= 0) return -1; /* in the matmul's DGELU */
     } else {
         if (op == G_MATMUL && fu->into >= 0) return -1; /* at its bias add */
-        if (op == G_GELU && fu->into >= 0 && phase == EX_PROF_FWD) return -1; /* (recomputed at its own node) */
+        if ((op == G_GELU || op == G_LAYERNORM || op == G_RMSNORM) && fu->into >= 0 && phase == EX_PROF_FWD)
+            return -1; /* (recomputed at its own node) */
+        if (op == G_ADD && fu->norm >= 0 && phase == EX_PROF_FWD) op = ex->p->tensors[fu->norm].op; /* the norm's kernel */
         if (op == G_BIAS_ADD && t->n_in > 0 && ex->fuse[t->in[0]].into == id) op = G_MATMUL;
     }
     return (int)op * 3 + phase;

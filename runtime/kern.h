@@ -76,6 +76,12 @@ typedef struct kern_vtbl {
                            float eps);
     int (*rmsnorm_backward)(kern *k, void *dx, void *dw, const void *dout, const void *x, const void *w,
                             const float *rstd, int rows, int C);
+    /* the residual add and the norm after it, one pass on a GPU: res = a +
+     * b, stored, then out = layernorm(res) (mean, rstd; bias may be NULL)
+     * or with rms rmsnorm(res) (rstd; mean and bias unused), the same
+     * numbers as add_forward then layernorm_forward or rmsnorm_forward */
+    int (*add_norm_forward)(kern *k, void *res, void *out, float *mean, float *rstd, const void *a, const void *b,
+                            const void *w, const void *bias, int rows, int C, float eps, int rms);
     int (*attention_forward)(kern *k, void *out, float *lse, const void *q, const void *kk, const void *v, int B,
                              int T, int H, int KV, int d, int causal);
     int (*attention_backward)(kern *k, void *dq, void *dk, void *dv, const void *dout, const void *out,
@@ -170,7 +176,7 @@ typedef struct kern_vtbl {
 #define KERN_ENTRIES \
     matmul_forward, matmul_backward, matmul_bias_forward, matmul_gelu_backward, matmul_wt_forward, matmul_wt_backward, \
     embedding_rows_forward, embedding_rows_backward, arange, add_forward, add_backward, add_broadcast_forward, \
-    add_broadcast_backward, layernorm_forward, layernorm_backward, rmsnorm_forward, rmsnorm_backward, \
+    add_broadcast_backward, layernorm_forward, layernorm_backward, rmsnorm_forward, rmsnorm_backward, add_norm_forward, \
     attention_forward, attention_backward, attention_qkv_forward, attention_qkv_backward, rope_forward, \
     rope_backward, gelu_forward, gelu_backward, silu_forward, silu_backward, swiglu_forward, swiglu_backward, \
     crossentropy_forward, crossentropy_shard_max, crossentropy_shard_sumexp, crossentropy_shard_rowmax, \

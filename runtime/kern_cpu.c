@@ -142,6 +142,16 @@ static int layernorm_forward(kern *k, void *out, float *mean, float *rstd, const
     return 0;
 }
 
+static int add_norm_forward(kern *k, void *res, void *out, float *mean, float *rstd, const void *a, const void *b,
+                            const void *w, const void *bias, int rows, int C, float eps, int rms)
+{
+    (void)k;
+    kcpu_add_forward(F(res), CF(a), CF(b), (size_t)rows * (size_t)C);
+    if (rms) kcpu_rmsnorm_forward(F(out), rstd, F(res), CF(w), rows, C, eps);
+    else kcpu_layernorm_forward(F(out), mean, rstd, F(res), CF(w), CF(bias), rows, C, eps);
+    return 0;
+}
+
 static int layernorm_backward(kern *k, void *dx, void *dw, void *db, const void *dout, const void *x, const void *w,
                               const float *mean, const float *rstd, int rows, int C)
 {

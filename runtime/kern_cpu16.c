@@ -208,6 +208,19 @@ static int layernorm_forward(kern *k, void *out, float *mean, float *rstd, const
     RUN(CPU.layernorm_forward(k, O, mean, rstd, X, W, B, rows, C, eps));
 }
 
+/* (the norm reads the sum as stored: rounded first, as the GPU's kernel does) */
+static int add_norm_forward(kern *k, void *res, void *out, float *mean, float *rstd, const void *a, const void *b,
+                            const void *w, const void *bias, int rows, int C, float eps, int rms)
+{
+    size_t n = (size_t)rows * C;
+    float *R = IO(res, n), *O = IO(out, n), *A = IN(a, n), *B = IN(b, n), *W = IN(w, C), *BI = IN(bias, C);
+    if (self(k)->failed) RUN(-1);
+    CPU.add_forward(k, R, A, B, n);
+    kcpu_round(R, n, prec(k));
+    if (rms) RUN(CPU.rmsnorm_forward(k, O, rstd, R, W, rows, C, eps));
+    RUN(CPU.layernorm_forward(k, O, mean, rstd, R, W, BI, rows, C, eps));
+}
+
 static int layernorm_backward(kern *k, void *dx, void *dw, void *db, const void *dout, const void *x, const void *w,
                               const float *mean, const float *rstd, int rows, int C)
 {

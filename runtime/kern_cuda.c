@@ -194,6 +194,13 @@ static int layernorm_forward(kern *k, void *out, float *mean, float *rstd, const
     KC(kcuda_layernorm_forward, out, mean, rstd, x, w, b, rows, C, eps, DT(k), k->stream);
 }
 
+static int add_norm_forward(kern *k, void *res, void *out, float *mean, float *rstd, const void *a, const void *b,
+                            const void *w, const void *bias, int rows, int C, float eps, int rms)
+{
+    if (rms) KC(kcuda_add_rmsnorm_forward, res, out, rstd, a, b, w, rows, C, eps, DT(k), k->stream);
+    KC(kcuda_add_layernorm_forward, res, out, mean, rstd, a, b, w, bias, rows, C, eps, DT(k), k->stream);
+}
+
 static int layernorm_backward(kern *k, void *dx, void *dw, void *db, const void *dout, const void *x, const void *w,
                               const float *mean, const float *rstd, int rows, int C)
 {

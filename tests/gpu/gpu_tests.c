@@ -517,8 +517,30 @@ static void norm_case(kcuda_dtype dt, kcuda_dtype wdt, int rows, int C,
         expect_dev("res", dres, res, n, dt);
     expect_dev("rstd", drstd, rstd, (size_t)rows, KCUDA_F32);
     expect_dev("out", dout, out, n, dt);
-    if (add)
+    if (add) { /* the bits of the add and the norm apart (the executor
+                * fuses them: kern.add_norm_forward) */
+        size_t es = kcuda_dtype_size(dt), rb = (size_t)rows * 4;
+        void *sres = dmem(n * 4), *sout = dmem(n * 4);
+        float *smean = dmem(rb), *srstd = dmem(rb);
+        KC(kcuda_add_forward(sres, da, dbb, n, dt, NULL));
+        if (rms)
+            KC(kcuda_rmsnorm_forward(sout, srstd, sres, dw, rows, C, eps, dt,
+                                     NULL));
+        else
+            KC(kcuda_layernorm_forward(sout, smean, srstd, sres, dw, dbias,
+                                       rows, C, eps, dt, NULL));
+        expect_bits("res, apart", snapshot(dres, n, dt),
+                    snapshot(sres, n, dt), n * es);
+        expect_bits("out, apart", snapshot(dout, n, dt),
+                    snapshot(sout, n, dt), n * es);
+        expect_bits("rstd, apart", snapshot(drstd, (size_t)rows, KCUDA_F32),
+                    snapshot(srstd, (size_t)rows, KCUDA_F32), rb);
+        if (!rms)
+            expect_bits("mean, apart",
+                        snapshot(dmean, (size_t)rows, KCUDA_F32),
+                        snapshot(smean, (size_t)rows, KCUDA_F32), rb);
         return;
+    }
     /* backward from the saved statistics, each implementation its own */
     float *g = rnd(n, 1.0f, dt), *gx = rnd(n, 0.5f, dt);
     float *gw = rnd((size_t)C, 0.5f, wdt), *gb = rnd((size_t)C, 0.5f, wdt);
