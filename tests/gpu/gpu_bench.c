@@ -496,7 +496,7 @@ static void bench_attention(void)
 
 typedef struct mem_arg {
     size_t n;
-    void *a, *b, *c, *w, *bias;
+    void *a, *b, *c, *d, *w, *bias;
     float *gw, *gb; /* fp32 main gradients [MEM_C] */
     float *mean, *rstd, *p, *m, *v;
     int32_t *targets;
@@ -514,6 +514,27 @@ static void run_ln_fwd(void *p)
 {
     mem_arg *m = p;
     kc(kcuda_layernorm_forward(m->b, m->mean, m->rstd, m->a, m->w, m->bias,
+                               MEM_ROWS, MEM_C, 1e-5f, KCUDA_BF16, NULL),
+       "kcuda_layernorm_forward");
+}
+
+/* the residual add and the norm after it: one kernel (the executor's
+ * path, kern.add_norm_forward), or the two apart */
+static void run_add_ln_fused(void *p)
+{
+    mem_arg *m = p;
+    kc(kcuda_add_layernorm_forward(m->c, m->d, m->mean, m->rstd, m->a, m->b,
+                                   m->w, m->bias, MEM_ROWS, MEM_C, 1e-5f,
+                                   KCUDA_BF16, NULL),
+       "kcuda_add_layernorm_forward");
+}
+
+static void run_add_ln_apart(void *p)
+{
+    mem_arg *m = p;
+    kc(kcuda_add_forward(m->c, m->a, m->b, m->n, KCUDA_BF16, NULL),
+       "kcuda_add_forward");
+    kc(kcuda_layernorm_forward(m->d, m->mean, m->rstd, m->c, m->w, m->bias,
                                MEM_ROWS, MEM_C, 1e-5f, KCUDA_BF16, NULL),
        "kcuda_layernorm_forward");
 }
@@ -625,6 +646,13 @@ static void bench_memory(void)
     /* bytes each kernel must move */
     mem_row("layernorm fwd (x in, y out)", run_ln_fwd, &m, 4.0 * n, copy_gbps,
             &first);
+    /* a and b in, the sum and the norm out: what either way must move */
+    m.d = drand(m.n, 0.0f, KCUDA_BF16);
+    mem_row("add + layernorm fwd, one kernel", run_add_ln_fused, &m, 8.0 * n,
+            copy_gbps, &first);
+    mem_row("add, then layernorm fwd (apart)", run_add_ln_apart, &m, 8.0 * n,
+            copy_gbps, &first);
+    cudaFree(m.d);
     mem_row("layernorm bwd dx (4 + 2 passes)", run_ln_bwd, &m, 12.0 * n,
             copy_gbps, &first);
     /* the weight gradients' column sums: x and dout read, [C] written */
