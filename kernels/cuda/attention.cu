@@ -3,13 +3,15 @@
  * softmax, and nothing of size T x T anywhere.
  *
  * A block is 4 warps and owns 64 rows (queries, or keys in the dk/dv
- * kernel); warp w owns 16 of them. Every warp-level tile lives in
- * registers in the layout of the tensor cores' m16n8k16 accumulator
- * (kcuda_ptx.h): lane l (g = l / 4, t = l % 4) holds, of a [16 x 64]
- * score tile, s[j][e] at row g + 8 (e / 2), column 8 j + 2 t + e % 2; of
- * a [16 x DP] output tile, acc[n][e] at row g + 8 (e / 2), column
- * 8 n + 2 t + e % 2. So the 4 lanes of a quad hold a row and reduce it
- * with two butterfly shuffles (every lane ends with the same bits). After
+ * kernel); warp w owns 16 of them (the forward in 2-byte types at head
+ * sizes up to 64: 128 rows, 32 a warp in two tiles, attn_fwd_kernel's
+ * MT = 2). Every warp-level tile lives in registers in the layout of the
+ * tensor cores' m16n8k16 accumulator (kcuda_ptx.h): lane l (g = l / 4,
+ * t = l % 4) holds, of a [16 x 64] score tile, s[j][e] at row
+ * g + 8 (e / 2), column 8 j + 2 t + e % 2; of a [16 x DP] output tile,
+ * acc[n][e] at row g + 8 (e / 2), column 8 n + 2 t + e % 2. So the 4
+ * lanes of a quad hold a row and reduce it with two butterfly shuffles
+ * (every lane ends with the same bits). After
  * the block loads a K/V (or Q/dO) tile, all the math of a warp is on its
  * own rows, so only the tile loads need __syncthreads.
  *
@@ -371,109 +373,75 @@ __device__ __forceinline__ void kv_tile(unsigned char *smem, int base, int it, i
 
 /* ---- forward -------------------------------------------------------------- */
 
-/* The (batch, head) pair of this block: blockIdx.y, continued in
- * blockIdx.z past the grid's 65535 rows (attn_launch); -1 for the padding
- * blocks of the last z slice (the whole block returns). */
-__device__ __forceinline__ long long att_row_block(long long rows)
+/* A warp's [16 x 64] scores s, of queries from `row0` (their position in
+ * the sequence) by keys from j0, in log2 units, and with MASKED -inf where
+ * a key is past T or (causal) after the query. */
+template <bool MASKED>
+__device__ __forceinline__ void att_scale_scores(float (&s)[8][4], const attn_args &a, int row0, int j0)
 {
-    long long r = (long long)blockIdx.z * gridDim.y + blockIdx.y;
-    return r < rows ? r : -1;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        int row = row0 + att_row(e);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float x = s[j][e] * a.scale2;
+            if constexpr (MASKED) {
+                int col = j0 + 8 * j + att_col(e);
+                if (col >= a.T || (a.causal && col > row))
+                    x = -INFINITY;
+            }
+            s[j][e] = x;
+        }
+    }
 }
 
-template <typename T, int DP>
-__global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_args a)
+/* The online softmax's step over a key tile for the warp's 16 rows: the
+ * running max m and sum l of the lane's rows g and g + 8, the output rows
+ * rescaled by exp(m_old - m_new), and s turned into the probabilities
+ * p = exp2(s - m_new) that the product with V takes. */
+template <int DP>
+__device__ __forceinline__ void att_online_softmax(float (&s)[8][4], float (&m)[2], float (&l)[2],
+                                                   float (&acc)[DP / 8][4])
 {
-    typedef att_cfg<T, DP> cfg;
-    extern __shared__ __align__(128) unsigned char smem[];
-    int w = threadIdx.x >> 5;
-    /* heavy (late) query blocks first when causal */
-    int i0 = (a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * ATT_TILE;
-    long long bh = att_row_block(a.B * (long long)a.H);
-    if (bh < 0)
-        return;
-    int b = (int)(bh / a.H), h = (int)(bh % a.H), kvh = h / (a.H / a.KV);
-    long long bt0 = (long long)b * a.T;
-    const T *q = (const T *)a.q + bt0 * a.qs + (long long)h * a.d;
-    const T *k = (const T *)a.k + bt0 * a.ks + (long long)kvh * a.d;
-    const T *v = (const T *)a.v + bt0 * a.vs + (long long)kvh * a.d;
-    T *o = (T *)a.o + bt0 * a.os + (long long)h * a.d;
-    /* Q, then K and V twice: the next tile's load runs behind this one's
-     * products */
-    T *sQ = (T *)smem;
-    float *pf = warp_scratch<T, DP>(smem + 5 * cfg::TILE_BYTES);
-    int end = a.causal ? min(a.T, i0 + ATT_TILE) : a.T;
-    int tiles = (end + ATT_TILE - 1) / ATT_TILE;
-
-    queue_tile<T, DP>(sQ, q, a.qs, i0, a.T, a.d, a.vec);
-    queue_tile<T, DP>(att_tile<T, DP>(smem, 1), k, a.ks, 0, a.T, a.d, a.vec);
-    queue_tile<T, DP>(att_tile<T, DP>(smem, 2), v, a.vs, 0, a.T, a.d, a.vec);
-    kc_cp_async_commit();
-    float m[2], l[2], acc[DP / 8][4];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-    }
-    zero_acc<DP>(acc);
-    for (int it = 0; it < tiles; it++) {
-        int j0 = it * ATT_TILE;
-        const T *sK, *sV;
-        kv_tile<T, DP>(smem, 1, it, tiles, k, v, a, &sK, &sV);
-        float s[8][4];
-        warp_abt<T, DP>(s, sQ, sK, a.d);
-        /* scores in log2 units, -inf where masked: only the diagonal tile
-         * (causal) and the one across T have masked entries */
-        auto scale = [&](auto masked) {
+    for (int r = 0; r < 2; r++) { /* the lane's rows g and g + 8 */
+        float mt = -INFINITY;
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int row = i0 + 16 * w + att_row(e);
+        for (int j = 0; j < 8; j++)
+            mt = fmaxf(mt, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+        mt = quad_max(mt);
+        float mn = fmaxf(m[r], mt);
+        float ms = mn == -INFINITY ? 0.0f : mn;
+        float corr = exp2f(m[r] - ms); /* 0 on the first tile */
+        float ls = 0.0f;
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    float x = s[j][e] * a.scale2;
-                    if constexpr (decltype(masked)::value) {
-                        int col = j0 + 8 * j + att_col(e);
-                        if (col >= a.T || (a.causal && col > row))
-                            x = -INFINITY;
-                    }
-                    s[j][e] = x;
-                }
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                float x = exp2f(s[j][2 * r + c] - ms); /* -inf gives 0 */
+                s[j][2 * r + c] = x;
+                ls += x;
             }
-        };
-        att_tile_math(att_full(a, i0, j0, false), scale);
+        l[r] = l[r] * corr + quad_sum(ls);
+        m[r] = mn;
 #pragma unroll
-        for (int r = 0; r < 2; r++) { /* the lane's rows g and g + 8 */
-            float mt = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                mt = fmaxf(mt, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-            mt = quad_max(mt);
-            float mn = fmaxf(m[r], mt);
-            float ms = mn == -INFINITY ? 0.0f : mn;
-            float corr = exp2f(m[r] - ms); /* 0 on the first tile */
-            float ls = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    float x = exp2f(s[j][2 * r + c] - ms); /* -inf gives 0 */
-                    s[j][2 * r + c] = x;
-                    ls += x;
-                }
-            l[r] = l[r] * corr + quad_sum(ls);
-            m[r] = mn;
-#pragma unroll
-            for (int n = 0; n < DP / 8; n++) {
-                acc[n][2 * r] *= corr;
-                acc[n][2 * r + 1] *= corr;
-            }
+        for (int n = 0; n < DP / 8; n++) {
+            acc[n][2 * r] *= corr;
+            acc[n][2 * r + 1] *= corr;
         }
-        warp_pv<T, DP>(acc, s, sV, pf);
-        __syncthreads(); /* this pair is read: the next iteration refills it */
     }
-    float *lse = a.lse + ((long long)b * a.H + h) * a.T;
+}
+
+/* The warp's 16 output rows from `row0` (acc / l, those before T) and
+ * their lse = m + log(l), in natural-log units. */
+template <typename T, int DP>
+__device__ __forceinline__ void att_store_rows(T *o, float *lse, const attn_args &a, int row0,
+                                               const float (&acc)[DP / 8][4], const float (&m)[2],
+                                               const float (&l)[2])
+{
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        int row = i0 + 16 * w + att_row(2 * r);
+        int row = row0 + att_row(2 * r);
         if (row >= a.T)
             continue;
         float inv = 1.0f / l[r]; /* a multiply per element, as on the CPU */
@@ -488,6 +456,170 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_args a)
         if ((threadIdx.x & 3) == 0)
             lse[row] = m[r] * KC_LN2 + logf(l[r]); /* natural log units */
     }
+}
+
+/* The (batch, head) pair of this block: blockIdx.y, continued in
+ * blockIdx.z past the grid's 65535 rows (attn_launch); -1 for the padding
+ * blocks of the last z slice (the whole block returns). */
+__device__ __forceinline__ long long att_row_block(long long rows)
+{
+    long long r = (long long)blockIdx.z * gridDim.y + blockIdx.y;
+    return r < rows ? r : -1;
+}
+
+/* acc[mt][2 n] and acc[mt][2 n + 1] += a[mt] times the two B operands of
+ * one ldmatrix x4 (its matrices 0-1, then 2-3), for mt < MT. */
+template <typename T, int MT, int N>
+__device__ __forceinline__ void mma_pair_mt(float (&acc)[MT][N][4], int n, const uint32_t (&a)[MT][4],
+                                            const uint32_t (&bf)[4])
+{
+    const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        kc_mma16816<T>(acc[mt][2 * n], a[mt], b0);
+        kc_mma16816<T>(acc[mt][2 * n + 1], a[mt], b1);
+    }
+}
+
+/* s[mt] = the warp's [16 x 64] scores of A's rows [row0 + 16 mt, + 16) by
+ * B's, for mt < MT: warp_abt's tensor-core products, each of B's
+ * fragments loaded once for all MT pieces of A. */
+template <typename T, int DP, int MT>
+__device__ __forceinline__ void warp_abt_mt(float (&s)[MT][8][4], const T *A, int row0, const T *B)
+{
+    typedef att_cfg<T, DP> cfg;
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                s[mt][j][e] = 0.0f;
+    const T *a = A + (row0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * cfg::LD + 8 * (lane >> 4);
+    const T *b = B + ((lane & 7) + 8 * (lane >> 4)) * cfg::LD + 8 * ((lane >> 3) & 1);
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; kk++) {
+        uint32_t af[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+            kc_ldsm4(af[mt], a + 16 * mt * cfg::LD + 16 * kk);
+#pragma unroll
+        for (int jp = 0; jp < 4; jp++) {
+            uint32_t bf[4];
+            kc_ldsm4(bf, b + 16 * jp * cfg::LD + 16 * kk);
+            mma_pair_mt<T>(s, jp, af, bf);
+        }
+    }
+}
+
+/* acc[mt] += P[mt] X for mt < MT: warp_pv's tensor-core products, each of
+ * X's fragments (ldmatrix .trans) loaded once for all MT tiles of P. */
+template <typename T, int DP, int MT>
+__device__ __forceinline__ void warp_pv_mt(float (&acc)[MT][DP / 8][4], const float (&p)[MT][8][4], const T *X)
+{
+    typedef att_cfg<T, DP> cfg;
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kk = 0; kk < ATT_TILE / 16; kk++) {
+        uint32_t pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            pa[mt][0] = kc_pack2<T>(p[mt][2 * kk][0], p[mt][2 * kk][1]);
+            pa[mt][1] = kc_pack2<T>(p[mt][2 * kk][2], p[mt][2 * kk][3]);
+            pa[mt][2] = kc_pack2<T>(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
+            pa[mt][3] = kc_pack2<T>(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
+        }
+        const T *x = X + (16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1)) * cfg::LD + 8 * (lane >> 4);
+#pragma unroll
+        for (int np = 0; np < DP / 16; np++) {
+            uint32_t bf[4];
+            kc_ldsm4_t(bf, x + 16 * np);
+            mma_pair_mt<T>(acc, np, pa, bf);
+        }
+    }
+}
+
+/* The forward: a block of 64 MT query rows, MT x 16 a warp (MT = 2:
+ * FlashAttention-2's blocks of 128 rows, 2-byte types only; fp32 has 1).
+ * At MT = 2 each K and V fragment a warp loads from shared memory serves
+ * its two tiles of 16 rows, and each K and V tile in shared memory 128
+ * rows. A warp skips the products of a key tile after all of its rows
+ * (causal: on the diagonal at MT = 2, the first warps' half of the last
+ * tile), which would add nothing (the probabilities 0, the rescaling by
+ * 1): every row's arithmetic is the same, in the same order, at either
+ * MT, and so are its bits. */
+template <typename T, int DP, int MT>
+__global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_args a)
+{
+    typedef att_cfg<T, DP> cfg;
+    static_assert(MT == 1 || cfg::TC, "fp32: 16 rows a warp");
+    extern __shared__ __align__(128) unsigned char smem[];
+    constexpr int BR = ATT_TILE * MT; /* the block's query rows */
+    int w = threadIdx.x >> 5;
+    /* heavy (late) query blocks first when causal */
+    int i0 = (a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BR;
+    long long bh = att_row_block(a.B * (long long)a.H);
+    if (bh < 0)
+        return;
+    int b = (int)(bh / a.H), h = (int)(bh % a.H), kvh = h / (a.H / a.KV);
+    long long bt0 = (long long)b * a.T;
+    const T *q = (const T *)a.q + bt0 * a.qs + (long long)h * a.d;
+    const T *k = (const T *)a.k + bt0 * a.ks + (long long)kvh * a.d;
+    const T *v = (const T *)a.v + bt0 * a.vs + (long long)kvh * a.d;
+    T *o = (T *)a.o + bt0 * a.os + (long long)h * a.d;
+    /* Q's MT tiles (one [BR][LD] array: a tile's bytes are 64 LD
+     * elements), then K and V twice: the next tile's load runs behind this
+     * one's products; fp32's P tiles after them */
+    const T *sQ = (const T *)smem;
+    float *pf = warp_scratch<T, DP>(smem + (4 + MT) * cfg::TILE_BYTES);
+    int end = a.causal ? min(a.T, i0 + BR) : a.T;
+    int tiles = (end + ATT_TILE - 1) / ATT_TILE;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+        queue_tile<T, DP>(att_tile<T, DP>(smem, mt), q, a.qs, i0 + ATT_TILE * mt, a.T, a.d, a.vec);
+    queue_tile<T, DP>(att_tile<T, DP>(smem, MT), k, a.ks, 0, a.T, a.d, a.vec);
+    queue_tile<T, DP>(att_tile<T, DP>(smem, MT + 1), v, a.vs, 0, a.T, a.d, a.vec);
+    kc_cp_async_commit();
+    int row0 = 16 * MT * w; /* the warp's first row in the block */
+    float m[MT][2], l[MT][2], acc[MT][DP / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+        zero_acc<DP>(acc[mt]);
+    }
+    for (int it = 0; it < tiles; it++) {
+        int j0 = it * ATT_TILE;
+        const T *sK, *sV;
+        kv_tile<T, DP>(smem, MT, it, tiles, k, v, a, &sK, &sV);
+        if (MT == 1 || !a.causal || j0 <= i0 + row0 + 16 * MT - 1) { /* (warp-uniform) */
+            float s[MT][8][4];
+            if constexpr (cfg::TC)
+                warp_abt_mt<T, DP, MT>(s, sQ, row0, sK);
+            else
+                warp_abt<T, DP>(s[0], sQ, sK, a.d);
+            /* scores in log2 units, -inf where masked: only the diagonal
+             * tile (causal) and the one across T have masked entries */
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                int r0 = i0 + row0 + 16 * mt;
+                att_tile_math(att_full(a, MT == 1 ? i0 : r0, j0, false), [&](auto masked) {
+                    att_scale_scores<decltype(masked)::value>(s[mt], a, r0, j0);
+                });
+                att_online_softmax<DP>(s[mt], m[mt], l[mt], acc[mt]);
+            }
+            if constexpr (cfg::TC)
+                warp_pv_mt<T, DP, MT>(acc, s, sV);
+            else
+                warp_pv<T, DP>(acc[0], s[0], sV, pf);
+        }
+        __syncthreads(); /* this pair is read: the next iteration refills it */
+    }
+    float *lse = a.lse + ((long long)b * a.H + h) * a.T;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+        att_store_rows<T, DP>(o, lse, a, i0 + row0 + 16 * mt, acc[mt], m[mt], l[mt]);
 }
 
 /* ---- backward ------------------------------------------------------------- */
@@ -790,10 +922,39 @@ __global__ void attn_dq_finish_kernel(attn_args a)
 enum { ATT_FWD, ATT_DKV, ATT_DQ, ATT_DKV_ADQ };
 
 static int att_grid_rows = 65535; /* kcuda_attention_grid_rows */
+static int att_fwd_rows = 0;      /* kcuda_attention_forward_rows */
 
 void kcuda_attention_grid_rows(int rows)
 {
     att_grid_rows = rows >= 1 && rows <= 65535 ? rows : 65535;
+}
+
+void kcuda_attention_forward_rows(int rows)
+{
+    att_fwd_rows = rows == 64 || rows == 128 ? rows : 0;
+}
+
+/* The forward's query rows a warp, in tiles of 16 (attn_fwd_kernel's MT):
+ * 2 for 2-byte types at a padded head size up to 64 (GPT-2's), where a
+ * warp's two tiles' accumulators and scores fit its registers (178 a
+ * thread at 64, sm_90; at 128 they spill); else 1.
+ * kcuda_attention_forward_rows chooses otherwise. */
+template <typename T, int DP>
+static int att_fwd_mt(void)
+{
+    if (!att_cfg<T, DP>::TC)
+        return 1;
+    return att_fwd_rows ? att_fwd_rows / ATT_TILE : DP <= 64 ? 2 : 1;
+}
+
+/* attn_fwd_kernel<T, DP, 2>, instantiated for 2-byte types only */
+template <typename T, int DP>
+static void (*att_fwd_kernel2(void))(attn_args)
+{
+    if constexpr (att_cfg<T, DP>::TC)
+        return attn_fwd_kernel<T, DP, 2>;
+    else
+        return attn_fwd_kernel<T, DP, 1>;
 }
 
 template <typename T, int DP>
@@ -804,11 +965,12 @@ static int attn_launch(int which, const attn_args &a, cudaStream_t s)
     /* the forward: Q, K and V twice; dk/dv: K, V, Q and dout twice, (ds^T,)
      * lse and D twice; dq: Q, dout, K and V twice, lse and D */
     bool dkv = which == ATT_DKV || which == ATT_DKV_ADQ, adq = which == ATT_DKV_ADQ && cfg::TC;
-    size_t bytes = which == ATT_FWD ? 5 * cfg::TILE_BYTES + warps
+    int mt = which == ATT_FWD ? att_fwd_mt<T, DP>() : 1;
+    size_t bytes = which == ATT_FWD ? (4 + mt) * cfg::TILE_BYTES + warps
                    : dkv ? 6 * cfg::TILE_BYTES + (adq ? cfg::S_BYTES : 0) + 4 * ATT_TILE * sizeof(float) + warps
                          : 6 * cfg::TILE_BYTES + 2 * ATT_TILE * sizeof(float) + warps;
-    unsigned tiles = (unsigned)((a.T + ATT_TILE - 1) / ATT_TILE);
-    void (*kern)(attn_args) = which == ATT_FWD ? attn_fwd_kernel<T, DP>
+    unsigned tiles = (unsigned)((a.T + ATT_TILE * mt - 1) / (ATT_TILE * mt));
+    void (*kern)(attn_args) = which == ATT_FWD ? (mt == 2 ? att_fwd_kernel2<T, DP>() : attn_fwd_kernel<T, DP, 1>)
                               : adq            ? attn_bwd_dkv_kernel<T, DP, cfg::TC>
                               : dkv            ? attn_bwd_dkv_kernel<T, DP, false>
                                                : attn_bwd_dq_kernel<T, DP>;

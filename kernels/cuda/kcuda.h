@@ -472,6 +472,12 @@ int kcuda_attention_qkv_backward(kcuda_ctx *ctx, void *dqkv,
  * restores it), the rest in z slices, so that a small case can run the
  * slices that B*H > 65535 needs. Not thread-safe: set it before launching. */
 void kcuda_attention_grid_rows(int rows);
+/* The forward's query rows a block: 64 (16 a warp) or 128 (32 a warp,
+ * each K and V fragment a warp loads serving two tiles of rows); 0, the
+ * default, 128 for bf16 and fp16 at head sizes up to 64 and 64 otherwise
+ * (fp32: always 64). The same bits either way; for the benchmark and the
+ * tests. Not thread-safe: set it before launching. */
+void kcuda_attention_forward_rows(int rows);
 
 /* ---- moe.cu: mixture-of-experts routing, dispatch, experts, combine ----- */
 

@@ -452,12 +452,27 @@ static void bench_attention(void)
     printf("\n%-36s %10s %10s %10s\n", "attention, causal (TFLOP/s)", "forward",
            "backward", "fwd ms");
     jcat("\"attention\":[");
-    /* bf16 (dq's atomics in turns, the default); bf16 with them as they
-     * come (kcuda_ctx_set_deterministic 0); bf16 with dq recomputed by its
-     * own kernel (2); fp32 */
-    static const int mode[4] = {1, 0, 2, 1};
-    for (int k = 0; k < 4; k++) {
-        attn_arg a = {tiny ? 1 : 8, tiny ? 128 : 1024, tiny ? 2 : 12, 64, k == 3 ? KCUDA_F32 : KCUDA_BF16,
+    /* bf16 (dq's atomics in turns, the default; the forward in blocks of
+     * 128 query rows, the default at d 64); bf16 with them as they come
+     * (kcuda_ctx_set_deterministic 0); bf16 with dq recomputed by its own
+     * kernel (2); fp32; bf16 with the forward in blocks of 64 rows
+     * (kcuda_attention_forward_rows); at d 128 (Llama's), the forward in
+     * blocks of 64 rows (the default there) and of 128 */
+    static const struct {
+        int mode, fp32, H, d, fwd_rows;
+        const char *name;
+    } cfg[7] = {
+        {1, 0, 12, 64, 0, "B8 T1024 H12 d64 bf16"},
+        {0, 0, 12, 64, 0, "B8 T1024 H12 d64 bf16 dq any order"},
+        {2, 0, 12, 64, 0, "B8 T1024 H12 d64 bf16 dq kernel"},
+        {1, 1, 12, 64, 0, "B8 T1024 H12 d64 fp32"},
+        {1, 0, 12, 64, 64, "B8 T1024 H12 d64 bf16 fwd 64 rows"},
+        {1, 0, 6, 128, 0, "B8 T1024 H6 d128 bf16"},
+        {1, 0, 6, 128, 128, "B8 T1024 H6 d128 bf16 fwd 128 rows"},
+    };
+    for (int k = 0; k < 7; k++) {
+        attn_arg a = {tiny ? 1 : 8, tiny ? 128 : 1024, tiny ? 2 : cfg[k].H, cfg[k].d,
+                      cfg[k].fp32 ? KCUDA_F32 : KCUDA_BF16,
                       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
         size_t n = (size_t)a.B * a.T * a.H * a.d;
         a.q = drand(n, 1.0f, a.dt);
@@ -470,13 +485,13 @@ static void bench_attention(void)
         a.dv = drand(n, 0.0f, a.dt);
         a.lse = dalloc((size_t)a.B * a.H * a.T * 4);
         double fwd = 4.0 * a.B * a.H * (double)a.T * a.T * a.d / 2.0;
-        kcuda_ctx_set_deterministic(ctx, mode[k]);
+        kcuda_ctx_set_deterministic(ctx, cfg[k].mode);
+        kcuda_attention_forward_rows(cfg[k].fwd_rows);
         double tf = time_ms(run_attn_fwd, &a, quick ? 5 : 20);
         double tb = time_ms(run_attn_bwd, &a, quick ? 3 : 10);
+        kcuda_attention_forward_rows(0);
         kcuda_ctx_set_deterministic(ctx, 1);
-        static const char *const names[4] = {"B8 T1024 H12 d64 bf16", "B8 T1024 H12 d64 bf16 dq any order",
-                                             "B8 T1024 H12 d64 bf16 dq kernel", "B8 T1024 H12 d64 fp32"};
-        const char *name = names[k];
+        const char *name = cfg[k].name;
         printf("%-36s %10.1f %10.1f %10.3f\n", name, fwd / tf / 1e9,
                2.5 * fwd / tb / 1e9, tf);
         jcat("%s{\"name\":\"%s\",\"fwd_tflops\":%.1f,\"bwd_tflops\":%.1f,"

@@ -1145,6 +1145,25 @@ static void attn_case(kcuda_dtype dt, int B, int T, int H, int KV, int d,
     }
     expect_dev("out", dout, out, nq, dt);
     expect_dev("lse", dlse, lse, nl, KCUDA_F32);
+    /* 2-byte types: blocks of 64 and of 128 query rows give the same bits
+     * (kcuda_attention_forward_rows) */
+    for (int rows = 64; dt != KCUDA_F32 && rows <= 128; rows += 64) {
+        void *o2 = dmem(nq * 4);
+        float *l2 = dmem(nl * 4);
+        kcuda_attention_forward_rows(rows);
+        if (packed)
+            KC(kcuda_attention_qkv_forward(o2, l2, dqkv, B, T, H, KV, d,
+                                           causal, dt, NULL));
+        else
+            KC(kcuda_attention_forward(o2, l2, dq, dk, dv, B, T, H, KV, d,
+                                       causal, dt, NULL));
+        kcuda_attention_forward_rows(0);
+        expect_bits(rows == 64 ? "out, 64 rows a block" : "out, 128 rows a block",
+                    snapshot(o2, nq, dt), snapshot(dout, nq, dt),
+                    nq * kcuda_dtype_size(dt));
+        expect_bits("lse, either block", snapshot(l2, nl, KCUDA_F32),
+                    snapshot(dlse, nl, KCUDA_F32), nl * 4);
+    }
     /* backward: each side from its own forward */
     float *g = rnd(nq, 1.0f, dt);
     void *dg = up(g, nq, dt);
