@@ -30,6 +30,19 @@ __device__ __forceinline__ void load_n(float *dst, const T *src, int n)
     dst[0] = kc_f(src[0]);
 }
 
+/* n elements from src: as load_n when `packed`, else one by one (a pack's
+ * width from a source not on a 16-byte boundary). */
+template <typename T>
+__device__ __forceinline__ void load_any(float *dst, const T *src, int n, int packed)
+{
+    if (packed) {
+        load_n<T>(dst, src, n);
+        return;
+    }
+    for (int j = 0; j < n; j++)
+        dst[j] = kc_f(src[j]);
+}
+
 template <typename T>
 __device__ __forceinline__ void store_n(T *dst, const float *src, int n)
 {
@@ -59,12 +72,16 @@ __device__ __forceinline__ void row_foreach(int C, int vec, F &&f)
 /* ---- forward -------------------------------------------------------------- */
 
 /* One warp per row. ADD: res = a + b (rounded to T and stored), and the
- * norm reads res; else it reads a. RMS: rmsnorm, else layernorm. */
+ * norm reads res; else it reads a. RMS: rmsnorm, else layernorm. vec:
+ * the norm's operands (res or a, out, w, bias) allow packs, which decides
+ * each lane's elements and so the order of the sums; vab: a and b allow
+ * them too (else a pack's elements are loaded one by one), so that the
+ * fused kernel sums as the norm alone would on res (the same bits). */
 template <typename T, bool ADD, bool RMS>
 __global__ void norm_fwd_kernel(T *res, T *out, float *mean, float *rstd,
                                 const T *a, const T *b, const T *w,
                                 const T *bias, int rows, int C, float eps,
-                                int vec)
+                                int vec, int vab)
 {
     constexpr int W = kc_pack<T>::W;
     int row = blockIdx.x * NORM_ROWS_PER_BLOCK + (threadIdx.x >> 5);
@@ -79,8 +96,8 @@ __global__ void norm_fwd_kernel(T *res, T *out, float *mean, float *rstd,
         float v[W];
         if (ADD) {
             float u[W];
-            load_n<T>(v, a + off + c, n);
-            load_n<T>(u, b + off + c, n);
+            load_any<T>(v, a + off + c, n, vab);
+            load_any<T>(u, b + off + c, n, vab);
             for (int j = 0; j < n; j++) /* the sum as stored (rounded) */
                 v[j] = kc_f(kc_to<T>(v[j] + u[j]));
             store_n<T>(res + off + c, v, n);
@@ -143,14 +160,17 @@ static int norm_forward(void *res, void *out, float *mean, float *rstd,
     KCUDA_ARG(rows >= 0 && C > 0, "norm: bad sizes rows=%d C=%d", rows, C);
     if (rows == 0)
         return 0;
-    int vec = rows_vec(kcuda_dtype_size(dt), C, res, out, a, b, w) &&
+    /* (the norm's operands decide, as kcuda_layernorm_forward's of res) */
+    int vec = rows_vec(kcuda_dtype_size(dt), C, ADD ? res : a, out, w, NULL,
+                       NULL) &&
               kcuda__aligned16(bias);
+    int vab = ADD && vec && kcuda__aligned16(a, b, NULL, NULL, NULL);
     unsigned blocks =
         (unsigned)((rows + NORM_ROWS_PER_BLOCK - 1) / NORM_ROWS_PER_BLOCK);
     KCUDA_DISPATCH(dt, T, {
         norm_fwd_kernel<T, ADD, RMS><<<blocks, 32 * NORM_ROWS_PER_BLOCK, 0, s>>>(
             (T *)res, (T *)out, mean, rstd, (const T *)a, (const T *)b,
-            (const T *)w, (const T *)bias, rows, C, eps, vec);
+            (const T *)w, (const T *)bias, rows, C, eps, vec, vab);
         KCUDA_LAUNCHED("norm_fwd_kernel");
     });
     return 0;

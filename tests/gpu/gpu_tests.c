@@ -485,6 +485,14 @@ static void norm_case(kcuda_dtype dt, kcuda_dtype wdt, int rows, int C,
     float *x = a, *res = NULL;
     void *da = up(a, n, dt), *dbb = up(b, n, dt), *dw = up(w, (size_t)C, dt);
     void *dbias = up(bias, (size_t)C, dt), *dres = dmem(n * 4);
+    if (add == 2) { /* a and b an element past a 16-byte boundary: loaded
+                     * one by one, summed as with packs (the bits below) */
+        float *a1 = hf(n + 1), *b1 = hf(n + 1);
+        memcpy(a1 + 1, a, n * 4);
+        memcpy(b1 + 1, b, n * 4);
+        da = (char *)up(a1, n + 1, dt) + kcuda_dtype_size(dt);
+        dbb = (char *)up(b1, n + 1, dt) + kcuda_dtype_size(dt);
+    }
     void *dout = dmem(n * 4);
     float *dmean = dmem((size_t)rows * 4), *drstd = dmem((size_t)rows * 4);
     float *out = hf(n), *mean = hf((size_t)rows), *rstd = hf((size_t)rows);
@@ -603,12 +611,14 @@ static void t_add_layernorm(kcuda_dtype dt)
 {
     norm_case(dt, dt, 37, 96, 0, 1);
     norm_case(dt, dt, 9, 75, 0, 1);
+    norm_case(dt, dt, 9, 96, 0, 2);
 }
 
 static void t_add_rmsnorm(kcuda_dtype dt)
 {
     norm_case(dt, dt, 37, 96, 1, 1);
     norm_case(dt, dt, 9, 75, 1, 1);
+    norm_case(dt, dt, 9, 96, 1, 2);
 }
 
 /* ---- cases: elementwise ------------------------------------------------- */
