@@ -11,9 +11,9 @@
  * g + 8 (e / 2), column 8 j + 2 t + e % 2; of a [16 x DP] output tile,
  * acc[n][e] at row g + 8 (e / 2), column 8 n + 2 t + e % 2. So the 4
  * lanes of a quad hold a row and reduce it with two butterfly shuffles
- * (every lane ends with the same bits). After
- * the block loads a K/V (or Q/dO) tile, all the math of a warp is on its
- * own rows, so only the tile loads need __syncthreads.
+ * (every lane ends with the same bits). After the block loads a K/V (or
+ * Q/dO) tile, all the math of a warp is on its own rows, so only the tile
+ * loads need __syncthreads.
  *
  * Tile products: bf16 and fp16 on the tensor cores (mma.sync m16n8k16,
  * fp32 accumulation): operands from shared memory by ldmatrix, and the
