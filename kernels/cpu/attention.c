@@ -1,8 +1,8 @@
 /* attention.c — causal grouped-query scaled dot-product attention, in the
  * FlashAttention manner on a CPU. Each (batch, head) pair is cut into
  * tiles of ATTN_BLOCK query rows by ATTN_BLOCK keys; the score products of
- * a tile go through kcpu__gemm (OpenBLAS), reading q, k and v in place through their
- * row strides.
+ * a tile go through kcpu__gemm (OpenBLAS), reading q, k and v in place
+ * through their row strides.
  *
  *  - forward: for a block of query rows, walk the key tiles with an online
  *    softmax (running max m and sum l per row, rescaling the output rows
