@@ -529,17 +529,46 @@ static int64_t place_grads(mp *x) {
     return pin;
 }
 
+/* Is every step converting a position embedding id its slice over tp
+ * along the rows (sequence parallelism's: the add's other side split over
+ * the sequence) and that slice's dual, the gradient's all-gather? With
+ * sliced: whether there is one. */
+static int pos_sliced(const plan *p, int id, int *sliced) {
+    *sliced = 0;
+    for (int s = 0; s < p->n_steps; s++) {
+        const plan_step *st = &p->steps[s];
+        if (st->node != id || st->kind == STEP_COMPUTE) continue;
+        int fwd = st->phase == PLAN_FORWARD && st->kind == STEP_SLICE;
+        int bwd = st->phase == PLAN_BACKWARD && st->kind == STEP_ALL_GATHER;
+        if ((!fwd && !bwd) || st->axis != AX_TP || st->dim != 0 || st->recompute) return 0;
+        *sliced |= fwd;
+    }
+    return 1;
+}
+
 int memplan_pos_table(const plan *p, int id) {
     if (id < 0 || p->setup.precision == 0) return -1;
     const plan_tensor *e = &p->tensors[id];
     if (e->op != G_EMBED || e->n_in != 2 || p->tensors[e->in[0]].op != G_ARANGE) return -1;
-    int table = e->in[1], k = -1, add = sole_reader(p, id, &k);
+    int table = e->in[1], k = -1, add = sole_reader(p, id, &k), sliced = 0;
     const plan_tensor *tb = &p->tensors[table];
     if (tb->op != G_PARAM || (tb->pl.kind[AX_TP] == PL_SPLIT && tb->pl.dim[AX_TP] == 0) ||
-        (e->pl.kind[AX_TP] == PL_SPLIT && e->pl.dim[AX_TP] == 0) || add < 0 || p->tensors[add].op != G_ADD ||
-        !adjacent(p, id, add))
+        (e->pl.kind[AX_TP] == PL_SPLIT && e->pl.dim[AX_TP] == 0) || add < 0 || p->tensors[add].op != G_ADD)
         return -1;
+    if (adjacent(p, id, add)) return table;
+    /* sliced: each rank sums its rows, which the all-gather then gathers
+     * in the table's gradient itself; no other op may add to it there */
+    if (e->region != p->tensors[add].region || !pos_sliced(p, id, &sliced) || !sliced ||
+        sole_reader(p, table, &k) != id)
+        return -1;
+    for (int r = 0; r < p->n_regions; r++)
+        if (p->regions[r].first > id && p->regions[r].first < add) return -1;
     return table;
+}
+
+int memplan_pos_sliced(const plan *p, int id) {
+    int sliced = 0;
+    return memplan_pos_table(p, id) >= 0 && pos_sliced(p, id, &sliced) && sliced;
 }
 
 /* The tensor whose gradient an op's backward adds to for its input id: a
@@ -673,7 +702,8 @@ static int place_params(mp *x, int stg, mem_stage *ms) {
 
 /* The communication buffer: the largest collective output (dp's gradient
  * sync works in place), and the vocabulary-parallel cross-entropy's
- * exchange of its N rows' statistics (memplan.h). */
+ * exchange of its N rows' statistics (memplan.h), and a sliced position
+ * embedding's gather of its table's fp32 gradient (memplan_pos_sliced). */
 static int64_t comm_bytes(const mp *x) {
     const plan *p = x->p;
     int64_t comm = 0;
@@ -684,6 +714,7 @@ static int64_t comm_bytes(const mp *x) {
         if (st->kind == STEP_REDUCE_SCATTER) e /= st->axis == AX_TP ? p->setup.tp : st->axis == AX_EP ? p->setup.ep : 1;
         b = e * x->fb;
         if (p->tensors[st->node].op == G_CROSS_ENTROPY && st->axis == AX_TP) b = memplan_ce_exchange_bytes(e, p->setup.tp);
+        if (st->kind == STEP_ALL_GATHER && memplan_pos_sliced(p, st->node)) b = e * 4; /* its table's fp32 gradient */
         if (b > comm) comm = b;
     }
     return comm;

@@ -166,8 +166,15 @@ int64_t memplan_round(const memplan *m, int64_t bytes);
  * other; instead the add's backward sums it in fp32 straight into the
  * table's fp32 gradient (its first T rows: arange's embedding), as it does
  * for a bias, and id's own backward does nothing; id has no gradient
- * buffer. The table, or -1. */
+ * buffer. Under sequence parallelism id is sliced over tp along its rows
+ * to meet the add's sequence-split side, and its gradient's all-gather is
+ * the slice's dual: there (the table read by id alone) each rank sums its
+ * rows into the table's gradient, and that step gathers every rank's rows
+ * of the table's gradient, in fp32 (memplan_pos_sliced). The table, or -1. */
 int memplan_pos_table(const struct plan *p, int id);
+
+/* Is id a position embedding (memplan_pos_table) sliced over tp? */
+int memplan_pos_sliced(const struct plan *p, int id);
 
 /* The param whose gradient input k of node's backward adds to (x @
  * transpose(w): w; a position embedding: its table), or -1 when that

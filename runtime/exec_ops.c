@@ -229,12 +229,15 @@ static int add_backward(mesh__exec *ex, float *da, size_t na, int fa, float *db,
 
 /* The gradient add node id's backward writes for its input k: a position
  * embedding's table's fp32 gradient (memplan_pos_table: its first rows,
- * the embedding's), else the input's own. */
+ * the embedding's; sliced over tp, the rank's slice of them), else the
+ * input's own. */
 static float *add_grad(mesh__exec *ex, int id, int k, int it)
 {
     const plan_tensor *t = &ex->p->tensors[id];
-    int table = memplan_pos_table(ex->p, t->in[k]);
-    return exec__grad_in(ex, table >= 0 ? table : t->in[k], t->region, it);
+    int e = t->in[k], table = memplan_pos_table(ex->p, e);
+    if (table < 0) return exec__grad_in(ex, e, t->region, it);
+    float *g = exec__grad_in(ex, table, t->region, it);
+    return g && memplan_pos_sliced(ex->p, e) ? g + (size_t)ex->coord[1] * ex->cnumel[e] : g;
 }
 
 /* Attention geometry on this rank: qkv [B, T, (H + 2 KV) d] -> out [B, T,

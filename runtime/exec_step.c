@@ -141,6 +141,33 @@ static int tp_convert(mesh__exec *ex, const plan_step *st, int it, comm *c)
     return rc;
 }
 
+/* Is st the gradient's all-gather of a position embedding sliced over tp
+ * (memplan_pos_sliced), which gathers its table's fp32 gradient rows? */
+static int pos_gather_step(const mesh__exec *ex, const plan_step *st)
+{
+    return st->axis == 1 && st->kind == STEP_ALL_GATHER && st->phase == PLAN_BACKWARD &&
+           ex->p->tensors[st->node].op == G_EMBED && memplan_pos_sliced(ex->p, st->node);
+}
+
+/* That all-gather: each rank has summed its slice's rows into the table's
+ * fp32 gradient (exec_ops.c's add_grad); every rank's rows, in rank order,
+ * are the embedding's. Gathered in fp32 through the communication buffer
+ * (the memory plan gives it room) and copied back. */
+static int pos_gather(mesh__exec *ex, const plan_step *st, int it, comm *c)
+{
+    const plan_tensor *t = &ex->p->tensors[st->node];
+    float *g = exec__grad_in(ex, memplan_pos_table(ex->p, st->node), t->region, it);
+    size_t chunk = ex->cnumel[st->node], bytes = chunk * (size_t)c->size * sizeof(float);
+    if (!g || (size_t)ex->ms->comm < bytes)
+        return comm_fail(c, "all-gather", "the communication buffer holds %lld bytes, not %zu",
+                         (long long)ex->ms->comm, bytes);
+    float *pack = (float *)(void *)(ex->arena + ex->comm_at);
+    if (exec__grad_elements(ex, c, NULL, 1) != 0) return -1;
+    int rc = EXEC_COMM(ex, st->kind, st->axis, comm_all_gather(c, g + (size_t)c->rank * chunk, pack, chunk));
+    if (exec__grad_elements(ex, c, NULL, 0) != 0) rc = -1;
+    return rc == 0 ? exec__dcopy(ex, g, pack, bytes) : rc;
+}
+
 /* The elements of tensor id's buffer (of the storage type). */
 static size_t buf_elems(const mesh__exec *ex, int id)
 {
@@ -194,7 +221,7 @@ static double elem_bytes(const mesh__exec *ex, const plan_step *st)
 {
     int grads = (st->phase == PLAN_BACKWARD || st->phase == PLAN_GRAD_SYNC) && !st->recompute &&
                 st->kind != STEP_ALL_GATHER && ex->p->tensors[st->node].op == G_PARAM;
-    return grads || ex->p->setup.precision == 0 ? 4 : 2;
+    return grads || ex->p->setup.precision == 0 || pos_gather_step(ex, st) ? 4 : 2;
 }
 
 int exec__bucket_call(mesh__exec *ex, int q, int r, int it, comm_async *queue)
@@ -315,6 +342,11 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
     size_t n = buf_elems(ex, st->node);
     int zparam = nt->op == G_PARAM && (st->phase == PLAN_FORWARD || st->phase == PLAN_BACKWARD);
     int value = st->phase == PLAN_FORWARD || st->recompute; /* a value (a recomputed forward's too), else a gradient */
+    if (pos_gather_step(ex, st)) {
+        what = "all-gather";
+        rc = pos_gather(ex, st, it, c);
+        goto done;
+    }
     if (st->axis == 1 && nt->op != G_PARAM &&
         (st->kind == STEP_REDUCE_SCATTER || st->kind == STEP_ALL_GATHER || st->kind == STEP_SLICE)) {
         what = shard_step_name(st->kind);

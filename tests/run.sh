@@ -1298,12 +1298,20 @@ torch_section() {
         "$TORCH_PY" tests/torch/set_meta.py "$TMP/torch-t-tiny-s28.plan-0/step-00000200/optim.safetensors" \
             loss_scale=268435456 >"$TMP/torch-s28.out" 2>&1
     torch_case gpt-tiny-fp16-overflow "$TMP/t-tiny-s28.plan" "$TMP/t-tiny-fp16.plan" "${tol16[@]}"
-    if ! grep -q "^PASS check_train gpt2 fp16: 10 steps each from meshrun ([1-9] skipped: fp16 overflowed on both sides)" \
-        "$TMP/torch-gpt-tiny-fp16-overflow.out"; then
-        fail torch/gpt-tiny-fp16-overflow-skipped-steps "$TMP/torch-gpt-tiny-fp16-overflow.out"
-    else
-        pass torch/gpt-tiny-fp16-overflow-skipped-steps
-    fi
+    # and on tp 2 with sequence parallelism, where the position embedding
+    # is sliced over tp: its gradient's rows summed in fp32 on each rank and
+    # gathered in fp32, not stored in fp16 (memplan_pos_sliced)
+    torch_plan "$TMP/t-tiny-sp-fp16.plan" gpt-tiny --set train.global_batch=16 --set train.precision=fp16 \
+        --set mesh.tp=2 --set train.sequence_parallel=true "${h[@]}"
+    torch_case gpt-tiny-tp2-sp-fp16-overflow "$TMP/t-tiny-s28.plan" "$TMP/t-tiny-sp-fp16.plan" "${tol16[@]}"
+    for f in gpt-tiny-fp16-overflow gpt-tiny-tp2-sp-fp16-overflow; do
+        if ! grep -q "^PASS check_train gpt2 fp16: 10 steps each from meshrun ([1-9] skipped: fp16 overflowed on both sides)" \
+            "$TMP/torch-$f.out"; then
+            fail "torch/$f-skipped-steps" "$TMP/torch-$f.out"
+        else
+            pass "torch/$f-skipped-steps"
+        fi
+    done
     l=(--set model.vocab=256 --set model.dim=64 --set model.layers=2 --set model.heads=4 --set model.kv_heads=2
         --set model.ffn_dim=128 --set train.global_batch=8 --set mesh.pp=1 --set train.schedule=1f1b
         --set train.virtual_stages=1 --set mesh.dp=1 --set mesh.tp=1 --set train.micro_batch=8 --set train.zero=0

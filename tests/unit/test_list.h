@@ -144,6 +144,7 @@ TEST(parallel_failing_rank_stops_the_job)
 /* mixed precision on the CPU reference: test_precision.c */
 TEST(kcpu_rounds_to_bf16_and_fp16)
 TEST(precision_gradients_accumulate_in_fp32)
+TEST(precision_sp_position_embedding_sums_in_fp32)
 TEST(precision_bf16_fp16_train_as_fp32)
 TEST(precision_fp16_loss_scale_skips_and_grows)
 TEST(precision_checkpoint_resumes_to_the_bit)

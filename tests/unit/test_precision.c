@@ -6,12 +6,13 @@
  * step and halves the scale, good steps double it), checkpoints that
  * resume to the bit.
  */
-#include <math.h>   /* fabs, ldexp, isnan, isinf */
+#include <math.h>   /* fabs, ldexp, isnan, isinf, sqrt */
 #include <stdint.h> /* uint32_t, uint64_t */
 #include <stdio.h>  /* fprintf, snprintf */
 #include <stdlib.h> /* free, malloc, mkdtemp, system */
 #include <string.h> /* memcpy, strlen */
 
+#include "api_impl.h"   /* mesh_context: its executor */
 #include "checkpoint.h" /* mesh__ckpt_save, mesh__ckpt_load */
 #include "device.h"     /* dev_cuda_probe */
 #include "exec.h"       /* mesh__exec_* */
@@ -247,14 +248,133 @@ TEST_IMPL(precision_gradients_accumulate_in_fp32)
         mesh__exec_free(words);
         plan_free(&p);
     }
-    /* with sequence parallelism the position embedding is sliced over tp
-     * to meet the sequence-split add: it keeps a gradient of its own
-     * (docs/gpu.md's known limits) */
-    static const char *const sp[] = {"train.precision=fp16", "mesh.tp=2", "train.sequence_parallel=true"};
+}
+
+/* One fp16 micro-batch of 4 sequences of 4 tokens on each rank of plan,
+ * no step taken after it: wpe's gradient (scaled by the loss scale) into
+ * got[rank]. */
+typedef struct sp_run {
+    float *got[2];
+    size_t n;
+} sp_run;
+
+static const char *const sp_sets[] = {"train.precision=fp16", "train.micro_batch=4", "train.global_batch=4",
+                                      "train.seq_len=4", "train.optimizer=adamw(lr: 3e-2, clip: 0)",
+                                      "mesh.tp=2", "train.sequence_parallel=true"};
+
+static void sp_batch(int32_t *in, int32_t *tg)
+{
+    for (int k = 0; k < 16; k++) in[k] = (k * 5 + 3) % 16, tg[k] = (k * 7 + 1) % 16;
+}
+
+static int wpe_grad(mesh__exec *ex, float *out, size_t *n_out)
+{
+    const char *name;
+    size_t n;
+    float *w, *g;
+    for (int k = 0; mesh__exec_param(ex, k, &name, &n, &w, &g) == 0; k++)
+        if (strcmp(name, "wpe") == 0) {
+            if (out) memcpy(out, g, n * sizeof *g);
+            *n_out = n;
+            return 0;
+        }
+    return -1;
+}
+
+static mesh_status sp_rank(mesh_context *ctx, int rank, void *ud)
+{
+    sp_run *r = ud;
+    int32_t in[16], tg[16];
+    sp_batch(in, tg);
+    mesh_step_stats st;
+    mesh_status s = mesh_train_step(ctx, in, tg, &st);
+    if (s != MESH_OK) return s;
+    size_t n;
+    return st.skipped || wpe_grad(ctx->ex, r->got[rank], &n) != 0 || n != r->n ? MESH_ERR_INTERNAL : MESH_OK;
+}
+
+/* With sequence parallelism the position embedding is sliced over tp (a
+ * rank's rows of the sequence, to meet the sequence-split add); in bf16
+ * and fp16 each rank still sums its rows over the batch in fp32 straight
+ * into wpe's gradient, and the slice's dual, an all-gather, gathers every
+ * rank's rows there (memplan_pos_sliced), as one rank's whole sum would.
+ * After one fp16 micro-batch (context 8, seq 4: 2 rows a rank) wpe's
+ * gradient is the same bits on both tp ranks, not all fp16 numbers (the
+ * embedding's stored fp16 gradient gathered would be), zero past the
+ * sequence, and within 1e-2 of one rank's (tp rounds its partial sums
+ * elsewhere); the plan keeps no gradient buffer for the embedding and
+ * room for the fp32 rows in its communication buffer. */
+TEST_IMPL(precision_sp_position_embedding_sums_in_fp32)
+{
     plan p;
-    compile_with(&p, sp, 3);
-    for (int id = 0; id < p.n_tensors; id++) ASSERT_INT_EQ(memplan_pos_table(&p, id), -1);
+    compile_with(&p, sp_sets, 7);
+    int pos = -1;
+    for (int id = 0; id < p.n_tensors; id++)
+        if (memplan_pos_table(&p, id) >= 0) {
+            ASSERT_INT_EQ(pos, -1);
+            pos = id;
+        }
+    ASSERT_INT_EQ(pos >= 0 && memplan_pos_sliced(&p, pos), 1);
+    memplan mp;
+    ASSERT_INT_EQ(memplan_build(&mp, &p, 0, 0), 0);
+    ASSERT_INT_EQ(memplan_buf(&mp, 0, pos)->grad_region, MEM_NONE);
+    ASSERT_INT_EQ(mp.stage[0].comm >= 4 * 8 * 4, 1); /* T x C fp32 */
+    memplan_free(&mp);
     plan_free(&p);
+
+    /* one rank, the reference */
+    plan one;
+    compile_with(&one, sp_sets, 5);
+    mesh__exec *ex = exec_of(&one);
+    int32_t in[16], tg[16];
+    sp_batch(in, tg);
+    mesh__step_stats st;
+    if (mesh__exec_train_step(ex, 1, in, tg, &st) != 0) unit_fail(__FILE__, __LINE__, "%s", mesh__exec_error(ex));
+    ASSERT_INT_EQ(st.skipped, 0);
+    size_t n = 0;
+    ASSERT_INT_EQ(wpe_grad(ex, NULL, &n), 0);
+    ASSERT_UINT_EQ(n, 8 * 8);
+    float *ref = malloc(n * sizeof *ref), *got0 = malloc(n * sizeof *got0), *got1 = malloc(n * sizeof *got1);
+    ASSERT_INT_EQ(ref && got0 && got1, 1);
+    ASSERT_INT_EQ(wpe_grad(ex, ref, &n), 0);
+    mesh__exec_free(ex);
+    plan_free(&one);
+
+    /* tp 2, sequence parallel */
+    char *text = NULL;
+    size_t len = 0;
+    mesh_compile_options opt = MESH_COMPILE_OPTIONS_INIT;
+    opt.sets = sp_sets;
+    opt.n_sets = 7;
+    if (mesh_compile("tiny.mesh", gpt_src, strlen(gpt_src), &opt, &text, &len) != MESH_OK)
+        unit_fail(__FILE__, __LINE__, "%s", mesh_last_error());
+    mesh_plan *mpl = NULL;
+    ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mpl), MESH_OK);
+    mesh_free(text);
+    sp_run r = {{got0, got1}, n};
+    if (mesh_run_ranks(mpl, sp_rank, &r) != MESH_OK) unit_fail(__FILE__, __LINE__, "%s", mesh_last_error());
+    mesh_plan_free(mpl);
+
+    ASSERT_INT_EQ(memcmp(got0, got1, n * sizeof *got0), 0);
+    double d2 = 0, r2 = 0;
+    size_t off = 0;
+    for (size_t e = 0; e < n; e++) {
+        if (e >= 4 * 8) ASSERT_INT_EQ(got0[e] == 0 && ref[e] == 0, 1); /* rows past seq_len */
+        off += u_of(kcpu_fp16_round(got0[e])) != u_of(got0[e]);
+        d2 += ((double)got0[e] - ref[e]) * ((double)got0[e] - ref[e]);
+        r2 += (double)ref[e] * ref[e];
+    }
+    fprintf(stderr, "# wpe's gradient: %zu of %d elements off the fp16 grid, %.2e from one rank's\n", off, 4 * 8,
+            sqrt(d2 / r2));
+    ASSERT_INT_EQ(off > 0 && r2 > 0 && sqrt(d2 / r2) < 1e-2, 1);
+    for (int half = 0; half < 2; half++) { /* both ranks' rows there */
+        double h2 = 0;
+        for (size_t e = (size_t)half * 16; e < (size_t)half * 16 + 16; e++) h2 += (double)got0[e] * got0[e];
+        ASSERT_INT_EQ(h2 > 0, 1);
+    }
+    free(ref);
+    free(got0);
+    free(got1);
 }
 
 /* bf16 and fp16 train the tiny GPT as fp32 does: the loss falls below 1
