@@ -673,6 +673,8 @@ long long mesh__exec_host_reads(const mesh__exec *ex) { return ex->dev->to_host;
 
 long long mesh__exec_gpu_waits(const mesh__exec *ex) { return ex->dev->waits; }
 
+void *mesh__exec_stream(const mesh__exec *ex) { return ex->kern.stream; }
+
 long long mesh__exec_queue_ahead(const mesh__exec *ex, long long *waits)
 {
     if (waits) *waits = ex->ov_mark[0].joins + ex->ov_mark[1].joins;

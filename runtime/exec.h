@@ -209,6 +209,10 @@ int mesh__exec_fused(const mesh__exec *ex);
 long long mesh__exec_host_reads(const mesh__exec *ex);
 /* The host's waits for this rank's GPU so far (each a dev_stream_sync). */
 long long mesh__exec_gpu_waits(const mesh__exec *ex);
+
+/* The stream ex's kernels, copies and fills go on: on a GPU its own,
+ * non-blocking (a cudaStream_t; kern_cuda.c), NULL on the CPU. */
+void *mesh__exec_stream(const mesh__exec *ex);
 /* This rank's waits for its communication queues' calls so far that
  * returned while the call was still running on the GPU (a deferred
  * queue's: exec_overlap.c); *waits (if not NULL): its deferred queues'

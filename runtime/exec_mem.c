@@ -19,19 +19,23 @@ static int dev_failed(mesh__exec *ex, const char *what, mesh_status st)
     return -1;
 }
 
+/* The kernels' stream (kern_cuda.c's own; NULL on the CPU): copies and
+ * fills go on it, in order with the kernels. */
+#define S(ex) ((dev_stream *)(ex)->kern.stream)
+
 int exec__fill(mesh__exec *ex, void *p, int byte, size_t bytes)
 {
-    return dev_failed(ex, "clearing device memory", dev_memset(ex->dev, p, byte, bytes, NULL));
+    return dev_failed(ex, "clearing device memory", dev_memset(ex->dev, p, byte, bytes, S(ex)));
 }
 
 int exec__to_dev(mesh__exec *ex, void *dst, const void *src, size_t bytes)
 {
-    return dev_failed(ex, "a copy to the device", dev_copy(ex->dev, dst, src, bytes, DEV_HOST_TO_DEVICE, NULL));
+    return dev_failed(ex, "a copy to the device", dev_copy(ex->dev, dst, src, bytes, DEV_HOST_TO_DEVICE, S(ex)));
 }
 
 int exec__dcopy(mesh__exec *ex, void *dst, const void *src, size_t bytes)
 {
-    return dev_failed(ex, "a copy on the device", dev_copy(ex->dev, dst, src, bytes, DEV_DEVICE_TO_DEVICE, NULL));
+    return dev_failed(ex, "a copy on the device", dev_copy(ex->dev, dst, src, bytes, DEV_DEVICE_TO_DEVICE, S(ex)));
 }
 
 int exec__dmove(mesh__exec *ex, void *dst, const void *src, size_t bytes)
@@ -47,9 +51,9 @@ int exec__dmove(mesh__exec *ex, void *dst, const void *src, size_t bytes)
 
 int exec__to_host(mesh__exec *ex, void *dst, const void *src, size_t bytes)
 {
-    if (dev_failed(ex, "a copy from the device", dev_copy(ex->dev, dst, src, bytes, DEV_DEVICE_TO_HOST, NULL)))
+    if (dev_failed(ex, "a copy from the device", dev_copy(ex->dev, dst, src, bytes, DEV_DEVICE_TO_HOST, S(ex))))
         return -1;
-    return ex->gpu ? dev_failed(ex, "waiting for the device", dev_stream_sync(ex->dev, NULL)) : 0;
+    return ex->gpu ? dev_failed(ex, "waiting for the device", dev_stream_sync(ex->dev, S(ex))) : 0;
 }
 
 /* bf16 staging: on the stack for the per-step scalars (the loss, its

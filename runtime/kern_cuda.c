@@ -78,6 +78,8 @@ static void *grown(kern *k, void **buf, size_t *cap, size_t bytes)
     return *buf = p;
 }
 
+static void cuda_close(kern *k);
+
 static int cuda_open(kern *k)
 {
     cuda_kern *c = calloc(1, sizeof *c);
@@ -93,6 +95,15 @@ static int cuda_open(kern *k)
         return -1;
     }
     k->d->held += KCUDA_WORKSPACE_BYTES;
+    /* the kernels' own stream, non-blocking: no implicit waits for (or
+     * of) the legacy default stream, which a program embedding libmesh,
+     * or another rank sharing the GPU, may use */
+    dev_stream *s = NULL;
+    if (from_dev(k, "the kernels' stream", dev_stream_create(k->d, &s)) != 0) {
+        cuda_close(k);
+        return -1;
+    }
+    k->stream = s;
     /* MESH_DETERMINISTIC=0: the faster kernels whose sums' order depends
      * on timing; 2: deterministic with no block waiting for another
      * (docs/gpu.md, Determinism) */
@@ -109,6 +120,8 @@ static void cuda_close(kern *k)
     (void)kcuda_free(c->tmp, k->stream);
     kcuda_ctx_free(c->ctx);
     k->d->held -= KCUDA_WORKSPACE_BYTES;
+    dev_stream_destroy(k->d, (dev_stream *)k->stream); /* (idle: kcuda_ctx_free waited for the device) */
+    k->stream = NULL;
     free(c);
     k->impl = NULL;
 }

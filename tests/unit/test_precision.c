@@ -540,8 +540,8 @@ TEST_IMPL(precision_checkpoint_resumes_to_the_bit)
  * the CPU executor's losses within 1e-4 relative, fp32 both (the GPU's
  * products sum in another order), within 2e-2 in bf16 and fp16 (the GPU's
  * 2-byte storage against the CPU's rounding, fp16's loss scale and skipped
- * steps alike); its params read back (mesh_param_get's path) match.
- * Without a GPU it prints one SKIP line. */
+ * steps alike); its params read back (mesh_param_get's path) match. It
+ * runs on a stream of its own. Without a GPU it prints one SKIP line. */
 TEST_IMPL(exec_cuda_trains_as_the_cpu)
 {
     char why[320], err[512];
@@ -570,6 +570,8 @@ TEST_IMPL(exec_cuda_trains_as_the_cpu)
     mesh__exec *cpu = exec_of(&p), *gpu = mesh__exec_create_rank(&p, 0, NULL, NULL, 0, NULL, NULL, MESH__EXEC_CUDA, err,
                                                                    sizeof err);
     if (!gpu) unit_fail(__FILE__, __LINE__, "%s", err);
+    /* on a stream of its own (non-blocking), not the legacy default one */
+    ASSERT_INT_EQ(mesh__exec_stream(gpu) != NULL && mesh__exec_stream(cpu) == NULL, 1);
     mesh__step_stats a[20], b[20];
     train(cpu, 1, 20, a);
     train(gpu, 1, 20, b);
