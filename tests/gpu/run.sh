@@ -637,6 +637,44 @@ step_torch() {
     fi
 }
 
+# What loading every kernel when the context is made costs
+# (CUDA_MODULE_LOADING=EAGER, which meshrun sets on a plan of several ranks:
+# docs/gpu.md, "Training on GPUs") against loading each at its first launch
+# (LAZY, CUDA's default): gpt-tiny's first step, one rank, the process's
+# whole time each way (meshrun's start, the GPU's context, the kernels'
+# loading, one step). Reported, not a test: a failed run fails the step.
+step_startup() {
+    local d=$OUT/train mode t0 t1 rc detail="" bad=0
+    if [ "$(left)" -lt 60 ]; then
+        result startup SKIP "only $(left) s of the budget left"
+        return 0
+    fi
+    mkdir -p "$d"
+    [ -s "$d/dd.bin" ] || "$BUILD/meshrun$EMU" tokenize examples/data/devils-dictionary.txt -o "$d/dd.bin" >/dev/null 2>&1
+    if ! "$BUILD/meshc" -o "$d/startup.plan" examples/gpt-tiny.mesh --set train.log_every=1 >"$d/startup.meshc" 2>&1; then
+        cat "$d/startup.meshc"
+        result startup FAIL "meshc failed"
+        return 0
+    fi
+    for mode in EAGER LAZY; do
+        t0=$(date +%s%N)
+        CUDA_MODULE_LOADING=$mode timeout -k 5 "$(cap 60)" "$BUILD/meshrun$EMU" "$d/startup.plan" \
+            --device "$TRAIN_DEV" --data "$d/dd.bin" --steps 1 >"$d/startup-$mode.out" 2>&1
+        rc=$?
+        t1=$(date +%s%N)
+        if [ "$rc" -ne 0 ]; then
+            echo "== startup, CUDA_MODULE_LOADING=$mode (exit $rc)"
+            cat "$d/startup-$mode.out"
+            detail+="$mode: exit $rc; "
+            bad=1
+            continue
+        fi
+        detail+="$mode: $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", (b - a) / 1e9 }') s; "
+    done
+    if [ $bad = 0 ]; then result startup PASS "meshrun to gpt-tiny's first step, ${detail%; }"
+    else result startup FAIL "${detail%; }"; fi
+}
+
 # ---- the summary -----------------------------------------------------------
 
 json_str() { printf '"%s"' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g' | tr -d '\n')"; }
@@ -684,6 +722,7 @@ main() {
             step_oracle
             step_train_gpt2
             step_bench
+            step_startup
             step_torch
         fi
     fi
