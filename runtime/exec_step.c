@@ -158,7 +158,8 @@ static int pos_gather(mesh__exec *ex, const plan_step *st, int it, comm *c)
     const plan_tensor *t = &ex->p->tensors[st->node];
     float *g = exec__grad_in(ex, memplan_pos_table(ex->p, st->node), t->region, it);
     size_t chunk = ex->cnumel[st->node], bytes = chunk * (size_t)c->size * sizeof(float);
-    if (!g || (size_t)ex->ms->comm < bytes)
+    if (!g) return comm_fail(c, "all-gather", "the position embedding's table has no gradient here");
+    if ((size_t)ex->ms->comm < bytes)
         return comm_fail(c, "all-gather", "the communication buffer holds %lld bytes, not %zu",
                          (long long)ex->ms->comm, bytes);
     float *pack = (float *)(void *)(ex->arena + ex->comm_at);
