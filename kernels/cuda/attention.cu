@@ -190,44 +190,74 @@ __device__ __forceinline__ void zero_acc(float (&acc)[DP / 8][4])
             acc[n][e] = 0.0f;
 }
 
+/* acc[mt][2 n] and acc[mt][2 n + 1] += a[mt] times the two B operands of
+ * one ldmatrix x4 (its matrices 0-1, then 2-3), for mt < MT. */
+template <typename T, int MT, int N>
+__device__ __forceinline__ void mma_pair_mt(float (&acc)[MT][N][4], int n, const uint32_t (&a)[MT][4],
+                                            const uint32_t (&bf)[4])
+{
+    const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        kc_mma16816<T>(acc[mt][2 * n], a[mt], b0);
+        kc_mma16816<T>(acc[mt][2 * n + 1], a[mt], b1);
+    }
+}
+
+/* s[mt] = the warp's [16 x 64] piece of A B^T over the head size for A's
+ * rows [row0 + 16 mt, + 16), mt < MT, A and B [..][LD] tiles, on the
+ * tensor cores: per 16 columns of the head size, each A piece by one
+ * ldmatrix (matrices: rows 0-7 and 8-15 by columns 0-7, then by 8-15), B's
+ * by one per 16 rows of B (stored [n][k]: B operands without .trans; rows
+ * 0-7 by columns 0-7 and 8-15, then rows 8-15), each B fragment serving
+ * all MT pieces. */
+template <typename T, int DP, int MT>
+__device__ __forceinline__ void warp_abt_mt(float (&s)[MT][8][4], const T *A, int row0, const T *B)
+{
+    typedef att_cfg<T, DP> cfg;
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                s[mt][j][e] = 0.0f;
+    const T *a = A + (row0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * cfg::LD + 8 * (lane >> 4);
+    const T *b = B + ((lane & 7) + 8 * (lane >> 4)) * cfg::LD + 8 * ((lane >> 3) & 1);
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; kk++) {
+        uint32_t af[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+            kc_ldsm4(af[mt], a + 16 * mt * cfg::LD + 16 * kk);
+#pragma unroll
+        for (int jp = 0; jp < 4; jp++) {
+            uint32_t bf[4];
+            kc_ldsm4(bf, b + 16 * jp * cfg::LD + 16 * kk);
+            mma_pair_mt<T>(s, jp, af, bf);
+        }
+    }
+}
+
 /* s = A[16 w .. 16 w + 16) B^T over the head size: the warp's [16 x 64]
- * piece of A B^T, A and B [64][LD] tiles. Tensor cores: per 16 columns of
- * the head size, A's [16 x 16] piece by one ldmatrix, B's by one per 16
- * rows of B (stored [n][k]: B operands without .trans). fp32: FMAs over
- * the first d columns. */
+ * piece of A B^T, A and B [64][LD] tiles. Tensor cores: warp_abt_mt's one
+ * piece. fp32: FMAs over the first d columns. */
 template <typename T, int DP>
 __device__ __forceinline__ void warp_abt(float (&s)[8][4], const T *A,
                                          const T *B, int d)
 {
     typedef att_cfg<T, DP> cfg;
-    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            s[j][e] = 0.0f;
+    int w = threadIdx.x >> 5;
     if constexpr (cfg::TC) {
         (void)d;
-        /* this lane's row address for the A piece (matrices: rows 0-7 and
-         * 8-15 by columns 0-7, then by 8-15) and the B pieces (rows 0-7
-         * by columns 0-7 and 8-15, then rows 8-15) */
-        const T *a = A + (16 * w + (lane & 7) + 8 * ((lane >> 3) & 1)) * cfg::LD +
-                     8 * (lane >> 4);
-        const T *b = B + ((lane & 7) + 8 * (lane >> 4)) * cfg::LD + 8 * ((lane >> 3) & 1);
-#pragma unroll
-        for (int kk = 0; kk < DP / 16; kk++) {
-            uint32_t af[4];
-            kc_ldsm4(af, a + 16 * kk);
-#pragma unroll
-            for (int jp = 0; jp < 4; jp++) {
-                uint32_t bf[4];
-                kc_ldsm4(bf, b + 16 * jp * cfg::LD + 16 * kk);
-                const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
-                kc_mma16816<T>(s[2 * jp], af, b0);
-                kc_mma16816<T>(s[2 * jp + 1], af, b1);
-            }
-        }
+        warp_abt_mt<T, DP, 1>(reinterpret_cast<float(&)[1][8][4]>(s), A, 16 * w, B);
     } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                s[j][e] = 0.0f;
         const float *a0 = reinterpret_cast<const float *>(A) + (16 * w + att_row(0)) * cfg::LD;
         const float *a1 = a0 + 8 * cfg::LD;
         const float *b = reinterpret_cast<const float *>(B) + att_col(0) * cfg::LD;
@@ -246,12 +276,13 @@ __device__ __forceinline__ void warp_abt(float (&s)[8][4], const T *A,
     }
 }
 
-/* acc += A X[16 kk .. 16 kk + 16): A a [16 x 16] A operand (of the
- * rows' columns 16 kk ..), X a [64][LD] tile stored [k][n], whose B
- * operands ldmatrix .trans gives (matrices: rows 0-7 and 8-15 by columns
- * 0-7, then by 8-15). Tensor cores only. */
-template <typename T, int DP>
-__device__ __forceinline__ void mma_x(float (&acc)[DP / 8][4], const uint32_t (&pa)[4],
+/* acc[mt] += A[mt] X[16 kk .. 16 kk + 16) for mt < MT: A[mt] a [16 x 16]
+ * A operand (of the rows' columns 16 kk ..), X a [64][LD] tile stored
+ * [k][n], whose B operands ldmatrix .trans gives (matrices: rows 0-7 and
+ * 8-15 by columns 0-7, then by 8-15), each loaded once for all MT.
+ * Tensor cores only. */
+template <typename T, int DP, int MT>
+__device__ __forceinline__ void mma_x(float (&acc)[MT][DP / 8][4], const uint32_t (&pa)[MT][4],
                                       const T *X, int kk)
 {
     typedef att_cfg<T, DP> cfg;
@@ -261,18 +292,37 @@ __device__ __forceinline__ void mma_x(float (&acc)[DP / 8][4], const uint32_t (&
     for (int np = 0; np < DP / 16; np++) {
         uint32_t bf[4];
         kc_ldsm4_t(bf, x + 16 * np);
-        const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
-        kc_mma16816<T>(acc[2 * np], pa, b0);
-        kc_mma16816<T>(acc[2 * np + 1], pa, b1);
+        mma_pair_mt<T>(acc, np, pa, bf);
+    }
+}
+
+/* acc[mt] += P[mt] X for mt < MT: P[mt] the warp's [16 x 64] tiles in
+ * registers, X a [64][LD] tile (rows indexed by P's columns), acc[mt] the
+ * warp's [16 x DP] pieces. P rounded to 2 bytes is the A operand as it
+ * stands (its columns 16 kk .. 16 kk + 16 are p[2 kk] and p[2 kk + 1]);
+ * each of X's fragments (ldmatrix .trans) loaded once for all MT tiles.
+ * Tensor cores only. */
+template <typename T, int DP, int MT>
+__device__ __forceinline__ void warp_pv_mt(float (&acc)[MT][DP / 8][4], const float (&p)[MT][8][4], const T *X)
+{
+#pragma unroll
+    for (int kk = 0; kk < ATT_TILE / 16; kk++) {
+        uint32_t pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            pa[mt][0] = kc_pack2<T>(p[mt][2 * kk][0], p[mt][2 * kk][1]);
+            pa[mt][1] = kc_pack2<T>(p[mt][2 * kk][2], p[mt][2 * kk][3]);
+            pa[mt][2] = kc_pack2<T>(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
+            pa[mt][3] = kc_pack2<T>(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
+        }
+        mma_x<T, DP, MT>(acc, pa, X, kk);
     }
 }
 
 /* acc += P X: P the warp's [16 x 64] tile in registers, X a [64][LD]
  * tile (rows indexed by P's columns), acc the warp's [16 x DP] piece.
- * Tensor cores: P rounded to 2 bytes is the A operand as it stands (its
- * columns 16 kk .. 16 kk + 16 are s[2 kk] and s[2 kk + 1]); X, stored
- * [k][n], gives its B operands by ldmatrix .trans. fp32: P goes through
- * the warp's tile pf[16][LDF]. */
+ * Tensor cores: warp_pv_mt's one tile. fp32: P goes through the warp's
+ * tile pf[16][LDF]. */
 template <typename T, int DP>
 __device__ __forceinline__ void warp_pv(float (&acc)[DP / 8][4],
                                         const float (&p)[8][4], const T *X,
@@ -281,15 +331,8 @@ __device__ __forceinline__ void warp_pv(float (&acc)[DP / 8][4],
     typedef att_cfg<T, DP> cfg;
     if constexpr (cfg::TC) {
         (void)pf;
-#pragma unroll
-        for (int kk = 0; kk < ATT_TILE / 16; kk++) {
-            const uint32_t pa[4] = {
-                kc_pack2<T>(p[2 * kk][0], p[2 * kk][1]),
-                kc_pack2<T>(p[2 * kk][2], p[2 * kk][3]),
-                kc_pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                kc_pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
-            mma_x<T, DP>(acc, pa, X, kk);
-        }
+        warp_pv_mt<T, DP, 1>(reinterpret_cast<float(&)[1][DP / 8][4]>(acc),
+                             reinterpret_cast<const float(&)[1][8][4]>(p), X);
     } else {
 #pragma unroll
         for (int j = 0; j < 8; j++)
@@ -465,79 +508,6 @@ __device__ __forceinline__ long long att_row_block(long long rows)
 {
     long long r = (long long)blockIdx.z * gridDim.y + blockIdx.y;
     return r < rows ? r : -1;
-}
-
-/* acc[mt][2 n] and acc[mt][2 n + 1] += a[mt] times the two B operands of
- * one ldmatrix x4 (its matrices 0-1, then 2-3), for mt < MT. */
-template <typename T, int MT, int N>
-__device__ __forceinline__ void mma_pair_mt(float (&acc)[MT][N][4], int n, const uint32_t (&a)[MT][4],
-                                            const uint32_t (&bf)[4])
-{
-    const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-        kc_mma16816<T>(acc[mt][2 * n], a[mt], b0);
-        kc_mma16816<T>(acc[mt][2 * n + 1], a[mt], b1);
-    }
-}
-
-/* s[mt] = the warp's [16 x 64] scores of A's rows [row0 + 16 mt, + 16) by
- * B's, for mt < MT: warp_abt's tensor-core products, each of B's
- * fragments loaded once for all MT pieces of A. */
-template <typename T, int DP, int MT>
-__device__ __forceinline__ void warp_abt_mt(float (&s)[MT][8][4], const T *A, int row0, const T *B)
-{
-    typedef att_cfg<T, DP> cfg;
-    int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                s[mt][j][e] = 0.0f;
-    const T *a = A + (row0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * cfg::LD + 8 * (lane >> 4);
-    const T *b = B + ((lane & 7) + 8 * (lane >> 4)) * cfg::LD + 8 * ((lane >> 3) & 1);
-#pragma unroll
-    for (int kk = 0; kk < DP / 16; kk++) {
-        uint32_t af[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-            kc_ldsm4(af[mt], a + 16 * mt * cfg::LD + 16 * kk);
-#pragma unroll
-        for (int jp = 0; jp < 4; jp++) {
-            uint32_t bf[4];
-            kc_ldsm4(bf, b + 16 * jp * cfg::LD + 16 * kk);
-            mma_pair_mt<T>(s, jp, af, bf);
-        }
-    }
-}
-
-/* acc[mt] += P[mt] X for mt < MT: warp_pv's tensor-core products, each of
- * X's fragments (ldmatrix .trans) loaded once for all MT tiles of P. */
-template <typename T, int DP, int MT>
-__device__ __forceinline__ void warp_pv_mt(float (&acc)[MT][DP / 8][4], const float (&p)[MT][8][4], const T *X)
-{
-    typedef att_cfg<T, DP> cfg;
-    int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int kk = 0; kk < ATT_TILE / 16; kk++) {
-        uint32_t pa[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            pa[mt][0] = kc_pack2<T>(p[mt][2 * kk][0], p[mt][2 * kk][1]);
-            pa[mt][1] = kc_pack2<T>(p[mt][2 * kk][2], p[mt][2 * kk][3]);
-            pa[mt][2] = kc_pack2<T>(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
-            pa[mt][3] = kc_pack2<T>(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
-        }
-        const T *x = X + (16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1)) * cfg::LD + 8 * (lane >> 4);
-#pragma unroll
-        for (int np = 0; np < DP / 16; np++) {
-            uint32_t bf[4];
-            kc_ldsm4_t(bf, x + 16 * np);
-            mma_pair_mt<T>(acc, np, pa, bf);
-        }
-    }
 }
 
 /* The forward: a block of 64 MT query rows, MT x 16 a warp (MT = 2:
@@ -723,7 +693,7 @@ __device__ __forceinline__ void dq_atomic(const attn_args &a, const float (&ds)[
     for (int kk = 0; kk < ATT_TILE / 16; kk++) {
         uint32_t af[4];
         kc_ldsm4_t(af, s + 16 * kk * cfg::LDS);
-        mma_x<T, DP>(dq, af, sK, kk);
+        mma_x<T, DP, 1>(reinterpret_cast<float(&)[1][DP / 8][4]>(dq), reinterpret_cast<uint32_t(&)[1][4]>(af), sK, kk);
     }
     long long hd = (long long)a.H * a.d;
     float *y = a.dqa + (long long)b * a.T * hd + (long long)h * a.d;
