@@ -417,16 +417,23 @@ static int sole_reader(const plan *p, int id, int *k) {
 }
 
 /* Are a and b (a < b) in one region, with no repeat starting between
- * them (other segments, maybe other stages), and a not converted by a step
- * (an all-reduce of a partial sum, a tp exchange)? */
-static int adjacent(const plan *p, int a, int b) {
+ * them (other segments, maybe other stages)? */
+static int one_segment(const plan *p, int a, int b) {
     if (p->tensors[a].region != p->tensors[b].region) return 0;
-    for (int s = 0; s < p->n_steps; s++)
-        if (p->steps[s].node == a && p->steps[s].kind != STEP_COMPUTE) return 0;
     for (int r = 0; r < p->n_regions; r++)
         if (p->regions[r].first > a && p->regions[r].first < b) return 0;
     return 1;
 }
+
+/* Is a converted by a step (an all-reduce of a partial sum, a tp exchange)? */
+static int converted(const plan *p, int a) {
+    for (int s = 0; s < p->n_steps; s++)
+        if (p->steps[s].node == a && p->steps[s].kind != STEP_COMPUTE) return 1;
+    return 0;
+}
+
+/* one_segment, and a not converted. */
+static int adjacent(const plan *p, int a, int b) { return one_segment(p, a, b) && !converted(p, a); }
 
 /* Can a and b have one gradient buffer: both with a gradient, of one shape
  * and placement? */
@@ -529,47 +536,39 @@ static int64_t place_grads(mp *x) {
     return pin;
 }
 
-/* Is every step converting a position embedding id its slice over tp
- * along the rows (sequence parallelism's: the add's other side split over
- * the sequence) and that slice's dual, the gradient's all-gather? With
- * sliced: whether there is one. */
-static int pos_sliced(const plan *p, int id, int *sliced) {
-    *sliced = 0;
+/* Is a position embedding id sliced over tp along its rows (sequence
+ * parallelism's: the add's other side split over the sequence), every
+ * step converting it that slice or its dual, the gradient's all-gather? */
+static int pos_sliced(const plan *p, int id) {
+    int sliced = 0;
     for (int s = 0; s < p->n_steps; s++) {
         const plan_step *st = &p->steps[s];
         if (st->node != id || st->kind == STEP_COMPUTE) continue;
         int fwd = st->phase == PLAN_FORWARD && st->kind == STEP_SLICE;
         int bwd = st->phase == PLAN_BACKWARD && st->kind == STEP_ALL_GATHER;
         if ((!fwd && !bwd) || st->axis != AX_TP || st->dim != 0 || st->recompute) return 0;
-        *sliced |= fwd;
+        sliced |= fwd;
     }
-    return 1;
+    return sliced;
 }
 
 int memplan_pos_table(const plan *p, int id) {
     if (id < 0 || p->setup.precision == 0) return -1;
     const plan_tensor *e = &p->tensors[id];
     if (e->op != G_EMBED || e->n_in != 2 || p->tensors[e->in[0]].op != G_ARANGE) return -1;
-    int table = e->in[1], k = -1, add = sole_reader(p, id, &k), sliced = 0;
+    int table = e->in[1], k = -1, add = sole_reader(p, id, &k);
     const plan_tensor *tb = &p->tensors[table];
     if (tb->op != G_PARAM || (tb->pl.kind[AX_TP] == PL_SPLIT && tb->pl.dim[AX_TP] == 0) ||
         (e->pl.kind[AX_TP] == PL_SPLIT && e->pl.dim[AX_TP] == 0) || add < 0 || p->tensors[add].op != G_ADD)
         return -1;
-    if (adjacent(p, id, add)) return table;
+    if (!one_segment(p, id, add)) return -1;
+    if (!converted(p, id)) return table;
     /* sliced: each rank sums its rows, which the all-gather then gathers
      * in the table's gradient itself; no other op may add to it there */
-    if (e->region != p->tensors[add].region || !pos_sliced(p, id, &sliced) || !sliced ||
-        sole_reader(p, table, &k) != id)
-        return -1;
-    for (int r = 0; r < p->n_regions; r++)
-        if (p->regions[r].first > id && p->regions[r].first < add) return -1;
-    return table;
+    return pos_sliced(p, id) && sole_reader(p, table, &k) == id ? table : -1;
 }
 
-int memplan_pos_sliced(const plan *p, int id) {
-    int sliced = 0;
-    return memplan_pos_table(p, id) >= 0 && pos_sliced(p, id, &sliced) && sliced;
-}
+int memplan_pos_sliced(const plan *p, int id) { return memplan_pos_table(p, id) >= 0 && converted(p, id); }
 
 /* The tensor whose gradient an op's backward adds to for its input id: a
  * param's for x @ transpose(w) and for a position embedding
