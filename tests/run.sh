@@ -1268,12 +1268,12 @@ torch_section() {
     torch_case llama-dp2-pp2-interleaved-zero3-recompute "$TMP/t-llama4l-1.plan" "$TMP/t-llama4l-4.plan"
     # moe.mesh (4 experts, top 2, capacity 1.25: tokens dropped): one rank;
     # ep 2, each rank routing its micro-batch of 4 sequences
-    m=(--set model.vocab=256 --set model.dim=64 --set model.layers=2 --set model.heads=4
+    local moe=(--set model.vocab=256 --set model.dim=64 --set model.layers=2 --set model.heads=4
         --set model.kv_heads=2 --set model.ffn_dim=64 --set model.experts=4 --set mesh.dp=1
         --set train.global_batch=8 --set train.zero=0)
-    torch_plan "$TMP/t-moe-1.plan" moe "${m[@]}" --set mesh.ep=1 --set train.micro_batch=8
+    torch_plan "$TMP/t-moe-1.plan" moe "${moe[@]}" --set mesh.ep=1 --set train.micro_batch=8
     torch_case moe-one-rank "$TMP/t-moe-1.plan" "$TMP/t-moe-1.plan"
-    torch_plan "$TMP/t-moe-2.plan" moe "${m[@]}" --set mesh.ep=2 --set train.micro_batch=4
+    torch_plan "$TMP/t-moe-2.plan" moe "${moe[@]}" --set mesh.ep=2 --set train.micro_batch=4
     torch_case moe-ep2 "$TMP/t-moe-1.plan" "$TMP/t-moe-2.plan"
     # bf16 and fp16 (2-byte storage, fp32 masters) from the fp32 warm-ups,
     # each step from meshrun's checkpoint of the step before: gpt-tiny in
@@ -1332,9 +1332,7 @@ torch_section() {
     # mesh_torch's _Expert), every token to all 4 experts: with top 2 a
     # rounding can move a token from one expert to another now and then,
     # which no tolerance should cover. One rank; ep 2
-    m=(--set model.vocab=256 --set model.dim=64 --set model.layers=2 --set model.heads=4
-        --set model.kv_heads=2 --set model.ffn_dim=64 --set model.experts=4 --set model.top_k=4 --set mesh.dp=1
-        --set train.global_batch=8 --set train.zero=0)
+    m=("${moe[@]}" --set model.top_k=4)
     torch_plan "$TMP/t-moe4-1.plan" moe "${m[@]}" --set mesh.ep=1 --set train.micro_batch=8
     torch_plan "$TMP/t-moe4-1-bf16.plan" moe "${m[@]}" --set mesh.ep=1 --set train.micro_batch=8 \
         --set train.precision=bf16 "${h[@]}"

@@ -895,9 +895,9 @@ TEST_IMPL(parallel_ep_losses_equal_one_rank)
  * to other bf16 numbers now and then, so the bound is bf16's: 1e-2
  * relative over 20 steps (1.3e-3 seen; fp16: 2e-3, 6.0e-4 seen), and on
  * moe ep 2 more (below). Sequence parallelism with dp and ZeRO-2, and
- * with pp: the position embedding sliced over tp (memplan_pos_sliced). A fixed fp16 loss scale of 1e12
- * overflows every step: every rank skips it (the norm is global), none
- * hangs, the losses are one rank's. */
+ * with pp: the position embedding sliced over tp (memplan_pos_sliced). A
+ * fixed fp16 loss scale of 1e12 overflows every step: every rank skips it
+ * (the norm is global), none hangs, the losses are one rank's. */
 TEST_IMPL(parallel_mixed_precision_follows_one_rank)
 {
     static const char *const meshes[][4] = {
