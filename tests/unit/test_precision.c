@@ -250,9 +250,9 @@ TEST_IMPL(precision_gradients_accumulate_in_fp32)
     }
 }
 
-/* One fp16 micro-batch of 4 sequences of 4 tokens on each rank of plan,
- * no step taken after it: wpe's gradient (scaled by the loss scale) into
- * got[rank]. */
+/* One training step of one fp16 micro-batch of 4 sequences of 4 tokens
+ * on each rank: wpe's gradient after it (scaled by the loss scale; AdamW
+ * reads it and leaves it) into got[rank]. */
 typedef struct sp_run {
     float *got[2];
     size_t n;
