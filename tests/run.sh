@@ -223,7 +223,7 @@ exports_section() {
 # --- scripts run elsewhere ----------------------------------------------
 scripts_section() {
     local f
-    for f in tests/gpu/*.sh tests/gpu/emu/*.sh tests/torch/*.sh; do
+    for f in tests/gpu/*.sh tests/gpu/emu/*.sh tests/gpu/emu/compute-sanitizer tests/torch/*.sh; do
         if bash -n "$f" >"$TMP/scripts" 2>&1; then pass "scripts/$f"; else fail "scripts/$f" "$TMP/scripts"; fi
     done
     for f in tests/gpu/*.py tests/torch/*.py; do

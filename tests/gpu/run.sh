@@ -43,6 +43,11 @@
 #             run with --profile, its table of the step's GPU time by
 #             kind of work in $OUT/profile-gpt2-bf16-16-profile.txt.
 #  7. gpu_bench: GEMM, attention and memory-bound throughput.
+#  7c. sanitize: CUDA's compute-sanitizer (memcheck, racecheck, synccheck,
+#             initcheck) over the op tests and 2 steps of gpt-tiny, at the
+#             end with what the budget has left (MESH_GPU_SANITIZE=first:
+#             after gpu_tests; off); and memcheck at once over what failed
+#             (gpu_tests' cases, train_equiv's first model). Below.
 #  8. PyTorch GPT-2 124M training throughput, where a python3 imports
 #             torch (tests/gpu/torch_gpt2.py: the model of
 #             tests/torch/mesh_torch.py, which make test trains next to
@@ -55,7 +60,8 @@
 # what is left). The build keeps warnings as warnings (this machine's
 # compilers are not CI's). A hung collective stops its run within
 # MESH_COLLECTIVE_TIMEOUT_S (45 here), naming the call. Prints PASS/FAIL/SKIP per step; exits 1
-# when the build, an op test, a CUDA unit test or the benchmark fails.
+# when the build, an op test, a CUDA unit test, the benchmark or a
+# sanitizer's check fails.
 # MESH_GPU_FORCE_DEBS=1 uses the .deb files even when the machine has the
 # packages (to test this script's unpacking on a machine with them).
 #
@@ -265,7 +271,9 @@ step_build() {
         cuda=$(find_cuda) || { result build FAIL "no nvcc (set CUDA_HOME)"; return 1; }
         nccl=$(find_nccl "$cuda") || { result build FAIL "no NCCL (nccl.h and libnccl.so) in $cuda, /usr or a pip wheel"; return 1; }
         echo "build: CUDA_HOME=$cuda NCCL_HOME=$nccl MPI=$mpi, $("$cuda/bin/nvcc" --version | tail -n 1)"
-        MAKEARGS=(CUDA=1 "BUILD=$BUILD" "MPI=$mpi" "CUDA_HOME=$cuda" "NCCL_HOME=$nccl")
+        CUDA_DIR=$cuda
+        # (-lineinfo: compute-sanitizer's reports name the kernel's source line; the code is the same)
+        MAKEARGS=(CUDA=1 "BUILD=$BUILD" "MPI=$mpi" "CUDA_HOME=$cuda" "NCCL_HOME=$nccl" "NVCCFLAGS=-O2 -std=c++17 -lineinfo")
         targets=(all "$BUILD/unit_tests" "$BUILD/gpu_tests" "$BUILD/gpu_bench")
     fi
     t=$(date +%s)
@@ -311,7 +319,13 @@ step_gpu_tests() {
         result gpu_tests PASS "$GPU_PASSED passed, 0 failed"
     else
         [ "$rc" -eq 124 ] && echo "gpu_tests: timed out"
-        result gpu_tests FAIL "$GPU_PASSED passed, $GPU_FAILED failed (exit $rc): $(printf '%s\n' "$out" | grep '^not ok' | sed 's/^not ok [0-9]* - //; s/ (.*//' | tr '\n' ' ')"
+        local failed
+        failed=$(printf '%s\n' "$out" | grep '^not ok' | sed 's/^not ok [0-9]* - //; s/ (.*//' | tr '\n' ' ')
+        failed=${failed% }
+        SAN_DETAIL=""
+        # shellcheck disable=SC2086 # one argument per case name
+        sanitize_failed_ops $failed
+        result gpu_tests FAIL "$GPU_PASSED passed, $GPU_FAILED failed (exit $rc): $failed${SAN_DETAIL:+; $SAN_DETAIL}"
     fi
 }
 
@@ -358,7 +372,7 @@ TRAIN_DEV=${MESH_GPU_TRAIN_DEV:-cuda}
 losses_of() { sed -n 's/.*"loss": \([-0-9.e+]*\),.*/\1/p' "$1"; }
 
 step_train_equiv() {
-    local d=$OUT/train m dev detail="" bad=0
+    local d=$OUT/train m dev detail="" bad=0 san_done=0
     mkdir -p "$d"
     if ! "$BUILD/meshrun$EMU" tokenize examples/data/devils-dictionary.txt -o "$d/dd.bin" >"$d/tokenize.out" 2>&1; then
         cat "$d/tokenize.out"
@@ -470,8 +484,18 @@ step_train_equiv() {
             END { printf "%d %.2e\n", n, w }')
         local steps=${cmp% *} w=${cmp#* }
         echo "train_equiv: $m: $steps steps compared, largest relative difference $w (allowed $tol)"
-        if [ "$steps" != "$EQ_STEPS" ] || ! awk -v w="$w" -v t="$tol" 'BEGIN { exit !(w <= t) }'; then bad=1; fi
+        local mbad=0 line
+        if [ "$steps" != "$EQ_STEPS" ] || ! awk -v w="$w" -v t="$tol" 'BEGIN { exit !(w <= t) }'; then bad=1; mbad=1; fi
         detail+="$m: $steps steps, worst $w of $tol; "
+        # the first model that failed, 2 steps again under memcheck (7c)
+        if [ $mbad = 1 ] && [ $san_done = 0 ] && [ -n "$SANITIZER" ] && [ "$SANITIZE" != off ] &&
+            [ "$(left)" -ge 60 ]; then
+            san_done=1
+            line=$(sanitize "train-$m" memcheck 60 "${env[@]}" "$BUILD/meshrun$EMU" "$d/$m.plan" \
+                --device "$TRAIN_DEV" --data "$d/dd.bin" --steps 2)
+            echo "train_equiv: $m on $TRAIN_DEV again, 2 steps under compute-sanitizer's $line"
+            detail+="$m, 2 steps under $line; "
+        fi
     done
     if [ $bad = 0 ]; then result train_equiv PASS "${detail%; }"; else result train_equiv FAIL "${detail%; }"; fi
 }
@@ -617,6 +641,8 @@ step_torch() {
         result torch_gpt2 SKIP "only $l s of the budget left"
         return 0
     fi
+    # (what step sanitize, last, keeps of a long budget)
+    [ "$SANITIZE" = last ] && [ -n "$SANITIZER" ] && [ "$l" -gt 300 ] && l=$(( l - 120 ))
     if [ "$REHEARSE" = 1 ]; then # the script's every line, on the CPU, in seconds
         args=(--device cpu --tiny --batch 4,8 --steps 5 --warmup 2 --compile)
     else
@@ -675,6 +701,77 @@ step_startup() {
     else result startup FAIL "${detail%; }"; fi
 }
 
+# ---- 7c. compute-sanitizer -------------------------------------------------
+# CUDA's checker, for what the emulation cannot show (tests/gpu/emu/README.md,
+# "What it cannot show"): memcheck (out-of-bounds and misaligned accesses to
+# global, local and shared memory, and the GPU's exceptions, each named by
+# its kernel and, the build having -lineinfo, its source line), racecheck
+# (shared-memory hazards between a block's threads), synccheck (barriers
+# that not every thread they name reaches) and initcheck (reads of device
+# memory nothing wrote). It runs (1) on what failed, as soon as it failed:
+# gpu_tests' failed cases, train_equiv's first failed model, for 2 steps,
+# under memcheck, so that the run that found a failure also says where;
+# and (2) as step sanitize, every tool over the op tests (4 sweep shapes)
+# and memcheck over 2 steps of gpt-tiny in bf16 on the GPU, with what the
+# budget has left at the end (MESH_GPU_SANITIZE=first: right after
+# gpu_tests instead; =off: never). Reports in $OUT/sanitize/. Rehearsing,
+# tests/gpu/emu/compute-sanitizer stands in for it (the emulator's own
+# checks, in the report's format); MESH_GPU_SANITIZER names another.
+SANITIZE=${MESH_GPU_SANITIZE:-last}
+SANITIZER=""
+CUDA_DIR=""
+. tests/gpu/sanitize.sh # find_sanitizer, sanitize
+
+# memcheck over gpu_tests' cases that failed (their names), 4 sweep shapes.
+sanitize_failed_ops() {
+    local line
+    [ -n "$SANITIZER" ] && [ "$SANITIZE" != off ] && [ $# -gt 0 ] || return 0
+    [ "$(left)" -lt 60 ] && return 0
+    echo "gpu_tests: the failed cases again, under compute-sanitizer's memcheck"
+    line=$(sanitize ops-failed memcheck 90 GPU_TESTS_SWEEP=4 "$BUILD/gpu_tests$EMU" "$@")
+    echo "gpu_tests: $line"
+    SAN_DETAIL=$line
+}
+
+step_sanitize() {
+    local tool line detail="" bad=0 checked=0 rc plan=$OUT/train/gpt-tiny-bf16.plan
+    if [ -z "$SANITIZER" ]; then
+        result sanitize SKIP "no compute-sanitizer (not in ${CUDA_DIR:-the toolkit}/bin, nor on PATH)"
+        return 0
+    fi
+    for tool in memcheck racecheck synccheck initcheck; do
+        if [ "$(left)" -lt 40 ]; then
+            detail+="$tool: skipped (budget); "
+            continue
+        fi
+        line=$(sanitize ops "$tool" 60 GPU_TESTS_SWEEP=4 "$BUILD/gpu_tests$EMU")
+        rc=$?
+        echo "sanitize: the op tests: $line"
+        detail+="ops $line; "
+        [ $rc = 1 ] && bad=1
+        [ $rc = 0 ] && checked=1
+    done
+    # the executor's whole step on the GPU: its buffers, cuBLASLt's calls
+    if [ "$(left)" -lt 40 ]; then
+        detail+="gpt-tiny: skipped (budget); "
+    else
+        mkdir -p "$OUT/train"
+        [ -s "$OUT/train/dd.bin" ] || "$BUILD/meshrun$EMU" tokenize examples/data/devils-dictionary.txt \
+            -o "$OUT/train/dd.bin" >/dev/null 2>&1
+        [ -s "$plan" ] || "$BUILD/meshc" -o "$plan" examples/gpt-tiny.mesh --set train.precision=bf16 >/dev/null 2>&1
+        line=$(sanitize gpt-tiny-bf16 memcheck 60 "$BUILD/meshrun$EMU" "$plan" --device "$TRAIN_DEV" \
+            --data "$OUT/train/dd.bin" --steps 2)
+        rc=$?
+        echo "sanitize: gpt-tiny, bf16, 2 steps: $line"
+        detail+="gpt-tiny bf16 $line; "
+        [ $rc = 1 ] && bad=1
+        [ $rc = 0 ] && checked=1
+    fi
+    if [ $bad = 1 ]; then result sanitize FAIL "${detail%; }"
+    elif [ $checked = 1 ]; then result sanitize PASS "${detail%; }"
+    else result sanitize SKIP "${detail%; }"; fi
+}
+
 # ---- the summary -----------------------------------------------------------
 
 json_str() { printf '"%s"' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g' | tr -d '\n')"; }
@@ -712,11 +809,13 @@ main() {
     rm -f "$OUT/bench.json" "$OUT/torch.json" "$OUT/gpt2.json"
     local status=pass
     if step_deps && step_build; then
+        [ "$SANITIZE" != off ] && { SANITIZER=$(find_sanitizer) || SANITIZER=""; }
         step_gpu_tests
         if [ -n "$NO_GPU" ]; then
             status=no-gpu
             echo "run.sh: built; $NO_GPU, so nothing runs on one"
         else
+            [ "$SANITIZE" = first ] && step_sanitize
             step_unit_cuda
             step_train_equiv
             step_oracle
@@ -724,6 +823,7 @@ main() {
             step_bench
             step_startup
             step_torch
+            [ "$SANITIZE" = last ] && step_sanitize
         fi
     fi
     [ $FAILED = 1 ] && status=fail

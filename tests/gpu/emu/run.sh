@@ -45,6 +45,18 @@ run() {
     echo "== $label: $((t0 / 10)).$((t0 % 10)) s"
 }
 
+# verdict STATUS WHAT: one case of this script's own, "ok - WHAT" when
+# STATUS is 0, else "not ok - WHAT"
+verdict() {
+    if [ "$1" = 0 ]; then
+        echo "ok - $2"
+        passed=$((passed + 1))
+    else
+        echo "not ok - $2"
+        failed=$((failed + 1))
+    fi
+}
+
 # (the cases that check one setting of EMU_CP_ASYNC or EMU_WARPS skip
 # under the other, and count as passed; under TSan, where each case takes
 # about a second, and gpu_tests runs forward only, the second run is left
@@ -142,6 +154,27 @@ fi
 if [ -x "$B/meshrun_emu" ] && [ -x "$B/meshc" ] && [ "${EMU_TSAN:-0}" != 1 ]; then
     run "meshrun on 4 GPUs" bash "$(dirname "$0")/meshrun.sh" "$B"
 fi
+# tests/gpu/run.sh's runs under CUDA's compute-sanitizer (step 7c there:
+# tests/gpu/sanitize.sh), through the stand-in its rehearsal uses
+# (compute-sanitizer here): a clean run must read as 0 errors, and a
+# kernel that faults (the self-test's misaligned ldmatrix, which the
+# emulator fails as a GPU would) as 1 error, with the kernel and why
+if [ "${EMU_TSAN:-0}" != 1 ]; then
+    OUT=$(mktemp -d) REHEARSE=1
+    . "$(dirname "$0")/../sanitize.sh"
+    SANITIZER=$(find_sanitizer)
+    # (a clean run's line, then the faulting one's)
+    san_ok=$(sanitize clean memcheck 300 OPENBLAS_NUM_THREADS=1 GPU_TESTS_SWEEP=2 "$B/gpu_tests_emu" rope)
+    rc_ok=$?
+    san_bad=$(sanitize fault memcheck 300 "$B/emu_selftest" ldmatrix_misaligned)
+    rc_bad=$?
+    echo "# clean: $san_ok (status $rc_ok)"
+    echo "# faulting: $san_bad (status $rc_bad)"
+    [ $rc_ok = 0 ] && [ "$san_ok" = "memcheck: 0 errors" ] && [ $rc_bad = 1 ] &&
+        [[ $san_bad == "memcheck: 1 error; first: Error: kernel k_ldsm_bad "*"cudaErrorMisalignedAddress] at (the emulation: tests/gpu/emu)" ]]
+    verdict $? "compute-sanitizer's reports read (tests/gpu/sanitize.sh, through the emulation's stand-in)"
+    rm -rf "$OUT"
+fi
 # the benchmark (tests/gpu/gpu_bench.c, which only a GPU machine measures
 # with) at --tiny sizes: it runs every kernel it times, cuBLASLt's and
 # cuBLAS's products too, and writes its JSON; one case, passed when it
@@ -149,14 +182,9 @@ fi
 if [ -x "$B/gpu_bench_emu" ] && [ "${EMU_TSAN:-0}" != 1 ]; then
     BENCH_JSON=$(mktemp)
     run "gpu_bench --tiny" env OPENBLAS_NUM_THREADS=1 "$B/gpu_bench_emu" --tiny --json "$BENCH_JSON"
-    if grep -q '^JSON {' "$LAST" && python3 -c 'import json, sys; d = json.load(open(sys.argv[1]));
-assert d["tiny"] and len(d["gemm"]) == 6 and len(d["attention"]) == 7 and len(d["memory"]) == 11' "$BENCH_JSON"; then
-        echo "ok - gpu_bench --tiny ran every row and wrote its JSON"
-        passed=$((passed + 1))
-    else
-        echo "not ok - gpu_bench --tiny: no JSON summary with every row"
-        failed=$((failed + 1))
-    fi
+    grep -q '^JSON {' "$LAST" && python3 -c 'import json, sys; d = json.load(open(sys.argv[1]));
+assert d["tiny"] and len(d["gemm"]) == 6 and len(d["attention"]) == 7 and len(d["memory"]) == 11' "$BENCH_JSON"
+    verdict $? "gpu_bench --tiny ran every row and wrote its JSON"
     rm -f "$BENCH_JSON"
 fi
 echo "$passed passed, $failed failed"
