@@ -5,7 +5,7 @@
 # with network to a Debian 12 mirror (the project's CI class), then carry the
 # folder to the GPU machine (the device tool: carry ["tests/gpu/debs"]).
 #
-# The list: the build tools and libraries mesh needs (flex, bison and the m4
+# The list: the build tools and libraries mesh needs (make, flex, bison and the m4
 # they run, pkg-config, libyaml, OpenBLAS, PCRE2), with the shared libraries
 # they load at run time that a CUDA image may lack. run.sh unpacks them with
 # `dpkg -x` into a private prefix only when something is missing there.
@@ -16,6 +16,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 DEBS=${MESH_GPU_DEBS:-$ROOT/tests/gpu/debs}
 
 PACKAGES=(
+    make                                     # the build itself, where an image has none
     flex bison m4                            # the front end's generators
     pkg-config pkgconf pkgconf-bin libpkgconf3 # pkg-config, as the Makefile calls it
     libyaml-dev libyaml-0-2                  # the plan file
