@@ -35,7 +35,7 @@ find_sanitizer() {
 # could not check: ..."; returns 0 clean, 1 errors (or CMD failed under it),
 # 2 not checked.
 sanitize() {
-    local name=$1 tool=$2 secs=$3 dir=$OUT/sanitize log out rc n first at t envs=()
+    local name=$1 tool=$2 secs=$3 dir=$OUT/sanitize log out rc n first t envs=()
     shift 3
     while [ $# -gt 0 ] && [[ $1 == *=* ]]; do envs+=("$1"); shift; done
     mkdir -p "$dir"
@@ -50,12 +50,10 @@ sanitize() {
     rc=$?
     # (an error's first line is the report's first unindented one but the
     # tool's own; where it was, the first "at" line after it)
-    first=$(awk '/^========= [^ ]/ && !/COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SUMMARY|Target application/ {
-        sub(/^========= /, ""); print; exit }' "$log" 2>/dev/null)
-    at=$(awk 'f && /^=========  +at / { sub(/^=========  +at /, ""); print; exit }
-        /^========= [^ ]/ && !/COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SUMMARY|Target application/ { f = 1 }' \
-        "$log" 2>/dev/null)
-    [ -n "$at" ] && first+=" at $at"
+    first=$(awk -v own='COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SUMMARY|Target application' '
+        e == "" && /^========= [^ ]/ && $0 !~ own { e = substr($0, 11); next }
+        e != "" && /^=========  +at / { sub(/^=========  +at /, ""); at = $0; exit }
+        END { if (e != "") print e (at != "" ? " at " at : "") }' "$log" 2>/dev/null)
     n=$(sed -n 's/^========= ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$log" 2>/dev/null | tail -n 1)
     if grep -q -i 'device not supported' "$log" "$out" 2>/dev/null; then
         echo "$tool: could not check: compute-sanitizer does not support this GPU here ($(cat "$log" "$out" 2>/dev/null | grep -m 1 -i 'device not supported'))"
