@@ -64,6 +64,8 @@
 # sanitizer's check fails.
 # MESH_GPU_FORCE_DEBS=1 uses the .deb files even when the machine has the
 # packages (to test this script's unpacking on a machine with them).
+# MESH_GPU_STEPS="NAME..." runs only those steps after the build (names:
+# ALL_STEPS below), e.g. on a second call what the first's budget cut.
 #
 # MESH_GPU_REHEARSE=1 (make gpu-rehearse): the whole script on a machine
 # without a GPU, the CPU emulation of CUDA, cuBLAS(Lt) and NCCL
@@ -772,6 +774,27 @@ step_sanitize() {
     else result sanitize SKIP "${detail%; }"; fi
 }
 
+# ---- which steps --------------------------------------------------------------
+# MESH_GPU_STEPS="NAME...": only these of the steps after the build (deps
+# and build always run; a build already there is up to date in seconds):
+# for a second call on the still warm machine (the device tool keeps
+# build-gpu/ between calls) that finishes what the first call's budget
+# left out, e.g. MESH_GPU_STEPS="torch_gpt2 gpu_bench".
+ALL_STEPS="gpu_tests unit_cuda train_equiv oracle train_gpt2 gpu_bench startup torch_gpt2 sanitize"
+read -r -a STEP_LIST <<<"${MESH_GPU_STEPS:-$ALL_STEPS}"
+STEPS="${STEP_LIST[*]}" # (one space between names)
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+
+# Without step gpu_tests, whether there is a GPU: gpu_tests with no case
+# selected says so (SKIP gpu: ...) or plans nothing.
+probe_gpu() {
+    local out
+    out=$(timeout 60 "$BUILD/gpu_tests$EMU" no-case-has-this-name 2>&1)
+    NO_GPU=$(printf '%s\n' "$out" | sed -n 's/^SKIP gpu: //p' | head -n 1)
+    [ -n "$NO_GPU" ] && result gpu_tests SKIP "$NO_GPU"
+    return 0
+}
+
 # ---- the summary -----------------------------------------------------------
 
 json_str() { printf '"%s"' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g' | tr -d '\n')"; }
@@ -807,23 +830,27 @@ main() {
         echo "run.sh: a rehearsal (MESH_GPU_REHEARSE=1): $MESH_EMU_GPUS GPUs emulated on the CPU; no figure measures a GPU"
     have_tool nvidia-smi && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
     rm -f "$OUT/bench.json" "$OUT/torch.json" "$OUT/gpt2.json"
-    local status=pass
+    local status=pass s
+    for s in $STEPS; do
+        [[ " $ALL_STEPS " == *" $s "* ]] || { echo "run.sh: MESH_GPU_STEPS: no step $s (the steps: $ALL_STEPS)"; return 2; }
+    done
+    [ "$STEPS" = "$ALL_STEPS" ] || echo "run.sh: steps $STEPS (MESH_GPU_STEPS), after deps and build"
     if step_deps && step_build; then
         [ "$SANITIZE" != off ] && { SANITIZER=$(find_sanitizer) || SANITIZER=""; }
-        step_gpu_tests
+        if want gpu_tests; then step_gpu_tests; else probe_gpu; fi
         if [ -n "$NO_GPU" ]; then
             status=no-gpu
             echo "run.sh: built; $NO_GPU, so nothing runs on one"
         else
-            [ "$SANITIZE" = first ] && step_sanitize
-            step_unit_cuda
-            step_train_equiv
-            step_oracle
-            step_train_gpt2
-            step_bench
-            step_startup
-            step_torch
-            [ "$SANITIZE" = last ] && step_sanitize
+            [ "$SANITIZE" = first ] && want sanitize && step_sanitize
+            want unit_cuda && step_unit_cuda
+            want train_equiv && step_train_equiv
+            want oracle && step_oracle
+            want train_gpt2 && step_train_gpt2
+            want gpu_bench && step_bench
+            want startup && step_startup
+            want torch_gpt2 && step_torch
+            [ "$SANITIZE" = last ] && want sanitize && step_sanitize
         fi
     fi
     [ $FAILED = 1 ] && status=fail
