@@ -452,7 +452,8 @@ $(BUILD)/mpi_tests: $(MPI_TEST_OBJ) $(OBJ)/tests/unit/comm_cases.o $(BUILD)/libm
 #                       (build-tsan/, sharing `make tsan`'s)
 # The emulator's own machinery (exec.cpp: fibers, barriers) is not
 # instrumented; under TSan it tells ThreadSanitizer exactly the
-# happens-before edges CUDA promises (-DEMU_TSAN).
+# happens-before edges CUDA promises (-DEMU_TSAN), under ASan (SAN=1) which
+# dynamic shared memory a block has none of (-DEMU_ASAN).
 EMU_DIR      = tests/gpu/emu
 EMU_CXX     ?= g++
 EMU_CXXFLAGS ?= -std=c++17 -O2 -g -Wall -Wextra -ffp-contract=off -pthread
@@ -464,7 +465,7 @@ EMU_KOBJ     = $(EMU_KSRC:%.cu=$(EMU_OBJ)/%.o)
 EMU_RT_OBJ   = $(patsubst $(EMU_DIR)/%.cpp,$(EMU_OBJ)/emu/%.o,$(wildcard $(EMU_DIR)/*.cpp))
 EMU_TEST_OBJ = $(EMU_OBJ)/tests/gpu/gpu_tests.o $(EMU_OBJ)/tests/gpu/gpu_bench.o
 EMU_SAN      = $(SAN_CFLAGS)
-$(EMU_OBJ)/emu/exec.o: EMU_SAN = $(if $(filter thread,$(SAN)),-DEMU_TSAN)
+$(EMU_OBJ)/emu/exec.o: EMU_SAN = $(if $(filter thread,$(SAN)),-DEMU_TSAN)$(if $(filter 1,$(SAN)),-DEMU_ASAN)
 .SECONDARY: $(EMU_KGEN) $(EMU_GEN)/$(EMU_DIR)/selftest.cu
 
 .PHONY: gpu-emu gpu-emu-tsan gpu-rehearse torch-gpt2

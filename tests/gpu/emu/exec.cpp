@@ -39,15 +39,20 @@
  * each block, the program's whole thread-local block on that OS thread
  * (the kernels' __shared__ variables, the emulator's one pointer) is
  * filled with 0xff bytes (NaN in every float type), and so are the
- * launch's dynamic shared memory bytes, so that a read of shared memory
- * no thread wrote shows up.
+ * launch's dynamic shared memory bytes (and those past them that an
+ * earlier block had), so that a read of shared memory no thread wrote
+ * shows up; under AddressSanitizer the bytes past the launch's are
+ * poisoned while a block runs (fill_shared).
  */
 #include <cuda_runtime.h>
 
 #include <link.h>     /* dl_iterate_phdr, PT_TLS */
+#ifdef EMU_ASAN /* (this file is not instrumented: the kernels are, SAN=1) */
+#include <sanitizer/asan_interface.h> /* __asan_poison_memory_region, __asan_unpoison_memory_region */
+#endif
 #include <sys/mman.h> /* mmap, mprotect */
 
-#include <algorithm>          /* std::min */
+#include <algorithm>          /* std::min, std::max */
 #include <atomic>             /* std::atomic */
 #include <chrono>             /* std::chrono: EMU_JITTER_US */
 #include <condition_variable> /* std::condition_variable */
@@ -281,6 +286,7 @@ struct Runner {
     std::string trap_msg;
     /* this OS thread's copy of the program's thread-local block */
     unsigned char *tls_lo = nullptr, *tls_hi = nullptr;
+    size_t smem_dirty = 0; /* the dynamic shared memory's bytes the last block had */
     /* the addresses ThreadSanitizer's happens-before edges hang on */
     char hb_block[2];
     char hb_warp[32][32][2];
@@ -770,13 +776,30 @@ int tls_range(struct dl_phdr_info *info, size_t, void *data)
 }
 
 /* This OS thread's shared memory to 0xff: the program's thread-local
- * block but the dynamic shared memory past the launch's bytes. */
+ * block, and of the dynamic shared memory the launch's bytes and any an
+ * earlier block of this runner had (so that past the launch's bytes,
+ * where a GPU has no memory for the block, a read finds 0xff too, not an
+ * earlier launch's numbers). Under AddressSanitizer the bytes past the
+ * launch's are poisoned while the block runs (end_shared lifts it): an
+ * access there is reported where it is made, as compute-sanitizer's
+ * memcheck would on a GPU. */
 void fill_shared(Runner *r, size_t dyn)
 {
     unsigned char *s0 = smem, *s2 = smem + SMEM_OPTIN;
     memset(r->tls_lo, 0xff, (size_t)(s0 - r->tls_lo));
-    memset(s0, 0xff, dyn);
+    memset(s0, 0xff, std::max(dyn, r->smem_dirty));
     memset(s2, 0xff, (size_t)(r->tls_hi - s2));
+    r->smem_dirty = dyn;
+#ifdef EMU_ASAN
+    __asan_poison_memory_region(s0 + dyn, SMEM_OPTIN - dyn);
+#endif
+}
+
+void end_shared()
+{
+#ifdef EMU_ASAN
+    __asan_unpoison_memory_region(smem, SMEM_OPTIN);
+#endif
 }
 
 void ensure_lanes(Runner *r, unsigned n)
@@ -842,6 +865,7 @@ void run_block(Runner *r, Job *j, unsigned long long b)
         if (r->trapped || r->nexited == n || !resolve(r))
             break;
     }
+    end_shared();
     hb_acquire(&r->hb_done); /* the block's threads -> its runner -> the host */
     if (r->trapped) {
         hb_acquire(&r->hb_trap);

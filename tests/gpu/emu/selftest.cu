@@ -39,6 +39,12 @@
 #else
 #define TSAN 0
 #endif
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h> /* __asan_address_is_poisoned */
+#define ASAN 1
+#else
+#define ASAN 0
+#endif
 
 static int fails;
 static std::vector<void *> allocs; /* freed after the case */
@@ -542,6 +548,40 @@ static void t_ldsm_past_dynamic()
 {
     k_ldsm_bad<<<1, 32, 16>>>(dalloc<uint32_t>(32), 3); /* smem + 16: past the 16 bytes */
     expect_fault(cudaErrorIllegalAddress);
+}
+
+/* Dynamic shared memory past the launch's bytes, where a GPU has none for
+ * the block: writes all of its 1024 bytes (fill), or reads byte 512 of a
+ * launch of 256 (look): 0xff, not what the launch before wrote there;
+ * under AddressSanitizer it reads not the byte but whether it is
+ * poisoned (the read itself would be reported: 1 is 0xff here). */
+__global__ void k_smem_past(unsigned *out, int look)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    if (!look) {
+        for (unsigned i = threadIdx.x; i < 1024; i += blockDim.x)
+            smem[i] = 7;
+        return;
+    }
+    if (threadIdx.x != 0) /* (one thread reads) */
+        return;
+#if ASAN
+    out[0] = __asan_address_is_poisoned(smem + 512) ? 0xff : 0;
+    out[1] = __asan_address_is_poisoned(smem + 255) ? 0xff : smem[255];
+#else
+    out[0] = smem[512];
+    out[1] = smem[255];
+#endif
+}
+
+static void t_smem_past_dynamic()
+{
+    unsigned *out = dalloc<unsigned>(2), h[2];
+    k_smem_past<<<1, 32, 1024>>>(out, 0);
+    k_smem_past<<<1, 32, 256>>>(out, 1);
+    CHECK(cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(h[0] == 0xff); /* past the launch's bytes: 0xff (or poisoned), not the 7 written before */
+    CHECK(h[1] == 0xff); /* within them: the fill at the block's start, not poisoned */
 }
 
 __global__ void k_mma16816_divergent(float *out)
@@ -1381,6 +1421,7 @@ static const Case cases[] = {
     {"ldmatrix_divergent_trans", t_ldsm_divergent_trans, 0, 0, 0},
     {"ldmatrix_global_memory", t_ldsm_global, 0, 0, 0},
     {"ldmatrix_past_dynamic_shared_memory", t_ldsm_past_dynamic, 0, 0, 0},
+    {"shared_memory_past_the_launchs_bytes", t_smem_past_dynamic, 0, 0, 0},
     {"cp_async", t_cp_async, 0, 0, MODE_CP_LATE},
     {"cp_async_early", t_cp_async_early, 0, 0, MODE_CP_EARLY},
     {"cp_async_misaligned_destination", t_cp_async_misaligned_destination, 0, 0, 0},
