@@ -553,8 +553,8 @@ static void t_ldsm_past_dynamic()
 /* Dynamic shared memory past the launch's bytes, where a GPU has none for
  * the block: writes all of its 1024 bytes (fill), or reads byte 512 of a
  * launch of 256 (look): 0xff, not what the launch before wrote there;
- * under AddressSanitizer it reads not the byte but whether it is
- * poisoned (the read itself would be reported: 1 is 0xff here). */
+ * under AddressSanitizer it asks whether the byte is poisoned instead
+ * of reading it (a read there would be reported), 0xff standing for yes. */
 __global__ void k_smem_past(unsigned *out, int look)
 {
     extern __shared__ __align__(128) unsigned char smem[];
