@@ -366,6 +366,12 @@ step_bench() {
     fi
 }
 
+# train_data DIR: the Devil's Dictionary tokenized into DIR/dd.bin, unless
+# there already (the steps that train share it)
+train_data() {
+    [ -s "$1/dd.bin" ] || "$BUILD/meshrun$EMU" tokenize examples/data/devils-dictionary.txt -o "$1/dd.bin" >/dev/null 2>&1
+}
+
 # MESH_GPU_TRAIN_DEV=cpu compares the CPU with itself: the steps' plumbing
 # checked on a machine without a GPU.
 TRAIN_DEV=${MESH_GPU_TRAIN_DEV:-cuda}
@@ -603,7 +609,7 @@ step_train_gpt2() {
         return 0
     fi
     mkdir -p "$d"
-    [ -s "$d/dd.bin" ] || "$BUILD/meshrun$EMU" tokenize examples/data/devils-dictionary.txt -o "$d/dd.bin" >/dev/null 2>&1
+    train_data "$d"
     # MFU with PaLM's count per token, 6 N + 12 L T d (N = 124,475,904, L =
     # 12, T = 1024, d = 768), over the H200's dense bf16 peak, 989 TFLOP/s
     # (and bf16 B=32 with MESH_DETERMINISTIC=0, as PyTorch's step runs;
@@ -678,7 +684,7 @@ step_startup() {
         return 0
     fi
     mkdir -p "$d"
-    [ -s "$d/dd.bin" ] || "$BUILD/meshrun$EMU" tokenize examples/data/devils-dictionary.txt -o "$d/dd.bin" >/dev/null 2>&1
+    train_data "$d"
     if ! "$BUILD/meshc" -o "$d/startup.plan" examples/gpt-tiny.mesh --set train.log_every=1 >"$d/startup.meshc" 2>&1; then
         cat "$d/startup.meshc"
         result startup FAIL "meshc failed"
@@ -758,8 +764,7 @@ step_sanitize() {
         detail+="gpt-tiny: skipped (budget); "
     else
         mkdir -p "$OUT/train"
-        [ -s "$OUT/train/dd.bin" ] || "$BUILD/meshrun$EMU" tokenize examples/data/devils-dictionary.txt \
-            -o "$OUT/train/dd.bin" >/dev/null 2>&1
+        train_data "$OUT/train"
         [ -s "$plan" ] || "$BUILD/meshc" -o "$plan" examples/gpt-tiny.mesh --set train.precision=bf16 >/dev/null 2>&1
         line=$(sanitize gpt-tiny-bf16 memcheck 60 "$BUILD/meshrun$EMU" "$plan" --device "$TRAIN_DEV" \
             --data "$OUT/train/dd.bin" --steps 2)

@@ -261,6 +261,9 @@ typedef struct sp_run {
 static const char *const sp_sets[] = {"train.precision=fp16", "train.micro_batch=4", "train.global_batch=4",
                                       "train.seq_len=4", "train.optimizer=adamw(lr: 3e-2, clip: 0)",
                                       "mesh.tp=2", "train.sequence_parallel=true"};
+/* (all of them: tp 2 with sequence parallelism; but the last two: one rank) */
+#define SP_SETS ((int)(sizeof sp_sets / sizeof *sp_sets))
+#define SP_SETS_ONE_RANK (SP_SETS - 2)
 
 static void sp_batch(int32_t *in, int32_t *tg)
 {
@@ -307,7 +310,7 @@ static mesh_status sp_rank(mesh_context *ctx, int rank, void *ud)
 TEST_IMPL(precision_sp_position_embedding_sums_in_fp32)
 {
     plan p;
-    compile_with(&p, sp_sets, 7);
+    compile_with(&p, sp_sets, SP_SETS);
     int pos = -1;
     for (int id = 0; id < p.n_tensors; id++)
         if (memplan_pos_table(&p, id) >= 0) {
@@ -324,7 +327,7 @@ TEST_IMPL(precision_sp_position_embedding_sums_in_fp32)
 
     /* one rank, the reference */
     plan one;
-    compile_with(&one, sp_sets, 5);
+    compile_with(&one, sp_sets, SP_SETS_ONE_RANK);
     mesh__exec *ex = exec_of(&one);
     int32_t in[16], tg[16];
     sp_batch(in, tg);
@@ -345,7 +348,7 @@ TEST_IMPL(precision_sp_position_embedding_sums_in_fp32)
     size_t len = 0;
     mesh_compile_options opt = MESH_COMPILE_OPTIONS_INIT;
     opt.sets = sp_sets;
-    opt.n_sets = 7;
+    opt.n_sets = SP_SETS;
     if (mesh_compile("tiny.mesh", gpt_src, strlen(gpt_src), &opt, &text, &len) != MESH_OK)
         unit_fail(__FILE__, __LINE__, "%s", mesh_last_error());
     mesh_plan *mpl = NULL;
