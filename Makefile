@@ -66,7 +66,8 @@ $(error MPI must be 0 or 1)
 endif
 
 # Build folder, and sanitizers: SAN=1 is ASan+UBSan (+LSan), SAN=fuzz adds
-# libFuzzer instrumentation (clang only). `make asan` and `make fuzz` set
+# libFuzzer instrumentation (clang only), SAN=thread is TSan, SAN=cov is
+# gcc's line coverage (make gpu-emu-cov). `make asan` and `make fuzz` set
 # both; each sanitizer build needs its own BUILD folder.
 BUILD   ?= build
 SAN     ?= 0
@@ -148,8 +149,11 @@ SAN_LDFLAGS = -fsanitize=address,undefined
 else ifeq ($(SAN),thread)
 SAN_CFLAGS  = -fsanitize=thread -fno-omit-frame-pointer -O1
 SAN_LDFLAGS = -fsanitize=thread
+else ifeq ($(SAN),cov)
+SAN_CFLAGS  = --coverage -fprofile-update=atomic
+SAN_LDFLAGS = --coverage
 else ifneq ($(SAN),0)
-$(error SAN must be 0, 1, thread or fuzz)
+$(error SAN must be 0, 1, thread, fuzz or cov)
 endif
 
 INCLUDES  = -Ilang -I$(GEN) -Iruntime
@@ -468,7 +472,7 @@ EMU_SAN      = $(SAN_CFLAGS)
 $(EMU_OBJ)/emu/exec.o: EMU_SAN = $(if $(filter thread,$(SAN)),-DEMU_TSAN)$(if $(filter 1,$(SAN)),-DEMU_ASAN)
 .SECONDARY: $(EMU_KGEN) $(EMU_GEN)/$(EMU_DIR)/selftest.cu
 
-.PHONY: gpu-emu gpu-emu-tsan gpu-rehearse torch-gpt2
+.PHONY: gpu-emu gpu-emu-tsan gpu-rehearse gpu-emu-cov torch-gpt2
 # tests/gpu/emu/run.sh: the emulator's self-tests (selftest.cu), then every
 # case with a block's threads run first to last, and (not under TSan, which
 # sees every unordered access anyway) last to first; one summary at the end
@@ -494,6 +498,20 @@ torch-gpt2: all
 # default tests/gpu/out/): 6 to 10 minutes here
 gpu-rehearse:
 	MESH_GPU_REHEARSE=1 MESH_GPU_BUILD=$(EMU_BUILD) tests/gpu/run.sh
+
+# What of the GPU code (kernels/cuda, the CUDA device, kernel table and
+# NCCL communicator) `make gpu-emu`'s tests never run: built with gcc's
+# coverage in $(EMU_COV_BUILD), run forward, then the lines and template
+# instantiations never run, listed by tests/gpu/emu/coverage.py (and into
+# $(EMU_COV_BUILD)/gpu-coverage.txt). What is listed would first run on a
+# GPU, if ever. About 7 minutes here; not in CI.
+EMU_COV_BUILD ?= build-cov
+gpu-emu-cov:
+	$(MAKE) BUILD=$(EMU_COV_BUILD) SAN=cov $(addprefix $(EMU_COV_BUILD)/,emu_selftest gpu_tests_emu unit_tests_emu \
+	  meshrun_emu meshc gpu_bench_emu)
+	find $(EMU_COV_BUILD) -name '*.gcda' -delete
+	$(EMU_DIR)/run.sh $(EMU_COV_BUILD) forward
+	python3 $(EMU_DIR)/coverage.py $(EMU_COV_BUILD) | tee $(EMU_COV_BUILD)/gpu-coverage.txt
 
 $(EMU_GEN)/%: % $(EMU_DIR)/launch_rewrite.py
 	@mkdir -p $(@D)

@@ -473,6 +473,21 @@ static void t_matmul_wt(kcuda_dtype dt)
 
 /* ---- cases: norms ------------------------------------------------------- */
 
+/* kcuda_rmsnorm_backward (rms; db and mean unused) or
+ * kcuda_layernorm_backward, on the tests' context and the default stream. */
+static void norm_bwd(int rms, void *dx, void *dw, void *db, const void *dout,
+                     const void *x, const void *w, const float *mean,
+                     const float *rstd, int rows, int C, kcuda_dtype dt,
+                     kcuda_dtype wdt)
+{
+    if (rms)
+        KC(kcuda_rmsnorm_backward(ctx, dx, dw, dout, x, w, rstd, rows, C, dt,
+                                  wdt, NULL));
+    else
+        KC(kcuda_layernorm_backward(ctx, dx, dw, db, dout, x, w, mean, rstd,
+                                    rows, C, dt, wdt, NULL));
+}
+
 /* wdt: the type of the weight gradients (dt, or KCUDA_F32 beside 2-byte
  * tensors: fp32 main gradients). */
 static void norm_case(kcuda_dtype dt, kcuda_dtype wdt, int rows, int C,
@@ -554,16 +569,14 @@ static void norm_case(kcuda_dtype dt, kcuda_dtype wdt, int rows, int C,
     float *gw = rnd((size_t)C, 0.5f, wdt), *gb = rnd((size_t)C, 0.5f, wdt);
     void *dg = up(g, n, dt), *dgx = up(gx, n, dt), *dgw = up(gw, (size_t)C, wdt);
     void *dgb = up(gb, (size_t)C, wdt);
-    void *gw0 = snapshot(dgw, (size_t)C, wdt);
-    if (rms) {
-        KC(kcuda_rmsnorm_backward(ctx, dgx, dgw, dg, da, dw, drstd, rows, C,
-                                  dt, wdt, NULL));
+    void *gw0 = snapshot(dgw, (size_t)C, wdt), *gx0 = snapshot(dgx, n, dt);
+    norm_bwd(rms, dgx, dgw, dgb, dg, da, dw, dmean, drstd, rows, C, dt, wdt);
+    if (cur_bad)
+        return;
+    if (rms)
         kcpu_rmsnorm_backward(gx, gw, g, x, w, rstd, rows, C);
-    } else {
-        KC(kcuda_layernorm_backward(ctx, dgx, dgw, dgb, dg, da, dw, dmean,
-                                    drstd, rows, C, dt, wdt, NULL));
+    else
         kcpu_layernorm_backward(gx, gw, gb, g, x, w, mean, rstd, rows, C);
-    }
     expect_dev("dx", dgx, gx, n, dt);
     double keep = cur_tol;
     cur_tol = tol_of(wdt);
@@ -575,14 +588,18 @@ static void norm_case(kcuda_dtype dt, kcuda_dtype wdt, int rows, int C,
     void *first = snapshot(dgw, (size_t)C, wdt);
     cuda_or_die(cudaMemcpy(dgw, gw0, (size_t)C * kcuda_dtype_size(wdt),
                            cudaMemcpyHostToDevice), "upload");
-    if (rms)
-        KC(kcuda_rmsnorm_backward(ctx, NULL, dgw, dg, da, dw, drstd, rows, C,
-                                  dt, wdt, NULL));
-    else
-        KC(kcuda_layernorm_backward(ctx, NULL, dgw, NULL, dg, da, dw, dmean,
-                                    drstd, rows, C, dt, wdt, NULL));
+    norm_bwd(rms, NULL, dgw, NULL, dg, da, dw, dmean, drstd, rows, C, dt, wdt);
+    if (cur_bad)
+        return;
     expect_bits("dw twice", snapshot(dgw, (size_t)C, wdt), first,
                 (size_t)C * kcuda_dtype_size(wdt));
+    /* dx alone, no weight gradient asked for (a kernel of its own) */
+    cuda_or_die(cudaMemcpy(dgx, gx0, n * kcuda_dtype_size(dt),
+                           cudaMemcpyHostToDevice), "upload");
+    norm_bwd(rms, dgx, NULL, NULL, dg, da, dw, dmean, drstd, rows, C, dt, wdt);
+    if (cur_bad)
+        return;
+    expect_dev("dx alone", dgx, gx, n, dt);
 }
 
 static void t_layernorm(kcuda_dtype dt)
@@ -598,6 +615,7 @@ static void t_rmsnorm(kcuda_dtype dt)
     norm_case(dt, dt, 37, 96, 1, 0);
     norm_case(dt, dt, 300, 75, 1, 0);
     norm_case(dt, dt, 5, 6200, 1, 0); /* one warp a block */
+    norm_case(dt, dt, 3, 12400, 1, 0); /* too wide: dw in a pass of its own */
 }
 
 /* 2-byte tensors with fp32 weight gradients (fp32 main gradients) */
@@ -695,6 +713,11 @@ static void t_swiglu(kcuda_dtype dt)
     KC(kcuda_swiglu_backward(NULL, dgu, dg, dx, du, n, dt, NULL));
     kcpu_swiglu_backward(NULL, gu, g, x, u, n);
     expect_dev("dup only", dgu, gu, n, dt);
+    float *gx = rnd(n, 0.5f, dt);
+    void *dgx = up(gx, n, dt);
+    KC(kcuda_swiglu_backward(dgx, NULL, dg, dx, du, n, dt, NULL));
+    kcpu_swiglu_backward(gx, NULL, g, x, u, n);
+    expect_dev("dgate only", dgx, gx, n, dt);
 }
 
 /* the broadcast add of p[T,C] onto x[B,T,C], forward and backward; pdt:
@@ -865,14 +888,21 @@ static void t_embedding(kcuda_dtype dt)
 /* ---- cases: cross-entropy ----------------------------------------------- */
 
 /* fused: 0 the two calls (the backward adds), 1 the fused kernel (it
- * overwrites dlogits), 2 the fused kernel with dlogits the logits */
-static void ce_case(kcuda_dtype dt, int N, int V, int Vp, int fused)
+ * overwrites dlogits), 2 the fused kernel with dlogits the logits; ninf:
+ * the first ninf logits of every other row are -inf (masked: their
+ * probabilities 0; the running maximum starts at -inf over them), the
+ * target past them */
+static void ce_case(kcuda_dtype dt, int N, int V, int Vp, int fused, int ninf)
 {
     size_t n = (size_t)N * Vp;
     float *logits = rnd(n, 6.0f, dt), dloss = 1.5f;
     int32_t *tg = hmem((size_t)N * sizeof *tg);
-    for (int i = 0; i < N; i++)
-        tg[i] = irand(V);
+    for (int i = 0; i < N; i++) {
+        int masked = i % 2 ? ninf : 0;
+        tg[i] = masked + irand(V - masked);
+        for (int c = 0; c < masked; c++)
+            logits[(size_t)i * Vp + c] = -INFINITY;
+    }
     float *loss = hf((size_t)N), *mx = hf((size_t)N), *lse = hf((size_t)N);
     float *gl = rnd(n, 0.01f, dt);
     void *dl = up(logits, n, dt), *dtg = up_i32(tg, (size_t)N);
@@ -904,15 +934,18 @@ static void ce_case(kcuda_dtype dt, int N, int V, int Vp, int fused)
 
 static void t_crossentropy(kcuda_dtype dt)
 {
-    ce_case(dt, 13, 1000, 1024, 0);
-    ce_case(dt, 5, 77, 77, 0); /* rows not in packs */
+    ce_case(dt, 13, 1000, 1024, 0, 0);
+    ce_case(dt, 5, 77, 77, 0, 0); /* rows not in packs */
+    ce_case(dt, 7, 1000, 1024, 0, 333); /* -inf logits, in packs and apart */
+    ce_case(dt, 4, 77, 77, 0, 50);
 }
 
 static void t_crossentropy_fused(kcuda_dtype dt)
 {
     for (int fused = 1; fused <= 2; fused++) { /* apart, then in place */
-        ce_case(dt, 13, 1000, 1024, fused);
-        ce_case(dt, 5, 77, 80, fused);
+        ce_case(dt, 13, 1000, 1024, fused, 0);
+        ce_case(dt, 5, 77, 80, fused, 0);
+        ce_case(dt, 4, 77, 77, fused, 50);
     }
 }
 
@@ -1259,15 +1292,16 @@ static void t_attention(kcuda_dtype dt)
  * whose cases of three key tiles or more check dq's bits twice): the
  * atomics as they come (0),
  * and dq recomputed by its own kernel (2; 2-byte types, fp32's path in
- * every mode), on t_attention's cases of each padded head size (32, 64,
- * 128), grouped-query and multi-query heads, causal or not, ragged tiles,
- * two key tiles: within the same tolerances. */
+ * every mode), on cases like t_attention's of each padded head size (32,
+ * 64, 128), grouped-query and multi-query heads, causal or not, ragged
+ * tiles, and for each head size a tile with no entry masked (the tile math
+ * without the mask's compares): within the same tolerances. */
 static void attention_mode(kcuda_dtype dt, int mode)
 {
     kcuda_ctx_set_deterministic(ctx, attn_mode = mode);
-    attn_case(dt, 2, 100, 4, 2, 16, 1, 0);
+    attn_case(dt, 2, 130, 4, 2, 16, 1, 0);
     attn_case(dt, 1, 130, 2, 2, 64, 0, 0);
-    attn_case(dt, 1, 64, 3, 1, 80, 1, 0);
+    attn_case(dt, 1, 128, 3, 1, 80, 1, 0);
     kcuda_ctx_set_deterministic(ctx, attn_mode = 1);
 }
 
@@ -1345,7 +1379,7 @@ static void t_sweep(kcuda_dtype dt)
             snprintf(cur_shape, sizeof cur_shape,
                      "crossentropy N %d V %d Vp %d%s: ", N, V, Vp,
                      fused ? " fused" : "");
-            ce_case(dt, N, V, Vp, fused);
+            ce_case(dt, N, V, Vp, fused, 0);
         } else {
             int act = irand(3), len = pick(1, 5000);
             snprintf(cur_shape, sizeof cur_shape, "%s n %d: ",

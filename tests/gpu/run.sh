@@ -17,7 +17,8 @@
 #             this says so (SKIP) and the script ends here, exit 0.
 #  4. the NCCL (and other CUDA) unit tests of tests/unit/test_list.h.
 #  5. train_equiv: the CUDA executor trains gpt-tiny, a small Llama and a
-#             small Mixtral (meshrun --device cuda) 20 steps; each step's
+#             small Mixtral (meshrun --device cuda) 20 steps (the Llama
+#             again with train.recompute=full); each step's
 #             loss must be the CPU executor's within 1e-4 relative in fp32
 #             (moe 1e-3), 2e-2 in bf16 and fp16 (gpt-tiny; moe bf16 3e-2;
 #             the CPU rounds fp32 words where the GPU stores 2 bytes; gpt-tiny
@@ -414,8 +415,8 @@ step_train_equiv() {
     # (gpt-tiny-bf16-atomic: bf16 with MESH_DETERMINISTIC=0, the attention
     # backward's dq atomics in any order; -dqkernel: =2, dq by its own
     # kernel; the default takes turns)
-    local -a models=(gpt-tiny gpt-tiny-bf16 gpt-tiny-bf16-atomic gpt-tiny-bf16-dqkernel gpt-tiny-fp16 llama moe moe-bf16
-        gpt-tiny-dp2z3-shared moe-ep2-shared)
+    local -a models=(gpt-tiny gpt-tiny-bf16 gpt-tiny-bf16-atomic gpt-tiny-bf16-dqkernel gpt-tiny-fp16 llama
+        llama-recompute moe moe-bf16 gpt-tiny-dp2z3-shared moe-ep2-shared)
     local gpus
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
     [ "$TRAIN_DEV" = cuda ] || gpus=4
@@ -440,6 +441,7 @@ step_train_equiv() {
         local -a sets=("${tiny[@]}")
         local src=examples/$m.mesh tol=1e-4
         [ "$m" = llama ] && sets=("${llama[@]}")
+        [ "$m" = llama-recompute ] && sets=("${llama[@]}" --set train.recompute=full) && src=examples/llama.mesh
         [ "$m" = moe ] && sets=("${moe[@]}") && tol=1e-3
         [ "$m" = moe-bf16 ] && sets=("${moe[@]}" --set train.precision=bf16) && src=examples/moe.mesh && tol=3e-2
         [ "${m%-atomic}" = gpt-tiny-bf16 ] || [ "${m%-dqkernel}" = gpt-tiny-bf16 ] &&

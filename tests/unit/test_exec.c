@@ -131,6 +131,7 @@ TEST_IMPL(exec_gradient_matches_finite_differences)
     ASSERT_INT_EQ(check_gradient(tiny_src), 4 + 2 * 12);  /* wte wpe ln_f_w ln_f_b + 12 per layer */
     ASSERT_INT_EQ(check_gradient(llama_src), 3 + 2 * 9);   /* embedding final_norm lm_head + 9 */
     ASSERT_INT_EQ(check_gradient(moe_src), 3 + 2 * 10);    /* + router */
+    ASSERT_INT_EQ(check_gradient(fixture_act_mlp), 6);     /* silu and gelu alone */
 }
 
 /* Trains 40 steps on a repeating pattern: the loss must fall from about

@@ -113,18 +113,20 @@ TEST_IMPL(kcpu_rounds_to_bf16_and_fp16)
 
 #define gpt_src fixture_tiny_gpt /* two layers, a tied head */
 
-static void compile_with(plan *p, const char *const *sets, int n_sets)
+static void compile_src_with(plan *p, const char *src, const char *const *sets, int n_sets)
 {
     char *text = NULL, err[512];
     size_t len = 0;
     mesh_compile_options opt = MESH_COMPILE_OPTIONS_INIT;
     opt.sets = sets;
     opt.n_sets = n_sets;
-    if (mesh_compile("tiny.mesh", gpt_src, strlen(gpt_src), &opt, &text, &len) != MESH_OK)
+    if (mesh_compile("tiny.mesh", src, strlen(src), &opt, &text, &len) != MESH_OK)
         unit_fail(__FILE__, __LINE__, "%s", mesh_last_error());
     if (plan_read(p, text, len, err, sizeof err) != 0) unit_fail(__FILE__, __LINE__, "%s", err);
     mesh_free(text);
 }
+
+static void compile_with(plan *p, const char *const *sets, int n_sets) { compile_src_with(p, gpt_src, sets, n_sets); }
 
 static mesh__exec *exec_of(const plan *p)
 {
@@ -543,8 +545,9 @@ TEST_IMPL(precision_checkpoint_resumes_to_the_bit)
  * the CPU executor's losses within 1e-4 relative, fp32 both (the GPU's
  * products sum in another order), within 2e-2 in bf16 and fp16 (the GPU's
  * 2-byte storage against the CPU's rounding, fp16's loss scale and skipped
- * steps alike); its params read back (mesh_param_get's path) match. It
- * runs on a stream of its own. Without a GPU it prints one SKIP line. */
+ * steps alike), and so with activation recompute; its params read back
+ * (mesh_param_get's path) match. It runs on a stream of its own. Without a
+ * GPU it prints one SKIP line. */
 TEST_IMPL(exec_cuda_trains_as_the_cpu)
 {
     char why[320], err[512];
@@ -597,10 +600,21 @@ TEST_IMPL(exec_cuda_trains_as_the_cpu)
     /* (fp16 with a fixed scale: whether a step at the dynamic scale's edge
      * overflows may differ between two summation orders; the dynamic scale
      * itself is checked on the CPU, in the GPU's layout) */
-    static const char *const lowp[2][2] = {{"train.precision=bf16", "train.seed=7"},
-                                           {"train.precision=fp16", "train.loss_scale=1024"}};
-    for (int q = 0; q < 2; q++) {
-        compile_with(&p, lowp[q], 2);
+    /* and activation recompute (train.recompute=full: each node recomputed
+     * on its own, none fused, in the backward), and the MLPs whose silu and
+     * gelu stand alone (fixture_act_mlp), in fp32 as closely as above */
+    static const struct {
+        const char *sets[2];
+        double tol;
+        int act;
+    } lowp[] = {{{"train.precision=bf16", "train.seed=7"}, 2e-2, 0},
+                {{"train.precision=fp16", "train.loss_scale=1024"}, 2e-2, 0},
+                {{"train.precision=fp32", "train.recompute=full"}, 1e-4, 0},
+                {{"train.precision=bf16", "train.recompute=full"}, 2e-2, 0},
+                {{"train.precision=fp32", "train.seed=7"}, 1e-4, 1},
+                {{"train.precision=bf16", "train.seed=7"}, 2e-2, 1}};
+    for (size_t q = 0; q < sizeof lowp / sizeof lowp[0]; q++) {
+        compile_src_with(&p, lowp[q].act ? fixture_act_mlp : gpt_src, lowp[q].sets, 2);
         cpu = exec_of(&p);
         gpu = mesh__exec_create_rank(&p, 0, NULL, NULL, 0, NULL, NULL, MESH__EXEC_CUDA, err, sizeof err);
         if (!gpu) unit_fail(__FILE__, __LINE__, "%s", err);
@@ -608,9 +622,10 @@ TEST_IMPL(exec_cuda_trains_as_the_cpu)
         train(cpu, 1, 20, a);
         train(gpu, 1, 20, b);
         for (int k = 0; k < 20; k++)
-            if (!(fabs(a[k].loss - b[k].loss) <= 2e-2 * a[k].loss) || a[k].skipped != b[k].skipped)
-                unit_fail(__FILE__, __LINE__, "%s, step %d: %.9f on the GPU, %.9f on the CPU", lowp[q][0], k + 1,
-                          b[k].loss, a[k].loss);
+            if (!(fabs(a[k].loss - b[k].loss) <= lowp[q].tol * a[k].loss) || a[k].skipped != b[k].skipped)
+                unit_fail(__FILE__, __LINE__, "%s%s %s, step %d: %.9f on the GPU, %.9f on the CPU",
+                          lowp[q].act ? "act_mlp, " : "", lowp[q].sets[0], lowp[q].sets[1], k + 1, b[k].loss,
+                          a[k].loss);
         mesh__exec_free(cpu);
         mesh__exec_free(gpu);
         plan_free(&p);
