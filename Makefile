@@ -504,14 +504,17 @@ gpu-rehearse:
 # coverage in $(EMU_COV_BUILD), run forward, then the lines and template
 # instantiations never run, listed by tests/gpu/emu/coverage.py (and into
 # $(EMU_COV_BUILD)/gpu-coverage.txt). What is listed would first run on a
-# GPU, if ever. About 7 minutes here; not in CI.
+# GPU, if ever. Then every unit test too, and the runtime's other files'
+# lines that neither ran. About 8 minutes here; not in CI.
 EMU_COV_BUILD ?= build-cov
 gpu-emu-cov:
 	$(MAKE) BUILD=$(EMU_COV_BUILD) SAN=cov $(addprefix $(EMU_COV_BUILD)/,emu_selftest gpu_tests_emu unit_tests_emu \
 	  meshrun_emu meshc gpu_bench_emu)
 	find $(EMU_COV_BUILD) -name '*.gcda' -delete
 	$(EMU_DIR)/run.sh $(EMU_COV_BUILD) forward
-	python3 $(EMU_DIR)/coverage.py $(EMU_COV_BUILD) | tee $(EMU_COV_BUILD)/gpu-coverage.txt
+	OPENBLAS_NUM_THREADS=1 $(EMU_COV_BUILD)/unit_tests_emu > $(EMU_COV_BUILD)/unit-tests-cov.log 2>&1 || \
+	  { tail -n 20 $(EMU_COV_BUILD)/unit-tests-cov.log; exit 1; }
+	python3 $(EMU_DIR)/coverage.py $(EMU_COV_BUILD) --runtime | tee $(EMU_COV_BUILD)/gpu-coverage.txt
 
 $(EMU_GEN)/%: % $(EMU_DIR)/launch_rewrite.py
 	@mkdir -p $(@D)

@@ -171,6 +171,33 @@ static int readers(const plan *p, int id)
     return n;
 }
 
+/* Is the loss a sum of cross-entropies (one, or a tree of adds over them,
+ * each read once), every cross-entropy of the plan among them? Then each
+ * one's fp32 mean is a term of the loss (exec_loss.c), and the loss is
+ * their sum in double, not the value the adds store (in a 2-byte plan,
+ * rounded to 2 bytes). */
+static int loss_of_terms(const plan *p)
+{
+    enum { DEPTH = 64 };
+    int stack[DEPTH], top = 0, ces = 0, leaves = 0;
+    if (p->loss < 0) return 0;
+    for (int id = 0; id < p->n_tensors; id++) ces += p->tensors[id].op == G_CROSS_ENTROPY;
+    stack[top++] = p->loss;
+    while (top > 0) {
+        const plan_tensor *t = &p->tensors[stack[--top]];
+        if (t->op == G_CROSS_ENTROPY) {
+            leaves++;
+            continue;
+        }
+        if (t->op != G_ADD || t->n_in != 2 || t->in[0] == t->in[1] || top + 2 > DEPTH) return 0;
+        for (int k = 0; k < 2; k++) {
+            if (readers(p, t->in[k]) != 1) return 0;
+            stack[top++] = t->in[k];
+        }
+    }
+    return leaves == ces;
+}
+
 /* Is step s a forward computation of an op `op` in `region`? Its node, else -1. */
 static int forward_op(const plan *p, int s, g_op op, int region)
 {
@@ -623,6 +650,7 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, comm *d
     ex->chain = (flags & MESH__EXEC_DETERMINISTIC) && ex->data && p->setup.zero == 0;
     find_fusions(ex, flags);
     ex->loss_read = p->loss >= 0 && readers(p, p->loss) > 0;
+    ex->loss_terms = loss_of_terms(p);
     if (exec__loss_open(ex) != 0) goto oom;
     int shards = exec__optimizer_shards(ex);
     if (shards == -2) {

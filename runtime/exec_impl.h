@@ -241,6 +241,8 @@ struct mesh__exec {
     ex_lterm lterms[EX_LOSS_TERMS];
     double lacc, lcur;   /* the sum so far, and the current micro-batch's */
     int loss_read;       /* the loss tensor's value is read by another op */
+    int loss_terms;      /* the loss is the sum of the plan's cross-entropies (exec.c: loss_of_terms):
+                            their means are its terms, the adds' values not read */
     int recomputing;     /* running forward steps again in a backward */
     int grads_follow;    /* this forward's backward follows (a training step, mesh__exec_grad): the
                             loss's cross-entropy writes its logits' gradient over them

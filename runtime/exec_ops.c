@@ -340,7 +340,7 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
         int V = t->vocab > 0 ? (int)t->vocab : (int)exec__last_dim(a);
         float *aux = AUX;
         /* the mean into the loss's terms (read with the step's), or a float of its own */
-        int term = id == ex->p->loss && !ex->recomputing;
+        int term = (ex->loss_terms || id == ex->p->loss) && !ex->recomputing;
         float *mean = term ? exec__loss_term(ex, 1.0) : exec__loss_dump(ex);
         if (!mean) return -1;
         /* in a training step the backward's gradient now, over the logits
@@ -362,8 +362,9 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
         }
         if (ex->esize == 4) { /* the tensor's value too, on the device */
             if (exec__dcopy(ex, OUT, mean, sizeof *mean) != 0) return -1;
-        } else if (!term || ex->loss_read) { /* a 2-byte value that something reads: through the host */
-            if (exec__floats_to_host(ex, &ce_mean, mean, 1) != 0 || exec__floats_to_dev(ex, OUT, &ce_mean, 1) != 0)
+        } else if (!term || id != ex->p->loss || ex->loss_read) { /* a 2-byte value that an op reads: through the host */
+            if (exec__to_host(ex, &ce_mean, mean, sizeof ce_mean) != 0 || /* (the mean is fp32) */
+                exec__floats_to_dev(ex, OUT, &ce_mean, 1) != 0)
                 return -1;
         }
         if (term) return 0;
@@ -391,7 +392,7 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
     default: /* inputs and params are filled elsewhere; others refused at create */
         break;
     }
-    if (id == ex->p->loss && !ex->recomputing) { /* a loss other than the cross-entropy's: its value */
+    if (id == ex->p->loss && !ex->recomputing && !ex->loss_terms) { /* a loss not of terms: its value */
         float loss = 0;
         if (exec__floats_to_host(ex, &loss, OUT, 1) != 0) return -1;
         if (exec__loss_value(ex, loss) != 0) return -1;

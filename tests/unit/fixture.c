@@ -68,18 +68,18 @@ const char fixture_tiny_gpt[] =
     "train {\n  global_batch = 4\n  micro_batch = 2\n  seq_len = 8\n  steps = 40\n"
     "  optimizer = adamw(lr: 3e-2, weight_decay: 0.0, clip: 1.0)\n  seed = 7\n}\n";
 
-const char fixture_act_mlp[] =
-    "model act_mlp {\n"
-    "  vocab = 16\n  dim = 8\n  ffn = 12\n"
+const char fixture_other_ops[] =
+    "model other_ops {\n"
+    "  vocab = 16\n  context = 8\n  dim = 8\n  ffn = 12\n"
     "  input tokens : int[batch, seq]\n  input targets : int[batch, seq]\n"
-    "  param embedding : [vocab, dim] = normal(0.5)\n"
+    "  param embedding : [vocab, dim] = normal(0.5)\n  param wpe : [context, dim] = normal(0.5)\n"
     "  param w1 : [dim, ffn] = normal(0.5)\n  param w2 : [ffn, dim] = normal(0.5)\n"
     "  param w3 : [dim, ffn] = normal(0.5)\n  param w4 : [dim, ffn] = normal(0.5)\n"
     "  param lm_head : [dim, vocab] = normal(0.5)\n"
-    "  x = embed(tokens, embedding)\n"
-    "  x = x + silu(x @ w1) @ w2\n"
-    "  x = x + gelu(x @ w3) @ transpose(w4)\n"
-    "  loss = cross_entropy(x @ lm_head, targets)\n"
+    "  x = embed(arange(seq), wpe) + embed(tokens, embedding)\n"
+    "  h = x + silu(x @ w1) @ w2\n"
+    "  x = h + gelu(h @ w3) @ transpose(w4)\n"
+    "  loss = cross_entropy(x @ lm_head, targets) + cross_entropy(h @ lm_head, targets)\n"
     "}\n"
     "mesh { dp = 1 }\n"
     "train {\n  global_batch = 4\n  micro_batch = 2\n  seq_len = 8\n  steps = 40\n"

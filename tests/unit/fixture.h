@@ -23,10 +23,13 @@ mesh_plan *fixture_plan(const char *const *sets, int n_sets);
  * 8, 40 steps of AdamW (lr 3e-2, clip 1), seed 7. */
 extern const char fixture_tiny_gpt[];
 
-/* Two MLP blocks whose activations stand alone (silu and gelu of a plain
- * matmul: no bias add to fuse them with; the gelu read by a matmul with a
- * transposed weight, so its backward is not fused either), the tiny GPT's
- * sizes and training otherwise: the executor's silu and unfused gelu. */
-extern const char fixture_act_mlp[];
+/* What the transformer blocks of std/ do not use: activations that stand
+ * alone (silu and gelu of a plain matmul: no bias add to fuse them with;
+ * the gelu read by a matmul with a transposed weight, so its backward is
+ * not fused either), a broadcast add whose first term is the broadcast
+ * one ([seq, dim] + [batch, seq, dim]), and a loss of two cross-entropies
+ * (their sum: a loss that is not one op's); the tiny GPT's sizes and
+ * training otherwise. */
+extern const char fixture_other_ops[];
 
 #endif

@@ -131,7 +131,7 @@ TEST_IMPL(exec_gradient_matches_finite_differences)
     ASSERT_INT_EQ(check_gradient(tiny_src), 4 + 2 * 12);  /* wte wpe ln_f_w ln_f_b + 12 per layer */
     ASSERT_INT_EQ(check_gradient(llama_src), 3 + 2 * 9);   /* embedding final_norm lm_head + 9 */
     ASSERT_INT_EQ(check_gradient(moe_src), 3 + 2 * 10);    /* + router */
-    ASSERT_INT_EQ(check_gradient(fixture_act_mlp), 6);     /* silu and gelu alone */
+    ASSERT_INT_EQ(check_gradient(fixture_other_ops), 7);   /* standalone silu and gelu, a loss of two terms */
 }
 
 /* Trains 40 steps on a repeating pattern: the loss must fall from about
@@ -470,9 +470,10 @@ TEST_IMPL(exec_loss_read_once_a_step)
  * rounded once when stored, as the CPU's mixed-precision run (fp32 words)
  * rounds each op's, so with each op at its own node the losses, norms and
  * fp16's loss scale and skipped steps are that run's to the bit: GPT,
- * Llama with recompute, moe, ZeRO-3's layout, and fp16 with a scale that
- * overflows every step. Fused (one rounding for matmul and bias, as a
- * GPU's epilogue) it stays close. */
+ * Llama with recompute, moe, ZeRO-3's layout, fp16 with a scale that
+ * overflows every step, and fixture_other_ops (whose cross-entropies' fp32
+ * means are stored in 2 bytes for their sum). Fused (one rounding for
+ * matmul and bias, as a GPU's epilogue) it stays close. */
 TEST_IMPL(exec_cpu16_is_the_cpu_bf16_run)
 {
     static const char *const sets[][3] = {
@@ -484,9 +485,11 @@ TEST_IMPL(exec_cpu16_is_the_cpu_bf16_run)
         {"train.precision=fp16", "train.recompute=full", "train.schedule=gpipe"},
         {"train.precision=fp16", "train.seed=7", "train.zero=3"},
         {"train.precision=fp16", "train.loss_scale=1e12", "train.zero=0"},
+        {"train.precision=bf16", "train.seed=7", "train.zero=0"},
     };
-    const char *srcs[] = {tiny_src, llama_src, moe_src, tiny_src, tiny_src, llama_src, moe_src, tiny_src};
-    for (int v = 0; v < 8; v++) {
+    const char *srcs[] = {tiny_src, llama_src, moe_src, tiny_src, tiny_src, llama_src, moe_src, tiny_src,
+                          fixture_other_ops};
+    for (int v = 0; v < (int)(sizeof srcs / sizeof srcs[0]); v++) {
         plan p;
         compile_plan_with(&p, srcs[v], sets[v], 3);
         char err[512];

@@ -601,12 +601,13 @@ TEST_IMPL(exec_cuda_trains_as_the_cpu)
      * overflows may differ between two summation orders; the dynamic scale
      * itself is checked on the CPU, in the GPU's layout) */
     /* and activation recompute (train.recompute=full: each node recomputed
-     * on its own, none fused, in the backward), and the MLPs whose silu and
-     * gelu stand alone (fixture_act_mlp), in fp32 as closely as above */
+     * on its own, none fused, in the backward), and fixture_other_ops (silu
+     * and gelu alone, a broadcast add's terms swapped, a loss of two
+     * cross-entropies), in fp32 as closely as above */
     static const struct {
         const char *sets[2];
         double tol;
-        int act;
+        int other; /* fixture_other_ops, not the tiny GPT */
     } lowp[] = {{{"train.precision=bf16", "train.seed=7"}, 2e-2, 0},
                 {{"train.precision=fp16", "train.loss_scale=1024"}, 2e-2, 0},
                 {{"train.precision=fp32", "train.recompute=full"}, 1e-4, 0},
@@ -614,7 +615,7 @@ TEST_IMPL(exec_cuda_trains_as_the_cpu)
                 {{"train.precision=fp32", "train.seed=7"}, 1e-4, 1},
                 {{"train.precision=bf16", "train.seed=7"}, 2e-2, 1}};
     for (size_t q = 0; q < sizeof lowp / sizeof lowp[0]; q++) {
-        compile_src_with(&p, lowp[q].act ? fixture_act_mlp : gpt_src, lowp[q].sets, 2);
+        compile_src_with(&p, lowp[q].other ? fixture_other_ops : gpt_src, lowp[q].sets, 2);
         cpu = exec_of(&p);
         gpu = mesh__exec_create_rank(&p, 0, NULL, NULL, 0, NULL, NULL, MESH__EXEC_CUDA, err, sizeof err);
         if (!gpu) unit_fail(__FILE__, __LINE__, "%s", err);
@@ -624,7 +625,7 @@ TEST_IMPL(exec_cuda_trains_as_the_cpu)
         for (int k = 0; k < 20; k++)
             if (!(fabs(a[k].loss - b[k].loss) <= lowp[q].tol * a[k].loss) || a[k].skipped != b[k].skipped)
                 unit_fail(__FILE__, __LINE__, "%s%s %s, step %d: %.9f on the GPU, %.9f on the CPU",
-                          lowp[q].act ? "act_mlp, " : "", lowp[q].sets[0], lowp[q].sets[1], k + 1, b[k].loss,
+                          lowp[q].other ? "other_ops, " : "", lowp[q].sets[0], lowp[q].sets[1], k + 1, b[k].loss,
                           a[k].loss);
         mesh__exec_free(cpu);
         mesh__exec_free(gpu);

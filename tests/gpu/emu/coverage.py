@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""coverage.py BUILD: what of the GPU code the emulated tests never ran.
+"""coverage.py BUILD [--runtime]: what of the GPU code the emulated tests never ran.
 
 Reads the gcov data of a coverage build of the emulation (make gpu-emu-cov:
 BUILD built with SAN=cov, then tests/gpu/emu/run.sh BUILD forward) and
@@ -14,6 +14,13 @@ the kernel table, the NCCL communicator):
 Code under `#ifdef __CUDA_ARCH__` (the real GPU's branch of an instruction
 wrapper) is not compiled here and so is not listed: this is what the
 emulation leaves for a GPU to run first. The last line counts both.
+
+With --runtime, then the same for the runtime's other files (runtime/*.c:
+the executor, the CPU kernel table, the communicators...), counted over
+the CPU's objects and the emulation's together (make gpu-emu-cov runs the
+whole unit test program too, for them): what neither the unit tests nor
+the emulated run reached (meshrun's own paths, MPI and SLURM launches,
+make test's other sections, are not run there: expect them listed).
 """
 import collections
 import glob
@@ -27,19 +34,34 @@ import tempfile
 RUNTIME_CUDA = ("runtime/device_cuda.c", "runtime/kern_cuda.c", "runtime/comm_nccl.c")
 
 
-def ours(path):
+def gpu_code(path):
     return path.startswith("kernels/cuda/") or path in RUNTIME_CUDA
 
 
+def other_runtime(path):
+    return path.startswith("runtime/") and path.endswith(".c") and path not in RUNTIME_CUDA
+
+
 def main():
-    if len(sys.argv) != 2:
-        sys.exit("usage: coverage.py BUILD   (a SAN=cov build whose tests have run)")
-    build = sys.argv[1]
+    args = sys.argv[1:]
+    runtime = "--runtime" in args
+    args = [a for a in args if a != "--runtime"]
+    if len(args) != 1:
+        sys.exit("usage: coverage.py BUILD [--runtime]   (a SAN=cov build whose tests have run)")
+    build = args[0]
     gcda = sorted(glob.glob(os.path.join(build, "emu-obj", "kernels", "cuda", "*.gcda")) +
                   glob.glob(os.path.join(build, "emu-obj", "runtime", "*.gcda")))
     if not gcda:
         sys.exit("coverage.py: no .gcda files under %s/emu-obj: build it with SAN=cov and run its "
                  "tests first (make gpu-emu-cov)" % build)
+    report(build, gcda, gpu_code, "GPU code the emulated tests never ran", True)
+    if runtime:
+        gcda += sorted(glob.glob(os.path.join(build, "obj", "runtime", "*.gcda")))
+        print()
+        report(build, gcda, other_runtime, "the runtime's other files: lines no test ran", False)
+
+
+def report(build, gcda, ours, title, functions):
     lines = collections.defaultdict(lambda: collections.defaultdict(int))
     funcs = collections.defaultdict(lambda: collections.defaultdict(int))
     starts = {}
@@ -61,11 +83,11 @@ def main():
                         funcs[src["file"]][key] += fn["execution_count"]
                         starts[(src["file"], key)] = fn["start_line"]
     total_lines = dead_lines = total_funcs = dead_funcs = 0
-    print("GPU code the emulated tests never ran (%s):" % build)
+    print("%s (%s):" % (title, build))
     for path in sorted(lines):
         text = open(path, encoding="utf-8").read().split("\n") if os.path.exists(path) else []
         dead = sorted(n for n, c in lines[path].items() if c == 0)
-        never = sorted((starts[(path, k)], k) for k, c in funcs[path].items() if c == 0)
+        never = sorted((starts[(path, k)], k) for k, c in funcs[path].items() if c == 0) if functions else []
         total_lines += len(lines[path])
         dead_lines += len(dead)
         total_funcs += len(funcs[path])
@@ -73,15 +95,18 @@ def main():
         if not dead and not never:
             print("%s: all %d lines run" % (path, len(lines[path])))
             continue
-        print("%s: %d of %d lines never run, %d of %d functions never called" %
-              (path, len(dead), len(lines[path]), len(never), len(funcs[path])))
+        print("%s: %d of %d lines never run" % (path, len(dead), len(lines[path])) +
+              (", %d of %d functions never called" % (len(never), len(funcs[path])) if functions else ""))
         for n in dead:
             src = text[n - 1].strip() if 0 < n <= len(text) else ""
             print("  %5d: %s" % (n, src[:110]))
         for start, name in never:
             print("  %5d: never called: %s" % (start, name if len(name) <= 150 else name[:147] + "..."))
-    print("%d of %d lines never run, %d of %d functions never called" %
-          (dead_lines, total_lines, dead_funcs, total_funcs))
+    if functions:
+        print("%d of %d lines never run, %d of %d functions never called" %
+              (dead_lines, total_lines, dead_funcs, total_funcs))
+    else:
+        print("%d of %d lines never run" % (dead_lines, total_lines))
 
 
 if __name__ == "__main__":
