@@ -126,12 +126,30 @@ static int check_gradient(const char *src)
     return params;
 }
 
+/* fixture_other_ops with `loss = l + l` (l its first cross-entropy): a
+ * loss not of terms (read as its value), an add of one input twice. */
+static char *loss_twice_src(void)
+{
+    const char *from = "  loss = cross_entropy(x @ lm_head, targets) + cross_entropy(h @ lm_head, targets)\n";
+    const char *to = "  l = cross_entropy(x @ lm_head, targets)\n  loss = l + l\n";
+    const char *at = strstr(fixture_other_ops, from);
+    ASSERT_NOT_NULL(at);
+    size_t head = (size_t)(at - fixture_other_ops), n = strlen(fixture_other_ops) - strlen(from) + strlen(to);
+    char *src = malloc(n + 1);
+    ASSERT_NOT_NULL(src);
+    snprintf(src, n + 1, "%.*s%s%s", (int)head, fixture_other_ops, to, at + strlen(from));
+    return src;
+}
+
 TEST_IMPL(exec_gradient_matches_finite_differences)
 {
     ASSERT_INT_EQ(check_gradient(tiny_src), 4 + 2 * 12);  /* wte wpe ln_f_w ln_f_b + 12 per layer */
     ASSERT_INT_EQ(check_gradient(llama_src), 3 + 2 * 9);   /* embedding final_norm lm_head + 9 */
     ASSERT_INT_EQ(check_gradient(moe_src), 3 + 2 * 10);    /* + router */
     ASSERT_INT_EQ(check_gradient(fixture_other_ops), 7);   /* standalone silu and gelu, a loss of two terms */
+    char *twice = loss_twice_src();
+    ASSERT_INT_EQ(check_gradient(twice), 7);
+    free(twice);
 }
 
 /* Trains 40 steps on a repeating pattern: the loss must fall from about
