@@ -489,8 +489,9 @@ TEST_IMPL(exec_loss_read_once_a_step)
  * rounds each op's, so with each op at its own node the losses, norms and
  * fp16's loss scale and skipped steps are that run's to the bit: GPT,
  * Llama with recompute, moe, ZeRO-3's layout, fp16 with a scale that
- * overflows every step, and fixture_other_ops (whose cross-entropies' fp32
- * means are stored in 2 bytes for their sum). Fused (one rounding for
+ * overflows every step, and fixture_other_ops (a loss of two
+ * cross-entropies: their fp32 means its terms, and stored in 2 bytes for
+ * the add). Fused (one rounding for
  * matmul and bias, as a GPU's epilogue) it stays close. */
 TEST_IMPL(exec_cpu16_is_the_cpu_bf16_run)
 {

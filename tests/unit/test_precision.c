@@ -545,9 +545,9 @@ TEST_IMPL(precision_checkpoint_resumes_to_the_bit)
  * the CPU executor's losses within 1e-4 relative, fp32 both (the GPU's
  * products sum in another order), within 2e-2 in bf16 and fp16 (the GPU's
  * 2-byte storage against the CPU's rounding, fp16's loss scale and skipped
- * steps alike), and so with activation recompute; its params read back
- * (mesh_param_get's path) match. It runs on a stream of its own. Without a
- * GPU it prints one SKIP line. */
+ * steps alike), and so with activation recompute and on
+ * fixture_other_ops; its params read back (mesh_param_get's path) match.
+ * It runs on a stream of its own. Without a GPU it prints one SKIP line. */
 TEST_IMPL(exec_cuda_trains_as_the_cpu)
 {
     char why[320], err[512];
@@ -608,24 +608,24 @@ TEST_IMPL(exec_cuda_trains_as_the_cpu)
         const char *sets[2];
         double tol;
         int other; /* fixture_other_ops, not the tiny GPT */
-    } lowp[] = {{{"train.precision=bf16", "train.seed=7"}, 2e-2, 0},
+    } runs[] = {{{"train.precision=bf16", "train.seed=7"}, 2e-2, 0},
                 {{"train.precision=fp16", "train.loss_scale=1024"}, 2e-2, 0},
                 {{"train.precision=fp32", "train.recompute=full"}, 1e-4, 0},
                 {{"train.precision=bf16", "train.recompute=full"}, 2e-2, 0},
                 {{"train.precision=fp32", "train.seed=7"}, 1e-4, 1},
                 {{"train.precision=bf16", "train.seed=7"}, 2e-2, 1}};
-    for (size_t q = 0; q < sizeof lowp / sizeof lowp[0]; q++) {
-        compile_src_with(&p, lowp[q].other ? fixture_other_ops : gpt_src, lowp[q].sets, 2);
+    for (size_t q = 0; q < sizeof runs / sizeof runs[0]; q++) {
+        compile_src_with(&p, runs[q].other ? fixture_other_ops : gpt_src, runs[q].sets, 2);
         cpu = exec_of(&p);
         gpu = mesh__exec_create_rank(&p, 0, NULL, NULL, 0, NULL, NULL, MESH__EXEC_CUDA, err, sizeof err);
         if (!gpu) unit_fail(__FILE__, __LINE__, "%s", err);
-        ASSERT_UINT_EQ(mesh__exec_bytes(gpu), (size_t)p.memory[0].total); /* the plan's 2-byte layout */
+        ASSERT_UINT_EQ(mesh__exec_bytes(gpu), (size_t)p.memory[0].total); /* the plan's layout, to the byte */
         train(cpu, 1, 20, a);
         train(gpu, 1, 20, b);
         for (int k = 0; k < 20; k++)
-            if (!(fabs(a[k].loss - b[k].loss) <= lowp[q].tol * a[k].loss) || a[k].skipped != b[k].skipped)
+            if (!(fabs(a[k].loss - b[k].loss) <= runs[q].tol * a[k].loss) || a[k].skipped != b[k].skipped)
                 unit_fail(__FILE__, __LINE__, "%s%s %s, step %d: %.9f on the GPU, %.9f on the CPU",
-                          lowp[q].other ? "other_ops, " : "", lowp[q].sets[0], lowp[q].sets[1], k + 1, b[k].loss,
+                          runs[q].other ? "other_ops, " : "", runs[q].sets[0], runs[q].sets[1], k + 1, b[k].loss,
                           a[k].loss);
         mesh__exec_free(cpu);
         mesh__exec_free(gpu);
