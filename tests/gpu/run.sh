@@ -368,9 +368,11 @@ step_bench() {
 }
 
 # train_data DIR: the Devil's Dictionary tokenized into DIR/dd.bin, unless
-# there already (the steps that train share it)
+# there already (the steps that train share it); meshrun's output in
+# DIR/tokenize.out, its status returned
 train_data() {
-    [ -s "$1/dd.bin" ] || "$BUILD/meshrun$EMU" tokenize examples/data/devils-dictionary.txt -o "$1/dd.bin" >/dev/null 2>&1
+    [ -s "$1/dd.bin" ] ||
+        "$BUILD/meshrun$EMU" tokenize examples/data/devils-dictionary.txt -o "$1/dd.bin" >"$1/tokenize.out" 2>&1
 }
 
 # MESH_GPU_TRAIN_DEV=cpu compares the CPU with itself: the steps' plumbing
@@ -383,7 +385,7 @@ losses_of() { sed -n 's/.*"loss": \([-0-9.e+]*\),.*/\1/p' "$1"; }
 step_train_equiv() {
     local d=$OUT/train m dev detail="" bad=0 san_done=0
     mkdir -p "$d"
-    if ! "$BUILD/meshrun$EMU" tokenize examples/data/devils-dictionary.txt -o "$d/dd.bin" >"$d/tokenize.out" 2>&1; then
+    if ! train_data "$d"; then
         cat "$d/tokenize.out"
         result train_equiv FAIL "meshrun tokenize failed"
         return 0
@@ -556,7 +558,7 @@ step_oracle() {
         return 0
     fi
     mkdir -p "$d"
-    "$BUILD/meshrun$EMU" tokenize examples/data/devils-dictionary.txt -o "$d/dd.bin" >/dev/null 2>&1
+    train_data "$d"
     local -a llama=(--set model.vocab=256 --set model.dim=64 --set model.layers=2 --set model.heads=4
         --set model.kv_heads=2 --set model.ffn_dim=128 --set train.global_batch=8 --set train.micro_batch=8
         --set mesh.dp=1 --set mesh.tp=1 --set mesh.pp=1 --set train.schedule=1f1b --set train.virtual_stages=1

@@ -6,6 +6,7 @@
 #include <string.h> /* strlen */
 
 #include "fixture.h"
+#include "plan.h" /* defines: plan, plan_read */
 #include "unit.h" /* defines: ASSERT_* */
 
 static void to_stderr(void *ud, diag_level level, const char *text) {
@@ -25,6 +26,35 @@ fe *fixture_checked(const char *src, const char *path, const char *const *sets, 
     return f;
 }
 
+/* src compiled with the --set overrides: the plan's text (mesh_free it),
+ * its length in *len; fails the test with meshc's message. */
+static char *plan_text(const char *src, const char *const *sets, int n_sets, size_t *len) {
+    mesh_compile_options o = MESH_COMPILE_OPTIONS_INIT;
+    o.sets = sets;
+    o.n_sets = n_sets;
+    char *text = NULL;
+    if (mesh_compile("tiny.mesh", src, strlen(src), &o, &text, len) != MESH_OK)
+        unit_fail(__FILE__, __LINE__, "%s", mesh_last_error());
+    return text;
+}
+
+void fixture_compile(plan *p, const char *src, const char *const *sets, int n_sets) {
+    char err[512];
+    size_t len = 0;
+    char *text = plan_text(src, sets, n_sets, &len);
+    if (plan_read(p, text, len, err, sizeof err) != 0) unit_fail(__FILE__, __LINE__, "%s", err);
+    mesh_free(text);
+}
+
+mesh_plan *fixture_mesh_plan(const char *src, const char *const *sets, int n_sets) {
+    size_t len = 0;
+    char *text = plan_text(src, sets, n_sets, &len);
+    mesh_plan *mp = NULL;
+    ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
+    mesh_free(text);
+    return mp;
+}
+
 /* A model the interpreter runs, with a vocabulary of 32; `sets` as
  * meshc --set (global_batch 4 of micro_batch 2 and seq_len 4 by default). */
 mesh_plan *fixture_plan(const char *const *sets, int n_sets) {
@@ -38,16 +68,7 @@ mesh_plan *fixture_plan(const char *const *sets, int n_sets) {
         "mesh { dp = 1 }\n"
         "train { global_batch = 4  micro_batch = 2  seq_len = 4  steps = 10  seed = 3\n"
         "        optimizer = adamw(lr: 1e-2) }\n";
-    mesh_compile_options o = MESH_COMPILE_OPTIONS_INIT;
-    o.sets = sets;
-    o.n_sets = n_sets;
-    char *text = NULL;
-    size_t len = 0;
-    mesh_plan *mp = NULL;
-    ASSERT_INT_EQ(mesh_compile("m.mesh", src, strlen(src), &o, &text, &len), MESH_OK);
-    ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
-    mesh_free(text);
-    return mp;
+    return fixture_mesh_plan(src, sets, n_sets);
 }
 
 /* The tiny GPT the executor tests train (two layers through the repeat's

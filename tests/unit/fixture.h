@@ -14,9 +14,19 @@
  * source tree. Fails the test on any error; the caller frees with fe_free. */
 fe *fixture_checked(const char *src, const char *path, const char *const *sets, int n_sets);
 
+/* Compiles `src` (named tiny.mesh) with the n_sets --set overrides in
+ * `sets` and reads the plan into *p (free with plan_free). Fails the test,
+ * with meshc's or the reader's message, on any error. */
+struct plan;
+void fixture_compile(struct plan *p, const char *src, const char *const *sets, int n_sets);
+
 /* A one-rank plan the interpreter runs (a vocabulary of 32, global_batch 4
  * of micro_batch 2, seq_len 4, seed 3), with `sets` as meshc --set. */
 mesh_plan *fixture_plan(const char *const *sets, int n_sets);
+
+/* `src` compiled with the --set overrides to a public mesh_plan (free with
+ * mesh_plan_free); fails the test on any error. */
+mesh_plan *fixture_mesh_plan(const char *src, const char *const *sets, int n_sets);
 
 /* The tiny GPT of the executor's tests: vocab 16, context 8, dim 8, 2
  * heads, 2 layers, a tied head; global_batch 4 of micro_batch 2, seq_len

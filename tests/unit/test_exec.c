@@ -58,21 +58,7 @@ static const char moe_src[] =
     "train {\n  global_batch = 4\n  micro_batch = 2\n  seq_len = 8\n  steps = 40\n"
     "  optimizer = adamw(lr: 3e-2, weight_decay: 0.0, clip: 1.0)\n  seed = 7\n}\n";
 
-/* Compiles src with `--set` overrides into *p. */
-static void compile_plan_with(plan *p, const char *src, const char *const *sets, int n_sets)
-{
-    char *text = NULL, err[512];
-    size_t len = 0;
-    mesh_compile_options opt = MESH_COMPILE_OPTIONS_INIT;
-    opt.sets = sets;
-    opt.n_sets = n_sets;
-    ASSERT_INT_EQ(mesh_compile("tiny.mesh", src, strlen(src), &opt, &text, &len), 0);
-    int rc = plan_read(p, text, len, err, sizeof err);
-    if (rc != 0) unit_fail(__FILE__, __LINE__, err);
-    mesh_free(text);
-}
-
-static void compile_plan(plan *p, const char *src) { compile_plan_with(p, src, NULL, 0); }
+static void compile_plan(plan *p, const char *src) { fixture_compile(p, src, NULL, 0); }
 
 /* A batch that repeats a pattern, so there is something to learn. */
 static void batch(int32_t *in, int32_t *tg, size_t n, int shift)
@@ -220,7 +206,7 @@ TEST_IMPL(exec_step_is_adamw_of_the_clipped_gradient)
     static const char *const sets[] = {
         "train.micro_batch=4", "train.optimizer=adamw(lr: 3e-2, eps: 1e-3, weight_decay: 0.0, clip: 0.05)"};
     plan p;
-    compile_plan_with(&p, tiny_src, sets, 2);
+    fixture_compile(&p, tiny_src, sets, 2);
     char err[256];
     mesh__exec *ex = mesh__exec_create(&p, NULL, NULL, err, sizeof err);
     if (!ex) unit_fail(__FILE__, __LINE__, err);
@@ -332,7 +318,7 @@ TEST_IMPL(exec_memory_is_the_plan)
     for (int s = 0; s < 3; s++)
         for (int v = 0; v < 3; v++) {
             plan p;
-            compile_plan_with(&p, srcs[s], sets[v], 1);
+            fixture_compile(&p, srcs[s], sets[v], 1);
             if (v == 2) ASSERT_INT_EQ(p.memory[0].slots, 2);
             double planned[6], reference[6];
             float *a, *b;
@@ -355,7 +341,7 @@ TEST_IMPL(exec_memory_is_the_plan)
     static const char *const bf16[] = {"train.precision=bf16"};
     for (int s = 0; s < 3; s += 2) {
         plan p;
-        compile_plan_with(&p, srcs[s], bf16, 1);
+        fixture_compile(&p, srcs[s], bf16, 1);
         double planned[6], reference[6];
         float *a, *b;
         size_t na = run_steps(&p, MESH__EXEC_CPU16, 1, planned, &a),
@@ -391,7 +377,7 @@ TEST_IMPL(exec_guarded_arena_only_through_copies_and_kernels)
     const char *srcs[] = {tiny_src, tiny_src, llama_src, tiny_src, moe_src, moe_src};
     for (int v = 0; v < 6; v++) {
         plan p;
-        compile_plan_with(&p, srcs[v], sets[v], 2);
+        fixture_compile(&p, srcs[v], sets[v], 2);
         char err[512], dir[] = "/tmp/mesh-guard-XXXXXX";
         mesh__exec *plain = mesh__exec_create(&p, NULL, NULL, err, sizeof err);
         if (!plain) unit_fail(__FILE__, __LINE__, "%s", err);
@@ -457,7 +443,7 @@ TEST_IMPL(exec_loss_read_once_a_step)
     const char *srcs[] = {tiny_src, moe_src};
     for (int v = 0; v < 2; v++) {
         plan p;
-        compile_plan_with(&p, srcs[v], sets, 2);
+        fixture_compile(&p, srcs[v], sets, 2);
         char err[512];
         mesh__exec *plain = mesh__exec_create(&p, NULL, NULL, err, sizeof err);
         mesh__exec *guarded = mesh__exec_create_flags(&p, NULL, NULL, MESH__EXEC_GUARD, err, sizeof err);
@@ -510,7 +496,7 @@ TEST_IMPL(exec_cpu16_is_the_cpu_bf16_run)
                           fixture_other_ops};
     for (int v = 0; v < (int)(sizeof srcs / sizeof srcs[0]); v++) {
         plan p;
-        compile_plan_with(&p, srcs[v], sets[v], 3);
+        fixture_compile(&p, srcs[v], sets[v], 3);
         char err[512];
         mesh__exec *words = mesh__exec_create(&p, NULL, NULL, err, sizeof err);
         mesh__exec *half = mesh__exec_create_flags(&p, NULL, NULL, MESH__EXEC_CPU16 | MESH__EXEC_GUARD | MESH__EXEC_NO_FUSE,
@@ -986,7 +972,7 @@ TEST_IMPL(exec_fused_bias_gelu_same_bits)
     };
     for (int v = 0; v < 4; v++) {
         plan p;
-        compile_plan_with(&p, tiny_src, sets[v % 3], 2);
+        fixture_compile(&p, tiny_src, sets[v % 3], 2);
         char err[512];
         unsigned guard = v == 3 ? MESH__EXEC_GUARD : 0;
         mesh__exec *fused = mesh__exec_create_flags(&p, NULL, NULL, guard, err, sizeof err);
@@ -1038,7 +1024,7 @@ TEST_IMPL(exec_fused_bias_gelu_same_bits)
     }
     static const char *const bf16[] = {"train.precision=bf16"};
     plan p;
-    compile_plan_with(&p, tiny_src, bf16, 1);
+    fixture_compile(&p, tiny_src, bf16, 1);
     char err[512];
     mesh__exec *ex = mesh__exec_create(&p, NULL, NULL, err, sizeof err);
     if (!ex) unit_fail(__FILE__, __LINE__, "%s", err);

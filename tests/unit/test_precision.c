@@ -113,20 +113,8 @@ TEST_IMPL(kcpu_rounds_to_bf16_and_fp16)
 
 #define gpt_src fixture_tiny_gpt /* two layers, a tied head */
 
-static void compile_src_with(plan *p, const char *src, const char *const *sets, int n_sets)
-{
-    char *text = NULL, err[512];
-    size_t len = 0;
-    mesh_compile_options opt = MESH_COMPILE_OPTIONS_INIT;
-    opt.sets = sets;
-    opt.n_sets = n_sets;
-    if (mesh_compile("tiny.mesh", src, strlen(src), &opt, &text, &len) != MESH_OK)
-        unit_fail(__FILE__, __LINE__, "%s", mesh_last_error());
-    if (plan_read(p, text, len, err, sizeof err) != 0) unit_fail(__FILE__, __LINE__, "%s", err);
-    mesh_free(text);
-}
 
-static void compile_with(plan *p, const char *const *sets, int n_sets) { compile_src_with(p, gpt_src, sets, n_sets); }
+static void compile_with(plan *p, const char *const *sets, int n_sets) { fixture_compile(p, gpt_src, sets, n_sets); }
 
 static mesh__exec *exec_of(const plan *p)
 {
@@ -346,16 +334,7 @@ TEST_IMPL(precision_sp_position_embedding_sums_in_fp32)
     plan_free(&one);
 
     /* tp 2, sequence parallel */
-    char *text = NULL;
-    size_t len = 0;
-    mesh_compile_options opt = MESH_COMPILE_OPTIONS_INIT;
-    opt.sets = sp_sets;
-    opt.n_sets = SP_SETS;
-    if (mesh_compile("tiny.mesh", gpt_src, strlen(gpt_src), &opt, &text, &len) != MESH_OK)
-        unit_fail(__FILE__, __LINE__, "%s", mesh_last_error());
-    mesh_plan *mpl = NULL;
-    ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mpl), MESH_OK);
-    mesh_free(text);
+    mesh_plan *mpl = fixture_mesh_plan(gpt_src, sp_sets, SP_SETS);
     sp_run r = {{got0, got1}, n};
     if (mesh_run_ranks(mpl, sp_rank, &r) != MESH_OK) unit_fail(__FILE__, __LINE__, "%s", mesh_last_error());
     mesh_plan_free(mpl);
@@ -615,7 +594,7 @@ TEST_IMPL(exec_cuda_trains_as_the_cpu)
                 {{"train.precision=fp32", "train.seed=7"}, 1e-4, 1},
                 {{"train.precision=bf16", "train.seed=7"}, 2e-2, 1}};
     for (size_t q = 0; q < sizeof runs / sizeof runs[0]; q++) {
-        compile_src_with(&p, runs[q].other ? fixture_other_ops : gpt_src, runs[q].sets, 2);
+        fixture_compile(&p, runs[q].other ? fixture_other_ops : gpt_src, runs[q].sets, 2);
         cpu = exec_of(&p);
         gpu = mesh__exec_create_rank(&p, 0, NULL, NULL, 0, NULL, NULL, MESH__EXEC_CUDA, err, sizeof err);
         if (!gpu) unit_fail(__FILE__, __LINE__, "%s", err);

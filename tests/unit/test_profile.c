@@ -39,16 +39,7 @@ typedef struct prof_row {
     double ms, calls, gflop;
 } prof_row;
 
-static void compile_tiny(plan *p)
-{
-    char *text = NULL, err[512];
-    size_t len = 0;
-    mesh_compile_options opt = MESH_COMPILE_OPTIONS_INIT;
-    if (mesh_compile("tiny.mesh", fixture_tiny_gpt, strlen(fixture_tiny_gpt), &opt, &text, &len) != MESH_OK)
-        unit_fail(__FILE__, __LINE__, "%s", mesh_last_error());
-    if (plan_read(p, text, len, err, sizeof err) != 0) unit_fail(__FILE__, __LINE__, "%s", err);
-    mesh_free(text);
-}
+static void compile_tiny(plan *p) { fixture_compile(p, fixture_tiny_gpt, NULL, 0); }
 
 /* Steps [from, to] of the fixture's repeating batches; their losses into
  * loss[step - 1]; the seconds they took. */

@@ -554,7 +554,8 @@ static void t_ldsm_past_dynamic()
  * the block: writes all of its 1024 bytes (fill), or reads byte 512 of a
  * launch of 256 (look): 0xff, not what the launch before wrote there;
  * under AddressSanitizer it asks whether the byte is poisoned instead
- * of reading it (a read there would be reported), 0xff standing for yes. */
+ * of reading it (a read there would be reported), 0xff standing for yes;
+ * byte 255, within the launch's, must not be (0 if it is). */
 __global__ void k_smem_past(unsigned *out, int look)
 {
     extern __shared__ __align__(128) unsigned char smem[];
@@ -567,7 +568,7 @@ __global__ void k_smem_past(unsigned *out, int look)
         return;
 #if ASAN
     out[0] = __asan_address_is_poisoned(smem + 512) ? 0xff : 0;
-    out[1] = __asan_address_is_poisoned(smem + 255) ? 0xff : smem[255];
+    out[1] = __asan_address_is_poisoned(smem + 255) ? 0 : smem[255];
 #else
     out[0] = smem[512];
     out[1] = smem[255];
