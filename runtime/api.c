@@ -18,7 +18,7 @@
 
 _Static_assert(sizeof(int) == sizeof(int32_t), "token ids are passed as int");
 
-static _Thread_local char last_error[1024];
+static _Thread_local char last_error[2048];
 
 const char *mesh_last_error(void) { return last_error; }
 

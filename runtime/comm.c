@@ -115,7 +115,7 @@ int comm_all_gather_v(comm *c, float *const *bufs, const size_t *n, int k)
 
 int comm_fail(comm *c, const char *op, const char *fmt, ...)
 {
-    char why[240]; /* with the prefix, fits c->error */
+    char why[900]; /* with the prefix, fits c->error */
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);

@@ -83,7 +83,7 @@ struct comm {
     const comm_vtbl *v;
     int rank, size;        /* in this group */
     int world_rank;        /* in the world */
-    char error[320];       /* why the last call failed */
+    char error[1024];      /* why the last call failed */
     float *packed;         /* comm.c's: the buffers of a _v call packed into one (freed by comm_free) */
     size_t packed_n;
 };

@@ -112,9 +112,11 @@
 #include <stdatomic.h>    /* atomic_int: an own world's abort asked from another thread */
 #include <stdint.h>       /* int32_t, uint64_t */
 #include <stdlib.h>       /* calloc, realloc, free, getenv */
-#include <string.h>       /* memcpy, memset */
+#include <ctype.h>        /* isdigit */
+#include <string.h>       /* memcpy, memset, strncmp */
 #include <time.h>         /* nanosleep */
 
+#include "kcuda.h"      /* kcuda_fault_hint */
 #include "rendezvous.h" /* rdv_open, rdv_all_gather: the unique id over TCP */
 
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
@@ -166,13 +168,13 @@ struct nworld {
     double timeout;
     int group;          /* group_begin depth */
     int aborted;
-    char why[240];
+    char why[800];
     int own;            /* a queue's world (comm_nccl_own_thread): comm_abort only asks */
     int deferred;       /* own: calls return once enqueued, watched by comm_nccl_progress (comm_nccl_defer) */
     int polls;          /* deferred: comm_nccl_progress's looks so far */
     atomic_int claimed; /* own: the first comm_abort writes asked_why, */
     atomic_int asked;   /* then sets this; the world's thread aborts it */
-    char asked_why[240];
+    char asked_why[800];
     comm_watch *host; /* held: a watch on the world it was bootstrapped over, or NULL */
     int ordered;          /* comm_nccl_order: calls ordered on the caller's stream, not waited for */
     cudaStream_t caller;  /* ordered: the caller's stream (NULL: the legacy default stream) */
@@ -275,8 +277,8 @@ static void world_free(nworld *w)
 static int fail_abort(ncomm *m, const char *op, const char *why)
 {
     char msg[sizeof m->w->why];
-    snprintf(msg, sizeof msg, "rank %d: %.20s failed: %.180s", m->c.world_rank, op, why);
-    comm_fail(&m->c, op, "%.170s; the world's NCCL communicators are aborted", why);
+    snprintf(msg, sizeof msg, "rank %d: %.20s failed: %.700s", m->c.world_rank, op, why);
+    comm_fail(&m->c, op, "%.600s; the world's NCCL communicators are aborted", why);
     /* the world it was bootstrapped over first: ncclCommAbort may wait for
      * the other ranks on the node to abort too (NCCL since 2.16), which
      * they do once they hear of this failure there */
@@ -285,35 +287,46 @@ static int fail_abort(ncomm *m, const char *op, const char *why)
     return -1;
 }
 
+/* An NCCL error; for an unhandled CUDA error, what CUDA says of the GPU
+ * (a kernel's fault, typically: sticky, so still there to read). */
 static int nccl_fail(ncclComm_t nc, ncomm *m, const char *op, const char *call, ncclResult_t rc)
 {
-    char why[240];
+    char why[800], cuda[360] = "";
     const char *last = ncclGetLastError(nc);
-    snprintf(why, sizeof why, "%s: %s (NCCL error %d)%s%s", call, ncclGetErrorString(rc), (int)rc,
-             last && last[0] ? ": " : "", last ? last : "");
+    cudaError_t ce = rc == ncclUnhandledCudaError ? cudaPeekAtLastError() : cudaSuccess;
+    if (ce != cudaSuccess)
+        snprintf(cuda, sizeof cuda, "; CUDA says %s (%s)%s", cudaGetErrorString(ce), cudaGetErrorName(ce),
+                 kcuda_fault_hint((int)ce));
+    snprintf(why, sizeof why, "%s: %s (NCCL error %d)%s%s%s", call, ncclGetErrorString(rc), (int)rc,
+             last && last[0] ? ": " : "", last ? last : "", cuda);
     return fail_abort(m, op, why);
 }
 
 static int cuda_fail(ncomm *m, const char *op, const char *call, cudaError_t rc)
 {
-    char why[240];
-    snprintf(why, sizeof why, "%s: %s (%s)", call, cudaGetErrorString(rc), cudaGetErrorName(rc));
+    char why[480];
+    (void)cudaGetLastError(); /* (a sticky error stays) */
+    snprintf(why, sizeof why, "%s: %s (%s)%s", call, cudaGetErrorString(rc), cudaGetErrorName(rc),
+             kcuda_fault_hint((int)rc));
     return fail_abort(m, op, why);
 }
 
 static int timed_out(ncomm *m, const char *op)
 {
-    char why[200];
+    char why[400];
     snprintf(why, sizeof why, "waited more than %g s (MESH_COLLECTIVE_TIMEOUT_S): another rank is stuck or gone",
              m->w->timeout);
     return fail_abort(m, op, why);
 }
 
-/* op's failure when another rank of the host world failed. */
+/* op's failure when the host world stopped: another rank failed, or this
+ * one did elsewhere (its communication thread, say: why then names it). */
 static int host_failed(ncomm *m, const char *op, const char *why)
 {
-    char msg[240];
-    snprintf(msg, sizeof msg, "another rank failed (%.200s)", why);
+    char msg[800], own[32];
+    int n = snprintf(own, sizeof own, "rank %d", m->c.world_rank);
+    int self = !strncmp(why, own, (size_t)n) && !isdigit((unsigned char)why[n]);
+    snprintf(msg, sizeof msg, "%s (%.700s)", self ? "this rank failed elsewhere" : "another rank failed", why);
     return fail_abort(m, op, msg);
 }
 
@@ -357,7 +370,7 @@ static int check_counts(ncomm *m)
             int p = x->c.size;
             for (int q = 0; q < p; q++) {
                 if (k->host[p + q] == k->want[q]) continue;
-                char why[200];
+                char why[640];
                 snprintf(why, sizeof why, "rank %d expected %zu floats from rank %d, which sends %llu", x->c.rank,
                          k->want[q], q, (unsigned long long)k->host[p + q]);
                 return fail_abort(m, "all-to-all", why);
@@ -403,7 +416,7 @@ static int wait_for(ncomm *m, const char *op, int streams)
 {
     nworld *w = m->w;
     double until = comm_now() + w->timeout;
-    char why[200];
+    char why[640];
     for (int polls = 0;; pause_poll(&polls)) {
         if (take_abort(w)) return asked_abort(m, op);
         if (host_down(w, polls, why, sizeof why)) return host_failed(m, op, why);
@@ -462,7 +475,7 @@ static int settle(ncomm *m, const char *op)
 static int wait_gpu(ncomm *m, const char *op, cudaEvent_t ev)
 {
     double until = comm_now() + m->w->timeout;
-    char why[200];
+    char why[640];
     for (int polls = 0;; pause_poll(&polls)) {
         if (take_abort(m->w)) return asked_abort(m, op);
         if (host_down(m->w, polls, why, sizeof why)) return host_failed(m, op, why);
@@ -512,14 +525,16 @@ static void on_gpu(const ncomm *m)
 
 /* -1 (not aborting) unless p is device memory the NCCL calls can use:
  * the world's GPU's (another GPU's would fault NCCL's kernels, or go
- * through peer access the world never asked for), or managed memory. */
+ * through peer access the world never asked for), or managed memory;
+ * -1 aborting the world if CUDA cannot say (its GPU failed). */
 static int on_device(ncomm *m, const char *op, const void *p, size_t bytes)
 {
     struct cudaPointerAttributes a;
     on_gpu(m);
     if (bytes == 0) return 0;
     memset(&a, 0, sizeof a);
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) (void)cudaGetLastError();
+    cudaError_t rc = cudaPointerGetAttributes(&a, p); /* (host memory CUDA does not know: no error) */
+    if (rc != cudaSuccess) return cuda_fail(m, op, "cudaPointerGetAttributes", rc); /* a failed GPU, say */
     if ((a.type == cudaMemoryTypeDevice && a.device == m->w->device) || a.type == cudaMemoryTypeManaged) return 0;
     if (a.type == cudaMemoryTypeDevice)
         return comm_fail(&m->c, op, "buffer %p is memory of CUDA device %d, not of this communicator's GPU (%d)", p,
@@ -940,11 +955,13 @@ static int n_group_end(comm *c)
 }
 
 /* An own world (a queue's) may be aborted from another thread: that asks
- * the thread using it (take_abort). */
+ * the thread using it (take_abort). A world already aborted (the call that
+ * failed said why) has nothing left to abort or say. */
 static void n_abort(comm *c, const char *why)
 {
     ncomm *m = (ncomm *)c;
     nworld *w = m->w;
+    if (!w->own && w->aborted) return;
     char msg[sizeof w->why];
     snprintf(msg, sizeof msg, "rank %d failed: %s", c->world_rank, why ? why : "aborted");
     fprintf(stderr, "mesh: %s; aborting its NCCL communicators\n", msg);
@@ -1030,7 +1047,7 @@ static int n_split(comm *c, int color, int key, comm **out)
     ncclComm_t nc = NULL;
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     ncclResult_t st = ncclSuccess;
-    char why[160];
+    char why[640];
     *out = NULL;
     if (w->group) return comm_fail(c, "split", "split between group_begin and group_end");
     if (begin(m, "split") != 0) return -1;
@@ -1074,9 +1091,15 @@ static void n_free(comm *c)
         fprintf(stderr, "mesh: %s\n", c->error);
     if (m->nc) {
         ncclResult_t st = ncclSuccess, rc = ncclCommFinalize(m->nc);
-        int late = rc != ncclSuccess && rc != ncclInProgress;
-        if (!late) late = ready(m->nc, comm_now() + w->timeout, NULL, &st, NULL, 0) != 0 || st != ncclSuccess;
-        if (late) {
+        int late = rc != ncclSuccess && rc != ncclInProgress, down = 0;
+        char why[sizeof w->why];
+        if (!late) { /* (a stopped host world: a rank failed, and the calls in flight wait for it) */
+            down = ready(m->nc, comm_now() + w->timeout, w, &st, why, sizeof why) == -2;
+            late = down || st != ncclSuccess;
+        }
+        if (down) {
+            abort_world(w, why);
+        } else if (late) {
             char msg[sizeof w->why];
             snprintf(msg, sizeof msg, "rank %d: ncclCommFinalize did not end cleanly (%s)", c->world_rank,
                      ncclGetErrorString(rc != ncclSuccess && rc != ncclInProgress ? rc : st));
@@ -1270,7 +1293,7 @@ static int exchange(const boot_rec *mine, boot_rec *all, int rank, int size, dou
 
 comm *comm_nccl_world(int rank, int size, int device, double timeout_s, char *err, size_t n)
 {
-    char why[200] = "", rerr[240] = "";
+    char why[640] = "", rerr[480] = "";
     boot_rec mine;
     if (size < 1 || rank < 0 || rank >= size) {
         snprintf(err, n, "rank %d of a world of %d", rank, size);
@@ -1319,7 +1342,7 @@ comm *comm_nccl_world(int rank, int size, int device, double timeout_s, char *er
 
 comm *comm_nccl_world_mpi(comm *boot, int device, double timeout_s, char *err, size_t n)
 {
-    char why[200] = "";
+    char why[640] = "";
     ncclUniqueId id;
     int rank = boot->rank, size = boot->size, bad = -1;
     if (timeout_s <= 0) timeout_s = comm_timeout_from_env();
@@ -1409,7 +1432,7 @@ int comm_nccl_watch(void *ud, double waited_s, char *why, size_t n)
     for (ncomm *x = w->comms; x && !op; x = x->next)
         if (x->touched) op = x->last ? x->last : "a call";
     if (!op) return 0; /* no NCCL work in flight: the stream's kernels end by themselves */
-    char down[200]; /* (an ordered world is never a queue's own: no abort is asked of it from elsewhere) */
+    char down[640]; /* (an ordered world is never a queue's own: no abort is asked of it from elsewhere) */
     int st;
     if (w->host && comm_watch_stopped(w->host, down, sizeof down)) st = host_failed(m, op, down);
     else if ((st = look(m, op, 1)) > 0) st = waited_s > w->timeout ? timed_out(m, op) : 0;
@@ -1464,7 +1487,7 @@ int comm_nccl_progress(comm *c, double waited_s)
     if (!m->touched) return 0;
     on_gpu(m);
     const char *op = m->last ? m->last : "a call";
-    char why[200];
+    char why[640];
     if (take_abort(w)) return asked_abort(m, op);
     if (host_down(w, ++w->polls, why, sizeof why)) return host_failed(m, op, why);
     int busy = look(m, op, 1);

@@ -54,7 +54,7 @@ struct comm_threads_world {
     int size;
     double timeout;
     atomic_int aborted; /* set under mu, after why; read under mu or a group's mu */
-    char why[256];
+    char why[640];
     int refs;          /* groups alive */
     tqueue *queue;     /* size x size: [src * size + dst] */
 };
@@ -477,7 +477,7 @@ static int t_group_noop(comm *c)
 
 static void t_abort(comm *c, const char *why)
 {
-    char msg[256];
+    char msg[640];
     snprintf(msg, sizeof msg, "rank %d failed: %s", c->world_rank, why ? why : "aborted");
     abort_world(((tcomm *)c)->g->w, msg);
 }

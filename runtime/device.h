@@ -112,7 +112,7 @@ struct dev {
     dev_event *bounce_ev; /* recorded after the copy that last used it */
     int bounce_busy;     /* a host-to-device copy from it may still be reading it */
     char name[128];  /* "cpu", "cuda:0 (NVIDIA H200)": messages start with it */
-    char error[512]; /* why the last call failed */
+    char error[1024]; /* why the last call failed */
 };
 
 extern const dev_vtbl dev_cpu_vtbl;

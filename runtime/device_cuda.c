@@ -32,6 +32,7 @@ static void clear(char *s, size_t n)
 #if MESH_CUDA
 
 #include <cuda_runtime.h> /* cudaMalloc, cudaMemcpyAsync, cudaStream_t, cudaEvent_t */
+#include "kcuda.h"        /* kcuda_fault_hint */
 #include <dlfcn.h>        /* dlopen: the driver probe */
 #include <pthread.h>      /* pthread_once: the driver probed once */
 #include <string.h>       /* memset */
@@ -107,7 +108,8 @@ static mesh_status cuda_fail(dev *d, const char *call, cudaError_t rc)
                              rc == cudaErrorInvalidDevice
                        ? MESH_ERR_UNSUPPORTED
                        : MESH_ERR_INTERNAL;
-    return dev_fail(d, st, "%s: %s (%s)", call, cudaGetErrorString(rc), cudaGetErrorName(rc));
+    return dev_fail(d, st, "%s: %s (%s)%s", call, cudaGetErrorString(rc), cudaGetErrorName(rc),
+                    kcuda_fault_hint((int)rc));
 }
 
 /* Returns the status of a failed CUDA call, named `name`. */

@@ -31,7 +31,7 @@ int exec__timed_pairs(mesh__exec *ex, dev_event **start, dev_event **end, int n,
         if (dev_event_create_timed(ex->dev, &start[i]) == MESH_OK &&
             dev_event_create_timed(ex->dev, &end[i]) == MESH_OK)
             continue;
-        snprintf(ex->error, sizeof ex->error, "rank %d: the events that time its %s: %.300s", ex->rank, what,
+        snprintf(ex->error, sizeof ex->error, "rank %d: the events that time its %s: %.700s", ex->rank, what,
                  dev_last_error(ex->dev));
         return -2;
     }
@@ -72,7 +72,7 @@ static int comm_begin(mesh__exec *ex, int kind, int axis)
     ex_turns *t = &ex->turns;
     if (ex->gpu && !ex->ordered && dev_stream_sync(ex->dev, (dev_stream *)ex->kern.stream) != MESH_OK) {
         if (!ex->dev_failed)
-            snprintf(ex->error, sizeof ex->error, "rank %d: waiting for the GPU before a collective: %.300s", ex->rank,
+            snprintf(ex->error, sizeof ex->error, "rank %d: waiting for the GPU before a collective: %.700s", ex->rank,
                      dev_last_error(ex->dev));
         ex->dev_failed = 1;
         return -1;
@@ -94,7 +94,7 @@ static int comm_begin(mesh__exec *ex, int kind, int axis)
     int slot = (int)(t->made % EX_TIMES);
     if (dev_event_record(ex->dev, t->start[slot], (dev_stream *)ex->kern.stream) != MESH_OK) {
         if (!ex->dev_failed)
-            snprintf(ex->error, sizeof ex->error, "rank %d: timing a collective: %.300s", ex->rank,
+            snprintf(ex->error, sizeof ex->error, "rank %d: timing a collective: %.700s", ex->rank,
                      dev_last_error(ex->dev));
         ex->dev_failed = 1;
         return -1;
@@ -115,7 +115,7 @@ static int comm_end(mesh__exec *ex, int rc)
         t->made++;
     } else if (rc == 0) { /* (a failed call's own message comes first) */
         if (!ex->dev_failed)
-            snprintf(ex->error, sizeof ex->error, "rank %d: timing a collective: %.300s", ex->rank,
+            snprintf(ex->error, sizeof ex->error, "rank %d: timing a collective: %.700s", ex->rank,
                      dev_last_error(ex->dev));
         ex->dev_failed = 1;
         rc = -1;

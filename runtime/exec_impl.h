@@ -308,7 +308,7 @@ struct mesh__exec {
     double ov_busy0;     /* the queues' busy seconds when the step began */
     double ov_stall0;    /* deferred: the compute stream's seconds waiting for them, then */
     double ov_wait_s;    /* seconds the rank waited for its queues this step */
-    char error[400];     /* why the last step failed */
+    char error[1536];    /* why the last step failed */
     int counting;        /* in a training step: bytes sent are counted */
     int chain;           /* deterministic: the data-parallel ranks add their gradients one after
                             another, in the one-rank order (MESH__EXEC_DETERMINISTIC) */

@@ -173,7 +173,7 @@ static int joined(void *ud, long ticket, char *err, size_t n)
  * the queue's are ordered on the GPU too (deferred). */
 int exec__marks_init(mesh__exec *ex, ex_marks *m)
 {
-    char why[256];
+    char why[640];
     m->ex = ex;
     m->deferred = ex->ordered;
     m->timeout = comm_timeout_from_env(); /* a queue never waits longer than its backend's timeout */

@@ -14,7 +14,7 @@ static int dev_failed(mesh__exec *ex, const char *what, mesh_status st)
 {
     if (st == MESH_OK) return 0;
     if (!ex->dev_failed)
-        snprintf(ex->error, sizeof ex->error, "rank %d: %s: %.300s", ex->rank, what, dev_last_error(ex->dev));
+        snprintf(ex->error, sizeof ex->error, "rank %d: %s: %.700s", ex->rank, what, dev_last_error(ex->dev));
     ex->dev_failed = 1;
     return -1;
 }
@@ -95,7 +95,7 @@ int exec__kern_done(mesh__exec *ex, int rc)
 
 int exec__kern_failed(mesh__exec *ex, const char *what)
 {
-    if (!ex->dev_failed) snprintf(ex->error, sizeof ex->error, "rank %d: %s: %.300s", ex->rank, what, ex->kern.error);
+    if (!ex->dev_failed) snprintf(ex->error, sizeof ex->error, "rank %d: %s: %.700s", ex->rank, what, ex->kern.error);
     ex->dev_failed = 1;
     return -1;
 }

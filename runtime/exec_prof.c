@@ -64,7 +64,7 @@ static void harvest(mesh__exec *ex)
 static int timing_failed(mesh__exec *ex)
 {
     if (!ex->dev_failed)
-        snprintf(ex->error, sizeof ex->error, "rank %d: timing an op: %.300s", ex->rank, dev_last_error(ex->dev));
+        snprintf(ex->error, sizeof ex->error, "rank %d: timing an op: %.700s", ex->rank, dev_last_error(ex->dev));
     ex->dev_failed = 1;
     return -1;
 }

@@ -305,7 +305,7 @@ long exec__zgather(mesh__exec *ex, const plan_step *st, int it, int own, comm_as
     size_t lo = (size_t)c->rank * sh, hi = lo + sh < n ? lo + sh : n;
     float *mine = exec__at(ex, w, lo);
     if (own && hi > lo && exec__dcopy(ex, mine, exec__pshard(ex, st->node, it), (hi - lo) * (size_t)ex->esize) != 0) {
-        snprintf(c->error, sizeof c->error, "%.300s", ex->error);
+        snprintf(c->error, sizeof c->error, "%.700s", ex->error);
         return -1;
     }
     exec__queue_entry(ex, queue, st->kind, st->axis);
@@ -393,9 +393,17 @@ static int collective(mesh__exec *ex, const plan_step *st, int it)
         break;
     }
 done:
-    if (rc != 0)
-        snprintf(ex->error, sizeof ex->error, "rank %d: %s(%s) of tensor %d (%s): %s", ex->rank, what,
-                 plan__axis_name(st->axis), st->node, plan_phase_name(st->phase), c->error);
+    if (rc != 0) { /* why: the communicator's, or the device's (a copy, a kernel: ex->error already) */
+        char dev_why[sizeof ex->error], own[24];
+        const char *why = c->error;
+        if (ex->dev_failed) {
+            size_t k = (size_t)snprintf(own, sizeof own, "rank %d: ", ex->rank);
+            snprintf(dev_why, sizeof dev_why, "%s", strncmp(ex->error, own, k) ? ex->error : ex->error + k);
+            why = dev_why;
+        }
+        snprintf(ex->error, sizeof ex->error, "rank %d: %s(%s) of tensor %d (%s): %.1200s", ex->rank, what,
+                 plan__axis_name(st->axis), st->node, plan_phase_name(st->phase), why);
+    }
     return rc;
 }
 

@@ -206,7 +206,7 @@ struct kern {
                           gelu_backward and silu_backward (bit 0); da, db of add_backward (bits
                           0, 1); da of add_broadcast_backward; dq, dk, dv of attention_backward
                           (bits 0..2); dqkv of attention_qkv_backward */
-    char error[512];   /* why the last call failed */
+    char error[1024];  /* why the last call failed */
 };
 
 extern const kern_vtbl kern_cpu_vtbl;

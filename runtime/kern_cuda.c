@@ -41,7 +41,7 @@ static int check_alloc(kern *k, const char *name, int rc, const char *what, size
     char text[400];
     if (full && bytes > 0) {
         dev_oom_text(text, sizeof text, what, bytes, k->d->planned, k->d->held, info, free_bytes, total);
-        snprintf(k->error, sizeof k->error, "%s: %s: %.340s", k->d->name, name, text);
+        snprintf(k->error, sizeof k->error, "%s: %s: %.800s", k->d->name, name, text);
     } else if (info) {
         snprintf(k->error, sizeof k->error, "%s: %s: %s (the device has %zu free of %zu)", k->d->name, name,
                  kcuda_last_error(), free_bytes, total);

@@ -18,16 +18,25 @@ typedef struct rank_run {
     mesh_rank_fn fn;
     void *ud;
     mesh_status st;
-    char error[1024];
+    char error[2048];
 } rank_run;
 
-/* The rank's context over c, and fn on it: r->st, and r->error if it failed. */
-static void run_rank(rank_run *r, comm *c)
+/* The rank's context over c, and fn on it: r->st, and r->error if it
+ * failed. A failed rank's NCCL calls in flight would never end (its peers
+ * wait for calls it will not make): its NCCL world is aborted, not
+ * finished, and with ranks as threads (tell) so is c, before the context
+ * goes, so that the others stop at once, naming this rank, rather than
+ * after a timeout. */
+static void run_rank(rank_run *r, comm *c, int tell)
 {
     mesh_context *ctx = NULL;
     r->st = mesh__context_create(r->plan, r->rank, c, NULL, NULL, &ctx);
     if (r->st == MESH_OK) r->st = r->fn(ctx, r->rank, r->ud);
-    if (r->st != MESH_OK) snprintf(r->error, sizeof r->error, "%s", mesh_last_error());
+    if (r->st != MESH_OK) {
+        snprintf(r->error, sizeof r->error, "%s", mesh_last_error());
+        if (tell && c) comm_abort(c, r->error);
+        if (ctx && ctx->nccl) comm_abort(ctx->nccl, r->error);
+    }
     mesh_context_free(ctx);
 }
 
@@ -40,8 +49,7 @@ static void *run_one(void *arg)
         snprintf(r->error, sizeof r->error, "out of memory");
         return NULL;
     }
-    run_rank(r, c);
-    if (r->st != MESH_OK) comm_abort(c, r->error); /* the others stop, naming this rank */
+    run_rank(r, c, 1); /* (a failed rank aborts c: the others stop, naming it) */
     comm_free(c);
     return NULL;
 }
@@ -104,7 +112,7 @@ static mesh_status run_process_rank(const mesh_plan *mp, const mesh__job *job, m
     }
     mesh__share_threads(tcp ? local_processes() : 1);
     rank_run r = {mp, NULL, c->world_rank, fn, ud, MESH_OK, ""};
-    run_rank(&r, n > 1 ? c : NULL);
+    run_rank(&r, n > 1 ? c : NULL, 0); /* (comm_*_finish tells the others) */
     /* MPI stops the job if the others go on; TCP stops them, and says why */
     int first = tcp ? comm_tcp_finish(c, r.st != MESH_OK, r.error) : comm_mpi_finish(c, r.st != MESH_OK, r.error);
     char after[sizeof c->error];

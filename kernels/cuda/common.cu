@@ -47,8 +47,28 @@ int kcuda__fail(int code, const char *file, int line, const char *fmt, ...)
 int kcuda__cuda_fail(cudaError_t e, const char *what, const char *file,
                      int line)
 {
-    return kcuda__fail((int)e, file, line, "%s: %s (%s, %d)", what,
-                       cudaGetErrorString(e), cudaGetErrorName(e), (int)e);
+    return kcuda__fail((int)e, file, line, "%s: %s (%s, %d)%s", what,
+                       cudaGetErrorString(e), cudaGetErrorName(e), (int)e,
+                       kcuda_fault_hint((int)e));
+}
+
+const char *kcuda_fault_hint(int cuda_error)
+{
+    switch ((cudaError_t)cuda_error) {
+    case cudaErrorECCUncorrectable:
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure:
+        return ": a kernel faulted on this GPU (here or earlier; it takes no more work): "
+               "CUDA_LAUNCH_BLOCKING=1 names the kernel, compute-sanitizer the bad access";
+    default: return "";
+    }
 }
 
 /* ---- the probe ---------------------------------------------------------- */

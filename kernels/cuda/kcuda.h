@@ -73,6 +73,13 @@ const char *kcuda_last_error(void);
  * (cudaErrorMemoryAllocation). */
 int kcuda_out_of_memory(int rc);
 
+/* For a CUDA error that a fault in a kernel leaves behind (sticky: every
+ * later call on the device fails with it, and the process must end; an
+ * illegal address, a launch failure, a device-side assert...), what to
+ * add to its message: that an earlier kernel faulted, and how to find
+ * which; "" for any other code. */
+const char *kcuda_fault_hint(int cuda_error);
+
 /* 1 when a CUDA device is usable; else 0, with the reason in why[n] (which
  * may be NULL). Never crashes without a driver: it tries
  * dlopen("libcuda.so.1") before asking the CUDA runtime. */

@@ -226,16 +226,19 @@ int kcuda__gemm_run(kcuda_ctx *ctx, const kcuda__gemm *g, cudaStream_t s)
         /* the heuristic's choice does not guarantee the call runs (the
          * header says so): a fresh algorithm refused is "no algorithm",
          * and an algorithm is cached only once it has run */
-        if (!hit && (st == CUBLAS_STATUS_NOT_SUPPORTED ||
-                     st == CUBLAS_STATUS_INVALID_VALUE)) {
-            rc = kcuda__fail(KCUDA_ERR_NO_ALGO, __FILE__, __LINE__,
-                             "cuBLASLt refused its own algorithm for M=%d "
-                             "N=%d K=%d (dtype %d, epilogue %d): %s",
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            int refused = !hit && (st == CUBLAS_STATUS_NOT_SUPPORTED ||
+                                   st == CUBLAS_STATUS_INVALID_VALUE);
+            rc = kcuda__fail(refused ? KCUDA_ERR_NO_ALGO : KCUDA_ERR_BLAS,
+                             __FILE__, __LINE__,
+                             "%s for M=%d N=%d K=%d (dtype %d, epilogue %d): "
+                             "%s",
+                             refused ? "cuBLASLt refused its own algorithm"
+                                     : "cublasLtMatmul failed",
                              g->M, g->N, g->K, (int)g->dt, (int)epi,
                              cublasLtGetStatusString(st));
             goto done;
         }
-        LT_CHECK(st);
     }
     if (!hit) {
         hit = &ctx->algos[ctx->algo_next];

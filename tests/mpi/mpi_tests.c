@@ -33,7 +33,7 @@
 
 static int comm_case(const char *name)
 {
-    char err[400] = "", note[320] = "";
+    char err[1400] = "", note[1100] = "";
     comm *c = comm_mpi_world(0, err, sizeof err);
     if (!c) {
         printf("not ok %s: %s\n", name, err);

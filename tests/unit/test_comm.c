@@ -27,8 +27,8 @@ typedef struct rank_job {
     int rank;
     int (*body)(struct rank_job *j, comm *c);
     int rc;                 /* the body's result: 0 if every check passed */
-    char error[320];        /* the first failing call's message */
-    char note[320];         /* what the body noted */
+    char error[1100];        /* the first failing call's message */
+    char note[1100];         /* what the body noted */
     double seconds;         /* time in the body */
 } rank_job;
 

@@ -443,7 +443,7 @@ typedef struct own_job {
     comm *s;
     float *a;
     int rc_sum, rc_after_abort;
-    char error[320];
+    char error[1100];
 } own_job;
 
 static void *own_sum(void *arg)
@@ -566,7 +566,7 @@ typedef struct rank_job {
     int ordered;    /* the world's calls ordered on the legacy stream (comm_nccl_order) */
     int pending;    /* rank_calls, ordered: calls after which the stream still had work */
     int failed_at; /* 0, or the line of the first failed check */
-    char error[400];
+    char error[1400];
 } rank_job;
 
 /* A check inside a rank's thread: records the first failure and returns

@@ -32,8 +32,8 @@ typedef struct rank_job {
     comm_threads_world *tw;  /* set: a threads world instead of TCP */
     int (*body)(struct rank_job *j, comm *c);
     int rc;                  /* the body's result: 0 if every check passed */
-    char error[400];         /* the first failing call's message */
-    char note[320];          /* what the body noted */
+    char error[1100];         /* the first failing call's message */
+    char note[1100];          /* what the body noted */
     double seconds;          /* time in the body */
     float *out;              /* what the body computed, for comparisons */
     comm_watch *watch;       /* a watch the body took, for after the world */

@@ -638,6 +638,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     cudaError_t se = emu::sticky_error();
     if (se != cudaSuccess || !emu::stream_ok(stream))
         return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (emu::fault_here(emu::FAULT_MATMUL, who))
+        return CUBLAS_STATUS_EXECUTION_FAILED;
     if (emu::stream_device(stream) != emu::current_device()) {
         emu::diag("cublasLtMatmul on device %d into a stream of device %d", emu::current_device(),
                   emu::stream_device(stream));

@@ -985,11 +985,17 @@ namespace {
  * they faulted: then their threads never ended, and what they point at
  * (the arguments) must stay. A device stopped at an earlier fault runs
  * nothing. */
-bool run_launch(const LaunchDesc &d)
+bool run_launch(const LaunchDesc &d, int device, bool doomed)
 {
     std::lock_guard<std::mutex> lk(g_launch_mutex);
-    if (sticky_error() != cudaSuccess)
+    if (sticky_error(device) != cudaSuccess)
         return true; /* the device stopped at an earlier fault: nothing ran */
+    if (doomed) { /* EMU_FAIL=launch:N (fault.cpp) */
+        set_sticky(cudaErrorIllegalAddress, device);
+        diag("kernel %s (%s:%d) faulted on device %d (EMU_FAIL) [cudaErrorIllegalAddress]", d.name, d.file, d.line,
+             device);
+        return true;
+    }
     start_runners();
     Job j;
     j.d = &d;
@@ -1009,7 +1015,7 @@ bool run_launch(const LaunchDesc &d)
         j.cv.wait(jl, [&j] { return j.pending == 0; });
     }
     if (j.trapped) {
-        set_sticky(j.err);
+        set_sticky(j.err, device);
         diag("kernel %s (%s:%d) failed: %s [%s]", d.name, d.file, d.line, j.msg.c_str(),
              cudaGetErrorName(j.err));
     }
@@ -1035,8 +1041,10 @@ void launch(const LaunchDesc &d, void (*drop)(const void *state))
         drop(d.state);
         return;
     }
-    stream_run(d.stream, [d, drop] {
-        if (run_launch(d))
+    int device = current_device();
+    bool doomed = fault_here(FAULT_LAUNCH, d.name);
+    stream_run(d.stream, [d, drop, device, doomed] {
+        if (run_launch(d, device, doomed))
             drop(d.state);
     });
 }

@@ -18,10 +18,18 @@ enum : size_t {
     MAX_THREADS = 1024
 };
 
-/* The sticky error (a fault in a kernel), cudaSuccess if none. Once set,
- * every later call fails with it, as after a GPU fault. */
-cudaError_t sticky_error();
-void set_sticky(cudaError_t e);
+/* A device's sticky error (a fault in a kernel), cudaSuccess if none;
+ * device -1 is the calling thread's current one. Once set, every later
+ * call on that device fails with it, as after a GPU fault (a CUDA
+ * context's: the process's other GPUs go on). */
+cudaError_t sticky_error(int device = -1);
+void set_sticky(cudaError_t e, int device = -1);
+
+/* Failures injected on purpose (fault.cpp: EMU_FAIL=KIND:N). */
+enum FaultKind { FAULT_MALLOC, FAULT_CREATE, FAULT_LAUNCH, FAULT_MATMUL, FAULT_NCCL, FAULT_KINDS };
+/* Counts a call of kind k (what: the call, for the message); true when it
+ * is the one EMU_FAIL names, which then fails as fault.cpp says. */
+bool fault_here(FaultKind k, const char *what);
 
 /* Records e as the calling thread's last error (unless cudaSuccess) and
  * returns it. */

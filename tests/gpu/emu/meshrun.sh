@@ -18,7 +18,8 @@
 # A small Llama and a small Mixtral on 1 GPU, 4 steps in fp32, within
 # 1e-4 (moe 1e-3) of the CPU's.
 # A GPU too small (EMU_GPU_MEM_MB=34, 16): meshrun stops, naming the
-# bytes (the plan's, the kernels', the device's free and total).
+# bytes (the plan's, the kernels', the device's free and total). A kernel
+# that faults on one of 2 GPUs: the job stops at once.
 # Then one rank per process, as torchrun starts them, on emulated nodes
 # (EMU_NCCL_NODE: their NCCL worlds meet through files, nccl_node.cpp):
 # dp 2 ZeRO-3 on 2 processes (1e-4; no files left behind; and under
@@ -34,25 +35,7 @@ B=${1:?usage: meshrun.sh BUILD}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 export OPENBLAS_NUM_THREADS=1 MESH_EMU_GPUS=4 MESH_COLLECTIVE_TIMEOUT_S=60
-passed=0
-failed=0
-
-check() { # check WHAT CONDITION-STATUS
-    if [ "$2" -eq 0 ]; then
-        echo "ok - $1"
-        passed=$((passed + 1))
-    else
-        echo "not ok - $1"
-        failed=$((failed + 1))
-    fi
-}
-
-# the `loss` and `val loss` figures of a meshrun log, one per line: "STEP
-# LOSS", "STEPv VAL_LOSS"
-losses() {
-    sed -n -e 's/^step \([0-9]*\)\/[0-9]* | loss \([0-9.]*\) .*/\1 \2/p' \
-        -e 's/^step \([0-9]*\)\/[0-9]* | val loss \([0-9.]*\).*/\1v \2/p' "$1"
-}
+. "$(dirname "$0")/checks.sh" # check, losses
 
 "$B/meshrun_emu" tokenize examples/data/devils-dictionary.txt -o "$T/train.bin" --val "$T/val.bin" >/dev/null
 "$B/meshc" --set mesh.tp=2 --set mesh.pp=2 --set train.global_batch=4 --set train.micro_batch=2 \
@@ -166,6 +149,18 @@ oom 34 '^meshrun: error: .*: rank 0: cuda:0 .*: cudaMalloc: out of device memory
 check "a GPU of 34 MiB: out of memory for the plan's arena, with the plan's bytes, the kernels' and the device's" $?
 oom 16 "^meshrun: error: .*: rank 0: cuda:0 .*: kcuda_ctx_create: cudaMalloc (cuBLASLt's workspace): out of device memory allocating 33554432 bytes (the device has [0-9]* free of 16777216)$"
 check "a GPU of 16 MiB: out of memory for cuBLASLt's workspace, with the device's bytes" $?
+
+# A kernel that faults on one of 2 GPUs (EMU_FAIL, fault.cpp; every kind
+# of failure at many points: make gpu-emu-faults): the job stops at once,
+# not at the collectives' timeout (a failed rank aborts its worlds before
+# its context goes), saying what CUDA said and what it means
+t0=$SECONDS
+EMU_FAIL=launch:1 MESH_EMU_GPUS=2 timeout 120 "$B/meshrun_emu" "$T/dp2z3.plan" --data "$T/train.bin" \
+    --device cuda --steps 1 >"$T/fault.log" 2>&1
+[ $? -eq 1 ] && [ $((SECONDS - t0)) -lt 30 ] &&
+    grep -q "^meshrun: error: .*(cudaErrorIllegalAddress): a kernel faulted on this GPU (here or earlier" \
+        "$T/fault.log" || { echo "# after $((SECONDS - t0)) s:"; sed 's/^/#   /' "$T/fault.log"; false; }
+check "a kernel that faults on one of 2 GPUs stops the job at once, saying a kernel faulted" $?
 
 # One rank per process, as torchrun starts them (RANK, WORLD_SIZE,
 # LOCAL_RANK, MASTER_ADDR/PORT: the TCP world, over which NCCL's id goes),

@@ -416,7 +416,9 @@ void enccl::Item::start()
         return;
     }
     for (Op *op : ops)
-        if (!op->done && op->c)
+        if (op->doomed && op->c) /* EMU_FAIL=nccl:N: it never meets its peers */
+            fail(op->c, ncclSystemError, "a network failure (EMU_FAIL): this operation will not end");
+        else if (!op->done && op->c)
             post(op);
     all_posted = true;
     if (left == 0)
@@ -608,6 +610,7 @@ ncclResult_t call(Kind kind, const void *send, void *recv, size_t count, ncclDat
         delete op;
         return ncclSuccess;
     }
+    op->doomed = emu::fault_here(emu::FAULT_NCCL, kind_name[kind]);
     if (t_depth > 0) {
         t_ops.push_back(op);
         return ncclSuccess;
@@ -731,6 +734,8 @@ extern "C" ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncc
         return say(nullptr, ncclInvalidArgument, "ncclCommInitRankConfig: rank %d of %d", rank, nranks);
     if (emu::sticky_error() != cudaSuccess)
         return say(nullptr, ncclUnhandledCudaError, "ncclCommInitRankConfig: the GPU has failed");
+    if (emu::fault_here(emu::FAULT_CREATE, "ncclCommInitRankConfig"))
+        return say(nullptr, ncclSystemError, "ncclCommInitRankConfig: rank %d of %d failed (EMU_FAIL)", rank, nranks);
     int maker = 0;
     unsigned long long serial = 0;
     if (!node_on() && sscanf(commId.internal, "emu %d %llu", &maker, &serial) == 2 && maker != (int)getpid())
@@ -794,6 +799,8 @@ extern "C" ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclC
         return rc;
     if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
         return say(comm, ncclInvalidArgument, "ncclCommSplit: color %d", color);
+    if (emu::fault_here(emu::FAULT_CREATE, "ncclCommSplit"))
+        return say(comm, ncclSystemError, "ncclCommSplit: rank %d failed (EMU_FAIL)", comm->rank);
     World *w = comm->w;
     unsigned long long k = comm->splits++;
     ncclComm *child = nullptr;
@@ -849,7 +856,7 @@ extern "C" ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asy
         *asyncError = ncclSuccess;
     } else
         *asyncError = ncclSuccess;
-    if (*asyncError == ncclSuccess && emu::sticky_error() != cudaSuccess)
+    if (*asyncError == ncclSuccess && emu::sticky_error(comm->device) != cudaSuccess)
         *asyncError = ncclUnhandledCudaError;
     return ncclSuccess;
 }

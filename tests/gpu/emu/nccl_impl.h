@@ -55,6 +55,7 @@ struct Op {
     cudaStream_t stream;
     enccl::Item *item = nullptr;
     bool posted = false, done = false;
+    bool doomed = false; /* EMU_FAIL=nccl:N (fault.cpp): never posted, so never done */
     unsigned long long seq = 0; /* its collective's, or its transfer's between the two ranks */
 };
 

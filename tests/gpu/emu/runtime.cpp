@@ -41,7 +41,7 @@ namespace emu {
 
 namespace {
 
-std::atomic<int> g_sticky{cudaSuccess};
+std::atomic<int> g_sticky[8]; /* each device's (cudaSuccess is 0) */
 thread_local cudaError_t t_last = cudaSuccess;
 
 std::mutex g_mem_mutex;
@@ -94,22 +94,25 @@ struct LeakReport {
         size_t bytes = 0;
         for (size_t b : g_dev_bytes)
             bytes += b;
-        if (!g_allocs.empty() && sticky_error() == cudaSuccess)
+        bool faulted = false;
+        for (auto &e : g_sticky)
+            faulted |= e.load() != cudaSuccess;
+        if (!g_allocs.empty() && !faulted)
             fprintf(stderr, "emu: %zu device allocations (%zu bytes) never freed\n", g_allocs.size(), bytes);
     }
 } g_leak_report;
 
 } /* namespace */
 
-cudaError_t sticky_error()
+cudaError_t sticky_error(int device)
 {
-    return (cudaError_t)g_sticky.load();
+    return (cudaError_t)g_sticky[device < 0 ? current_device() : device].load();
 }
 
-void set_sticky(cudaError_t e)
+void set_sticky(cudaError_t e, int device)
 {
     int none = cudaSuccess;
-    g_sticky.compare_exchange_strong(none, (int)e);
+    g_sticky[device < 0 ? current_device() : device].compare_exchange_strong(none, (int)e);
 }
 
 cudaError_t record(cudaError_t e)
@@ -666,6 +669,8 @@ extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned 
     API_ENTER();
     if (!stream || (flags & ~(unsigned)cudaStreamNonBlocking))
         return record(cudaErrorInvalidValue);
+    if (fault_here(FAULT_CREATE, "cudaStreamCreateWithFlags"))
+        return record(cudaErrorMemoryAllocation);
     *stream = make_handle<cudaStream_t>(g_streams);
     std::lock_guard<std::mutex> lk(g_async);
     queue_of(*stream)->blocking = !(flags & cudaStreamNonBlocking);
@@ -728,6 +733,8 @@ extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int
     API_ENTER();
     if (!event || (flags & ~(unsigned)(cudaEventBlockingSync | cudaEventDisableTiming)))
         return record(cudaErrorInvalidValue);
+    if (fault_here(FAULT_CREATE, "cudaEventCreateWithFlags"))
+        return record(cudaErrorMemoryAllocation);
     *event = make_handle<cudaEvent_t>(g_events);
     if (!(flags & cudaEventDisableTiming)) {
         std::lock_guard<std::mutex> lk(g_async);
@@ -862,6 +869,12 @@ const ErrorText g_errors[] = {
      "an illegal instruction was encountered"},
     {cudaErrorMisalignedAddress, "cudaErrorMisalignedAddress", "misaligned address"},
     {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
+    {cudaErrorECCUncorrectable, "cudaErrorECCUncorrectable", "uncorrectable ECC error encountered"},
+    {cudaErrorAssert, "cudaErrorAssert", "device-side assert triggered"},
+    {cudaErrorHardwareStackError, "cudaErrorHardwareStackError", "hardware stack error"},
+    {cudaErrorInvalidAddressSpace, "cudaErrorInvalidAddressSpace",
+     "operation not supported on global/shared address space"},
+    {cudaErrorInvalidPc, "cudaErrorInvalidPc", "invalid program counter"},
     {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
     {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
@@ -896,6 +909,8 @@ extern "C" cudaError_t cudaMalloc(void **devPtr, size_t size)
     *devPtr = nullptr;
     if (size == 0)
         return cudaSuccess; /* CUDA: a null pointer, no error */
+    if (fault_here(FAULT_MALLOC, "cudaMalloc"))
+        return record(cudaErrorMemoryAllocation);
     int dev = current_device();
     {
         std::lock_guard<std::mutex> lk(g_mem_mutex);
@@ -962,7 +977,7 @@ extern "C" cudaError_t cudaMallocHost(void **ptr, size_t size)
     *ptr = nullptr;
     if (size == 0)
         return cudaSuccess;
-    void *p = malloc(size);
+    void *p = fault_here(FAULT_MALLOC, "cudaMallocHost") ? nullptr : malloc(size);
     if (!p)
         return record(cudaErrorMemoryAllocation);
     std::lock_guard<std::mutex> lk(g_mem_mutex);

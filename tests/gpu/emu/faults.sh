@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# tests/gpu/emu/faults.sh BUILD [POINTS]: what meshrun --device cuda does
+# when a GPU or NCCL call fails, swept over a training run on the
+# emulation (BUILD/meshrun_emu; the failures are injected by EMU_FAIL,
+# fault.cpp).
+#
+# For each model below, a clean run of 4 steps is the reference (its
+# losses, and a checkpoint after every step). Then, for each kind of call
+# (malloc, create, launch, matmul, nccl: fault.cpp) and POINTS of its
+# calls (default 4) spread over a run that resumes after step 1 and trains
+# steps 2 and 3, the run is made again with that call failing. It passes
+# when:
+#   - meshrun ends with status 1 and a "meshrun: error:" line that names a
+#     rank, or with status 0 and the reference's losses (a failure survived
+#     must change nothing);
+#   - it ends before the collectives' timeout (MESH_COLLECTIVE_TIMEOUT_S,
+#     20 s here): the ranks stop when one fails, not when they give up
+#     waiting for it;
+#   - it did not crash (no signal), and a process whose GPU did not fault
+#     freed every device allocation it made (no "never freed" line);
+#   - the checkpoint folder it leaves is sound: a clean run resumed from its
+#     latest checkpoint trains on to step 4 with the reference's losses.
+# Ends with `# N passed, N failed`; exits 1 if any failed.
+set -u
+B=${1:?usage: faults.sh BUILD [POINTS]}
+POINTS=${2:-4}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+export OPENBLAS_NUM_THREADS=1 MESH_COLLECTIVE_TIMEOUT_S=20
+. "$(dirname "$0")/checks.sh" # check, losses
+
+# run LOG ARGS...: meshrun_emu on $PLAN with $GPUS emulated GPUs, line by
+# line into LOG; its status
+run() {
+    local log=$1
+    shift
+    MESH_EMU_GPUS=$GPUS timeout 120 stdbuf -oL "$B/meshrun_emu" "$T/$PLAN.plan" --data "$T/train.bin" \
+        --val "$T/val.bin" --device cuda "$@" >"$log" 2>&1
+}
+
+# sound LOG: the losses LOG has are the reference's (each step's it has)
+sound() {
+    local step value want bad=0
+    while read -r step value; do
+        want=$(awk -v s="$step" '$1 == s { print $2; exit }' "$T/$PLAN.ref")
+        [ "$value" = "$want" ] || { echo "#   step $step: $value, the reference's ${want:-none}"; bad=1; }
+    done < <(losses "$1")
+    return "$bad"
+}
+
+# trial KIND N: the run with the N-th call of KIND failing, judged
+trial() {
+    local kind=$1 n=$2 d="$T/ck-$1-$2" log="$T/$1-$2.log" rc why=""
+    mkdir -p "$d"
+    cp -r "$T/$PLAN.ck/step-00000001" "$d/"
+    echo step-00000001 >"$d/latest"
+    local t1=$SECONDS
+    EMU_FAIL="$kind:$n" run "$log" --steps 3 --checkpoint "$d" --resume
+    rc=$?
+    local took=$((SECONDS - t1))
+    local injected=0
+    grep -q "^emu: EMU_FAIL=$kind:$n: " "$log" && injected=1
+    case $rc in
+    0) sound "$log" || why="ran on with other losses" ;;
+    1) grep -q '^meshrun: error: .*rank [0-9]' "$log" || why="no 'meshrun: error:' line naming a rank" ;;
+    124) why="did not end within 120 s" ;;
+    *) why="exited with $rc" ;;
+    esac
+    if [ "$rc" -ne 124 ] && [ "$took" -ge "$MESH_COLLECTIVE_TIMEOUT_S" ]; then
+        why="${why:+$why; }took $took s: a rank waited for the collectives' timeout"
+    fi
+    if [ "$injected" -eq 0 ] && [ "$rc" -ne 0 ]; then why="${why:-failed} with no failure injected"; fi
+    if grep -q "^emu: .* never freed" "$log"; then why="${why:+$why; }device memory never freed"; fi
+    # the checkpoint it left: a clean run resumes from it to step 4
+    local latest
+    latest=$(cat "$d/latest" 2>/dev/null)
+    if ! run "$log.resume" --steps 4 --checkpoint "$d" --resume; then
+        why="${why:+$why; }resuming from its checkpoint ($latest) failed"
+        sed 's/^/#   /' "$log.resume" | tail -n 5
+    elif ! sound "$log.resume"; then
+        why="${why:+$why; }its checkpoint ($latest) resumes to other losses"
+    fi
+    if [ -n "$why" ]; then
+        echo "# $PLAN $kind:$n (injected $injected, status $rc): $why"
+        sed 's/^/#   /' "$log" | grep -v '^#   meshrun: \(bytes\|time\|overlap\)' | tail -n 12
+    fi
+    check "$PLAN: $kind call $n fails (status $rc in $took s; the checkpoint left: $latest)" \
+        "$([ -z "$why" ] && echo 0 || echo 1)"
+    grep -m1 '^meshrun: error: ' "$log" | sed 's/^meshrun: error: [^:]*: /#   said: /'
+}
+
+"$B/meshrun_emu" tokenize examples/data/devils-dictionary.txt -o "$T/train.bin" --val "$T/val.bin" >/dev/null
+
+# sweep PLAN GPUS MESHC-SETTINGS...: the reference, the calls counted,
+# then every kind's POINTS trials
+sweep() {
+    PLAN=$1 GPUS=$2
+    shift 2
+    "$B/meshc" "$@" --set train.global_batch=4 --set train.log_every=1 --set train.eval_every=1 --set "train.val_data=\"$T/val.bin\"" \
+        --set train.checkpoint_every=1 --set "train.checkpoint_dir=\"$T/$PLAN.ck\"" examples/gpt-tiny.mesh \
+        -o "$T/$PLAN.plan" >/dev/null
+    check "$PLAN: meshc compiles it" $?
+    run "$T/$PLAN.log" --steps 4 && losses "$T/$PLAN.log" >"$T/$PLAN.ref"
+    check "$PLAN: the reference run trains 4 steps with a checkpoint after each" $?
+    rm -rf "$T/count.ck"
+    cp -r "$T/$PLAN.ck" "$T/count.ck"
+    echo step-00000001 >"$T/count.ck/latest"
+    local counts=""
+    EMU_FAIL=count run "$T/count.log" --steps 3 --checkpoint "$T/count.ck" --resume &&
+        counts=$(sed -n 's/^emu: EMU_FAIL counts: //p' "$T/count.log") && sound "$T/count.log"
+    [ -n "$counts" ]
+    check "$PLAN: the calls of a run resumed for steps 2 and 3: $counts" $?
+    set -- $counts
+    while [ $# -ge 2 ]; do
+        local kind=$1 total=$2 i n last=0
+        shift 2
+        for ((i = 0; i < POINTS; i++)); do
+            # the first call, the last, and evenly between
+            n=$((POINTS > 1 ? 1 + i * (total - 1) / (POINTS - 1) : 1))
+            [ "$total" -gt 0 ] && [ "$n" -gt "$last" ] || continue
+            last=$n
+            trial "$kind" "$n"
+        done
+    done
+}
+
+sweep dp2z3 2 --set mesh.dp=2 --set train.zero=3
+sweep tp2pp2 4 --set mesh.tp=2 --set mesh.pp=2 --set train.precision=bf16 --set train.micro_batch=2
+
+echo "# $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
