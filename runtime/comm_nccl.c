@@ -179,7 +179,21 @@ struct nworld {
     int ordered;          /* comm_nccl_order: calls ordered on the caller's stream, not waited for */
     cudaStream_t caller;  /* ordered: the caller's stream (NULL: the legacy default stream) */
     cudaEvent_t before;   /* ordered: recorded on the caller's stream at a call; the handle's stream waits */
+    /* The watchdog (a world with a host watch, not a queue's own): a thread
+     * that asks the world's communicators for NCCL's asynchronous errors
+     * every DOG_MS and, on one, stops the host world, so that ranks waiting
+     * in a host collective (a sum of the loss, say) while this rank's NCCL
+     * world has failed stop at once, not at the timeout. mu guards what it
+     * reads: the handles' list and their nc, which the world's thread
+     * changes under it (a handle made or freed, a communicator destroyed or
+     * aborted), and aborted. */
+    pthread_mutex_t mu;
+    pthread_cond_t dog_cv;
+    pthread_t dog;
+    int dog_on, dog_stop;
 };
+
+enum { DOG_MS = 50 };
 
 static const comm_vtbl nccl_vtbl;
 
@@ -237,15 +251,17 @@ static void pause_poll(int *polls)
  * world's handles fail from now on. */
 static void abort_world(nworld *w, const char *why)
 {
+    for (; w->group > 0; w->group--) (void)group_end(); /* leave no NCCL group open on this thread */
+    pthread_mutex_lock(&w->mu);
     if (!w->aborted) snprintf(w->why, sizeof w->why, "%s", why);
     w->aborted = 1;
-    for (; w->group > 0; w->group--) (void)group_end(); /* leave no NCCL group open on this thread */
     for (ncomm *x = w->comms; x; x = x->next) {
         if (x->nc) (void)ncclCommAbort(x->nc);
         x->nc = NULL;
         x->pending = 0;
         x->touched = 0;
     }
+    pthread_mutex_unlock(&w->mu);
 }
 
 /* An own world's abort asked for by another thread: done here, by the
@@ -266,10 +282,55 @@ static int host_down(const nworld *w, int polls, char *why, size_t n)
     return w->host && polls % 64 == 0 && comm_watch_stopped(w->host, why, n);
 }
 
+/* The watchdog's thread (struct nworld). It reports once, then ends. */
+static void *watchdog(void *arg)
+{
+    nworld *w = arg;
+    char why[sizeof w->why] = "";
+    pthread_mutex_lock(&w->mu);
+    while (!w->dog_stop && !w->aborted && !why[0]) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += DOG_MS * 1000000L;
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+        (void)pthread_cond_timedwait(&w->dog_cv, &w->mu, &until);
+        for (ncomm *x = w->comms; x && !w->dog_stop && !w->aborted && !why[0]; x = x->next) {
+            ncclResult_t st = ncclSuccess;
+            if (!x->nc || ncclCommGetAsyncError(x->nc, &st) != ncclSuccess || st == ncclSuccess ||
+                st == ncclInProgress)
+                continue;
+            const char *last = ncclGetLastError(x->nc);
+            snprintf(why, sizeof why, "rank %d: its NCCL communicator failed: %s (NCCL error %d)%s%.400s",
+                     x->c.world_rank, ncclGetErrorString(st), (int)st, last && last[0] ? ": " : "",
+                     last ? last : "");
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+    if (why[0]) comm_watch_stop(w->host, why); /* (the world's thread aborts it once it sees the host stopped) */
+    return NULL;
+}
+
+/* Starts the watchdog of a world with a host watch (not a queue's own);
+ * without one (no thread), the world is only looked at when it is waited
+ * for, as before. */
+static void watchdog_start(nworld *w)
+{
+    if (w->host && !w->own && pthread_create(&w->dog, NULL, watchdog, w) == 0) w->dog_on = 1;
+}
+
 static void world_free(nworld *w)
 {
+    if (w->dog_on) {
+        pthread_mutex_lock(&w->mu);
+        w->dog_stop = 1;
+        pthread_cond_signal(&w->dog_cv);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->dog, NULL);
+    }
     if (w->before) (void)cudaEventDestroy(w->before);
     comm_watch_release(w->host);
+    pthread_cond_destroy(&w->dog_cv);
+    pthread_mutex_destroy(&w->mu);
     free(w);
 }
 
@@ -1024,8 +1085,10 @@ static ncomm *wrap(nworld *w, ncclComm_t nc, int world_rank, char *err, size_t n
     }
     m->w = w;
     m->nc = nc;
+    pthread_mutex_lock(&w->mu);
     m->next = w->comms;
     w->comms = m;
+    pthread_mutex_unlock(&w->mu);
     return m;
 }
 
@@ -1106,17 +1169,22 @@ static void n_free(comm *c)
             fprintf(stderr, "mesh: %s; aborting the world's NCCL communicators\n", msg);
             abort_world(w, msg); /* the world's other handles go without waiting a timeout each */
         } else {
+            pthread_mutex_lock(&w->mu);
             (void)ncclCommDestroy(m->nc);
             m->nc = NULL;
+            pthread_mutex_unlock(&w->mu);
         }
     }
     /* (its work done: the last all-to-all counts are back) */
     if (w->ordered && !w->aborted && check_counts(m) != 0) fprintf(stderr, "mesh: %s\n", c->error);
+    pthread_mutex_lock(&w->mu);
     for (ncomm **at = &w->comms; *at; at = &(*at)->next)
         if (*at == m) {
             *at = m->next;
             break;
         }
+    int last = !w->comms;
+    pthread_mutex_unlock(&w->mu);
     for (int i = 0; i < m->slots; i++)
         if (m->slot[i].data) (void)cudaFreeAsync(m->slot[i].data, m->stream);
     (void)cudaStreamSynchronize(m->stream);
@@ -1130,7 +1198,7 @@ static void n_free(comm *c)
     (void)cudaEventDestroy(m->done);
     (void)cudaStreamDestroy(m->stream);
     free(m);
-    if (!w->comms) world_free(w);
+    if (last) world_free(w);
 }
 
 /* A bucket of device buffers: a call per buffer (comm.c's packing is host
@@ -1230,6 +1298,8 @@ static comm *world_init(int rank, int size, int device, double timeout_s, ncclUn
         snprintf(err, n, "out of memory");
         return NULL;
     }
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->dog_cv, NULL);
     w->host = host;
     w->device = device;
     w->timeout = timeout_s;
@@ -1266,6 +1336,7 @@ static comm *world_init(int rank, int size, int device, double timeout_s, ncclUn
         n_free(&m->c);
         return NULL;
     }
+    watchdog_start(w);
     return &m->c;
 }
 
@@ -1506,6 +1577,8 @@ int comm_nccl_own_thread(comm *c)
         return comm_fail(c, "own thread", "the handle has work in flight (a group open, sends deferred)");
     nworld *o = calloc(1, sizeof *o);
     if (!o) return comm_fail(c, "own thread", "out of memory");
+    pthread_mutex_init(&o->mu, NULL);
+    pthread_cond_init(&o->dog_cv, NULL);
     o->device = w->device;
     o->timeout = w->timeout;
     o->own = 1;
@@ -1513,11 +1586,13 @@ int comm_nccl_own_thread(comm *c)
     comm_watch_hold(o->host);
     atomic_init(&o->claimed, 0);
     atomic_init(&o->asked, 0);
+    pthread_mutex_lock(&w->mu); /* (w's watchdog reads its list) */
     for (ncomm **at = &w->comms; *at; at = &(*at)->next)
         if (*at == m) {
             *at = m->next;
             break;
         }
+    pthread_mutex_unlock(&w->mu);
     m->next = NULL;
     m->w = o;
     o->comms = m;

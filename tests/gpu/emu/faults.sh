@@ -13,8 +13,9 @@
 #   - meshrun ends with status 1 and a "meshrun: error:" line that names a
 #     rank, or with status 0 and the reference's losses (a failure survived
 #     must change nothing);
-#   - it ends before the collectives' timeout (MESH_COLLECTIVE_TIMEOUT_S,
-#     20 s here): the ranks stop when one fails, not when they give up
+#   - it ends before the collectives' timeout (MESH_COLLECTIVE_TIMEOUT_S:
+#     FAULT_TIMEOUT_S, default 20 s; longer than a whole run takes, 60 for
+#     an ASan build): the ranks stop when one fails, not when they give up
 #     waiting for it;
 #   - it did not crash (no signal), and a process whose GPU did not fault
 #     freed every device allocation it made (no "never freed" line);
@@ -26,15 +27,15 @@ B=${1:?usage: faults.sh BUILD [POINTS]}
 POINTS=${2:-4}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-export OPENBLAS_NUM_THREADS=1 MESH_COLLECTIVE_TIMEOUT_S=20
+export OPENBLAS_NUM_THREADS=1 MESH_COLLECTIVE_TIMEOUT_S=${FAULT_TIMEOUT_S:-20}
 . "$(dirname "$0")/checks.sh" # check, losses
 
-# run LOG ARGS...: meshrun_emu on $PLAN with $GPUS emulated GPUs, line by
-# line into LOG; its status
+# run LOG ARGS...: meshrun_emu on $PLAN with $GPUS emulated GPUs, its output
+# in LOG; its status
 run() {
     local log=$1
     shift
-    MESH_EMU_GPUS=$GPUS timeout 120 stdbuf -oL "$B/meshrun_emu" "$T/$PLAN.plan" --data "$T/train.bin" \
+    MESH_EMU_GPUS=$GPUS timeout 120 "$B/meshrun_emu" "$T/$PLAN.plan" --data "$T/train.bin" \
         --val "$T/val.bin" --device cuda "$@" >"$log" 2>&1
 }
 
