@@ -46,6 +46,11 @@
  * rank does, or (TCP) its process ends, the others' NCCL waits end at once
  * ("another rank failed (rank 1 failed: ...)") and abort the NCCL world,
  * instead of lasting until the timeout. (Over MPI, mpirun ends the job.)
+ * The other way round, such a world's watchdog thread asks its
+ * communicators for NCCL's asynchronous errors every DOG_MS and stops the
+ * host world on one, so that ranks waiting in a host collective while
+ * this rank's NCCL world has failed (an operation that will never end)
+ * stop at once too.
  *
  * Communicators are non-blocking (config.blocking = 0): any NCCL call may
  * return ncclInProgress, and the wait polls ncclCommGetAsyncError until the

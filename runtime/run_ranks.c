@@ -23,10 +23,11 @@ typedef struct rank_run {
 
 /* The rank's context over c, and fn on it: r->st, and r->error if it
  * failed. A failed rank's NCCL calls in flight would never end (its peers
- * wait for calls it will not make): its NCCL world is aborted, not
- * finished, and with ranks as threads (tell) so is c, before the context
- * goes, so that the others stop at once, naming this rank, rather than
- * after a timeout. */
+ * wait for calls it will not make), so its NCCL world must be aborted, not
+ * finished, before the context goes: with ranks as threads (tell), c is
+ * aborted, which stops the others at once, naming this rank, and which the
+ * NCCL world watches as it finishes; one rank per process aborts its NCCL
+ * world itself (saying so on stderr), then comm_*_finish tells the others. */
 static void run_rank(rank_run *r, comm *c, int tell)
 {
     mesh_context *ctx = NULL;
@@ -35,7 +36,7 @@ static void run_rank(rank_run *r, comm *c, int tell)
     if (r->st != MESH_OK) {
         snprintf(r->error, sizeof r->error, "%s", mesh_last_error());
         if (tell && c) comm_abort(c, r->error);
-        if (ctx && ctx->nccl) comm_abort(ctx->nccl, r->error);
+        else if (ctx && ctx->nccl) comm_abort(ctx->nccl, r->error);
     }
     mesh_context_free(ctx);
 }
