@@ -113,6 +113,10 @@ CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=c
 ifeq ($(CUDA),1)
 CUDA_CFLAGS := $(addprefix -isystem ,$(sort $(CUDA_HOME)/include $(NCCL_HOME)/include))
 CUDA_SRC    := $(wildcard kernels/cuda/*.cu)
+# With CUDA=1 the runtime's CUDA files (the kernel table kern_cuda.c, and
+# device_cuda.c and comm_nccl.c: kcuda_fault_hint) need the CUDA kernels'
+# library; defined here, before the rules that list it among their inputs
+KCUDA_LIB    = $(if $(CUDA_SRC),$(BUILD)/libmeshkcuda.a)
 # (nvcc's objects need the C++ runtime, the kernels' matmuls cuBLASLt)
 CUDA_LIBS   := $(foreach d,$(sort $(CUDA_HOME)/lib64 $(NCCL_HOME)/lib64),-L$(d) -Wl,-rpath,$(d)) -lnccl \
                $(if $(CUDA_SRC),-lcublasLt -lcublas) -lcudart $(if $(CUDA_SRC),-lstdc++)
@@ -423,10 +427,6 @@ $(BUILD)/libmeshkcpu.a: $(KCPU_OBJ)
 $(BUILD)/libmeshrt.a: $(RUNTIME_OBJ)
 	@rm -f $@
 	$(AR) rcs $@ $^
-
-# With CUDA=1 the runtime's CUDA kernel table (runtime/kern_cuda.c) needs
-# the CUDA kernels.
-KCUDA_LIB = $(if $(CUDA_SRC),$(BUILD)/libmeshkcuda.a)
 
 $(BUILD)/unit_tests: $(UNIT_OBJ) $(BUILD)/libmeshrt.a $(KCUDA_LIB) $(BUILD)/libmeshkcpu.a $(BUILD)/libmeshcomp.a \
                      $(BUILD)/libmeshlang.a
