@@ -10,6 +10,8 @@
 # calls (default 4) spread over a run that resumes after step 1 and trains
 # steps 2 and 3, the run is made again with that call failing. It passes
 # when:
+#   - the call was made and failed (a point past the run's calls would
+#     test nothing);
 #   - meshrun ends with status 1 and a "meshrun: error:" line that names a
 #     rank, or with status 0 and the reference's losses (a failure survived
 #     must change nothing);
@@ -20,7 +22,8 @@
 #   - it did not crash (no signal), and a process whose GPU did not fault
 #     freed every device allocation it made (no "never freed" line);
 #   - the checkpoint folder it leaves is sound: a clean run resumed from its
-#     latest checkpoint trains on to step 4 with the reference's losses.
+#     latest checkpoint trains on to step 4 with the reference's losses
+#     (step 4's among them: a log without losses proves nothing).
 # Ends with `# N passed, N failed`; exits 1 if any failed.
 set -u
 B=${1:?usage: faults.sh BUILD [POINTS]}
@@ -39,9 +42,11 @@ run() {
         --val "$T/val.bin" --device cuda "$@" >"$log" 2>&1
 }
 
-# sound LOG: the losses LOG has are the reference's (each step's it has)
+# sound LOG LAST: the losses LOG has are the reference's (each step's it
+# has), step LAST's among them
 sound() {
     local step value want bad=0
+    losses "$1" | grep -q "^$2 " || { echo "#   no loss for step $2"; bad=1; }
     while read -r step value; do
         want=$(awk -v s="$step" '$1 == s { print $2; exit }' "$T/$PLAN.ref")
         [ "$value" = "$want" ] || { echo "#   step $step: $value, the reference's ${want:-none}"; bad=1; }
@@ -62,7 +67,7 @@ trial() {
     local injected=0
     grep -q "^emu: EMU_FAIL=$kind:$n: " "$log" && injected=1
     case $rc in
-    0) sound "$log" || why="ran on with other losses" ;;
+    0) sound "$log" 3 || why="ran on with other losses" ;;
     1) grep -q '^meshrun: error: .*rank [0-9]' "$log" || why="no 'meshrun: error:' line naming a rank" ;;
     124) why="did not end within 120 s" ;;
     *) why="exited with $rc" ;;
@@ -70,7 +75,7 @@ trial() {
     if [ "$rc" -ne 124 ] && [ "$took" -ge "$MESH_COLLECTIVE_TIMEOUT_S" ]; then
         why="${why:+$why; }took $took s: a rank waited for the collectives' timeout"
     fi
-    if [ "$injected" -eq 0 ] && [ "$rc" -ne 0 ]; then why="${why:-failed} with no failure injected"; fi
+    [ "$injected" -eq 1 ] || why="${why:+$why; }no failure was injected (call $n of $kind never came): nothing tested"
     if grep -q "^emu: .* never freed" "$log"; then why="${why:+$why; }device memory never freed"; fi
     # the checkpoint it left: a clean run resumes from it to step 4
     local latest
@@ -78,7 +83,7 @@ trial() {
     if ! run "$log.resume" --steps 4 --checkpoint "$d" --resume; then
         why="${why:+$why; }resuming from its checkpoint ($latest) failed"
         sed 's/^/#   /' "$log.resume" | tail -n 5
-    elif ! sound "$log.resume"; then
+    elif ! sound "$log.resume" 4; then
         why="${why:+$why; }its checkpoint ($latest) resumes to other losses"
     fi
     if [ -n "$why" ]; then
@@ -108,7 +113,7 @@ sweep() {
     echo step-00000001 >"$T/count.ck/latest"
     local counts=""
     EMU_FAIL=count run "$T/count.log" --steps 3 --checkpoint "$T/count.ck" --resume &&
-        counts=$(sed -n 's/^emu: EMU_FAIL counts: //p' "$T/count.log") && sound "$T/count.log"
+        counts=$(sed -n 's/^emu: EMU_FAIL counts: //p' "$T/count.log") && sound "$T/count.log" 3
     [ -n "$counts" ]
     check "$PLAN: the calls of a run resumed for steps 2 and 3: $counts" $?
     set -- $counts
