@@ -459,12 +459,18 @@ void unpost(Op *op)
 /* c goes (abort, destroy): its pending operations end, its world loses it. */
 void drop(ncclComm *c)
 {
-    std::set<Op *> live = c->live;
+    /* Every operation first out of reach (unposted, without a
+     * communicator), then ended: ending one may end its stream's item,
+     * which starts the next, whose operations of c would otherwise be
+     * posted, met, ended and freed while still in this list. */
+    std::vector<Op *> live(c->live.begin(), c->live.end());
     for (Op *op : live) {
         unpost(op);
         op->c = nullptr;
-        finish(op);
     }
+    c->live.clear();
+    for (Op *op : live)
+        finish(op);
     g_comms.erase(c);
     World *w = c->w;
     if (w && w->node)
