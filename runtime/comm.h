@@ -143,15 +143,17 @@ void comm_threads_release(comm_threads_world *w);
  * that readable until comm_watch_release, whatever the ranks free
  * meanwhile. A communicator bootstrapped over a world (NCCL's) polls it,
  * so that a rank's failure ends the others' waits on the GPU at once. For
- * a threads world (comm_threads_world_hold) or a TCP one (comm_tcp_hold),
- * or a checked handle over one; NULL for any other (MPI: its launcher ends
- * the job when a process fails) or when out of memory. comm_watch_hold
- * adds a holder (each calls comm_watch_release); NULL is a watch that
- * never sees a stop. comm_watch_stop stops the watched world itself, as
- * this rank's comm_abort would (the first reason stays; the TCP peers are
- * told): for a communicator that fails first, so that the others hear of
- * it before it waits on anything of its own. None of these is
- * collective. */
+ * a threads world (comm_threads_world_hold), a TCP one (comm_tcp_hold) or
+ * an MPI one, or a checked handle over one; NULL for any other or when out
+ * of memory. comm_watch_hold adds a holder (each calls
+ * comm_watch_release); NULL is a watch that never sees a stop.
+ * comm_watch_stop stops the watched world itself, as this rank's
+ * comm_abort would (the first reason stays; the TCP peers are told): for a
+ * communicator that fails first, so that the others hear of it before it
+ * waits on anything of its own. An MPI world's watch sees only this
+ * process's stops (comm_mpi_stop: the other processes' failures end the
+ * job through the launcher), and such a stop ends a wait in MPI that
+ * outlasts it by a second with the job. None of these is collective. */
 typedef struct comm_watch comm_watch;
 comm_watch *comm_watch_of(const comm *c);
 void comm_watch_hold(comm_watch *w);
@@ -233,6 +235,17 @@ int comm_mpi_finish(comm *c, int failed, const char *why);
 /* 1 if MPI runs with MPI_THREAD_MULTIPLE (two threads may call it at
  * once: a communication queue beside the rank, comm_async.h), else 0. */
 int comm_mpi_thread_multiple(void);
+
+/* comm_mpi_of: 1 if c is an MPI handle (or a checked handle over one).
+ * comm_mpi_stop: this process's rank failed in a communicator bootstrapped
+ * over its MPI world (NCCL's, through comm_watch_stop; the first reason
+ * stays, until the next comm_mpi_world): comm_mpi_stopped then says so,
+ * with why, to every thread that asks, and the watchdog stops the job if a
+ * wait in MPI lasts more than a second after it (the other ranks may wait
+ * on the GPU for this one, and only this process knows). */
+int comm_mpi_of(const comm *c);
+void comm_mpi_stop(const char *why);
+int comm_mpi_stopped(char *why, size_t n);
 
 /* ---- TCP (comm_tcp.c, over rendezvous.c) -------------------------------- */
 

@@ -20,7 +20,11 @@
  * looks every 50 ms; a call that has waited longer than the timeout
  * (MESH_COLLECTIVE_TIMEOUT_S, default 600 s) stops the job, naming the
  * rank and the call. So no rank waits forever for one that is stuck or
- * gone, whether or not the launcher noticed.
+ * gone, whether or not the launcher noticed. A communicator bootstrapped
+ * over the world (NCCL's) that fails says so (comm_mpi_stop, through its
+ * comm_watch): its waits on the GPU then end at once, on every thread of
+ * the process, and a wait in MPI that lasts STOP_GRACE_S longer stops the
+ * job, since the rank it waits in may be the only one that knows.
  *
  * A call moves at most 2^31 - 1 elements (MPI's int counts).
  *
@@ -42,6 +46,10 @@
 #include <unistd.h>    /* _exit */
 
 enum { TAG = 17 }; /* point-to-point messages */
+/* After comm_mpi_stop, how long a wait in MPI may last before the
+ * watchdog stops the job: one that ends by then had its peers (the
+ * failure did not reach them), one that does not may never end. */
+#define STOP_GRACE_S 1.0
 
 typedef struct msend { /* an eager send in flight */
     struct msend *next;
@@ -82,6 +90,10 @@ static struct {
 static int wait_slots;                      /* slots taken */
 static _Thread_local int wait_slot = -1;    /* this thread's */
 static int live_rank = -1;   /* from comm_mpi_world to comm_mpi_finish: this process's rank */
+/* comm_mpi_stop's reason ("" until then): this process's rank failed in a
+ * communicator bootstrapped over the world (NCCL's), maybe on another
+ * thread than the one that waits in MPI. */
+static char stop_why[640];
 
 
 /* Prints why the job stops and stops it: MPI_Abort, whose status (3) the
@@ -117,12 +129,17 @@ static void *watchdog(void *arg)
     (void)arg;
     while (!atomic_load(&dog_stop)) {
         comm_sleep(0.05);
-        char why[240] = "";
+        char why[sizeof stop_why + 200] = "";
         pthread_mutex_lock(&mu);
-        for (int k = 0; k < wait_slots && !why[0]; k++)
-            if (waits[k].op && comm_now() - waits[k].since > timeout)
+        for (int k = 0; k < wait_slots && !why[0]; k++) {
+            double waited = waits[k].op ? comm_now() - waits[k].since : 0;
+            if (waits[k].op && waited > timeout)
                 snprintf(why, sizeof why, "rank %d waited in %s for more than %g s (MESH_COLLECTIVE_TIMEOUT_S): "
                          "another rank is stuck or gone", waits[k].rank, waits[k].op, timeout);
+            else if (waits[k].op && stop_why[0] && waited > STOP_GRACE_S)
+                snprintf(why, sizeof why, "rank %d waits in %s, but it failed (%s)", waits[k].rank, waits[k].op,
+                         stop_why);
+        }
         pthread_mutex_unlock(&mu);
         if (why[0]) stop_job(why, multiple);
     }
@@ -463,8 +480,33 @@ comm *comm_mpi_world(double timeout_s, char *err, size_t n)
     }
     MPI_Comm_set_errhandler(end, MPI_ERRORS_RETURN);
     ((mcomm *)c)->end = end;
+    pthread_mutex_lock(&mu);
     live_rank = rank;
+    stop_why[0] = 0; /* (a new run) */
+    pthread_mutex_unlock(&mu);
     return c;
+}
+
+int comm_mpi_of(const comm *c)
+{
+    c = c ? comm_checked_inner(c) : NULL;
+    return c && c->v == &mpi_vtbl;
+}
+
+void comm_mpi_stop(const char *why)
+{
+    pthread_mutex_lock(&mu);
+    if (!stop_why[0]) snprintf(stop_why, sizeof stop_why, "%s", why && why[0] ? why : "stopped");
+    pthread_mutex_unlock(&mu);
+}
+
+int comm_mpi_stopped(char *why, size_t n)
+{
+    pthread_mutex_lock(&mu);
+    int stopped = stop_why[0] != 0;
+    if (stopped && why && n) snprintf(why, n, "%s", stop_why);
+    pthread_mutex_unlock(&mu);
+    return stopped;
 }
 
 int comm_mpi_finish(comm *c, int failed, const char *why)
@@ -503,6 +545,21 @@ int comm_mpi_thread_multiple(void)
 #else /* no MPI in this build */
 
 int comm_mpi_thread_multiple(void) { return 0; }
+
+int comm_mpi_of(const comm *c)
+{
+    (void)c;
+    return 0;
+}
+
+void comm_mpi_stop(const char *why) { (void)why; }
+
+int comm_mpi_stopped(char *why, size_t n)
+{
+    (void)why;
+    (void)n;
+    return 0;
+}
 
 comm *comm_mpi_world(double timeout_s, char *err, size_t n)
 {

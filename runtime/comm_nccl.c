@@ -39,18 +39,21 @@
  * counts are checked before the data moves, and a mismatch fails every
  * rank's call with the world intact.
  *
- * A world bootstrapped over a threads world (comm_nccl_world_mpi: ranks as
- * threads of one process, a GPU each) or a TCP one (one rank per process,
- * as torchrun starts them) holds a watch on it (comm_watch_of) and its
- * waits poll it too: when a rank fails and aborts that world, as a failing
- * rank does, or (TCP) its process ends, the others' NCCL waits end at once
- * ("another rank failed (rank 1 failed: ...)") and abort the NCCL world,
- * instead of lasting until the timeout. (Over MPI, mpirun ends the job.)
- * The other way round, such a world's watchdog thread asks its
- * communicators for NCCL's asynchronous errors every DOG_MS and stops the
- * host world on one, so that ranks waiting in a host collective while
- * this rank's NCCL world has failed (an operation that will never end)
- * stop at once too.
+ * A world holds a watch (comm_watch_of) on the world it was bootstrapped
+ * over (comm_nccl_world_mpi): a threads world (ranks as threads of one
+ * process, a GPU each), a TCP one (one rank per process, as torchrun
+ * starts them) or an MPI one (mpirun, srun); its waits poll it too. When a
+ * rank fails and aborts that world, as a failing rank does, or (TCP) its
+ * process ends, the others' NCCL waits end at once ("another rank failed
+ * (rank 1 failed: ...)") and abort the NCCL world, instead of lasting
+ * until the timeout. An MPI world's watch sees only its own process: a
+ * communication queue's failure ends the rank's waits; the launcher ends
+ * the job when a process fails. The other way round, the world's watchdog
+ * thread asks its communicators for NCCL's asynchronous errors every
+ * DOG_MS and stops the host world on one, so that ranks waiting in a host
+ * collective while this rank's NCCL world has failed (an operation that
+ * will never end) stop at once too; over MPI, the job stops if this
+ * rank's wait in MPI does not end within a second (comm_mpi_stop).
  *
  * Communicators are non-blocking (config.blocking = 0): any NCCL call may
  * return ncclInProgress, and the wait polls ncclCommGetAsyncError until the

@@ -4,8 +4,10 @@
 # emulation (BUILD/meshrun_emu; the failures are injected by EMU_FAIL,
 # fault.cpp).
 #
-# For each model below, a clean run of 4 steps is the reference (its
-# losses, and a checkpoint after every step). Then, for each kind of call
+# Three models: gpt-tiny on dp 2 with ZeRO-3 and on tp 2 x pp 2, ranks as
+# threads, and on pp 2 under mpirun, one rank per process (FAULT_PLANS:
+# some of dp2z3 tp2pp2 pp2mpi; default all). For each, a clean run of 4
+# steps is the reference (its losses, and a checkpoint after every step). Then, for each kind of call
 # (malloc, create, launch, matmul, nccl: fault.cpp) and POINTS of its
 # calls (default 4) spread over a run that resumes after step 1 and trains
 # steps 2 and 3, the run is made again with that call failing. It passes
@@ -13,8 +15,9 @@
 #   - the call was made and failed (a point past the run's calls would
 #     test nothing);
 #   - meshrun ends with status 1 and a "meshrun: error:" line that names a
-#     rank, or with status 0 and the reference's losses (a failure survived
-#     must change nothing);
+#     rank (under mpirun: or status 3 and a "mesh: ... stopping the job"
+#     line naming one, a rank's MPI_Abort), or with status 0 and the
+#     reference's losses (a failure survived must change nothing);
 #   - it ends before the collectives' timeout (MESH_COLLECTIVE_TIMEOUT_S:
 #     FAULT_TIMEOUT_S, default 20 s; longer than a whole run takes, 60 for
 #     an ASan build): the ranks stop when one fails, not when they give up
@@ -34,12 +37,23 @@ export OPENBLAS_NUM_THREADS=1 MESH_COLLECTIVE_TIMEOUT_S=${FAULT_TIMEOUT_S:-20}
 . "$(dirname "$0")/checks.sh" # check, losses
 
 # run LOG ARGS...: meshrun_emu on $PLAN with $GPUS emulated GPUs, its output
-# in LOG; its status
+# in LOG; its status. Ranks as threads, or with LAUNCH=mpirun one process
+# each (a node folder of their own each time: a killed job leaves its
+# files)
+NODES=0
 run() {
     local log=$1
     shift
-    MESH_EMU_GPUS=$GPUS timeout 120 "$B/meshrun_emu" "$T/$PLAN.plan" --data "$T/train.bin" \
-        --val "$T/val.bin" --device cuda "$@" >"$log" 2>&1
+    if [ "${LAUNCH:-}" = mpirun ]; then
+        NODES=$((NODES + 1))
+        env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+            OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1 EMU_NCCL_NODE="$T/node-$NODES" \
+            MESH_EMU_GPUS=$GPUS timeout 120 mpirun -n "$GPUS" "$B/meshrun_emu" "$T/$PLAN.plan" \
+            --data "$T/train.bin" --val "$T/val.bin" --device cuda "$@" >"$log" 2>&1
+    else
+        MESH_EMU_GPUS=$GPUS timeout 120 "$B/meshrun_emu" "$T/$PLAN.plan" --data "$T/train.bin" \
+            --val "$T/val.bin" --device cuda "$@" >"$log" 2>&1
+    fi
 }
 
 # sound LOG LAST: the losses LOG has are the reference's (each step's it
@@ -69,6 +83,9 @@ trial() {
     case $rc in
     0) sound "$log" 3 || why="ran on with other losses" ;;
     1) grep -q '^meshrun: error: .*rank [0-9]' "$log" || why="no 'meshrun: error:' line naming a rank" ;;
+    3) # mpirun: a rank stopped the job (MPI_Abort), saying why
+        [ "${LAUNCH:-}" = mpirun ] && grep -q '^mesh: .*rank [0-9].*stopping the job' "$log" ||
+            why="exited with 3 without a 'mesh: ... stopping the job' line naming a rank" ;;
     124) why="did not end within 120 s" ;;
     *) why="exited with $rc" ;;
     esac
@@ -92,16 +109,24 @@ trial() {
     fi
     check "$PLAN: $kind call $n fails (status $rc in $took s; the checkpoint left: $latest)" \
         "$([ -z "$why" ] && echo 0 || echo 1)"
-    grep -m1 '^meshrun: error: ' "$log" | sed 's/^meshrun: error: [^:]*: /#   said: /'
+    grep -m1 '^meshrun: error: \|^mesh: .*stopping the job' "$log" |
+        sed -e 's/^meshrun: error: [^:]*: /#   said: /' -e 's/^mesh: /#   said: /'
 }
 
 "$B/meshrun_emu" tokenize examples/data/devils-dictionary.txt -o "$T/train.bin" --val "$T/val.bin" >/dev/null
+
+# most: of the counts' lines (one per process), each kind's largest
+most() {
+    awk '{ for (i = 1; i < NF; i += 2) { if (!($i in n)) k[++kinds] = $i; if ($(i + 1) > n[$i]) n[$i] = $(i + 1) } }
+         END { for (j = 1; j <= kinds; j++) printf "%s%s %d", (j > 1 ? " " : ""), k[j], n[k[j]]; print "" }'
+}
 
 # sweep PLAN GPUS MESHC-SETTINGS...: the reference, the calls counted,
 # then every kind's POINTS trials
 sweep() {
     PLAN=$1 GPUS=$2
     shift 2
+    case " ${FAULT_PLANS:-$PLAN} " in *" $PLAN "*) ;; *) return 0 ;; esac
     "$B/meshc" "$@" --set train.global_batch=4 --set train.log_every=1 --set train.eval_every=1 --set "train.val_data=\"$T/val.bin\"" \
         --set train.checkpoint_every=1 --set "train.checkpoint_dir=\"$T/$PLAN.ck\"" examples/gpt-tiny.mesh \
         -o "$T/$PLAN.plan" >/dev/null
@@ -113,7 +138,7 @@ sweep() {
     echo step-00000001 >"$T/count.ck/latest"
     local counts=""
     EMU_FAIL=count run "$T/count.log" --steps 3 --checkpoint "$T/count.ck" --resume &&
-        counts=$(sed -n 's/^emu: EMU_FAIL counts: //p' "$T/count.log") && sound "$T/count.log" 3
+        counts=$(sed -n 's/^emu: EMU_FAIL counts: //p' "$T/count.log" | most) && sound "$T/count.log" 3
     [ -n "$counts" ]
     check "$PLAN: the calls of a run resumed for steps 2 and 3: $counts" $?
     set -- $counts
@@ -132,6 +157,13 @@ sweep() {
 
 sweep dp2z3 2 --set mesh.dp=2 --set train.zero=3
 sweep tp2pp2 4 --set mesh.tp=2 --set mesh.pp=2 --set train.precision=bf16 --set train.micro_batch=2
+# one rank per process under mpirun: the NCCL world over MPI, whose
+# launcher ends the job when a process fails
+if command -v mpirun >/dev/null 2>&1; then
+    LAUNCH=mpirun sweep pp2mpi 2 --set mesh.pp=2 --set train.precision=bf16 --set train.micro_batch=2
+else
+    echo "ok - # SKIP mpirun: no mpirun (make deps installs Open MPI)"
+fi
 
 echo "# $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
