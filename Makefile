@@ -480,7 +480,7 @@ EMU_BUILD      ?= build
 EMU_TSAN_BUILD ?= build-tsan
 gpu-emu:
 	$(MAKE) BUILD=$(EMU_BUILD) $(addprefix $(EMU_BUILD)/,emu_selftest gpu_tests_emu unit_tests_emu meshrun_emu meshc \
-	  gpu_bench_emu)
+	  gpu_bench_emu ignoring_emu)
 	$(EMU_DIR)/run.sh $(EMU_BUILD) forward reverse
 
 gpu-emu-tsan:
@@ -598,6 +598,11 @@ $(BUILD)/unit_tests_emu: $(filter-out %/test_comm_nccl.o,$(UNIT_OBJ)) $(EMU_OBJ)
 # user runs with --device cuda, ranks as threads over the emulated NCCL
 # (MESH_EMU_GPUS); tests/gpu/emu/meshrun.sh rehearses it.
 $(BUILD)/meshrun_emu: $(OBJ)/runtime/meshrun.o $(EMU_LINK_WITH)
+	$(EMU_LINK)
+
+# An embedding program whose ranks ignore a failed step (ignoring.c;
+# meshrun.sh runs it).
+$(BUILD)/ignoring_emu: $(OBJ)/$(EMU_DIR)/ignoring.o $(EMU_LINK_WITH)
 	$(EMU_LINK)
 
 -include $(EMU_KOBJ:.o=.d) $(EMU_RT_OBJ:.o=.d) $(EMU_TEST_OBJ:.o=.d) $(EMU_OBJ)/$(EMU_DIR)/selftest.d \

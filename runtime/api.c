@@ -1,6 +1,7 @@
 /* api.c — the public plan and context API of mesh.h, over the plan reader
  * (compiler/plan.h), the interpreter (exec.h), checkpoints and sampling.
  * Token streams are in data.c, tokenizers in tokenizer.c. */
+#include <math.h>    /* NAN: mesh_forward's loss when it failed */
 #include <pthread.h> /* pthread_mutex_t: the process's device */
 #include <stdarg.h>  /* va_list */
 #include <stdio.h>   /* FILE, vsnprintf */
@@ -412,8 +413,10 @@ mesh_status mesh_forward(mesh_context *ctx, const int *inputs, const int *target
     mesh_status bad = mesh__check_ids(&ctx->plan->p, inputs, bt, "mesh_forward", "inputs");
     if (bad == MESH_OK) bad = mesh__check_ids(&ctx->plan->p, targets, bt, "mesh_forward", "targets");
     if (bad != MESH_OK) return bad;
-    double l = mesh__exec_loss(ctx->ex, inputs, targets);
-    if (loss) *loss = l;
+    double l = NAN;
+    int rc = mesh__exec_forward(ctx->ex, inputs, targets, &l);
+    if (loss) *loss = rc == 0 ? l : NAN;
+    if (rc != 0) return mesh__fail(MESH_ERR_RANK, "mesh_forward: %s", mesh__exec_error(ctx->ex));
     if (!logits) return MESH_OK;
     int vp, vocab;
     const float *lg = mesh__exec_logits(ctx->ex, &vp);

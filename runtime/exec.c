@@ -59,6 +59,8 @@ static void set_err(char *err, size_t n, const char *fmt, ...)
 
 const char *mesh__exec_error(const mesh__exec *ex) { return ex->error; }
 
+int mesh__exec_failed(const mesh__exec *ex) { return ex->failed || ex->dev_failed; }
+
 void mesh__exec_data_rank(const mesh__exec *ex, int *data_rank, int *data_ranks)
 {
     *data_rank = ex->coord[0] * (int)ex->p->setup.ep + ex->coord[3];

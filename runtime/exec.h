@@ -140,6 +140,15 @@ int mesh__exec_profile(mesh__exec *ex, int k, char *what, size_t n, double *ms, 
 /* Why the last train step returned -2 (a collective failed). */
 const char *mesh__exec_error(const mesh__exec *ex);
 
+/* 1 once a train step or forward pass has returned -2 (a collective
+ * failed: the worlds are aborted) or a device call of the rank has failed
+ * (a kernel, a copy, an allocation on the GPU; mesh__exec_error says
+ * which), else 0. It stays: the ranks no longer meet in the same
+ * collectives, so the rank cannot go on (a train step or a forward pass
+ * returns -2 at once, before it touches anything) and its worlds must be
+ * aborted, not finished. */
+int mesh__exec_failed(const mesh__exec *ex);
+
 /* Tokens of one micro-batch: micro_batch x seq_len ids. */
 size_t mesh__exec_batch_tokens(const mesh__exec *ex);
 

@@ -175,6 +175,7 @@ struct mesh__exec {
                             keeps bf16 and fp16 values in fp32 words); a param's gradient is fp32
                             always (memplan.h) */
     int dev_failed;      /* a device call failed: ex->error says which; the step fails */
+    int failed;          /* a train step or forward pass returned -2: no more (mesh__exec_failed) */
     float *logits_host;  /* gpu: the logits copied back for mesh__exec_logits */
     memplan mp;          /* the layout, in fp32 */
     const mem_stage *ms; /* this stage's sizes */

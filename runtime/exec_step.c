@@ -684,10 +684,26 @@ double mesh__exec_loss(mesh__exec *ex, const int32_t *inputs, const int32_t *tar
     return mesh__exec_forward(ex, inputs, targets, &loss) == 0 ? loss : NAN;
 }
 
-int mesh__exec_forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets, double *loss)
+/* A rank whose step failed earlier (mesh__exec_failed) takes no more:
+ * its worlds are aborted or its peers wait in a collective of the step
+ * that failed, and what the failure abandoned (collectives in flight,
+ * their buffers) is not to be touched again. -2, with ex->error still
+ * naming the failure. */
+static int failed_before(mesh__exec *ex)
+{
+    if (!mesh__exec_failed(ex)) return 0;
+    static const char said[] = " (in an earlier step: this rank takes no more steps)";
+    size_t n = strlen(ex->error);
+    if (n < sizeof said - 1 || strcmp(ex->error + n - (sizeof said - 1), said) != 0)
+        snprintf(ex->error + n, sizeof ex->error - n, "%s", said);
+    return -2;
+}
+
+static int forward_pass(mesh__exec *ex, const int32_t *inputs, const int32_t *targets, double *loss)
 {
     ex->slot = 0;
     *loss = 0;
+    if (failed_before(ex)) return -2;
     exec__loss_begin(ex, 0);
     for (int c = ex->stage; c < ex->chunks; c += (int)ex->p->pp) { /* the stage's chunks, in order */
         exec__set_chunk(ex, c);
@@ -697,6 +713,13 @@ int mesh__exec_forward(mesh__exec *ex, const int32_t *inputs, const int32_t *tar
     if (pipe_flush(ex) != 0 || exec__loss_take(ex, loss) != 0) return -2;
     /* the last chunk has the loss: every stage gets it */
     return exec__sum_doubles(ex, ex->axis[2], loss, 1) == 0 ? 0 : -2;
+}
+
+int mesh__exec_forward(mesh__exec *ex, const int32_t *inputs, const int32_t *targets, double *loss)
+{
+    int rc = forward_pass(ex, inputs, targets, loss);
+    if (rc == -2) ex->failed = 1;
+    return rc;
 }
 
 static void zero_param_grads(mesh__exec *ex)
@@ -881,6 +904,7 @@ int mesh__exec_train_step(mesh__exec *ex, long long step, const int32_t *inputs,
 {
     int rc = train_step(ex, step, inputs, targets, st);
     ex->ov_failed = rc == -2; /* its collectives in flight are abandoned (exec__overlap_free) */
+    if (rc == -2) ex->failed = 1;
     return rc;
 }
 
@@ -890,6 +914,7 @@ static int train_step(mesh__exec *ex, long long step, const int32_t *inputs, con
     const fe_setup *s = &ex->p->setup;
     int m = (int)(s->micro_batches > 0 ? s->micro_batches : 1);
     double loss = 0, turns0 = exec__turns_total(ex);
+    if (failed_before(ex)) return -2;
     ex->counting = 1;
     ex->steps++;
     exec__overlap_step_begin(ex);

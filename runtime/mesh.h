@@ -315,7 +315,11 @@ typedef struct mesh_step_stats {
  * GradScaler does. A loss or gradient that is not finite leaves the
  * parameters unchanged and returns MESH_ERR_CHECK; the step still counts
  * (stats->step, the schedule), so the caller may skip it and go on with
- * the next batch, or stop. stats may be NULL. */
+ * the next batch, or stop. A step that fails with MESH_ERR_RANK (a
+ * collective failed, or this rank's GPU) is the context's last: later
+ * train steps and forward passes return MESH_ERR_RANK at once, and
+ * mesh_run_ranks counts the rank as failed even if its fn returns
+ * MESH_OK. stats may be NULL. */
 mesh_status mesh_train_step(mesh_context *ctx, const int *inputs, const int *targets,
                             mesh_step_stats *stats);
 
@@ -324,7 +328,8 @@ mesh_status mesh_train_step(mesh_context *ctx, const int *inputs, const int *tar
  * of vocab floats (the padded columns left out), written to logits[0..n).
  * With tensor parallelism every rank of the tp group calls it (so does
  * mesh_evaluate), and the logits, split over them, are refused
- * (MESH_ERR_UNSUPPORTED), as by mesh_next_logits and mesh_sample_next. */
+ * (MESH_ERR_UNSUPPORTED), as by mesh_next_logits and mesh_sample_next.
+ * A collective or device failure is MESH_ERR_RANK (*loss NaN). */
 mesh_status mesh_forward(mesh_context *ctx, const int *inputs, const int *targets, double *loss,
                          float *logits, size_t n);
 

@@ -27,12 +27,18 @@ typedef struct rank_run {
  * finished, before the context goes: with ranks as threads (tell), c is
  * aborted, which stops the others at once, naming this rank, and which the
  * NCCL world watches as it finishes; one rank per process aborts its NCCL
- * world itself (saying so on stderr), then comm_*_finish tells the others. */
+ * world itself (saying so on stderr), then comm_*_finish tells the others.
+ * A rank with a step that failed (mesh__exec_failed: a collective, or its
+ * device) has failed, even if fn went on and returned MESH_OK: the others
+ * may wait in a collective of that step. */
 static void run_rank(rank_run *r, comm *c, int tell)
 {
     mesh_context *ctx = NULL;
     r->st = mesh__context_create(r->plan, r->rank, c, NULL, NULL, &ctx);
     if (r->st == MESH_OK) r->st = r->fn(ctx, r->rank, r->ud);
+    if (r->st == MESH_OK && ctx->ex && mesh__exec_failed(ctx->ex))
+        r->st = mesh__fail(MESH_ERR_RANK, "its function returned MESH_OK, but a step of it failed: %s",
+                           mesh__exec_error(ctx->ex));
     if (r->st != MESH_OK) {
         snprintf(r->error, sizeof r->error, "%s", mesh_last_error());
         if (tell && c) comm_abort(c, r->error);

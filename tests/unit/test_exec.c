@@ -1527,20 +1527,29 @@ TEST_IMPL(parallel_overlap_is_bit_identical)
     }
 }
 
+/* The tiny model's plan with n settings. */
+static mesh_plan *tiny_plan(const char *const *sets, int n)
+{
+    char *text = NULL;
+    size_t len = 0;
+    mesh_compile_options opt = MESH_COMPILE_OPTIONS_INIT;
+    opt.sets = sets;
+    opt.n_sets = n;
+    if (mesh_compile("tiny.mesh", tiny_src, strlen(tiny_src), &opt, &text, &len) != MESH_OK)
+        unit_fail(__FILE__, __LINE__, "%s", mesh_last_error());
+    mesh_plan *mp = NULL;
+    mesh_status st = mesh_plan_from_memory(text, len, &mp);
+    mesh_free(text);
+    if (st != MESH_OK) unit_fail(__FILE__, __LINE__, "%s", mesh_last_error());
+    return mp;
+}
+
 /* A rank that fails stops the others: mesh_run_ranks returns its status
  * and message, not a hang. */
 TEST_IMPL(parallel_failing_rank_stops_the_job)
 {
     static const char *const dp2[] = {"train.micro_batch=1", "mesh.dp=4"};
-    char *text = NULL;
-    size_t len = 0;
-    mesh_compile_options opt = MESH_COMPILE_OPTIONS_INIT;
-    opt.sets = dp2;
-    opt.n_sets = 2;
-    ASSERT_INT_EQ(mesh_compile("tiny.mesh", tiny_src, strlen(tiny_src), &opt, &text, &len), MESH_OK);
-    mesh_plan *mp = NULL;
-    ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
-    mesh_free(text);
+    mesh_plan *mp = tiny_plan(dp2, 2);
     eq_run r = {mp, {0}, 2, 3, 0, 0, 0, NULL, 0, 0, 0, 0, 0, 0, 0};
     ASSERT_INT_EQ(mesh_run_ranks(mp, eq_rank, &r), MESH_ERR_IO);
     ASSERT_NOT_NULL(strstr(mesh_last_error(), "rank 2: "));
@@ -1554,16 +1563,56 @@ TEST_IMPL(parallel_failing_rank_stops_the_job)
      * wait in a pipeline receive or a tp all-reduce; they stop at once (not
      * at the 600 s timeout) */
     static const char *const tp2pp2[] = {"train.micro_batch=1", "mesh.tp=2", "mesh.pp=2"};
-    opt.sets = tp2pp2;
-    opt.n_sets = 3;
-    ASSERT_INT_EQ(mesh_compile("tiny.mesh", tiny_src, strlen(tiny_src), &opt, &text, &len), MESH_OK);
-    ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
-    mesh_free(text);
+    mp = tiny_plan(tp2pp2, 3);
     eq_run q = {mp, {0}, 3, 3, 0, 0, 0, NULL, 0, 0, 0, 0, 0, 0, 0};
     time_t t0 = time(NULL);
     ASSERT_INT_EQ(mesh_run_ranks(mp, eq_rank, &q), MESH_ERR_IO);
     ASSERT_NOT_NULL(strstr(mesh_last_error(), "rank 3: "));
     ASSERT_INT_LT((long)(time(NULL) - t0), 30);
+    mesh_plan_free(mp);
+}
+
+/* ignore_rank's: what rank 0 saw after its failed step */
+typedef struct ignore_seen {
+    int plan_vocab, n;
+    mesh_status first, again, fwd;
+    char again_why[2048];
+} ignore_seen;
+
+/* Rank 1 leaves at once; rank 0's step then fails (rank 1 never comes),
+ * and rank 0 tries again and a forward pass, ignoring every error. */
+static mesh_status ignore_rank(mesh_context *ctx, int rank, void *ud)
+{
+    ignore_seen *s = ud;
+    if (rank == 1) return MESH_ERR_IO;
+    int *ids = calloc((size_t)s->n, sizeof *ids);
+    if (!ids) return MESH_ERR_NOMEM;
+    for (int k = 0; k < s->n; k++) ids[k] = k % s->plan_vocab;
+    s->first = mesh_train_step(ctx, ids, ids, NULL);
+    s->again = mesh_train_step(ctx, ids, ids, NULL);
+    snprintf(s->again_why, sizeof s->again_why, "%s", mesh_last_error());
+    double loss = 0;
+    s->fwd = mesh_forward(ctx, ids, ids, &loss, NULL, 0);
+    free(ids);
+    return MESH_OK; /* as if all went well */
+}
+
+/* A step that failed (a collective: another rank left) is the context's
+ * last: later steps and forward passes fail at once, saying so, and the
+ * rank counts as failed even though its function returned MESH_OK. */
+TEST_IMPL(parallel_failed_step_is_the_last)
+{
+    static const char *const dp2[] = {"train.micro_batch=1", "mesh.dp=2"};
+    mesh_plan *mp = tiny_plan(dp2, 2);
+    int mb = 0, m = 0, seq = 0, vocab = 0;
+    mesh_plan_batch(mp, &mb, &m, &seq, &vocab);
+    ignore_seen s = {vocab, mb * m * seq, MESH_OK, MESH_OK, MESH_OK, ""};
+    ASSERT_INT_EQ(mesh_run_ranks(mp, ignore_rank, &s), MESH_ERR_IO); /* rank 1's, the cause */
+    ASSERT_NOT_NULL(strstr(mesh_last_error(), "rank 1: "));
+    ASSERT_INT_EQ(s.first, MESH_ERR_RANK);
+    ASSERT_INT_EQ(s.again, MESH_ERR_RANK);
+    ASSERT_NOT_NULL(strstr(s.again_why, "(in an earlier step: this rank takes no more steps)"));
+    ASSERT_INT_EQ(s.fwd, MESH_ERR_RANK);
     mesh_plan_free(mp);
 }
 

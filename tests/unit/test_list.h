@@ -140,6 +140,7 @@ TEST(parallel_cuda_overlap_timed_on_the_gpu)
 TEST(parallel_cuda_turns_timed_on_the_gpu)
 TEST(parallel_cuda_nccl_under_tsan)
 TEST(parallel_failing_rank_stops_the_job)
+TEST(parallel_failed_step_is_the_last)
 
 /* mixed precision on the CPU reference: test_precision.c */
 TEST(kcpu_rounds_to_bf16_and_fp16)

@@ -161,6 +161,21 @@ EMU_FAIL=launch:1 MESH_EMU_GPUS=2 timeout 120 "$B/meshrun_emu" "$T/dp2z3.plan" -
     grep -q "^meshrun: error: .*(cudaErrorIllegalAddress): a kernel faulted on this GPU (here or earlier" \
         "$T/fault.log" || { echo "# after $((SECONDS - t0)) s:"; sed 's/^/#   /' "$T/fault.log"; false; }
 check "a kernel that faults on one of 2 GPUs stops the job at once, saying a kernel faulted" $?
+# the same in a program embedding libmesh whose ranks ignore the failed
+# step, go on for 2 more and return MESH_OK (ignoring.c): mesh_run_ranks
+# still fails, naming the fault, at once; the later steps are refused, not
+# run over what the failure abandoned
+"$B/meshc" --set mesh.dp=2 --set train.global_batch=4 examples/gpt-tiny.mesh -o "$T/dp2.plan" >/dev/null
+t0=$SECONDS
+EMU_FAIL=launch:300 MESH_EMU_GPUS=2 MESH_COLLECTIVE_TIMEOUT_S=60 timeout 120 "$B/ignoring_emu" "$T/dp2.plan" 3 \
+    >"$T/ignoring.log" 2>&1
+rc=$?
+[ "$rc" -eq 1 ] && [ $((SECONDS - t0)) -lt 30 ] &&
+    grep -q "^ignoring: mesh_run_ranks: another rank failed: .*returned MESH_OK, but a step of it failed: .*a kernel faulted" \
+        "$T/ignoring.log" && grep -q "step 3: .*(in an earlier step: this rank takes no more steps)" "$T/ignoring.log" &&
+    ! grep -q "^emu: .*\(cannot reach\|not inside\|not (wholly)\)" "$T/ignoring.log" ||
+    { echo "# status $rc after $((SECONDS - t0)) s:"; sed 's/^/#   /' "$T/ignoring.log"; false; }
+check "ranks that ignore a failed step: mesh_run_ranks still fails at once, naming the fault; no step after it runs" $?
 
 # One rank per process, as torchrun starts them (RANK, WORLD_SIZE,
 # LOCAL_RANK, MASTER_ADDR/PORT: the TCP world, over which NCCL's id goes),
@@ -207,6 +222,22 @@ if command -v mpirun >/dev/null 2>&1; then
         --device cuda --steps 2 >"$T/z3mpi.log" 2>&1 && same "$T/z3mpi.log" "$T/z3cpu.log" 1e-4 3 ||
         { echo "# mpirun:"; sed 's/^/#   /' "$T/z3mpi.log"; false; }
     check "mpirun: 2 processes, a GPU each, train dp 2 ZeRO-3 2 steps over NCCL, within 1e-4 of the CPU" $?
+    # a pipeline send that never ends (a link gone) while its rank waits
+    # in MPI (the validation loss's sum): the rank's NCCL watchdog sees
+    # the error and the job stops within a second or two, naming it, not
+    # at the collectives' timeout (60 s here)
+    "$B/meshc" --set mesh.pp=2 --set train.precision=bf16 --set train.global_batch=4 --set train.micro_batch=2 \
+        --set train.eval_every=1 --set "train.val_data=\"$T/val.bin\"" examples/gpt-tiny.mesh -o "$T/pp2.plan" >/dev/null
+    t0=$SECONDS
+    env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+        OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1 EMU_NCCL_NODE="$T/node-mpifail" MESH_EMU_GPUS=2 \
+        EMU_FAIL=nccl:30 MESH_COLLECTIVE_TIMEOUT_S=60 timeout 120 mpirun -n 2 "$B/meshrun_emu" "$T/pp2.plan" \
+        --data "$T/train.bin" --val "$T/val.bin" --device cuda --steps 3 >"$T/mpifail.log" 2>&1
+    rc=$?
+    [ "$rc" -ne 0 ] && [ $((SECONDS - t0)) -lt 30 ] && grep -q "^emu: EMU_FAIL=nccl:30: " "$T/mpifail.log" &&
+        grep -q "^mesh: rank [0-9].*a network failure (EMU_FAIL).*stopping the job" "$T/mpifail.log" ||
+        { echo "# status $rc after $((SECONDS - t0)) s:"; sed 's/^/#   /' "$T/mpifail.log"; false; }
+    check "mpirun: an NCCL operation that never ends stops the job at once, naming it" $?
 else
     echo "ok - # SKIP mpirun: no mpirun (make deps installs Open MPI)"
 fi
