@@ -520,10 +520,11 @@ gpu-emu-cov:
 # of failure the emulation injects (EMU_FAIL: an allocation, a stream,
 # event or communicator made, a kernel that faults, a cuBLASLt product, an
 # NCCL operation that never ends) at FAULT_POINTS calls spread over a run
-# of dp 2 ZeRO-3 and one of tp 2 x pp 2 in bf16, each judged: a clear
+# of dp 2 ZeRO-3 and one of tp 2 x pp 2 in bf16 (ranks as threads), and
+# one of pp 2 under mpirun (FAULT_PLANS: some of these), each judged: a clear
 # error naming a rank (or, if the failure was survived, the same losses),
 # no hang, no crash, nothing leaked, and a checkpoint folder a clean run
-# resumes from to the same losses (tests/gpu/emu/faults.sh). About 5
+# resumes from to the same losses (tests/gpu/emu/faults.sh). About 15
 # minutes here at the default 4; not in CI.
 FAULT_POINTS ?= 4
 gpu-emu-faults:
