@@ -271,6 +271,11 @@ int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint6
     const char *name;
     size_t n, total = 0;
     float *w, *g;
+    if (mesh__exec_failed(ex)) { /* (a step that failed may have updated some params and not others) */
+        snprintf(err, errn, "saving a checkpoint in %s: a step of this rank failed, so its state may be half "
+                 "updated; nothing is written (%.300s)", dir, mesh__exec_error(ex));
+        return -2;
+    }
     while (mesh__exec_param(ex, count, &name, &n, &w, &g) == 0) total += mesh__exec_param_numel(ex, count++);
     st_item *model = calloc((size_t)count + 1, sizeof *model);
     st_item *optim = calloc(2 * (size_t)count + 1, sizeof *optim);

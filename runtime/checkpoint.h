@@ -25,7 +25,8 @@
  * and the data cursor *data_pos unless data_pos is NULL. With several
  * ranks it is collective (ZeRO's shards of the optimizer state are
  * gathered) and rank 0 writes. Returns 0, or -1 with a message in err
- * (-2: a collective failed). */
+ * (-2: a collective failed, or a step before did: mesh__exec_failed, and
+ * nothing is written). */
 int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint64_t *data_pos, char *err,
                     size_t n);
 

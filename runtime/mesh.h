@@ -317,7 +317,8 @@ typedef struct mesh_step_stats {
  * (stats->step, the schedule), so the caller may skip it and go on with
  * the next batch, or stop. A step that fails with MESH_ERR_RANK (a
  * collective failed, or this rank's GPU) is the context's last: later
- * train steps and forward passes return MESH_ERR_RANK at once, and
+ * train steps, forward passes and checkpoint saves (which would write a
+ * half-updated state) return MESH_ERR_RANK at once, and
  * mesh_run_ranks counts the rank as failed even if its fn returns
  * MESH_OK. stats may be NULL. */
 mesh_status mesh_train_step(mesh_context *ctx, const int *inputs, const int *targets,

@@ -9,6 +9,7 @@
 #include <stdlib.h> /* free, mkdtemp, system */
 #include <string.h> /* strlen, memcpy, memcmp */
 #include <time.h>   /* time */
+#include <unistd.h> /* access, rmdir */
 
 #include "api_impl.h"   /* defines: mesh__set_exec_flags */
 #include "checkpoint.h" /* defines: mesh__ckpt_save, mesh__ckpt_load */
@@ -1575,7 +1576,8 @@ TEST_IMPL(parallel_failing_rank_stops_the_job)
 /* ignore_rank's: what rank 0 saw after its failed step */
 typedef struct ignore_seen {
     int plan_vocab, n;
-    mesh_status first, again, fwd;
+    const char *dir; /* where rank 0 tries to save a checkpoint */
+    mesh_status first, again, fwd, save;
     char again_why[2048];
 } ignore_seen;
 
@@ -1593,26 +1595,34 @@ static mesh_status ignore_rank(mesh_context *ctx, int rank, void *ud)
     snprintf(s->again_why, sizeof s->again_why, "%s", mesh_last_error());
     double loss = 0;
     s->fwd = mesh_forward(ctx, ids, ids, &loss, NULL, 0);
+    s->save = mesh_checkpoint_save(ctx, s->dir);
     free(ids);
     return MESH_OK; /* as if all went well */
 }
 
 /* A step that failed (a collective: another rank left) is the context's
- * last: later steps and forward passes fail at once, saying so, and the
- * rank counts as failed even though its function returned MESH_OK. */
+ * last: later steps, forward passes and checkpoint saves fail at once,
+ * saying so (the save writes nothing), and the rank counts as failed even
+ * though its function returned MESH_OK. */
 TEST_IMPL(parallel_failed_step_is_the_last)
 {
     static const char *const dp2[] = {"train.micro_batch=1", "mesh.dp=2"};
     mesh_plan *mp = tiny_plan(dp2, 2);
     int mb = 0, m = 0, seq = 0, vocab = 0;
     mesh_plan_batch(mp, &mb, &m, &seq, &vocab);
-    ignore_seen s = {vocab, mb * m * seq, MESH_OK, MESH_OK, MESH_OK, ""};
+    char top[] = "/tmp/mesh-failed-XXXXXX", dir[64];
+    if (!mkdtemp(top)) unit_fail(__FILE__, __LINE__, "mkdtemp failed");
+    snprintf(dir, sizeof dir, "%s/ck", top);
+    ignore_seen s = {vocab, mb * m * seq, dir, MESH_OK, MESH_OK, MESH_OK, MESH_OK, ""};
     ASSERT_INT_EQ(mesh_run_ranks(mp, ignore_rank, &s), MESH_ERR_IO); /* rank 1's, the cause */
     ASSERT_NOT_NULL(strstr(mesh_last_error(), "rank 1: "));
     ASSERT_INT_EQ(s.first, MESH_ERR_RANK);
     ASSERT_INT_EQ(s.again, MESH_ERR_RANK);
     ASSERT_NOT_NULL(strstr(s.again_why, "(in an earlier step: this rank takes no more steps)"));
     ASSERT_INT_EQ(s.fwd, MESH_ERR_RANK);
+    ASSERT_INT_EQ(s.save, MESH_ERR_RANK);
+    ASSERT_INT_EQ(access(dir, F_OK), -1); /* nothing written */
+    ASSERT_INT_EQ(rmdir(top), 0);
     mesh_plan_free(mp);
 }
 
