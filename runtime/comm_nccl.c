@@ -202,6 +202,7 @@ struct nworld {
 };
 
 enum { DOG_MS = 50 };
+#define COUNTS_GRACE_S 0.2 /* counts_first */
 
 static const comm_vtbl nccl_vtbl;
 
@@ -388,10 +389,13 @@ static int timed_out(ncomm *m, const char *op)
     return fail_abort(m, op, why);
 }
 
+static int counts_first(ncomm *m);
+
 /* op's failure when the host world stopped: another rank failed, or this
  * one did elsewhere (its communication thread, say: why then names it). */
 static int host_failed(ncomm *m, const char *op, const char *why)
 {
+    if (counts_first(m) != 0) return -1; /* (the cause here, likely of the other rank's failure too) */
     char msg[800], own[32];
     int n = snprintf(own, sizeof own, "rank %d", m->c.world_rank);
     int self = !strncmp(why, own, (size_t)n) && !isdigit((unsigned char)why[n]);
@@ -448,6 +452,25 @@ static int check_counts(ncomm *m)
     return 0;
 }
 
+/* Ordered world, a failure seen (this rank's NCCL error, or another
+ * rank's through the host world): the all-to-all counts not back yet get
+ * COUNTS_GRACE_S to come back (they travel ahead of the data), since
+ * counts that disagree cause such failures and say best what went wrong.
+ * -1 if they disagree (recorded in m), else 0. */
+static int counts_first(ncomm *m)
+{
+    if (!m->w->ordered || m->w->aborted) return 0;
+    double until = comm_now() + COUNTS_GRACE_S;
+    for (;;) {
+        if (check_counts(m) != 0) return -1;
+        int pending = 0;
+        for (ncomm *x = m->w->comms; x && !pending; x = x->next)
+            for (int i = 0; i < A2A_CHECKS; i++) pending |= x->chk[i].pending;
+        if (!pending || comm_now() > until) return 0;
+        comm_sleep(1e-3);
+    }
+}
+
 /* One look at the world's touched handles: 1 while one is busy (NCCL
  * still enqueueing; with streams, also its stream still working), else 0
  * (a handle whose stream is done is no longer touched); -1 when one failed
@@ -463,8 +486,8 @@ static int look(ncomm *m, const char *op, int streams)
             busy = 1;
             continue;
         }
-        if (st != ncclSuccess) /* (ordered: all-to-all counts that disagree, back by now, say why first) */
-            return m->w->ordered && check_counts(m) != 0 ? -1 : nccl_fail(x->nc, m, op, "ncclCommGetAsyncError", st);
+        if (st != ncclSuccess) /* (ordered: all-to-all counts that disagree say why first) */
+            return counts_first(m) != 0 ? -1 : nccl_fail(x->nc, m, op, "ncclCommGetAsyncError", st);
         if (!streams) continue;
         cudaError_t ce = not_ready_clear(cudaStreamQuery(x->stream));
         if (ce == cudaErrorNotReady) {
