@@ -157,10 +157,12 @@ check "a GPU of 16 MiB: out of memory for cuBLASLt's workspace, with the device'
 t0=$SECONDS
 EMU_FAIL=launch:1 MESH_EMU_GPUS=2 timeout 120 "$B/meshrun_emu" "$T/dp2z3.plan" --data "$T/train.bin" \
     --device cuda --steps 1 >"$T/fault.log" 2>&1
-[ $? -eq 1 ] && [ $((SECONDS - t0)) -lt 30 ] &&
-    grep -q "^meshrun: error: .*(cudaErrorIllegalAddress): a kernel faulted on this GPU (here or earlier" \
+rc=$?
+gpu=$(sed -n 's/^emu: EMU_FAIL=launch:1: .* fails on device \([0-9]\)$/\1/p' "$T/fault.log")
+[ "$rc" -eq 1 ] && [ $((SECONDS - t0)) -lt 30 ] && [ -n "$gpu" ] &&
+    grep -q "^meshrun: error: [^:]*: rank $gpu: .*(cudaErrorIllegalAddress[^)]*): a kernel faulted on this GPU (here or earlier" \
         "$T/fault.log" || { echo "# after $((SECONDS - t0)) s:"; sed 's/^/#   /' "$T/fault.log"; false; }
-check "a kernel that faults on one of 2 GPUs stops the job at once, saying a kernel faulted" $?
+check "a kernel that faults on one of 2 GPUs stops the job at once, naming its rank first, saying a kernel faulted" $?
 # the same in a program embedding libmesh whose ranks ignore the failed
 # step, go on for 2 more and return MESH_OK (ignoring.c): mesh_run_ranks
 # still fails, naming the fault, at once; the later steps are refused, not
@@ -171,7 +173,8 @@ EMU_FAIL=launch:300 MESH_EMU_GPUS=2 MESH_COLLECTIVE_TIMEOUT_S=60 timeout 120 "$B
     >"$T/ignoring.log" 2>&1
 rc=$?
 [ "$rc" -eq 1 ] && [ $((SECONDS - t0)) -lt 30 ] &&
-    grep -q "^ignoring: mesh_run_ranks: another rank failed: .*returned MESH_OK, but a step of it failed: .*a kernel faulted" \
+    gpu=$(sed -n 's/^emu: EMU_FAIL=launch:300: .* fails on device \([0-9]\)$/\1/p' "$T/ignoring.log") &&
+    grep -q "^ignoring: mesh_run_ranks: another rank failed: rank $gpu: its function returned MESH_OK, but a step of it failed: .*a kernel faulted" \
         "$T/ignoring.log" && grep -q "step 3: .*(in an earlier step: this rank takes no more steps)" "$T/ignoring.log" &&
     ! grep -q "^emu: .*\(cannot reach\|not inside\|not (wholly)\)" "$T/ignoring.log" ||
     { echo "# status $rc after $((SECONDS - t0)) s:"; sed 's/^/#   /' "$T/ignoring.log"; false; }
