@@ -473,14 +473,22 @@ void Work::start()
     }
 }
 
+/* Under g_async: the process exits (workers_exit), and the workers running
+ * work (a faulted GPU's, say, that nobody waited for) */
+bool g_exiting;
+int g_busy;
+
 void worker_main(unsigned lag_us)
 {
     std::unique_lock<std::mutex> lk(g_async);
     for (;;) {
-        g_work_cv.wait(lk, [] { return !g_ready.empty(); });
+        g_work_cv.wait(lk, [] { return !g_ready.empty() || g_exiting; });
+        if (g_exiting)
+            break;
         Work *w = g_ready.front();
         g_ready.pop_front();
         std::function<void()> fn = std::move(w->fn);
+        g_busy++;
         lk.unlock();
         if (lag_us)
             std::this_thread::sleep_for(std::chrono::microseconds(lag_us));
@@ -488,8 +496,28 @@ void worker_main(unsigned lag_us)
         fn();
         fn = nullptr; /* its captures (a kernel's arguments) go before it is done */
         lk.lock();
+        g_busy--;
+        if (g_exiting) {
+            g_async_cv.notify_all();
+            break;
+        }
         async_done(w);
     }
+    /* the process exits: touch none of the objects its exit destroys */
+    for (;;)
+        g_work_cv.wait(lk);
+}
+
+/* At exit, before this file's objects are destroyed (registered after
+ * them): the workers stop, those in the middle of work once it is done
+ * (given up after 1 s), so that none finishes work into a destroyed
+ * queue (a crash at exit after a GPU faulted with work in flight). */
+void workers_exit()
+{
+    std::unique_lock<std::mutex> lk(g_async);
+    g_exiting = true;
+    g_work_cv.notify_all();
+    g_async_cv.wait_for(lk, std::chrono::seconds(1), [] { return g_busy == 0; });
 }
 
 /* Under g_async: the worker threads (EMU_WORKERS, default 4), once. */
@@ -505,6 +533,7 @@ void start_workers()
     long lag = l ? atol(l) : 0;
     n = n < 1 ? 1 : n > 16 ? 16 : n;
     lag = lag < 0 ? 0 : lag > 100000 ? 100000 : lag;
+    atexit(workers_exit);
     for (int i = 0; i < n; i++)
         std::thread(worker_main, (unsigned)lag).detach();
 }
