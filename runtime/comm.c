@@ -4,8 +4,8 @@
 
 #include <stdarg.h> /* va_list */
 #include <stdio.h>  /* snprintf, vsnprintf */
-#include <stdlib.h> /* realloc, free */
-#include <string.h> /* memcpy */
+#include <stdlib.h> /* realloc, free, strtol */
+#include <string.h> /* memcpy, strstr, strncmp */
 #include <time.h>   /* clock_gettime, nanosleep */
 
 int comm_all_reduce(comm *c, float *buf, size_t n) { return c->size == 1 ? 0 : c->v->all_reduce(c, buf, n); }
@@ -123,6 +123,22 @@ int comm_fail(comm *c, const char *op, const char *fmt, ...)
     snprintf(c->error, sizeof c->error, "%s over %d rank%s (this is rank %d): %s", op, c->size,
              c->size == 1 ? "" : "s", c->world_rank, why);
     return -1;
+}
+
+void comm_rank_failed(char *buf, size_t n, int rank, const char *why)
+{
+    snprintf(buf, n, "rank %d failed: %s", rank, why ? why : "aborted");
+}
+
+int comm_names_other(const char *error, int self)
+{
+    if (strstr(error, COMM_ANOTHER_FAILED)) return 1;
+    for (const char *p = strstr(error, "rank "); p; p = strstr(p + 1, "rank ")) {
+        char *end;
+        long q = strtol(p + 5, &end, 10);
+        if (end != p + 5 && q != self && !strncmp(end, " failed", 7)) return 1;
+    }
+    return 0;
 }
 
 float *comm_scratch(float **buf, size_t *cap, size_t n)

@@ -171,6 +171,16 @@ __attribute__((format(printf, 3, 4)))
 #endif
 int comm_fail(comm *c, const char *op, const char *fmt, ...);
 
+/* The words every backend passes on for a failed rank: "rank R failed:
+ * WHY" in buf[n] (its abort, a peer's closed connection, a process that
+ * exits mid-run); and comm_nccl's for a wait ended by another rank's
+ * failure, "another rank failed (WHY)". comm_names_other says whether
+ * error, rank self's, is one of these about another rank: a failure
+ * passed on, not the cause (mesh_run_ranks names the cause first). */
+#define COMM_ANOTHER_FAILED "another rank failed"
+void comm_rank_failed(char *buf, size_t n, int rank, const char *why);
+int comm_names_other(const char *error, int self);
+
 /* Seconds on the monotonic clock, and a sleep of s seconds: the backends'
  * timeouts and polls. */
 double comm_now(void);

@@ -151,7 +151,7 @@ static void at_exit(void)
     int done = 0;
     char why[120];
     if (live_rank >= 0) { /* exit() in the middle of a run: the others would wait for it */
-        snprintf(why, sizeof why, "rank %d failed: its process exits in the middle of the run", live_rank);
+        comm_rank_failed(why, sizeof why, live_rank, "its process exits in the middle of the run");
         stop_job(why, 1);
     }
     atomic_store(&dog_stop, 1);
@@ -398,7 +398,7 @@ static int m_group_noop(comm *c)
 static _Noreturn void m_abort(comm *c, const char *why)
 {
     char msg[sizeof c->error + 64];
-    snprintf(msg, sizeof msg, "rank %d failed: %s", c->world_rank, why ? why : "aborted");
+    comm_rank_failed(msg, sizeof msg, c->world_rank, why);
     stop_job(msg, 1);
 }
 

@@ -399,7 +399,7 @@ static int host_failed(ncomm *m, const char *op, const char *why)
     char msg[800], own[32];
     int n = snprintf(own, sizeof own, "rank %d", m->c.world_rank);
     int self = !strncmp(why, own, (size_t)n) && !isdigit((unsigned char)why[n]);
-    snprintf(msg, sizeof msg, "%s (%.700s)", self ? "this rank failed elsewhere" : "another rank failed", why);
+    snprintf(msg, sizeof msg, "%s (%.700s)", self ? "this rank failed elsewhere" : COMM_ANOTHER_FAILED, why);
     return fail_abort(m, op, msg);
 }
 
@@ -1055,7 +1055,7 @@ static void n_abort(comm *c, const char *why)
     nworld *w = m->w;
     if (!w->own && w->aborted) return;
     char msg[sizeof w->why];
-    snprintf(msg, sizeof msg, "rank %d failed: %s", c->world_rank, why ? why : "aborted");
+    comm_rank_failed(msg, sizeof msg, c->world_rank, why);
     fprintf(stderr, "mesh: %s; aborting its NCCL communicators\n", msg);
     fflush(stderr);
     if (!w->own) {
@@ -1345,7 +1345,8 @@ static comm *world_init(int rank, int size, int device, double timeout_s, ncclUn
     if (rc != ncclSuccess) {
         const char *last = ncclGetLastError(nc);
         if (late == -2)
-            snprintf(err, n, "ncclCommInitRankConfig (rank %d of %d): another rank failed (%.255s)", rank, size, why);
+            snprintf(err, n, "ncclCommInitRankConfig (rank %d of %d): " COMM_ANOTHER_FAILED " (%.255s)", rank, size,
+                     why);
         else if (late)
             snprintf(err, n, "ncclCommInitRankConfig (rank %d of %d): the other ranks did not come within %g s "
                      "(MESH_COLLECTIVE_TIMEOUT_S)", rank, size, timeout_s);

@@ -263,7 +263,7 @@ static void lost(tworld *w, int q, const char *how)
     pthread_mutex_lock(&w->mu);
     p->gone = 1;
     if (!p->bye) {
-        snprintf(why, sizeof why, "rank %d failed: %s", q, how);
+        comm_rank_failed(why, sizeof why, q, how);
         stop_locked(w, q, why);
     }
     pthread_cond_broadcast(&w->cv);
@@ -376,8 +376,8 @@ static int put(tcomm *t, const char *op, int to, uint32_t kind, const void *buf,
         snprintf(why, sizeof why, "rank %d waited in %s for more than %g s (MESH_COLLECTIVE_TIMEOUT_S): rank %d "
                  "takes nothing (stuck or gone)", w->rank, op, w->timeout, q);
     } else if (rc == RDV_CLOSED) {
-        snprintf(why, sizeof why, "rank %d failed: its connection closed in the middle of the run (its process "
-                 "exited, crashed or was killed)", q);
+        comm_rank_failed(why, sizeof why, q,
+                         "its connection closed in the middle of the run (its process exited, crashed or was killed)");
         by = q;
     } else {
         snprintf(why, sizeof why, "rank %d cannot send to rank %d: %s", w->rank, q, strerror(errno));
@@ -645,7 +645,7 @@ static void c_abort(comm *c, const char *why)
 {
     tcomm *t = (tcomm *)c;
     char msg[sizeof t->w->why];
-    snprintf(msg, sizeof msg, "rank %d failed: %s", c->world_rank, why ? why : "aborted");
+    comm_rank_failed(msg, sizeof msg, c->world_rank, why);
     pthread_mutex_lock(&t->w->mu);
     stop_locked(t->w, c->world_rank, msg);
     pthread_mutex_unlock(&t->w->mu);

@@ -478,7 +478,7 @@ static int t_group_noop(comm *c)
 static void t_abort(comm *c, const char *why)
 {
     char msg[640];
-    snprintf(msg, sizeof msg, "rank %d failed: %s", c->world_rank, why ? why : "aborted");
+    comm_rank_failed(msg, sizeof msg, c->world_rank, why);
     abort_world(((tcomm *)c)->g->w, msg);
 }
 

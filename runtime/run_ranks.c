@@ -47,20 +47,6 @@ static void run_rank(rank_run *r, comm *c, int tell)
     mesh_context_free(ctx);
 }
 
-/* Whether rank self's error came from another rank's failure: the words
- * the communicators pass on ("rank Q failed: ...", comm_threads.c and
- * comm_tcp.c; "another rank failed (...)", comm_nccl.c). */
-static int told(const char *error, int self)
-{
-    if (strstr(error, "another rank failed")) return 1;
-    for (const char *p = strstr(error, "rank "); p; p = strstr(p + 1, "rank ")) {
-        char *end;
-        long q = strtol(p + 5, &end, 10);
-        if (end != p + 5 && q != self && !strncmp(end, " failed", 7)) return 1;
-    }
-    return 0;
-}
-
 static void *run_one(void *arg)
 {
     rank_run *r = arg;
@@ -186,12 +172,12 @@ mesh_status mesh_run_ranks(const mesh_plan *mp, mesh_rank_fn fn, void *ud)
     for (int r = 0; r < started; r++) pthread_join(th[r], NULL);
     /* the cause: the first rank that failed on its own, not because another
      * did: its fn's own status, else a failure in a collective or on its
-     * GPU that names no other rank's (told) */
+     * GPU that names no other rank's (comm_names_other) */
     int cause = -1;
     for (int r = 0; r < started && cause < 0; r++)
         if (runs[r].st != MESH_OK && runs[r].st != MESH_ERR_RANK) cause = r;
     for (int r = 0; r < started && cause < 0; r++)
-        if (runs[r].st != MESH_OK && !told(runs[r].error, r)) cause = r;
+        if (runs[r].st != MESH_OK && !comm_names_other(runs[r].error, r)) cause = r;
     for (int r = 0; r < started && cause < 0; r++)
         if (runs[r].st != MESH_OK) cause = r;
     mesh_status st = started < n ? MESH_ERR_NOMEM : MESH_OK;

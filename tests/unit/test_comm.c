@@ -112,7 +112,26 @@ TEST_IMPL(comm_threads_abort_stops_everyone)
         ASSERT_NOT_NULL(strstr(jobs[r].error, "all-reduce over 3 ranks"));
         ASSERT_NOT_NULL(strstr(jobs[r].error, "rank 1 failed: the loss is not finite at step 3"));
         ASSERT_INT_LT((long)(jobs[r].seconds * 10), 20); /* well within the 30 s timeout */
+        ASSERT_INT_EQ(comm_names_other(jobs[r].error, r), 1); /* passed on: not the cause */
     }
+}
+
+/* What mesh_run_ranks reads to name the cause first: a failure passed on
+ * from another rank, in any backend's words, not the rank's own. */
+TEST_IMPL(comm_names_other_reads_the_backends_words)
+{
+    char words[128];
+    comm_rank_failed(words, sizeof words, 11, "a kernel faulted");
+    ASSERT_STR_EQ(words, "rank 11 failed: a kernel faulted");
+    ASSERT_INT_EQ(comm_names_other(words, 1), 1);
+    ASSERT_INT_EQ(comm_names_other(words, 0), 1);
+    ASSERT_INT_EQ(comm_names_other(words, 11), 0);
+    comm_rank_failed(words, sizeof words, 2, NULL);
+    ASSERT_STR_EQ(words, "rank 2 failed: aborted");
+    ASSERT_INT_EQ(comm_names_other("step 3: rank 0: all-reduce over 2 ranks (this is rank 0): " COMM_ANOTHER_FAILED
+                                   " (rank 1: a network failure)", 0), 1);
+    ASSERT_INT_EQ(comm_names_other("step 3: rank 1: matmul_forward: cuda:1: a kernel faulted on this GPU", 1), 0);
+    ASSERT_INT_EQ(comm_names_other("rank 0 expected 3 floats from rank 1, which sends 2", 0), 0);
 }
 
 /* A hold on a threads world (what an NCCL world bootstrapped over it

@@ -34,7 +34,7 @@ POINTS=${2:-4}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 export OPENBLAS_NUM_THREADS=1 MESH_COLLECTIVE_TIMEOUT_S=${FAULT_TIMEOUT_S:-20}
-. "$(dirname "$0")/checks.sh" # check, losses
+. "$(dirname "$0")/checks.sh" # check, losses, mpi_env
 
 # run LOG ARGS...: meshrun_emu on $PLAN with $GPUS emulated GPUs, its output
 # in LOG; its status. Ranks as threads, or with LAUNCH=mpirun one process
@@ -46,9 +46,7 @@ run() {
     shift
     if [ "${LAUNCH:-}" = mpirun ]; then
         NODES=$((NODES + 1))
-        env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
-            OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1 EMU_NCCL_NODE="$T/node-$NODES" \
-            MESH_EMU_GPUS=$GPUS timeout 120 mpirun -n "$GPUS" "$B/meshrun_emu" "$T/$PLAN.plan" \
+        mpi_env "$T/node-$NODES" MESH_EMU_GPUS=$GPUS timeout 120 mpirun -n "$GPUS" "$B/meshrun_emu" "$T/$PLAN.plan" \
             --data "$T/train.bin" --val "$T/val.bin" --device cuda "$@" >"$log" 2>&1
     else
         MESH_EMU_GPUS=$GPUS timeout 120 "$B/meshrun_emu" "$T/$PLAN.plan" --data "$T/train.bin" \

@@ -35,7 +35,7 @@ B=${1:?usage: meshrun.sh BUILD}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 export OPENBLAS_NUM_THREADS=1 MESH_EMU_GPUS=4 MESH_COLLECTIVE_TIMEOUT_S=60
-. "$(dirname "$0")/checks.sh" # check, losses
+. "$(dirname "$0")/checks.sh" # check, losses, mpi_env
 
 "$B/meshrun_emu" tokenize examples/data/devils-dictionary.txt -o "$T/train.bin" --val "$T/val.bin" >/dev/null
 "$B/meshc" --set mesh.tp=2 --set mesh.pp=2 --set train.global_batch=4 --set train.micro_batch=2 \
@@ -219,8 +219,7 @@ check "the last process out of each world removed its files" $?
 # the same under mpirun (the NCCL id over MPI; each process's GPU from
 # OMPI_COMM_WORLD_LOCAL_RANK)
 if command -v mpirun >/dev/null 2>&1; then
-    env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
-        OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1 EMU_NCCL_NODE="$T/node-mpi" MESH_EMU_GPUS=2 \
+    mpi_env "$T/node-mpi" MESH_EMU_GPUS=2 \
         timeout 300 mpirun -n 2 "$B/meshrun_emu" "$T/dp2z3.plan" --data "$T/train.bin" --val "$T/val.bin" \
         --device cuda --steps 2 >"$T/z3mpi.log" 2>&1 && same "$T/z3mpi.log" "$T/z3cpu.log" 1e-4 3 ||
         { echo "# mpirun:"; sed 's/^/#   /' "$T/z3mpi.log"; false; }
@@ -232,8 +231,7 @@ if command -v mpirun >/dev/null 2>&1; then
     "$B/meshc" --set mesh.pp=2 --set train.precision=bf16 --set train.global_batch=4 --set train.micro_batch=2 \
         --set train.eval_every=1 --set "train.val_data=\"$T/val.bin\"" examples/gpt-tiny.mesh -o "$T/pp2.plan" >/dev/null
     t0=$SECONDS
-    env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
-        OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1 EMU_NCCL_NODE="$T/node-mpifail" MESH_EMU_GPUS=2 \
+    mpi_env "$T/node-mpifail" MESH_EMU_GPUS=2 \
         EMU_FAIL=nccl:30 MESH_COLLECTIVE_TIMEOUT_S=60 timeout 120 mpirun -n 2 "$B/meshrun_emu" "$T/pp2.plan" \
         --data "$T/train.bin" --val "$T/val.bin" --device cuda --steps 3 >"$T/mpifail.log" 2>&1
     rc=$?
