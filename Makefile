@@ -509,7 +509,7 @@ gpu-rehearse:
 EMU_COV_BUILD ?= build-cov
 gpu-emu-cov:
 	$(MAKE) BUILD=$(EMU_COV_BUILD) SAN=cov $(addprefix $(EMU_COV_BUILD)/,emu_selftest gpu_tests_emu unit_tests_emu \
-	  meshrun_emu meshc gpu_bench_emu)
+	  meshrun_emu meshc gpu_bench_emu ignoring_emu)
 	find $(EMU_COV_BUILD) -name '*.gcda' -delete
 	$(EMU_DIR)/run.sh $(EMU_COV_BUILD) forward
 	OPENBLAS_NUM_THREADS=1 $(EMU_COV_BUILD)/unit_tests_emu > $(EMU_COV_BUILD)/unit-tests-cov.log 2>&1 || \
