@@ -156,9 +156,13 @@ __global__ void __launch_bounds__(CE_THREADS)
 }
 
 /* *mean = the mean of losses[N] (floats, or doubles), summed in double in a
- * fixed order. */
+ * fixed order. One block of CE_MEAN_THREADS: its bound keeps the compiler
+ * within 64 registers a thread, or the launch would fail for want of them
+ * (a block of 1024 threads has 65536). */
+#define CE_MEAN_THREADS 1024
 template <typename L>
-__global__ void ce_mean_kernel(float *mean, const L *losses, int N)
+__global__ void __launch_bounds__(CE_MEAN_THREADS)
+    ce_mean_kernel(float *mean, const L *losses, int N)
 {
     __shared__ double sh[32];
     double acc = 0.0;
@@ -252,7 +256,7 @@ static int ce_forward(float *losses, float *rowmax, float *lse,
         KCUDA_LAUNCHED("ce_fwd_kernel");
     });
     if (mean_loss) {
-        ce_mean_kernel<float><<<1, 1024, 0, s>>>(mean_loss, losses, N);
+        ce_mean_kernel<float><<<1, CE_MEAN_THREADS, 0, s>>>(mean_loss, losses, N);
         KCUDA_LAUNCHED("ce_mean_kernel");
     }
     return 0;
@@ -417,7 +421,7 @@ int kcuda_crossentropy_shard_finish(float *mean_loss, float *losses,
     ce_shard_finish_kernel<<<kcuda__blocks((size_t)N, 256), 256, 0, s>>>(
         losses, lse, all, rowmax, N, P);
     KCUDA_LAUNCHED("ce_shard_finish_kernel");
-    ce_mean_kernel<double><<<1, 1024, 0, s>>>(mean_loss, all, N);
+    ce_mean_kernel<double><<<1, CE_MEAN_THREADS, 0, s>>>(mean_loss, all, N);
     KCUDA_LAUNCHED("ce_mean_kernel");
     return 0;
 }
