@@ -318,12 +318,16 @@ $(BUILD)/meshc: $(OBJ)/compiler/meshc.o $(BUILD)/libmeshcomp.a $(BUILD)/libmeshl
 # Their symbols are made local, so an embedding program sees only mesh_*:
 # the static library is one partially linked object whose other globals
 # objcopy localizes; the shared one hides them with its version script.
+# But for DW.ref.*: the C++ kernels' hidden COMDAT pointers to the
+# exception personality. Made local, they still claim their COMDAT group,
+# so a static libstdc++ linked after them drops its own copy and cannot
+# resolve its references (a PIE link fails, as on the GPU machine's gcc).
 LIBMESH_OBJ = $(RUNTIME_OBJ) $(KCPU_OBJ) $(CUDA_OBJ) $(LANG_OBJ) $(filter-out $(OBJ)/compiler/meshc.o,$(COMPILER_OBJ))
 
 $(BUILD)/libmesh.a: $(LIBMESH_OBJ)
 	@rm -f $@
 	$(LD) -r -o $(BUILD)/libmesh-all.o $^
-	$(OBJCOPY) --wildcard --keep-global-symbol='mesh_*' $(BUILD)/libmesh-all.o
+	$(OBJCOPY) --wildcard --keep-global-symbol='mesh_*' --keep-global-symbol='DW.ref.*' $(BUILD)/libmesh-all.o
 	$(AR) rcs $@ $(BUILD)/libmesh-all.o
 
 # (the same objects: every one is position-independent, see the pattern
