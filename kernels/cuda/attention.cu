@@ -465,7 +465,10 @@ __device__ __forceinline__ void att_online_softmax(float (&s)[8][4], float (&m)[
                 s[j][2 * r + c] = x;
                 ls += x;
             }
-        l[r] = l[r] * corr + quad_sum(ls);
+        /* (rounded apart, as the CPU does: nvcc would contract a * b + c
+         * into an FMA where it chooses, not the same way in every
+         * instantiation) */
+        l[r] = __fadd_rn(__fmul_rn(l[r], corr), quad_sum(ls));
         m[r] = mn;
 #pragma unroll
         for (int n = 0; n < DP / 8; n++) {
@@ -497,7 +500,7 @@ __device__ __forceinline__ void att_store_rows(T *o, float *lse, const attn_args
                     o[(long long)row * a.os + col] = kc_to<T>(acc[n][2 * r + c] * inv);
             }
         if ((threadIdx.x & 3) == 0)
-            lse[row] = m[r] * KC_LN2 + logf(l[r]); /* natural log units */
+            lse[row] = __fadd_rn(__fmul_rn(m[r], KC_LN2), logf(l[r])); /* natural log units; no FMA (above) */
     }
 }
 
