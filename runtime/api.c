@@ -199,6 +199,10 @@ mesh_status mesh_set_deterministic(int on)
     return MESH_OK;
 }
 
+/* The process's device (settling MESH_DEVICE_AUTO's choice if nothing
+ * has) in *kind, its reason in why; 1 when it is AUTO's choice. */
+static int device_of(mesh_device_kind *kind, char *why, size_t n);
+
 /* MESH_GPU_SHARED=1: ranks as threads of one process share its GPUs. */
 static int gpus_shared(void)
 {
@@ -214,17 +218,36 @@ static int gpus_shared(void)
  * no NCCL world (the executor stages its collectives through the threads
  * world: a mesh tested on fewer GPUs than ranks, slowly). Collective; on
  * failure the world is aborted and err says why. */
+/* Whether world's ranks are threads of this process. */
+static int threads_world(comm *world)
+{
+    return !strcmp(comm_checked_inner(world)->v->name, "threads");
+}
+
+/* Ranks as threads of one process, more of them than its GPUs, not
+ * shared (MESH_GPU_SHARED): why they cannot each have a GPU, in err
+ * (-1), else 0. */
+static int too_few_gpus(comm *world, char *err, size_t n)
+{
+    int count = dev_cuda_count();
+    if (!world || world->size <= 1 || !threads_world(world) || (gpus_shared() && count > 0) || count >= world->size)
+        return 0;
+    snprintf(err, n, "%d ranks as threads of one process need a GPU each, and this process sees %d", world->size,
+             count);
+    return -1;
+}
+
 static int join_gpus(mesh_context *ctx, comm *world, int *gpu, char *err, size_t n)
 {
-    int threads = !strcmp(comm_checked_inner(world)->v->name, "threads"), count = dev_cuda_count();
+    int threads = threads_world(world), count = dev_cuda_count();
     if (threads && gpus_shared() && count > 0) {
         *gpu = ctx->rank % count;
         return 0;
     }
-    if (threads && count < world->size) {
-        snprintf(err, n, "%d ranks as threads of one process need a GPU each, and this process sees %d "
-                 "(run one rank per process: mpirun, srun or torchrun; or, to test a mesh on fewer GPUs, "
-                 "MESH_GPU_SHARED=1)", world->size, count);
+    if (too_few_gpus(world, err, n) != 0) {
+        size_t used = strlen(err);
+        snprintf(err + used, n - used, " (run one rank per process: mpirun, srun or torchrun; or, to test a mesh "
+                 "on fewer GPUs, MESH_GPU_SHARED=1)");
         comm_abort(world, err);
         return -1;
     }
@@ -252,7 +275,14 @@ mesh_status mesh__context_create(const mesh_plan *mp, int rank, comm *world, mes
     }
     ctx->plan = mp;
     ctx->rank = rank;
-    mesh_device_info(&ctx->device, NULL);
+    int by_auto = device_of(&ctx->device, ctx->device_why, sizeof ctx->device_why);
+    /* MESH_DEVICE_AUTO's GPU, where this plan's ranks (threads of this
+     * process) cannot each have one: the CPU, every rank alike, saying why */
+    if (ctx->device == MESH_DEVICE_CUDA && by_auto && too_few_gpus(world, err, sizeof err) != 0) {
+        ctx->device = MESH_DEVICE_CPU;
+        snprintf(ctx->device_why, sizeof ctx->device_why, "%s: running on the CPU (--device cuda with "
+                 "MESH_GPU_SHARED=1 shares the GPUs)", err);
+    }
     unsigned flags = (deterministic ? MESH__EXEC_DETERMINISTIC : 0) | (no_overlap ? MESH__EXEC_NO_OVERLAP : 0) |
                      (profile ? MESH__EXEC_PROFILE : 0) | (ctx->device == MESH_DEVICE_CUDA ? MESH__EXEC_CUDA : 0) |
                      extra_flags;
@@ -604,6 +634,7 @@ static pthread_mutex_t device_lock = PTHREAD_MUTEX_INITIALIZER;
 static int device_settled;
 static mesh_device_kind device_chosen = MESH_DEVICE_CPU;
 static char device_why[400]; /* mesh_device_info's reason */
+static int device_auto;        /* the choice is MESH_DEVICE_AUTO's */
 
 /* What `kind` gives: the GPU probe, then the choice (device.c); the
  * reason or the error in why. Called under device_lock. */
@@ -624,21 +655,48 @@ mesh_status mesh_set_device(mesh_device_kind kind)
     if (st == MESH_OK) {
         memcpy(device_why, why, sizeof why);
         device_chosen = chosen;
+        device_auto = kind == MESH_DEVICE_AUTO;
         device_settled = 1;
     }
     pthread_mutex_unlock(&device_lock);
     return st == MESH_OK ? MESH_OK : mesh__fail(st, "%s", why);
 }
 
+/* Settles MESH_DEVICE_AUTO's choice if nothing has. Called under
+ * device_lock. */
+static void settle_device(void)
+{
+    if (device_settled) return;
+    choose_device(MESH_DEVICE_AUTO, &device_chosen, device_why, sizeof device_why); /* (cannot fail) */
+    device_auto = 1;
+    device_settled = 1;
+}
+
 mesh_status mesh_device_info(mesh_device_kind *chosen, const char **why)
 {
     pthread_mutex_lock(&device_lock);
-    if (!device_settled) { /* MESH_DEVICE_AUTO, which cannot fail */
-        choose_device(MESH_DEVICE_AUTO, &device_chosen, device_why, sizeof device_why);
-        device_settled = 1;
-    }
+    settle_device();
     if (chosen) *chosen = device_chosen;
     if (why) *why = device_why;
     pthread_mutex_unlock(&device_lock);
+    return MESH_OK;
+}
+
+static int device_of(mesh_device_kind *kind, char *why, size_t n)
+{
+    pthread_mutex_lock(&device_lock);
+    settle_device();
+    *kind = device_chosen;
+    snprintf(why, n, "%s", device_why);
+    int by_auto = device_auto;
+    pthread_mutex_unlock(&device_lock);
+    return by_auto;
+}
+
+mesh_status mesh_context_device(const mesh_context *ctx, mesh_device_kind *kind, const char **why)
+{
+    if (!ctx) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_device: NULL context");
+    if (kind) *kind = ctx->device;
+    if (why) *why = ctx->device_why;
     return MESH_OK;
 }

@@ -23,6 +23,7 @@ struct mesh_context {
     int rank;       /* in the plan's world */
     mesh_device_kind device; /* what it runs on (mesh_set_device): the executor's arena and
                                 kernels are on the GPU with MESH_DEVICE_CUDA */
+    char device_why[640];    /* why (mesh_context_device) */
     comm *nccl;     /* several ranks on GPUs: the world of device buffers (NCCL's), owned */
 };
 

@@ -338,12 +338,12 @@ mesh_status dev_choose(mesh_device_kind asked, int gpu, const char *probe_text, 
     if (!why || n == 0) why = none, n = sizeof none;
     switch (asked) {
     case MESH_DEVICE_AUTO:
-        /* the CUDA executor has not run on a GPU yet: it is taken when asked for */
-        if (gpu)
-            snprintf(why, n, "a GPU is present (%s), but the CUDA executor is not verified on a GPU yet: running "
-                     "on the CPU (--device cuda trains on the GPU)", text);
-        else
-            snprintf(why, n, "no GPU (%s): running on the CPU", text);
+        if (gpu) {
+            snprintf(why, n, "a GPU is present: running on %s (--device cpu trains on the CPU)", text);
+            if (chosen) *chosen = MESH_DEVICE_CUDA;
+            return MESH_OK;
+        }
+        snprintf(why, n, "no GPU (%s): running on the CPU", text);
         break;
     case MESH_DEVICE_CPU:
         snprintf(why, n, "the CPU was asked for: running on the CPU");

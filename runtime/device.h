@@ -225,10 +225,10 @@ int dev_cuda_count(void);
  * usable (gpu) and the probe's text (the GPU's name, else the reason):
  * MESH_OK with *chosen and the one-line reason in why, or
  * MESH_ERR_UNSUPPORTED (MESH_DEVICE_CUDA without a GPU) and
- * MESH_ERR_INVALID_ARG (not a kind) with the message in why. The CUDA
- * executor has not run on a GPU yet, so MESH_DEVICE_AUTO gives the CPU
- * (saying so when a GPU is present); MESH_DEVICE_CUDA with a GPU gives
- * MESH_DEVICE_CUDA. */
+ * MESH_ERR_INVALID_ARG (not a kind) with the message in why.
+ * MESH_DEVICE_AUTO gives MESH_DEVICE_CUDA when a GPU is usable, else the
+ * CPU; MESH_DEVICE_CUDA with a GPU gives MESH_DEVICE_CUDA. (A context may
+ * still run an AUTO choice on the CPU: mesh__context_create.) */
 mesh_status dev_choose(mesh_device_kind asked, int gpu, const char *probe_text, mesh_device_kind *chosen,
                        char *why, size_t n);
 

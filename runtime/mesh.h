@@ -548,12 +548,13 @@ typedef enum mesh_device_kind {
 } mesh_device_kind;
 
 /* Chooses the device of the contexts created after it, for the whole
- * process (meshrun --device). The CUDA executor has not been verified on
- * a GPU yet, so it is used only when asked for:
- *   - MESH_DEVICE_AUTO, the default: the CPU. mesh_device_info says why:
- *     "no GPU (REASON): running on the CPU", or "a GPU is present (NAME),
- *     but the CUDA executor is not verified on a GPU yet: running on the
- *     CPU (--device cuda trains on the GPU)".
+ * process (meshrun --device):
+ *   - MESH_DEVICE_AUTO, the default: GPU 0 (several ranks: a GPU each, as
+ *     MESH_DEVICE_CUDA) when a GPU is usable, "a GPU is present: running
+ *     on NAME (--device cpu trains on the CPU)"; else the CPU, "no GPU
+ *     (REASON): running on the CPU". A context whose ranks are threads of
+ *     this process, more of them than its GPUs, runs AUTO's GPU choice on
+ *     the CPU instead (mesh_context_device says why).
  *   - MESH_DEVICE_CPU: the CPU.
  *   - MESH_DEVICE_CUDA: GPU 0 (several ranks: a GPU each), "the GPU was
  *     asked for: running on NAME"; it runs every plan the CPU runs (a
@@ -572,6 +573,11 @@ mesh_status mesh_set_device(mesh_device_kind kind);
  * mesh_set_device, the first call (or the first context) settles
  * MESH_DEVICE_AUTO's choice. Either pointer may be NULL. */
 mesh_status mesh_device_info(mesh_device_kind *chosen, const char **why);
+
+/* What ctx runs on (*kind) and the one-line reason (*why, the process's
+ * as mesh_device_info gives it, or why this context differs from it;
+ * valid while ctx lives). Either pointer may be NULL. */
+mesh_status mesh_context_device(const mesh_context *ctx, mesh_device_kind *kind, const char **why);
 
 #ifdef __cplusplus
 }

@@ -58,10 +58,10 @@ static const char usage_text[] =
     "  --skip-nonfinite  skip a step whose loss or gradient is not finite (at\n"
     "                 most 5 in a row) instead of stopping\n"
     "  --threads N    BLAS threads (default: the cores this process may use)\n"
-    "  --device D     what to train on: auto (default), cpu or cuda. auto runs\n"
-    "                 on the CPU and prints a line saying why (no GPU, or a GPU\n"
-    "                 the CUDA executor, not yet verified on one, is not chosen\n"
-    "                 for by default); cuda trains a rank per GPU (fp32, bf16\n"
+    "  --device D     what to train on: auto (default), cpu or cuda. auto takes\n"
+    "                 the GPUs when there are (as cuda does; ranks as threads\n"
+    "                 outnumbering them: the CPU), else the CPU, and prints a\n"
+    "                 line saying why; cuda trains a rank per GPU (fp32, bf16\n"
     "                 or fp16; NCCL between them; ranks as threads take GPU 0,\n"
     "                 1, ..., ranks as processes their local rank's) and stops\n"
     "                 with an error before training when there is no GPU or a\n"
@@ -182,7 +182,7 @@ static void print_start(const mesh_plan_info *pi, const run_opts *o, mesh_contex
     if (shards > 1) snprintf(count, sizeof count, "%d shards, ", shards);
     if (o->device != MESH_DEVICE_CPU) {
         const char *why = "";
-        mesh_device_info(NULL, &why);
+        mesh_context_device(ctx, NULL, &why);
         printf("meshrun: %s\n", why);
     }
     int threads = job_processes == 1;
@@ -474,7 +474,7 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
     if (lead && rc == MESH_OK) print_sent(ctx, gpu_times);
     if (lead && rc == MESH_OK && o->profile) {
         mesh_device_kind on = MESH_DEVICE_CPU;
-        mesh_device_info(&on, NULL);
+        mesh_context_device(ctx, &on, NULL);
         print_profile(ctx, on == MESH_DEVICE_CUDA, train_steps > 0 ? 1e3 * train_s / train_steps : 0);
     }
     if (lead && rc == MESH_OK && overlap_steps > 0) {
@@ -596,7 +596,7 @@ static int run_plan(mesh_plan *plan, const run_opts *o)
 {
     mesh_plan_info pi;
     mesh_plan_get_info(plan, sizeof pi, &pi);
-    if (o->device == MESH_DEVICE_CUDA && pi.world > 1) setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+    if (o->device != MESH_DEVICE_CPU && pi.world > 1) setenv("CUDA_MODULE_LOADING", "EAGER", 0);
     if (mesh_set_device(o->device) != MESH_OK) return fail("%s", mesh_last_error());
     /* --threads; else the cores this process may use, shared by the ranks
      * it runs as threads (mesh_run_ranks) */

@@ -434,7 +434,7 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
     fi
     capture "$TMP/dev-auto.out" "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/dd.bin" --steps 2
     if head -n 1 "$TMP/dev-auto.out" |
-        grep -qE '^meshrun: (no GPU \(.+\): running on the CPU|a GPU is present \(.+\), but the CUDA executor is not verified on a GPU yet: running on the CPU \(--device cuda trains on the GPU\))$' &&
+        grep -qE '^meshrun: (no GPU \(.+\): running on the CPU|a GPU is present: running on .+ \(--device cpu trains on the CPU\))$' &&
         grep -q '^step 2/2 | loss ' "$TMP/dev-auto.out" && [ "$(tail -n 1 "$TMP/dev-auto.out")" = "exit: 0" ]; then
         pass meshrun/device-auto-notice-and-trains
     else

@@ -403,11 +403,9 @@ TEST_IMPL(device_choose_rules)
     ASSERT_INT_EQ(dev_choose(MESH_DEVICE_AUTO, 0, "no CUDA driver (x)", &k, why, sizeof why), MESH_OK);
     ASSERT_INT_EQ(k, MESH_DEVICE_CPU);
     ASSERT_STR_EQ(why, "no GPU (no CUDA driver (x)): running on the CPU");
-    k = MESH_DEVICE_CUDA;
     ASSERT_INT_EQ(dev_choose(MESH_DEVICE_AUTO, 1, "NVIDIA H200", &k, why, sizeof why), MESH_OK);
-    ASSERT_INT_EQ(k, MESH_DEVICE_CPU);
-    ASSERT_STR_EQ(why, "a GPU is present (NVIDIA H200), but the CUDA executor is not verified on a GPU yet: running "
-                       "on the CPU (--device cuda trains on the GPU)");
+    ASSERT_INT_EQ(k, MESH_DEVICE_CUDA);
+    ASSERT_STR_EQ(why, "a GPU is present: running on NVIDIA H200 (--device cpu trains on the CPU)");
     ASSERT_INT_EQ(dev_choose(MESH_DEVICE_CPU, 1, "NVIDIA H200", &k, why, sizeof why), MESH_OK);
     ASSERT_INT_EQ(k, MESH_DEVICE_CPU);
     ASSERT_STR_EQ(why, "the CPU was asked for: running on the CPU");
@@ -422,9 +420,10 @@ TEST_IMPL(device_choose_rules)
     ASSERT_STR_EQ(why, "device kind 7 is not one of MESH_DEVICE_AUTO, MESH_DEVICE_CPU, MESH_DEVICE_CUDA");
 }
 
-/* The public choice on this machine: AUTO runs on the CPU and says why,
- * CUDA is refused naming the reason without a GPU (the choice stays) and
- * taken with one, CPU is taken; a context records the device. */
+/* The public choice on this machine: AUTO runs on the GPU if there is
+ * one, else on the CPU, and says why; CUDA is refused naming the reason
+ * without a GPU (the choice stays) and taken with one, CPU is taken; a
+ * context records the device and the reason. */
 TEST_IMPL(device_selection_public)
 {
     char reason[320], name[256], want[600];
@@ -434,10 +433,9 @@ TEST_IMPL(device_selection_public)
 
     /* nothing set: AUTO's choice */
     ASSERT_INT_EQ(mesh_device_info(&k, &why), MESH_OK);
-    ASSERT_INT_EQ(k, MESH_DEVICE_CPU);
+    ASSERT_INT_EQ(k, gpu ? MESH_DEVICE_CUDA : MESH_DEVICE_CPU);
     if (gpu)
-        snprintf(want, sizeof want, "a GPU is present (%s), but the CUDA executor is not verified on a GPU yet: "
-                 "running on the CPU (--device cuda trains on the GPU)", name);
+        snprintf(want, sizeof want, "a GPU is present: running on %s (--device cpu trains on the CPU)", name);
     else
         snprintf(want, sizeof want, "no GPU (%s): running on the CPU", reason);
     ASSERT_STR_EQ(why, want);
@@ -445,9 +443,16 @@ TEST_IMPL(device_selection_public)
 
     mesh_plan *mp = fixture_plan(NULL, 0);
     mesh_context *ctx = NULL;
+    const char *cwhy = NULL;
     ASSERT_INT_EQ(mesh_context_create(mp, 0, &ctx), MESH_OK);
-    ASSERT_INT_EQ(ctx->device, MESH_DEVICE_CPU);
+    ASSERT_INT_EQ(ctx->device, gpu ? MESH_DEVICE_CUDA : MESH_DEVICE_CPU);
+    ASSERT_INT_EQ(mesh_context_device(ctx, &k, &cwhy), MESH_OK);
+    ASSERT_INT_EQ(k, ctx->device);
+    ASSERT_STR_EQ(cwhy, want);
+    ASSERT_INT_EQ(mesh_context_device(ctx, NULL, NULL), MESH_OK);
     mesh_context_free(ctx);
+    ASSERT_INT_EQ(mesh_context_device(NULL, &k, &cwhy), MESH_ERR_INVALID_ARG);
+    ASSERT_STR_EQ(mesh_last_error(), "mesh_context_device: NULL context");
 
     /* CUDA: without a GPU refused, the reason said, the choice stays
      * AUTO's; with one taken, and a context trains there */
@@ -474,12 +479,14 @@ TEST_IMPL(device_selection_public)
     ASSERT_STR_EQ(why, "the CPU was asked for: running on the CPU");
     ASSERT_INT_EQ(mesh_context_create(mp, 0, &ctx), MESH_OK);
     ASSERT_INT_EQ(ctx->device, MESH_DEVICE_CPU);
+    ASSERT_INT_EQ(mesh_context_device(ctx, &k, &cwhy), MESH_OK);
+    ASSERT_STR_EQ(cwhy, "the CPU was asked for: running on the CPU");
     mesh_context_free(ctx);
 
     /* AUTO again, and a kind that is none */
     ASSERT_INT_EQ(mesh_set_device(MESH_DEVICE_AUTO), MESH_OK);
     ASSERT_INT_EQ(mesh_device_info(&k, &why), MESH_OK);
-    ASSERT_INT_EQ(strncmp(why, gpu ? "a GPU is present (" : "no GPU (", gpu ? 18 : 8), 0);
+    ASSERT_INT_EQ(strncmp(why, gpu ? "a GPU is present: running on " : "no GPU (", gpu ? 29 : 8), 0);
     ASSERT_INT_EQ(mesh_set_device((mesh_device_kind)42), MESH_ERR_INVALID_ARG);
     ASSERT_STR_EQ(mesh_last_error(),
                   "device kind 42 is not one of MESH_DEVICE_AUTO, MESH_DEVICE_CPU, MESH_DEVICE_CUDA");

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# tests/gpu/emu/meshrun.sh BUILD: meshrun --device cuda as a user runs it,
-# on the emulation (BUILD/meshrun_emu: the CUDA executor, its kernels and
-# NCCL emulated), with 4 ranks as threads, a GPU each: gpt-tiny on dp 1 x
+# tests/gpu/emu/meshrun.sh BUILD: meshrun on GPUs as a user runs it, on
+# the emulation (BUILD/meshrun_emu: the CUDA executor, its kernels and
+# NCCL emulated), with 4 ranks as threads, a GPU each (--device auto, the
+# default, finding them; --device cuda for the resume): gpt-tiny on dp 1 x
 # tp 2 x pp 2 in bf16 (tensor-parallel all-reduces and pipeline transfers
 # over NCCL) trains 2 steps with a validation and a checkpoint, then
 # resumes from it for a third; its losses and validation losses must be
@@ -12,7 +13,8 @@
 # and a validation, within 1e-4 of the CPU's, and again with the 2 ranks
 # sharing 1 GPU (MESH_GPU_SHARED=1: the collectives staged through host
 # memory, the communication thread's copies on its own device handle,
-# comm_checked_restage): the streams run behind the
+# comm_checked_restage), and with --device auto on 1 GPU (the CPU,
+# saying why; its figures): the streams run behind the
 # host (the emulation's default), so an order between the compute stream
 # and NCCL's that the executor forgets shows as wrong numbers.
 # A small Llama and a small Mixtral on 1 GPU, 4 steps in fp32, within
@@ -54,10 +56,10 @@ run() { # run LOG ARGS...: meshrun_emu on $PLAN (default tp2pp2), its output in 
 run "$T/cpu2.log" --device cpu --steps 2 && run "$T/cpu3.log" --device cpu --steps 3
 check "the CPU trains 2 steps, and 3" $?
 cat "$T/cpu2.log" "$T/cpu3.log" >"$T/cpu.log"
-run "$T/gpu.log" --device cuda --steps 2 --checkpoint "$T/ck" --profile
-check "4 emulated GPUs train 2 steps over NCCL, validate and save a checkpoint" $?
-grep -q 'running on NVIDIA H200 (CPU emulation' "$T/gpu.log"
-check "meshrun says it runs on the (emulated) GPU" $?
+run "$T/gpu.log" --steps 2 --checkpoint "$T/ck" --profile
+check "4 emulated GPUs train 2 steps over NCCL (--device auto, the default), validate and save a checkpoint" $?
+grep -q '^meshrun: a GPU is present: running on NVIDIA H200 (CPU emulation.*) (--device cpu trains on the CPU)$' "$T/gpu.log"
+check "meshrun says it runs on the (emulated) GPU it found" $?
 grep "^meshrun: time rank 0's collectives took per step in its turn, on the GPU:" "$T/gpu.log" |
     grep -q ' all-reduce(tp) [0-9]*\.[0-9][0-9] ms, .*send(pp) [0-9]*\.[0-9][0-9] ms'
 check "meshrun says how long rank 0's tp sums and pipeline transfers took on the GPU (timed events)" $?
@@ -70,6 +72,8 @@ run "$T/resume.log" --device cuda --steps 3 --checkpoint "$T/ck" --resume
 check "they resume from the checkpoint for a third step" $?
 grep -q 'resumed from .* after step 2' "$T/resume.log"
 check "meshrun says it resumed after step 2" $?
+grep -q '^meshrun: the GPU was asked for: running on NVIDIA H200 (CPU emulation' "$T/resume.log"
+check "meshrun --device cuda says the GPU was asked for" $?
 
 # same GPU CPU TOL N: every figure of log GPU next to log CPU's, within
 # TOL relative; N figures
@@ -107,6 +111,11 @@ MESH_GPU_SHARED=1 MESH_EMU_GPUS=1 PLAN=dp2z3 run "$T/z3shared.log" --device cuda
 check "2 ranks sharing 1 emulated GPU train it 2 steps, collectives staged through host memory" $?
 same "$T/z3shared.log" "$T/z3cpu.log" 1e-4 3
 check "theirs too" $?
+MESH_EMU_GPUS=1 PLAN=dp2z3 run "$T/z3auto.log" --steps 2 &&
+    grep -qx "meshrun: 2 ranks as threads of one process need a GPU each, and this process sees 1: running on the CPU (--device cuda with MESH_GPU_SHARED=1 shares the GPUs)" "$T/z3auto.log"
+check "--device auto with 2 ranks as threads and 1 emulated GPU: the CPU, saying why" $?
+same "$T/z3auto.log" "$T/z3cpu.log" 0 3
+check "its 3 losses are the CPU's, the same figures" $?
 
 # The Llama and Mixtral blocks on one GPU (rmsnorm, rope, grouped-query
 # attention, SwiGLU; a router, top-2 experts, their permutation): small
