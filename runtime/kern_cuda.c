@@ -104,9 +104,9 @@ static int cuda_open(kern *k)
         return -1;
     }
     k->stream = s;
-    /* MESH_DETERMINISTIC=0: the faster kernels whose sums' order depends
-     * on timing; 2: deterministic with no block waiting for another
-     * (docs/gpu.md, Determinism) */
+    /* MESH_DETERMINISTIC=0: the attention backward's dq by atomics in any
+     * order; 2: the same in turns; else dq's own kernel (docs/gpu.md,
+     * Determinism) */
     const char *det = getenv("MESH_DETERMINISTIC");
     if (det && (strcmp(det, "0") == 0 || strcmp(det, "2") == 0)) kcuda_ctx_set_deterministic(c->ctx, det[0] - '0');
     return 0;

@@ -4,7 +4,7 @@
  *
  * A block is 4 warps and owns 64 rows (queries, or keys in the dk/dv
  * kernel); warp w owns 16 of them (the forward in 2-byte types at head
- * sizes up to 64: 128 rows, 32 a warp in two tiles, attn_fwd_kernel's
+ * sizes over 64: 128 rows, 32 a warp in two tiles, attn_fwd_kernel's
  * MT = 2). Every warp-level tile lives in registers in the layout of the
  * tensor cores' m16n8k16 accumulator (kcuda_ptx.h): lane l (g = l / 4,
  * t = l % 4) holds, of a [16 x 64] score tile, s[j][e] at row
@@ -40,15 +40,17 @@
  * Backward: a first kernel computes D = rowsum(dout * out); the dk/dv
  * kernel owns a tile of keys of one kv head and walks its query heads and
  * the query tiles that see it, in order, recomputing p = exp(s - lse)
- * from q, k and the saved lse. In 2-byte types it also adds its share of
- * dq (ds k) into an fp32 copy with atomics, which a last kernel adds to
- * dq. Deterministic by default (kcuda_ctx_set_deterministic): the key
- * tiles of a query tile add theirs in turn, last tile first, through a
- * counter per (batch, head, query tile); the blocks run last key tile
- * first, so a block waits only for blocks started before it, and along
- * the diagonal each finds the one before it a step ahead. Mode 0 lets the
- * atomics land as they come; mode 2, and fp32, recompute dq in a kernel of
- * its own that owns a tile of queries and walks the key tiles.
+ * from q, k and the saved lse. By default (and in fp32) a kernel of its
+ * own then recomputes p and dp for dq: it owns a tile of queries and walks
+ * the key tiles (7 tile products a pair of tiles, against 5, but no
+ * atomics and no waiting: the fastest of the three ways on an H200 at
+ * GPT-2's shapes). kcuda_ctx_set_deterministic's other modes, 2-byte
+ * types only: the dk/dv kernel adds its share of dq (ds k) into an fp32
+ * copy with atomics, which a last kernel adds to dq, as they come (mode
+ * 0), or (mode 2) in turn, last key tile first, through a counter per
+ * (batch, head, query tile); the blocks then run last key tile first, so
+ * a block waits only for blocks started before it, and along the
+ * diagonal each finds the one before it a step ahead.
  */
 #include <string.h> /* defines: memset */
 
@@ -907,17 +909,18 @@ void kcuda_attention_forward_rows(int rows)
     att_fwd_rows = rows == 64 || rows == 128 ? rows : 0;
 }
 
-/* The forward's query rows a warp, in tiles of 16 (attn_fwd_kernel's MT):
- * 2 for 2-byte types at a padded head size up to 64 (GPT-2's), where a
- * warp's two tiles' accumulators and scores fit its registers (178 a
- * thread at 64, sm_90; at 128 they spill); else 1.
- * kcuda_attention_forward_rows chooses otherwise. */
+/* The forward's query rows a warp, in tiles of 16 (attn_fwd_kernel's MT),
+ * as measured on an H200 (docs/benchmarks.md, B 8 x T 1024, causal, bf16):
+ * 1 at a padded head size up to 64 (GPT-2's: 115 TFLOP/s, against 101 with
+ * 2; 105 registers a thread, so 4 blocks an SM, against 2 at 177); 2 for
+ * 2-byte types at 128 (Llama's: 107 against 100, though its registers
+ * spill a little). kcuda_attention_forward_rows chooses otherwise. */
 template <typename T, int DP>
 static int att_fwd_mt(void)
 {
     if (!att_cfg<T, DP>::TC)
         return 1;
-    return att_fwd_rows ? att_fwd_rows / ATT_TILE : DP <= 64 ? 2 : 1;
+    return att_fwd_rows ? att_fwd_rows / ATT_TILE : DP <= 64 ? 1 : 2;
 }
 
 /* attn_fwd_kernel<T, DP, 2>, instantiated for 2-byte types only */
@@ -1054,9 +1057,10 @@ static int attn_backward(kcuda_ctx *ctx, void *dq, void *dk, void *dv,
         return 0;
     void *scratch = NULL;
     size_t rows = (size_t)B * H * T, qn = rows * (size_t)d; /* D; dq's elements */
-    /* dq by the dk/dv kernel's atomics, into fp32 scratch, then added; in
-     * turns unless the context allows any order (kcuda_ctx_set_deterministic) */
-    int adq = ctx->nondet >= 0 && dt != KCUDA_F32, turns = adq && ctx->nondet == 0;
+    /* dq by its own kernel, or (kcuda_ctx_set_deterministic) by the dk/dv
+     * kernel's atomics into fp32 scratch, then added, in any order or in
+     * turns */
+    int adq = ctx->dq_atomics != 0 && dt != KCUDA_F32, turns = adq && ctx->dq_atomics == 2;
     size_t nt = (size_t)B * H * ((T + ATT_TILE - 1) / ATT_TILE); /* tickets */
     size_t dbytes = kcuda__round256(rows * sizeof(float));
     size_t abytes = adq ? kcuda__round256(qn * sizeof(float)) : 0;

@@ -152,7 +152,7 @@ int kcuda_convert(void *dst, kcuda_dtype dst_dt, const void *src,
 void kcuda_ctx_set_deterministic(kcuda_ctx *ctx, int mode)
 {
     if (ctx)
-        ctx->nondet = mode == 0 ? 1 : mode == 2 ? -1 : 0;
+        ctx->dq_atomics = mode == 0 ? 1 : mode == 2 ? 2 : 0;
 }
 
 int kcuda_ctx_create(kcuda_ctx **out)

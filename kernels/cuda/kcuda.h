@@ -109,14 +109,16 @@ typedef struct kcuda_ctx kcuda_ctx;
 int kcuda_ctx_create(kcuda_ctx **out);
 void kcuda_ctx_free(kcuda_ctx *ctx);
 /* How the context's ops may sum (today the attention backward in bf16 and
- * fp16, whose dq sums the dk/dv kernel's products over the key tiles):
- *   1 (the default) deterministic: the dk/dv kernel adds its dq into fp32
- *     with atomics, the key tiles of a query tile taking turns in a fixed
- *     order (5 tile products a pair of tiles);
- *   0 the same atomics in the order they arrive: faster (no block waits
- *     for another), not the same bits from run to run;
- *   2 deterministic with no block waiting for another: dq recomputed by a
- *     kernel of its own (7 products; fp32's path in every mode).
+ * fp16, whose dq sums products over the key tiles):
+ *   1 (the default) deterministic: dq by a kernel of its own, which owns a
+ *     tile of queries and walks its key tiles (7 tile products a pair of
+ *     tiles; fp32's path in every mode); the fastest of the three on an
+ *     H200 at GPT-2's shapes (docs/benchmarks.md);
+ *   0 the dk/dv kernel adds its dq into fp32 with atomics, in the order
+ *     they arrive (FlashAttention-2's way, 5 products): not the same bits
+ *     from run to run;
+ *   2 the same atomics, the key tiles of a query tile taking turns in a
+ *     fixed order: deterministic.
  * Other values are 1. */
 void kcuda_ctx_set_deterministic(kcuda_ctx *ctx, int mode);
 

@@ -87,9 +87,9 @@ struct kcuda_ctx {
     size_t scratch_bytes;
     kcuda__algo_entry algos[KCUDA__ALGO_CACHE];
     int algo_next; /* round-robin replacement */
-    int nondet;    /* kcuda_ctx_set_deterministic's mode, as 1 - mode: 0 by calloc is
-                      the default, 1 (mode 0) attention's dq by atomics in arrival
-                      order, -1 (mode 2) dq recomputed by a kernel of its own */
+    int dq_atomics; /* kcuda_ctx_set_deterministic's mode for attention's dq: 0 by
+                       calloc, the default (mode 1): its own kernel; 1 (mode 0): the
+                       dk/dv kernel's atomics in arrival order; 2 (mode 2): in turns */
 };
 
 /* *out = at least `bytes` of the context's scratch (256-byte aligned).

@@ -10,8 +10,9 @@
  *    and in the backward, the proj product's dx with the GELU's backward
  *    (cuBLASLt's DGELU epilogue) next to the product and the GELU kernel;
  *  - causal attention, bf16, B=8 T=1024 H=12 d=64: forward and backward
- *    (the backward in each of its modes: dq's atomics in turns, the
- *    default; in any order, MESH_DETERMINISTIC=0; dq by its own kernel, 2)
+ *    (the backward in each of its modes: dq by its own kernel, the
+ *    default; by the dk/dv kernel's atomics in any order,
+ *    MESH_DETERMINISTIC=0; the same in turns, 2)
  *    TFLOP/s, counted as FlashAttention does (4 B H T^2 d / 2 forward,
  *    2.5 times that backward; ours does that work in 2-byte types, and
  *    3.5 times it with dq's own kernel, which recomputes the scores);
@@ -452,23 +453,23 @@ static void bench_attention(void)
     printf("\n%-36s %10s %10s %10s\n", "attention, causal (TFLOP/s)", "forward",
            "backward", "fwd ms");
     jcat("\"attention\":[");
-    /* bf16 (dq's atomics in turns, the default; the forward in blocks of
-     * 128 query rows, the default at d 64); bf16 with them as they come
-     * (kcuda_ctx_set_deterministic 0); bf16 with dq recomputed by its own
-     * kernel (2); fp32; bf16 with the forward in blocks of 64 rows
+    /* bf16 (dq by its own kernel, the default; the forward in blocks of
+     * 64 query rows, the default at d 64); bf16 with dq by the dk/dv
+     * kernel's atomics as they come (kcuda_ctx_set_deterministic 0) and in
+     * turns (2); fp32; bf16 with the forward in blocks of 128 rows
      * (kcuda_attention_forward_rows); at d 128 (Llama's), the forward in
-     * blocks of 64 rows (the default there) and of 128 */
+     * blocks of 128 rows (the default there) and of 64 */
     static const struct {
         int mode, fp32, H, d, fwd_rows;
         const char *name;
     } cfg[7] = {
         {1, 0, 12, 64, 0, "B8 T1024 H12 d64 bf16"},
-        {0, 0, 12, 64, 0, "B8 T1024 H12 d64 bf16 dq any order"},
-        {2, 0, 12, 64, 0, "B8 T1024 H12 d64 bf16 dq kernel"},
+        {0, 0, 12, 64, 0, "B8 T1024 H12 d64 bf16 dq atomics"},
+        {2, 0, 12, 64, 0, "B8 T1024 H12 d64 bf16 dq in turns"},
         {1, 1, 12, 64, 0, "B8 T1024 H12 d64 fp32"},
-        {1, 0, 12, 64, 64, "B8 T1024 H12 d64 bf16 fwd 64 rows"},
+        {1, 0, 12, 64, 128, "B8 T1024 H12 d64 bf16 fwd 128 rows"},
         {1, 0, 6, 128, 0, "B8 T1024 H6 d128 bf16"},
-        {1, 0, 6, 128, 128, "B8 T1024 H6 d128 bf16 fwd 128 rows"},
+        {1, 0, 6, 128, 64, "B8 T1024 H6 d128 bf16 fwd 64 rows"},
     };
     for (int k = 0; k < 7; k++) {
         attn_arg a = {tiny ? 1 : 8, tiny ? 128 : 1024, tiny ? 2 : cfg[k].H, cfg[k].d,

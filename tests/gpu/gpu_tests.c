@@ -1276,9 +1276,7 @@ static void t_attention(kcuda_dtype dt)
     attn_case(dt, 1, 64, 3, 1, 80, 1, 0);   /* d padded to 128, MQA */
     attn_case(dt, 2, 70, 2, 1, 18, 1, 0);   /* d not in packs */
     attn_case(dt, 1, 200, 2, 2, 128, 1, 0); /* four key tiles */
-    /* five key tiles: more than the emulator's runners (4), so that a
-     * block waiting for one not yet started would never get its turn */
-    attn_case(dt, 1, 300, 1, 1, 16, 1, 0);
+    attn_case(dt, 1, 300, 1, 1, 16, 1, 0);  /* five */
     /* B*H past the grid's rows (65535; 3 here): the pairs in z slices,
      * the last one part padding */
     kcuda_attention_grid_rows(3);
@@ -1288,20 +1286,24 @@ static void t_attention(kcuda_dtype dt)
 }
 
 /* The attention backward's other modes (kcuda_ctx_set_deterministic; the
- * default, dq's atomics in turns, is t_attention's and t_attention_qkv's,
+ * default, dq by its own kernel, is t_attention's and t_attention_qkv's,
  * whose cases of three key tiles or more check dq's bits twice): the
- * atomics as they come (0),
- * and dq recomputed by its own kernel (2; 2-byte types, fp32's path in
- * every mode), on cases like t_attention's of each padded head size (32,
- * 64, 128), grouped-query and multi-query heads, causal or not, ragged
- * tiles, and for each head size a tile with no entry masked (the tile math
- * without the mask's compares): within the same tolerances. */
+ * dk/dv kernel's atomics as they come (0) and in turns (2), 2-byte types
+ * only (fp32 takes the default's path in every mode), on cases like
+ * t_attention's of each padded head size (32, 64, 128), grouped-query and
+ * multi-query heads, causal or not, ragged tiles, and for each head size
+ * a tile with no entry masked (the tile math without the mask's
+ * compares): within the same tolerances. In turns, also five key tiles:
+ * more than the emulator's runners (4), so that a block waiting for one
+ * not yet started would never get its turn; and dq's bits twice. */
 static void attention_mode(kcuda_dtype dt, int mode)
 {
     kcuda_ctx_set_deterministic(ctx, attn_mode = mode);
     attn_case(dt, 2, 130, 4, 2, 16, 1, 0);
     attn_case(dt, 1, 130, 2, 2, 64, 0, 0);
     attn_case(dt, 1, 128, 3, 1, 80, 1, 0);
+    if (mode == 2)
+        attn_case(dt, 1, 300, 1, 1, 16, 1, 0);
     kcuda_ctx_set_deterministic(ctx, attn_mode = 1);
 }
 
@@ -1310,7 +1312,7 @@ static void t_attention_atomic_dq(kcuda_dtype dt)
     attention_mode(dt, 0);
 }
 
-static void t_attention_dq_kernel(kcuda_dtype dt)
+static void t_attention_dq_turns(kcuda_dtype dt)
 {
     attention_mode(dt, 2);
 }
@@ -1648,8 +1650,8 @@ static const gpu_case cases[] = {
     {"attention_f16", t_attention, KCUDA_F16},
     {"attention_atomic_dq_bf16", t_attention_atomic_dq, KCUDA_BF16},
     {"attention_atomic_dq_f16", t_attention_atomic_dq, KCUDA_F16},
-    {"attention_dq_kernel_bf16", t_attention_dq_kernel, KCUDA_BF16},
-    {"attention_dq_kernel_f16", t_attention_dq_kernel, KCUDA_F16},
+    {"attention_dq_turns_bf16", t_attention_dq_turns, KCUDA_BF16},
+    {"attention_dq_turns_f16", t_attention_dq_turns, KCUDA_F16},
     {"attention_qkv_f32", t_attention_qkv, KCUDA_F32},
     {"attention_qkv_bf16", t_attention_qkv, KCUDA_BF16},
     {"attention_qkv_f16", t_attention_qkv, KCUDA_F16},

@@ -23,8 +23,8 @@
 #             (moe 1e-3), 2e-2 in bf16 and fp16 (gpt-tiny; moe bf16 3e-2;
 #             the CPU rounds fp32 words where the GPU stores 2 bytes; gpt-tiny
 #             in bf16 again with MESH_DETERMINISTIC=0, the attention
-#             backward's dq atomics in any order, and =2, dq by its own
-#             kernel). With
+#             backward's dq by the dk/dv kernel's atomics in any order, and
+#             =2, the same in turns). With
 #             several ranks sharing the GPU (MESH_GPU_SHARED=1: collectives
 #             staged through host memory): gpt-tiny on dp 2 with ZeRO-3 (and
 #             its overlapped run against --no-overlap), moe on dp 2 x ep 2.
@@ -415,9 +415,9 @@ step_train_equiv() {
     # in fp32 and bf16; ranks as threads of meshrun, one GPU each. Each
     # against the same mesh on the CPU.
     # (gpt-tiny-bf16-atomic: bf16 with MESH_DETERMINISTIC=0, the attention
-    # backward's dq atomics in any order; -dqkernel: =2, dq by its own
-    # kernel; the default takes turns)
-    local -a models=(gpt-tiny gpt-tiny-bf16 gpt-tiny-bf16-atomic gpt-tiny-bf16-dqkernel gpt-tiny-fp16 llama
+    # backward's dq by the dk/dv kernel's atomics in any order; -turns: =2,
+    # the same atomics in turns; the default, dq by its own kernel)
+    local -a models=(gpt-tiny gpt-tiny-bf16 gpt-tiny-bf16-atomic gpt-tiny-bf16-turns gpt-tiny-fp16 llama
         llama-recompute moe moe-bf16 gpt-tiny-dp2z3-shared moe-ep2-shared)
     local gpus
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
@@ -446,7 +446,7 @@ step_train_equiv() {
         [ "$m" = llama-recompute ] && sets=("${llama[@]}" --set train.recompute=full) && src=examples/llama.mesh
         [ "$m" = moe ] && sets=("${moe[@]}") && tol=1e-3
         [ "$m" = moe-bf16 ] && sets=("${moe[@]}" --set train.precision=bf16) && src=examples/moe.mesh && tol=3e-2
-        [ "${m%-atomic}" = gpt-tiny-bf16 ] || [ "${m%-dqkernel}" = gpt-tiny-bf16 ] &&
+        [ "${m%-atomic}" = gpt-tiny-bf16 ] || [ "${m%-turns}" = gpt-tiny-bf16 ] &&
             sets+=(--set train.precision=bf16) && src=examples/gpt-tiny.mesh && tol=2e-2
         # fp16 at a fixed loss scale: a step at the dynamic scale's edge may
         # overflow in one summation order and not the other
@@ -459,7 +459,7 @@ step_train_equiv() {
         local -a env=()
         [ "${m%-shared}" != "$m" ] && env=(MESH_GPU_SHARED=1)
         [ "${m%-atomic}" != "$m" ] && env=(MESH_DETERMINISTIC=0)
-        [ "${m%-dqkernel}" != "$m" ] && env=(MESH_DETERMINISTIC=2)
+        [ "${m%-turns}" != "$m" ] && env=(MESH_DETERMINISTIC=2)
         [ "$m" = gpt-tiny-dp2tp2 ] && src=examples/gpt-tiny.mesh &&
             sets+=(--set mesh.dp=2 --set mesh.tp=2 --set mesh.pp=1 --set train.precision=fp32)
         [ "$m" = gpt-tiny-dp2tp2-bf16 ] && src=examples/gpt-tiny.mesh && tol=2e-2 &&
@@ -515,7 +515,7 @@ step_train_equiv() {
 # One GPT-2 124M run (examples/gpt2.mesh on one rank, T=1024, 30 steps)
 # through meshrun --device: its last logged tokens/s, or "" if it failed.
 # MODE "atomic": with MESH_DETERMINISTIC=0 (the attention backward's dq
-# atomics in any order, as PyTorch's flash attention does); "profile":
+# by atomics in any order, as PyTorch's flash attention does); "profile":
 # with --profile (two CUDA events around each op), its table of where the
 # step's GPU time goes also in $OUT/profile-NAME.txt.
 gpt2_run() {
