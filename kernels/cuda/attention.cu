@@ -717,9 +717,11 @@ __device__ __forceinline__ void dq_atomic(const attn_args &a, const float (&ds)[
  * rows): p = exp(s - lse), ds = p (dp - D) scale, dv += p^T dout,
  * dk += ds^T q; with ADQ also dq += ds k (dq_atomic; tensor cores only).
  * The early keys (the most queries) first; with tickets the last keys
- * first, the order of the turns. */
-template <typename T, int DP, bool ADQ>
-__global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv_kernel(attn_args a)
+ * first, the order of the turns. MINB: the blocks an SM it is compiled
+ * for (kcuda_attention_backward_blocks; 0, the default: the registers
+ * ptxas chooses). */
+template <typename T, int DP, bool ADQ, int MINB>
+__global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dkv_kernel(attn_args a)
 {
     typedef att_cfg<T, DP> cfg;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -811,9 +813,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv_kernel(attn_args a)
 }
 
 /* dQ of one tile of 64 queries of one head: over the key tiles it sees,
- * p = exp(s - lse), ds = p (dp - D) scale, dq += ds k. */
-template <typename T, int DP>
-__global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_kernel(attn_args a)
+ * p = exp(s - lse), ds = p (dp - D) scale, dq += ds k. MINB as the dk/dv
+ * kernel's. */
+template <typename T, int DP, int MINB>
+__global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dq_kernel(attn_args a)
 {
     typedef att_cfg<T, DP> cfg;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -898,6 +901,7 @@ enum { ATT_FWD, ATT_DKV, ATT_DQ, ATT_DKV_ADQ };
 
 static int att_grid_rows = 65535; /* kcuda_attention_grid_rows */
 static int att_fwd_rows = 0;      /* kcuda_attention_forward_rows */
+static int att_bwd_more = 0;      /* kcuda_attention_backward_blocks */
 
 void kcuda_attention_grid_rows(int rows)
 {
@@ -907,6 +911,11 @@ void kcuda_attention_grid_rows(int rows)
 void kcuda_attention_forward_rows(int rows)
 {
     att_fwd_rows = rows == 64 || rows == 128 ? rows : 0;
+}
+
+void kcuda_attention_backward_blocks(int on)
+{
+    att_bwd_more = on != 0;
 }
 
 /* The forward's query rows a warp, in tiles of 16 (attn_fwd_kernel's MT),
@@ -933,6 +942,20 @@ static void (*att_fwd_kernel2(void))(attn_args)
         return attn_fwd_kernel<T, DP, 1>;
 }
 
+/* The default backward's kernel `which` (ATT_DKV or ATT_DQ): compiled
+ * for more blocks an SM (the dk/dv kernel 3, dq's 4: 168 and 128
+ * registers, spilling 12 and 52 bytes, against 212 and 146 with no
+ * minimum, ptxas sm_90) where kcuda_attention_backward_blocks asks,
+ * 2-byte types at DP 64 only. */
+template <typename T, int DP>
+static void (*att_bwd_kernel(int which))(attn_args)
+{
+    if constexpr (att_cfg<T, DP>::TC && DP == 64)
+        if (att_bwd_more)
+            return which == ATT_DQ ? attn_bwd_dq_kernel<T, DP, 4> : attn_bwd_dkv_kernel<T, DP, false, 3>;
+    return which == ATT_DQ ? attn_bwd_dq_kernel<T, DP, 0> : attn_bwd_dkv_kernel<T, DP, false, 0>;
+}
+
 template <typename T, int DP>
 static int attn_launch(int which, const attn_args &a, cudaStream_t s)
 {
@@ -947,9 +970,8 @@ static int attn_launch(int which, const attn_args &a, cudaStream_t s)
                          : 6 * cfg::TILE_BYTES + 2 * ATT_TILE * sizeof(float) + warps;
     unsigned tiles = (unsigned)((a.T + ATT_TILE * mt - 1) / (ATT_TILE * mt));
     void (*kern)(attn_args) = which == ATT_FWD ? (mt == 2 ? att_fwd_kernel2<T, DP>() : attn_fwd_kernel<T, DP, 1>)
-                              : adq            ? attn_bwd_dkv_kernel<T, DP, cfg::TC>
-                              : dkv            ? attn_bwd_dkv_kernel<T, DP, false>
-                                               : attn_bwd_dq_kernel<T, DP>;
+                              : adq            ? attn_bwd_dkv_kernel<T, DP, cfg::TC, 0>
+                                               : att_bwd_kernel<T, DP>(dkv ? ATT_DKV : ATT_DQ);
     /* a block per (query or key tile, batch row, head); the rows past the
      * grid's 65535 in z slices (att_row_block), the tiles of one head
      * next to each other (its keys and values stay in L2 among them) */

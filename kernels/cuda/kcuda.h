@@ -483,10 +483,17 @@ int kcuda_attention_qkv_backward(kcuda_ctx *ctx, void *dqkv,
 void kcuda_attention_grid_rows(int rows);
 /* The forward's query rows a block: 64 (16 a warp) or 128 (32 a warp,
  * each K and V fragment a warp loads serving two tiles of rows); 0, the
- * default, 128 for bf16 and fp16 at head sizes up to 64 and 64 otherwise
+ * default, 64 at head sizes up to 64 and 128 for bf16 and fp16 above
  * (fp32: always 64). The same bits either way; for the benchmark and the
  * tests. Not thread-safe: set it before launching. */
 void kcuda_attention_forward_rows(int rows);
+/* The backward's kernels in bf16 and fp16 at head sizes 33 to 64
+ * (GPT-2's) compiled for more blocks an SM (on: the dk/dv kernel 3, dq's
+ * 4, against 2 and 3 with the registers they would take, ptxas sm_90) or
+ * not (0, the default). The same bits either way; for the benchmark (to
+ * choose the default on a GPU) and the tests. Not thread-safe: set it
+ * before launching. */
+void kcuda_attention_backward_blocks(int on);
 
 /* ---- moe.cu: mixture-of-experts routing, dispatch, experts, combine ----- */
 

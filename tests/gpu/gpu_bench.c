@@ -20,7 +20,7 @@
  *    AdamW, the fused cross-entropy) in GB/s of the bytes they must move,
  *    next to a device-to-device cudaMemcpy (read + write).
  *
- * usage: gpu_bench [--json FILE] [--quick] [--tiny]
+ * usage: gpu_bench [--json FILE] [--quick] [--tiny] [--only PART]
  * Prints a table, then one line `JSON {...}` with the summary (also written
  * to FILE). Each time is the best, over 3 runs, of the mean over a batch of
  * launches timed with CUDA events. Without a GPU: `SKIP gpu: no GPU (...)`,
@@ -28,7 +28,8 @@
  * cross-entropy's rows, not the vocabulary), one timed launch each: a
  * rehearsal of the program on the CPU emulation of CUDA (gpu_bench_emu,
  * tests/gpu/run.sh with MESH_GPU_REHEARSE=1), its figures no measure of
- * anything.
+ * anything. --only PART: that part alone (gemm, epilogue, dgelu, attention
+ * or memory) and no JSON, for a profiler (tests/gpu/run.sh's ncu step).
  */
 #include <stdarg.h> /* defines: va_list */
 #include <stdint.h> /* defines: uint64_t, int32_t */
@@ -457,21 +458,24 @@ static void bench_attention(void)
      * 64 query rows, the default at d 64); bf16 with dq by the dk/dv
      * kernel's atomics as they come (kcuda_ctx_set_deterministic 0) and in
      * turns (2); fp32; bf16 with the forward in blocks of 128 rows
-     * (kcuda_attention_forward_rows); at d 128 (Llama's), the forward in
-     * blocks of 128 rows (the default there) and of 64 */
+     * (kcuda_attention_forward_rows); bf16 with the backward's kernels
+     * compiled for more blocks an SM (kcuda_attention_backward_blocks);
+     * at d 128 (Llama's), the forward in blocks of 128 rows (the default
+     * there) and of 64 */
     static const struct {
-        int mode, fp32, H, d, fwd_rows;
+        int mode, fp32, H, d, fwd_rows, more;
         const char *name;
-    } cfg[7] = {
-        {1, 0, 12, 64, 0, "B8 T1024 H12 d64 bf16"},
-        {0, 0, 12, 64, 0, "B8 T1024 H12 d64 bf16 dq atomics"},
-        {2, 0, 12, 64, 0, "B8 T1024 H12 d64 bf16 dq in turns"},
-        {1, 1, 12, 64, 0, "B8 T1024 H12 d64 fp32"},
-        {1, 0, 12, 64, 128, "B8 T1024 H12 d64 bf16 fwd 128 rows"},
-        {1, 0, 6, 128, 0, "B8 T1024 H6 d128 bf16"},
-        {1, 0, 6, 128, 64, "B8 T1024 H6 d128 bf16 fwd 64 rows"},
+    } cfg[8] = {
+        {1, 0, 12, 64, 0, 0, "B8 T1024 H12 d64 bf16"},
+        {0, 0, 12, 64, 0, 0, "B8 T1024 H12 d64 bf16 dq atomics"},
+        {2, 0, 12, 64, 0, 0, "B8 T1024 H12 d64 bf16 dq in turns"},
+        {1, 1, 12, 64, 0, 0, "B8 T1024 H12 d64 fp32"},
+        {1, 0, 12, 64, 128, 0, "B8 T1024 H12 d64 bf16 fwd 128 rows"},
+        {1, 0, 12, 64, 0, 1, "B8 T1024 H12 d64 bf16 bwd occupancy"},
+        {1, 0, 6, 128, 0, 0, "B8 T1024 H6 d128 bf16"},
+        {1, 0, 6, 128, 64, 0, "B8 T1024 H6 d128 bf16 fwd 64 rows"},
     };
-    for (int k = 0; k < 7; k++) {
+    for (int k = 0; k < 8; k++) {
         attn_arg a = {tiny ? 1 : 8, tiny ? 128 : 1024, tiny ? 2 : cfg[k].H, cfg[k].d,
                       cfg[k].fp32 ? KCUDA_F32 : KCUDA_BF16,
                       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
@@ -488,8 +492,10 @@ static void bench_attention(void)
         double fwd = 4.0 * a.B * a.H * (double)a.T * a.T * a.d / 2.0;
         kcuda_ctx_set_deterministic(ctx, cfg[k].mode);
         kcuda_attention_forward_rows(cfg[k].fwd_rows);
+        kcuda_attention_backward_blocks(cfg[k].more);
         double tf = time_ms(run_attn_fwd, &a, quick ? 5 : 20);
         double tb = time_ms(run_attn_bwd, &a, quick ? 3 : 10);
+        kcuda_attention_backward_blocks(0);
         kcuda_attention_forward_rows(0);
         kcuda_ctx_set_deterministic(ctx, 1);
         const char *name = cfg[k].name;
@@ -736,8 +742,17 @@ static void bench_memory(void)
 
 int main(int argc, char **argv)
 {
+    static const struct {
+        const char *name;
+        void (*run)(void);
+    } parts[] = {{"gemm", bench_gemm},
+                 {"epilogue", bench_epilogue},
+                 {"dgelu", bench_dgelu},
+                 {"attention", bench_attention},
+                 {"memory", bench_memory}};
+    enum { NPARTS = sizeof parts / sizeof parts[0] };
     char why[256];
-    const char *json_path = NULL;
+    const char *json_path = NULL, *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
             json_path = argv[++i];
@@ -745,10 +760,21 @@ int main(int argc, char **argv)
             quick = 1;
         else if (strcmp(argv[i], "--tiny") == 0)
             tiny = 1;
+        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+            only = argv[++i];
         else {
-            fprintf(stderr, "usage: gpu_bench [--json FILE] [--quick] [--tiny]\n");
+            fprintf(stderr, "usage: gpu_bench [--json FILE] [--quick] [--tiny] [--only PART]\n");
             return 2;
         }
+    }
+    int known = !only;
+    for (int k = 0; k < NPARTS; k++)
+        known |= only && strcmp(only, parts[k].name) == 0;
+    if (!known || (only && json_path)) {
+        fprintf(stderr, known ? "gpu_bench: --only %s writes no JSON (--json)\n"
+                              : "gpu_bench: --only %s: no such part (gemm, epilogue, dgelu, attention, memory)\n",
+                only);
+        return 2;
     }
     if (!kcuda_available(why, sizeof why)) {
         printf("SKIP gpu: no GPU (%s)\n", why);
@@ -764,12 +790,14 @@ int main(int argc, char **argv)
         printf("gpu_bench: --tiny: every size cut by 16, one launch timed: a rehearsal, not a measurement\n");
     jcat("{\"device\":\"%s\",\"sms\":%d,\"tiny\":%s,", prop.name, prop.multiProcessorCount,
          tiny ? "true" : "false");
-    bench_gemm();
-    bench_epilogue();
-    bench_dgelu();
-    bench_attention();
-    bench_memory();
+    for (int k = 0; k < NPARTS; k++)
+        if (!only || strcmp(only, parts[k].name) == 0)
+            parts[k].run();
     jcat("}");
+    if (only) {
+        kcuda_ctx_free(ctx);
+        return 0;
+    }
     printf("\nJSON %s\n", json);
     if (json_path) {
         FILE *f = fopen(json_path, "w");

@@ -1267,12 +1267,31 @@ static void attn_case(kcuda_dtype dt, int B, int T, int H, int KV, int d,
                                     dt, NULL));
         expect_bits("dq twice", snapshot(dgq, nq, dt), first, nq * kcuda_dtype_size(dt));
     }
+    /* 2-byte types at head sizes 33 to 64, the default mode: the kernels
+     * compiled for more blocks an SM (kcuda_attention_backward_blocks)
+     * give the same bits, dq, dk and dv overwritten */
+    if (dt != KCUDA_F32 && d > 32 && d <= 64 && attn_mode == 1) {
+        size_t es = kcuda_dtype_size(dt), n[3] = {nq, nkv, nkv};
+        void *got[2][3];
+        for (int more = 0; more < 2; more++) {
+            for (int i = 0; i < 3; i++)
+                got[more][i] = dmem(n[i] * es);
+            kcuda_attention_backward_blocks(more);
+            KC(kcuda_attention_backward(ctx, got[more][0], got[more][1], got[more][2], dg, dout, dlse, dq, dk, dv, B,
+                                        T, H, KV, d, causal, 7, dt, NULL));
+        }
+        kcuda_attention_backward_blocks(0);
+        static const char *what[3] = {"dq, more blocks an SM", "dk, more blocks an SM", "dv, more blocks an SM"};
+        for (int i = 0; i < 3; i++)
+            expect_bits(what[i], snapshot(got[1][i], n[i], dt), snapshot(got[0][i], n[i], dt), n[i] * es);
+    }
 }
 
 static void t_attention(kcuda_dtype dt)
 {
     attn_case(dt, 2, 100, 4, 2, 16, 1, 0);  /* GQA, ragged last tile */
     attn_case(dt, 1, 130, 2, 2, 64, 0, 0);  /* not causal */
+    attn_case(dt, 2, 150, 4, 2, 64, 1, 0);  /* GPT-2's head size, GQA */
     attn_case(dt, 1, 64, 3, 1, 80, 1, 0);   /* d padded to 128, MQA */
     attn_case(dt, 2, 70, 2, 1, 18, 1, 0);   /* d not in packs */
     attn_case(dt, 1, 200, 2, 2, 128, 1, 0); /* four key tiles */

@@ -44,6 +44,9 @@
 #             run with --profile, its table of the step's GPU time by
 #             kind of work in $OUT/profile-gpt2-bf16-16-profile.txt.
 #  7. gpu_bench: GEMM, attention and memory-bound throughput.
+#  7b. ncu, only when MESH_GPU_STEPS names it: Nsight Compute's counters
+#             of the attention kernels (where ncu is installed), into
+#             $OUT/ncu-attention.txt.
 #  7c. sanitize: CUDA's compute-sanitizer (memcheck, racecheck, synccheck,
 #             initcheck) over the op tests and 2 steps of gpt-tiny, at the
 #             end with what the budget has left (MESH_GPU_SANITIZE=first:
@@ -365,6 +368,37 @@ step_bench() {
     else
         result gpu_bench FAIL "exit $rc$([ "$rc" -eq 124 ] && echo ' (timed out)')"
     fi
+}
+
+# ncu (not a default step: MESH_GPU_STEPS=ncu): Nsight Compute's counters
+# of the attention kernels, the first launch of each (the forward, the
+# backward's D, dk/dv and dq kernels, B=8 T=1024 H=12 d=64 bf16:
+# gpu_bench --only attention), each ncu run its own gpu_bench: speed of
+# light, occupancy, launch, warp states and the scheduler's issue, the
+# compute and memory pipes; into $OUT/ncu-attention.txt. PASS when ncu
+# profiled every kernel; SKIP without ncu.
+step_ncu() {
+    local ncu k bad=0 got=0
+    ncu=$(command -v ncu || ls "${CUDA_HOME:-/usr/local/cuda}/bin/ncu" /usr/local/cuda/bin/ncu \
+        /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/nsight-compute*/ncu 2>/dev/null | head -n 1)
+    if [ -z "$ncu" ] || [ "$REHEARSE" = 1 ]; then
+        result ncu SKIP "$([ "$REHEARSE" = 1 ] && echo "a rehearsal: no counters to read" || echo "no ncu (Nsight Compute) here")"
+        return 0
+    fi
+    : >"$OUT/ncu-attention.txt"
+    for k in attn_fwd_kernel attn_bwd_d_kernel attn_bwd_dkv_kernel attn_bwd_dq_kernel; do
+        [ "$(left)" -lt 40 ] && { bad=1; echo "== $k: skipped (budget)" >>"$OUT/ncu-attention.txt"; continue; }
+        echo "== $k" >>"$OUT/ncu-attention.txt"
+        timeout -k 5 "$(cap 120)" "$ncu" -k "regex:$k" -c 1 --section SpeedOfLight --section Occupancy \
+            --section LaunchStats --section WarpStateStats --section SchedulerStats \
+            --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+            "$BUILD/gpu_bench" --only attention --quick >>"$OUT/ncu-attention.txt" 2>&1
+        grep -q "^  $k" "$OUT/ncu-attention.txt" && got=$((got + 1)) || bad=1
+    done
+    grep -E '^  attn_|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Issue Slots Busy|No Eligible|ERR_' \
+        "$OUT/ncu-attention.txt" | head -n 60
+    if [ $bad = 0 ]; then result ncu PASS "$got kernels profiled: $OUT/ncu-attention.txt"
+    else result ncu FAIL "$got of 4 kernels profiled: $OUT/ncu-attention.txt"; fi
 }
 
 # train_data DIR: the Devil's Dictionary tokenized into DIR/dd.bin, unless
@@ -789,7 +823,10 @@ step_sanitize() {
 # for a second call on the still warm machine (the device tool keeps
 # build-gpu/ between calls) that finishes what the first call's budget
 # left out, e.g. MESH_GPU_STEPS="torch_gpt2 gpu_bench".
+# ncu (Nsight Compute's counters of the attention kernels) runs only when
+# named.
 ALL_STEPS="gpu_tests unit_cuda train_equiv oracle train_gpt2 gpu_bench startup torch_gpt2 sanitize"
+EXTRA_STEPS="ncu"
 read -r -a STEP_LIST <<<"${MESH_GPU_STEPS:-$ALL_STEPS}"
 STEPS="${STEP_LIST[*]}" # (one space between names)
 want() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -841,7 +878,8 @@ main() {
     rm -f "$OUT/bench.json" "$OUT/torch.json" "$OUT/gpt2.json"
     local status=pass s
     for s in $STEPS; do
-        [[ " $ALL_STEPS " == *" $s "* ]] || { echo "run.sh: MESH_GPU_STEPS: no step $s (the steps: $ALL_STEPS)"; return 2; }
+        [[ " $ALL_STEPS $EXTRA_STEPS " == *" $s "* ]] ||
+            { echo "run.sh: MESH_GPU_STEPS: no step $s (the steps: $ALL_STEPS $EXTRA_STEPS)"; return 2; }
     done
     [ "$STEPS" = "$ALL_STEPS" ] || echo "run.sh: steps $STEPS (MESH_GPU_STEPS), after deps and build"
     if step_deps && step_build; then
@@ -857,6 +895,7 @@ main() {
             want oracle && step_oracle
             want train_gpt2 && step_train_gpt2
             want gpu_bench && step_bench
+            want ncu && step_ncu
             want startup && step_startup
             want torch_gpt2 && step_torch
             [ "$SANITIZE" = last ] && want sanitize && step_sanitize
