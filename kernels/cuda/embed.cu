@@ -91,12 +91,20 @@ int kcuda_arange(int32_t *out, size_t n, void *stream)
 
 /* ---- backward ------------------------------------------------------------- */
 
+/* The rows of a run a thread loads before adding them: a frequent token
+ * (a comma, " the") has hundreds of rows in a batch, and one load at a
+ * time makes its block wait a memory latency per row (the two embeddings'
+ * backward took 1.09 ms of GPT-2's step on an H200, 2026-12-04, loading
+ * one row at a time; not measured since). */
+#define EMBED_ROWS_AHEAD 8
+
 /* Block p owns the run of equal sorted ids that starts at p (if one does):
  * dtable[id - row0, c] += dout[idx[q], c] for q over the run, in order.
  * With vec, a thread takes a 16-byte pack of columns (8 of bf16: GPT-2's
  * 768 in one pass of 96 threads, one load a row of the run), else one
  * column at a time; each column's additions are the same, in the same
- * order, either way. */
+ * order, either way. Either loads EMBED_ROWS_AHEAD rows, then adds them
+ * in order. */
 template <typename T, typename D>
 __global__ void embed_bwd_kernel(D *dtable, const T *dout,
                                  const int32_t *keys, const int32_t *idx,
@@ -114,17 +122,25 @@ __global__ void embed_bwd_kernel(D *dtable, const T *dout,
     while (end < n && keys[end] == id)
         end++;
     D *row = dtable + (size_t)r * C;
+    constexpr int U = EMBED_ROWS_AHEAD;
     if (vec) {
         for (int c = threadIdx.x * W; c < C; c += blockDim.x * W) {
-            float acc[W], x[W];
+            float acc[W];
 #pragma unroll
             for (int j = 0; j < W; j++)
                 acc[j] = kc_f(row[c + j]);
-            for (int q = p; q < end; q++) {
-                kc_load_pack<T>(x, dout + (size_t)idx[q] * C + c);
+            for (int q = p; q < end; q += U) {
+                kc_pack<T> x[U];
 #pragma unroll
-                for (int j = 0; j < W; j++)
-                    acc[j] += x[j];
+                for (int u = 0; u < U; u++)
+                    if (q + u < end)
+                        x[u] = *reinterpret_cast<const kc_pack<T> *>(dout + (size_t)idx[q + u] * C + c);
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    if (q + u < end)
+#pragma unroll
+                        for (int j = 0; j < W; j++)
+                            acc[j] += kc_f(x[u].v[j]);
             }
 #pragma unroll
             for (int j = 0; j < W; j++)
@@ -134,8 +150,17 @@ __global__ void embed_bwd_kernel(D *dtable, const T *dout,
     }
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float acc = kc_f(row[c]);
-        for (int q = p; q < end; q++)
-            acc += kc_f(dout[(size_t)idx[q] * C + c]);
+        for (int q = p; q < end; q += U) {
+            T x[U];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (q + u < end)
+                    x[u] = dout[(size_t)idx[q + u] * C + c];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (q + u < end)
+                    acc += kc_f(x[u]);
+        }
         row[c] = kc_to<D>(acc);
     }
 }

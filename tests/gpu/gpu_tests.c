@@ -859,6 +859,7 @@ static void t_embedding_f32_grads(kcuda_dtype dt)
 {
     embed_case(dt, KCUDA_F32, 300, 40, 13, 0, 40);
     embed_case(dt, KCUDA_F32, 64, 30, 16, 8, 10);
+    embed_case(dt, KCUDA_F32, 600, 5, 64, 0, 5); /* long runs, in packs: the CPU's bits */
 }
 
 static void t_embedding(kcuda_dtype dt)
