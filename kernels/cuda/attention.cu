@@ -242,6 +242,45 @@ __device__ __forceinline__ void warp_abt_mt(float (&s)[MT][8][4], const T *A, in
     }
 }
 
+/* af = the A operands of the warp's rows [row0, row0 + 16) of the [64][LD]
+ * tile A over the whole head size, as warp_abt_mt loads them: for a block
+ * whose A tile stays the same over its loop (the forward's queries), held
+ * in registers rather than loaded again for each tile of B. */
+template <typename T, int DP>
+__device__ __forceinline__ void load_a_frags(uint32_t (&af)[DP / 16][4], const T *A, int row0)
+{
+    typedef att_cfg<T, DP> cfg;
+    int lane = threadIdx.x & 31;
+    const T *a = A + (row0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * cfg::LD + 8 * (lane >> 4);
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; kk++)
+        kc_ldsm4(af[kk], a + 16 * kk);
+}
+
+/* s = warp_abt_mt's one piece, its A operands af (load_a_frags) in
+ * registers: the same products in the same order, the same bits. */
+template <typename T, int DP>
+__device__ __forceinline__ void warp_abt_regs(float (&s)[8][4], const uint32_t (&af)[DP / 16][4], const T *B)
+{
+    typedef att_cfg<T, DP> cfg;
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            s[j][e] = 0.0f;
+    const T *b = B + ((lane & 7) + 8 * (lane >> 4)) * cfg::LD + 8 * ((lane >> 3) & 1);
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; kk++)
+#pragma unroll
+        for (int jp = 0; jp < 4; jp++) {
+            uint32_t bf[4];
+            kc_ldsm4(bf, b + 16 * jp * cfg::LD + 16 * kk);
+            mma_pair_mt<T>(reinterpret_cast<float(&)[1][8][4]>(s), jp,
+                           reinterpret_cast<const uint32_t(&)[1][4]>(af[kk]), bf);
+        }
+}
+
 /* s = A[16 w .. 16 w + 16) B^T over the head size: the warp's [16 x 64]
  * piece of A B^T, A and B [64][LD] tiles. Tensor cores: warp_abt_mt's one
  * piece. fp32: FMAs over the first d columns. */
@@ -515,6 +554,17 @@ __device__ __forceinline__ long long att_row_block(long long rows)
     return r < rows ? r : -1;
 }
 
+/* The blocks an SM the forward is compiled for: 4 in 2-byte types at
+ * MT = 1 and head sizes up to 64 (GPT-2's: 128 registers a thread with
+ * its queries' operands in registers, no spills, ptxas sm_90; 130 free,
+ * which would fit only 3), else no minimum (0: the registers ptxas
+ * chooses; shared memory allows 2 blocks at d 128). */
+template <typename T, int DP, int MT>
+constexpr int att_fwd_min_blocks()
+{
+    return MT == 1 && sizeof(T) == 2 && DP <= 64 ? 4 : 0;
+}
+
 /* The forward: a block of 64 MT query rows, MT x 16 a warp (MT = 2:
  * FlashAttention-2's blocks of 128 rows, 2-byte types only; fp32 has 1).
  * At MT = 2 each K and V fragment a warp loads from shared memory serves
@@ -525,7 +575,7 @@ __device__ __forceinline__ long long att_row_block(long long rows)
  * 1): every row's arithmetic is the same, in the same order, at either
  * MT, and so are its bits. */
 template <typename T, int DP, int MT>
-__global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_args a)
+__global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, MT>()) attn_fwd_kernel(attn_args a)
 {
     typedef att_cfg<T, DP> cfg;
     static_assert(MT == 1 || cfg::TC, "fp32: 16 rows a warp");
@@ -557,6 +607,11 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_args a)
     queue_tile<T, DP>(att_tile<T, DP>(smem, MT + 1), v, a.vs, 0, a.T, a.d, a.vec);
     kc_cp_async_commit();
     int row0 = 16 * MT * w; /* the warp's first row in the block */
+    /* one tile of 16 rows a warp on the tensor cores: its queries' A
+     * operands in registers from the first key tile on, not loaded again
+     * for each (att_fwd_min_blocks) */
+    constexpr bool QREG = MT == 1 && cfg::TC;
+    uint32_t qf[DP / 16][4];
     float m[MT][2], l[MT][2], acc[MT][DP / 8][4];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
@@ -570,10 +625,15 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_args a)
         kv_tile<T, DP>(smem, MT, it, tiles, k, v, a, &sK, &sV);
         if (MT == 1 || !a.causal || j0 <= i0 + row0 + 16 * MT - 1) { /* (warp-uniform) */
             float s[MT][8][4];
-            if constexpr (cfg::TC)
+            if constexpr (QREG) {
+                if (it == 0)
+                    load_a_frags<T, DP>(qf, sQ, row0);
+                warp_abt_regs<T, DP>(s[0], qf, sK);
+            } else if constexpr (cfg::TC) {
                 warp_abt_mt<T, DP, MT>(s, sQ, row0, sK);
-            else
+            } else {
                 warp_abt<T, DP>(s[0], sQ, sK, a.d);
+            }
             /* scores in log2 units, -inf where masked: only the diagonal
              * tile (causal) and the one across T have masked entries */
 #pragma unroll

@@ -481,7 +481,8 @@ int kcuda_attention_qkv_backward(kcuda_ctx *ctx, void *dqkv,
  * restores it), the rest in z slices, so that a small case can run the
  * slices that B*H > 65535 needs. Not thread-safe: set it before launching. */
 void kcuda_attention_grid_rows(int rows);
-/* The forward's query rows a block: 64 (16 a warp) or 128 (32 a warp,
+/* The forward's query rows a block: 64 (16 a warp, its queries' operands
+ * held in registers in 2-byte types) or 128 (32 a warp,
  * each K and V fragment a warp loads serving two tiles of rows); 0, the
  * default, 64 at head sizes up to 64 and 128 for bf16 and fp16 above
  * (fp32: always 64). The same bits either way; for the benchmark and the
