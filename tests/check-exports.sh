@@ -3,8 +3,9 @@
 # library starts with mesh_ (the public prefix; see docs/c-api.md).
 # Static archives are read with `nm -g`: cross-file internals (mesh__) are
 # allowed there, and the C++ objects' hidden DW.ref.* COMDAT pointers (the
-# Makefile's libmesh.a rule says why). Shared objects are read with `nm -D` and must export public
-# names only (mesh_ not followed by _; runtime/libmesh.map hides the rest).
+# Makefile's libmesh.a rule says why). Shared objects are read with `nm -D`
+# and must export public names only (mesh_ not followed by _;
+# runtime/libmesh.map hides the rest).
 # Used by `make check-exports` and by tests/run.sh.
 set -u
 status=0
