@@ -824,6 +824,13 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dkv_kernel(attn_ar
                       a.T, a.d, a.vec);
     queue_step(0); /* one group with K and V */
     float dk[DP / 8][4], dv[DP / 8][4];
+    /* on the tensor cores at head sizes up to 64, compiled for no minimum
+     * of blocks: the warp's keys' and values' A operands in registers from
+     * the first step on, not loaded again for each (233 registers at d 64,
+     * against 212, still 2 blocks an SM, no spills; at d 128, or for 3
+     * blocks an SM, they would spill) */
+    constexpr bool KREG = cfg::TC && DP <= 64 && MINB == 0;
+    uint32_t kf[DP / 16][4], vf[DP / 16][4];
     zero_acc<DP>(dk);
     zero_acc<DP>(dv);
     for (int i = 0; i < steps; i++) {
@@ -839,8 +846,17 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dkv_kernel(attn_ar
         }
         __syncthreads(); /* this step's tiles are everyone's */
         float p[8][4], ds[8][4];
-        warp_abt<T, DP>(p, sK, sQ, a.d);  /* s^T */
-        warp_abt<T, DP>(ds, sV, sO, a.d); /* dp^T */
+        if constexpr (KREG) {
+            if (i == 0) {
+                load_a_frags<T, DP>(kf, sK, 16 * w);
+                load_a_frags<T, DP>(vf, sV, 16 * w);
+            }
+            warp_abt_regs<T, DP>(p, kf, sQ);  /* s^T */
+            warp_abt_regs<T, DP>(ds, vf, sO); /* dp^T */
+        } else {
+            warp_abt<T, DP>(p, sK, sQ, a.d);  /* s^T */
+            warp_abt<T, DP>(ds, sV, sO, a.d); /* dp^T */
+        }
         /* p = exp(s - lse) as exp2 of log2 units; the mask's compares
          * only on the tiles that have masked entries */
         auto probs = [&](auto masked) {

@@ -196,7 +196,8 @@ check "ranks that ignore a failed step: mesh_run_ranks still fails at once, nami
 # GPU, then one killed.
 PORT=$((20000 + $$ % 20000))
 # procs NAME N GPUS PLAN ARGS...: N processes, rank R's output in
-# $T/NAME.R.log (NO_NODE=1: without EMU_NCCL_NODE; MACHINES=M: on M
+# $T/NAME.R.log and its exit status in $T/NAME.R.rc (NO_NODE=1: without
+# EMU_NCCL_NODE; MACHINES=M: on M
 # emulated machines of GPUS GPUs each, N/M processes a machine, as a job
 # of several nodes starts them: each machine's LOCAL_RANK from 0, its
 # EMU_NCCL_HOST its own)
@@ -207,16 +208,22 @@ procs() {
     PORT=$((PORT + 1))
     for ((r = 0; r < n; r++)); do
         host=$([ "${MACHINES:-1}" = 1 ] || echo "m$((r / per))")
-        EMU_NCCL_NODE="$node" EMU_NCCL_HOST="$host" MESH_EMU_GPUS=$gpus RANK=$r LOCAL_RANK=$((r % per)) \
+        (EMU_NCCL_NODE="$node" EMU_NCCL_HOST="$host" MESH_EMU_GPUS=$gpus RANK=$r LOCAL_RANK=$((r % per)) \
             WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT timeout 300 "$B/meshrun_emu" "$T/$plan.plan" \
-            --data "$T/train.bin" --val "$T/val.bin" --device cuda "$@" >"$T/$name.$r.log" 2>&1 &
+            --data "$T/train.bin" --val "$T/val.bin" --device cuda "$@" >"$T/$name.$r.log" 2>&1
+            s=$?
+            echo "$s" >"$T/$name.$r.rc"
+            exit "$s") &
     done
     for ((r = 0; r < n; r++)); do wait -n || rc=$?; done
     return "$rc"
 }
-shown() { # shown NAME N: every process's output, indented; fails (the check it stands in for failed)
+shown() { # shown NAME N: every process's exit status and output, indented; fails (the check it stands in for failed)
     local r
-    for ((r = 0; r < $2; r++)); do echo "# rank $r:"; sed 's/^/#   /' "$T/$1.$r.log"; done
+    for ((r = 0; r < $2; r++)); do
+        echo "# rank $r (exit status $(cat "$T/$1.$r.rc" 2>/dev/null || echo '?')):"
+        sed 's/^/#   /' "$T/$1.$r.log"
+    done
     return 1
 }
 procs z3procs 2 2 dp2z3 --steps 2 || shown z3procs 2
