@@ -210,14 +210,6 @@ static int gpus_shared(void)
     return s && !strcmp(s, "1");
 }
 
-/* Several ranks on GPUs: this rank's GPU (ranks as threads of one
- * process: GPU rank, one each; one rank per process: its local rank's,
- * modulo the GPUs it sees, docs/conventions) in *gpu, and the NCCL world
- * of their device buffers in ctx->nccl, bootstrapped over world.
- * MESH_GPU_SHARED=1 with ranks as threads: GPU rank modulo the GPUs, and
- * no NCCL world (the executor stages its collectives through the threads
- * world: a mesh tested on fewer GPUs than ranks, slowly). Collective; on
- * failure the world is aborted and err says why. */
 /* Whether world's ranks are threads of this process. */
 static int threads_world(comm *world)
 {
@@ -237,6 +229,14 @@ static int too_few_gpus(comm *world, char *err, size_t n)
     return -1;
 }
 
+/* Several ranks on GPUs: this rank's GPU (ranks as threads of one
+ * process: GPU rank, one each; one rank per process: its local rank's,
+ * modulo the GPUs it sees, docs/conventions) in *gpu, and the NCCL world
+ * of their device buffers in ctx->nccl, bootstrapped over world.
+ * MESH_GPU_SHARED=1 with ranks as threads: GPU rank modulo the GPUs, and
+ * no NCCL world (the executor stages its collectives through the threads
+ * world: a mesh tested on fewer GPUs than ranks, slowly). Collective; on
+ * failure the world is aborted and err says why. */
 static int join_gpus(mesh_context *ctx, comm *world, int *gpu, char *err, size_t n)
 {
     int threads = threads_world(world), count = dev_cuda_count();
