@@ -997,7 +997,7 @@ void kcuda_attention_backward_blocks(int on)
 /* The forward's query rows a warp, in tiles of 16 (attn_fwd_kernel's MT),
  * as measured on an H200 (docs/benchmarks.md, B 8 x T 1024, causal, bf16):
  * 1 at a padded head size up to 64 (GPT-2's: 115 TFLOP/s, against 101 with
- * 2; 105 registers a thread, so 4 blocks an SM, against 2 at 177); 2 for
+ * 2; 4 blocks an SM, against 2 at 177 registers a thread); 2 for
  * 2-byte types at 128 (Llama's: 107 against 100, though its registers
  * spill a little). kcuda_attention_forward_rows chooses otherwise. */
 template <typename T, int DP>
