@@ -25,6 +25,26 @@ struct add_into2 {
     }
 };
 
+/* y0 = x1, y1 = x0 + x1 (one side's gradient overwritten by dout, the
+ * other's added to: a residual add's backward, whose branch gradient is
+ * written first and whose stream's is summed) */
+struct set_add {
+    __device__ void operator()(const float *x, float *y) const
+    {
+        y[0] = x[1];
+        y[1] = x[0] + x[1];
+    }
+};
+
+/* y0 = y1 = x0 (both sides overwritten) */
+struct set2 {
+    __device__ void operator()(const float *x, float *y) const
+    {
+        y[0] = x[0];
+        y[1] = x[0];
+    }
+};
+
 int kcuda_add_forward(void *out, const void *a, const void *b, size_t n,
                       kcuda_dtype dt, void *stream)
 {
@@ -38,10 +58,22 @@ int kcuda_add_backward(void *da, void *db, const void *dout, size_t n,
 {
     cudaStream_t s = kcuda__stream(stream);
     KCUDA_DT_OK(dt);
-    if (da && db && da != db && !assign) {
+    /* two buffers: one kernel, dout read once */
+    if (da && db && da != db && !(assign & 3)) {
         const void *in[3] = {da, db, dout};
         void *o[2] = {da, db};
         return kc_ew_launch<3, 2>(in, o, n, dt, add_into2(), s);
+    }
+    if (da && db && da != db && (assign & 3) == 3) {
+        const void *in[1] = {dout};
+        void *o[2] = {da, db};
+        return kc_ew_launch<1, 2>(in, o, n, dt, set2(), s);
+    }
+    if (da && db && da != db) {
+        void *set = assign & 1 ? da : db, *add = assign & 1 ? db : da;
+        const void *in[2] = {add, dout};
+        void *o[2] = {set, add};
+        return kc_ew_launch<2, 2>(in, o, n, dt, set_add(), s);
     }
     /* one buffer (or the same buffer twice: added twice, as on the CPU), or
      * one overwritten: a copy of dout */

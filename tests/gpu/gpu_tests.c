@@ -783,6 +783,12 @@ static void t_add(kcuda_dtype dt)
         expect_dev("added side", dadd, hadd, n, dt);
         memcpy(side ? gb : ga, g, n * sizeof *g); /* (the device's, for the next side) */
     }
+    /* both overwritten (assign 3), from NaN: dout itself in each */
+    cuda_or_die(cudaMemset(dga, 0xff, n * kcuda_dtype_size(dt)), "cudaMemset");
+    cuda_or_die(cudaMemset(dgb, 0xff, n * kcuda_dtype_size(dt)), "cudaMemset");
+    KC(kcuda_add_backward(dga, dgb, dg, n, 3, dt, NULL));
+    expect_dev("da, both assigned", dga, g, n, dt);
+    expect_dev("db, both assigned", dgb, g, n, dt);
     /* broadcast (a position embedding; T = 1 is a bias) */
     bcast_case(dt, dt, 3, 5, 7);
     bcast_case(dt, dt, 3, 1, 7);
