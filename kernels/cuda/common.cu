@@ -71,6 +71,20 @@ const char *kcuda_fault_hint(int cuda_error)
     }
 }
 
+const char *kcuda__gpu_fault(cudaStream_t s, char *buf, size_t n)
+{
+    cudaError_t e = cudaStreamQuery(s); /* a fault is sticky: every call after it returns it */
+    if (e == cudaSuccess || e == cudaErrorNotReady)
+        return "";
+    if (!kcuda_fault_hint((int)e)[0]) { /* some other error: not this call's to report */
+        (void)cudaGetLastError();
+        return "";
+    }
+    snprintf(buf, n, "; the GPU: %s (%s, %d)%s", cudaGetErrorString(e), cudaGetErrorName(e), (int)e,
+             kcuda_fault_hint((int)e));
+    return buf;
+}
+
 /* ---- the probe ---------------------------------------------------------- */
 
 int kcuda_available(char *why, size_t n)

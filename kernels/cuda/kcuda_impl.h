@@ -29,6 +29,12 @@ int kcuda__fail(int code, const char *file, int line, const char *fmt, ...)
 int kcuda__cuda_fail(cudaError_t e, const char *what, const char *file,
                      int line);
 
+/* After a cuBLAS(Lt) call on stream s failed: "; the GPU: WORDS (NAME,
+ * N): a kernel faulted ..." in buf (n bytes) when the GPU holds a kernel's
+ * fault (here or earlier: cuBLAS reports one only as its own failure, "the
+ * GPU program failed to execute"), else "". */
+const char *kcuda__gpu_fault(cudaStream_t s, char *buf, size_t n);
+
 /* Return KCUDA_ERR_ARG with a message unless cond holds. */
 #define KCUDA_ARG(cond, ...)                                                   \
     do {                                                                       \

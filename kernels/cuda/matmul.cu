@@ -229,14 +229,16 @@ int kcuda__gemm_run(kcuda_ctx *ctx, const kcuda__gemm *g, cudaStream_t s)
         if (st != CUBLAS_STATUS_SUCCESS) {
             int refused = !hit && (st == CUBLAS_STATUS_NOT_SUPPORTED ||
                                    st == CUBLAS_STATUS_INVALID_VALUE);
+            char fault[320];
             rc = kcuda__fail(refused ? KCUDA_ERR_NO_ALGO : KCUDA_ERR_BLAS,
                              __FILE__, __LINE__,
                              "%s for M=%d N=%d K=%d (dtype %d, epilogue %d): "
-                             "%s",
+                             "%s%s",
                              refused ? "cuBLASLt refused its own algorithm"
                                      : "cublasLtMatmul failed",
                              g->M, g->N, g->K, (int)g->dt, (int)epi,
-                             cublasLtGetStatusString(st));
+                             cublasLtGetStatusString(st),
+                             kcuda__gpu_fault(s, fault, sizeof fault));
             goto done;
         }
     }
