@@ -29,14 +29,15 @@
  * before the diagonal when causal: the tiles start at multiples of 64, so
  * the first tile shows every row a key and no row's max stays -inf), keep
  * the running max m and sum l per row, rescale the output rows by
- * exp(m_old - m_new), and save lse = m + log(l) per row. The scores are
- * kept in log2 units (times scale log2(e), one FMA with the max's
- * subtraction) so that each exponential is one exp2f, the GPU's ex2
- * instruction, rather than expf's eight instructions around it: at a
- * head size of 64 the exponentials, not the tensor cores, bound the loop
- * otherwise. lse stays in natural-log units (the CPU's, and the
- * backward's input). Only the tiles with masked entries (the diagonal
- * one when causal, the one across T) compare positions.
+ * exp(m_old - m_new), and save lse = m scale + log(l) per row (m the
+ * max of the raw scores q.k). Each exponential is one FFMA into log2
+ * units (the score times scale log2(e), less the max's) and one ex2
+ * (kc_exp2: no compares and multiplies around it for denormal results,
+ * expf's eight instructions fewer still): at a head size of 64 the
+ * instructions around the tensor cores' bound the loop. lse stays in
+ * natural-log units (the CPU's, and the backward's input). Only the tiles
+ * with masked entries (the diagonal one when causal, the one across T)
+ * compare positions.
  * Backward: a first kernel computes D = rowsum(dout * out); the dk/dv
  * kernel owns a tile of keys of one kv head and walks its query heads and
  * the query tiles that see it, in order, recomputing p = exp(s - lse)
@@ -76,7 +77,7 @@ struct attn_args {
     int B, T, H, KV, d, causal, vec;
     int assign;           /* backward: dq (1), dk (2), dv (4) overwritten, not added to */
     float scale;          /* 1 / sqrt(d) */
-    float scale2;         /* scale log2(e): scores in log2 units, for exp2f */
+    float scale2;         /* scale log2(e): scores in log2 units, for kc_exp2 */
 };
 
 /* Shared-memory row length of a [64 x DP] tile: fp32 pads by one word
@@ -106,7 +107,11 @@ template <typename T, int DP> struct att_cfg {
  * in packs: 2-byte types by cp.async (zeros by its zero fill; their rows
  * of 2 DP + 16 bytes keep the packs aligned), fp32 (rows of an odd length)
  * by stores of the pack's elements; else element by element. Either way
- * every thread sees the tile after kc_cp_async_wait and a __syncthreads. */
+ * every thread sees the tile after kc_cp_async_wait and a __syncthreads.
+ * A block is ATT_THREADS threads (every attention kernel's launch): in
+ * packs, a thread copies the same column of every RS-th row, the loop
+ * unrolled, so that a pack costs its copy and an address's add, where a
+ * loop over blockDim.x's stride cost 25 instructions a pack (sm_90). */
 template <typename T, int DP>
 __device__ void queue_tile(T *dst, const T *src, long long stride, int row0,
                            int T_, int d, int vec)
@@ -114,16 +119,24 @@ __device__ void queue_tile(T *dst, const T *src, long long stride, int row0,
     constexpr int LD = att_cfg<T, DP>::LD;
     constexpr int W = kc_pack<T>::W;
     if (vec) {
-        constexpr int PPR = DP / W; /* packs per row */
-        for (int idx = threadIdx.x; idx < ATT_TILE * PPR; idx += blockDim.x) {
-            int r = idx / PPR, c = (idx % PPR) * W, gr = row0 + r;
-            bool in = gr < T_ && c < d;
+        constexpr int PPR = DP / W;             /* packs per row */
+        constexpr int RS = ATT_THREADS / PPR;   /* rows a pass */
+        static_assert(ATT_THREADS % PPR == 0 && ATT_TILE % RS == 0, "queue_tile: whole passes");
+        int r = threadIdx.x / PPR, c = (threadIdx.x % PPR) * W;
+        bool cin = c < d;
+        const T *s = src + (long long)(row0 + r) * stride + c; /* advanced by RS rows a pass */
+        long long step = (long long)RS * stride;
+        T *t = dst + r * LD + c;
+#pragma unroll
+        for (int i = 0; i < ATT_TILE / RS; i++, s += step) {
+            bool in = cin && row0 + r + RS * i < T_;
+            const T *from = in ? s : src;
             if constexpr (att_cfg<T, DP>::TC) {
-                kc_cp_async16(dst + r * LD + c, in ? src + gr * stride + c : src, in);
+                kc_cp_async16(t + RS * i * LD, from, in);
             } else {
                 kc_pack<T> p;
                 if (in) {
-                    p = *reinterpret_cast<const kc_pack<T> *>(src + gr * stride + c);
+                    p = *reinterpret_cast<const kc_pack<T> *>(from);
                 } else {
 #pragma unroll
                     for (int j = 0; j < W; j++)
@@ -131,7 +144,7 @@ __device__ void queue_tile(T *dst, const T *src, long long stride, int row0,
                 }
 #pragma unroll
                 for (int j = 0; j < W; j++)
-                    dst[r * LD + c + j] = p.v[j];
+                    t[RS * i * LD + j] = p.v[j];
             }
         }
         return;
@@ -457,35 +470,33 @@ __device__ __forceinline__ void kv_tile(unsigned char *smem, int base, int it, i
 
 /* ---- forward -------------------------------------------------------------- */
 
-/* A warp's [16 x 64] scores s, of queries from `row0` (their position in
- * the sequence) by keys from j0, in log2 units, and with MASKED -inf where
- * a key is past T or (causal) after the query. */
-template <bool MASKED>
-__device__ __forceinline__ void att_scale_scores(float (&s)[8][4], const attn_args &a, int row0, int j0)
+/* -inf for the masked entries of a warp's [16 x 64] scores s, of queries
+ * from `row0` (their position in the sequence) by keys from j0: a key past
+ * T or (causal) after the query. */
+__device__ __forceinline__ void att_mask_scores(float (&s)[8][4], const attn_args &a, int row0, int j0)
 {
 #pragma unroll
     for (int e = 0; e < 4; e++) {
         int row = row0 + att_row(e);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            float x = s[j][e] * a.scale2;
-            if constexpr (MASKED) {
-                int col = j0 + 8 * j + att_col(e);
-                if (col >= a.T || (a.causal && col > row))
-                    x = -INFINITY;
-            }
-            s[j][e] = x;
+            int col = j0 + 8 * j + att_col(e);
+            if (col >= a.T || (a.causal && col > row))
+                s[j][e] = -INFINITY;
         }
     }
 }
 
 /* The online softmax's step over a key tile for the warp's 16 rows: the
- * running max m and sum l of the lane's rows g and g + 8, the output rows
- * rescaled by exp(m_old - m_new), and s turned into the probabilities
- * p = exp2(s - m_new) that the product with V takes. */
+ * running max m (of the raw scores, q.k) and sum l of the lane's rows g and
+ * g + 8, the output rows rescaled by exp(m_old - m_new), and s turned into
+ * the probabilities p = exp(scale (s - m_new)) that the product with V
+ * takes. In log2 units: each exponential is one FFMA, s scale log2(e) -
+ * m_new scale log2(e), and one kc_exp2 (a max of the raw scores is the
+ * max of the scaled ones: the scale is positive). */
 template <int DP>
 __device__ __forceinline__ void att_online_softmax(float (&s)[8][4], float (&m)[2], float (&l)[2],
-                                                   float (&acc)[DP / 8][4])
+                                                   float (&acc)[DP / 8][4], float scale2)
 {
 #pragma unroll
     for (int r = 0; r < 2; r++) { /* the lane's rows g and g + 8 */
@@ -495,14 +506,14 @@ __device__ __forceinline__ void att_online_softmax(float (&s)[8][4], float (&m)[
             mt = fmaxf(mt, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
         mt = quad_max(mt);
         float mn = fmaxf(m[r], mt);
-        float ms = mn == -INFINITY ? 0.0f : mn;
-        float corr = exp2f(m[r] - ms); /* 0 on the first tile */
+        float ms = __fmul_rn(mn == -INFINITY ? 0.0f : mn, scale2);
+        float corr = kc_exp2(__fmaf_rn(m[r], scale2, -ms)); /* 0 on the first tile */
         float ls = 0.0f;
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int c = 0; c < 2; c++) {
-                float x = exp2f(s[j][2 * r + c] - ms); /* -inf gives 0 */
+                float x = kc_exp2(__fmaf_rn(s[j][2 * r + c], scale2, -ms)); /* -inf gives 0 */
                 s[j][2 * r + c] = x;
                 ls += x;
             }
@@ -541,7 +552,7 @@ __device__ __forceinline__ void att_store_rows(T *o, float *lse, const attn_args
                     o[(long long)row * a.os + col] = kc_to<T>(acc[n][2 * r + c] * inv);
             }
         if ((threadIdx.x & 3) == 0)
-            lse[row] = __fadd_rn(__fmul_rn(m[r], KC_LN2), logf(l[r])); /* natural log units; no FMA (above) */
+            lse[row] = __fadd_rn(__fmul_rn(m[r], a.scale), logf(l[r])); /* natural log units; no FMA (above) */
     }
 }
 
@@ -634,15 +645,14 @@ __global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, MT>()) 
             } else {
                 warp_abt<T, DP>(s[0], sQ, sK, a.d);
             }
-            /* scores in log2 units, -inf where masked: only the diagonal
-             * tile (causal) and the one across T have masked entries */
+            /* -inf where masked: only the diagonal tile (causal) and the
+             * one across T have masked entries */
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 int r0 = i0 + row0 + 16 * mt;
-                att_tile_math(att_full(a, MT == 1 ? i0 : r0, j0, false), [&](auto masked) {
-                    att_scale_scores<decltype(masked)::value>(s[mt], a, r0, j0);
-                });
-                att_online_softmax<DP>(s[mt], m[mt], l[mt], acc[mt]);
+                if (!att_full(a, MT == 1 ? i0 : r0, j0, false))
+                    att_mask_scores(s[mt], a, r0, j0);
+                att_online_softmax<DP>(s[mt], m[mt], l[mt], acc[mt], a.scale2);
             }
             if constexpr (cfg::TC)
                 warp_pv_mt<T, DP, MT>(acc, s, sV);
@@ -680,8 +690,22 @@ __global__ void attn_bwd_d_kernel(attn_args a)
         a.Dw[((long long)b * a.H + h) * a.T + t] = s;
 }
 
-/* The per-row values of a tile (lse, times log2(e) for exp2f; D) times
- * mul, zero past T. */
+/* A score's probability p = exp(scale s - lse) from the raw score s = q.k
+ * and L = lse log2(e): one FFMA and a kc_exp2. */
+__device__ __forceinline__ float att_prob(float s, float L, float scale2)
+{
+    return kc_exp2(__fmaf_rn(s, scale2, -L));
+}
+
+/* Its gradient ds = p (dp - D) scale from dp = dout.v and Ds = D scale:
+ * p (dp scale - Ds), one FFMA and a multiply. */
+__device__ __forceinline__ float att_ds(float p, float dp, float Ds, float scale)
+{
+    return p * __fmaf_rn(dp, scale, -Ds);
+}
+
+/* The per-row values of a tile (lse times log2(e), for kc_exp2; D times
+ * the scale) times mul, zero past T. */
 __device__ __forceinline__ void load_rowvec(float *dst, const float *src,
                                             int row0, int T_, float mul)
 {
@@ -812,7 +836,7 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dkv_kernel(attn_ar
                           (const T *)a.dout + bt0 * a.os + (long long)h * a.d, a.os,
                           i0, a.T, a.d, a.vec);
         load_rowvec(sLD + 2 * ATT_TILE * buf, a.lse_in + hrow, i0, a.T, KC_LOG2E);
-        load_rowvec(sLD + 2 * ATT_TILE * buf + ATT_TILE, a.Dr + hrow, i0, a.T, 1.0f);
+        load_rowvec(sLD + 2 * ATT_TILE * buf + ATT_TILE, a.Dr + hrow, i0, a.T, a.scale);
         kc_cp_async_commit();
     };
 
@@ -826,9 +850,9 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dkv_kernel(attn_ar
     float dk[DP / 8][4], dv[DP / 8][4];
     /* on the tensor cores at head sizes up to 64, compiled for no minimum
      * of blocks: the warp's keys' and values' A operands in registers from
-     * the first step on, not loaded again for each (233 registers at d 64,
-     * against 212, still 2 blocks an SM, no spills; at d 128, or for 3
-     * blocks an SM, they would spill) */
+     * the first step on, not loaded again for each (228 registers at d 64,
+     * still 2 blocks an SM, no spills; at d 128, or for 3 blocks an SM,
+     * they would spill) */
     constexpr bool KREG = cfg::TC && DP <= 64 && MINB == 0;
     uint32_t kf[DP / 16][4], vf[DP / 16][4];
     zero_acc<DP>(dk);
@@ -866,12 +890,12 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dkv_kernel(attn_ar
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
                     int qc = 8 * j + att_col(e), qr = i0 + qc;
-                    float pv = exp2f(p[j][e] * a.scale2 - sL[qc]);
+                    float pv = att_prob(p[j][e], sL[qc], a.scale2);
                     if constexpr (decltype(masked)::value)
                         if (key >= a.T || qr >= a.T || (a.causal && key > qr))
                             pv = 0.0f;
                     p[j][e] = pv;
-                    ds[j][e] = pv * (ds[j][e] - sD[qc]) * a.scale;
+                    ds[j][e] = att_ds(pv, ds[j][e], sD[qc], a.scale);
                 }
             }
         };
@@ -921,7 +945,7 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dq_kernel(attn_arg
                       (const T *)a.dout + bt0 * a.os + (long long)h * a.d, a.os, i0,
                       a.T, a.d, a.vec);
     load_rowvec(sL, a.lse_in + ((long long)b * a.H + h) * a.T, i0, a.T, KC_LOG2E);
-    load_rowvec(sD, a.Dr + ((long long)b * a.H + h) * a.T, i0, a.T, 1.0f);
+    load_rowvec(sD, a.Dr + ((long long)b * a.H + h) * a.T, i0, a.T, a.scale);
     queue_tile<T, DP>(att_tile<T, DP>(smem, 2), k, a.ks, 0, a.T, a.d, a.vec);
     queue_tile<T, DP>(att_tile<T, DP>(smem, 3), v, a.vs, 0, a.T, a.d, a.vec);
     kc_cp_async_commit();
@@ -941,11 +965,11 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dq_kernel(attn_arg
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
                     int col = j0 + 8 * j + att_col(e);
-                    float pv = exp2f(p[j][e] * a.scale2 - sL[r]);
+                    float pv = att_prob(p[j][e], sL[r], a.scale2);
                     if constexpr (decltype(masked)::value)
                         if (row >= a.T || col >= a.T || (a.causal && col > row))
                             pv = 0.0f;
-                    ds[j][e] = pv * (ds[j][e] - sD[r]) * a.scale;
+                    ds[j][e] = att_ds(pv, ds[j][e], sD[r], a.scale);
                 }
             }
         };
@@ -1020,10 +1044,10 @@ static void (*att_fwd_kernel2(void))(attn_args)
 
 /* The default backward's kernel `which` (ATT_DKV or ATT_DQ): compiled
  * for more blocks an SM (the dk/dv kernel 3, dq's 4: 168 and 128
- * registers, spilling 12 and 52 bytes, the dk/dv kernel loading its keys'
- * and values' operands for each step, against 233 and 146 with no
- * minimum, ptxas sm_90) where kcuda_attention_backward_blocks asks,
- * 2-byte types at DP 64 only. */
+ * registers, no spills, the dk/dv kernel loading its keys' and values'
+ * operands for each step, against 228 and 128 with no minimum, ptxas
+ * sm_90: dq's is the same either way) where
+ * kcuda_attention_backward_blocks asks, 2-byte types at DP 64 only. */
 template <typename T, int DP>
 static void (*att_bwd_kernel(int which))(attn_args)
 {

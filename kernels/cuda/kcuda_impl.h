@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>    /* defines: __nv_bfloat16, conversions */
 #include <cuda_fp16.h>    /* defines: __half, conversions */
 #include <cuda_runtime.h> /* defines: cudaStream_t, cudaError_t */
+#include <float.h>        /* defines: FLT_MIN */
 #include <math.h>         /* defines: INFINITY */
 #include <stddef.h>       /* defines: size_t */
 #include <stdint.h>       /* defines: uintptr_t */
@@ -204,17 +205,38 @@ template <> __device__ __forceinline__ f16 kc_to<f16>(float x)
 #define KC_LOG2E 1.44269504088896340736f
 #define KC_LN2 0.693147180559945309417f
 
-/* e^x as 2^(x log2(e)): exp2f is the GPU's ex2 instruction (2 ulp), where
- * expf adds eight instructions around it for its last ulp. The product's
+/* e^x as 2^(x log2(e)): exp2f is the GPU's ex2 instruction (2 ulp) with a
+ * compare and two multiplies for denormal results, where expf adds eight
+ * instructions around it for its last ulp. The product's
  * rounding costs |x| 2^-24 relatively: at most 5e-6 where e^x is a
  * normal float, and no more than 1e-7 where x is within 1 of 0, which is
  * where a softmax's sum has its weight. For the loops that would be
  * bound by their exponentials rather than by memory (the cross-entropy's
  * over the vocabulary; attention keeps its scores in log2 units and
- * calls exp2f itself). The CPU's reference keeps expf. */
+ * calls kc_exp2 itself). The CPU's reference keeps expf. */
 __device__ __forceinline__ float kc_exp(float x)
 {
     return exp2f(x * KC_LOG2E);
+}
+
+/* 2^x, flushed to zero where it is below 2^-126: ex2.approx.ftz.f32, one
+ * MUFU.EX2 on the GPU, where exp2f (ex2.approx.f32) wraps the same
+ * instruction in a compare and two multiplies to give the denormal results
+ * (x below -126) too. Equal to exp2f wherever that is a normal float. For
+ * the attention's probabilities, whose loops are bound by the
+ * instructions around the tensor cores' (a denormal probability weighs
+ * nothing against the row's largest, 1). The emulation (tests/gpu/emu)
+ * flushes the host's exp2f the same way. */
+__device__ __forceinline__ float kc_exp2(float x)
+{
+#if defined(__CUDA_ARCH__) && !defined(EMU_CUDA_RUNTIME_H)
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#else
+    float y = exp2f(x);
+    return y < FLT_MIN ? 0.0f : y;
+#endif
 }
 
 /* ---- GELU (tanh approximation) ------------------------------------------- */

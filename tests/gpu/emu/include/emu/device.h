@@ -355,6 +355,11 @@ static inline float __fsqrt_rn(float a)
 {
     return sqrtf(a);
 }
+/* a b + c rounded once, as the GPU's FFMA: the C library's fmaf. */
+static inline float __fmaf_rn(float a, float b, float c)
+{
+    return fmaf(a, b, c);
+}
 
 /* CUDA's min and max overloads. */
 #define EMU_MINMAX(T)                                                          \
