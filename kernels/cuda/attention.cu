@@ -38,7 +38,9 @@
  * natural-log units (the CPU's, and the backward's input). Only the tiles
  * with masked entries (the diagonal one when causal, the one across T)
  * compare positions.
- * Backward: a first kernel computes D = rowsum(dout * out); the dk/dv
+ * Backward: a first kernel computes D = rowsum(dout * out) (times the
+ * scale) and lse log2(e), per row, which the others queue by cp.async
+ * with their tiles (attn_bwd_d_kernel); the dk/dv
  * kernel owns a tile of keys of one kv head and walks its query heads and
  * the query tiles that see it, in order, recomputing p = exp(s - lse)
  * from q, k and the saved lse. By default (and in fp32) a kernel of its
@@ -69,16 +71,24 @@ struct attn_args {
     void *dq, *dk, *dv;   /* backward outputs (+=, or = where assign's bit says) */
     float *lse;           /* [B, H, T], forward output */
     const float *lse_in;  /* backward input */
-    float *Dw;            /* [B, H, T] scratch: rowsum(dout * out) */
+    float *Dw;            /* [B, H, Tp] scratch: rowsum(dout * out) scale */
+    float *Lw;            /* [B, H, Tp] scratch: lse log2(e) */
     float *dqa;           /* [B, T, H, d] fp32 scratch: dq summed by atomics (kcuda_ctx_set_deterministic) */
     int *tickets;         /* [B, H, query tiles]: the key tiles whose dq is in (NULL: no turns) */
-    const float *Dr;
+    const float *Dr, *Lr; /* Dw, Lw: rows of Tp = T rounded up to 4, so
+                           * that each 64-row piece is 16 cp.async packs */
     long long qs, ks, vs, os;
     int B, T, H, KV, d, causal, vec;
     int assign;           /* backward: dq (1), dk (2), dv (4) overwritten, not added to */
     float scale;          /* 1 / sqrt(d) */
     float scale2;         /* scale log2(e): scores in log2 units, for kc_exp2 */
 };
+
+/* The backward's per-row scratch's row length: T rounded up to 4 floats. */
+__host__ __device__ __forceinline__ long long att_tp(int T_)
+{
+    return (T_ + 3) / 4 * 4;
+}
 
 /* Shared-memory row length of a [64 x DP] tile: fp32 pads by one word
  * (the FMA loops read columns), 2-byte types by 16 bytes (ldmatrix reads
@@ -669,7 +679,9 @@ __global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, MT>()) 
 
 /* ---- backward ------------------------------------------------------------- */
 
-/* D[b, h, t] = sum over the head's columns of dout * out: a warp per row. */
+/* The backward's per-row values, in rows of Tp (attn_args.Dw): Ds[b, h, t]
+ * = the sum over the head's columns of dout * out, times the scale, and
+ * L[b, h, t] = lse log2(e). A warp per row. */
 template <typename T>
 __global__ void attn_bwd_d_kernel(attn_args a)
 {
@@ -686,8 +698,11 @@ __global__ void attn_bwd_d_kernel(attn_args a)
     for (int c = threadIdx.x & 31; c < a.d; c += 32)
         s += kc_f(dout[c]) * kc_f(out[c]);
     s = kc_warp_sum(s);
-    if ((threadIdx.x & 31) == 0)
-        a.Dw[((long long)b * a.H + h) * a.T + t] = s;
+    if ((threadIdx.x & 31) == 0) {
+        long long bh = (long long)b * a.H + h, at = bh * att_tp(a.T) + t;
+        a.Dw[at] = s * a.scale;
+        a.Lw[at] = a.lse_in[bh * a.T + t] * KC_LOG2E;
+    }
 }
 
 /* A score's probability p = exp(scale s - lse) from the raw score s = q.k
@@ -704,13 +719,19 @@ __device__ __forceinline__ float att_ds(float p, float dp, float Ds, float scale
     return p * __fmaf_rn(dp, scale, -Ds);
 }
 
-/* The per-row values of a tile (lse times log2(e), for kc_exp2; D times
- * the scale) times mul, zero past T. */
-__device__ __forceinline__ void load_rowvec(float *dst, const float *src,
-                                            int row0, int T_, float mul)
+/* Queues the copy of dst[64] = the per-row values src[row0 .. row0 + 64)
+ * (a row of attn_args.Dr or Lr, 16-byte aligned: rows of Tp), zero past
+ * T: 16 packs by cp.async (the one across T in part, its rest zero-filled),
+ * in the thread's open group; seen after the group's wait and a barrier,
+ * as the tiles are. */
+__device__ __forceinline__ void queue_rowvec(float *dst, const float *src, int row0, int T_)
 {
-    for (int r = threadIdx.x; r < ATT_TILE; r += blockDim.x)
-        dst[r] = row0 + r < T_ ? src[row0 + r] * mul : 0.0f;
+    int i = threadIdx.x;
+    if (i < ATT_TILE / 4) {
+        int row = row0 + 4 * i, n = T_ - row;
+        n = n <= 0 ? 0 : n >= 4 ? 16 : 4 * n;
+        kc_cp_async16_n(dst + 4 * i, n ? src + row : src, n);
+    }
 }
 
 /* f(row, col, v) for each of the lane's elements of the warp's [16 x DP]
@@ -828,15 +849,15 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dkv_kernel(attn_ar
      * into buffer i % 2 */
     auto queue_step = [&](int i) {
         int h = kvh * rep + i / qtiles, i0 = first + (i % qtiles) * ATT_TILE, buf = i & 1;
-        long long hrow = ((long long)b * a.H + h) * a.T;
+        long long hrow = ((long long)b * a.H + h) * att_tp(a.T);
         queue_tile<T, DP>(att_tile<T, DP>(smem, 2 + 2 * buf),
                           (const T *)a.q + bt0 * a.qs + (long long)h * a.d, a.qs, i0,
                           a.T, a.d, a.vec);
         queue_tile<T, DP>(att_tile<T, DP>(smem, 3 + 2 * buf),
                           (const T *)a.dout + bt0 * a.os + (long long)h * a.d, a.os,
                           i0, a.T, a.d, a.vec);
-        load_rowvec(sLD + 2 * ATT_TILE * buf, a.lse_in + hrow, i0, a.T, KC_LOG2E);
-        load_rowvec(sLD + 2 * ATT_TILE * buf + ATT_TILE, a.Dr + hrow, i0, a.T, a.scale);
+        queue_rowvec(sLD + 2 * ATT_TILE * buf, a.Lr + hrow, i0, a.T);
+        queue_rowvec(sLD + 2 * ATT_TILE * buf + ATT_TILE, a.Dr + hrow, i0, a.T);
         kc_cp_async_commit();
     };
 
@@ -944,8 +965,8 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dq_kernel(attn_arg
     queue_tile<T, DP>(att_tile<T, DP>(smem, 1),
                       (const T *)a.dout + bt0 * a.os + (long long)h * a.d, a.os, i0,
                       a.T, a.d, a.vec);
-    load_rowvec(sL, a.lse_in + ((long long)b * a.H + h) * a.T, i0, a.T, KC_LOG2E);
-    load_rowvec(sD, a.Dr + ((long long)b * a.H + h) * a.T, i0, a.T, a.scale);
+    queue_rowvec(sL, a.Lr + ((long long)b * a.H + h) * att_tp(a.T), i0, a.T);
+    queue_rowvec(sD, a.Dr + ((long long)b * a.H + h) * att_tp(a.T), i0, a.T);
     queue_tile<T, DP>(att_tile<T, DP>(smem, 2), k, a.ks, 0, a.T, a.d, a.vec);
     queue_tile<T, DP>(att_tile<T, DP>(smem, 3), v, a.vs, 0, a.T, a.d, a.vec);
     kc_cp_async_commit();
@@ -1185,16 +1206,19 @@ static int attn_backward(kcuda_ctx *ctx, void *dq, void *dk, void *dv,
      * turns */
     int adq = ctx->dq_atomics != 0 && dt != KCUDA_F32, turns = adq && ctx->dq_atomics == 2;
     size_t nt = (size_t)B * H * ((T + ATT_TILE - 1) / ATT_TILE); /* tickets */
-    size_t dbytes = kcuda__round256(rows * sizeof(float));
+    /* Ds and L (attn_bwd_d_kernel), each in rows of Tp */
+    size_t dbytes = kcuda__round256((size_t)B * H * (size_t)att_tp(T) * sizeof(float));
     size_t abytes = adq ? kcuda__round256(qn * sizeof(float)) : 0;
     KCUDA_ARG((rows + 7) / 8 <= 0x7fffffffu && (qn + 255) / 256 <= 0x7fffffffu,
               "attention: B*H*T = %zu rows, too many", rows);
-    KCUDA_TRY(kcuda__scratch(ctx, dbytes + abytes + (turns ? nt * sizeof(int) : 0), &scratch, s));
+    KCUDA_TRY(kcuda__scratch(ctx, 2 * dbytes + abytes + (turns ? nt * sizeof(int) : 0), &scratch, s));
     a.Dw = (float *)scratch;
     a.Dr = a.Dw;
+    a.Lw = (float *)((char *)scratch + dbytes);
+    a.Lr = a.Lw;
     if (adq) { /* dq's fp32 copy and the tickets after it, zeroed together */
-        a.dqa = (float *)((char *)scratch + dbytes);
-        a.tickets = turns ? (int *)((char *)scratch + dbytes + abytes) : NULL;
+        a.dqa = (float *)((char *)scratch + 2 * dbytes);
+        a.tickets = turns ? (int *)((char *)scratch + 2 * dbytes + abytes) : NULL;
         KCUDA_CHECK(cudaMemsetAsync(a.dqa, 0, abytes + (turns ? nt * sizeof(int) : 0), s));
     }
     unsigned blocks = (unsigned)((rows + 7) / 8);

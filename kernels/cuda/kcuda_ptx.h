@@ -9,7 +9,7 @@
  *   kc_ldsm4(r, p)            ldmatrix.sync.aligned.m8n8.x4.shared.b16
  *   kc_ldsm4_t(r, p)          the same with .trans
  *   kc_pack2<L>(lo, hi)       two floats rounded to L, lo in the low half
- *   kc_cp_async16, kc_cp_async_commit, kc_cp_async_wait<N>
+ *   kc_cp_async16, kc_cp_async16_n, kc_cp_async_commit, kc_cp_async_wait<N>
  *                             cp.async 16-byte copies into shared memory
  *                             (at the end)
  *   kc_wait_ge, kc_add_release
@@ -121,24 +121,29 @@ __device__ __forceinline__ void kc_ldsm4_t(uint32_t (&r)[4], const void *p)
 
 /* Asynchronous copies into shared memory (cp.async, sm_80): 16 bytes from
  * global memory to shared memory, or 16 zero bytes when !full (its
- * src-size 0: nothing is read). A thread's copies land only when it waits
+ * src-size 0: nothing is read); kc_cp_async16_n: the first n bytes (0,
+ * 4, 8, 12 or 16) from src, the rest zeros. A thread's copies land only when it waits
  * for them: kc_cp_async_commit() closes the thread's group of copies
  * issued since the last one, kc_cp_async_wait<N>() waits until at most
  * the N most recent committed groups are pending. They are not ordered
  * by __syncthreads, and another thread sees them only after the issuing
  * thread's wait and a barrier. */
-__device__ __forceinline__ void kc_cp_async16(void *dst, const void *src, bool full)
+__device__ __forceinline__ void kc_cp_async16_n(void *dst, const void *src, int n)
 {
 #ifdef EMU_CUDA_RUNTIME_H
-    ::emu::cp_async16(dst, src, full ? 16 : 0);
+    ::emu::cp_async16(dst, src, (unsigned)n);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-    int n = full ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
                  "r"(n));
 #else
-    (void)dst, (void)src, (void)full;
+    (void)dst, (void)src, (void)n;
 #endif
+}
+
+__device__ __forceinline__ void kc_cp_async16(void *dst, const void *src, bool full)
+{
+    kc_cp_async16_n(dst, src, full ? 16 : 0);
 }
 
 __device__ __forceinline__ void kc_cp_async_commit()
