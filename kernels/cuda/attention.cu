@@ -1023,6 +1023,7 @@ enum { ATT_FWD, ATT_DKV, ATT_DQ, ATT_DKV_ADQ };
 static int att_grid_rows = 65535; /* kcuda_attention_grid_rows */
 static int att_fwd_rows = 0;      /* kcuda_attention_forward_rows */
 static int att_bwd_more = 0;      /* kcuda_attention_backward_blocks */
+static int att_bwd_only = 0;      /* kcuda_attention_backward_only */
 
 void kcuda_attention_grid_rows(int rows)
 {
@@ -1037,6 +1038,11 @@ void kcuda_attention_forward_rows(int rows)
 void kcuda_attention_backward_blocks(int on)
 {
     att_bwd_more = on != 0;
+}
+
+void kcuda_attention_backward_only(int which)
+{
+    att_bwd_only = which == 1 || which == 2 ? which : 0;
 }
 
 /* The forward's query rows a warp, in tiles of 16 (attn_fwd_kernel's MT),
@@ -1227,8 +1233,9 @@ static int attn_backward(kcuda_ctx *ctx, void *dq, void *dk, void *dv,
         KCUDA_LAUNCHED("attn_bwd_d_kernel");
     });
     if (!adq) {
-        KCUDA_TRY(attn_dispatch(ATT_DKV, a, dt, s));
-        return attn_dispatch(ATT_DQ, a, dt, s);
+        if (att_bwd_only != 2)
+            KCUDA_TRY(attn_dispatch(ATT_DKV, a, dt, s));
+        return att_bwd_only == 1 ? 0 : attn_dispatch(ATT_DQ, a, dt, s);
     }
     KCUDA_TRY(attn_dispatch(ATT_DKV_ADQ, a, dt, s));
     KCUDA_DISPATCH(dt, E, {

@@ -490,11 +490,18 @@ void kcuda_attention_grid_rows(int rows);
 void kcuda_attention_forward_rows(int rows);
 /* The backward's kernels in bf16 and fp16 at head sizes 33 to 64
  * (GPT-2's) compiled for more blocks an SM (on: the dk/dv kernel 3, dq's
- * 4, against 2 and 3 with the registers they would take, ptxas sm_90) or
+ * 4, against 2 and 4 with the registers they take, ptxas sm_90) or
  * not (0, the default). The same bits either way; for the benchmark (to
  * choose the default on a GPU) and the tests. Not thread-safe: set it
  * before launching. */
 void kcuda_attention_backward_blocks(int on);
+/* Which of the default backward's two main kernels run (after the one
+ * that computes D): both (0, the default), the dk/dv kernel alone (1: dq
+ * left as it was) or dq's alone (2: dk and dv left as they were). For
+ * the benchmark only, to time each without a profiler; the modes with dq
+ * by atomics (kcuda_ctx_set_deterministic 0 and 2) ignore it. Not
+ * thread-safe: set it before launching. */
+void kcuda_attention_backward_only(int which);
 
 /* ---- moe.cu: mixture-of-experts routing, dispatch, experts, combine ----- */
 

@@ -16,6 +16,8 @@
  *    TFLOP/s, counted as FlashAttention does (4 B H T^2 d / 2 forward,
  *    2.5 times that backward; ours does that work in 2-byte types, and
  *    3.5 times it with dq's own kernel, which recomputes the scores);
+ *    and the default backward's two main kernels each alone, in TFLOP/s
+ *    of their own products (the split a profiler would show);
  *  - memory-bound kernels over about 100M elements (layernorm, GELU,
  *    AdamW, the fused cross-entropy) in GB/s of the bytes they must move,
  *    next to a device-to-device cudaMemcpy (read + write).
@@ -425,6 +427,8 @@ static void bench_epilogue(void)
 
 /* ---- attention -------------------------------------------------------------- */
 
+enum { ATTN_ROWS = 10 };
+
 typedef struct attn_arg {
     int B, T, H, d;
     kcuda_dtype dt;
@@ -460,22 +464,28 @@ static void bench_attention(void)
      * turns (2); fp32; bf16 with the forward in blocks of 128 rows
      * (kcuda_attention_forward_rows); bf16 with the backward's kernels
      * compiled for more blocks an SM (kcuda_attention_backward_blocks);
-     * at d 128 (Llama's), the forward in blocks of 128 rows (the default
+     * the default backward's two main kernels each alone
+     * (kcuda_attention_backward_only; no forward; TFLOP/s of the kernel's
+     * own tile products: the dk/dv kernel's 4, twice the forward's
+     * FLOPs, dq's 3, 1.5 times; each after the kernel computing D); at d
+     * 128 (Llama's), the forward in blocks of 128 rows (the default
      * there) and of 64 */
     static const struct {
-        int mode, fp32, H, d, fwd_rows, more;
+        int mode, fp32, H, d, fwd_rows, more, only;
         const char *name;
-    } cfg[8] = {
-        {1, 0, 12, 64, 0, 0, "B8 T1024 H12 d64 bf16"},
-        {0, 0, 12, 64, 0, 0, "B8 T1024 H12 d64 bf16 dq atomics"},
-        {2, 0, 12, 64, 0, 0, "B8 T1024 H12 d64 bf16 dq in turns"},
-        {1, 1, 12, 64, 0, 0, "B8 T1024 H12 d64 fp32"},
-        {1, 0, 12, 64, 128, 0, "B8 T1024 H12 d64 bf16 fwd 128 rows"},
-        {1, 0, 12, 64, 0, 1, "B8 T1024 H12 d64 bf16 bwd occupancy"},
-        {1, 0, 6, 128, 0, 0, "B8 T1024 H6 d128 bf16"},
-        {1, 0, 6, 128, 64, 0, "B8 T1024 H6 d128 bf16 fwd 64 rows"},
+    } cfg[ATTN_ROWS] = {
+        {1, 0, 12, 64, 0, 0, 0, "B8 T1024 H12 d64 bf16"},
+        {0, 0, 12, 64, 0, 0, 0, "B8 T1024 H12 d64 bf16 dq atomics"},
+        {2, 0, 12, 64, 0, 0, 0, "B8 T1024 H12 d64 bf16 dq in turns"},
+        {1, 1, 12, 64, 0, 0, 0, "B8 T1024 H12 d64 fp32"},
+        {1, 0, 12, 64, 128, 0, 0, "B8 T1024 H12 d64 bf16 fwd 128 rows"},
+        {1, 0, 12, 64, 0, 1, 0, "B8 T1024 H12 d64 bf16 bwd occupancy"},
+        {1, 0, 12, 64, 0, 0, 1, "B8 T1024 H12 d64 bf16 dk/dv kernel"},
+        {1, 0, 12, 64, 0, 0, 2, "B8 T1024 H12 d64 bf16 dq kernel"},
+        {1, 0, 6, 128, 0, 0, 0, "B8 T1024 H6 d128 bf16"},
+        {1, 0, 6, 128, 64, 0, 0, "B8 T1024 H6 d128 bf16 fwd 64 rows"},
     };
-    for (int k = 0; k < 8; k++) {
+    for (int k = 0; k < ATTN_ROWS; k++) {
         attn_arg a = {tiny ? 1 : 8, tiny ? 128 : 1024, tiny ? 2 : cfg[k].H, cfg[k].d,
                       cfg[k].fp32 ? KCUDA_F32 : KCUDA_BF16,
                       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
@@ -493,17 +503,24 @@ static void bench_attention(void)
         kcuda_ctx_set_deterministic(ctx, cfg[k].mode);
         kcuda_attention_forward_rows(cfg[k].fwd_rows);
         kcuda_attention_backward_blocks(cfg[k].more);
+        /* the backward's inputs (o, lse) from a forward either way */
         double tf = time_ms(run_attn_fwd, &a, quick ? 5 : 20);
+        kcuda_attention_backward_only(cfg[k].only);
         double tb = time_ms(run_attn_bwd, &a, quick ? 3 : 10);
+        kcuda_attention_backward_only(0);
         kcuda_attention_backward_blocks(0);
         kcuda_attention_forward_rows(0);
         kcuda_ctx_set_deterministic(ctx, 1);
         const char *name = cfg[k].name;
-        printf("%-36s %10.1f %10.1f %10.3f\n", name, fwd / tf / 1e9,
-               2.5 * fwd / tb / 1e9, tf);
+        double bflops = (cfg[k].only == 1 ? 2.0 : cfg[k].only == 2 ? 1.5 : 2.5) * fwd;
+        if (cfg[k].only)
+            printf("%-36s %10s %10.1f %10s\n", name, "-", bflops / tb / 1e9, "-");
+        else
+            printf("%-36s %10.1f %10.1f %10.3f\n", name, fwd / tf / 1e9, bflops / tb / 1e9, tf);
         jcat("%s{\"name\":\"%s\",\"fwd_tflops\":%.1f,\"bwd_tflops\":%.1f,"
              "\"fwd_ms\":%.3f,\"bwd_ms\":%.3f}",
-             k ? "," : "", name, fwd / tf / 1e9, 2.5 * fwd / tb / 1e9, tf, tb);
+             k ? "," : "", name, cfg[k].only ? 0.0 : fwd / tf / 1e9, bflops / tb / 1e9,
+             cfg[k].only ? 0.0 : tf, tb);
         void *bufs[] = {a.q, a.k, a.v, a.o, a.dout, a.dq, a.dk, a.dv, a.lse};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             cudaFree(bufs[i]);
