@@ -6,10 +6,11 @@
  */
 #include "kern.h"
 
-#include <stdint.h> /* uintptr_t */
-#include <stdio.h>  /* snprintf */
-#include <stdlib.h> /* calloc, free, getenv */
-#include <string.h> /* memset, strcmp */
+#include <pthread.h> /* pthread_once */
+#include <stdint.h>  /* uintptr_t */
+#include <stdio.h>   /* snprintf */
+#include <stdlib.h>  /* atoi, calloc, free, getenv */
+#include <string.h>  /* memset, strcmp */
 
 #if MESH_CUDA
 
@@ -80,6 +81,33 @@ static void *grown(kern *k, void **buf, size_t *cap, size_t bytes)
 
 static void cuda_close(kern *k);
 
+/* The attention kernels' layouts that gpu_bench compares, for a training
+ * step to try them (tests/gpu/run.sh's train_gpt2): MESH_ATTN_FWD_ROWS,
+ * the forward's query rows a block (64 or 128,
+ * kcuda_attention_forward_rows), and MESH_ATTN_BWD_BLOCKS=1, the
+ * backward's kernels compiled for more blocks an SM
+ * (kcuda_attention_backward_blocks); the same bits either way. Unset, the
+ * kernels' defaults. Process-wide, set once, at the first open (every
+ * rank reads the same environment). */
+static pthread_once_t attn_layouts_once = PTHREAD_ONCE_INIT;
+
+static void attn_layouts(void)
+{
+    const char *rows = getenv("MESH_ATTN_FWD_ROWS"), *blocks = getenv("MESH_ATTN_BWD_BLOCKS");
+    if (rows && *rows) kcuda_attention_forward_rows(atoi(rows));
+    if (blocks && *blocks) kcuda_attention_backward_blocks(atoi(blocks));
+}
+
+/* 0 if the environment's `name` is unset, empty, `a` or `b`; else -1 with
+ * the error. */
+static int env_one_of(kern *k, const char *name, const char *a, const char *b)
+{
+    const char *v = getenv(name);
+    if (!v || !*v || strcmp(v, a) == 0 || strcmp(v, b) == 0) return 0;
+    snprintf(k->error, sizeof k->error, "%s=%.100s: expected %s or %s", name, v, a, b);
+    return -1;
+}
+
 static int cuda_open(kern *k)
 {
     cuda_kern *c = calloc(1, sizeof *c);
@@ -109,6 +137,11 @@ static int cuda_open(kern *k)
      * Determinism) */
     const char *det = getenv("MESH_DETERMINISTIC");
     if (det && (strcmp(det, "0") == 0 || strcmp(det, "2") == 0)) kcuda_ctx_set_deterministic(c->ctx, det[0] - '0');
+    if (env_one_of(k, "MESH_ATTN_FWD_ROWS", "64", "128") || env_one_of(k, "MESH_ATTN_BWD_BLOCKS", "0", "1")) {
+        cuda_close(k);
+        return -1;
+    }
+    pthread_once(&attn_layouts_once, attn_layouts);
     return 0;
 }
 

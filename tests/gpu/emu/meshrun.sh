@@ -18,7 +18,8 @@
 # host (the emulation's default), so an order between the compute stream
 # and NCCL's that the executor forgets shows as wrong numbers.
 # A small Llama and a small Mixtral on 1 GPU, 4 steps in fp32, within
-# 1e-4 (moe 1e-3) of the CPU's.
+# 1e-4 (moe 1e-3) of the CPU's. The attention's layouts by environment
+# (MESH_ATTN_FWD_ROWS, MESH_ATTN_BWD_BLOCKS): the same checkpoint bytes.
 # A GPU too small (EMU_GPU_MEM_MB=34, 16): meshrun stops, naming the
 # bytes (the plan's, the kernels', the device's free and total). A kernel
 # that faults on one of 2 GPUs: the job stops at once.
@@ -141,6 +142,25 @@ for m in llama moe; do
     same "$T/$m-gpu.log" "$T/$m-cpu.log" $tol 5
     check "its 4 losses and validation loss on the GPU are the CPU's within $tol" $?
 done
+
+# The attention's layouts gpu_bench compares, by environment
+# (MESH_ATTN_FWD_ROWS=128: the forward's blocks of 128 query rows;
+# MESH_ATTN_BWD_BLOCKS=1: the backward's kernels compiled for more blocks
+# an SM, at head size 64): gpt-tiny with one head of 64 in bf16 trains 2
+# steps to the same checkpoint bytes as with the defaults; a value of
+# neither kind is a clear error
+"$B/meshc" --set model.heads=1 --set train.precision=bf16 --set train.global_batch=4 --set train.micro_batch=4 \
+    examples/gpt-tiny.mesh -o "$T/h64.plan" >/dev/null
+check "meshc compiles gpt-tiny with one head of 64 in bf16" $?
+MESH_EMU_GPUS=1 PLAN=h64 run "$T/h64a.log" --device cuda --steps 2 --checkpoint "$T/h64a" &&
+    MESH_EMU_GPUS=1 MESH_ATTN_FWD_ROWS=128 MESH_ATTN_BWD_BLOCKS=1 PLAN=h64 run "$T/h64b.log" --device cuda \
+        --steps 2 --checkpoint "$T/h64b" &&
+    diff -r "$T/h64a" "$T/h64b" >/dev/null
+check "MESH_ATTN_FWD_ROWS=128 MESH_ATTN_BWD_BLOCKS=1: 2 steps on 1 emulated GPU to the defaults' checkpoint bytes" $?
+MESH_EMU_GPUS=1 MESH_ATTN_FWD_ROWS=96 timeout 60 "$B/meshrun_emu" "$T/h64.plan" --data "$T/train.bin" \
+    --device cuda --steps 1 >"$T/h64c.log" 2>&1
+[ $? -ne 0 ] && grep -q "^meshrun: error: .*MESH_ATTN_FWD_ROWS=96: expected 64 or 128$" "$T/h64c.log"
+check "MESH_ATTN_FWD_ROWS=96: meshrun stops, naming the variable and what it takes" $?
 
 # A GPU too small (EMU_GPU_MEM_MB): meshrun stops, saying how full the
 # device is and what the plan and the kernels take (for the plan's arena;
