@@ -733,9 +733,13 @@ TEST_IMPL(parallel_dp_losses_equal_one_rank)
 }
 
 /* mesh_set_deterministic: dp 2 and dp 4 give the one-rank losses bit for
- * bit, not just within 1e-5; in bf16 and fp16 too. */
+ * bit, not just within 1e-5; in bf16 and fp16 too. On the CPU (the
+ * emulation's build, whose --device auto finds GPUs, as others). */
 TEST_IMPL(parallel_deterministic_dp_is_bit_identical)
 {
+    mesh_device_kind was = MESH_DEVICE_CPU;
+    ASSERT_INT_EQ(mesh_device_info(&was, NULL), MESH_OK);
+    ASSERT_INT_EQ(mesh_set_device(MESH_DEVICE_CPU), MESH_OK);
     static const char *const meshes[][3] = {
         {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=1"},
         {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=2"},
@@ -753,6 +757,7 @@ TEST_IMPL(parallel_deterministic_dp_is_bit_identical)
                     fprintf(stderr, "# model %d, %s, step %d: %.17g vs one rank %.17g\n", s, meshes[v][2], k + 1,
                             got[k], ref[k]);
                     mesh_set_deterministic(0);
+                    mesh_set_device(was);
                     unit_fail(__FILE__, __LINE__, "not bit-identical");
                 }
         }
@@ -770,10 +775,12 @@ TEST_IMPL(parallel_deterministic_dp_is_bit_identical)
             if (got[k] != ref[k]) {
                 fprintf(stderr, "# %s, dp 4, step %d: %.17g vs one rank %.17g\n", sets[3], k + 1, got[k], ref[k]);
                 mesh_set_deterministic(0);
+                mesh_set_device(was);
                 unit_fail(__FILE__, __LINE__, "not bit-identical");
             }
     }
     mesh_set_deterministic(0);
+    ASSERT_INT_EQ(mesh_set_device(was), MESH_OK);
 }
 
 /* Tensor parallelism (Megatron's column/row splits, head-parallel
@@ -1720,6 +1727,11 @@ TEST_IMPL(api_context_uses_its_allocator)
     char *text = NULL;
     size_t len = 0;
     mesh_plan *mp = NULL;
+    /* on the CPU, where the arena is the allocator's (the emulation's
+     * build's --device auto finds GPUs) */
+    mesh_device_kind was = MESH_DEVICE_CPU;
+    ASSERT_INT_EQ(mesh_device_info(&was, NULL), MESH_OK);
+    ASSERT_INT_EQ(mesh_set_device(MESH_DEVICE_CPU), MESH_OK);
     ASSERT_INT_EQ(mesh_compile("tiny.mesh", moe_src, strlen(moe_src), NULL, &text, &len), MESH_OK);
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
@@ -1742,6 +1754,7 @@ TEST_IMPL(api_context_uses_its_allocator)
         ASSERT_INT_EQ(f.live, 0);
     }
     mesh_plan_free(mp);
+    ASSERT_INT_EQ(mesh_set_device(was), MESH_OK);
 }
 
 /* The plan's settings, the context's memory and step count (a step that is
