@@ -732,55 +732,63 @@ TEST_IMPL(parallel_dp_losses_equal_one_rank)
     }
 }
 
-/* mesh_set_deterministic: dp 2 and dp 4 give the one-rank losses bit for
- * bit, not just within 1e-5; in bf16 and fp16 too. On the CPU (the
- * emulation's build, whose --device auto finds GPUs, as others). */
-TEST_IMPL(parallel_deterministic_dp_is_bit_identical)
+/* mesh_set_deterministic on `dev` (the process's device, given back
+ * after): dp 2 and, with `ranks` 4, dp 4 give the one-rank losses bit for
+ * bit, not just within 1e-5; in bf16 and fp16 too. Returns 0 when they
+ * do, after its own failure line when not. */
+static int deterministic_dp_bit_identical(mesh_device_kind kind, int ranks)
 {
     mesh_device_kind was = MESH_DEVICE_CPU;
     ASSERT_INT_EQ(mesh_device_info(&was, NULL), MESH_OK);
-    ASSERT_INT_EQ(mesh_set_device(MESH_DEVICE_CPU), MESH_OK);
+    ASSERT_INT_EQ(mesh_set_device(kind), MESH_OK);
     static const char *const meshes[][3] = {
         {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=1"},
         {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=2"},
         {"train.micro_batch=1", "train.global_batch=12", "mesh.dp=4"},
     };
+    int last = ranks >= 4 ? 2 : 1;
     const char *srcs[] = {tiny_src, llama_src, moe_src};
+    int bad = 0;
     mesh_set_deterministic(1);
-    for (int s = 0; s < 3; s++) {
+    for (int s = 0; s < 3 && !bad; s++) {
         double ref[EQ_STEPS], got[EQ_STEPS];
         eq_losses(srcs[s], meshes[0], 3, ref);
-        for (int v = 1; v < 3; v++) {
+        for (int v = 1; v <= last && !bad; v++) {
             eq_losses(srcs[s], meshes[v], 3, got);
-            for (int k = 0; k < eq_n(); k++)
+            for (int k = 0; k < eq_n() && !bad; k++)
                 if (got[k] != ref[k]) {
                     fprintf(stderr, "# model %d, %s, step %d: %.17g vs one rank %.17g\n", s, meshes[v][2], k + 1,
                             got[k], ref[k]);
-                    mesh_set_deterministic(0);
-                    mesh_set_device(was);
-                    unit_fail(__FILE__, __LINE__, "not bit-identical");
+                    bad = 1;
                 }
         }
     }
     /* and in bf16 and fp16: rank d adds its micro-batches' gradients into
      * the sums it receives, rounding where one rank would */
-    for (int q = 0; q < 2; q++) {
+    for (int q = 0; q < 2 && !bad; q++) {
         double ref[EQ_STEPS], got[EQ_STEPS];
         const char *sets[4] = {meshes[0][0], meshes[0][1], meshes[0][2], q ? "train.precision=fp16" :
                                                                              "train.precision=bf16"};
         eq_losses(tiny_src, sets, 4, ref);
-        sets[2] = meshes[2][2];
+        sets[2] = meshes[last][2];
         eq_losses(tiny_src, sets, 4, got);
-        for (int k = 0; k < eq_n(); k++)
+        for (int k = 0; k < eq_n() && !bad; k++)
             if (got[k] != ref[k]) {
-                fprintf(stderr, "# %s, dp 4, step %d: %.17g vs one rank %.17g\n", sets[3], k + 1, got[k], ref[k]);
-                mesh_set_deterministic(0);
-                mesh_set_device(was);
-                unit_fail(__FILE__, __LINE__, "not bit-identical");
+                fprintf(stderr, "# %s, %s, step %d: %.17g vs one rank %.17g\n", sets[3], sets[2], k + 1, got[k],
+                        ref[k]);
+                bad = 1;
             }
     }
     mesh_set_deterministic(0);
     ASSERT_INT_EQ(mesh_set_device(was), MESH_OK);
+    return bad;
+}
+
+/* On the CPU (the emulation's build, whose --device auto finds GPUs,
+ * pins it). */
+TEST_IMPL(parallel_deterministic_dp_is_bit_identical)
+{
+    if (deterministic_dp_bit_identical(MESH_DEVICE_CPU, 4)) unit_fail(__FILE__, __LINE__, "not bit-identical");
 }
 
 /* Tensor parallelism (Megatron's column/row splits, head-parallel
@@ -1238,6 +1246,21 @@ TEST_IMPL(parallel_cuda_ranks_over_nccl)
     eq_losses(moe_src, moe_ep, 5, gpu);
     ASSERT_INT_EQ(mesh_set_device(was), MESH_OK);
     expect_gpu_losses(3, cpu, gpu, NULL, 1e-2);
+}
+
+/* The same on GPUs, a rank each over NCCL (dp 4 with 4 GPUs, else dp 2):
+ * the chain's sends and each rank's kernels give the one-rank GPU run's
+ * losses to the bit over 3 steps (each step adds its gradients along
+ * the chain; 2 would show a wrong sum as well, the rest is the CPU
+ * test's). With fewer GPUs than 2: one SKIP line. */
+TEST_IMPL(parallel_cuda_deterministic_dp_is_bit_identical)
+{
+    mesh_device_kind was = MESH_DEVICE_CPU;
+    int gpus = nccl_gpus(&was);
+    if (gpus < 2) return;
+    eq_steps = 3;
+    if (deterministic_dp_bit_identical(MESH_DEVICE_CUDA, gpus))
+        unit_fail(__FILE__, __LINE__, "not bit-identical on %d GPUs", gpus);
 }
 
 /* What the overlap hid, measured on the GPU (timed events around each

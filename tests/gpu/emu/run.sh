@@ -111,7 +111,7 @@ if [ -x "$B/unit_tests_emu" ]; then
             parallel_cuda_ranks_share_a_gpu
         skipped
         run "the executor on 4 GPUs, over NCCL" env OPENBLAS_NUM_THREADS=1 MESH_EMU_GPUS=4 "$B/unit_tests_emu" \
-            parallel_cuda_ranks_over_nccl
+            parallel_cuda_ranks_over_nccl parallel_cuda_deterministic_dp_is_bit_identical
         skipped
         # (each NCCL launch held 20 ms on its stream: what the overlap hid, timed on the GPU; 3 steps of dp 2)
         run "the overlap timed on 2 GPUs, NCCL's launches held 20 ms" env OPENBLAS_NUM_THREADS=1 MESH_EMU_GPUS=2 \
