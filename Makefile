@@ -109,7 +109,7 @@ NVCCFLAGS ?= -O2 -std=c++17
 # symbols (cub's function-local statics would be, and objcopy cannot make
 # those local in libmesh.a, which keeps only mesh_* global)
 NVCC_WARN  = -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-fno-gnu-unique
-CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+CUDA_ARCH ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90
 ifeq ($(CUDA),1)
 CUDA_CFLAGS := $(addprefix -isystem ,$(sort $(CUDA_HOME)/include $(NCCL_HOME)/include))
 CUDA_SRC    := $(wildcard kernels/cuda/*.cu)

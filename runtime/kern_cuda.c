@@ -86,16 +86,20 @@ static void cuda_close(kern *k);
  * the forward's query rows a block (64 or 128,
  * kcuda_attention_forward_rows), and MESH_ATTN_BWD_BLOCKS=1, the
  * backward's kernels compiled for more blocks an SM
- * (kcuda_attention_backward_blocks); the same bits either way. Unset, the
- * kernels' defaults. Process-wide, set once, at the first open (every
- * rank reads the same environment). */
+ * (kcuda_attention_backward_blocks); the same bits either way; and
+ * MESH_ATTN_WGMMA=1, the forward on warpgroup products where the GPU
+ * takes them (kcuda_attention_wgmma: compute capability 9.0; the last
+ * bits may differ). Unset, the kernels' defaults. Process-wide, set once,
+ * at the first open (every rank reads the same environment). */
 static pthread_once_t attn_layouts_once = PTHREAD_ONCE_INIT;
 
 static void attn_layouts(void)
 {
     const char *rows = getenv("MESH_ATTN_FWD_ROWS"), *blocks = getenv("MESH_ATTN_BWD_BLOCKS");
+    const char *wg = getenv("MESH_ATTN_WGMMA");
     if (rows && *rows) kcuda_attention_forward_rows(atoi(rows));
     if (blocks && *blocks) kcuda_attention_backward_blocks(atoi(blocks));
+    if (wg && *wg) (void)kcuda_attention_wgmma(atoi(wg));
 }
 
 /* 0 if the environment's `name` is unset, empty, `a` or `b`; else -1 with
@@ -137,7 +141,8 @@ static int cuda_open(kern *k)
      * Determinism) */
     const char *det = getenv("MESH_DETERMINISTIC");
     if (det && (strcmp(det, "0") == 0 || strcmp(det, "2") == 0)) kcuda_ctx_set_deterministic(c->ctx, det[0] - '0');
-    if (env_one_of(k, "MESH_ATTN_FWD_ROWS", "64", "128") || env_one_of(k, "MESH_ATTN_BWD_BLOCKS", "0", "1")) {
+    if (env_one_of(k, "MESH_ATTN_FWD_ROWS", "64", "128") || env_one_of(k, "MESH_ATTN_BWD_BLOCKS", "0", "1") ||
+        env_one_of(k, "MESH_ATTN_WGMMA", "0", "1")) {
         cuda_close(k);
         return -1;
     }

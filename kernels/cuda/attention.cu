@@ -575,6 +575,34 @@ __device__ __forceinline__ long long att_row_block(long long rows)
     return r < rows ? r : -1;
 }
 
+/* A forward block's rows: its first query row i0 (blocks of `rows`, the
+ * heavy late ones first when causal) and its (batch, head), b and h
+ * (att_row_block's pair), with q, k, v and o at row 0 of that pair;
+ * false for a padding block. */
+template <typename T> struct att_fwd_rows_of {
+    const T *q, *k, *v;
+    T *o;
+    int i0, b, h;
+};
+
+template <typename T>
+__device__ __forceinline__ bool att_fwd_head(const attn_args &a, int rows, att_fwd_rows_of<T> *r)
+{
+    r->i0 = (a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * rows;
+    long long bh = att_row_block(a.B * (long long)a.H);
+    if (bh < 0)
+        return false;
+    int b = (int)(bh / a.H), h = (int)(bh % a.H), kvh = h / (a.H / a.KV);
+    long long bt0 = (long long)b * a.T;
+    r->q = (const T *)a.q + bt0 * a.qs + (long long)h * a.d;
+    r->k = (const T *)a.k + bt0 * a.ks + (long long)kvh * a.d;
+    r->v = (const T *)a.v + bt0 * a.vs + (long long)kvh * a.d;
+    r->o = (T *)a.o + bt0 * a.os + (long long)h * a.d;
+    r->b = b;
+    r->h = h;
+    return true;
+}
+
 /* The blocks an SM the forward is compiled for: 4 in 2-byte types at
  * MT = 1 and head sizes up to 64 (GPT-2's: 128 registers a thread with
  * its queries' operands in registers, no spills, ptxas sm_90; 130 free,
@@ -603,17 +631,12 @@ __global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, MT>()) 
     extern __shared__ __align__(128) unsigned char smem[];
     constexpr int BR = ATT_TILE * MT; /* the block's query rows */
     int w = threadIdx.x >> 5;
-    /* heavy (late) query blocks first when causal */
-    int i0 = (a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BR;
-    long long bh = att_row_block(a.B * (long long)a.H);
-    if (bh < 0)
+    att_fwd_rows_of<T> hd;
+    if (!att_fwd_head<T>(a, BR, &hd))
         return;
-    int b = (int)(bh / a.H), h = (int)(bh % a.H), kvh = h / (a.H / a.KV);
-    long long bt0 = (long long)b * a.T;
-    const T *q = (const T *)a.q + bt0 * a.qs + (long long)h * a.d;
-    const T *k = (const T *)a.k + bt0 * a.ks + (long long)kvh * a.d;
-    const T *v = (const T *)a.v + bt0 * a.vs + (long long)kvh * a.d;
-    T *o = (T *)a.o + bt0 * a.os + (long long)h * a.d;
+    const T *q = hd.q, *k = hd.k, *v = hd.v;
+    T *o = hd.o;
+    int i0 = hd.i0, b = hd.b, h = hd.h;
     /* Q's MT tiles (one [BR][LD] array: a tile's bytes are 64 LD
      * elements), then K and V twice: the next tile's load runs behind this
      * one's products; fp32's P tiles after them */
@@ -675,6 +698,153 @@ __global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, MT>()) 
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
         att_store_rows<T, DP>(o, lse, a, i0 + row0 + 16 * mt, acc[mt], m[mt], l[mt]);
+}
+
+/* ---- forward on warpgroup products (wgmma, sm_90a) -------------------------
+ *
+ * The same forward, the block's 4 warps one warpgroup: each product of a
+ * key tile is kc_wgmma's, the tensor cores reading K and V from shared
+ * memory once for the whole block, where mma.sync has each warp load
+ * every K and V fragment into its registers by ldmatrix (4 times the
+ * shared-memory reads, and 48 instructions a warp a tile). The tiles are
+ * stored as core matrices (att_cm: [DP / 8 chunks of 8 columns][64 rows]
+ * [8], 16 bytes a row of a chunk, no padding): K is then K-major B for
+ * S = Q K^T (lbo: the next chunk, 1024 bytes; sbo: the next 8 rows, 128)
+ * and V N-major B for O += P V (lbo: the next 8 keys, 128; sbo: the next
+ * chunk). The queries' A operands are in registers, loaded once by
+ * ldmatrix (16 bytes of a chunk a row: the same rows as att_cfg's
+ * layout); P is the A operand of the second product in registers, as in
+ * attn_fwd_kernel. Each product waits for its result before the softmax
+ * (no overlap between tiles yet). Only the accumulators' order within a
+ * product differs from attn_fwd_kernel's, so the results may differ in
+ * their last bits on a GPU (not on the emulation). 2-byte types, a.vec,
+ * sm_90a (kcuda_attention_wgmma). */
+
+/* Bytes of a [64 x DP] tile of core matrices. */
+template <typename T, int DP>
+__host__ __device__ constexpr size_t att_cm_bytes()
+{
+    return (size_t)ATT_TILE * DP * sizeof(T);
+}
+
+/* Element offset of (row, chunk c) in a tile of core matrices. */
+__device__ __forceinline__ int att_cm(int row, int c)
+{
+    return c * ATT_TILE * 8 + row * 8;
+}
+
+/* queue_tile into a tile of core matrices, in 16-byte packs (a.vec only):
+ * DP / 16 passes of the block's 128 threads; in a pass, lane l of warp w
+ * copies row l % 8 + 8 w + 32 (pass % 2), chunk (l / 8) % 4 + 4 (pass / 2),
+ * so that each 8 lanes' stores fall in 8 different 16-byte bank groups
+ * and each row's 4 chunks a pass are 64 contiguous bytes read. */
+template <typename T, int DP>
+__device__ void queue_tile_cm(T *dst, const T *src, long long stride, int row0, int T_, int d)
+{
+    static_assert(DP % 32 == 0 && ATT_THREADS == 128, "queue_tile_cm: whole passes");
+    int tid = threadIdx.x;
+    int rb = (tid & 7) + 8 * (tid >> 5), cb = (tid >> 3) & 3;
+#pragma unroll
+    for (int i = 0; i < DP / 16; i++) {
+        int r = rb + 32 * (i & 1), c = cb + 4 * (i >> 1);
+        bool in = 8 * c < d && row0 + r < T_;
+        const T *from = in ? src + (long long)(row0 + r) * stride + 8 * c : src;
+        kc_cp_async16(dst + att_cm(r, c), from, in);
+    }
+}
+
+/* load_a_frags from a tile of core matrices. */
+template <typename T, int DP>
+__device__ __forceinline__ void load_a_frags_cm(uint32_t (&af)[DP / 16][4], const T *A, int row0)
+{
+    int lane = threadIdx.x & 31;
+    int r = row0 + (lane & 7) + 8 * ((lane >> 3) & 1);
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; kk++)
+        kc_ldsm4(af[kk], A + att_cm(r, 2 * kk + (lane >> 4)));
+}
+
+/* kv_tile for tiles of core matrices: the tensor cores read them (the
+ * async proxy), so each thread's landed copies are fenced for it before
+ * the barrier. */
+template <typename T, int DP>
+__device__ __forceinline__ void kv_tile_cm(unsigned char *smem, int it, int tiles, const T *k, const T *v,
+                                           const attn_args &a, const T **sK, const T **sV)
+{
+    constexpr size_t TB = att_cm_bytes<T, DP>();
+    int cur = it & 1;
+    *sK = (const T *)(smem + (1 + 2 * cur) * TB);
+    *sV = (const T *)(smem + (2 + 2 * cur) * TB);
+    if (it + 1 < tiles) {
+        int j1 = (it + 1) * ATT_TILE;
+        queue_tile_cm<T, DP>((T *)(smem + (3 - 2 * cur) * TB), k, a.ks, j1, a.T, a.d);
+        queue_tile_cm<T, DP>((T *)(smem + (4 - 2 * cur) * TB), v, a.vs, j1, a.T, a.d);
+        kc_cp_async_commit();
+        kc_cp_async_wait<1>();
+    } else {
+        kc_cp_async_wait<0>();
+    }
+    kc_fence_proxy_async();
+    __syncthreads(); /* this tile is everyone's */
+}
+
+template <typename T, int DP>
+__global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, 1>()) attn_fwd_wg_kernel(attn_args a)
+{
+    static_assert(att_cfg<T, DP>::TC, "wgmma: 2-byte types");
+    extern __shared__ __align__(128) unsigned char smem[];
+    int w = threadIdx.x >> 5;
+    att_fwd_rows_of<T> hd;
+    if (!att_fwd_head<T>(a, ATT_TILE, &hd))
+        return;
+    int i0 = hd.i0;
+    const T *k = hd.k, *v = hd.v;
+    constexpr size_t TB = att_cm_bytes<T, DP>();
+    const T *sQ = (const T *)smem; /* then K and V twice */
+    int end = a.causal ? min(a.T, i0 + ATT_TILE) : a.T;
+    int tiles = (end + ATT_TILE - 1) / ATT_TILE;
+    queue_tile_cm<T, DP>((T *)smem, hd.q, a.qs, i0, a.T, a.d);
+    queue_tile_cm<T, DP>((T *)(smem + TB), k, a.ks, 0, a.T, a.d);
+    queue_tile_cm<T, DP>((T *)(smem + 2 * TB), v, a.vs, 0, a.T, a.d);
+    kc_cp_async_commit();
+    int row0 = 16 * w;
+    uint32_t qf[DP / 16][4];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[DP / 8][4];
+    zero_acc<DP>(acc);
+    for (int it = 0; it < tiles; it++) {
+        int j0 = it * ATT_TILE;
+        const T *sK, *sV;
+        kv_tile_cm<T, DP>(smem, it, tiles, k, v, a, &sK, &sV);
+        if (it == 0)
+            load_a_frags_cm<T, DP>(qf, sQ, row0);
+        float s[8][4];
+        kc_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < DP / 16; kk++) /* keys' chunks 2 kk, 2 kk + 1: K-major */
+            kc_wgmma<T, ATT_TILE, 0>(s, qf[kk], sK + att_cm(0, 2 * kk), 2 * ATT_TILE * 8, 128, kk);
+        kc_wgmma_commit();
+        kc_wgmma_wait<0>();
+        if (!att_full(a, i0, j0, false))
+            att_mask_scores(s, a, i0 + row0, j0);
+        att_online_softmax<DP>(s, m, l, acc, a.scale2);
+        uint32_t pa[ATT_TILE / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < ATT_TILE / 16; kk++) {
+            pa[kk][0] = kc_pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+            pa[kk][1] = kc_pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+            pa[kk][2] = kc_pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[kk][3] = kc_pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        }
+        kc_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < ATT_TILE / 16; kk++) /* keys 16 kk ..: V N-major */
+            kc_wgmma<T, DP, 1>(acc, pa[kk], sV + att_cm(16 * kk, 0), 128, 2 * ATT_TILE * 8, 1);
+        kc_wgmma_commit();
+        kc_wgmma_wait<0>();
+        __syncthreads(); /* this pair is read: the next iteration refills it */
+    }
+    float *lse = a.lse + ((long long)hd.b * a.H + hd.h) * a.T;
+    att_store_rows<T, DP>(hd.o, lse, a, i0 + row0, acc, m, l);
 }
 
 /* ---- backward ------------------------------------------------------------- */
@@ -1024,6 +1194,7 @@ static int att_grid_rows = 65535; /* kcuda_attention_grid_rows */
 static int att_fwd_rows = 0;      /* kcuda_attention_forward_rows */
 static int att_bwd_more = 0;      /* kcuda_attention_backward_blocks */
 static int att_bwd_only = 0;      /* kcuda_attention_backward_only */
+static int att_wgmma = 0;         /* kcuda_attention_wgmma */
 
 void kcuda_attention_grid_rows(int rows)
 {
@@ -1038,6 +1209,30 @@ void kcuda_attention_forward_rows(int rows)
 void kcuda_attention_backward_blocks(int on)
 {
     att_bwd_more = on != 0;
+}
+
+static int att_sm90a(void);
+
+int kcuda_attention_wgmma(int on)
+{
+    att_wgmma = on != 0;
+    return att_wgmma && att_sm90a();
+}
+
+/* Whether the current GPU runs the kernels' sm_90a code (compute
+ * capability 9.0: the build's sm_90a machine code is what it loads; any
+ * other runs the PTX, whose wgmma traps), cached per device. */
+static int att_sm90a(void)
+{
+    static int known[64]; /* 0 unknown, 1 no, 2 yes */
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
+        return 0;
+    if (!known[dev]) {
+        cudaDeviceProp p;
+        known[dev] = cudaGetDeviceProperties(&p, dev) == cudaSuccess && p.major == 9 && p.minor == 0 ? 2 : 1;
+    }
+    return known[dev] == 2;
 }
 
 void kcuda_attention_backward_only(int which)
@@ -1093,13 +1288,22 @@ static int attn_launch(int which, const attn_args &a, cudaStream_t s)
      * lse and D twice; dq: Q, dout, K and V twice, lse and D */
     bool dkv = which == ATT_DKV || which == ATT_DKV_ADQ, adq = which == ATT_DKV_ADQ && cfg::TC;
     int mt = which == ATT_FWD ? att_fwd_mt<T, DP>() : 1;
-    size_t bytes = which == ATT_FWD ? (4 + mt) * cfg::TILE_BYTES + warps
+    bool wg = false;
+    if constexpr (cfg::TC)
+        wg = which == ATT_FWD && att_wgmma && a.vec && att_sm90a();
+    if (wg)
+        mt = 1;
+    size_t bytes = wg ? 5 * att_cm_bytes<T, DP>()
+                   : which == ATT_FWD ? (4 + mt) * cfg::TILE_BYTES + warps
                    : dkv ? 6 * cfg::TILE_BYTES + (adq ? cfg::S_BYTES : 0) + 4 * ATT_TILE * sizeof(float) + warps
                          : 6 * cfg::TILE_BYTES + 2 * ATT_TILE * sizeof(float) + warps;
     unsigned tiles = (unsigned)((a.T + ATT_TILE * mt - 1) / (ATT_TILE * mt));
     void (*kern)(attn_args) = which == ATT_FWD ? (mt == 2 ? att_fwd_kernel2<T, DP>() : attn_fwd_kernel<T, DP, 1>)
                               : adq            ? attn_bwd_dkv_kernel<T, DP, cfg::TC, 0>
                                                : att_bwd_kernel<T, DP>(dkv ? ATT_DKV : ATT_DQ);
+    if constexpr (cfg::TC)
+        if (wg)
+            kern = attn_fwd_wg_kernel<T, DP>;
     /* a block per (query or key tile, batch row, head); the rows past the
      * grid's 65535 in z slices (att_row_block), the tiles of one head
      * next to each other (its keys and values stay in L2 among them) */

@@ -15,6 +15,9 @@
  *   kc_wait_ge, kc_add_release
  *                             blocks taking turns through a counter in
  *                             global memory (acquire and release)
+ *   kc_wgmma<L, N, TRANSB>(d, a, b, lbo, sbo, acc), kc_wgmma_fence,
+ *   kc_wgmma_commit, kc_wgmma_wait<N>, kc_fence_proxy_async, kc_wgmma_desc
+ *                             warpgroup products (sm_90a, at the end)
  *
  * Layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating
  * point type"; g = lane / 4, t = lane % 4; each 32-bit register holds two
@@ -199,6 +202,145 @@ __device__ __forceinline__ void kc_add_release(int *p, int v)
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 #else
     (void)p, (void)v;
+#endif
+}
+
+/* ---- warpgroup products (wgmma, sm_90a) --------------------------------
+ *
+ * wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}: the 4 warps of a
+ * warpgroup (threads 128 i .. 128 i + 127, all of them) compute
+ * D[64 x N] (+)= A[64 x 16] B[16 x N]; warp w of the group holds rows
+ * 16 w .. 16 w + 15 of A and D in mma.m16n8k16's layouts (above): a[4]
+ * as that A operand, and d[N / 8][4] as N / 8 of its C/D tiles side by
+ * side, d[j][e] at row g + 8 (e / 2), column 8 j + 2 t + e % 2. B is read
+ * from shared memory by the tensor cores themselves, once for the whole
+ * warpgroup, in the canonical layout without swizzling (PTX ISA,
+ * "Shared Memory Matrix Layout"): 8 x 8 core matrices of 128 contiguous
+ * bytes, 8 rows of 16 bytes; TRANSB 0 (K-major, B stored [n][k]): element
+ * (k, n) at byte 16 (n % 8) + sbo (n / 8) + 2 (k % 8) + lbo (k / 8);
+ * TRANSB 1 (N-major, stored [k][n]): 2 (n % 8) + sbo (n / 8) + 16 (k % 8)
+ * + lbo (k / 8). b 16-byte aligned, lbo and sbo multiples of 16.
+ *
+ * Asynchronous: kc_wgmma only queues the product; kc_wgmma_commit closes
+ * the thread's group of them, kc_wgmma_wait<N> waits until at most the
+ * N most recent groups are pending. Until then d, a and b's bytes must
+ * not be touched (not read, not written). kc_wgmma_fence must come before
+ * the first kc_wgmma after d or a were written by other instructions.
+ * Shared memory written by ordinary stores or cp.async is seen by the
+ * tensor cores' reads (the async proxy) only after kc_fence_proxy_async
+ * in the writing threads, then a barrier.
+ *
+ * Built only for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL; the Makefile's
+ * CUDA_ARCH): any other target traps, and the host never launches such a
+ * kernel there (kcuda_attention_wgmma). On the CPU emulation these are
+ * emu/ptx.h's wgmma_rs, wgmma_commit and wgmma_wait, with the same
+ * layouts and the same deferral.
+ */
+
+/* The 64-bit matrix descriptor of B at shared address `saddr` (no
+ * swizzle, base offset 0): bits 0-13 the address, 16-29 lbo, 32-45 sbo,
+ * each (x & 0x3ffff) >> 4. */
+__host__ __device__ constexpr uint64_t kc_wgmma_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo)
+{
+    return (uint64_t)((saddr & 0x3ffffu) >> 4) | (uint64_t)((lbo & 0x3ffffu) >> 4) << 16 |
+           (uint64_t)((sbo & 0x3ffffu) >> 4) << 32;
+}
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(EMU_CUDA_RUNTIME_H)
+#define KC_WGMMA 1
+#endif
+
+/* The asm of one product: N / 2 accumulators (the operands after TRANS),
+ * then a[4] (ASTR), the descriptor, acc (scale-d: 0 ignores D's old
+ * values) and TRANSB, each named by its operand number. */
+#define KC_WG_STR16                                                                                             \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
+#define KC_WG_STR32                                                                                             \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"  \
+    "%28,%29,%30,%31}"
+#define KC_WG_STR64                                                                                             \
+    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"  \
+    "%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,"  \
+    "%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+#define KC_WG_D1(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define KC_WG_D4(j) KC_WG_D1(j), KC_WG_D1(j + 1), KC_WG_D1(j + 2), KC_WG_D1(j + 3)
+#define KC_WG_ASM(SHAPE, TY, DSTR, ASTR, DESC, ACC, TRANS, ...)                                               \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ACC ", 0;\n"                                                \
+                 "wgmma.mma_async.sync.aligned." SHAPE ".f32." TY "." TY " " DSTR ", " ASTR ", " DESC ", p, 1, 1, " \
+                 TRANS ";\n}\n"                                                                                 \
+                 : __VA_ARGS__                                                                                   \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc), "n"(TRANSB))
+
+template <typename L, int N, int TRANSB>
+__device__ __forceinline__ void kc_wgmma(float (&d)[N / 8][4], const uint32_t (&a)[4], const void *b, uint32_t lbo,
+                                         uint32_t sbo, int acc)
+{
+    static_assert(sizeof(L) == 2 && (N == 32 || N == 64 || N == 128) && (TRANSB == 0 || TRANSB == 1),
+                  "kc_wgmma: bf16 or f16 inputs, N 32, 64 or 128");
+#ifdef EMU_CUDA_RUNTIME_H
+    ::emu::wgmma_rs(&d[0][0], N, a, b, lbo, sbo, TRANSB, std::is_same<L, bf16>::value, acc != 0);
+#elif defined(KC_WGMMA)
+    uint64_t desc = kc_wgmma_desc((uint32_t)__cvta_generic_to_shared(b), lbo, sbo);
+    constexpr bool BF = std::is_same<L, bf16>::value;
+    if constexpr (N == 32) {
+        if constexpr (BF)
+            KC_WG_ASM("m64n32k16", "bf16", KC_WG_STR16, "{%16,%17,%18,%19}", "%20", "%21", "%22", KC_WG_D4(0));
+        else
+            KC_WG_ASM("m64n32k16", "f16", KC_WG_STR16, "{%16,%17,%18,%19}", "%20", "%21", "%22", KC_WG_D4(0));
+    } else if constexpr (N == 64) {
+        if constexpr (BF)
+            KC_WG_ASM("m64n64k16", "bf16", KC_WG_STR32, "{%32,%33,%34,%35}", "%36", "%37", "%38", KC_WG_D4(0),
+                      KC_WG_D4(4));
+        else
+            KC_WG_ASM("m64n64k16", "f16", KC_WG_STR32, "{%32,%33,%34,%35}", "%36", "%37", "%38", KC_WG_D4(0),
+                      KC_WG_D4(4));
+    } else {
+        if constexpr (BF)
+            KC_WG_ASM("m64n128k16", "bf16", KC_WG_STR64, "{%64,%65,%66,%67}", "%68", "%69", "%70",
+                      KC_WG_D4(0), KC_WG_D4(4), KC_WG_D4(8), KC_WG_D4(12));
+        else
+            KC_WG_ASM("m64n128k16", "f16", KC_WG_STR64, "{%64,%65,%66,%67}", "%68", "%69", "%70",
+                      KC_WG_D4(0), KC_WG_D4(4), KC_WG_D4(8), KC_WG_D4(12));
+    }
+#elif defined(__CUDA_ARCH__)
+    (void)d, (void)a, (void)b, (void)lbo, (void)sbo, (void)acc;
+    __trap(); /* wgmma needs sm_90a */
+#else
+    (void)d, (void)a, (void)b, (void)lbo, (void)sbo, (void)acc;
+#endif
+}
+
+__device__ __forceinline__ void kc_wgmma_fence()
+{
+#if defined(KC_WGMMA)
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void kc_wgmma_commit()
+{
+#ifdef EMU_CUDA_RUNTIME_H
+    ::emu::wgmma_commit();
+#elif defined(KC_WGMMA)
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+template <int N> __device__ __forceinline__ void kc_wgmma_wait()
+{
+#ifdef EMU_CUDA_RUNTIME_H
+    ::emu::wgmma_wait(N);
+#elif defined(KC_WGMMA)
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+/* Orders this thread's earlier shared-memory writes (stores, landed
+ * cp.async copies) before later reads by the async proxy (wgmma's B). */
+__device__ __forceinline__ void kc_fence_proxy_async()
+{
+#if defined(KC_WGMMA)
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
 

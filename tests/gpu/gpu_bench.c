@@ -427,7 +427,7 @@ static void bench_epilogue(void)
 
 /* ---- attention -------------------------------------------------------------- */
 
-enum { ATTN_ROWS = 10 };
+enum { ATTN_ROWS = 12 };
 
 typedef struct attn_arg {
     int B, T, H, d;
@@ -469,21 +469,25 @@ static void bench_attention(void)
      * own tile products: the dk/dv kernel's 4, twice the forward's
      * FLOPs, dq's 3, 1.5 times; each after the kernel computing D); at d
      * 128 (Llama's), the forward in blocks of 128 rows (the default
-     * there) and of 64 */
+     * there) and of 64; at d 64 and 128, the forward on warpgroup
+     * products (kcuda_attention_wgmma; its name says so where the GPU
+     * cannot take it, and the row is then mma.sync's) */
     static const struct {
-        int mode, fp32, H, d, fwd_rows, more, only;
+        int mode, fp32, H, d, fwd_rows, more, only, wg;
         const char *name;
     } cfg[ATTN_ROWS] = {
-        {1, 0, 12, 64, 0, 0, 0, "B8 T1024 H12 d64 bf16"},
-        {0, 0, 12, 64, 0, 0, 0, "B8 T1024 H12 d64 bf16 dq atomics"},
-        {2, 0, 12, 64, 0, 0, 0, "B8 T1024 H12 d64 bf16 dq in turns"},
-        {1, 1, 12, 64, 0, 0, 0, "B8 T1024 H12 d64 fp32"},
-        {1, 0, 12, 64, 128, 0, 0, "B8 T1024 H12 d64 bf16 fwd 128 rows"},
-        {1, 0, 12, 64, 0, 1, 0, "B8 T1024 H12 d64 bf16 bwd occupancy"},
-        {1, 0, 12, 64, 0, 0, 1, "B8 T1024 H12 d64 bf16 dk/dv kernel"},
-        {1, 0, 12, 64, 0, 0, 2, "B8 T1024 H12 d64 bf16 dq kernel"},
-        {1, 0, 6, 128, 0, 0, 0, "B8 T1024 H6 d128 bf16"},
-        {1, 0, 6, 128, 64, 0, 0, "B8 T1024 H6 d128 bf16 fwd 64 rows"},
+        {1, 0, 12, 64, 0, 0, 0, 0, "B8 T1024 H12 d64 bf16"},
+        {0, 0, 12, 64, 0, 0, 0, 0, "B8 T1024 H12 d64 bf16 dq atomics"},
+        {2, 0, 12, 64, 0, 0, 0, 0, "B8 T1024 H12 d64 bf16 dq in turns"},
+        {1, 1, 12, 64, 0, 0, 0, 0, "B8 T1024 H12 d64 fp32"},
+        {1, 0, 12, 64, 128, 0, 0, 0, "B8 T1024 H12 d64 bf16 fwd 128 rows"},
+        {1, 0, 12, 64, 0, 1, 0, 0, "B8 T1024 H12 d64 bf16 bwd occupancy"},
+        {1, 0, 12, 64, 0, 0, 1, 0, "B8 T1024 H12 d64 bf16 dk/dv kernel"},
+        {1, 0, 12, 64, 0, 0, 2, 0, "B8 T1024 H12 d64 bf16 dq kernel"},
+        {1, 0, 6, 128, 0, 0, 0, 0, "B8 T1024 H6 d128 bf16"},
+        {1, 0, 6, 128, 64, 0, 0, 0, "B8 T1024 H6 d128 bf16 fwd 64 rows"},
+        {1, 0, 12, 64, 0, 0, 0, 1, "B8 T1024 H12 d64 bf16 fwd wgmma"},
+        {1, 0, 6, 128, 0, 0, 0, 1, "B8 T1024 H6 d128 bf16 fwd wgmma"},
     };
     for (int k = 0; k < ATTN_ROWS; k++) {
         attn_arg a = {tiny ? 1 : 8, tiny ? 128 : 1024, tiny ? 2 : cfg[k].H, cfg[k].d,
@@ -503,6 +507,7 @@ static void bench_attention(void)
         kcuda_ctx_set_deterministic(ctx, cfg[k].mode);
         kcuda_attention_forward_rows(cfg[k].fwd_rows);
         kcuda_attention_backward_blocks(cfg[k].more);
+        int wg_taken = cfg[k].wg ? kcuda_attention_wgmma(1) : 0;
         /* the backward's inputs (o, lse) from a forward: timed, or (a
          * backward kernel alone) run once */
         double tf = 0.0;
@@ -515,8 +520,11 @@ static void bench_attention(void)
         kcuda_attention_backward_only(0);
         kcuda_attention_backward_blocks(0);
         kcuda_attention_forward_rows(0);
+        kcuda_attention_wgmma(0);
         kcuda_ctx_set_deterministic(ctx, 1);
-        const char *name = cfg[k].name;
+        char nm[96];
+        snprintf(nm, sizeof nm, "%s%s", cfg[k].name, cfg[k].wg && !wg_taken ? " (not taken: mma.sync)" : "");
+        const char *name = nm;
         double bflops = (cfg[k].only == 1 ? 2.0 : cfg[k].only == 2 ? 1.5 : 2.5) * fwd;
         if (cfg[k].only)
             printf("%-36s %10s %10.1f %10s\n", name, "-", bflops / tb / 1e9, "-");

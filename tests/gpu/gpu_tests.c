@@ -1166,6 +1166,17 @@ static int attn_mode = 1;
 
 /* ---- cases: attention ----------------------------------------------------- */
 
+/* The forward on the GPU into out and lse: from the packed qkv, or
+ * (qkv NULL) from q, k and v. */
+static void attn_fwd_on_gpu(void *out, float *lse, const void *qkv, const void *q, const void *k,
+                            const void *v, int B, int T, int H, int KV, int d, int causal, kcuda_dtype dt)
+{
+    if (qkv)
+        KC(kcuda_attention_qkv_forward(out, lse, qkv, B, T, H, KV, d, causal, dt, NULL));
+    else
+        KC(kcuda_attention_forward(out, lse, q, k, v, B, T, H, KV, d, causal, dt, NULL));
+}
+
 static void attn_case(kcuda_dtype dt, int B, int T, int H, int KV, int d,
                       int causal, int packed)
 {
@@ -1201,19 +1212,30 @@ static void attn_case(kcuda_dtype dt, int B, int T, int H, int KV, int d,
         void *o2 = dmem(nq * 4);
         float *l2 = dmem(nl * 4);
         kcuda_attention_forward_rows(rows);
-        if (packed)
-            KC(kcuda_attention_qkv_forward(o2, l2, dqkv, B, T, H, KV, d,
-                                           causal, dt, NULL));
-        else
-            KC(kcuda_attention_forward(o2, l2, dq, dk, dv, B, T, H, KV, d,
-                                       causal, dt, NULL));
+        attn_fwd_on_gpu(o2, l2, packed ? dqkv : NULL, dq, dk, dv, B, T, H, KV, d, causal, dt);
         kcuda_attention_forward_rows(0);
+        if (cur_bad)
+            return;
         expect_bits(rows == 64 ? "out, 64 rows a block" : "out, 128 rows a block",
                     snapshot(o2, nq, dt), snapshot(dout, nq, dt),
                     nq * kcuda_dtype_size(dt));
         expect_bits("lse, either block", snapshot(l2, nl, KCUDA_F32),
                     snapshot(dlse, nl, KCUDA_F32), nl * 4);
     }
+    /* 2-byte types: the forward on warpgroup products (kcuda_attention_wgmma),
+     * within the same tolerance of the CPU (its products' internal order
+     * may differ from mma.sync's) */
+    if (dt != KCUDA_F32 && kcuda_attention_wgmma(1)) {
+        void *o3 = dmem(nq * 4);
+        float *l3 = dmem(nl * 4);
+        attn_fwd_on_gpu(o3, l3, packed ? dqkv : NULL, dq, dk, dv, B, T, H, KV, d, causal, dt);
+        kcuda_attention_wgmma(0);
+        if (cur_bad)
+            return;
+        expect_dev("out, wgmma", o3, out, nq, dt);
+        expect_dev("lse, wgmma", l3, lse, nl, KCUDA_F32);
+    }
+    kcuda_attention_wgmma(0);
     /* backward: each side from its own forward */
     float *g = rnd(nq, 1.0f, dt);
     void *dg = up(g, nq, dt);

@@ -39,8 +39,9 @@
 #             and gpt-tiny's 10 in bf16, PyTorch with mesh's rounding, each
 #             step from the GPU's: 2e-3, 2e-2 and 0.2.
 #  6. train_gpt2: GPT-2 124M (examples/gpt2.mesh on one GPU, bf16, T=1024,
-#             B=16 and 32, and B=32 with MESH_DETERMINISTIC=0, with
-#             MESH_ATTN_FWD_ROWS=128 and with MESH_ATTN_BWD_BLOCKS=1;
+#             B=16 and 32, and B=32 with MESH_ATTN_WGMMA=1, with
+#             MESH_DETERMINISTIC=0, with MESH_ATTN_FWD_ROWS=128 and with
+#             MESH_ATTN_BWD_BLOCKS=1;
 #             fp32 B=16)
 #             through meshrun --device cuda: tokens/s and MFU; the B=16
 #             run with --profile, its table of the step's GPU time by
@@ -562,6 +563,7 @@ gpt2_run() {
     [ "$mode" = atomic ] && env=(MESH_DETERMINISTIC=0)
     [ "$mode" = rows128 ] && env=(MESH_ATTN_FWD_ROWS=128)
     [ "$mode" = blocks ] && env=(MESH_ATTN_BWD_BLOCKS=1)
+    [ "$mode" = wgmma ] && env=(MESH_ATTN_WGMMA=1)
     [ "$mode" = profile ] && opt=(--profile)
     "$BUILD/meshc" -o "$d/$name.plan" examples/gpt2.mesh --set mesh.dp=1 --set mesh.tp=1 --set mesh.pp=1 \
         --set train.precision="$prec" --set train.zero=0 --set train.micro_batch="$batch" \
@@ -661,11 +663,13 @@ step_train_gpt2() {
     # bf16 B=32 with the attention's other layouts that gpu_bench times,
     # the forward's blocks of 128 rows and the backward's kernels for more
     # blocks an SM, MESH_ATTN_FWD_ROWS=128 and MESH_ATTN_BWD_BLOCKS=1, the
-    # same bits; bf16 B=16 with the op profile, --profile: two event
+    # same bits; bf16 B=32 with the forward on warpgroup products,
+    # MESH_ATTN_WGMMA=1, its last bits may differ; bf16 B=16 with the op profile, --profile: two event
     # records an op, host calls and GPU timestamps, which a GPU-bound step
     # mostly hides)
     local prec batch mode what
-    for cfg in "bf16 16 profile" "bf16 32" "bf16 32 atomic" "bf16 32 rows128" "bf16 32 blocks" "fp32 16"; do
+    for cfg in "bf16 16 profile" "bf16 32" "bf16 32 wgmma" "bf16 32 atomic" "bf16 32 rows128" "bf16 32 blocks" \
+        "fp32 16"; do
         read -r prec batch mode <<<"$cfg"
         what="$prec, B=$batch${mode:+, $mode}"
         l=$(left)
@@ -678,7 +682,7 @@ step_train_gpt2() {
         local mfu
         mfu=$(awk -v t="$tps" 'BEGIN { f = 6 * 124475904 + 12 * 12 * 1024 * 768; printf "%.1f", 100 * t * f / 989e12 }')
         detail+="$what: $(printf '%.0f' "$tps") tokens/s, MFU $mfu%; "
-        json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"deterministic\": $([ "$mode" = atomic ] && echo false || echo true), \"profiled\": $([ "$mode" = profile ] && echo true || echo false), \"attention_layout\": \"$(case $mode in rows128) echo 'forward 128 rows' ;; blocks) echo 'backward more blocks' ;; *) echo default ;; esac)\", \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu}"
+        json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"deterministic\": $([ "$mode" = atomic ] && echo false || echo true), \"profiled\": $([ "$mode" = profile ] && echo true || echo false), \"attention_layout\": \"$(case $mode in rows128) echo 'forward 128 rows' ;; blocks) echo 'backward more blocks' ;; wgmma) echo 'forward wgmma' ;; *) echo default ;; esac)\", \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu}"
         [ -z "$best" ] && best=$tps
     done
     printf '{"seq": %d, "runs": [%s]}\n' "$GPT2_T" "$json" >"$OUT/gpt2.json"

@@ -224,6 +224,7 @@ inline void tsan_write(void *, size_t) {}
 enum : uint8_t { READY, AT_WARP, AT_BLOCK, EXITED, TRAPPED };
 
 enum { CP_MAX = 64 }; /* cp.async copies queued per thread */
+enum { WG_MAX = 16 }; /* wgmma products queued per thread */
 
 const size_t STACK_BYTES = 256 * 1024; /* per CUDA thread, plus a guard page */
 
@@ -252,6 +253,17 @@ struct Lane {
         unsigned bytes, group;
     } cp[CP_MAX];
     unsigned ncp, cp_commits;
+    /* wgmma (emu/ptx.h): the products not waited for, in the order
+     * issued, each with its group as the copies' */
+    struct Wg {
+        float *d;
+        const uint32_t *a;
+        const unsigned char *b;
+        unsigned n, lbo, sbo, group;
+        int trans, elem;
+        bool acc;
+    } wg[WG_MAX];
+    unsigned nwg, wg_commits;
 };
 
 struct Job {
@@ -315,6 +327,7 @@ const char *op_name(int kind)
     case OP_SHFL_XOR: return "__shfl_xor_sync";
     case OP_MMA_M16N8K16: return "mma.sync.aligned.m16n8k16";
     case OP_LDMATRIX_X4: return "ldmatrix.sync.aligned.m8n8.x4";
+    case OP_WGMMA_WAIT: return "wgmma.wait_group.sync.aligned";
     }
     return "?";
 }
@@ -415,6 +428,9 @@ void lane_main(void *arg)
     Runner *r = L->runner;
     r->job->d->entry(r->job->d->state);
     cp_land(L, L->cp_commits + 1); /* what it never waited for lands too */
+    if (L->nwg > 0) /* (its accumulators gone with the thread) */
+        trap(cudaErrorIllegalInstruction, "exited with %u wgmma products not waited for (wgmma.wait_group)",
+             L->nwg);
     L->state = EXITED;
     r->nexited++;
     hb_release(&r->hb_done);
@@ -642,6 +658,120 @@ bool do_ldmatrix(Runner *r, Lane *w0, unsigned warp)
     return true;
 }
 
+/* wgmma.wait_group.sync.aligned N over a warp (emu/ptx.h): each lane's
+ * queued products of groups up to its commits - N complete, in the order
+ * issued. Every lane must have queued the same products and passed the
+ * same N; the warp's warpgroup (warps 4 (w / 4) .. + 3) must exist. Warp
+ * w's rows of D: A from its lanes' registers (mma.m16n8k16's layout), B
+ * [16 x N] from shared memory by the canonical layout (trans: N-major),
+ * C from d when acc; fp32 sums in k order, each product exact. */
+bool do_wgmma_wait(Runner *r, Lane *w0, unsigned warp)
+{
+    int n = w0[0].op->arg;
+    for (unsigned m = 1; m < 32; m++)
+        if (w0[m].op->arg != n || w0[m].nwg != w0[0].nwg || w0[m].wg_commits != w0[0].wg_commits) {
+            block_fail(r, cudaErrorIllegalInstruction,
+                       format("warp %u: %s %d in lane 0 with %u products queued, %d in lane %u with %u "
+                              "(every lane must run the same instructions)",
+                              warp, op_name(OP_WGMMA_WAIT), n, w0[0].nwg, w0[m].op->arg, m, w0[m].nwg));
+            return false;
+        }
+    if (n < 0) {
+        block_fail(r, cudaErrorIllegalInstruction, format("warp %u: %s %d", warp, op_name(OP_WGMMA_WAIT), n));
+        return false;
+    }
+    unsigned upto = w0[0].wg_commits > (unsigned)n ? w0[0].wg_commits - (unsigned)n : 0;
+    if (w0[0].nwg > 0 && r->nthreads < (warp / 4 + 1) * 128) {
+        block_fail(r, cudaErrorIllegalInstruction,
+                   format("warp %u: wgmma.mma_async in a block of %u threads (its warpgroup, threads %u..%u, "
+                          "must all run it)",
+                          warp, r->nthreads, warp / 4 * 128, warp / 4 * 128 + 127));
+        return false;
+    }
+    unsigned keep = 0;
+    for (unsigned i = 0; i < w0[0].nwg; i++) {
+        const Lane::Wg &o = w0[0].wg[i];
+        if (o.group > upto) {
+            for (unsigned m = 0; m < 32; m++)
+                w0[m].wg[keep] = w0[m].wg[i];
+            keep++;
+            continue;
+        }
+        for (unsigned m = 1; m < 32; m++) {
+            const Lane::Wg &q = w0[m].wg[i];
+            if (q.n != o.n || q.b != o.b || q.lbo != o.lbo || q.sbo != o.sbo || q.trans != o.trans ||
+                q.elem != o.elem || q.acc != o.acc || q.group != o.group) {
+                block_fail(r, cudaErrorIllegalInstruction,
+                           format("warp %u: wgmma.mma_async %u differs between lane 0 and lane %u (every lane "
+                                  "must run the same instruction)",
+                                  warp, i, m));
+                return false;
+            }
+        }
+        if ((uintptr_t)o.b % 16 != 0 || o.lbo % 16 != 0 || o.sbo % 16 != 0 || o.lbo >= (1u << 18) ||
+            o.sbo >= (1u << 18)) {
+            block_fail(r, cudaErrorMisalignedAddress,
+                       format("warp %u: wgmma.mma_async: B at %p, offsets %u and %u (each a multiple of 16, "
+                              "the offsets below 2^18)",
+                              warp, (const void *)o.b, o.lbo, o.sbo));
+            return false;
+        }
+        auto at = [&o](unsigned k, unsigned c) {
+            return o.trans ? 2 * (c % 8) + o.sbo * (c / 8) + 16 * (k % 8) + o.lbo * (k / 8)
+                           : 16 * (c % 8) + o.sbo * (c / 8) + 2 * (k % 8) + o.lbo * (k / 8);
+        };
+        size_t end = 0;
+        for (unsigned k = 0; k < 16; k++)
+            for (unsigned c = 0; c < o.n; c++)
+                end = std::max(end, (size_t)at(k, c) + 2);
+        std::string bad = shared_problem(r, o.b, end);
+        if (!bad.empty()) {
+            block_fail(r, cudaErrorIllegalAddress, format("warp %u: wgmma.mma_async: B ", warp) + bad);
+            return false;
+        }
+        auto half = [&o](uint16_t h) { return o.elem == ELEM_BF16 ? emu_bf16_to_f32(h) : emu_f16_to_f32(h); };
+        float A[16][16];
+        for (unsigned m = 0; m < 32; m++) {
+            const uint32_t *a = w0[m].wg[i].a;
+            unsigned g = m / 4, t = m % 4;
+            for (unsigned h = 0; h < 2; h++) {
+                A[g][2 * t + h] = half((uint16_t)(a[0] >> (16 * h)));
+                A[g + 8][2 * t + h] = half((uint16_t)(a[1] >> (16 * h)));
+                A[g][2 * t + 8 + h] = half((uint16_t)(a[2] >> (16 * h)));
+                A[g + 8][2 * t + 8 + h] = half((uint16_t)(a[3] >> (16 * h)));
+            }
+        }
+        std::vector<float> B(16 * o.n), D(16 * o.n);
+        for (unsigned k = 0; k < 16; k++)
+            for (unsigned c = 0; c < o.n; c++)
+                B[k * o.n + c] = half(*reinterpret_cast<const uint16_t *>(o.b + at(k, c)));
+        for (unsigned m = 0; m < 32; m++) { /* C: all of it read before any d is written */
+            const float *d = w0[m].wg[i].d;
+            unsigned g = m / 4, t = m % 4;
+            for (unsigned j = 0; j < o.n / 8; j++)
+                for (unsigned e = 0; e < 4; e++)
+                    D[(g + 8 * (e / 2)) * o.n + 8 * j + 2 * t + e % 2] = o.acc ? d[4 * j + e] : 0.0f;
+        }
+        for (unsigned row = 0; row < 16; row++)
+            for (unsigned c = 0; c < o.n; c++) {
+                float acc = D[row * o.n + c];
+                for (unsigned k = 0; k < 16; k++)
+                    acc += A[row][k] * B[k * o.n + c]; /* exact products, fp32 sums */
+                D[row * o.n + c] = acc;
+            }
+        for (unsigned m = 0; m < 32; m++) {
+            float *d = w0[m].wg[i].d;
+            unsigned g = m / 4, t = m % 4;
+            for (unsigned j = 0; j < o.n / 8; j++)
+                for (unsigned e = 0; e < 4; e++)
+                    d[4 * j + e] = D[(g + 8 * (e / 2)) * o.n + 8 * j + 2 * t + e % 2];
+        }
+    }
+    for (unsigned m = 0; m < 32; m++)
+        w0[m].nwg = keep;
+    return true;
+}
+
 /* Where each thread of the block waits, for a deadlock's message. */
 std::string describe(Runner *r)
 {
@@ -731,6 +861,8 @@ bool resolve(Runner *r)
                 ok = do_mma16816(r, w0, w);
             else if (kind == OP_LDMATRIX_X4)
                 ok = do_ldmatrix(r, w0, w);
+            else if (kind == OP_WGMMA_WAIT)
+                ok = do_wgmma_wait(r, w0, w);
             if (!ok)
                 return false;
             for (unsigned m = 0; m < 32; m++)
@@ -850,6 +982,8 @@ void run_block(Runner *r, Job *j, unsigned long long b)
         memset(L.wcount, 0, sizeof L.wcount);
         L.ncp = 0;
         L.cp_commits = 0;
+        L.nwg = 0;
+        L.wg_commits = 0;
         ctx_make(&L.ctx, L.stack, STACK_BYTES, lane_main, &L);
     }
     r->nthreads = n;
@@ -1112,6 +1246,36 @@ void cp_async_wait(int n)
         trap(cudaErrorIllegalInstruction, "cp.async.wait_group %d", n);
     if (L->cp_commits > (unsigned)n)
         cp_land(L, L->cp_commits - (unsigned)n);
+}
+
+/* wgmma (emu/ptx.h) */
+void wgmma_rs(float *d, int n, const uint32_t *a, const void *b, unsigned lbo, unsigned sbo, int trans,
+              bool bf16, bool acc)
+{
+    Lane *L = current();
+    if (n < 8 || n > 256 || n % 8 != 0)
+        trap(cudaErrorIllegalInstruction, "wgmma.mma_async.m64n%dk16", n);
+    if (L->nwg == WG_MAX)
+        trap(cudaErrorLaunchFailure, "more than %d wgmma products queued in one thread (wait for some)",
+             (int)WG_MAX);
+    L->wg[L->nwg++] = Lane::Wg{d, a, static_cast<const unsigned char *>(b), (unsigned)n, lbo, sbo,
+                               L->wg_commits + 1, trans, bf16 ? ELEM_BF16 : ELEM_F16, acc};
+}
+
+void wgmma_commit()
+{
+    current()->wg_commits++;
+}
+
+int wgmma_due(int n, WgmmaB *out, int max)
+{
+    Lane *L = current();
+    unsigned upto = L->wg_commits > (unsigned)(n < 0 ? 0 : n) ? L->wg_commits - (unsigned)n : 0;
+    int k = 0;
+    for (unsigned i = 0; i < L->nwg && k < max; i++)
+        if (L->wg[i].group <= upto)
+            out[k++] = WgmmaB{L->wg[i].b, L->wg[i].n, L->wg[i].lbo, L->wg[i].sbo, L->wg[i].trans};
+    return k;
 }
 
 void syncthreads()

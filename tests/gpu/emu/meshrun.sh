@@ -146,9 +146,11 @@ done
 # The attention's layouts gpu_bench compares, by environment
 # (MESH_ATTN_FWD_ROWS=128: the forward's blocks of 128 query rows;
 # MESH_ATTN_BWD_BLOCKS=1: the backward's kernels compiled for more blocks
-# an SM, at head size 64): gpt-tiny with one head of 64 in bf16 trains 2
-# steps to the same checkpoint bytes as with the defaults; a value of
-# neither kind is a clear error
+# an SM, at head size 64; MESH_ATTN_WGMMA=1: the forward on warpgroup
+# products, whose bits only the emulation promises to be the same):
+# gpt-tiny with one head of 64 in bf16 trains 2 steps to the same
+# checkpoint bytes as with the defaults; a value of neither kind is a
+# clear error
 "$B/meshc" --set model.heads=1 --set train.precision=bf16 --set train.global_batch=4 --set train.micro_batch=4 \
     examples/gpt-tiny.mesh -o "$T/h64.plan" >/dev/null
 check "meshc compiles gpt-tiny with one head of 64 in bf16" $?
@@ -157,6 +159,9 @@ MESH_EMU_GPUS=1 PLAN=h64 run "$T/h64a.log" --device cuda --steps 2 --checkpoint 
         --steps 2 --checkpoint "$T/h64b" &&
     diff -r "$T/h64a" "$T/h64b" >/dev/null
 check "MESH_ATTN_FWD_ROWS=128 MESH_ATTN_BWD_BLOCKS=1: 2 steps on 1 emulated GPU to the defaults' checkpoint bytes" $?
+MESH_EMU_GPUS=1 MESH_ATTN_WGMMA=1 PLAN=h64 run "$T/h64w.log" --device cuda --steps 2 --checkpoint "$T/h64w" &&
+    diff -r "$T/h64a" "$T/h64w" >/dev/null
+check "MESH_ATTN_WGMMA=1: 2 steps on 1 emulated GPU to the defaults' checkpoint bytes" $?
 MESH_EMU_GPUS=1 MESH_ATTN_FWD_ROWS=96 timeout 60 "$B/meshrun_emu" "$T/h64.plan" --data "$T/train.bin" \
     --device cuda --steps 1 >"$T/h64c.log" 2>&1
 [ $? -ne 0 ] && grep -q "^meshrun: error: .*MESH_ATTN_FWD_ROWS=96: expected 64 or 128$" "$T/h64c.log"

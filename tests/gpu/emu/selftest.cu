@@ -550,6 +550,161 @@ static void t_ldsm_past_dynamic()
     expect_fault(cudaErrorIllegalAddress);
 }
 
+/* ---- wgmma (emu/ptx.h, kcuda_ptx.h's kc_wgmma) ------------------------------------ */
+
+/* B's byte offset of (k, n) in the canonical layout without swizzling
+ * (kcuda_ptx.h): K-major (trans 0) or N-major (1). */
+static unsigned wg_off(int trans, unsigned k, unsigned n, unsigned lbo, unsigned sbo)
+{
+    return trans ? 2 * (n % 8) + sbo * (n / 8) + 16 * (k % 8) + lbo * (k / 8)
+                 : 16 * (n % 8) + sbo * (n / 8) + 2 * (k % 8) + lbo * (k / 8);
+}
+
+enum { WG_N = 32, WG_SMEM = 4096 };
+
+/* One warpgroup: A [64 x 16] from global memory into each warp's
+ * registers by mma's A layout; B's image (`img`, WG_SMEM bytes, laid out
+ * by the host) copied into shared memory; D = C + A B (acc) or A B, C
+ * from global memory by the accumulator layout. Before the wait each
+ * thread saves what its d holds (the wait has not run: C's values), and
+ * after it D. */
+template <class L, int TRANS>
+__global__ void k_wgmma(float *out, float *early, const L *a, const unsigned char *img, const float *c,
+                        unsigned lbo, unsigned sbo, int acc)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned tid = threadIdx.x, w = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    for (unsigned i = tid; i < WG_SMEM; i += blockDim.x)
+        smem[i] = img[i];
+    kc_fence_proxy_async();
+    __syncthreads();
+    uint32_t ra[4];
+    for (unsigned h = 0; h < 4; h++) {
+        unsigned row = 16 * w + g + 8 * (h & 1), col = 2 * t + 8 * (h >> 1);
+        ra[h] = kc_pack2<L>(kc_f(a[row * 16 + col]), kc_f(a[row * 16 + col + 1]));
+    }
+    float d[WG_N / 8][4];
+    for (unsigned j = 0; j < WG_N / 8; j++)
+        for (unsigned e = 0; e < 4; e++)
+            d[j][e] = c[(16 * w + g + 8 * (e / 2)) * WG_N + 8 * j + 2 * t + e % 2];
+    kc_wgmma_fence();
+    kc_wgmma<L, WG_N, TRANS>(d, ra, smem, lbo, sbo, acc);
+    kc_wgmma_commit();
+    for (unsigned j = 0; j < WG_N / 8; j++)
+        for (unsigned e = 0; e < 4; e++)
+            early[(16 * w + g + 8 * (e / 2)) * WG_N + 8 * j + 2 * t + e % 2] = d[j][e];
+    kc_wgmma_wait<0>();
+    for (unsigned j = 0; j < WG_N / 8; j++)
+        for (unsigned e = 0; e < 4; e++)
+            out[(16 * w + g + 8 * (e / 2)) * WG_N + 8 * j + 2 * t + e % 2] = d[j][e];
+}
+
+template <class L, int TRANS> static void wgmma_case(unsigned lbo, unsigned sbo, int acc)
+{
+    std::vector<L> ha(64 * 16);
+    std::vector<float> fa(64 * 16), fb(16 * WG_N), hc(64 * WG_N);
+    std::vector<unsigned char> img(WG_SMEM, 0xff);
+    for (int i = 0; i < 64 * 16; i++)
+        fa[i] = kc_f(ha[i] = kc_to<L>(mma_val(i, 7, 25)));
+    for (unsigned k = 0; k < 16; k++)
+        for (unsigned n = 0; n < WG_N; n++) {
+            L x = kc_to<L>(mma_val((int)(k * WG_N + n), 5, 23));
+            fb[k * WG_N + n] = kc_f(x);
+            unsigned off = wg_off(TRANS, k, n, lbo, sbo);
+            CHECK(off + 2 <= WG_SMEM);
+            memcpy(&img[off], &x, 2);
+        }
+    for (int i = 0; i < 64 * WG_N; i++)
+        hc[i] = mma_val(i, 3, 17) * 0.5f;
+    L *da = dalloc<L>(64 * 16);
+    unsigned char *dimg = dalloc<unsigned char>(WG_SMEM);
+    float *dc = dalloc<float>(64 * WG_N), *dd = dalloc<float>(64 * WG_N), *de = dalloc<float>(64 * WG_N);
+    cudaMemcpy(da, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(dimg, img.data(), WG_SMEM, cudaMemcpyHostToDevice);
+    cudaMemcpy(dc, hc.data(), hc.size() * 4, cudaMemcpyHostToDevice);
+    k_wgmma<L, TRANS><<<1, 128, WG_SMEM>>>(dd, de, da, dimg, dc, lbo, sbo, acc);
+    std::vector<float> d(64 * WG_N), e(64 * WG_N);
+    CHECK(cudaMemcpy(d.data(), dd, d.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(cudaMemcpy(e.data(), de, e.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    int bad = 0;
+    for (int i = 0; i < 64; i++)
+        for (int j = 0; j < WG_N; j++) {
+            float want = acc ? hc[i * WG_N + j] : 0.0f;
+            for (int k = 0; k < 16; k++)
+                want += fa[i * 16 + k] * fb[k * WG_N + j];
+            if (d[i * WG_N + j] != want && bad++ < 4)
+                fprintf(stderr, "# D[%d][%d] = %g, want %g\n", i, j, d[i * WG_N + j], want);
+            if (e[i * WG_N + j] != hc[i * WG_N + j] && bad++ < 4) /* before the wait: still C */
+                fprintf(stderr, "# before the wait, D[%d][%d] = %g, want C's %g\n", i, j, e[i * WG_N + j],
+                        hc[i * WG_N + j]);
+        }
+    CHECK(bad == 0);
+}
+
+/* Both majors, with the offsets the attention's tiles use (K-major: the
+ * next 8 columns of k 512 bytes on, the next 8 rows 128; N-major: the
+ * next 8 keys 128, the next 8 columns 512) and others; bf16 and f16;
+ * accumulating into C and not. */
+static void t_wgmma()
+{
+    wgmma_case<bf16, 0>(512, 128, 1);
+    wgmma_case<bf16, 1>(128, 512, 1);
+    wgmma_case<f16, 0>(1024, 256, 0);
+    wgmma_case<f16, 1>(256, 1024, 1);
+    wgmma_case<bf16, 1>(1024, 128, 0);
+}
+
+/* Mistakes: a block of 64 threads (half a warpgroup), B misaligned,
+ * B past the dynamic shared memory, a thread exiting with its product
+ * not waited for, and lanes of a warp queuing different products. */
+__global__ void k_wgmma_bad(float *out, int how)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    float d[4][4] = {};
+    uint32_t ra[4] = {0, 0, 0, 0};
+    unsigned lane = threadIdx.x % 32;
+    const unsigned char *b = how == 1 ? smem + 8 : smem;
+    unsigned sbo = how == 2 ? 4096 : 128;
+    if (how == 4 && lane == 5)
+        sbo = 256;
+    kc_wgmma_fence();
+    kc_wgmma<bf16, 32, 0>(d, ra, b, 512, sbo, 1);
+    kc_wgmma_commit();
+    if (how != 3)
+        kc_wgmma_wait<0>();
+    out[threadIdx.x] = d[0][0];
+}
+
+static void t_wgmma_half_warpgroup()
+{
+    k_wgmma_bad<<<1, 64, 2048>>>(dalloc<float>(128), 0);
+    expect_fault(cudaErrorIllegalInstruction);
+}
+
+static void t_wgmma_misaligned()
+{
+    k_wgmma_bad<<<1, 128, 2048>>>(dalloc<float>(128), 1);
+    expect_fault(cudaErrorMisalignedAddress);
+}
+
+static void t_wgmma_past_dynamic()
+{
+    k_wgmma_bad<<<1, 128, 2048>>>(dalloc<float>(128), 2);
+    expect_fault(cudaErrorIllegalAddress);
+}
+
+static void t_wgmma_not_waited()
+{
+    k_wgmma_bad<<<1, 128, 2048>>>(dalloc<float>(128), 3);
+    expect_fault(cudaErrorIllegalInstruction);
+}
+
+static void t_wgmma_divergent()
+{
+    k_wgmma_bad<<<1, 128, 2048>>>(dalloc<float>(128), 4);
+    expect_fault(cudaErrorIllegalInstruction);
+}
+
 /* Dynamic shared memory past the launch's bytes, where a GPU has none for
  * the block: writes all of its 1024 bytes (fill), or reads byte 512 of a
  * launch of 256 (look): 0xff, not what the launch before wrote there;
@@ -1422,6 +1577,12 @@ static const Case cases[] = {
     {"ldmatrix_divergent_trans", t_ldsm_divergent_trans, 0, 0, 0},
     {"ldmatrix_global_memory", t_ldsm_global, 0, 0, 0},
     {"ldmatrix_past_dynamic_shared_memory", t_ldsm_past_dynamic, 0, 0, 0},
+    {"wgmma", t_wgmma, 0, 0, 0},
+    {"wgmma_half_warpgroup", t_wgmma_half_warpgroup, 0, 0, 0},
+    {"wgmma_misaligned", t_wgmma_misaligned, 0, 0, 0},
+    {"wgmma_past_dynamic_shared_memory", t_wgmma_past_dynamic, 0, 0, 0},
+    {"wgmma_not_waited", t_wgmma_not_waited, 0, 0, 0},
+    {"wgmma_divergent", t_wgmma_divergent, 0, 0, 0},
     {"shared_memory_past_the_launchs_bytes", t_smem_past_dynamic, 0, 0, 0},
     {"cp_async", t_cp_async, 0, 0, MODE_CP_LATE},
     {"cp_async_early", t_cp_async_early, 0, 0, MODE_CP_EARLY},

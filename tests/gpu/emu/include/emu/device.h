@@ -82,7 +82,8 @@ enum {
     OP_SHFL_DOWN,
     OP_SHFL_XOR,
     OP_MMA_M16N8K16, /* emu/ptx.h */
-    OP_LDMATRIX_X4
+    OP_LDMATRIX_X4,
+    OP_WGMMA_WAIT
 };
 
 /* Element types of mma.m16n8k16's inputs. */
@@ -106,6 +107,14 @@ struct WarpOp {
     /* ldmatrix: where each of the lane's 8 elements (r[i]'s low half at
      * 2i, high half at 2i + 1) was read; set by the emulator */
     const void *src[8];
+};
+
+/* The B operand of a wgmma product queued by a thread (emu/ptx.h): its
+ * start, N, offsets and majorness. */
+struct WgmmaB {
+    const unsigned char *b;
+    unsigned n, lbo, sbo;
+    int trans;
 };
 
 void warp_op(WarpOp *op);

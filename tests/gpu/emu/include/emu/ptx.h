@@ -117,6 +117,67 @@ void cp_async16(void *dst, const void *src, unsigned n);
 void cp_async_commit();
 void cp_async_wait(int n);
 
+/* Warpgroup products (kcuda_ptx.h's kc_wgmma_*; exec.cpp):
+ * wgmma.mma_async.sync.aligned.m64nNk16.f32 with bf16 or f16 inputs, A
+ * from registers, B from shared memory in the canonical layout without
+ * swizzling that a matrix descriptor names (PTX ISA, "Shared Memory
+ * Matrix Layout": start address b, leading and stride dimension byte
+ * offsets lbo and sbo); trans 0: B K-major, element (k, n) at byte
+ * 16 (n % 8) + sbo (n / 8) + 2 (k % 8) + lbo (k / 8); trans 1: N-major,
+ * 2 (n % 8) + sbo (n / 8) + 16 (k % 8) + lbo (k / 8). Warp w of the
+ * warpgroup computes its 16 rows: its A operand is mma.m16n8k16's
+ * (a[4] as there) and its D is float d[N / 2], d[4j + e] at row
+ * g + 8 (e / 2), column 8 j + 2 t + e % 2 (g = lane / 4, t = lane % 4).
+ *
+ * wgmma_rs(...) queues the product in the thread's open group, reading
+ * nothing yet; wgmma_commit() closes the group; wgmma_wait(n) (every lane
+ * of the warp) completes, in the order issued, the products of every
+ * committed group but the n most recent: only then are a, b's shared
+ * memory and d (when acc) read and d written, so a kernel that reads d
+ * before its wait reads what was there, and one that changes a or b
+ * before it changes the product, as on a GPU they may. D = acc ? D + A B
+ * : A B, exact products summed in k order in fp32 (as mma_m16n8k16).
+ * Checked at the wait: every lane of the warp queued the same products
+ * (N, b, lbo, sbo, trans, type), the block has the warpgroup's 128
+ * threads, b 16-byte aligned and every element in shared memory, lbo and
+ * sbo multiples of 16 below 2^18 (the descriptor's encoding); a thread
+ * that exits with products not waited for traps. wgmma.fence and
+ * fence.proxy.async order nothing here (kc_wgmma_fence,
+ * kc_fence_proxy_async): a missing one is not caught. */
+void wgmma_rs(float *d, int n, const uint32_t *a, const void *b, unsigned lbo, unsigned sbo, int trans,
+              bool bf16, bool acc);
+void wgmma_commit();
+
+/* The B operands (WgmmaB, emu/device.h) of the calling thread's products
+ * that wgmma_wait(n) completes (at most max, their number returned). */
+int wgmma_due(int n, WgmmaB *out, int max);
+
+/* ThreadSanitizer (as ldmatrix above): the emulator reads B at the wait
+ * on its runner thread, which TSan does not see; so before the warp
+ * completes them each lane reads, here and instrumented, its 32nd of
+ * every due product's elements of B, the ones whose index k N + n is its
+ * lane number modulo 32. */
+inline void wgmma_wait(int n)
+{
+    WgmmaB due[16];
+    int nd = wgmma_due(n, due, 16);
+    unsigned lane = (unsigned)(threadIdx.x & 31);
+    for (int i = 0; i < nd; i++)
+        for (unsigned e = lane; e < 16 * due[i].n; e += 32) {
+            unsigned k = e / due[i].n, c = e % due[i].n;
+            size_t off = due[i].trans ? 2 * (c % 8) + due[i].sbo * (c / 8) + 16 * (k % 8) + due[i].lbo * (k / 8)
+                                      : 16 * (c % 8) + due[i].sbo * (c / 8) + 2 * (k % 8) + due[i].lbo * (k / 8);
+            const volatile unsigned char *q = due[i].b + off;
+            (void)q[0];
+            (void)q[1];
+        }
+    WarpOp op = {};
+    op.kind = OP_WGMMA_WAIT;
+    op.mask = 0xffffffffu;
+    op.arg = n;
+    warp_op(&op);
+}
+
 /* Blocks taking turns (kc_wait_ge, kc_add_release): ld.acquire.gpu in a
  * loop until *p >= v, and red.release.gpu.add. A runner runs its blocks
  * in index order and the runners run at once, so a block that waits only
