@@ -711,10 +711,9 @@ __global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, MT>()) 
  * [8], 16 bytes a row of a chunk, no padding): K is then K-major B for
  * S = Q K^T (lbo: the next chunk, 1024 bytes; sbo: the next 8 rows, 128)
  * and V N-major B for O += P V (lbo: the next 8 keys, 128; sbo: the next
- * chunk). The queries' A operands are in registers, loaded once by
- * ldmatrix (16 bytes of a chunk a row: the same rows as att_cfg's
- * layout); P is the A operand of the second product in registers, as in
- * attn_fwd_kernel. Each product waits for its result before the softmax
+ * chunk). The queries' A operands are in registers, loaded by ldmatrix
+ * for each tile (16 bytes of a chunk a row); P is the A operand of the
+ * second product in registers, as in attn_fwd_kernel. Each product waits for its result before the softmax
  * (no overlap between tiles yet). Only the accumulators' order within a
  * product differs from attn_fwd_kernel's, so the results may differ in
  * their last bits on a GPU (not on the emulation). 2-byte types, a.vec,
@@ -815,8 +814,11 @@ __global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, 1>()) a
         int j0 = it * ATT_TILE;
         const T *sK, *sV;
         kv_tile_cm<T, DP>(smem, it, tiles, k, v, a, &sK, &sV);
-        if (it == 0)
-            load_a_frags_cm<T, DP>(qf, sQ, row0);
+        /* the queries' A operands again for every tile, not held over
+         * the loop: held, ptxas (CUDA 13, sm_90a) gave their registers to
+         * other values after the first tile's products (nvdisasm's
+         * listing); 4 ldmatrix a warp a tile */
+        load_a_frags_cm<T, DP>(qf, sQ, row0);
         float s[8][4];
         kc_wgmma_fence();
 #pragma unroll
