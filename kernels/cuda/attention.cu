@@ -711,9 +711,11 @@ __global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, MT>()) 
  * [8], 16 bytes a row of a chunk, no padding): K is then K-major B for
  * S = Q K^T (lbo: the next chunk, 1024 bytes; sbo: the next 8 rows, 128)
  * and V N-major B for O += P V (lbo: the next 8 keys, 128; sbo: the next
- * chunk). The queries' A operands are in registers, loaded by ldmatrix
- * for each tile (16 bytes of a chunk a row); P is the A operand of the
- * second product in registers, as in attn_fwd_kernel. Each product waits for its result before the softmax
+ * chunk). Q is K-major A of the first product, in shared memory too (its
+ * A operands held in registers over the loop, ptxas (CUDA 13, sm_90a)
+ * gave those registers to other values after the first tile's products,
+ * in nvdisasm's listing); P is the A operand of the second product in
+ * registers, as in attn_fwd_kernel. Each product waits for its result before the softmax
  * (no overlap between tiles yet). Only the accumulators' order within a
  * product differs from attn_fwd_kernel's, so the results may differ in
  * their last bits on a GPU (not on the emulation). 2-byte types, a.vec,
@@ -725,6 +727,9 @@ __host__ __device__ constexpr size_t att_cm_bytes()
 {
     return (size_t)ATT_TILE * DP * sizeof(T);
 }
+
+/* The bytes from one chunk of a tile of core matrices to the next. */
+#define ATT_CM_CHUNK (ATT_TILE * 16)
 
 /* Element offset of (row, chunk c) in a tile of core matrices. */
 __device__ __forceinline__ int att_cm(int row, int c)
@@ -750,17 +755,6 @@ __device__ void queue_tile_cm(T *dst, const T *src, long long stride, int row0, 
         const T *from = in ? src + (long long)(row0 + r) * stride + 8 * c : src;
         kc_cp_async16(dst + att_cm(r, c), from, in);
     }
-}
-
-/* load_a_frags from a tile of core matrices. */
-template <typename T, int DP>
-__device__ __forceinline__ void load_a_frags_cm(uint32_t (&af)[DP / 16][4], const T *A, int row0)
-{
-    int lane = threadIdx.x & 31;
-    int r = row0 + (lane & 7) + 8 * ((lane >> 3) & 1);
-#pragma unroll
-    for (int kk = 0; kk < DP / 16; kk++)
-        kc_ldsm4(af[kk], A + att_cm(r, 2 * kk + (lane >> 4)));
 }
 
 /* kv_tile for tiles of core matrices: the tensor cores read them (the
@@ -807,23 +801,18 @@ __global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, 1>()) a
     queue_tile_cm<T, DP>((T *)(smem + 2 * TB), v, a.vs, 0, a.T, a.d);
     kc_cp_async_commit();
     int row0 = 16 * w;
-    uint32_t qf[DP / 16][4];
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[DP / 8][4];
     zero_acc<DP>(acc);
     for (int it = 0; it < tiles; it++) {
         int j0 = it * ATT_TILE;
         const T *sK, *sV;
         kv_tile_cm<T, DP>(smem, it, tiles, k, v, a, &sK, &sV);
-        /* the queries' A operands again for every tile, not held over
-         * the loop: held, ptxas (CUDA 13, sm_90a) gave their registers to
-         * other values after the first tile's products (nvdisasm's
-         * listing); 4 ldmatrix a warp a tile */
-        load_a_frags_cm<T, DP>(qf, sQ, row0);
         float s[8][4];
         kc_wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < DP / 16; kk++) /* keys' chunks 2 kk, 2 kk + 1: K-major */
-            kc_wgmma<T, ATT_TILE, 0>(s, qf[kk], sK + att_cm(0, 2 * kk), 2 * ATT_TILE * 8, 128, kk);
+        for (int kk = 0; kk < DP / 16; kk++) /* chunks 2 kk, 2 kk + 1 of Q and K: both K-major */
+            kc_wgmma_ss<T, ATT_TILE, 0>(s, sQ + att_cm(0, 2 * kk), ATT_CM_CHUNK, 128, sK + att_cm(0, 2 * kk),
+                                        ATT_CM_CHUNK, 128, kk);
         kc_wgmma_commit();
         kc_wgmma_wait<0>();
         if (!att_full(a, i0, j0, false))
@@ -840,7 +829,7 @@ __global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, 1>()) a
         kc_wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < ATT_TILE / 16; kk++) /* keys 16 kk ..: V N-major */
-            kc_wgmma<T, DP, 1>(acc, pa[kk], sV + att_cm(16 * kk, 0), 128, 2 * ATT_TILE * 8, 1);
+            kc_wgmma<T, DP, 1>(acc, pa[kk], sV + att_cm(16 * kk, 0), 128, ATT_CM_CHUNK, 1);
         kc_wgmma_commit();
         kc_wgmma_wait<0>();
         __syncthreads(); /* this pair is read: the next iteration refills it */

@@ -15,7 +15,8 @@
  *   kc_wait_ge, kc_add_release
  *                             blocks taking turns through a counter in
  *                             global memory (acquire and release)
- *   kc_wgmma<L, N, TRANSB>(d, a, b, lbo, sbo, acc), kc_wgmma_fence,
+ *   kc_wgmma<L, N, TRANSB>(d, a, b, lbo, sbo, acc), kc_wgmma_ss (A from
+ *   shared memory too), kc_wgmma_fence,
  *   kc_wgmma_commit, kc_wgmma_wait<N>, kc_fence_proxy_async, kc_wgmma_desc
  *                             warpgroup products (sm_90a, at the end)
  *
@@ -307,6 +308,39 @@ __device__ __forceinline__ void kc_wgmma(float (&d)[N / 8][4], const uint32_t (&
     __trap(); /* wgmma needs sm_90a */
 #else
     (void)d, (void)a, (void)b, (void)lbo, (void)sbo, (void)acc;
+#endif
+}
+
+/* The same with A [64 x 16] from shared memory too, K-major (stored
+ * [m][k]: element (m, k) at 16 (m % 8) + asbo (m / 8) + 2 (k % 8) +
+ * albo (k / 8)), read by the tensor cores as B is; N = 64 only. */
+#define KC_WG_ASM_SS(TY)                                                                                       \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                  \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " KC_WG_STR32 ", %32, %33, p, 1, 1, " \
+                 "0, %35;\n}\n"                                                                                 \
+                 : KC_WG_D4(0), KC_WG_D4(4)                                                                      \
+                 : "l"(adesc), "l"(desc), "r"(acc), "n"(TRANSB))
+
+template <typename L, int N, int TRANSB>
+__device__ __forceinline__ void kc_wgmma_ss(float (&d)[N / 8][4], const void *a, uint32_t albo, uint32_t asbo,
+                                            const void *b, uint32_t lbo, uint32_t sbo, int acc)
+{
+    static_assert(sizeof(L) == 2 && N == 64 && (TRANSB == 0 || TRANSB == 1),
+                  "kc_wgmma_ss: bf16 or f16 inputs, N 64");
+#ifdef EMU_CUDA_RUNTIME_H
+    ::emu::wgmma_ss(&d[0][0], N, a, albo, asbo, b, lbo, sbo, TRANSB, std::is_same<L, bf16>::value, acc != 0);
+#elif defined(KC_WGMMA)
+    uint64_t adesc = kc_wgmma_desc((uint32_t)__cvta_generic_to_shared(a), albo, asbo);
+    uint64_t desc = kc_wgmma_desc((uint32_t)__cvta_generic_to_shared(b), lbo, sbo);
+    if constexpr (std::is_same<L, bf16>::value)
+        KC_WG_ASM_SS("bf16");
+    else
+        KC_WG_ASM_SS("f16");
+#elif defined(__CUDA_ARCH__)
+    (void)d, (void)a, (void)albo, (void)asbo, (void)b, (void)lbo, (void)sbo, (void)acc;
+    __trap(); /* wgmma needs sm_90a */
+#else
+    (void)d, (void)a, (void)albo, (void)asbo, (void)b, (void)lbo, (void)sbo, (void)acc;
 #endif
 }
 

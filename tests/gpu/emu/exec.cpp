@@ -257,7 +257,9 @@ struct Lane {
      * issued, each with its group as the copies' */
     struct Wg {
         float *d;
-        const uint32_t *a;
+        const uint32_t *a;     /* A in registers, or */
+        const unsigned char *as; /* A in shared memory (K-major) */
+        unsigned albo, asbo;
         const unsigned char *b;
         unsigned n, lbo, sbo, group;
         int trans, elem;
@@ -700,7 +702,8 @@ bool do_wgmma_wait(Runner *r, Lane *w0, unsigned warp)
         for (unsigned m = 1; m < 32; m++) {
             const Lane::Wg &q = w0[m].wg[i];
             if (q.n != o.n || q.b != o.b || q.lbo != o.lbo || q.sbo != o.sbo || q.trans != o.trans ||
-                q.elem != o.elem || q.acc != o.acc || q.group != o.group) {
+                q.elem != o.elem || q.acc != o.acc || q.group != o.group || q.as != o.as || q.albo != o.albo ||
+                q.asbo != o.asbo || !q.a != !o.a) {
                 block_fail(r, cudaErrorIllegalInstruction,
                            format("warp %u: wgmma.mma_async %u differs between lane 0 and lane %u (every lane "
                                   "must run the same instruction)",
@@ -731,7 +734,30 @@ bool do_wgmma_wait(Runner *r, Lane *w0, unsigned warp)
         }
         auto half = [&o](uint16_t h) { return o.elem == ELEM_BF16 ? emu_bf16_to_f32(h) : emu_f16_to_f32(h); };
         float A[16][16];
-        for (unsigned m = 0; m < 32; m++) {
+        if (o.as) { /* the warp's 16 rows of the warpgroup's 64, K-major in shared memory */
+            auto aat = [&o](unsigned m, unsigned k) { return 16 * (m % 8) + o.asbo * (m / 8) + 2 * (k % 8) + o.albo * (k / 8); };
+            if ((uintptr_t)o.as % 16 != 0 || o.albo % 16 != 0 || o.asbo % 16 != 0 || o.albo >= (1u << 18) ||
+                o.asbo >= (1u << 18)) {
+                block_fail(r, cudaErrorMisalignedAddress,
+                           format("warp %u: wgmma.mma_async: A at %p, offsets %u and %u (each a multiple of 16, "
+                                  "the offsets below 2^18)",
+                                  warp, (const void *)o.as, o.albo, o.asbo));
+                return false;
+            }
+            size_t aend = 0;
+            for (unsigned m = 0; m < 64; m++)
+                for (unsigned k = 0; k < 16; k++)
+                    aend = std::max(aend, (size_t)aat(m, k) + 2);
+            std::string abad = shared_problem(r, o.as, aend);
+            if (!abad.empty()) {
+                block_fail(r, cudaErrorIllegalAddress, format("warp %u: wgmma.mma_async: A ", warp) + abad);
+                return false;
+            }
+            for (unsigned m = 0; m < 16; m++)
+                for (unsigned k = 0; k < 16; k++)
+                    A[m][k] = half(*reinterpret_cast<const uint16_t *>(o.as + aat(16 * (warp % 4) + m, k)));
+        }
+        for (unsigned m = 0; m < 32 && !o.as; m++) {
             const uint32_t *a = w0[m].wg[i].a;
             unsigned g = m / 4, t = m % 4;
             for (unsigned h = 0; h < 2; h++) {
@@ -1258,7 +1284,22 @@ void wgmma_rs(float *d, int n, const uint32_t *a, const void *b, unsigned lbo, u
     if (L->nwg == WG_MAX)
         trap(cudaErrorLaunchFailure, "more than %d wgmma products queued in one thread (wait for some)",
              (int)WG_MAX);
-    L->wg[L->nwg++] = Lane::Wg{d, a, static_cast<const unsigned char *>(b), (unsigned)n, lbo, sbo,
+    L->wg[L->nwg++] = Lane::Wg{d, a, nullptr, 0, 0, static_cast<const unsigned char *>(b), (unsigned)n, lbo, sbo,
+                               L->wg_commits + 1, trans, bf16 ? ELEM_BF16 : ELEM_F16, acc};
+}
+
+void wgmma_ss(float *d, int n, const void *a, unsigned albo, unsigned asbo, const void *b, unsigned lbo,
+              unsigned sbo, int trans, bool bf16, bool acc)
+{
+    Lane *L = current();
+    if (n != 64)
+        trap(cudaErrorIllegalInstruction, "wgmma.mma_async.m64n%dk16 with A in shared memory (the kernels' "
+             "wrapper takes n 64)", n);
+    if (L->nwg == WG_MAX)
+        trap(cudaErrorLaunchFailure, "more than %d wgmma products queued in one thread (wait for some)",
+             (int)WG_MAX);
+    L->wg[L->nwg++] = Lane::Wg{d, nullptr, static_cast<const unsigned char *>(a), albo, asbo,
+                               static_cast<const unsigned char *>(b), (unsigned)n, lbo, sbo,
                                L->wg_commits + 1, trans, bf16 ? ELEM_BF16 : ELEM_F16, acc};
 }
 
@@ -1273,8 +1314,11 @@ int wgmma_due(int n, WgmmaB *out, int max)
     unsigned upto = L->wg_commits > (unsigned)(n < 0 ? 0 : n) ? L->wg_commits - (unsigned)n : 0;
     int k = 0;
     for (unsigned i = 0; i < L->nwg && k < max; i++)
-        if (L->wg[i].group <= upto)
+        if (L->wg[i].group <= upto) {
             out[k++] = WgmmaB{L->wg[i].b, L->wg[i].n, L->wg[i].lbo, L->wg[i].sbo, L->wg[i].trans};
+            if (L->wg[i].as && k < max)
+                out[k++] = WgmmaB{L->wg[i].as, 64, L->wg[i].albo, L->wg[i].asbo, 0};
+        }
     return k;
 }
 

@@ -560,7 +560,7 @@ static unsigned wg_off(int trans, unsigned k, unsigned n, unsigned lbo, unsigned
                  : 16 * (n % 8) + sbo * (n / 8) + 2 * (k % 8) + lbo * (k / 8);
 }
 
-enum { WG_N = 32, WG_SMEM = 4096 };
+enum { WG_N = 32, WG_SMEM = 4096, WG_SMEM_SS = 8192 };
 
 /* One warpgroup: A [64 x 16] from global memory into each warp's
  * registers by mma's A layout; B's image (`img`, WG_SMEM bytes, laid out
@@ -597,6 +597,78 @@ __global__ void k_wgmma(float *out, float *early, const L *a, const unsigned cha
     for (unsigned j = 0; j < WG_N / 8; j++)
         for (unsigned e = 0; e < 4; e++)
             out[(16 * w + g + 8 * (e / 2)) * WG_N + 8 * j + 2 * t + e % 2] = d[j][e];
+}
+
+/* The same with A from shared memory too (kc_wgmma_ss, N 64): A's image
+ * at byte 8192 of `img`, K-major by albo and asbo. */
+template <class L, int TRANS>
+__global__ void k_wgmma_ss(float *out, float *early, const unsigned char *img, const float *c, unsigned lbo,
+                           unsigned sbo, unsigned albo, unsigned asbo, int acc)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned tid = threadIdx.x, w = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    for (unsigned i = tid; i < 2 * WG_SMEM_SS; i += blockDim.x)
+        smem[i] = img[i];
+    kc_fence_proxy_async();
+    __syncthreads();
+    float d[8][4];
+    for (unsigned j = 0; j < 8; j++)
+        for (unsigned e = 0; e < 4; e++)
+            d[j][e] = c[(16 * w + g + 8 * (e / 2)) * 64 + 8 * j + 2 * t + e % 2];
+    kc_wgmma_fence();
+    kc_wgmma_ss<L, 64, TRANS>(d, smem + WG_SMEM_SS, albo, asbo, smem, lbo, sbo, acc);
+    kc_wgmma_commit();
+    for (unsigned j = 0; j < 8; j++)
+        for (unsigned e = 0; e < 4; e++)
+            early[(16 * w + g + 8 * (e / 2)) * 64 + 8 * j + 2 * t + e % 2] = d[j][e];
+    kc_wgmma_wait<0>();
+    for (unsigned j = 0; j < 8; j++)
+        for (unsigned e = 0; e < 4; e++)
+            out[(16 * w + g + 8 * (e / 2)) * 64 + 8 * j + 2 * t + e % 2] = d[j][e];
+}
+
+template <class L, int TRANS> static void wgmma_ss_case(unsigned lbo, unsigned sbo, unsigned albo, unsigned asbo)
+{
+    std::vector<float> fa(64 * 16), fb(16 * 64), hc(64 * 64);
+    std::vector<unsigned char> img(2 * WG_SMEM_SS, 0xff);
+    for (unsigned m = 0; m < 64; m++)
+        for (unsigned k = 0; k < 16; k++) {
+            L x = kc_to<L>(mma_val((int)(m * 16 + k), 7, 25));
+            fa[m * 16 + k] = kc_f(x);
+            unsigned off = wg_off(0, k, m, albo, asbo); /* K-major, m as n */
+            CHECK(off + 2 <= WG_SMEM_SS);
+            memcpy(&img[WG_SMEM_SS + off], &x, 2);
+        }
+    for (unsigned k = 0; k < 16; k++)
+        for (unsigned n = 0; n < 64; n++) {
+            L x = kc_to<L>(mma_val((int)(k * 64 + n), 5, 23));
+            fb[k * 64 + n] = kc_f(x);
+            unsigned off = wg_off(TRANS, k, n, lbo, sbo);
+            CHECK(off + 2 <= WG_SMEM_SS);
+            memcpy(&img[off], &x, 2);
+        }
+    for (int i = 0; i < 64 * 64; i++)
+        hc[i] = mma_val(i, 3, 17) * 0.5f;
+    unsigned char *dimg = dalloc<unsigned char>(2 * WG_SMEM_SS);
+    float *dc = dalloc<float>(64 * 64), *dd = dalloc<float>(64 * 64), *de = dalloc<float>(64 * 64);
+    cudaMemcpy(dimg, img.data(), img.size(), cudaMemcpyHostToDevice);
+    cudaMemcpy(dc, hc.data(), hc.size() * 4, cudaMemcpyHostToDevice);
+    k_wgmma_ss<L, TRANS><<<1, 128, 2 * WG_SMEM_SS>>>(dd, de, dimg, dc, lbo, sbo, albo, asbo, 1);
+    std::vector<float> d(64 * 64), e(64 * 64);
+    CHECK(cudaMemcpy(d.data(), dd, d.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(cudaMemcpy(e.data(), de, e.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    int bad = 0;
+    for (int i = 0; i < 64; i++)
+        for (int j = 0; j < 64; j++) {
+            float want = hc[i * 64 + j];
+            for (int k = 0; k < 16; k++)
+                want += fa[i * 16 + k] * fb[k * 64 + j];
+            if (d[i * 64 + j] != want && bad++ < 4)
+                fprintf(stderr, "# D[%d][%d] = %g, want %g\n", i, j, d[i * 64 + j], want);
+            if (e[i * 64 + j] != hc[i * 64 + j] && bad++ < 4)
+                fprintf(stderr, "# before the wait, D[%d][%d] = %g\n", i, j, e[i * 64 + j]);
+        }
+    CHECK(bad == 0);
 }
 
 template <class L, int TRANS> static void wgmma_case(unsigned lbo, unsigned sbo, int acc)
@@ -652,6 +724,9 @@ static void t_wgmma()
     wgmma_case<f16, 0>(1024, 256, 0);
     wgmma_case<f16, 1>(256, 1024, 1);
     wgmma_case<bf16, 1>(1024, 128, 0);
+    /* A from shared memory: the attention's tiles' layout, and others */
+    wgmma_ss_case<bf16, 0>(1024, 128, 1024, 128);
+    wgmma_ss_case<f16, 1>(128, 1024, 256, 512);
 }
 
 /* Mistakes: a block of 64 threads (half a warpgroup), B misaligned,

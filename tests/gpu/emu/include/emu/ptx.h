@@ -146,6 +146,11 @@ void cp_async_wait(int n);
  * kc_fence_proxy_async): a missing one is not caught. */
 void wgmma_rs(float *d, int n, const uint32_t *a, const void *b, unsigned lbo, unsigned sbo, int trans,
               bool bf16, bool acc);
+/* The same with A [64 x 16] in shared memory, K-major: (m, k) at
+ * 16 (m % 8) + asbo (m / 8) + 2 (k % 8) + albo (k / 8); warp w of the
+ * warpgroup reads rows 16 (w % 4) .. + 15. */
+void wgmma_ss(float *d, int n, const void *a, unsigned albo, unsigned asbo, const void *b, unsigned lbo,
+              unsigned sbo, int trans, bool bf16, bool acc);
 void wgmma_commit();
 
 /* The B operands (WgmmaB, emu/device.h) of the calling thread's products
@@ -156,11 +161,12 @@ int wgmma_due(int n, WgmmaB *out, int max);
  * on its runner thread, which TSan does not see; so before the warp
  * completes them each lane reads, here and instrumented, its 32nd of
  * every due product's elements of B, the ones whose index k N + n is its
- * lane number modulo 32. */
+ * lane number modulo 32 (and of A's, when in shared memory, as a K-major
+ * operand of 64 columns). */
 inline void wgmma_wait(int n)
 {
-    WgmmaB due[16];
-    int nd = wgmma_due(n, due, 16);
+    WgmmaB due[32];
+    int nd = wgmma_due(n, due, 32);
     unsigned lane = (unsigned)(threadIdx.x & 31);
     for (int i = 0; i < nd; i++)
         for (unsigned e = lane; e < 16 * due[i].n; e += 32) {
