@@ -87,7 +87,7 @@ static void cuda_close(kern *k);
  * kcuda_attention_forward_rows), and MESH_ATTN_BWD_BLOCKS=1, the
  * backward's kernels compiled for more blocks an SM
  * (kcuda_attention_backward_blocks); the same bits either way; and
- * MESH_ATTN_WGMMA=1, the forward on warpgroup products where the GPU
+ * MESH_ATTN_WGMMA=1, the attention on warpgroup products where the GPU
  * takes them (kcuda_attention_wgmma: compute capability 9.0; the last
  * bits may differ). Unset, the kernels' defaults. Process-wide, set once,
  * at the first open (every rank reads the same environment). */

@@ -575,18 +575,18 @@ __device__ __forceinline__ long long att_row_block(long long rows)
     return r < rows ? r : -1;
 }
 
-/* A forward block's rows: its first query row i0 (blocks of `rows`, the
- * heavy late ones first when causal) and its (batch, head), b and h
- * (att_row_block's pair), with q, k, v and o at row 0 of that pair;
- * false for a padding block. */
-template <typename T> struct att_fwd_rows_of {
+/* A block of query rows (the forward's, dq's): its first row i0 (blocks
+ * of `rows`, the heavy late ones first when causal) and its (batch,
+ * head), b and h (att_row_block's pair), with q, k, v and o at row 0 of
+ * that pair (k and v of its kv head); false for a padding block. */
+template <typename T> struct att_qhead {
     const T *q, *k, *v;
     T *o;
     int i0, b, h;
 };
 
 template <typename T>
-__device__ __forceinline__ bool att_fwd_head(const attn_args &a, int rows, att_fwd_rows_of<T> *r)
+__device__ __forceinline__ bool att_q_head(const attn_args &a, int rows, att_qhead<T> *r)
 {
     r->i0 = (a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * rows;
     long long bh = att_row_block(a.B * (long long)a.H);
@@ -631,8 +631,8 @@ __global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, MT>()) 
     extern __shared__ __align__(128) unsigned char smem[];
     constexpr int BR = ATT_TILE * MT; /* the block's query rows */
     int w = threadIdx.x >> 5;
-    att_fwd_rows_of<T> hd;
-    if (!att_fwd_head<T>(a, BR, &hd))
+    att_qhead<T> hd;
+    if (!att_q_head<T>(a, BR, &hd))
         return;
     const T *q = hd.q, *k = hd.k, *v = hd.v;
     T *o = hd.o;
@@ -757,21 +757,21 @@ __device__ void queue_tile_cm(T *dst, const T *src, long long stride, int row0, 
     }
 }
 
-/* kv_tile for tiles of core matrices: the tensor cores read them (the
- * async proxy), so each thread's landed copies are fenced for it before
- * the barrier. */
+/* kv_tile for tiles of core matrices (K and V at tiles base + 2 (it % 2)
+ * and the next): the tensor cores read them (the async proxy), so each
+ * thread's landed copies are fenced for it before the barrier. */
 template <typename T, int DP>
-__device__ __forceinline__ void kv_tile_cm(unsigned char *smem, int it, int tiles, const T *k, const T *v,
-                                           const attn_args &a, const T **sK, const T **sV)
+__device__ __forceinline__ void kv_tile_cm(unsigned char *smem, int base, int it, int tiles, const T *k,
+                                           const T *v, const attn_args &a, const T **sK, const T **sV)
 {
     constexpr size_t TB = att_cm_bytes<T, DP>();
     int cur = it & 1;
-    *sK = (const T *)(smem + (1 + 2 * cur) * TB);
-    *sV = (const T *)(smem + (2 + 2 * cur) * TB);
+    *sK = (const T *)(smem + (base + 2 * cur) * TB);
+    *sV = (const T *)(smem + (base + 1 + 2 * cur) * TB);
     if (it + 1 < tiles) {
         int j1 = (it + 1) * ATT_TILE;
-        queue_tile_cm<T, DP>((T *)(smem + (3 - 2 * cur) * TB), k, a.ks, j1, a.T, a.d);
-        queue_tile_cm<T, DP>((T *)(smem + (4 - 2 * cur) * TB), v, a.vs, j1, a.T, a.d);
+        queue_tile_cm<T, DP>((T *)(smem + (base + 2 - 2 * cur) * TB), k, a.ks, j1, a.T, a.d);
+        queue_tile_cm<T, DP>((T *)(smem + (base + 3 - 2 * cur) * TB), v, a.vs, j1, a.T, a.d);
         kc_cp_async_commit();
         kc_cp_async_wait<1>();
     } else {
@@ -781,14 +781,45 @@ __device__ __forceinline__ void kv_tile_cm(unsigned char *smem, int it, int tile
     __syncthreads(); /* this tile is everyone's */
 }
 
+/* acc += A X over the 64 keys (or queries) of a step: A the warp's
+ * [16 x 64] tile a (P or dS, rows the warp's) rounded to 2 bytes, X a
+ * tile of core matrices [64][DP] read N-major. Queued (the caller commits
+ * and waits). */
+template <typename T, int DP>
+__device__ __forceinline__ void wg_acc_px(float (&acc)[DP / 8][4], const float (&a)[8][4], uint32_t (&pa)[4][4],
+                                          const T *X)
+{
+#pragma unroll
+    for (int kk = 0; kk < ATT_TILE / 16; kk++) {
+        pa[kk][0] = kc_pack2<T>(a[2 * kk][0], a[2 * kk][1]);
+        pa[kk][1] = kc_pack2<T>(a[2 * kk][2], a[2 * kk][3]);
+        pa[kk][2] = kc_pack2<T>(a[2 * kk + 1][0], a[2 * kk + 1][1]);
+        pa[kk][3] = kc_pack2<T>(a[2 * kk + 1][2], a[2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int kk = 0; kk < ATT_TILE / 16; kk++)
+        kc_wgmma<T, DP, 1>(acc, pa[kk], X + att_cm(16 * kk, 0), 128, ATT_CM_CHUNK, 1);
+}
+
+/* s = A B^T over the head size, A and B tiles of core matrices [64][DP]
+ * (both K-major, from shared memory). Queued. */
+template <typename T, int DP>
+__device__ __forceinline__ void wg_abt(float (&s)[8][4], const T *A, const T *B)
+{
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; kk++)
+        kc_wgmma_ss<T, ATT_TILE, 0>(s, A + att_cm(0, 2 * kk), ATT_CM_CHUNK, 128, B + att_cm(0, 2 * kk),
+                                    ATT_CM_CHUNK, 128, kk);
+}
+
 template <typename T, int DP>
 __global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, 1>()) attn_fwd_wg_kernel(attn_args a)
 {
     static_assert(att_cfg<T, DP>::TC, "wgmma: 2-byte types");
     extern __shared__ __align__(128) unsigned char smem[];
     int w = threadIdx.x >> 5;
-    att_fwd_rows_of<T> hd;
-    if (!att_fwd_head<T>(a, ATT_TILE, &hd))
+    att_qhead<T> hd;
+    if (!att_q_head<T>(a, ATT_TILE, &hd))
         return;
     int i0 = hd.i0;
     const T *k = hd.k, *v = hd.v;
@@ -806,30 +837,18 @@ __global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, 1>()) a
     for (int it = 0; it < tiles; it++) {
         int j0 = it * ATT_TILE;
         const T *sK, *sV;
-        kv_tile_cm<T, DP>(smem, it, tiles, k, v, a, &sK, &sV);
+        kv_tile_cm<T, DP>(smem, 1, it, tiles, k, v, a, &sK, &sV);
         float s[8][4];
         kc_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < DP / 16; kk++) /* chunks 2 kk, 2 kk + 1 of Q and K: both K-major */
-            kc_wgmma_ss<T, ATT_TILE, 0>(s, sQ + att_cm(0, 2 * kk), ATT_CM_CHUNK, 128, sK + att_cm(0, 2 * kk),
-                                        ATT_CM_CHUNK, 128, kk);
+        wg_abt<T, DP>(s, sQ, sK); /* Q and K both K-major */
         kc_wgmma_commit();
         kc_wgmma_wait<0>();
         if (!att_full(a, i0, j0, false))
             att_mask_scores(s, a, i0 + row0, j0);
         att_online_softmax<DP>(s, m, l, acc, a.scale2);
         uint32_t pa[ATT_TILE / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < ATT_TILE / 16; kk++) {
-            pa[kk][0] = kc_pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-            pa[kk][1] = kc_pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-            pa[kk][2] = kc_pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[kk][3] = kc_pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        }
         kc_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < ATT_TILE / 16; kk++) /* keys 16 kk ..: V N-major */
-            kc_wgmma<T, DP, 1>(acc, pa[kk], sV + att_cm(16 * kk, 0), 128, ATT_CM_CHUNK, 1);
+        wg_acc_px<T, DP>(acc, s, pa, sV); /* over the keys: V N-major */
         kc_wgmma_commit();
         kc_wgmma_wait<0>();
         __syncthreads(); /* this pair is read: the next iteration refills it */
@@ -878,6 +897,56 @@ __device__ __forceinline__ float att_prob(float s, float L, float scale2)
 __device__ __forceinline__ float att_ds(float p, float dp, float Ds, float scale)
 {
     return p * __fmaf_rn(dp, scale, -Ds);
+}
+
+/* The dk/dv kernels' probabilities and their gradients for a step, in
+ * place: p = exp(s - lse) (0 where masked, when M) from the scores s^T
+ * of the warp's 16 keys from j0 (rows) by the 64 queries from i0, and
+ * ds = p (dp - D) scale from dp^T; the queries' lse log2(e) and D scale
+ * in sL and sD. */
+template <bool M>
+__device__ __forceinline__ void att_probs_kq(float (&p)[8][4], float (&ds)[8][4], const attn_args &a, int j0, int i0,
+                                             const float *sL, const float *sD)
+{
+    int w = threadIdx.x >> 5;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        int key = j0 + 16 * w + att_row(e);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int qc = 8 * j + att_col(e), qr = i0 + qc;
+            float pv = att_prob(p[j][e], sL[qc], a.scale2);
+            if constexpr (M)
+                if (key >= a.T || qr >= a.T || (a.causal && key > qr))
+                    pv = 0.0f;
+            p[j][e] = pv;
+            ds[j][e] = att_ds(pv, ds[j][e], sD[qc], a.scale);
+        }
+    }
+}
+
+/* The dq kernels' gradients of the probabilities, in place: ds = p
+ * (dp - D) scale from dp, p = exp(s - lse) (0 where masked, when M) from
+ * the scores s of the warp's 16 queries from i0 (rows) by the 64 keys
+ * from j0; the queries' lse log2(e) and D scale in sL and sD (by row). */
+template <bool M>
+__device__ __forceinline__ void att_probs_qk(float (&ds)[8][4], const float (&s)[8][4], const attn_args &a, int i0,
+                                             int j0, const float *sL, const float *sD)
+{
+    int w = threadIdx.x >> 5;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        int r = 16 * w + att_row(e), row = i0 + r;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int col = j0 + 8 * j + att_col(e);
+            float pv = att_prob(s[j][e], sL[r], a.scale2);
+            if constexpr (M)
+                if (row >= a.T || col >= a.T || (a.causal && col > row))
+                    pv = 0.0f;
+            ds[j][e] = att_ds(pv, ds[j][e], sD[r], a.scale);
+        }
+    }
 }
 
 /* Queues the copy of dst[64] = the per-row values src[row0 .. row0 + 64)
@@ -1065,23 +1134,9 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dkv_kernel(attn_ar
         }
         /* p = exp(s - lse) as exp2 of log2 units; the mask's compares
          * only on the tiles that have masked entries */
-        auto probs = [&](auto masked) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int key = j0 + 16 * w + att_row(e);
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    int qc = 8 * j + att_col(e), qr = i0 + qc;
-                    float pv = att_prob(p[j][e], sL[qc], a.scale2);
-                    if constexpr (decltype(masked)::value)
-                        if (key >= a.T || qr >= a.T || (a.causal && key > qr))
-                            pv = 0.0f;
-                    p[j][e] = pv;
-                    ds[j][e] = att_ds(pv, ds[j][e], sD[qc], a.scale);
-                }
-            }
-        };
-        att_tile_math(att_full(a, i0, j0, true), probs);
+        att_tile_math(att_full(a, i0, j0, true), [&](auto masked) {
+            att_probs_kq<decltype(masked)::value>(p, ds, a, j0, i0, sL, sD);
+        });
         warp_pv<T, DP>(dv, p, sO, pf);
         warp_pv<T, DP>(dk, ds, sQ, pf);
         if constexpr (ADQ)
@@ -1102,7 +1157,6 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dq_kernel(attn_arg
 {
     typedef att_cfg<T, DP> cfg;
     extern __shared__ __align__(128) unsigned char smem[];
-    int w = threadIdx.x >> 5;
     int i0 = (a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * ATT_TILE;
     long long bh = att_row_block(a.B * (long long)a.H);
     if (bh < 0)
@@ -1140,27 +1194,155 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dq_kernel(attn_arg
         float p[8][4], ds[8][4];
         warp_abt<T, DP>(p, sQ, sK, a.d);
         warp_abt<T, DP>(ds, sO, sV, a.d);
-        auto probs = [&](auto masked) { /* as the dk/dv kernel's */
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int r = 16 * w + att_row(e), row = i0 + r;
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    int col = j0 + 8 * j + att_col(e);
-                    float pv = att_prob(p[j][e], sL[r], a.scale2);
-                    if constexpr (decltype(masked)::value)
-                        if (row >= a.T || col >= a.T || (a.causal && col > row))
-                            pv = 0.0f;
-                    ds[j][e] = att_ds(pv, ds[j][e], sD[r], a.scale);
-                }
-            }
-        };
-        att_tile_math(att_full(a, i0, j0, true), probs);
+        att_tile_math(att_full(a, i0, j0, true), [&](auto masked) {
+            att_probs_qk<decltype(masked)::value>(ds, p, a, i0, j0, sL, sD);
+        });
         warp_pv<T, DP>(dq, ds, sK, pf);
         __syncthreads(); /* this pair is read: the next iteration refills it */
     }
     add_rows_out<T, DP>((T *)a.dq + bt0 * a.qs + (long long)h * a.d, a.qs, dq,
                         i0, a.T, a.d, a.assign & 1);
+}
+
+/* ---- backward on warpgroup products (wgmma, sm_90a) ------------------------
+ *
+ * The default backward's two main kernels with every tile product
+ * Hopper's (kcuda_attention_wgmma), their tiles stored as core matrices
+ * as the wgmma forward's: the scores and dP come from two products with
+ * both operands in shared memory, both K-major (S^T = K Q^T and
+ * dP^T = V dout^T for the dk/dv kernel, S = Q K^T and dP = dout V^T for
+ * dq's), and the gradients from products with P, dS (or their
+ * transposes) in registers as A and the other tile N-major in shared
+ * memory (dV += P^T dout, dK += dS^T Q; dQ += dS K). The probabilities
+ * and dS are the default kernels' arithmetic on the same layout. */
+
+/* The dk/dv kernel's blocks an SM: 3 at head sizes up to 64 (168
+ * registers, no spills, where ptxas (sm_90a, CUDA 13) takes 186 with no
+ * minimum, 2 blocks), else the registers ptxas chooses (235 at d 128,
+ * 2 blocks). dq's takes 159 at d 64 (3 blocks) with no minimum; 4 would
+ * spill. */
+template <int DP>
+constexpr int att_dkv_wg_min_blocks()
+{
+    return DP <= 64 ? 3 : 0;
+}
+
+template <typename T, int DP>
+__global__ void __launch_bounds__(ATT_THREADS, att_dkv_wg_min_blocks<DP>()) attn_bwd_dkv_wg_kernel(attn_args a)
+{
+    static_assert(att_cfg<T, DP>::TC, "wgmma: 2-byte types");
+    extern __shared__ __align__(128) unsigned char smem[];
+    constexpr size_t TB = att_cm_bytes<T, DP>();
+    int j0 = blockIdx.x * ATT_TILE;
+    long long bkv = att_row_block(a.B * (long long)a.KV);
+    if (bkv < 0)
+        return;
+    int b = (int)(bkv / a.KV), kvh = (int)(bkv % a.KV), rep = a.H / a.KV;
+    long long bt0 = (long long)b * a.T;
+    /* K, V, then Q and dout twice, then lse and D twice */
+    float *sLD = (float *)(smem + 6 * TB); /* [2][lse 64, D 64] */
+    const T *sK = (const T *)smem, *sV = (const T *)(smem + TB);
+    int first = a.causal ? j0 : 0;
+    int qtiles = (a.T - first + ATT_TILE - 1) / ATT_TILE, steps = rep * qtiles;
+    auto queue_step = [&](int i) { /* as the dk/dv kernel's */
+        int h = kvh * rep + i / qtiles, i0 = first + (i % qtiles) * ATT_TILE, buf = i & 1;
+        long long hrow = ((long long)b * a.H + h) * att_tp(a.T);
+        queue_tile_cm<T, DP>((T *)(smem + (2 + 2 * buf) * TB), (const T *)a.q + bt0 * a.qs + (long long)h * a.d,
+                             a.qs, i0, a.T, a.d);
+        queue_tile_cm<T, DP>((T *)(smem + (3 + 2 * buf) * TB),
+                             (const T *)a.dout + bt0 * a.os + (long long)h * a.d, a.os, i0, a.T, a.d);
+        queue_rowvec(sLD + 2 * ATT_TILE * buf, a.Lr + hrow, i0, a.T);
+        queue_rowvec(sLD + 2 * ATT_TILE * buf + ATT_TILE, a.Dr + hrow, i0, a.T);
+        kc_cp_async_commit();
+    };
+    queue_tile_cm<T, DP>((T *)smem, (const T *)a.k + bt0 * a.ks + (long long)kvh * a.d, a.ks, j0, a.T, a.d);
+    queue_tile_cm<T, DP>((T *)(smem + TB), (const T *)a.v + bt0 * a.vs + (long long)kvh * a.d, a.vs, j0, a.T,
+                         a.d);
+    queue_step(0);
+    float dk[DP / 8][4], dv[DP / 8][4];
+    zero_acc<DP>(dk);
+    zero_acc<DP>(dv);
+    for (int i = 0; i < steps; i++) {
+        int i0 = first + (i % qtiles) * ATT_TILE, cur = i & 1;
+        const T *sQ = (const T *)(smem + (2 + 2 * cur) * TB);
+        const T *sO = (const T *)(smem + (3 + 2 * cur) * TB);
+        const float *sL = sLD + 2 * ATT_TILE * cur, *sD = sL + ATT_TILE;
+        if (i + 1 < steps) {
+            queue_step(i + 1);
+            kc_cp_async_wait<1>();
+        } else {
+            kc_cp_async_wait<0>();
+        }
+        kc_fence_proxy_async();
+        __syncthreads(); /* this step's tiles are everyone's */
+        float p[8][4], ds[8][4];
+        kc_wgmma_fence();
+        wg_abt<T, DP>(p, sK, sQ);  /* s^T */
+        wg_abt<T, DP>(ds, sV, sO); /* dp^T */
+        kc_wgmma_commit();
+        kc_wgmma_wait<0>();
+        att_tile_math(att_full(a, i0, j0, true), [&](auto masked) {
+            att_probs_kq<decltype(masked)::value>(p, ds, a, j0, i0, sL, sD);
+        });
+        uint32_t pa[4][4], da[4][4];
+        kc_wgmma_fence();
+        wg_acc_px<T, DP>(dv, p, pa, sO);
+        wg_acc_px<T, DP>(dk, ds, da, sQ);
+        kc_wgmma_commit();
+        kc_wgmma_wait<0>();
+        __syncthreads(); /* this buffer is read: the next step refills it */
+    }
+    add_rows_out<T, DP>((T *)a.dk + bt0 * a.ks + (long long)kvh * a.d, a.ks, dk, j0, a.T, a.d, a.assign & 2);
+    add_rows_out<T, DP>((T *)a.dv + bt0 * a.vs + (long long)kvh * a.d, a.vs, dv, j0, a.T, a.d, a.assign & 4);
+}
+
+template <typename T, int DP>
+__global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_wg_kernel(attn_args a)
+{
+    static_assert(att_cfg<T, DP>::TC, "wgmma: 2-byte types");
+    extern __shared__ __align__(128) unsigned char smem[];
+    constexpr size_t TB = att_cm_bytes<T, DP>();
+    att_qhead<T> hd;
+    if (!att_q_head<T>(a, ATT_TILE, &hd))
+        return;
+    int i0 = hd.i0;
+    long long bt0 = (long long)hd.b * a.T, hrow = ((long long)hd.b * a.H + hd.h) * att_tp(a.T);
+    /* Q, dout, then K and V twice, then lse and D */
+    const T *sQ = (const T *)smem, *sO = (const T *)(smem + TB);
+    float *sL = (float *)(smem + 6 * TB), *sD = sL + ATT_TILE;
+    int end = a.causal ? min(a.T, i0 + ATT_TILE) : a.T;
+    int tiles = (end + ATT_TILE - 1) / ATT_TILE;
+    queue_tile_cm<T, DP>((T *)smem, hd.q, a.qs, i0, a.T, a.d);
+    queue_tile_cm<T, DP>((T *)(smem + TB), (const T *)a.dout + bt0 * a.os + (long long)hd.h * a.d, a.os, i0, a.T,
+                         a.d);
+    queue_rowvec(sL, a.Lr + hrow, i0, a.T);
+    queue_rowvec(sD, a.Dr + hrow, i0, a.T);
+    queue_tile_cm<T, DP>((T *)(smem + 2 * TB), hd.k, a.ks, 0, a.T, a.d);
+    queue_tile_cm<T, DP>((T *)(smem + 3 * TB), hd.v, a.vs, 0, a.T, a.d);
+    kc_cp_async_commit();
+    float dq[DP / 8][4];
+    zero_acc<DP>(dq);
+    for (int it = 0; it < tiles; it++) {
+        int j0 = it * ATT_TILE;
+        const T *sK, *sV;
+        kv_tile_cm<T, DP>(smem, 2, it, tiles, hd.k, hd.v, a, &sK, &sV);
+        float p[8][4], ds[8][4];
+        kc_wgmma_fence();
+        wg_abt<T, DP>(p, sQ, sK);
+        wg_abt<T, DP>(ds, sO, sV);
+        kc_wgmma_commit();
+        kc_wgmma_wait<0>();
+        att_tile_math(att_full(a, i0, j0, true), [&](auto masked) {
+            att_probs_qk<decltype(masked)::value>(ds, p, a, i0, j0, sL, sD);
+        });
+        uint32_t da[4][4];
+        kc_wgmma_fence();
+        wg_acc_px<T, DP>(dq, ds, da, sK);
+        kc_wgmma_commit();
+        kc_wgmma_wait<0>();
+        __syncthreads(); /* this pair is read: the next iteration refills it */
+    }
+    add_rows_out<T, DP>((T *)a.dq + bt0 * a.qs + (long long)hd.h * a.d, a.qs, dq, i0, a.T, a.d, a.assign & 1);
 }
 
 /* dq = (assign's bit: 0, else dq) + dqa, element by element ([B, T, H,
@@ -1281,10 +1463,11 @@ static int attn_launch(int which, const attn_args &a, cudaStream_t s)
     int mt = which == ATT_FWD ? att_fwd_mt<T, DP>() : 1;
     bool wg = false;
     if constexpr (cfg::TC)
-        wg = which == ATT_FWD && att_wgmma && a.vec && att_sm90a();
+        wg = which != ATT_DKV_ADQ && att_wgmma && a.vec && att_sm90a();
     if (wg)
         mt = 1;
-    size_t bytes = wg ? 5 * att_cm_bytes<T, DP>()
+    size_t bytes = wg ? (which == ATT_FWD ? 5 * att_cm_bytes<T, DP>()
+                         : 6 * att_cm_bytes<T, DP>() + (dkv ? 4 : 2) * ATT_TILE * sizeof(float))
                    : which == ATT_FWD ? (4 + mt) * cfg::TILE_BYTES + warps
                    : dkv ? 6 * cfg::TILE_BYTES + (adq ? cfg::S_BYTES : 0) + 4 * ATT_TILE * sizeof(float) + warps
                          : 6 * cfg::TILE_BYTES + 2 * ATT_TILE * sizeof(float) + warps;
@@ -1294,7 +1477,9 @@ static int attn_launch(int which, const attn_args &a, cudaStream_t s)
                                                : att_bwd_kernel<T, DP>(dkv ? ATT_DKV : ATT_DQ);
     if constexpr (cfg::TC)
         if (wg)
-            kern = attn_fwd_wg_kernel<T, DP>;
+            kern = which == ATT_FWD ? attn_fwd_wg_kernel<T, DP>
+                   : dkv            ? attn_bwd_dkv_wg_kernel<T, DP>
+                                    : attn_bwd_dq_wg_kernel<T, DP>;
     /* a block per (query or key tile, batch row, head); the rows past the
      * grid's 65535 in z slices (att_row_block), the tiles of one head
      * next to each other (its keys and values stay in L2 among them) */

@@ -495,10 +495,12 @@ void kcuda_attention_forward_rows(int rows);
  * choose the default on a GPU) and the tests. Not thread-safe: set it
  * before launching. */
 void kcuda_attention_backward_blocks(int on);
-/* The forward in bf16 and fp16 on warpgroup products (wgmma: the tensor
- * cores read K and V from shared memory once for the block's 4 warps)
- * where the GPU runs the build's sm_90a code (compute capability 9.0) and
- * the rows are in 16-byte packs; else, and by default (0), mma.sync's.
+/* The attention in bf16 and fp16 (the forward and the default backward's
+ * two main kernels; dq by atomics keeps mma.sync's) on warpgroup
+ * products (wgmma: the tensor cores read the tiles from shared memory
+ * once for the block's 4 warps) where the GPU runs the build's sm_90a
+ * code (compute capability 9.0) and the rows are in 16-byte packs; else,
+ * and by default (0), mma.sync's.
  * The results may differ from the default's in their last bits (the
  * products' internal order). Returns whether the current GPU takes it
  * (on, and compute capability 9.0). Not thread-safe: set it before

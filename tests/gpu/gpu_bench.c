@@ -427,7 +427,7 @@ static void bench_epilogue(void)
 
 /* ---- attention -------------------------------------------------------------- */
 
-enum { ATTN_ROWS = 12 };
+enum { ATTN_ROWS = 14 };
 
 typedef struct attn_arg {
     int B, T, H, d;
@@ -455,7 +455,7 @@ static void run_attn_bwd(void *p)
 
 static void bench_attention(void)
 {
-    printf("\n%-36s %10s %10s %10s\n", "attention, causal (TFLOP/s)", "forward",
+    printf("\n%-42s %10s %10s %10s\n", "attention, causal (TFLOP/s)", "forward",
            "backward", "fwd ms");
     jcat("\"attention\":[");
     /* bf16 (dq by its own kernel, the default; the forward in blocks of
@@ -469,9 +469,10 @@ static void bench_attention(void)
      * own tile products: the dk/dv kernel's 4, twice the forward's
      * FLOPs, dq's 3, 1.5 times; each after the kernel computing D); at d
      * 128 (Llama's), the forward in blocks of 128 rows (the default
-     * there) and of 64; at d 64 and 128, the forward on warpgroup
-     * products (kcuda_attention_wgmma; its name says so where the GPU
-     * cannot take it, and the row is then mma.sync's) */
+     * there) and of 64; at d 64 and 128, the kernels on warpgroup
+     * products (kcuda_attention_wgmma; at d 64 also the backward's two
+     * kernels alone; the name says so where the GPU cannot take them,
+     * and the row is then mma.sync's) */
     static const struct {
         int mode, fp32, H, d, fwd_rows, more, only, wg;
         const char *name;
@@ -486,8 +487,10 @@ static void bench_attention(void)
         {1, 0, 12, 64, 0, 0, 2, 0, "B8 T1024 H12 d64 bf16 dq kernel"},
         {1, 0, 6, 128, 0, 0, 0, 0, "B8 T1024 H6 d128 bf16"},
         {1, 0, 6, 128, 64, 0, 0, 0, "B8 T1024 H6 d128 bf16 fwd 64 rows"},
-        {1, 0, 12, 64, 0, 0, 0, 1, "B8 T1024 H12 d64 bf16 fwd wgmma"},
-        {1, 0, 6, 128, 0, 0, 0, 1, "B8 T1024 H6 d128 bf16 fwd wgmma"},
+        {1, 0, 12, 64, 0, 0, 0, 1, "B8 T1024 H12 d64 bf16 wgmma"},
+        {1, 0, 12, 64, 0, 0, 1, 1, "B8 T1024 H12 d64 bf16 wgmma dk/dv kernel"},
+        {1, 0, 12, 64, 0, 0, 2, 1, "B8 T1024 H12 d64 bf16 wgmma dq kernel"},
+        {1, 0, 6, 128, 0, 0, 0, 1, "B8 T1024 H6 d128 bf16 wgmma"},
     };
     for (int k = 0; k < ATTN_ROWS; k++) {
         attn_arg a = {tiny ? 1 : 8, tiny ? 128 : 1024, tiny ? 2 : cfg[k].H, cfg[k].d,
@@ -527,9 +530,9 @@ static void bench_attention(void)
         const char *name = nm;
         double bflops = (cfg[k].only == 1 ? 2.0 : cfg[k].only == 2 ? 1.5 : 2.5) * fwd;
         if (cfg[k].only)
-            printf("%-36s %10s %10.1f %10s\n", name, "-", bflops / tb / 1e9, "-");
+            printf("%-42s %10s %10.1f %10s\n", name, "-", bflops / tb / 1e9, "-");
         else
-            printf("%-36s %10.1f %10.1f %10.3f\n", name, fwd / tf / 1e9, bflops / tb / 1e9, tf);
+            printf("%-42s %10.1f %10.1f %10.3f\n", name, fwd / tf / 1e9, bflops / tb / 1e9, tf);
         if (cfg[k].only) /* no forward timed: null */
             jcat("%s{\"name\":\"%s\",\"fwd_tflops\":null,\"bwd_tflops\":%.1f,\"fwd_ms\":null,\"bwd_ms\":%.3f}",
                  k ? "," : "", name, bflops / tb / 1e9, tb);

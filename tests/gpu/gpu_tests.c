@@ -1314,6 +1314,28 @@ static void attn_case(kcuda_dtype dt, int B, int T, int H, int KV, int d,
         for (int i = 0; i < 3; i++)
             expect_bits(what[i], snapshot(got[1][i], n[i], dt), snapshot(got[0][i], n[i], dt), n[i] * es);
     }
+    /* 2-byte types, the default mode: the backward on warpgroup products
+     * (kcuda_attention_wgmma), dq, dk and dv overwritten from NaN bytes,
+     * within the tolerance of the CPU (from zero) */
+    if (dt != KCUDA_F32 && attn_mode == 1 && kcuda_attention_wgmma(1)) {
+        size_t es = kcuda_dtype_size(dt), n[3] = {nq, nkv, nkv};
+        void *got[3];
+        float *ref[3];
+        for (int i = 0; i < 3; i++) {
+            got[i] = dmem(n[i] * es);
+            ref[i] = hf(n[i]);
+            cuda_or_die(cudaMemset(got[i], 0xff, n[i] * es), "cudaMemset");
+        }
+        int rc = kcuda_attention_backward(ctx, got[0], got[1], got[2], dg, dout, dlse, dq, dk, dv, B, T, H, KV, d,
+                                          causal, 7, dt, NULL);
+        kcuda_attention_wgmma(0);
+        KC(rc);
+        kcpu_attention_backward(ref[0], ref[1], ref[2], g, out, lse, q, k, v, B, T, H, KV, d, causal);
+        expect_dev("dq, wgmma", got[0], ref[0], nq, dt);
+        expect_dev("dk, wgmma", got[1], ref[1], nkv, dt);
+        expect_dev("dv, wgmma", got[2], ref[2], nkv, dt);
+    }
+    kcuda_attention_wgmma(0);
     /* the default mode: each main kernel alone (kcuda_attention_backward_only,
      * the benchmark's) writes its outputs' bits and leaves the others'
      * (NaN bytes) as they were */

@@ -663,8 +663,9 @@ step_train_gpt2() {
     # bf16 B=32 with the attention's other layouts that gpu_bench times,
     # the forward's blocks of 128 rows and the backward's kernels for more
     # blocks an SM, MESH_ATTN_FWD_ROWS=128 and MESH_ATTN_BWD_BLOCKS=1, the
-    # same bits; bf16 B=32 with the forward on warpgroup products,
-    # MESH_ATTN_WGMMA=1, its last bits may differ; bf16 B=16 with the op profile, --profile: two event
+    # same bits; bf16 B=32 with the attention on warpgroup products,
+    # MESH_ATTN_WGMMA=1, whose last bits may differ; bf16 B=16 with the op
+    # profile, --profile: two event
     # records an op, host calls and GPU timestamps, which a GPU-bound step
     # mostly hides)
     local prec batch mode what
@@ -682,7 +683,7 @@ step_train_gpt2() {
         local mfu
         mfu=$(awk -v t="$tps" 'BEGIN { f = 6 * 124475904 + 12 * 12 * 1024 * 768; printf "%.1f", 100 * t * f / 989e12 }')
         detail+="$what: $(printf '%.0f' "$tps") tokens/s, MFU $mfu%; "
-        json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"deterministic\": $([ "$mode" = atomic ] && echo false || echo true), \"profiled\": $([ "$mode" = profile ] && echo true || echo false), \"attention_layout\": \"$(case $mode in rows128) echo 'forward 128 rows' ;; blocks) echo 'backward more blocks' ;; wgmma) echo 'forward wgmma' ;; *) echo default ;; esac)\", \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu}"
+        json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"deterministic\": $([ "$mode" = atomic ] && echo false || echo true), \"profiled\": $([ "$mode" = profile ] && echo true || echo false), \"attention_layout\": \"$(case $mode in rows128) echo 'forward 128 rows' ;; blocks) echo 'backward more blocks' ;; wgmma) echo 'wgmma' ;; *) echo default ;; esac)\", \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu}"
         [ -z "$best" ] && best=$tps
     done
     printf '{"seq": %d, "runs": [%s]}\n' "$GPT2_T" "$json" >"$OUT/gpt2.json"
