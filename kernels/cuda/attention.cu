@@ -1219,7 +1219,7 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dq_kernel(attn_arg
 /* The dk/dv kernel's blocks an SM: 3 at head sizes up to 64 (168
  * registers, no spills, where ptxas (sm_90a, CUDA 13) takes 186 with no
  * minimum, 2 blocks), else the registers ptxas chooses (235 at d 128,
- * 2 blocks). dq's takes 159 at d 64 (3 blocks) with no minimum; 4 would
+ * 2 blocks). dq's takes 147 at d 64 (3 blocks) with no minimum; 4 would
  * spill. */
 template <int DP>
 constexpr int att_dkv_wg_min_blocks()
