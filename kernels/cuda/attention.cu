@@ -715,11 +715,11 @@ __global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, MT>()) 
  * A operands held in registers over the loop, ptxas (CUDA 13, sm_90a)
  * gave those registers to other values after the first tile's products,
  * in nvdisasm's listing); P is the A operand of the second product in
- * registers, as in attn_fwd_kernel. Each product waits for its result before the softmax
- * (no overlap between tiles yet). Only the accumulators' order within a
- * product differs from attn_fwd_kernel's, so the results may differ in
- * their last bits on a GPU (not on the emulation). 2-byte types, a.vec,
- * sm_90a (kcuda_attention_wgmma). */
+ * registers, as in attn_fwd_kernel. Each product waits for its result
+ * before the softmax (no overlap between tiles yet). Only the
+ * accumulators' order within a product differs from attn_fwd_kernel's,
+ * so the results may differ in their last bits on a GPU (not on the
+ * emulation). 2-byte types, a.vec, sm_90a (kcuda_attention_wgmma). */
 
 /* Bytes of a [64 x DP] tile of core matrices. */
 template <typename T, int DP>

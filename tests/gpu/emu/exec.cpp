@@ -735,7 +735,9 @@ bool do_wgmma_wait(Runner *r, Lane *w0, unsigned warp)
         auto half = [&o](uint16_t h) { return o.elem == ELEM_BF16 ? emu_bf16_to_f32(h) : emu_f16_to_f32(h); };
         float A[16][16];
         if (o.as) { /* the warp's 16 rows of the warpgroup's 64, K-major in shared memory */
-            auto aat = [&o](unsigned m, unsigned k) { return 16 * (m % 8) + o.asbo * (m / 8) + 2 * (k % 8) + o.albo * (k / 8); };
+            auto aat = [&o](unsigned m, unsigned k) {
+                return 16 * (m % 8) + o.asbo * (m / 8) + 2 * (k % 8) + o.albo * (k / 8);
+            };
             if ((uintptr_t)o.as % 16 != 0 || o.albo % 16 != 0 || o.asbo % 16 != 0 || o.albo >= (1u << 18) ||
                 o.asbo >= (1u << 18)) {
                 block_fail(r, cudaErrorMisalignedAddress,
