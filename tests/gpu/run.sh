@@ -375,7 +375,8 @@ step_bench() {
 
 # ncu (not a default step: MESH_GPU_STEPS=ncu): Nsight Compute's counters
 # of the attention kernels, the first launch of each (the forward, the
-# backward's D, dk/dv and dq kernels, B=8 T=1024 H=12 d=64 bf16:
+# backward's D, dk/dv and dq kernels, and the forward's, dk/dv's and dq's
+# on warpgroup products, B=8 T=1024 H=12 d=64 bf16:
 # gpu_bench --only attention), each ncu run its own gpu_bench: speed of
 # light, occupancy, launch, warp states and the scheduler's issue, the
 # compute and memory pipes; into $OUT/ncu-attention.txt. PASS when ncu
@@ -390,7 +391,9 @@ step_ncu() {
         return 0
     fi
     : >"$OUT/ncu-attention.txt"
-    for k in attn_fwd_kernel attn_bwd_d_kernel attn_bwd_dkv_kernel attn_bwd_dq_kernel; do
+    local kernels=(attn_fwd_kernel attn_bwd_d_kernel attn_bwd_dkv_kernel attn_bwd_dq_kernel
+        attn_fwd_wg_kernel attn_bwd_dkv_wg_kernel attn_bwd_dq_wg_kernel)
+    for k in "${kernels[@]}"; do
         [ "$(left)" -lt 40 ] && { bad=1; echo "== $k: skipped (budget)" >>"$OUT/ncu-attention.txt"; continue; }
         echo "== $k" >>"$OUT/ncu-attention.txt"
         timeout -k 5 "$(cap 120)" "$ncu" -k "regex:$k" -c 1 --section SpeedOfLight --section Occupancy \
@@ -400,11 +403,11 @@ step_ncu() {
         grep -q "^  $k" "$OUT/ncu-attention.txt" && got=$((got + 1)) || bad=1
     done
     grep -E '^  attn_|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Issue Slots Busy|No Eligible|ERR_' \
-        "$OUT/ncu-attention.txt" | head -n 60
+        "$OUT/ncu-attention.txt" | head -n 100
     if [ $bad = 0 ]; then result ncu PASS "$got kernels profiled: $OUT/ncu-attention.txt"
     elif grep -q ERR_NVGPUCTRPERM "$OUT/ncu-attention.txt"; then
         result ncu SKIP "ncu may not read this GPU's counters here (ERR_NVGPUCTRPERM)"
-    else result ncu FAIL "$got of 4 kernels profiled: $OUT/ncu-attention.txt"; fi
+    else result ncu FAIL "$got of ${#kernels[@]} kernels profiled: $OUT/ncu-attention.txt"; fi
 }
 
 # train_data DIR: the Devil's Dictionary tokenized into DIR/dd.bin, unless
