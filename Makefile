@@ -109,7 +109,12 @@ NVCCFLAGS ?= -O2 -std=c++17
 # symbols (cub's function-local statics would be, and objcopy cannot make
 # those local in libmesh.a, which keeps only mesh_* global)
 NVCC_WARN  = -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-fno-gnu-unique
-CUDA_ARCH ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90
+CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+# kernels/cuda/attention_wg.cu alone: Hopper's own wgmma is in sm_90a's
+# machine code only (its kernels trap in the compute_90 PTX, and
+# attention_wg.cu's probe tells the launcher which one the GPU loaded);
+# the other files keep CUDA_ARCH (one front-end pass, not two)
+CUDA_ARCH_WGMMA ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90
 ifeq ($(CUDA),1)
 CUDA_CFLAGS := $(addprefix -isystem ,$(sort $(CUDA_HOME)/include $(NCCL_HOME)/include))
 CUDA_SRC    := $(wildcard kernels/cuda/*.cu)
@@ -379,7 +384,8 @@ $(BUILD)/.cuda: FORCE
 $(CUDA_OBJ): $(BUILD)/.cuda
 $(OBJ)/%.o: %.cu $(OBJ)/.pic
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) $(NVCC_WARN) $(CUDA_ARCH) -Iruntime -Ikernels/cuda -Xcompiler -fPIC -MMD -MP -c -o $@ $<
+	$(NVCC) $(NVCCFLAGS) $(NVCC_WARN) $(if $(filter %/attention_wg.cu,$<),$(CUDA_ARCH_WGMMA),$(CUDA_ARCH)) \
+	  -Iruntime -Ikernels/cuda -Xcompiler -fPIC -MMD -MP -c -o $@ $<
 
 -include $(CUDA_OBJ:.o=.d)
 

@@ -88,8 +88,8 @@ static void cuda_close(kern *k);
  * backward's kernels compiled for more blocks an SM
  * (kcuda_attention_backward_blocks); the same bits either way; and
  * MESH_ATTN_WGMMA=1, the attention on warpgroup products where the GPU
- * takes them (kcuda_attention_wgmma: compute capability 9.0; the last
- * bits may differ). Unset, the kernels' defaults. Process-wide, set once,
+ * takes them (kcuda_attention_wgmma: an H100 or H200; the last bits
+ * may differ). Unset, the kernels' defaults. Process-wide, set once,
  * at the first open (every rank reads the same environment). */
 static pthread_once_t attn_layouts_once = PTHREAD_ONCE_INIT;
 

@@ -54,60 +54,16 @@
  * (batch, head, query tile); the blocks then run last key tile first, so
  * a block waits only for blocks started before it, and along the
  * diagonal each finds the one before it a step ahead.
+ *
+ * attention_wg.cu has the forward and this default backward on Hopper's
+ * warpgroup products (kcuda_attention_wgmma); what both files share is
+ * in attention_impl.h.
  */
 #include <string.h> /* defines: memset */
 
+#include "attention_impl.h" /* defines: attn_args, att_cfg, the shared device functions */
 #include "kcuda_impl.h"
 #include "kcuda_ptx.h" /* defines: kc_mma16816, kc_ldsm4, kc_ldsm4_t, kc_pack2, kc_cp_async16 */
-
-#define ATT_TILE 64   /* query rows per block, keys per tile */
-#define ATT_THREADS 128
-
-/* Everything a kernel needs; pointers at batch 0, head 0, row 0. Strides
- * are in elements between consecutive t. */
-struct attn_args {
-    const void *q, *k, *v, *out, *dout;
-    void *o;              /* forward output */
-    void *dq, *dk, *dv;   /* backward outputs (+=, or = where assign's bit says) */
-    float *lse;           /* [B, H, T], forward output */
-    const float *lse_in;  /* backward input */
-    float *Dw;            /* [B, H, Tp] scratch: rowsum(dout * out) scale */
-    float *Lw;            /* [B, H, Tp] scratch: lse log2(e) */
-    float *dqa;           /* [B, T, H, d] fp32 scratch: dq summed by atomics (kcuda_ctx_set_deterministic) */
-    int *tickets;         /* [B, H, query tiles]: the key tiles whose dq is in (NULL: no turns) */
-    const float *Dr, *Lr; /* Dw, Lw: rows of Tp = T rounded up to 4, so
-                           * that each 64-row piece is 16 cp.async packs */
-    long long qs, ks, vs, os;
-    int B, T, H, KV, d, causal, vec;
-    int assign;           /* backward: dq (1), dk (2), dv (4) overwritten, not added to */
-    float scale;          /* 1 / sqrt(d) */
-    float scale2;         /* scale log2(e): scores in log2 units, for kc_exp2 */
-};
-
-/* The backward's per-row scratch's row length: T rounded up to 4 floats. */
-__host__ __device__ __forceinline__ long long att_tp(int T_)
-{
-    return (T_ + 3) / 4 * 4;
-}
-
-/* Shared-memory row length of a [64 x DP] tile: fp32 pads by one word
- * (the FMA loops read columns), 2-byte types by 16 bytes (ldmatrix reads
- * 16-byte rows, and 8 rows of a row stride of 2 DP + 16 bytes fall in 8
- * different 16-byte bank groups: no conflicts). */
-template <typename T, int DP> struct att_cfg {
-    static constexpr bool TC = sizeof(T) == 2;
-    static constexpr int LD = TC ? DP + 8 : DP + 1;
-    static constexpr size_t TILE_BYTES =
-        (sizeof(T) * ATT_TILE * LD + 127) / 128 * 128;
-    static constexpr int LDF = 65; /* fp32 P tile [16 x 64] (FMA path) */
-    /* the dk/dv kernel's ds^T tile [64 keys][64 queries] (2-byte types,
-     * dq by atomics), rows padded by 16 bytes as the tiles' are */
-    static constexpr int LDS = ATT_TILE + 8;
-    static constexpr size_t S_BYTES = (sizeof(T) * ATT_TILE * LDS + 127) / 128 * 128;
-    /* per-warp scratch after the tiles: the fp32 path's P tile only */
-    static constexpr size_t WARP_BYTES =
-        TC ? 0 : (sizeof(float) * 16 * LDF + 127) / 128 * 128;
-};
 
 /* ---- tiles ---------------------------------------------------------------- */
 
@@ -167,53 +123,6 @@ __device__ void queue_tile(T *dst, const T *src, long long stride, int row0,
 }
 
 /* ---- warp-level tile products ------------------------------------------- */
-
-/* The row of element e of a lane's tile (0..15, within the warp's rows)
- * and its column within a group of 8. */
-__device__ __forceinline__ int att_row(int e)
-{
-    return ((threadIdx.x & 31) >> 2) + 8 * (e >> 1);
-}
-
-__device__ __forceinline__ int att_col(int e)
-{
-    return 2 * (threadIdx.x & 3) + (e & 1);
-}
-
-/* Whether every score of the tile of queries [i0, i0 + 64) by keys
- * [j0, j0 + 64) is seen: both inside T (rows too when `rows`, the
- * backward's: the forward never reads the rows past T) and, when causal,
- * every key at or before every query. Block-uniform: the kernels then
- * skip the mask's compares, as every tile but the diagonal's and the last
- * one's allows. */
-__device__ __forceinline__ bool att_full(const attn_args &a, int i0, int j0, bool rows)
-{
-    return j0 + ATT_TILE <= a.T && (!rows || i0 + ATT_TILE <= a.T) &&
-           (!a.causal || j0 + ATT_TILE - 1 <= i0);
-}
-
-/* f(std::true_type) on a tile with masked entries, f(std::false_type)
- * on a full one (att_full): two copies of f's loop, the full one with no
- * compares. */
-template <typename F>
-__device__ __forceinline__ void att_tile_math(bool full, F f)
-{
-    if (full)
-        f(std::false_type());
-    else
-        f(std::true_type());
-}
-
-/* A warp's [16 x DP] accumulator, zeroed. */
-template <int DP>
-__device__ __forceinline__ void zero_acc(float (&acc)[DP / 8][4])
-{
-#pragma unroll
-    for (int n = 0; n < DP / 8; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            acc[n][e] = 0.0f;
-}
 
 /* acc[mt][2 n] and acc[mt][2 n + 1] += a[mt] times the two B operands of
  * one ldmatrix x4 (its matrices 0-1, then 2-3), for mt < MT. */
@@ -422,22 +331,6 @@ __device__ __forceinline__ void warp_pv(float (&acc)[DP / 8][4],
     }
 }
 
-/* Sum and max over the 4 lanes of a quad (lanes differing in bits 0..1):
- * the same bits in all 4. */
-__device__ __forceinline__ float quad_sum(float v)
-{
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    v += __shfl_xor_sync(0xffffffffu, v, 2);
-    return v;
-}
-
-__device__ __forceinline__ float quad_max(float v)
-{
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-    return v;
-}
-
 /* The i-th [64 x LD] tile of shared memory. */
 template <typename T, int DP>
 __device__ __forceinline__ T *att_tile(unsigned char *smem, int i)
@@ -479,140 +372,6 @@ __device__ __forceinline__ void kv_tile(unsigned char *smem, int base, int it, i
 }
 
 /* ---- forward -------------------------------------------------------------- */
-
-/* -inf for the masked entries of a warp's [16 x 64] scores s, of queries
- * from `row0` (their position in the sequence) by keys from j0: a key past
- * T or (causal) after the query. */
-__device__ __forceinline__ void att_mask_scores(float (&s)[8][4], const attn_args &a, int row0, int j0)
-{
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        int row = row0 + att_row(e);
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            int col = j0 + 8 * j + att_col(e);
-            if (col >= a.T || (a.causal && col > row))
-                s[j][e] = -INFINITY;
-        }
-    }
-}
-
-/* The online softmax's step over a key tile for the warp's 16 rows: the
- * running max m (of the raw scores, q.k) and sum l of the lane's rows g and
- * g + 8, the output rows rescaled by exp(m_old - m_new), and s turned into
- * the probabilities p = exp(scale (s - m_new)) that the product with V
- * takes. In log2 units: each exponential is one FFMA, s scale log2(e) -
- * m_new scale log2(e), and one kc_exp2 (a max of the raw scores is the
- * max of the scaled ones: the scale is positive). */
-template <int DP>
-__device__ __forceinline__ void att_online_softmax(float (&s)[8][4], float (&m)[2], float (&l)[2],
-                                                   float (&acc)[DP / 8][4], float scale2)
-{
-#pragma unroll
-    for (int r = 0; r < 2; r++) { /* the lane's rows g and g + 8 */
-        float mt = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            mt = fmaxf(mt, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-        mt = quad_max(mt);
-        float mn = fmaxf(m[r], mt);
-        float ms = __fmul_rn(mn == -INFINITY ? 0.0f : mn, scale2);
-        float corr = kc_exp2(__fmaf_rn(m[r], scale2, -ms)); /* 0 on the first tile */
-        float ls = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                float x = kc_exp2(__fmaf_rn(s[j][2 * r + c], scale2, -ms)); /* -inf gives 0 */
-                s[j][2 * r + c] = x;
-                ls += x;
-            }
-        /* (rounded apart, as the CPU does: nvcc would contract a * b + c
-         * into an FMA where it chooses, not the same way in every
-         * instantiation) */
-        l[r] = __fadd_rn(__fmul_rn(l[r], corr), quad_sum(ls));
-        m[r] = mn;
-#pragma unroll
-        for (int n = 0; n < DP / 8; n++) {
-            acc[n][2 * r] *= corr;
-            acc[n][2 * r + 1] *= corr;
-        }
-    }
-}
-
-/* The warp's 16 output rows from `row0` (acc / l, those before T) and
- * their lse = m + log(l), in natural-log units. */
-template <typename T, int DP>
-__device__ __forceinline__ void att_store_rows(T *o, float *lse, const attn_args &a, int row0,
-                                               const float (&acc)[DP / 8][4], const float (&m)[2],
-                                               const float (&l)[2])
-{
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int row = row0 + att_row(2 * r);
-        if (row >= a.T)
-            continue;
-        float inv = 1.0f / l[r]; /* a multiply per element, as on the CPU */
-#pragma unroll
-        for (int n = 0; n < DP / 8; n++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                int col = 8 * n + att_col(c);
-                if (col < a.d)
-                    o[(long long)row * a.os + col] = kc_to<T>(acc[n][2 * r + c] * inv);
-            }
-        if ((threadIdx.x & 3) == 0)
-            lse[row] = __fadd_rn(__fmul_rn(m[r], a.scale), logf(l[r])); /* natural log units; no FMA (above) */
-    }
-}
-
-/* The (batch, head) pair of this block: blockIdx.y, continued in
- * blockIdx.z past the grid's 65535 rows (attn_launch); -1 for the padding
- * blocks of the last z slice (the whole block returns). */
-__device__ __forceinline__ long long att_row_block(long long rows)
-{
-    long long r = (long long)blockIdx.z * gridDim.y + blockIdx.y;
-    return r < rows ? r : -1;
-}
-
-/* A block of query rows (the forward's, dq's): its first row i0 (blocks
- * of `rows`, the heavy late ones first when causal) and its (batch,
- * head), b and h (att_row_block's pair), with q, k, v and o at row 0 of
- * that pair (k and v of its kv head); false for a padding block. */
-template <typename T> struct att_qhead {
-    const T *q, *k, *v;
-    T *o;
-    int i0, b, h;
-};
-
-template <typename T>
-__device__ __forceinline__ bool att_q_head(const attn_args &a, int rows, att_qhead<T> *r)
-{
-    r->i0 = (a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * rows;
-    long long bh = att_row_block(a.B * (long long)a.H);
-    if (bh < 0)
-        return false;
-    int b = (int)(bh / a.H), h = (int)(bh % a.H), kvh = h / (a.H / a.KV);
-    long long bt0 = (long long)b * a.T;
-    r->q = (const T *)a.q + bt0 * a.qs + (long long)h * a.d;
-    r->k = (const T *)a.k + bt0 * a.ks + (long long)kvh * a.d;
-    r->v = (const T *)a.v + bt0 * a.vs + (long long)kvh * a.d;
-    r->o = (T *)a.o + bt0 * a.os + (long long)h * a.d;
-    r->b = b;
-    r->h = h;
-    return true;
-}
-
-/* The blocks an SM the forward is compiled for: 4 in 2-byte types at
- * MT = 1 and head sizes up to 64 (GPT-2's: 128 registers a thread with
- * its queries' operands in registers, no spills, ptxas sm_90; 130 free,
- * which would fit only 3), else no minimum (0: the registers ptxas
- * chooses; shared memory allows 2 blocks at d 128). */
-template <typename T, int DP, int MT>
-constexpr int att_fwd_min_blocks()
-{
-    return MT == 1 && sizeof(T) == 2 && DP <= 64 ? 4 : 0;
-}
 
 /* The forward: a block of 64 MT query rows, MT x 16 a warp (MT = 2:
  * FlashAttention-2's blocks of 128 rows, 2-byte types only; fp32 has 1).
@@ -700,163 +459,6 @@ __global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, MT>()) 
         att_store_rows<T, DP>(o, lse, a, i0 + row0 + 16 * mt, acc[mt], m[mt], l[mt]);
 }
 
-/* ---- forward on warpgroup products (wgmma, sm_90a) -------------------------
- *
- * The same forward, the block's 4 warps one warpgroup: each product of a
- * key tile is kc_wgmma's, the tensor cores reading K and V from shared
- * memory once for the whole block, where mma.sync has each warp load
- * every K and V fragment into its registers by ldmatrix (4 times the
- * shared-memory reads, and 48 instructions a warp a tile). The tiles are
- * stored as core matrices (att_cm: [DP / 8 chunks of 8 columns][64 rows]
- * [8], 16 bytes a row of a chunk, no padding): K is then K-major B for
- * S = Q K^T (lbo: the next chunk, 1024 bytes; sbo: the next 8 rows, 128)
- * and V N-major B for O += P V (lbo: the next 8 keys, 128; sbo: the next
- * chunk). Q is K-major A of the first product, in shared memory too (its
- * A operands held in registers over the loop, ptxas (CUDA 13, sm_90a)
- * gave those registers to other values after the first tile's products,
- * in nvdisasm's listing); P is the A operand of the second product in
- * registers, as in attn_fwd_kernel. Each product waits for its result
- * before the softmax (no overlap between tiles yet). Only the
- * accumulators' order within a product differs from attn_fwd_kernel's,
- * so the results may differ in their last bits on a GPU (not on the
- * emulation). 2-byte types, a.vec, sm_90a (kcuda_attention_wgmma). */
-
-/* Bytes of a [64 x DP] tile of core matrices. */
-template <typename T, int DP>
-__host__ __device__ constexpr size_t att_cm_bytes()
-{
-    return (size_t)ATT_TILE * DP * sizeof(T);
-}
-
-/* The bytes from one chunk of a tile of core matrices to the next. */
-#define ATT_CM_CHUNK (ATT_TILE * 16)
-
-/* Element offset of (row, chunk c) in a tile of core matrices. */
-__device__ __forceinline__ int att_cm(int row, int c)
-{
-    return c * ATT_TILE * 8 + row * 8;
-}
-
-/* queue_tile into a tile of core matrices, in 16-byte packs (a.vec only):
- * DP / 16 passes of the block's 128 threads; in a pass, lane l of warp w
- * copies row l % 8 + 8 w + 32 (pass % 2), chunk (l / 8) % 4 + 4 (pass / 2),
- * so that each 8 lanes' stores fall in 8 different 16-byte bank groups
- * and each row's 4 chunks a pass are 64 contiguous bytes read. */
-template <typename T, int DP>
-__device__ void queue_tile_cm(T *dst, const T *src, long long stride, int row0, int T_, int d)
-{
-    static_assert(DP % 32 == 0 && ATT_THREADS == 128, "queue_tile_cm: whole passes");
-    int tid = threadIdx.x;
-    int rb = (tid & 7) + 8 * (tid >> 5), cb = (tid >> 3) & 3;
-#pragma unroll
-    for (int i = 0; i < DP / 16; i++) {
-        int r = rb + 32 * (i & 1), c = cb + 4 * (i >> 1);
-        bool in = 8 * c < d && row0 + r < T_;
-        const T *from = in ? src + (long long)(row0 + r) * stride + 8 * c : src;
-        kc_cp_async16(dst + att_cm(r, c), from, in);
-    }
-}
-
-/* kv_tile for tiles of core matrices (K and V at tiles base + 2 (it % 2)
- * and the next): the tensor cores read them (the async proxy), so each
- * thread's landed copies are fenced for it before the barrier. */
-template <typename T, int DP>
-__device__ __forceinline__ void kv_tile_cm(unsigned char *smem, int base, int it, int tiles, const T *k,
-                                           const T *v, const attn_args &a, const T **sK, const T **sV)
-{
-    constexpr size_t TB = att_cm_bytes<T, DP>();
-    int cur = it & 1;
-    *sK = (const T *)(smem + (base + 2 * cur) * TB);
-    *sV = (const T *)(smem + (base + 1 + 2 * cur) * TB);
-    if (it + 1 < tiles) {
-        int j1 = (it + 1) * ATT_TILE;
-        queue_tile_cm<T, DP>((T *)(smem + (base + 2 - 2 * cur) * TB), k, a.ks, j1, a.T, a.d);
-        queue_tile_cm<T, DP>((T *)(smem + (base + 3 - 2 * cur) * TB), v, a.vs, j1, a.T, a.d);
-        kc_cp_async_commit();
-        kc_cp_async_wait<1>();
-    } else {
-        kc_cp_async_wait<0>();
-    }
-    kc_fence_proxy_async();
-    __syncthreads(); /* this tile is everyone's */
-}
-
-/* acc += A X over the 64 keys (or queries) of a step: A the warp's
- * [16 x 64] tile a (P or dS, rows the warp's) rounded to 2 bytes, X a
- * tile of core matrices [64][DP] read N-major. Queued (the caller commits
- * and waits). */
-template <typename T, int DP>
-__device__ __forceinline__ void wg_acc_px(float (&acc)[DP / 8][4], const float (&a)[8][4], uint32_t (&pa)[4][4],
-                                          const T *X)
-{
-#pragma unroll
-    for (int kk = 0; kk < ATT_TILE / 16; kk++) {
-        pa[kk][0] = kc_pack2<T>(a[2 * kk][0], a[2 * kk][1]);
-        pa[kk][1] = kc_pack2<T>(a[2 * kk][2], a[2 * kk][3]);
-        pa[kk][2] = kc_pack2<T>(a[2 * kk + 1][0], a[2 * kk + 1][1]);
-        pa[kk][3] = kc_pack2<T>(a[2 * kk + 1][2], a[2 * kk + 1][3]);
-    }
-#pragma unroll
-    for (int kk = 0; kk < ATT_TILE / 16; kk++)
-        kc_wgmma<T, DP, 1>(acc, pa[kk], X + att_cm(16 * kk, 0), 128, ATT_CM_CHUNK, 1);
-}
-
-/* s = A B^T over the head size, A and B tiles of core matrices [64][DP]
- * (both K-major, from shared memory). Queued. */
-template <typename T, int DP>
-__device__ __forceinline__ void wg_abt(float (&s)[8][4], const T *A, const T *B)
-{
-#pragma unroll
-    for (int kk = 0; kk < DP / 16; kk++)
-        kc_wgmma_ss<T, ATT_TILE, 0>(s, A + att_cm(0, 2 * kk), ATT_CM_CHUNK, 128, B + att_cm(0, 2 * kk),
-                                    ATT_CM_CHUNK, 128, kk);
-}
-
-template <typename T, int DP>
-__global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, 1>()) attn_fwd_wg_kernel(attn_args a)
-{
-    static_assert(att_cfg<T, DP>::TC, "wgmma: 2-byte types");
-    extern __shared__ __align__(128) unsigned char smem[];
-    int w = threadIdx.x >> 5;
-    att_qhead<T> hd;
-    if (!att_q_head<T>(a, ATT_TILE, &hd))
-        return;
-    int i0 = hd.i0;
-    const T *k = hd.k, *v = hd.v;
-    constexpr size_t TB = att_cm_bytes<T, DP>();
-    const T *sQ = (const T *)smem; /* then K and V twice */
-    int end = a.causal ? min(a.T, i0 + ATT_TILE) : a.T;
-    int tiles = (end + ATT_TILE - 1) / ATT_TILE;
-    queue_tile_cm<T, DP>((T *)smem, hd.q, a.qs, i0, a.T, a.d);
-    queue_tile_cm<T, DP>((T *)(smem + TB), k, a.ks, 0, a.T, a.d);
-    queue_tile_cm<T, DP>((T *)(smem + 2 * TB), v, a.vs, 0, a.T, a.d);
-    kc_cp_async_commit();
-    int row0 = 16 * w;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[DP / 8][4];
-    zero_acc<DP>(acc);
-    for (int it = 0; it < tiles; it++) {
-        int j0 = it * ATT_TILE;
-        const T *sK, *sV;
-        kv_tile_cm<T, DP>(smem, 1, it, tiles, k, v, a, &sK, &sV);
-        float s[8][4];
-        kc_wgmma_fence();
-        wg_abt<T, DP>(s, sQ, sK); /* Q and K both K-major */
-        kc_wgmma_commit();
-        kc_wgmma_wait<0>();
-        if (!att_full(a, i0, j0, false))
-            att_mask_scores(s, a, i0 + row0, j0);
-        att_online_softmax<DP>(s, m, l, acc, a.scale2);
-        uint32_t pa[ATT_TILE / 16][4];
-        kc_wgmma_fence();
-        wg_acc_px<T, DP>(acc, s, pa, sV); /* over the keys: V N-major */
-        kc_wgmma_commit();
-        kc_wgmma_wait<0>();
-        __syncthreads(); /* this pair is read: the next iteration refills it */
-    }
-    float *lse = a.lse + ((long long)hd.b * a.H + hd.h) * a.T;
-    att_store_rows<T, DP>(hd.o, lse, a, i0 + row0, acc, m, l);
-}
-
 /* ---- backward ------------------------------------------------------------- */
 
 /* The backward's per-row values, in rows of Tp (attn_args.Dw): Ds[b, h, t]
@@ -883,119 +485,6 @@ __global__ void attn_bwd_d_kernel(attn_args a)
         a.Dw[at] = s * a.scale;
         a.Lw[at] = a.lse_in[bh * a.T + t] * KC_LOG2E;
     }
-}
-
-/* A score's probability p = exp(scale s - lse) from the raw score s = q.k
- * and L = lse log2(e): one FFMA and a kc_exp2. */
-__device__ __forceinline__ float att_prob(float s, float L, float scale2)
-{
-    return kc_exp2(__fmaf_rn(s, scale2, -L));
-}
-
-/* Its gradient ds = p (dp - D) scale from dp = dout.v and Ds = D scale:
- * p (dp scale - Ds), one FFMA and a multiply. */
-__device__ __forceinline__ float att_ds(float p, float dp, float Ds, float scale)
-{
-    return p * __fmaf_rn(dp, scale, -Ds);
-}
-
-/* The dk/dv kernels' probabilities and their gradients for a step, in
- * place: p = exp(s - lse) (0 where masked, when M) from the scores s^T
- * of the warp's 16 keys from j0 (rows) by the 64 queries from i0, and
- * ds = p (dp - D) scale from dp^T; the queries' lse log2(e) and D scale
- * in sL and sD. */
-template <bool M>
-__device__ __forceinline__ void att_probs_kq(float (&p)[8][4], float (&ds)[8][4], const attn_args &a, int j0, int i0,
-                                             const float *sL, const float *sD)
-{
-    int w = threadIdx.x >> 5;
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        int key = j0 + 16 * w + att_row(e);
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            int qc = 8 * j + att_col(e), qr = i0 + qc;
-            float pv = att_prob(p[j][e], sL[qc], a.scale2);
-            if constexpr (M)
-                if (key >= a.T || qr >= a.T || (a.causal && key > qr))
-                    pv = 0.0f;
-            p[j][e] = pv;
-            ds[j][e] = att_ds(pv, ds[j][e], sD[qc], a.scale);
-        }
-    }
-}
-
-/* The dq kernels' gradients of the probabilities, in place: ds = p
- * (dp - D) scale from dp, p = exp(s - lse) (0 where masked, when M) from
- * the scores s of the warp's 16 queries from i0 (rows) by the 64 keys
- * from j0; the queries' lse log2(e) and D scale in sL and sD (by row). */
-template <bool M>
-__device__ __forceinline__ void att_probs_qk(float (&ds)[8][4], const float (&s)[8][4], const attn_args &a, int i0,
-                                             int j0, const float *sL, const float *sD)
-{
-    int w = threadIdx.x >> 5;
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        int r = 16 * w + att_row(e), row = i0 + r;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            int col = j0 + 8 * j + att_col(e);
-            float pv = att_prob(s[j][e], sL[r], a.scale2);
-            if constexpr (M)
-                if (row >= a.T || col >= a.T || (a.causal && col > row))
-                    pv = 0.0f;
-            ds[j][e] = att_ds(pv, ds[j][e], sD[r], a.scale);
-        }
-    }
-}
-
-/* Queues the copy of dst[64] = the per-row values src[row0 .. row0 + 64)
- * (a row of attn_args.Dr or Lr, 16-byte aligned: rows of Tp), zero past
- * T: 16 packs by cp.async (the one across T in part, its rest zero-filled),
- * in the thread's open group; seen after the group's wait and a barrier,
- * as the tiles are. */
-__device__ __forceinline__ void queue_rowvec(float *dst, const float *src, int row0, int T_)
-{
-    int i = threadIdx.x;
-    if (i < ATT_TILE / 4) {
-        int row = row0 + 4 * i, n = T_ - row;
-        n = n <= 0 ? 0 : n >= 4 ? 16 : 4 * n;
-        kc_cp_async16_n(dst + 4 * i, n ? src + row : src, n);
-    }
-}
-
-/* f(row, col, v) for each of the lane's elements of the warp's [16 x DP]
- * tile acc, at row row0 + 16 w + its row, below T and d. */
-template <int DP, typename F>
-__device__ __forceinline__ void each_out(const float (&acc)[DP / 8][4], int row0, int T_, int d, F f)
-{
-    int w = threadIdx.x >> 5;
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        int row = row0 + 16 * w + att_row(e);
-        if (row >= T_)
-            continue;
-#pragma unroll
-        for (int n = 0; n < DP / 8; n++) {
-            int col = 8 * n + att_col(e);
-            if (col < d)
-                f(row, col, acc[n][e]);
-        }
-    }
-}
-
-/* y[row][col] += acc (set: = acc, y not read) for the lane's elements
- * (one thread per element: no conflicts; each element of a backward's
- * outputs is written by one block). */
-template <typename T, int DP>
-__device__ __forceinline__ void add_rows_out(T *y, long long stride,
-                                             const float (&acc)[DP / 8][4],
-                                             int row0, int T_, int d, int set)
-{
-    each_out<DP>(acc, row0, T_, d, [&](int row, int col, float v) {
-        T *p = y + (long long)row * stride + col;
-        *p = kc_to<T>((set ? 0.0f : kc_f(*p)) + v);
-    });
 }
 
 /* dq += ds k of the step's query tile (ADQ): every warp's rows of ds^T
@@ -1204,147 +693,6 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dq_kernel(attn_arg
                         i0, a.T, a.d, a.assign & 1);
 }
 
-/* ---- backward on warpgroup products (wgmma, sm_90a) ------------------------
- *
- * The default backward's two main kernels with every tile product
- * Hopper's (kcuda_attention_wgmma), their tiles stored as core matrices
- * as the wgmma forward's: the scores and dP come from two products with
- * both operands in shared memory, both K-major (S^T = K Q^T and
- * dP^T = V dout^T for the dk/dv kernel, S = Q K^T and dP = dout V^T for
- * dq's), and the gradients from products with P, dS (or their
- * transposes) in registers as A and the other tile N-major in shared
- * memory (dV += P^T dout, dK += dS^T Q; dQ += dS K). The probabilities
- * and dS are the default kernels' arithmetic on the same layout. */
-
-/* The dk/dv kernel's blocks an SM: 3 at head sizes up to 64 (168
- * registers, no spills, where ptxas (sm_90a, CUDA 13) takes 186 with no
- * minimum, 2 blocks), else the registers ptxas chooses (235 at d 128,
- * 2 blocks). dq's takes 147 at d 64 (3 blocks) with no minimum; 4 would
- * spill. */
-template <int DP>
-constexpr int att_dkv_wg_min_blocks()
-{
-    return DP <= 64 ? 3 : 0;
-}
-
-template <typename T, int DP>
-__global__ void __launch_bounds__(ATT_THREADS, att_dkv_wg_min_blocks<DP>()) attn_bwd_dkv_wg_kernel(attn_args a)
-{
-    static_assert(att_cfg<T, DP>::TC, "wgmma: 2-byte types");
-    extern __shared__ __align__(128) unsigned char smem[];
-    constexpr size_t TB = att_cm_bytes<T, DP>();
-    int j0 = blockIdx.x * ATT_TILE;
-    long long bkv = att_row_block(a.B * (long long)a.KV);
-    if (bkv < 0)
-        return;
-    int b = (int)(bkv / a.KV), kvh = (int)(bkv % a.KV), rep = a.H / a.KV;
-    long long bt0 = (long long)b * a.T;
-    /* K, V, then Q and dout twice, then lse and D twice */
-    float *sLD = (float *)(smem + 6 * TB); /* [2][lse 64, D 64] */
-    const T *sK = (const T *)smem, *sV = (const T *)(smem + TB);
-    int first = a.causal ? j0 : 0;
-    int qtiles = (a.T - first + ATT_TILE - 1) / ATT_TILE, steps = rep * qtiles;
-    auto queue_step = [&](int i) { /* as the dk/dv kernel's */
-        int h = kvh * rep + i / qtiles, i0 = first + (i % qtiles) * ATT_TILE, buf = i & 1;
-        long long hrow = ((long long)b * a.H + h) * att_tp(a.T);
-        queue_tile_cm<T, DP>((T *)(smem + (2 + 2 * buf) * TB), (const T *)a.q + bt0 * a.qs + (long long)h * a.d,
-                             a.qs, i0, a.T, a.d);
-        queue_tile_cm<T, DP>((T *)(smem + (3 + 2 * buf) * TB),
-                             (const T *)a.dout + bt0 * a.os + (long long)h * a.d, a.os, i0, a.T, a.d);
-        queue_rowvec(sLD + 2 * ATT_TILE * buf, a.Lr + hrow, i0, a.T);
-        queue_rowvec(sLD + 2 * ATT_TILE * buf + ATT_TILE, a.Dr + hrow, i0, a.T);
-        kc_cp_async_commit();
-    };
-    queue_tile_cm<T, DP>((T *)smem, (const T *)a.k + bt0 * a.ks + (long long)kvh * a.d, a.ks, j0, a.T, a.d);
-    queue_tile_cm<T, DP>((T *)(smem + TB), (const T *)a.v + bt0 * a.vs + (long long)kvh * a.d, a.vs, j0, a.T,
-                         a.d);
-    queue_step(0);
-    float dk[DP / 8][4], dv[DP / 8][4];
-    zero_acc<DP>(dk);
-    zero_acc<DP>(dv);
-    for (int i = 0; i < steps; i++) {
-        int i0 = first + (i % qtiles) * ATT_TILE, cur = i & 1;
-        const T *sQ = (const T *)(smem + (2 + 2 * cur) * TB);
-        const T *sO = (const T *)(smem + (3 + 2 * cur) * TB);
-        const float *sL = sLD + 2 * ATT_TILE * cur, *sD = sL + ATT_TILE;
-        if (i + 1 < steps) {
-            queue_step(i + 1);
-            kc_cp_async_wait<1>();
-        } else {
-            kc_cp_async_wait<0>();
-        }
-        kc_fence_proxy_async();
-        __syncthreads(); /* this step's tiles are everyone's */
-        float p[8][4], ds[8][4];
-        kc_wgmma_fence();
-        wg_abt<T, DP>(p, sK, sQ);  /* s^T */
-        wg_abt<T, DP>(ds, sV, sO); /* dp^T */
-        kc_wgmma_commit();
-        kc_wgmma_wait<0>();
-        att_tile_math(att_full(a, i0, j0, true), [&](auto masked) {
-            att_probs_kq<decltype(masked)::value>(p, ds, a, j0, i0, sL, sD);
-        });
-        uint32_t pa[4][4], da[4][4];
-        kc_wgmma_fence();
-        wg_acc_px<T, DP>(dv, p, pa, sO);
-        wg_acc_px<T, DP>(dk, ds, da, sQ);
-        kc_wgmma_commit();
-        kc_wgmma_wait<0>();
-        __syncthreads(); /* this buffer is read: the next step refills it */
-    }
-    add_rows_out<T, DP>((T *)a.dk + bt0 * a.ks + (long long)kvh * a.d, a.ks, dk, j0, a.T, a.d, a.assign & 2);
-    add_rows_out<T, DP>((T *)a.dv + bt0 * a.vs + (long long)kvh * a.d, a.vs, dv, j0, a.T, a.d, a.assign & 4);
-}
-
-template <typename T, int DP>
-__global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_wg_kernel(attn_args a)
-{
-    static_assert(att_cfg<T, DP>::TC, "wgmma: 2-byte types");
-    extern __shared__ __align__(128) unsigned char smem[];
-    constexpr size_t TB = att_cm_bytes<T, DP>();
-    att_qhead<T> hd;
-    if (!att_q_head<T>(a, ATT_TILE, &hd))
-        return;
-    int i0 = hd.i0;
-    long long bt0 = (long long)hd.b * a.T, hrow = ((long long)hd.b * a.H + hd.h) * att_tp(a.T);
-    /* Q, dout, then K and V twice, then lse and D */
-    const T *sQ = (const T *)smem, *sO = (const T *)(smem + TB);
-    float *sL = (float *)(smem + 6 * TB), *sD = sL + ATT_TILE;
-    int end = a.causal ? min(a.T, i0 + ATT_TILE) : a.T;
-    int tiles = (end + ATT_TILE - 1) / ATT_TILE;
-    queue_tile_cm<T, DP>((T *)smem, hd.q, a.qs, i0, a.T, a.d);
-    queue_tile_cm<T, DP>((T *)(smem + TB), (const T *)a.dout + bt0 * a.os + (long long)hd.h * a.d, a.os, i0, a.T,
-                         a.d);
-    queue_rowvec(sL, a.Lr + hrow, i0, a.T);
-    queue_rowvec(sD, a.Dr + hrow, i0, a.T);
-    queue_tile_cm<T, DP>((T *)(smem + 2 * TB), hd.k, a.ks, 0, a.T, a.d);
-    queue_tile_cm<T, DP>((T *)(smem + 3 * TB), hd.v, a.vs, 0, a.T, a.d);
-    kc_cp_async_commit();
-    float dq[DP / 8][4];
-    zero_acc<DP>(dq);
-    for (int it = 0; it < tiles; it++) {
-        int j0 = it * ATT_TILE;
-        const T *sK, *sV;
-        kv_tile_cm<T, DP>(smem, 2, it, tiles, hd.k, hd.v, a, &sK, &sV);
-        float p[8][4], ds[8][4];
-        kc_wgmma_fence();
-        wg_abt<T, DP>(p, sQ, sK);
-        wg_abt<T, DP>(ds, sO, sV);
-        kc_wgmma_commit();
-        kc_wgmma_wait<0>();
-        att_tile_math(att_full(a, i0, j0, true), [&](auto masked) {
-            att_probs_qk<decltype(masked)::value>(ds, p, a, i0, j0, sL, sD);
-        });
-        uint32_t da[4][4];
-        kc_wgmma_fence();
-        wg_acc_px<T, DP>(dq, ds, da, sK);
-        kc_wgmma_commit();
-        kc_wgmma_wait<0>();
-        __syncthreads(); /* this pair is read: the next iteration refills it */
-    }
-    add_rows_out<T, DP>((T *)a.dq + bt0 * a.qs + (long long)hd.h * a.d, a.qs, dq, i0, a.T, a.d, a.assign & 1);
-}
-
 /* dq = (assign's bit: 0, else dq) + dqa, element by element ([B, T, H,
  * d] in dq's rows of qs). */
 template <typename T>
@@ -1359,9 +707,6 @@ __global__ void attn_dq_finish_kernel(attn_args a)
 }
 
 /* ---- launchers ------------------------------------------------------------ */
-
-/* ATT_DKV_ADQ: the dk/dv kernel summing dq too, by atomics (2-byte types) */
-enum { ATT_FWD, ATT_DKV, ATT_DQ, ATT_DKV_ADQ };
 
 static int att_grid_rows = 65535; /* kcuda_attention_grid_rows */
 static int att_fwd_rows = 0;      /* kcuda_attention_forward_rows */
@@ -1384,28 +729,10 @@ void kcuda_attention_backward_blocks(int on)
     att_bwd_more = on != 0;
 }
 
-static int att_sm90a(void);
-
 int kcuda_attention_wgmma(int on)
 {
     att_wgmma = on != 0;
-    return att_wgmma && att_sm90a();
-}
-
-/* Whether the current GPU runs the kernels' sm_90a code (compute
- * capability 9.0: the build's sm_90a machine code is what it loads; any
- * other runs the PTX, whose wgmma traps), cached per device. */
-static int att_sm90a(void)
-{
-    static int known[64]; /* 0 unknown, 1 no, 2 yes */
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
-        return 0;
-    if (!known[dev]) {
-        cudaDeviceProp p;
-        known[dev] = cudaGetDeviceProperties(&p, dev) == cudaSuccess && p.major == 9 && p.minor == 0 ? 2 : 1;
-    }
-    return known[dev] == 2;
+    return att_wgmma && attn_wg_available();
 }
 
 void kcuda_attention_backward_only(int which)
@@ -1461,13 +788,15 @@ static int attn_launch(int which, const attn_args &a, cudaStream_t s)
      * lse and D twice; dq: Q, dout, K and V twice, lse and D */
     bool dkv = which == ATT_DKV || which == ATT_DKV_ADQ, adq = which == ATT_DKV_ADQ && cfg::TC;
     int mt = which == ATT_FWD ? att_fwd_mt<T, DP>() : 1;
-    bool wg = false;
+    /* on warpgroup products where asked and possible (attention_wg.cu) */
+    size_t wg_bytes = 0;
+    void (*wgk)(attn_args) = nullptr;
     if constexpr (cfg::TC)
-        wg = which != ATT_DKV_ADQ && att_wgmma && a.vec && att_sm90a();
-    if (wg)
+        if (which != ATT_DKV_ADQ && att_wgmma && a.vec && attn_wg_available())
+            wgk = attn_wg_kernel(which, std::is_same<T, bf16>::value, DP, &wg_bytes);
+    if (wgk)
         mt = 1;
-    size_t bytes = wg ? (which == ATT_FWD ? 5 * att_cm_bytes<T, DP>()
-                         : 6 * att_cm_bytes<T, DP>() + (dkv ? 4 : 2) * ATT_TILE * sizeof(float))
+    size_t bytes = wgk ? wg_bytes
                    : which == ATT_FWD ? (4 + mt) * cfg::TILE_BYTES + warps
                    : dkv ? 6 * cfg::TILE_BYTES + (adq ? cfg::S_BYTES : 0) + 4 * ATT_TILE * sizeof(float) + warps
                          : 6 * cfg::TILE_BYTES + 2 * ATT_TILE * sizeof(float) + warps;
@@ -1475,11 +804,8 @@ static int attn_launch(int which, const attn_args &a, cudaStream_t s)
     void (*kern)(attn_args) = which == ATT_FWD ? (mt == 2 ? att_fwd_kernel2<T, DP>() : attn_fwd_kernel<T, DP, 1>)
                               : adq            ? attn_bwd_dkv_kernel<T, DP, cfg::TC, 0>
                                                : att_bwd_kernel<T, DP>(dkv ? ATT_DKV : ATT_DQ);
-    if constexpr (cfg::TC)
-        if (wg)
-            kern = which == ATT_FWD ? attn_fwd_wg_kernel<T, DP>
-                   : dkv            ? attn_bwd_dkv_wg_kernel<T, DP>
-                                    : attn_bwd_dq_wg_kernel<T, DP>;
+    if (wgk)
+        kern = wgk;
     /* a block per (query or key tile, batch row, head); the rows past the
      * grid's 65535 in z slices (att_row_block), the tiles of one head
      * next to each other (its keys and values stay in L2 among them) */

@@ -499,11 +499,11 @@ void kcuda_attention_backward_blocks(int on);
  * two main kernels; dq by atomics keeps mma.sync's) on warpgroup
  * products (wgmma: the tensor cores read the tiles from shared memory
  * once for the block's 4 warps) where the GPU runs the build's sm_90a
- * code (compute capability 9.0) and the rows are in 16-byte packs; else,
- * and by default (0), mma.sync's.
+ * code (an H100 or H200: attention_wg.cu's probe says) and the rows are
+ * in 16-byte packs; else, and by default (0), mma.sync's.
  * The results may differ from the default's in their last bits (the
  * products' internal order). Returns whether the current GPU takes it
- * (on, and compute capability 9.0). Not thread-safe: set it before
+ * (on, and the sm_90a code loaded). Not thread-safe: set it before
  * launching. */
 int kcuda_attention_wgmma(int on);
 /* Which of the default backward's two main kernels run (after the one

@@ -232,8 +232,9 @@ __device__ __forceinline__ void kc_add_release(int *p, int v)
  * in the writing threads, then a barrier.
  *
  * Built only for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL; the Makefile's
- * CUDA_ARCH): any other target traps, and the host never launches such a
- * kernel there (kcuda_attention_wgmma). On the CPU emulation these are
+ * CUDA_ARCH_WGMMA, attention_wg.cu's): any other target traps, and the
+ * host never launches such a kernel there (attn_wg_available's probe).
+ * On the CPU emulation these are
  * emu/ptx.h's wgmma_rs, wgmma_commit and wgmma_wait, with the same
  * layouts and the same deferral.
  */
@@ -249,6 +250,13 @@ __host__ __device__ constexpr uint64_t kc_wgmma_desc(uint32_t saddr, uint32_t lb
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(EMU_CUDA_RUNTIME_H)
 #define KC_WGMMA 1
+#endif
+/* A device pass for a target without wgmma (the build's compute_90 PTX):
+ * a kernel made of warpgroup products compiles to its trap alone
+ * (KC_WGMMA_KERNEL_BODY), not to code that could only trap, which would
+ * double its compile time for nothing. */
+#if defined(__CUDA_ARCH__) && !defined(KC_WGMMA) && !defined(EMU_CUDA_RUNTIME_H)
+#define KC_WGMMA_ABSENT 1
 #endif
 
 /* The asm of one product: N / 2 accumulators (the operands after TRANS),
