@@ -87,13 +87,15 @@ for o in "${orders[@]}"; do
         EMU_ORDER="$o" EMU_WARPS=$warps EMU_CP_ASYNC=$cp GPU_TESTS_SWEEP=$sweep GPU_TESTS_SKIP="$skip" \
         "$B/gpu_tests_emu"
 done
-# the attention cases again with each block started after a random delay
-# (EMU_JITTER_US): the key tiles' dq atomics arrive in a new order each
-# run, so a turn not taken shows as bits that differ on the same inputs
-# ("dq twice"; not every run: a sum of 2-byte values may round alike)
+# the attention cases whose dq atomics take turns again with each block
+# started after a random delay (EMU_JITTER_US): the key tiles' atomics
+# arrive in a new order each run, so a turn not taken shows as bits that
+# differ on the same inputs ("dq twice"; not every run: a sum of 2-byte
+# values may round alike); the other attention cases have no atomics or
+# (dq_atomic) no order to keep
 if [ "${EMU_TSAN:-0}" != 1 ]; then
-    run "gpu_tests attention, blocks jittered" env OPENBLAS_NUM_THREADS=1 EMU_JITTER_US=2000 \
-        "$B/gpu_tests_emu" attention
+    run "gpu_tests attention in turns, blocks jittered" env OPENBLAS_NUM_THREADS=1 EMU_JITTER_US=2000 \
+        "$B/gpu_tests_emu" attention_dq_turns_bf16 attention_dq_turns_f16
 fi
 # the executor's GPU path and the NCCL communicator (unit_tests_emu, when
 # built): the unit tests that need a GPU, or 4 (MESH_EMU_GPUS: ranks as
