@@ -646,14 +646,12 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dq_kernel(attn_arg
 {
     typedef att_cfg<T, DP> cfg;
     extern __shared__ __align__(128) unsigned char smem[];
-    int i0 = (a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * ATT_TILE;
-    long long bh = att_row_block(a.B * (long long)a.H);
-    if (bh < 0)
+    att_qhead<T> hd;
+    if (!att_q_head<T>(a, ATT_TILE, &hd))
         return;
-    int b = (int)(bh / a.H), h = (int)(bh % a.H), kvh = h / (a.H / a.KV);
+    int i0 = hd.i0, b = hd.b, h = hd.h;
     long long bt0 = (long long)b * a.T;
-    const T *k = (const T *)a.k + bt0 * a.ks + (long long)kvh * a.d;
-    const T *v = (const T *)a.v + bt0 * a.vs + (long long)kvh * a.d;
+    const T *k = hd.k, *v = hd.v;
     /* Q, dout, then K and V twice (the next pair loads behind this one's
      * products), then lse and D */
     const T *sQ = att_tile<T, DP>(smem, 0), *sO = att_tile<T, DP>(smem, 1);
@@ -663,9 +661,7 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dq_kernel(attn_arg
     int end = a.causal ? min(a.T, i0 + ATT_TILE) : a.T;
     int tiles = (end + ATT_TILE - 1) / ATT_TILE;
 
-    queue_tile<T, DP>(att_tile<T, DP>(smem, 0),
-                      (const T *)a.q + bt0 * a.qs + (long long)h * a.d, a.qs, i0, a.T,
-                      a.d, a.vec);
+    queue_tile<T, DP>(att_tile<T, DP>(smem, 0), hd.q, a.qs, i0, a.T, a.d, a.vec);
     queue_tile<T, DP>(att_tile<T, DP>(smem, 1),
                       (const T *)a.dout + bt0 * a.os + (long long)h * a.d, a.os, i0,
                       a.T, a.d, a.vec);

@@ -660,6 +660,32 @@ bool do_ldmatrix(Runner *r, Lane *w0, unsigned warp)
     return true;
 }
 
+/* Whether a wgmma operand in shared memory (`what`: "A" or "B") is
+ * usable: its start and offsets multiples of 16, the offsets below 2^18
+ * (the descriptor's encoding), every element in the block's shared
+ * memory; else the block fails, naming it. */
+bool wgmma_operand_ok(Runner *r, unsigned warp, const char *what, const WgmmaB &o)
+{
+    if ((uintptr_t)o.b % 16 != 0 || o.lbo % 16 != 0 || o.sbo % 16 != 0 || o.lbo >= (1u << 18) ||
+        o.sbo >= (1u << 18)) {
+        block_fail(r, cudaErrorMisalignedAddress,
+                   format("warp %u: wgmma.mma_async: %s at %p, offsets %u and %u (each a multiple of 16, "
+                          "the offsets below 2^18)",
+                          warp, what, (const void *)o.b, o.lbo, o.sbo));
+        return false;
+    }
+    size_t end = 0;
+    for (unsigned k = 0; k < 16; k++)
+        for (unsigned c = 0; c < o.n; c++)
+            end = std::max(end, (size_t)wgmma_offset(o, k, c) + 2);
+    std::string bad = shared_problem(r, o.b, end);
+    if (!bad.empty()) {
+        block_fail(r, cudaErrorIllegalAddress, format("warp %u: wgmma.mma_async: %s ", warp, what) + bad);
+        return false;
+    }
+    return true;
+}
+
 /* wgmma.wait_group.sync.aligned N over a warp (emu/ptx.h): each lane's
  * queued products of groups up to its commits - N complete, in the order
  * issued. Every lane must have queued the same products and passed the
@@ -711,54 +737,15 @@ bool do_wgmma_wait(Runner *r, Lane *w0, unsigned warp)
                 return false;
             }
         }
-        if ((uintptr_t)o.b % 16 != 0 || o.lbo % 16 != 0 || o.sbo % 16 != 0 || o.lbo >= (1u << 18) ||
-            o.sbo >= (1u << 18)) {
-            block_fail(r, cudaErrorMisalignedAddress,
-                       format("warp %u: wgmma.mma_async: B at %p, offsets %u and %u (each a multiple of 16, "
-                              "the offsets below 2^18)",
-                              warp, (const void *)o.b, o.lbo, o.sbo));
+        WgmmaB bop{o.b, o.n, o.lbo, o.sbo, o.trans}, aop{o.as, 64, o.albo, o.asbo, 0};
+        if (!wgmma_operand_ok(r, warp, "B", bop) || (o.as && !wgmma_operand_ok(r, warp, "A", aop)))
             return false;
-        }
-        auto at = [&o](unsigned k, unsigned c) {
-            return o.trans ? 2 * (c % 8) + o.sbo * (c / 8) + 16 * (k % 8) + o.lbo * (k / 8)
-                           : 16 * (c % 8) + o.sbo * (c / 8) + 2 * (k % 8) + o.lbo * (k / 8);
-        };
-        size_t end = 0;
-        for (unsigned k = 0; k < 16; k++)
-            for (unsigned c = 0; c < o.n; c++)
-                end = std::max(end, (size_t)at(k, c) + 2);
-        std::string bad = shared_problem(r, o.b, end);
-        if (!bad.empty()) {
-            block_fail(r, cudaErrorIllegalAddress, format("warp %u: wgmma.mma_async: B ", warp) + bad);
-            return false;
-        }
         auto half = [&o](uint16_t h) { return o.elem == ELEM_BF16 ? emu_bf16_to_f32(h) : emu_f16_to_f32(h); };
         float A[16][16];
-        if (o.as) { /* the warp's 16 rows of the warpgroup's 64, K-major in shared memory */
-            auto aat = [&o](unsigned m, unsigned k) {
-                return 16 * (m % 8) + o.asbo * (m / 8) + 2 * (k % 8) + o.albo * (k / 8);
-            };
-            if ((uintptr_t)o.as % 16 != 0 || o.albo % 16 != 0 || o.asbo % 16 != 0 || o.albo >= (1u << 18) ||
-                o.asbo >= (1u << 18)) {
-                block_fail(r, cudaErrorMisalignedAddress,
-                           format("warp %u: wgmma.mma_async: A at %p, offsets %u and %u (each a multiple of 16, "
-                                  "the offsets below 2^18)",
-                                  warp, (const void *)o.as, o.albo, o.asbo));
-                return false;
-            }
-            size_t aend = 0;
-            for (unsigned m = 0; m < 64; m++)
-                for (unsigned k = 0; k < 16; k++)
-                    aend = std::max(aend, (size_t)aat(m, k) + 2);
-            std::string abad = shared_problem(r, o.as, aend);
-            if (!abad.empty()) {
-                block_fail(r, cudaErrorIllegalAddress, format("warp %u: wgmma.mma_async: A ", warp) + abad);
-                return false;
-            }
+        if (o.as) /* the warp's 16 rows of the warpgroup's 64, K-major in shared memory */
             for (unsigned m = 0; m < 16; m++)
                 for (unsigned k = 0; k < 16; k++)
-                    A[m][k] = half(*reinterpret_cast<const uint16_t *>(o.as + aat(16 * (warp % 4) + m, k)));
-        }
+                    A[m][k] = half(*reinterpret_cast<const uint16_t *>(o.as + wgmma_offset(aop, k, 16 * (warp % 4) + m)));
         for (unsigned m = 0; m < 32 && !o.as; m++) {
             const uint32_t *a = w0[m].wg[i].a;
             unsigned g = m / 4, t = m % 4;
@@ -772,7 +759,7 @@ bool do_wgmma_wait(Runner *r, Lane *w0, unsigned warp)
         std::vector<float> B(16 * o.n), D(16 * o.n);
         for (unsigned k = 0; k < 16; k++)
             for (unsigned c = 0; c < o.n; c++)
-                B[k * o.n + c] = half(*reinterpret_cast<const uint16_t *>(o.b + at(k, c)));
+                B[k * o.n + c] = half(*reinterpret_cast<const uint16_t *>(o.b + wgmma_offset(bop, k, c)));
         for (unsigned m = 0; m < 32; m++) { /* C: all of it read before any d is written */
             const float *d = w0[m].wg[i].d;
             unsigned g = m / 4, t = m % 4;

@@ -109,13 +109,22 @@ struct WarpOp {
     const void *src[8];
 };
 
-/* The B operand of a wgmma product queued by a thread (emu/ptx.h): its
- * start, N, offsets and majorness. */
+/* A wgmma operand in shared memory queued by a thread (emu/ptx.h): B
+ * [16 x n] (or A [64 x 16], as K-major with m for n): its start, n,
+ * offsets and majorness. */
 struct WgmmaB {
     const unsigned char *b;
     unsigned n, lbo, sbo;
     int trans;
 };
+
+/* The byte offset of element (k, n) of such an operand, by the canonical
+ * layout without swizzling: K-major (trans 0) or N-major. */
+inline unsigned wgmma_offset(const WgmmaB &o, unsigned k, unsigned n)
+{
+    return o.trans ? 2 * (n % 8) + o.sbo * (n / 8) + 16 * (k % 8) + o.lbo * (k / 8)
+                   : 16 * (n % 8) + o.sbo * (n / 8) + 2 * (k % 8) + o.lbo * (k / 8);
+}
 
 void warp_op(WarpOp *op);
 void syncthreads();

@@ -170,10 +170,7 @@ inline void wgmma_wait(int n)
     unsigned lane = (unsigned)(threadIdx.x & 31);
     for (int i = 0; i < nd; i++)
         for (unsigned e = lane; e < 16 * due[i].n; e += 32) {
-            unsigned k = e / due[i].n, c = e % due[i].n;
-            size_t off = due[i].trans ? 2 * (c % 8) + due[i].sbo * (c / 8) + 16 * (k % 8) + due[i].lbo * (k / 8)
-                                      : 16 * (c % 8) + due[i].sbo * (c / 8) + 2 * (k % 8) + due[i].lbo * (k / 8);
-            const volatile unsigned char *q = due[i].b + off;
+            const volatile unsigned char *q = due[i].b + wgmma_offset(due[i], e / due[i].n, e % due[i].n);
             (void)q[0];
             (void)q[1];
         }
