@@ -141,8 +141,13 @@ static int cuda_open(kern *k)
      * Determinism) */
     const char *det = getenv("MESH_DETERMINISTIC");
     if (det && (strcmp(det, "0") == 0 || strcmp(det, "2") == 0)) kcuda_ctx_set_deterministic(c->ctx, det[0] - '0');
+    /* MESH_GEMM_TUNE=1: each product's cuBLASLt algorithm timed at its
+     * shape's first call, among those that give the default's bits
+     * (kcuda_ctx_set_gemm_tune) */
+    const char *tune = getenv("MESH_GEMM_TUNE");
+    if (tune && strcmp(tune, "1") == 0) kcuda_ctx_set_gemm_tune(c->ctx, 1);
     if (env_one_of(k, "MESH_ATTN_FWD_ROWS", "64", "128") || env_one_of(k, "MESH_ATTN_BWD_BLOCKS", "0", "1") ||
-        env_one_of(k, "MESH_ATTN_WGMMA", "0", "1")) {
+        env_one_of(k, "MESH_ATTN_WGMMA", "0", "1") || env_one_of(k, "MESH_GEMM_TUNE", "0", "1")) {
         cuda_close(k);
         return -1;
     }

@@ -7,7 +7,7 @@
 #include <stdio.h>  /* defines: snprintf, vsnprintf */
 #include <stdint.h> /* defines: uint64_t, UINT64_MAX */
 #include <stdlib.h> /* defines: calloc, free */
-#include <string.h> /* defines: strrchr */
+#include <string.h> /* defines: strrchr, memset */
 
 #include "kcuda_impl.h"
 
@@ -167,6 +167,39 @@ void kcuda_ctx_set_deterministic(kcuda_ctx *ctx, int mode)
 {
     if (ctx)
         ctx->dq_atomics = mode == 0 ? 1 : mode == 2 ? 2 : 0;
+}
+
+void kcuda_ctx_set_gemm_tune(kcuda_ctx *ctx, int mode)
+{
+    if (ctx)
+        ctx->gemm_tune = mode == 1;
+}
+
+void kcuda_ctx_gemm_tune_stats(const kcuda_ctx *ctx,
+                               kcuda_gemm_tune_stats *out)
+{
+    if (!out)
+        return;
+    memset(out, 0, sizeof *out);
+    if (ctx)
+        *out = ctx->tune_stats;
+}
+
+void kcuda_gemm_tune_describe(const kcuda_gemm_tune_stats *st, char *buf,
+                              size_t n)
+{
+    if (!buf || n == 0)
+        return;
+    if (!st) {
+        buf[0] = 0;
+        return;
+    }
+    snprintf(buf, n,
+             "%d shapes tuned, %d candidates timed; set aside: %d split k, "
+             "%d other kernels, %d other bits; %d refused, %d changed, %d "
+             "without the memory",
+             st->shapes, st->timed, st->split, st->other_kernel,
+             st->other_bits, st->refused, st->changed, st->no_memory);
 }
 
 int kcuda_ctx_create(kcuda_ctx **out)

@@ -122,6 +122,41 @@ void kcuda_ctx_free(kcuda_ctx *ctx);
  * Other values are 1. */
 void kcuda_ctx_set_deterministic(kcuda_ctx *ctx, int mode);
 
+/* How a product picks its cuBLASLt algorithm, at a shape's first call
+ * (the choice is then cached for the shape, as always):
+ *   0 (the default) the first of cuBLASLt's heuristic;
+ *   1 timed: of the heuristic's first 8 algorithms, those that are the
+ *     first's kernel (its ALGO_ID) in another tile, stages, swizzle or
+ *     cluster shape, without a split of the sum over k, run on the call's
+ *     own operands, 1 + 3 times each, and the fastest is kept among those
+ *     whose output has the first's bits (a hash of every element, on the
+ *     device). So the numbers are the default's, run to run and rank to
+ *     rank, whichever one a rank's timing picks. The first call of a shape
+ *     then waits for the device (events), saves and restores C when the
+ *     product adds to it (a buffer of C's size, for that call only), and
+ *     skips the tuning, keeping the first, when the device has not that
+ *     much free memory and 64 MiB more.
+ * Other values are 0. Set it before the context's first product: a shape
+ * already cached keeps its algorithm. */
+void kcuda_ctx_set_gemm_tune(kcuda_ctx *ctx, int mode);
+
+/* What the tuning did so far, for tests and logs: shapes tuned (a first
+ * call with more than one candidate), candidates timed (the first
+ * included), set aside unrun for a split sum or for being another kernel,
+ * set aside for other bits, refused by cuBLASLt at the call, shapes whose
+ * fastest was not the first, and shapes not tuned for want of free
+ * memory. */
+typedef struct kcuda_gemm_tune_stats {
+    int shapes, timed, split, other_kernel, other_bits, refused, changed,
+        no_memory;
+} kcuda_gemm_tune_stats;
+void kcuda_ctx_gemm_tune_stats(const kcuda_ctx *ctx,
+                               kcuda_gemm_tune_stats *out);
+/* The stats in words, into buf (n bytes, truncated): "16 shapes tuned,
+ * 39 candidates timed; set aside: ...". */
+void kcuda_gemm_tune_describe(const kcuda_gemm_tune_stats *st, char *buf,
+                              size_t n);
+
 /* Stream-ordered device memory (cudaMallocAsync, cudaFreeAsync from the
  * device's default pool) for buffers that grow while training: usable by
  * `stream`'s later work. A cudaMalloc or cudaFree would wait for every

@@ -97,6 +97,8 @@ struct kcuda_ctx {
     int dq_atomics; /* kcuda_ctx_set_deterministic's mode for attention's dq: 0 by
                        calloc, the default (mode 1): its own kernel; 1 (mode 0): the
                        dk/dv kernel's atomics in arrival order; 2 (mode 2): in turns */
+    int gemm_tune;  /* kcuda_ctx_set_gemm_tune: 0 by calloc (the heuristic's first) */
+    kcuda_gemm_tune_stats tune_stats;
 };
 
 /* *out = at least `bytes` of the context's scratch (256-byte aligned).
@@ -378,6 +380,33 @@ typedef struct kcuda__gemm {
 } kcuda__gemm;
 
 int kcuda__gemm_run(kcuda_ctx *ctx, const kcuda__gemm *g, cudaStream_t s);
+
+/* A product's cuBLASLt call, built once by kcuda__gemm_run (matmul.cu) and
+ * run by it, or by the tuning, with one algorithm or another. */
+typedef struct kcuda__lt_call {
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+} kcuda__lt_call;
+
+cublasStatus_t kcuda__lt_matmul(kcuda_ctx *ctx, const kcuda__gemm *g,
+                                const kcuda__lt_call *call,
+                                const cublasLtMatmulAlgo_t *algo,
+                                cudaStream_t s);
+
+/* The most algorithms of the heuristic that the tuning runs. */
+enum { KCUDA__TUNE_CANDIDATES = 8 };
+
+/* The tuning of a shape's first call (matmul_tune.cu,
+ * kcuda_ctx_set_gemm_tune): res[0..n) are the heuristic's algorithms, in
+ * its order; *pick is set to the index of the fastest that gives res[0]'s
+ * bits (0 when none is faster, or when the tuning cannot run: too little
+ * free memory, res[0] refused). The call's output, and C when it is
+ * read, are as they were before on return. An error only for a failing
+ * device. */
+int kcuda__gemm_tune(kcuda_ctx *ctx, const kcuda__gemm *g,
+                     const kcuda__lt_call *call,
+                     const cublasLtMatmulHeuristicResult_t *res, int n,
+                     cudaStream_t s, int *pick);
 
 /* Column sums in a fixed order (colsum.cu): dst[N] (of dst_dt: dt, or
  * KCUDA_F32 beside 2-byte src) += sum over rows of src[M,N] (dt), through

@@ -9,8 +9,9 @@
  * C^T = B^T A^T in column-major: kcuda__gemm_run swaps the operands.
  * fp32 computes in fp32 (CUBLAS_COMPUTE_32F: no TF32, to match the CPU);
  * bf16 stores A, B, C in bf16 and accumulates in fp32 on tensor cores.
- * The first algorithm of cuBLASLt's heuristic is cached per shape (and
- * per pointer alignment) in the context, so a shape always runs the same
+ * The first algorithm of cuBLASLt's heuristic (or, tuned, the fastest
+ * that gives its bits: matmul_tune.cu) is cached per shape (and per
+ * pointer alignment) in the context, so a shape always runs the same
  * algorithm, and cuBLASLt's own reductions are ordered: deterministic.
  */
 #include <string.h> /* defines: memset, memcmp */
@@ -136,6 +137,17 @@ static cublasStatus_t pref_set(cublasLtMatmulPreference_t pref,
     return CUBLAS_STATUS_SUCCESS;
 }
 
+cublasStatus_t kcuda__lt_matmul(kcuda_ctx *ctx, const kcuda__gemm *g,
+                                const kcuda__lt_call *call,
+                                const cublasLtMatmulAlgo_t *algo,
+                                cudaStream_t s)
+{
+    float alpha = 1.0f, beta = g->beta;
+    return cublasLtMatmul(ctx->lt, call->desc, &alpha, g->B, call->la, g->A,
+                          call->lb, &beta, g->C, call->lc, g->C, call->lc,
+                          algo, ctx->workspace, ctx->workspace_bytes, s);
+}
+
 int kcuda__gemm_run(kcuda_ctx *ctx, const kcuda__gemm *g, cudaStream_t s)
 {
     KCUDA_ARG(ctx != NULL, "matmul needs a kcuda_ctx (got NULL)");
@@ -143,20 +155,18 @@ int kcuda__gemm_run(kcuda_ctx *ctx, const kcuda__gemm *g, cudaStream_t s)
               "matmul: bad sizes M=%d N=%d K=%d batch=%d", g->M, g->N, g->K,
               g->batch);
     int rc = 0;
-    cublasLtMatmulDesc_t desc = NULL;
-    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    kcuda__lt_call call = {NULL, NULL, NULL, NULL};
     cublasLtMatmulPreference_t pref = NULL;
     kcuda__algo_key key = gemm_key(g);
     kcuda__algo_entry *hit = algo_find(ctx, &key);
     cublasOperation_t opa = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t opb = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    float alpha = 1.0f, beta = g->beta;
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
 
-    LT_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA,
+    LT_CHECK(cublasLtMatmulDescCreate(&call.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSA,
                                             &opa, sizeof opa));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB,
+    LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                             &opb, sizeof opb));
     if (g->epi == KCUDA__EPI_DGELU)
         epi = CUBLASLT_EPILOGUE_DGELU;
@@ -165,45 +175,46 @@ int kcuda__gemm_run(kcuda_ctx *ctx, const kcuda__gemm *g, cudaStream_t s)
                       : CUBLASLT_EPILOGUE_GELU_AUX;
     else if (g->bias)
         epi = CUBLASLT_EPILOGUE_BIAS;
-    LT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+    LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                             &epi, sizeof epi));
     if (g->bias) {
         cudaDataType_t bt = lt_type(g->dt);
         LT_CHECK(cublasLtMatmulDescSetAttribute(
-            desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
+            call.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
         LT_CHECK(cublasLtMatmulDescSetAttribute(
-            desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+            call.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
     }
     if (g->epi == KCUDA_EPI_GELU || g->epi == KCUDA__EPI_DGELU) {
         int64_t ld = g->N;
         LT_CHECK(cublasLtMatmulDescSetAttribute(
-            desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux,
+            call.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux,
             sizeof g->aux));
         LT_CHECK(cublasLtMatmulDescSetAttribute(
-            desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
+            call.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
     }
     /* C^T[N,M] = op(B)^T[N,K] op(A)^T[K,M], column-major */
-    LT_CHECK(lt_layout(&la, g->dt, g->tb ? g->K : g->N, g->tb ? g->N : g->K,
+    LT_CHECK(lt_layout(&call.la, g->dt, g->tb ? g->K : g->N, g->tb ? g->N : g->K,
                        g->ldb, g->batch, g->sb));
-    LT_CHECK(lt_layout(&lb, g->dt, g->ta ? g->M : g->K, g->ta ? g->K : g->M,
+    LT_CHECK(lt_layout(&call.lb, g->dt, g->ta ? g->M : g->K, g->ta ? g->K : g->M,
                        g->lda, g->batch, g->sa));
-    LT_CHECK(lt_layout(&lc, g->c_f32 ? KCUDA_F32 : g->dt, g->N, g->M, g->ldc,
+    LT_CHECK(lt_layout(&call.lc, g->c_f32 ? KCUDA_F32 : g->dt, g->N, g->M, g->ldc,
                        g->batch, g->sc));
 
     cublasLtMatmulAlgo_t algo;
     if (hit) {
         algo = hit->algo;
     } else {
-        cublasLtMatmulHeuristicResult_t res;
-        int found = 0;
+        cublasLtMatmulHeuristicResult_t res[KCUDA__TUNE_CANDIDATES];
+        int found = 0, pick = 0;
         size_t ws = ctx->workspace_bytes;
         LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
             pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
         LT_CHECK(pref_set(pref, &key));
-        memset(&res, 0, sizeof res);
+        memset(res, 0, sizeof res);
         cublasStatus_t hst = cublasLtMatmulAlgoGetHeuristic(
-            ctx->lt, desc, la, lb, lc, lc, pref, 1, &res, &found);
+            ctx->lt, call.desc, call.la, call.lb, call.lc, call.lc, pref,
+            ctx->gemm_tune ? KCUDA__TUNE_CANDIDATES : 1, res, &found);
         /* NOT_SUPPORTED (e.g. an epilogue this dtype lacks) or
          * INVALID_VALUE (a configuration it does not take): no algorithm,
          * which a fused product's caller answers without the epilogue */
@@ -217,12 +228,15 @@ int kcuda__gemm_run(kcuda_ctx *ctx, const kcuda__gemm *g, cudaStream_t s)
                                  : "none found");
             goto done;
         }
-        algo = res.algo;
+        if (ctx->gemm_tune && found > 1) {
+            rc = kcuda__gemm_tune(ctx, g, &call, res, found, s, &pick);
+            if (rc)
+                goto done;
+        }
+        algo = res[pick].algo;
     }
     {
-        cublasStatus_t st = cublasLtMatmul(
-            ctx->lt, desc, &alpha, g->B, la, g->A, lb, &beta, g->C, lc, g->C,
-            lc, &algo, ctx->workspace, ctx->workspace_bytes, s);
+        cublasStatus_t st = kcuda__lt_matmul(ctx, g, &call, &algo, s);
         /* the heuristic's choice does not guarantee the call runs (the
          * header says so): a fresh algorithm refused is "no algorithm",
          * and an algorithm is cached only once it has run */
@@ -252,14 +266,14 @@ int kcuda__gemm_run(kcuda_ctx *ctx, const kcuda__gemm *g, cudaStream_t s)
 done:
     if (pref)
         cublasLtMatmulPreferenceDestroy(pref);
-    if (lc)
-        cublasLtMatrixLayoutDestroy(lc);
-    if (lb)
-        cublasLtMatrixLayoutDestroy(lb);
-    if (la)
-        cublasLtMatrixLayoutDestroy(la);
-    if (desc)
-        cublasLtMatmulDescDestroy(desc);
+    if (call.lc)
+        cublasLtMatrixLayoutDestroy(call.lc);
+    if (call.lb)
+        cublasLtMatrixLayoutDestroy(call.lb);
+    if (call.la)
+        cublasLtMatrixLayoutDestroy(call.la);
+    if (call.desc)
+        cublasLtMatmulDescDestroy(call.desc);
     return rc;
 }
 

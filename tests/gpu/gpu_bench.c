@@ -2,9 +2,12 @@
  * gpu_bench.c: how fast the CUDA kernels run, next to what the hardware
  * and NVIDIA's libraries give on the same shapes in the same run:
  *
- *  - GEMM, bf16 (fp32 accumulation): kcuda_matmul_forward next to a raw
- *    cublasLtMatmul (its heuristic's first algorithm, chosen once) and
- *    cublasGemmEx, on 4096^3 and GPT-2 124M's shapes (B*T = 8192 rows);
+ *  - GEMM, bf16 (fp32 accumulation): kcuda_matmul_forward, by default and
+ *    with its algorithms timed (kcuda_ctx_set_gemm_tune, MESH_GEMM_TUNE=1),
+ *    next to a raw cublasLtMatmul (its heuristic's first algorithm, chosen
+ *    once) and cublasGemmEx, on 4096^3 and GPT-2 124M's shapes (B*T = 8192
+ *    rows); and the layers' backward (dx and dw) by default and tuned,
+ *    with what the tuning set aside and changed;
  *  - a linear layer's bias and GELU (GPT-2's fc): in cuBLASLt's epilogue,
  *    as the executor fuses them, next to a product and two kernels after;
  *    and in the backward, the proj product's dx with the GELU's backward
@@ -26,8 +29,9 @@
  * Prints a table, then one line `JSON {...}` with the summary (also written
  * to FILE). Each time is the best, over 3 runs, of the mean over a batch of
  * launches timed with CUDA events. Without a GPU: `SKIP gpu: no GPU (...)`,
- * exit 0. --tiny: every size cut by 16 (attention to B=1 T=128 H=2; the
- * cross-entropy's rows, not the vocabulary), one timed launch each: a
+ * exit 0. --tiny: every size cut by 16 (the GEMMs' by 32; attention to
+ * B=1 T=128 H=2; the cross-entropy's rows, not the vocabulary), one
+ * timed launch each: a
  * rehearsal of the program on the CPU emulation of CUDA (gpu_bench_emu,
  * tests/gpu/run.sh with MESH_GPU_REHEARSE=1), its figures no measure of
  * anything. --only PART: that part alone (gemm, epilogue, dgelu, attention
@@ -47,11 +51,20 @@
 
 static int quick, tiny;
 static kcuda_ctx *ctx;
+static kcuda_ctx *tctx; /* the same with its products' algorithms timed
+                           (kcuda_ctx_set_gemm_tune) */
 
 /* n, or n / 16 with --tiny */
 static int cut(int n)
 {
     return tiny ? n / 16 : n;
+}
+
+/* The GEMM part's sizes: with --tiny, cut by 32 (the emulation's products
+ * are a CPU's loops, and the tuning runs each shape some 10 times). */
+static int gcut(int n)
+{
+    return tiny ? n / 32 : n;
 }
 
 static void die(const char *what, const char *msg)
@@ -175,6 +188,7 @@ typedef struct gemm_shape {
 typedef struct gemm_arg {
     const gemm_shape *s;
     void *x, *w, *y;
+    void *dx, *dw; /* the backward's gradients */
     cublasHandle_t blas;
     cublasLtHandle_t lt;
     cublasLtMatmulDesc_t desc;
@@ -184,18 +198,52 @@ typedef struct gemm_arg {
     size_t ws_bytes;
 } gemm_arg;
 
-static void run_kcuda_gemm(void *p)
+static void kcuda_gemm_on(kcuda_ctx *c, gemm_arg *g)
 {
-    gemm_arg *g = p;
     const gemm_shape *s = g->s;
     if (s->wt)
-        kc(kcuda_matmul_wt_forward(ctx, g->y, g->x, g->w, NULL, s->M, s->K,
+        kc(kcuda_matmul_wt_forward(c, g->y, g->x, g->w, NULL, s->M, s->K,
                                    s->N, KCUDA_BF16, NULL),
            "kcuda_matmul_wt_forward");
     else
-        kc(kcuda_matmul_forward(ctx, g->y, NULL, g->x, g->w, NULL, s->M, s->K,
+        kc(kcuda_matmul_forward(c, g->y, NULL, g->x, g->w, NULL, s->M, s->K,
                                 s->N, KCUDA_EPI_NONE, KCUDA_BF16, NULL),
            "kcuda_matmul_forward");
+}
+
+static void run_kcuda_gemm(void *p)
+{
+    kcuda_gemm_on(ctx, p);
+}
+
+static void run_tuned_gemm(void *p)
+{
+    kcuda_gemm_on(tctx, p);
+}
+
+/* A layer's backward, both products (dx and dw, added to; bf16 dw). */
+static void kcuda_gemm_bwd_on(kcuda_ctx *c, gemm_arg *g)
+{
+    const gemm_shape *s = g->s;
+    if (s->wt)
+        kc(kcuda_matmul_wt_backward(c, g->dx, g->dw, NULL, g->y, g->x, g->w,
+                                    s->M, s->K, s->N, KCUDA_BF16, KCUDA_BF16,
+                                    0, NULL),
+           "kcuda_matmul_wt_backward");
+    else
+        kc(kcuda_matmul_backward(c, g->dx, g->dw, NULL, g->y, g->x, g->w, s->M,
+                                 s->K, s->N, KCUDA_BF16, KCUDA_BF16, 0, NULL),
+           "kcuda_matmul_backward");
+}
+
+static void run_kcuda_gemm_bwd(void *p)
+{
+    kcuda_gemm_bwd_on(ctx, p);
+}
+
+static void run_tuned_gemm_bwd(void *p)
+{
+    kcuda_gemm_bwd_on(tctx, p);
 }
 
 static void run_cublas_gemm(void *p)
@@ -290,12 +338,12 @@ static void bench_gemm(void)
     lt_check(cublasLtCreate(&g.lt), "cublasLtCreate");
     g.ws_bytes = 32u << 20;
     g.ws = dalloc(g.ws_bytes);
-    printf("\n%-36s %10s %10s %10s %10s\n", "GEMM bf16 (TFLOP/s)", "kcuda",
-           "cublasLt", "cublas", "kcuda/lt");
+    printf("\n%-36s %10s %10s %10s %10s %10s\n", "GEMM bf16 (TFLOP/s)", "kcuda",
+           "tuned", "cublasLt", "cublas", "kcuda/lt");
     jcat("\"gemm\":[");
     int nsh = quick ? 2 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int i = 0; i < nsh; i++) {
-        gemm_shape cs = {shapes[i].name, cut(shapes[i].M), cut(shapes[i].K), cut(shapes[i].N), shapes[i].wt};
+        gemm_shape cs = {shapes[i].name, gcut(shapes[i].M), gcut(shapes[i].K), gcut(shapes[i].N), shapes[i].wt};
         const gemm_shape *s = &cs;
         double flop = 2.0 * s->M * s->N * (double)s->K;
         g.s = s;
@@ -305,20 +353,61 @@ static void bench_gemm(void)
         lt_setup(&g);
         int reps = flop > 1e11 ? 20 : 50;
         double tk = time_ms(run_kcuda_gemm, &g, reps);
+        double tt = time_ms(run_tuned_gemm, &g, reps);
         double tl = time_ms(run_lt_gemm, &g, reps);
         double tb = time_ms(run_cublas_gemm, &g, reps);
-        double fk = flop / tk / 1e9, fl = flop / tl / 1e9, fb = flop / tb / 1e9;
-        printf("%-36s %10.1f %10.1f %10.1f %9.0f%%\n", s->name, fk, fl, fb,
-               100.0 * fk / fl);
+        double fk = flop / tk / 1e9, ft = flop / tt / 1e9, fl = flop / tl / 1e9,
+               fb = flop / tb / 1e9;
+        printf("%-36s %10.1f %10.1f %10.1f %10.1f %9.0f%%\n", s->name, fk, ft, fl,
+               fb, 100.0 * fk / fl);
         jcat("%s{\"name\":\"%s\",\"M\":%d,\"K\":%d,\"N\":%d,\"kcuda_tflops\":%.1f,"
-             "\"cublaslt_tflops\":%.1f,\"cublas_tflops\":%.1f}",
-             i ? "," : "", s->name, s->M, s->K, s->N, fk, fl, fb);
+             "\"tuned_tflops\":%.1f,\"cublaslt_tflops\":%.1f,\"cublas_tflops\":%.1f}",
+             i ? "," : "", s->name, s->M, s->K, s->N, fk, ft, fl, fb);
         lt_teardown(&g);
         cudaFree(g.x);
         cudaFree(g.w);
         cudaFree(g.y);
     }
     jcat("],");
+    /* the backward of GPT-2's layers (dx and dw: 2 products), the step's
+     * larger share of the products' time, by default and tuned */
+    printf("\n%-36s %10s %10s %10s\n", "GEMM bf16 backward dx+dw (TFLOP/s)",
+           "kcuda", "tuned", "tuned/kcuda");
+    jcat("\"gemm_bwd\":[");
+    for (int i = 1, n = 0; i < (quick ? 2 : (int)(sizeof shapes / sizeof shapes[0])); i++, n++) {
+        gemm_shape cs = {shapes[i].name, gcut(shapes[i].M), gcut(shapes[i].K), gcut(shapes[i].N), shapes[i].wt};
+        const gemm_shape *s = &cs;
+        double flop = 4.0 * s->M * s->N * (double)s->K;
+        size_t mk = (size_t)s->M * s->K, kn = (size_t)s->K * s->N;
+        g.s = s;
+        g.x = drand(mk, 1.0f, KCUDA_BF16);
+        g.w = drand(kn, 1.0f, KCUDA_BF16);
+        g.y = drand((size_t)s->M * s->N, 1.0f, KCUDA_BF16); /* dy */
+        g.dx = drand(mk, 0.0f, KCUDA_BF16);
+        g.dw = drand(kn, 0.0f, KCUDA_BF16);
+        int reps = flop > 2e11 ? 10 : 25;
+        double tk = time_ms(run_kcuda_gemm_bwd, &g, reps);
+        double tt = time_ms(run_tuned_gemm_bwd, &g, reps);
+        double fk = flop / tk / 1e9, ft = flop / tt / 1e9;
+        printf("%-36s %10.1f %10.1f %10.2f\n", s->name, fk, ft, ft / fk);
+        jcat("%s{\"name\":\"%s\",\"kcuda_tflops\":%.1f,\"tuned_tflops\":%.1f}",
+             n ? "," : "", s->name, fk, ft);
+        cudaFree(g.x);
+        cudaFree(g.w);
+        cudaFree(g.y);
+        cudaFree(g.dx);
+        cudaFree(g.dw);
+    }
+    kcuda_gemm_tune_stats st;
+    char words[256];
+    kcuda_ctx_gemm_tune_stats(tctx, &st);
+    kcuda_gemm_tune_describe(&st, words, sizeof words);
+    printf("tuning: %s\n", words);
+    jcat("],\"gemm_tune\":{\"shapes\":%d,\"timed\":%d,\"split\":%d,"
+         "\"other_kernel\":%d,\"other_bits\":%d,\"refused\":%d,\"changed\":%d,"
+         "\"no_memory\":%d},",
+         st.shapes, st.timed, st.split, st.other_kernel, st.other_bits,
+         st.refused, st.changed, st.no_memory);
     cudaFree(g.ws);
     cublasLtDestroy(g.lt);
     cublasDestroy(g.blas);
@@ -816,13 +905,15 @@ int main(int argc, char **argv)
         return 0;
     }
     kc(kcuda_ctx_create(&ctx), "kcuda_ctx_create");
+    kc(kcuda_ctx_create(&tctx), "kcuda_ctx_create");
+    kcuda_ctx_set_gemm_tune(tctx, 1);
     struct cudaDeviceProp prop;
     cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     printf("gpu_bench: %s, sm_%d%d, %d SMs, %.0f GiB\n", prop.name, prop.major,
            prop.minor, prop.multiProcessorCount,
            (double)prop.totalGlobalMem / (1u << 30));
     if (tiny)
-        printf("gpu_bench: --tiny: every size cut by 16, one launch timed: a rehearsal, not a measurement\n");
+        printf("gpu_bench: --tiny: every size cut by 16 (the GEMMs' by 32), one launch timed: a rehearsal, not a measurement\n");
     jcat("{\"device\":\"%s\",\"sms\":%d,\"tiny\":%s,", prop.name, prop.multiProcessorCount,
          tiny ? "true" : "false");
     for (int k = 0; k < NPARTS; k++)
@@ -830,6 +921,7 @@ int main(int argc, char **argv)
             parts[k].run();
     jcat("}");
     if (only) {
+        kcuda_ctx_free(tctx);
         kcuda_ctx_free(ctx);
         return 0;
     }
@@ -841,6 +933,7 @@ int main(int argc, char **argv)
         fprintf(f, "%s\n", json);
         fclose(f);
     }
+    kcuda_ctx_free(tctx);
     kcuda_ctx_free(ctx);
     return 0;
 }

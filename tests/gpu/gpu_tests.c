@@ -465,6 +465,120 @@ static void t_matmul_refused(kcuda_dtype dt)
     unsetenv("EMU_CUBLASLT_REFUSE_EPILOGUE");
 }
 
+/* 1 on the CPU emulation (tests/gpu/emu), whose cuBLASLt offers known
+ * algorithms. */
+static int emulated(void)
+{
+    struct cudaDeviceProp prop;
+    return cudaGetDeviceProperties(&prop, 0) == cudaSuccess &&
+           strstr(prop.name, "CPU emulation") != NULL;
+}
+
+/* The products of one context, for t_matmul_tuned: a forward with bias
+ * and the GELU epilogue (pre and y), the tied head's forward, the
+ * backward adding into gradients (dx, dw, dbias: C restored between the
+ * tuning's candidates, else they would hold the product several times),
+ * a weight gradient in fp32 beside 2-byte tensors, and the DGELU
+ * epilogue's dpre; into out[0..8), device buffers of n[i] bytes. */
+static void tuned_products(kcuda_ctx *c, kcuda_dtype dt, int M, int K, int N,
+                           const float *const in[7], void *out[8],
+                           size_t n[8])
+{
+    size_t es = kcuda_dtype_size(dt), mn = (size_t)M * N, mk = (size_t)M * K,
+           kn = (size_t)K * N;
+    kcuda_dtype wdt = KCUDA_F32;
+    void *x = up(in[0], mk, dt), *w = up(in[1], kn, dt), *b = up(in[2], N, dt);
+    void *g = up(in[3], mn, dt);
+    n[0] = n[1] = n[2] = mn * es;
+    n[3] = mk * es, n[4] = kn * es, n[5] = N * es;
+    n[6] = kn * kcuda_dtype_size(wdt), n[7] = mk * es;
+    out[0] = dmem(n[0]), out[1] = dmem(n[1]), out[2] = dmem(n[2]);
+    out[3] = up(in[4], mk, dt), out[4] = up(in[5], kn, dt);
+    out[5] = up(in[6], N, dt), out[6] = up(in[5], kn, wdt);
+    out[7] = dmem(n[7]);
+    KC(kcuda_matmul_forward(c, out[0], out[1], x, w, b, M, K, N, KCUDA_EPI_GELU,
+                            dt, NULL));
+    KC(kcuda_matmul_wt_forward(c, out[2], x, w, NULL, M, K, N, dt, NULL));
+    KC(kcuda_matmul_backward(c, out[3], out[4], out[5], g, x, w, M, K, N, dt,
+                             dt, 0, NULL));
+    KC(kcuda_matmul_backward(c, NULL, out[6], NULL, g, x, w, M, K, N, dt, wdt,
+                             0, NULL));
+    KC(kcuda_matmul_gelu_backward(c, out[7], out[4], g, x, w, x, M, K, N, dt,
+                                  dt, NULL));
+}
+
+/* A context that times cuBLASLt's algorithms (kcuda_ctx_set_gemm_tune)
+ * gives the default context's bits in every kind of product. On the
+ * emulation, whose heuristic offers (besides the first and the first in
+ * another tile) an algorithm that splits the sum over k, another kernel
+ * and one that sums in another order than its configuration says, each
+ * tuned shape sets aside the first two unrun and the third by its output
+ * when it has other bits: always in an fp32 output; a 2-byte output's
+ * rounding may hide the order on so small a product (the fp32 weight
+ * gradient beside 2-byte tensors shows it); and with its fused epilogues
+ * refused at the call, the first candidate refused leaves the product to
+ * its fallback, as without the tuning. */
+static void t_matmul_tuned(kcuda_dtype dt)
+{
+    int M = 72, K = 40, N = 56;
+    size_t mn = (size_t)M * N, mk = (size_t)M * K, kn = (size_t)K * N;
+    const float *in[7] = {rnd(mk, 1.0f, dt), rnd(kn, 0.5f, dt), rnd(N, 0.5f, dt),
+                          rnd(mn, 1.0f, dt), rnd(mk, 0.5f, dt), rnd(kn, 0.5f, dt),
+                          rnd(N, 0.5f, dt)};
+    kcuda_ctx *tc = NULL;
+    void *want[8], *got[8];
+    size_t n[8];
+    const char *what[8] = {"y (bias, GELU)", "pre", "y (tied head)", "dx",
+                           "dw", "dbias", "dw (fp32)", "dpre (DGELU)"};
+    KC(kcuda_ctx_create(&tc));
+    kcuda_ctx_set_gemm_tune(tc, 1);
+    tuned_products(ctx, dt, M, K, N, in, want, n);
+    if (!cur_bad)
+        tuned_products(tc, dt, M, K, N, in, got, n);
+    for (int i = 0; i < 8 && !cur_bad; i++)
+        expect_bits(what[i], down_raw(got[i], n[i]), down_raw(want[i], n[i]),
+                    n[i]);
+    kcuda_gemm_tune_stats st;
+    char words[256];
+    kcuda_ctx_gemm_tune_stats(tc, &st);
+    kcuda_gemm_tune_describe(&st, words, sizeof words);
+    printf("# %s\n", words);
+    if (emulated() && !cur_bad) {
+        /* 6 shapes in 2-byte types, 5 in fp32 (its dw is the fp32 dw) */
+        int s = dt == KCUDA_F32 ? 5 : 6;
+        int bits_ok = dt == KCUDA_F32 ? st.other_bits == s
+                                      : st.other_bits >= 1 && st.other_bits <= s;
+        if (st.shapes != s || st.split != s || st.other_kernel != s ||
+            !bits_ok || st.timed != 3 * s - st.other_bits || st.refused != 0) {
+            cur_bad = 1;
+            fprintf(stderr, "# tuning: expected %d shapes, each with its "
+                            "split, its other kernel and (in fp32) its "
+                            "other order set aside\n",
+                    s);
+        }
+        setenv("EMU_CUBLASLT_REFUSE_EPILOGUE", "1", 1);
+        void *y0 = dmem(mn * 4), *y1 = dmem(mn * 4), *p0 = dmem(mn * 4),
+             *p1 = dmem(mn * 4);
+        void *x = up(in[0], mk, dt), *w = up(in[1], kn, dt), *b = up(in[2], N, dt);
+        int rc0 = kcuda_matmul_forward(ctx, y0, p0, x, w, b, M - 8, K, N,
+                                       KCUDA_EPI_GELU, dt, NULL);
+        int rc1 = kcuda_matmul_forward(tc, y1, p1, x, w, b, M - 8, K, N,
+                                       KCUDA_EPI_GELU, dt, NULL);
+        unsetenv("EMU_CUBLASLT_REFUSE_EPILOGUE");
+        kcuda_ctx_gemm_tune_stats(tc, &st);
+        size_t bytes = (size_t)(M - 8) * N * kcuda_dtype_size(dt);
+        if (rc0 != 0 || rc1 != 0 || st.refused != 1) {
+            cur_bad = 1;
+            fprintf(stderr, "# refused epilogue: %d, %d, %d refused: %s\n",
+                    rc0, rc1, st.refused, kcuda_last_error());
+        } else {
+            expect_bits("y (refused epilogue)", down_raw(y1, bytes),
+                        down_raw(y0, bytes), bytes);
+        }
+    }
+    kcuda_ctx_free(tc);
+}
+
 static void t_matmul_wt(kcuda_dtype dt)
 {
     matmul_case(dt, 67, 45, 33, 1, 1, 0);
@@ -1688,6 +1802,9 @@ static const gpu_case cases[] = {
     {"matmul_assign_f32", t_matmul_assign, KCUDA_F32},
     {"matmul_assign_bf16", t_matmul_assign, KCUDA_BF16},
     {"matmul_refused_f32", t_matmul_refused, KCUDA_F32},
+    {"matmul_tuned_f32", t_matmul_tuned, KCUDA_F32},
+    {"matmul_tuned_bf16", t_matmul_tuned, KCUDA_BF16},
+    {"matmul_tuned_f16", t_matmul_tuned, KCUDA_F16},
     {"matmul_wt_f32", t_matmul_wt, KCUDA_F32},
     {"matmul_wt_bf16", t_matmul_wt, KCUDA_BF16},
     {"matmul_wt_f16", t_matmul_wt, KCUDA_F16},

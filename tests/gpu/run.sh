@@ -40,6 +40,7 @@
 #             step from the GPU's: 2e-3, 2e-2 and 0.2.
 #  6. train_gpt2: GPT-2 124M (examples/gpt2.mesh on one GPU, bf16, T=1024,
 #             B=16 and 32, and B=32 with MESH_ATTN_WGMMA=1, with
+#             MESH_GEMM_TUNE=1 (alone and with MESH_ATTN_WGMMA=1), with
 #             MESH_DETERMINISTIC=0, with MESH_ATTN_FWD_ROWS=128 and with
 #             MESH_ATTN_BWD_BLOCKS=1;
 #             fp32 B=16)
@@ -567,6 +568,8 @@ gpt2_run() {
     [ "$mode" = rows128 ] && env=(MESH_ATTN_FWD_ROWS=128)
     [ "$mode" = blocks ] && env=(MESH_ATTN_BWD_BLOCKS=1)
     [ "$mode" = wgmma ] && env=(MESH_ATTN_WGMMA=1)
+    [ "$mode" = tune ] && env=(MESH_GEMM_TUNE=1)
+    [ "$mode" = wgmma-tune ] && env=(MESH_ATTN_WGMMA=1 MESH_GEMM_TUNE=1)
     [ "$mode" = profile ] && opt=(--profile)
     "$BUILD/meshc" -o "$d/$name.plan" examples/gpt2.mesh --set mesh.dp=1 --set mesh.tp=1 --set mesh.pp=1 \
         --set train.precision="$prec" --set train.zero=0 --set train.micro_batch="$batch" \
@@ -667,13 +670,15 @@ step_train_gpt2() {
     # the forward's blocks of 128 rows and the backward's kernels for more
     # blocks an SM, MESH_ATTN_FWD_ROWS=128 and MESH_ATTN_BWD_BLOCKS=1, the
     # same bits; bf16 B=32 with the attention on warpgroup products,
-    # MESH_ATTN_WGMMA=1, whose last bits may differ; bf16 B=16 with the op
+    # MESH_ATTN_WGMMA=1, whose last bits may differ; bf16 B=32 with the
+    # products' cuBLASLt algorithms timed among those with the default's
+    # bits, MESH_GEMM_TUNE=1, alone and with the wgmma attention; bf16 B=16 with the op
     # profile, --profile: two event
     # records an op, host calls and GPU timestamps, which a GPU-bound step
     # mostly hides)
     local prec batch mode what
-    for cfg in "bf16 16 profile" "bf16 32" "bf16 32 wgmma" "bf16 32 atomic" "bf16 32 rows128" "bf16 32 blocks" \
-        "fp32 16"; do
+    for cfg in "bf16 16 profile" "bf16 32" "bf16 32 wgmma" "bf16 32 tune" "bf16 32 wgmma-tune" "bf16 32 atomic" \
+        "bf16 32 rows128" "bf16 32 blocks" "fp32 16"; do
         read -r prec batch mode <<<"$cfg"
         what="$prec, B=$batch${mode:+, $mode}"
         l=$(left)
@@ -686,7 +691,7 @@ step_train_gpt2() {
         local mfu
         mfu=$(awk -v t="$tps" 'BEGIN { f = 6 * 124475904 + 12 * 12 * 1024 * 768; printf "%.1f", 100 * t * f / 989e12 }')
         detail+="$what: $(printf '%.0f' "$tps") tokens/s, MFU $mfu%; "
-        json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"deterministic\": $([ "$mode" = atomic ] && echo false || echo true), \"profiled\": $([ "$mode" = profile ] && echo true || echo false), \"attention_layout\": \"$(case $mode in rows128) echo 'forward 128 rows' ;; blocks) echo 'backward more blocks' ;; wgmma) echo 'wgmma' ;; *) echo default ;; esac)\", \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu}"
+        json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"deterministic\": $([ "$mode" = atomic ] && echo false || echo true), \"profiled\": $([ "$mode" = profile ] && echo true || echo false), \"attention_layout\": \"$(case $mode in rows128) echo 'forward 128 rows' ;; blocks) echo 'backward more blocks' ;; wgmma|wgmma-tune) echo 'wgmma' ;; *) echo default ;; esac)\", \"gemm_tuned\": $(case $mode in *tune) echo true ;; *) echo false ;; esac), \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu}"
         [ -z "$best" ] && best=$tps
     done
     printf '{"seq": %d, "runs": [%s]}\n' "$GPT2_T" "$json" >"$OUT/gpt2.json"

@@ -18,7 +18,23 @@
  * multiple of 8 is NOT_SUPPORTED, one below D's rows INVALID_VALUE, as are
  * inconsistent layouts.
  *
- * The heuristic returns one algorithm, which remembers the problem it was
+ * The heuristic returns up to five algorithms (as many as asked for), in
+ * this order (an algorithm's data[3]), with the configuration that
+ * cublasLtMatmulAlgoConfigGetAttribute reports (ALGO_ID, SPLITK_NUM,
+ * REDUCTION_SCHEME):
+ *   KORDER    the sum over k in order, as above (kernel 0, no split);
+ *   RETILED   kernel 0 in another tile shape: the same sums in the same
+ *             order, so KORDER's bits;
+ *   SPLITK    the two halves of k summed apart, then added (kernel 0,
+ *             split 2, partial sums in the compute type; offered when the
+ *             preference's reduction mask allows that, and k > 1);
+ *   REVERSED  kernel 1, the sum over k from its end, without a split
+ *             (another kernel's own order);
+ *   ROTATED   kernel 0 without a split, as KORDER says it is, but the sum
+ *             over k starting from its middle: an order its configuration
+ *             does not show, which only the output's bits tell (the
+ *             tuning's check, kernels/cuda/matmul_tune.cu).
+ * Each one remembers the problem it was
  * chosen for and the pointer alignments it may assume (the preferences'
  * MIN_ALIGNMENT_*_BYTES, default 256; the bias and aux pointers' own),
  * capped at 16 bytes (a vectorized kernel); cublasLtMatmul refuses it,
@@ -277,7 +293,11 @@ bool in_device(const void *p, uint64_t rows, uint64_t cols, int64_t ld, int batc
 
 /* D = fa op(A) op(B) + fb C, with the epilogue: fp32 products and sums in
  * k order, D rounded once. */
-void product(const Problem &p, const cublasLtMatmulDescOpaque_t &d, float fa, const void *Ap,
+/* The heuristic's algorithms, in its order (the header comment). */
+enum Variant : uint64_t { KORDER, RETILED, SPLITK, REVERSED, ROTATED, VARIANTS };
+
+void product(const Problem &p, const cublasLtMatmulDescOpaque_t &d, uint64_t variant, float fa,
+             const void *Ap,
              const cublasLtMatrixLayoutOpaque_t &A, const void *Bp,
              const cublasLtMatrixLayoutOpaque_t &B, float fb, const void *Cp,
              const cublasLtMatrixLayoutOpaque_t &C, void *Dp, const cublasLtMatrixLayoutOpaque_t &D)
@@ -289,11 +309,28 @@ void product(const Problem &p, const cublasLtMatmulDescOpaque_t &d, float fa, co
         size_t co = (size_t)((int64_t)b * C.stride), dof = (size_t)((int64_t)b * D.stride);
         for (uint64_t j = 0; j < n; j++)
             for (uint64_t i = 0; i < m; i++) {
-                float acc = 0.0f;
-                for (uint64_t q = 0; q < k; q++) {
+                auto term = [&](uint64_t q) {
                     size_t ai = p.ta ? q + i * (uint64_t)A.ld : i + q * (uint64_t)A.ld;
                     size_t bi = p.tb ? j + q * (uint64_t)B.ld : q + j * (uint64_t)B.ld;
-                    acc += load(A.type, Ap, ao + ai) * load(B.type, Bp, bo + bi);
+                    return load(A.type, Ap, ao + ai) * load(B.type, Bp, bo + bi);
+                };
+                float acc = 0.0f;
+                if (variant == SPLITK) {
+                    float lo = 0.0f, hi = 0.0f;
+                    for (uint64_t q = 0; q < k / 2; q++)
+                        lo += term(q);
+                    for (uint64_t q = k / 2; q < k; q++)
+                        hi += term(q);
+                    acc = lo + hi;
+                } else if (variant == REVERSED) {
+                    for (uint64_t q = k; q-- > 0;)
+                        acc += term(q);
+                } else if (variant == ROTATED) {
+                    for (uint64_t q = 0; q < k; q++)
+                        acc += term((q + k / 2) % k);
+                } else {
+                    for (uint64_t q = 0; q < k; q++)
+                        acc += term(q);
                 }
                 float v = fa * acc;
                 if (fb != 0.0f)
@@ -551,21 +588,62 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     if (st != CUBLAS_STATUS_SUCCESS)
         return st;
     /* (the reduction mask: CUBLASLT_REDUCTION_SCHEME_NONE is 0, so every
-     * mask, 0 included, allows the unsplit product emulated here) */
-    memset(&results[0], 0, sizeof results[0]);
-    uint64_t *a = results[0].algo.data;
-    a[0] = ALGO;
-    a[1] = signature(d, p);
+     * mask, 0 included, allows the unsplit products; SPLITK's partial sums
+     * are fp32, the compute type) */
     unsigned al[6] = {cap16(pref->align[0]), cap16(pref->align[1]), cap16(pref->align[2]),
                       cap16(pref->align[3]),
                       p.bias ? cap16(align_of((uintptr_t)d->bias)) : 1,
                       p.aux ? cap16(align_of((uintptr_t)d->aux)) : 1};
-    for (int i = 0; i < 6; i++)
-        a[2] |= (uint64_t)al[i] << (8 * i);
-    results[0].workspaceSize = 0;
-    results[0].state = CUBLAS_STATUS_SUCCESS;
-    results[0].wavesCount = 1.0f;
-    *returned = 1;
+    for (uint64_t v = KORDER; v < VARIANTS && *returned < requested; v++) {
+        if (v == SPLITK && ((pref->reduction & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE) == 0 ||
+                            p.k < 2))
+            continue;
+        cublasLtMatmulHeuristicResult_t *r = &results[*returned];
+        memset(r, 0, sizeof *r);
+        uint64_t *a = r->algo.data;
+        a[0] = ALGO;
+        a[1] = signature(d, p);
+        for (int i = 0; i < 6; i++)
+            a[2] |= (uint64_t)al[i] << (8 * i);
+        a[3] = v;
+        r->workspaceSize = 0;
+        r->state = CUBLAS_STATUS_SUCCESS;
+        r->wavesCount = 1.0f;
+        ++*returned;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t *algo,
+                                                    cublasLtMatmulAlgoConfigAttributes_t attr,
+                                                    void *buf, size_t sizeInBytes,
+                                                    size_t *sizeWritten)
+{
+    if (!algo || algo->data[0] != ALGO || algo->data[3] >= VARIANTS)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    uint64_t v = algo->data[3];
+    uint32_t value;
+    switch (attr) {
+    case CUBLASLT_ALGO_CONFIG_ID: value = v == REVERSED ? 1 : 0; break;
+    case CUBLASLT_ALGO_CONFIG_SPLITK_NUM: value = v == SPLITK ? 2 : 1; break;
+    case CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME:
+        value = v == SPLITK ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE : CUBLASLT_REDUCTION_SCHEME_NONE;
+        break;
+    default:
+        diag("cublasLtMatmulAlgoConfigGetAttribute: attribute %d is not emulated", (int)attr);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (sizeInBytes == 0) { /* the size asked for */
+        if (!sizeWritten)
+            return CUBLAS_STATUS_INVALID_VALUE;
+        *sizeWritten = sizeof value;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    if (!buf || sizeInBytes != sizeof value)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(buf, &value, sizeof value);
+    if (sizeWritten)
+        *sizeWritten = sizeof value;
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -585,7 +663,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     cublasStatus_t st = check(d, A, B, C, D, &p, who);
     if (st != CUBLAS_STATUS_SUCCESS)
         return st;
-    if (!algo || algo->data[0] != ALGO)
+    if (!algo || algo->data[0] != ALGO || algo->data[3] >= VARIANTS)
         FAIL(CUBLAS_STATUS_INVALID_VALUE, "%s: not an algorithm from the heuristic", who);
     if (algo->data[1] != signature(d, p))
         FAIL(CUBLAS_STATUS_NOT_SUPPORTED,
@@ -663,7 +741,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     /* the product, in the stream's order: what it reads, copied */
     const cublasLtMatrixLayoutOpaque_t LA = *A, LB = *B, LC = *C, LD = *D;
     const cublasLtMatmulDescOpaque_t dd = *d;
-    emu::stream_run(stream, [=] { product(p, dd, fa, Ap, LA, Bp, LB, fb, Cp, LC, Dp, LD); });
+    const uint64_t variant = algo->data[3];
+    emu::stream_run(stream, [=] { product(p, dd, variant, fa, Ap, LA, Bp, LB, fb, Cp, LC, Dp, LD); });
     return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -147,7 +147,9 @@ done
 # (MESH_ATTN_FWD_ROWS=128: the forward's blocks of 128 query rows;
 # MESH_ATTN_BWD_BLOCKS=1: the backward's kernels compiled for more blocks
 # an SM, at head size 64; MESH_ATTN_WGMMA=1: the forward on warpgroup
-# products, whose bits only the emulation promises to be the same):
+# products, whose bits only the emulation promises to be the same), and
+# MESH_GEMM_TUNE=1 (each product's cuBLASLt algorithm timed among those
+# with the default's bits; the emulated heuristic offers some without):
 # gpt-tiny with one head of 64 in bf16 trains 2 steps to the same
 # checkpoint bytes as with the defaults; a value of neither kind is a
 # clear error
@@ -155,17 +157,20 @@ done
     examples/gpt-tiny.mesh -o "$T/h64.plan" >/dev/null
 check "meshc compiles gpt-tiny with one head of 64 in bf16" $?
 MESH_EMU_GPUS=1 PLAN=h64 run "$T/h64a.log" --device cuda --steps 2 --checkpoint "$T/h64a" &&
-    MESH_EMU_GPUS=1 MESH_ATTN_FWD_ROWS=128 MESH_ATTN_BWD_BLOCKS=1 PLAN=h64 run "$T/h64b.log" --device cuda \
-        --steps 2 --checkpoint "$T/h64b" &&
+    MESH_EMU_GPUS=1 MESH_ATTN_FWD_ROWS=128 MESH_ATTN_BWD_BLOCKS=1 MESH_GEMM_TUNE=1 PLAN=h64 run "$T/h64b.log" \
+        --device cuda --steps 2 --checkpoint "$T/h64b" &&
     diff -r "$T/h64a" "$T/h64b" >/dev/null
-check "MESH_ATTN_FWD_ROWS=128 MESH_ATTN_BWD_BLOCKS=1: 2 steps on 1 emulated GPU to the defaults' checkpoint bytes" $?
+check "MESH_ATTN_FWD_ROWS=128 MESH_ATTN_BWD_BLOCKS=1 MESH_GEMM_TUNE=1: 2 steps on 1 emulated GPU to the defaults' checkpoint bytes" $?
 MESH_EMU_GPUS=1 MESH_ATTN_WGMMA=1 PLAN=h64 run "$T/h64w.log" --device cuda --steps 2 --checkpoint "$T/h64w" &&
     diff -r "$T/h64a" "$T/h64w" >/dev/null
 check "MESH_ATTN_WGMMA=1: 2 steps on 1 emulated GPU to the defaults' checkpoint bytes" $?
 MESH_EMU_GPUS=1 MESH_ATTN_FWD_ROWS=96 timeout 60 "$B/meshrun_emu" "$T/h64.plan" --data "$T/train.bin" \
     --device cuda --steps 1 >"$T/h64c.log" 2>&1
-[ $? -ne 0 ] && grep -q "^meshrun: error: .*MESH_ATTN_FWD_ROWS=96: expected 64 or 128$" "$T/h64c.log"
-check "MESH_ATTN_FWD_ROWS=96: meshrun stops, naming the variable and what it takes" $?
+[ $? -ne 0 ] && grep -q "^meshrun: error: .*MESH_ATTN_FWD_ROWS=96: expected 64 or 128$" "$T/h64c.log" &&
+    MESH_EMU_GPUS=1 MESH_GEMM_TUNE=yes timeout 60 "$B/meshrun_emu" "$T/h64.plan" --data "$T/train.bin" \
+        --device cuda --steps 1 >"$T/h64d.log" 2>&1
+[ $? -ne 0 ] && grep -q "^meshrun: error: .*MESH_GEMM_TUNE=yes: expected 0 or 1$" "$T/h64d.log"
+check "MESH_ATTN_FWD_ROWS=96, MESH_GEMM_TUNE=yes: meshrun stops, naming the variable and what it takes" $?
 
 # A GPU too small (EMU_GPU_MEM_MB): meshrun stops, saying how full the
 # device is and what the plan and the kernels take (for the plan's arena;

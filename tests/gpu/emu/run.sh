@@ -185,7 +185,8 @@ if [ -x "$B/gpu_bench_emu" ] && [ "${EMU_TSAN:-0}" != 1 ]; then
     BENCH_JSON=$(mktemp)
     run "gpu_bench --tiny" env OPENBLAS_NUM_THREADS=1 "$B/gpu_bench_emu" --tiny --json "$BENCH_JSON"
     grep -q '^JSON {' "$LAST" && python3 -c 'import json, sys; d = json.load(open(sys.argv[1]));
-assert d["tiny"] and len(d["gemm"]) == 6 and len(d["attention"]) == 14 and len(d["memory"]) == 11' "$BENCH_JSON"
+assert (d["tiny"] and len(d["gemm"]) == 6 and len(d["gemm_bwd"]) == 5 and d["gemm_tune"]["shapes"] >= 11 and
+    len(d["attention"]) == 14 and len(d["memory"]) == 11)' "$BENCH_JSON"
     verdict $? "gpu_bench --tiny ran every row and wrote its JSON"
     rm -f "$BENCH_JSON"
 fi

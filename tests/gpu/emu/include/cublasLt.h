@@ -128,6 +128,12 @@ typedef enum {
     CUBLASLT_EPILOGUE_DGELU = 192
 } cublasLtEpilogue_t;
 
+typedef enum {
+    CUBLASLT_ALGO_CONFIG_ID = 0,               /* int32_t */
+    CUBLASLT_ALGO_CONFIG_SPLITK_NUM = 2,       /* int32_t */
+    CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME = 3  /* uint32_t */
+} cublasLtMatmulAlgoConfigAttributes_t;
+
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *lightHandle);
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t lightHandle);
 const char *cublasLtGetStatusName(cublasStatus_t status);
@@ -161,6 +167,11 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
     cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
     cublasLtMatmulPreference_t preference, int requestedAlgoCount,
     cublasLtMatmulHeuristicResult_t heuristicResultsArray[], int *returnAlgoCount);
+
+cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t *algo,
+                                                    cublasLtMatmulAlgoConfigAttributes_t attr,
+                                                    void *buf, size_t sizeInBytes,
+                                                    size_t *sizeWritten);
 
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t computeDesc,
                               const void *alpha, const void *A, cublasLtMatrixLayout_t Adesc,
