@@ -511,7 +511,8 @@ static void tuned_products(kcuda_ctx *c, kcuda_dtype dt, int M, int K, int N,
  * gives the default context's bits in every kind of product. On the
  * emulation, whose heuristic offers (besides the first and the first in
  * another tile) an algorithm that splits the sum over k, another kernel
- * and one that sums in another order than its configuration says, each
+ * and, with EMU_CUBLASLT_ROTATED, one that sums in another order than
+ * its configuration says, each
  * tuned shape sets aside the first two unrun and the third by its output
  * when it has other bits: always in an fp32 output; a 2-byte output's
  * rounding may hide the order on so small a product (the fp32 weight
@@ -533,8 +534,10 @@ static void t_matmul_tuned(kcuda_dtype dt)
     KC(kcuda_ctx_create(&tc));
     kcuda_ctx_set_gemm_tune(tc, 1);
     tuned_products(ctx, dt, M, K, N, in, want, n);
+    setenv("EMU_CUBLASLT_ROTATED", "1", 1);
     if (!cur_bad)
         tuned_products(tc, dt, M, K, N, in, got, n);
+    unsetenv("EMU_CUBLASLT_ROTATED");
     for (int i = 0; i < 8 && !cur_bad; i++)
         expect_bits(what[i], down_raw(got[i], n[i]), down_raw(want[i], n[i]),
                     n[i]);

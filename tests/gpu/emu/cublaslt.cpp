@@ -18,7 +18,7 @@
  * multiple of 8 is NOT_SUPPORTED, one below D's rows INVALID_VALUE, as are
  * inconsistent layouts.
  *
- * The heuristic returns up to five algorithms (as many as asked for), in
+ * The heuristic returns up to four or five algorithms (as many as asked for), in
  * this order (an algorithm's data[3]), with the configuration that
  * cublasLtMatmulAlgoConfigGetAttribute reports (ALGO_ID, SPLITK_NUM,
  * REDUCTION_SCHEME):
@@ -30,10 +30,12 @@
  *             preference's reduction mask allows that, and k > 1);
  *   REVERSED  kernel 1, the sum over k from its end, without a split
  *             (another kernel's own order);
- *   ROTATED   kernel 0 without a split, as KORDER says it is, but the sum
- *             over k starting from its middle: an order its configuration
- *             does not show, which only the output's bits tell (the
- *             tuning's check, kernels/cuda/matmul_tune.cu).
+ *   ROTATED   only with EMU_CUBLASLT_ROTATED set (tests): kernel 0
+ *             without a split, as KORDER says it is, but the sum over k
+ *             starting from its middle: an order its configuration does
+ *             not show, which only the output's bits tell (the tuning's
+ *             check, kernels/cuda/matmul_tune.cu; in a 2-byte output of
+ *             a small product, rounding may hide it).
  * Each one remembers the problem it was
  * chosen for and the pointer alignments it may assume (the preferences'
  * MIN_ALIGNMENT_*_BYTES, default 256; the bias and aux pointers' own),
@@ -597,6 +599,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     for (uint64_t v = KORDER; v < VARIANTS && *returned < requested; v++) {
         if (v == SPLITK && ((pref->reduction & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE) == 0 ||
                             p.k < 2))
+            continue;
+        if (v == ROTATED && !getenv("EMU_CUBLASLT_ROTATED"))
             continue;
         cublasLtMatmulHeuristicResult_t *r = &results[*returned];
         memset(r, 0, sizeof *r);
