@@ -233,8 +233,13 @@ endif
 
 # With MPI, the MPI tests' program too (tests/run.sh runs it under mpirun);
 # and the benchmarks' programs, built (not run) so that make bench links.
-test: all $(BUILD)/unit_tests $(if $(filter 1,$(MPI)),$(BUILD)/mpi_tests) $(BUILD)/train_bench $(BUILD)/comm_bench
-	$(TEST_ENV) MESH_BUILD=$(BUILD) MESH_MPI=$(MPI) tests/run.sh
+# With CUDA=1, the GPU programs too (tests/run.sh's gpu section runs
+# gpu_tests and gpu_selftest: without a GPU each must say so in one SKIP
+# line; gpu_bench is built, so that the GPU machine's link is CI's).
+GPU_PROGS = $(if $(filter 1,$(CUDA)),$(addprefix $(BUILD)/,gpu_tests gpu_bench gpu_selftest))
+test: all $(BUILD)/unit_tests $(if $(filter 1,$(MPI)),$(BUILD)/mpi_tests) $(BUILD)/train_bench $(BUILD)/comm_bench \
+      $(GPU_PROGS)
+	$(TEST_ENV) MESH_BUILD=$(BUILD) MESH_MPI=$(MPI) MESH_CUDA=$(CUDA) tests/run.sh
 
 asan:
 	$(MAKE) BUILD=build-asan SAN=1 test
@@ -410,10 +415,23 @@ $(BUILD)/gpu_tests: $(OBJ)/tests/gpu/gpu_tests.o $(BUILD)/libmeshkcuda.a $(BUILD
 
 $(BUILD)/gpu_bench: $(OBJ)/tests/gpu/gpu_bench.o $(BUILD)/libmeshkcuda.a
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CUDA_LIBS) $(LDLIBS)
+
+# The emulation's self-tests built by nvcc for the GPU (sm_90a: wgmma):
+# a GPU runs their semantics cases, the instructions' layouts first,
+# against the emulation's expectations (tests/gpu/emu/selftest.cu's
+# on_a_gpu); without a GPU, one SKIP line
+$(OBJ)/tests/gpu/gpu_selftest.o: tests/gpu/emu/selftest.cu $(BUILD)/.cuda
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) $(NVCC_WARN) $(CUDA_ARCH_WGMMA) -Ikernels/cuda -MMD -MP -c -o $@ $<
+-include $(OBJ)/tests/gpu/gpu_selftest.d
+
+$(BUILD)/gpu_selftest: $(OBJ)/tests/gpu/gpu_selftest.o
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CUDA_LIBS) $(LDLIBS)
 else
-$(BUILD)/gpu_tests $(BUILD)/gpu_bench:
+$(BUILD)/gpu_tests $(BUILD)/gpu_bench $(BUILD)/gpu_selftest:
 	@echo "error: $@ needs the CUDA kernels: make CUDA=1 BUILD=$(BUILD) $@" >&2; exit 1
 endif
+
 
 # meshrun is a program over the public API (mesh.h) alone: it links
 # libmesh.a and nothing else of the tree (tests/run.sh checks that it calls

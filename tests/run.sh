@@ -8,6 +8,9 @@
 # Sections, and how each finds its cases:
 #   unit/NAME     each `ok`/`not ok` line of $MESH_BUILD/unit_tests
 #                 (tests/unit/test_list.h lists the tests)
+#   gpu/PROGRAM   with CUDA=1 (MESH_CUDA=1): gpu_tests and gpu_selftest,
+#                 built by nvcc; without a GPU each prints one `SKIP gpu:
+#                 no GPU (REASON)` line and exits 0
 #   exports/LIB   tests/check-exports.sh on libmesh.a and libmesh.so
 #   scripts/FILE  the scripts that run elsewhere parse (bash -n; python3's
 #                 compile): tests/gpu/run.sh and the others of tests/gpu,
@@ -206,6 +209,33 @@ unit_section() {
           cat "$detail"; } >"$TMP/unit.tail"
         fail unit/unit_tests "$TMP/unit.tail"
     fi
+}
+
+# --- gpu: the CUDA build's GPU programs ----------------------------------
+# With CUDA=1 (MESH_CUDA=1): gpu_tests (every CUDA kernel against the CPU
+# reference) and gpu_selftest (the emulation's semantics cases run by the
+# hardware), built by nvcc. Without a GPU each must say so in one line,
+# `SKIP gpu: no GPU (REASON)`, and exit 0; with one, pass every case
+# (tests/gpu/run.sh runs them on the GPU machine with the rest).
+gpu_section() {
+    [ "${MESH_CUDA:-0}" = 1 ] || return 0
+    local p out=$TMP/gpu.out rc
+    for p in gpu_tests gpu_selftest; do
+        if [ ! -x "$B/$p" ]; then
+            echo "$B/$p not built (make CUDA=1 test builds it)" >"$out"
+            fail "gpu/$p" "$out"
+            continue
+        fi
+        timeout 600 "$B/$p" >"$out" 2>&1 </dev/null
+        rc=$?
+        if [ $rc -eq 0 ] && [ "$(wc -l <"$out")" -eq 1 ] && grep -q '^SKIP gpu: no GPU (.*)$' "$out"; then
+            pass "gpu/$p-says-there-is-no-gpu"
+        elif [ $rc -eq 0 ] && grep -q '^# [0-9]* passed, 0 failed$' "$out"; then
+            pass "gpu/$p"
+        else
+            fail "gpu/$p" "$out"
+        fi
+    done
 }
 
 # --- exports ------------------------------------------------------------
@@ -1472,7 +1502,7 @@ CPROG
     fi
 }
 
-for name in unit exports scripts install golden docs errors meshrun ranks torch mpi tcp slurm tokenize; do
+for name in unit gpu exports scripts install golden docs errors meshrun ranks torch mpi tcp slurm tokenize; do
     case " ${MESH_TEST_SKIP_SECTIONS:-} " in
     *" $name "*) echo "SKIP $name/*: MESH_TEST_SKIP_SECTIONS" ;;
     *) t0=$SECONDS; "${name}_section"; echo "# $name: $((SECONDS - t0)) s" ;;

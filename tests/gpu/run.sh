@@ -12,9 +12,18 @@
 #             and, as an rpath, the programs built; nothing else). Finds nvcc and NCCL (the toolkit's,
 #             the system's, or PyTorch's nvidia-nccl wheel).
 #  2. build:  make CUDA=1 BUILD=build-gpu all unit_tests gpu_tests gpu_bench
+#             gpu_selftest
 #             (MPI=1 only where Open MPI is installed).
 #  3. gpu_tests: every CUDA kernel against the CPU reference. Without a GPU
 #             this says so (SKIP) and the script ends here, exit 0.
+#  3b. selftest: the CPU emulation's semantics cases run by the GPU
+#             (gpu_selftest, tests/gpu/emu/selftest.cu built by nvcc for
+#             sm_90a): mma.sync's, ldmatrix's and wgmma's layouts (both
+#             majors, the attention's offsets), shuffles, barriers,
+#             conversions, cuBLASLt's epilogues, cub's sort, streams and
+#             events, against what the emulation, and so CI's tests of
+#             the kernels, assumes: a case failing here names where the
+#             emulation is wrong.
 #  4. the NCCL (and other CUDA) unit tests of tests/unit/test_list.h.
 #  5. train_equiv: the CUDA executor trains gpt-tiny, a small Llama and a
 #             small Mixtral (meshrun --device cuda) 20 steps (the Llama
@@ -276,7 +285,7 @@ step_build() {
         echo "build: the CPU emulation of CUDA (tests/gpu/emu) in place of nvcc, MPI=$mpi"
         MAKEARGS=("BUILD=$BUILD" "MPI=$mpi")
         targets=(all "$BUILD/meshc" "$BUILD/gpu_tests_emu" "$BUILD/unit_tests_emu" "$BUILD/meshrun_emu"
-            "$BUILD/gpu_bench_emu")
+            "$BUILD/gpu_bench_emu" "$BUILD/emu_selftest")
     else
         cuda=$(find_cuda) || { result build FAIL "no nvcc (set CUDA_HOME)"; return 1; }
         nccl=$(find_nccl "$cuda") || { result build FAIL "no NCCL (nccl.h and libnccl.so) in $cuda, /usr or a pip wheel"; return 1; }
@@ -284,7 +293,7 @@ step_build() {
         CUDA_DIR=$cuda
         # (-lineinfo: compute-sanitizer's reports name the kernel's source line; the code is the same)
         MAKEARGS=(CUDA=1 "BUILD=$BUILD" "MPI=$mpi" "CUDA_HOME=$cuda" "NCCL_HOME=$nccl" "NVCCFLAGS=-O2 -std=c++17 -lineinfo")
-        targets=(all "$BUILD/unit_tests" "$BUILD/gpu_tests" "$BUILD/gpu_bench")
+        targets=(all "$BUILD/unit_tests" "$BUILD/gpu_tests" "$BUILD/gpu_bench" "$BUILD/gpu_selftest")
     fi
     t=$(date +%s)
     # warnings stay warnings here (CI makes them errors): this machine's
@@ -336,6 +345,24 @@ step_gpu_tests() {
         # shellcheck disable=SC2086 # one argument per case name
         sanitize_failed_ops $failed
         result gpu_tests FAIL "$GPU_PASSED passed, $GPU_FAILED failed (exit $rc): $failed${SAN_DETAIL:+; $SAN_DETAIL}"
+    fi
+}
+
+# 3b. The emulation's semantics cases on the GPU (rehearsing: on the
+# emulation itself, emu_selftest); each case in a process of its own.
+step_selftest() {
+    local out rc prog=gpu_selftest line failed
+    [ "$REHEARSE" = 1 ] && prog=emu_selftest
+    out=$(timeout "$(cap 120)" "$BUILD/$prog" 2>&1)
+    rc=$?
+    printf '%s\n' "$out"
+    line=$(printf '%s\n' "$out" | sed -n 's/^# \([0-9]* passed, [0-9]* failed\)$/\1/p' | tail -n 1)
+    failed=$(printf '%s\n' "$out" | grep '^not ok' | sed 's/^not ok [0-9]* - //' | tr '\n' ' ')
+    if [ "$rc" -eq 0 ] && [ -n "$line" ]; then
+        result selftest PASS "$line ($([ "$REHEARSE" = 1 ] && echo "rehearsing: every case, on the emulation" ||
+            echo "the emulation's semantics cases, on the GPU"))"
+    else
+        result selftest FAIL "${line:-no summary} (exit $rc): ${failed% }"
     fi
 }
 
@@ -849,7 +876,7 @@ step_sanitize() {
 # left out, e.g. MESH_GPU_STEPS="torch_gpt2 gpu_bench".
 # ncu (Nsight Compute's counters of the attention kernels) runs only when
 # named.
-ALL_STEPS="gpu_tests unit_cuda train_equiv oracle train_gpt2 gpu_bench startup torch_gpt2 sanitize"
+ALL_STEPS="gpu_tests selftest unit_cuda train_equiv oracle train_gpt2 gpu_bench startup torch_gpt2 sanitize"
 EXTRA_STEPS="ncu"
 read -r -a STEP_LIST <<<"${MESH_GPU_STEPS:-$ALL_STEPS}"
 STEPS="${STEP_LIST[*]}" # (one space between names)
@@ -914,6 +941,7 @@ main() {
             echo "run.sh: built; $NO_GPU, so nothing runs on one"
         else
             [ "$SANITIZE" = first ] && want sanitize && step_sanitize
+            want selftest && step_selftest
             want unit_cuda && step_unit_cuda
             want train_equiv && step_train_equiv
             want oracle && step_oracle
