@@ -29,7 +29,8 @@
 #include <sys/wait.h> /* waitpid */
 #include <unistd.h>   /* fork, execv */
 
-#include <vector> /* std::vector */
+#include <algorithm> /* std::max */
+#include <vector>    /* std::vector */
 
 /* kc_mma16816, kc_ldsm4, kc_ldsm4_t, kc_pack2, kc_cp_async16..., as the
  * kernels call them (relative to this file: the build's copy of it,
@@ -598,21 +599,21 @@ static unsigned wg_off(int trans, unsigned k, unsigned n, unsigned lbo, unsigned
                  : 16 * (n % 8) + sbo * (n / 8) + 2 * (k % 8) + lbo * (k / 8);
 }
 
-enum { WG_N = 32, WG_SMEM = 4096, WG_SMEM_SS = 8192 };
+enum { WG_N = 32, WG_SMEM_SS = 8192 };
 
 /* One warpgroup: A [64 x 16] from global memory into each warp's
- * registers by mma's A layout; B's image (`img`, WG_SMEM bytes, laid out
- * by the host) copied into shared memory; D = C + A B (acc) or A B, C
+ * registers by mma's A layout; B's image (`img`, laid out
+ * by the host, `bytes` long) copied into shared memory; D = C + A B (acc) or A B, C
  * from global memory by the accumulator layout. Before the wait each
  * thread saves what its d holds (the wait has not run: C's values), and
  * after it D. */
-template <class L, int TRANS>
-__global__ void k_wgmma(float *out, float *early, const L *a, const unsigned char *img, const float *c,
-                        unsigned lbo, unsigned sbo, int acc)
+template <class L, int TRANS, int N>
+__global__ void k_wgmma(float *out, float *early, const L *a, const unsigned char *img, unsigned bytes,
+                        const float *c, unsigned lbo, unsigned sbo, int acc)
 {
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned tid = threadIdx.x, w = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    for (unsigned i = tid; i < WG_SMEM; i += blockDim.x)
+    for (unsigned i = tid; i < bytes; i += blockDim.x)
         smem[i] = img[i];
     kc_fence_proxy_async();
     __syncthreads();
@@ -621,24 +622,24 @@ __global__ void k_wgmma(float *out, float *early, const L *a, const unsigned cha
         unsigned row = 16 * w + g + 8 * (h & 1), col = 2 * t + 8 * (h >> 1);
         ra[h] = kc_pack2<L>(kc_f(a[row * 16 + col]), kc_f(a[row * 16 + col + 1]));
     }
-    float d[WG_N / 8][4];
-    for (unsigned j = 0; j < WG_N / 8; j++)
+    float d[N / 8][4];
+    for (unsigned j = 0; j < N / 8; j++)
         for (unsigned e = 0; e < 4; e++)
-            d[j][e] = c[(16 * w + g + 8 * (e / 2)) * WG_N + 8 * j + 2 * t + e % 2];
+            d[j][e] = c[(16 * w + g + 8 * (e / 2)) * N + 8 * j + 2 * t + e % 2];
     kc_wgmma_fence();
-    kc_wgmma<L, WG_N, TRANS>(d, ra, smem, lbo, sbo, acc);
+    kc_wgmma<L, N, TRANS>(d, ra, smem, lbo, sbo, acc);
     kc_wgmma_commit();
 #ifdef EMU_CUDA_RUNTIME_H /* (on a GPU the read is undefined: ptxas waits first) */
-    for (unsigned j = 0; j < WG_N / 8; j++)
+    for (unsigned j = 0; j < N / 8; j++)
         for (unsigned e = 0; e < 4; e++)
-            early[(16 * w + g + 8 * (e / 2)) * WG_N + 8 * j + 2 * t + e % 2] = d[j][e];
+            early[(16 * w + g + 8 * (e / 2)) * N + 8 * j + 2 * t + e % 2] = d[j][e];
 #else
     (void)early;
 #endif
     kc_wgmma_wait<0>();
-    for (unsigned j = 0; j < WG_N / 8; j++)
+    for (unsigned j = 0; j < N / 8; j++)
         for (unsigned e = 0; e < 4; e++)
-            out[(16 * w + g + 8 * (e / 2)) * WG_N + 8 * j + 2 * t + e % 2] = d[j][e];
+            out[(16 * w + g + 8 * (e / 2)) * N + 8 * j + 2 * t + e % 2] = d[j][e];
 }
 
 /* The same with A from shared memory too (kc_wgmma_ss, N 64): A's image
@@ -717,44 +718,47 @@ template <class L, int TRANS> static void wgmma_ss_case(unsigned lbo, unsigned s
     CHECK(bad == 0);
 }
 
-template <class L, int TRANS> static void wgmma_case(unsigned lbo, unsigned sbo, int acc)
+template <class L, int TRANS, int N = WG_N> static void wgmma_case(unsigned lbo, unsigned sbo, int acc)
 {
     std::vector<L> ha(64 * 16);
-    std::vector<float> fa(64 * 16), fb(16 * WG_N), hc(64 * WG_N);
-    std::vector<unsigned char> img(WG_SMEM, 0xff);
+    std::vector<float> fa(64 * 16), fb(16 * N), hc(64 * N);
+    unsigned bytes = 0;
+    for (unsigned k = 0; k < 16; k++)
+        for (unsigned n = 0; n < N; n++)
+            bytes = std::max(bytes, wg_off(TRANS, k, n, lbo, sbo) + 2);
+    bytes = (bytes + 127) / 128 * 128;
+    std::vector<unsigned char> img(bytes, 0xff);
     for (int i = 0; i < 64 * 16; i++)
         fa[i] = kc_f(ha[i] = kc_to<L>(mma_val(i, 7, 25)));
     for (unsigned k = 0; k < 16; k++)
-        for (unsigned n = 0; n < WG_N; n++) {
-            L x = kc_to<L>(mma_val((int)(k * WG_N + n), 5, 23));
-            fb[k * WG_N + n] = kc_f(x);
-            unsigned off = wg_off(TRANS, k, n, lbo, sbo);
-            CHECK(off + 2 <= WG_SMEM);
-            memcpy(&img[off], &x, 2);
+        for (unsigned n = 0; n < N; n++) {
+            L x = kc_to<L>(mma_val((int)(k * N + n), 5, 23));
+            fb[k * N + n] = kc_f(x);
+            memcpy(&img[wg_off(TRANS, k, n, lbo, sbo)], &x, 2);
         }
-    for (int i = 0; i < 64 * WG_N; i++)
+    for (int i = 0; i < 64 * N; i++)
         hc[i] = mma_val(i, 3, 17) * 0.5f;
     L *da = dalloc<L>(64 * 16);
-    unsigned char *dimg = dalloc<unsigned char>(WG_SMEM);
-    float *dc = dalloc<float>(64 * WG_N), *dd = dalloc<float>(64 * WG_N), *de = dalloc<float>(64 * WG_N);
+    unsigned char *dimg = dalloc<unsigned char>(bytes);
+    float *dc = dalloc<float>(64 * N), *dd = dalloc<float>(64 * N), *de = dalloc<float>(64 * N);
     cudaMemcpy(da, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice);
-    cudaMemcpy(dimg, img.data(), WG_SMEM, cudaMemcpyHostToDevice);
+    cudaMemcpy(dimg, img.data(), bytes, cudaMemcpyHostToDevice);
     cudaMemcpy(dc, hc.data(), hc.size() * 4, cudaMemcpyHostToDevice);
-    k_wgmma<L, TRANS><<<1, 128, WG_SMEM>>>(dd, de, da, dimg, dc, lbo, sbo, acc);
-    std::vector<float> d(64 * WG_N), e(64 * WG_N);
+    k_wgmma<L, TRANS, N><<<1, 128, bytes>>>(dd, de, da, dimg, bytes, dc, lbo, sbo, acc);
+    std::vector<float> d(64 * N), e(64 * N);
     CHECK(cudaMemcpy(d.data(), dd, d.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
     CHECK(cudaMemcpy(e.data(), de, e.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
     int bad = 0;
     for (int i = 0; i < 64; i++)
-        for (int j = 0; j < WG_N; j++) {
-            float want = acc ? hc[i * WG_N + j] : 0.0f;
+        for (int j = 0; j < N; j++) {
+            float want = acc ? hc[i * N + j] : 0.0f;
             for (int k = 0; k < 16; k++)
-                want += fa[i * 16 + k] * fb[k * WG_N + j];
-            if (d[i * WG_N + j] != want && bad++ < 4)
-                fprintf(stderr, "# D[%d][%d] = %g, want %g\n", i, j, d[i * WG_N + j], want);
-            if (EMULATED && e[i * WG_N + j] != hc[i * WG_N + j] && bad++ < 4) /* before the wait: still C */
-                fprintf(stderr, "# before the wait, D[%d][%d] = %g, want C's %g\n", i, j, e[i * WG_N + j],
-                        hc[i * WG_N + j]);
+                want += fa[i * 16 + k] * fb[k * N + j];
+            if (d[i * N + j] != want && bad++ < 4)
+                fprintf(stderr, "# N %d: D[%d][%d] = %g, want %g\n", N, i, j, d[i * N + j], want);
+            if (EMULATED && e[i * N + j] != hc[i * N + j] && bad++ < 4) /* before the wait: still C */
+                fprintf(stderr, "# before the wait, D[%d][%d] = %g, want C's %g\n", i, j, e[i * N + j],
+                        hc[i * N + j]);
         }
     CHECK(bad == 0);
 }
@@ -770,6 +774,11 @@ static void t_wgmma()
     wgmma_case<f16, 0>(1024, 256, 0);
     wgmma_case<f16, 1>(256, 1024, 1);
     wgmma_case<bf16, 1>(1024, 128, 0);
+    /* the attention's products with A in registers: N the head size (64,
+     * 128), B N-major in its tiles of core matrices (the next 8 keys 128
+     * bytes on, the next 8 columns a chunk of 64 rows, 1024) */
+    wgmma_case<bf16, 1, 64>(128, 1024, 1);
+    wgmma_case<f16, 1, 128>(128, 1024, 1);
     /* A from shared memory: the attention's tiles' layout, and others */
     wgmma_ss_case<bf16, 0>(1024, 128, 1024, 128);
     wgmma_ss_case<f16, 1>(128, 1024, 256, 512);
