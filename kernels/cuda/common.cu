@@ -172,7 +172,7 @@ void kcuda_ctx_set_deterministic(kcuda_ctx *ctx, int mode)
 void kcuda_ctx_set_gemm_tune(kcuda_ctx *ctx, int mode)
 {
     if (ctx)
-        ctx->gemm_tune = mode == 1;
+        ctx->gemm_tune = mode == 1 || mode == 2 ? mode : 0;
 }
 
 void kcuda_ctx_gemm_tune_stats(const kcuda_ctx *ctx,
@@ -197,9 +197,10 @@ void kcuda_gemm_tune_describe(const kcuda_gemm_tune_stats *st, char *buf,
     snprintf(buf, n,
              "%d shapes tuned, %d candidates timed; set aside: %d split k, "
              "%d other kernels, %d other bits; %d refused, %d changed, %d "
-             "without the memory",
+             "without the memory, %d too small",
              st->shapes, st->timed, st->split, st->other_kernel,
-             st->other_bits, st->refused, st->changed, st->no_memory);
+             st->other_bits, st->refused, st->changed, st->no_memory,
+             st->small);
 }
 
 int kcuda_ctx_create(kcuda_ctx **out)

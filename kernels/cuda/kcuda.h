@@ -131,7 +131,12 @@ void kcuda_ctx_set_deterministic(kcuda_ctx *ctx, int mode);
  *     own operands, 1 + 3 times each, and the fastest is kept among those
  *     whose output has the first's bits (a hash of every element, on the
  *     device). So the numbers are the default's, run to run and rank to
- *     rank, whichever one a rank's timing picks. The first call of a shape
+ *     rank, whichever one a rank's timing picks. Only products whose
+ *     output is fp32 or has at least KCUDA_TUNE_MIN_OUTPUT elements are
+ *     tuned: a smaller one takes little time, and in its few 2-byte
+ *     outputs rounding may hide another order of the sums from the hash;
+ *   2 the same for every product, however small (the tests' shapes on the
+ *     emulation). The first call of a shape
  *     then waits for the device (events), saves and restores C when the
  *     product adds to it (a buffer of C's size, for that call only), and
  *     skips the tuning, keeping the first, when the device has not that
@@ -139,16 +144,17 @@ void kcuda_ctx_set_deterministic(kcuda_ctx *ctx, int mode);
  * Other values are 0. Set it before the context's first product: a shape
  * already cached keeps its algorithm. */
 void kcuda_ctx_set_gemm_tune(kcuda_ctx *ctx, int mode);
+#define KCUDA_TUNE_MIN_OUTPUT (1 << 18)
 
 /* What the tuning did so far, for tests and logs: shapes tuned (a first
  * call with more than one candidate), candidates timed (the first
  * included), set aside unrun for a split sum or for being another kernel,
  * set aside for other bits, refused by cuBLASLt at the call, shapes whose
- * fastest was not the first, and shapes not tuned for want of free
- * memory. */
+ * fastest was not the first, shapes not tuned for want of free memory,
+ * and shapes left to the first for their small 2-byte output (mode 1). */
 typedef struct kcuda_gemm_tune_stats {
     int shapes, timed, split, other_kernel, other_bits, refused, changed,
-        no_memory;
+        no_memory, small;
 } kcuda_gemm_tune_stats;
 void kcuda_ctx_gemm_tune_stats(const kcuda_ctx *ctx,
                                kcuda_gemm_tune_stats *out);

@@ -97,7 +97,7 @@ struct kcuda_ctx {
     int dq_atomics; /* kcuda_ctx_set_deterministic's mode for attention's dq: 0 by
                        calloc, the default (mode 1): its own kernel; 1 (mode 0): the
                        dk/dv kernel's atomics in arrival order; 2 (mode 2): in turns */
-    int gemm_tune;  /* kcuda_ctx_set_gemm_tune: 0 by calloc (the heuristic's first) */
+    int gemm_tune;  /* kcuda_ctx_set_gemm_tune's mode: 0 by calloc (the heuristic's first) */
     kcuda_gemm_tune_stats tune_stats;
 };
 

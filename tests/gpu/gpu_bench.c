@@ -405,9 +405,9 @@ static void bench_gemm(void)
     printf("tuning: %s\n", words);
     jcat("],\"gemm_tune\":{\"shapes\":%d,\"timed\":%d,\"split\":%d,"
          "\"other_kernel\":%d,\"other_bits\":%d,\"refused\":%d,\"changed\":%d,"
-         "\"no_memory\":%d},",
+         "\"no_memory\":%d,\"small\":%d},",
          st.shapes, st.timed, st.split, st.other_kernel, st.other_bits,
-         st.refused, st.changed, st.no_memory);
+         st.refused, st.changed, st.no_memory, st.small);
     cudaFree(g.ws);
     cublasLtDestroy(g.lt);
     cublasDestroy(g.blas);
@@ -906,7 +906,7 @@ int main(int argc, char **argv)
     }
     kc(kcuda_ctx_create(&ctx), "kcuda_ctx_create");
     kc(kcuda_ctx_create(&tctx), "kcuda_ctx_create");
-    kcuda_ctx_set_gemm_tune(tctx, 1);
+    kcuda_ctx_set_gemm_tune(tctx, tiny ? 2 : 1); /* (--tiny's small products too) */
     struct cudaDeviceProp prop;
     cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     printf("gpu_bench: %s, sm_%d%d, %d SMs, %.0f GiB\n", prop.name, prop.major,
