@@ -69,6 +69,8 @@
 #             torch (tests/gpu/torch_gpt2.py: the model of
 #             tests/torch/mesh_torch.py, which make test trains next to
 #             meshrun to the same losses; rehearsing, a tiny one on the CPU).
+#             It runs right after train_gpt2 (6), before gpu_bench (7):
+#             the comparison needs both figures from one run.
 #
 # Everything goes to $OUT/gpu.log and a summary to $OUT/gpu.json (OUT
 # defaults to tests/gpu/out/; the device tool sets it; rewritten after each
@@ -876,7 +878,7 @@ step_sanitize() {
 # left out, e.g. MESH_GPU_STEPS="torch_gpt2 gpu_bench".
 # ncu (Nsight Compute's counters of the attention kernels) runs only when
 # named.
-ALL_STEPS="gpu_tests selftest unit_cuda train_equiv oracle train_gpt2 gpu_bench startup torch_gpt2 sanitize"
+ALL_STEPS="gpu_tests selftest unit_cuda train_equiv oracle train_gpt2 torch_gpt2 gpu_bench startup sanitize"
 EXTRA_STEPS="ncu"
 read -r -a STEP_LIST <<<"${MESH_GPU_STEPS:-$ALL_STEPS}"
 STEPS="${STEP_LIST[*]}" # (one space between names)
@@ -946,10 +948,12 @@ main() {
             want train_equiv && step_train_equiv
             want oracle && step_oracle
             want train_gpt2 && step_train_gpt2
+            # (PyTorch's step next: the issue's comparison needs both
+            # figures from one run, before the budget runs out)
+            want torch_gpt2 && step_torch
             want gpu_bench && step_bench
             want ncu && step_ncu
             want startup && step_startup
-            want torch_gpt2 && step_torch
             [ "$SANITIZE" = last ] && want sanitize && step_sanitize
         fi
     fi
