@@ -345,6 +345,15 @@ mesh_status mesh_context_overlap_ms(mesh_context *ctx, int index, double *ms, do
     return MESH_OK;
 }
 
+mesh_status mesh_context_gemm_tuning(mesh_context *ctx, char *buf, size_t n)
+{
+    if (!ctx || !buf || n == 0) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_gemm_tuning: NULL argument or n 0");
+    buf[0] = 0;
+    if (mesh__exec_gemm_tuning(ctx->ex, buf, n) != 0)
+        return mesh__fail(MESH_ERR_UNSUPPORTED, "no matmul tuning on this rank (MESH_GEMM_TUNE=1, on a GPU)");
+    return MESH_OK;
+}
+
 mesh_status mesh_context_profile(mesh_context *ctx, int index, size_t size, mesh_profile_entry *entry)
 {
     if (!ctx || !entry) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_profile: NULL argument");

@@ -235,6 +235,13 @@ mesh_status mesh_context_comm_ms(mesh_context *ctx, int index, double *ms, doubl
  * the last entry. */
 mesh_status mesh_context_overlap_ms(mesh_context *ctx, int index, double *ms, double *calls);
 
+/* What the tuning of this rank's matmuls' cuBLASLt algorithms did so far
+ * (MESH_GEMM_TUNE=1 on a GPU: docs/gpu.md), in words, into buf (n bytes,
+ * truncated): "16 shapes tuned, 39 candidates timed; set aside: ...".
+ * MESH_ERR_UNSUPPORTED where the rank's kernels are not a GPU's or the
+ * tuning is off. */
+mesh_status mesh_context_gemm_tuning(mesh_context *ctx, char *buf, size_t n);
+
 /* *on_gpu: 1 when this rank's NCCL calls are ordered on its GPU's streams
  * (the default over NCCL), so that the collectives' times
  * (mesh_context_comm_ms, mesh_step_stats' overlap_ms and wait_ms) are the

@@ -472,6 +472,11 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
     int gpu_times = 0; /* NCCL's calls ordered on the GPU: the times are the GPU's own */
     mesh_context_times_on_gpu(ctx, &gpu_times);
     if (lead && rc == MESH_OK) print_sent(ctx, gpu_times);
+    char tuning[256];
+    if (lead && rc == MESH_OK && mesh_context_gemm_tuning(ctx, tuning, sizeof tuning) == MESH_OK) {
+        printf("meshrun: rank 0's matmul algorithms (MESH_GEMM_TUNE=1): %s\n", tuning);
+        fflush(stdout);
+    }
     if (lead && rc == MESH_OK && o->profile) {
         mesh_device_kind on = MESH_DEVICE_CPU;
         mesh_context_device(ctx, &on, NULL);

@@ -111,7 +111,7 @@ cudaError_t tune_restore(const tune *t)
 cudaError_t tune_hash(const tune *t, unsigned long long *h)
 {
     const kcuda__gemm *g = t->g;
-    unsigned long long part[HASH_BLOCKS];
+    unsigned long long part[HASH_BLOCKS] = {};
     int es = (int)kcuda_dtype_size(g->c_f32 ? KCUDA_F32 : g->dt);
     tune_hash_kernel<<<HASH_BLOCKS, HASH_THREADS, 0, t->s>>>(
         (const unsigned char *)g->C, g->M, g->N, g->ldc, g->sc, g->batch, es,

@@ -622,6 +622,11 @@ static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
                 return MESH_ERR_INTERNAL;
         eq_comm.steps_ms = r->comm_ms;
         if (mesh_context_times_on_gpu(ctx, &eq_comm.on_gpu) != MESH_OK) return MESH_ERR_INTERNAL;
+        /* no matmul tuning without MESH_GEMM_TUNE=1 (nor on a CPU) */
+        char tuning[64];
+        if (mesh_context_gemm_tuning(ctx, tuning, sizeof tuning) != MESH_ERR_UNSUPPORTED || tuning[0] != 0 ||
+            mesh_context_gemm_tuning(ctx, NULL, 0) != MESH_ERR_INVALID_ARG)
+            return MESH_ERR_INTERNAL;
     }
     if (rank == 0) r->ahead = mesh__exec_queue_ahead(ctx->ex, &r->joins);
     if (rank == 0) r->stall_ms = mesh__exec_queue_stall_ms(ctx->ex, &r->untimed);

@@ -168,6 +168,10 @@ MESH_EMU_GPUS=1 PLAN=h64 run "$T/h64a.log" --device cuda --steps 2 --checkpoint 
         --device cuda --steps 2 --checkpoint "$T/h64b" &&
     diff -r "$T/h64a" "$T/h64b" >/dev/null
 check "MESH_ATTN_FWD_ROWS=128 MESH_ATTN_BWD_BLOCKS=1 MESH_GEMM_TUNE=1: 2 steps on 1 emulated GPU to the defaults' checkpoint bytes" $?
+# (what the tuning did, in words, once at the end; nothing without it)
+grep -q "^meshrun: rank 0's matmul algorithms (MESH_GEMM_TUNE=1): [1-9][0-9]* shapes tuned, .* [0-9]* too small$" \
+    "$T/h64b.log" && ! grep -q "matmul algorithms" "$T/h64a.log"
+check "meshrun says what MESH_GEMM_TUNE=1 did on rank 0's GPU" $?
 MESH_EMU_GPUS=1 MESH_ATTN_WGMMA=1 PLAN=h64 run "$T/h64w.log" --device cuda --steps 2 --checkpoint "$T/h64w" &&
     diff -r "$T/h64a" "$T/h64w" >/dev/null
 check "MESH_ATTN_WGMMA=1: 2 steps on 1 emulated GPU to the defaults' checkpoint bytes" $?
