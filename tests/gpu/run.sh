@@ -717,10 +717,13 @@ step_train_gpt2() {
             detail+="$what: failed; "
             continue
         fi
-        local mfu
+        local mfu tuning=""
         mfu=$(awk -v t="$tps" 'BEGIN { f = 6 * 124475904 + 12 * 12 * 1024 * 768; printf "%.1f", 100 * t * f / 989e12 }')
-        detail+="$what: $(printf '%.0f' "$tps") tokens/s, MFU $mfu%; "
-        json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"deterministic\": $([ "$mode" = atomic ] && echo false || echo true), \"profiled\": $([ "$mode" = profile ] && echo true || echo false), \"attention_layout\": \"$(case $mode in rows128) echo 'forward 128 rows' ;; blocks) echo 'backward more blocks' ;; wgmma|wgmma-tune) echo 'wgmma' ;; *) echo default ;; esac)\", \"gemm_tuned\": $(case $mode in *tune) echo true ;; *) echo false ;; esac), \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu}"
+        # (what MESH_GEMM_TUNE=1 did, as meshrun says it at the end)
+        [[ $mode == *tune ]] && tuning=$(sed -n "s/^meshrun: rank 0's matmul algorithms (MESH_GEMM_TUNE=1): //p" \
+            "$d/gpt2-$prec-$batch-$mode.out" | tail -n 1)
+        detail+="$what: $(printf '%.0f' "$tps") tokens/s, MFU $mfu%${tuning:+ ($tuning)}; "
+        json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"deterministic\": $([ "$mode" = atomic ] && echo false || echo true), \"profiled\": $([ "$mode" = profile ] && echo true || echo false), \"attention_layout\": \"$(case $mode in rows128) echo 'forward 128 rows' ;; blocks) echo 'backward more blocks' ;; wgmma|wgmma-tune) echo 'wgmma' ;; *) echo default ;; esac)\", \"gemm_tuned\": $(case $mode in *tune) echo true ;; *) echo false ;; esac), \"gemm_tuning\": $(json_str "$tuning"), \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu}"
         [ -z "$best" ] && best=$tps
     done
     printf '{"seq": %d, "runs": [%s]}\n' "$GPT2_T" "$json" >"$OUT/gpt2.json"
