@@ -649,8 +649,8 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dq_kernel(attn_arg
     att_qhead<T> hd;
     if (!att_q_head<T>(a, ATT_TILE, &hd))
         return;
-    int i0 = hd.i0, b = hd.b, h = hd.h;
-    long long bt0 = (long long)b * a.T;
+    int i0 = hd.i0, h = hd.h;
+    long long bt0 = (long long)hd.b * a.T;
     const T *k = hd.k, *v = hd.v;
     /* Q, dout, then K and V twice (the next pair loads behind this one's
      * products), then lse and D */
@@ -660,16 +660,9 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dq_kernel(attn_arg
     float *pf = warp_scratch<T, DP>((unsigned char *)(sD + ATT_TILE));
     int end = a.causal ? min(a.T, i0 + ATT_TILE) : a.T;
     int tiles = (end + ATT_TILE - 1) / ATT_TILE;
-
-    queue_tile<T, DP>(att_tile<T, DP>(smem, 0), hd.q, a.qs, i0, a.T, a.d, a.vec);
-    queue_tile<T, DP>(att_tile<T, DP>(smem, 1),
-                      (const T *)a.dout + bt0 * a.os + (long long)h * a.d, a.os, i0,
-                      a.T, a.d, a.vec);
-    queue_rowvec(sL, a.Lr + ((long long)b * a.H + h) * att_tp(a.T), i0, a.T);
-    queue_rowvec(sD, a.Dr + ((long long)b * a.H + h) * att_tp(a.T), i0, a.T);
-    queue_tile<T, DP>(att_tile<T, DP>(smem, 2), k, a.ks, 0, a.T, a.d, a.vec);
-    queue_tile<T, DP>(att_tile<T, DP>(smem, 3), v, a.vs, 0, a.T, a.d, a.vec);
-    kc_cp_async_commit();
+    att_dq_queue_first<T>(a, hd, sL, sD, [&](int n, const T *src, long long stride, int row0) {
+        queue_tile<T, DP>(att_tile<T, DP>(smem, n), src, stride, row0, a.T, a.d, a.vec);
+    });
     float dq[DP / 8][4];
     zero_acc<DP>(dq);
     for (int it = 0; it < tiles; it++) {

@@ -340,6 +340,25 @@ __device__ __forceinline__ void queue_rowvec(float *dst, const float *src, int r
     }
 }
 
+/* The dq kernels' first loads, one group: its queries and dout (tiles 0
+ * and 1), their rows' lse and D (into sL and sD), and the first key tile's
+ * K and V (tiles 2 and 3). queue(n, src, stride, row0) queues tile n of
+ * the kernel's own layout (attention.cu's rows, or attention_wg.cu's
+ * core matrices). */
+template <typename T, typename Q>
+__device__ __forceinline__ void att_dq_queue_first(const attn_args &a, const att_qhead<T> &hd, float *sL, float *sD,
+                                                   Q queue)
+{
+    long long hrow = ((long long)hd.b * a.H + hd.h) * att_tp(a.T);
+    queue(0, hd.q, a.qs, hd.i0);
+    queue(1, (const T *)a.dout + (long long)hd.b * a.T * a.os + (long long)hd.h * a.d, a.os, hd.i0);
+    queue_rowvec(sL, a.Lr + hrow, hd.i0, a.T);
+    queue_rowvec(sD, a.Dr + hrow, hd.i0, a.T);
+    queue(2, hd.k, a.ks, 0);
+    queue(3, hd.v, a.vs, 0);
+    kc_cp_async_commit();
+}
+
 /* f(row, col, v) for each of the lane's elements of the warp's [16 x DP]
  * tile acc, at row row0 + 16 w + its row, below T and d. */
 template <int DP, typename F>

@@ -31,6 +31,25 @@
  * so the results may differ in their last bits on a GPU (not on the
  * emulation). 2-byte types, a.vec, sm_90a (kcuda_attention_wgmma). */
 
+/* A kernel on warpgroup products, T and DP its template's: in a device
+ * pass without wgmma (the build's compute_90 PTX) its trap alone (never
+ * launched there: attn_wg_available), the body not even instantiated;
+ * else BODY<T, DP>(a, smem) over the block's dynamic shared memory. */
+#ifdef KC_WGMMA_ABSENT
+#define ATT_WG_KERNEL(BODY)                                                    \
+    {                                                                          \
+        (void)a;                                                               \
+        __trap();                                                              \
+    }
+#else
+#define ATT_WG_KERNEL(BODY)                                                    \
+    {                                                                          \
+        static_assert(att_cfg<T, DP>::TC, "wgmma: 2-byte types");              \
+        extern __shared__ __align__(128) unsigned char smem[];                 \
+        BODY<T, DP>(a, smem);                                                  \
+    }
+#endif
+
 /* Bytes of a [64 x DP] tile of core matrices. */
 template <typename T, int DP>
 __host__ __device__ constexpr size_t att_cm_bytes()
@@ -128,14 +147,8 @@ __device__ __forceinline__ void wg_abt(float (&s)[8][4], const T *A, const T *B)
 }
 
 template <typename T, int DP>
-__global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, 1>()) attn_fwd_wg_kernel(attn_args a)
+__device__ __forceinline__ void attn_fwd_wg(const attn_args &a, unsigned char *smem)
 {
-#ifdef KC_WGMMA_ABSENT
-    (void)a;
-    __trap(); /* (never launched there: attn_wg_available) */
-#else
-    static_assert(att_cfg<T, DP>::TC, "wgmma: 2-byte types");
-    extern __shared__ __align__(128) unsigned char smem[];
     int w = threadIdx.x >> 5;
     att_qhead<T> hd;
     if (!att_q_head<T>(a, ATT_TILE, &hd))
@@ -175,8 +188,11 @@ __global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, 1>()) a
     }
     float *lse = a.lse + ((long long)hd.b * a.H + hd.h) * a.T;
     att_store_rows<T, DP>(hd.o, lse, a, i0 + row0, acc, m, l);
-#endif
 }
+
+template <typename T, int DP>
+__global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, 1>())
+    attn_fwd_wg_kernel(attn_args a) ATT_WG_KERNEL(attn_fwd_wg)
 
 /* ---- backward on warpgroup products (wgmma, sm_90a) ------------------------
  *
@@ -202,14 +218,8 @@ constexpr int att_dkv_wg_min_blocks()
 }
 
 template <typename T, int DP>
-__global__ void __launch_bounds__(ATT_THREADS, att_dkv_wg_min_blocks<DP>()) attn_bwd_dkv_wg_kernel(attn_args a)
+__device__ __forceinline__ void attn_bwd_dkv_wg(const attn_args &a, unsigned char *smem)
 {
-#ifdef KC_WGMMA_ABSENT
-    (void)a;
-    __trap(); /* (never launched there: attn_wg_available) */
-#else
-    static_assert(att_cfg<T, DP>::TC, "wgmma: 2-byte types");
-    extern __shared__ __align__(128) unsigned char smem[];
     constexpr size_t TB = att_cm_bytes<T, DP>();
     int j0 = blockIdx.x * ATT_TILE;
     long long bkv = att_row_block(a.B * (long long)a.KV);
@@ -274,37 +284,29 @@ __global__ void __launch_bounds__(ATT_THREADS, att_dkv_wg_min_blocks<DP>()) attn
     }
     add_rows_out<T, DP>((T *)a.dk + bt0 * a.ks + (long long)kvh * a.d, a.ks, dk, j0, a.T, a.d, a.assign & 2);
     add_rows_out<T, DP>((T *)a.dv + bt0 * a.vs + (long long)kvh * a.d, a.vs, dv, j0, a.T, a.d, a.assign & 4);
-#endif
 }
 
 template <typename T, int DP>
-__global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_wg_kernel(attn_args a)
+__global__ void __launch_bounds__(ATT_THREADS, att_dkv_wg_min_blocks<DP>())
+    attn_bwd_dkv_wg_kernel(attn_args a) ATT_WG_KERNEL(attn_bwd_dkv_wg)
+
+template <typename T, int DP>
+__device__ __forceinline__ void attn_bwd_dq_wg(const attn_args &a, unsigned char *smem)
 {
-#ifdef KC_WGMMA_ABSENT
-    (void)a;
-    __trap(); /* (never launched there: attn_wg_available) */
-#else
-    static_assert(att_cfg<T, DP>::TC, "wgmma: 2-byte types");
-    extern __shared__ __align__(128) unsigned char smem[];
     constexpr size_t TB = att_cm_bytes<T, DP>();
     att_qhead<T> hd;
     if (!att_q_head<T>(a, ATT_TILE, &hd))
         return;
     int i0 = hd.i0;
-    long long bt0 = (long long)hd.b * a.T, hrow = ((long long)hd.b * a.H + hd.h) * att_tp(a.T);
+    long long bt0 = (long long)hd.b * a.T;
+    int end = a.causal ? min(a.T, i0 + ATT_TILE) : a.T;
+    int tiles = (end + ATT_TILE - 1) / ATT_TILE;
     /* Q, dout, then K and V twice, then lse and D */
     const T *sQ = (const T *)smem, *sO = (const T *)(smem + TB);
     float *sL = (float *)(smem + 6 * TB), *sD = sL + ATT_TILE;
-    int end = a.causal ? min(a.T, i0 + ATT_TILE) : a.T;
-    int tiles = (end + ATT_TILE - 1) / ATT_TILE;
-    queue_tile_cm<T, DP>((T *)smem, hd.q, a.qs, i0, a.T, a.d);
-    queue_tile_cm<T, DP>((T *)(smem + TB), (const T *)a.dout + bt0 * a.os + (long long)hd.h * a.d, a.os, i0, a.T,
-                         a.d);
-    queue_rowvec(sL, a.Lr + hrow, i0, a.T);
-    queue_rowvec(sD, a.Dr + hrow, i0, a.T);
-    queue_tile_cm<T, DP>((T *)(smem + 2 * TB), hd.k, a.ks, 0, a.T, a.d);
-    queue_tile_cm<T, DP>((T *)(smem + 3 * TB), hd.v, a.vs, 0, a.T, a.d);
-    kc_cp_async_commit();
+    att_dq_queue_first<T>(a, hd, sL, sD, [&](int n, const T *src, long long stride, int row0) {
+        queue_tile_cm<T, DP>((T *)(smem + n * TB), src, stride, row0, a.T, a.d);
+    });
     float dq[DP / 8][4];
     zero_acc<DP>(dq);
     for (int it = 0; it < tiles; it++) {
@@ -329,8 +331,11 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_wg_kernel(attn_args a
         __syncthreads(); /* this pair is read: the next iteration refills it */
     }
     add_rows_out<T, DP>((T *)a.dq + bt0 * a.qs + (long long)hd.h * a.d, a.qs, dq, i0, a.T, a.d, a.assign & 1);
-#endif
 }
+
+template <typename T, int DP>
+__global__ void __launch_bounds__(ATT_THREADS)
+    attn_bwd_dq_wg_kernel(attn_args a) ATT_WG_KERNEL(attn_bwd_dq_wg)
 
 /* ---- the launcher's choice ------------------------------------------------ */
 
