@@ -27,7 +27,6 @@ typedef struct cuda_kern {
     size_t dss_cap; /* its bytes */
     void *tmp;      /* device: fp32 copies for moe's routing of 2-byte tensors */
     size_t tmp_cap; /* its bytes */
-    int tuned;      /* MESH_GEMM_TUNE=1: the context's matmuls tuned */
 } cuda_kern;
 
 #define CTX(k) (((cuda_kern *)(k)->impl)->ctx)
@@ -146,10 +145,7 @@ static int cuda_open(kern *k)
      * shape's first call, among those that give the default's bits
      * (kcuda_ctx_set_gemm_tune) */
     const char *tune = getenv("MESH_GEMM_TUNE");
-    if (tune && strcmp(tune, "1") == 0) {
-        kcuda_ctx_set_gemm_tune(c->ctx, 1);
-        c->tuned = 1;
-    }
+    if (tune && strcmp(tune, "1") == 0) kcuda_ctx_set_gemm_tune(c->ctx, 1);
     if (env_one_of(k, "MESH_ATTN_FWD_ROWS", "64", "128") || env_one_of(k, "MESH_ATTN_BWD_BLOCKS", "0", "1") ||
         env_one_of(k, "MESH_ATTN_WGMMA", "0", "1") || env_one_of(k, "MESH_GEMM_TUNE", "0", "1")) {
         cuda_close(k);
@@ -547,8 +543,7 @@ static int gemm_tuning(kern *k, char *buf, size_t n)
 {
     const cuda_kern *c = k->impl;
     kcuda_gemm_tune_stats st;
-    if (!c || !c->tuned) return -1;
-    kcuda_ctx_gemm_tune_stats(c->ctx, &st);
+    if (!c || kcuda_ctx_gemm_tune_stats(c->ctx, &st) == 0) return -1;
     kcuda_gemm_tune_describe(&st, buf, n);
     return 0;
 }

@@ -175,14 +175,15 @@ void kcuda_ctx_set_gemm_tune(kcuda_ctx *ctx, int mode)
         ctx->gemm_tune = mode == 1 || mode == 2 ? mode : 0;
 }
 
-void kcuda_ctx_gemm_tune_stats(const kcuda_ctx *ctx,
-                               kcuda_gemm_tune_stats *out)
+int kcuda_ctx_gemm_tune_stats(const kcuda_ctx *ctx,
+                              kcuda_gemm_tune_stats *out)
 {
-    if (!out)
-        return;
-    memset(out, 0, sizeof *out);
-    if (ctx)
-        *out = ctx->tune_stats;
+    if (out) {
+        memset(out, 0, sizeof *out);
+        if (ctx)
+            *out = ctx->tune_stats;
+    }
+    return ctx ? ctx->gemm_tune : 0;
 }
 
 void kcuda_gemm_tune_describe(const kcuda_gemm_tune_stats *st, char *buf,

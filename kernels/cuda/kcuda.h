@@ -151,13 +151,14 @@ void kcuda_ctx_set_gemm_tune(kcuda_ctx *ctx, int mode);
  * included), set aside unrun for a split sum or for being another kernel,
  * set aside for other bits, refused by cuBLASLt at the call, shapes whose
  * fastest was not the first, shapes not tuned for want of free memory,
- * and shapes left to the first for their small 2-byte output (mode 1). */
+ * and shapes left to the first for their small 2-byte output (mode 1).
+ * Returns the context's mode (0: off, nothing tuned). */
 typedef struct kcuda_gemm_tune_stats {
     int shapes, timed, split, other_kernel, other_bits, refused, changed,
         no_memory, small;
 } kcuda_gemm_tune_stats;
-void kcuda_ctx_gemm_tune_stats(const kcuda_ctx *ctx,
-                               kcuda_gemm_tune_stats *out);
+int kcuda_ctx_gemm_tune_stats(const kcuda_ctx *ctx,
+                              kcuda_gemm_tune_stats *out);
 /* The stats in words, into buf (n bytes, truncated): "16 shapes tuned,
  * 39 candidates timed; set aside: ...". */
 void kcuda_gemm_tune_describe(const kcuda_gemm_tune_stats *st, char *buf,

@@ -396,6 +396,11 @@ cublasStatus_t kcuda__lt_matmul(kcuda_ctx *ctx, const kcuda__gemm *g,
 /* The most algorithms of the heuristic that the tuning runs. */
 enum { KCUDA__TUNE_CANDIDATES = 8 };
 
+/* Whether a shape's first call is tuned (matmul_tune.cu): the context's
+ * mode, and in mode 1 the output's size (a small 2-byte one is counted
+ * in the stats and left to the heuristic's first). */
+int kcuda__gemm_tunes(kcuda_ctx *ctx, const kcuda__gemm *g);
+
 /* The tuning of a shape's first call (matmul_tune.cu,
  * kcuda_ctx_set_gemm_tune): res[0..n) are the heuristic's algorithms, in
  * its order; *pick is set to the index of the fastest that gives res[0]'s

@@ -205,7 +205,7 @@ int kcuda__gemm_run(kcuda_ctx *ctx, const kcuda__gemm *g, cudaStream_t s)
         algo = hit->algo;
     } else {
         cublasLtMatmulHeuristicResult_t res[KCUDA__TUNE_CANDIDATES];
-        int found = 0, pick = 0;
+        int found = 0, pick = 0, tune = kcuda__gemm_tunes(ctx, g);
         size_t ws = ctx->workspace_bytes;
         LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
@@ -214,7 +214,7 @@ int kcuda__gemm_run(kcuda_ctx *ctx, const kcuda__gemm *g, cudaStream_t s)
         memset(res, 0, sizeof res);
         cublasStatus_t hst = cublasLtMatmulAlgoGetHeuristic(
             ctx->lt, call.desc, call.la, call.lb, call.lc, call.lc, pref,
-            ctx->gemm_tune ? KCUDA__TUNE_CANDIDATES : 1, res, &found);
+            tune ? KCUDA__TUNE_CANDIDATES : 1, res, &found);
         /* NOT_SUPPORTED (e.g. an epilogue this dtype lacks) or
          * INVALID_VALUE (a configuration it does not take): no algorithm,
          * which a fused product's caller answers without the epilogue */
@@ -228,7 +228,7 @@ int kcuda__gemm_run(kcuda_ctx *ctx, const kcuda__gemm *g, cudaStream_t s)
                                  : "none found");
             goto done;
         }
-        if (ctx->gemm_tune && found > 1) {
+        if (tune && found > 1) {
             rc = kcuda__gemm_tune(ctx, g, &call, res, found, s, &pick);
             if (rc)
                 goto done;

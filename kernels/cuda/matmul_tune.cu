@@ -171,6 +171,18 @@ static int tune_blas_fail(const kcuda__gemm *g, cublasStatus_t ls,
                        kcuda__gpu_fault(s, fault, sizeof fault));
 }
 
+int kcuda__gemm_tunes(kcuda_ctx *ctx, const kcuda__gemm *g)
+{
+    if (!ctx->gemm_tune)
+        return 0;
+    if (ctx->gemm_tune == 1 && !g->c_f32 && kcuda_dtype_size(g->dt) == 2 &&
+        (double)g->M * g->N * g->batch < (double)KCUDA_TUNE_MIN_OUTPUT) {
+        ctx->tune_stats.small++; /* little time to gain, and a weak check */
+        return 0;
+    }
+    return 1;
+}
+
 int kcuda__gemm_tune(kcuda_ctx *ctx, const kcuda__gemm *g,
                      const kcuda__lt_call *call,
                      const cublasLtMatmulHeuristicResult_t *res, int n,
@@ -179,11 +191,6 @@ int kcuda__gemm_tune(kcuda_ctx *ctx, const kcuda__gemm *g,
     *pick = 0;
     kcuda_gemm_tune_stats *st = &ctx->tune_stats;
     size_t es = kcuda_dtype_size(g->c_f32 ? KCUDA_F32 : g->dt);
-    if (ctx->gemm_tune == 1 && es == 2 &&
-        (double)g->M * g->N * g->batch < (double)KCUDA_TUNE_MIN_OUTPUT) {
-        st->small++; /* little time to gain, and a weak check */
-        return 0;
-    }
     tune t;
     memset(&t, 0, sizeof t);
     t.g = g;

@@ -519,6 +519,38 @@ static void tuned_products(kcuda_ctx *c, kcuda_dtype dt, int M, int K, int N,
  * gradient beside 2-byte tensors shows it); and with its fused epilogues
  * refused at the call, the first candidate refused leaves the product to
  * its fallback, as without the tuning. */
+/* A context in tuning mode `mode` (with the emulation's rotated
+ * algorithm offered when `rotated`) runs tuned_products on `in`: each
+ * product must give want's bits; *st what the tuning did (printed). The
+ * context, for more products, or NULL if it could not be made. */
+static kcuda_ctx *tuned_run(int mode, int rotated, kcuda_dtype dt, int M, int K, int N, const float *const in[7],
+                            void *const want[8], const size_t n[8], kcuda_gemm_tune_stats *st)
+{
+    static const char *const what[8] = {"y (bias, GELU)", "pre", "y (tied head)", "dx",
+                                        "dw", "dbias", "dw (fp32)", "dpre (DGELU)"};
+    kcuda_ctx *tc = NULL;
+    void *got[8];
+    size_t gn[8];
+    char words[256];
+    memset(st, 0, sizeof *st);
+    if (kcuda_ctx_create(&tc) != 0) {
+        fprintf(stderr, "# kcuda_ctx_create: %s\n", kcuda_last_error());
+        cur_bad = 1;
+        return NULL;
+    }
+    kcuda_ctx_set_gemm_tune(tc, mode);
+    if (rotated)
+        setenv("EMU_CUBLASLT_ROTATED", "1", 1);
+    tuned_products(tc, dt, M, K, N, in, got, gn);
+    unsetenv("EMU_CUBLASLT_ROTATED");
+    for (int i = 0; i < 8 && !cur_bad; i++)
+        expect_bits(what[i], down_raw(got[i], n[i]), down_raw(want[i], n[i]), n[i]);
+    kcuda_ctx_gemm_tune_stats(tc, st);
+    kcuda_gemm_tune_describe(st, words, sizeof words);
+    printf("# mode %d: %s\n", mode, words);
+    return tc;
+}
+
 static void t_matmul_tuned(kcuda_dtype dt)
 {
     int M = 72, K = 40, N = 56;
@@ -526,26 +558,16 @@ static void t_matmul_tuned(kcuda_dtype dt)
     const float *in[7] = {rnd(mk, 1.0f, dt), rnd(kn, 0.5f, dt), rnd(N, 0.5f, dt),
                           rnd(mn, 1.0f, dt), rnd(mk, 0.5f, dt), rnd(kn, 0.5f, dt),
                           rnd(N, 0.5f, dt)};
-    kcuda_ctx *tc = NULL;
-    void *want[8], *got[8];
+    void *want[8];
     size_t n[8];
-    const char *what[8] = {"y (bias, GELU)", "pre", "y (tied head)", "dx",
-                           "dw", "dbias", "dw (fp32)", "dpre (DGELU)"};
-    KC(kcuda_ctx_create(&tc));
-    kcuda_ctx_set_gemm_tune(tc, 2); /* (these small products too) */
-    tuned_products(ctx, dt, M, K, N, in, want, n);
-    setenv("EMU_CUBLASLT_ROTATED", "1", 1);
-    if (!cur_bad)
-        tuned_products(tc, dt, M, K, N, in, got, n);
-    unsetenv("EMU_CUBLASLT_ROTATED");
-    for (int i = 0; i < 8 && !cur_bad; i++)
-        expect_bits(what[i], down_raw(got[i], n[i]), down_raw(want[i], n[i]),
-                    n[i]);
     kcuda_gemm_tune_stats st;
-    char words[256];
-    kcuda_ctx_gemm_tune_stats(tc, &st);
-    kcuda_gemm_tune_describe(&st, words, sizeof words);
-    printf("# %s\n", words);
+    tuned_products(ctx, dt, M, K, N, in, want, n);
+    if (cur_bad)
+        return;
+    /* mode 2: these small products too, the rotated algorithm offered */
+    kcuda_ctx *tc = tuned_run(2, 1, dt, M, K, N, in, want, n, &st);
+    if (!tc)
+        return;
     if (emulated() && !cur_bad) {
         /* 6 shapes in 2-byte types, 5 in fp32 (its dw is the fp32 dw) */
         int s = dt == KCUDA_F32 ? 5 : 6;
@@ -583,16 +605,7 @@ static void t_matmul_tuned(kcuda_dtype dt)
     /* mode 1: of these small products only those with an fp32 output
      * (every one in fp32, the fp32 dw beside 2-byte tensors) are tuned;
      * the default's bits all the same */
-    tc = NULL;
-    KC(kcuda_ctx_create(&tc));
-    kcuda_ctx_set_gemm_tune(tc, 1);
-    tuned_products(tc, dt, M, K, N, in, got, n);
-    for (int i = 0; i < 8 && !cur_bad; i++)
-        expect_bits(what[i], down_raw(got[i], n[i]), down_raw(want[i], n[i]),
-                    n[i]);
-    kcuda_ctx_gemm_tune_stats(tc, &st);
-    kcuda_gemm_tune_describe(&st, words, sizeof words);
-    printf("# mode 1: %s\n", words);
+    tc = tuned_run(1, 0, dt, M, K, N, in, want, n, &st);
     if (emulated() && !cur_bad &&
         (dt == KCUDA_F32 ? st.shapes != 5 || st.small != 0
                          : st.shapes != 1 || st.small != 5)) {
