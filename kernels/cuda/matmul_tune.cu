@@ -88,7 +88,7 @@ __global__ void tune_hash_kernel(const unsigned char *c, int rows, int cols,
 
 namespace {
 
-/* What one tuning holds, released by tune_end. */
+/* What one tuning holds (kcuda__gemm_tune releases it at its end). */
 struct tune {
     const kcuda__gemm *g;
     cudaStream_t s;
