@@ -494,7 +494,11 @@ EMU_OBJ      = $(BUILD)/emu-obj
 EMU_KSRC     = $(wildcard kernels/cuda/*.cu)
 EMU_KGEN     = $(addprefix $(EMU_GEN)/,$(wildcard kernels/cuda/*.cu kernels/cuda/*.h))
 EMU_KOBJ     = $(EMU_KSRC:%.cu=$(EMU_OBJ)/%.o)
-EMU_RT_OBJ   = $(patsubst $(EMU_DIR)/%.cpp,$(EMU_OBJ)/emu/%.o,$(wildcard $(EMU_DIR)/*.cpp))
+EMU_RT_OBJ   = $(patsubst $(EMU_DIR)/%.cpp,$(EMU_OBJ)/emu/%.o,$(filter-out %/cudnn.cpp,$(wildcard $(EMU_DIR)/*.cpp)))
+# the emulated cuDNN, a library of its own that attention_cudnn.cu's dlopen
+# finds as it finds NVIDIA's; it calls the emulated runtime in the program,
+# which exports it (-rdynamic)
+EMU_CUDNN    = $(BUILD)/emu-driver/libcudnn.so.9
 EMU_TEST_OBJ = $(EMU_OBJ)/tests/gpu/gpu_tests.o $(EMU_OBJ)/tests/gpu/gpu_bench.o
 EMU_SAN      = $(SAN_CFLAGS)
 $(EMU_OBJ)/emu/exec.o: EMU_SAN = $(if $(filter thread,$(SAN)),-DEMU_TSAN)$(if $(filter 1,$(SAN)),-DEMU_ASAN)
@@ -583,15 +587,21 @@ $(BUILD)/emu-driver/libcuda.so.1: $(EMU_DIR)/libcuda_stub.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -fPIC -shared -Wl,-soname,libcuda.so.1 -o $@ $<
 
+$(EMU_CUDNN): $(EMU_DIR)/cudnn.cpp
+	@mkdir -p $(@D)
+	$(EMU_CXX) $(EMU_CXXFLAGS) -Werror $(EMU_SAN) -I$(EMU_DIR)/include -fPIC -shared -Wl,-soname,libcudnn.so.9 \
+	  -o $@ $<
+
 $(BUILD)/gpu_tests_emu: $(EMU_OBJ)/tests/gpu/gpu_tests.o $(EMU_KOBJ) $(EMU_RT_OBJ) $(BUILD)/libmeshkcpu.a \
-                        $(BUILD)/emu-driver/libcuda.so.1
-	$(EMU_CXX) $(ALL_LDFLAGS) -pthread -o $@ $(filter %.o %.a,$^) $(BLAS_LIBS) \
+                        $(BUILD)/emu-driver/libcuda.so.1 $(EMU_CUDNN)
+	$(EMU_CXX) $(ALL_LDFLAGS) -pthread -rdynamic -o $@ $(filter %.o %.a,$^) $(BLAS_LIBS) \
 	  -Wl,--disable-new-dtags,-rpath,'$$ORIGIN/emu-driver' $(LDLIBS)
 
 # the benchmark on the emulation (cuBLAS's GemmEx too: cublas.cpp), at
 # --tiny sizes: tests/gpu/run.sh's rehearsal runs it (MESH_GPU_REHEARSE=1)
-$(BUILD)/gpu_bench_emu: $(EMU_OBJ)/tests/gpu/gpu_bench.o $(EMU_KOBJ) $(EMU_RT_OBJ) $(BUILD)/emu-driver/libcuda.so.1
-	$(EMU_CXX) $(ALL_LDFLAGS) -pthread -o $@ $(filter %.o %.a,$^) \
+$(BUILD)/gpu_bench_emu: $(EMU_OBJ)/tests/gpu/gpu_bench.o $(EMU_KOBJ) $(EMU_RT_OBJ) $(BUILD)/emu-driver/libcuda.so.1 \
+                        $(EMU_CUDNN)
+	$(EMU_CXX) $(ALL_LDFLAGS) -pthread -rdynamic -o $@ $(filter %.o %.a,$^) \
 	  -Wl,--disable-new-dtags,-rpath,'$$ORIGIN/emu-driver' $(LDLIBS)
 
 $(BUILD)/emu_selftest: $(EMU_OBJ)/$(EMU_DIR)/selftest.o $(EMU_RT_OBJ)
@@ -614,8 +624,9 @@ $(EMU_RT_CUDA): $(EMU_OBJ)/%.o: %.c
 
 # What both programs below link besides their own objects, and how.
 EMU_LINK_WITH = $(filter-out %/test_comm_nccl.o,$(EMU_RT_CUDA)) $(EMU_KOBJ) $(EMU_RT_OBJ) $(BUILD)/libmeshrt.a \
-                $(BUILD)/libmeshkcpu.a $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/emu-driver/libcuda.so.1
-EMU_LINK = $(EMU_CXX) $(ALL_LDFLAGS) -pthread -o $@ $(filter %.o,$^) -Wl,--start-group $(filter %.a,$^) \
+                $(BUILD)/libmeshkcpu.a $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/emu-driver/libcuda.so.1 \
+                $(EMU_CUDNN)
+EMU_LINK = $(EMU_CXX) $(ALL_LDFLAGS) -pthread -rdynamic -o $@ $(filter %.o,$^) -Wl,--start-group $(filter %.a,$^) \
            -Wl,--end-group $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) \
            -Wl,--disable-new-dtags,-rpath,'$$ORIGIN/emu-driver' $(LDLIBS)
 

@@ -354,6 +354,16 @@ mesh_status mesh_context_gemm_tuning(mesh_context *ctx, char *buf, size_t n)
     return MESH_OK;
 }
 
+mesh_status mesh_context_attention_cudnn(mesh_context *ctx, char *buf, size_t n)
+{
+    if (!ctx || !buf || n == 0)
+        return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_attention_cudnn: NULL argument or n 0");
+    buf[0] = 0;
+    if (mesh__exec_attention_cudnn(ctx->ex, buf, n) != 0)
+        return mesh__fail(MESH_ERR_UNSUPPORTED, "no attention on cuDNN on this rank (MESH_ATTN_CUDNN=1, on a GPU)");
+    return MESH_OK;
+}
+
 mesh_status mesh_context_profile(mesh_context *ctx, int index, size_t size, mesh_profile_entry *entry)
 {
     if (!ctx || !entry) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_profile: NULL argument");

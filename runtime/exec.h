@@ -128,6 +128,9 @@ int mesh__exec_overlap_ms(mesh__exec *ex, int k, double *ms, double *calls);
 /* What the kernels' matmul tuning did, in words (kern_vtbl's
  * gemm_tuning); -1 where the kernels have none or it is off. */
 int mesh__exec_gemm_tuning(mesh__exec *ex, char *buf, size_t n);
+/* What the attention did on cuDNN (the kernels' attention_cudnn); -1
+ * where the kernels have none or it is off. */
+int mesh__exec_attention_cudnn(mesh__exec *ex, char *buf, size_t n);
 
 /* Entry k of the op profile (MESH__EXEC_PROFILE), those with calls in
  * order: what ("matmul backward", "optimizer", "collectives in turn"),

@@ -1057,6 +1057,12 @@ int mesh__exec_gemm_tuning(mesh__exec *ex, char *buf, size_t n)
     return ex->kern.v->gemm_tuning(&ex->kern, buf, n);
 }
 
+int mesh__exec_attention_cudnn(mesh__exec *ex, char *buf, size_t n)
+{
+    if (!ex->kern.v->attention_cudnn) return -1;
+    return ex->kern.v->attention_cudnn(&ex->kern, buf, n);
+}
+
 int mesh__exec_data_mean(mesh__exec *ex, double *x)
 {
     if (exec__sum_doubles(ex, ex->data, x, 1) != 0) return -2;

@@ -171,11 +171,15 @@ typedef struct kern_vtbl {
     /* optional (NULL in the CPU tables): what the device's matmul tuning
      * did, in words, into buf; -1 when it is off */
     int (*gemm_tuning)(kern *k, char *buf, size_t n);
+    /* optional (NULL in the CPU tables): what the attention did on cuDNN
+     * (MESH_ATTN_CUDNN=1), in words, into buf; -1 when it is off */
+    int (*attention_cudnn)(kern *k, char *buf, size_t n);
 } kern_vtbl;
 
 /* The table's entries after open and close, in kern_vtbl's order: each
  * backend names its functions after them (static in its file), so a table
- * is {"name", open, close, KERN_ENTRIES, gemm_tuning or NULL}. */
+ * is {"name", open, close, KERN_ENTRIES, gemm_tuning or NULL,
+ * attention_cudnn or NULL}. */
 #define KERN_ENTRIES \
     matmul_forward, matmul_backward, matmul_bias_forward, matmul_gelu_backward, matmul_wt_forward, matmul_wt_backward, \
     embedding_rows_forward, embedding_rows_backward, arange, add_forward, add_backward, add_broadcast_forward, \

@@ -146,8 +146,13 @@ static int cuda_open(kern *k)
      * (kcuda_ctx_set_gemm_tune) */
     const char *tune = getenv("MESH_GEMM_TUNE");
     if (tune && strcmp(tune, "1") == 0) kcuda_ctx_set_gemm_tune(c->ctx, 1);
+    /* MESH_ATTN_CUDNN=1: the attention on cuDNN's fused kernels where it
+     * takes the call (kcuda_ctx_set_attention_cudnn) */
+    const char *cudnn = getenv("MESH_ATTN_CUDNN");
+    if (cudnn && strcmp(cudnn, "1") == 0) kcuda_ctx_set_attention_cudnn(c->ctx, 1);
     if (env_one_of(k, "MESH_ATTN_FWD_ROWS", "64", "128") || env_one_of(k, "MESH_ATTN_BWD_BLOCKS", "0", "1") ||
-        env_one_of(k, "MESH_ATTN_WGMMA", "0", "1") || env_one_of(k, "MESH_GEMM_TUNE", "0", "1")) {
+        env_one_of(k, "MESH_ATTN_WGMMA", "0", "1") || env_one_of(k, "MESH_GEMM_TUNE", "0", "1") ||
+        env_one_of(k, "MESH_ATTN_CUDNN", "0", "1")) {
         cuda_close(k);
         return -1;
     }
@@ -278,7 +283,7 @@ static int rmsnorm_backward(kern *k, void *dx, void *dw, const void *dout, const
 static int attention_forward(kern *k, void *out, float *lse, const void *q, const void *kk, const void *v, int B,
                              int T, int H, int KV, int d, int causal)
 {
-    KC(kcuda_attention_forward, out, lse, q, kk, v, B, T, H, KV, d, causal, DT(k), k->stream);
+    KC(kcuda_attention_forward, CTX(k), out, lse, q, kk, v, B, T, H, KV, d, causal, DT(k), k->stream);
 }
 
 static int attention_backward(kern *k, void *dq, void *dk, void *dv, const void *dout, const void *out,
@@ -292,7 +297,7 @@ static int attention_backward(kern *k, void *dq, void *dk, void *dv, const void 
 static int attention_qkv_forward(kern *k, void *out, float *lse, const void *qkv, int B, int T, int H, int KV,
                                  int d, int causal)
 {
-    KC(kcuda_attention_qkv_forward, out, lse, qkv, B, T, H, KV, d, causal, DT(k), k->stream);
+    KC(kcuda_attention_qkv_forward, CTX(k), out, lse, qkv, B, T, H, KV, d, causal, DT(k), k->stream);
 }
 
 static int attention_qkv_backward(kern *k, void *dqkv, const void *dout, const void *out, const float *lse,
@@ -548,7 +553,17 @@ static int gemm_tuning(kern *k, char *buf, size_t n)
     return 0;
 }
 
-const kern_vtbl kern_cuda_vtbl = {"cuda", cuda_open, cuda_close, KERN_ENTRIES, gemm_tuning};
+/* What the attention did on cuDNN (MESH_ATTN_CUDNN=1), or -1 when it is off. */
+static int attention_cudnn(kern *k, char *buf, size_t n)
+{
+    const cuda_kern *c = k->impl;
+    kcuda_attention_cudnn_stats st;
+    if (!c || kcuda_ctx_attention_cudnn(c->ctx, &st) == 0) return -1;
+    kcuda_attention_cudnn_describe(&st, buf, n);
+    return 0;
+}
+
+const kern_vtbl kern_cuda_vtbl = {"cuda", cuda_open, cuda_close, KERN_ENTRIES, gemm_tuning, attention_cudnn};
 
 #else /* no CUDA in this build */
 

@@ -242,6 +242,14 @@ mesh_status mesh_context_overlap_ms(mesh_context *ctx, int index, double *ms, do
  * tuning is off. */
 mesh_status mesh_context_gemm_tuning(mesh_context *ctx, char *buf, size_t n);
 
+/* What this rank's attention did on cuDNN's fused kernels so far
+ * (MESH_ATTN_CUDNN=1 on a GPU: docs/gpu.md), in words, into buf (n bytes,
+ * truncated): "cuDNN 9.19.0: 24 forward and 24 backward calls on it, 0
+ * and 0 on ours; 2 plans built, 0 refused", then why a call was left to
+ * mesh's own kernels or a graph refused, if one was. MESH_ERR_UNSUPPORTED
+ * where the rank's kernels are not a GPU's or it is off. */
+mesh_status mesh_context_attention_cudnn(mesh_context *ctx, char *buf, size_t n);
+
 /* *on_gpu: 1 when this rank's NCCL calls are ordered on its GPU's streams
  * (the default over NCCL), so that the collectives' times
  * (mesh_context_comm_ms, mesh_step_stats' overlap_ms and wait_ms) are the

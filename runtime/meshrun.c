@@ -477,6 +477,11 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
         printf("meshrun: rank 0's matmul algorithms (MESH_GEMM_TUNE=1): %s\n", tuning);
         fflush(stdout);
     }
+    char attn[800];
+    if (lead && rc == MESH_OK && mesh_context_attention_cudnn(ctx, attn, sizeof attn) == MESH_OK) {
+        printf("meshrun: rank 0's attention (MESH_ATTN_CUDNN=1): %s\n", attn);
+        fflush(stdout);
+    }
     if (lead && rc == MESH_OK && o->profile) {
         mesh_device_kind on = MESH_DEVICE_CPU;
         mesh_context_device(ctx, &on, NULL);

@@ -860,7 +860,7 @@ static int attn_setup(attn_args *a, int B, int T, int H, int KV, int d,
     return 0;
 }
 
-static int attn_forward(void *out, float *lse, const void *q, const void *k,
+static int attn_forward(kcuda_ctx *ctx, void *out, float *lse, const void *q, const void *k,
                         const void *v, long long qs, long long kvs, int B,
                         int T, int H, int KV, int d, int causal,
                         kcuda_dtype dt, cudaStream_t s)
@@ -874,6 +874,10 @@ static int attn_forward(void *out, float *lse, const void *q, const void *k,
     a.lse = lse;
     KCUDA_TRY(attn_setup(&a, B, T, H, KV, d, causal, dt, qs, kvs));
     if (B == 0 || T == 0)
+        return 0;
+    int taken = 0; /* on cuDNN, where the context asks and it takes it */
+    KCUDA_TRY(kcuda__cudnn_forward(ctx, &taken, out, lse, q, k, v, qs, kvs, B, T, H, KV, d, causal, dt, s));
+    if (taken)
         return 0;
     return attn_dispatch(ATT_FWD, a, dt, s);
 }
@@ -899,6 +903,11 @@ static int attn_backward(kcuda_ctx *ctx, void *dq, void *dk, void *dv,
     a.lse_in = lse;
     KCUDA_TRY(attn_setup(&a, B, T, H, KV, d, causal, dt, qs, kvs));
     if (B == 0 || T == 0)
+        return 0;
+    int taken = 0; /* on cuDNN, where the context asks and it takes it */
+    KCUDA_TRY(kcuda__cudnn_backward(ctx, &taken, dq, dk, dv, dout, out, lse, q, k, v, qs, kvs, B, T, H, KV, d,
+                                    causal, assign, dt, s));
+    if (taken)
         return 0;
     void *scratch = NULL;
     size_t rows = (size_t)B * H * T, qn = rows * (size_t)d; /* D; dq's elements */
@@ -940,12 +949,12 @@ static int attn_backward(kcuda_ctx *ctx, void *dq, void *dk, void *dv,
     return 0;
 }
 
-int kcuda_attention_forward(void *out, float *lse, const void *q,
+int kcuda_attention_forward(kcuda_ctx *ctx, void *out, float *lse, const void *q,
                             const void *k, const void *v, int B, int T, int H,
                             int KV, int d, int causal, kcuda_dtype dt,
                             void *stream)
 {
-    return attn_forward(out, lse, q, k, v, (long long)H * d, (long long)KV * d,
+    return attn_forward(ctx, out, lse, q, k, v, (long long)H * d, (long long)KV * d,
                         B, T, H, KV, d, causal, dt, kcuda__stream(stream));
 }
 
@@ -961,7 +970,7 @@ int kcuda_attention_backward(kcuda_ctx *ctx, void *dq, void *dk, void *dv,
                          causal, assign, dt, kcuda__stream(stream));
 }
 
-int kcuda_attention_qkv_forward(void *out, float *lse, const void *qkv,
+int kcuda_attention_qkv_forward(kcuda_ctx *ctx, void *out, float *lse, const void *qkv,
                                 int B, int T, int H, int KV, int d,
                                 int causal, kcuda_dtype dt, void *stream)
 {
@@ -969,7 +978,7 @@ int kcuda_attention_qkv_forward(void *out, float *lse, const void *qkv,
     size_t es = kcuda_dtype_size(dt);
     long long row = (long long)(H + 2 * KV) * d;
     const char *base = (const char *)qkv;
-    return attn_forward(out, lse, base, base + (size_t)H * d * es,
+    return attn_forward(ctx, out, lse, base, base + (size_t)H * d * es,
                         base + (size_t)(H + KV) * d * es, row, row, B, T, H,
                         KV, d, causal, dt, kcuda__stream(stream));
 }

@@ -270,6 +270,7 @@ void kcuda_ctx_free(kcuda_ctx *ctx)
         (void)cudaFreeAsync(ctx->scratch, 0);
         (void)cudaStreamSynchronize(0);
     }
+    kcuda__cudnn_free(ctx->cudnn);
     cublasLtDestroy(ctx->lt);
     free(ctx);
 }

@@ -491,7 +491,7 @@ int kcuda_rope_backward(void *dx, const void *dout, int B, int T, int H,
  * cores (mma.sync, fp32 accumulation, P rounded to 2 bytes for P V); fp32
  * in plain fp32.
  * out[B,T,H*d]; lse[B,H,T]; q[B,T,H*d]; k, v[B,T,KV*d]. */
-int kcuda_attention_forward(void *out, float *lse, const void *q,
+int kcuda_attention_forward(kcuda_ctx *ctx, void *out, float *lse, const void *q,
                             const void *k, const void *v, int B, int T, int H,
                             int KV, int d, int causal, kcuda_dtype dt,
                             void *stream);
@@ -510,7 +510,7 @@ int kcuda_attention_backward(kcuda_ctx *ctx, void *dq, void *dk, void *dv,
 /* The packed layout: each row of qkv is H*d q, KV*d k, KV*d v channels
  * (kcpu_attention_qkv_*); read and accumulated in place (assign: dqkv
  * overwritten). */
-int kcuda_attention_qkv_forward(void *out, float *lse, const void *qkv,
+int kcuda_attention_qkv_forward(kcuda_ctx *ctx, void *out, float *lse, const void *qkv,
                                 int B, int T, int H, int KV, int d,
                                 int causal, kcuda_dtype dt, void *stream);
 int kcuda_attention_qkv_backward(kcuda_ctx *ctx, void *dqkv,
@@ -555,6 +555,39 @@ int kcuda_attention_wgmma(int on);
  * by atomics (kcuda_ctx_set_deterministic 0 and 2) ignore it. Not
  * thread-safe: set it before launching. */
 void kcuda_attention_backward_only(int which);
+
+/* ---- attention_cudnn.cu: the attention on cuDNN's fused kernels ---------- */
+
+/* The context's attention in bf16 and fp16 (forward and backward, the
+ * calls above) on cuDNN's fused flash attention where it takes the call
+ * (on 1), else on this file's kernels (0, the default). cuDNN is loaded
+ * at the first call: the library MESH_CUDNN_LIB names, else
+ * libcudnn.so.9 (then libcudnn_graph.so.9) from the loader's path;
+ * libmesh does not link it. It declines (ours run, and the stats say why)
+ * where there is no cuDNN 9, for fp32, head sizes not a multiple of 8 or
+ * above 128, a mask other than causal, T < 2, rows not in 16-byte packs,
+ * a backward that adds to any of dq, dk and dv, and a shape whose graph
+ * cuDNN refuses. Its backward is cuDNN's deterministic one unless
+ * kcuda_ctx_set_deterministic(ctx, 0). Its lse is the same [B,H,T]
+ * natural-log logsumexp as ours, so either backward takes either
+ * forward's. The results differ from ours in their last bits (other
+ * sums, another rounding of P). Set it before the context's first
+ * attention. */
+void kcuda_ctx_set_attention_cudnn(kcuda_ctx *ctx, int on);
+typedef struct kcuda_attention_cudnn_stats {
+    size_t version;          /* cudnnGetVersion() (91900: 9.19.0); 0: no cuDNN */
+    long calls[2];           /* forward, backward calls cuDNN ran */
+    long declined[2];        /* calls left to this file's kernels */
+    int plans, refused;      /* shapes whose graph built a plan, or not */
+    char why_declined[320];  /* the last reason a call was declined */
+    char why[320];           /* the last refusal, in cuDNN's words */
+} kcuda_attention_cudnn_stats;
+/* *st = what the context's attention did on cuDNN; returns whether it is
+ * on (kcuda_ctx_set_attention_cudnn). */
+int kcuda_ctx_attention_cudnn(kcuda_ctx *ctx, kcuda_attention_cudnn_stats *st);
+/* One line of it for a log: "cuDNN 9.19.0: 24 forward and 24 backward
+ * calls on it, ...". */
+void kcuda_attention_cudnn_describe(const kcuda_attention_cudnn_stats *st, char *buf, size_t n);
 
 /* ---- moe.cu: mixture-of-experts routing, dispatch, experts, combine ----- */
 

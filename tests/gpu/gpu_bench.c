@@ -528,7 +528,7 @@ typedef struct attn_arg {
 static void run_attn_fwd(void *p)
 {
     attn_arg *a = p;
-    kc(kcuda_attention_forward(a->o, a->lse, a->q, a->k, a->v, a->B, a->T, a->H,
+    kc(kcuda_attention_forward(ctx, a->o, a->lse, a->q, a->k, a->v, a->B, a->T, a->H,
                                a->H, a->d, 1, a->dt, NULL),
        "kcuda_attention_forward");
 }

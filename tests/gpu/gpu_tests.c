@@ -1323,9 +1323,9 @@ static void attn_fwd_on_gpu(void *out, float *lse, const void *qkv, const void *
                             const void *v, int B, int T, int H, int KV, int d, int causal, kcuda_dtype dt)
 {
     if (qkv)
-        KC(kcuda_attention_qkv_forward(out, lse, qkv, B, T, H, KV, d, causal, dt, NULL));
+        KC(kcuda_attention_qkv_forward(ctx, out, lse, qkv, B, T, H, KV, d, causal, dt, NULL));
     else
-        KC(kcuda_attention_forward(out, lse, q, k, v, B, T, H, KV, d, causal, dt, NULL));
+        KC(kcuda_attention_forward(ctx, out, lse, q, k, v, B, T, H, KV, d, causal, dt, NULL));
 }
 
 static void attn_case(kcuda_dtype dt, int B, int T, int H, int KV, int d,
@@ -1347,11 +1347,11 @@ static void attn_case(kcuda_dtype dt, int B, int T, int H, int KV, int d,
     void *dqkv = up(qkv, nqkv, dt), *dout = dmem(nq * 4);
     float *dlse = dmem(nl * 4);
     if (packed) {
-        KC(kcuda_attention_qkv_forward(dout, dlse, dqkv, B, T, H, KV, d,
+        KC(kcuda_attention_qkv_forward(ctx, dout, dlse, dqkv, B, T, H, KV, d,
                                        causal, dt, NULL));
         kcpu_attention_qkv_forward(out, lse, qkv, B, T, H, KV, d, causal);
     } else {
-        KC(kcuda_attention_forward(dout, dlse, dq, dk, dv, B, T, H, KV, d,
+        KC(kcuda_attention_forward(ctx, dout, dlse, dq, dk, dv, B, T, H, KV, d,
                                    causal, dt, NULL));
         kcpu_attention_forward(out, lse, q, k, v, B, T, H, KV, d, causal);
     }
@@ -1572,6 +1572,159 @@ static void t_attention_qkv(kcuda_dtype dt)
 {
     attn_case(dt, 2, 70, 4, 2, 32, 1, 1);
     attn_case(dt, 1, 65, 2, 2, 64, 0, 1);
+}
+
+/* ---- cases: the attention on cuDNN (kcuda_ctx_set_attention_cudnn) -------- */
+
+/* Context c's cuDNN counters now. */
+static kcuda_attention_cudnn_stats cudnn_stats(kcuda_ctx *c)
+{
+    kcuda_attention_cudnn_stats st;
+    kcuda_ctx_attention_cudnn(c, &st);
+    return st;
+}
+
+/* One causal shape through context c (its attention on cuDNN), against the
+ * CPU: the forward (out and lse), the backward overwriting dq, dk and dv
+ * (from NaN bytes), again to the same bits where c is deterministic; then
+ * a backward that adds to its gradients, which cuDNN declines: this
+ * file's kernels run it, from cuDNN's lse. `on` says whether cuDNN is
+ * expected to take the calls (the counters say whether it did; -1: not
+ * known yet). */
+static void cudnn_case(kcuda_ctx *c, int on, int det, kcuda_dtype dt, int B, int T, int H, int KV, int d)
+{
+    size_t nq = (size_t)B * T * H * d, nkv = (size_t)B * T * KV * d, nl = (size_t)B * H * T;
+    size_t es = kcuda_dtype_size(dt), n[3] = {nq, nkv, nkv};
+    float *q = rnd(nq, 1.5f, dt), *k = rnd(nkv, 1.5f, dt), *v = rnd(nkv, 1.5f, dt), *g = rnd(nq, 1.0f, dt);
+    float *out = hf(nq), *lse = hf(nl), *ref[3] = {hf(nq), hf(nkv), hf(nkv)};
+    void *dq = up(q, nq, dt), *dk = up(k, nkv, dt), *dv = up(v, nkv, dt), *dg = up(g, nq, dt);
+    void *dout = dmem(nq * es);
+    float *dlse = dmem(nl * 4);
+    kcuda_attention_cudnn_stats before = cudnn_stats(c);
+    KC(kcuda_attention_forward(c, dout, dlse, dq, dk, dv, B, T, H, KV, d, 1, dt, NULL));
+    kcpu_attention_forward(out, lse, q, k, v, B, T, H, KV, d, 1);
+    expect_dev("out, cuDNN", dout, out, nq, dt);
+    expect_dev("lse, cuDNN", dlse, lse, nl, KCUDA_F32);
+    kcpu_attention_backward(ref[0], ref[1], ref[2], g, out, lse, q, k, v, B, T, H, KV, d, 1);
+    void *got[2][3];
+    for (int run = 0; run < 2; run++) {
+        for (int i = 0; i < 3; i++) {
+            got[run][i] = dmem(n[i] * es);
+            cuda_or_die(cudaMemset(got[run][i], 0xff, n[i] * es), "cudaMemset");
+        }
+        KC(kcuda_attention_backward(c, got[run][0], got[run][1], got[run][2], dg, dout, dlse, dq, dk, dv, B, T, H,
+                                    KV, d, 1, 7, dt, NULL));
+    }
+    expect_dev("dq, cuDNN", got[0][0], ref[0], nq, dt);
+    expect_dev("dk, cuDNN", got[0][1], ref[1], nkv, dt);
+    expect_dev("dv, cuDNN", got[0][2], ref[2], nkv, dt);
+    static const char *twice[3] = {"dq, cuDNN twice", "dk, cuDNN twice", "dv, cuDNN twice"};
+    for (int i = 0; det && i < 3; i++)
+        expect_bits(twice[i], snapshot(got[1][i], n[i], dt), snapshot(got[0][i], n[i], dt), n[i] * es);
+    kcuda_attention_cudnn_stats mid = cudnn_stats(c);
+    /* added to (from zero): declined, ours from cuDNN's forward */
+    void *add[3];
+    for (int i = 0; i < 3; i++)
+        add[i] = dmem(n[i] * es);
+    KC(kcuda_attention_backward(c, add[0], add[1], add[2], dg, dout, dlse, dq, dk, dv, B, T, H, KV, d, 1, 0, dt,
+                                NULL));
+    expect_dev("dq, added to (ours after cuDNN's forward)", add[0], ref[0], nq, dt);
+    expect_dev("dk, added to", add[1], ref[1], nkv, dt);
+    expect_dev("dv, added to", add[2], ref[2], nkv, dt);
+    kcuda_attention_cudnn_stats after = cudnn_stats(c);
+    long want[2] = {on ? 1 : 0, on ? 2 : 0};
+    for (int i = 0; i < 2 && on >= 0; i++)
+        if (mid.calls[i] - before.calls[i] != want[i]) {
+            cur_bad = 1;
+            fprintf(stderr, "# %s calls on cuDNN: %ld, want %ld (%s)\n", i ? "backward" : "forward",
+                    mid.calls[i] - before.calls[i], want[i], mid.why[0] ? mid.why : mid.why_declined);
+        }
+    if (on >= 0 && (after.declined[1] != mid.declined[1] + 1 || after.calls[1] != mid.calls[1])) {
+        cur_bad = 1;
+        fprintf(stderr, "# the backward that adds: not declined (%s)\n", after.why_declined);
+    }
+}
+
+/* The attention on cuDNN where it is there (the emulation's own library,
+ * tests/gpu/emu/cudnn.cpp, always): causal shapes of GPT-2's head size
+ * (one key tile, two), grouped-query heads with a ragged last tile, d
+ * 32 and 128; the backward deterministic (the default) and with dq's sums
+ * in any order (kcuda_ctx_set_deterministic 0); the packed layout; and,
+ * on the emulation, a graph cuDNN refuses (EMU_CUDNN_REFUSE: the
+ * heuristic offers no engine), which runs on this file's kernels with
+ * the refusal kept. Without cuDNN (a GPU machine without the library)
+ * the cases run on this file's kernels, one line says so, and the
+ * counters must show every call declined. */
+static void t_attention_cudnn(kcuda_dtype dt)
+{
+    kcuda_ctx *c = NULL;
+    KC(kcuda_ctx_create(&c));
+    kcuda_ctx_set_attention_cudnn(c, 1);
+    /* a first call loads the library: T 2, d 8 */
+    cudnn_case(c, -1, 1, dt, 1, 2, 1, 1, 8);
+    kcuda_attention_cudnn_stats st = cudnn_stats(c);
+    int on = st.version != 0;
+    if (!on && emulated()) {
+        cur_bad = 1;
+        fprintf(stderr, "# the emulated cuDNN did not load: %s\n", st.why_declined);
+    }
+    if (!on)
+        printf("# no cuDNN (%s): the cases ran on this file's kernels\n", st.why_declined);
+    cudnn_case(c, on, 1, dt, 2, 64, 2, 2, 64);
+    cudnn_case(c, on, 1, dt, 1, 128, 2, 2, 64);
+    cudnn_case(c, on, 1, dt, 2, 72, 4, 2, 32);
+    cudnn_case(c, on, 1, dt, 1, 64, 1, 1, 128);
+    kcuda_ctx_set_deterministic(c, 0);
+    cudnn_case(c, on, 0, dt, 2, 72, 4, 2, 32);
+    kcuda_ctx_set_deterministic(c, 1);
+    /* the packed layout: forward and backward (overwriting) on cuDNN */
+    {
+        int B = 2, T = 64, H = 2, d = 64;
+        size_t row = (size_t)3 * H * d, n = (size_t)B * T * row, nq = (size_t)B * T * H * d;
+        float *qkv = rnd(n, 1.5f, dt), *g = rnd(nq, 1.0f, dt), *out = hf(nq), *lse = hf((size_t)B * H * T);
+        float *gqkv = hf(n);
+        void *dqkv = up(qkv, n, dt), *dg = up(g, nq, dt), *dout = dmem(nq * kcuda_dtype_size(dt));
+        void *dgrad = dmem(n * kcuda_dtype_size(dt));
+        float *dlse = dmem((size_t)B * H * T * 4);
+        kcuda_attention_cudnn_stats b = cudnn_stats(c);
+        KC(kcuda_attention_qkv_forward(c, dout, dlse, dqkv, B, T, H, H, d, 1, dt, NULL));
+        KC(kcuda_attention_qkv_backward(c, dgrad, dg, dout, dlse, dqkv, B, T, H, H, d, 1, 1, dt, NULL));
+        kcpu_attention_qkv_forward(out, lse, qkv, B, T, H, H, d, 1);
+        kcpu_attention_qkv_backward(gqkv, g, out, lse, qkv, B, T, H, H, d, 1);
+        expect_dev("out, packed, cuDNN", dout, out, nq, dt);
+        expect_dev("dqkv, packed, cuDNN", dgrad, gqkv, n, dt);
+        kcuda_attention_cudnn_stats a = cudnn_stats(c);
+        if (on && (a.calls[0] != b.calls[0] + 1 || a.calls[1] != b.calls[1] + 1)) {
+            cur_bad = 1;
+            fprintf(stderr, "# packed: not on cuDNN (%s)\n", a.why[0] ? a.why : a.why_declined);
+        }
+    }
+    st = cudnn_stats(c);
+    if (on && (st.refused != 0 || st.plans < 2)) {
+        cur_bad = 1;
+        fprintf(stderr, "# %d plans built, %d refused: %s\n", st.plans, st.refused, st.why);
+    }
+    kcuda_ctx_free(c);
+    if (!emulated())
+        return;
+    /* refused: ours run, the refusal kept */
+    setenv("EMU_CUDNN_REFUSE", "1", 1);
+    KC(kcuda_ctx_create(&c));
+    kcuda_ctx_set_attention_cudnn(c, 1);
+    cudnn_case(c, 0, 1, dt, 1, 64, 2, 2, 64);
+    unsetenv("EMU_CUDNN_REFUSE");
+    st = cudnn_stats(c);
+    if (st.refused != 2 || !strstr(st.why, "no engine")) {
+        cur_bad = 1;
+        fprintf(stderr, "# refused: %d graphs, why \"%s\"\n", st.refused, st.why);
+    }
+    char line[600];
+    kcuda_attention_cudnn_describe(&st, line, sizeof line);
+    if (!strstr(line, "cuDNN 9.19.0: 0 forward and 0 backward calls on it")) {
+        cur_bad = 1;
+        fprintf(stderr, "# described as: %s\n", line);
+    }
+    kcuda_ctx_free(c);
 }
 
 /* ---- cases: random shapes ---------------------------------------------- */
@@ -1909,6 +2062,8 @@ static const gpu_case cases[] = {
     {"attention_qkv_f32", t_attention_qkv, KCUDA_F32},
     {"attention_qkv_bf16", t_attention_qkv, KCUDA_BF16},
     {"attention_qkv_f16", t_attention_qkv, KCUDA_F16},
+    {"attention_cudnn_bf16", t_attention_cudnn, KCUDA_BF16},
+    {"attention_cudnn_f16", t_attention_cudnn, KCUDA_F16},
     {"moe_f32", t_moe, KCUDA_F32},
     {"moe_bf16", t_moe, KCUDA_BF16},
     {"moe_f16", t_moe, KCUDA_F16},

@@ -627,6 +627,10 @@ static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
         if (mesh_context_gemm_tuning(ctx, tuning, sizeof tuning) != MESH_ERR_UNSUPPORTED || tuning[0] != 0 ||
             mesh_context_gemm_tuning(ctx, NULL, 0) != MESH_ERR_INVALID_ARG)
             return MESH_ERR_INTERNAL;
+        /* nor the attention on cuDNN without MESH_ATTN_CUDNN=1 */
+        if (mesh_context_attention_cudnn(ctx, tuning, sizeof tuning) != MESH_ERR_UNSUPPORTED || tuning[0] != 0 ||
+            mesh_context_attention_cudnn(ctx, NULL, 0) != MESH_ERR_INVALID_ARG)
+            return MESH_ERR_INTERNAL;
     }
     if (rank == 0) r->ahead = mesh__exec_queue_ahead(ctx->ex, &r->joins);
     if (rank == 0) r->stall_ms = mesh__exec_queue_stall_ms(ctx->ex, &r->untimed);

@@ -21,7 +21,8 @@
 # 1e-4 (moe 1e-3) of the CPU's (the Mixtral with MESH_GEMM_TUNE=1). The
 # attention's layouts by environment (MESH_ATTN_FWD_ROWS,
 # MESH_ATTN_BWD_BLOCKS, MESH_ATTN_WGMMA) and the products' tuning
-# (MESH_GEMM_TUNE): the same checkpoint bytes.
+# (MESH_GEMM_TUNE): the same checkpoint bytes; on the emulated cuDNN
+# (MESH_ATTN_CUDNN): within 2e-2.
 # A GPU too small (EMU_GPU_MEM_MB=34, 16): meshrun stops, naming the
 # bytes (the plan's, the kernels', the device's free and total). A kernel
 # that faults on one of 2 GPUs: the job stops at once.
@@ -175,6 +176,16 @@ check "meshrun says what MESH_GEMM_TUNE=1 did on rank 0's GPU" $?
 MESH_EMU_GPUS=1 MESH_ATTN_WGMMA=1 PLAN=h64 run "$T/h64w.log" --device cuda --steps 2 --checkpoint "$T/h64w" &&
     diff -r "$T/h64a" "$T/h64w" >/dev/null
 check "MESH_ATTN_WGMMA=1: 2 steps on 1 emulated GPU to the defaults' checkpoint bytes" $?
+# MESH_ATTN_CUDNN=1: the attention on the emulated cuDNN (cudnn.cpp: its
+# graphs' meaning, not NVIDIA's engines), forward and backward: 2 steps
+# within bf16's 2e-2 of the defaults' losses, and what it did said at the end
+MESH_EMU_GPUS=1 MESH_ATTN_CUDNN=1 PLAN=h64 run "$T/h64n.log" --device cuda --steps 2
+check "MESH_ATTN_CUDNN=1: 2 steps on 1 emulated GPU" $?
+same "$T/h64n.log" "$T/h64a.log" 2e-2 2
+check "its 2 losses are the defaults' within 2e-2" $?
+grep -q "^meshrun: rank 0's attention (MESH_ATTN_CUDNN=1): cuDNN 9.19.0: [1-9][0-9]* forward and [1-9][0-9]* backward calls on it, 0 and 0 on ours; 2 plans built, 0 refused$" \
+    "$T/h64n.log" && ! grep -q "rank 0's attention" "$T/h64a.log"
+check "meshrun says every attention call ran on cuDNN (2 plans), and nothing without it" $?
 MESH_EMU_GPUS=1 MESH_ATTN_FWD_ROWS=96 timeout 60 "$B/meshrun_emu" "$T/h64.plan" --data "$T/train.bin" \
     --device cuda --steps 1 >"$T/h64c.log" 2>&1
 [ $? -ne 0 ] && grep -q "^meshrun: error: .*MESH_ATTN_FWD_ROWS=96: expected 64 or 128$" "$T/h64c.log" &&
