@@ -102,6 +102,9 @@ BISON_MIN = 3.5
 # $(BUILD)/gpu_bench (tests/gpu/run.sh runs them on a GPU machine).
 CUDA      ?= 0
 CUDA_HOME ?= /usr/local/cuda
+# cuDNN's graph header, where the toolkit has it (libmesh never needs it:
+# kernels/cuda/cudnn_api.h; the check of its values does)
+CUDNN_HEADER = $(wildcard $(CUDA_HOME)/include/cudnn_graph.h)
 NCCL_HOME ?= $(CUDA_HOME)
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
 NVCCFLAGS ?= -O2 -std=c++17
@@ -236,7 +239,8 @@ endif
 # With CUDA=1, the GPU programs too (tests/run.sh's gpu section runs
 # gpu_tests and gpu_selftest: without a GPU each must say so in one SKIP
 # line; gpu_bench is built, so that the GPU machine's link is CI's).
-GPU_PROGS = $(if $(filter 1,$(CUDA)),$(addprefix $(BUILD)/,gpu_tests gpu_bench gpu_selftest))
+GPU_PROGS = $(if $(filter 1,$(CUDA)),$(addprefix $(BUILD)/,gpu_tests gpu_bench gpu_selftest \
+              $(if $(CUDNN_HEADER),cudnn_values)))
 test: all $(BUILD)/unit_tests $(if $(filter 1,$(MPI)),$(BUILD)/mpi_tests) $(BUILD)/train_bench $(BUILD)/comm_bench \
       $(GPU_PROGS)
 	$(TEST_ENV) MESH_BUILD=$(BUILD) MESH_MPI=$(MPI) MESH_CUDA=$(CUDA) tests/run.sh
@@ -427,6 +431,11 @@ $(OBJ)/tests/gpu/gpu_selftest.o: tests/gpu/emu/selftest.cu $(BUILD)/.cuda
 
 $(BUILD)/gpu_selftest: $(OBJ)/tests/gpu/gpu_selftest.o
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CUDA_LIBS) $(LDLIBS)
+
+# kernels/cuda/cudnn_api.h's values against cuDNN's header (CUDNN_HEADER),
+# by the compiler (tests/run.sh's gpu section runs it)
+$(BUILD)/cudnn_values: tests/gpu/cudnn_values.c kernels/cuda/cudnn_api.h $(CUDNN_HEADER)
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -Wno-deprecated-declarations $(CUDA_CFLAGS) -Ikernels/cuda -o $@ $<
 else
 $(BUILD)/gpu_tests $(BUILD)/gpu_bench $(BUILD)/gpu_selftest:
 	@echo "error: $@ needs the CUDA kernels: make CUDA=1 BUILD=$(BUILD) $@" >&2; exit 1

@@ -236,6 +236,11 @@ gpu_section() {
             fail "gpu/$p" "$out"
         fi
     done
+    # (where the toolkit has cuDNN's headers: kernels/cuda/cudnn_api.h's
+    # values are theirs, checked when it was compiled)
+    if [ -x "$B/cudnn_values" ]; then
+        if "$B/cudnn_values" >"$out" 2>&1; then pass "gpu/cudnn_values"; else fail "gpu/cudnn_values" "$out"; fi
+    fi
 }
 
 # --- exports ------------------------------------------------------------
