@@ -51,6 +51,8 @@
 
 static int quick, tiny;
 static kcuda_ctx *ctx;
+static kcuda_ctx *cctx; /* the same with its attention on cuDNN where it
+                          * takes it (kcuda_ctx_set_attention_cudnn) */
 static kcuda_ctx *tctx; /* the same with its products' algorithms timed
                            (kcuda_ctx_set_gemm_tune) */
 
@@ -516,19 +518,20 @@ static void bench_epilogue(void)
 
 /* ---- attention -------------------------------------------------------------- */
 
-enum { ATTN_ROWS = 14 };
+enum { ATTN_ROWS = 17 };
 
 typedef struct attn_arg {
     int B, T, H, d;
     kcuda_dtype dt;
     void *q, *k, *v, *o, *dout, *dq, *dk, *dv;
     float *lse;
+    kcuda_ctx *c; /* ctx, or cctx (cuDNN) */
 } attn_arg;
 
 static void run_attn_fwd(void *p)
 {
     attn_arg *a = p;
-    kc(kcuda_attention_forward(ctx, a->o, a->lse, a->q, a->k, a->v, a->B, a->T, a->H,
+    kc(kcuda_attention_forward(a->c, a->o, a->lse, a->q, a->k, a->v, a->B, a->T, a->H,
                                a->H, a->d, 1, a->dt, NULL),
        "kcuda_attention_forward");
 }
@@ -536,7 +539,7 @@ static void run_attn_fwd(void *p)
 static void run_attn_bwd(void *p)
 {
     attn_arg *a = p;
-    kc(kcuda_attention_backward(ctx, a->dq, a->dk, a->dv, a->dout, a->o, a->lse,
+    kc(kcuda_attention_backward(a->c, a->dq, a->dk, a->dv, a->dout, a->o, a->lse,
                                 a->q, a->k, a->v, a->B, a->T, a->H, a->H, a->d,
                                 1, 7, a->dt, NULL),
        "kcuda_attention_backward");
@@ -561,30 +564,36 @@ static void bench_attention(void)
      * there) and of 64; at d 64 and 128, the kernels on warpgroup
      * products (kcuda_attention_wgmma; at d 64 also the backward's two
      * kernels alone; the name says so where the GPU cannot take them,
-     * and the row is then mma.sync's) */
+     * and the row is then mma.sync's); on cuDNN's fused kernels
+     * (kcuda_ctx_set_attention_cudnn: its deterministic backward, and
+     * with dq's sums in any order; at d 128; the name says so where cuDNN
+     * did not take the calls, and the row is then this file's kernels') */
     static const struct {
-        int mode, fp32, H, d, fwd_rows, more, only, wg;
+        int mode, fp32, H, d, fwd_rows, more, only, wg, cudnn;
         const char *name;
     } cfg[ATTN_ROWS] = {
-        {1, 0, 12, 64, 0, 0, 0, 0, "B8 T1024 H12 d64 bf16"},
-        {0, 0, 12, 64, 0, 0, 0, 0, "B8 T1024 H12 d64 bf16 dq atomics"},
-        {2, 0, 12, 64, 0, 0, 0, 0, "B8 T1024 H12 d64 bf16 dq in turns"},
-        {1, 1, 12, 64, 0, 0, 0, 0, "B8 T1024 H12 d64 fp32"},
-        {1, 0, 12, 64, 128, 0, 0, 0, "B8 T1024 H12 d64 bf16 fwd 128 rows"},
-        {1, 0, 12, 64, 0, 1, 0, 0, "B8 T1024 H12 d64 bf16 bwd occupancy"},
-        {1, 0, 12, 64, 0, 0, 1, 0, "B8 T1024 H12 d64 bf16 dk/dv kernel"},
-        {1, 0, 12, 64, 0, 0, 2, 0, "B8 T1024 H12 d64 bf16 dq kernel"},
-        {1, 0, 6, 128, 0, 0, 0, 0, "B8 T1024 H6 d128 bf16"},
-        {1, 0, 6, 128, 64, 0, 0, 0, "B8 T1024 H6 d128 bf16 fwd 64 rows"},
-        {1, 0, 12, 64, 0, 0, 0, 1, "B8 T1024 H12 d64 bf16 wgmma"},
-        {1, 0, 12, 64, 0, 0, 1, 1, "B8 T1024 H12 d64 bf16 wgmma dk/dv kernel"},
-        {1, 0, 12, 64, 0, 0, 2, 1, "B8 T1024 H12 d64 bf16 wgmma dq kernel"},
-        {1, 0, 6, 128, 0, 0, 0, 1, "B8 T1024 H6 d128 bf16 wgmma"},
+        {1, 0, 12, 64, 0, 0, 0, 0, 0, "B8 T1024 H12 d64 bf16"},
+        {0, 0, 12, 64, 0, 0, 0, 0, 0, "B8 T1024 H12 d64 bf16 dq atomics"},
+        {2, 0, 12, 64, 0, 0, 0, 0, 0, "B8 T1024 H12 d64 bf16 dq in turns"},
+        {1, 1, 12, 64, 0, 0, 0, 0, 0, "B8 T1024 H12 d64 fp32"},
+        {1, 0, 12, 64, 128, 0, 0, 0, 0, "B8 T1024 H12 d64 bf16 fwd 128 rows"},
+        {1, 0, 12, 64, 0, 1, 0, 0, 0, "B8 T1024 H12 d64 bf16 bwd occupancy"},
+        {1, 0, 12, 64, 0, 0, 1, 0, 0, "B8 T1024 H12 d64 bf16 dk/dv kernel"},
+        {1, 0, 12, 64, 0, 0, 2, 0, 0, "B8 T1024 H12 d64 bf16 dq kernel"},
+        {1, 0, 6, 128, 0, 0, 0, 0, 0, "B8 T1024 H6 d128 bf16"},
+        {1, 0, 6, 128, 64, 0, 0, 0, 0, "B8 T1024 H6 d128 bf16 fwd 64 rows"},
+        {1, 0, 12, 64, 0, 0, 0, 1, 0, "B8 T1024 H12 d64 bf16 wgmma"},
+        {1, 0, 12, 64, 0, 0, 1, 1, 0, "B8 T1024 H12 d64 bf16 wgmma dk/dv kernel"},
+        {1, 0, 12, 64, 0, 0, 2, 1, 0, "B8 T1024 H12 d64 bf16 wgmma dq kernel"},
+        {1, 0, 6, 128, 0, 0, 0, 1, 0, "B8 T1024 H6 d128 bf16 wgmma"},
+        {1, 0, 12, 64, 0, 0, 0, 0, 1, "B8 T1024 H12 d64 bf16 cuDNN"},
+        {0, 0, 12, 64, 0, 0, 0, 0, 1, "B8 T1024 H12 d64 bf16 cuDNN dq any order"},
+        {1, 0, 6, 128, 0, 0, 0, 0, 1, "B8 T1024 H6 d128 bf16 cuDNN"},
     };
     for (int k = 0; k < ATTN_ROWS; k++) {
         attn_arg a = {tiny ? 1 : 8, tiny ? 128 : 1024, tiny ? 2 : cfg[k].H, cfg[k].d,
                       cfg[k].fp32 ? KCUDA_F32 : KCUDA_BF16,
-                      NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+                      NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, cfg[k].cudnn ? cctx : ctx};
         size_t n = (size_t)a.B * a.T * a.H * a.d;
         a.q = drand(n, 1.0f, a.dt);
         a.k = drand(n, 1.0f, a.dt);
@@ -596,7 +605,9 @@ static void bench_attention(void)
         a.dv = drand(n, 0.0f, a.dt);
         a.lse = dalloc((size_t)a.B * a.H * a.T * 4);
         double fwd = 4.0 * a.B * a.H * (double)a.T * a.T * a.d / 2.0;
-        kcuda_ctx_set_deterministic(ctx, cfg[k].mode);
+        kcuda_ctx_set_deterministic(a.c, cfg[k].mode);
+        kcuda_attention_cudnn_stats st0, st1;
+        kcuda_ctx_attention_cudnn(cctx, &st0);
         kcuda_attention_forward_rows(cfg[k].fwd_rows);
         kcuda_attention_backward_blocks(cfg[k].more);
         int wg_taken = cfg[k].wg ? kcuda_attention_wgmma(1) : 0;
@@ -613,9 +624,14 @@ static void bench_attention(void)
         kcuda_attention_backward_blocks(0);
         kcuda_attention_forward_rows(0);
         kcuda_attention_wgmma(0);
-        kcuda_ctx_set_deterministic(ctx, 1);
+        kcuda_ctx_set_deterministic(a.c, 1);
+        kcuda_ctx_attention_cudnn(cctx, &st1);
+        int cudnn_taken = st1.calls[0] > st0.calls[0] && st1.calls[1] > st0.calls[1];
         char nm[96];
-        snprintf(nm, sizeof nm, "%s%s", cfg[k].name, cfg[k].wg && !wg_taken ? " (not taken: mma.sync)" : "");
+        snprintf(nm, sizeof nm, "%s%s", cfg[k].name,
+                 cfg[k].wg && !wg_taken            ? " (not taken: mma.sync)"
+                 : cfg[k].cudnn && !cudnn_taken ? " (not taken: ours)"
+                                                : "");
         const char *name = nm;
         double bflops = (cfg[k].only == 1 ? 2.0 : cfg[k].only == 2 ? 1.5 : 2.5) * fwd;
         if (cfg[k].only)
@@ -632,7 +648,16 @@ static void bench_attention(void)
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             cudaFree(bufs[i]);
     }
-    jcat("],");
+    /* what cuDNN did: its version, plans, and why a call was not its */
+    kcuda_attention_cudnn_stats st;
+    char words[800];
+    kcuda_ctx_attention_cudnn(cctx, &st);
+    kcuda_attention_cudnn_describe(&st, words, sizeof words);
+    printf("attention on cuDNN: %s\n", words);
+    jcat("],\"attention_cudnn\":\"");
+    for (const char *c = words; *c; c++) /* (a JSON string: no quotes, backslashes or controls) */
+        jcat("%c", *c == '"' || *c == '\\' || (unsigned char)*c < 32 ? '\'' : *c);
+    jcat("\",");
 }
 
 /* ---- memory-bound kernels ---------------------------------------------------- */
@@ -906,6 +931,8 @@ int main(int argc, char **argv)
     }
     kc(kcuda_ctx_create(&ctx), "kcuda_ctx_create");
     kc(kcuda_ctx_create(&tctx), "kcuda_ctx_create");
+    kc(kcuda_ctx_create(&cctx), "kcuda_ctx_create");
+    kcuda_ctx_set_attention_cudnn(cctx, 1);
     kcuda_ctx_set_gemm_tune(tctx, tiny ? 2 : 1); /* (--tiny's small products too) */
     struct cudaDeviceProp prop;
     cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
@@ -921,6 +948,7 @@ int main(int argc, char **argv)
             parts[k].run();
     jcat("}");
     if (only) {
+        kcuda_ctx_free(cctx);
         kcuda_ctx_free(tctx);
         kcuda_ctx_free(ctx);
         return 0;
@@ -933,6 +961,7 @@ int main(int argc, char **argv)
         fprintf(f, "%s\n", json);
         fclose(f);
     }
+    kcuda_ctx_free(cctx);
     kcuda_ctx_free(tctx);
     kcuda_ctx_free(ctx);
     return 0;

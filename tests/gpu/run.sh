@@ -277,6 +277,23 @@ find_nccl() {
     echo "$shim"
 }
 
+# cuDNN for MESH_ATTN_CUDNN=1 (kernels/cuda/attention_cudnn.cu loads it at
+# run time; the build never needs it): MESH_CUDNN_LIB if set, else
+# libcudnn.so.9 of the toolkit, the system, or PyTorch's nvidia-cudnn
+# wheel.
+find_cudnn() {
+    local cuda=$1 d py
+    [ -n "${MESH_CUDNN_LIB:-}" ] && { echo "$MESH_CUDNN_LIB"; return 0; }
+    for d in "$cuda/lib64" "$cuda/lib" /usr/lib/x86_64-linux-gnu /usr/local/lib; do
+        [ -e "$d/libcudnn.so.9" ] && { echo "$d/libcudnn.so.9"; return 0; }
+    done
+    py=$(torch_python 2>/dev/null) || py=python3
+    have_tool "$py" || return 1
+    d=$("$py" -c 'import nvidia.cudnn as c; print(list(c.__path__)[0])' 2>/dev/null) || return 1
+    [ -e "$d/lib/libcudnn.so.9" ] && { echo "$d/lib/libcudnn.so.9"; return 0; }
+    return 1
+}
+
 # ---- 2. build ----------------------------------------------------------------
 
 step_build() {
@@ -292,6 +309,15 @@ step_build() {
         cuda=$(find_cuda) || { result build FAIL "no nvcc (set CUDA_HOME)"; return 1; }
         nccl=$(find_nccl "$cuda") || { result build FAIL "no NCCL (nccl.h and libnccl.so) in $cuda, /usr or a pip wheel"; return 1; }
         echo "build: CUDA_HOME=$cuda NCCL_HOME=$nccl MPI=$mpi, $("$cuda/bin/nvcc" --version | tail -n 1)"
+        # (its folder on the loader's path too: cuDNN loads its engines'
+        # libraries from there)
+        local cudnn
+        if cudnn=$(find_cudnn "$cuda"); then
+            export MESH_CUDNN_LIB=$cudnn LD_LIBRARY_PATH=$(dirname "$cudnn")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+            echo "build: cuDNN for MESH_ATTN_CUDNN=1: $cudnn"
+        else
+            echo "build: no cuDNN (libcudnn.so.9) in $cuda, the system or a pip wheel: its attention rows will say so"
+        fi
         CUDA_DIR=$cuda
         # (-lineinfo: compute-sanitizer's reports name the kernel's source line; the code is the same)
         MAKEARGS=(CUDA=1 "BUILD=$BUILD" "MPI=$mpi" "CUDA_HOME=$cuda" "NCCL_HOME=$nccl" "NVCCFLAGS=-O2 -std=c++17 -lineinfo")
@@ -599,6 +625,7 @@ gpt2_run() {
     [ "$mode" = wgmma ] && env=(MESH_ATTN_WGMMA=1)
     [ "$mode" = tune ] && env=(MESH_GEMM_TUNE=1)
     [ "$mode" = wgmma-tune ] && env=(MESH_ATTN_WGMMA=1 MESH_GEMM_TUNE=1)
+    [ "$mode" = cudnn ] && env=(MESH_ATTN_CUDNN=1)
     [ "$mode" = profile ] && opt=(--profile)
     "$BUILD/meshc" -o "$d/$name.plan" examples/gpt2.mesh --set mesh.dp=1 --set mesh.tp=1 --set mesh.pp=1 \
         --set train.precision="$prec" --set train.zero=0 --set train.micro_batch="$batch" \
@@ -698,7 +725,9 @@ step_train_gpt2() {
     # bf16 B=32 with the attention's other layouts that gpu_bench times,
     # the forward's blocks of 128 rows and the backward's kernels for more
     # blocks an SM, MESH_ATTN_FWD_ROWS=128 and MESH_ATTN_BWD_BLOCKS=1, the
-    # same bits; bf16 B=32 with the attention on warpgroup products,
+    # same bits; bf16 B=32 with the attention on cuDNN's fused kernels,
+    # MESH_ATTN_CUDNN=1 (its line says what cuDNN took, or why not); bf16
+    # B=32 with the attention on warpgroup products,
     # MESH_ATTN_WGMMA=1, whose last bits may differ; bf16 B=32 with the
     # products' cuBLASLt algorithms timed among those with the default's
     # bits, MESH_GEMM_TUNE=1, alone and with the wgmma attention; bf16 B=16 with the op
@@ -706,8 +735,8 @@ step_train_gpt2() {
     # records an op, host calls and GPU timestamps, which a GPU-bound step
     # mostly hides)
     local prec batch mode what
-    for cfg in "bf16 16 profile" "bf16 32" "bf16 32 wgmma" "bf16 32 tune" "bf16 32 wgmma-tune" "bf16 32 atomic" \
-        "bf16 32 rows128" "bf16 32 blocks" "fp32 16"; do
+    for cfg in "bf16 16 profile" "bf16 32" "bf16 32 cudnn" "bf16 32 wgmma" "bf16 32 tune" "bf16 32 wgmma-tune" \
+        "bf16 32 atomic" "bf16 32 rows128" "bf16 32 blocks" "fp32 16"; do
         read -r prec batch mode <<<"$cfg"
         what="$prec, B=$batch${mode:+, $mode}"
         l=$(left)
@@ -717,13 +746,16 @@ step_train_gpt2() {
             detail+="$what: failed; "
             continue
         fi
-        local mfu tuning=""
+        local mfu tuning="" cudnn=""
         mfu=$(awk -v t="$tps" 'BEGIN { f = 6 * 124475904 + 12 * 12 * 1024 * 768; printf "%.1f", 100 * t * f / 989e12 }')
         # (what MESH_GEMM_TUNE=1 did, as meshrun says it at the end)
         [[ $mode == *tune ]] && tuning=$(sed -n "s/^meshrun: rank 0's matmul algorithms (MESH_GEMM_TUNE=1): //p" \
             "$d/gpt2-$prec-$batch-$mode.out" | tail -n 1)
-        detail+="$what: $(printf '%.0f' "$tps") tokens/s, MFU $mfu%${tuning:+ ($tuning)}; "
-        json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"deterministic\": $([ "$mode" = atomic ] && echo false || echo true), \"profiled\": $([ "$mode" = profile ] && echo true || echo false), \"attention_layout\": \"$(case $mode in rows128) echo 'forward 128 rows' ;; blocks) echo 'backward more blocks' ;; wgmma|wgmma-tune) echo 'wgmma' ;; *) echo default ;; esac)\", \"gemm_tuned\": $(case $mode in *tune) echo true ;; *) echo false ;; esac), \"gemm_tuning\": $(json_str "$tuning"), \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu}"
+        # (what MESH_ATTN_CUDNN=1 did: cuDNN's version, its calls, a refusal in its words)
+        [ "$mode" = cudnn ] && cudnn=$(sed -n "s/^meshrun: rank 0's attention (MESH_ATTN_CUDNN=1): //p" \
+            "$d/gpt2-$prec-$batch-$mode.out" | tail -n 1)
+        detail+="$what: $(printf '%.0f' "$tps") tokens/s, MFU $mfu%${tuning:+ ($tuning)}${cudnn:+ ($cudnn)}; "
+        json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"deterministic\": $([ "$mode" = atomic ] && echo false || echo true), \"profiled\": $([ "$mode" = profile ] && echo true || echo false), \"attention_layout\": \"$(case $mode in rows128) echo 'forward 128 rows' ;; blocks) echo 'backward more blocks' ;; wgmma|wgmma-tune) echo 'wgmma' ;; cudnn) echo 'cuDNN' ;; *) echo default ;; esac)\", \"attention_cudnn\": $(json_str "$cudnn"), \"gemm_tuned\": $(case $mode in *tune) echo true ;; *) echo false ;; esac), \"gemm_tuning\": $(json_str "$tuning"), \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu}"
         [ -z "$best" ] && best=$tps
     done
     printf '{"seq": %d, "runs": [%s]}\n' "$GPT2_T" "$json" >"$OUT/gpt2.json"
