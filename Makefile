@@ -240,7 +240,7 @@ endif
 # gpu_tests and gpu_selftest: without a GPU each must say so in one SKIP
 # line; gpu_bench is built, so that the GPU machine's link is CI's).
 GPU_PROGS = $(if $(filter 1,$(CUDA)),$(addprefix $(BUILD)/,gpu_tests gpu_bench gpu_selftest \
-              $(if $(CUDNN_HEADER),cudnn_values)))
+              $(if $(CUDNN_HEADER),cudnn_values cudnn_check)))
 test: all $(BUILD)/unit_tests $(if $(filter 1,$(MPI)),$(BUILD)/mpi_tests) $(BUILD)/train_bench $(BUILD)/comm_bench \
       $(GPU_PROGS)
 	$(TEST_ENV) MESH_BUILD=$(BUILD) MESH_MPI=$(MPI) MESH_CUDA=$(CUDA) tests/run.sh
@@ -436,6 +436,12 @@ $(BUILD)/gpu_selftest: $(OBJ)/tests/gpu/gpu_selftest.o
 # by the compiler (tests/run.sh's gpu section runs it)
 $(BUILD)/cudnn_values: tests/gpu/cudnn_values.c kernels/cuda/cudnn_api.h $(CUDNN_HEADER)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -Wno-deprecated-declarations $(CUDA_CFLAGS) -Ikernels/cuda -o $@ $<
+
+# whether cuDNN has engines for the attention's graphs, asked without a
+# GPU (tests/gpu/cudnn_check.c; tests/run.sh's gpu section)
+$(OBJ)/tests/gpu/cudnn_check.o: CPPFLAGS += -Ikernels/cuda
+$(BUILD)/cudnn_check: $(OBJ)/tests/gpu/cudnn_check.o $(BUILD)/libmeshkcuda.a
+	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CUDA_LIBS) $(LDLIBS)
 else
 $(BUILD)/gpu_tests $(BUILD)/gpu_bench $(BUILD)/gpu_selftest:
 	@echo "error: $@ needs the CUDA kernels: make CUDA=1 BUILD=$(BUILD) $@" >&2; exit 1

@@ -241,6 +241,22 @@ gpu_section() {
     if [ -x "$B/cudnn_values" ]; then
         if "$B/cudnn_values" >"$out" 2>&1; then pass "gpu/cudnn_values"; else fail "gpu/cudnn_values" "$out"; fi
     fi
+    # (and cuDNN has engines for the attention's graphs on an H200, asked
+    # without a GPU: the toolkit's stub driver lets cuDNN compile each
+    # plan's kernels, which then fail only to load; a GPU's real driver
+    # instead loads them)
+    if [ -x "$B/cudnn_check" ]; then
+        local stub=${CUDA_HOME:-/usr/local/cuda}/lib64/stubs/libcuda.so lib=""
+        if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" = 0 ] && [ -e "$stub" ]; then
+            mkdir -p "$TMP/stubdrv" && ln -sf "$stub" "$TMP/stubdrv/libcuda.so.1" && lib=$TMP/stubdrv
+        fi
+        if LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout 600 "$B/cudnn_check" >"$out" 2>&1 &&
+            grep -q '^# [0-9]* passed, 0 failed$' "$out"; then
+            pass "gpu/cudnn_check"
+        else
+            fail "gpu/cudnn_check" "$out"
+        fi
+    fi
 }
 
 # --- exports ------------------------------------------------------------

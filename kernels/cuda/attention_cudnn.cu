@@ -135,6 +135,8 @@ typedef struct gb {
     cd_plan *p;
     int64_t uid; /* the next virtual tensor's */
     char why[200];
+    int compiled; /* device-less (gb_plan without a handle): an engine's
+                     plan compiled and failed only to load, for want of a GPU */
 } gb;
 
 static void gb_fail(gb *g, kcdnn_status s, const char *what)
@@ -420,16 +422,21 @@ static int gb_backward(gb *g, const gshape &s, bool det, kcdnn_desc *ops)
     return n;
 }
 
-/* The graph's plan: the heuristic's (mode A) first engine that builds. */
-static void gb_plan(gb *g, kcdnn_handle h, kcdnn_desc *ops, int n)
+/* The graph's plan: the heuristic's (mode A) first engine that builds;
+ * for handle h's GPU, or (h NULL) the device that the finalized device
+ * properties dev describe (no GPU needed: kcuda_attention_cudnn_check). */
+static void gb_plan(gb *g, kcdnn_handle h, kcdnn_desc dev, kcdnn_desc *ops, int n)
 {
     kcdnn_desc graph = gb_new(g, KCDNN_OPERATIONGRAPH_DESCRIPTOR);
     gb_set(g, graph, KCDNN_ATTR_OPERATIONGRAPH_OPS, KCDNN_TYPE_BACKEND_DESCRIPTOR, n, ops);
-    gb_set(g, graph, KCDNN_ATTR_OPERATIONGRAPH_HANDLE, KCDNN_TYPE_HANDLE, 1, &h);
+    if (h)
+        gb_set(g, graph, KCDNN_ATTR_OPERATIONGRAPH_HANDLE, KCDNN_TYPE_HANDLE, 1, &h);
     gb_fin(g, graph, "the operation graph");
     kcdnn_desc heur = gb_new(g, KCDNN_ENGINEHEUR_DESCRIPTOR);
     gb_desc(g, heur, KCDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
     gb_int(g, heur, KCDNN_ATTR_ENGINEHEUR_MODE, KCDNN_TYPE_HEUR_MODE, KCDNN_HEUR_MODE_A);
+    if (!h)
+        gb_desc(g, heur, KCDNN_ATTR_ENGINEHEUR_DEVICEPROP, dev);
     gb_fin(g, heur, "the heuristic");
     if (g->why[0])
         return;
@@ -463,7 +470,9 @@ static void gb_plan(gb *g, kcdnn_handle h, kcdnn_desc *ops, int n)
         kcdnn_desc plan = NULL;
         st = cd.BackendCreateDescriptor(KCDNN_EXECUTION_PLAN_DESCRIPTOR, &plan);
         if (st == KCDNN_STATUS_SUCCESS)
-            st = cd.BackendSetAttribute(plan, KCDNN_ATTR_EXECUTION_PLAN_HANDLE, KCDNN_TYPE_HANDLE, 1, &h);
+            st = h ? cd.BackendSetAttribute(plan, KCDNN_ATTR_EXECUTION_PLAN_HANDLE, KCDNN_TYPE_HANDLE, 1, &h)
+                   : cd.BackendSetAttribute(plan, KCDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, KCDNN_TYPE_BACKEND_DESCRIPTOR,
+                                            1, &dev);
         if (st == KCDNN_STATUS_SUCCESS)
             st = cd.BackendSetAttribute(plan, KCDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
                                         KCDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg[i]);
@@ -475,6 +484,11 @@ static void gb_plan(gb *g, kcdnn_handle h, kcdnn_desc *ops, int n)
                                         &g->p->workspace);
         if (st == KCDNN_STATUS_SUCCESS) {
             g->p->plan = plan;
+            return;
+        }
+        if (!h && st == KCDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER) { /* (no GPU to load it onto) */
+            g->compiled = 1;
+            cd.BackendDestroyDescriptor(plan);
             return;
         }
         if (!first[0]) { /* the first engine's refusal says most */
@@ -564,7 +578,7 @@ static cd_plan *cd_build(kcuda__cudnn *c, const cd_key *k)
     g.uid = UID_VIRTUAL;
     kcdnn_desc ops[32];
     int n = k->bwd ? gb_backward(&g, s, k->det != 0, ops) : gb_forward(&g, s, ops);
-    gb_plan(&g, c->h, ops, n);
+    gb_plan(&g, c->h, NULL, ops, n);
     if (!p->plan) {
         c->st.refused++;
         snprintf(c->st.why, sizeof c->st.why, "%s %s B=%d T=%d H=%d KV=%d d=%d: %s",
@@ -692,6 +706,66 @@ int kcuda__cudnn_backward(kcuda_ctx *ctx, int *taken, void *dq, void *dk, void *
     c->st.calls[1]++;
     *taken = 1;
     return 0;
+}
+
+/* Frees a plan slot's descriptors. */
+static void cd_drop(cd_plan *p)
+{
+    if (p->plan)
+        cd.BackendDestroyDescriptor(p->plan);
+    for (int j = p->nkeep - 1; j >= 0; j--)
+        cd.BackendDestroyDescriptor(p->keep[j]);
+    memset(p, 0, sizeof *p);
+}
+
+int kcuda_attention_cudnn_check(const char *device_json, kcuda_dtype dt, int B, int T, int H, int KV, int d,
+                                int deterministic, char *why, size_t n)
+{
+    pthread_once(&cd_once, cd_load);
+    if (why && n)
+        why[0] = '\0';
+    if (cd_missing[0]) {
+        if (why && n)
+            snprintf(why, n, "%s", cd_missing);
+        return -1;
+    }
+    if (dt == KCUDA_F32 || !device_json || B < 1 || T < 2 || H < 1 || KV < 1 || H % KV || d % 8 || d > 128) {
+        if (why && n)
+            snprintf(why, n, "not a shape the attention takes to cuDNN");
+        return 0;
+    }
+    /* the device, from its description */
+    cd_plan p;
+    memset(&p, 0, sizeof p);
+    gb g;
+    memset(&g, 0, sizeof g);
+    g.p = &p;
+    g.uid = UID_VIRTUAL;
+    kcdnn_desc dev = gb_new(&g, KCDNN_DEVICEPROP_DESCRIPTOR);
+    gb_set(&g, dev, KCDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, KCDNN_TYPE_CHAR, (int64_t)strlen(device_json) + 1,
+           device_json);
+    gb_fin(&g, dev, "the device's properties");
+    int built = 0;
+    long long qs = (long long)(H + 2 * KV) * d; /* the packed layout's rows, the executor's */
+    for (int bwd = 0; bwd < 2 && !g.why[0]; bwd++) {
+        cd_key k = {bwd, (int)dt, B, T, H, KV, d, bwd && deterministic, qs, qs};
+        gshape s = {B, H, KV, T, d, qs, qs, dt == KCUDA_BF16 ? KCDNN_DATA_BFLOAT16 : KCDNN_DATA_HALF};
+        kcdnn_desc ops[32];
+        int nops = bwd ? gb_backward(&g, s, k.det != 0, ops) : gb_forward(&g, s, ops);
+        gb_plan(&g, NULL, dev, ops, nops);
+        if (g.why[0] && why && n)
+            snprintf(why, n, "%s: %s", bwd ? "backward" : "forward", g.why);
+        built += p.plan != NULL || g.compiled;
+        g.compiled = 0;
+        if (p.plan) { /* (keep the device's descriptor, drop the rest) */
+            cd.BackendDestroyDescriptor(p.plan);
+            p.plan = NULL;
+        }
+        while (p.nkeep > 1)
+            cd.BackendDestroyDescriptor(p.keep[--p.nkeep]);
+    }
+    cd_drop(&p);
+    return built == 2;
 }
 
 int kcuda_ctx_attention_cudnn(kcuda_ctx *ctx, kcuda_attention_cudnn_stats *st)

@@ -585,6 +585,20 @@ typedef struct kcuda_attention_cudnn_stats {
 /* *st = what the context's attention did on cuDNN; returns whether it is
  * on (kcuda_ctx_set_attention_cudnn). */
 int kcuda_ctx_attention_cudnn(kcuda_ctx *ctx, kcuda_attention_cudnn_stats *st);
+/* Whether cuDNN (loaded as above) builds a plan for each of the
+ * attention's graphs of a shape, forward and backward (deterministic or
+ * not), in the packed qkv layout, on the GPU that device_json describes
+ * (cuDNN's device properties as JSON, CUDNN_ATTR_DEVICEPROP_JSON_
+ * REPRESENTATION): no GPU needed, so a machine with cuDNN's libraries
+ * and none can check that the graphs are ones cuDNN has engines for.
+ * cuDNN compiles its engines' kernels at the plan (NVRTC) and loads them
+ * through the driver: without a GPU, a plan that compiled and failed only
+ * to load (EXECUTION_FAILED_CUDA_DRIVER: the toolkit's stub libcuda.so.1
+ * on the loader's path gives the compiler a driver to find, and the load
+ * fails) counts as built. 1 both built; 0 not (why: the first refusal,
+ * in cuDNN's words); -1 no cuDNN (why says so). */
+int kcuda_attention_cudnn_check(const char *device_json, kcuda_dtype dt, int B, int T, int H, int KV, int d,
+                                int deterministic, char *why, size_t n);
 /* One line of it for a log: "cuDNN 9.19.0: 24 forward and 24 backward
  * calls on it, ...". */
 void kcuda_attention_cudnn_describe(const kcuda_attention_cudnn_stats *st, char *buf, size_t n);
