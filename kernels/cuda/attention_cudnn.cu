@@ -487,7 +487,10 @@ static void gb_plan(gb *g, kcdnn_handle h, kcdnn_desc dev, kcdnn_desc *ops, int 
             return;
         }
         if (!h && st == KCDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER) { /* (no GPU to load it onto) */
-            g->compiled = 1;
+            g->compiled = 1; /* (the workspace its engine config asks for) */
+            if (cd.BackendGetAttribute(cfg[i], KCDNN_ATTR_ENGINECFG_WORKSPACE_SIZE, KCDNN_TYPE_INT64, 1, &one,
+                                       &g->p->workspace) != KCDNN_STATUS_SUCCESS)
+                g->p->workspace = -1;
             cd.BackendDestroyDescriptor(plan);
             return;
         }
@@ -719,7 +722,7 @@ static void cd_drop(cd_plan *p)
 }
 
 int kcuda_attention_cudnn_check(const char *device_json, kcuda_dtype dt, int B, int T, int H, int KV, int d,
-                                int deterministic, char *why, size_t n)
+                                int deterministic, long long workspace[2], char *why, size_t n)
 {
     pthread_once(&cd_once, cd_load);
     if (why && n)
@@ -756,6 +759,8 @@ int kcuda_attention_cudnn_check(const char *device_json, kcuda_dtype dt, int B, 
         if (g.why[0] && why && n)
             snprintf(why, n, "%s: %s", bwd ? "backward" : "forward", g.why);
         built += p.plan != NULL || g.compiled;
+        if (workspace)
+            workspace[bwd] = p.plan || g.compiled ? (long long)p.workspace : -1;
         g.compiled = 0;
         if (p.plan) { /* (keep the device's descriptor, drop the rest) */
             cd.BackendDestroyDescriptor(p.plan);

@@ -595,10 +595,12 @@ int kcuda_ctx_attention_cudnn(kcuda_ctx *ctx, kcuda_attention_cudnn_stats *st);
  * through the driver: without a GPU, a plan that compiled and failed only
  * to load (EXECUTION_FAILED_CUDA_DRIVER: the toolkit's stub libcuda.so.1
  * on the loader's path gives the compiler a driver to find, and the load
- * fails) counts as built. 1 both built; 0 not (why: the first refusal,
- * in cuDNN's words); -1 no cuDNN (why says so). */
+ * fails) counts as built. workspace (may be NULL): the bytes each plan
+ * (forward, backward) asks for besides its tensors, -1 where none built.
+ * 1 both built; 0 not (why: the first refusal, in cuDNN's words); -1 no
+ * cuDNN (why says so). */
 int kcuda_attention_cudnn_check(const char *device_json, kcuda_dtype dt, int B, int T, int H, int KV, int d,
-                                int deterministic, char *why, size_t n);
+                                int deterministic, long long workspace[2], char *why, size_t n);
 /* One line of it for a log: "cuDNN 9.19.0: 24 forward and 24 backward
  * calls on it, ...". */
 void kcuda_attention_cudnn_describe(const kcuda_attention_cudnn_stats *st, char *buf, size_t n);

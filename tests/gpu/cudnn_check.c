@@ -56,13 +56,17 @@ int main(int argc, char **argv)
     int passed = 0, failed = 0, n = (int)(sizeof shapes / sizeof shapes[0]);
     for (int i = 0; i < n; i++) {
         char why[512];
+        long long ws[2];
         int r = kcuda_attention_cudnn_check(dev, shapes[i].dt, shapes[i].B, shapes[i].T, shapes[i].H, shapes[i].KV,
-                                            shapes[i].d, shapes[i].det, why, sizeof why);
+                                            shapes[i].d, shapes[i].det, ws, why, sizeof why);
         if (r < 0) {
             printf("SKIP cudnn: %s\n", why);
             return 0;
         }
-        printf("%s %d - %s%s%s\n", r ? "ok" : "not ok", i + 1, shapes[i].name, r ? "" : ": ", r ? "" : why);
+        if (r)
+            printf("ok %d - %s (workspace: forward %lld bytes, backward %lld)\n", i + 1, shapes[i].name, ws[0], ws[1]);
+        else
+            printf("not ok %d - %s: %s\n", i + 1, shapes[i].name, why);
         if (r)
             passed++;
         else

@@ -626,6 +626,7 @@ gpt2_run() {
     [ "$mode" = tune ] && env=(MESH_GEMM_TUNE=1)
     [ "$mode" = wgmma-tune ] && env=(MESH_ATTN_WGMMA=1 MESH_GEMM_TUNE=1)
     [ "$mode" = cudnn ] && env=(MESH_ATTN_CUDNN=1)
+    [ "$mode" = cudnn-atomic ] && env=(MESH_ATTN_CUDNN=1 MESH_DETERMINISTIC=0)
     [ "$mode" = profile ] && opt=(--profile)
     "$BUILD/meshc" -o "$d/$name.plan" examples/gpt2.mesh --set mesh.dp=1 --set mesh.tp=1 --set mesh.pp=1 \
         --set train.precision="$prec" --set train.zero=0 --set train.micro_batch="$batch" \
@@ -726,7 +727,9 @@ step_train_gpt2() {
     # the forward's blocks of 128 rows and the backward's kernels for more
     # blocks an SM, MESH_ATTN_FWD_ROWS=128 and MESH_ATTN_BWD_BLOCKS=1, the
     # same bits; bf16 B=32 with the attention on cuDNN's fused kernels,
-    # MESH_ATTN_CUDNN=1 (its line says what cuDNN took, or why not); bf16
+    # MESH_ATTN_CUDNN=1 (its line says what cuDNN took, or why not), and
+    # with MESH_DETERMINISTIC=0 (cuDNN's backward then sums dq by atomics
+    # where its deterministic one writes dP, B H T^2 2 bytes); bf16
     # B=32 with the attention on warpgroup products,
     # MESH_ATTN_WGMMA=1, whose last bits may differ; bf16 B=32 with the
     # products' cuBLASLt algorithms timed among those with the default's
@@ -735,7 +738,7 @@ step_train_gpt2() {
     # records an op, host calls and GPU timestamps, which a GPU-bound step
     # mostly hides)
     local prec batch mode what
-    for cfg in "bf16 16 profile" "bf16 32" "bf16 32 cudnn" "bf16 32 wgmma" "bf16 32 tune" "bf16 32 wgmma-tune" \
+    for cfg in "bf16 16 profile" "bf16 32" "bf16 32 cudnn" "bf16 32 cudnn-atomic" "bf16 32 wgmma" "bf16 32 tune" "bf16 32 wgmma-tune" \
         "bf16 32 atomic" "bf16 32 rows128" "bf16 32 blocks" "fp32 16"; do
         read -r prec batch mode <<<"$cfg"
         what="$prec, B=$batch${mode:+, $mode}"
@@ -752,10 +755,10 @@ step_train_gpt2() {
         [[ $mode == *tune ]] && tuning=$(sed -n "s/^meshrun: rank 0's matmul algorithms (MESH_GEMM_TUNE=1): //p" \
             "$d/gpt2-$prec-$batch-$mode.out" | tail -n 1)
         # (what MESH_ATTN_CUDNN=1 did: cuDNN's version, its calls, a refusal in its words)
-        [ "$mode" = cudnn ] && cudnn=$(sed -n "s/^meshrun: rank 0's attention (MESH_ATTN_CUDNN=1): //p" \
+        [[ $mode == cudnn* ]] && cudnn=$(sed -n "s/^meshrun: rank 0's attention (MESH_ATTN_CUDNN=1): //p" \
             "$d/gpt2-$prec-$batch-$mode.out" | tail -n 1)
         detail+="$what: $(printf '%.0f' "$tps") tokens/s, MFU $mfu%${tuning:+ ($tuning)}${cudnn:+ ($cudnn)}; "
-        json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"deterministic\": $([ "$mode" = atomic ] && echo false || echo true), \"profiled\": $([ "$mode" = profile ] && echo true || echo false), \"attention_layout\": \"$(case $mode in rows128) echo 'forward 128 rows' ;; blocks) echo 'backward more blocks' ;; wgmma|wgmma-tune) echo 'wgmma' ;; cudnn) echo 'cuDNN' ;; *) echo default ;; esac)\", \"attention_cudnn\": $(json_str "$cudnn"), \"gemm_tuned\": $(case $mode in *tune) echo true ;; *) echo false ;; esac), \"gemm_tuning\": $(json_str "$tuning"), \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu}"
+        json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"deterministic\": $(case $mode in *atomic) echo false ;; *) echo true ;; esac), \"profiled\": $([ "$mode" = profile ] && echo true || echo false), \"attention_layout\": \"$(case $mode in rows128) echo 'forward 128 rows' ;; blocks) echo 'backward more blocks' ;; wgmma|wgmma-tune) echo 'wgmma' ;; cudnn*) echo 'cuDNN' ;; *) echo default ;; esac)\", \"attention_cudnn\": $(json_str "$cudnn"), \"gemm_tuned\": $(case $mode in *tune) echo true ;; *) echo false ;; esac), \"gemm_tuning\": $(json_str "$tuning"), \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu}"
         [ -z "$best" ] && best=$tps
     done
     printf '{"seq": %d, "runs": [%s]}\n' "$GPT2_T" "$json" >"$OUT/gpt2.json"
