@@ -179,14 +179,16 @@ if [ "${EMU_TSAN:-0}" != 1 ]; then
 fi
 # the benchmark (tests/gpu/gpu_bench.c, which only a GPU machine measures
 # with) at --tiny sizes: it runs every kernel it times, cuBLASLt's and
-# cuBLAS's products too, and writes its JSON; one case, passed when it
-# exits 0 with a JSON summary that parses (its figures measure nothing)
+# cuBLAS's products too, and the attention on the emulated cuDNN, and writes
+# its JSON; one case, passed when it exits 0 with a JSON summary that parses
+# and every row ran what it names (its figures measure nothing)
 if [ -x "$B/gpu_bench_emu" ] && [ "${EMU_TSAN:-0}" != 1 ]; then
     BENCH_JSON=$(mktemp)
     run "gpu_bench --tiny" env OPENBLAS_NUM_THREADS=1 "$B/gpu_bench_emu" --tiny --json "$BENCH_JSON"
     grep -q '^JSON {' "$LAST" && python3 -c 'import json, sys; d = json.load(open(sys.argv[1]));
 assert (d["tiny"] and len(d["gemm"]) == 6 and len(d["gemm_bwd"]) == 5 and d["gemm_tune"]["shapes"] >= 11 and
-    len(d["attention"]) == 14 and len(d["memory"]) == 11)' "$BENCH_JSON"
+    len(d["attention"]) == 17 and d["attention_cudnn"].startswith("cuDNN 9.19.0: 6 forward and 6 backward calls on it, 0 and 0 on ours") and
+    "not taken" not in str(d["attention"]) and len(d["memory"]) == 11)' "$BENCH_JSON"
     verdict $? "gpu_bench --tiny ran every row and wrote its JSON"
     rm -f "$BENCH_JSON"
 fi
