@@ -737,13 +737,20 @@ step_train_gpt2() {
     # profile, --profile: two event
     # records an op, host calls and GPU timestamps, which a GPU-bound step
     # mostly hides)
-    local prec batch mode what
+    local prec batch mode what reserve=0
+    # (PyTorch's step, next, keeps 150 s of the budget: the issue's
+    # comparison needs both figures from one run; the runs after the
+    # first three are skipped before it is cut. MESH_GPU_STEPS=train_gpt2
+    # in a second call runs them all)
+    want torch_gpt2 && torch_python >/dev/null 2>&1 && reserve=150
     for cfg in "bf16 16 profile" "bf16 32" "bf16 32 cudnn" "bf16 32 cudnn-atomic" "bf16 32 wgmma" "bf16 32 tune" "bf16 32 wgmma-tune" \
         "bf16 32 atomic" "bf16 32 rows128" "bf16 32 blocks" "fp32 16"; do
         read -r prec batch mode <<<"$cfg"
         what="$prec, B=$batch${mode:+, $mode}"
         l=$(left)
         [ "$l" -lt 90 ] && { detail+="$what: skipped (budget); "; continue; }
+        [ "$l" -lt $(( 90 + reserve )) ] && [ "$cfg" != "bf16 32" ] && [ "$cfg" != "bf16 32 cudnn" ] &&
+            { detail+="$what: skipped (budget kept for PyTorch's step); "; continue; }
         tps=$(gpt2_run "$d" "$prec" "$batch" $(( l > 300 ? 120 : l / 3 )) "$mode")
         if [ -z "$tps" ]; then
             detail+="$what: failed; "
