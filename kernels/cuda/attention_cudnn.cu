@@ -4,7 +4,7 @@
  *
  * cuDNN is loaded at the context's first attention (dlopen: MESH_CUDNN_LIB,
  * else libcudnn.so.9; cudnn_api.h says why it is not linked). Each shape
- * gets its operation graph (cudnn_graph.cu), described through the backend API as
+ * gets its operation graph (attention_cudnn_graph.cu), described through the backend API as
  * cuDNN's own frontend describes scaled dot-product attention for a
  * causal mask on cuDNN 9 (its "composite" graphs, the ones every 9.x
  * takes):
@@ -39,7 +39,7 @@
 #include <stdlib.h>  /* defines: getenv, calloc, free */
 #include <string.h>  /* defines: memset, strcmp */
 
-#include "cudnn_graph.h" /* defines: kcuda__cudnn_graph, the graphs and their plans */
+#include "attention_cudnn_graph.h" /* defines: kcuda__cudnn_graph, the graphs and their plans */
 #include "kcuda_impl.h"
 
 /* ---- the library, loaded once per process ----------------------------------- */

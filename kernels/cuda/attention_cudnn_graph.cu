@@ -1,4 +1,4 @@
-/* cudnn_graph.cu — internal to kernels/cuda: the attention's operation
+/* attention_cudnn_graph.cu — internal to kernels/cuda: the attention's operation
  * graphs described through cuDNN's backend API (cudnn_api.h), and their
  * plans; attention_cudnn.cu (which loads the library, keeps a context's
  * plans and runs them) says which graphs and why. Each call on a graph
@@ -8,7 +8,7 @@
 #include <stdio.h>  /* defines: snprintf */
 #include <string.h> /* defines: memset */
 
-#include "cudnn_graph.h"
+#include "attention_cudnn_graph.h"
 
 
 typedef kcuda__cudnn_graph gb;

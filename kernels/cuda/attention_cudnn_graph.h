@@ -1,9 +1,9 @@
-/* cudnn_graph.h — internal to kernels/cuda: what attention_cudnn.cu (the
- * library loaded, a context's plans, their calls) and cudnn_graph.cu (the
+/* attention_cudnn_graph.h — internal to kernels/cuda: what attention_cudnn.cu (the
+ * library loaded, a context's plans, their calls) and attention_cudnn_graph.cu (the
  * attention's operation graphs and their plans) share.
  */
-#ifndef MESH_CUDNN_GRAPH_H
-#define MESH_CUDNN_GRAPH_H
+#ifndef MESH_ATTENTION_CUDNN_GRAPH_H
+#define MESH_ATTENTION_CUDNN_GRAPH_H
 
 #include <stdint.h> /* defines: int64_t */
 
