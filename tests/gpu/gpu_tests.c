@@ -1600,6 +1600,8 @@ static void cudnn_case(kcuda_ctx *c, int on, int det, kcuda_dtype dt, int B, int
     void *dq = up(q, nq, dt), *dk = up(k, nkv, dt), *dv = up(v, nkv, dt), *dg = up(g, nq, dt);
     void *dout = dmem(nq * es);
     float *dlse = dmem(nl * 4);
+    snprintf(cur_shape, sizeof cur_shape, "cuDNN B %d T %d H %d KV %d d %d%s: ", B, T, H, KV, d,
+             det ? "" : ", dq in any order");
     kcuda_attention_cudnn_stats before = cudnn_stats(c);
     KC(kcuda_attention_forward(c, dout, dlse, dq, dk, dv, B, T, H, KV, d, 1, dt, NULL));
     kcpu_attention_forward(out, lse, q, k, v, B, T, H, KV, d, 1);
@@ -1643,6 +1645,7 @@ static void cudnn_case(kcuda_ctx *c, int on, int det, kcuda_dtype dt, int B, int
         cur_bad = 1;
         fprintf(stderr, "# the backward that adds: not declined (%s)\n", after.why_declined);
     }
+    cur_shape[0] = '\0';
 }
 
 /* The attention on cuDNN where it is there (the emulation's own library,
@@ -1660,8 +1663,10 @@ static void t_attention_cudnn(kcuda_dtype dt)
     kcuda_ctx *c = NULL;
     KC(kcuda_ctx_create(&c));
     kcuda_ctx_set_attention_cudnn(c, 1);
-    /* a first call loads the library: T 2, d 8 */
-    cudnn_case(c, -1, 1, dt, 1, 2, 1, 1, 8);
+    /* a first call loads the library (not T 2, d 8: with so few terms, bf16's
+     * rounding of out alone puts dk past the tolerance, on this file's
+     * kernels too, whichever inputs the cases before it leave) */
+    cudnn_case(c, -1, 1, dt, 1, 64, 2, 2, 64);
     kcuda_attention_cudnn_stats st = cudnn_stats(c);
     int on = st.version != 0;
     if (!on && emulated()) {
