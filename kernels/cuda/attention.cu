@@ -876,7 +876,7 @@ static int attn_forward(kcuda_ctx *ctx, void *out, float *lse, const void *q, co
     if (B == 0 || T == 0)
         return 0;
     int taken = 0; /* on cuDNN, where the context asks and it takes it */
-    KCUDA_TRY(kcuda__cudnn_forward(ctx, &taken, out, lse, q, k, v, qs, kvs, B, T, H, KV, d, causal, dt, s));
+    KCUDA_TRY(kcuda__cudnn_forward(ctx, a, dt, s, &taken));
     if (taken)
         return 0;
     return attn_dispatch(ATT_FWD, a, dt, s);
@@ -905,8 +905,7 @@ static int attn_backward(kcuda_ctx *ctx, void *dq, void *dk, void *dv,
     if (B == 0 || T == 0)
         return 0;
     int taken = 0; /* on cuDNN, where the context asks and it takes it */
-    KCUDA_TRY(kcuda__cudnn_backward(ctx, &taken, dq, dk, dv, dout, out, lse, q, k, v, qs, kvs, B, T, H, KV, d,
-                                    causal, assign, dt, s));
+    KCUDA_TRY(kcuda__cudnn_backward(ctx, a, dt, s, &taken));
     if (taken)
         return 0;
     void *scratch = NULL;

@@ -40,12 +40,13 @@
 #include <string.h>  /* defines: memset, strcmp */
 
 #include "attention_cudnn_graph.h" /* defines: kcuda__cudnn_graph, the graphs and their plans */
+#include "attention_impl.h" /* defines: attn_args, kcuda__cudnn_forward, kcuda__cudnn_backward */
 #include "kcuda_impl.h"
 
 /* ---- the library, loaded once per process ----------------------------------- */
 
 kcdnn_api kcuda__cdnn;
-#define cd kcuda__cdnn
+static kcdnn_api &cd = kcuda__cdnn;
 static size_t cd_version;    /* cudnnGetVersion(): 91900 for 9.19.0 */
 static char cd_missing[320]; /* why it did not load ("" if it did) */
 static pthread_once_t cd_once = PTHREAD_ONCE_INIT;
@@ -149,8 +150,8 @@ static kcuda__cudnn *cd_state(kcuda_ctx *ctx)
 
 static cd_plan *cd_build(kcuda__cudnn *c, const cd_key *k);
 
-/* The plan for key k (built at its first use), its by-value scalars set;
- * NULL, the call counted as declined, if cuDNN refused it. */
+/* The plan for key k (built at its first use); NULL, the call counted as
+ * declined, if cuDNN refused it. */
 static cd_plan *cd_plan_for(kcuda__cudnn *c, const cd_key *k)
 {
     cd_plan *p = NULL;
@@ -163,9 +164,6 @@ static cd_plan *cd_plan_for(kcuda__cudnn *c, const cd_key *k)
         c->st.declined[k->bwd]++;
         return NULL;
     }
-    p->scale = 1.0f / sqrtf((float)k->d);
-    p->neg_inf = cd_version >= 91000 ? -INFINITY : -FLT_MAX;
-    p->one = 1.0f;
     return p;
 }
 
@@ -183,6 +181,9 @@ static cd_plan *cd_build(kcuda__cudnn *c, const cd_key *k)
     memset(p, 0, sizeof *p);
     p->used = 1;
     p->key = *k;
+    p->scale = 1.0f / sqrtf((float)k->d); /* (attn_setup's a.scale) */
+    p->neg_inf = cd_version >= 91000 ? -INFINITY : -FLT_MAX;
+    p->one = 1.0f;
     kcuda__cudnn_graph *g = &p->g;
     g->uid = KCUDA__CUDNN_UID_VIRTUAL;
     kcdnn_desc ops[32];
@@ -230,117 +231,98 @@ static int cd_run(kcuda__cudnn *c, cd_plan *p, int64_t *uids, void **ptrs, int n
     return 0;
 }
 
-/* The context's cuDNN state when cuDNN may take the call; else NULL, the
- * call counted as declined and why kept. */
-static kcuda__cudnn *cd_takes(kcuda_ctx *ctx, int bwd, int B, int T, int d, int causal, kcuda_dtype dt,
-                              bool aligned, long long qs, long long kvs, int assign)
+/* The context's cuDNN state when cuDNN may take a's call (bwd: the
+ * backward's); else NULL, the call counted as declined and why kept. */
+static kcuda__cudnn *cd_takes(kcuda_ctx *ctx, int bwd, const attn_args &a, kcuda_dtype dt)
 {
     if (!ctx || !ctx->attn_cudnn)
         return NULL;
     kcuda__cudnn *c = cd_state(ctx);
     if (!c)
         return NULL;
-    const char *no = !c->h                                   ? NULL
-                     : dt == KCUDA_F32                       ? "fp32"
-                     : d % 8 != 0 || d > 128                 ? "a head size not a multiple of 8 up to 128"
-                     : !causal                               ? "not causal"
-                     : T < 2 || B < 1                        ? "T below 2"
-                     : qs % 8 || kvs % 8 || !aligned         ? "rows not in 16-byte packs"
-                     : bwd && assign != 7                    ? "a backward that adds to its gradients"
-                     : bwd && cd_version <= 91500 && T % 128 ? "cuDNN up to 9.15: T not a multiple of 128"
-                                                             : NULL;
-    if (!c->h) { /* no cuDNN: why_declined says so */
-        c->st.declined[bwd]++;
-        return NULL;
-    }
+    /* (a.vec: d, the rows and q, k, v and dout in 16-byte packs) */
+    bool packs = a.vec && kcuda__aligned16(a.o, a.lse, a.dq, a.dk, a.dv) && kcuda__aligned16(a.out, a.lse_in);
+    const char *no = !c->h                                     ? c->st.why_declined /* no cuDNN: it says why */
+                     : dt == KCUDA_F32                         ? "fp32"
+                     : a.d % 8 != 0 || a.d > 128               ? "a head size not a multiple of 8 up to 128"
+                     : !a.causal                               ? "not causal"
+                     : a.T < 2                                 ? "T below 2"
+                     : !packs                                  ? "rows not in 16-byte packs"
+                     : bwd && a.assign != 7                    ? "a backward that adds to its gradients"
+                     : bwd && cd_version <= 91500 && a.T % 128 ? "cuDNN up to 9.15: T not a multiple of 128"
+                                                               : NULL;
     if (no) {
         c->st.declined[bwd]++;
-        snprintf(c->st.why_declined, sizeof c->st.why_declined, "%s", no);
+        if (no != c->st.why_declined)
+            snprintf(c->st.why_declined, sizeof c->st.why_declined, "%s", no);
         return NULL;
     }
     return c;
 }
 
-int kcuda__cudnn_forward(kcuda_ctx *ctx, int *taken, void *out, float *lse, const void *q, const void *k,
-                         const void *v, long long qs, long long kvs, int B, int T, int H, int KV, int d,
-                         int causal, kcuda_dtype dt, cudaStream_t stream)
+/* Key bwd's plan for a (det: the deterministic backward's). */
+static cd_plan *cd_plan_of(kcuda__cudnn *c, int bwd, int det, const attn_args &a, kcuda_dtype dt)
+{
+    cd_key key = {bwd, (int)dt, a.B, a.T, a.H, a.KV, a.d, det, a.qs, a.ks};
+    return cd_plan_for(c, &key);
+}
+
+int kcuda__cudnn_forward(kcuda_ctx *ctx, const attn_args &a, kcuda_dtype dt, cudaStream_t stream, int *taken)
 {
     *taken = 0;
-    kcuda__cudnn *c = cd_takes(ctx, 0, B, T, d, causal, dt, kcuda__aligned16(out, q, k, v), qs, kvs, 7);
-    if (!c)
-        return 0;
-    cd_key key = {0, (int)dt, B, T, H, KV, d, 0, qs, kvs};
-    cd_plan *p = cd_plan_for(c, &key);
+    kcuda__cudnn *c = cd_takes(ctx, 0, a, dt);
+    cd_plan *p = c ? cd_plan_of(c, 0, 0, a, dt) : NULL;
     if (!p)
         return 0;
     void *ws = NULL;
     KCUDA_TRY(kcuda__scratch(ctx, (size_t)p->g.workspace, &ws, stream));
     int64_t uids[] = {KCUDA__CUDNN_UID_Q,     KCUDA__CUDNN_UID_K,     KCUDA__CUDNN_UID_V,      KCUDA__CUDNN_UID_O,
                       KCUDA__CUDNN_UID_STATS, KCUDA__CUDNN_UID_SCALE, KCUDA__CUDNN_UID_NEG_INF};
-    void *ptrs[] = {(void *)q, (void *)k, (void *)v, out, lse, &p->scale, &p->neg_inf};
+    void *ptrs[] = {(void *)a.q, (void *)a.k, (void *)a.v, a.o, a.lse, &p->scale, &p->neg_inf};
     KCUDA_TRY(cd_run(c, p, uids, ptrs, 7, ws, stream));
     c->st.calls[0]++;
     *taken = 1;
     return 0;
 }
 
-int kcuda__cudnn_backward(kcuda_ctx *ctx, int *taken, void *dq, void *dk, void *dv, const void *dout,
-                          const void *out, const float *lse, const void *q, const void *k, const void *v,
-                          long long qs, long long kvs, int B, int T, int H, int KV, int d, int causal,
-                          int assign, kcuda_dtype dt, cudaStream_t stream)
+int kcuda__cudnn_backward(kcuda_ctx *ctx, const attn_args &a, kcuda_dtype dt, cudaStream_t stream, int *taken)
 {
     *taken = 0;
-    bool al = kcuda__aligned16(dq, dk, dv, dout, out) && kcuda__aligned16(q, k, v, lse);
-    kcuda__cudnn *c = cd_takes(ctx, 1, B, T, d, causal, dt, al, qs, kvs, assign);
-    if (!c)
-        return 0;
+    kcuda__cudnn *c = cd_takes(ctx, 1, a, dt);
     /* deterministic unless the context allows dq's sums in any order */
-    int det = ctx->dq_atomics != 1;
-    cd_key key = {1, (int)dt, B, T, H, KV, d, det, qs, kvs};
-    cd_plan *p = cd_plan_for(c, &key);
+    int det = ctx && ctx->dq_atomics != 1;
+    cd_plan *p = c ? cd_plan_of(c, 1, det, a, dt) : NULL;
     if (!p)
         return 0;
     /* D [B, H, T] and (not det) dq's fp32 sums, then the plan's workspace */
-    size_t dbytes = kcuda__round256((size_t)B * H * T * sizeof(float));
-    size_t abytes = det ? 0 : kcuda__round256((size_t)B * H * T * d * sizeof(float));
+    size_t dbytes = kcuda__round256((size_t)a.B * a.H * a.T * sizeof(float));
+    size_t abytes = det ? 0 : kcuda__round256((size_t)a.B * a.H * a.T * a.d * sizeof(float));
     void *scratch = NULL;
     KCUDA_TRY(kcuda__scratch(ctx, dbytes + abytes + (size_t)p->g.workspace, &scratch, stream));
     char *base = (char *)scratch;
     if (!det) /* (cuDNN 9.6 on is said to clear it itself; cheap either way) */
         KCUDA_CHECK(cudaMemsetAsync(base + dbytes, 0, abytes, stream));
-    int64_t uids[] = {KCUDA__CUDNN_UID_Q,     KCUDA__CUDNN_UID_K,       KCUDA__CUDNN_UID_V,   KCUDA__CUDNN_UID_O,
-                      KCUDA__CUDNN_UID_DO,    KCUDA__CUDNN_UID_STATS,   KCUDA__CUDNN_UID_DQ,  KCUDA__CUDNN_UID_DK,
-                      KCUDA__CUDNN_UID_DV,    KCUDA__CUDNN_UID_SCALE,   KCUDA__CUDNN_UID_NEG_INF,
-                      KCUDA__CUDNN_UID_ONE,   KCUDA__CUDNN_UID_D,       KCUDA__CUDNN_UID_DQ_ACC};
-    void *ptrs[] = {(void *)q, (void *)k, (void *)v, (void *)out, (void *)dout, (void *)lse, dq, dk, dv,
-                    &p->scale, &p->neg_inf, &p->one, base, base + dbytes};
+    int64_t uids[] = {KCUDA__CUDNN_UID_Q,   KCUDA__CUDNN_UID_K,     KCUDA__CUDNN_UID_V,       KCUDA__CUDNN_UID_O,
+                      KCUDA__CUDNN_UID_DO,  KCUDA__CUDNN_UID_STATS, KCUDA__CUDNN_UID_DQ,      KCUDA__CUDNN_UID_DK,
+                      KCUDA__CUDNN_UID_DV,  KCUDA__CUDNN_UID_SCALE, KCUDA__CUDNN_UID_NEG_INF, KCUDA__CUDNN_UID_ONE,
+                      KCUDA__CUDNN_UID_D,   KCUDA__CUDNN_UID_DQ_ACC};
+    void *ptrs[] = {(void *)a.q, (void *)a.k, (void *)a.v, (void *)a.out, (void *)a.dout, (void *)a.lse_in,
+                    a.dq, a.dk, a.dv, &p->scale, &p->neg_inf, &p->one, base, base + dbytes};
     KCUDA_TRY(cd_run(c, p, uids, ptrs, det ? 13 : 14, base + dbytes + abytes, stream));
     c->st.calls[1]++;
     *taken = 1;
     return 0;
 }
 
-int kcuda_attention_cudnn_check(const char *device_json, kcuda_dtype dt, int B, int T, int H, int KV, int d,
-                                int deterministic, long long workspace[2], char *why, size_t n)
+/* kcuda_attention_cudnn_check's one graph (bwd: the backward's) on the
+ * device that device_json describes: whether it built (or compiled and
+ * failed only to load), its workspace, and else why. */
+static int cd_check_one(const char *device_json, const kcuda__cudnn_shape &s, int bwd, bool det,
+                        long long *workspace, char *why, size_t n)
 {
-    pthread_once(&cd_once, cd_load);
-    if (why && n)
-        why[0] = '\0';
-    if (cd_missing[0]) {
-        if (why && n)
-            snprintf(why, n, "%s", cd_missing);
-        return -1;
-    }
-    if (dt == KCUDA_F32 || !device_json || B < 1 || T < 2 || H < 1 || KV < 1 || H % KV || d % 8 || d > 128) {
-        if (why && n)
-            snprintf(why, n, "not a shape the attention takes to cuDNN");
-        return 0;
-    }
-    /* the device, from its description (the graphs' first descriptor) */
     kcuda__cudnn_graph *g = (kcuda__cudnn_graph *)calloc(1, sizeof *g);
     if (!g) {
-        if (why && n)
-            snprintf(why, n, "out of host memory");
+        snprintf(why, n, "out of host memory");
         return 0;
     }
     g->uid = KCUDA__CUDNN_UID_VIRTUAL;
@@ -348,31 +330,46 @@ int kcuda_attention_cudnn_check(const char *device_json, kcuda_dtype dt, int B, 
     kcuda__cudnn_set(g, dev, KCDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, KCDNN_TYPE_CHAR,
                      (int64_t)strlen(device_json) + 1, device_json);
     kcuda__cudnn_fin(g, dev, "the device's properties");
-    int built = 0;
-    long long qs = (long long)(H + 2 * KV) * d; /* the packed layout's rows, the executor's */
-    kcuda__cudnn_shape s = {B, H, KV, T, d, qs, qs, dt == KCUDA_BF16 ? KCDNN_DATA_BFLOAT16 : KCDNN_DATA_HALF};
-    for (int bwd = 0; bwd < 2 && !g->why[0]; bwd++) {
-        kcdnn_desc ops[32];
-        int nops = bwd ? kcuda__cudnn_backward_graph(g, s, deterministic != 0, ops)
-                       : kcuda__cudnn_forward_graph(g, s, ops);
-        kcuda__cudnn_plan(g, NULL, dev, ops, nops);
-        if (g->why[0] && why && n)
-            snprintf(why, n, "%s: %s", bwd ? "backward" : "forward", g->why);
-        int ok = g->plan != NULL || g->compiled;
-        built += ok;
-        if (workspace)
-            workspace[bwd] = ok ? (long long)g->workspace : -1;
-        /* (the device's descriptor kept for the next graph, the rest dropped) */
-        if (g->plan)
-            cd.BackendDestroyDescriptor(g->plan);
-        g->plan = NULL;
-        g->compiled = 0;
-        while (g->nkeep > 1)
-            cd.BackendDestroyDescriptor(g->keep[--g->nkeep]);
-    }
+    kcdnn_desc ops[32];
+    int nops = bwd ? kcuda__cudnn_backward_graph(g, s, det, ops) : kcuda__cudnn_forward_graph(g, s, ops);
+    kcuda__cudnn_plan(g, NULL, dev, ops, nops);
+    int ok = g->plan != NULL || g->compiled;
+    *workspace = ok ? (long long)g->workspace : -1;
+    if (!ok)
+        snprintf(why, n, "%s: %s", bwd ? "backward" : "forward", g->why);
     kcuda__cudnn_graph_free(g);
     free(g);
-    return built == 2;
+    return ok;
+}
+
+int kcuda_attention_cudnn_check(const char *device_json, kcuda_dtype dt, int B, int T, int H, int KV, int d,
+                                int deterministic, long long workspace[2], char *why, size_t n)
+{
+    char none[8];
+    long long ws[2];
+    if (!why || n == 0) {
+        why = none;
+        n = sizeof none;
+    }
+    why[0] = '\0';
+    pthread_once(&cd_once, cd_load);
+    if (cd_missing[0]) {
+        snprintf(why, n, "%s", cd_missing);
+        return -1;
+    }
+    if (dt == KCUDA_F32 || !device_json || B < 1 || T < 2 || H < 1 || KV < 1 || H % KV || d % 8 || d > 128) {
+        snprintf(why, n, "not a shape the attention takes to cuDNN");
+        return 0;
+    }
+    long long qs = (long long)(H + 2 * KV) * d; /* the packed layout's rows, the executor's */
+    kcuda__cudnn_shape s = {B, H, KV, T, d, qs, qs, dt == KCUDA_BF16 ? KCDNN_DATA_BFLOAT16 : KCDNN_DATA_HALF};
+    int built = cd_check_one(device_json, s, 0, false, &ws[0], why, n) &&
+                cd_check_one(device_json, s, 1, deterministic != 0, &ws[1], why, n);
+    if (workspace) {
+        workspace[0] = ws[0];
+        workspace[1] = built ? ws[1] : -1;
+    }
+    return built;
 }
 
 int kcuda_ctx_attention_cudnn(kcuda_ctx *ctx, kcuda_attention_cudnn_stats *st)
@@ -393,7 +390,8 @@ void kcuda_attention_cudnn_describe(const kcuda_attention_cudnn_stats *st, char 
     if (st->version)
         snprintf(ver, sizeof ver, "cuDNN %zu.%zu.%zu", st->version / 10000, st->version / 100 % 100,
                  st->version % 100);
-    int w = snprintf(buf, n, "%s: %ld forward and %ld backward calls on it, %ld and %ld on ours; %d plans built, %d refused",
+    int w = snprintf(buf, n,
+                     "%s: %ld forward and %ld backward calls on it, %ld and %ld on ours; %d plans built, %d refused",
                      ver, st->calls[0], st->calls[1], st->declined[0], st->declined[1], st->plans, st->refused);
     if (w >= 0 && (size_t)w < n && st->why_declined[0])
         w += snprintf(buf + w, n - (size_t)w, "; ours because: %s", st->why_declined);

@@ -10,15 +10,15 @@
 
 #include "attention_cudnn_graph.h"
 
-
 typedef kcuda__cudnn_graph gb;
+static kcdnn_api &cd = kcuda__cdnn;
 
 void kcuda__cudnn_graph_free(kcuda__cudnn_graph *g)
 {
     if (g->plan)
-        kcuda__cdnn.BackendDestroyDescriptor(g->plan);
+        cd.BackendDestroyDescriptor(g->plan);
     for (int j = g->nkeep - 1; j >= 0; j--)
-        kcuda__cdnn.BackendDestroyDescriptor(g->keep[j]);
+        cd.BackendDestroyDescriptor(g->keep[j]);
     memset(g, 0, sizeof *g);
 }
 
@@ -27,8 +27,8 @@ static void gb_fail(gb *g, kcdnn_status s, const char *what)
     if (g->why[0])
         return;
     char last[160] = "";
-    kcuda__cdnn.GetLastErrorString(last, sizeof last);
-    snprintf(g->why, sizeof g->why, "%s: %s%s%s", what, kcuda__cdnn.GetErrorString(s), last[0] ? ": " : "", last);
+    cd.GetLastErrorString(last, sizeof last);
+    snprintf(g->why, sizeof g->why, "%s: %s%s%s", what, cd.GetErrorString(s), last[0] ? ": " : "", last);
 }
 
 kcdnn_desc kcuda__cudnn_new(gb *g, int type)
@@ -40,7 +40,7 @@ kcdnn_desc kcuda__cudnn_new(gb *g, int type)
         snprintf(g->why, sizeof g->why, "more than %d descriptors", KCUDA__CUDNN_GRAPH_DESCS);
         return NULL;
     }
-    kcdnn_status s = kcuda__cdnn.BackendCreateDescriptor(type, &d);
+    kcdnn_status s = cd.BackendCreateDescriptor(type, &d);
     if (s != KCDNN_STATUS_SUCCESS) {
         gb_fail(g, s, "cudnnBackendCreateDescriptor");
         return NULL;
@@ -53,7 +53,7 @@ void kcuda__cudnn_set(gb *g, kcdnn_desc d, int name, int type, int64_t n, const 
 {
     if (g->why[0])
         return;
-    kcdnn_status s = kcuda__cdnn.BackendSetAttribute(d, name, type, n, v);
+    kcdnn_status s = cd.BackendSetAttribute(d, name, type, n, v);
     if (s != KCDNN_STATUS_SUCCESS) {
         char what[64];
         snprintf(what, sizeof what, "cudnnBackendSetAttribute(%d)", name);
@@ -75,7 +75,7 @@ void kcuda__cudnn_fin(gb *g, kcdnn_desc d, const char *what)
 {
     if (g->why[0])
         return;
-    kcdnn_status s = kcuda__cdnn.BackendFinalize(d);
+    kcdnn_status s = cd.BackendFinalize(d);
     if (s != KCDNN_STATUS_SUCCESS)
         gb_fail(g, s, what);
 }
@@ -103,6 +103,12 @@ static kcdnn_desc gb_tensor(gb *g, int64_t uid, int dt, int64_t d0, int64_t d1, 
 }
 
 typedef kcuda__cudnn_shape gshape;
+
+/* A by-value fp32 scalar (the scale, the mask's fill, one). */
+static kcdnn_desc gb_scalar(gb *g, int64_t uid)
+{
+    return gb_tensor(g, uid, KCDNN_DATA_FLOAT, 1, 1, 1, 1, 1, 1, 1, 1, true);
+}
 
 /* A virtual [B, H, T, T] score-shaped tensor, or a row vector [B, H, T, 1]. */
 static kcdnn_desc gb_scores(gb *g, const gshape &s, int dt)
@@ -215,10 +221,11 @@ static kcdnn_desc gb_kv(gb *g, const gshape &s, int64_t uid, int dt)
 int kcuda__cudnn_forward_graph(gb *g, const gshape &s, kcdnn_desc *ops)
 {
     int n = 0, F = KCDNN_DATA_FLOAT;
-    kcdnn_desc q = gb_q(g, s, KCUDA__CUDNN_UID_Q, s.qs), kt = gb_keys_t(g, s, KCUDA__CUDNN_UID_K), v = gb_kv(g, s, KCUDA__CUDNN_UID_V, s.io);
+    kcdnn_desc q = gb_q(g, s, KCUDA__CUDNN_UID_Q, s.qs), kt = gb_keys_t(g, s, KCUDA__CUDNN_UID_K);
+    kcdnn_desc v = gb_kv(g, s, KCUDA__CUDNN_UID_V, s.io);
     kcdnn_desc o = gb_q(g, s, KCUDA__CUDNN_UID_O, s.H * s.d), lse = gb_rows(g, s, KCUDA__CUDNN_UID_STATS);
-    kcdnn_desc scale = gb_tensor(g, KCUDA__CUDNN_UID_SCALE, F, 1, 1, 1, 1, 1, 1, 1, 1, true);
-    kcdnn_desc fill = gb_tensor(g, KCUDA__CUDNN_UID_NEG_INF, F, 1, 1, 1, 1, 1, 1, 1, 1, true);
+    kcdnn_desc scale = gb_scalar(g, KCUDA__CUDNN_UID_SCALE);
+    kcdnn_desc fill = gb_scalar(g, KCUDA__CUDNN_UID_NEG_INF);
     kcdnn_desc s0 = gb_scores(g, s, F), s1 = gb_scores(g, s, F);
     gb_mm(g, ops, &n, q, kt, s0);
     gb_pw(g, ops, &n, KCDNN_POINTWISE_MUL, F, s0, scale, NULL, s1);
@@ -253,12 +260,13 @@ static void gb_grad_kv(gb *g, kcdnn_desc *ops, int *n, const gshape &s, kcdnn_de
 int kcuda__cudnn_backward_graph(gb *g, const gshape &s, bool det, kcdnn_desc *ops)
 {
     int n = 0, F = KCDNN_DATA_FLOAT;
-    kcdnn_desc q = gb_q(g, s, KCUDA__CUDNN_UID_Q, s.qs), kt = gb_keys_t(g, s, KCUDA__CUDNN_UID_K), vt = gb_keys_t(g, s, KCUDA__CUDNN_UID_V);
+    kcdnn_desc q = gb_q(g, s, KCUDA__CUDNN_UID_Q, s.qs), kt = gb_keys_t(g, s, KCUDA__CUDNN_UID_K);
+    kcdnn_desc vt = gb_keys_t(g, s, KCUDA__CUDNN_UID_V);
     kcdnn_desc o = gb_q(g, s, KCUDA__CUDNN_UID_O, s.H * s.d), dout = gb_q(g, s, KCUDA__CUDNN_UID_DO, s.H * s.d);
     kcdnn_desc lse = gb_rows(g, s, KCUDA__CUDNN_UID_STATS), D = gb_rows(g, s, KCUDA__CUDNN_UID_D);
-    kcdnn_desc scale = gb_tensor(g, KCUDA__CUDNN_UID_SCALE, F, 1, 1, 1, 1, 1, 1, 1, 1, true);
-    kcdnn_desc fill = gb_tensor(g, KCUDA__CUDNN_UID_NEG_INF, F, 1, 1, 1, 1, 1, 1, 1, 1, true);
-    kcdnn_desc one = gb_tensor(g, KCUDA__CUDNN_UID_ONE, F, 1, 1, 1, 1, 1, 1, 1, 1, true);
+    kcdnn_desc scale = gb_scalar(g, KCUDA__CUDNN_UID_SCALE);
+    kcdnn_desc fill = gb_scalar(g, KCUDA__CUDNN_UID_NEG_INF);
+    kcdnn_desc one = gb_scalar(g, KCUDA__CUDNN_UID_ONE);
     /* D = rowsum(dO * O) */
     kcdnn_desc doo = gb_tensor(g, 0, F, s.B, s.H, s.T, s.d, s.H * s.T * s.d, s.T * s.d, s.H * s.d, 1);
     kcdnn_desc rs = gb_rows(g, s, 0);
@@ -294,7 +302,8 @@ int kcuda__cudnn_backward_graph(gb *g, const gshape &s, bool det, kcdnn_desc *op
     if (det) {
         gb_mm(g, ops, &n, ds, kn, dq);
     } else {
-        kcdnn_desc acc = gb_tensor(g, KCUDA__CUDNN_UID_DQ_ACC, F, s.B, s.H, s.T, s.d, s.H * s.T * s.d, s.T * s.d, s.d, 1);
+        kcdnn_desc acc =
+            gb_tensor(g, KCUDA__CUDNN_UID_DQ_ACC, F, s.B, s.H, s.T, s.d, s.H * s.T * s.d, s.T * s.d, s.d, 1);
         gb_mm(g, ops, &n, ds, kn, acc);
         gb_pw(g, ops, &n, KCDNN_POINTWISE_IDENTITY, F, acc, NULL, NULL, dq);
     }
@@ -317,7 +326,7 @@ void kcuda__cudnn_plan(gb *g, kcdnn_handle h, kcdnn_desc dev, kcdnn_desc *ops, i
     if (g->why[0])
         return;
     int64_t count = 0;
-    kcdnn_status st = kcuda__cdnn.BackendGetAttribute(heur, KCDNN_ATTR_ENGINEHEUR_RESULTS, KCDNN_TYPE_BACKEND_DESCRIPTOR,
+    kcdnn_status st = cd.BackendGetAttribute(heur, KCDNN_ATTR_ENGINEHEUR_RESULTS, KCDNN_TYPE_BACKEND_DESCRIPTOR,
                                              0, &count, NULL);
     if (st != KCDNN_STATUS_SUCCESS) {
         gb_fail(g, st, "the heuristic's results");
@@ -335,7 +344,7 @@ void kcuda__cudnn_plan(gb *g, kcdnn_handle h, kcdnn_desc dev, kcdnn_desc *ops, i
     if (g->why[0])
         return;
     int64_t got = 0;
-    st = kcuda__cdnn.BackendGetAttribute(heur, KCDNN_ATTR_ENGINEHEUR_RESULTS, KCDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
+    st = cd.BackendGetAttribute(heur, KCDNN_ATTR_ENGINEHEUR_RESULTS, KCDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
                                 cfg);
     if (st != KCDNN_STATUS_SUCCESS) {
         gb_fail(g, st, "the heuristic's results");
@@ -344,19 +353,19 @@ void kcuda__cudnn_plan(gb *g, kcdnn_handle h, kcdnn_desc dev, kcdnn_desc *ops, i
     char first[200] = "";
     for (int64_t i = 0; i < got; i++) {
         kcdnn_desc plan = NULL;
-        st = kcuda__cdnn.BackendCreateDescriptor(KCDNN_EXECUTION_PLAN_DESCRIPTOR, &plan);
+        st = cd.BackendCreateDescriptor(KCDNN_EXECUTION_PLAN_DESCRIPTOR, &plan);
         if (st == KCDNN_STATUS_SUCCESS)
-            st = h ? kcuda__cdnn.BackendSetAttribute(plan, KCDNN_ATTR_EXECUTION_PLAN_HANDLE, KCDNN_TYPE_HANDLE, 1, &h)
-                   : kcuda__cdnn.BackendSetAttribute(plan, KCDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, KCDNN_TYPE_BACKEND_DESCRIPTOR,
+            st = h ? cd.BackendSetAttribute(plan, KCDNN_ATTR_EXECUTION_PLAN_HANDLE, KCDNN_TYPE_HANDLE, 1, &h)
+                   : cd.BackendSetAttribute(plan, KCDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, KCDNN_TYPE_BACKEND_DESCRIPTOR,
                                             1, &dev);
         if (st == KCDNN_STATUS_SUCCESS)
-            st = kcuda__cdnn.BackendSetAttribute(plan, KCDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+            st = cd.BackendSetAttribute(plan, KCDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
                                         KCDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg[i]);
         if (st == KCDNN_STATUS_SUCCESS)
-            st = kcuda__cdnn.BackendFinalize(plan);
+            st = cd.BackendFinalize(plan);
         int64_t one = 0;
         if (st == KCDNN_STATUS_SUCCESS)
-            st = kcuda__cdnn.BackendGetAttribute(plan, KCDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, KCDNN_TYPE_INT64, 1, &one,
+            st = cd.BackendGetAttribute(plan, KCDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, KCDNN_TYPE_INT64, 1, &one,
                                         &g->workspace);
         if (st == KCDNN_STATUS_SUCCESS) {
             g->plan = plan;
@@ -364,10 +373,10 @@ void kcuda__cudnn_plan(gb *g, kcdnn_handle h, kcdnn_desc dev, kcdnn_desc *ops, i
         }
         if (!h && st == KCDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER) { /* (no GPU to load it onto) */
             g->compiled = 1; /* (the workspace its engine config asks for) */
-            if (kcuda__cdnn.BackendGetAttribute(cfg[i], KCDNN_ATTR_ENGINECFG_WORKSPACE_SIZE, KCDNN_TYPE_INT64, 1, &one,
+            if (cd.BackendGetAttribute(cfg[i], KCDNN_ATTR_ENGINECFG_WORKSPACE_SIZE, KCDNN_TYPE_INT64, 1, &one,
                                        &g->workspace) != KCDNN_STATUS_SUCCESS)
                 g->workspace = -1;
-            kcuda__cdnn.BackendDestroyDescriptor(plan);
+            cd.BackendDestroyDescriptor(plan);
             return;
         }
         if (!first[0]) { /* the first engine's refusal says most */
@@ -376,7 +385,7 @@ void kcuda__cudnn_plan(gb *g, kcdnn_handle h, kcdnn_desc dev, kcdnn_desc *ops, i
             g->why[0] = '\0';
         }
         if (plan)
-            kcuda__cdnn.BackendDestroyDescriptor(plan);
+            cd.BackendDestroyDescriptor(plan);
     }
     snprintf(g->why, sizeof g->why, "no engine of %lld builds a plan; %s", (long long)got, first);
 }

@@ -409,4 +409,11 @@ int attn_wg_available(void);
  * attn_wg_available() and a.vec hold (attention.cu: kcuda_attention_wgmma). */
 void (*attn_wg_kernel(int which, bool is_bf16, int DP, size_t *bytes))(attn_args);
 
+/* attention_cudnn.cu: the forward (a's q, k, v, o, lse) or the backward
+ * (q, k, v, out, dout, lse_in, dq, dk, dv, assign) of a (attn_setup's)
+ * on cuDNN where the context asks and cuDNN takes the call (*taken 1);
+ * else *taken 0, nothing done, and attention.cu runs its own kernels. */
+int kcuda__cudnn_forward(kcuda_ctx *ctx, const attn_args &a, kcuda_dtype dt, cudaStream_t s, int *taken);
+int kcuda__cudnn_backward(kcuda_ctx *ctx, const attn_args &a, kcuda_dtype dt, cudaStream_t s, int *taken);
+
 #endif

@@ -107,16 +107,6 @@ struct kcuda_ctx {
 
 typedef struct kcuda__cudnn kcuda__cudnn;
 void kcuda__cudnn_free(kcuda__cudnn *c);
-/* The attention on cuDNN where the context asks and cuDNN takes the call
- * (*taken 1); else *taken 0, nothing done, and attention.cu runs its own.
- * Arguments as attention.cu's attn_forward and attn_backward. */
-int kcuda__cudnn_forward(kcuda_ctx *ctx, int *taken, void *out, float *lse, const void *q, const void *k,
-                         const void *v, long long qs, long long kvs, int B, int T, int H, int KV, int d,
-                         int causal, kcuda_dtype dt, cudaStream_t stream);
-int kcuda__cudnn_backward(kcuda_ctx *ctx, int *taken, void *dq, void *dk, void *dv, const void *dout,
-                          const void *out, const float *lse, const void *q, const void *k, const void *v,
-                          long long qs, long long kvs, int B, int T, int H, int KV, int d, int causal,
-                          int assign, kcuda_dtype dt, cudaStream_t stream);
 
 /* *out = at least `bytes` of the context's scratch (256-byte aligned).
  * Growing frees the old buffer and allocates a larger one in `stream`'s
