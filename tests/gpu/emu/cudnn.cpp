@@ -48,7 +48,6 @@ namespace {
 
 enum {
     BAD_PARAM = 2000,
-    NOT_INITIALIZED = 1001,
     NOT_FINALIZED = 2004,
     ATTRIBUTE_TYPE = 2010,
     DESCRIPTOR_TYPE = 2012,
@@ -58,10 +57,12 @@ enum {
 };
 
 thread_local char last_error[512];
+thread_local int last_status; /* fail's last */
 
 int fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int fail(int status, const char *fmt, ...)
 {
+    last_status = status;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(last_error, sizeof last_error, fmt, ap);
@@ -218,8 +219,12 @@ Desc *need(const Desc *d, int name, int type, const char *what)
         return nullptr;
     }
     Desc *x = d->desc(name);
-    if (!alive(x, type) || !x->finalized) {
-        fail(NOT_FINALIZED, "%s: attribute %d is not a finalized descriptor of type %d", what, name, type);
+    if (!alive(x, type)) {
+        fail(DESCRIPTOR_TYPE, "%s: attribute %d is not a descriptor of type %d", what, name, type);
+        return nullptr;
+    }
+    if (!x->finalized) {
+        fail(NOT_FINALIZED, "%s: attribute %d's descriptor is not finalized", what, name);
         return nullptr;
     }
     return x;
@@ -317,7 +322,7 @@ int finalize_op(Desc *d)
         Desc *x = need(d, KCDNN_ATTR_OPERATION_POINTWISE_XDESC, KCDNN_TENSOR_DESCRIPTOR, what);
         Desc *y = need(d, KCDNN_ATTR_OPERATION_POINTWISE_YDESC, KCDNN_TENSOR_DESCRIPTOR, what);
         if (!pw || !x || !y)
-            return BAD_PARAM;
+            return last_status;
         int m = pw->i32(KCDNN_ATTR_POINTWISE_MODE);
         Tensor ty = tensor_of(y);
         if (m != KCDNN_POINTWISE_GEN_INDEX && !fits(tensor_of(x), ty, false))
@@ -325,14 +330,14 @@ int finalize_op(Desc *d)
         if (binary(m)) {
             Desc *b = need(d, KCDNN_ATTR_OPERATION_POINTWISE_BDESC, KCDNN_TENSOR_DESCRIPTOR, what);
             if (!b)
-                return BAD_PARAM;
+                return last_status;
             if (!fits(tensor_of(b), ty, false))
                 return fail(SHAPE, "pointwise %d: b does not broadcast to y", m);
         }
         if (m == KCDNN_POINTWISE_BINARY_SELECT) {
             Desc *t = need(d, KCDNN_ATTR_OPERATION_POINTWISE_TDESC, KCDNN_TENSOR_DESCRIPTOR, what);
             if (!t)
-                return BAD_PARAM;
+                return last_status;
             if (!fits(tensor_of(t), ty, false))
                 return fail(SHAPE, "pointwise select: t does not broadcast to y");
         }
@@ -350,7 +355,7 @@ int finalize_op(Desc *d)
         Desc *b = need(d, KCDNN_ATTR_OPERATION_MATMUL_BDESC, KCDNN_TENSOR_DESCRIPTOR, what);
         Desc *c = need(d, KCDNN_ATTR_OPERATION_MATMUL_CDESC, KCDNN_TENSOR_DESCRIPTOR, what);
         if (!a || !b || !c || !need(d, KCDNN_ATTR_OPERATION_MATMUL_DESC, KCDNN_MATMUL_DESCRIPTOR, what))
-            return BAD_PARAM;
+            return last_status;
         Tensor A = tensor_of(a), B = tensor_of(b), C = tensor_of(c);
         int n = C.n;
         if (n < 3 || A.n != n || B.n != n || A.dims[n - 2] != C.dims[n - 2] || B.dims[n - 1] != C.dims[n - 1] ||
@@ -368,14 +373,14 @@ int finalize_op(Desc *d)
         Desc *x = need(d, KCDNN_ATTR_OPERATION_REDUCTION_XDESC, KCDNN_TENSOR_DESCRIPTOR, what);
         Desc *y = need(d, KCDNN_ATTR_OPERATION_REDUCTION_YDESC, KCDNN_TENSOR_DESCRIPTOR, what);
         if (!x || !y || !need(d, KCDNN_ATTR_OPERATION_REDUCTION_DESC, KCDNN_REDUCTION_DESCRIPTOR, what))
-            return BAD_PARAM;
+            return last_status;
         return fits(tensor_of(y), tensor_of(x), true) ? 0 : fail(SHAPE, "reduction: y does not divide x");
     }
     case KCDNN_OPERATION_RESHAPE_DESCRIPTOR: {
         Desc *x = need(d, KCDNN_ATTR_OPERATION_RESHAPE_XDESC, KCDNN_TENSOR_DESCRIPTOR, what);
         Desc *y = need(d, KCDNN_ATTR_OPERATION_RESHAPE_YDESC, KCDNN_TENSOR_DESCRIPTOR, what);
         if (!x || !y)
-            return BAD_PARAM;
+            return last_status;
         return tensor_of(x).elements() == tensor_of(y).elements() ? 0
                                                                   : fail(SHAPE, "reshape: element counts differ");
     }
@@ -393,14 +398,14 @@ int finalize_graph(Desc *g)
     std::map<const Desc *, int> index;
     std::map<int64_t, const Desc *> uids;
     std::vector<bool> written;
+    const int DUP = -2; /* (a tensor whose unique id another one has) */
     auto tensor = [&](const Desc *t) -> int {
         auto it = index.find(t);
         if (it != index.end())
             return it->second;
         Tensor r = tensor_of(t);
-        auto u = uids.find(r.uid);
-        if (u != uids.end())
-            return -1;
+        if (uids.count(r.uid))
+            return DUP;
         uids[r.uid] = t;
         index[t] = (int)prog->tensors.size();
         prog->tensors.push_back(r);
@@ -445,17 +450,14 @@ int finalize_graph(Desc *g)
         default:
             return fail(KCDNN_STATUS_NOT_SUPPORTED, "operation graph: operation type %d not emulated", d->type);
         }
+        if (in[0] == DUP || in[1] == DUP || in[2] == DUP || out == DUP)
+            return fail(DUPLICATED, "operation graph: operation %lld: a unique id names two tensors", (long long)i);
         for (int k = 0; k < 3; k++) {
-            if (in[k] == -1 && k == 0)
-                return fail(DUPLICATED, "operation graph: operation %lld: a unique id names two tensors",
-                            (long long)i);
             if (in[k] >= 0 && prog->tensors[in[k]].virt && !written[in[k]])
                 return fail(BAD_PARAM, "operation graph: operation %lld reads virtual tensor %lld before any "
                                        "operation writes it",
                             (long long)i, (long long)prog->tensors[in[k]].uid);
         }
-        if (out < 0)
-            return fail(DUPLICATED, "operation graph: operation %lld: a unique id names two tensors", (long long)i);
         if (written[out] || prog->tensors[out].by_value)
             return fail(BAD_PARAM, "operation graph: tensor %lld written twice, or by value",
                         (long long)prog->tensors[out].uid);
@@ -694,7 +696,6 @@ const char *cudnnGetErrorString(kcdnn_status s)
     switch (s) {
     case 0: return "CUDNN_STATUS_SUCCESS";
     case BAD_PARAM: return "CUDNN_STATUS_BAD_PARAM";
-    case NOT_INITIALIZED: return "CUDNN_STATUS_NOT_INITIALIZED";
     case NOT_FINALIZED: return "CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED";
     case ATTRIBUTE_TYPE: return "CUDNN_STATUS_BAD_PARAM_ATTRIBUTE_TYPE";
     case DESCRIPTOR_TYPE: return "CUDNN_STATUS_BAD_PARAM_DESCRIPTOR_TYPE";
@@ -812,7 +813,7 @@ kcdnn_status cudnnBackendFinalize(kcdnn_desc d)
     case KCDNN_ENGINEHEUR_DESCRIPTOR: {
         Desc *g = need(x, KCDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, KCDNN_OPERATIONGRAPH_DESCRIPTOR, "heuristic");
         if (!g)
-            return BAD_PARAM;
+            return last_status;
         if (!has(x, KCDNN_ATTR_ENGINEHEUR_MODE))
             return fail(BAD_PARAM, "heuristic: no mode");
         x->prog = getenv("EMU_CUDNN_REFUSE") ? nullptr : g->prog;
