@@ -12,6 +12,7 @@
 #include "checkpoint.h" /* mesh__ckpt_* */
 #include "device.h"     /* dev_cuda_probe, dev_choose */
 #include "exec.h"       /* mesh__exec_* */
+#include "kern.h"       /* KERN_REPORT_*: what mesh__exec_kernels_report speaks of */
 #include "file.h"       /* mesh__read_file */
 #include "init.h"       /* mesh__init_key */
 #include "kcpu.h"       /* kcpu_set_threads */
@@ -345,23 +346,27 @@ mesh_status mesh_context_overlap_ms(mesh_context *ctx, int index, double *ms, do
     return MESH_OK;
 }
 
+/* What = KERN_REPORT_*: the kernels' words for one of their options into
+ * buf; fn and none name the call and what an off option lacks. */
+static mesh_status kernels_report(mesh_context *ctx, int what, const char *fn, const char *none, char *buf, size_t n)
+{
+    if (!ctx || !buf || n == 0) return mesh__fail(MESH_ERR_INVALID_ARG, "%s: NULL argument or n 0", fn);
+    buf[0] = 0;
+    if (mesh__exec_kernels_report(ctx->ex, what, buf, n) != 0)
+        return mesh__fail(MESH_ERR_UNSUPPORTED, "no %s on this rank", none);
+    return MESH_OK;
+}
+
 mesh_status mesh_context_gemm_tuning(mesh_context *ctx, char *buf, size_t n)
 {
-    if (!ctx || !buf || n == 0) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_gemm_tuning: NULL argument or n 0");
-    buf[0] = 0;
-    if (mesh__exec_gemm_tuning(ctx->ex, buf, n) != 0)
-        return mesh__fail(MESH_ERR_UNSUPPORTED, "no matmul tuning on this rank (MESH_GEMM_TUNE=1, on a GPU)");
-    return MESH_OK;
+    return kernels_report(ctx, KERN_REPORT_GEMM_TUNING, "mesh_context_gemm_tuning",
+                          "matmul tuning (MESH_GEMM_TUNE=1, on a GPU)", buf, n);
 }
 
 mesh_status mesh_context_attention_cudnn(mesh_context *ctx, char *buf, size_t n)
 {
-    if (!ctx || !buf || n == 0)
-        return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_attention_cudnn: NULL argument or n 0");
-    buf[0] = 0;
-    if (mesh__exec_attention_cudnn(ctx->ex, buf, n) != 0)
-        return mesh__fail(MESH_ERR_UNSUPPORTED, "no attention on cuDNN on this rank (MESH_ATTN_CUDNN=1, on a GPU)");
-    return MESH_OK;
+    return kernels_report(ctx, KERN_REPORT_ATTENTION_CUDNN, "mesh_context_attention_cudnn",
+                          "attention on cuDNN (MESH_ATTN_CUDNN=1, on a GPU)", buf, n);
 }
 
 mesh_status mesh_context_profile(mesh_context *ctx, int index, size_t size, mesh_profile_entry *entry)

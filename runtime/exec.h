@@ -125,12 +125,10 @@ int mesh__exec_comm_ms(mesh__exec *ex, int k, double *ms, double *calls, long lo
 /* The same for entry k's collectives run on a communication queue
  * (overlapped: exec_marks.c), per step. -1 past the last entry. */
 int mesh__exec_overlap_ms(mesh__exec *ex, int k, double *ms, double *calls);
-/* What the kernels' matmul tuning did, in words (kern_vtbl's
- * gemm_tuning); -1 where the kernels have none or it is off. */
-int mesh__exec_gemm_tuning(mesh__exec *ex, char *buf, size_t n);
-/* What the attention did on cuDNN (the kernels' attention_cudnn); -1
- * where the kernels have none or it is off. */
-int mesh__exec_attention_cudnn(mesh__exec *ex, char *buf, size_t n);
+/* What one of the kernels' options did, in words (kern_vtbl's report:
+ * KERN_REPORT_GEMM_TUNING, KERN_REPORT_ATTENTION_CUDNN); -1 where the
+ * kernels have none or it is off. */
+int mesh__exec_kernels_report(mesh__exec *ex, int what, char *buf, size_t n);
 
 /* Entry k of the op profile (MESH__EXEC_PROFILE), those with calls in
  * order: what ("matmul backward", "optimizer", "collectives in turn"),

@@ -1051,16 +1051,10 @@ int mesh__exec_overlap_ms(mesh__exec *ex, int k, double *ms, double *calls)
     return 0;
 }
 
-int mesh__exec_gemm_tuning(mesh__exec *ex, char *buf, size_t n)
+int mesh__exec_kernels_report(mesh__exec *ex, int what, char *buf, size_t n)
 {
-    if (!ex->kern.v->gemm_tuning) return -1;
-    return ex->kern.v->gemm_tuning(&ex->kern, buf, n);
-}
-
-int mesh__exec_attention_cudnn(mesh__exec *ex, char *buf, size_t n)
-{
-    if (!ex->kern.v->attention_cudnn) return -1;
-    return ex->kern.v->attention_cudnn(&ex->kern, buf, n);
+    if (!ex->kern.v->report) return -1;
+    return ex->kern.v->report(&ex->kern, what, buf, n);
 }
 
 int mesh__exec_data_mean(mesh__exec *ex, double *x)

@@ -168,18 +168,20 @@ typedef struct kern_vtbl {
                                const void *dye, const void *hg, const void *hu, const void *act, const void *xe,
                                const void *w_gate, const void *w_up, const void *w_down, const int *count, int E,
                                int C, int D, int F);
-    /* optional (NULL in the CPU tables): what the device's matmul tuning
-     * did, in words, into buf; -1 when it is off */
-    int (*gemm_tuning)(kern *k, char *buf, size_t n);
-    /* optional (NULL in the CPU tables): what the attention did on cuDNN
-     * (MESH_ATTN_CUDNN=1), in words, into buf; -1 when it is off */
-    int (*attention_cudnn)(kern *k, char *buf, size_t n);
+    /* optional (NULL in the CPU tables): what one of the device's options
+     * did (kern_report), in words, into buf; -1 when it is off */
+    int (*report)(kern *k, int what, char *buf, size_t n);
 } kern_vtbl;
+
+/* The options kern_vtbl's report speaks of. */
+enum {
+    KERN_REPORT_GEMM_TUNING,    /* the matmuls' algorithms timed (MESH_GEMM_TUNE=1) */
+    KERN_REPORT_ATTENTION_CUDNN /* the attention on cuDNN (MESH_ATTN_CUDNN=1) */
+};
 
 /* The table's entries after open and close, in kern_vtbl's order: each
  * backend names its functions after them (static in its file), so a table
- * is {"name", open, close, KERN_ENTRIES, gemm_tuning or NULL,
- * attention_cudnn or NULL}. */
+ * is {"name", open, close, KERN_ENTRIES, report or NULL}. */
 #define KERN_ENTRIES \
     matmul_forward, matmul_backward, matmul_bias_forward, matmul_gelu_backward, matmul_wt_forward, matmul_wt_backward, \
     embedding_rows_forward, embedding_rows_backward, arange, add_forward, add_backward, add_broadcast_forward, \

@@ -543,27 +543,25 @@ static int moe_expert_backward(kern *k, void *dxe, void *dw_gate, void *dw_up, v
        count, E, C, D, F, DT(k), k->stream);
 }
 
-/* What the matmul tuning did (MESH_GEMM_TUNE=1), or -1 when it is off. */
-static int gemm_tuning(kern *k, char *buf, size_t n)
+/* What the matmul tuning (MESH_GEMM_TUNE=1) or the attention on cuDNN
+ * (MESH_ATTN_CUDNN=1) did, or -1 when it is off. */
+static int report(kern *k, int what, char *buf, size_t n)
 {
     const cuda_kern *c = k->impl;
-    kcuda_gemm_tune_stats st;
-    if (!c || kcuda_ctx_gemm_tune_stats(c->ctx, &st) == 0) return -1;
-    kcuda_gemm_tune_describe(&st, buf, n);
-    return 0;
-}
-
-/* What the attention did on cuDNN (MESH_ATTN_CUDNN=1), or -1 when it is off. */
-static int attention_cudnn(kern *k, char *buf, size_t n)
-{
-    const cuda_kern *c = k->impl;
+    if (!c) return -1;
+    if (what == KERN_REPORT_GEMM_TUNING) {
+        kcuda_gemm_tune_stats st;
+        if (kcuda_ctx_gemm_tune_stats(c->ctx, &st) == 0) return -1;
+        kcuda_gemm_tune_describe(&st, buf, n);
+        return 0;
+    }
     kcuda_attention_cudnn_stats st;
-    if (!c || kcuda_ctx_attention_cudnn(c->ctx, &st) == 0) return -1;
+    if (what != KERN_REPORT_ATTENTION_CUDNN || kcuda_ctx_attention_cudnn(c->ctx, &st) == 0) return -1;
     kcuda_attention_cudnn_describe(&st, buf, n);
     return 0;
 }
 
-const kern_vtbl kern_cuda_vtbl = {"cuda", cuda_open, cuda_close, KERN_ENTRIES, gemm_tuning, attention_cudnn};
+const kern_vtbl kern_cuda_vtbl = {"cuda", cuda_open, cuda_close, KERN_ENTRIES, report};
 
 #else /* no CUDA in this build */
 
