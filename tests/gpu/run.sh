@@ -282,12 +282,11 @@ find_nccl() {
 # libcudnn.so.9 of the toolkit, the system, or PyTorch's nvidia-cudnn
 # wheel.
 find_cudnn() {
-    local cuda=$1 d py
+    local cuda=$1 d py=${TORCH_PY:-python3}
     [ -n "${MESH_CUDNN_LIB:-}" ] && { echo "$MESH_CUDNN_LIB"; return 0; }
     for d in "$cuda/lib64" "$cuda/lib" /usr/lib/x86_64-linux-gnu /usr/local/lib; do
         [ -e "$d/libcudnn.so.9" ] && { echo "$d/libcudnn.so.9"; return 0; }
     done
-    py=$(torch_python 2>/dev/null) || py=python3
     have_tool "$py" || return 1
     d=$("$py" -c 'import nvidia.cudnn as c; print(list(c.__path__)[0])' 2>/dev/null) || return 1
     [ -e "$d/lib/libcudnn.so.9" ] && { echo "$d/lib/libcudnn.so.9"; return 0; }
@@ -312,6 +311,7 @@ step_build() {
         # (its folder on the loader's path too: cuDNN loads its engines'
         # libraries from there)
         local cudnn
+        torch_py_once
         if cudnn=$(find_cudnn "$cuda"); then
             export MESH_CUDNN_LIB=$cudnn LD_LIBRARY_PATH=$(dirname "$cudnn")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
             echo "build: cuDNN for MESH_ATTN_CUDNN=1: $cudnn"
@@ -659,7 +659,9 @@ gpt2_run() {
 ORACLE_WARM=$([ "$REHEARSE" = 1 ] && echo 30 || echo 200)
 step_oracle() {
     local d=$OUT/oracle py m detail="" bad=0 line
-    if ! py=$(torch_python); then
+    torch_py_once
+    py=$TORCH_PY
+    if [ -z "$py" ]; then
         result oracle SKIP "no python3 imports torch"
         return 0
     fi
@@ -742,7 +744,8 @@ step_train_gpt2() {
     # comparison needs both figures from one run; the runs after the
     # first three are skipped before it is cut. MESH_GPU_STEPS=train_gpt2
     # in a second call runs them all)
-    want torch_gpt2 && torch_python >/dev/null 2>&1 && reserve=150
+    torch_py_once
+    want torch_gpt2 && [ -n "$TORCH_PY" ] && reserve=150
     for cfg in "bf16 16 profile" "bf16 32" "bf16 32 cudnn" "bf16 32 cudnn-atomic" "bf16 32 wgmma" "bf16 32 tune" "bf16 32 wgmma-tune" \
         "bf16 32 atomic" "bf16 32 rows128" "bf16 32 blocks" "fp32 16"; do
         read -r prec batch mode <<<"$cfg"
@@ -774,9 +777,21 @@ step_train_gpt2() {
 
 . tests/torch/lib.sh # torch_python, TORCH_TRAIN (tests/run.sh's torch section's)
 
+# TORCH_PY: torch_python's answer ("" if none), asked once a run (it
+# imports torch, seconds each time). Called as is, not in $(...), so that
+# the answer stays.
+TORCH_PY_ASKED=0
+torch_py_once() {
+    [ "$TORCH_PY_ASKED" = 1 ] && return 0
+    TORCH_PY=$(torch_python) || TORCH_PY=""
+    TORCH_PY_ASKED=1
+}
+
 step_torch() {
     local l rc py args=()
-    if ! py=$(torch_python); then
+    torch_py_once
+    py=$TORCH_PY
+    if [ -z "$py" ]; then
         result torch_gpt2 SKIP "no python3 imports torch"
         return 0
     fi
