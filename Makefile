@@ -503,7 +503,17 @@ $(BUILD)/mpi_tests: $(MPI_TEST_OBJ) $(OBJ)/tests/unit/comm_cases.o $(BUILD)/libm
 # dynamic shared memory a block has none of (-DEMU_ASAN).
 EMU_DIR      = tests/gpu/emu
 EMU_CXX     ?= g++
-EMU_CXXFLAGS ?= -std=c++17 -O2 -g -Wall -Wextra -ffp-contract=off -pthread
+# How a * b + c is rounded (EMU_CONTRACT): nvcc fuses such expressions
+# into one FMA where it chooses (its default), so the kernels' bits must
+# not depend on the choice where they claim the same bits on two paths.
+# `make gpu-emu` fuses where g++ chooses (fast, with -mfma, on a CPU with
+# FMA), `make gpu-emu-tsan` nowhere (off): two different choices, each
+# run through the same bit-for-bit checks (the emulated __fadd_rn and
+# __fmul_rn stay apart under either: emu/device.h).
+EMU_FMA_CPU := $(shell grep -qw fma /proc/cpuinfo 2>/dev/null && echo 1)
+EMU_CONTRACT ?= $(if $(EMU_FMA_CPU),fast,off)
+EMU_CXXFLAGS ?= -std=c++17 -O2 -g -Wall -Wextra $(if $(filter fast,$(EMU_CONTRACT)),-mfma) \
+                -ffp-contract=$(EMU_CONTRACT) -pthread
 EMU_GEN      = $(BUILD)/emu-gen
 EMU_OBJ      = $(BUILD)/emu-obj
 EMU_KSRC     = $(wildcard kernels/cuda/*.cu)
@@ -531,7 +541,7 @@ gpu-emu:
 	$(EMU_DIR)/run.sh $(EMU_BUILD) forward reverse
 
 gpu-emu-tsan:
-	$(MAKE) BUILD=$(EMU_TSAN_BUILD) SAN=thread $(addprefix $(EMU_TSAN_BUILD)/,emu_selftest gpu_tests_emu unit_tests_emu)
+	$(MAKE) BUILD=$(EMU_TSAN_BUILD) SAN=thread EMU_CONTRACT=off $(addprefix $(EMU_TSAN_BUILD)/,emu_selftest gpu_tests_emu unit_tests_emu)
 	TSAN_OPTIONS="halt_on_error=1 exitcode=66" EMU_TSAN=1 $(EMU_DIR)/run.sh $(EMU_TSAN_BUILD) forward
 
 # GPT-2 124M itself (examples/gpt2.mesh, full size, fp32, one rank) trained

@@ -351,24 +351,33 @@ static inline void __threadfence()
 
 /* ---- arithmetic ------------------------------------------------------------ */
 
-/* Round-to-nearest operations nvcc never fuses into an FMA: the build
- * fuses nothing anywhere (-ffp-contract=off). */
-static inline float __fadd_rn(float a, float b)
-{
-    return a + b;
-}
-static inline float __fsub_rn(float a, float b)
-{
-    return a - b;
-}
-static inline float __fmul_rn(float a, float b)
-{
-    return a * b;
-}
-static inline float __fdiv_rn(float a, float b)
-{
-    return a / b;
-}
+/* Round-to-nearest operations nvcc never fuses into an FMA. The default
+ * build fuses nothing anywhere (-ffp-contract=off); `make gpu-emu-fma`
+ * fuses where g++ chooses (-mfma -ffp-contract=fast), as nvcc does where
+ * it chooses, and these must stay apart there too: their operands and
+ * result pass through an empty asm, which g++ cannot see through, so
+ * no multiply is fused into an add across it. */
+#if defined(__x86_64__) || defined(__i386__)
+#define EMU_FP_OPAQUE(v) __asm__("" : "+x"(v))
+#elif defined(__aarch64__)
+#define EMU_FP_OPAQUE(v) __asm__("" : "+w"(v))
+#else
+#define EMU_FP_OPAQUE(v) __asm__("" : "+m"(v))
+#endif
+#define EMU_FP_RN(name, expr)                                                  \
+    static inline float name(float a, float b)                                 \
+    {                                                                          \
+        EMU_FP_OPAQUE(a);                                                      \
+        EMU_FP_OPAQUE(b);                                                      \
+        float r = (expr);                                                      \
+        EMU_FP_OPAQUE(r);                                                      \
+        return r;                                                              \
+    }
+EMU_FP_RN(__fadd_rn, a + b)
+EMU_FP_RN(__fsub_rn, a - b)
+EMU_FP_RN(__fmul_rn, a * b)
+EMU_FP_RN(__fdiv_rn, a / b)
+#undef EMU_FP_RN
 static inline float __fsqrt_rn(float a)
 {
     return sqrtf(a);
