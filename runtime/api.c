@@ -450,6 +450,13 @@ mesh_status mesh_context_memory(const mesh_context *ctx, size_t *allocated, size
     return MESH_OK;
 }
 
+mesh_status mesh_context_kernel_memory(const mesh_context *ctx, size_t *bytes)
+{
+    if (!ctx || !bytes) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_context_kernel_memory: NULL argument");
+    *bytes = mesh__exec_kernel_bytes(ctx->ex);
+    return MESH_OK;
+}
+
 /* Logits asked of a tensor-parallel context, which holds a slice of them. */
 static mesh_status split_logits(const char *who)
 {

@@ -653,7 +653,12 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, comm *d
     find_fusions(ex, flags);
     ex->loss_read = p->loss >= 0 && readers(p, p->loss) > 0;
     ex->loss_terms = loss_of_terms(p);
-    if (exec__loss_open(ex) != 0) goto oom;
+    int lo = exec__loss_open(ex);
+    if (lo == -2) {
+        set_err(err, errn, "%s", ex->error);
+        goto fail;
+    }
+    if (lo != 0) goto oom;
     int shards = exec__optimizer_shards(ex);
     if (shards == -2) {
         set_err(err, errn, "rank %d: the optimizer's shards are not the memory plan's", rank);
@@ -723,6 +728,10 @@ comm *mesh__exec_pipeline(const mesh__exec *ex, int *stage, int *lead)
 }
 
 size_t mesh__exec_bytes(const mesh__exec *ex) { return (size_t)ex->ms->total; }
+
+size_t mesh__exec_kernel_bytes(const mesh__exec *ex) { return ex->gpu && ex->dev ? ex->dev->held : 0; }
+
+int mesh__exec_gpu(const mesh__exec *ex) { return ex->gpu; }
 
 size_t mesh__exec_host_bytes(const mesh__exec *ex) { return ex->host_bytes; }
 

@@ -272,6 +272,14 @@ const float *mesh__exec_logits(mesh__exec *ex, int *vocab_padded);
  * in the one allocation the memory plan lays out. */
 size_t mesh__exec_bytes(const mesh__exec *ex);
 
+/* Device bytes the kernels hold beside the arena (a GPU's cuBLASLt
+ * workspace, the kernels' scratch at its largest so far, the executor's
+ * own sums): the device's `held`; 0 on a CPU. */
+size_t mesh__exec_kernel_bytes(const mesh__exec *ex);
+
+/* 1 when the executor runs on a GPU (MESH__EXEC_CUDA), else 0. */
+int mesh__exec_gpu(const mesh__exec *ex);
+
 /* Bytes of bookkeeping besides the arena (names, per-tensor tables). */
 size_t mesh__exec_host_bytes(const mesh__exec *ex);
 

@@ -519,7 +519,9 @@ int exec__step_parts(mesh__exec *ex);
 
 /* The sum over the group of x[0..n-1], in rank order, exactly (doubles
  * travel as bytes). */
-/* The loss's terms (exec_loss.c): open/close its device floats; begin a
+/* The loss's terms (exec_loss.c): open/close its device floats (open: 0;
+ * -1 without host memory; -2 when the device's allocation failed, said in
+ * ex->error, with the rank and how full the device is); begin a
  * sum from start; a term's device float for a kernel to write (coef x
  * its value; NULL if reading the earlier ones failed), a value the host
  * has, a micro-batch's end; take: the sum, the device read once. dump: a

@@ -19,8 +19,13 @@ int exec__loss_open(mesh__exec *ex)
 {
     void *p = NULL;
     size_t bytes = (size_t)(EX_LOSS_SLOTS + 1) * sizeof(float); /* the last: where an unused term goes */
-    if (ex->host_arena) p = exec__host_calloc(ex, EX_LOSS_SLOTS + 1, sizeof(float));
-    else if (dev_alloc(ex->dev, &p, bytes) != MESH_OK) p = NULL;
+    if (ex->host_arena) {
+        p = exec__host_calloc(ex, EX_LOSS_SLOTS + 1, sizeof(float));
+    } else if (dev_alloc(ex->dev, &p, bytes) != MESH_OK) { /* the device says how full it is */
+        snprintf(ex->error, sizeof ex->error, "rank %d: %s", ex->rank, dev_last_error(ex->dev));
+        ex->lslots = NULL;
+        return -2;
+    }
     ex->lslots = p;
     return p ? 0 : -1;
 }

@@ -27,19 +27,39 @@ typedef struct cuda_kern {
     size_t dss_cap; /* its bytes */
     void *tmp;      /* device: fp32 copies for moe's routing of 2-byte tensors */
     size_t tmp_cap; /* its bytes */
+    size_t counted; /* the bytes of these counted in the device's `held` */
 } cuda_kern;
 
 #define CTX(k) (((cuda_kern *)(k)->impl)->ctx)
 
+/* The device's `held` (the kernels' bytes beside the plan's arena: its
+ * OOM messages, mesh_context_kernel_memory) made to count what this kern
+ * holds now: cuBLASLt's workspace, the context's scratch (which an op
+ * grows), dss and tmp. */
+static void recount(kern *k)
+{
+    cuda_kern *c = k->impl;
+    if (!c || !c->ctx) return;
+    size_t now = KCUDA_WORKSPACE_BYTES + kcuda_ctx_scratch_bytes(c->ctx) + c->dss_cap + c->tmp_cap;
+    k->d->held = k->d->held - c->counted + now;
+    c->counted = now;
+}
+
 /* 0, or -1 with "cuda:N (GPU): NAME: kcuda's message" in k->error; a full
  * device says how full, as dev_alloc does: of `bytes` allocated for
- * `what` when known (bytes > 0), else beside kcuda's message. */
+ * `what` when known (bytes > 0; else the bytes an op's scratch could not
+ * grow to, kcuda_failed_alloc_bytes), else beside kcuda's message. The
+ * kernels' bytes are the device's (cuBLASLt's workspaces) and this
+ * context's scratch. */
 static int check_alloc(kern *k, const char *name, int rc, const char *what, size_t bytes)
 {
+    recount(k);
     if (rc == 0) return 0;
     size_t free_bytes = 0, total = 0;
     int full = kcuda_out_of_memory(rc), info = full && dev_mem_info(k->d, &free_bytes, &total) == MESH_OK;
     char text[400];
+    if (full && bytes == 0 && (bytes = kcuda_failed_alloc_bytes()) > 0)
+        what = "the kernels' scratch (cudaMallocAsync)";
     if (full && bytes > 0) {
         dev_oom_text(text, sizeof text, what, bytes, k->d->planned, k->d->held, info, free_bytes, total);
         snprintf(k->error, sizeof k->error, "%s: %s: %.800s", k->d->name, name, text);
@@ -76,6 +96,7 @@ static void *grown(kern *k, void **buf, size_t *cap, size_t bytes)
         check_alloc(k, "kcuda_alloc", kcuda_alloc(&p, bytes, k->stream), "cudaMallocAsync", bytes))
         return NULL;
     *cap = bytes;
+    recount(k);
     return *buf = p;
 }
 
@@ -126,7 +147,7 @@ static int cuda_open(kern *k)
         k->impl = NULL;
         return -1;
     }
-    k->d->held += KCUDA_WORKSPACE_BYTES;
+    recount(k); /* (cuBLASLt's workspace) */
     /* the kernels' own stream, non-blocking: no implicit waits for (or
      * of) the legacy default stream, which a program embedding libmesh,
      * or another rank sharing the GPU, may use */
@@ -167,7 +188,7 @@ static void cuda_close(kern *k)
     (void)kcuda_free(c->dss, k->stream); /* (kcuda_ctx_free waits for the device) */
     (void)kcuda_free(c->tmp, k->stream);
     kcuda_ctx_free(c->ctx);
-    k->d->held -= KCUDA_WORKSPACE_BYTES;
+    k->d->held -= c->counted;
     dev_stream_destroy(k->d, (dev_stream *)k->stream); /* (idle: kcuda_ctx_free waited for the device) */
     k->stream = NULL;
     free(c);

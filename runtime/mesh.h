@@ -196,6 +196,14 @@ mesh_status mesh_context_step(const mesh_context *ctx, long long *step);
  * be NULL. */
 mesh_status mesh_context_memory(const mesh_context *ctx, size_t *allocated, size_t *planned);
 
+/* Device memory this rank's kernels hold beside the arena, which the
+ * plan's memory plan does not predict: on a GPU cuBLASLt's workspace
+ * (32 MiB), the kernels' scratch (grown at an op's first call to what it
+ * asks, and kept: the attention backward's per-row sums, cuDNN's
+ * workspace, the norms' partial sums...) and the executor's small
+ * buffers; 0 on a CPU. */
+mesh_status mesh_context_kernel_memory(const mesh_context *ctx, size_t *bytes);
+
 /* What this rank sent per training step (the mean over the steps taken),
  * entry `index` (0, 1, ... until MESH_ERR_INVALID_ARG): its name in what
  * ("all-reduce(tp)", "reduce-scatter(dp)", "all-to-all(ep)", "send(pp)";

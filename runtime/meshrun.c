@@ -472,6 +472,10 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
     int gpu_times = 0; /* NCCL's calls ordered on the GPU: the times are the GPU's own */
     mesh_context_times_on_gpu(ctx, &gpu_times);
     if (lead && rc == MESH_OK) print_sent(ctx, gpu_times);
+    size_t kbytes = 0;
+    if (lead && rc == MESH_OK && mesh_context_kernel_memory(ctx, &kbytes) == MESH_OK && kbytes > 0)
+        printf("meshrun: rank 0's kernels held %.1f MB (%zu bytes) of device memory beside the arena, which the plan "
+               "does not predict (cuBLASLt's workspace, their scratch at its largest)\n", (double)kbytes / 1e6, kbytes);
     char tuning[256];
     if (lead && rc == MESH_OK && mesh_context_gemm_tuning(ctx, tuning, sizeof tuning) == MESH_OK) {
         printf("meshrun: rank 0's matmul algorithms (MESH_GEMM_TUNE=1): %s\n", tuning);

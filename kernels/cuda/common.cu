@@ -14,6 +14,8 @@
 /* ---- errors ------------------------------------------------------------- */
 
 static thread_local char kcuda_errbuf[512];
+/* the bytes the last failure could not allocate (kcuda_failed_alloc_bytes) */
+static thread_local size_t kcuda_oom_bytes;
 
 const char *kcuda_last_error(void)
 {
@@ -23,6 +25,11 @@ const char *kcuda_last_error(void)
 int kcuda_out_of_memory(int rc)
 {
     return rc == (int)cudaErrorMemoryAllocation;
+}
+
+size_t kcuda_failed_alloc_bytes(void)
+{
+    return kcuda_oom_bytes;
 }
 
 /* The file's last path component, for shorter messages. */
@@ -41,6 +48,7 @@ int kcuda__fail(int code, const char *file, int line, const char *fmt, ...)
     va_end(ap);
     snprintf(kcuda_errbuf, sizeof kcuda_errbuf, "%s:%d: %s", base_name(file),
              line, msg);
+    kcuda_oom_bytes = 0; /* (kcuda_alloc sets it after its failure) */
     return code;
 }
 
@@ -249,8 +257,17 @@ int kcuda_alloc(void **p, size_t bytes, void *stream)
 {
     KCUDA_ARG(p != NULL, "kcuda_alloc: p is NULL");
     *p = NULL;
-    KCUDA_CHECK(cudaMallocAsync(p, bytes ? bytes : 1, kcuda__stream(stream)));
-    return 0;
+    cudaError_t e = cudaMallocAsync(p, bytes ? bytes : 1, kcuda__stream(stream));
+    if (e == cudaSuccess)
+        return 0;
+    *p = NULL;
+    int rc = kcuda__fail((int)e, __FILE__, __LINE__, "cudaMallocAsync of %zu bytes: %s (%s, %d)%s", bytes,
+                         cudaGetErrorString(e), cudaGetErrorName(e), (int)e, kcuda_fault_hint((int)e));
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError(); /* (not sticky: the device goes on) */
+        kcuda_oom_bytes = bytes;
+    }
+    return rc;
 }
 
 int kcuda_free(void *p, void *stream)
@@ -282,7 +299,8 @@ int kcuda__scratch(kcuda_ctx *ctx, size_t bytes, void **out,
     if (bytes == 0)
         bytes = 256;
     if (bytes > ctx->scratch_bytes) {
-        /* grow by half again, so that a run of growing calls stays short */
+        /* grow by half again, so that a run of growing calls stays short;
+         * just `bytes` when the half does not fit */
         size_t want = bytes + bytes / 2;
         /* stream-ordered: the old buffer's users on the stream run first,
          * and no other stream is waited for (kcuda_alloc) */
@@ -290,9 +308,19 @@ int kcuda__scratch(kcuda_ctx *ctx, size_t bytes, void **out,
         ctx->scratch = NULL;
         ctx->scratch_bytes = 0;
         KCUDA_TRY(kcuda_free(old, stream));
-        KCUDA_TRY(kcuda_alloc(&ctx->scratch, want, stream));
+        int rc = kcuda_alloc(&ctx->scratch, want, stream);
+        if (kcuda_out_of_memory(rc)) {
+            want = bytes;
+            rc = kcuda_alloc(&ctx->scratch, want, stream);
+        }
+        KCUDA_TRY(rc);
         ctx->scratch_bytes = want;
     }
     *out = ctx->scratch;
     return 0;
+}
+
+size_t kcuda_ctx_scratch_bytes(const kcuda_ctx *ctx)
+{
+    return ctx ? ctx->scratch_bytes : 0;
 }

@@ -73,6 +73,11 @@ const char *kcuda_last_error(void);
  * (cudaErrorMemoryAllocation). */
 int kcuda_out_of_memory(int rc);
 
+/* The bytes that this thread's last failing kcuda_* call could not
+ * allocate (kcuda_alloc's, or a context's scratch growing for an op); 0
+ * when that failure was not an allocation's. */
+size_t kcuda_failed_alloc_bytes(void);
+
 /* For a CUDA error that a fault in a kernel leaves behind (sticky: every
  * later call on the device fails with it, and the process must end; an
  * illegal address, a launch failure, a device-side assert...), what to
@@ -108,6 +113,10 @@ int kcuda_convert(void *dst, kcuda_dtype dst_dt, const void *src,
 typedef struct kcuda_ctx kcuda_ctx;
 int kcuda_ctx_create(kcuda_ctx **out);
 void kcuda_ctx_free(kcuda_ctx *ctx);
+/* The device memory the context's scratch holds now (0 for NULL). It
+ * grows to half again what an op asks, or to just what it asks when that
+ * half does not fit. */
+size_t kcuda_ctx_scratch_bytes(const kcuda_ctx *ctx);
 /* How the context's ops may sum (today the attention backward in bf16 and
  * fp16, whose dq sums products over the key tiles):
  *   1 (the default) deterministic: dq by a kernel of its own, which owns a

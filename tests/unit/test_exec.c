@@ -627,6 +627,13 @@ static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
         if (mesh_context_gemm_tuning(ctx, tuning, sizeof tuning) != MESH_ERR_UNSUPPORTED || tuning[0] != 0 ||
             mesh_context_gemm_tuning(ctx, NULL, 0) != MESH_ERR_INVALID_ARG)
             return MESH_ERR_INTERNAL;
+        /* the kernels' own device memory: none on a CPU; on a GPU
+         * cuBLASLt's workspace and, after a training step, the attention
+         * backward's scratch beside it */
+        size_t kbytes = 1;
+        if (mesh_context_kernel_memory(ctx, &kbytes) != MESH_OK || mesh_context_kernel_memory(ctx, NULL) == MESH_OK ||
+            (mesh__exec_gpu(ctx->ex) ? kbytes <= ((size_t)32 << 20) : kbytes != 0))
+            return MESH_ERR_INTERNAL;
         /* nor the attention on cuDNN without MESH_ATTN_CUDNN=1 */
         if (mesh_context_attention_cudnn(ctx, tuning, sizeof tuning) != MESH_ERR_UNSUPPORTED || tuning[0] != 0 ||
             mesh_context_attention_cudnn(ctx, NULL, 0) != MESH_ERR_INVALID_ARG)

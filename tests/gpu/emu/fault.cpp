@@ -19,6 +19,9 @@
  *           operation never ends, so neither do its peers' nor the work
  *           queued behind it on its stream, until the communicator is
  *           aborted or destroyed.
+ * EMU_FAIL=KIND:N+ fails the N-th call and every later one of its kind:
+ * for malloc, a device that stays full (the runtime tries an allocation
+ * again after freeing what it can, which a single failure would let pass).
  * Each injected failure is said on stderr ("emu: EMU_FAIL=KIND:N: ...").
  * EMU_FAIL=count fails nothing and says at exit how many calls of each
  * kind the process made ("emu: EMU_FAIL counts: malloc A create B ...").
@@ -40,6 +43,7 @@ struct Plan {
     bool count = false;        /* EMU_FAIL=count */
     int kind = -1;             /* the kind to fail, -1 for none */
     unsigned long long at = 0; /* its call to fail */
+    bool on = false;           /* and every later one (KIND:N+) */
 };
 
 std::atomic<unsigned long long> g_calls[FAULT_KINDS];
@@ -61,14 +65,16 @@ const Plan &plan()
                 continue;
             char *end = nullptr;
             unsigned long long at = strtoull(e + n + 1, &end, 10);
-            if (end != e + n + 1 && !*end && at > 0) {
+            bool on = end != e + n + 1 && *end == '+';
+            if (end != e + n + 1 && !end[on] && at > 0) {
                 q.kind = k;
                 q.at = at;
+                q.on = on;
                 return q;
             }
         }
-        fprintf(stderr, "emu: EMU_FAIL=%s: not KIND:N (KIND malloc, create, launch, matmul or nccl; N from 1) "
-                        "nor count\n", e);
+        fprintf(stderr, "emu: EMU_FAIL=%s: not KIND:N or KIND:N+ (KIND malloc, create, launch, matmul or nccl; "
+                        "N from 1) nor count\n", e);
         abort(); /* a test's mistake: it would test nothing */
     }();
     return p;
@@ -92,7 +98,7 @@ bool fault_here(FaultKind k, const char *what)
 {
     const Plan &p = plan();
     unsigned long long n = ++g_calls[k];
-    if (p.kind != (int)k || n != p.at)
+    if (p.kind != (int)k || n < p.at || (n > p.at && !p.on))
         return false;
     diag("EMU_FAIL=%s:%llu: %s fails on device %d", kind_name[k], n, what, current_device());
     return true;

@@ -24,8 +24,10 @@
 # (MESH_GEMM_TUNE): the same checkpoint bytes; on the emulated cuDNN
 # (MESH_ATTN_CUDNN): within 2e-2.
 # A GPU too small (EMU_GPU_MEM_MB=34, 16): meshrun stops, naming the
-# bytes (the plan's, the kernels', the device's free and total). A kernel
-# that faults on one of 2 GPUs: the job stops at once.
+# bytes (the plan's, the kernels', the device's free and total); so does
+# a device full from any allocation of a bf16 step on (EMU_FAIL=malloc:N+),
+# a kernel's scratch included. A kernel that faults on one of 2 GPUs: the
+# job stops at once.
 # Then one rank per process, as torchrun starts them, on emulated nodes
 # (EMU_NCCL_NODE: their NCCL worlds meet through files, nccl_node.cpp):
 # dp 2 ZeRO-3 on 2 processes (1e-4; no files left behind; and under
@@ -72,6 +74,9 @@ grep -q "^meshrun: profile of rank 0's steps after the first (1), the GPU's time
     grep -Eq '^meshrun:   collectives in turn +[0-9]+\.[0-9]{3} ' "$T/gpu.log" &&
     grep -q "^meshrun:   all of the above .* (the rest: the GPU idle: the host behind, waits for other streams)$" "$T/gpu.log"
 check "meshrun --profile splits rank 0's second step by kind of work on the GPU (timed events)" $?
+kb=$(sed -n "s/^meshrun: rank 0's kernels held [0-9.]* MB (\([0-9]*\) bytes) of device memory beside the arena, which the plan does not predict (cuBLASLt's workspace, their scratch at its largest)$/\1/p" "$T/gpu.log")
+[ -n "$kb" ] && [ "$kb" -gt 33554432 ] && ! grep -q "kernels held" "$T/cpu2.log"
+check "meshrun says what rank 0's kernels held beside the arena on the GPU (${kb:-no} bytes: cuBLASLt's 33554432 and scratch), and nothing on the CPU" $?
 run "$T/resume.log" --device cuda --steps 3 --checkpoint "$T/ck" --resume
 check "they resume from the checkpoint for a third step" $?
 grep -q 'resumed from .* after step 2' "$T/resume.log"
@@ -211,6 +216,41 @@ check "a GPU of 34 MiB: out of memory for the plan's arena, with the plan's byte
 oom 16 "^meshrun: error: .*: rank 0: cuda:0 .*: kcuda_ctx_create: cudaMalloc (cuBLASLt's workspace): out of device memory allocating 33554432 bytes (the device has [0-9]* free of 16777216)$"
 check "a GPU of 16 MiB: out of memory for cuBLASLt's workspace, with the device's bytes" $?
 
+# The device full from the N-th allocation on (EMU_FAIL=malloc:N+: the
+# runtime's second try after freeing what it can fails too), for each N
+# past cuBLASLt's workspace up to one past the last allocation of a bf16
+# step: every failure stops meshrun naming the bytes it could not have,
+# the plan's, the kernels' and the device's, wherever it came (the arena,
+# the loss's floats, a kernel's scratch, the executor's own buffers);
+# and a kernel's scratch is among them; the run past the last one trains
+"$B/meshc" --set train.precision=bf16 --set train.global_batch=4 --set train.micro_batch=4 \
+    examples/gpt-tiny.mesh -o "$T/oomb.plan" >/dev/null
+EMU_FAIL=count MESH_EMU_GPUS=1 timeout 60 "$B/meshrun_emu" "$T/oomb.plan" --data "$T/train.bin" --device cuda \
+    --steps 1 >"$T/oomc.log" 2>&1
+mallocs=$(sed -n 's/^emu: EMU_FAIL counts: malloc \([0-9]*\) .*/\1/p' "$T/oomc.log")
+ok=0 scratch=0
+if [ -n "$mallocs" ] && [ "$mallocs" -ge 3 ]; then
+    ok=1
+    for n in $(seq 2 $((mallocs + 1))); do
+        EMU_FAIL=malloc:$n+ MESH_EMU_GPUS=1 timeout 60 "$B/meshrun_emu" "$T/oomb.plan" --data "$T/train.bin" \
+            --device cuda --steps 1 >"$T/oomn.log" 2>&1
+        rc=$?
+        if [ "$n" -gt "$mallocs" ]; then
+            [ "$rc" -eq 0 ] && grep -q "^step 1/1 " "$T/oomn.log" && continue
+        elif [ "$rc" -eq 1 ] && grep -q "^meshrun: error: .*: rank 0: .*out of device memory allocating [1-9][0-9]* bytes (the plan predicts [0-9]* bytes per rank, and the kernels hold [0-9]* more; the device has [0-9]* free of [0-9]*)$" "$T/oomn.log"; then
+            grep -q "the kernels' scratch (cudaMallocAsync): out of device memory" "$T/oomn.log" && scratch=1
+            continue
+        fi
+        echo "# EMU_FAIL=malloc:$n+ of $mallocs, exit $rc:"
+        sed 's/^/#   /' "$T/oomn.log"
+        ok=0
+    done
+else
+    sed 's/^/#   /' "$T/oomc.log"
+fi
+[ "$ok" = 1 ] && [ "$scratch" = 1 ]
+check "the device full from each of a bf16 step's $mallocs allocations on: meshrun names the bytes, the plan's, the kernels' and the device's; a kernel's scratch among them" $?
+
 # A kernel that faults on one of 2 GPUs (EMU_FAIL, fault.cpp; every kind
 # of failure at many points: make gpu-emu-faults): the job stops at once,
 # not at the collectives' timeout (a failed rank aborts its worlds before
@@ -254,7 +294,7 @@ PORT=$((20000 + $$ % 20000))
 # of several nodes starts them: each machine's LOCAL_RANK from 0, its
 # EMU_NCCL_HOST its own)
 procs() {
-    local name=$1 n=$2 gpus=$3 plan=$4 r rc=0 node per=$(($2 / ${MACHINES:-1})) host
+    local name=$1 n=$2 gpus=$3 plan=$4 r rc=0 node per=$(($2 / ${MACHINES:-1})) host pids=() p
     shift 4
     node=$([ "${NO_NODE:-0}" = 1 ] || echo "$T/node-$name")
     PORT=$((PORT + 1))
@@ -266,8 +306,11 @@ procs() {
             s=$?
             echo "$s" >"$T/$name.$r.rc"
             exit "$s") &
+        pids+=($!)
     done
-    for ((r = 0; r < n; r++)); do wait -n || rc=$?; done
+    # (each of these processes by its pid: `wait -n` would also return for
+    # a job an earlier check left, and leave one of these running)
+    for p in "${pids[@]}"; do wait "$p" || rc=$?; done
     return "$rc"
 }
 shown() { # shown NAME N: every process's exit status and output, indented; fails (the check it stands in for failed)
