@@ -1654,8 +1654,10 @@ static void cudnn_case(kcuda_ctx *c, int on, int det, kcuda_dtype dt, int B, int
  * 32 and 128; the backward deterministic (the default) and with dq's sums
  * in any order (kcuda_ctx_set_deterministic 0); the packed layout; and,
  * on the emulation, a graph cuDNN refuses (EMU_CUDNN_REFUSE: the
- * heuristic offers no engine), which runs on this file's kernels with
- * the refusal kept. Without cuDNN (a GPU machine without the library)
+ * heuristic offers no engine; =plan: its engine's plan refuses), which
+ * runs on this file's kernels with the refusal kept, and an execution
+ * that fails (EMU_CUDNN_FAIL_EXECUTE): the call's error names the
+ * attention and says cuDNN's words. Without cuDNN (a GPU machine without the library)
  * the cases run on this file's kernels, one line says so, and the
  * counters must show every call declined. */
 static void t_attention_cudnn(kcuda_dtype dt)
@@ -1730,6 +1732,41 @@ static void t_attention_cudnn(kcuda_dtype dt)
         fprintf(stderr, "# described as: %s\n", line);
     }
     kcuda_ctx_free(c);
+    /* the engine offered, its plan refused: ours run, cuDNN's words kept */
+    setenv("EMU_CUDNN_REFUSE", "plan", 1);
+    KC(kcuda_ctx_create(&c));
+    kcuda_ctx_set_attention_cudnn(c, 1);
+    cudnn_case(c, 0, 1, dt, 1, 64, 2, 2, 64);
+    unsetenv("EMU_CUDNN_REFUSE");
+    st = cudnn_stats(c);
+    if (st.refused != 2 || !strstr(st.why, "no engine of 1 builds a plan") ||
+        !strstr(st.why, "CUDNN_STATUS_NOT_SUPPORTED") || !strstr(st.why, "EMU_CUDNN_REFUSE=plan")) {
+        cur_bad = 1;
+        fprintf(stderr, "# plan refused: %d graphs, why \"%s\"\n", st.refused, st.why);
+    }
+    kcuda_ctx_free(c);
+    /* an execution that fails: the call fails, naming the attention and
+     * the shape, in cuDNN's words */
+    {
+        int B = 1, T = 64, H = 2, d = 64;
+        size_t nq = (size_t)B * T * H * d;
+        float *q = rnd(nq, 1.0f, dt);
+        void *dq = up(q, nq, dt), *dout = dmem(nq * kcuda_dtype_size(dt));
+        float *dlse = dmem((size_t)B * H * T * 4);
+        KC(kcuda_ctx_create(&c));
+        kcuda_ctx_set_attention_cudnn(c, 1);
+        setenv("EMU_CUDNN_FAIL_EXECUTE", "1", 1);
+        int rc = kcuda_attention_forward(c, dout, dlse, dq, dq, dq, B, T, H, H, d, 1, dt, NULL);
+        unsetenv("EMU_CUDNN_FAIL_EXECUTE");
+        const char *why = kcuda_last_error();
+        if (rc == 0 || !strstr(why, "cuDNN's attention forward (B=1 T=64 H=2)") ||
+            !strstr(why, "CUDNN_STATUS_EXECUTION_FAILED") || !strstr(why, "EMU_CUDNN_FAIL_EXECUTE")) {
+            cur_bad = 1;
+            fprintf(stderr, "# a failed execution: rc %d, \"%s\"\n", rc, why);
+        }
+        cuda_or_die(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+        kcuda_ctx_free(c);
+    }
 }
 
 /* ---- cases: random shapes ---------------------------------------------- */

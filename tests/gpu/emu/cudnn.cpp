@@ -15,7 +15,11 @@
  * in an order where each virtual tensor is written once before it is
  * read, and unique ids that name one tensor each. The heuristic offers
  * one engine for any such graph (none with EMU_CUDNN_REFUSE set: a graph
- * cuDNN has no engine for), whose plan asks for a workspace of 1 MiB.
+ * cuDNN has no engine for; with EMU_CUDNN_REFUSE=plan one whose plan's
+ * finalize refuses it, CUDNN_STATUS_NOT_SUPPORTED, as an engine without a
+ * kernel for the shape does), whose plan asks for a workspace of 1 MiB.
+ * EMU_CUDNN_FAIL_EXECUTE set: cudnnBackendExecute fails
+ * (CUDNN_STATUS_EXECUTION_FAILED) before it runs anything.
  * cudnnBackendExecute checks the variant pack against the graph (every
  * tensor that is not virtual bound, by-value ones to host memory, the
  * others and the workspace to the handle's device's memory: else the
@@ -32,7 +36,7 @@
 #include <stdint.h> /* int64_t */
 #include <stdio.h>  /* vsnprintf */
 #include <stdlib.h> /* getenv, atol */
-#include <string.h> /* memcpy */
+#include <string.h> /* memcpy, strcmp */
 
 #include <cuda_runtime.h>
 
@@ -816,7 +820,8 @@ kcdnn_status cudnnBackendFinalize(kcdnn_desc d)
             return last_status;
         if (!has(x, KCDNN_ATTR_ENGINEHEUR_MODE))
             return fail(BAD_PARAM, "heuristic: no mode");
-        x->prog = getenv("EMU_CUDNN_REFUSE") ? nullptr : g->prog;
+        const char *refuse = getenv("EMU_CUDNN_REFUSE");
+        x->prog = refuse && strcmp(refuse, "plan") != 0 ? nullptr : g->prog;
         break;
     }
     case KCDNN_EXECUTION_PLAN_DESCRIPTOR: {
@@ -825,6 +830,9 @@ kcdnn_status cudnnBackendFinalize(kcdnn_desc d)
         Desc *c = x->desc(KCDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG);
         if (!alive(c, KCDNN_ENGINECFG_DESCRIPTOR) || !c->prog)
             return fail(BAD_PARAM, "plan: the engine config is not one of a heuristic's results");
+        const char *refuse = getenv("EMU_CUDNN_REFUSE");
+        if (refuse && strcmp(refuse, "plan") == 0)
+            return fail(KCDNN_STATUS_NOT_SUPPORTED, "EMU_CUDNN_REFUSE=plan: the engine has no kernel for the graph");
         x->prog = c->prog;
         x->workspace = 1 << 20;
         break;
@@ -886,6 +894,8 @@ kcdnn_status cudnnBackendExecute(kcdnn_handle h, kcdnn_desc plan, kcdnn_desc pac
         return fail(BAD_PARAM, "cudnnBackendExecute: not a finalized plan and variant pack");
     if (emu::sticky_error(hd->device) != cudaSuccess)
         return fail(EXECUTION_FAILED, "cudnnBackendExecute: the device has faulted");
+    if (getenv("EMU_CUDNN_FAIL_EXECUTE"))
+        return fail(EXECUTION_FAILED, "cudnnBackendExecute: EMU_CUDNN_FAIL_EXECUTE");
     auto r = std::make_shared<Run>();
     r->p = pl->prog.get();
     std::shared_ptr<Program> keep = pl->prog;
