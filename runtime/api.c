@@ -366,7 +366,7 @@ mesh_status mesh_context_gemm_tuning(mesh_context *ctx, char *buf, size_t n)
 mesh_status mesh_context_attention_cudnn(mesh_context *ctx, char *buf, size_t n)
 {
     return kernels_report(ctx, KERN_REPORT_ATTENTION_CUDNN, "mesh_context_attention_cudnn",
-                          "attention on cuDNN (MESH_ATTN_CUDNN=1, on a GPU)", buf, n);
+                          "attention on cuDNN (MESH_ATTN_CUDNN=1 or fwd, on a GPU)", buf, n);
 }
 
 mesh_status mesh_context_profile(mesh_context *ctx, int index, size_t size, mesh_profile_entry *entry)

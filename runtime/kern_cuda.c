@@ -168,12 +168,16 @@ static int cuda_open(kern *k)
     const char *tune = getenv("MESH_GEMM_TUNE");
     if (tune && strcmp(tune, "1") == 0) kcuda_ctx_set_gemm_tune(c->ctx, 1);
     /* MESH_ATTN_CUDNN=1: the attention on cuDNN's fused kernels where it
-     * takes the call (kcuda_ctx_set_attention_cudnn) */
+     * takes the call; fwd: its forward only, the backward on ours
+     * (kcuda_ctx_set_attention_cudnn 1, 2) */
     const char *cudnn = getenv("MESH_ATTN_CUDNN");
     if (cudnn && strcmp(cudnn, "1") == 0) kcuda_ctx_set_attention_cudnn(c->ctx, 1);
-    if (env_one_of(k, "MESH_ATTN_FWD_ROWS", "64", "128") || env_one_of(k, "MESH_ATTN_BWD_BLOCKS", "0", "1") ||
-        env_one_of(k, "MESH_ATTN_WGMMA", "0", "1") || env_one_of(k, "MESH_GEMM_TUNE", "0", "1") ||
-        env_one_of(k, "MESH_ATTN_CUDNN", "0", "1")) {
+    if (cudnn && strcmp(cudnn, "fwd") == 0) kcuda_ctx_set_attention_cudnn(c->ctx, 2);
+    int cudnn_bad = cudnn && *cudnn && strcmp(cudnn, "0") != 0 && strcmp(cudnn, "1") != 0 && strcmp(cudnn, "fwd") != 0;
+    if (cudnn_bad) snprintf(k->error, sizeof k->error, "MESH_ATTN_CUDNN=%.100s: expected 0, 1 or fwd", cudnn);
+    if (cudnn_bad || env_one_of(k, "MESH_ATTN_FWD_ROWS", "64", "128") ||
+        env_one_of(k, "MESH_ATTN_BWD_BLOCKS", "0", "1") || env_one_of(k, "MESH_ATTN_WGMMA", "0", "1") ||
+        env_one_of(k, "MESH_GEMM_TUNE", "0", "1")) {
         cuda_close(k);
         return -1;
     }

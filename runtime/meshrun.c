@@ -483,7 +483,9 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
     }
     char attn[800];
     if (lead && rc == MESH_OK && mesh_context_attention_cudnn(ctx, attn, sizeof attn) == MESH_OK) {
-        printf("meshrun: rank 0's attention (MESH_ATTN_CUDNN=1): %s\n", attn);
+        const char *mode = getenv("MESH_ATTN_CUDNN");
+        printf("meshrun: rank 0's attention (MESH_ATTN_CUDNN=%s): %s\n", mode && strcmp(mode, "fwd") == 0 ? "fwd" : "1",
+               attn);
         fflush(stdout);
     }
     if (lead && rc == MESH_OK && o->profile) {

@@ -123,7 +123,7 @@ void kcuda__cudnn_free(kcuda__cudnn *c)
 void kcuda_ctx_set_attention_cudnn(kcuda_ctx *ctx, int on)
 {
     if (ctx)
-        ctx->attn_cudnn = on == 1;
+        ctx->attn_cudnn = on == 1 || on == 2 ? on : 0;
 }
 
 /* The context's cuDNN state, made (and the library loaded) at the first
@@ -248,6 +248,7 @@ static kcuda__cudnn *cd_takes(kcuda_ctx *ctx, int bwd, const attn_args &a, kcuda
                      : !a.causal                               ? "not causal"
                      : a.T < 2                                 ? "T below 2"
                      : !packs                                  ? "rows not in 16-byte packs"
+                     : bwd && ctx->attn_cudnn == 2             ? "the forward only (the backward on ours)"
                      : bwd && a.assign != 7                    ? "a backward that adds to its gradients"
                      : bwd && cd_version <= 91500 && a.T % 128 ? "cuDNN up to 9.15: T not a multiple of 128"
                                                                : NULL;

@@ -569,7 +569,8 @@ void kcuda_attention_backward_only(int which);
 
 /* The context's attention in bf16 and fp16 (forward and backward, the
  * calls above) on cuDNN's fused flash attention where it takes the call
- * (on 1), else on this file's kernels (0, the default). cuDNN is loaded
+ * (on 1; 2: the forward only, the backward on this file's kernels from
+ * cuDNN's lse), else on this file's kernels (0, the default). cuDNN is loaded
  * at the first call: the library MESH_CUDNN_LIB names, else
  * libcudnn.so.9 (then libcudnn_graph.so.9) from the loader's path;
  * libmesh does not link it. It declines (ours run, and the stats say why)
@@ -592,7 +593,7 @@ typedef struct kcuda_attention_cudnn_stats {
     char why[320];           /* the last refusal, in cuDNN's words */
 } kcuda_attention_cudnn_stats;
 /* *st = what the context's attention did on cuDNN; returns whether it is
- * on (kcuda_ctx_set_attention_cudnn). */
+ * on (kcuda_ctx_set_attention_cudnn's 1 or 2; 0 off). */
 int kcuda_ctx_attention_cudnn(kcuda_ctx *ctx, kcuda_attention_cudnn_stats *st);
 /* Whether cuDNN (loaded as above) builds a plan for each of the
  * attention's graphs of a shape, forward and backward (deterministic or

@@ -99,7 +99,7 @@ struct kcuda_ctx {
                        dk/dv kernel's atomics in arrival order; 2 (mode 2): in turns */
     int gemm_tune;  /* kcuda_ctx_set_gemm_tune's mode: 0 by calloc (the heuristic's first) */
     kcuda_gemm_tune_stats tune_stats;
-    int attn_cudnn; /* kcuda_ctx_set_attention_cudnn: 0 by calloc (ours) */
+    int attn_cudnn; /* kcuda_ctx_set_attention_cudnn: 0 by calloc (ours), 1, 2 (the forward) */
     struct kcuda__cudnn *cudnn; /* attention_cudnn.cu's: made at the first use */
 };
 

@@ -1634,7 +1634,7 @@ static void cudnn_case(kcuda_ctx *c, int on, int det, kcuda_dtype dt, int B, int
     expect_dev("dk, added to", add[1], ref[1], nkv, dt);
     expect_dev("dv, added to", add[2], ref[2], nkv, dt);
     kcuda_attention_cudnn_stats after = cudnn_stats(c);
-    long want[2] = {on ? 1 : 0, on ? 2 : 0};
+    long want[2] = {on ? 1 : 0, on == 1 ? 2 : 0}; /* (on 2: the forward only) */
     for (int i = 0; i < 2 && on >= 0; i++)
         if (mid.calls[i] - before.calls[i] != want[i]) {
             cur_bad = 1;
@@ -1652,7 +1652,8 @@ static void cudnn_case(kcuda_ctx *c, int on, int det, kcuda_dtype dt, int B, int
  * tests/gpu/emu/cudnn.cpp, always): causal shapes of GPT-2's head size
  * (one key tile, two), grouped-query heads with a ragged last tile, d
  * 32 and 128; the backward deterministic (the default) and with dq's sums
- * in any order (kcuda_ctx_set_deterministic 0); the packed layout; and,
+ * in any order (kcuda_ctx_set_deterministic 0); the packed layout; the
+ * forward only (kcuda_ctx_set_attention_cudnn 2: ours backward); and,
  * on the emulation, a graph cuDNN refuses (EMU_CUDNN_REFUSE: the
  * heuristic offers no engine; =plan: its engine's plan refuses), which
  * runs on this file's kernels with the refusal kept, and an execution
@@ -1710,6 +1711,17 @@ static void t_attention_cudnn(kcuda_dtype dt)
     if (on && (st.refused != 0 || st.plans < 2)) {
         cur_bad = 1;
         fprintf(stderr, "# %d plans built, %d refused: %s\n", st.plans, st.refused, st.why);
+    }
+    kcuda_ctx_free(c);
+    /* the forward only (2): the backward on ours, from cuDNN's lse */
+    KC(kcuda_ctx_create(&c));
+    kcuda_ctx_set_attention_cudnn(c, 2);
+    cudnn_case(c, on ? 2 : 0, 1, dt, 2, 72, 4, 2, 32);
+    st = cudnn_stats(c);
+    /* (its 2 runs, and the one that adds) */
+    if (on && (st.declined[1] != 3 || !strstr(st.why_declined, "the forward only"))) {
+        cur_bad = 1;
+        fprintf(stderr, "# the forward only: %ld backward calls declined: %s\n", st.declined[1], st.why_declined);
     }
     kcuda_ctx_free(c);
     if (!emulated())

@@ -49,7 +49,8 @@
 #             step from the GPU's: 2e-3, 2e-2 and 0.2.
 #  6. train_gpt2: GPT-2 124M (examples/gpt2.mesh on one GPU, bf16, T=1024,
 #             B=16 and 32, and B=32 with MESH_ATTN_CUDNN=1 (alone and
-#             with MESH_DETERMINISTIC=0), with MESH_ATTN_WGMMA=1, with
+#             with MESH_DETERMINISTIC=0), with MESH_ATTN_CUDNN=fwd (its
+#             forward, our backward), with MESH_ATTN_WGMMA=1, with
 #             MESH_GEMM_TUNE=1 (alone and with MESH_ATTN_WGMMA=1), with
 #             MESH_DETERMINISTIC=0, with MESH_ATTN_FWD_ROWS=128 and with
 #             MESH_ATTN_BWD_BLOCKS=1;
@@ -631,6 +632,7 @@ gpt2_run() {
     [ "$mode" = wgmma-tune ] && env=(MESH_ATTN_WGMMA=1 MESH_GEMM_TUNE=1)
     [ "$mode" = cudnn ] && env=(MESH_ATTN_CUDNN=1)
     [ "$mode" = cudnn-atomic ] && env=(MESH_ATTN_CUDNN=1 MESH_DETERMINISTIC=0)
+    [ "$mode" = cudnn-fwd ] && env=(MESH_ATTN_CUDNN=fwd)
     [ "$mode" = profile ] && opt=(--profile)
     "$BUILD/meshc" -o "$d/$name.plan" examples/gpt2.mesh --set mesh.dp=1 --set mesh.tp=1 --set mesh.pp=1 \
         --set train.precision="$prec" --set train.zero=0 --set train.micro_batch="$batch" \
@@ -750,7 +752,7 @@ step_train_gpt2() {
     # in a second call runs them all)
     torch_py_once
     want torch_gpt2 && [ -n "$TORCH_PY" ] && reserve=150
-    for cfg in "bf16 16 profile" "bf16 32" "bf16 32 cudnn" "bf16 32 cudnn-atomic" "bf16 32 wgmma" "bf16 32 tune" "bf16 32 wgmma-tune" \
+    for cfg in "bf16 16 profile" "bf16 32" "bf16 32 cudnn" "bf16 32 cudnn-atomic" "bf16 32 cudnn-fwd" "bf16 32 wgmma" "bf16 32 tune" "bf16 32 wgmma-tune" \
         "bf16 32 atomic" "bf16 32 rows128" "bf16 32 blocks" "fp32 16"; do
         read -r prec batch mode <<<"$cfg"
         what="$prec, B=$batch${mode:+, $mode}"
@@ -769,7 +771,7 @@ step_train_gpt2() {
         [[ $mode == *tune ]] && tuning=$(sed -n "s/^meshrun: rank 0's matmul algorithms (MESH_GEMM_TUNE=1): //p" \
             "$d/gpt2-$prec-$batch-$mode.out" | tail -n 1)
         # (what MESH_ATTN_CUDNN=1 did: cuDNN's version, its calls, a refusal in its words)
-        [[ $mode == cudnn* ]] && cudnn=$(sed -n "s/^meshrun: rank 0's attention (MESH_ATTN_CUDNN=1): //p" \
+        [[ $mode == cudnn* ]] && cudnn=$(sed -n "s/^meshrun: rank 0's attention (MESH_ATTN_CUDNN=[^)]*): //p" \
             "$d/gpt2-$prec-$batch-$mode.out" | tail -n 1)
         # (the B=32 runs' logged losses against the default's, "bf16 32",
         # the same data from the same seed: the worst relative difference;
@@ -790,7 +792,7 @@ step_train_gpt2() {
             fi
         fi
         detail+="$what: $(printf '%.0f' "$tps") tokens/s, MFU $mfu%${tuning:+ ($tuning)}${cudnn:+ ($cudnn)}$([ "$rel" != null ] && [ -n "$mode" ] && echo ", losses within $rel of the default's"); "
-        json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"mode\": \"${mode:-default}\", \"deterministic\": $(case $mode in *atomic) echo false ;; *) echo true ;; esac), \"profiled\": $([ "$mode" = profile ] && echo true || echo false), \"attention_layout\": \"$(case $mode in rows128) echo 'forward 128 rows' ;; blocks) echo 'backward more blocks' ;; wgmma|wgmma-tune) echo 'wgmma' ;; cudnn*) echo 'cuDNN' ;; *) echo default ;; esac)\", \"attention_cudnn\": $(json_str "$cudnn"), \"gemm_tuned\": $(case $mode in *tune) echo true ;; *) echo false ;; esac), \"gemm_tuning\": $(json_str "$tuning"), \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu, \"losses_vs_default\": $rel}"
+        json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"mode\": \"${mode:-default}\", \"deterministic\": $(case $mode in *atomic) echo false ;; *) echo true ;; esac), \"profiled\": $([ "$mode" = profile ] && echo true || echo false), \"attention_layout\": \"$(case $mode in rows128) echo 'forward 128 rows' ;; blocks) echo 'backward more blocks' ;; wgmma|wgmma-tune) echo 'wgmma' ;; cudnn-fwd) echo 'cuDNN forward, ours backward' ;; cudnn*) echo 'cuDNN' ;; *) echo default ;; esac)\", \"attention_cudnn\": $(json_str "$cudnn"), \"gemm_tuned\": $(case $mode in *tune) echo true ;; *) echo false ;; esac), \"gemm_tuning\": $(json_str "$tuning"), \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu, \"losses_vs_default\": $rel}"
         [ -z "$best" ] && best=$tps
     done
     [ -n "$fast_mode" ] && detail+="fastest at B=32 with the default's losses (within 2e-2): $fast_mode, $(printf '%.0f' "$fast_tps") tokens/s; "

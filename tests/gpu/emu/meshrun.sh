@@ -22,7 +22,7 @@
 # attention's layouts by environment (MESH_ATTN_FWD_ROWS,
 # MESH_ATTN_BWD_BLOCKS, MESH_ATTN_WGMMA) and the products' tuning
 # (MESH_GEMM_TUNE): the same checkpoint bytes; on the emulated cuDNN
-# (MESH_ATTN_CUDNN): within 2e-2.
+# (MESH_ATTN_CUDNN=1, and =fwd: its forward only): within 2e-2.
 # A GPU too small (EMU_GPU_MEM_MB=34, 16): meshrun stops, naming the
 # bytes (the plan's, the kernels', the device's free and total); so does
 # a device full from any allocation of a bf16 step on (EMU_FAIL=malloc:N+),
@@ -191,13 +191,22 @@ check "its 2 losses and validation loss are the defaults' within 2e-2" $?
 grep -q "^meshrun: rank 0's attention (MESH_ATTN_CUDNN=1): cuDNN 9.19.0: [1-9][0-9]* forward and [1-9][0-9]* backward calls on it, 0 and 0 on ours; 2 plans built, 0 refused$" \
     "$T/h64n.log" && ! grep -q "rank 0's attention" "$T/h64a.log"
 check "meshrun says every attention call ran on cuDNN (2 plans), and nothing without it" $?
+# MESH_ATTN_CUDNN=fwd: cuDNN's forward, our backward from its lse
+MESH_EMU_GPUS=1 MESH_ATTN_CUDNN=fwd PLAN=h64 run "$T/h64f.log" --device cuda --steps 2 &&
+    same "$T/h64f.log" "$T/h64a.log" 2e-2 3 &&
+    grep -q "^meshrun: rank 0's attention (MESH_ATTN_CUDNN=fwd): cuDNN 9.19.0: [1-9][0-9]* forward and 0 backward calls on it, 0 and [1-9][0-9]* on ours; 1 plans built, 0 refused; ours because: the forward only (the backward on ours)$" \
+        "$T/h64f.log"
+check "MESH_ATTN_CUDNN=fwd: 2 steps within 2e-2 of the defaults', every forward on cuDNN and every backward on ours" $?
 MESH_EMU_GPUS=1 MESH_ATTN_FWD_ROWS=96 timeout 60 "$B/meshrun_emu" "$T/h64.plan" --data "$T/train.bin" \
     --device cuda --steps 1 >"$T/h64c.log" 2>&1
 [ $? -ne 0 ] && grep -q "^meshrun: error: .*MESH_ATTN_FWD_ROWS=96: expected 64 or 128$" "$T/h64c.log" &&
     MESH_EMU_GPUS=1 MESH_GEMM_TUNE=yes timeout 60 "$B/meshrun_emu" "$T/h64.plan" --data "$T/train.bin" \
         --device cuda --steps 1 >"$T/h64d.log" 2>&1
-[ $? -ne 0 ] && grep -q "^meshrun: error: .*MESH_GEMM_TUNE=yes: expected 0 or 1$" "$T/h64d.log"
-check "MESH_ATTN_FWD_ROWS=96, MESH_GEMM_TUNE=yes: meshrun stops, naming the variable and what it takes" $?
+[ $? -ne 0 ] && grep -q "^meshrun: error: .*MESH_GEMM_TUNE=yes: expected 0 or 1$" "$T/h64d.log" &&
+    MESH_EMU_GPUS=1 MESH_ATTN_CUDNN=bwd timeout 60 "$B/meshrun_emu" "$T/h64.plan" --data "$T/train.bin" \
+        --device cuda --steps 1 >"$T/h64e.log" 2>&1
+[ $? -ne 0 ] && grep -q "^meshrun: error: .*MESH_ATTN_CUDNN=bwd: expected 0, 1 or fwd$" "$T/h64e.log"
+check "MESH_ATTN_FWD_ROWS=96, MESH_GEMM_TUNE=yes, MESH_ATTN_CUDNN=bwd: meshrun stops, naming the variable and what it takes" $?
 
 # A GPU too small (EMU_GPU_MEM_MB): meshrun stops, saying how full the
 # device is and what the plan and the kernels take (for the plan's arena;
