@@ -59,8 +59,9 @@
 #             run with --profile, its table of the step's GPU time by
 #             kind of work in $OUT/profile-gpt2-bf16-16-profile.txt. Each
 #             B=32 run's logged losses against the default's (the same
-#             data and seed), and the fastest within 2e-2 of them
-#             (gpt2.json's fastest_b32): what the default could be.
+#             data and seed), and the fastest deterministic one within
+#             2e-2 of them (gpt2.json's fastest_b32): what the default
+#             could be (fastest_b32_any: with the atomic runs too).
 #  7. gpu_bench: GEMM, attention and memory-bound throughput.
 #  7b. ncu, only when MESH_GPU_STEPS names it: Nsight Compute's counters
 #             of the attention kernels (where ncu is installed), into
@@ -745,7 +746,7 @@ step_train_gpt2() {
     # profile, --profile: two event
     # records an op, host calls and GPU timestamps, which a GPU-bound step
     # mostly hides)
-    local prec batch mode what reserve=0 ref="" rel fast_mode="" fast_tps=0
+    local prec batch mode what reserve=0 ref="" rel fast_mode="" fast_tps=0 any_mode="" any_tps=0
     # (PyTorch's step, next, keeps 150 s of the budget: the issue's
     # comparison needs both figures from one run; the runs after the
     # first three are skipped before it is cut. MESH_GPU_STEPS=train_gpt2
@@ -775,7 +776,9 @@ step_train_gpt2() {
             "$d/gpt2-$prec-$batch-$mode.out" | tail -n 1)
         # (the B=32 runs' logged losses against the default's, "bf16 32",
         # the same data from the same seed: the worst relative difference;
-        # the fastest within bf16's 2e-2 is what a default could be)
+        # the fastest deterministic one within bf16's 2e-2 is what the
+        # default could be, and the fastest of all what a documented
+        # non-deterministic flag gives)
         rel=null
         if [ "$prec $batch" = "bf16 32" ]; then
             if [ -z "$mode" ]; then
@@ -786,7 +789,12 @@ step_train_gpt2() {
                     NF == 2 { n++; r = ($1 - $2) / ($1 < 0 ? -$1 : $1); if (r < 0) r = -r; if (r > w) w = r }
                     END { if (n > 0) printf "%.2e", w; else printf "null" }')
             fi
-            if [ "$rel" != null ] && awk -v r="$rel" -v t="$tps" -v f="$fast_tps" 'BEGIN { exit !(r <= 2e-2 && t > f) }'; then
+            if [ "$rel" != null ] && awk -v r="$rel" -v t="$tps" -v f="$any_tps" 'BEGIN { exit !(r <= 2e-2 && t > f) }'; then
+                any_mode=${mode:-default}
+                any_tps=$tps
+            fi
+            if [[ $mode != *atomic ]] && [ "$rel" != null ] &&
+                awk -v r="$rel" -v t="$tps" -v f="$fast_tps" 'BEGIN { exit !(r <= 2e-2 && t > f) }'; then
                 fast_mode=${mode:-default}
                 fast_tps=$tps
             fi
@@ -795,9 +803,12 @@ step_train_gpt2() {
         json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"mode\": \"${mode:-default}\", \"deterministic\": $(case $mode in *atomic) echo false ;; *) echo true ;; esac), \"profiled\": $([ "$mode" = profile ] && echo true || echo false), \"attention_layout\": \"$(case $mode in rows128) echo 'forward 128 rows' ;; blocks) echo 'backward more blocks' ;; wgmma|wgmma-tune) echo 'wgmma' ;; cudnn-fwd) echo 'cuDNN forward, ours backward' ;; cudnn*) echo 'cuDNN' ;; *) echo default ;; esac)\", \"attention_cudnn\": $(json_str "$cudnn"), \"gemm_tuned\": $(case $mode in *tune) echo true ;; *) echo false ;; esac), \"gemm_tuning\": $(json_str "$tuning"), \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu, \"losses_vs_default\": $rel}"
         [ -z "$best" ] && best=$tps
     done
-    [ -n "$fast_mode" ] && detail+="fastest at B=32 with the default's losses (within 2e-2): $fast_mode, $(printf '%.0f' "$fast_tps") tokens/s; "
-    printf '{"seq": %d, "runs": [%s], "fastest_b32": %s}\n' "$GPT2_T" "$json" \
+    [ -n "$fast_mode" ] && detail+="fastest deterministic at B=32 with the default's losses (within 2e-2): $fast_mode, $(printf '%.0f' "$fast_tps") tokens/s; "
+    [ -n "$any_mode" ] && [ "$any_mode" != "$fast_mode" ] &&
+        detail+="fastest of all within 2e-2: $any_mode, $(printf '%.0f' "$any_tps") tokens/s; "
+    printf '{"seq": %d, "runs": [%s], "fastest_b32": %s, "fastest_b32_any": %s}\n' "$GPT2_T" "$json" \
         "$([ -n "$fast_mode" ] && printf '{"mode": "%s", "tokens_per_s": %s}' "$fast_mode" "$fast_tps" || echo null)" \
+        "$([ -n "$any_mode" ] && printf '{"mode": "%s", "tokens_per_s": %s}' "$any_mode" "$any_tps" || echo null)" \
         >"$OUT/gpt2.json"
     if [ -n "$json" ]; then result train_gpt2 PASS "${detail%; }"; else result train_gpt2 FAIL "${detail%; }"; fi
 }
