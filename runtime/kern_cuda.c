@@ -49,8 +49,8 @@ static void recount(kern *k)
  * device says how full, as dev_alloc does: of `bytes` allocated for
  * `what` when known (bytes > 0; else the bytes an op's scratch could not
  * grow to, kcuda_failed_alloc_bytes), else beside kcuda's message. The
- * kernels' bytes are the device's (cuBLASLt's workspaces) and this
- * context's scratch. */
+ * kernels' bytes are the device's `held`, counted again first (recount:
+ * after a failed growth the scratch holds nothing). */
 static int check_alloc(kern *k, const char *name, int rc, const char *what, size_t bytes)
 {
     recount(k);
