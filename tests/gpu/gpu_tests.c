@@ -1669,6 +1669,21 @@ static void cudnn_case(kcuda_ctx *c, int on, int det, kcuda_dtype dt, int B, int
     cur_shape[0] = '\0';
 }
 
+/* One of GPT-2's shapes on a new context's cuDNN (the emulation's) told
+ * EMU_CUDNN_REFUSE=refuse: its counters (the calls on ours) in *st. */
+static void cudnn_refused_case(kcuda_dtype dt, const char *refuse, kcuda_attention_cudnn_stats *st)
+{
+    kcuda_ctx *c = NULL;
+    memset(st, 0, sizeof *st);
+    setenv("EMU_CUDNN_REFUSE", refuse, 1);
+    KC(kcuda_ctx_create(&c));
+    kcuda_ctx_set_attention_cudnn(c, 1);
+    cudnn_case(c, 0, 1, dt, 1, 64, 2, 2, 64);
+    unsetenv("EMU_CUDNN_REFUSE");
+    *st = cudnn_stats(c);
+    kcuda_ctx_free(c);
+}
+
 /* The attention on cuDNN where it is there (the emulation's own library,
  * tests/gpu/emu/cudnn.cpp, always): causal shapes of GPT-2's head size
  * (one key tile, two), grouped-query heads with a ragged last tile, d
@@ -1748,12 +1763,7 @@ static void t_attention_cudnn(kcuda_dtype dt)
     if (!emulated())
         return;
     /* refused: ours run, the refusal kept */
-    setenv("EMU_CUDNN_REFUSE", "1", 1);
-    KC(kcuda_ctx_create(&c));
-    kcuda_ctx_set_attention_cudnn(c, 1);
-    cudnn_case(c, 0, 1, dt, 1, 64, 2, 2, 64);
-    unsetenv("EMU_CUDNN_REFUSE");
-    st = cudnn_stats(c);
+    cudnn_refused_case(dt, "1", &st);
     if (st.refused != 2 || !strstr(st.why, "no engine")) {
         cur_bad = 1;
         fprintf(stderr, "# refused: %d graphs, why \"%s\"\n", st.refused, st.why);
@@ -1764,20 +1774,13 @@ static void t_attention_cudnn(kcuda_dtype dt)
         cur_bad = 1;
         fprintf(stderr, "# described as: %s\n", line);
     }
-    kcuda_ctx_free(c);
     /* the engine offered, its plan refused: ours run, cuDNN's words kept */
-    setenv("EMU_CUDNN_REFUSE", "plan", 1);
-    KC(kcuda_ctx_create(&c));
-    kcuda_ctx_set_attention_cudnn(c, 1);
-    cudnn_case(c, 0, 1, dt, 1, 64, 2, 2, 64);
-    unsetenv("EMU_CUDNN_REFUSE");
-    st = cudnn_stats(c);
+    cudnn_refused_case(dt, "plan", &st);
     if (st.refused != 2 || !strstr(st.why, "no engine of 1 builds a plan") ||
         !strstr(st.why, "CUDNN_STATUS_NOT_SUPPORTED") || !strstr(st.why, "EMU_CUDNN_REFUSE=plan")) {
         cur_bad = 1;
         fprintf(stderr, "# plan refused: %d graphs, why \"%s\"\n", st.refused, st.why);
     }
-    kcuda_ctx_free(c);
     /* an execution that fails: the call fails, naming the attention and
      * the shape, in cuDNN's words */
     {
