@@ -185,10 +185,7 @@ static cd_plan *cd_build(kcuda__cudnn *c, const cd_key *k)
     p->neg_inf = cd_version >= 91000 ? -INFINITY : -FLT_MAX;
     p->one = 1.0f;
     kcuda__cudnn_graph *g = &p->g;
-    g->uid = KCUDA__CUDNN_UID_VIRTUAL;
-    kcdnn_desc ops[32];
-    int n = k->bwd ? kcuda__cudnn_backward_graph(g, s, k->det != 0, ops) : kcuda__cudnn_forward_graph(g, s, ops);
-    kcuda__cudnn_plan(g, c->h, NULL, ops, n);
+    kcuda__cudnn_build(g, s, k->bwd, k->det != 0, c->h, NULL);
     if (!g->plan) {
         c->st.refused++;
         snprintf(c->st.why, sizeof c->st.why, "%s %s B=%d T=%d H=%d KV=%d d=%d: %s",
@@ -326,14 +323,11 @@ static int cd_check_one(const char *device_json, const kcuda__cudnn_shape &s, in
         snprintf(why, n, "out of host memory");
         return 0;
     }
-    g->uid = KCUDA__CUDNN_UID_VIRTUAL;
     kcdnn_desc dev = kcuda__cudnn_new(g, KCDNN_DEVICEPROP_DESCRIPTOR);
     kcuda__cudnn_set(g, dev, KCDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, KCDNN_TYPE_CHAR,
                      (int64_t)strlen(device_json) + 1, device_json);
     kcuda__cudnn_fin(g, dev, "the device's properties");
-    kcdnn_desc ops[32];
-    int nops = bwd ? kcuda__cudnn_backward_graph(g, s, det, ops) : kcuda__cudnn_forward_graph(g, s, ops);
-    kcuda__cudnn_plan(g, NULL, dev, ops, nops);
+    kcuda__cudnn_build(g, s, bwd, det, NULL, dev);
     int ok = g->plan != NULL || g->compiled;
     *workspace = ok ? (long long)g->workspace : -1;
     if (!ok)

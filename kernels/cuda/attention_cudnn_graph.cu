@@ -218,7 +218,9 @@ static kcdnn_desc gb_kv(gb *g, const gshape &s, int64_t uid, int dt)
     return gb_tensor(g, uid, dt, s.B, s.KV, s.T, s.d, s.T * s.kvs, s.d, s.kvs, 1);
 }
 
-int kcuda__cudnn_forward_graph(gb *g, const gshape &s, kcdnn_desc *ops)
+/* The causal attention's forward (the binding's ids: Q, K, V, O, STATS,
+ * SCALE, NEG_INF) into ops; returns how many. */
+static int forward_graph(gb *g, const gshape &s, kcdnn_desc *ops)
 {
     int n = 0, F = KCDNN_DATA_FLOAT;
     kcdnn_desc q = gb_q(g, s, KCUDA__CUDNN_UID_Q, s.qs), kt = gb_keys_t(g, s, KCUDA__CUDNN_UID_K);
@@ -257,7 +259,9 @@ static void gb_grad_kv(gb *g, kcdnn_desc *ops, int *n, const gshape &s, kcdnn_de
     gb_red(g, ops, n, KCDNN_REDUCE_TENSOR_ADD, full, out);
 }
 
-int kcuda__cudnn_backward_graph(gb *g, const gshape &s, bool det, kcdnn_desc *ops)
+/* Its backward (Q, K, V, O, DO, STATS, DQ, DK, DV, SCALE, NEG_INF, ONE,
+ * D, and DQ_ACC unless det) into ops; returns how many. */
+static int backward_graph(gb *g, const gshape &s, bool det, kcdnn_desc *ops)
 {
     int n = 0, F = KCDNN_DATA_FLOAT;
     kcdnn_desc q = gb_q(g, s, KCUDA__CUDNN_UID_Q, s.qs), kt = gb_keys_t(g, s, KCUDA__CUDNN_UID_K);
@@ -310,7 +314,8 @@ int kcuda__cudnn_backward_graph(gb *g, const gshape &s, bool det, kcdnn_desc *op
     return n;
 }
 
-void kcuda__cudnn_plan(gb *g, kcdnn_handle h, kcdnn_desc dev, kcdnn_desc *ops, int n)
+/* g's plan for ops: the heuristic's (mode A) first engine that builds. */
+static void plan_of(gb *g, kcdnn_handle h, kcdnn_desc dev, kcdnn_desc *ops, int n)
 {
     kcdnn_desc graph = kcuda__cudnn_new(g, KCDNN_OPERATIONGRAPH_DESCRIPTOR);
     kcuda__cudnn_set(g, graph, KCDNN_ATTR_OPERATIONGRAPH_OPS, KCDNN_TYPE_BACKEND_DESCRIPTOR, n, ops);
@@ -388,4 +393,13 @@ void kcuda__cudnn_plan(gb *g, kcdnn_handle h, kcdnn_desc dev, kcdnn_desc *ops, i
             cd.BackendDestroyDescriptor(plan);
     }
     snprintf(g->why, sizeof g->why, "no engine of %lld builds a plan; %s", (long long)got, first);
+}
+
+void kcuda__cudnn_build(kcuda__cudnn_graph *g, const kcuda__cudnn_shape &s, int bwd, bool det, kcdnn_handle h,
+                        kcdnn_desc dev)
+{
+    g->uid = KCUDA__CUDNN_UID_VIRTUAL;
+    kcdnn_desc ops[32];
+    int n = bwd ? backward_graph(g, s, det, ops) : forward_graph(g, s, ops);
+    plan_of(g, h, dev, ops, n);
 }

@@ -24,8 +24,8 @@ enum {
 #define KCUDA__CUDNN_GRAPH_DESCS 112 /* descriptors a graph keeps: the backward's ~90 at most */
 
 /* A graph being described: every descriptor made for it (destroyed with
- * it, kcuda__cudnn_graph_free), its plan once built. Zeroed, with uid
- * KCUDA__CUDNN_UID_VIRTUAL, before its first descriptor. */
+ * it, kcuda__cudnn_graph_free), its plan once built. Zeroed before its
+ * first descriptor (kcuda__cudnn_build numbers its virtual tensors). */
 typedef struct kcuda__cudnn_graph {
     kcdnn_desc keep[KCUDA__CUDNN_GRAPH_DESCS];
     int nkeep;
@@ -33,7 +33,7 @@ typedef struct kcuda__cudnn_graph {
     int64_t workspace; /* the plan's own bytes */
     int64_t uid;       /* the next virtual tensor's */
     char why[200];     /* the first failure, in cuDNN's words */
-    int compiled;      /* device-less (kcuda__cudnn_plan without a handle): an
+    int compiled;      /* device-less (kcuda__cudnn_build without a handle): an
                           engine's plan compiled and failed only to load, for
                           want of a GPU */
 } kcuda__cudnn_graph;
@@ -53,15 +53,14 @@ kcdnn_desc kcuda__cudnn_new(kcuda__cudnn_graph *g, int type);
 void kcuda__cudnn_set(kcuda__cudnn_graph *g, kcdnn_desc d, int name, int type, int64_t n, const void *v);
 void kcuda__cudnn_fin(kcuda__cudnn_graph *g, kcdnn_desc d, const char *what);
 
-/* The causal attention's forward (the binding's ids: Q, K, V, O, STATS,
- * SCALE, NEG_INF) and backward (Q, K, V, O, DO, STATS, DQ, DK, DV, SCALE,
- * NEG_INF, ONE, D, and DQ_ACC unless det) into ops; returns how many. */
-int kcuda__cudnn_forward_graph(kcuda__cudnn_graph *g, const kcuda__cudnn_shape &s, kcdnn_desc *ops);
-int kcuda__cudnn_backward_graph(kcuda__cudnn_graph *g, const kcuda__cudnn_shape &s, bool det, kcdnn_desc *ops);
-
-/* g's plan for ops: the heuristic's (mode A) first engine that builds; for
- * handle h's GPU, or (h NULL) the device that the finalized device
- * properties dev describe (no GPU needed: kcuda_attention_cudnn_check). */
-void kcuda__cudnn_plan(kcuda__cudnn_graph *g, kcdnn_handle h, kcdnn_desc dev, kcdnn_desc *ops, int n);
+/* g (zeroed, or holding only the device's properties) described as the
+ * causal attention's forward (bwd 0; the binding's ids: Q, K, V, O,
+ * STATS, SCALE, NEG_INF) or backward (Q, K, V, O, DO, STATS, DQ, DK, DV,
+ * SCALE, NEG_INF, ONE, D, and DQ_ACC unless det) of shape s, and its plan:
+ * the heuristic's (mode A) first engine that builds, for handle h's GPU,
+ * or (h NULL) the device that the finalized device properties dev
+ * describe (no GPU needed: kcuda_attention_cudnn_check). */
+void kcuda__cudnn_build(kcuda__cudnn_graph *g, const kcuda__cudnn_shape &s, int bwd, bool det, kcdnn_handle h,
+                        kcdnn_desc dev);
 
 #endif
