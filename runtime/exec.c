@@ -729,7 +729,7 @@ comm *mesh__exec_pipeline(const mesh__exec *ex, int *stage, int *lead)
 
 size_t mesh__exec_bytes(const mesh__exec *ex) { return (size_t)ex->ms->total; }
 
-size_t mesh__exec_kernel_bytes(const mesh__exec *ex) { return ex->gpu && ex->dev ? ex->dev->held : 0; }
+size_t mesh__exec_kernel_bytes(const mesh__exec *ex) { return ex->dev ? ex->dev->held : 0; /* (a CPU's: 0) */ }
 
 int mesh__exec_gpu(const mesh__exec *ex) { return ex->gpu; }
 

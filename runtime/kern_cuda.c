@@ -123,15 +123,24 @@ static void attn_layouts(void)
     if (wg && *wg) (void)kcuda_attention_wgmma(atoi(wg));
 }
 
-/* 0 if the environment's `name` is unset, empty, `a` or `b`; else -1 with
- * the error. */
-static int env_one_of(kern *k, const char *name, const char *a, const char *b)
+/* Which of vals[0..n) the environment's `name` is: its index; -1 when it
+ * is unset or empty; else -2 with the error ("expected A, B or C"). */
+static int env_choice(kern *k, const char *name, const char *const *vals, int n)
 {
     const char *v = getenv(name);
-    if (!v || !*v || strcmp(v, a) == 0 || strcmp(v, b) == 0) return 0;
-    snprintf(k->error, sizeof k->error, "%s=%.100s: expected %s or %s", name, v, a, b);
-    return -1;
+    if (!v || !*v) return -1;
+    for (int i = 0; i < n; i++)
+        if (strcmp(v, vals[i]) == 0) return i;
+    int w = snprintf(k->error, sizeof k->error, "%s=%.100s: expected ", name, v);
+    for (int i = 0; i < n && w >= 0 && (size_t)w < sizeof k->error; i++)
+        w += snprintf(k->error + w, sizeof k->error - (size_t)w, "%s%s", vals[i],
+                      i + 2 < n ? ", " : i + 1 < n ? " or " : "");
+    return -2;
 }
+
+#define ENV_CHOICE(k, name, ...)                                                                                  \
+    env_choice(k, name, (const char *const[]){__VA_ARGS__},                                                       \
+               (int)(sizeof((const char *const[]){__VA_ARGS__}) / sizeof(const char *)))
 
 static int cuda_open(kern *k)
 {
@@ -164,23 +173,19 @@ static int cuda_open(kern *k)
     if (det && (strcmp(det, "0") == 0 || strcmp(det, "2") == 0)) kcuda_ctx_set_deterministic(c->ctx, det[0] - '0');
     /* MESH_GEMM_TUNE=1: each product's cuBLASLt algorithm timed at its
      * shape's first call, among those that give the default's bits
-     * (kcuda_ctx_set_gemm_tune) */
-    const char *tune = getenv("MESH_GEMM_TUNE");
-    if (tune && strcmp(tune, "1") == 0) kcuda_ctx_set_gemm_tune(c->ctx, 1);
-    /* MESH_ATTN_CUDNN=1: the attention on cuDNN's fused kernels where it
-     * takes the call; fwd: its forward only, the backward on ours
-     * (kcuda_ctx_set_attention_cudnn 1, 2) */
-    const char *cudnn = getenv("MESH_ATTN_CUDNN");
-    if (cudnn && strcmp(cudnn, "1") == 0) kcuda_ctx_set_attention_cudnn(c->ctx, 1);
-    if (cudnn && strcmp(cudnn, "fwd") == 0) kcuda_ctx_set_attention_cudnn(c->ctx, 2);
-    int cudnn_bad = cudnn && *cudnn && strcmp(cudnn, "0") != 0 && strcmp(cudnn, "1") != 0 && strcmp(cudnn, "fwd") != 0;
-    if (cudnn_bad) snprintf(k->error, sizeof k->error, "MESH_ATTN_CUDNN=%.100s: expected 0, 1 or fwd", cudnn);
-    if (cudnn_bad || env_one_of(k, "MESH_ATTN_FWD_ROWS", "64", "128") ||
-        env_one_of(k, "MESH_ATTN_BWD_BLOCKS", "0", "1") || env_one_of(k, "MESH_ATTN_WGMMA", "0", "1") ||
-        env_one_of(k, "MESH_GEMM_TUNE", "0", "1")) {
+     * (kcuda_ctx_set_gemm_tune 1). MESH_ATTN_CUDNN=1: the attention on
+     * cuDNN's fused kernels where it takes the call; fwd: its forward
+     * only, the backward on ours (kcuda_ctx_set_attention_cudnn 1, 2: the
+     * values' indices). The first of them set to something else stops. */
+    int tune = -1, cudnn = -1;
+    if (ENV_CHOICE(k, "MESH_ATTN_FWD_ROWS", "64", "128") == -2 || ENV_CHOICE(k, "MESH_ATTN_BWD_BLOCKS", "0", "1") == -2 ||
+        ENV_CHOICE(k, "MESH_ATTN_WGMMA", "0", "1") == -2 || (tune = ENV_CHOICE(k, "MESH_GEMM_TUNE", "0", "1")) == -2 ||
+        (cudnn = ENV_CHOICE(k, "MESH_ATTN_CUDNN", "0", "1", "fwd")) == -2) {
         cuda_close(k);
         return -1;
     }
+    if (tune > 0) kcuda_ctx_set_gemm_tune(c->ctx, tune);
+    if (cudnn > 0) kcuda_ctx_set_attention_cudnn(c->ctx, cudnn);
     pthread_once(&attn_layouts_once, attn_layouts);
     return 0;
 }
