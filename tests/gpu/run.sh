@@ -486,6 +486,13 @@ TRAIN_DEV=${MESH_GPU_TRAIN_DEV:-cuda}
 
 # The losses of a metrics file (meshrun --metrics), one per line.
 losses_of() { sed -n 's/.*"loss": \([-0-9.e+]*\),.*/\1/p' "$1"; }
+# worst_rel A B: "N W": the logged losses of metrics files A and B side by
+# side, N of them, W the largest relative difference from A's
+worst_rel() {
+    paste <(losses_of "$1") <(losses_of "$2") | awk '
+        NF == 2 { n++; r = ($1 - $2) / ($1 < 0 ? -$1 : $1); if (r < 0) r = -r; if (r > w) w = r }
+        END { printf "%d %.2e\n", n, w }'
+}
 
 step_train_equiv() {
     local d=$OUT/train m dev detail="" bad=0 san_done=0
@@ -596,9 +603,7 @@ step_train_equiv() {
             detail+="$m overlap vs not: ${ov% *} steps, worst ${ov#* } of 1e-6; "
         fi
         local cmp
-        cmp=$(paste <(losses_of "$d/$m-cpu.json") <(losses_of "$d/$m-$TRAIN_DEV.json") | awk '
-            NF == 2 { n++; r = ($1 - $2) / ($1 < 0 ? -$1 : $1); if (r < 0) r = -r; if (r > w) w = r }
-            END { printf "%d %.2e\n", n, w }')
+        cmp=$(worst_rel "$d/$m-cpu.json" "$d/$m-$TRAIN_DEV.json")
         local steps=${cmp% *} w=${cmp#* }
         echo "train_equiv: $m: $steps steps compared, largest relative difference $w (allowed $tol)"
         local mbad=0 line
@@ -720,6 +725,12 @@ step_oracle() {
     if [ $bad = 0 ]; then result oracle PASS "${detail%; }"; else result oracle FAIL "${detail%; }"; fi
 }
 
+# faster REL TPS BEST: whether a run REL (worst_rel's, or null) from the
+# default's losses is within bf16's 2e-2 and faster than BEST tokens/s
+faster() { [ "$1" != null ] && awk -v r="$1" -v t="$2" -v f="$3" 'BEGIN { exit !(r <= 2e-2 && t > f) }'; }
+# mode_json MODE TPS: {"mode": MODE, "tokens_per_s": TPS}, or null
+mode_json() { if [ -n "$1" ]; then printf '{"mode": "%s", "tokens_per_s": %s}' "$1" "$2"; else echo null; fi; }
+
 step_train_gpt2() {
     local d=$OUT/train l tps best="" detail="" json="" cfg
     l=$(left)
@@ -746,7 +757,7 @@ step_train_gpt2() {
     # profile, --profile: two event
     # records an op, host calls and GPU timestamps, which a GPU-bound step
     # mostly hides)
-    local prec batch mode what reserve=0 ref="" rel fast_mode="" fast_tps=0 any_mode="" any_tps=0
+    local prec batch mode what reserve=0 ref="" rel cmp fast_mode="" fast_tps=0 any_mode="" any_tps=0
     # (PyTorch's step, next, keeps 150 s of the budget: the issue's
     # comparison needs both figures from one run; the runs after the
     # first three are skipped before it is cut. MESH_GPU_STEPS=train_gpt2
@@ -785,19 +796,11 @@ step_train_gpt2() {
                 ref=$d/gpt2-bf16-32.json
                 rel=0
             elif [ -n "$ref" ]; then
-                rel=$(paste <(losses_of "$ref") <(losses_of "$d/gpt2-$prec-$batch-$mode.json") | awk '
-                    NF == 2 { n++; r = ($1 - $2) / ($1 < 0 ? -$1 : $1); if (r < 0) r = -r; if (r > w) w = r }
-                    END { if (n > 0) printf "%.2e", w; else printf "null" }')
+                cmp=$(worst_rel "$ref" "$d/gpt2-$prec-$batch-$mode.json")
+                [ "${cmp% *}" -gt 0 ] && rel=${cmp#* }
             fi
-            if [ "$rel" != null ] && awk -v r="$rel" -v t="$tps" -v f="$any_tps" 'BEGIN { exit !(r <= 2e-2 && t > f) }'; then
-                any_mode=${mode:-default}
-                any_tps=$tps
-            fi
-            if [[ $mode != *atomic ]] && [ "$rel" != null ] &&
-                awk -v r="$rel" -v t="$tps" -v f="$fast_tps" 'BEGIN { exit !(r <= 2e-2 && t > f) }'; then
-                fast_mode=${mode:-default}
-                fast_tps=$tps
-            fi
+            faster "$rel" "$tps" "$any_tps" && any_mode=${mode:-default} any_tps=$tps
+            [[ $mode != *atomic ]] && faster "$rel" "$tps" "$fast_tps" && fast_mode=${mode:-default} fast_tps=$tps
         fi
         detail+="$what: $(printf '%.0f' "$tps") tokens/s, MFU $mfu%${tuning:+ ($tuning)}${cudnn:+ ($cudnn)}$([ "$rel" != null ] && [ -n "$mode" ] && echo ", losses within $rel of the default's"); "
         json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"mode\": \"${mode:-default}\", \"deterministic\": $(case $mode in *atomic) echo false ;; *) echo true ;; esac), \"profiled\": $([ "$mode" = profile ] && echo true || echo false), \"attention_layout\": \"$(case $mode in rows128) echo 'forward 128 rows' ;; blocks) echo 'backward more blocks' ;; wgmma|wgmma-tune) echo 'wgmma' ;; cudnn-fwd) echo 'cuDNN forward, ours backward' ;; cudnn*) echo 'cuDNN' ;; *) echo default ;; esac)\", \"attention_cudnn\": $(json_str "$cudnn"), \"gemm_tuned\": $(case $mode in *tune) echo true ;; *) echo false ;; esac), \"gemm_tuning\": $(json_str "$tuning"), \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu, \"losses_vs_default\": $rel}"
@@ -807,9 +810,7 @@ step_train_gpt2() {
     [ -n "$any_mode" ] && [ "$any_mode" != "$fast_mode" ] &&
         detail+="fastest of all within 2e-2: $any_mode, $(printf '%.0f' "$any_tps") tokens/s; "
     printf '{"seq": %d, "runs": [%s], "fastest_b32": %s, "fastest_b32_any": %s}\n' "$GPT2_T" "$json" \
-        "$([ -n "$fast_mode" ] && printf '{"mode": "%s", "tokens_per_s": %s}' "$fast_mode" "$fast_tps" || echo null)" \
-        "$([ -n "$any_mode" ] && printf '{"mode": "%s", "tokens_per_s": %s}' "$any_mode" "$any_tps" || echo null)" \
-        >"$OUT/gpt2.json"
+        "$(mode_json "$fast_mode" "$fast_tps")" "$(mode_json "$any_mode" "$any_tps")" >"$OUT/gpt2.json"
     if [ -n "$json" ]; then result train_gpt2 PASS "${detail%; }"; else result train_gpt2 FAIL "${detail%; }"; fi
 }
 
