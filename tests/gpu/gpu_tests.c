@@ -1350,7 +1350,8 @@ static void attn_case_checks(kcuda_dtype dt, int B, int T, int H, int KV, int d,
     size_t nq = (size_t)B * T * H * d, nkv = (size_t)B * T * KV * d;
     size_t nl = (size_t)B * H * T, row = (size_t)(H + 2 * KV) * d;
     size_t nqkv = (size_t)B * T * row;
-    float *qkv = rnd(nqkv, 1.5f, dt);
+    const float in_scale = 1.5f, dout_scale = 1.0f; /* q, k, v's and dout's bounds */
+    float *qkv = rnd(nqkv, in_scale, dt);
     float *q = hf(nq), *k = hf(nkv), *v = hf(nkv);
     for (size_t bt = 0; bt < (size_t)B * T; bt++) { /* the three slices */
         memcpy(q + bt * H * d, qkv + bt * row, (size_t)H * d * 4);
@@ -1406,10 +1407,10 @@ static void attn_case_checks(kcuda_dtype dt, int B, int T, int H, int KV, int d,
     /* backward: each side from its own forward. dq and dk are sums of
      * terms p (dp - D) k scale that cancel where a row sees few keys (at
      * T 1, to 0 but for rounding: 1e-8 on the CPU, other 1e-8 here): their
-     * error is against the terms' scale, |dout| |v| |k| (1 x 1.5 x 1.5),
-     * a thousandth of it, where the result is smaller (cur_floor) */
-    float *g = rnd(nq, 1.0f, dt);
-    cur_floor = 1e-3 * 1.0 * 1.5 * 1.5;
+     * error is against the terms' scale, |dout| |v| |k|, a thousandth of
+     * it, where the result is smaller (cur_floor) */
+    float *g = rnd(nq, dout_scale, dt);
+    cur_floor = 1e-3 * dout_scale * in_scale * in_scale;
     void *dg = up(g, nq, dt);
     if (packed) {
         float *gqkv = rnd(nqkv, 0.5f, dt);
