@@ -381,7 +381,7 @@ $(NCCL_OBJ): CPPFLAGS += $(CUDA_CFLAGS) -DMESH_CUDA=$(CUDA)
 $(OBJ)/runtime/kern_cuda.o $(OBJ)/runtime/device_cuda.o $(OBJ)/runtime/comm_nccl.o: CPPFLAGS += -Ikernels/cuda
 $(NCCL_OBJ): $(BUILD)/.cuda
 
-CUDA_STAMP = $(if $(filter 1,$(CUDA)),1 $(CUDA_HOME) $(NCCL_HOME),0)
+CUDA_STAMP = $(if $(filter 1,$(CUDA)),1 $(CUDA_HOME) $(NCCL_HOME) ptxas-reports,0)
 $(BUILD)/.cuda: FORCE
 	@if [ "$(CUDA)" = 1 ]; then for h in $(CUDA_HOME)/include/cuda_runtime.h $(NCCL_HOME)/include/nccl.h; do \
 	  [ -f "$$h" ] || { echo "error: CUDA=1 needs $$h (the CUDA toolkit with NCCL): set CUDA_HOME (and NCCL_HOME), or build without CUDA: make CUDA=0" >&2; exit 1; }; \
@@ -390,11 +390,15 @@ $(BUILD)/.cuda: FORCE
 
 # CUDA kernels (CUDA=1): each kernels/cuda/NAME.cu by $(NVCC) into libmesh,
 # with its dependencies tracked; rebuilt when the CUDA setting changes.
+# ptxas's report of each kernel's registers and spills goes to NAME.ptxas
+# beside the object (tests/gpu/ptxas_check.sh holds them to their budgets);
+# anything else on nvcc's stderr is shown as usual.
 $(CUDA_OBJ): $(BUILD)/.cuda
 $(OBJ)/%.o: %.cu $(OBJ)/.pic
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) $(NVCC_WARN) $(if $(filter %/attention_wg.cu,$<),$(CUDA_ARCH_WGMMA),$(CUDA_ARCH)) \
-	  -Iruntime -Ikernels/cuda -Xcompiler -fPIC -MMD -MP -c -o $@ $<
+	  -Iruntime -Ikernels/cuda -Xcompiler -fPIC -Xptxas -v -MMD -MP -c -o $@ $< 2>$(@:.o=.ptxas); \
+	  rc=$$?; grep -v -e '^ptxas info' -e '^    [0-9]* bytes stack frame' $(@:.o=.ptxas) >&2; exit $$rc
 
 -include $(CUDA_OBJ:.o=.d)
 

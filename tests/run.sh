@@ -10,12 +10,15 @@
 #                 (tests/unit/test_list.h lists the tests)
 #   gpu/PROGRAM   with CUDA=1 (MESH_CUDA=1): gpu_tests and gpu_selftest,
 #                 built by nvcc; without a GPU each prints one `SKIP gpu:
-#                 no GPU (REASON)` line and exits 0
+#                 no GPU (REASON)` line and exits 0; and ptxas-budget,
+#                 the kernels' registers and spills in this build
+#                 (tests/gpu/ptxas_check.sh, tests/gpu/ptxas_budget.txt)
 #   exports/LIB   tests/check-exports.sh on libmesh.a and libmesh.so
 #   scripts/FILE  the scripts that run elsewhere parse (bash -n; python3's
 #                 compile): tests/gpu/run.sh and the others of tests/gpu,
 #                 which only a GPU machine (or make gpu-rehearse) runs, and
-#                 tests/torch's (which need torch to run)
+#                 tests/torch's (which need torch to run); and
+#                 ptxas_check-selftest (tests/gpu/ptxas_check_selftest.sh)
 #   golden/NAME   each tests/golden/NAME.cmd: one shell command line, run from
 #                 the repository root with $MESHC set to the meshc binary and
 #                 $SCRATCH to an empty folder for files it writes; its
@@ -236,6 +239,13 @@ gpu_section() {
             fail "gpu/$p" "$out"
         fi
     done
+    # (the kernels' registers and spills, as ptxas reported them in this
+    # build, against tests/gpu/ptxas_budget.txt: no GPU needed)
+    if tests/gpu/ptxas_check.sh "$B/obj/kernels/cuda" >"$out" 2>&1; then
+        pass "gpu/ptxas-budget"
+    else
+        fail "gpu/ptxas-budget" "$out"
+    fi
     # (where the toolkit has cuDNN's headers: kernels/cuda/cudnn_api.h's
     # values are theirs, checked when it was compiled)
     if [ -x "$B/cudnn_values" ]; then
@@ -277,6 +287,13 @@ scripts_section() {
     for f in tests/gpu/*.sh tests/gpu/emu/*.sh tests/gpu/emu/compute-sanitizer tests/torch/*.sh; do
         if bash -n "$f" >"$TMP/scripts" 2>&1; then pass "scripts/$f"; else fail "scripts/$f" "$TMP/scripts"; fi
     done
+    # (the ptxas budget's check, on reports written for the purpose: it
+    # must fail each way a build can break a budget; no CUDA needed)
+    if tests/gpu/ptxas_check_selftest.sh >"$TMP/scripts" 2>&1; then
+        pass "scripts/ptxas_check-selftest"
+    else
+        fail "scripts/ptxas_check-selftest" "$TMP/scripts"
+    fi
     for f in tests/gpu/*.py tests/torch/*.py; do
         if python3 -c 'import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])' "$f" >"$TMP/scripts" 2>&1
         then pass "scripts/$f"; else fail "scripts/$f" "$TMP/scripts"; fi

@@ -755,9 +755,10 @@ static void (*att_fwd_kernel2(void))(attn_args)
 
 /* The default backward's kernel `which` (ATT_DKV or ATT_DQ): compiled
  * for more blocks an SM (the dk/dv kernel 3, dq's 4: 168 and 128
- * registers, no spills, the dk/dv kernel loading its keys' and values'
- * operands for each step, against 228 and 128 with no minimum, ptxas
- * sm_90: dq's is the same either way) where
+ * registers, the dk/dv kernel loading its keys' and values' operands for
+ * each step and spilling 52 bytes, against 228 and 128 with no minimum
+ * and no spills, ptxas sm_90: dq's is the same either way;
+ * tests/gpu/ptxas_budget.txt holds them to it) where
  * kcuda_attention_backward_blocks asks, 2-byte types at DP 64 only. */
 template <typename T, int DP>
 static void (*att_bwd_kernel(int which))(attn_args)
