@@ -176,16 +176,20 @@ static int cuda_open(kern *k)
      * (kcuda_ctx_set_gemm_tune 1). MESH_ATTN_CUDNN=1: the attention on
      * cuDNN's fused kernels where it takes the call; fwd: its forward
      * only, the backward on ours (kcuda_ctx_set_attention_cudnn 1, 2: the
-     * values' indices). The first of them set to something else stops. */
-    int tune = -1, cudnn = -1;
+     * values' indices). MESH_TF32=1: fp32 products on TF32 tensor cores
+     * (kcuda_ctx_set_tf32). The first of them set to something else
+     * stops. */
+    int tune = -1, cudnn = -1, tf32 = -1;
     if (ENV_CHOICE(k, "MESH_ATTN_FWD_ROWS", "64", "128") == -2 || ENV_CHOICE(k, "MESH_ATTN_BWD_BLOCKS", "0", "1") == -2 ||
         ENV_CHOICE(k, "MESH_ATTN_WGMMA", "0", "1") == -2 || (tune = ENV_CHOICE(k, "MESH_GEMM_TUNE", "0", "1")) == -2 ||
-        (cudnn = ENV_CHOICE(k, "MESH_ATTN_CUDNN", "0", "1", "fwd")) == -2) {
+        (cudnn = ENV_CHOICE(k, "MESH_ATTN_CUDNN", "0", "1", "fwd")) == -2 ||
+        (tf32 = ENV_CHOICE(k, "MESH_TF32", "0", "1")) == -2) {
         cuda_close(k);
         return -1;
     }
     if (tune > 0) kcuda_ctx_set_gemm_tune(c->ctx, tune);
     if (cudnn > 0) kcuda_ctx_set_attention_cudnn(c->ctx, cudnn);
+    if (tf32 > 0) kcuda_ctx_set_tf32(c->ctx, 1);
     pthread_once(&attn_layouts_once, attn_layouts);
     return 0;
 }

@@ -180,9 +180,10 @@ static void print_start(const mesh_plan_info *pi, const run_opts *o, mesh_contex
     mesh_data_shard(data, 0, &first, NULL);
     mesh_context_memory(ctx, &allocated, &planned);
     if (shards > 1) snprintf(count, sizeof count, "%d shards, ", shards);
+    mesh_device_kind on = MESH_DEVICE_CPU;
     if (o->device != MESH_DEVICE_CPU) {
         const char *why = "";
-        mesh_context_device(ctx, NULL, &why);
+        mesh_context_device(ctx, &on, &why);
         printf("meshrun: %s\n", why);
     }
     int threads = job_processes == 1;
@@ -199,6 +200,10 @@ static void print_start(const mesh_plan_info *pi, const run_opts *o, mesh_contex
         printf("meshrun: memory: %.1f MB in one arena (the plan's memory plan: %.1f MB with 2-byte %s; the CPU "
                "keeps %s values in 4-byte words)\n", (double)allocated / 1e6, (double)planned / 1e6, pi->precision,
                pi->precision);
+    const char *tf32 = getenv("MESH_TF32");
+    if (on == MESH_DEVICE_CUDA && strcmp(pi->precision, "fp32") == 0 && tf32 && strcmp(tf32, "1") == 0)
+        printf("meshrun: fp32: the products (linear layers, experts) on TF32 tensor cores (MESH_TF32=1): their "
+               "operands rounded to 10 bits of mantissa, sums in fp32\n");
     if (strcmp(pi->precision, "fp32") != 0)
         printf("meshrun: %s: activations, weights and gradients rounded to %s after every op, fp32 master "
                "weights and AdamW state%s\n", pi->precision, pi->precision,

@@ -183,6 +183,12 @@ void kcuda_ctx_set_gemm_tune(kcuda_ctx *ctx, int mode)
         ctx->gemm_tune = mode == 1 || mode == 2 ? mode : 0;
 }
 
+void kcuda_ctx_set_tf32(kcuda_ctx *ctx, int on)
+{
+    if (ctx)
+        ctx->tf32 = on != 0;
+}
+
 int kcuda_ctx_gemm_tune_stats(const kcuda_ctx *ctx,
                               kcuda_gemm_tune_stats *out)
 {

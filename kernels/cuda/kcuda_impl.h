@@ -73,7 +73,7 @@ const char *kcuda__gpu_fault(cudaStream_t s, char *buf, size_t n);
 /* One cached cuBLASLt algorithm: the key is every argument the heuristic
  * sees, compared bytewise (zero-filled first). */
 typedef struct kcuda__algo_key {
-    int m, n, k, lda, ldb, ldc, ta, tb, batch, dt, epi, beta_zero, c_f32;
+    int m, n, k, lda, ldb, ldc, ta, tb, batch, dt, epi, beta_zero, c_f32, tf32;
     long long sa, sb, sc;
     int align_a, align_b, align_c, align_bias, align_aux;
 } kcuda__algo_key;
@@ -98,6 +98,7 @@ struct kcuda_ctx {
                        calloc, the default (mode 1): its own kernel; 1 (mode 0): the
                        dk/dv kernel's atomics in arrival order; 2 (mode 2): in turns */
     int gemm_tune;  /* kcuda_ctx_set_gemm_tune's mode: 0 by calloc (the heuristic's first) */
+    int tf32;       /* kcuda_ctx_set_tf32: fp32 products on TF32 tensor cores; 0 by calloc */
     kcuda_gemm_tune_stats tune_stats;
     int attn_cudnn; /* kcuda_ctx_set_attention_cudnn: 0 by calloc (ours), 1, 2 (the forward) */
     struct kcuda__cudnn *cudnn; /* attention_cudnn.cu's: made at the first use */

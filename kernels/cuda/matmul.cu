@@ -7,7 +7,9 @@
  * cuBLASLt is column-major; a row-major [r, c] matrix is a column-major
  * [c, r] one with the same leading dimension, so C = A B in row-major is
  * C^T = B^T A^T in column-major: kcuda__gemm_run swaps the operands.
- * fp32 computes in fp32 (CUBLAS_COMPUTE_32F: no TF32, to match the CPU);
+ * fp32 computes in fp32 (CUBLAS_COMPUTE_32F: no TF32, to match the CPU),
+ * or where the context asks (kcuda_ctx_set_tf32) on TF32 tensor cores
+ * (CUBLAS_COMPUTE_32F_FAST_TF32);
  * bf16 stores A, B, C in bf16 and accumulates in fp32 on tensor cores.
  * The first algorithm of cuBLASLt's heuristic (or, tuned, the fastest
  * that gives its bits: matmul_tune.cu) is cached per shape (and per
@@ -70,7 +72,7 @@ static int batch_align(const void *p, long long stride, int batch,
     return al;
 }
 
-static kcuda__algo_key gemm_key(const kcuda__gemm *g)
+static kcuda__algo_key gemm_key(const kcuda_ctx *ctx, const kcuda__gemm *g)
 {
     kcuda__algo_key k;
     memset(&k, 0, sizeof k);
@@ -87,6 +89,7 @@ static kcuda__algo_key gemm_key(const kcuda__gemm *g)
     k.epi = g->epi * 2 + (g->bias != NULL);
     k.beta_zero = g->beta == 0.0f;
     k.c_f32 = g->c_f32;
+    k.tf32 = ctx->tf32 && g->dt == KCUDA_F32; /* fp32 operands on TF32 tensor cores */
     k.sa = g->sa;
     k.sb = g->sb;
     k.sc = g->sc;
@@ -157,13 +160,14 @@ int kcuda__gemm_run(kcuda_ctx *ctx, const kcuda__gemm *g, cudaStream_t s)
     int rc = 0;
     kcuda__lt_call call = {NULL, NULL, NULL, NULL};
     cublasLtMatmulPreference_t pref = NULL;
-    kcuda__algo_key key = gemm_key(g);
+    kcuda__algo_key key = gemm_key(ctx, g);
     kcuda__algo_entry *hit = algo_find(ctx, &key);
     cublasOperation_t opa = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t opb = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
 
-    LT_CHECK(cublasLtMatmulDescCreate(&call.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_CHECK(cublasLtMatmulDescCreate(
+        &call.desc, key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
     LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSA,
                                             &opa, sizeof opa));
     LT_CHECK(cublasLtMatmulDescSetAttribute(call.desc, CUBLASLT_MATMUL_DESC_TRANSB,

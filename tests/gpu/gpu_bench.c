@@ -7,7 +7,8 @@
  *    next to a raw cublasLtMatmul (its heuristic's first algorithm, chosen
  *    once) and cublasGemmEx, on 4096^3 and GPT-2 124M's shapes (B*T = 8192
  *    rows); and the layers' backward (dx and dw) by default and tuned,
- *    with what the tuning set aside and changed;
+ *    with what the tuning set aside and changed; and fp32 products in
+ *    fp32 and on TF32 tensor cores (kcuda_ctx_set_tf32, MESH_TF32=1);
  *  - a linear layer's bias and GELU (GPT-2's fc): in cuBLASLt's epilogue,
  *    as the executor fuses them, next to a product and two kernels after;
  *    and in the backward, the proj product's dx with the GELU's backward
@@ -55,6 +56,8 @@ static kcuda_ctx *cctx; /* the same with its attention on cuDNN where it
                           * takes it (kcuda_ctx_set_attention_cudnn) */
 static kcuda_ctx *tctx; /* the same with its products' algorithms timed
                            (kcuda_ctx_set_gemm_tune) */
+static kcuda_ctx *fctx; /* the same with its fp32 products on TF32 tensor
+                           cores (kcuda_ctx_set_tf32, MESH_TF32=1) */
 
 /* n, or n / 16 with --tiny */
 static int cut(int n)
@@ -198,18 +201,20 @@ typedef struct gemm_arg {
     cublasLtMatmulAlgo_t algo;
     void *ws;
     size_t ws_bytes;
+    int f32; /* the operands fp32 (else bf16) */
 } gemm_arg;
 
 static void kcuda_gemm_on(kcuda_ctx *c, gemm_arg *g)
 {
     const gemm_shape *s = g->s;
+    kcuda_dtype dt = g->f32 ? KCUDA_F32 : KCUDA_BF16;
     if (s->wt)
         kc(kcuda_matmul_wt_forward(c, g->y, g->x, g->w, NULL, s->M, s->K,
-                                   s->N, KCUDA_BF16, NULL),
+                                   s->N, dt, NULL),
            "kcuda_matmul_wt_forward");
     else
         kc(kcuda_matmul_forward(c, g->y, NULL, g->x, g->w, NULL, s->M, s->K,
-                                s->N, KCUDA_EPI_NONE, KCUDA_BF16, NULL),
+                                s->N, KCUDA_EPI_NONE, dt, NULL),
            "kcuda_matmul_forward");
 }
 
@@ -221,6 +226,11 @@ static void run_kcuda_gemm(void *p)
 static void run_tuned_gemm(void *p)
 {
     kcuda_gemm_on(tctx, p);
+}
+
+static void run_tf32_gemm(void *p)
+{
+    kcuda_gemm_on(fctx, p);
 }
 
 /* A layer's backward, both products (dx and dw, added to; bf16 dw). */
@@ -410,6 +420,29 @@ static void bench_gemm(void)
          "\"no_memory\":%d,\"small\":%d},",
          st.shapes, st.timed, st.split, st.other_kernel, st.other_bits,
          st.refused, st.changed, st.no_memory, st.small);
+    /* fp32 products (an fp32 run's), in fp32 and on TF32 tensor cores */
+    printf("\n%-36s %10s %10s %10s\n", "GEMM fp32 (TFLOP/s)", "fp32", "TF32", "tf32/fp32");
+    jcat("\"gemm_fp32\":[");
+    static const int f32_shapes[] = {0, 3}; /* 4096^3, GPT-2's fc */
+    for (int n = 0; n < (quick ? 1 : 2); n++) {
+        const gemm_shape *sh = &shapes[f32_shapes[n]];
+        gemm_shape cs = {sh->name, gcut(sh->M), gcut(sh->K), gcut(sh->N), 0};
+        double flop = 2.0 * cs.M * cs.N * (double)cs.K;
+        g.s = &cs;
+        g.f32 = 1;
+        g.x = drand((size_t)cs.M * cs.K, 1.0f, KCUDA_F32);
+        g.w = drand((size_t)cs.K * cs.N, 1.0f, KCUDA_F32);
+        g.y = dalloc((size_t)cs.M * cs.N * 4);
+        double t32 = time_ms(run_kcuda_gemm, &g, 5), ttf = time_ms(run_tf32_gemm, &g, 10);
+        double f32 = flop / t32 / 1e9, ftf = flop / ttf / 1e9;
+        printf("%-36s %10.1f %10.1f %10.2f\n", cs.name, f32, ftf, ftf / f32);
+        jcat("%s{\"name\":\"%s\",\"fp32_tflops\":%.1f,\"tf32_tflops\":%.1f}", n ? "," : "", cs.name, f32, ftf);
+        g.f32 = 0;
+        cudaFree(g.x);
+        cudaFree(g.w);
+        cudaFree(g.y);
+    }
+    jcat("],");
     cudaFree(g.ws);
     cublasLtDestroy(g.lt);
     cublasDestroy(g.blas);
@@ -932,7 +965,9 @@ int main(int argc, char **argv)
     kc(kcuda_ctx_create(&ctx), "kcuda_ctx_create");
     kc(kcuda_ctx_create(&tctx), "kcuda_ctx_create");
     kc(kcuda_ctx_create(&cctx), "kcuda_ctx_create");
+    kc(kcuda_ctx_create(&fctx), "kcuda_ctx_create");
     kcuda_ctx_set_attention_cudnn(cctx, 1);
+    kcuda_ctx_set_tf32(fctx, 1);
     kcuda_ctx_set_gemm_tune(tctx, tiny ? 2 : 1); /* (--tiny's small products too) */
     struct cudaDeviceProp prop;
     cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
@@ -948,6 +983,7 @@ int main(int argc, char **argv)
             parts[k].run();
     jcat("}");
     if (only) {
+        kcuda_ctx_free(fctx);
         kcuda_ctx_free(cctx);
         kcuda_ctx_free(tctx);
         kcuda_ctx_free(ctx);
@@ -961,6 +997,7 @@ int main(int argc, char **argv)
         fprintf(f, "%s\n", json);
         fclose(f);
     }
+    kcuda_ctx_free(fctx);
     kcuda_ctx_free(cctx);
     kcuda_ctx_free(tctx);
     kcuda_ctx_free(ctx);

@@ -45,10 +45,12 @@ static double cur_floor;     /* rel_err's least magnitude: where a result is a
                               * terms, not of the noise left */
 static char cur_shape[160];  /* the sweep's shape in hand ("" elsewhere) */
 static kcuda_ctx *ctx;       /* one context for every case */
+static int emulated(void);
 
 #define TOL_F32 1e-5
 #define TOL_BF16 2e-2
 #define TOL_F16 5e-3 /* 3 more mantissa bits than bf16 */
+#define TOL_TF32 TOL_F16 /* fp32 products of TF32 operands: fp16's mantissa */
 
 static double tol_of(kcuda_dtype dt)
 {
@@ -315,7 +317,8 @@ static void matmul_backward_case(kcuda_dtype dt, kcuda_dtype wdt,
     }
     expect_dev("dx", dgx, gx, (size_t)M * K, dt);
     double keep = cur_tol;
-    cur_tol = tol_of(wdt);
+    if (wdt != dt) /* (the case's own otherwise: TF32's, t_matmul_tf32) */
+        cur_tol = tol_of(wdt);
     expect_dev("dbias", dgb, gb, (size_t)N, wdt);
     expect_dev("dw", dgw, gw, (size_t)K * N, wdt);
     cur_tol = keep;
@@ -436,7 +439,8 @@ static void matmul_gelu_bwd_case(kcuda_dtype dt, kcuda_dtype wdt, int M,
     kcpu_gelu_backward_inplace(gp, pre, mk);
     expect_dev("dpre", dgp, gp, mk, dt);
     double keep = cur_tol;
-    cur_tol = tol_of(wdt);
+    if (wdt != dt)
+        cur_tol = tol_of(wdt);
     expect_dev("dw", dgw, gw, kn, wdt);
     cur_tol = keep;
 }
@@ -452,6 +456,41 @@ static void t_matmul_gelu(kcuda_dtype dt)
     matmul_gelu_bwd_case(dt, dt, 37, 20, 33);
     if (dt != KCUDA_F32) /* an fp32 main gradient */
         matmul_gelu_bwd_case(dt, KCUDA_F32, 67, 48, 40);
+}
+
+/* fp32 products on TF32 tensor cores (kcuda_ctx_set_tf32), in a context
+ * of their own: t_matmul's cases, the tied head's and the GELU's (its
+ * product and bias in the epilogue, then the kernel; the backward's
+ * product, then the GELU's) to TF32's tolerance (operands of fp16's
+ * mantissa). The largest error must be past fp32's tolerance, else the
+ * products were not on TF32: required on the emulation, whose cuBLASLt
+ * rounds the operands as PTX's cvt.rna does; on a GPU said, not required
+ * (cuBLASLt may keep a product off the tensor cores). The default
+ * context's products stay fp32 (matmul_f32, to 1e-5). */
+static void t_matmul_tf32(kcuda_dtype dt)
+{
+    kcuda_ctx *keep = ctx, *tc = NULL;
+    if (kcuda_ctx_create(&tc) != 0) {
+        fprintf(stderr, "# kcuda_ctx_create: %s\n", kcuda_last_error());
+        cur_bad = 1;
+        return;
+    }
+    kcuda_ctx_set_tf32(tc, 1);
+    ctx = tc;
+    cur_tol = TOL_TF32;
+    t_matmul(dt);
+    matmul_case(dt, 64, 96, 128, 1, 1, 0);
+    matmul_case(dt, 64, 96, 128, 0, 1, 1);
+    matmul_gelu_bwd_case(dt, dt, 64, 96, 128);
+    ctx = keep;
+    kcuda_ctx_free(tc);
+    int seen = cur_err > TOL_F32;
+    printf("# TF32 %s: the largest error %.2g, fp32's tolerance %.0e\n",
+           seen ? "in effect" : "not seen", cur_err, TOL_F32);
+    if (!seen && emulated()) {
+        fprintf(stderr, "# the products' errors are fp32's: were they on TF32?\n");
+        cur_bad = 1;
+    }
 }
 
 /* cuBLASLt refusing at the call the fused algorithm its heuristic chose
@@ -2149,6 +2188,8 @@ static const gpu_case cases[] = {
     {"sweep_f32", t_sweep, KCUDA_F32},
     {"sweep_bf16", t_sweep, KCUDA_BF16},
     {"sweep_f16", t_sweep, KCUDA_F16},
+    /* (after the sweeps: their shapes are drawn from the same sequence) */
+    {"matmul_tf32", t_matmul_tf32, KCUDA_F32},
 };
 
 enum { NCASES = sizeof cases / sizeof cases[0] };
@@ -2228,7 +2269,7 @@ int main(int argc, char **argv)
         else
             passed++;
         printf("%sok %d - %s (err %.2g, tol %.0e)\n", cur_bad ? "not " : "", n,
-               cases[i].name, cur_err, tol_of(cases[i].dt));
+               cases[i].name, cur_err, cur_tol);
         fflush(stdout);
         if (e != cudaSuccess) /* a sticky error: later cases cannot run */
             break;

@@ -54,7 +54,7 @@
 #             MESH_GEMM_TUNE=1 (alone and with MESH_ATTN_WGMMA=1), with
 #             MESH_DETERMINISTIC=0, with MESH_ATTN_FWD_ROWS=128 and with
 #             MESH_ATTN_BWD_BLOCKS=1;
-#             fp32 B=16)
+#             fp32 B=16, alone and with MESH_TF32=1)
 #             through meshrun --device cuda: tokens/s and MFU; the B=16
 #             run with --profile, its table of the step's GPU time by
 #             kind of work in $OUT/profile-gpt2-bf16-16-profile.txt. Each
@@ -639,6 +639,7 @@ gpt2_run() {
     [ "$mode" = cudnn ] && env=(MESH_ATTN_CUDNN=1)
     [ "$mode" = cudnn-atomic ] && env=(MESH_ATTN_CUDNN=1 MESH_DETERMINISTIC=0)
     [ "$mode" = cudnn-fwd ] && env=(MESH_ATTN_CUDNN=fwd)
+    [ "$mode" = tf32 ] && env=(MESH_TF32=1)
     [ "$mode" = profile ] && opt=(--profile)
     "$BUILD/meshc" -o "$d/$name.plan" examples/gpt2.mesh --set mesh.dp=1 --set mesh.tp=1 --set mesh.pp=1 \
         --set train.precision="$prec" --set train.zero=0 --set train.micro_batch="$batch" \
@@ -753,11 +754,13 @@ step_train_gpt2() {
     # B=32 with the attention on warpgroup products,
     # MESH_ATTN_WGMMA=1, whose last bits may differ; bf16 B=32 with the
     # products' cuBLASLt algorithms timed among those with the default's
-    # bits, MESH_GEMM_TUNE=1, alone and with the wgmma attention; bf16 B=16 with the op
+    # bits, MESH_GEMM_TUNE=1, alone and with the wgmma attention; fp32
+    # B=16 with its products on TF32 tensor cores, MESH_TF32=1; bf16 B=16 with the op
     # profile, --profile: two event
     # records an op, host calls and GPU timestamps, which a GPU-bound step
     # mostly hides)
-    local prec batch mode what reserve=0 ref="" rel cmp fast_mode="" fast_tps=0 any_mode="" any_tps=0
+    local prec batch mode what reserve=0 rel cmp fast_mode="" fast_tps=0 any_mode="" any_tps=0
+    local -A refs=()
     # (PyTorch's step, next, keeps 150 s of the budget: the issue's
     # comparison needs both figures from one run; the runs after the
     # first three are skipped before it is cut. MESH_GPU_STEPS=train_gpt2
@@ -765,7 +768,7 @@ step_train_gpt2() {
     torch_py_once
     want torch_gpt2 && [ -n "$TORCH_PY" ] && reserve=150
     for cfg in "bf16 16 profile" "bf16 32" "bf16 32 cudnn" "bf16 32 cudnn-atomic" "bf16 32 cudnn-fwd" "bf16 32 wgmma" "bf16 32 tune" "bf16 32 wgmma-tune" \
-        "bf16 32 atomic" "bf16 32 rows128" "bf16 32 blocks" "fp32 16"; do
+        "bf16 32 atomic" "bf16 32 rows128" "bf16 32 blocks" "fp32 16" "fp32 16 tf32"; do
         read -r prec batch mode <<<"$cfg"
         what="$prec, B=$batch${mode:+, $mode}"
         l=$(left)
@@ -785,20 +788,21 @@ step_train_gpt2() {
         # (what MESH_ATTN_CUDNN=1 did: cuDNN's version, its calls, a refusal in its words)
         [[ $mode == cudnn* ]] && cudnn=$(sed -n "s/^meshrun: rank 0's attention (MESH_ATTN_CUDNN=[^)]*): //p" \
             "$d/gpt2-$prec-$batch-$mode.out" | tail -n 1)
-        # (the B=32 runs' logged losses against the default's, "bf16 32",
-        # the same data from the same seed: the worst relative difference;
-        # the fastest deterministic one within bf16's 2e-2 is what the
-        # default could be, and the fastest of all what a documented
+        # (a run's logged losses against those of its precision and
+        # batch's default run, "bf16 32" or "fp32 16", the same data from
+        # the same seed: the worst relative difference; of the bf16 B=32
+        # runs, the fastest deterministic one within bf16's 2e-2 is what
+        # the default could be, and the fastest of all what a documented
         # non-deterministic flag gives)
         rel=null
+        if [ -z "$mode" ]; then
+            refs["$prec $batch"]=$d/gpt2-$prec-$batch.json
+            rel=0
+        elif [ -n "${refs["$prec $batch"]:-}" ]; then
+            cmp=$(worst_rel "${refs["$prec $batch"]}" "$d/gpt2-$prec-$batch-$mode.json")
+            [ "${cmp% *}" -gt 0 ] && rel=${cmp#* }
+        fi
         if [ "$prec $batch" = "bf16 32" ]; then
-            if [ -z "$mode" ]; then
-                ref=$d/gpt2-bf16-32.json
-                rel=0
-            elif [ -n "$ref" ]; then
-                cmp=$(worst_rel "$ref" "$d/gpt2-$prec-$batch-$mode.json")
-                [ "${cmp% *}" -gt 0 ] && rel=${cmp#* }
-            fi
             faster "$rel" "$tps" "$any_tps" && any_mode=${mode:-default} any_tps=$tps
             [[ $mode != *atomic ]] && faster "$rel" "$tps" "$fast_tps" && fast_mode=${mode:-default} fast_tps=$tps
         fi

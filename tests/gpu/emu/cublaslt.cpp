@@ -6,9 +6,13 @@
  * matrices column-major, a layout rows x cols with leading dimension ld
  * (>= rows), batched by BATCH_COUNT and STRIDED_BATCH_OFFSET (elements).
  * Compute type CUBLAS_COMPUTE_32F with float alpha and beta: the products
- * and sums in fp32 (no TF32), summed in k order (a real algorithm's order
+ * and sums in fp32, summed in k order (a real algorithm's order
  * and split are its own), C read only if beta != 0, D rounded to its type
- * (nearest even) once. Epilogues DEFAULT, BIAS (bias[i] added to row i of
+ * (nearest even) once; CUBLAS_COMPUTE_32F_FAST_TF32 (fp32 A and B only)
+ * the same with each operand rounded to TF32 first (10 bits of mantissa,
+ * to nearest, ties away from zero: PTX's cvt.rna.tf32.f32; whether
+ * NVIDIA's kernels round or cut the low bits is undocumented, so no test
+ * may depend on which). Epilogues DEFAULT, BIAS (bias[i] added to row i of
  * D, a vector of D's rows, in D's type), GELU, GELU_BIAS, GELU_AUX and
  * GELU_AUX_BIAS (the aux matrix, leading dimension EPILOGUE_AUX_LD, gets
  * the GELU input; GELU is the tanh approximation), and DGELU (D = the
@@ -174,9 +178,14 @@ cublasStatus_t check(const cublasLtMatmulDescOpaque_t *d, const cublasLtMatrixLa
     for (int i = 0; i < 4; i++)
         if (!L[i] || L[i]->magic != LAYOUT)
             FAIL(CUBLAS_STATUS_INVALID_VALUE, "%s: layout %c is not a matrix layout", who, "ABCD"[i]);
-    if (d->compute != CUBLAS_COMPUTE_32F && d->compute != CUBLAS_COMPUTE_32F_PEDANTIC)
-        FAIL(CUBLAS_STATUS_NOT_SUPPORTED, "%s: compute type %d is not emulated (CUBLAS_COMPUTE_32F is)",
-             who, d->compute);
+    if (d->compute != CUBLAS_COMPUTE_32F && d->compute != CUBLAS_COMPUTE_32F_PEDANTIC &&
+        d->compute != CUBLAS_COMPUTE_32F_FAST_TF32)
+        FAIL(CUBLAS_STATUS_NOT_SUPPORTED,
+             "%s: compute type %d is not emulated (CUBLAS_COMPUTE_32F and _FAST_TF32 are)", who,
+             d->compute);
+    if (d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 && (A->type != CUDA_R_32F || B->type != CUDA_R_32F))
+        FAIL(CUBLAS_STATUS_NOT_SUPPORTED, "%s: CUBLAS_COMPUTE_32F_FAST_TF32 with A, B of types %u, %u "
+             "(fp32 only)", who, A->type, B->type);
     if (d->scale != CUDA_R_32F)
         FAIL(CUBLAS_STATUS_NOT_SUPPORTED, "%s: scale type %d is not emulated (CUDA_R_32F is)", who,
              d->scale);
@@ -267,7 +276,8 @@ cublasStatus_t check(const cublasLtMatmulDescOpaque_t *d, const cublasLtMatrixLa
 uint64_t signature(const cublasLtMatmulDescOpaque_t *d, const Problem &p)
 {
     return (uint64_t)d->epilogue | (uint64_t)p.A->type << 16 | (uint64_t)p.D->type << 24 |
-           (uint64_t)p.ta << 32 | (uint64_t)p.tb << 33 | (uint64_t)(p.batch > 1) << 34;
+           (uint64_t)p.ta << 32 | (uint64_t)p.tb << 33 | (uint64_t)(p.batch > 1) << 34 |
+           (uint64_t)(d->compute == CUBLAS_COMPUTE_32F_FAST_TF32) << 35;
 }
 
 unsigned cap16(unsigned a)
@@ -293,8 +303,21 @@ bool in_device(const void *p, uint64_t rows, uint64_t cols, int64_t ld, int batc
            emu::current_device();
 }
 
+/* v rounded to TF32: 10 bits of mantissa, to nearest, ties away from zero
+ * (cvt.rna.tf32.f32); infinities and NaNs as they are. */
+float to_tf32(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    if ((u & 0x7f800000u) != 0x7f800000u)
+        u = (u + 0x1000u) & ~0x1fffu;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
 /* D = fa op(A) op(B) + fb C, with the epilogue: fp32 products and sums in
- * k order, D rounded once. */
+ * k order (of TF32 operands with CUBLAS_COMPUTE_32F_FAST_TF32), D rounded
+ * once. */
 /* The heuristic's algorithms, in its order (the header comment). */
 enum Variant : uint64_t { KORDER, RETILED, SPLITK, REVERSED, ROTATED, VARIANTS };
 
@@ -306,6 +329,7 @@ void product(const Problem &p, const cublasLtMatmulDescOpaque_t &d, uint64_t var
 {
     uint64_t m = p.m, n = p.n, k = p.k;
     std::vector<float> out(m * n), pre(p.aux && !p.dgelu ? m * n : 0);
+    const bool tf32 = d.compute == CUBLAS_COMPUTE_32F_FAST_TF32;
     for (int b = 0; b < p.batch; b++) {
         size_t ao = (size_t)((int64_t)b * A.stride), bo = (size_t)((int64_t)b * B.stride);
         size_t co = (size_t)((int64_t)b * C.stride), dof = (size_t)((int64_t)b * D.stride);
@@ -314,7 +338,8 @@ void product(const Problem &p, const cublasLtMatmulDescOpaque_t &d, uint64_t var
                 auto term = [&](uint64_t q) {
                     size_t ai = p.ta ? q + i * (uint64_t)A.ld : i + q * (uint64_t)A.ld;
                     size_t bi = p.tb ? j + q * (uint64_t)B.ld : q + j * (uint64_t)B.ld;
-                    return load(A.type, Ap, ao + ai) * load(B.type, Bp, bo + bi);
+                    float x = load(A.type, Ap, ao + ai), y = load(B.type, Bp, bo + bi);
+                    return tf32 ? to_tf32(x) * to_tf32(y) : x * y;
                 };
                 float acc = 0.0f;
                 if (variant == SPLITK) {

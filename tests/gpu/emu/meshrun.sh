@@ -18,7 +18,8 @@
 # host (the emulation's default), so an order between the compute stream
 # and NCCL's that the executor forgets shows as wrong numbers.
 # A small Llama and a small Mixtral on 1 GPU, 4 steps in fp32, within
-# 1e-4 (moe 1e-3) of the CPU's (the Mixtral with MESH_GEMM_TUNE=1). The
+# 1e-4 (moe 1e-3) of the CPU's (the Mixtral with MESH_GEMM_TUNE=1), and
+# with MESH_TF32=1 within 1e-2, not fp32's bytes. The
 # attention's layouts by environment (MESH_ATTN_FWD_ROWS,
 # MESH_ATTN_BWD_BLOCKS, MESH_ATTN_WGMMA) and the products' tuning
 # (MESH_GEMM_TUNE): the same checkpoint bytes; on the emulated cuDNN
@@ -150,10 +151,21 @@ for m in llama moe; do
     tune=0 what=""
     [ $m = moe ] && tune=1 what=", the GPU's products tuned"
     PLAN=$m run "$T/$m-cpu.log" --device cpu --steps 4 &&
-        MESH_EMU_GPUS=1 MESH_GEMM_TUNE=$tune PLAN=$m run "$T/$m-gpu.log" --device cuda --steps 4
+        MESH_EMU_GPUS=1 MESH_GEMM_TUNE=$tune PLAN=$m run "$T/$m-gpu.log" --device cuda --steps 4 \
+            --checkpoint "$T/$m-gpu"
     check "the CPU and 1 emulated GPU train the small $m 4 steps$what" $?
     same "$T/$m-gpu.log" "$T/$m-cpu.log" $tol 5
     check "its 4 losses and validation loss on the GPU are the CPU's within $tol" $?
+    # MESH_TF32=1: its fp32 products (the linear layers', the experts') on
+    # TF32 tensor cores, whose operands the emulated cuBLASLt rounds to 10
+    # bits of mantissa: within 1e-2 of the CPU's losses, not the fp32
+    # run's checkpoint bytes, and meshrun says so (the fp32 run does not)
+    MESH_EMU_GPUS=1 MESH_TF32=1 PLAN=$m run "$T/$m-tf32.log" --device cuda --steps 4 --checkpoint "$T/$m-tf32" &&
+        same "$T/$m-tf32.log" "$T/$m-cpu.log" 1e-2 5 &&
+        ! diff -r "$T/$m-gpu" "$T/$m-tf32" >/dev/null &&
+        grep -q "^meshrun: fp32: the products (linear layers, experts) on TF32 tensor cores (MESH_TF32=1): " \
+            "$T/$m-tf32.log" && ! grep -q "TF32" "$T/$m-gpu.log"
+    check "MESH_TF32=1: the small $m's 4 steps within 1e-2 of the CPU's, not fp32's bytes, and meshrun says so" $?
 done
 
 # The attention's layouts gpu_bench compares, by environment
@@ -205,8 +217,11 @@ MESH_EMU_GPUS=1 MESH_ATTN_FWD_ROWS=96 timeout 60 "$B/meshrun_emu" "$T/h64.plan" 
 [ $? -ne 0 ] && grep -q "^meshrun: error: .*MESH_GEMM_TUNE=yes: expected 0 or 1$" "$T/h64d.log" &&
     MESH_EMU_GPUS=1 MESH_ATTN_CUDNN=bwd timeout 60 "$B/meshrun_emu" "$T/h64.plan" --data "$T/train.bin" \
         --device cuda --steps 1 >"$T/h64e.log" 2>&1
-[ $? -ne 0 ] && grep -q "^meshrun: error: .*MESH_ATTN_CUDNN=bwd: expected 0, 1 or fwd$" "$T/h64e.log"
-check "MESH_ATTN_FWD_ROWS=96, MESH_GEMM_TUNE=yes, MESH_ATTN_CUDNN=bwd: meshrun stops, naming the variable and what it takes" $?
+[ $? -ne 0 ] && grep -q "^meshrun: error: .*MESH_ATTN_CUDNN=bwd: expected 0, 1 or fwd$" "$T/h64e.log" &&
+    MESH_EMU_GPUS=1 MESH_TF32=on timeout 60 "$B/meshrun_emu" "$T/h64.plan" --data "$T/train.bin" \
+        --device cuda --steps 1 >"$T/h64t.log" 2>&1
+[ $? -ne 0 ] && grep -q "^meshrun: error: .*MESH_TF32=on: expected 0 or 1$" "$T/h64t.log"
+check "MESH_ATTN_FWD_ROWS=96, MESH_GEMM_TUNE=yes, MESH_ATTN_CUDNN=bwd, MESH_TF32=on: meshrun stops, naming the variable and what it takes" $?
 
 # A GPU too small (EMU_GPU_MEM_MB): meshrun stops, saying how full the
 # device is and what the plan and the kernels take (for the plan's arena;
