@@ -7,11 +7,18 @@
  * GPU_TESTS_SKIP="SUBSTRING..." skips the cases whose names contain one
  * (each reported `ok N - name # SKIP GPU_TESTS_SKIP`, counted as passed:
  * the emulation's ThreadSanitizer run leaves out the fp16 cases, the bf16
- * ones' code with another type).
+ * ones' code with another type). GPU_TESTS_AFTER=NAME runs only the
+ * cases after the one named NAME (exactly), in order: what a device error
+ * or a crash in NAME left unrun (tests/gpu/run.sh's gpu_tests step runs
+ * them so, in a new process). GPU_TESTS_ABORT=NAME aborts the process as
+ * the case NAME starts (a test of that step's recovery, as a crash).
  *
  * Output is TAP-like, as the unit tests': `ok N - name (err E, tol T)` or
- * `not ok N - name ...` (details on stderr, prefixed "# "), then
- * `# N passed, N failed`. The error of a tensor is its largest absolute
+ * `not ok N - name ...` (details on stderr, prefixed "# "), each case
+ * announced first by `# case NAME` (so that a crash or a hang names it),
+ * then `# N passed, N failed`; after a device error, which is sticky,
+ * the cases left are not run and count as failed, said first by
+ * `# stopped after NAME: ...`. The error of a tensor is its largest absolute
  * difference over its largest reference magnitude; the tolerance is 1e-5
  * in fp32, 2e-2 in bf16 and 5e-3 in fp16 (where the inputs are rounded to
  * the 2-byte type first and the CPU runs on the rounded values), 0 where
@@ -2239,10 +2246,23 @@ int main(int argc, char **argv)
                    prop.minor, prop.multiProcessorCount);
     }
     kcpu_set_threads(1);
-    for (int i = 0; i < NCASES; i++)
+    /* (GPU_TESTS_AFTER: the cases up to it are not run, nor planned) */
+    const char *after = getenv("GPU_TESTS_AFTER"), *crash = getenv("GPU_TESTS_ABORT");
+    int first = 0;
+    if (after && *after) {
+        while (first < NCASES && strcmp(cases[first].name, after) != 0)
+            first++;
+        if (first == NCASES) {
+            printf("GPU_TESTS_AFTER=%s: no case of that name\n# 0 passed, 1 failed\n", after);
+            kcuda_ctx_free(ctx);
+            return 2;
+        }
+        first++;
+    }
+    for (int i = first; i < NCASES; i++)
         planned += selected(cases[i].name, argc, argv);
     printf("1..%d\n", planned);
-    for (int i = 0; i < NCASES; i++) {
+    for (int i = first; i < NCASES; i++) {
         if (!selected(cases[i].name, argc, argv))
             continue;
         n++;
@@ -2251,6 +2271,10 @@ int main(int argc, char **argv)
             passed++;
             continue;
         }
+        printf("# case %s\n", cases[i].name);
+        fflush(stdout);
+        if (crash && strcmp(crash, cases[i].name) == 0)
+            abort();
         cur_bad = 0;
         cur_err = 0.0;
         cur_floor = 0.0;
@@ -2271,8 +2295,11 @@ int main(int argc, char **argv)
         printf("%sok %d - %s (err %.2g, tol %.0e)\n", cur_bad ? "not " : "", n,
                cases[i].name, cur_err, cur_tol);
         fflush(stdout);
-        if (e != cudaSuccess) /* a sticky error: later cases cannot run */
+        if (e != cudaSuccess) { /* a sticky error: later cases cannot run */
+            printf("# stopped after %s: the device's error is sticky; %d cases not run\n",
+                   cases[i].name, planned - n);
             break;
+        }
     }
     kcuda_ctx_free(ctx);
     printf("# %d passed, %d failed\n", passed, failed + (planned - n));

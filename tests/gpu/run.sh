@@ -15,7 +15,10 @@
 #             gpu_selftest
 #             (MPI=1 only where Open MPI is installed).
 #  3. gpu_tests: every CUDA kernel against the CPU reference. Without a GPU
-#             this says so (SKIP) and the script ends here, exit 0.
+#             this says so (SKIP) and the script ends here, exit 0. A case
+#             that stops it (a kernel's fault, sticky; a crash; a hang)
+#             is counted as failed and the cases after it run again in a
+#             new process (GPU_TESTS_AFTER), up to 5 runs.
 #  3b. selftest: the CPU emulation's semantics cases run by the GPU
 #             (gpu_selftest, tests/gpu/emu/selftest.cu built by nvcc for
 #             sm_90a): mma.sync's, ldmatrix's and wgmma's layouts (both
@@ -352,34 +355,62 @@ GPU_PASSED=0
 GPU_FAILED=0
 NO_GPU=""
 
+# lines OUT PATTERN: how many of OUT's lines match PATTERN (grep's)
+lines() { printf '%s\n' "$1" | grep -c -- "$2"; }
+
 step_gpu_tests() {
-    local out rc
-    # (240 random shapes a dtype; 4 rehearsing)
-    out=$(GPU_TESTS_SWEEP=${GPU_TESTS_SWEEP:-$([ "$REHEARSE" = 1 ] && echo 4 || echo 240)} timeout "$(cap 240)" \
-        "$BUILD/gpu_tests$EMU" 2>&1)
-    rc=$?
-    printf '%s\n' "$out"
-    if printf '%s\n' "$out" | grep -q '^SKIP gpu:'; then
-        NO_GPU=$(printf '%s\n' "$out" | sed -n 's/^SKIP gpu: //p' | head -n 1)
-        result gpu_tests SKIP "$NO_GPU"
+    local out all="" rc after="" culprit="" crashed="" runs=0 unrun=0 failed
+    # (240 random shapes a dtype; 4 rehearsing.) A device error is sticky
+    # and a crash or a hang ends the process: either leaves the cases
+    # after it unrun, so those run again in a new process after the case
+    # that stopped them (GPU_TESTS_AFTER; `# case NAME` says which one
+    # was running), up to 5 runs while the budget lasts: one faulting
+    # kernel does not hide the others' results.
+    while :; do
+        out=$(GPU_TESTS_AFTER=$after GPU_TESTS_SWEEP=${GPU_TESTS_SWEEP:-$([ "$REHEARSE" = 1 ] && echo 4 || echo 240)} \
+            timeout "$(cap 240)" "$BUILD/gpu_tests$EMU" 2>&1)
+        rc=$?
+        runs=$((runs + 1))
+        printf '%s\n' "$out"
+        all+=$out$'\n'
+        if [ $runs = 1 ] && [ "$(lines "$out" '^SKIP gpu:')" -gt 0 ]; then
+            NO_GPU=$(printf '%s\n' "$out" | sed -n 's/^SKIP gpu: //p' | head -n 1)
+            result gpu_tests SKIP "$NO_GPU"
+            return 0
+        fi
+        # (the cases this run planned and did not report)
+        unrun=$(( $(printf '%s\n' "$out" | sed -n 's/^1\.\.\([0-9]*\)$/\1/p' | tail -n 1) + 0 -
+            $(lines "$out" '^\(not \)\{0,1\}ok [0-9]* - ') ))
+        [ "$unrun" -gt 0 ] || break # (every case it planned ran)
+        culprit=$(printf '%s\n' "$out" | sed -n 's/^# case //p' | tail -n 1)
+        [ -n "$culprit" ] || break
+        # (a case that ended the process, crashing or hanging, has no line
+        # of its own: it counts as failed, and not among those unrun)
+        if [ "$(lines "$out" "^not ok [0-9]* - $culprit ")" = 0 ]; then
+            crashed+=" $culprit"
+            unrun=$((unrun - 1))
+            echo "gpu_tests: $culprit ended the process (exit $rc)"
+        fi
+        [ "$unrun" -gt 0 ] && [ $runs -lt 5 ] && [ "$(left)" -gt 60 ] || break
+        echo "gpu_tests: again, the $unrun cases after $culprit"
+        after=$culprit
+        unrun=0
+    done
+    GPU_PASSED=$(lines "$all" '^ok [0-9]* - ')
+    GPU_FAILED=$(( $(lines "$all" '^not ok [0-9]* - ') + $(wc -w <<<"$crashed") + unrun ))
+    if [ "$GPU_FAILED" = 0 ] && [ "$rc" -eq 0 ]; then
+        result gpu_tests PASS "$GPU_PASSED passed, 0 failed"
         return 0
     fi
-    GPU_PASSED=$(printf '%s\n' "$out" | sed -n 's/^# \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' | tail -n 1)
-    GPU_FAILED=$(printf '%s\n' "$out" | sed -n 's/^# \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' | tail -n 1)
-    GPU_PASSED=${GPU_PASSED:-0}
-    GPU_FAILED=${GPU_FAILED:-0}
-    if [ "$rc" -eq 0 ] && [ "$GPU_FAILED" = 0 ]; then
-        result gpu_tests PASS "$GPU_PASSED passed, 0 failed"
-    else
-        [ "$rc" -eq 124 ] && echo "gpu_tests: timed out"
-        local failed
-        failed=$(printf '%s\n' "$out" | grep '^not ok' | sed 's/^not ok [0-9]* - //; s/ (.*//' | tr '\n' ' ')
-        failed=${failed% }
-        SAN_DETAIL=""
-        # shellcheck disable=SC2086 # one argument per case name
-        sanitize_failed_ops $failed
-        result gpu_tests FAIL "$GPU_PASSED passed, $GPU_FAILED failed (exit $rc): $failed${SAN_DETAIL:+; $SAN_DETAIL}"
-    fi
+    [ "$rc" -eq 124 ] && echo "gpu_tests: timed out"
+    failed=$(printf '%s' "$all" | grep '^not ok' | sed 's/^not ok [0-9]* - //; s/ (.*//' | tr '\n' ' ')
+    failed=${failed% }
+    SAN_DETAIL=""
+    # shellcheck disable=SC2086 # one argument per case name
+    sanitize_failed_ops $failed $crashed
+    result gpu_tests FAIL "$GPU_PASSED passed, $GPU_FAILED failed (exit $rc$([ $runs -gt 1 ] &&
+        echo "; $runs runs, each after the case that stopped the one before")$([ "$unrun" -gt 0 ] &&
+        echo "; $unrun not run")): $failed${crashed:+${failed:+; }ended the process:$crashed}${SAN_DETAIL:+; $SAN_DETAIL}"
 }
 
 # 3b. The emulation's semantics cases on the GPU (rehearsing: on the

@@ -176,6 +176,23 @@ if [ "${EMU_TSAN:-0}" != 1 ]; then
         [[ $san_bad == "memcheck: 1 error; first: Error: kernel k_ldsm_bad "*"cudaErrorMisalignedAddress] at (the emulation: tests/gpu/emu)" ]]
     verdict $? "compute-sanitizer's reports read (tests/gpu/sanitize.sh, through the emulation's stand-in)"
     rm -rf "$OUT"
+    # tests/gpu/run.sh's gpu_tests step, rehearsed with a case that
+    # crashes (GPU_TESTS_ABORT=moe_bf16) and a kernel that faults in each
+    # process (EMU_FAIL=launch:700): each stops gpu_tests, the step runs
+    # the cases after it again in a new process, and so counts every case
+    # (the first run's plan), the stoppers as failed, moe_bf16 among them
+    OUT=$(mktemp -d)
+    GPU_TESTS_ABORT=moe_bf16 EMU_FAIL=launch:700 MESH_GPU_STEPS=gpu_tests MESH_GPU_REHEARSE=1 MESH_GPU_BUILD="$B" \
+        OUT="$OUT" "$(dirname "$0")/../run.sh" >"$OUT/run.log" 2>&1
+    planned=$(sed -n 's/^1\.\.\([0-9]*\)$/\1/p' "$OUT/run.log" | head -n 1)
+    line=$(sed -n 's/^FAIL *gpu_tests: //p' "$OUT/run.log" | tail -n 1)
+    echo "# run.sh's gpu_tests step, $planned cases planned: $line"
+    p=${line%% passed*} f=${line#*passed, }
+    f=${f%% failed*}
+    [[ $p =~ ^[0-9]+$ ]] && [[ $f =~ ^[0-9]+$ ]] && [ $((p + f)) = "${planned:-x}" ] && [ "$f" -ge 2 ] &&
+        [[ $line == *" runs, each after the case that stopped the one before"*"ended the process:"*moe_bf16* ]]
+    verdict $? "run.sh's gpu_tests step runs the cases after a crash and after faults again, counting every case"
+    rm -rf "$OUT"
 fi
 # the benchmark (tests/gpu/gpu_bench.c, which only a GPU machine measures
 # with) at --tiny sizes: it runs every kernel it times, cuBLASLt's and
@@ -187,6 +204,7 @@ if [ -x "$B/gpu_bench_emu" ] && [ "${EMU_TSAN:-0}" != 1 ]; then
     run "gpu_bench --tiny" env OPENBLAS_NUM_THREADS=1 "$B/gpu_bench_emu" --tiny --json "$BENCH_JSON"
     grep -q '^JSON {' "$LAST" && python3 -c 'import json, sys; d = json.load(open(sys.argv[1]));
 assert (d["tiny"] and len(d["gemm"]) == 6 and len(d["gemm_bwd"]) == 5 and d["gemm_tune"]["shapes"] >= 11 and
+    len(d["gemm_fp32"]) == 2 and
     len(d["attention"]) == 17 and d["attention_cudnn"].startswith("cuDNN 9.19.0: 6 forward and 6 backward calls on it, 0 and 0 on ours") and
     "not taken" not in str(d["attention"]) and len(d["memory"]) == 11)' "$BENCH_JSON"
     verdict $? "gpu_bench --tiny ran every row and wrote its JSON"
