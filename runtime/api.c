@@ -425,7 +425,7 @@ mesh_status mesh_train_step(mesh_context *ctx, const int *inputs, const int *tar
     int rc = mesh__exec_train_step(ctx->ex, ctx->step + 1, inputs, targets, &st);
     ctx->step++; /* a skipped step counts too: the schedule and the data move on */
     if (stats) *stats = (mesh_step_stats){st.loss, st.norm, st.lr, ctx->step, st.loss_scale, st.skipped,
-                                          st.overlapped, st.overlap_ms, st.wait_ms, st.comm_ms};
+                                          st.overlapped, st.overlap_ms, st.wait_ms, st.comm_ms, st.flops};
     if (rc == -2) return mesh__fail(MESH_ERR_RANK, "step %lld: %s", ctx->step, mesh__exec_error(ctx->ex));
     if (rc != 0)
         return mesh__fail(MESH_ERR_CHECK, "step %lld: the loss (%g) or the gradient norm (%g) is not finite; "

@@ -44,6 +44,7 @@ typedef struct mesh__step_stats {
     double overlap_ms; /* the time those collectives ran */
     double wait_ms;   /* the time the rank waited for them (what overlapping did not hide) */
     double comm_ms;   /* the time of the collectives it made in its turn (exec_comm.c) */
+    double flops;     /* the model FLOPs of the nodes it ran (exec_prof.c's count) */
 } mesh__step_stats;
 
 /* Creates the executor for a plan (which must outlive it) and initialises

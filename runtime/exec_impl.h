@@ -311,6 +311,8 @@ struct mesh__exec {
     double ov_wait_s;    /* seconds the rank waited for its queues this step */
     char error[1536];    /* why the last step failed */
     int counting;        /* in a training step: bytes sent are counted */
+    double flops;        /* the model FLOPs of the nodes run in the training step so far
+                            (exec__prof_begin_node; recomputation not counted) */
     int chain;           /* deterministic: the data-parallel ranks add their gradients one after
                             another, in the one-rank order (MESH__EXEC_DETERMINISTIC) */
     double sent[STEP_SLICE][4], sent_p2p; /* bytes sent by kind and axis, and by pipeline sends */

@@ -17,8 +17,9 @@
  *     around the calls.
  * Work that another node's kernel does counts in that node's entry: a
  * matmul's bias add and GELU (cuBLASLt's epilogues) in the matmul's
- * forward, a GELU's backward in the matmul's (DGELU). The matmuls' and
- * attention's timed brackets also add up their model FLOPs (node_flops),
+ * forward, a GELU's backward in the matmul's (DGELU). The matmuls',
+ * attention's and moe layers' timed brackets also add up their model
+ * FLOPs (node_flops; a training step's total, profiled or not, too),
  * so that the table shows how near each comes to the GPU's peak. The first training
  * step of a context (its warm-up: the GPU's first launches, cuBLASLt's
  * choices) is left out. Tests: exec_profile_splits_the_step,
@@ -132,10 +133,23 @@ static int node_entry(const mesh__exec *ex, int id, int phase)
     return (int)op * 3 + phase;
 }
 
-/* Node id's model FLOPs in a phase (mesh_profile_entry's count): a
- * matmul's (or the bias add's that computes it) 2 M K N forward, 4 M K N
- * backward (dx and dw); attention's 4 B H T^2 d forward, half of it
- * causal, 2.5 times that backward; 0 for the others. */
+/* Node id's model FLOPs in a phase (mesh_profile_entry's count, and a
+ * training step's, mesh_step_stats.model_flops): a matmul's (or the bias
+ * add's that computes it) 2 M K N forward, 4 M K N backward (dx and dw);
+ * attention's 4 B H T^2 d forward, half of it causal, 2.5 times that
+ * backward (FlashAttention's count); a moe layer's experts', each of its
+ * N tokens through K experts of 2 (GELU) or 3 (SwiGLU) D x F products on
+ * this rank, 2 D F each forward, twice that backward (meshc --stats's
+ * count; the router's small product left out, as there); 0 for the
+ * others. A product whose result is replicated over tp (not split, not
+ * partial sums) is the same product on each of the tp ranks: each counts
+ * its tp-th (tp_share), so that the ranks' counts add up to the model's on
+ * any mesh. */
+static double tp_share(const mesh__exec *ex, int id)
+{
+    return ex->p->tensors[id].pl.kind[1] == PL_REP ? 1.0 / (double)ex->p->setup.tp : 1.0;
+}
+
 static double node_flops(const mesh__exec *ex, int id, int phase)
 {
     const plan_tensor *t = &ex->p->tensors[id];
@@ -145,13 +159,18 @@ static double node_flops(const mesh__exec *ex, int id, int phase)
     if (m >= 0) {
         double K = exec__lastd(ex, ex->p->tensors[m].in[0]), N = exec__lastd(ex, m);
         double M = (double)ex->numel[m] / N;
-        return (back ? 4.0 : 2.0) * M * K * N;
+        return (back ? 4.0 : 2.0) * M * K * N * tp_share(ex, m);
     }
     if (t->op == G_ATTENTION) {
         int B, T, H, KV, d;
         exec__attn_dims(ex, id, &B, &T, &H, &KV, &d);
-        double f = 4.0 * B * H * (double)T * T * d * (t->causal ? 0.5 : 1.0);
+        double f = 4.0 * B * H * (double)T * T * d * (t->causal ? 0.5 : 1.0) * tp_share(ex, id);
         return back ? 2.5 * f : f;
+    }
+    if (t->op == G_MOE && ex->moe[id]) {
+        const ex_moe *mo = ex->moe[id];
+        double f = (double)mo->g.N * mo->g.K * 2.0 * mo->g.D * mo->F * (t->act_gelu ? 2 : 3) * tp_share(ex, id);
+        return back ? 2.0 * f : f;
     }
     return 0;
 }
@@ -159,8 +178,13 @@ static double node_flops(const mesh__exec *ex, int id, int phase)
 int exec__prof_begin_node(mesh__exec *ex, int id, int phase)
 {
     ex_prof *f = &ex->prof;
+    int e = node_entry(ex, id, phase);
+    /* the step's model FLOPs, profiled or not (a node another's kernel
+     * computes counts there, as in the profile; recomputation is not the
+     * model's) */
+    if (e >= 0 && phase != EX_PROF_RECOMPUTE && ex->counting) ex->flops += node_flops(ex, id, phase);
     if (!f->on) return 0;
-    int rc = exec__prof_begin(ex, node_entry(ex, id, phase));
+    int rc = exec__prof_begin(ex, e);
     if (rc == 0 && f->depth == 1 && f->entry >= 0) f->flops[f->entry] += node_flops(ex, id, phase);
     return rc;
 }

@@ -861,6 +861,7 @@ static void overlap_stats(mesh__exec *ex, mesh__step_stats *st, double turns0)
 {
     double busy, wait;
     st->comm_ms = exec__turns_total(ex) - turns0;
+    st->flops = ex->flops;
     st->overlapped = ex->ov_step_calls + ex->pf_step_calls + ex->rs_step_calls + ex->ag_step_calls;
     exec__overlap_times(ex, &busy, &wait);
     st->overlap_ms = 1e3 * busy;
@@ -916,6 +917,7 @@ static int train_step(mesh__exec *ex, long long step, const int32_t *inputs, con
     double loss = 0, turns0 = exec__turns_total(ex);
     if (failed_before(ex)) return -2;
     ex->counting = 1;
+    ex->flops = 0;
     ex->steps++;
     exec__overlap_step_begin(ex);
     /* deterministic: data-parallel rank d starts from rank d - 1's sums */

@@ -328,6 +328,13 @@ typedef struct mesh_step_stats {
     double comm_ms;   /* the time of the collectives this rank made in its turn during the step
                          (not overlapped; per kind and axis: mesh_context_comm_ms, whose
                          words apply): on a GPU what it has finished when the step returns */
+    double model_flops; /* the model FLOPs this rank computed in the step, forward and
+                           backward, recomputation not counted: its matmuls' (2 M K N
+                           forward, twice that backward), its attention's (4 B H T^2 d
+                           forward, half of it causal, 2.5 times that backward:
+                           FlashAttention's count) and its moe experts' (each token's
+                           top-k products); its TFLOP/s are model_flops / 1e9 / the step's
+                           ms. Ranks of one pipeline stage do the same work; stages differ */
 } mesh_step_stats;
 
 /* One training step: micro_batches x micro_batch x seq_len input ids and

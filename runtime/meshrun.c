@@ -234,7 +234,9 @@ static mesh_status rank_fail(train_job *j, mesh_status st, const char *fmt, ...)
     return st;
 }
 
-/* Logs a step: "step N/M | loss ... | lr ... | norm ... | ms | tok/s | mem". */
+/* Logs a step: "step N/M | loss ... | lr ... | norm ... | ms | tok/s |
+ * TFLOP/s | mem" (rank 0's model TFLOP/s: mesh_step_stats.model_flops
+ * over the step's time). */
 static void log_step(FILE *metrics, mesh_context *ctx, const mesh_step_stats *st, long long steps, double ms,
                      double step_tokens)
 {
@@ -242,8 +244,9 @@ static void log_step(FILE *metrics, mesh_context *ctx, const mesh_step_stats *st
     mesh_context_memory(ctx, &allocated, NULL);
     char scale[48] = "";
     if (st->loss_scale != 1.0) snprintf(scale, sizeof scale, " | scale %g", st->loss_scale);
-    printf("step %lld/%lld | loss %.4f | lr %.2e | norm %.4f%s | %.1f ms | %.1fk tok/s | mem %.0f MB\n", st->step,
-           steps, st->loss, st->lr, st->grad_norm, scale, ms, step_tokens / ms, (double)allocated / 1e6);
+    printf("step %lld/%lld | loss %.4f | lr %.2e | norm %.4f%s | %.1f ms | %.1fk tok/s | %.3g TFLOP/s | mem %.0f MB\n",
+           st->step, steps, st->loss, st->lr, st->grad_norm, scale, ms, step_tokens / ms,
+           st->model_flops / 1e9 / ms, (double)allocated / 1e6);
     fflush(stdout);
     if (metrics) {
         /* JSON has no infinity: fp16's overflowed norm is null */
@@ -251,8 +254,9 @@ static void log_step(FILE *metrics, mesh_context *ctx, const mesh_step_stats *st
         if (isfinite(st->grad_norm)) snprintf(norm, sizeof norm, "%.6f", st->grad_norm);
         if (st->loss_scale != 1.0) snprintf(scale, sizeof scale, ", \"loss_scale\": %g", st->loss_scale);
         fprintf(metrics, "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %s%s%s, "
-                "\"ms\": %.3f, \"comm_ms\": %.3f, \"tokens_per_s\": %.1f}\n", st->step, st->loss, st->lr,
-                norm, scale, st->skipped ? ", \"skipped\": true" : "", ms, st->comm_ms, 1e3 * step_tokens / ms);
+                "\"ms\": %.3f, \"comm_ms\": %.3f, \"model_flops\": %.0f, \"tflops\": %.4g, \"tokens_per_s\": %.1f}\n",
+                st->step, st->loss, st->lr, norm, scale, st->skipped ? ", \"skipped\": true" : "", ms, st->comm_ms,
+                st->model_flops, st->model_flops / 1e9 / ms, 1e3 * step_tokens / ms);
         fflush(metrics);
     }
 }
@@ -331,7 +335,7 @@ static void print_profile(mesh_context *ctx, int gpu, double step_ms)
            step_ms > 0 ? 100 * total / step_ms : 0.0, step_ms,
            gpu ? "the GPU idle: the host behind, waits for other streams" : "the host between the calls");
     if (step_ms > 0 && gflop > 0)
-        printf("meshrun:   model FLOPs (matmuls, attention): %.1f GFLOP a step, %.2f TFLOP/s over the step\n", gflop,
+        printf("meshrun:   model FLOPs (matmuls, attention, experts): %.1f GFLOP a step, %.2f TFLOP/s over the step\n", gflop,
                gflop / step_ms);
     if (rows[0].untimed > 0) printf("meshrun:   (%lld brackets untimed: the GPU was far behind)\n", rows[0].untimed);
     fflush(stdout);

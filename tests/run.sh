@@ -608,8 +608,11 @@ sys.exit(not (m and all(x["grad_norm"] is None and x["skipped"] is True and x["l
     fi
     capture "$TMP/metrics.out" "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/dd.bin" --val "$TMP/dd.bin" --steps 10 \
         --metrics "$TMP/metrics.jsonl" --threads 1
+    # (gpt-tiny's model FLOPs a step by hand: its matmuls' 2 (12 L C^2 + C V)
+    # a token, 3 times with the backward, over B T = 16 x 64 tokens (L 2, C
+    # 64, V 256), and its causal attention's 3.5 L 4 B T^2 C / 2)
     if [ "$(wc -l <"$TMP/metrics.jsonl")" = 3 ] &&
-        grep -q '^{"step": 1, "loss": 5\.[0-9]*, "lr": [0-9.e+-]*, "grad_norm": [0-9.]*, "ms": [0-9.]*, "comm_ms": [0-9.]*, "tokens_per_s": [0-9.]*}$' "$TMP/metrics.jsonl" &&
+        grep -q '^{"step": 1, "loss": 5\.[0-9]*, "lr": [0-9.e+-]*, "grad_norm": [0-9.]*, "ms": [0-9.]*, "comm_ms": [0-9.]*, "model_flops": 763363328, "tflops": [0-9.e+-]*, "tokens_per_s": [0-9.]*}$' "$TMP/metrics.jsonl" &&
         grep -q '^{"step": 10, "val_loss": [0-9.]*}$' "$TMP/metrics.jsonl"; then
         pass meshrun/metrics-json-lines
     else

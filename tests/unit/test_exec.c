@@ -150,7 +150,7 @@ static void check_training(const char *src)
     if (!ex) unit_fail(__FILE__, __LINE__, err);
     ASSERT_INT_EQ(p.setup.micro_batches, 2);
     int32_t in[32], tg[32];
-    mesh__step_stats st, first = {0, 0, 0, 1, 0, 0, 0, 0, 0};
+    mesh__step_stats st, first = {0, 0, 0, 1, 0, 0, 0, 0, 0, 0};
     for (int step = 1; step <= 40; step++) {
         batch(in, tg, 16, step);
         batch(in + 16, tg + 16, 16, step + 5);
@@ -561,6 +561,7 @@ typedef struct eq_run {
     double stall_ms;  /* rank 0's compute stream's waits on the GPU for its deferred queues' calls */
     long long untimed; /* and its calls and waits not timed */
     double comm_ms;   /* rank 0's collectives in its turn: the sum of its steps' comm_ms */
+    double flops[16]; /* each rank's model FLOPs in the last step (mesh_step_stats.model_flops) */
 } eq_run;
 
 /* Rank 0's collectives in its turn, by entry of mesh_context_sent's table
@@ -611,6 +612,7 @@ static mesh_status eq_rank(mesh_context *ctx, int rank, void *ud)
         if (rank == 0) r->loss[step - 1] = st.loss, r->waits = mesh__exec_gpu_waits(ctx->ex) - waits;
         if (rank == 0) r->overlapped = st.overlapped, r->overlap_ms = st.overlap_ms, r->wait_ms = st.wait_ms;
         if (rank == 0) r->comm_ms += st.comm_ms;
+        if (rank < 16) r->flops[rank] = st.model_flops;
     }
     if (rank == 0) { /* (the table of the context's last run) */
         double bytes, plan_bytes;
@@ -668,6 +670,7 @@ static double eq_overlap_ms, eq_wait_ms; /* and its times */
 static const char *eq_ckpt;
 static double eq_after;
 static double eq_stall_ms;   /* the last run's eq_run.stall_ms */
+static double eq_flops;      /* the sum over its ranks of their last step's model FLOPs */
 static long long eq_untimed; /* and .untimed */
 
 /* The losses of eq_n() steps of src with the settings given (the rest of
@@ -685,7 +688,7 @@ static void eq_losses(const char *src, const char *const *sets, int n_sets, doub
     mesh_plan *mp = NULL;
     ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK);
     mesh_free(text);
-    eq_run r = {mp, {0}, -1, 0, 0, 0, 0, eq_ckpt, 0, 0, 0, 0, 0, 0, 0};
+    eq_run r = {mp, {0}, -1, 0, 0, 0, 0, eq_ckpt, 0, 0, 0, 0, 0, 0, 0, {0}};
     mesh_status st = mesh_run_ranks(mp, eq_rank, &r);
     if (st != MESH_OK) unit_fail(__FILE__, __LINE__, "%s", mesh_last_error());
     memcpy(out, r.loss, sizeof r.loss);
@@ -698,7 +701,37 @@ static void eq_losses(const char *src, const char *const *sets, int n_sets, doub
     eq_wait_ms = r.wait_ms;
     eq_stall_ms = r.stall_ms;
     eq_untimed = r.untimed;
+    eq_flops = 0;
+    for (int k = 0; k < 16; k++) eq_flops += r.flops[k];
     mesh_plan_free(mp);
+}
+
+/* A step's model FLOPs (mesh_step_stats.model_flops) summed over the
+ * ranks: the same on every mesh (the ranks split the work, none counts
+ * twice; recomputation is not counted), exactly (whole numbers). */
+static void expect_same_flops(double ref, const char *what)
+{
+    if (eq_flops == ref) return;
+    fprintf(stderr, "# %s: %.17g model FLOPs a step over the ranks, against one rank's %.17g\n", what, eq_flops, ref);
+    unit_fail(__FILE__, __LINE__, "the model FLOPs differ from one rank's");
+}
+
+/* A step's model FLOPs on one rank by hand, for the tiny GPT (vocab V 16,
+ * dim C 8, 2 layers L, T 8, 12 sequences B a step; moe: the tiny Mixtral,
+ * 4 experts of F 12, top 2): the matmuls' 2 x (12 L C^2 + C V) a token
+ * forward (qkv, proj, fc, fc proj; the tied head), or 2 x (4 L C^2 + C V)
+ * and the experts' 2 x 2 x 3 C F L (each token through 2 SwiGLU experts
+ * of 3 products; the router's not counted), 3 times that with the
+ * backward, over B T tokens; the causal attention's 4 B T^2 C / 2 a
+ * layer forward, 3.5 times that with the backward. */
+static void expect_flops_by_hand(double got, int moe)
+{
+    const double V = 16, C = 8, L = 2, T = 8, B = 12, F = 12;
+    double token = moe ? 2 * (4 * L * C * C + C * V) + 2 * 2 * 3 * C * F * L : 2 * (12 * L * C * C + C * V);
+    double want = 3 * token * B * T + 3.5 * L * 4 * B * T * T * C / 2;
+    if (got == want) return;
+    fprintf(stderr, "# the tiny %s's step: %.17g model FLOPs, by hand %.17g\n", moe ? "Mixtral" : "GPT", got, want);
+    unit_fail(__FILE__, __LINE__, "the model FLOPs are not those worked out by hand");
 }
 
 /* Fails unless got matches ref within 1e-5 relative at every step. */
@@ -738,11 +771,14 @@ TEST_IMPL(parallel_dp_losses_equal_one_rank)
     for (int s = 0; s < 3; s++) {
         double ref[EQ_STEPS], got[EQ_STEPS];
         eq_losses(srcs[s], meshes[0], 4, ref);
+        double flops = eq_flops;
+        if (s != 1) expect_flops_by_hand(flops, s == 2);
         for (int v = 1; v < N_MESHES; v++) {
             eq_losses(srcs[s], meshes[v], 4, got);
             char what[96];
             snprintf(what, sizeof what, "model %d, %s %s", s, meshes[v][2], meshes[v][3]);
             expect_same_losses(ref, got, what);
+            expect_same_flops(flops, what);
         }
         if (eq_n() == EQ_STEPS) ASSERT_INT_LT((long)(ref[EQ_STEPS - 1] * 100), (long)(ref[0] * 100)); /* it trains */
     }
@@ -846,6 +882,7 @@ TEST_IMPL(parallel_tp_pp_losses_equal_one_rank)
         {"train.micro_batch=1", "train.global_batch=12", "model.heads=4"},
     };
     const char *srcs[] = {tiny_src, llama_src};
+    double flops = 0;
     for (int s = 0; s < 2; s++) {
         double ref[EQ_STEPS], got[EQ_STEPS];
         for (int v = 0; v < N_MESHES; v++) {
@@ -855,7 +892,9 @@ TEST_IMPL(parallel_tp_pp_losses_equal_one_rank)
             char what[128];
             snprintf(what, sizeof what, "model %d, %s %s %s %s", s, meshes[v][0], meshes[v][1], meshes[v][2],
                      meshes[v][3]);
+            if (v == 0) flops = eq_flops;
             if (v > 0) expect_same_losses(ref, got, what);
+            if (v > 0) expect_same_flops(flops, what);
         }
     }
     /* four stages of one layer each: the middle ones pass activations and
@@ -919,14 +958,16 @@ TEST_IMPL(parallel_ep_losses_equal_one_rank)
         {"mesh.tp=2", "mesh.ep=2", "mesh.pp=2", "train.zero=0"},
         {"mesh.tp=2", "mesh.ep=2", "train.sequence_parallel=true", "train.zero=0"},
     };
-    double ref[EQ_STEPS], got[EQ_STEPS];
+    double ref[EQ_STEPS], got[EQ_STEPS], flops = 0;
     for (int v = 0; v < (int)(sizeof meshes / sizeof meshes[0]); v++) {
         const char *sets[6] = {"train.micro_batch=1", "train.global_batch=12", meshes[v][0], meshes[v][1],
                                meshes[v][2], meshes[v][3]};
         eq_losses(moe_src, sets, 6, v == 0 ? ref : got);
         char what[96];
         snprintf(what, sizeof what, "moe, %s %s %s %s", meshes[v][0], meshes[v][1], meshes[v][2], meshes[v][3]);
+        if (v == 0) flops = eq_flops;
         if (v > 0) expect_same_losses(ref, got, what);
+        if (v > 0) expect_same_flops(flops, what); /* (the experts' too: each token's top 2) */
     }
 }
 
@@ -1597,7 +1638,7 @@ TEST_IMPL(parallel_failing_rank_stops_the_job)
 {
     static const char *const dp2[] = {"train.micro_batch=1", "mesh.dp=4"};
     mesh_plan *mp = tiny_plan(dp2, 2);
-    eq_run r = {mp, {0}, 2, 3, 0, 0, 0, NULL, 0, 0, 0, 0, 0, 0, 0};
+    eq_run r = {mp, {0}, 2, 3, 0, 0, 0, NULL, 0, 0, 0, 0, 0, 0, 0, {0}};
     ASSERT_INT_EQ(mesh_run_ranks(mp, eq_rank, &r), MESH_ERR_IO);
     ASSERT_NOT_NULL(strstr(mesh_last_error(), "rank 2: "));
     ASSERT_INT_EQ(r.loss[2], 0); /* rank 0 never finished step 3 */
@@ -1611,7 +1652,7 @@ TEST_IMPL(parallel_failing_rank_stops_the_job)
      * at the 600 s timeout) */
     static const char *const tp2pp2[] = {"train.micro_batch=1", "mesh.tp=2", "mesh.pp=2"};
     mp = tiny_plan(tp2pp2, 3);
-    eq_run q = {mp, {0}, 3, 3, 0, 0, 0, NULL, 0, 0, 0, 0, 0, 0, 0};
+    eq_run q = {mp, {0}, 3, 3, 0, 0, 0, NULL, 0, 0, 0, 0, 0, 0, 0, {0}};
     time_t t0 = time(NULL);
     ASSERT_INT_EQ(mesh_run_ranks(mp, eq_rank, &q), MESH_ERR_IO);
     ASSERT_NOT_NULL(strstr(mesh_last_error(), "rank 3: "));
