@@ -813,6 +813,11 @@ step_train_gpt2() {
         fi
         local mfu tuning="" cudnn=""
         mfu=$(awk -v t="$tps" 'BEGIN { f = 6 * 124475904 + 12 * 12 * 1024 * 768; printf "%.1f", 100 * t * f / 989e12 }')
+        # (and meshrun's own model TFLOP/s at the last logged step: its
+        # count, FlashAttention's for the causal attention, the embedding
+        # lookups and biases left out: 6% under PaLM's per token)
+        local tflops
+        tflops=$(sed -n 's/.*"tflops": \([0-9.e+-]*\),.*/\1/p' "$d/gpt2-$prec-$batch${mode:+-$mode}.json" | tail -n 1)
         # (what MESH_GEMM_TUNE=1 did, as meshrun says it at the end)
         [[ $mode == *tune ]] && tuning=$(sed -n "s/^meshrun: rank 0's matmul algorithms (MESH_GEMM_TUNE=1): //p" \
             "$d/gpt2-$prec-$batch-$mode.out" | tail -n 1)
@@ -838,7 +843,7 @@ step_train_gpt2() {
             [[ $mode != *atomic ]] && faster "$rel" "$tps" "$fast_tps" && fast_mode=${mode:-default} fast_tps=$tps
         fi
         detail+="$what: $(printf '%.0f' "$tps") tokens/s, MFU $mfu%${tuning:+ ($tuning)}${cudnn:+ ($cudnn)}$([ "$rel" != null ] && [ -n "$mode" ] && echo ", losses within $rel of the default's"); "
-        json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"mode\": \"${mode:-default}\", \"deterministic\": $(case $mode in *atomic) echo false ;; *) echo true ;; esac), \"profiled\": $([ "$mode" = profile ] && echo true || echo false), \"attention_layout\": \"$(case $mode in rows128) echo 'forward 128 rows' ;; blocks) echo 'backward more blocks' ;; wgmma|wgmma-tune) echo 'wgmma' ;; cudnn-fwd) echo 'cuDNN forward, ours backward' ;; cudnn*) echo 'cuDNN' ;; *) echo default ;; esac)\", \"attention_cudnn\": $(json_str "$cudnn"), \"gemm_tuned\": $(case $mode in *tune) echo true ;; *) echo false ;; esac), \"gemm_tuning\": $(json_str "$tuning"), \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu, \"losses_vs_default\": $rel}"
+        json+="${json:+,}{\"precision\": \"$prec\", \"batch\": $batch, \"mode\": \"${mode:-default}\", \"deterministic\": $(case $mode in *atomic) echo false ;; *) echo true ;; esac), \"profiled\": $([ "$mode" = profile ] && echo true || echo false), \"attention_layout\": \"$(case $mode in rows128) echo 'forward 128 rows' ;; blocks) echo 'backward more blocks' ;; wgmma|wgmma-tune) echo 'wgmma' ;; cudnn-fwd) echo 'cuDNN forward, ours backward' ;; cudnn*) echo 'cuDNN' ;; *) echo default ;; esac)\", \"attention_cudnn\": $(json_str "$cudnn"), \"gemm_tuned\": $(case $mode in *tune) echo true ;; *) echo false ;; esac), \"gemm_tuning\": $(json_str "$tuning"), \"tokens_per_s\": $tps, \"mfu_percent_bf16_peak\": $mfu, \"model_tflops\": ${tflops:-null}, \"losses_vs_default\": $rel}"
         [ -z "$best" ] && best=$tps
     done
     [ -n "$fast_mode" ] && detail+="fastest deterministic at B=32 with the default's losses (within 2e-2): $fast_mode, $(printf '%.0f' "$fast_tps") tokens/s; "
