@@ -263,8 +263,11 @@ tsan:
 
 # Benchmarks print numbers measured side by side in one run; they never
 # fail on a number (tests/bench/run.sh).
-bench: all $(BUILD)/train_bench $(BUILD)/comm_bench
-	MESHC=$(BUILD)/meshc TRAIN_BENCH=$(BUILD)/train_bench COMM_BENCH=$(BUILD)/comm_bench tests/bench/run.sh
+# (with CUDA=1 the kernels' benchmark too: tests/gpu/gpu_bench.c's ratios to
+# cuBLAS and to a device copy, on a GPU; without one it says so)
+bench: all $(BUILD)/train_bench $(BUILD)/comm_bench $(if $(filter 1,$(CUDA)),$(BUILD)/gpu_bench)
+	MESHC=$(BUILD)/meshc TRAIN_BENCH=$(BUILD)/train_bench COMM_BENCH=$(BUILD)/comm_bench \
+	  GPU_BENCH=$(if $(filter 1,$(CUDA)),$(BUILD)/gpu_bench) tests/bench/run.sh
 
 # (the runtime's internals, and what they use: the CPU kernels' packing)
 $(BUILD)/comm_bench: tests/bench/comm_bench.c $(BUILD)/libmeshrt.a $(KCUDA_LIB) $(BUILD)/libmeshkcpu.a \

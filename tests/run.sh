@@ -480,7 +480,7 @@ exit: 1" "$MESHRUN" "$TMP/tiny.plan"
         grep -Eq '^meshrun:   matmul backward +[0-9]+\.[0-9]{3} +[0-9.]+% +[0-9]+\.[0-9] +[0-9]+\.[0-9]{2}$' "$TMP/prof.out" &&
         grep -Eq '^meshrun:   attention forward +[0-9]+\.[0-9]{3} +[0-9.]+% +2\.0 +[0-9]+\.[0-9]{2}$' "$TMP/prof.out" &&
         grep -Eq '^meshrun:   optimizer +[0-9]+\.[0-9]{3} +[0-9.]+% +2\.0 +-$' "$TMP/prof.out" &&
-        grep -Eq '^meshrun:   model FLOPs \(matmuls, attention\): 0\.8 GFLOP a step, [0-9]+\.[0-9]{2} TFLOP/s over the step$' "$TMP/prof.out" &&
+        grep -Eq '^meshrun:   model FLOPs \(matmuls, attention, experts\): 0\.8 GFLOP a step, [0-9]+\.[0-9]{2} TFLOP/s over the step$' "$TMP/prof.out" &&
         grep -Eq "^meshrun:   all of the above +[0-9]+\.[0-9]{3} +[0-9.]+% of the step's [0-9]+\.[0-9]{3} ms \(the rest: the host between the calls\)$" "$TMP/prof.out" &&
         [ "$(grep -c '^meshrun:   ' "$TMP/prof.out")" -ge 10 ] && [ "$(tail -n 1 "$TMP/prof.out")" = "exit: 0" ]; then
         pass meshrun/profile-splits-the-step

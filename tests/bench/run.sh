@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# tests/bench/run.sh: `make bench` — meshc compile times, measured side by
-# side in one run (best of 3 wall-clock runs each; machines are noisy, so
-# read the ratios, not the absolute times). Not a test: nothing here fails
-# on a number.
+# tests/bench/run.sh: `make bench` — meshc compile times, training steps,
+# the communicators' bandwidth and (make CUDA=1 bench, GPU_BENCH) the CUDA
+# kernels', measured side by side in one run (best of 3 wall-clock runs
+# each; machines are noisy, so read the ratios, not the absolute times).
+# Not a test: nothing here fails on a number.
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 1
@@ -97,3 +98,14 @@ for r in 0 1; do
 done
 wait
 cat "$tmp/comm_bench_tcp.0"
+
+# the CUDA kernels against cuBLAS(Lt) and a device-to-device copy, side by
+# side (tests/gpu/gpu_bench.c: GEMM TFLOP/s and our path's share of raw
+# cuBLASLt's, the goal being 85%; attention TFLOP/s; memory-bound kernels'
+# share of the copy's GB/s): with CUDA=1 (make CUDA=1 bench), on a GPU
+echo
+if [ -n "${GPU_BENCH:-}" ]; then
+    "$GPU_BENCH" || exit 1
+else
+    echo "SKIP the CUDA kernels' benchmark: built without CUDA (make CUDA=1 bench builds and runs tests/gpu/gpu_bench)"
+fi
