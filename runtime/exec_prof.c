@@ -179,13 +179,14 @@ int exec__prof_begin_node(mesh__exec *ex, int id, int phase)
 {
     ex_prof *f = &ex->prof;
     int e = node_entry(ex, id, phase);
+    double fl = e >= 0 && (f->on || ex->counting) ? node_flops(ex, id, phase) : 0;
     /* the step's model FLOPs, profiled or not (a node another's kernel
      * computes counts there, as in the profile; recomputation is not the
      * model's) */
-    if (e >= 0 && phase != EX_PROF_RECOMPUTE && ex->counting) ex->flops += node_flops(ex, id, phase);
+    if (phase != EX_PROF_RECOMPUTE && ex->counting) ex->flops += fl;
     if (!f->on) return 0;
     int rc = exec__prof_begin(ex, e);
-    if (rc == 0 && f->depth == 1 && f->entry >= 0) f->flops[f->entry] += node_flops(ex, id, phase);
+    if (rc == 0 && f->depth == 1 && f->entry >= 0) f->flops[f->entry] += fl;
     return rc;
 }
 

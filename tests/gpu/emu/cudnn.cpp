@@ -74,6 +74,14 @@ int fail(int status, const char *fmt, ...)
     return status;
 }
 
+/* EMU_CUDNN_REFUSE's refusal at the plan (at_plan, its value `plan`) or
+ * at the heuristic (any other value); false when unset. */
+bool refused(bool at_plan)
+{
+    const char *r = getenv("EMU_CUDNN_REFUSE");
+    return r && (strcmp(r, "plan") == 0) == at_plan;
+}
+
 const uint32_t MAGIC = 0xc0d11e9u;
 
 struct Handle {
@@ -820,8 +828,7 @@ kcdnn_status cudnnBackendFinalize(kcdnn_desc d)
             return last_status;
         if (!has(x, KCDNN_ATTR_ENGINEHEUR_MODE))
             return fail(BAD_PARAM, "heuristic: no mode");
-        const char *refuse = getenv("EMU_CUDNN_REFUSE");
-        x->prog = refuse && strcmp(refuse, "plan") != 0 ? nullptr : g->prog;
+        x->prog = refused(false) ? nullptr : g->prog;
         break;
     }
     case KCDNN_EXECUTION_PLAN_DESCRIPTOR: {
@@ -830,8 +837,7 @@ kcdnn_status cudnnBackendFinalize(kcdnn_desc d)
         Desc *c = x->desc(KCDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG);
         if (!alive(c, KCDNN_ENGINECFG_DESCRIPTOR) || !c->prog)
             return fail(BAD_PARAM, "plan: the engine config is not one of a heuristic's results");
-        const char *refuse = getenv("EMU_CUDNN_REFUSE");
-        if (refuse && strcmp(refuse, "plan") == 0)
+        if (refused(true))
             return fail(KCDNN_STATUS_NOT_SUPPORTED, "EMU_CUDNN_REFUSE=plan: the engine has no kernel for the graph");
         x->prog = c->prog;
         x->workspace = 1 << 20;
