@@ -790,7 +790,7 @@ step_train_gpt2() {
     # profile, --profile: two event
     # records an op, host calls and GPU timestamps, which a GPU-bound step
     # mostly hides)
-    local prec batch mode what reserve=0 rel cmp fast_mode="" fast_tps=0 any_mode="" any_tps=0
+    local prec batch mode what run reserve=0 rel cmp fast_mode="" fast_tps=0 any_mode="" any_tps=0
     local -A refs=()
     # (PyTorch's step, next, keeps 150 s of the budget: the issue's
     # comparison needs both figures from one run; the runs after the
@@ -801,7 +801,7 @@ step_train_gpt2() {
     for cfg in "bf16 16 profile" "bf16 32" "bf16 32 cudnn" "bf16 32 cudnn-atomic" "bf16 32 cudnn-fwd" "bf16 32 wgmma" "bf16 32 tune" "bf16 32 wgmma-tune" \
         "bf16 32 atomic" "bf16 32 rows128" "bf16 32 blocks" "fp32 16" "fp32 16 tf32"; do
         read -r prec batch mode <<<"$cfg"
-        what="$prec, B=$batch${mode:+, $mode}"
+        what="$prec, B=$batch${mode:+, $mode}" run=$d/gpt2-$prec-$batch${mode:+-$mode} # (gpt2_run's files)
         l=$(left)
         [ "$l" -lt 90 ] && { detail+="$what: skipped (budget); "; continue; }
         [ "$l" -lt $(( 90 + reserve )) ] && [ "$cfg" != "bf16 32" ] && [ "$cfg" != "bf16 32 cudnn" ] &&
@@ -817,13 +817,13 @@ step_train_gpt2() {
         # count, FlashAttention's for the causal attention, the embedding
         # lookups and biases left out: 6% under PaLM's per token)
         local tflops
-        tflops=$(sed -n 's/.*"tflops": \([0-9.e+-]*\),.*/\1/p' "$d/gpt2-$prec-$batch${mode:+-$mode}.json" | tail -n 1)
+        tflops=$(sed -n 's/.*"tflops": \([0-9.e+-]*\),.*/\1/p' "$run.json" | tail -n 1)
         # (what MESH_GEMM_TUNE=1 did, as meshrun says it at the end)
         [[ $mode == *tune ]] && tuning=$(sed -n "s/^meshrun: rank 0's matmul algorithms (MESH_GEMM_TUNE=1): //p" \
-            "$d/gpt2-$prec-$batch-$mode.out" | tail -n 1)
+            "$run.out" | tail -n 1)
         # (what MESH_ATTN_CUDNN=1 did: cuDNN's version, its calls, a refusal in its words)
         [[ $mode == cudnn* ]] && cudnn=$(sed -n "s/^meshrun: rank 0's attention (MESH_ATTN_CUDNN=[^)]*): //p" \
-            "$d/gpt2-$prec-$batch-$mode.out" | tail -n 1)
+            "$run.out" | tail -n 1)
         # (a run's logged losses against those of its precision and
         # batch's default run, "bf16 32" or "fp32 16", the same data from
         # the same seed: the worst relative difference; of the bf16 B=32
@@ -832,10 +832,10 @@ step_train_gpt2() {
         # non-deterministic flag gives)
         rel=null
         if [ -z "$mode" ]; then
-            refs["$prec $batch"]=$d/gpt2-$prec-$batch.json
+            refs["$prec $batch"]=$run.json
             rel=0
         elif [ -n "${refs["$prec $batch"]:-}" ]; then
-            cmp=$(worst_rel "${refs["$prec $batch"]}" "$d/gpt2-$prec-$batch-$mode.json")
+            cmp=$(worst_rel "${refs["$prec $batch"]}" "$run.json")
             [ "${cmp% *}" -gt 0 ] && rel=${cmp#* }
         fi
         if [ "$prec $batch" = "bf16 32" ]; then
