@@ -202,8 +202,8 @@ static void print_start(const mesh_plan_info *pi, const run_opts *o, mesh_contex
                pi->precision);
     const char *tf32 = getenv("MESH_TF32");
     if (on == MESH_DEVICE_CUDA && strcmp(pi->precision, "fp32") == 0 && tf32 && strcmp(tf32, "1") == 0)
-        printf("meshrun: fp32: the products (linear layers, experts) on TF32 tensor cores (MESH_TF32=1): their "
-               "operands rounded to 10 bits of mantissa, sums in fp32\n");
+        printf("meshrun: fp32: the products (linear layers, experts, the attention's tiles) on TF32 tensor cores "
+               "(MESH_TF32=1): their operands rounded to 10 bits of mantissa, sums in fp32\n");
     if (strcmp(pi->precision, "fp32") != 0)
         printf("meshrun: %s: activations, weights and gradients rounded to %s after every op, fp32 master "
                "weights and AdamW state%s\n", pi->precision, pi->precision,

@@ -22,7 +22,11 @@
  * is the A operand's, two columns per register): no tile goes through
  * shared memory on its way from one product to the next. fp32 runs the
  * same layout as FMAs from shared memory (padded rows, no bank
- * conflicts), P passing through a per-warp tile. The head size is padded
+ * conflicts), P passing through a per-warp tile; or, where the context
+ * asks (kcuda_ctx_set_tf32), on the tensor cores' TF32 products
+ * (mma.sync m16n8k8: operands rounded to 10 bits of mantissa, sums in
+ * fp32), P and dS again the A operand where they stand (warp_pv). The
+ * tiles load by cp.async in every type. The head size is padded
  * to DP = 32, 64 or 128 with zeros.
  *
  * Forward: per block of queries, walk the key tiles (only those at or
@@ -70,9 +74,9 @@
 /* Queues the copy of dst[64][LD] = rows [row0, row0 + 64) of src (row
  * stride `stride`), the first d columns, zeros past T and past d. With vec
  * (d and the stride multiples of the 16-byte pack's width, src aligned),
- * in packs: 2-byte types by cp.async (zeros by its zero fill; their rows
- * of 2 DP + 16 bytes keep the packs aligned), fp32 (rows of an odd length)
- * by stores of the pack's elements; else element by element. Either way
+ * in packs by cp.async (zeros by its zero fill; rows of 2 DP + 16 bytes,
+ * or fp32's 4 DP + 16, keep the packs aligned), so that the next tile
+ * loads behind this one's products; else element by element. Either way
  * every thread sees the tile after kc_cp_async_wait and a __syncthreads.
  * A block is ATT_THREADS threads (every attention kernel's launch): in
  * packs, a thread copies the same column of every RS-th row, the loop
@@ -84,6 +88,7 @@ __device__ void queue_tile(T *dst, const T *src, long long stride, int row0,
 {
     constexpr int LD = att_cfg<T, DP>::LD;
     constexpr int W = kc_pack<T>::W;
+    static_assert(LD * sizeof(T) % 16 == 0, "queue_tile: rows of whole 16-byte packs");
     if (vec) {
         constexpr int PPR = DP / W;             /* packs per row */
         constexpr int RS = ATT_THREADS / PPR;   /* rows a pass */
@@ -96,22 +101,7 @@ __device__ void queue_tile(T *dst, const T *src, long long stride, int row0,
 #pragma unroll
         for (int i = 0; i < ATT_TILE / RS; i++, s += step) {
             bool in = cin && row0 + r + RS * i < T_;
-            const T *from = in ? s : src;
-            if constexpr (att_cfg<T, DP>::TC) {
-                kc_cp_async16(t + RS * i * LD, from, in);
-            } else {
-                kc_pack<T> p;
-                if (in) {
-                    p = *reinterpret_cast<const kc_pack<T> *>(from);
-                } else {
-#pragma unroll
-                    for (int j = 0; j < W; j++)
-                        p.v[j] = kc_to<T>(0.0f);
-                }
-#pragma unroll
-                for (int j = 0; j < W; j++)
-                    t[RS * i * LD + j] = p.v[j];
-            }
+            kc_cp_async16(t + RS * i * LD, in ? s : src, in);
         }
         return;
     }
@@ -215,15 +205,18 @@ __device__ __forceinline__ void warp_abt_regs(float (&s)[8][4], const uint32_t (
 
 /* s = A[16 w .. 16 w + 16) B^T over the head size: the warp's [16 x 64]
  * piece of A B^T, A and B [64][LD] tiles. Tensor cores: warp_abt_mt's one
- * piece. fp32: FMAs over the first d columns. */
+ * piece. fp32: FMAs over the first d columns, or with tf32 TF32 products
+ * (m16n8k8) over the padded head size, 8 columns at a time: row g's
+ * columns t and t + 4 of A, key g's of B (so the lanes' loads fall in
+ * 32 banks, att_cfg), each rounded by kc_tf32. */
 template <typename T, int DP>
 __device__ __forceinline__ void warp_abt(float (&s)[8][4], const T *A,
-                                         const T *B, int d)
+                                         const T *B, int d, bool tf32)
 {
     typedef att_cfg<T, DP> cfg;
     int w = threadIdx.x >> 5;
     if constexpr (cfg::TC) {
-        (void)d;
+        (void)d, (void)tf32;
         warp_abt_mt<T, DP, 1>(reinterpret_cast<float(&)[1][8][4]>(s), A, 16 * w, B);
     } else {
 #pragma unroll
@@ -231,6 +224,22 @@ __device__ __forceinline__ void warp_abt(float (&s)[8][4], const T *A,
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 s[j][e] = 0.0f;
+        if (tf32) {
+            int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+            const float *a = reinterpret_cast<const float *>(A) + (16 * w + g) * cfg::LD + t;
+            const float *b = reinterpret_cast<const float *>(B) + g * cfg::LD + t;
+#pragma unroll
+            for (int kk = 0; kk < DP; kk += 8) {
+                const uint32_t af[4] = {kc_tf32(a[kk]), kc_tf32(a[8 * cfg::LD + kk]), kc_tf32(a[kk + 4]),
+                                        kc_tf32(a[8 * cfg::LD + kk + 4])};
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const uint32_t bf[2] = {kc_tf32(b[8 * j * cfg::LD + kk]), kc_tf32(b[8 * j * cfg::LD + kk + 4])};
+                    kc_mma1688_tf32(s[j], af, bf);
+                }
+            }
+            return;
+        }
         const float *a0 = reinterpret_cast<const float *>(A) + (16 * w + att_row(0)) * cfg::LD;
         const float *a1 = a0 + 8 * cfg::LD;
         const float *b = reinterpret_cast<const float *>(B) + att_col(0) * cfg::LD;
@@ -295,17 +304,34 @@ __device__ __forceinline__ void warp_pv_mt(float (&acc)[MT][DP / 8][4], const fl
 /* acc += P X: P the warp's [16 x 64] tile in registers, X a [64][LD]
  * tile (rows indexed by P's columns), acc the warp's [16 x DP] piece.
  * Tensor cores: warp_pv_mt's one tile. fp32: P goes through the warp's
- * tile pf[16][LDF]. */
+ * tile pf[16][LDF]; or with tf32, TF32 products (m16n8k8) with P as the
+ * A operand where it stands: a product's k index t stands for P's column
+ * 2t of the 8 and t + 4 for 2t + 1 (the accumulator's two columns), so
+ * its B operand is X's rows 2t and 2t + 1 (any order of k gives the same
+ * sum of products). */
 template <typename T, int DP>
 __device__ __forceinline__ void warp_pv(float (&acc)[DP / 8][4],
                                         const float (&p)[8][4], const T *X,
-                                        float *pf)
+                                        float *pf, bool tf32)
 {
     typedef att_cfg<T, DP> cfg;
     if constexpr (cfg::TC) {
-        (void)pf;
+        (void)pf, (void)tf32;
         warp_pv_mt<T, DP, 1>(reinterpret_cast<float(&)[1][DP / 8][4]>(acc),
                              reinterpret_cast<const float(&)[1][8][4]>(p), X);
+    } else if (tf32) {
+        (void)pf;
+        int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+        const float *x = reinterpret_cast<const float *>(X) + 2 * t * cfg::LD + g;
+#pragma unroll
+        for (int kc = 0; kc < 8; kc++) {
+            const uint32_t pa[4] = {kc_tf32(p[kc][0]), kc_tf32(p[kc][2]), kc_tf32(p[kc][1]), kc_tf32(p[kc][3])};
+#pragma unroll
+            for (int n = 0; n < DP / 8; n++) {
+                const uint32_t bf[2] = {kc_tf32(x[8 * kc * cfg::LD + 8 * n]), kc_tf32(x[(8 * kc + 1) * cfg::LD + 8 * n])};
+                kc_mma1688_tf32(acc[n], pa, bf);
+            }
+        }
     } else {
 #pragma unroll
         for (int j = 0; j < 8; j++)
@@ -435,7 +461,7 @@ __global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, MT>()) 
             } else if constexpr (cfg::TC) {
                 warp_abt_mt<T, DP, MT>(s, sQ, row0, sK);
             } else {
-                warp_abt<T, DP>(s[0], sQ, sK, a.d);
+                warp_abt<T, DP>(s[0], sQ, sK, a.d, a.tf32);
             }
             /* -inf where masked: only the diagonal tile (causal) and the
              * one across T have masked entries */
@@ -449,7 +475,7 @@ __global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, MT>()) 
             if constexpr (cfg::TC)
                 warp_pv_mt<T, DP, MT>(acc, s, sV);
             else
-                warp_pv<T, DP>(acc[0], s[0], sV, pf);
+                warp_pv<T, DP>(acc[0], s[0], sV, pf, a.tf32);
         }
         __syncthreads(); /* this pair is read: the next iteration refills it */
     }
@@ -618,16 +644,16 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dkv_kernel(attn_ar
             warp_abt_regs<T, DP>(p, kf, sQ);  /* s^T */
             warp_abt_regs<T, DP>(ds, vf, sO); /* dp^T */
         } else {
-            warp_abt<T, DP>(p, sK, sQ, a.d);  /* s^T */
-            warp_abt<T, DP>(ds, sV, sO, a.d); /* dp^T */
+            warp_abt<T, DP>(p, sK, sQ, a.d, a.tf32);  /* s^T */
+            warp_abt<T, DP>(ds, sV, sO, a.d, a.tf32); /* dp^T */
         }
         /* p = exp(s - lse) as exp2 of log2 units; the mask's compares
          * only on the tiles that have masked entries */
         att_tile_math(att_full(a, i0, j0, true), [&](auto masked) {
             att_probs_kq<decltype(masked)::value>(p, ds, a, j0, i0, sL, sD);
         });
-        warp_pv<T, DP>(dv, p, sO, pf);
-        warp_pv<T, DP>(dk, ds, sQ, pf);
+        warp_pv<T, DP>(dv, p, sO, pf, a.tf32);
+        warp_pv<T, DP>(dk, ds, sQ, pf, a.tf32);
         if constexpr (ADQ)
             dq_atomic<T, DP>(a, ds, sS, sK, b, kvh * rep + i / qtiles, i0, j0);
         __syncthreads(); /* this buffer is read: the next step refills it */
@@ -670,12 +696,12 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dq_kernel(attn_arg
         const T *sK, *sV;
         kv_tile<T, DP>(smem, 2, it, tiles, k, v, a, &sK, &sV);
         float p[8][4], ds[8][4];
-        warp_abt<T, DP>(p, sQ, sK, a.d);
-        warp_abt<T, DP>(ds, sO, sV, a.d);
+        warp_abt<T, DP>(p, sQ, sK, a.d, a.tf32);
+        warp_abt<T, DP>(ds, sO, sV, a.d, a.tf32);
         att_tile_math(att_full(a, i0, j0, true), [&](auto masked) {
             att_probs_qk<decltype(masked)::value>(ds, p, a, i0, j0, sL, sD);
         });
-        warp_pv<T, DP>(dq, ds, sK, pf);
+        warp_pv<T, DP>(dq, ds, sK, pf, a.tf32);
         __syncthreads(); /* this pair is read: the next iteration refills it */
     }
     add_rows_out<T, DP>((T *)a.dq + bt0 * a.qs + (long long)h * a.d, a.qs, dq,
@@ -874,6 +900,7 @@ static int attn_forward(kcuda_ctx *ctx, void *out, float *lse, const void *q, co
     a.o = out;
     a.lse = lse;
     KCUDA_TRY(attn_setup(&a, B, T, H, KV, d, causal, dt, qs, kvs));
+    a.tf32 = ctx && ctx->tf32 && dt == KCUDA_F32; /* kcuda_ctx_set_tf32 */
     if (B == 0 || T == 0)
         return 0;
     int taken = 0; /* on cuDNN, where the context asks and it takes it */
@@ -903,6 +930,7 @@ static int attn_backward(kcuda_ctx *ctx, void *dq, void *dk, void *dv,
     a.dv = dv;
     a.lse_in = lse;
     KCUDA_TRY(attn_setup(&a, B, T, H, KV, d, causal, dt, qs, kvs));
+    a.tf32 = ctx && ctx->tf32 && dt == KCUDA_F32; /* kcuda_ctx_set_tf32 */
     if (B == 0 || T == 0)
         return 0;
     int taken = 0; /* on cuDNN, where the context asks and it takes it */

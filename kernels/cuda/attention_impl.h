@@ -35,6 +35,7 @@ struct attn_args {
     long long qs, ks, vs, os;
     int B, T, H, KV, d, causal, vec;
     int assign;           /* backward: dq (1), dk (2), dv (4) overwritten, not added to */
+    int tf32;             /* fp32: the tile products on TF32 tensor cores (kcuda_ctx_set_tf32) */
     float scale;          /* 1 / sqrt(d) */
     float scale2;         /* scale log2(e): scores in log2 units, for kc_exp2 */
 };
@@ -45,13 +46,15 @@ __host__ __device__ __forceinline__ long long att_tp(int T_)
     return (T_ + 3) / 4 * 4;
 }
 
-/* Shared-memory row length of a [64 x DP] tile: fp32 pads by one word
- * (the FMA loops read columns), 2-byte types by 16 bytes (ldmatrix reads
- * 16-byte rows, and 8 rows of a row stride of 2 DP + 16 bytes fall in 8
- * different 16-byte bank groups: no conflicts). */
+/* Shared-memory row length of a [64 x DP] tile: fp32 pads by four words
+ * (a row stride of 4 banks: the FMA loops' reads of 8 rows' columns, and
+ * TF32's operands, rows g and columns t or rows 2t and columns g, g < 8,
+ * t < 4, fall in 32 different banks), 2-byte types by 16 bytes (ldmatrix
+ * reads 16-byte rows, and 8 rows of a row stride of 2 DP + 16 bytes fall
+ * in 8 different 16-byte bank groups: no conflicts). */
 template <typename T, int DP> struct att_cfg {
     static constexpr bool TC = sizeof(T) == 2;
-    static constexpr int LD = TC ? DP + 8 : DP + 1;
+    static constexpr int LD = TC ? DP + 8 : DP + 4;
     static constexpr size_t TILE_BYTES =
         (sizeof(T) * ATT_TILE * LD + 127) / 128 * 128;
     static constexpr int LDF = 65; /* fp32 P tile [16 x 64] (FMA path) */

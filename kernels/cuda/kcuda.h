@@ -156,10 +156,12 @@ void kcuda_ctx_set_gemm_tune(kcuda_ctx *ctx, int mode);
 #define KCUDA_TUNE_MIN_OUTPUT (1 << 18)
 
 /* fp32 products on TF32 tensor cores (on != 0): the context's cuBLASLt
- * products of fp32 operands (the matmuls and the experts', not the
- * attention's) compute in CUBLAS_COMPUTE_32F_FAST_TF32, which rounds
- * each operand to TF32 (fp32's range, 10 bits of mantissa: fp16's
- * precision) and sums in fp32, as PyTorch's allow_tf32. Several times
+ * products of fp32 operands (the matmuls and the experts') compute in
+ * CUBLAS_COMPUTE_32F_FAST_TF32, which rounds each operand to TF32
+ * (fp32's range, 10 bits of mantissa: fp16's precision) and sums in fp32,
+ * as PyTorch's allow_tf32; and the fp32 attention's tile products (Q K^T,
+ * P V and the backward's) run as mma.sync m16n8k8 on TF32 operands, each
+ * rounded by cvt.rna (the softmax and its sums stay fp32). Several times
  * fp32's speed on Ampere and Hopper; the results differ from the CPU's
  * by about fp16 rounding's, not fp32's 1e-6. 0, the default: true fp32.
  * Set it before the context's first product (a shape's algorithm is

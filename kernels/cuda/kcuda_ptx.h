@@ -6,6 +6,11 @@
  *
  *   kc_mma16816<L>(d, a, b)   d += a b: mma.sync.aligned.m16n8k16.row.col,
  *                             fp32 accumulators, L = bf16 or f16 inputs
+ *   kc_mma1688_tf32(d, a, b)  d += a b: mma.sync.aligned.m16n8k8.row.col
+ *                             .f32.tf32.tf32.f32 (fp32 operands as TF32)
+ *   kc_tf32(x)                cvt.rna.tf32.f32: x rounded to TF32 (10
+ *                             bits of mantissa, half away from zero), its
+ *                             fp32 bits
  *   kc_ldsm4(r, p)            ldmatrix.sync.aligned.m8n8.x4.shared.b16
  *   kc_ldsm4_t(r, p)          the same with .trans
  *   kc_pack2<L>(lo, hi)       two floats rounded to L, lo in the low half
@@ -28,6 +33,15 @@
  *   B [16 x 8] (k x n):    b[0] (k 2t..2t+1, n g), b[1] (k 2t+8.., n g)
  *   C, D [16 x 8] fp32:    d[0], d[1] (g, 2t), (g, 2t+1);
  *                          d[2], d[3] (g+8, 2t), (g+8, 2t+1)
+ * m16n8k8 with TF32 operands (one 32-bit element a register, "Matrix
+ * Fragments for mma.m16n8k8", .tf32):
+ *   A [16 x 8] row-major:  a[0] (g, t), a[1] (g+8, t), a[2] (g, t+4),
+ *                          a[3] (g+8, t+4)
+ *   B [8 x 8] (k x n):     b[0] (k t, n g), b[1] (k t+4, n g)
+ *   C, D [16 x 8] fp32:    as m16n8k16's
+ * An operand is rounded by kc_tf32 first: what the tensor cores do with
+ * the low 13 bits of one that is not is not documented (the emulation
+ * cuts them).
  * ldmatrix .x4: lanes 8i..8i+7 give the 16-byte rows of 8 x 8 matrix i
  * (shared memory, 16-byte aligned); r[i] is matrix i's (row g, columns 2t,
  * 2t+1), or with .trans its (rows 2t, 2t+1, column g). So a row-major
@@ -47,7 +61,7 @@
 #include "kcuda_impl.h"
 
 #ifdef EMU_CUDA_RUNTIME_H
-#include <emu/ptx.h> /* defines: emu::mma_m16n8k16, emu::ldmatrix_x4, emu::cp_async16 */
+#include <emu/ptx.h> /* defines: emu::mma_m16n8k16, emu::mma_m16n8k8_tf32, emu::ldmatrix_x4, emu::cp_async16 */
 #endif
 
 template <typename L>
@@ -84,6 +98,39 @@ __device__ __forceinline__ void kc_mma16816(float (&d)[4], const uint32_t (&a)[4
 #elif defined(__CUDA_ARCH__)
     (void)d, (void)a, (void)b;
     __trap(); /* the tensor cores' bf16 path needs sm_80 or later */
+#else
+    (void)d, (void)a, (void)b;
+#endif
+}
+
+/* x rounded to TF32 (cvt.rna: to nearest, half away from zero; Inf and
+ * NaN as they are), as the bits of an fp32 whose low 13 bits are 0: the
+ * operand kc_mma1688_tf32 takes. */
+__device__ __forceinline__ uint32_t kc_tf32(float x)
+{
+    uint32_t u;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(EMU_CUDA_RUNTIME_H)
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(u) : "f"(x));
+#else
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u)
+        u = (u + 0x1000u) & ~0x1fffu;
+#endif
+    return u;
+}
+
+__device__ __forceinline__ void kc_mma1688_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2])
+{
+#ifdef EMU_CUDA_RUNTIME_H
+    ::emu::mma_m16n8k8_tf32(d, a, b);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(__CUDA_ARCH__)
+    (void)d, (void)a, (void)b;
+    __trap(); /* TF32 tensor cores need sm_80 or later */
 #else
     (void)d, (void)a, (void)b;
 #endif

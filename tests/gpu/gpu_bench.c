@@ -16,7 +16,8 @@
  *  - causal attention, bf16, B=8 T=1024 H=12 d=64: forward and backward
  *    (the backward in each of its modes: dq by its own kernel, the
  *    default; by the dk/dv kernel's atomics in any order,
- *    MESH_DETERMINISTIC=0; the same in turns, 2)
+ *    MESH_DETERMINISTIC=0; the same in turns, 2), and in fp32, on FMAs
+ *    and on TF32 tensor cores (MESH_TF32=1);
  *    TFLOP/s, counted as FlashAttention does (4 B H T^2 d / 2 forward,
  *    2.5 times that backward; ours does that work in 2-byte types, and
  *    3.5 times it with dq's own kernel, which recomputes the scores);
@@ -551,7 +552,7 @@ static void bench_epilogue(void)
 
 /* ---- attention -------------------------------------------------------------- */
 
-enum { ATTN_ROWS = 17 };
+enum { ATTN_ROWS = 18 };
 
 typedef struct attn_arg {
     int B, T, H, d;
@@ -586,7 +587,8 @@ static void bench_attention(void)
     /* bf16 (dq by its own kernel, the default; the forward in blocks of
      * 64 query rows, the default at d 64); bf16 with dq by the dk/dv
      * kernel's atomics as they come (kcuda_ctx_set_deterministic 0) and in
-     * turns (2); fp32; bf16 with the forward in blocks of 128 rows
+     * turns (2); fp32, and fp32 with its tile products on TF32 tensor
+     * cores (fctx: MESH_TF32=1); bf16 with the forward in blocks of 128 rows
      * (kcuda_attention_forward_rows); bf16 with the backward's kernels
      * compiled for more blocks an SM (kcuda_attention_backward_blocks);
      * the default backward's two main kernels each alone
@@ -602,13 +604,14 @@ static void bench_attention(void)
      * with dq's sums in any order; at d 128; the name says so where cuDNN
      * did not take the calls, and the row is then this file's kernels') */
     static const struct {
-        int mode, fp32, H, d, fwd_rows, more, only, wg, cudnn;
+        int mode, fp32, H, d, fwd_rows, more, only, wg, cudnn; /* fp32: 1, or 2 on TF32 */
         const char *name;
     } cfg[ATTN_ROWS] = {
         {1, 0, 12, 64, 0, 0, 0, 0, 0, "B8 T1024 H12 d64 bf16"},
         {0, 0, 12, 64, 0, 0, 0, 0, 0, "B8 T1024 H12 d64 bf16 dq atomics"},
         {2, 0, 12, 64, 0, 0, 0, 0, 0, "B8 T1024 H12 d64 bf16 dq in turns"},
         {1, 1, 12, 64, 0, 0, 0, 0, 0, "B8 T1024 H12 d64 fp32"},
+        {1, 2, 12, 64, 0, 0, 0, 0, 0, "B8 T1024 H12 d64 fp32 TF32"},
         {1, 0, 12, 64, 128, 0, 0, 0, 0, "B8 T1024 H12 d64 bf16 fwd 128 rows"},
         {1, 0, 12, 64, 0, 1, 0, 0, 0, "B8 T1024 H12 d64 bf16 bwd occupancy"},
         {1, 0, 12, 64, 0, 0, 1, 0, 0, "B8 T1024 H12 d64 bf16 dk/dv kernel"},
@@ -626,7 +629,8 @@ static void bench_attention(void)
     for (int k = 0; k < ATTN_ROWS; k++) {
         attn_arg a = {tiny ? 1 : 8, tiny ? 128 : 1024, tiny ? 2 : cfg[k].H, cfg[k].d,
                       cfg[k].fp32 ? KCUDA_F32 : KCUDA_BF16,
-                      NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, cfg[k].cudnn ? cctx : ctx};
+                      NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                      cfg[k].cudnn ? cctx : cfg[k].fp32 == 2 ? fctx : ctx};
         size_t n = (size_t)a.B * a.T * a.H * a.d;
         a.q = drand(n, 1.0f, a.dt);
         a.k = drand(n, 1.0f, a.dt);

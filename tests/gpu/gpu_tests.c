@@ -465,16 +465,14 @@ static void t_matmul_gelu(kcuda_dtype dt)
         matmul_gelu_bwd_case(dt, KCUDA_F32, 67, 48, 40);
 }
 
-/* fp32 products on TF32 tensor cores (kcuda_ctx_set_tf32), in a context
- * of their own: t_matmul's cases, the tied head's and the GELU's (its
- * product and bias in the epilogue, then the kernel; the backward's
- * product, then the GELU's) to TF32's tolerance (operands of fp16's
- * mantissa). The largest error must be past fp32's tolerance, else the
- * products were not on TF32: required on the emulation, whose cuBLASLt
- * rounds the operands as PTX's cvt.rna does; on a GPU said, not required
- * (cuBLASLt may keep a product off the tensor cores). The default
- * context's products stay fp32 (matmul_f32, to 1e-5). */
-static void t_matmul_tf32(kcuda_dtype dt)
+/* body's cases on TF32 tensor cores (kcuda_ctx_set_tf32), in a context
+ * of their own, to TF32's tolerance (operands of fp16's mantissa). The
+ * largest error must be past fp32's tolerance, else the products were not
+ * on TF32: required on the emulation, whose cuBLASLt rounds the operands
+ * as PTX's cvt.rna does and whose mma.m16n8k8 reads them as TF32; on a
+ * GPU said, not required (cuBLASLt may keep a product off the tensor
+ * cores). The default context's products stay fp32 (to 1e-5). */
+static void on_tf32(const char *what, void (*body)(kcuda_dtype))
 {
     kcuda_ctx *keep = ctx, *tc = NULL;
     if (kcuda_ctx_create(&tc) != 0) {
@@ -485,19 +483,33 @@ static void t_matmul_tf32(kcuda_dtype dt)
     kcuda_ctx_set_tf32(tc, 1);
     ctx = tc;
     cur_tol = TOL_TF32;
+    body(KCUDA_F32);
+    ctx = keep;
+    kcuda_ctx_free(tc);
+    int seen = cur_err > TOL_F32;
+    printf("# TF32 %s (%s): the largest error %.2g, fp32's tolerance %.0e\n", seen ? "in effect" : "not seen", what,
+           cur_err, TOL_F32);
+    if (!seen && emulated()) {
+        fprintf(stderr, "# the %s's errors are fp32's: were they on TF32?\n", what);
+        cur_bad = 1;
+    }
+}
+
+/* The matmuls: t_matmul's cases, the tied head's and the GELU's (its
+ * product and bias in the epilogue, then the kernel; the backward's
+ * product, then the GELU's). */
+static void matmul_tf32_cases(kcuda_dtype dt)
+{
     t_matmul(dt);
     matmul_case(dt, 64, 96, 128, 1, 1, 0);
     matmul_case(dt, 64, 96, 128, 0, 1, 1);
     matmul_gelu_bwd_case(dt, dt, 64, 96, 128);
-    ctx = keep;
-    kcuda_ctx_free(tc);
-    int seen = cur_err > TOL_F32;
-    printf("# TF32 %s: the largest error %.2g, fp32's tolerance %.0e\n",
-           seen ? "in effect" : "not seen", cur_err, TOL_F32);
-    if (!seen && emulated()) {
-        fprintf(stderr, "# the products' errors are fp32's: were they on TF32?\n");
-        cur_bad = 1;
-    }
+}
+
+static void t_matmul_tf32(kcuda_dtype dt)
+{
+    (void)dt;
+    on_tf32("products", matmul_tf32_cases);
 }
 
 /* cuBLASLt refusing at the call the fused algorithm its heuristic chose
@@ -1642,6 +1654,22 @@ static void t_attention_qkv(kcuda_dtype dt)
     attn_case(dt, 1, 65, 2, 2, 64, 0, 1);
 }
 
+/* The attention's tile products on TF32 tensor cores (the forward, the
+ * dk/dv kernel and dq's, mma.sync m16n8k8): t_attention's and
+ * t_attention_qkv's cases, every padded head size, masked and full tiles,
+ * operands in packs and not. */
+static void attention_tf32_cases(kcuda_dtype dt)
+{
+    t_attention(dt);
+    t_attention_qkv(dt);
+}
+
+static void t_attention_tf32(kcuda_dtype dt)
+{
+    (void)dt;
+    on_tf32("attention", attention_tf32_cases);
+}
+
 /* ---- cases: the attention on cuDNN (kcuda_ctx_set_attention_cudnn) -------- */
 
 /* Context c's cuDNN counters now. */
@@ -2197,6 +2225,7 @@ static const gpu_case cases[] = {
     {"sweep_f16", t_sweep, KCUDA_F16},
     /* (after the sweeps: their shapes are drawn from the same sequence) */
     {"matmul_tf32", t_matmul_tf32, KCUDA_F32},
+    {"attention_tf32", t_attention_tf32, KCUDA_F32},
 };
 
 enum { NCASES = sizeof cases / sizeof cases[0] };

@@ -223,7 +223,7 @@ inline void tsan_write(void *, size_t) {}
 
 enum : uint8_t { READY, AT_WARP, AT_BLOCK, EXITED, TRAPPED };
 
-enum { CP_MAX = 64 }; /* cp.async copies queued per thread */
+enum { CP_MAX = 128 }; /* cp.async copies queued per thread (fp32 attention tiles at d 128: 80) */
 enum { WG_MAX = 16 }; /* wgmma products queued per thread */
 
 const size_t STACK_BYTES = 256 * 1024; /* per CUDA thread, plus a guard page */
@@ -329,6 +329,7 @@ const char *op_name(int kind)
     case OP_SHFL_XOR: return "__shfl_xor_sync";
     case OP_MMA_M16N8K16: return "mma.sync.aligned.m16n8k16";
     case OP_LDMATRIX_X4: return "ldmatrix.sync.aligned.m8n8.x4";
+    case OP_MMA_M16N8K8: return "mma.sync.aligned.m16n8k8";
     case OP_WGMMA_WAIT: return "wgmma.wait_group.sync.aligned";
     }
     return "?";
@@ -504,24 +505,33 @@ bool do_shfl(Runner *r, Lane *w0, unsigned warp, unsigned mask, int kind)
 
 const char *elem_name(int e)
 {
-    return e == ELEM_BF16 ? "__nv_bfloat16" : "__half";
+    return e == ELEM_BF16 ? "__nv_bfloat16" : e == ELEM_F16 ? "__half" : "tf32";
 }
 
-/* mma.sync.aligned.m16n8k16.row.col.f32 with bf16 or f16 inputs over the
- * warp's registers (emu/ptx.h): lane m, g = m / 4, t = m % 4, holds
+/* mma.sync.aligned.m16n8k16.row.col.f32 with bf16 or f16 inputs, or
+ * m16n8k8 with tf32 ones, over the warp's registers (emu/ptx.h): lane m,
+ * g = m / 4, t = m % 4, holds at k 16
  * A (row, k) (g, 2t..2t+1) in a[0], (g+8, 2t..) in a[1], (g, 2t+8..) in
  * a[2], (g+8, 2t+8..) in a[3]; B (k, n) (2t..2t+1, g) in b[0], (2t+8..,
- * g) in b[1]; C and D (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1) in
- * c[0..3] and d[0..3]; the lower-indexed element of a pair in a register's
- * low half. D = C + A B: exact products, fp32 sums in k order from C. c
- * and d are the same array: all of C is read first. */
-bool do_mma16816(Runner *r, Lane *w0, unsigned warp)
+ * g) in b[1], the lower-indexed element of a pair in a register's low
+ * half; at k 8 (tf32, an element a register, its low 13 bits ignored)
+ * A (g, t), (g+8, t), (g, t+4), (g+8, t+4) and B (t, g), (t+4, g); C and
+ * D (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1) in c[0..3] and d[0..3].
+ * D = C + A B: exact products, fp32 sums in k order from C. c and d are
+ * the same array: all of C is read first. */
+bool do_mma(Runner *r, Lane *w0, unsigned warp)
 {
     float A[16][16], B[16][8], C[16][8];
-    int elem = w0[0].op->elem;
+    int elem = w0[0].op->elem, K = elem == ELEM_TF32 ? 8 : 16;
     auto half = [elem](uint32_t reg, unsigned hi) {
         uint16_t h = (uint16_t)(hi ? reg >> 16 : reg & 0xffffu);
         return elem == ELEM_BF16 ? emu_bf16_to_f32(h) : emu_f16_to_f32(h);
+    };
+    auto tf32 = [](uint32_t reg) {
+        reg &= ~0x1fffu;
+        float v;
+        memcpy(&v, &reg, sizeof v);
+        return v;
     };
     for (unsigned m = 0; m < 32; m++) {
         const WarpOp *o = w0[m].op;
@@ -536,13 +546,24 @@ bool do_mma16816(Runner *r, Lane *w0, unsigned warp)
         const uint32_t *b = static_cast<const uint32_t *>(o->b);
         const float *c = static_cast<const float *>(o->c);
         unsigned g = m / 4, t = m % 4;
+        if (K == 8) {
+            A[g][t] = tf32(a[0]);
+            A[g + 8][t] = tf32(a[1]);
+            A[g][t + 4] = tf32(a[2]);
+            A[g + 8][t + 4] = tf32(a[3]);
+            B[t][g] = tf32(b[0]);
+            B[t + 4][g] = tf32(b[1]);
+        } else {
+            for (unsigned h = 0; h < 2; h++) {
+                A[g][2 * t + h] = half(a[0], h);
+                A[g + 8][2 * t + h] = half(a[1], h);
+                A[g][2 * t + 8 + h] = half(a[2], h);
+                A[g + 8][2 * t + 8 + h] = half(a[3], h);
+                B[2 * t + h][g] = half(b[0], h);
+                B[2 * t + 8 + h][g] = half(b[1], h);
+            }
+        }
         for (unsigned h = 0; h < 2; h++) {
-            A[g][2 * t + h] = half(a[0], h);
-            A[g + 8][2 * t + h] = half(a[1], h);
-            A[g][2 * t + 8 + h] = half(a[2], h);
-            A[g + 8][2 * t + 8 + h] = half(a[3], h);
-            B[2 * t + h][g] = half(b[0], h);
-            B[2 * t + 8 + h][g] = half(b[1], h);
             C[g][2 * t + h] = c[h];
             C[g + 8][2 * t + h] = c[2 + h];
         }
@@ -551,7 +572,7 @@ bool do_mma16816(Runner *r, Lane *w0, unsigned warp)
     for (int i = 0; i < 16; i++)
         for (int j = 0; j < 8; j++) {
             float acc = C[i][j];
-            for (int k = 0; k < 16; k++)
+            for (int k = 0; k < K; k++)
                 acc += A[i][k] * B[k][j]; /* exact products, fp32 sums */
             D[i][j] = acc;
         }
@@ -872,8 +893,8 @@ bool resolve(Runner *r)
             bool ok = true;
             if (kind >= OP_SHFL_IDX && kind <= OP_SHFL_XOR)
                 ok = do_shfl(r, w0, w, mask, kind);
-            else if (kind == OP_MMA_M16N8K16)
-                ok = do_mma16816(r, w0, w);
+            else if (kind == OP_MMA_M16N8K16 || kind == OP_MMA_M16N8K8)
+                ok = do_mma(r, w0, w);
             else if (kind == OP_LDMATRIX_X4)
                 ok = do_ldmatrix(r, w0, w);
             else if (kind == OP_WGMMA_WAIT)

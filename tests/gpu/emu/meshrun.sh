@@ -156,14 +156,15 @@ for m in llama moe; do
     check "the CPU and 1 emulated GPU train the small $m 4 steps$what" $?
     same "$T/$m-gpu.log" "$T/$m-cpu.log" $tol 5
     check "its 4 losses and validation loss on the GPU are the CPU's within $tol" $?
-    # MESH_TF32=1: its fp32 products (the linear layers', the experts') on
-    # TF32 tensor cores, whose operands the emulated cuBLASLt rounds to 10
-    # bits of mantissa: within 1e-2 of the CPU's losses, not the fp32
-    # run's checkpoint bytes, and meshrun says so (the fp32 run does not)
+    # MESH_TF32=1: its fp32 products (the linear layers', the experts',
+    # the attention's tiles) on TF32 tensor cores, whose operands the
+    # emulated cuBLASLt and mma.m16n8k8 take with 10 bits of mantissa:
+    # within 1e-2 of the CPU's losses, not the fp32 run's checkpoint
+    # bytes, and meshrun says so (the fp32 run does not)
     MESH_EMU_GPUS=1 MESH_TF32=1 PLAN=$m run "$T/$m-tf32.log" --device cuda --steps 4 --checkpoint "$T/$m-tf32" &&
         same "$T/$m-tf32.log" "$T/$m-cpu.log" 1e-2 5 &&
         ! diff -r "$T/$m-gpu" "$T/$m-tf32" >/dev/null &&
-        grep -q "^meshrun: fp32: the products (linear layers, experts) on TF32 tensor cores (MESH_TF32=1): " \
+        grep -q "^meshrun: fp32: the products (linear layers, experts, the attention's tiles) on TF32 tensor cores (MESH_TF32=1): " \
             "$T/$m-tf32.log" && ! grep -q "TF32" "$T/$m-gpu.log"
     check "MESH_TF32=1: the small $m's 4 steps within 1e-2 of the CPU's, not fp32's bytes, and meshrun says so" $?
 done

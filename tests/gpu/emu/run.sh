@@ -205,7 +205,7 @@ if [ -x "$B/gpu_bench_emu" ] && [ "${EMU_TSAN:-0}" != 1 ]; then
     grep -q '^JSON {' "$LAST" && python3 -c 'import json, sys; d = json.load(open(sys.argv[1]));
 assert (d["tiny"] and len(d["gemm"]) == 6 and len(d["gemm_bwd"]) == 5 and d["gemm_tune"]["shapes"] >= 11 and
     len(d["gemm_fp32"]) == 2 and
-    len(d["attention"]) == 17 and d["attention_cudnn"].startswith("cuDNN 9.19.0: 6 forward and 6 backward calls on it, 0 and 0 on ours") and
+    len(d["attention"]) == 18 and d["attention_cudnn"].startswith("cuDNN 9.19.0: 6 forward and 6 backward calls on it, 0 and 0 on ours") and
     "not taken" not in str(d["attention"]) and len(d["memory"]) == 11)' "$BENCH_JSON"
     verdict $? "gpu_bench --tiny ran every row and wrote its JSON"
     rm -f "$BENCH_JSON"

@@ -347,6 +347,24 @@ static float mma_val(int i, int mul, int mod)
     return (float)((i * mul) % mod - mod / 2) * 0.25f;
 }
 
+/* The device's D (16 x 8, dd) is C + A B exactly: a [16][K] and b
+ * [K][8] as fp32 values, their products and sums exact. */
+static void expect_mma(const float *dd, const float *c, const float *a, const float *b, int K)
+{
+    std::vector<float> d(128);
+    CHECK(cudaMemcpy(d.data(), dd, 512, cudaMemcpyDeviceToHost) == cudaSuccess);
+    int bad = 0;
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 8; j++) {
+            float want = c[i * 8 + j];
+            for (int k = 0; k < K; k++)
+                want += a[i * K + k] * b[k * 8 + j];
+            if (d[i * 8 + j] != want && bad++ < 4)
+                fprintf(stderr, "# D[%d][%d] = %g, want %g\n", i, j, d[i * 8 + j], want);
+        }
+    CHECK(bad == 0);
+}
+
 /* One warp: the fragments of a (16 x 16, row-major), b (16 x 8, [k][n])
  * and c (16 x 8) straight from global memory by PTX's layouts, d = c + a b,
  * written back by the C layout. */
@@ -387,24 +405,86 @@ template <class L> static void mma16816_case()
     cudaMemcpy(db, hb.data(), 256, cudaMemcpyHostToDevice);
     cudaMemcpy(dc, hc.data(), 512, cudaMemcpyHostToDevice);
     k_mma16816<L><<<1, 32>>>(dd, da, db, dc);
-    std::vector<float> d(128);
-    CHECK(cudaMemcpy(d.data(), dd, 512, cudaMemcpyDeviceToHost) == cudaSuccess);
-    int bad = 0;
-    for (int i = 0; i < 16; i++)
-        for (int j = 0; j < 8; j++) {
-            float want = hc[i * 8 + j];
-            for (int k = 0; k < 16; k++)
-                want += fa[i * 16 + k] * fb[k * 8 + j];
-            if (d[i * 8 + j] != want && bad++ < 4)
-                fprintf(stderr, "# D[%d][%d] = %g, want %g\n", i, j, d[i * 8 + j], want);
-        }
-    CHECK(bad == 0);
+    expect_mma(dd, hc.data(), fa.data(), fb.data(), 16);
 }
 
 static void t_mma16816()
 {
     mma16816_case<bf16>();
     mma16816_case<f16>();
+}
+
+/* mma.m16n8k8 on TF32 operands, through kc_tf32 and kc_mma1688_tf32 as
+ * the fp32 attention calls them: a (16 x 8) and b (8 x 8, [k][n]) fp32
+ * values, each rounded by kc_tf32 into its fragment by PTX's layout, and
+ * c; the values' products and sums exact in fp32 (multiples of 1/4 in
+ * [-3, 3]) once rounded. Some values have low bits for kc_tf32 to round
+ * off (2^-14 more than a multiple of 1/4: always rounded away in TF32's
+ * 10 bits of mantissa), so D is C plus the products of the rounded values
+ * wherever the rounding is cvt.rna's. Then kc_tf32 alone on values at
+ * and beside a half of TF32's last place, each sign: to nearest, halves
+ * away from zero. */
+__global__ void k_mma1688_tf32(float *out, const float *a, const float *b, const float *c)
+{
+    unsigned lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    uint32_t ra[4], rb[2];
+    float d[4];
+    for (unsigned h = 0; h < 4; h++) /* a[h]: row g (+8), column t (+4) */
+        ra[h] = kc_tf32(a[(g + 8 * (h & 1)) * 8 + t + 4 * (h >> 1)]);
+    for (unsigned h = 0; h < 2; h++) /* b[h]: k t (+4), n g */
+        rb[h] = kc_tf32(b[(t + 4 * h) * 8 + g]);
+    for (unsigned h = 0; h < 4; h++)
+        d[h] = c[(g + 8 * (h >> 1)) * 8 + 2 * t + (h & 1)];
+    kc_mma1688_tf32(d, ra, rb);
+    for (unsigned h = 0; h < 4; h++)
+        out[(g + 8 * (h >> 1)) * 8 + 2 * t + (h & 1)] = d[h];
+}
+
+__global__ void k_tf32_round(uint32_t *out, const float *x, int n)
+{
+    int i = (int)threadIdx.x;
+    if (i < n)
+        out[i] = kc_tf32(x[i]);
+}
+
+static void t_mma1688_tf32()
+{
+    std::vector<float> ha(128), hb(64), hc(128), ra(128), rb(64);
+    const float off = ldexpf(1.0f, -14); /* under half of TF32's last place (2^-12 at 1/4) for |x| >= 1/4 */
+    for (int i = 0; i < 128; i++) {
+        ra[i] = mma_val(i, 7, 25);
+        ha[i] = ra[i] + (i % 3 == 0 && fabsf(ra[i]) >= 0.25f ? (ra[i] > 0 ? off : -off) : 0.0f);
+        hc[i] = mma_val(i, 3, 17) * 0.5f;
+    }
+    for (int i = 0; i < 64; i++) {
+        rb[i] = mma_val(i, 5, 23);
+        hb[i] = rb[i] + (i % 2 == 0 && fabsf(rb[i]) >= 0.25f ? (rb[i] > 0 ? off : -off) : 0.0f);
+    }
+    float *da = dalloc<float>(128), *db = dalloc<float>(64), *dc = dalloc<float>(128), *dd = dalloc<float>(128);
+    cudaMemcpy(da, ha.data(), 512, cudaMemcpyHostToDevice);
+    cudaMemcpy(db, hb.data(), 256, cudaMemcpyHostToDevice);
+    cudaMemcpy(dc, hc.data(), 512, cudaMemcpyHostToDevice);
+    k_mma1688_tf32<<<1, 32>>>(dd, da, db, dc);
+    expect_mma(dd, hc.data(), ra.data(), rb.data(), 8);
+    /* kc_tf32: 1 + 2^-11 is half of TF32's last place (2^-10) past 1 */
+    const float h = ldexpf(1.0f, -11), u = ldexpf(1.0f, -10), e = ldexpf(1.0f, -20);
+    const float x[] = {1.0f + h, 1.0f + h - e, 1.0f + h + e, -(1.0f + h), -(1.0f + h - e), 1.0f + u + h, 3.0f, 0.0f};
+    const float want[] = {1.0f + u, 1.0f, 1.0f + u, -(1.0f + u), -1.0f, 1.0f + 2 * u, 3.0f, 0.0f};
+    const int n = (int)(sizeof x / sizeof x[0]);
+    float *dx = dalloc<float>(n);
+    uint32_t *dr = dalloc<uint32_t>(n);
+    cudaMemcpy(dx, x, sizeof x, cudaMemcpyHostToDevice);
+    k_tf32_round<<<1, 32>>>(dr, dx, n);
+    uint32_t got[sizeof x / sizeof x[0]];
+    CHECK(cudaMemcpy(got, dr, sizeof got, cudaMemcpyDeviceToHost) == cudaSuccess);
+    for (int i = 0; i < n; i++) {
+        uint32_t w;
+        memcpy(&w, &want[i], 4);
+        if (got[i] != w) {
+            fprintf(stderr, "# kc_tf32(%.9g) = 0x%08x, want 0x%08x (%.9g)\n", x[i], got[i], w, want[i]);
+            CHECK(got[i] == w);
+        }
+    }
 }
 
 /* The row of the padded [16][24] tile lane l gives ldmatrix x4: A and a B
@@ -995,8 +1075,8 @@ static void t_cp_async_early()
 }
 
 /* how 0: a destination 8 bytes off 16; 1: one in global memory; 2: a
- * source 8 bytes off 16; 3: 65 copies queued (committed, never waited
- * for). */
+ * source 8 bytes off 16; 3: 129 copies queued (committed, never waited
+ * for: past the emulator's queue, CP_MAX). */
 __global__ void k_cp_async_bad(unsigned char *g, int how)
 {
     extern __shared__ __align__(128) unsigned char smem[];
@@ -1009,7 +1089,7 @@ __global__ void k_cp_async_bad(unsigned char *g, int how)
     else if (how == 2)
         kc_cp_async16(d, s + 8, true);
     else
-        for (int i = 0; i < 65; i++) {
+        for (int i = 0; i < 129; i++) {
             kc_cp_async16(d, s, true);
             kc_cp_async_commit();
         }
@@ -1697,6 +1777,7 @@ static const Case cases[] = {
     {"deadlock", t_deadlock, 0, 0, 0},
     {"mma_m16n8k16", t_mma16816, 0, 0, 0},
     {"mma_m16n8k16_divergent_type", t_mma16816_divergent, 0, 0, 0},
+    {"mma_m16n8k8_tf32", t_mma1688_tf32, 0, 0, 0},
     {"ldmatrix", t_ldsm, 0, 0, 0},
     {"ldmatrix_misaligned", t_ldsm_misaligned, 0, 0, 0},
     {"ldmatrix_divergent_trans", t_ldsm_divergent_trans, 0, 0, 0},
@@ -1749,7 +1830,7 @@ enum { NCASES = sizeof cases / sizeof cases[0] };
  * what only it checks strictly (copies past an allocation, bad handles,
  * when a cp.async lands). */
 static const char *const on_a_gpu[] = {
-    "threads_barriers_fill", "shuffles", "mma_m16n8k16", "ldmatrix", "wgmma", "conversions",
+    "threads_barriers_fill", "shuffles", "mma_m16n8k16", "mma_m16n8k8_tf32", "ldmatrix", "wgmma", "conversions",
     "cublaslt", "cub_sort_pairs", "launch_returns_before_the_kernel_runs",
     "stream_wait_event_holds_the_stream", "timed_events",
 };

@@ -83,11 +83,12 @@ enum {
     OP_SHFL_XOR,
     OP_MMA_M16N8K16, /* emu/ptx.h */
     OP_LDMATRIX_X4,
+    OP_MMA_M16N8K8, /* emu/ptx.h: TF32 */
     OP_WGMMA_WAIT
 };
 
-/* Element types of mma.m16n8k16's inputs. */
-enum { ELEM_BF16 = 1, ELEM_F16 = 2 };
+/* Element types of mma's inputs: m16n8k16's bf16 and f16, m16n8k8's tf32. */
+enum { ELEM_BF16 = 1, ELEM_F16 = 2, ELEM_TF32 = 3 };
 
 struct WarpOp {
     int kind;

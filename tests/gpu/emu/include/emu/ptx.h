@@ -4,7 +4,7 @@
  * ISA, "Matrix Fragments for mma.m16n8k16 with floating point type" and
  * "ldmatrix"). Both are warp-synchronous operations of the emulator: all 32
  * lanes of the warp must call them (mask 0xffffffff), and they complete in
- * exec.cpp (do_mma16816, do_ldmatrix) once every lane has.
+ * exec.cpp (do_mma, do_ldmatrix) once every lane has.
  *
  * g = lane / 4, t = lane % 4; a 32-bit register holds two 2-byte elements,
  * the lower-indexed one in its low 16 bits.
@@ -20,6 +20,18 @@
  * in fp32, summed in k order from C (the tensor cores' internal order and
  * rounding are not emulated). Every lane must pass the same type, else
  * cudaErrorIllegalInstruction.
+ *
+ * mma_m16n8k8_tf32(d, a, b): mma.sync.aligned.m16n8k8.row.col.f32.tf32
+ * .tf32.f32, d += a b, one TF32 element (an fp32's bits) a register:
+ *   A [16 x 8] (row, k):  a[0] (g, t), a[1] (g+8, t), a[2] (g, t+4),
+ *                         a[3] (g+8, t+4)
+ *   B [8 x 8] (k, n):     b[0] (t, g), b[1] (t+4, g)
+ *   C, D:                 as m16n8k16's
+ * Each operand's low 13 bits are ignored (TF32 keeps 10 of fp32's 23
+ * bits of mantissa: a value not rounded first, by cvt.rna, is cut here;
+ * PTX leaves such an operand's meaning open, and the kernels always round
+ * first), the products exact in fp32 and summed in k order from C, as
+ * m16n8k16's.
  *
  * ldmatrix_x4(r, p, trans): ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16.
  * Lanes 8i..8i+7 pass the addresses of rows 0..7 of 8 x 8 matrix i (8
@@ -63,6 +75,19 @@ inline void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4],
     op.kind = OP_MMA_M16N8K16;
     op.mask = 0xffffffffu;
     op.elem = bf16 ? ELEM_BF16 : ELEM_F16;
+    op.a = a;
+    op.b = b;
+    op.c = d; /* read in full before d is written */
+    op.d = d;
+    warp_op(&op);
+}
+
+inline void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2])
+{
+    WarpOp op = {};
+    op.kind = OP_MMA_M16N8K8;
+    op.mask = 0xffffffffu;
+    op.elem = ELEM_TF32;
     op.a = a;
     op.b = b;
     op.c = d; /* read in full before d is written */
