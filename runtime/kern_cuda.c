@@ -167,10 +167,8 @@ static int cuda_open(kern *k)
     }
     k->stream = s;
     /* MESH_DETERMINISTIC=0: the attention backward's dq by atomics in any
-     * order; 2: the same in turns; else dq's own kernel (docs/gpu.md,
-     * Determinism) */
-    const char *det = getenv("MESH_DETERMINISTIC");
-    if (det && (strcmp(det, "0") == 0 || strcmp(det, "2") == 0)) kcuda_ctx_set_deterministic(c->ctx, det[0] - '0');
+     * order; 2: the same in turns; 1 (the default): dq's own kernel
+     * (docs/gpu.md, Determinism) */
     /* MESH_GEMM_TUNE=1: each product's cuBLASLt algorithm timed at its
      * shape's first call, among those that give the default's bits
      * (kcuda_ctx_set_gemm_tune 1). MESH_ATTN_CUDNN=1: the attention on
@@ -179,14 +177,16 @@ static int cuda_open(kern *k)
      * values' indices). MESH_TF32=1: fp32 products on TF32 tensor cores
      * (kcuda_ctx_set_tf32). The first of them set to something else
      * stops. */
-    int tune = -1, cudnn = -1, tf32 = -1;
-    if (ENV_CHOICE(k, "MESH_ATTN_FWD_ROWS", "64", "128") == -2 || ENV_CHOICE(k, "MESH_ATTN_BWD_BLOCKS", "0", "1") == -2 ||
+    int tune = -1, cudnn = -1, tf32 = -1, det = -1;
+    if ((det = ENV_CHOICE(k, "MESH_DETERMINISTIC", "0", "1", "2")) == -2 ||
+        ENV_CHOICE(k, "MESH_ATTN_FWD_ROWS", "64", "128") == -2 || ENV_CHOICE(k, "MESH_ATTN_BWD_BLOCKS", "0", "1") == -2 ||
         ENV_CHOICE(k, "MESH_ATTN_WGMMA", "0", "1") == -2 || (tune = ENV_CHOICE(k, "MESH_GEMM_TUNE", "0", "1")) == -2 ||
         (cudnn = ENV_CHOICE(k, "MESH_ATTN_CUDNN", "0", "1", "fwd")) == -2 ||
         (tf32 = ENV_CHOICE(k, "MESH_TF32", "0", "1")) == -2) {
         cuda_close(k);
         return -1;
     }
+    if (det == 0 || det == 2) kcuda_ctx_set_deterministic(c->ctx, det);
     if (tune > 0) kcuda_ctx_set_gemm_tune(c->ctx, tune);
     if (cudnn > 0) kcuda_ctx_set_attention_cudnn(c->ctx, cudnn);
     if (tf32 > 0) kcuda_ctx_set_tf32(c->ctx, 1);

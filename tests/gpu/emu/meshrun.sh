@@ -221,8 +221,11 @@ MESH_EMU_GPUS=1 MESH_ATTN_FWD_ROWS=96 timeout 60 "$B/meshrun_emu" "$T/h64.plan" 
 [ $? -ne 0 ] && grep -q "^meshrun: error: .*MESH_ATTN_CUDNN=bwd: expected 0, 1 or fwd$" "$T/h64e.log" &&
     MESH_EMU_GPUS=1 MESH_TF32=on timeout 60 "$B/meshrun_emu" "$T/h64.plan" --data "$T/train.bin" \
         --device cuda --steps 1 >"$T/h64t.log" 2>&1
-[ $? -ne 0 ] && grep -q "^meshrun: error: .*MESH_TF32=on: expected 0 or 1$" "$T/h64t.log"
-check "MESH_ATTN_FWD_ROWS=96, MESH_GEMM_TUNE=yes, MESH_ATTN_CUDNN=bwd, MESH_TF32=on: meshrun stops, naming the variable and what it takes" $?
+[ $? -ne 0 ] && grep -q "^meshrun: error: .*MESH_TF32=on: expected 0 or 1$" "$T/h64t.log" &&
+    MESH_EMU_GPUS=1 MESH_DETERMINISTIC=yes timeout 60 "$B/meshrun_emu" "$T/h64.plan" --data "$T/train.bin" \
+        --device cuda --steps 1 >"$T/h64g.log" 2>&1
+[ $? -ne 0 ] && grep -q "^meshrun: error: .*MESH_DETERMINISTIC=yes: expected 0, 1 or 2$" "$T/h64g.log"
+check "MESH_ATTN_FWD_ROWS=96, MESH_GEMM_TUNE=yes, MESH_ATTN_CUDNN=bwd, MESH_TF32=on, MESH_DETERMINISTIC=yes: meshrun stops, naming the variable and what it takes" $?
 
 # A GPU too small (EMU_GPU_MEM_MB): meshrun stops, saying how full the
 # device is and what the plan and the kernels take (for the plan's arena;
