@@ -112,6 +112,37 @@ __device__ void queue_tile(T *dst, const T *src, long long stride, int row0,
     }
 }
 
+/* TF32 (attn_args.tf32): the elements of a [64][LD] fp32 tile that this
+ * thread's queue_tile copied (the same vec), rounded in place by
+ * kc_tf32_round, after the thread's wait for its copies and before the
+ * barrier that shows the tile to the block: each element is rounded once
+ * for every warp's products, the values those products would get by
+ * rounding each operand as they load it. 2-byte tiles: nothing. */
+template <typename T, int DP>
+__device__ __forceinline__ void round_tile(T *dst, int vec)
+{
+    if constexpr (!att_cfg<T, DP>::TC) {
+        constexpr int LD = att_cfg<T, DP>::LD, W = kc_pack<T>::W;
+        if (vec) {
+            constexpr int PPR = DP / W, RS = ATT_THREADS / PPR;
+            T *t = dst + (threadIdx.x / PPR) * LD + (threadIdx.x % PPR) * W;
+#pragma unroll
+            for (int i = 0; i < ATT_TILE / RS; i++) {
+                kc_pack<T> p = *reinterpret_cast<kc_pack<T> *>(t + RS * i * LD);
+#pragma unroll
+                for (int j = 0; j < W; j++)
+                    p.v[j] = kc_tf32_round(p.v[j]);
+                *reinterpret_cast<kc_pack<T> *>(t + RS * i * LD) = p;
+            }
+            return;
+        }
+        for (int idx = threadIdx.x; idx < ATT_TILE * DP; idx += blockDim.x)
+            dst[idx / DP * LD + idx % DP] = kc_tf32_round(dst[idx / DP * LD + idx % DP]);
+    } else {
+        (void)dst, (void)vec;
+    }
+}
+
 /* ---- warp-level tile products ------------------------------------------- */
 
 /* acc[mt][2 n] and acc[mt][2 n + 1] += a[mt] times the two B operands of
@@ -206,9 +237,10 @@ __device__ __forceinline__ void warp_abt_regs(float (&s)[8][4], const uint32_t (
 /* s = A[16 w .. 16 w + 16) B^T over the head size: the warp's [16 x 64]
  * piece of A B^T, A and B [64][LD] tiles. Tensor cores: warp_abt_mt's one
  * piece. fp32: FMAs over the first d columns, or with tf32 TF32 products
- * (m16n8k8) over the padded head size, 8 columns at a time: row g's
- * columns t and t + 4 of A, key g's of B (so the lanes' loads fall in
- * 32 banks, att_cfg), each rounded by kc_tf32. */
+ * (m16n8k8) over the padded head size, 8 columns at a time, A and B
+ * rounded already (round_tile): A's row g, columns t and t + 4, and B's
+ * key g by ldmatrix (whose 16-byte rows of 4 floats give lane (g, t) its
+ * row's element t; rows of 4 DP + 16 bytes: no bank conflicts). */
 template <typename T, int DP>
 __device__ __forceinline__ void warp_abt(float (&s)[8][4], const T *A,
                                          const T *B, int d, bool tf32)
@@ -225,17 +257,26 @@ __device__ __forceinline__ void warp_abt(float (&s)[8][4], const T *A,
             for (int e = 0; e < 4; e++)
                 s[j][e] = 0.0f;
         if (tf32) {
-            int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-            const float *a = reinterpret_cast<const float *>(A) + (16 * w + g) * cfg::LD + t;
-            const float *b = reinterpret_cast<const float *>(B) + g * cfg::LD + t;
+            /* A's rows 16 w .. + 15 and B's 64 by ldmatrix, 4 fp32 columns
+             * a 16-byte row: A's matrices rows 0-7 and 8-15 by columns
+             * kk .. kk + 3, then kk + 4 ..; B's keys 16 jp .. + 7 by
+             * columns kk .., kk + 4 .., then keys 16 jp + 8 .. */
+            int lane = threadIdx.x & 31;
+            const float *a = reinterpret_cast<const float *>(A) +
+                             (16 * w + (lane & 7) + 8 * ((lane >> 3) & 1)) * cfg::LD + 4 * (lane >> 4);
+            const float *b = reinterpret_cast<const float *>(B) + ((lane & 7) + 8 * (lane >> 4)) * cfg::LD +
+                             4 * ((lane >> 3) & 1);
 #pragma unroll
             for (int kk = 0; kk < DP; kk += 8) {
-                const uint32_t af[4] = {kc_tf32(a[kk]), kc_tf32(a[8 * cfg::LD + kk]), kc_tf32(a[kk + 4]),
-                                        kc_tf32(a[8 * cfg::LD + kk + 4])};
+                uint32_t af[4];
+                kc_ldsm4(af, a + kk);
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    const uint32_t bf[2] = {kc_tf32(b[8 * j * cfg::LD + kk]), kc_tf32(b[8 * j * cfg::LD + kk + 4])};
-                    kc_mma1688_tf32(s[j], af, bf);
+                for (int jp = 0; jp < 4; jp++) {
+                    uint32_t bf[4];
+                    kc_ldsm4(bf, b + 16 * jp * cfg::LD + kk);
+                    const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+                    kc_mma1688_tf32(s[2 * jp], af, b0);
+                    kc_mma1688_tf32(s[2 * jp + 1], af, b1);
                 }
             }
             return;
@@ -328,7 +369,7 @@ __device__ __forceinline__ void warp_pv(float (&acc)[DP / 8][4],
             const uint32_t pa[4] = {kc_tf32(p[kc][0]), kc_tf32(p[kc][2]), kc_tf32(p[kc][1]), kc_tf32(p[kc][3])};
 #pragma unroll
             for (int n = 0; n < DP / 8; n++) {
-                const uint32_t bf[2] = {kc_tf32(x[8 * kc * cfg::LD + 8 * n]), kc_tf32(x[(8 * kc + 1) * cfg::LD + 8 * n])};
+                const uint32_t bf[2] = {kc_bits(x[8 * kc * cfg::LD + 8 * n]), kc_bits(x[(8 * kc + 1) * cfg::LD + 8 * n])};
                 kc_mma1688_tf32(acc[n], pa, bf);
             }
         }
@@ -376,11 +417,12 @@ __device__ __forceinline__ float *warp_scratch(unsigned char *base)
  * queued by the call before (the first by the kernel); queues the next
  * tile into the other pair, which the last iteration read (the caller's
  * __syncthreads after its products guards it), then waits for this one
- * and makes it everyone's. */
-template <typename T, int DP>
+ * and makes it everyone's. TF32: rounds this one first (round_tile), and
+ * at the first tile round_first() the tiles the kernel queued with it. */
+template <typename T, int DP, typename F>
 __device__ __forceinline__ void kv_tile(unsigned char *smem, int base, int it, int tiles,
                                         const T *k, const T *v, const attn_args &a,
-                                        const T **sK, const T **sV)
+                                        const T **sK, const T **sV, F round_first)
 {
     int cur = it & 1;
     *sK = att_tile<T, DP>(smem, base + 2 * cur);
@@ -393,6 +435,12 @@ __device__ __forceinline__ void kv_tile(unsigned char *smem, int base, int it, i
         kc_cp_async_wait<1>();
     } else {
         kc_cp_async_wait<0>();
+    }
+    if (a.tf32) { /* (fp32 only) this tile's, and at the first the kernel's first tiles' */
+        round_tile<T, DP>(att_tile<T, DP>(smem, base + 2 * cur), a.vec);
+        round_tile<T, DP>(att_tile<T, DP>(smem, base + 2 * cur + 1), a.vec);
+        if (it == 0)
+            round_first();
     }
     __syncthreads(); /* this tile is everyone's */
 }
@@ -451,7 +499,11 @@ __global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, MT>()) 
     for (int it = 0; it < tiles; it++) {
         int j0 = it * ATT_TILE;
         const T *sK, *sV;
-        kv_tile<T, DP>(smem, MT, it, tiles, k, v, a, &sK, &sV);
+        kv_tile<T, DP>(smem, MT, it, tiles, k, v, a, &sK, &sV, [&] {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                round_tile<T, DP>(att_tile<T, DP>(smem, mt), a.vec); /* Q */
+        });
         if (MT == 1 || !a.causal || j0 <= i0 + row0 + 16 * MT - 1) { /* (warp-uniform) */
             float s[MT][8][4];
             if constexpr (QREG) {
@@ -634,6 +686,14 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dkv_kernel(attn_ar
         } else {
             kc_cp_async_wait<0>();
         }
+        if (a.tf32) { /* (fp32 only) this step's Q and dout, and K and V at the first */
+            round_tile<T, DP>(att_tile<T, DP>(smem, 2 + 2 * cur), a.vec);
+            round_tile<T, DP>(att_tile<T, DP>(smem, 3 + 2 * cur), a.vec);
+            if (i == 0) {
+                round_tile<T, DP>(att_tile<T, DP>(smem, 0), a.vec);
+                round_tile<T, DP>(att_tile<T, DP>(smem, 1), a.vec);
+            }
+        }
         __syncthreads(); /* this step's tiles are everyone's */
         float p[8][4], ds[8][4];
         if constexpr (KREG) {
@@ -694,7 +754,10 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) attn_bwd_dq_kernel(attn_arg
     for (int it = 0; it < tiles; it++) {
         int j0 = it * ATT_TILE;
         const T *sK, *sV;
-        kv_tile<T, DP>(smem, 2, it, tiles, k, v, a, &sK, &sV);
+        kv_tile<T, DP>(smem, 2, it, tiles, k, v, a, &sK, &sV, [&] {
+            round_tile<T, DP>(att_tile<T, DP>(smem, 0), a.vec); /* Q, dout */
+            round_tile<T, DP>(att_tile<T, DP>(smem, 1), a.vec);
+        });
         float p[8][4], ds[8][4];
         warp_abt<T, DP>(p, sQ, sK, a.d, a.tf32);
         warp_abt<T, DP>(ds, sO, sV, a.d, a.tf32);

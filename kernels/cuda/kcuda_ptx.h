@@ -10,7 +10,8 @@
  *                             .f32.tf32.tf32.f32 (fp32 operands as TF32)
  *   kc_tf32(x)                cvt.rna.tf32.f32: x rounded to TF32 (10
  *                             bits of mantissa, half away from zero), its
- *                             fp32 bits
+ *                             fp32 bits; kc_tf32_round(x) the same as a
+ *                             float, kc_bits(x) an fp32's bits
  *   kc_ldsm4(r, p)            ldmatrix.sync.aligned.m8n8.x4.shared.b16
  *   kc_ldsm4_t(r, p)          the same with .trans
  *   kc_pack2<L>(lo, hi)       two floats rounded to L, lo in the low half
@@ -41,7 +42,9 @@
  *   C, D [16 x 8] fp32:    as m16n8k16's
  * An operand is rounded by kc_tf32 first: what the tensor cores do with
  * the low 13 bits of one that is not is not documented (the emulation
- * cuts them).
+ * cuts them). ldmatrix (b16) loads fp32 elements whole in this A layout
+ * and B's [n][k]: lane (g, t)'s register of an 8 x 8 b16 matrix is its
+ * row g's 4-byte element t.
  * ldmatrix .x4: lanes 8i..8i+7 give the 16-byte rows of 8 x 8 matrix i
  * (shared memory, 16-byte aligned); r[i] is matrix i's (row g, columns 2t,
  * 2t+1), or with .trans its (rows 2t, 2t+1, column g). So a row-major
@@ -116,6 +119,24 @@ __device__ __forceinline__ uint32_t kc_tf32(float x)
     if ((u & 0x7f800000u) != 0x7f800000u)
         u = (u + 0x1000u) & ~0x1fffu;
 #endif
+    return u;
+}
+
+/* x rounded as kc_tf32 rounds it, as an fp32 value (a tile rounded once
+ * in shared memory, its elements then operands as they stand). */
+__device__ __forceinline__ float kc_tf32_round(float x)
+{
+    uint32_t u = kc_tf32(x);
+    float r;
+    memcpy(&r, &u, 4);
+    return r;
+}
+
+/* An fp32's bits, for an operand register. */
+__device__ __forceinline__ uint32_t kc_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
     return u;
 }
 
