@@ -422,7 +422,8 @@ static int crossentropy_shard_backward(kern *k, void *dlogits, const void *logit
        DT(k), k->stream);
 }
 
-/* Every buffer's sum into the device scratch, then one copy back. */
+/* Every buffer's sum into the device scratch (a few launches for them
+ * all), then one copy back. */
 static int sum_squares(kern *k, double *ss, void *const *bufs, const size_t *n, int nbufs)
 {
     cuda_kern *c = k->impl;
@@ -431,9 +432,9 @@ static int sum_squares(kern *k, double *ss, void *const *bufs, const size_t *n, 
     double *dss = grown(k, &c->dss, &c->dss_cap, (size_t)nbufs * sizeof(double));
     if (!dss) return -1;
     if (from_dev(k, "sums of squares", dev_memset(k->d, dss, 0, (size_t)nbufs * sizeof(double), s))) return -1;
-    for (int b = 0; b < nbufs; b++)
-        if (check(k, "kcuda_sum_squares", kcuda_sum_squares(c->ctx, dss + b, bufs[b], n[b], GT(k), k->stream)))
-            return -1;
+    if (check(k, "kcuda_sum_squares_many",
+              kcuda_sum_squares_many(c->ctx, dss, (const void *const *)bufs, n, nbufs, GT(k), k->stream)))
+        return -1;
     if (from_dev(k, "sums of squares", dev_copy(k->d, ss, dss, (size_t)nbufs * sizeof(double),
                                                 DEV_DEVICE_TO_HOST, s)))
         return -1;

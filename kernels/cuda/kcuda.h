@@ -483,6 +483,13 @@ int kcuda_accumulate(float *y, const void *x, kcuda_dtype x_dt, size_t n,
  * ss: one device double. */
 int kcuda_sum_squares(kcuda_ctx *ctx, double *ss, const void *buf, size_t n,
                       kcuda_dtype dt, void *stream);
+/* ss[b] += the sum of squares of bufs[b][n[b]] for each b < nbufs (all of
+ * dtype dt), each the bits kcuda_sum_squares gives it, in two launches
+ * for every 64 buffers (where a call a buffer takes two each: a model's
+ * gradient norm in a handful, not two a parameter). ss: nbufs device
+ * doubles. */
+int kcuda_sum_squares_many(kcuda_ctx *ctx, double *ss, const void *const *bufs, const size_t *n, int nbufs,
+                           kcuda_dtype dt, void *stream);
 /* buf[n] = buf * scale (the product in double), kcpu_scale_buffers. */
 int kcuda_scale(void *buf, size_t n, double scale, kcuda_dtype dt,
                 void *stream);

@@ -8,12 +8,14 @@
  * kcpu_adamw_step does, and so is its gradients' factor (clipping, a loss
  * scale), applied as the gradients are read.
  */
-#include <math.h> /* defines: pow */
+#include <math.h>   /* defines: pow */
+#include <string.h> /* defines: memset */
 
 #include "kcuda_impl.h"
 
 #define SS_BLOCKS 1024 /* partial sums: a fixed grid, for reproducibility */
 #define SS_THREADS 256
+#define SS_MANY 64 /* kcuda_sum_squares_many's buffers a launch */
 
 /* x * scale in double, rounded to a float and then to T: what
  * scale_kernel stores, and the gradient adamw_kernel takes. */
@@ -155,6 +157,77 @@ int kcuda_sum_squares(kcuda_ctx *ctx, double *ss, const void *buf, size_t n,
     });
     ss_finish_kernel<<<1, SS_BLOCKS, 0, s>>>(ss, (const double *)scratch, nb);
     KCUDA_LAUNCHED("ss_finish_kernel");
+    return 0;
+}
+
+/* Up to SS_MANY buffers of one launch: their elements, sizes, and first
+ * partial sum's index in the scratch (first[SS_MANY] past the last). */
+struct ss_many_args {
+    const void *buf[SS_MANY];
+    size_t n[SS_MANY];
+    unsigned first[SS_MANY + 1];
+    int nbufs;
+};
+
+/* ss_partial_kernel's blocks of every buffer in one grid: block
+ * first[b] + j is buffer b's block j, its sum in part[first[b] + j]. */
+template <typename T>
+__global__ void __launch_bounds__(SS_THREADS) ss_many_partial_kernel(double *part, ss_many_args a)
+{
+    __shared__ double sh[32];
+    int b = 0;
+    while (b + 1 < a.nbufs && blockIdx.x >= a.first[b + 1]) /* (block-uniform) */
+        b++;
+    const T *x = (const T *)a.buf[b];
+    size_t n = a.n[b], stride = (size_t)SS_BLOCKS * SS_THREADS;
+    double acc = 0.0;
+    for (size_t i = (size_t)(blockIdx.x - a.first[b]) * SS_THREADS + threadIdx.x; i < n; i += stride) {
+        double xi = kc_f(x[i]);
+        acc += xi * xi;
+    }
+    acc = kc_block_sum_d(acc, sh);
+    if (threadIdx.x == 0)
+        part[blockIdx.x] = acc;
+}
+
+/* ss_finish_kernel for every buffer of the launch, a block each:
+ * ss[b] += its partials, summed as SS_BLOCKS with zeros after them. */
+__global__ void __launch_bounds__(SS_BLOCKS) ss_many_finish_kernel(double *ss, const double *part, ss_many_args a)
+{
+    __shared__ double sh[32];
+    unsigned b = blockIdx.x, nb = a.first[b + 1] - a.first[b];
+    double t = kc_block_sum_d(threadIdx.x < nb ? part[a.first[b] + threadIdx.x] : 0.0, sh);
+    if (threadIdx.x == 0)
+        ss[b] += t;
+}
+
+int kcuda_sum_squares_many(kcuda_ctx *ctx, double *ss, const void *const *bufs, const size_t *n, int nbufs,
+                           kcuda_dtype dt, void *stream)
+{
+    cudaStream_t s = kcuda__stream(stream);
+    KCUDA_DT_OK(dt);
+    KCUDA_ARG(nbufs >= 0 && (nbufs == 0 || (ss && bufs && n)), "sum_squares_many: bad arguments");
+    for (int b0 = 0; b0 < nbufs; b0 += SS_MANY) {
+        ss_many_args a;
+        memset(&a, 0, sizeof a);
+        a.nbufs = nbufs - b0 < SS_MANY ? nbufs - b0 : SS_MANY;
+        for (int b = 0; b < a.nbufs; b++) {
+            size_t want = (n[b0 + b] + SS_THREADS - 1) / SS_THREADS;
+            a.buf[b] = bufs[b0 + b];
+            a.n[b] = n[b0 + b];
+            a.first[b + 1] = a.first[b] + (unsigned)(want < SS_BLOCKS ? want : SS_BLOCKS);
+        }
+        unsigned blocks = a.first[a.nbufs];
+        void *scratch = NULL;
+        KCUDA_TRY(kcuda__scratch(ctx, (size_t)blocks * sizeof(double), &scratch, s));
+        if (blocks > 0) /* (empty buffers have no partials: their sums stay) */
+            KCUDA_DISPATCH(dt, T, {
+                ss_many_partial_kernel<T><<<blocks, SS_THREADS, 0, s>>>((double *)scratch, a);
+                KCUDA_LAUNCHED("ss_many_partial_kernel");
+            });
+        ss_many_finish_kernel<<<(unsigned)a.nbufs, SS_BLOCKS, 0, s>>>(ss + b0, (const double *)scratch, a);
+        KCUDA_LAUNCHED("ss_many_finish_kernel");
+    }
     return 0;
 }
 

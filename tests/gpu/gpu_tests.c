@@ -1654,6 +1654,35 @@ static void t_attention_qkv(kcuda_dtype dt)
     attn_case(dt, 1, 65, 2, 2, 64, 0, 1);
 }
 
+/* kcuda_sum_squares_many against a kcuda_sum_squares call a buffer, to
+ * the bit: 70 buffers (two launches of 64 and 6), sizes from 0 and 1 to
+ * past the fixed grid's 1024 x 256 elements, repeated so that the later
+ * launch has the large ones too; each buffer's sum into its own double,
+ * added to what was there. */
+static void t_sum_squares_many(kcuda_dtype dt)
+{
+    enum { NB = 70 };
+    static const size_t base[7] = {0, 1, 255, 256, 1003, 70001, 1024 * 256 + 77};
+    size_t sizes[NB];
+    const void *dbufs_[NB];
+    for (int b = 0; b < NB; b++) {
+        sizes[b] = base[(b * 3) % 7] + (size_t)(b % 5);
+        float *h = rnd(sizes[b] ? sizes[b] : 1, 1.0f, dt);
+        dbufs_[b] = up(h, sizes[b] ? sizes[b] : 1, dt);
+    }
+    double start[NB];
+    for (int b = 0; b < NB; b++)
+        start[b] = 0.5 * b;
+    double *one = dmem(NB * sizeof(double)), *many = dmem(NB * sizeof(double));
+    cuda_or_die(cudaMemcpy(one, start, sizeof start, cudaMemcpyHostToDevice), "upload");
+    cuda_or_die(cudaMemcpy(many, start, sizeof start, cudaMemcpyHostToDevice), "upload");
+    for (int b = 0; b < NB; b++)
+        KC(kcuda_sum_squares(ctx, one + b, dbufs_[b], sizes[b], dt, NULL));
+    KC(kcuda_sum_squares_many(ctx, many, dbufs_, sizes, NB, dt, NULL));
+    expect_bits("each buffer's sum of squares", down_raw(many, NB * sizeof(double)),
+                down_raw(one, NB * sizeof(double)), NB * sizeof(double));
+}
+
 /* The attention's tile products on TF32 tensor cores (the forward, the
  * dk/dv kernel and dq's, mma.sync m16n8k8): t_attention's and
  * t_attention_qkv's cases, every padded head size, masked and full tiles,
@@ -2226,6 +2255,9 @@ static const gpu_case cases[] = {
     /* (after the sweeps: their shapes are drawn from the same sequence) */
     {"matmul_tf32", t_matmul_tf32, KCUDA_F32},
     {"attention_tf32", t_attention_tf32, KCUDA_F32},
+    {"sum_squares_many_f32", t_sum_squares_many, KCUDA_F32},
+    {"sum_squares_many_bf16", t_sum_squares_many, KCUDA_BF16},
+    {"sum_squares_many_f16", t_sum_squares_many, KCUDA_F16},
 };
 
 enum { NCASES = sizeof cases / sizeof cases[0] };
