@@ -791,6 +791,7 @@ void mesh__exec_free(mesh__exec *ex)
     ex_free(ex, ex->gsizes);
     ex_free(ex, ex->gsplit);
     ex_free(ex, ex->gss);
+    ex_free(ex, ex->adam);
     ex_free(ex, ex->shard);
     ex_free(ex, ex->opt_at);
     ex_free(ex, ex->slot_of);

@@ -213,6 +213,7 @@ struct mesh__exec {
                             tensor (all copies) without ZeRO, per copy its shard with it */
     size_t *gsizes;      /* and their elements */
     double *gss;         /* and their sums of squares, each step */
+    kern_adamw *adam;    /* AdamW's tensors, one a gradient buffer (kern_vtbl.adamw_many), filled each step */
     char *gsplit;        /* and the sum of squares each adds to (exec__optimizer_shards) */
     int n_gbufs;
     size_t *shard;       /* per param tensor: elements of each copy's ZeRO shard (all without) */

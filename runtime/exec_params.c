@@ -171,7 +171,8 @@ int exec__optimizer_shards(mesh__exec *ex)
     ex->gsizes = exec__host_calloc(ex, (size_t)ex->n_gbufs + 1, sizeof *ex->gsizes);
     ex->gsplit = exec__host_calloc(ex, (size_t)ex->n_gbufs + 1, 1);
     ex->gss = exec__host_calloc(ex, (size_t)ex->n_gbufs + 1, sizeof *ex->gss);
-    if (!ex->gbufs || !ex->gsizes || !ex->gsplit || !ex->gss) return -1;
+    ex->adam = exec__host_calloc(ex, (size_t)ex->n_gbufs + 1, sizeof *ex->adam);
+    if (!ex->gbufs || !ex->gsizes || !ex->gsplit || !ex->gss || !ex->adam) return -1;
     for (int k = 0, b = 0; k < ex->n_params; k++) {
         int id = ex->params[k];
         for (int c = 0; c < (ex->zero ? ex->copies[id] : 1); c++, b++) {

@@ -869,10 +869,12 @@ static void overlap_stats(mesh__exec *ex, mesh__step_stats *st, double turns0)
 }
 
 /* AdamW on every param (ex->adam_t counted) at the factor gscale its
- * gradients are read with; 0, or -1 (ex->error). */
+ * gradients are read with: one call for them all where the kernels have
+ * one (a GPU's few launches), else a call each; 0, or -1 (ex->error). */
 static int adamw_params(mesh__exec *ex, double gscale, double lr)
 {
     const fe_setup *s = &ex->p->setup;
+    int count = 0;
     for (int k = 0; k < ex->n_params; k++) {
         int id = ex->params[k];
         const plan_tensor *t = &ex->p->tensors[id];
@@ -883,20 +885,33 @@ static int adamw_params(mesh__exec *ex, double gscale, double lr)
         for (int c = 0; c < copies; c++) {
             int it = exec__copy_it(ex, id, c);
             size_t lo, len;
-            float *mo, *vo;
-            exec__shard_of(ex, id, it, &lo, &len, &mo, &vo);
-            size_t n = ex->zero ? len : (size_t)ex->copies[id] * ex->numel[id];
-            float *w = exec__pshard(ex, id, it), *master = exec__master(ex, id, it);
+            kern_adamw *a = &ex->adam[count++];
+            exec__shard_of(ex, id, it, &lo, &len, &a->m, &a->v);
+            a->n = ex->zero ? len : (size_t)ex->copies[id] * ex->numel[id];
             /* mixed precision: the fp32 master updated, the weights its rounding
              * (the kernel writes them: bf16 on a GPU; fp32 words on the CPU,
-             * rounded here) */
-            if (EXEC_KERN(ex, adamw_step, master ? master : w, master ? w : NULL, exec__gshard(ex, id, it), gscale, mo,
-                          vo, n, (float)lr, (float)s->beta1, (float)s->beta2, (float)s->eps, wd,
-                          (int)ex->adam_t) != 0)
-                return exec__kern_failed(ex, "AdamW");
-            exec__round(ex, master ? w : NULL, n);
+             * rounded below) */
+            float *w = exec__pshard(ex, id, it), *master = exec__master(ex, id, it);
+            a->params = master ? master : w;
+            a->params_lp = master ? w : NULL;
+            a->grads = exec__gshard(ex, id, it);
+            a->weight_decay = wd;
         }
     }
+    float lr_f = (float)lr, b1 = (float)s->beta1, b2 = (float)s->beta2, eps = (float)s->eps;
+    if (ex->kern.v->adamw_many) {
+        if (EXEC_KERN(ex, adamw_many, ex->adam, count, gscale, lr_f, b1, b2, eps, (int)ex->adam_t) != 0)
+            return exec__kern_failed(ex, "AdamW");
+    } else {
+        for (int b = 0; b < count; b++) {
+            const kern_adamw *a = &ex->adam[b];
+            if (EXEC_KERN(ex, adamw_step, a->params, a->params_lp, a->grads, gscale, a->m, a->v, a->n, lr_f, b1, b2,
+                          eps, a->weight_decay, (int)ex->adam_t) != 0)
+                return exec__kern_failed(ex, "AdamW");
+        }
+    }
+    for (int b = 0; b < count; b++)
+        exec__round(ex, ex->adam[b].params_lp, ex->adam[b].n);
     return 0;
 }
 

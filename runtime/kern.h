@@ -37,6 +37,17 @@ typedef struct kern_moe_dims {
     int N, D, E, K, C;
 } kern_moe_dims;
 
+/* One tensor of kern_vtbl.adamw_many: adamw_step's arrays, size and
+ * weight decay. */
+typedef struct kern_adamw {
+    float *params;
+    void *params_lp;
+    const void *grads;
+    float *m, *v;
+    size_t n;
+    float weight_decay;
+} kern_adamw;
+
 typedef struct kern_vtbl {
     const char *name; /* "cpu", "cuda" */
     /* sets up k on k->d (a cuBLASLt context, a little device scratch);
@@ -171,6 +182,12 @@ typedef struct kern_vtbl {
     /* optional (NULL in the CPU tables): what one of the device's options
      * did (kern_report), in words, into buf; -1 when it is off */
     int (*report)(kern *k, int what, char *buf, size_t n);
+    /* optional (NULL: the executor calls adamw_step a tensor): adamw_step
+     * on each of ts[count] (the same gradient factor, rates and step; each
+     * its own weight decay), each tensor's bits those of its own call, in
+     * few launches on a GPU */
+    int (*adamw_many)(kern *k, const kern_adamw *ts, int count, double gscale, float lr, float beta1, float beta2,
+                      float eps, int t);
 } kern_vtbl;
 
 /* The options kern_vtbl's report speaks of. */
@@ -181,7 +198,8 @@ enum {
 
 /* The table's entries after open and close, in kern_vtbl's order: each
  * backend names its functions after them (static in its file), so a table
- * is {"name", open, close, KERN_ENTRIES, report or NULL}. */
+ * is {"name", open, close, KERN_ENTRIES, report or NULL, adamw_many or
+ * NULL}. */
 #define KERN_ENTRIES \
     matmul_forward, matmul_backward, matmul_bias_forward, matmul_gelu_backward, matmul_wt_forward, matmul_wt_backward, \
     embedding_rows_forward, embedding_rows_backward, arange, add_forward, add_backward, add_broadcast_forward, \

@@ -436,7 +436,7 @@ static int moe_expert_backward(kern *k, void *dxe, void *dw_gate, void *dw_up, v
     return 0;
 }
 
-const kern_vtbl kern_cpu_vtbl = {"cpu", cpu_open, cpu_close, KERN_ENTRIES, NULL};
+const kern_vtbl kern_cpu_vtbl = {"cpu", cpu_open, cpu_close, KERN_ENTRIES, NULL, NULL};
 
 int kern_open(kern *k, dev *d, int half, char *err, size_t n)
 {

@@ -474,4 +474,4 @@ static int moe_expert_backward(kern *k, void *dxe, void *dw_gate, void *dw_up, v
                                 Fh));
 }
 
-const kern_vtbl kern_cpu16_vtbl = {"cpu16", c16_open, c16_close, KERN_ENTRIES, NULL};
+const kern_vtbl kern_cpu16_vtbl = {"cpu16", c16_open, c16_close, KERN_ENTRIES, NULL, NULL};

@@ -448,6 +448,26 @@ static int adamw_step(kern *k, float *params, void *params_lp, const void *grads
        t, k->stream);
 }
 
+/* kcuda_adamw_step_many over the tensors, in chunks of a host array of
+ * kcuda's layout. */
+static int adamw_many(kern *k, const kern_adamw *ts, int count, double gscale, float lr, float beta1, float beta2,
+                      float eps, int t)
+{
+    enum { CHUNK = 96 };
+    kcuda_adamw_tensor buf[CHUNK];
+    for (int b0 = 0; b0 < count; b0 += CHUNK) {
+        int n = count - b0 < CHUNK ? count - b0 : CHUNK;
+        for (int b = 0; b < n; b++) {
+            const kern_adamw *x = &ts[b0 + b];
+            buf[b] = (kcuda_adamw_tensor){x->params, x->params_lp, x->grads, x->m, x->v, x->n, x->weight_decay};
+        }
+        if (check(k, "kcuda_adamw_step_many",
+                  kcuda_adamw_step_many(buf, n, DT(k), GT(k), gscale, lr, beta1, beta2, eps, t, k->stream)))
+            return -1;
+    }
+    return 0;
+}
+
 static int accumulate(kern *k, float *y, const void *x, size_t n, int x_f32)
 {
     KC(kcuda_accumulate, y, x, x_f32 ? KCUDA_F32 : DT(k), n, k->stream);
@@ -596,7 +616,7 @@ static int report(kern *k, int what, char *buf, size_t n)
     return 0;
 }
 
-const kern_vtbl kern_cuda_vtbl = {"cuda", cuda_open, cuda_close, KERN_ENTRIES, report};
+const kern_vtbl kern_cuda_vtbl = {"cuda", cuda_open, cuda_close, KERN_ENTRIES, report, adamw_many};
 
 #else /* no CUDA in this build */
 

@@ -471,6 +471,24 @@ int kcuda_adamw_step(float *params, void *params_lp, kcuda_dtype lp_dt,
                      float lr, float beta1, float beta2, float eps,
                      float weight_decay, int t, void *stream);
 
+/* One tensor of kcuda_adamw_step_many: kcuda_adamw_step's arrays, size
+ * and weight decay. */
+typedef struct kcuda_adamw_tensor {
+    float *params;
+    void *params_lp; /* may be NULL */
+    const void *grads;
+    float *m, *v;
+    size_t n;
+    float weight_decay;
+} kcuda_adamw_tensor;
+
+/* kcuda_adamw_step on each of ts[count], all with the same dtypes,
+ * gradient factor, rates and step t (each its own weight decay): each
+ * tensor gets the bits of its own call, in one launch for every 24
+ * tensors (a model's parameters in a handful, not one launch each). */
+int kcuda_adamw_step_many(const kcuda_adamw_tensor *ts, int count, kcuda_dtype lp_dt, kcuda_dtype grad_dt,
+                          double grad_scale, float lr, float beta1, float beta2, float eps, int t, void *stream);
+
 /* y[n] += x[n] in fp32, x widened from x_dt (fp32 main gradients
  * accumulating an op's 2-byte contribution: kcpu_add_forward(y, y, x) on
  * widened x). */

@@ -16,6 +16,8 @@
 #define SS_BLOCKS 1024 /* partial sums: a fixed grid, for reproducibility */
 #define SS_THREADS 256
 #define SS_MANY 64 /* kcuda_sum_squares_many's buffers a launch */
+#define AW_MANY 24 /* kcuda_adamw_step_many's tensors a launch (1.4 KB of arguments) */
+#define AW_BLOCKS 2048 /* ... and blocks a tensor at most (the rest in strides) */
 
 /* x * scale in double, rounded to a float and then to T: what
  * scale_kernel stores, and the gradient adamw_kernel takes. */
@@ -25,6 +27,29 @@ __device__ __forceinline__ T scaled(T x, double scale)
     return kc_to<T>((float)(kc_f(x) * scale));
 }
 
+/* Element i of AdamW (kcpu_adamw_step's operations, in its order). */
+template <typename G, typename L>
+__device__ __forceinline__ void adamw_elem(float *params, L *params_lp, const G *grads, double gscale, float *m,
+                                           float *v, size_t i, float lr, float beta1, float beta2, float eps,
+                                           float wd, float c1, float c2)
+{
+    float ob1 = __fsub_rn(1.0f, beta1), ob2 = __fsub_rn(1.0f, beta2);
+    float g = kc_f(scaled(grads[i], gscale)), p = params[i];
+    /* m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g g */
+    float mi = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(ob1, g));
+    float vi = __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(ob2, g), g));
+    m[i] = mi;
+    v[i] = vi;
+    float mhat = __fdiv_rn(mi, c1);
+    float root = __fsqrt_rn(__fdiv_rn(vi, c2));
+    /* p -= lr (mhat / (root + eps) + wd p) */
+    float step = __fadd_rn(__fdiv_rn(mhat, __fadd_rn(root, eps)), __fmul_rn(wd, p));
+    p = __fsub_rn(p, __fmul_rn(lr, step));
+    params[i] = p;
+    if (params_lp)
+        params_lp[i] = kc_to<L>(p);
+}
+
 template <typename G, typename L>
 __global__ void adamw_kernel(float *params, L *params_lp, const G *grads,
                              double gscale, float *m, float *v, size_t n,
@@ -32,26 +57,71 @@ __global__ void adamw_kernel(float *params, L *params_lp, const G *grads,
                              float wd, float c1, float c2)
 {
     size_t stride = (size_t)gridDim.x * blockDim.x;
-    float ob1 = __fsub_rn(1.0f, beta1), ob2 = __fsub_rn(1.0f, beta2);
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += stride) {
-        float g = kc_f(scaled(grads[i], gscale)), p = params[i];
-        /* m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g g */
-        float mi = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(ob1, g));
-        float vi = __fadd_rn(__fmul_rn(beta2, v[i]),
-                             __fmul_rn(__fmul_rn(ob2, g), g));
-        m[i] = mi;
-        v[i] = vi;
-        float mhat = __fdiv_rn(mi, c1);
-        float root = __fsqrt_rn(__fdiv_rn(vi, c2));
-        /* p -= lr (mhat / (root + eps) + wd p) */
-        float step = __fadd_rn(__fdiv_rn(mhat, __fadd_rn(root, eps)),
-                               __fmul_rn(wd, p));
-        p = __fsub_rn(p, __fmul_rn(lr, step));
-        params[i] = p;
-        if (params_lp)
-            params_lp[i] = kc_to<L>(p);
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        adamw_elem<G, L>(params, params_lp, grads, gscale, m, v, i, lr, beta1, beta2, eps, wd, c1, c2);
+}
+
+/* The bias corrections of step t, in double as kcpu_adamw_step has them
+ * (1 - beta^t loses digits in float; double arguments: CUDA's float
+ * overload of pow would compute in float). */
+static void adamw_corrections(float beta1, float beta2, int t, float *c1, float *c2)
+{
+    *c1 = (float)(1.0 - pow((double)beta1, (double)t));
+    *c2 = (float)(1.0 - pow((double)beta2, (double)t));
+}
+
+/* Up to AW_MANY tensors of one launch; tensor b's blocks are
+ * first[b] .. first[b + 1] - 1 (first[AW_MANY] past the last). */
+struct adamw_many_args {
+    kcuda_adamw_tensor t[AW_MANY];
+    unsigned first[AW_MANY + 1];
+    int count;
+};
+
+template <typename G, typename L>
+__global__ void adamw_many_kernel(adamw_many_args a, double gscale, float lr, float beta1, float beta2, float eps,
+                                  float c1, float c2)
+{
+    int b = 0;
+    while (b + 1 < a.count && blockIdx.x >= a.first[b + 1]) /* (block-uniform) */
+        b++;
+    const kcuda_adamw_tensor &x = a.t[b];
+    size_t stride = (size_t)(a.first[b + 1] - a.first[b]) * blockDim.x;
+    for (size_t i = (size_t)(blockIdx.x - a.first[b]) * blockDim.x + threadIdx.x; i < x.n; i += stride)
+        adamw_elem<G, L>(x.params, (L *)x.params_lp, (const G *)x.grads, gscale, x.m, x.v, i, lr, beta1, beta2, eps,
+                         x.weight_decay, c1, c2);
+}
+
+int kcuda_adamw_step_many(const kcuda_adamw_tensor *ts, int count, kcuda_dtype lp_dt, kcuda_dtype grad_dt,
+                          double grad_scale, float lr, float beta1, float beta2, float eps, int t, void *stream)
+{
+    cudaStream_t s = kcuda__stream(stream);
+    KCUDA_DT_OK(grad_dt);
+    KCUDA_DT_OK(lp_dt);
+    KCUDA_ARG(t >= 1, "adamw: step t=%d, must count from 1", t);
+    KCUDA_ARG(count >= 0 && (count == 0 || ts), "adamw_step_many: bad arguments");
+    float c1, c2;
+    adamw_corrections(beta1, beta2, t, &c1, &c2);
+    for (int b0 = 0; b0 < count; b0 += AW_MANY) {
+        adamw_many_args a;
+        memset(&a, 0, sizeof a);
+        a.count = count - b0 < AW_MANY ? count - b0 : AW_MANY;
+        for (int b = 0; b < a.count; b++) {
+            a.t[b] = ts[b0 + b];
+            size_t want = (ts[b0 + b].n + 255) / 256;
+            a.first[b + 1] = a.first[b] + (unsigned)(want < AW_BLOCKS ? want : AW_BLOCKS);
+        }
+        if (a.first[a.count] == 0) /* every tensor empty */
+            continue;
+        KCUDA_DISPATCH(grad_dt, G, {
+            KCUDA_DISPATCH(lp_dt, L, {
+                adamw_many_kernel<G, L><<<a.first[a.count], 256, 0, s>>>(a, grad_scale, lr, beta1, beta2, eps, c1,
+                                                                         c2);
+                KCUDA_LAUNCHED("adamw_many_kernel");
+            });
+        });
     }
+    return 0;
 }
 
 int kcuda_adamw_step(float *params, void *params_lp, kcuda_dtype lp_dt,
@@ -66,11 +136,8 @@ int kcuda_adamw_step(float *params, void *params_lp, kcuda_dtype lp_dt,
     KCUDA_ARG(t >= 1, "adamw: step t=%d, must count from 1", t);
     if (n == 0)
         return 0;
-    /* bias corrections in double: 1 - beta^t loses digits in float */
-    /* (double arguments: CUDA's float overload of pow would compute in
-     * float, not as kcpu_adamw_step's C pow does) */
-    float c1 = (float)(1.0 - pow((double)beta1, (double)t));
-    float c2 = (float)(1.0 - pow((double)beta2, (double)t));
+    float c1, c2;
+    adamw_corrections(beta1, beta2, t, &c1, &c2);
     KCUDA_DISPATCH(grad_dt, G, {
         KCUDA_DISPATCH(lp_dt, L, {
             adamw_kernel<G, L><<<kcuda__blocks(n, 256), 256, 0, s>>>(

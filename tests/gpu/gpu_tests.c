@@ -1683,6 +1683,52 @@ static void t_sum_squares_many(kcuda_dtype dt)
                 down_raw(one, NB * sizeof(double)), NB * sizeof(double));
 }
 
+/* kcuda_adamw_step_many against a kcuda_adamw_step call a tensor, to the
+ * bit (params, m, v, and the 2-byte copy where a tensor has one): 30
+ * tensors (two launches, of 24 and 6), sizes from 0 and 1 to past the
+ * 2048 blocks a tensor gets, each its own weight decay; fp32 with fp32
+ * gradients and no copy, 2-byte types with fp32 gradients (mixed
+ * precision's) and the copy on every other tensor; two steps, the second
+ * with a gradient factor. */
+static void t_adamw_many(kcuda_dtype dt)
+{
+    enum { NT = 30 };
+    static const size_t base[5] = {0, 1, 1003, 70001, 2048 * 256 + 333};
+    kcuda_adamw_tensor one[NT], many[NT];
+    size_t n[NT];
+    for (int b = 0; b < NT; b++) {
+        n[b] = base[(b * 2) % 5] + (size_t)(b % 3);
+        size_t k = n[b] ? n[b] : 1;
+        float *p = rnd(k, 1.0f, KCUDA_F32), *m = rnd(k, 0.1f, KCUDA_F32), *v = rnd(k, 0.1f, KCUDA_F32);
+        float *g = rnd(k, 1.0f, KCUDA_F32);
+        for (size_t i = 0; i < k; i++)
+            v[i] = fabsf(v[i]);
+        kcuda_adamw_tensor *x[2] = {&one[b], &many[b]};
+        for (int w = 0; w < 2; w++)
+            *x[w] = (kcuda_adamw_tensor){up(p, k, KCUDA_F32), dt != KCUDA_F32 && b % 2 ? dmem(k * 2) : NULL,
+                                         up(g, k, KCUDA_F32), up(m, k, KCUDA_F32), up(v, k, KCUDA_F32), n[b],
+                                         0.01f * (float)(b % 4)};
+    }
+    for (int t = 1; t <= 2; t++) {
+        double scale = t == 1 ? 1.0 : 0.3712345678901;
+        for (int b = 0; b < NT; b++)
+            KC(kcuda_adamw_step(one[b].params, one[b].params_lp, dt, one[b].grads, KCUDA_F32, scale, one[b].m,
+                                one[b].v, one[b].n, 1e-3f, 0.9f, 0.95f, 1e-8f, one[b].weight_decay, t, NULL));
+        KC(kcuda_adamw_step_many(many, NT, dt, KCUDA_F32, scale, 1e-3f, 0.9f, 0.95f, 1e-8f, t, NULL));
+    }
+    for (int b = 0; b < NT; b++) {
+        if (n[b] == 0)
+            continue;
+        size_t bytes = n[b] * 4;
+        expect_bits("params", down_raw(many[b].params, bytes), down_raw(one[b].params, bytes), bytes);
+        expect_bits("m", down_raw(many[b].m, bytes), down_raw(one[b].m, bytes), bytes);
+        expect_bits("v", down_raw(many[b].v, bytes), down_raw(one[b].v, bytes), bytes);
+        if (one[b].params_lp)
+            expect_bits("params_lp", down_raw(many[b].params_lp, n[b] * 2), down_raw(one[b].params_lp, n[b] * 2),
+                        n[b] * 2);
+    }
+}
+
 /* The attention's tile products on TF32 tensor cores (the forward, the
  * dk/dv kernel and dq's, mma.sync m16n8k8): t_attention's and
  * t_attention_qkv's cases, every padded head size, masked and full tiles,
@@ -2258,6 +2304,9 @@ static const gpu_case cases[] = {
     {"sum_squares_many_f32", t_sum_squares_many, KCUDA_F32},
     {"sum_squares_many_bf16", t_sum_squares_many, KCUDA_BF16},
     {"sum_squares_many_f16", t_sum_squares_many, KCUDA_F16},
+    {"adamw_many_f32", t_adamw_many, KCUDA_F32},
+    {"adamw_many_bf16", t_adamw_many, KCUDA_BF16},
+    {"adamw_many_f16", t_adamw_many, KCUDA_F16},
 };
 
 enum { NCASES = sizeof cases / sizeof cases[0] };
