@@ -295,14 +295,17 @@ check "a kernel that faults on one of 2 GPUs stops the job at once, naming its r
 # the same in a program embedding libmesh whose ranks ignore the failed
 # step, go on for 2 more and return MESH_OK (ignoring.c): mesh_run_ranks
 # still fails, naming the fault, at once; the later steps are refused, not
-# run over what the failure abandoned
+# run over what the failure abandoned (the 210th launch of the two
+# ranks': 72 into step 2's 138, where the 300th was before the optimizer's
+# launches were batched; a fault just before a gradient sum, the 200th,
+# lets the other rank's NCCL error be the first reported now and then)
 "$B/meshc" --set mesh.dp=2 --set train.global_batch=4 examples/gpt-tiny.mesh -o "$T/dp2.plan" >/dev/null
 t0=$SECONDS
-EMU_FAIL=launch:300 MESH_EMU_GPUS=2 MESH_COLLECTIVE_TIMEOUT_S=60 timeout 120 "$B/ignoring_emu" "$T/dp2.plan" 3 \
+EMU_FAIL=launch:210 MESH_EMU_GPUS=2 MESH_COLLECTIVE_TIMEOUT_S=60 timeout 120 "$B/ignoring_emu" "$T/dp2.plan" 3 \
     >"$T/ignoring.log" 2>&1
 rc=$?
 [ "$rc" -eq 1 ] && [ $((SECONDS - t0)) -lt 30 ] &&
-    gpu=$(sed -n 's/^emu: EMU_FAIL=launch:300: .* fails on device \([0-9]\)$/\1/p' "$T/ignoring.log") &&
+    gpu=$(sed -n 's/^emu: EMU_FAIL=launch:210: .* fails on device \([0-9]\)$/\1/p' "$T/ignoring.log") &&
     grep -q "^ignoring: mesh_run_ranks: another rank failed: rank $gpu: its function returned MESH_OK, but a step of it failed: .*a kernel faulted" \
         "$T/ignoring.log" && grep -q "step 3: .*(in an earlier step: this rank takes no more steps)" "$T/ignoring.log" &&
     ! grep -q "^emu: .*\(cannot reach\|not inside\|not (wholly)\)" "$T/ignoring.log" ||
