@@ -20,7 +20,7 @@
 #define AW_BLOCKS 2048 /* ... and blocks a tensor at most (the rest in strides) */
 
 /* x * scale in double, rounded to a float and then to T: what
- * scale_kernel stores, and the gradient adamw_kernel takes. */
+ * scale_kernel stores, and the gradient adamw_elem takes. */
 template <typename T>
 __device__ __forceinline__ T scaled(T x, double scale)
 {
@@ -48,26 +48,6 @@ __device__ __forceinline__ void adamw_elem(float *params, L *params_lp, const G 
     params[i] = p;
     if (params_lp)
         params_lp[i] = kc_to<L>(p);
-}
-
-template <typename G, typename L>
-__global__ void adamw_kernel(float *params, L *params_lp, const G *grads,
-                             double gscale, float *m, float *v, size_t n,
-                             float lr, float beta1, float beta2, float eps,
-                             float wd, float c1, float c2)
-{
-    size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        adamw_elem<G, L>(params, params_lp, grads, gscale, m, v, i, lr, beta1, beta2, eps, wd, c1, c2);
-}
-
-/* The bias corrections of step t, in double as kcpu_adamw_step has them
- * (1 - beta^t loses digits in float; double arguments: CUDA's float
- * overload of pow would compute in float). */
-static void adamw_corrections(float beta1, float beta2, int t, float *c1, float *c2)
-{
-    *c1 = (float)(1.0 - pow((double)beta1, (double)t));
-    *c2 = (float)(1.0 - pow((double)beta2, (double)t));
 }
 
 /* Up to AW_MANY tensors of one launch; tensor b's blocks are
@@ -100,8 +80,11 @@ int kcuda_adamw_step_many(const kcuda_adamw_tensor *ts, int count, kcuda_dtype l
     KCUDA_DT_OK(lp_dt);
     KCUDA_ARG(t >= 1, "adamw: step t=%d, must count from 1", t);
     KCUDA_ARG(count >= 0 && (count == 0 || ts), "adamw_step_many: bad arguments");
-    float c1, c2;
-    adamw_corrections(beta1, beta2, t, &c1, &c2);
+    /* the bias corrections in double, as kcpu_adamw_step has them (1 -
+     * beta^t loses digits in float; double arguments: CUDA's float
+     * overload of pow would compute in float) */
+    float c1 = (float)(1.0 - pow((double)beta1, (double)t));
+    float c2 = (float)(1.0 - pow((double)beta2, (double)t));
     for (int b0 = 0; b0 < count; b0 += AW_MANY) {
         adamw_many_args a;
         memset(&a, 0, sizeof a);
@@ -130,23 +113,8 @@ int kcuda_adamw_step(float *params, void *params_lp, kcuda_dtype lp_dt,
                      float lr, float beta1, float beta2, float eps,
                      float weight_decay, int t, void *stream)
 {
-    cudaStream_t s = kcuda__stream(stream);
-    KCUDA_DT_OK(grad_dt);
-    KCUDA_DT_OK(lp_dt);
-    KCUDA_ARG(t >= 1, "adamw: step t=%d, must count from 1", t);
-    if (n == 0)
-        return 0;
-    float c1, c2;
-    adamw_corrections(beta1, beta2, t, &c1, &c2);
-    KCUDA_DISPATCH(grad_dt, G, {
-        KCUDA_DISPATCH(lp_dt, L, {
-            adamw_kernel<G, L><<<kcuda__blocks(n, 256), 256, 0, s>>>(
-                params, (L *)params_lp, (const G *)grads, grad_scale, m, v,
-                n, lr, beta1, beta2, eps, weight_decay, c1, c2);
-            KCUDA_LAUNCHED("adamw_kernel");
-        });
-    });
-    return 0;
+    const kcuda_adamw_tensor one = {params, params_lp, grads, m, v, n, weight_decay};
+    return kcuda_adamw_step_many(&one, 1, lp_dt, grad_dt, grad_scale, lr, beta1, beta2, eps, t, stream);
 }
 
 /* y += x, in fp32 (x widened from its storage type). */
@@ -174,59 +142,6 @@ int kcuda_accumulate(float *y, const void *x, kcuda_dtype x_dt, size_t n,
     return 0;
 }
 
-/* part[block] = the block's sum of x^2 (double) over a grid of at most
- * SS_BLOCKS blocks: element i is block (i / SS_THREADS) % SS_BLOCKS's, so
- * that a smaller grid (a small tensor's) gives the partial sums of the
- * fixed one, whose other blocks would hold zeros. */
-template <typename T>
-__global__ void __launch_bounds__(SS_THREADS)
-    ss_partial_kernel(double *part, const T *x, size_t n)
-{
-    __shared__ double sh[32];
-    size_t stride = (size_t)SS_BLOCKS * SS_THREADS;
-    double acc = 0.0;
-    for (size_t i = (size_t)blockIdx.x * SS_THREADS + threadIdx.x; i < n;
-         i += stride) {
-        double xi = kc_f(x[i]);
-        acc += xi * xi;
-    }
-    acc = kc_block_sum_d(acc, sh);
-    if (threadIdx.x == 0)
-        part[blockIdx.x] = acc;
-}
-
-/* *ss += the sum of part[nb], summed as SS_BLOCKS partials with zeros
- * after the nb (the same bits for any nb). */
-__global__ void __launch_bounds__(SS_BLOCKS)
-    ss_finish_kernel(double *ss, const double *part, unsigned nb)
-{
-    __shared__ double sh[32];
-    double t = kc_block_sum_d(threadIdx.x < nb ? part[threadIdx.x] : 0.0, sh);
-    if (threadIdx.x == 0)
-        *ss += t;
-}
-
-int kcuda_sum_squares(kcuda_ctx *ctx, double *ss, const void *buf, size_t n,
-                      kcuda_dtype dt, void *stream)
-{
-    cudaStream_t s = kcuda__stream(stream);
-    KCUDA_DT_OK(dt);
-    if (n == 0)
-        return 0;
-    void *scratch = NULL;
-    size_t want = (n + SS_THREADS - 1) / SS_THREADS;
-    unsigned nb = want < SS_BLOCKS ? (unsigned)want : SS_BLOCKS;
-    KCUDA_TRY(kcuda__scratch(ctx, SS_BLOCKS * sizeof(double), &scratch, s));
-    KCUDA_DISPATCH(dt, T, {
-        ss_partial_kernel<T><<<nb, SS_THREADS, 0, s>>>(
-            (double *)scratch, (const T *)buf, n);
-        KCUDA_LAUNCHED("ss_partial_kernel");
-    });
-    ss_finish_kernel<<<1, SS_BLOCKS, 0, s>>>(ss, (const double *)scratch, nb);
-    KCUDA_LAUNCHED("ss_finish_kernel");
-    return 0;
-}
-
 /* Up to SS_MANY buffers of one launch: their elements, sizes, and first
  * partial sum's index in the scratch (first[SS_MANY] past the last). */
 struct ss_many_args {
@@ -236,8 +151,11 @@ struct ss_many_args {
     int nbufs;
 };
 
-/* ss_partial_kernel's blocks of every buffer in one grid: block
- * first[b] + j is buffer b's block j, its sum in part[first[b] + j]. */
+/* Every buffer's partial sums of x^2 (double) in one grid: block
+ * first[b] + j is buffer b's block j of a grid of at most SS_BLOCKS, its
+ * sum in part[first[b] + j]. Element i is block (i / SS_THREADS) %
+ * SS_BLOCKS's, so that a smaller grid (a small buffer's) gives the
+ * partial sums of the fixed one, whose other blocks would hold zeros. */
 template <typename T>
 __global__ void __launch_bounds__(SS_THREADS) ss_many_partial_kernel(double *part, ss_many_args a)
 {
@@ -257,8 +175,8 @@ __global__ void __launch_bounds__(SS_THREADS) ss_many_partial_kernel(double *par
         part[blockIdx.x] = acc;
 }
 
-/* ss_finish_kernel for every buffer of the launch, a block each:
- * ss[b] += its partials, summed as SS_BLOCKS with zeros after them. */
+/* ss[b] += buffer b's partials, a block each, summed as SS_BLOCKS
+ * partials with zeros after its own (the same bits for any number). */
 __global__ void __launch_bounds__(SS_BLOCKS) ss_many_finish_kernel(double *ss, const double *part, ss_many_args a)
 {
     __shared__ double sh[32];
@@ -296,6 +214,14 @@ int kcuda_sum_squares_many(kcuda_ctx *ctx, double *ss, const void *const *bufs, 
         KCUDA_LAUNCHED("ss_many_finish_kernel");
     }
     return 0;
+}
+
+int kcuda_sum_squares(kcuda_ctx *ctx, double *ss, const void *buf, size_t n,
+                      kcuda_dtype dt, void *stream)
+{
+    if (n == 0) /* (ss as it is, not += 0.0) */
+        return 0;
+    return kcuda_sum_squares_many(ctx, ss, &buf, &n, 1, dt, stream);
 }
 
 /* x = x * scale (in double); with ss, scale = max_norm / (norm + 1e-6),
