@@ -389,6 +389,13 @@ int comm_nccl_watch(void *ud, double waited_s, char *why, size_t n);
  * or -1 with the reason in c->error. */
 int comm_nccl_own_thread(comm *c);
 
+/* The thread about to use c, an own world (comm_nccl_own_thread), makes
+ * c's GPU its current device, first thing: a thread that has not chosen
+ * one is on device 0, and were device 0 another rank's that had faulted,
+ * its first call would answer that rank's fault as this one's. Nothing
+ * for a handle of another backend. */
+void comm_nccl_thread_on_gpu(comm *c);
+
 /* A queue's own world ordered on the GPU instead of waited for
  * (comm_async's deferred queues; all for the thread using the world):
  *   - comm_nccl_defer(c): its calls return once NCCL has enqueued their

@@ -107,6 +107,7 @@ static void *progress(void *arg)
     comm_async *a = arg;
     double idle_from = 0; /* deferred: since when only work in flight is left to watch */
     int looks = 0;
+    comm_nccl_thread_on_gpu(a->c); /* (before any rank's kernel could fault) */
     pthread_mutex_lock(&a->mu);
     for (;;) {
         while (a->done == a->issued && !a->stop && !a->inflight) pthread_cond_wait(&a->cv, &a->mu);

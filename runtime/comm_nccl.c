@@ -1582,6 +1582,11 @@ int comm_nccl_record_event(comm *c, void *event)
     return ce == cudaSuccess ? 0 : cuda_fail(m, "record an event", "cudaEventRecord", ce);
 }
 
+void comm_nccl_thread_on_gpu(comm *c)
+{
+    if (c && c->v == &nccl_vtbl) on_gpu((ncomm *)c);
+}
+
 int comm_nccl_progress(comm *c, double waited_s)
 {
     if (!c || c->v != &nccl_vtbl) return 0;
@@ -1703,6 +1708,11 @@ int comm_nccl_record_event(comm *c, void *event)
     (void)c;
     (void)event;
     return -1;
+}
+
+void comm_nccl_thread_on_gpu(comm *c)
+{
+    (void)c; /* no NCCL handle exists in this build */
 }
 
 int comm_nccl_progress(comm *c, double waited_s)

@@ -233,9 +233,13 @@ extern "C" cudaError_t cudaGetDeviceCount(int *count)
     return cudaSuccess;
 }
 
+/* The thread's current device is the thread's own: choosing or reading it
+ * answers no device's sticky error (a fault on device 0 stops neither a
+ * new thread, whose current device is 0 until it chooses, from choosing
+ * device 1, nor its calls there); cudaSetDevice answers the chosen
+ * device's, as its later calls would. */
 extern "C" cudaError_t cudaGetDevice(int *device)
 {
-    API_ENTER();
     if (!device)
         return record(cudaErrorInvalidValue);
     *device = t_device;
@@ -244,11 +248,10 @@ extern "C" cudaError_t cudaGetDevice(int *device)
 
 extern "C" cudaError_t cudaSetDevice(int device)
 {
-    API_ENTER();
     if (device < 0 || device >= device_count())
         return record(cudaErrorInvalidDevice);
     t_device = device;
-    return cudaSuccess;
+    return record(sticky_error(device));
 }
 
 extern "C" cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)

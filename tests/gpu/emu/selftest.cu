@@ -1255,6 +1255,18 @@ static void t_other_gpu()
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
     k_count<<<1, 32>>>(theirs);
     expect_fault(cudaErrorIllegalAddress);
+    /* device 0's fault is its own: a thread that has not chosen a device
+     * (device 0's) can read that and choose device 1, and work there */
+    bool fine = false;
+    std::thread other([&] {
+        int d = -1;
+        fine = cudaGetDevice(&d) == cudaSuccess && d == 0 && cudaSetDevice(1) == cudaSuccess;
+        k_count<<<1, 32>>>(theirs);
+        fine = fine && cudaDeviceSynchronize() == cudaSuccess && cudaGetLastError() == cudaSuccess;
+    });
+    other.join();
+    CHECK(fine);
+    CHECK(cudaSetDevice(0) == cudaErrorIllegalAddress); /* (the chosen device's sticky error) */
 }
 
 /* ---- cuBLASLt ------------------------------------------------------------------------ */
