@@ -30,6 +30,7 @@
 #include <unistd.h>   /* fork, execv */
 
 #include <algorithm> /* std::max */
+#include <thread>    /* std::thread: another GPU's thread (t_other_gpu) */
 #include <vector>    /* std::vector */
 
 /* kc_mma16816, kc_ldsm4, kc_ldsm4_t, kc_pack2, kc_cp_async16..., as the
