@@ -309,7 +309,7 @@ static void *watchdog(void *arg)
                 st == ncclInProgress)
                 continue;
             const char *last = ncclGetLastError(x->nc);
-            snprintf(why, sizeof why, "rank %d: its NCCL communicator failed: %s (NCCL error %d)%s%.400s",
+            snprintf(why, sizeof why, "rank %d failed: its NCCL communicator: %s (NCCL error %d)%s%.400s",
                      x->c.world_rank, ncclGetErrorString(st), (int)st, last && last[0] ? ": " : "",
                      last ? last : "");
         }
@@ -346,8 +346,12 @@ static void world_free(nworld *w)
 /* Records why op failed in m's error, aborts the world; returns -1. */
 static int fail_abort(ncomm *m, const char *op, const char *why)
 {
-    char msg[sizeof m->w->why];
-    snprintf(msg, sizeof msg, "rank %d: %.20s failed: %.700s", m->c.world_rank, op, why);
+    char msg[sizeof m->w->why], what[760];
+    /* (in the words every backend passes a failed rank on in, which
+     * comm_names_other knows: the others' errors that quote it are not
+     * taken for the cause) */
+    snprintf(what, sizeof what, "%.20s: %.700s", op, why);
+    comm_rank_failed(msg, sizeof msg, m->c.world_rank, what);
     comm_fail(&m->c, op, "%.600s; the world's NCCL communicators are aborted", why);
     /* the world it was bootstrapped over first: ncclCommAbort may wait for
      * the other ranks on the node to abort too (NCCL since 2.16), which

@@ -369,7 +369,7 @@ TEST_IMPL(comm_nccl_failure_aborts_the_world)
     ASSERT_NOT_NULL(strstr(c->error, "; the world's NCCL communicators are aborted"));
     ASSERT_INT_EQ(comm_barrier(c), -1);
     ASSERT_NOT_NULL(strstr(c->error, "barrier over 1 rank (this is rank 0): the world's NCCL communicators were "
-                                     "aborted (rank 0: group failed: "));
+                                     "aborted (rank 0 failed: group: "));
     comm_free(c);
     /* a bucket with a host buffer: refused half enqueued, so the world is aborted */
     c = one_rank_world(30);

@@ -297,8 +297,10 @@ check "a kernel that faults on one of 2 GPUs stops the job at once, naming its r
 # still fails, naming the fault, at once; the later steps are refused, not
 # run over what the failure abandoned (the 210th launch of the two
 # ranks': 72 into step 2's 138, where the 300th was before the optimizer's
-# launches were batched; a fault just before a gradient sum, the 200th,
-# lets the other rank's NCCL error be the first reported now and then)
+# launches were batched; at the 200th, just before a gradient sum, the
+# other rank's error quoting this one's NCCL failure was once in 12 runs
+# taken for the cause, until NCCL's failures were passed on as "rank R
+# failed: ...", which comm_names_other knows: 16 of 16 since)
 "$B/meshc" --set mesh.dp=2 --set train.global_batch=4 examples/gpt-tiny.mesh -o "$T/dp2.plan" >/dev/null
 t0=$SECONDS
 EMU_FAIL=launch:210 MESH_EMU_GPUS=2 MESH_COLLECTIVE_TIMEOUT_S=60 timeout 120 "$B/ignoring_emu" "$T/dp2.plan" 3 \
