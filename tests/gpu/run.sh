@@ -81,9 +81,11 @@
 #             It runs right after train_gpt2 (6), before gpu_bench (7):
 #             the comparison needs both figures from one run.
 #
-# Everything goes to $OUT/gpu.log and a summary to $OUT/gpu.json (OUT
+# Everything goes to $OUT/gpu.log, a summary to $OUT/gpu.json (OUT
 # defaults to tests/gpu/out/; the device tool sets it; rewritten after each
-# step, status "running", so a run killed midway keeps what it had), within
+# step, status "running", so a run killed midway keeps what it had) and
+# that summary as docs/benchmarks.md's section for the run, the issue's
+# goals judged, to $OUT/report.md (tests/gpu/report.py), within
 # about $MESH_GPU_BUDGET_S seconds (480: every step's timeout is capped by
 # what is left). The build keeps warnings as warnings (this machine's
 # compilers are not CI's). A hung collective stops its run within
@@ -134,6 +136,11 @@ T0=$(date +%s)
 mkdir -p "$OUT"
 LOG=$OUT/gpu.log
 JSON=$OUT/gpu.json
+# (for the summary: when, on what, from which commit; git's, where the
+# tree came with its history)
+STARTED=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
+DEVICE=""
+COMMIT=$(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null || true)
 
 DEBS_LIBS=""       # the unpacked .deb files' library folders, when used
 declare -A STEP    # step -> PASS / FAIL / SKIP
@@ -1043,6 +1050,8 @@ write_json() {
         printf '{"status":%s,"elapsed_s":%d,"rehearsal":%s,' "$(json_str "$status")" "$(elapsed)" \
             "$([ "$REHEARSE" = 1 ] && echo true || echo false)"
         printf '"no_gpu":%s,' "$([ -n "$NO_GPU" ] && json_str "$NO_GPU" || echo null)"
+        printf '"date":%s,"device":%s,"commit":%s,' "$(json_str "$STARTED")" \
+            "$([ -n "$DEVICE" ] && json_str "$DEVICE" || echo null)" "$([ -n "$COMMIT" ] && json_str "$COMMIT" || echo null)"
         printf '"gpu_tests":{"passed":%d,"failed":%d},' "$GPU_PASSED" "$GPU_FAILED"
         printf '"steps":{'
         for s in "${ORDER[@]}"; do
@@ -1063,10 +1072,16 @@ write_json() {
 main() {
     # killed (the device tool's limit, ^C): the summary so far says so
     trap 'write_json interrupted; exit 143' TERM INT
-    echo "run.sh: $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname), $(uname -m), budget $BUDGET s"
+    echo "run.sh: $STARTED on $(hostname), $(uname -m), budget $BUDGET s${COMMIT:+, commit $COMMIT}"
     [ "$REHEARSE" = 1 ] &&
         echo "run.sh: a rehearsal (MESH_GPU_REHEARSE=1): $MESH_EMU_GPUS GPUs emulated on the CPU; no figure measures a GPU"
-    have_tool nvidia-smi && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
+    # (the summary's device: the first GPU's name, driver and memory)
+    if have_tool nvidia-smi; then
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
+        DEVICE=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null |
+            head -n 1 | sed 's/, */, driver /')
+    fi
+    [ "$REHEARSE" = 1 ] && DEVICE="NVIDIA H200 (CPU emulation, tests/gpu/emu)"
     rm -f "$OUT/bench.json" "$OUT/torch.json" "$OUT/gpt2.json"
     local status=pass s
     for s in $STEPS; do
@@ -1101,7 +1116,13 @@ main() {
     echo "== summary ($(elapsed) s)"
     for s in "${ORDER[@]}"; do printf '%-5s %s: %s\n' "${STEP[$s]}" "$s" "${DETAIL[$s]}"; done
     write_json "$status"
-    echo "run.sh: $(echo "$status" | tr '[:lower:]' '[:upper:]') (log $LOG, summary $JSON)"
+    # (the summary as docs/benchmarks.md's section for this run: report.md)
+    if have_tool python3 && python3 tests/gpu/report.py "$JSON" >"$OUT/report.md" 2>"$OUT/report.err"; then
+        rm -f "$OUT/report.err"
+    else
+        echo "run.sh: tests/gpu/report.py did not write $OUT/report.md: $(head -c 300 "$OUT/report.err" 2>/dev/null)"
+    fi
+    echo "run.sh: $(echo "$status" | tr '[:lower:]' '[:upper:]') (log $LOG, summary $JSON, report $OUT/report.md)"
     [ $FAILED = 0 ]
 }
 
