@@ -10,13 +10,16 @@ run, never against another run's):
     cuBLASLt, GPT-2 124M at PyTorch's best figure of the same run or more,
     and 40% MFU or more; and which layout trained fastest at B=32 with the
     default's numbers (gpt2.json's fastest_b32), if not the default;
-  - the tables: GPT-2 (mesh's runs and PyTorch's), GEMMs, attention and
-    the memory-bound kernels.
+  - the tables: GPT-2 (mesh's runs and PyTorch's), where a step goes (the
+    --profile tables run.sh keeps beside gpu.json, profile-NAME.txt),
+    GEMMs, attention and the memory-bound kernels.
 
 A missing part (a step skipped or failed: null in gpu.json) is said, not
 guessed. Exits 2 if GPU_JSON cannot be read.
 """
+import glob
 import json
+import os
 import sys
 
 GEMM_GOAL = 0.85  # of raw cuBLASLt (the issue's goal)
@@ -187,8 +190,20 @@ def bench_tables(d):
     return out
 
 
-def report(d):
-    return "\n".join(header(d) + goals(d) + gpt2_table(d) + bench_tables(d)).rstrip() + "\n"
+def profiles(folder):
+    """The --profile tables run.sh keeps beside gpu.json (profile-NAME.txt)."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(folder, "profile-*.txt"))):
+        name = os.path.basename(path)[len("profile-"):-len(".txt")]
+        with open(path) as f:
+            lines = [ln.rstrip("\n").removeprefix("meshrun: ") for ln in f if ln.strip()]
+        if lines:
+            out += [f"Where a step goes (`{name}`, `meshrun --profile`):", "", "```text"] + lines + ["```", ""]
+    return out
+
+
+def report(d, folder="."):
+    return "\n".join(header(d) + goals(d) + gpt2_table(d) + profiles(folder) + bench_tables(d)).rstrip() + "\n"
 
 
 def main(argv):
@@ -201,7 +216,7 @@ def main(argv):
     except (OSError, ValueError) as e:
         print(f"report.py: {argv[1]}: {e}", file=sys.stderr)
         return 2
-    sys.stdout.write(report(d))
+    sys.stdout.write(report(d, os.path.dirname(argv[1]) or "."))
     return 0
 
 
