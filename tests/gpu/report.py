@@ -86,12 +86,17 @@ def torch_name(r):
     return f"PyTorch {'torch.compile' if r.get('compile') else 'eager'}, B={r.get('B')}"
 
 
+def gemm_ratio(g):
+    """Our path's TFLOP/s over raw cuBLASLt's for one GEMM row, or None."""
+    k, lt = g.get("kcuda_tflops"), g.get("cublaslt_tflops")
+    return k / lt if k and lt else None
+
+
 def goals(d):
     """The issue's goals, each a line: met, not met, or not measured."""
     out = ["**The issue's goals**, from this run's figures:", ""]
     bench = d.get("bench") or {}
-    ratios = [(g["kcuda_tflops"] / g["cublaslt_tflops"], g["name"]) for g in bench.get("gemm") or []
-              if g.get("kcuda_tflops") and g.get("cublaslt_tflops")]
+    ratios = [(gemm_ratio(g), g["name"]) for g in bench.get("gemm") or [] if gemm_ratio(g) is not None]
     if ratios:
         lo, at = min(ratios)
         hi = max(r for r, _ in ratios)
@@ -157,10 +162,9 @@ def bench_tables(d):
     if b.get("gemm"):
         out += ["| bf16 GEMM (M x K x N) | kcuda TFLOP/s | tuned | raw cuBLASLt | cublasGemmEx | of cuBLASLt |",
                 "| --- | --- | --- | --- | --- | --- |"]
-        for g in b["gemm"]:
-            r = g["kcuda_tflops"] / g["cublaslt_tflops"] if g.get("kcuda_tflops") and g.get("cublaslt_tflops") else None
-            out.append(f"| {g['name']} | {num(g.get('kcuda_tflops'))} | {num(g.get('tuned_tflops'))} | "
-                       f"{num(g.get('cublaslt_tflops'))} | {num(g.get('cublas_tflops'))} | {pct(r)} |")
+        out += [f"| {g['name']} | {num(g.get('kcuda_tflops'))} | {num(g.get('tuned_tflops'))} | "
+                f"{num(g.get('cublaslt_tflops'))} | {num(g.get('cublas_tflops'))} | {pct(gemm_ratio(g))} |"
+                for g in b["gemm"]]
         out.append("")
     if b.get("gemm_fp32"):
         out += ["| fp32 GEMM | fp32 TFLOP/s | TF32 TFLOP/s |", "| --- | --- | --- |"]

@@ -1077,9 +1077,10 @@ main() {
         echo "run.sh: a rehearsal (MESH_GPU_REHEARSE=1): $MESH_EMU_GPUS GPUs emulated on the CPU; no figure measures a GPU"
     # (the summary's device: the first GPU's name, driver and memory)
     if have_tool nvidia-smi; then
-        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
-        DEVICE=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null |
-            head -n 1 | sed 's/, */, driver /')
+        local gpus
+        gpus=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)
+        [ -n "$gpus" ] && echo "$gpus"
+        DEVICE=$(printf '%s\n' "$gpus" | head -n 1 | sed 's/, */, driver /')
     fi
     [ "$REHEARSE" = 1 ] && DEVICE="NVIDIA H200 (CPU emulation, tests/gpu/emu)"
     rm -f "$OUT/bench.json" "$OUT/torch.json" "$OUT/gpt2.json"
@@ -1117,12 +1118,14 @@ main() {
     for s in "${ORDER[@]}"; do printf '%-5s %s: %s\n' "${STEP[$s]}" "$s" "${DETAIL[$s]}"; done
     write_json "$status"
     # (the summary as docs/benchmarks.md's section for this run: report.md)
+    local report=", report $OUT/report.md"
     if have_tool python3 && python3 tests/gpu/report.py "$JSON" >"$OUT/report.md" 2>"$OUT/report.err"; then
         rm -f "$OUT/report.err"
     else
         echo "run.sh: tests/gpu/report.py did not write $OUT/report.md: $(head -c 300 "$OUT/report.err" 2>/dev/null)"
+        report=""
     fi
-    echo "run.sh: $(echo "$status" | tr '[:lower:]' '[:upper:]') (log $LOG, summary $JSON, report $OUT/report.md)"
+    echo "run.sh: $(echo "$status" | tr '[:lower:]' '[:upper:]') (log $LOG, summary $JSON$report)"
     [ $FAILED = 0 ]
 }
 

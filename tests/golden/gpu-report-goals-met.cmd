@@ -1,0 +1,1 @@
+python3 tests/gpu/report.py tests/gpu/report/goals-met.json
