@@ -89,8 +89,8 @@ FUZZ_BUILD    = build-fuzz
 BISON_MIN = 3.5
 
 # ---- CUDA (off unless CUDA=1) -------------------------------------------
-# CUDA=1 builds the NCCL communicator (runtime/comm_nccl.c; with CUDA=0 its
-# stubs say libmesh was built without CUDA) and links libmesh and every
+# CUDA=1 builds the NCCL communicator (runtime/comm_nccl*.c; with CUDA=0
+# comm_nccl_none.c says libmesh was built without CUDA) and links libmesh and every
 # program with NCCL and the CUDA runtime from CUDA_HOME (NCCL from
 # NCCL_HOME, the same by default), with an rpath, so that they run from the
 # build tree. Their headers are system headers: our warnings stay on for
@@ -122,7 +122,7 @@ ifeq ($(CUDA),1)
 CUDA_CFLAGS := $(addprefix -isystem ,$(sort $(CUDA_HOME)/include $(NCCL_HOME)/include))
 CUDA_SRC    := $(wildcard kernels/cuda/*.cu)
 # With CUDA=1 the runtime's CUDA files (the kernel table kern_cuda.c, and
-# device_cuda.c and comm_nccl.c: kcuda_fault_hint) need the CUDA kernels'
+# device_cuda.c and comm_nccl_wait.c: kcuda_fault_hint) need the CUDA kernels'
 # library; defined here, before the rules that list it among their inputs
 KCUDA_LIB    = $(if $(CUDA_SRC),$(BUILD)/libmeshkcuda.a)
 # (nvcc's objects need the C++ runtime, the kernels' matmuls cuBLASLt)
@@ -191,8 +191,11 @@ LANG_OBJ   = $(LANG_SRC:%.c=$(OBJ)/%.o) $(OBJ)/gen/parser.o $(OBJ)/gen/lexer.o
 COMPILER_SRC = $(filter-out compiler/meshc.c,$(wildcard compiler/*.c))
 COMPILER_OBJ = $(COMPILER_SRC:%.c=$(OBJ)/%.o) $(OBJ)/compiler/meshc.o
 
-# libmesh: runtime/*.c except meshrun's main.
-RUNTIME_SRC  = $(filter-out runtime/meshrun.c,$(wildcard runtime/*.c))
+# libmesh: runtime/*.c except meshrun's main; of the NCCL communicator,
+# its files (comm_nccl*.c) with CUDA=1, else its stubs (comm_nccl_none.c).
+NCCL_SRC     = $(filter-out runtime/comm_nccl_none.c,$(wildcard runtime/comm_nccl*.c))
+RUNTIME_SRC  = $(filter-out runtime/meshrun.c $(if $(filter 1,$(CUDA)),runtime/comm_nccl_none.c,$(NCCL_SRC)), \
+                            $(wildcard runtime/*.c))
 RUNTIME_OBJ  = $(RUNTIME_SRC:%.c=$(OBJ)/%.o)
 
 # Unit tests: tests/unit/runner.c plus every tests/unit/test_*.c, the
@@ -378,10 +381,10 @@ $(BUILD)/.mpi: FORCE
 # libmesh has none). They are rebuilt, and with them what links them, when
 # the folder's CUDA setting (or CUDA_HOME, NCCL_HOME) changes; CUDA=1
 # without the toolkit's and NCCL's headers stops here.
-NCCL_OBJ = $(OBJ)/runtime/comm_nccl.o $(OBJ)/runtime/device_cuda.o $(OBJ)/runtime/kern_cuda.o \
+NCCL_OBJ = $(NCCL_SRC:%.c=$(OBJ)/%.o) $(OBJ)/runtime/device_cuda.o $(OBJ)/runtime/kern_cuda.o \
            $(OBJ)/tests/unit/test_comm_nccl.o
 $(NCCL_OBJ): CPPFLAGS += $(CUDA_CFLAGS) -DMESH_CUDA=$(CUDA)
-$(OBJ)/runtime/kern_cuda.o $(OBJ)/runtime/device_cuda.o $(OBJ)/runtime/comm_nccl.o: CPPFLAGS += -Ikernels/cuda
+$(OBJ)/runtime/kern_cuda.o $(OBJ)/runtime/device_cuda.o $(NCCL_SRC:%.c=$(OBJ)/%.o): CPPFLAGS += -Ikernels/cuda
 $(NCCL_OBJ): $(BUILD)/.cuda
 
 CUDA_STAMP = $(if $(filter 1,$(CUDA)),1 $(CUDA_HOME) $(NCCL_HOME) ptxas-reports,0)
@@ -643,11 +646,11 @@ $(BUILD)/emu_selftest: $(EMU_OBJ)/$(EMU_DIR)/selftest.o $(EMU_RT_OBJ)
 # device (runtime/device_cuda.c) and the executor's CUDA kernel table
 # (runtime/kern_cuda.c) built for CUDA against the emulation's runtime API,
 # linked with the emulated kernels (ahead of libmeshrt.a's CPU-only
-# builds of the two); and the NCCL communicator (runtime/comm_nccl.c) with
+# builds of the two); and the NCCL communicator (runtime/comm_nccl*.c) with
 # its tests, built for CUDA against the emulated NCCL (nccl.cpp: ranks as
 # threads, each on an emulated GPU of MESH_EMU_GPUS). run.sh runs the unit
 # tests that need a GPU and fails if one of them skips.
-EMU_RT_CUDA = $(EMU_OBJ)/runtime/device_cuda.o $(EMU_OBJ)/runtime/kern_cuda.o $(EMU_OBJ)/runtime/comm_nccl.o \
+EMU_RT_CUDA = $(EMU_OBJ)/runtime/device_cuda.o $(EMU_OBJ)/runtime/kern_cuda.o $(NCCL_SRC:%.c=$(EMU_OBJ)/%.o) \
               $(EMU_OBJ)/tests/unit/test_comm_nccl.o
 
 $(EMU_RT_CUDA): $(EMU_OBJ)/%.o: %.c

@@ -295,7 +295,7 @@ int comm_tcp_stopped(comm_tcp_state *w, char *why, size_t n);
 void comm_tcp_stop(comm_tcp_state *w, const char *why); /* stops it, telling the peers, as comm_abort does */
 void comm_tcp_release(comm_tcp_state *w);
 
-/* ---- NCCL (comm_nccl.c; a build without CUDA=1 has only the stubs) ------ */
+/* ---- NCCL (comm_nccl*.c; without CUDA=1, comm_nccl_none.c's stubs) ----- */
 
 /* Every buffer passed to an NCCL handle is a device pointer (the CUDA
  * executor owns them), on the world's device; the work that writes it is
@@ -340,7 +340,7 @@ comm *comm_nccl_world_mpi(comm *boot, int device, double timeout_s, char *err, s
  * NCCL handle. */
 int comm_nccl_set_elements(comm *c, int type);
 
-/* The sends c's world deferred (comm_nccl.c: an NCCL send is issued at
+/* The sends c's world deferred (comm_nccl_p2p.c: an NCCL send is issued at
  * the rank's next call) go out now, and the call returns once they are
  * received (ordered: once enqueued, the caller's stream waiting for
  * them). For the end of a pipeline's schedule, whose last send would

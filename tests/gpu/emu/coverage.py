@@ -31,7 +31,8 @@ import subprocess
 import sys
 import tempfile
 
-RUNTIME_CUDA = ("runtime/device_cuda.c", "runtime/kern_cuda.c", "runtime/comm_nccl.c")
+RUNTIME_CUDA = ("runtime/device_cuda.c", "runtime/kern_cuda.c") + tuple(
+    f"runtime/comm_nccl{part}.c" for part in ("", "_a2a", "_p2p", "_wait", "_world"))
 
 
 def gpu_code(path):
