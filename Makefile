@@ -408,12 +408,13 @@ $(OBJ)/%.o: %.cu $(OBJ)/.pic
 
 -include $(CUDA_OBJ:.o=.d)
 
-# The CUDA kernels' tests against the CPU reference (tests/gpu/gpu_tests.c;
+# The CUDA kernels' tests against the CPU reference (tests/gpu/gpu_tests*.c;
 # without a GPU they print one SKIP line and pass) and their benchmark
 # (tests/gpu/gpu_bench.c, also raw cuBLASLt/cuBLAS): host C over kcuda.h
 # and kcpu.h, linking the kernels' own archive, whose kcuda_* symbols stay
 # global (libmesh keeps only mesh_*).
-GPU_TEST_OBJ = $(OBJ)/tests/gpu/gpu_tests.o $(OBJ)/tests/gpu/gpu_bench.o
+GPU_TESTS_SRC = $(wildcard tests/gpu/gpu_tests*.c)
+GPU_TEST_OBJ = $(GPU_TESTS_SRC:%.c=$(OBJ)/%.o) $(OBJ)/tests/gpu/gpu_bench.o
 $(GPU_TEST_OBJ): CPPFLAGS += -Ikernels/cpu -Ikernels/cuda $(CUDA_CFLAGS) $(BLAS_CFLAGS)
 -include $(GPU_TEST_OBJ:.o=.d)
 
@@ -424,7 +425,7 @@ $(BUILD)/libmeshkcuda.a: $(CUDA_OBJ)
 	@rm -f $@
 	$(AR) rcs $@ $^
 
-$(BUILD)/gpu_tests: $(OBJ)/tests/gpu/gpu_tests.o $(BUILD)/libmeshkcuda.a $(BUILD)/libmeshkcpu.a
+$(BUILD)/gpu_tests: $(GPU_TESTS_SRC:%.c=$(OBJ)/%.o) $(BUILD)/libmeshkcuda.a $(BUILD)/libmeshkcpu.a
 	$(CC) $(ALL_LDFLAGS) -o $@ $^ $(BLAS_LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 $(BUILD)/gpu_bench: $(OBJ)/tests/gpu/gpu_bench.o $(BUILD)/libmeshkcuda.a
@@ -493,14 +494,14 @@ $(BUILD)/mpi_tests: $(MPI_TEST_OBJ) $(OBJ)/tests/unit/comm_cases.o $(BUILD)/libm
 	  $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 # ---- CUDA kernels on a CPU emulation (tests/gpu/emu) ----------------------
-# The CUDA kernels' tests (tests/gpu/gpu_tests.c, unchanged) on a machine
+# The CUDA kernels' tests (tests/gpu/gpu_tests*.c, unchanged) on a machine
 # without a GPU: the kernels, kernels/cuda/*.cu and *.h unchanged but for
 # their <<<...>>> launches (rewritten at build time into $(BUILD)/emu-gen/
 # by tests/gpu/emu/launch_rewrite.py, nothing else), compiled by g++ as
 # C++17 against the CPU emulation in tests/gpu/emu/ (its include/ first: the
 # CUDA runtime, the device side, mma/ldmatrix/cp.async, cuBLASLt and cub;
 # no CUDA toolkit)
-# with cuda_runtime.h force-included as nvcc does; linked with gpu_tests.c
+# with cuda_runtime.h force-included as nvcc does; linked with gpu_tests*.c
 # and the CPU reference. Every case runs, in fp32, bf16 and fp16; the
 # output ends with `N passed, N failed` (tests/gpu/emu/README.md).
 #   make gpu-emu        build in $(EMU_BUILD) (build/, beside `make test`'s
@@ -534,7 +535,7 @@ EMU_RT_OBJ   = $(patsubst $(EMU_DIR)/%.cpp,$(EMU_OBJ)/emu/%.o,$(filter-out %/cud
 # finds as it finds NVIDIA's; it calls the emulated runtime in the program,
 # which exports it (-rdynamic)
 EMU_CUDNN    = $(BUILD)/emu-driver/libcudnn.so.9
-EMU_TEST_OBJ = $(EMU_OBJ)/tests/gpu/gpu_tests.o $(EMU_OBJ)/tests/gpu/gpu_bench.o
+EMU_TEST_OBJ = $(GPU_TESTS_SRC:%.c=$(EMU_OBJ)/%.o) $(EMU_OBJ)/tests/gpu/gpu_bench.o
 EMU_SAN      = $(SAN_CFLAGS)
 $(EMU_OBJ)/emu/exec.o: EMU_SAN = $(if $(filter thread,$(SAN)),-DEMU_TSAN)$(if $(filter 1,$(SAN)),-DEMU_ASAN)
 .SECONDARY: $(EMU_KGEN) $(EMU_GEN)/$(EMU_DIR)/selftest.cu
@@ -614,7 +615,7 @@ $(EMU_OBJ)/emu/%.o: $(EMU_DIR)/%.cpp
 $(EMU_TEST_OBJ): $(EMU_OBJ)/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -isystem $(EMU_DIR)/include -Ikernels/cpu -Ikernels/cuda \
-	  $(BLAS_CFLAGS) -c -o $@ $<
+	  $(BLAS_CFLAGS) -MMD -MP -c -o $@ $<
 
 # kcuda_available()'s dlopen("libcuda.so.1") finds this stub: the test's RPATH (not
 # RUNPATH, which a dlopen made through a sanitizer's interceptor would not search)
@@ -627,7 +628,7 @@ $(EMU_CUDNN): $(EMU_DIR)/cudnn.cpp
 	$(EMU_CXX) $(EMU_CXXFLAGS) -Werror $(EMU_SAN) -I$(EMU_DIR)/include -fPIC -shared -Wl,-soname,libcudnn.so.9 \
 	  -o $@ $<
 
-$(BUILD)/gpu_tests_emu: $(EMU_OBJ)/tests/gpu/gpu_tests.o $(EMU_KOBJ) $(EMU_RT_OBJ) $(BUILD)/libmeshkcpu.a \
+$(BUILD)/gpu_tests_emu: $(GPU_TESTS_SRC:%.c=$(EMU_OBJ)/%.o) $(EMU_KOBJ) $(EMU_RT_OBJ) $(BUILD)/libmeshkcpu.a \
                         $(BUILD)/emu-driver/libcuda.so.1 $(EMU_CUDNN)
 	$(EMU_CXX) $(ALL_LDFLAGS) -pthread -rdynamic -o $@ $(filter %.o %.a,$^) $(BLAS_LIBS) \
 	  -Wl,--disable-new-dtags,-rpath,'$$ORIGIN/emu-driver' $(LDLIBS)

@@ -11,7 +11,7 @@
  *  - Shapes are row-major in brackets, x[M,K]; layouts, what a forward
  *    overwrites and what a backward ADDS into (+=), epsilon placement and
  *    saved statistics are exactly the kcpu function's of the same name, so
- *    that the GPU can be checked against the CPU (tests/gpu/gpu_tests.c).
+ *    that the GPU can be checked against the CPU (tests/gpu/gpu_tests*.c).
  *  - Storage precision: `kcuda_dtype dt` applies to every float tensor of
  *    the call (activations, weights, their gradients) except those typed
  *    `float *` / `const float *` here, which are always fp32: saved row

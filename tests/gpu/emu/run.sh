@@ -4,7 +4,7 @@
 # (BUILD=build-tsan) run them: the emulator's self-tests
 # (BUILD/emu_selftest) with the emulator's default settings and (but under
 # TSan) again with those of gpu_tests' reversed run (below), then every
-# case of tests/gpu/gpu_tests.c (BUILD/gpu_tests_emu) once per ORDER, the
+# case of tests/gpu/gpu_tests*.c (BUILD/gpu_tests_emu) once per ORDER, the
 # order in which a block's threads run between barriers: forward (first
 # to last) and/or reverse (default: both; each hides the other's reads of
 # another thread's unsynchronized writes); then the executor's and NCCL's

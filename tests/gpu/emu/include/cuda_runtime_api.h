@@ -1,5 +1,5 @@
 /* cuda_runtime_api.h (CPU emulation, tests/gpu/emu): the part of the CUDA
- * runtime API that kernels/cuda, tests/gpu/gpu_tests.c and the executor's
+ * runtime API that kernels/cuda, tests/gpu/gpu_tests*.c and the executor's
  * CUDA device (runtime/device_cuda.c) use, in C, with CUDA's names and
  * values. "Device" memory is host memory; every call is
  * synchronous (a stream's work has finished when the call returns). See
