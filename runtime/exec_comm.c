@@ -14,7 +14,7 @@
  *     before them), in a ring of EX_TIMES pairs added in once the GPU has
  *     finished them (never waited for: a call that finds the ring full
  *     goes untimed). An NCCL send is issued with the rank's next call
- *     (comm_nccl.c), so its time counts in that call's;
+ *     (comm_nccl_p2p.c), so its time counts in that call's;
  *   - else (the CPU, MESH_NCCL_BLOCKING=1, ranks sharing a GPU) the host's
  *     time in the call, after its wait for the kernels before it.
  * Either includes the time the call waits for the group's other ranks to

@@ -1,5 +1,5 @@
 /* nccl.cpp (CPU emulation, tests/gpu/emu): NCCL on the emulated GPUs, for
- * runtime/comm_nccl.c's tests: the ranks of a world are threads of this
+ * runtime/comm_nccl*.c's tests: the ranks of a world are threads of this
  * process, each on its own emulated GPU (MESH_EMU_GPUS of them); with
  * EMU_NCCL_NODE set, processes too (nccl_node.cpp: worlds meet through
  * files, the processes' GPUs those of one node).
@@ -27,7 +27,7 @@
  *    communicator, which must agree in kind, count, type, operation and
  *    root), a send when its peer's receive has started (the n-th of one to
  *    the other; sizes must agree). A rank that never comes leaves the
- *    others' streams busy, as on a GPU: comm_nccl.c's timeout and abort
+ *    others' streams busy, as on a GPU: comm_nccl_wait.c's timeout and abort
  *    are what end it.
  *  - Arguments as NCCL checks them (every buffer in the memory of the
  *    communicator's GPU: the host's or another GPU's would fault its

@@ -28,7 +28,7 @@
  * with the first such world) then looks for what its ranks wait for, from
  * every 10 us to every 1 ms while nothing comes. A rank that never comes
  * (a process that died) leaves the others waiting, as on a GPU:
- * comm_nccl.c's timeout and abort end it. Everything runs under the
+ * comm_nccl_wait.c's timeout and abort end it. Everything runs under the
  * streams' lock (internal.h: async_mutex).
  */
 #include <dirent.h>   /* opendir */

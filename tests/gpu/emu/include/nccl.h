@@ -1,5 +1,5 @@
 /* nccl.h (CPU emulation, tests/gpu/emu): the part of NCCL's API that
- * runtime/comm_nccl.c calls, with NCCL 2.28's names and values, served by
+ * runtime/comm_nccl*.c calls, with NCCL 2.28's names and values, served by
  * nccl.cpp on the emulated GPUs (one process, ranks as threads). */
 #ifndef EMU_NCCL_H
 #define EMU_NCCL_H
@@ -41,7 +41,7 @@ typedef enum {
 #define NCCL_CONFIG_UNDEF_PTR NULL
 #define NCCL_SPLIT_NOCOLOR -1
 
-/* The fields comm_nccl.c sets; the rest of NCCL's are not emulated. */
+/* The fields comm_nccl*.c set; the rest of NCCL's are not emulated. */
 typedef struct {
     size_t size;
     int blocking;
