@@ -573,10 +573,12 @@ gpu-rehearse:
 # instantiations never run, listed by tests/gpu/emu/coverage.py (and into
 # $(EMU_COV_BUILD)/gpu-coverage.txt). What is listed would first run on a
 # GPU, if ever. Then every unit test too, and the runtime's other files'
-# lines that neither ran. About 8 minutes here; not in CI.
+# lines that neither ran. About 8 minutes here; not in CI. (`all` too:
+# tests/gpu/run.sh's rehearsal, among the runs, builds it in that folder,
+# and would link it without the coverage flags.)
 EMU_COV_BUILD ?= build-cov
 gpu-emu-cov:
-	$(MAKE) BUILD=$(EMU_COV_BUILD) SAN=cov $(addprefix $(EMU_COV_BUILD)/,emu_selftest gpu_tests_emu unit_tests_emu \
+	$(MAKE) BUILD=$(EMU_COV_BUILD) SAN=cov all $(addprefix $(EMU_COV_BUILD)/,emu_selftest gpu_tests_emu unit_tests_emu \
 	  meshrun_emu meshc gpu_bench_emu ignoring_emu)
 	find $(EMU_COV_BUILD) -name '*.gcda' -delete
 	$(EMU_DIR)/run.sh $(EMU_COV_BUILD) forward

@@ -1,5 +1,5 @@
 /*
- * test_comm_nccl.c: the NCCL communicator (runtime/comm_nccl.c).
+ * test_comm_nccl.c: the NCCL communicator (runtime/comm_nccl*.c).
  *
  * Without a GPU (this build without CUDA, or no driver or device), the
  * backend says why, the constructors fail cleanly with that reason, and
@@ -7,7 +7,8 @@
  * worlds of one rank (bootstrapped over the TCP rendezvous on 127.0.0.1 at
  * a free port, and over a threads communicator) run every call on device
  * buffers against the values computed on the host, a failing call aborts
- * the world, and a world whose other rank never comes times out.
+ * the world, a world whose other rank never comes times out, and one whose
+ * rank names a GPU that is not there fails on every rank, naming it.
  */
 #include <arpa/inet.h>  /* htonl */
 #include <netinet/in.h> /* struct sockaddr_in */
@@ -15,7 +16,7 @@
 #include <stdio.h>      /* printf, snprintf */
 #include <stdlib.h>     /* setenv, unsetenv */
 #include <stdint.h>     /* uint16_t: bf16 elements */
-#include <string.h>     /* strstr, memcmp */
+#include <string.h>     /* strstr, memcmp, strncmp, strlen */
 #include <sys/socket.h> /* socket, bind, getsockname */
 #include <unistd.h>     /* close */
 
@@ -214,6 +215,22 @@ static void every_call(comm *c, int ordered)
     ASSERT_STR_EQ(c->error, "receive from rank 0: 4 bytes sent, 8 expected");
     ASSERT_INT_EQ(comm_recv(c, r1, 8, 0), -1);
     ASSERT_NOT_NULL(strstr(c->error, "from itself (rank 0), which sent it nothing"));
+    /* a peer outside the group is refused, and the world goes on */
+    ASSERT_INT_EQ(comm_send(c, s1, 4, 1), -1);
+    ASSERT_STR_EQ(c->error, "send to rank 1 of a group of 1");
+    ASSERT_INT_EQ(comm_recv(c, r1, 4, -1), -1);
+    ASSERT_STR_EQ(c->error, "receive from rank -1 of a group of 1");
+    /* a queue's own calls on a world that is not a queue's are refused;
+     * and a handle with a send deferred cannot become one */
+    ASSERT_INT_EQ(comm_nccl_defer(c), -1);
+    ASSERT_NOT_NULL(
+        strstr(c->error, "defer over 1 rank (this is rank 0): not a queue's own world (comm_nccl_own_thread)"));
+    ASSERT_INT_EQ(comm_nccl_record_event(c, NULL), -1);
+    ASSERT_NOT_NULL(strstr(c->error, "record an event over 1 rank (this is rank 0): not a queue's own world"));
+    CALL_OK(c, comm_send(c, s2, 4, 0));
+    ASSERT_INT_EQ(comm_nccl_own_thread(c), -1);
+    ASSERT_NOT_NULL(strstr(c->error, "the handle has work in flight (a group open, sends deferred)"));
+    CALL_OK(c, comm_recv(c, r1, 4, 0));
     /* a group: transfers in any order */
     CALL_OK(c, comm_group_begin(c));
     CALL_OK(c, comm_recv(c, r1, N * sizeof *a, 0));
@@ -551,6 +568,63 @@ TEST_IMPL(comm_nccl_world_times_out_without_its_ranks)
     ASSERT_NULL(comm_nccl_world(0, 2, 0, 3, err, sizeof err));
     ASSERT_STR_EQ(err, "ncclCommInitRankConfig (rank 0 of 2): the other ranks did not come within 3 s "
                        "(MESH_COLLECTIVE_TIMEOUT_S)");
+}
+
+/* A rank of a world of 2 being made (comm_nccl_world_names_a_rank_without_its_gpu):
+ * over the TCP rendezvous, or (tw) over a threads world. */
+typedef struct boot_job {
+    comm_threads_world *tw;
+    int rank, device;
+    comm *c;
+    char err[400];
+} boot_job;
+
+static void *boot_rank(void *arg)
+{
+    boot_job *j = arg;
+    if (!j->tw) {
+        j->c = comm_nccl_world(j->rank, 2, j->device, 10, j->err, sizeof j->err);
+        return NULL;
+    }
+    comm *boot = comm_threads_rank(j->tw, j->rank);
+    if (boot) j->c = comm_nccl_world_mpi(boot, j->device, 10, j->err, sizeof j->err);
+    else snprintf(j->err, sizeof j->err, "comm_threads_rank failed");
+    if (boot) comm_free(boot);
+    return NULL;
+}
+
+/* A world of 2 (ranks as threads of this process) whose rank 1 names a
+ * GPU that is not there (a LOCAL_RANK past the machine's GPUs, say):
+ * both ranks fail at once, before NCCL is asked for anything, rank 1
+ * saying why and rank 0 naming rank 1; over the TCP rendezvous, then
+ * over a threads world. One GPU is enough. */
+TEST_IMPL(comm_nccl_world_names_a_rank_without_its_gpu)
+{
+    int gpus = 0;
+    char want[200];
+    if (!comm_nccl_available(NULL, 0)) return;
+    ASSERT_INT_EQ(cudaGetDeviceCount(&gpus), cudaSuccess);
+    snprintf(want, sizeof want, "rank 1 cannot use GPU %d: cudaSetDevice(%d): ", gpus, gpus);
+    for (int over_threads = 0; over_threads < 2; over_threads++) {
+        boot_job j[2];
+        pthread_t t[2];
+        memset(j, 0, sizeof j);
+        if (!over_threads) rendezvous_here();
+        comm_threads_world *tw = over_threads ? comm_threads_world_new(2, 10) : NULL;
+        ASSERT_INT_EQ(!over_threads || tw, 1);
+        for (int r = 0; r < 2; r++) {
+            j[r].tw = tw;
+            j[r].rank = r;
+            j[r].device = r == 0 ? 0 : gpus; /* one past the last */
+            ASSERT_INT_EQ(pthread_create(&t[r], NULL, boot_rank, &j[r]), 0);
+        }
+        for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
+        printf("# %s: rank 0: %s; rank 1: %s\n", over_threads ? "threads" : "tcp", j[0].err, j[1].err);
+        ASSERT_NULL(j[0].c);
+        ASSERT_NULL(j[1].c);
+        ASSERT_STR_EQ(j[0].err, "rank 1 cannot use its GPU (or make the NCCL id): see its error");
+        ASSERT_INT_EQ(strncmp(j[1].err, want, strlen(want)), 0);
+    }
 }
 
 /* ---- worlds of several ranks: threads of this process, a GPU each ---- */
@@ -1107,6 +1181,7 @@ TEST_IMPL(comm_nccl_one_rank_calls) {}
 TEST_IMPL(comm_nccl_world_over_threads) {}
 TEST_IMPL(comm_nccl_failure_aborts_the_world) {}
 TEST_IMPL(comm_nccl_world_times_out_without_its_ranks) {}
+TEST_IMPL(comm_nccl_world_names_a_rank_without_its_gpu) {}
 TEST_IMPL(comm_nccl_queue_on_its_own_world) {}
 TEST_IMPL(comm_nccl_ranks_over_threads) {}
 TEST_IMPL(comm_nccl_failed_rank_stops_the_others) {}
