@@ -23,7 +23,8 @@
 # attention's layouts by environment (MESH_ATTN_FWD_ROWS,
 # MESH_ATTN_BWD_BLOCKS, MESH_ATTN_WGMMA) and the products' tuning
 # (MESH_GEMM_TUNE): the same checkpoint bytes; on the emulated cuDNN
-# (MESH_ATTN_CUDNN=1, and =fwd: its forward only): within 2e-2.
+# (MESH_ATTN_CUDNN=1, and =fwd: its forward only): within 2e-2; where
+# no cuDNN loads, mesh's kernels, the defaults' bytes, saying why.
 # A GPU too small (EMU_GPU_MEM_MB=34, 16): meshrun stops, naming the
 # bytes (the plan's, the kernels', the device's free and total); so does
 # a device full from any allocation of a bf16 step on (EMU_FAIL=malloc:N+),
@@ -210,6 +211,15 @@ MESH_EMU_GPUS=1 MESH_ATTN_CUDNN=fwd PLAN=h64 run "$T/h64f.log" --device cuda --s
     grep -q "^meshrun: rank 0's attention (MESH_ATTN_CUDNN=fwd): cuDNN 9.19.0: [1-9][0-9]* forward and 0 backward calls on it, 0 and [1-9][0-9]* on ours; 1 plans built, 0 refused; ours because: the forward only (the backward on ours)$" \
         "$T/h64f.log"
 check "MESH_ATTN_CUDNN=fwd: 2 steps within 2e-2 of the defaults', every forward on cuDNN and every backward on ours" $?
+# MESH_ATTN_CUDNN=1 where no cuDNN loads (MESH_CUDNN_LIB names no
+# library, as on a GPU machine without one): the attention runs on mesh's
+# kernels, to the defaults' checkpoint bytes, and meshrun says why
+MESH_EMU_GPUS=1 MESH_ATTN_CUDNN=1 MESH_CUDNN_LIB="$T/no-libcudnn.so.9" PLAN=h64 run "$T/h64m.log" --device cuda \
+    --steps 2 --checkpoint "$T/h64m" &&
+    diff -r "$T/h64a" "$T/h64m" >/dev/null &&
+    grep -q "^meshrun: rank 0's attention (MESH_ATTN_CUDNN=1): no cuDNN: 0 forward and 0 backward calls on it, [1-9][0-9]* and [1-9][0-9]* on ours; 0 plans built, 0 refused; ours because: no cuDNN (.*no-libcudnn.so.9.*)$" \
+        "$T/h64m.log"
+check "MESH_ATTN_CUDNN=1 without a cuDNN to load: 2 steps on mesh's kernels to the defaults' checkpoint bytes, meshrun saying why" $?
 MESH_EMU_GPUS=1 MESH_ATTN_FWD_ROWS=96 timeout 60 "$B/meshrun_emu" "$T/h64.plan" --data "$T/train.bin" \
     --device cuda --steps 1 >"$T/h64c.log" 2>&1
 [ $? -ne 0 ] && grep -q "^meshrun: error: .*MESH_ATTN_FWD_ROWS=96: expected 64 or 128$" "$T/h64c.log" &&
