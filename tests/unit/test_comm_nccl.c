@@ -587,17 +587,20 @@ static void *boot_rank(void *arg)
         return NULL;
     }
     comm *boot = comm_threads_rank(j->tw, j->rank);
-    if (boot) j->c = comm_nccl_world_mpi(boot, j->device, 10, j->err, sizeof j->err);
-    else snprintf(j->err, sizeof j->err, "comm_threads_rank failed");
-    if (boot) comm_free(boot);
+    if (!boot) {
+        snprintf(j->err, sizeof j->err, "comm_threads_rank failed");
+        return NULL;
+    }
+    j->c = comm_nccl_world_mpi(boot, j->device, 10, j->err, sizeof j->err);
+    comm_free(boot);
     return NULL;
 }
 
 /* A world of 2 (ranks as threads of this process) whose rank 1 names a
  * GPU that is not there (a LOCAL_RANK past the machine's GPUs, say):
- * both ranks fail at once, before NCCL is asked for anything, rank 1
- * saying why and rank 0 naming rank 1; over the TCP rendezvous, then
- * over a threads world. One GPU is enough. */
+ * both ranks fail at once (well within the worlds' 10 s timeout), before
+ * NCCL is asked for anything, rank 1 saying why and rank 0 naming rank 1;
+ * over the TCP rendezvous, then over a threads world. One GPU is enough. */
 TEST_IMPL(comm_nccl_world_names_a_rank_without_its_gpu)
 {
     int gpus = 0;
@@ -612,6 +615,7 @@ TEST_IMPL(comm_nccl_world_names_a_rank_without_its_gpu)
         if (!over_threads) rendezvous_here();
         comm_threads_world *tw = over_threads ? comm_threads_world_new(2, 10) : NULL;
         ASSERT_INT_EQ(!over_threads || tw, 1);
+        double t0 = comm_now();
         for (int r = 0; r < 2; r++) {
             j[r].tw = tw;
             j[r].rank = r;
@@ -619,7 +623,10 @@ TEST_IMPL(comm_nccl_world_names_a_rank_without_its_gpu)
             ASSERT_INT_EQ(pthread_create(&t[r], NULL, boot_rank, &j[r]), 0);
         }
         for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
-        printf("# %s: rank 0: %s; rank 1: %s\n", over_threads ? "threads" : "tcp", j[0].err, j[1].err);
+        double took = comm_now() - t0;
+        printf("# %s, %.2f s: rank 0: %s; rank 1: %s\n", over_threads ? "threads" : "tcp", took, j[0].err,
+               j[1].err);
+        ASSERT_INT_LT(took, 5);
         ASSERT_NULL(j[0].c);
         ASSERT_NULL(j[1].c);
         ASSERT_STR_EQ(j[0].err, "rank 1 cannot use its GPU (or make the NCCL id): see its error");
