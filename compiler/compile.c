@@ -5,11 +5,10 @@
 #include <stdlib.h> /* calloc */
 #include <string.h> /* memset, strerror */
 
+#include "memplan.h"
 #include "plan.h"
 #include "ranks.h"
 #include "stats.h"
-
-
 
 /* Splits the layer stack over the pp x v pipeline chunks: as written in
  * train.stage_layers; equally (the checker made sure it divides); or, with
@@ -51,6 +50,34 @@ static int assign_layers(compiled *c) {
     return 0;
 }
 
+/* What each of the rank programs' operations carries, from the plan
+ * these settings make (the runtime counts the same, memplan.h): *bytes
+ * (per step, freed by the caller) and *sz; -1 (out of memory, or the plan
+ * not made: meshc says why when it writes it) leaves them to ranks_build's
+ * estimate. */
+static int plan_sizes(const compiled *c, const graph *g, ranks_sizes *sz, signed char **bytes) {
+    plan pl;
+    *bytes = NULL;
+    if (plan_from(&pl, "", &c->setup, g, &c->prog, &c->sc) != 0) {
+        plan_free(&pl);
+        return -1;
+    }
+    *bytes = malloc((size_t)(pl.n_steps > 0 ? pl.n_steps : 1));
+    if (*bytes) {
+        for (int i = 0; i < pl.n_steps; i++) (*bytes)[i] = (signed char)memplan_step_elem_bytes(&pl, i);
+        sz->elem_bytes = *bytes;
+        sz->act_bytes = 0;
+        for (int r = 0; r < pl.n_regions; r++)
+            if (pl.regions[r].is_stack) {
+                for (int k = 0; k < pl.regions[r].n_carry; k++)
+                    sz->act_bytes += memplan_value_bytes(&pl, pl.regions[r].carry[k].exit);
+                break;
+            }
+    }
+    plan_free(&pl);
+    return *bytes ? 0 : -1;
+}
+
 fe_status compile_run(fe *f, compiled *c, int run_check) {
     memset(c, 0, sizeof *c);
     c->setup = fe_get_setup(f);
@@ -79,7 +106,11 @@ fe_status compile_run(fe *f, compiled *c, int run_check) {
     if (assign_layers(c) < 0) return FE_NOMEM;
     if (!run_check) return FE_OK;
     fe_status st = FE_OK;
-    int built = ranks_build(&c->ranks, &c->prog, &c->sc, err, sizeof err);
+    ranks_sizes sz;
+    signed char *bytes;
+    int sized = plan_sizes(c, g, &sz, &bytes) == 0;
+    int built = ranks_build(&c->ranks, &c->prog, &c->sc, sized ? &sz : NULL, err, sizeof err);
+    free(bytes);
     c->have_ranks = 1;
     if (built == -2) {
         /* too large to simulate rank by rank: said on the check line */

@@ -570,6 +570,26 @@ int memplan_pos_table(const plan *p, int id) {
 
 int memplan_pos_sliced(const plan *p, int id) { return memplan_pos_table(p, id) >= 0 && converted(p, id); }
 
+int memplan_pos_gather_step(const plan *p, int si) {
+    const plan_step *st = &p->steps[si];
+    return st->axis == AX_TP && st->kind == STEP_ALL_GATHER && st->phase == PLAN_BACKWARD &&
+           p->tensors[st->node].op == G_EMBED && memplan_pos_sliced(p, st->node);
+}
+
+int memplan_step_elem_bytes(const plan *p, int si) {
+    const plan_step *st = &p->steps[si];
+    int grads = (st->phase == PLAN_BACKWARD || st->phase == PLAN_GRAD_SYNC) && !st->recompute &&
+                st->kind != STEP_ALL_GATHER && p->tensors[st->node].op == G_PARAM;
+    return grads || p->setup.precision == 0 || memplan_pos_gather_step(p, si) ? 4 : 2;
+}
+
+int64_t memplan_value_bytes(const plan *p, int id) {
+    mp x = {0};
+    x.p = p;
+    x.fb = p->setup.precision == 0 ? 4 : 2;
+    return local_bytes(&x, id);
+}
+
 /* The tensor whose gradient an op's backward adds to for its input id: a
  * param's for x @ transpose(w) and for a position embedding
  * (memplan_pos_table), else id's. */

@@ -175,6 +175,20 @@ int memplan_pos_table(const struct plan *p, int id);
 
 /* Is id a position embedding (memplan_pos_table) sliced over tp? */
 int memplan_pos_sliced(const struct plan *p, int id);
+/* Is step si the all-gather of such a position embedding's gradient (the
+ * table's rows, in fp32)? */
+int memplan_pos_gather_step(const struct plan *p, int si);
+
+/* What a rank sends, as the plan counts it (its traffic, meshc --stats,
+ * and meshrun's `bytes rank 0 sent` beside them): the bytes of an element
+ * of step si's collective: 4 for a param's gradient (fp32 main gradients)
+ * and the position embedding's gather, else the plan's precision's (a
+ * GPU's; the CPU keeps a bf16 plan's values in 4-byte words, and counts
+ * them as the plan's); and the bytes of tensor id's value, as the layout
+ * of the plan's precision gives it room: a pipeline transfer sends the
+ * carried value's whole room. */
+int memplan_step_elem_bytes(const struct plan *p, int si);
+int64_t memplan_value_bytes(const struct plan *p, int id);
 
 /* The param whose gradient input k of node's backward adds to (x @
  * transpose(w): w; a position embedding: its table), or -1 when that

@@ -21,6 +21,7 @@ typedef struct builder {
     int base[6];              /* first group index of: tp, ep, dp dense, dp expert, first+last stage */
     long long act_bytes;      /* an activation crossing a stage boundary */
     int elem_bytes;
+    const signed char *step_bytes; /* per step, an element's (ranks_sizes), or NULL */
     signed char *part;        /* per step of the forward and backward programs: its part (unit_parts) */
 } builder;
 
@@ -139,6 +140,7 @@ static int emit_bytes(builder *b, int rank, int si, long long bytes) {
  * fp32 in every precision (fp32 main gradients, memplan.h); values and
  * other gradients are the plan's precision. */
 static long long step_elem_bytes(const builder *b, int si) {
+    if (b->step_bytes) return b->step_bytes[si];
     const shard_step *st = &b->p->steps[si];
     int grads = st->backward >= 1 && st->kind != STEP_ALL_GATHER && b->p->g->nodes[st->node].op == G_PARAM;
     return grads ? 4 : b->elem_bytes;
@@ -268,7 +270,8 @@ static int emit_p2p(builder *b, int rank, const sched_unit *u) {
     return push(b, rank, op);
 }
 
-int ranks_build(rank_progs *r, const shard_prog *p, const sched *sc, char *err, size_t n) {
+int ranks_build(rank_progs *r, const shard_prog *p, const sched *sc, const ranks_sizes *sizes, char *err,
+                size_t n) {
     memset(r, 0, sizeof *r);
     const fe_setup *s = &p->setup;
     const graph *g = p->g;
@@ -293,6 +296,10 @@ int ranks_build(rank_progs *r, const shard_prog *p, const sched *sc, char *err, 
         for (int i = 0; i < g->nodes[t].rank; i++) e *= g->nodes[t].dims[i];
         if (p->pl[t].kind[TP] == PL_SPLIT) e /= s->tp;
         b.act_bytes = e * b.elem_bytes;
+    }
+    if (sizes) {
+        b.step_bytes = sizes->elem_bytes;
+        b.act_bytes = sizes->act_bytes;
     }
     r->ops = calloc((size_t)r->world, sizeof *r->ops);
     r->n_ops = calloc((size_t)r->world, sizeof *r->n_ops);

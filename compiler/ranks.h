@@ -30,12 +30,25 @@ typedef struct rank_progs {
     long long n_coll, n_p2p;  /* operations over all ranks */
 } rank_progs;
 
+/* The bytes each operation carries, as the plan lays its values out
+ * (compile.c takes them from the plan: memplan_step_elem_bytes and
+ * memplan_value_bytes): per step of the program, an element of its
+ * collective; and what a pipeline transfer sends (the layer stack's
+ * carried values' room). */
+typedef struct ranks_sizes {
+    const signed char *elem_bytes;
+    long long act_bytes;
+} ranks_sizes;
+
 /* Builds every rank's program for one step: the schedule's units in order,
  * each expanded into its chunk's collectives, then the gradient sync.
- * Returns 0; -2 when the programs would exceed the check's budget (2^25
- * operations over all ranks), with a message; -1 on other failures (out of
- * memory, a world over 2^20 ranks). */
-int ranks_build(rank_progs *out, const shard_prog *p, const sched *sc, char *err, size_t n);
+ * sizes NULL: each element in the plan's precision (a param's gradient in
+ * fp32), and a transfer the carried value's local elements. Returns 0; -2
+ * when the programs would exceed the check's budget (2^25 operations over
+ * all ranks), with a message; -1 on other failures (out of memory, a world
+ * over 2^20 ranks). */
+int ranks_build(rank_progs *out, const shard_prog *p, const sched *sc, const ranks_sizes *sizes, char *err,
+                size_t n);
 void ranks_free(rank_progs *r);
 int ranks_check(const rank_progs *r, char *msg, size_t n);
 

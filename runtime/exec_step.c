@@ -145,8 +145,7 @@ static int tp_convert(mesh__exec *ex, const plan_step *st, int it, comm *c)
  * (memplan_pos_sliced), which gathers its table's fp32 gradient rows? */
 static int pos_gather_step(const mesh__exec *ex, const plan_step *st)
 {
-    return st->axis == 1 && st->kind == STEP_ALL_GATHER && st->phase == PLAN_BACKWARD &&
-           ex->p->tensors[st->node].op == G_EMBED && memplan_pos_sliced(ex->p, st->node);
+    return memplan_pos_gather_step(ex->p, (int)(st - ex->p->steps));
 }
 
 /* That all-gather: each rank has summed its slice's rows into the table's
@@ -215,14 +214,11 @@ int exec__bucket_end(const mesh__exec *ex, int q, int end)
     return r;
 }
 
-/* Bytes of an element of step st's collective, as meshc counts them: a
- * param's gradient is fp32 (the main gradients), the rest the plan's
- * precision (whatever the CPU keeps them in). */
+/* Bytes of an element of step st's collective, as meshc counts them
+ * (memplan_step_elem_bytes: whatever the CPU keeps them in) */
 static double elem_bytes(const mesh__exec *ex, const plan_step *st)
 {
-    int grads = (st->phase == PLAN_BACKWARD || st->phase == PLAN_GRAD_SYNC) && !st->recompute &&
-                st->kind != STEP_ALL_GATHER && ex->p->tensors[st->node].op == G_PARAM;
-    return grads || ex->p->setup.precision == 0 || pos_gather_step(ex, st) ? 4 : 2;
+    return memplan_step_elem_bytes(ex->p, (int)(st - ex->p->steps));
 }
 
 int exec__bucket_call(mesh__exec *ex, int q, int r, int it, comm_async *queue)
@@ -473,7 +469,9 @@ static int pipe_transfer(mesh__exec *ex, int grad, int send)
         else if (!grad) rc = EXEC_COMM(ex, STEP_SLICE, 0, comm_send(c, exec__vptr(ex, exit, last_it), bytes, peer));
         else if (!send) rc = EXEC_COMM(ex, STEP_SLICE, 0, comm_recv(c, exec__gptr(ex, exit, last_it), bytes, peer));
         else rc = EXEC_COMM(ex, STEP_SLICE, 0, comm_send(c, exec__gptr(ex, entry, 0), bytes, peer));
-        if (rc == 0 && send && ex->counting) ex->sent_p2p += (double)bytes;
+        /* counted as meshc counts it: the room of the plan's precision (a
+         * GPU's bytes; the CPU sends a bf16 plan's values in 4-byte words) */
+        if (rc == 0 && send && ex->counting) ex->sent_p2p += (double)memplan_value_bytes(ex->p, exit);
         if (rc != 0) {
             snprintf(ex->error, sizeof ex->error, "rank %d (stage %d): %s %s %s stage %d: %s", ex->rank, ex->stage,
                      send ? "sending" : "receiving", grad ? "gradients" : "activations", send ? "to" : "from", peer,

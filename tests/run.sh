@@ -756,6 +756,21 @@ ranks_section() {
     else
         fail meshrun/profile-tp2-collectives-in-turn "$TMP/prof-tp2.out"
     fi
+    # what rank 0 sends is the plan's where the sizes differ from an fp32
+    # run's: bf16 (the pipeline's transfers and the tp collectives in 2
+    # bytes an element, though the CPU holds them in 4), sequence
+    # parallelism (a transfer carries 1/tp of the sequence; the position
+    # embedding's gradient gathered in fp32), on tp 2 x pp 2 (found by
+    # tests/sweep/mesh_sweep.py: the plan said 2x and 1/2 of the sends)
+    "$MESHC" -o "$TMP/sp-bf16.plan" --set mesh.tp=2 --set mesh.pp=2 --set train.sequence_parallel=true \
+        --set train.precision=bf16 --set train.micro_batch=8 examples/gpt-tiny.mesh >/dev/null 2>&1
+    capture "$TMP/sp-bf16.out" "$MESHRUN" "$TMP/sp-bf16.plan" --data "$TMP/dd.bin" --steps 2
+    if [ "$(tail -n 1 "$TMP/sp-bf16.out")" = "exit: 0" ] && sent_as_planned "$TMP/sp-bf16.out" &&
+        grep -q "^meshrun: bytes rank 0 sent per step (the plan's): .*all-gather(tp) [0-9]* ([0-9]*), .*send(pp) [0-9]* ([0-9]*)$" "$TMP/sp-bf16.out"; then
+        pass meshrun/bf16-sp-tp2-pp2-sends-as-planned
+    else
+        fail meshrun/bf16-sp-tp2-pp2-sends-as-planned "$TMP/sp-bf16.out"
+    fi
     # torchrun's variables: a job of one process runs its ranks as threads
     # (--local-rank accepted); one of several talks over TCP (torchrun/ below)
     capture "$TMP/torchrun1.out" env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 "$MESHRUN" --local-rank=0 "$TMP/dp2.plan" \

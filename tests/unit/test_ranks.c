@@ -31,7 +31,7 @@ static fe *build(shard_prog *p, sched *sc, rank_progs *r) {
     ASSERT_INT_EQ(shard_build(fe_graph(f), &s, p), 0);
     char err[256];
     ASSERT_INT_EQ(sched_build(sc, SCHED_KIND_1F1B, 2, 4, 1, err, sizeof err), 0);
-    ASSERT_INT_EQ(ranks_build(r, p, sc, err, sizeof err), 0);
+    ASSERT_INT_EQ(ranks_build(r, p, sc, NULL, err, sizeof err), 0);
     return f;
 }
 
