@@ -9,6 +9,10 @@
 #   make asan            the same in build-asan/ with ASan+UBSan+LSan
 #   make fuzz            libFuzzer on the front end for FUZZ_SECONDS (clang)
 #   make fuzz-ci         the same for 30 s (CI)
+#   make sweep           trainings drawn at random (model, mesh, schedule,
+#                        ZeRO, precision...) against one rank's losses, for
+#                        SWEEP_SECONDS (600) from SWEEP_SEED (the time);
+#                        make sweep-gpu: on 4 emulated GPUs over NCCL
 #   make check-exports   libmesh exports only mesh_ symbols
 #   make install         PREFIX=/usr/local, DESTDIR honored; its two halves
 #                        are install-runtime (libmesh, mesh.h, mesh.pc,
@@ -222,7 +226,7 @@ ALL_OBJ = $(LANG_OBJ) $(COMPILER_OBJ) $(RUNTIME_OBJ) \
 
 # ---- Top-level targets --------------------------------------------------
 
-.PHONY: all test asan tsan fuzz fuzz-ci fuzz-build check-exports install bench \
+.PHONY: all test asan tsan fuzz fuzz-ci fuzz-build check-exports install bench sweep sweep-gpu \
         install-runtime install-compiler deps demo clean FORCE
 
 all: $(BUILD)/libmesh.a $(BUILD)/libmesh.so $(BUILD)/meshrun $(BUILD)/meshc
@@ -263,6 +267,17 @@ tsan:
 	OPENBLAS_NUM_THREADS=1 $(SAN_STEPS) TSAN_OPTIONS="halt_on_error=1 exitcode=66" build-tsan/unit_tests $(TSAN_TESTS) \
 	    >build-tsan/tsan.out 2>&1; rc=$$?; cat build-tsan/tsan.out; \
 	    sed -n 's/^# \([0-9]* passed, [0-9]* failed\)$$/\1/p' build-tsan/tsan.out; exit $$rc
+
+# The central guarantee on meshes no one picked (tests/sweep/mesh_sweep.py;
+# make test runs 40 of seed 1): a failure prints the commands that make
+# it again, and the seed and case number find it again.
+SWEEP_SECONDS ?= 600
+SWEEP_SEED    ?= $(shell date +%s)
+sweep: all
+	python3 tests/sweep/mesh_sweep.py --build $(BUILD) --seconds $(SWEEP_SECONDS) --seed $(SWEEP_SEED)
+
+sweep-gpu: all $(BUILD)/meshrun_emu
+	python3 tests/sweep/mesh_sweep.py --build $(BUILD) --device cuda --seconds $(SWEEP_SECONDS) --seed $(SWEEP_SEED)
 
 # Benchmarks print numbers measured side by side in one run; they never
 # fail on a number (tests/bench/run.sh).

@@ -37,6 +37,9 @@
 #                 against one rank: dp, tp, pp, ZeRO, sequence and expert
 #                 parallelism, as threads), and the mpi section those under
 #                 mpirun (one rank per process)
+#   sweep/N-...   tests/sweep/mesh_sweep.py, 40 trainings drawn from seed 1:
+#                 each one's losses against one rank's (MESH_SWEEP_CASES=N
+#                 for more or fewer)
 #   torch/...     meshrun against PyTorch: tests/torch/check_train.py trains
 #                 the examples' models (GPT-2, Llama, MoE), written again in
 #                 PyTorch, 10 steps from a meshrun checkpoint, on one rank
@@ -1558,7 +1561,39 @@ CPROG
     fi
 }
 
-for name in unit gpu exports scripts install golden docs errors meshrun ranks torch mpi tcp slurm tokenize; do
+# --- sweep --------------------------------------------------------------
+# tests/sweep/mesh_sweep.py: trainings drawn at random (model, mesh, schedule,
+# ZeRO, recomputation, sequence parallelism, buckets, precision, batch), each
+# against one rank's losses; some resumed on another mesh, some again with
+# --no-overlap. A fixed seed, so every run tries the same ones (make sweep
+# draws many more). Each draw is a case: sweep/N-... (rejected: meshc said
+# why in a diagnostic, which passes).
+sweep_section() {
+    if ! command -v python3 >/dev/null; then
+        echo "SKIP sweep/*: no python3"
+        return
+    fi
+    local line n=0
+    python3 tests/sweep/mesh_sweep.py --build "$B" --cases "${MESH_SWEEP_CASES:-40}" --seed 1 \
+        >"$TMP/sweep.out" 2>&1
+    while IFS= read -r line; do
+        case $line in
+        "ok "* | "rejected "*)
+            n=$((n + 1))
+            pass "sweep/$(printf '%s' "$line" | cut -d: -f1 | awk '{printf "%s", $2; for (i = 3; i <= NF; i++) printf "-%s", $i; if ($1 == "rejected") printf "-rejected"}')"
+            ;;
+        "FAIL "*)
+            n=$((n + 1))
+            awk -v head="$line" '$0 == head {on = 1; next} on && /^#   / {print; next} on {exit}' \
+                "$TMP/sweep.out" >"$TMP/sweep.fail"
+            fail "sweep/$(printf '%s' "$line" | awk '{printf "%s", $2; for (i = 3; i <= NF && $i != "(seed"; i++) printf "-%s", $i}')" "$TMP/sweep.fail"
+            ;;
+        esac
+    done <"$TMP/sweep.out"
+    [ "$n" -gt 0 ] || fail sweep/ran "$TMP/sweep.out"
+}
+
+for name in unit gpu exports scripts install golden docs errors meshrun ranks sweep torch mpi tcp slurm tokenize; do
     case " ${MESH_TEST_SKIP_SECTIONS:-} " in
     *" $name "*) echo "SKIP $name/*: MESH_TEST_SKIP_SECTIONS" ;;
     *) t0=$SECONDS; "${name}_section"; echo "# $name: $((SECONDS - t0)) s" ;;

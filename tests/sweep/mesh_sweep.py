@@ -1,0 +1,364 @@
+#!/usr/bin/env python3
+"""tests/sweep/mesh_sweep.py: the project's central guarantee, on meshes no
+one picked. Draws random trainings (a model: a small GPT, Llama or
+mixture-of-experts; a mesh dp x tp x pp x ep; a pipeline schedule, ZeRO
+stage, recomputation, sequence parallelism, gradient buckets, precision,
+batch and sequence lengths), compiles each with meshc, trains it with
+meshrun for a few steps, and checks that:
+
+  - meshc either accepts the training or rejects it with a diagnostic in
+    the `file:line:col: error:` form (exit 1), never anything else;
+  - meshrun trains every plan meshc accepts, and rank 0 sends the bytes
+    the plan predicts (its `bytes rank 0 sent per step` line);
+  - the losses at every step are those of one rank training the same
+    model, seed and global batch (fp32: 1e-5 relative; bf16 and fp16:
+    2e-2, the bound the unit tests use for sums in another order), and
+    so is the validation loss;
+  - some trainings stop halfway with a checkpoint and resume on another
+    mesh (a checkpoint loads into any mesh): the steps after the resume
+    are the uninterrupted one rank's too.
+
+With --device cuda it runs meshrun_emu: the CUDA executor on emulated GPUs,
+NCCL between them (MESH_EMU_GPUS), against the one-rank CPU run.
+
+Each case is printed as one line (`ok N ...` or `FAIL N ...` with the
+commands to run it again); the last line is `N passed, N failed, N
+rejected`. Exit 1 if any failed. The draws depend only on --seed, so a
+failure is found again with the same seed and --first N.
+
+  tests/sweep/mesh_sweep.py --seconds 600            (make sweep)
+  tests/sweep/mesh_sweep.py --cases 12 --seed 1      (CI: make sweep-ci)
+"""
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DIAG = re.compile(r"^[^:\n]+:\d+:\d+: error: ", re.M)
+SENT = re.compile(r"^meshrun: bytes rank 0 sent per step \(the plan's\): (.*)$", re.M)
+
+
+def draw(rng, device):
+    """One random training: (source, [KEY=VALUE...], description, resume mesh or None)."""
+    kind = rng.choice(["gpt", "gpt", "llama", "moe"])
+    sets = {}
+    if kind == "gpt":
+        src = "examples/gpt-tiny.mesh"
+        heads = rng.choice([2, 4, 8])
+        sets["model.heads"] = heads
+        if rng.random() < 0.3:
+            sets["model.dim"] = 32 * rng.choice([1, 2, 3])
+    else:
+        src = "examples/llama.mesh" if kind == "llama" else "examples/moe.mesh"
+        heads = rng.choice([2, 4, 8])
+        kv = rng.choice([h for h in (1, 2, 4, 8) if heads % h == 0])
+        sets.update({"model.vocab": 256, "model.dim": 64, "model.heads": heads, "model.kv_heads": kv,
+                     "model.ffn_dim": rng.choice([64, 96, 128])})
+        if kind == "moe":
+            sets["model.experts"] = rng.choice([2, 4, 8])
+            sets["model.top_k"] = rng.choice([1, 2])
+    mesh = random_mesh(rng, kind, device)
+    dp, tp, pp, ep = mesh
+    # mostly a stack the stages split evenly (meshc rejects the others, a case of its own)
+    layers = pp * rng.choice([1, 1, 2]) if rng.random() < 0.9 else rng.choice([1, 2, 3, 4, 5])
+    sets["model.layers"] = layers
+    sets.update({"mesh.dp": dp, "mesh.tp": tp, "mesh.pp": pp, "mesh.ep": ep})
+    sched = "1f1b"
+    if pp > 1:
+        sched = rng.choice(["1f1b", "1f1b", "gpipe", "interleaved"])
+        if sched == "interleaved" and layers % (2 * pp) != 0:
+            sched = "1f1b"
+    sets["train.schedule"] = sched
+    sets["train.virtual_stages"] = 2 if sched == "interleaved" else 1
+    micro = rng.choice([1, 1, 2, 3])
+    n_micro = rng.choice([1, 2, 3, 4])
+    if pp > 1:
+        n_micro = max(n_micro, pp)  # 1F1B needs a micro-batch per stage in flight
+    sets["train.micro_batch"] = micro
+    sets["train.global_batch"] = dp * ep * micro * n_micro
+    sets["train.seq_len"] = rng.choice([16, 32, 64]) if kind == "gpt" else rng.choice([16, 32])
+    sets["train.zero"] = rng.choice([0, 0, 1, 2, 3]) if dp * ep > 1 else 0
+    sets["train.recompute"] = rng.choice(["none", "none", "full"])
+    sets["train.sequence_parallel"] = "true" if tp > 1 and rng.random() < 0.4 else "false"
+    if rng.random() < 0.3:
+        sets["train.bucket_size"] = rng.choice([500, 5000, 50000])
+    r = rng.random()
+    prec = "fp32" if r < 0.7 else ("bf16" if r < 0.85 else "fp16")
+    sets["train.precision"] = prec
+    if prec == "fp16":
+        sets["train.loss_scale"] = 1024  # a fixed scale: a dynamic one may skip a step in one order only
+    sets["train.seed"] = rng.randrange(1, 10000)
+    sets["train.log_every"] = 1
+    sets["train.eval_every"] = 0
+    sets["train.lr_schedule"] = "cosine(warmup: 2, min_lr: 1e-4)"
+    sets["train.checkpoint_every"] = 0
+    resume = None
+    if rng.random() < 0.25:
+        resume = random_mesh(rng, kind, device)
+    # and again with --no-overlap: the gradient sync and ZeRO's collectives
+    # in their turn, not on the communication thread: the same losses, bit for bit
+    again = dp * ep > 1 and resume is None and rng.random() < 0.2
+    return src, kind, sets, resume, again
+
+
+def random_mesh(rng, kind, device):
+    limit = 4 if device == "cuda" else 8
+    while True:
+        dp = rng.choice([1, 1, 2, 2, 3, 4])
+        tp = rng.choice([1, 1, 2, 2, 4])
+        pp = rng.choice([1, 1, 2, 2, 3, 4])
+        ep = rng.choice([1, 2, 2, 4]) if kind == "moe" else 1
+        if dp * tp * pp * ep <= limit:
+            return dp, tp, pp, ep
+
+
+def one_rank(sets):
+    ref = dict(sets)
+    ref.update({"mesh.dp": 1, "mesh.tp": 1, "mesh.pp": 1, "mesh.ep": 1, "train.schedule": "1f1b",
+                "train.virtual_stages": 1, "train.zero": 0, "train.recompute": "none",
+                "train.sequence_parallel": "false"})
+    ref.pop("train.bucket_size", None)
+    return ref
+
+
+def with_mesh(sets, mesh):
+    s = dict(sets)
+    dp, tp, pp, ep = mesh
+    s.update({"mesh.dp": dp, "mesh.tp": tp, "mesh.pp": pp, "mesh.ep": ep})
+    if pp == 1 or s["train.schedule"] == "interleaved" and s["model.layers"] % (2 * pp):
+        s["train.schedule"], s["train.virtual_stages"] = "1f1b", 1
+    if tp == 1:
+        s["train.sequence_parallel"] = "false"
+    # the same global batch and micro-batch size: as many micro-batches as the new mesh's share
+    if s["model.layers"] % pp:
+        return None
+    share = dp * ep * s["train.micro_batch"]
+    if s["train.global_batch"] % share or s["train.global_batch"] // share < pp:
+        return None
+    return s
+
+
+def sets_args(sets):
+    out = []
+    for k, v in sets.items():
+        out += ["--set", "%s=%s" % (k, v)]
+    return out
+
+
+def describe(kind, sets):
+    s = sets
+    d = "%s L%d h%s dp%d tp%d pp%d ep%d %s z%d mb%dx%d T%d %s" % (
+        kind, s["model.layers"], s["model.heads"], s["mesh.dp"], s["mesh.tp"], s["mesh.pp"], s["mesh.ep"],
+        s["train.schedule"], s["train.zero"], s["train.micro_batch"], s["train.global_batch"],
+        s["train.seq_len"], s["train.precision"])
+    if s["train.recompute"] == "full":
+        d += " recompute"
+    if s["train.sequence_parallel"] == "true":
+        d += " sp"
+    if "train.bucket_size" in s:
+        d += " bucket%d" % s["train.bucket_size"]
+    if "model.experts" in s:
+        d += " E%dk%d" % (s["model.experts"], s["model.top_k"])
+    return d
+
+
+class Sweep:
+    def __init__(self, args):
+        self.a = args
+        self.tmp = tempfile.mkdtemp(prefix="mesh-sweep-")
+        self.meshc = os.path.join(args.build, "meshc")
+        self.meshrun = os.path.join(args.build, "meshrun_emu" if args.device == "cuda" else "meshrun")
+        self.env = dict(os.environ, OPENBLAS_NUM_THREADS="1", MESH_COLLECTIVE_TIMEOUT_S="60")
+        if args.device == "cuda":
+            self.env["MESH_EMU_GPUS"] = "4"
+        self.cpu_meshrun = os.path.join(args.build, "meshrun")
+        self.train = os.path.join(self.tmp, "train.bin")
+        self.val = os.path.join(self.tmp, "val.bin")
+        subprocess.run([self.cpu_meshrun, "tokenize", os.path.join(ROOT, "examples/data/devils-dictionary.txt"),
+                        "-o", self.train, "--val", self.val], check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
+        self.refs = {}
+
+    def compile(self, src, sets, plan):
+        p = subprocess.run([self.meshc, "-o", plan] + sets_args(sets) + [src], cwd=ROOT, env=self.env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+        return p.returncode, p.stdout
+
+    def train_run(self, plan, log, steps, device, extra=()):
+        metrics = log + ".jsonl"
+        if os.path.exists(metrics):
+            os.remove(metrics)
+        prog = self.cpu_meshrun if device == "cpu" else self.meshrun
+        cmd = [prog, plan, "--data", self.train, "--val", self.val, "--steps", str(steps), "--threads", "1",
+               "--metrics", metrics, "--device", device] + list(extra)
+        try:
+            p = subprocess.run(cmd, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, timeout=self.a.case_timeout)
+            out, rc = p.stdout, p.returncode
+        except subprocess.TimeoutExpired as e:
+            out, rc = (e.stdout or b"").decode(errors="replace") + "\n(timed out)", -1
+        with open(log, "w") as f:
+            f.write(out)
+        losses, val = {}, None
+        if os.path.exists(metrics):
+            for line in open(metrics):
+                j = json.loads(line)
+                if "val_loss" in j:
+                    val = j["val_loss"]
+                elif "loss" in j:
+                    losses[j["step"]] = j["loss"]
+        return rc, out, losses, val, cmd
+
+    def reference(self, src, sets, steps):
+        ref = one_rank(sets)
+        key = (src, tuple(sorted(ref.items())), steps)
+        if key not in self.refs:
+            plan = os.path.join(self.tmp, "ref%d.plan" % len(self.refs))
+            rc, out = self.compile(src, ref, plan)
+            if rc != 0:
+                self.refs[key] = (None, "the one-rank plan does not compile:\n" + out)
+            else:
+                log = plan + ".log"
+                rc, out, losses, val, cmd = self.train_run(plan, log, steps, "cpu", ["--checkpoint", plan + ".ck"])
+                self.refs[key] = ((losses, val), None) if rc == 0 else (None, "one rank failed:\n" + out)
+        return self.refs[key]
+
+    def case(self, n, rng):
+        src, kind, sets, resume, again_in_turn = draw(rng, self.a.device)
+        what = describe(kind, sets)
+        d = os.path.join(self.tmp, "c%d" % n)
+        os.makedirs(d, exist_ok=True)
+        plan = os.path.join(d, "case.plan")
+        rc, out = self.compile(src, sets, plan)
+        again = "meshc -o case.plan %s %s" % (" ".join(sets_args(sets)), src)
+        if rc == 1 and DIAG.search(out):
+            return "rejected", what, DIAG.search(out).group(0) + out[DIAG.search(out).end():].split("\n")[0][:120]
+        if rc != 0:
+            return "fail", what, "meshc exited %d without a diagnostic:\n%s\n%s" % (rc, out, again)
+        steps = self.a.steps
+        ref, why = self.reference(src, sets, steps)
+        if ref is None:
+            return "fail", what, why
+        ref_losses, ref_val = ref
+        tol = 1e-4 if sets["train.precision"] == "fp32" else 2e-2
+        bad = []
+        rsets = with_mesh(sets, resume) if resume else None
+        rplan = os.path.join(d, "resume.plan")
+        if rsets:
+            rc, rout = self.compile(src, rsets, rplan)
+            if rc == 1 and DIAG.search(rout):
+                rsets = None  # a mesh this model does not split over (heads over tp...): no resume
+            elif rc != 0:
+                return "fail", what, "meshc exited %d without a diagnostic:\n%s" % (rc, rout)
+        first = steps // 2 if rsets else steps
+        ck = os.path.join(d, "ck")
+        extra = ["--checkpoint", ck]  # (not the example's checkpoint_dir, in the source tree)
+        rc, out, losses, val, cmd = self.train_run(plan, plan + ".log", first, self.a.device, extra)
+        if rc != 0:
+            return "fail", what, "meshrun exited %d:\n%s\n%s\n%s" % (rc, tail(out), again, " ".join(cmd))
+        m = SENT.search(out)
+        if m:
+            for item in m.group(1).split(", "):
+                mm = re.match(r"(\S+) (\d+) \((\d+)\)", item)
+                if not mm or mm.group(2) != mm.group(3):
+                    bad.append("rank 0 sent other bytes than the plan's: " + item)
+        elif sets["mesh.dp"] * sets["mesh.tp"] * sets["mesh.pp"] * sets["mesh.ep"] > 1:
+            bad.append("no line of the bytes rank 0 sent")
+        compare(bad, ref_losses, losses, range(1, first + 1), tol, "")
+        if again_in_turn:
+            what += " no-overlap"
+            rc, nout, nlosses, nval, ncmd = self.train_run(plan, plan + ".noov", first, self.a.device,
+                                                          ["--no-overlap", "--checkpoint", ck + "-noov"])
+            if rc != 0:
+                return "fail", what, "meshrun --no-overlap exited %d:\n%s\n%s" % (rc, tail(nout), " ".join(ncmd))
+            if nlosses != losses or nval != val:
+                bad.append("--no-overlap: losses %s, overlapped %s" % (nlosses, losses))
+        if rsets:
+            what += " resumed dp%d tp%d pp%d ep%d" % resume
+            rc, out, losses, val, cmd = self.train_run(rplan, rplan + ".log", steps, self.a.device,
+                                                       ["--checkpoint", ck, "--resume"])
+            if rc != 0:
+                return "fail", what, "meshrun --resume exited %d:\n%s\n%s" % (rc, tail(out), " ".join(cmd))
+            compare(bad, ref_losses, losses, range(first + 1, steps + 1), tol, " after the resume")
+        if ref_val is not None and (val is None or abs(val - ref_val) > tol * abs(ref_val) + 1e-12):
+            bad.append("validation loss %r against one rank's %r" % (val, ref_val))
+        if bad:
+            return "fail", what, "\n".join(bad[:6]) + "\n" + again + "\n" + " ".join(cmd)
+        return "ok", what, ""
+
+
+def compare(bad, ref, got, steps, tol, where):
+    for k in steps:
+        if k not in got:
+            bad.append("step %d%s: no loss logged" % (k, where))
+        elif k not in ref or abs(got[k] - ref[k]) > tol * abs(ref[k]):
+            bad.append("step %d%s: loss %.7f against one rank's %s" % (k, where, got[k], ref.get(k)))
+
+
+def tail(text, n=25):
+    return "\n".join(text.splitlines()[-n:])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--cases", type=int, default=0, help="stop after N cases (0: --seconds decides)")
+    ap.add_argument("--first", type=int, default=1, help="start at case N of the seed's draws")
+    ap.add_argument("--seconds", type=float, default=600)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--case-timeout", type=float, default=300)
+    ap.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    a = ap.parse_args()
+    a.build = os.path.abspath(a.build)
+    s = Sweep(a)
+    rng = random.Random(a.seed)
+    counts = {"ok": 0, "fail": 0, "rejected": 0}
+    reasons = {}
+    start = time.time()
+    n = 0
+    try:
+        while True:
+            n += 1
+            state = rng.getstate()
+            if n < a.first:
+                draw(rng, a.device)
+                continue
+            rng.setstate(state)
+            if a.cases and n - a.first >= a.cases or not a.cases and time.time() - start > a.seconds:
+                break
+            try:
+                result, what, detail = s.case(n, rng)
+            except (OSError, ValueError, subprocess.SubprocessError) as e:  # a binary gone, a garbled metrics line
+                result, what, detail = "fail", "case %d" % n, "the sweep could not run it: %r" % e
+            counts[result] += 1
+            if result == "ok":
+                print("ok %d %s" % (n, what), flush=True)
+            elif result == "rejected":
+                key = DIAG.sub("", detail)[:70]
+                reasons[key] = reasons.get(key, 0) + 1
+                print("rejected %d %s: %s" % (n, what, detail), flush=True)
+            else:
+                print("FAIL %d %s (seed %d)\n%s" % (n, what, a.seed,
+                                                    "\n".join("#   " + l for l in detail.splitlines())), flush=True)
+    finally:
+        if a.keep:
+            print("# scratch kept in " + s.tmp)
+        else:
+            shutil.rmtree(s.tmp, ignore_errors=True)
+    for k, v in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        print("# rejected %d times: %s" % (v, k))
+    print("%d passed, %d failed, %d rejected (%.0f s)" % (counts["ok"], counts["fail"], counts["rejected"],
+                                                          time.time() - start))
+    return 1 if counts["fail"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
