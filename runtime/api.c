@@ -408,6 +408,7 @@ void mesh_context_free(mesh_context *ctx)
     if (!ctx) return;
     mesh__exec_free(ctx->ex);
     comm_free(ctx->nccl);
+    mesh__ckpt_unlock(&ctx->ckpt_lock);
     free(ctx);
 }
 
@@ -544,11 +545,20 @@ mesh_status mesh_checkpoint_save(mesh_context *ctx, const char *dir)
 
 mesh_status mesh_checkpoint_save_with(mesh_context *ctx, const char *dir, const mesh_data *data)
 {
-    char err[512];
+    char err[600];
     uint64_t pos = 0;
     if (!ctx || !dir) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_checkpoint_save: NULL argument");
     if (data) mesh_data_tell(data, &pos);
-    int rc = mesh__ckpt_save(ctx->ex, dir, ctx->step, data ? &pos : NULL, err, sizeof err);
+    int rc = mesh__ckpt_save(ctx->ex, dir, ctx->step, data ? &pos : NULL, &ctx->ckpt_lock, err, sizeof err);
+    if (rc != 0) return mesh__fail(rc == -2 ? MESH_ERR_RANK : MESH_ERR_IO, "%s", err);
+    return MESH_OK;
+}
+
+mesh_status mesh_checkpoint_claim(mesh_context *ctx, const char *dir)
+{
+    char err[600];
+    if (!ctx || !dir) return mesh__fail(MESH_ERR_INVALID_ARG, "mesh_checkpoint_claim: NULL argument");
+    int rc = mesh__ckpt_claim(ctx->ex, dir, &ctx->ckpt_lock, err, sizeof err);
     if (rc != 0) return mesh__fail(rc == -2 ? MESH_ERR_RANK : MESH_ERR_IO, "%s", err);
     return MESH_OK;
 }

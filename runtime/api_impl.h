@@ -8,9 +8,10 @@
 #ifndef MESH_API_IMPL_H
 #define MESH_API_IMPL_H
 
-#include "exec.h" /* mesh__exec */
-#include "mesh.h" /* mesh_status */
-#include "plan.h" /* plan */
+#include "checkpoint.h" /* mesh__ckpt_lock */
+#include "exec.h"       /* mesh__exec */
+#include "mesh.h"       /* mesh_status */
+#include "plan.h"       /* plan */
 
 struct mesh_plan {
     plan p;
@@ -25,6 +26,7 @@ struct mesh_context {
                                 kernels are on the GPU with MESH_DEVICE_CUDA */
     char device_why[640];    /* why (mesh_context_device) */
     comm *nccl;     /* several ranks on GPUs: the world of device buffers (NCCL's), owned */
+    mesh__ckpt_lock ckpt_lock; /* rank 0: its hold on the folder it saves in (checkpoint.h) */
 };
 
 /* Test hook: executor flags (MESH__EXEC_*) every context created from now

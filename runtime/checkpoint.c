@@ -3,6 +3,7 @@
 #include "file.h" /* mesh__read_file */
 
 #include <errno.h>    /* errno */
+#include <fcntl.h>    /* open, fcntl, F_SETLK */
 #include <stdarg.h>   /* va_list */
 #include <stdint.h>   /* uint64_t */
 #include <stdio.h>    /* FILE, snprintf, rename */
@@ -111,6 +112,63 @@ static void remove_step_dir(const char *dir)
     join(p, sizeof p, dir, "optim.safetensors");
     unlink(p);
     rmdir(dir);
+}
+
+/* ---- the folder's lock ------------------------------------------------ */
+
+void mesh__ckpt_unlock(mesh__ckpt_lock *lock)
+{
+    if (!lock || !lock->dir) return;
+    close(lock->fd); /* (the lock goes with it) */
+    free(lock->dir);
+    lock->dir = NULL;
+}
+
+/* Takes dir's lock (mesh__ckpt_lock), or keeps the one held on it. */
+static int lock_dir(mesh__ckpt_lock *lock, const char *dir, char *err, size_t errn)
+{
+    if (lock->dir && strcmp(lock->dir, dir) == 0) return 0;
+    mesh__ckpt_unlock(lock);
+    char path[4096], who[200] = "";
+    join(path, sizeof path, dir, ".lock");
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        set_err(err, errn, "cannot open '%s': %s", path, strerror(errno));
+        return -1;
+    }
+    struct flock fl = {0};
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    if (fcntl(fd, F_SETLK, &fl) != 0) {
+        int e = errno;
+        if (e != EACCES && e != EAGAIN) { /* no locks here (ENOLCK, EINVAL): saves go on without */
+            close(fd);
+            return 0;
+        }
+        ssize_t got = pread(fd, who, sizeof who - 1, 0);
+        who[got > 0 ? got : 0] = '\0';
+        who[strcspn(who, "\n")] = '\0';
+        close(fd);
+        set_err(err, errn, "the checkpoint folder '%s' is another job's (%s holds %s): two jobs saving in one "
+                "folder would overwrite each other's steps; give this one its own (--checkpoint DIR)", dir,
+                who[0] ? who : "a process", path);
+        return -1;
+    }
+    char host[128] = "?";
+    if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "?");
+    host[sizeof host - 1] = '\0';
+    int len = snprintf(who, sizeof who, "pid %ld on %s\n", (long)getpid(), host);
+    int named = ftruncate(fd, 0) == 0 && pwrite(fd, who, (size_t)len, 0) == len;
+    (void)named; /* the holder's name is a courtesy to the job refused; the lock is what counts */
+    lock->dir = malloc(strlen(dir) + 1);
+    if (!lock->dir) {
+        close(fd);
+        set_err(err, errn, "out of memory");
+        return -1;
+    }
+    strcpy(lock->dir, dir);
+    lock->fd = fd;
+    return 0;
 }
 
 /* ---- pipeline stages' params, to rank 0 ------------------------------ */
@@ -250,22 +308,40 @@ static int gather_stages(mesh__exec *ex, st_item **model, st_item **optim, int *
 /* The save's end on every rank: rank 0's result (its write done), so that
  * no rank goes on (to load it, or to stop) before the checkpoint is there
  * or has failed. A failed transfer (-2) has stopped the world: not here. */
-static int saved_by_rank0(mesh__exec *ex, int rc, char *err, size_t errn)
+static int rank0_did(mesh__exec *ex, int rc, const char *what, char *err, size_t errn)
 {
     comm *w = mesh__exec_host_world(ex);
     int32_t st = rc;
     if (!w) return rc;
     if (comm_broadcast(w, &st, sizeof st, 0) != 0) {
-        set_err(err, errn, "waiting for rank 0 to write the checkpoint: %s", w->error);
+        set_err(err, errn, "waiting for rank 0 to %s: %s", what, w->error);
         return -2;
     }
-    if (mesh__exec_rank(ex) != 0 && st != 0)
-        set_err(err, errn, "rank 0 could not write the checkpoint (its message says why)");
+    if (mesh__exec_rank(ex) != 0 && st != 0) set_err(err, errn, "rank 0 could not %s (its message says why)", what);
     return rc != 0 ? rc : st != 0 ? -1 : 0;
 }
 
-int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint64_t *data_pos, char *err,
-                    size_t errn)
+static int saved_by_rank0(mesh__exec *ex, int rc, char *err, size_t errn)
+{
+    return rank0_did(ex, rc, "write the checkpoint", err, errn);
+}
+
+int mesh__ckpt_claim(mesh__exec *ex, const char *dir, mesh__ckpt_lock *lock, char *err, size_t errn)
+{
+    int rc = 0;
+    if (mesh__exec_rank(ex) == 0) {
+        if (make_dirs(dir) != 0) {
+            set_err(err, errn, "cannot make the checkpoint folder '%s': %s", dir, strerror(errno));
+            rc = -1;
+        } else {
+            rc = lock_dir(lock, dir, err, errn);
+        }
+    }
+    return rank0_did(ex, rc, "claim the checkpoint folder", err, errn);
+}
+
+int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint64_t *data_pos,
+                    mesh__ckpt_lock *lock, char *err, size_t errn)
 {
     int count = 0;
     const char *name;
@@ -319,6 +395,7 @@ int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint6
         set_err(err, errn, "cannot make the checkpoint folder '%s': %s", dir, strerror(errno));
         goto out;
     }
+    if (lock && lock_dir(lock, dir, err, errn) != 0) goto out;
     snprintf(tmp, sizeof tmp, "%s/.step-%08lld.tmp", dir, step);
     snprintf(final, sizeof final, "%s/step-%08lld", dir, step);
     remove_step_dir(tmp);

@@ -21,14 +21,35 @@
 
 #include "exec.h" /* mesh__exec */
 
+/* A job's hold on its checkpoint folder: DIR/.lock, locked (a POSIX
+ * record lock, which the system drops when the process ends, however it
+ * ends) and holding "pid N on HOST". Rank 0 takes it at its first save in
+ * DIR and keeps it until mesh__ckpt_unlock (the context's end). A save by
+ * another process into a folder held so is refused, naming the holder:
+ * two jobs saving the same step in one folder would replace each other's
+ * files as they write them. Where the file system has no locks, saves go
+ * on without one. The lock is the process's: two contexts of one process
+ * (an embedding program's) do not exclude each other. dir NULL: none held. */
+typedef struct mesh__ckpt_lock {
+    char *dir;
+    int fd;
+} mesh__ckpt_lock;
+
+void mesh__ckpt_unlock(mesh__ckpt_lock *lock);
+
+/* Takes dir's lock before a first save (mesh_checkpoint_claim): rank 0
+ * makes the folder and locks it; collective over the ranks, each getting
+ * rank 0's result. 0, or -1 with a message (-2: the ranks' world failed). */
+int mesh__ckpt_claim(mesh__exec *ex, const char *dir, mesh__ckpt_lock *lock, char *err, size_t n);
+
 /* Saves the executor's parameters and optimizer state after `step` steps,
  * and the data cursor *data_pos unless data_pos is NULL. With several
  * ranks it is collective (ZeRO's shards of the optimizer state are
  * gathered) and rank 0 writes. Returns 0, or -1 with a message in err
  * (-2: a collective failed, or a step before did: mesh__exec_failed, and
- * nothing is written). */
-int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint64_t *data_pos, char *err,
-                    size_t n);
+ * nothing is written). lock: rank 0's hold on dir (NULL: none taken). */
+int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint64_t *data_pos,
+                    mesh__ckpt_lock *lock, char *err, size_t n);
 
 /* Loads a checkpoint into the executor: `path` is a step folder, or a
  * checkpoint folder whose `latest` names one. With optim 0 only the

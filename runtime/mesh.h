@@ -439,6 +439,14 @@ mesh_status mesh_checkpoint_load(mesh_context *ctx, const char *path);
 mesh_status mesh_checkpoint_save_with(mesh_context *ctx, const char *dir, const mesh_data *data);
 mesh_status mesh_checkpoint_load_with(mesh_context *ctx, const char *path, mesh_data *data);
 
+/* Claims dir for this job's checkpoints before its first save: rank 0
+ * makes the folder and locks it (DIR/.lock) until mesh_context_free, so
+ * that another job saving there is refused (MESH_ERR_IO, naming the
+ * holder) rather than writing over this one's steps. A save claims its
+ * folder too; claiming at the start refuses a second job before it
+ * trains. Every rank calls it. */
+mesh_status mesh_checkpoint_claim(mesh_context *ctx, const char *dir);
+
 /* Only the parameters (model.safetensors), for sampling or fine-tuning:
  * the step count and the optimizer state stay as they are. */
 mesh_status mesh_checkpoint_load_params(mesh_context *ctx, const char *path);

@@ -368,6 +368,10 @@ static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
     }
     long long steps = o->steps > 0 ? o->steps : pi->steps, first = 1;
     if (lead) print_start(pi, o, ctx, data, j->pattern, steps);
+    if (j->ckpt && mesh_checkpoint_claim(ctx, j->ckpt) != MESH_OK) { /* another job's folder: before training */
+        rc = rank_fail(j, MESH_ERR_IO, "%s", mesh_last_error());
+        goto out;
+    }
     if (o->resume) {
         if (mesh_checkpoint_load_with(ctx, j->ckpt, data) != MESH_OK) { /* the step and the data position too */
             rc = rank_fail(j, MESH_ERR_IO, "%s", mesh_last_error());

@@ -679,6 +679,27 @@ sys.exit(not (m and all(x["grad_norm"] is None and x["skipped"] is True and x["l
     else
         fail meshrun/checkpoint-truncated "$TMP/cut.out"
     fi
+    # two jobs, one checkpoint folder: the second is refused before it
+    # trains, naming the first (DIR/.lock), and writes nothing there (saving
+    # the same steps, each would write over the other's files as it wrote)
+    "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/dd.bin" --steps 100000 --checkpoint "$TMP/shared-ck" \
+        >"$TMP/holder.out" 2>&1 &
+    local holder=$! k
+    for k in $(seq 300); do
+        grep -q "^step 1/" "$TMP/holder.out" 2>/dev/null && break
+        sleep 0.1
+    done
+    capture "$TMP/second.out" "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/dd.bin" --steps 5 --checkpoint "$TMP/shared-ck"
+    kill "$holder" 2>/dev/null
+    wait "$holder" 2>/dev/null
+    if grep -q "^meshrun: error: the checkpoint folder '$TMP/shared-ck' is another job's (pid $holder on .* holds $TMP/shared-ck/.lock): two jobs saving in one folder would overwrite each other's steps; give this one its own (--checkpoint DIR)$" "$TMP/second.out" &&
+        ! grep -q "^step 1/" "$TMP/second.out" && [ "$(tail -n 1 "$TMP/second.out")" = "exit: 1" ] &&
+        [ "$(ls -A "$TMP/shared-ck")" = ".lock" ]; then
+        pass meshrun/checkpoint-folder-of-another-job
+    else
+        { echo "(the first job's output:)"; cat "$TMP/holder.out"; } >>"$TMP/second.out"
+        fail meshrun/checkpoint-folder-of-another-job "$TMP/second.out"
+    fi
     sed 's/^format: 1$/format: 2/' "$TMP/tiny.plan" >"$TMP/v2.plan"
     expect meshrun/plan-other-version "meshrun: error: $TMP/v2.plan:3:9: plan format version 2 is not supported: this build reads version 1
 HINT: this plan was written by meshc $v with format version 2; recompile the .mesh file with this meshc (format version 1)

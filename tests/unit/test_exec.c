@@ -404,7 +404,7 @@ TEST_IMPL(exec_guarded_arena_only_through_copies_and_kernels)
         ASSERT_INT_EQ(memcmp(la, lb, rows * (size_t)vp * sizeof *la), 0);
         /* saved from the guarded arena, loaded into a fresh guarded one: the plain run's next step */
         if (!mkdtemp(dir)) unit_fail(__FILE__, __LINE__, "mkdtemp failed");
-        if (mesh__ckpt_save(guarded, dir, 6, NULL, err, sizeof err) != 0) unit_fail(__FILE__, __LINE__, "%s", err);
+        if (mesh__ckpt_save(guarded, dir, 6, NULL, NULL, err, sizeof err) != 0) unit_fail(__FILE__, __LINE__, "%s", err);
         mesh__exec *again = mesh__exec_create_flags(&p, NULL, NULL, MESH__EXEC_GUARD, err, sizeof err);
         long long step = 0;
         if (!again || mesh__ckpt_load(again, dir, 1, &step, NULL, err, sizeof err) != 0)

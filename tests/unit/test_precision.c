@@ -502,7 +502,7 @@ TEST_IMPL(precision_checkpoint_resumes_to_the_bit)
         }
         mesh__step_stats sa[10], sb[10];
         train(a, 1, 5, sa);
-        if (mesh__ckpt_save(a, dir, 5, NULL, err, sizeof err) != 0) unit_fail(__FILE__, __LINE__, "%s", err);
+        if (mesh__ckpt_save(a, dir, 5, NULL, NULL, err, sizeof err) != 0) unit_fail(__FILE__, __LINE__, "%s", err);
         train(a, 6, 10, sa);
         long long step = 0;
         if (mesh__ckpt_load(b, dir, 1, &step, NULL, err, sizeof err) != 0) unit_fail(__FILE__, __LINE__, "%s", err);
