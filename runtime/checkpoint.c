@@ -1,4 +1,5 @@
 /* checkpoint.c — checkpoints as safetensors files (checkpoint.h). */
+#define _GNU_SOURCE /* renameat2, RENAME_EXCHANGE (glibc 2.28 on): a step saved again, swapped in at once */
 #include "checkpoint.h"
 #include "file.h" /* mesh__read_file */
 
@@ -9,7 +10,7 @@
 #include <stdio.h>    /* FILE, snprintf, rename */
 #include <stdlib.h>   /* malloc, free, strtoll */
 #include <string.h>   /* strcmp, strerror */
-#include <sys/stat.h> /* mkdir */
+#include <sys/stat.h> /* mkdir, stat */
 #include <unistd.h>   /* fsync, unlink, rmdir */
 
 static void set_err(char *err, size_t n, const char *fmt, ...)
@@ -112,6 +113,24 @@ static void remove_step_dir(const char *dir)
     join(p, sizeof p, dir, "optim.safetensors");
     unlink(p);
     rmdir(dir);
+}
+
+/* Puts the folder written at tmp in final's place. A step saved again
+ * (final there already) is swapped in by one rename where the system can
+ * (RENAME_EXCHANGE), so that `latest`, which may name it, never names a
+ * missing folder; elsewhere the old one is removed first. */
+static int replace_dir(const char *tmp, const char *final)
+{
+    struct stat st;
+    if (stat(final, &st) != 0) return rename(tmp, final);
+#ifdef RENAME_EXCHANGE
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
+        remove_step_dir(tmp); /* (the old one, now there) */
+        return 0;
+    }
+#endif
+    remove_step_dir(final);
+    return rename(tmp, final);
 }
 
 /* ---- the folder's lock ------------------------------------------------ */
@@ -416,8 +435,7 @@ int mesh__ckpt_save(mesh__exec *ex, const char *dir, long long step, const uint6
     join(path, sizeof path, tmp, "optim.safetensors");
     if (write_st(path, optim, 2 * count, meta, err, errn) != 0) goto out;
     fsync_path(tmp);
-    remove_step_dir(final); /* the same step saved again */
-    if (rename(tmp, final) != 0) {
+    if (replace_dir(tmp, final) != 0) {
         set_err(err, errn, "cannot rename '%s' to '%s': %s", tmp, final, strerror(errno));
         goto out;
     }

@@ -9,9 +9,11 @@
  *                      the run reads a mesh_data stream, its cursor
  *                      ("data_position": global sequences read).
  * DIR/latest names the newest folder. A save writes a hidden temporary
- * folder, flushes it to disk, renames it into place and then rewrites
- * `latest` through a renamed temporary file, so a crash at any point
- * leaves the previous checkpoint whole and `latest` pointing at it.
+ * folder, flushes it to disk, renames it into place (a step saved again:
+ * swapped with the old folder by one rename, RENAME_EXCHANGE, where the
+ * system has it) and then rewrites `latest` through a renamed temporary
+ * file, so a crash at any point leaves the previous checkpoint whole and
+ * `latest` pointing at it.
  */
 #ifndef MESH_CHECKPOINT_H
 #define MESH_CHECKPOINT_H

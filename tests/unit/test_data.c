@@ -9,7 +9,7 @@
 #include <stdio.h>    /* defines: fopen, snprintf, remove */
 #include <stdlib.h>   /* defines: mkdtemp */
 #include <string.h>   /* defines: strstr */
-#include <sys/stat.h> /* defines: mkdir */
+#include <sys/stat.h> /* defines: mkdir, stat */
 #include <unistd.h>   /* defines: rmdir */
 
 #include "data.h" /* defines: mesh__shard_* */
@@ -338,6 +338,16 @@ TEST_IMPL(data_checkpoint_resume_same_losses)
     ASSERT_INT_EQ(mesh_checkpoint_load_with(ctx, ck, d), MESH_OK);
     ASSERT_INT_EQ(mesh_data_tell(d, &pos), MESH_OK);
     ASSERT_UINT_EQ(pos, 6 * 4);
+    /* the same step saved again replaces it (swapped in by one rename),
+     * leaving no temporary folder */
+    ASSERT_INT_EQ(mesh_data_seek(d, 40), MESH_OK);
+    ASSERT_INT_EQ(mesh_checkpoint_save_with(ctx, ck, d), MESH_OK);
+    ASSERT_INT_EQ(mesh_data_seek(d, 0), MESH_OK);
+    ASSERT_INT_EQ(mesh_checkpoint_load_with(ctx, ck, d), MESH_OK);
+    ASSERT_INT_EQ(mesh_data_tell(d, &pos), MESH_OK);
+    ASSERT_UINT_EQ(pos, 40);
+    struct stat left;
+    ASSERT_INT_EQ(stat(path_of("ck/.step-00000006.tmp"), &left), -1);
     /* evaluation reads micro-batches from the cursor, as mesh_forward does */
     int in[16], tg[16];
     double loss = 0, a = 0, b = 0;
