@@ -18,8 +18,10 @@ meshrun for a few steps, and checks that:
   - some trainings stop halfway with a checkpoint and resume on another
     mesh (a checkpoint loads into any mesh): the steps after the resume
     are the uninterrupted one rank's too;
-  - some run again with --no-overlap (the same losses, bit for bit), and
-    data parallelism alone with --deterministic (one rank's, bit for bit).
+  - some run again with --no-overlap (the same losses, bit for bit), some
+    with a process per rank, under mpirun or as torchrun starts them (over
+    TCP): the threads' losses, bit for bit; and data parallelism alone
+    with --deterministic (one rank's, bit for bit).
 
 With --device cuda it runs meshrun_emu: the CUDA executor on emulated GPUs,
 NCCL between them (MESH_EMU_GPUS), against the one-rank CPU run.
@@ -44,6 +46,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_btl": "self,vader",
+           "OMPI_MCA_mpi_yield_when_idle": "1"}
 DIAG = re.compile(r"^[^:\n]+:\d+:\d+: error: ", re.M)
 SENT = re.compile(r"^meshrun: bytes rank 0 sent per step \(the plan's\): (.*)$", re.M)
 
@@ -107,7 +112,11 @@ def draw(rng, device):
         resume = random_mesh(rng, kind, device)
     # and again with --no-overlap: the gradient sync and ZeRO's collectives
     # in their turn, not on the communication thread: the same losses, bit for bit
-    again = dp * ep > 1 and resume is None and rng.random() < 0.2
+    again = "no-overlap" if dp * ep > 1 and resume is None and rng.random() < 0.2 else None
+    # one process per rank (mpirun, or torchrun's variables over TCP): the
+    # threads run's losses, bit for bit
+    if dp * tp * pp * ep > 1 and resume is None and not again and rng.random() < 0.25:
+        again = rng.choice(["mpirun", "torchrun"])
     # data parallelism alone (ZeRO 0) with --deterministic: one rank's losses, bit for bit
     if dp > 1 and tp == pp == ep == 1 and sets["train.zero"] == 0 and resume is None and not again \
             and rng.random() < 0.8:
@@ -191,25 +200,41 @@ class Sweep:
         subprocess.run([self.cpu_meshrun, "tokenize", os.path.join(ROOT, "examples/data/devils-dictionary.txt"),
                         "-o", self.train, "--val", self.val], check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
         self.refs = {}
+        self.have_mpirun = shutil.which("mpirun") is not None
+
+    def device_ok(self, launcher):
+        """One process per rank: on the CPU (the emulated GPUs of several
+        processes meet through files, which tests/gpu/emu/meshrun.sh tests)."""
+        return self.a.device == "cpu" and (launcher != "mpirun" or self.have_mpirun)
 
     def compile(self, src, sets, plan):
         p = subprocess.run([self.meshc, "-o", plan] + sets_args(sets) + [src], cwd=ROOT, env=self.env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
         return p.returncode, p.stdout
 
-    def train_run(self, plan, log, steps, device, extra=()):
+    def train_run(self, plan, log, steps, device, extra=(), launcher=None, world=1):
+        """meshrun on plan; launcher None: its ranks as threads of one process;
+        "mpirun" or "torchrun": one process per rank (world of them)."""
         metrics = log + ".jsonl"
         if os.path.exists(metrics):
             os.remove(metrics)
         prog = self.cpu_meshrun if device == "cpu" else self.meshrun
         cmd = [prog, plan, "--data", self.train, "--val", self.val, "--steps", str(steps), "--threads", "1",
                "--metrics", metrics, "--device", device] + list(extra)
-        try:
-            p = subprocess.run(cmd, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, timeout=self.a.case_timeout)
-            out, rc = p.stdout, p.returncode
-        except subprocess.TimeoutExpired as e:
-            out, rc = (e.stdout or b"").decode(errors="replace") + "\n(timed out)", -1
+        if launcher == "mpirun":
+            cmd = ["mpirun", "-n", str(world)] + cmd
+        if launcher == "torchrun":
+            out, rc = self.torchrun(cmd, world)
+        else:
+            env = dict(self.env, **MPI_ENV) if launcher == "mpirun" else self.env
+            if launcher == "mpirun" and "ASAN_OPTIONS" in env:  # (Open MPI's own leaks cannot be suppressed)
+                env["ASAN_OPTIONS"] += ":detect_leaks=0:abort_on_error=0"
+            try:
+                p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, timeout=self.a.case_timeout)
+                out, rc = p.stdout, p.returncode
+            except subprocess.TimeoutExpired as e:
+                out, rc = text_of(e.stdout) + "\n(timed out)", -1
         with open(log, "w") as f:
             f.write(out)
         losses, val = {}, None
@@ -221,6 +246,30 @@ class Sweep:
                 elif "loss" in j:
                     losses[j["step"]] = j["loss"]
         return rc, out, losses, val, cmd
+
+    def torchrun(self, cmd, world):
+        """The ranks as torchrun starts them: a process each, RANK, WORLD_SIZE,
+        LOCAL_RANK, MASTER_ADDR and MASTER_PORT; they meet over TCP."""
+        port = 20000 + random.randrange(10000)
+        procs = []
+        for r in range(world):
+            env = dict(self.env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port))
+            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True))
+        outs, rc = [], 0
+        deadline = time.time() + self.a.case_timeout
+        for r, p in enumerate(procs):
+            try:
+                o, _ = p.communicate(timeout=max(1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                o, _ = p.communicate()
+                o += "\n(timed out)"
+            outs.append(o if r == 0 else "".join("[rank %d] %s\n" % (r, l) for l in o.splitlines()))
+            rc = rc or p.returncode
+        return "".join(outs), rc
 
     def reference(self, src, sets, steps):
         ref = one_rank(sets)
@@ -286,7 +335,19 @@ class Sweep:
                 return "fail", what, "meshrun --deterministic exited %d:\n%s\n%s" % (rc, tail(dout), " ".join(dcmd))
             if dlosses != ref_losses or dval != ref_val:
                 bad.append("--deterministic: losses %s, one rank's %s" % (dlosses, ref_losses))
-        elif again_in_turn:
+        elif again_in_turn in ("mpirun", "torchrun") and self.device_ok(again_in_turn):
+            what += " " + again_in_turn
+            world = sets["mesh.dp"] * sets["mesh.tp"] * sets["mesh.pp"] * sets["mesh.ep"]
+            rc, pout, plosses, pval, pcmd = self.train_run(plan, plan + "." + again_in_turn, first, self.a.device,
+                                                          ["--checkpoint", ck + "-procs"], again_in_turn, world)
+            if rc != 0:
+                return "fail", what, "meshrun under %s exited %d:\n%s\n%s" % (again_in_turn, rc, tail(pout, 40),
+                                                                             " ".join(pcmd))
+            if "one per process (%s)" % again_in_turn not in pout:
+                bad.append("%s: meshrun did not say it ran a rank per process" % again_in_turn)
+            if plosses != losses or pval != val:
+                bad.append("%s: losses %s, as threads %s" % (again_in_turn, plosses, losses))
+        elif again_in_turn == "no-overlap":
             what += " no-overlap"
             rc, nout, nlosses, nval, ncmd = self.train_run(plan, plan + ".noov", first, self.a.device,
                                                           ["--no-overlap", "--checkpoint", ck + "-noov"])
@@ -306,6 +367,10 @@ class Sweep:
         if bad:
             return "fail", what, "\n".join(bad[:6]) + "\n" + again + "\n" + " ".join(cmd)
         return "ok", what, ""
+
+
+def text_of(b):
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
 
 
 def compare(bad, ref, got, steps, tol, where):
