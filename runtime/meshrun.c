@@ -110,6 +110,18 @@ static void vfail(const char *fmt, va_list ap)
     fputs(line, stderr);
 }
 
+/* The same on any rank. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 1, 2)))
+#endif
+static void fail_here(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(fmt, ap);
+    va_end(ap);
+}
+
 /* The same (on rank 0 of a job of several processes); returns the
  * failure status, 1. */
 #if defined(__GNUC__)
@@ -344,7 +356,8 @@ static void print_profile(mesh_context *ctx, int gpu, double step_ms)
 /* One rank's training: every rank reads its slice of each global batch;
  * rank 0 prints, validates and saves checkpoints. A rank stopped because
  * another failed returns quietly (MESH_ERR_RANK): the one that failed says
- * why. */
+ * why, and with a process per rank each process then says what it saw
+ * (train). */
 static mesh_status train_rank(mesh_context *ctx, int rank, void *ud)
 {
     train_job *j = ud;
@@ -537,7 +550,14 @@ static int train(const mesh_plan *plan, const mesh_plan_info *pi, const run_opts
         return 1;
     if (o->resume && !j.ckpt) return fail("--resume needs --checkpoint DIR or the plan's train.checkpoint_dir");
     mesh_status st = mesh_run_ranks(plan, train_rank, &j);
-    if (st != MESH_OK && !atomic_load(&j.reported)) fail("%s: %s", pi->source[0] ? pi->source : "plan", mesh_last_error());
+    /* stopped by another rank's failure, every process of a job of
+     * several says what it saw, not rank 0's alone: rank 0 may be the one
+     * that failed (killed, or stopped: then no one else would say a word);
+     * what every rank finds alike (a plan for another world), rank 0 says */
+    if (st == MESH_ERR_RANK && !atomic_load(&j.reported))
+        fail_here("%s: %s", pi->source[0] ? pi->source : "plan", mesh_last_error());
+    else if (st != MESH_OK && !atomic_load(&j.reported))
+        fail("%s: %s", pi->source[0] ? pi->source : "plan", mesh_last_error());
     return st == MESH_OK ? 0 : 1;
 }
 

@@ -20,8 +20,10 @@ meshrun for a few steps, and checks that:
     are the uninterrupted one rank's too;
   - some run again with --no-overlap (the same losses, bit for bit), some
     with a process per rank, under mpirun or as torchrun starts them (over
-    TCP): the threads' losses, bit for bit; and data parallelism alone
-    with --deterministic (one rank's, bit for bit).
+    TCP): the threads' losses, bit for bit; some with a process per
+    rank, one of which is killed or stopped once the job trains: every
+    other one must end with an error within 30 s; and data parallelism
+    alone with --deterministic (one rank's, bit for bit).
 
 With --device cuda it runs meshrun_emu: the CUDA executor on emulated GPUs,
 NCCL between them (MESH_EMU_GPUS), against the one-rank CPU run.
@@ -40,12 +42,15 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FAULT_TIMEOUT_S = 3  # MESH_COLLECTIVE_TIMEOUT_S of a job with a rank stopped
+FAULT_S = 30  # how soon the other ranks of a job with a rank killed or stopped must end
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_btl": "self,vader",
            "OMPI_MCA_mpi_yield_when_idle": "1"}
@@ -117,6 +122,10 @@ def draw(rng, device):
     # threads run's losses, bit for bit
     if dp * tp * pp * ep > 1 and resume is None and not again and rng.random() < 0.25:
         again = rng.choice(["mpirun", "torchrun"])
+    # a rank per process (torchrun's way), one of them killed or stopped
+    # once the job trains: every other process ends with an error, soon
+    if dp * tp * pp * ep > 1 and resume is None and not again and rng.random() < 0.1:
+        again = ("fault", rng.randrange(dp * tp * pp * ep), rng.choice(["KILL", "STOP"]))
     # data parallelism alone (ZeRO 0) with --deterministic: one rank's losses, bit for bit
     if dp > 1 and tp == pp == ep == 1 and sets["train.zero"] == 0 and resume is None and not again \
             and rng.random() < 0.8:
@@ -271,6 +280,65 @@ class Sweep:
             rc = rc or p.returncode
         return "".join(outs), rc
 
+    def fault(self, plan, d, world, victim, sig):
+        """A job of a process per rank (torchrun's variables) trains; once rank
+        0 has logged a step, rank `victim` gets SIGKILL or SIGSTOP. Every
+        other process must end with an exit status not 0 and an error line
+        within FAULT_S seconds (a stopped rank: the survivors' collectives
+        time out after MESH_COLLECTIVE_TIMEOUT_S). None, or what went wrong."""
+        port = 20000 + random.randrange(10000)
+        procs, logs = [], []
+        for r in range(world):
+            env = dict(self.env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port), MESH_COLLECTIVE_TIMEOUT_S=str(FAULT_TIMEOUT_S))
+            log = os.path.join(d, "fault.%d" % r)
+            logs.append(log)
+            with open(log, "w") as f:
+                procs.append(subprocess.Popen([self.cpu_meshrun, plan, "--data", self.train, "--val", self.val,
+                                               "--steps", "100000",
+                                               "--threads", "1", "--checkpoint", os.path.join(d, "ck-fault")],
+                                              cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT))
+        try:
+            start = time.time()
+            while time.time() - start < 60 and "\nstep 1/" not in "\n" + open(logs[0]).read():
+                if any(p.poll() is not None for p in procs):
+                    return "a rank ended before the job trained:\n" + tail(open(logs[0]).read())
+                time.sleep(0.05)
+            else:
+                if time.time() - start >= 60:
+                    return "the job logged no step in 60 s"
+            os.kill(procs[victim].pid, getattr(signal, "SIG" + sig))
+            t0 = time.time()
+            late = []
+            for r, p in enumerate(procs):
+                if r == victim:
+                    continue
+                try:
+                    p.wait(timeout=max(0.1, t0 + FAULT_S - time.time()))
+                except subprocess.TimeoutExpired:
+                    late.append(r)
+            if late:
+                return "rank %d got SIG%s: ranks %s still ran %d s later (rank %d's output:\n%s)" % (
+                    victim, sig, late, FAULT_S, late[0], tail(open(logs[late[0]]).read(), 12))
+            for r, p in enumerate(procs):
+                if r == victim:
+                    continue
+                text = open(logs[r]).read()
+                if p.returncode == 0 or "error" not in text:
+                    return "rank %d got SIG%s: rank %d ended with status %d%s:\n%s" % (
+                        victim, sig, r, p.returncode, "" if "error" in text else " and no error line",
+                        tail(text, 12))
+            return None
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    try:
+                        os.kill(p.pid, signal.SIGCONT)
+                    except OSError:
+                        pass
+                    p.kill()
+                p.wait()
+
     def reference(self, src, sets, steps):
         ref = one_rank(sets)
         key = (src, tuple(sorted(ref.items())), steps)
@@ -347,6 +415,13 @@ class Sweep:
                 bad.append("%s: meshrun did not say it ran a rank per process" % again_in_turn)
             if plosses != losses or pval != val:
                 bad.append("%s: losses %s, as threads %s" % (again_in_turn, plosses, losses))
+        elif isinstance(again_in_turn, tuple) and self.device_ok("torchrun"):
+            _, victim, sig = again_in_turn
+            what += " %s-rank-%d" % (sig.lower(), victim)
+            world = sets["mesh.dp"] * sets["mesh.tp"] * sets["mesh.pp"] * sets["mesh.ep"]
+            why = self.fault(plan, d, world, victim, sig)
+            if why:
+                bad.append(why)
         elif again_in_turn == "no-overlap":
             what += " no-overlap"
             rc, nout, nlosses, nval, ncmd = self.train_run(plan, plan + ".noov", first, self.a.device,
