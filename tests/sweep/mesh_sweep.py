@@ -339,9 +339,12 @@ class Sweep:
                     p.kill()
                 p.wait()
 
-    def reference(self, src, sets, steps):
+    def reference(self, src, sets, steps, device="cpu"):
+        """One rank's losses and validation loss on the same model, seed and
+        global batch (on the CPU, the reference; or on the device under test,
+        for what must be its bits)."""
         ref = one_rank(sets)
-        key = (src, tuple(sorted(ref.items())), steps)
+        key = (src, tuple(sorted(ref.items())), steps, device)
         if key not in self.refs:
             plan = os.path.join(self.tmp, "ref%d.plan" % len(self.refs))
             rc, out = self.compile(src, ref, plan)
@@ -349,7 +352,7 @@ class Sweep:
                 self.refs[key] = (None, "the one-rank plan does not compile:\n" + out)
             else:
                 log = plan + ".log"
-                rc, out, losses, val, cmd = self.train_run(plan, log, steps, "cpu", ["--checkpoint", plan + ".ck"])
+                rc, out, losses, val, cmd = self.train_run(plan, log, steps, device, ["--checkpoint", plan + ".ck"])
                 self.refs[key] = ((losses, val), None) if rc == 0 else (None, "one rank failed:\n" + out)
         return self.refs[key]
 
@@ -401,8 +404,12 @@ class Sweep:
                                                           ["--deterministic", "--checkpoint", ck + "-det"])
             if rc != 0:
                 return "fail", what, "meshrun --deterministic exited %d:\n%s\n%s" % (rc, tail(dout), " ".join(dcmd))
-            if dlosses != ref_losses or dval != ref_val:
-                bad.append("--deterministic: losses %s, one rank's %s" % (dlosses, ref_losses))
+            same, why = (ref, None) if self.a.device == "cpu" else self.reference(src, sets, steps, self.a.device)
+            if same is None:
+                return "fail", what, why
+            if dlosses != same[0] or dval != same[1]:
+                bad.append("--deterministic: losses %s (validation %s), one rank's on the %s %s (%s)" % (
+                    dlosses, dval, self.a.device, same[0], same[1]))
         elif again_in_turn in ("mpirun", "torchrun") and self.device_ok(again_in_turn):
             what += " " + again_in_turn
             world = sets["mesh.dp"] * sets["mesh.tp"] * sets["mesh.pp"] * sets["mesh.ep"]
