@@ -144,6 +144,10 @@ def random_mesh(rng, kind, device):
             return dp, tp, pp, ep
 
 
+def world_of(sets):
+    return sets["mesh.dp"] * sets["mesh.tp"] * sets["mesh.pp"] * sets["mesh.ep"]
+
+
 def one_rank(sets):
     ref = dict(sets)
     ref.update({"mesh.dp": 1, "mesh.tp": 1, "mesh.pp": 1, "mesh.ep": 1, "train.schedule": "1f1b",
@@ -280,6 +284,16 @@ class Sweep:
             rc = rc or p.returncode
         return "".join(outs), rc
 
+    def rerun(self, plan, steps, name, options, launcher=None, world=1):
+        """plan trained again with options (its own checkpoint folder):
+        (losses, validation loss, output), or a str saying how it failed."""
+        rc, out, losses, val, cmd = self.train_run(plan, plan + "." + name, steps, self.a.device,
+                                                   list(options) + ["--checkpoint", plan + ".ck-" + name],
+                                                   launcher, world)
+        if rc != 0:
+            return "meshrun %s exited %d:\n%s\n%s" % (" ".join(options) or launcher, rc, tail(out, 40), " ".join(cmd))
+        return losses, val, out
+
     def fault(self, plan, d, world, victim, sig):
         """A job of a process per rank (torchrun's variables) trains; once rank
         0 has logged a step, rank `victim` gets SIGKILL or SIGSTOP. Every
@@ -395,48 +409,42 @@ class Sweep:
                 mm = re.match(r"(\S+) (\d+) \((\d+)\)", item)
                 if not mm or mm.group(2) != mm.group(3):
                     bad.append("rank 0 sent other bytes than the plan's: " + item)
-        elif sets["mesh.dp"] * sets["mesh.tp"] * sets["mesh.pp"] * sets["mesh.ep"] > 1:
+        elif world_of(sets) > 1:
             bad.append("no line of the bytes rank 0 sent")
         compare(bad, ref_losses, losses, range(1, first + 1), tol, "")
         if again_in_turn == "deterministic":
             what += " deterministic"
-            rc, dout, dlosses, dval, dcmd = self.train_run(plan, plan + ".det", first, self.a.device,
-                                                          ["--deterministic", "--checkpoint", ck + "-det"])
-            if rc != 0:
-                return "fail", what, "meshrun --deterministic exited %d:\n%s\n%s" % (rc, tail(dout), " ".join(dcmd))
+            got = self.rerun(plan, first, "det", ["--deterministic"])
+            if isinstance(got, str):
+                return "fail", what, got
             same, why = (ref, None) if self.a.device == "cpu" else self.reference(src, sets, steps, self.a.device)
             if same is None:
                 return "fail", what, why
-            if dlosses != same[0] or dval != same[1]:
+            if got[:2] != same:
                 bad.append("--deterministic: losses %s (validation %s), one rank's on the %s %s (%s)" % (
-                    dlosses, dval, self.a.device, same[0], same[1]))
+                    got[0], got[1], self.a.device, same[0], same[1]))
         elif again_in_turn in ("mpirun", "torchrun") and self.device_ok(again_in_turn):
             what += " " + again_in_turn
-            world = sets["mesh.dp"] * sets["mesh.tp"] * sets["mesh.pp"] * sets["mesh.ep"]
-            rc, pout, plosses, pval, pcmd = self.train_run(plan, plan + "." + again_in_turn, first, self.a.device,
-                                                          ["--checkpoint", ck + "-procs"], again_in_turn, world)
-            if rc != 0:
-                return "fail", what, "meshrun under %s exited %d:\n%s\n%s" % (again_in_turn, rc, tail(pout, 40),
-                                                                             " ".join(pcmd))
-            if "one per process (%s)" % again_in_turn not in pout:
+            got = self.rerun(plan, first, again_in_turn, [], again_in_turn, world_of(sets))
+            if isinstance(got, str):
+                return "fail", what, got
+            if "one per process (%s)" % again_in_turn not in got[2]:
                 bad.append("%s: meshrun did not say it ran a rank per process" % again_in_turn)
-            if plosses != losses or pval != val:
-                bad.append("%s: losses %s, as threads %s" % (again_in_turn, plosses, losses))
+            if got[:2] != (losses, val):
+                bad.append("%s: losses %s, as threads %s" % (again_in_turn, got[0], losses))
         elif isinstance(again_in_turn, tuple) and self.device_ok("torchrun"):
             _, victim, sig = again_in_turn
             what += " %s-rank-%d" % (sig.lower(), victim)
-            world = sets["mesh.dp"] * sets["mesh.tp"] * sets["mesh.pp"] * sets["mesh.ep"]
-            why = self.fault(plan, d, world, victim, sig)
+            why = self.fault(plan, d, world_of(sets), victim, sig)
             if why:
                 bad.append(why)
         elif again_in_turn == "no-overlap":
             what += " no-overlap"
-            rc, nout, nlosses, nval, ncmd = self.train_run(plan, plan + ".noov", first, self.a.device,
-                                                          ["--no-overlap", "--checkpoint", ck + "-noov"])
-            if rc != 0:
-                return "fail", what, "meshrun --no-overlap exited %d:\n%s\n%s" % (rc, tail(nout), " ".join(ncmd))
-            if nlosses != losses or nval != val:
-                bad.append("--no-overlap: losses %s, overlapped %s" % (nlosses, losses))
+            got = self.rerun(plan, first, "noov", ["--no-overlap"])
+            if isinstance(got, str):
+                return "fail", what, got
+            if got[:2] != (losses, val):
+                bad.append("--no-overlap: losses %s, overlapped %s" % (got[0], losses))
         if rsets:
             what += " resumed dp%d tp%d pp%d ep%d" % resume
             rc, out, losses, val, cmd = self.train_run(rplan, rplan + ".log", steps, self.a.device,
