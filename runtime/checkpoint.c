@@ -148,7 +148,7 @@ static int lock_dir(mesh__ckpt_lock *lock, const char *dir, char *err, size_t er
 {
     if (lock->dir && strcmp(lock->dir, dir) == 0) return 0;
     mesh__ckpt_unlock(lock);
-    char path[4096], who[200] = "";
+    char path[4096], who[64] = "";
     join(path, sizeof path, dir, ".lock");
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (fd < 0) {
@@ -164,21 +164,15 @@ static int lock_dir(mesh__ckpt_lock *lock, const char *dir, char *err, size_t er
             close(fd);
             return 0;
         }
-        ssize_t got = pread(fd, who, sizeof who - 1, 0);
-        who[got > 0 ? got : 0] = '\0';
-        who[strcspn(who, "\n")] = '\0';
+        struct flock holder = fl; /* who holds it (on this machine; a lock over NFS may not say) */
+        if (fcntl(fd, F_GETLK, &holder) == 0 && holder.l_type != F_UNLCK && holder.l_pid > 0)
+            snprintf(who, sizeof who, "process %ld", (long)holder.l_pid);
         close(fd);
         set_err(err, errn, "the checkpoint folder '%s' is another job's (%s holds %s): two jobs saving in one "
                 "folder would overwrite each other's steps; give this one its own (--checkpoint DIR)", dir,
                 who[0] ? who : "a process", path);
         return -1;
     }
-    char host[128] = "?";
-    if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "?");
-    host[sizeof host - 1] = '\0';
-    int len = snprintf(who, sizeof who, "pid %ld on %s\n", (long)getpid(), host);
-    int named = ftruncate(fd, 0) == 0 && pwrite(fd, who, (size_t)len, 0) == len;
-    (void)named; /* the holder's name is a courtesy to the job refused; the lock is what counts */
     lock->dir = malloc(strlen(dir) + 1);
     if (!lock->dir) {
         close(fd);

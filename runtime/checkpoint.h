@@ -23,9 +23,10 @@
 
 #include "exec.h" /* mesh__exec */
 
-/* A job's hold on its checkpoint folder: DIR/.lock, locked (a POSIX
- * record lock, which the system drops when the process ends, however it
- * ends) and holding "pid N on HOST". Rank 0 takes it at its first save in
+/* A job's hold on its checkpoint folder: DIR/.lock, an empty file locked
+ * (a POSIX record lock, which the system drops when the process ends,
+ * however it ends; F_GETLK names the holding process to a job refused,
+ * and the folder's files stay the same bytes run to run). Rank 0 takes it at its first save in
  * DIR and keeps it until mesh__ckpt_unlock (the context's end). A save by
  * another process into a folder held so is refused, naming the holder:
  * two jobs saving the same step in one folder would replace each other's

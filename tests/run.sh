@@ -692,7 +692,7 @@ sys.exit(not (m and all(x["grad_norm"] is None and x["skipped"] is True and x["l
     capture "$TMP/second.out" "$MESHRUN" "$TMP/tiny.plan" --data "$TMP/dd.bin" --steps 5 --checkpoint "$TMP/shared-ck"
     kill "$holder" 2>/dev/null
     wait "$holder" 2>/dev/null
-    if grep -q "^meshrun: error: the checkpoint folder '$TMP/shared-ck' is another job's (pid $holder on .* holds $TMP/shared-ck/.lock): two jobs saving in one folder would overwrite each other's steps; give this one its own (--checkpoint DIR)$" "$TMP/second.out" &&
+    if grep -q "^meshrun: error: the checkpoint folder '$TMP/shared-ck' is another job's (process $holder holds $TMP/shared-ck/.lock): two jobs saving in one folder would overwrite each other's steps; give this one its own (--checkpoint DIR)$" "$TMP/second.out" &&
         ! grep -q "^step 1/" "$TMP/second.out" && [ "$(tail -n 1 "$TMP/second.out")" = "exit: 1" ] &&
         [ "$(ls -A "$TMP/shared-ck")" = ".lock" ]; then
         pass meshrun/checkpoint-folder-of-another-job
