@@ -401,6 +401,8 @@ class Sweep:
         ck = os.path.join(d, "ck")
         extra = ["--checkpoint", ck]  # (not the example's checkpoint_dir, in the source tree)
         rc, out, losses, val, cmd = self.train_run(plan, plan + ".log", first, self.a.device, extra)
+        if rc == 1 and "does not train this plan yet" in out:  # (a refusal saying why: the GPUs' limits)
+            return "rejected", what, [l for l in out.splitlines() if "does not train" in l][0][:160]
         if rc != 0:
             return "fail", what, "meshrun exited %d:\n%s\n%s\n%s" % (rc, tail(out), again, " ".join(cmd))
         m = SENT.search(out)
