@@ -499,11 +499,9 @@ def main():
     try:
         while True:
             n += 1
-            state = rng.getstate()
-            if n < a.first:
+            if n < a.first:  # (drawn and passed over: case n's draw is the same with --first)
                 draw(rng, a.device)
                 continue
-            rng.setstate(state)
             if a.cases and n - a.first >= a.cases or not a.cases and time.time() - start > a.seconds:
                 break
             try:
