@@ -490,6 +490,10 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder")
     a = ap.parse_args()
     a.build = os.path.abspath(a.build)
+    # a SIGTERM (timeout, kill) ends the sweep as Ctrl-C does: through the
+    # finally blocks, which kill a fault case's ranks (one may be stopped)
+    # and remove the scratch folder
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     s = Sweep(a)
     rng = random.Random(a.seed)
     counts = {"ok": 0, "fail": 0, "rejected": 0}
