@@ -2,6 +2,7 @@
 #include "compile.h"
 
 #include <errno.h>  /* errno */
+#include <stdio.h>  /* snprintf */
 #include <stdlib.h> /* calloc */
 #include <string.h> /* memset, strerror */
 
@@ -52,13 +53,14 @@ static int assign_layers(compiled *c) {
 
 /* What each of the rank programs' operations carries, from the plan
  * these settings make (the runtime counts the same, memplan.h): *bytes
- * (per step, freed by the caller) and *sz; -1 (out of memory, or the plan
- * not made: meshc says why when it writes it) leaves them to ranks_build's
- * estimate. */
-static int plan_sizes(const compiled *c, const graph *g, ranks_sizes *sz, signed char **bytes) {
+ * (per step, freed by the caller) and *sz. 0, or -1 with the reason in
+ * err (out of memory, or a plan that cannot be made). */
+static int plan_sizes(const compiled *c, const graph *g, ranks_sizes *sz, signed char **bytes, char *err,
+                      size_t n) {
     plan pl;
     *bytes = NULL;
     if (plan_from(&pl, "", &c->setup, g, &c->prog, &c->sc) != 0) {
+        snprintf(err, n, "%s", pl.error);
         plan_free(&pl);
         return -1;
     }
@@ -73,6 +75,8 @@ static int plan_sizes(const compiled *c, const graph *g, ranks_sizes *sz, signed
                     sz->act_bytes += memplan_value_bytes(&pl, pl.regions[r].carry[k].exit);
                 break;
             }
+    } else {
+        snprintf(err, n, "out of memory");
     }
     plan_free(&pl);
     return *bytes ? 0 : -1;
@@ -108,8 +112,11 @@ fe_status compile_run(fe *f, compiled *c, int run_check) {
     fe_status st = FE_OK;
     ranks_sizes sz;
     signed char *bytes;
-    int sized = plan_sizes(c, g, &sz, &bytes) == 0;
-    int built = ranks_build(&c->ranks, &c->prog, &c->sc, sized ? &sz : NULL, err, sizeof err);
+    if (plan_sizes(c, g, &sz, &bytes, err, sizeof err) != 0) {
+        fe_error_at(f, LOC_NONE, err);
+        return FE_ERRORS;
+    }
+    int built = ranks_build(&c->ranks, &c->prog, &c->sc, &sz, err, sizeof err);
     free(bytes);
     c->have_ranks = 1;
     if (built == -2) {

@@ -19,9 +19,7 @@ typedef struct builder {
     int chunks;               /* pp x v */
     long long stack_count;    /* the layer stack's iterations */
     int base[6];              /* first group index of: tp, ep, dp dense, dp expert, first+last stage */
-    long long act_bytes;      /* an activation crossing a stage boundary */
-    int elem_bytes;
-    const signed char *step_bytes; /* per step, an element's (ranks_sizes), or NULL */
+    const ranks_sizes *sizes; /* what each operation carries */
     signed char *part;        /* per step of the forward and backward programs: its part (unit_parts) */
 } builder;
 
@@ -136,15 +134,8 @@ static int emit_bytes(builder *b, int rank, int si, long long bytes) {
     return push(b, rank, op);
 }
 
-/* Bytes of an element step si's collective moves: a param's gradient is
- * fp32 in every precision (fp32 main gradients, memplan.h); values and
- * other gradients are the plan's precision. */
-static long long step_elem_bytes(const builder *b, int si) {
-    if (b->step_bytes) return b->step_bytes[si];
-    const shard_step *st = &b->p->steps[si];
-    int grads = st->backward >= 1 && st->kind != STEP_ALL_GATHER && b->p->g->nodes[st->node].op == G_PARAM;
-    return grads ? 4 : b->elem_bytes;
-}
+/* Bytes of an element step si's collective moves (ranks_sizes). */
+static long long step_elem_bytes(const builder *b, int si) { return b->sizes->elem_bytes[si]; }
 
 static int emit_step(builder *b, int rank, int si) {
     const shard_step *st = &b->p->steps[si];
@@ -265,7 +256,7 @@ static int emit_p2p(builder *b, int rank, const sched_unit *u) {
     op.kind = send ? VERIFY_SEND : VERIFY_RECV;
     op.peer = rank_of(b, c);
     op.tag = 2 * (u->micro * b->chunks + consumer) + grad;
-    op.bytes = b->act_bytes;
+    op.bytes = b->sizes->act_bytes;
     op.group = -1;
     return push(b, rank, op);
 }
@@ -289,18 +280,7 @@ int ranks_build(rank_progs *r, const shard_prog *p, const sched *sc, const ranks
         if (g->regions[i].is_stack) b.stack = i;
     b.chunks = sc->pp * sc->v;
     b.stack_count = b.stack >= 0 ? g->regions[b.stack].count : 0;
-    b.elem_bytes = s->precision == 0 ? 4 : 2;
-    if (b.stack >= 0 && g->regions[b.stack].n_carry > 0) {
-        int t = g->regions[b.stack].carry[0].entry;
-        long long e = 1;
-        for (int i = 0; i < g->nodes[t].rank; i++) e *= g->nodes[t].dims[i];
-        if (p->pl[t].kind[TP] == PL_SPLIT) e /= s->tp;
-        b.act_bytes = e * b.elem_bytes;
-    }
-    if (sizes) {
-        b.step_bytes = sizes->elem_bytes;
-        b.act_bytes = sizes->act_bytes;
-    }
+    b.sizes = sizes;
     r->ops = calloc((size_t)r->world, sizeof *r->ops);
     r->n_ops = calloc((size_t)r->world, sizeof *r->n_ops);
     r->cap_ops = calloc((size_t)r->world, sizeof *r->cap_ops);

@@ -42,8 +42,7 @@ typedef struct ranks_sizes {
 
 /* Builds every rank's program for one step: the schedule's units in order,
  * each expanded into its chunk's collectives, then the gradient sync.
- * sizes NULL: each element in the plan's precision (a param's gradient in
- * fp32), and a transfer the carried value's local elements. Returns 0; -2
+ * Each operation carries what sizes says. Returns 0; -2
  * when the programs would exceed the check's budget (2^25 operations over
  * all ranks), with a message; -1 on other failures (out of memory, a world
  * over 2^20 ranks). */
