@@ -9,7 +9,7 @@
 #include <stdint.h>   /* uint64_t */
 #include <stdio.h>    /* FILE, snprintf, rename */
 #include <stdlib.h>   /* malloc, free, strtoll */
-#include <string.h>   /* strcmp, strerror */
+#include <string.h>   /* strcmp, strerror, strdup */
 #include <sys/stat.h> /* mkdir, stat */
 #include <unistd.h>   /* fsync, unlink, rmdir */
 
@@ -173,13 +173,11 @@ static int lock_dir(mesh__ckpt_lock *lock, const char *dir, char *err, size_t er
                 who[0] ? who : "a process", path);
         return -1;
     }
-    lock->dir = malloc(strlen(dir) + 1);
-    if (!lock->dir) {
+    if (!(lock->dir = strdup(dir))) {
         close(fd);
         set_err(err, errn, "out of memory");
         return -1;
     }
-    strcpy(lock->dir, dir);
     lock->fd = fd;
     return 0;
 }

@@ -377,11 +377,11 @@ class Sweep:
         os.makedirs(d, exist_ok=True)
         plan = os.path.join(d, "case.plan")
         rc, out = self.compile(src, sets, plan)
-        again = "meshc -o case.plan %s %s" % (" ".join(sets_args(sets)), src)
+        remake = "meshc -o case.plan %s %s" % (" ".join(sets_args(sets)), src)
         if rc == 1 and DIAG.search(out):
             return "rejected", what, DIAG.search(out).group(0) + out[DIAG.search(out).end():].split("\n")[0][:120]
         if rc != 0:
-            return "fail", what, "meshc exited %d without a diagnostic:\n%s\n%s" % (rc, out, again)
+            return "fail", what, "meshc exited %d without a diagnostic:\n%s\n%s" % (rc, out, remake)
         steps = self.a.steps
         ref, why = self.reference(src, sets, steps)
         if ref is None:
@@ -404,7 +404,7 @@ class Sweep:
         if rc == 1 and "does not train this plan yet" in out:  # (a refusal saying why: the GPUs' limits)
             return "rejected", what, [l for l in out.splitlines() if "does not train" in l][0][:160]
         if rc != 0:
-            return "fail", what, "meshrun exited %d:\n%s\n%s\n%s" % (rc, tail(out), again, " ".join(cmd))
+            return "fail", what, "meshrun exited %d:\n%s\n%s\n%s" % (rc, tail(out), remake, " ".join(cmd))
         m = SENT.search(out)
         if m:
             for item in m.group(1).split(", "):
@@ -457,7 +457,7 @@ class Sweep:
         if ref_val is not None and (val is None or abs(val - ref_val) > tol * abs(ref_val) + 1e-12):
             bad.append("validation loss %r against one rank's %r" % (val, ref_val))
         if bad:
-            return "fail", what, "\n".join(bad[:6]) + "\n" + again + "\n" + " ".join(cmd)
+            return "fail", what, "\n".join(bad[:6]) + "\n" + remake + "\n" + " ".join(cmd)
         return "ok", what, ""
 
 
