@@ -263,25 +263,6 @@ static int join_gpus(mesh_context *ctx, comm *world, int *gpu, char *err, size_t
     return -1;
 }
 
-/* What the ranks' GPUs cannot train over NCCL: -1 with why in err, else 0.
- * Over NCCL a send waits for its receive: comm_nccl.c issues it in one
- * group with the rank's next receive, which pairs 1F1B's and GPipe's
- * transfers as their peers post them, but not the interleaved order's (two
- * stages each in a group that waits for a receive the other posts only
- * after its own group; found by tests/sweep/mesh_sweep.py on the emulated
- * NCCL). Ranks sharing GPUs (MESH_GPU_SHARED) transfer through the host. */
-static int nccl_refusal(const mesh_plan *mp, comm *world, char *err, size_t n)
-{
-    const fe_setup *s = &mp->p.setup;
-    if (!world || world->size < 2 || (threads_world(world) && gpus_shared()) || s->pp < 2 ||
-        s->schedule != SCHED_KIND_INTERLEAVED)
-        return 0;
-    snprintf(err, n, "the interleaved pipeline schedule's transfers over NCCL can wait on each other for ever (a "
-             "stage's send goes out in one NCCL group with its next receive, which the interleaved order does not "
-             "pair as 1F1B does); compile it with train.schedule = 1f1b or gpipe for GPUs");
-    return -1;
-}
-
 mesh_status mesh__context_create(const mesh_plan *mp, int rank, comm *world, mesh_alloc_fn alloc, void *ud,
                                  mesh_context **out)
 {
@@ -307,7 +288,7 @@ mesh_status mesh__context_create(const mesh_plan *mp, int rank, comm *world, mes
                      (profile ? MESH__EXEC_PROFILE : 0) | (ctx->device == MESH_DEVICE_CUDA ? MESH__EXEC_CUDA : 0) |
                      extra_flags;
     if (ctx->device == MESH_DEVICE_CUDA &&
-        (mesh__exec_gpu_supported(&mp->p, err, sizeof err) != 0 || nccl_refusal(mp, world, err, sizeof err) != 0)) {
+        mesh__exec_gpu_supported(&mp->p, err, sizeof err) != 0) {
         char why[600];
         snprintf(why, sizeof why, "the GPU executor does not train this plan yet: %s (train it on the CPU: "
                  "--device cpu)", err);

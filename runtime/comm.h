@@ -343,13 +343,28 @@ int comm_nccl_set_elements(comm *c, int type);
 /* The sends c's world deferred (comm_nccl_p2p.c: an NCCL send is issued at
  * the rank's next call) go out now, and the call returns once they are
  * received (ordered: once enqueued, the caller's stream waiting for
- * them). For the end of a pipeline's schedule, whose last send would
+ * them); so do c's channels' sends (comm_nccl_channels) since the last
+ * flush. For the end of a pipeline's schedule, whose last send would
  * otherwise wait for a later NCCL call while the receiver waits for it
  * (the rank's next collective being on the host world, as an evaluation's
  * loss sum is). Not collective. Returns 0 (nothing done for a handle of
  * another backend, whose sends are eager), or -1 with the reason in
  * c->error (the world aborted). */
 int comm_nccl_flush(comm *c);
+
+/* Gives c's ranks channels of their own for the sends between neighbours
+ * (comm_nccl_chan.c): rank r's sends to r + 1 and to r - 1, and its
+ * receives from them (with ring, also between the last rank and the
+ * first), each on an NCCL communicator and stream of their own, so that
+ * they are as eager as the other backends': a send is issued at once and
+ * waits on the GPU for its receive alone, never for the rank's other
+ * calls, and any order of sends and receives that the threads backend
+ * runs (a pipeline's interleaved schedule's) runs here. Sends to other
+ * ranks stay deferred. A channel's send or receive is refused between
+ * group_begin and group_end. Collective over c (2 to 6 splits, whatever c's size); once
+ * per handle (again: nothing). Returns 0 (nothing done for a handle of
+ * another backend), or -1 with the reason in c->error. */
+int comm_nccl_channels(comm *c, int ring);
 
 /* Orders the calls of c's world on the caller's CUDA stream `stream` (a
  * cudaStream_t of the world's device; NULL: its legacy default stream)

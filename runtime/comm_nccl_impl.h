@@ -5,6 +5,8 @@
  * Its files:
  *   comm_nccl.c        the collectives, groups, abort, and the vtable
  *   comm_nccl_p2p.c    sends (staged on the device, deferred) and receives
+ *   comm_nccl_chan.c   ring channels: a communicator and stream for each
+ *                      direction between neighbours, whose sends are eager
  *   comm_nccl_a2a.c    the all-to-all, and its counts' exchange
  *   comm_nccl_wait.c   waiting for NCCL and the GPU: the checks of a wait,
  *                      failures and the world's abort, the watchdog
@@ -33,7 +35,17 @@ typedef struct nslot { /* a staged send; kept (with its buffer) for reuse once i
     void *data;
     size_t cap, bytes;
     int peer;
+    cudaEvent_t sent; /* a channel's (comm_nccl_chan.c): recorded after its send, */
+    int busy;         /* which may still be on its way while this is set */
 } nslot;
+
+struct ncomm;
+typedef struct nchan { /* a ring channel (comm_nccl_chan.c): its handle, and the peer (a rank of its owner) */
+    struct ncomm *h;
+    int peer;
+} nchan;
+
+enum { CHANS = 2 }; /* a handle's channels each way: to (from) its next and its previous rank */
 
 typedef struct nworld nworld;
 
@@ -67,6 +79,12 @@ typedef struct ncomm {
                            inherited by splits */
     a2a_check chk[A2A_CHECKS]; /* ordered world: all-to-all counts to check, a ring */
     int chk_next;
+    nchan out[CHANS], in[CHANS]; /* its ring channels (comm_nccl_channels); h NULL where none */
+    struct ncomm *chan[2 * CHANS]; /* the same, in the order they were made */
+    int chans;
+    int sending;  /* a channel: its sender's handle (sends not waited for by the world's other calls) */
+    int inflight; /* a sender's channel: sends issued since its owner's last flush */
+    char what[40]; /* a channel: its calls' name ("send to rank 1"; the owner's rank), which a failure says */
 } ncomm;
 
 struct nworld {
@@ -141,6 +159,15 @@ ncclResult_t nccl__issue_sends(nworld *w, int self, ncomm **bad);
 int nccl__flush_sends(ncomm *m, const char *op);
 int nccl__send(comm *c, const void *buf, size_t bytes, int peer);
 int nccl__recv(comm *c, void *buf, size_t bytes, int peer);
+nslot *nccl__slot(ncomm *m, int i, size_t bytes, cudaStream_t stream);
+
+/* ---- comm_nccl_chan.c: ring channels ------------------------------------ */
+
+ncomm *nccl__chan_of(const nchan *at, int peer);
+int nccl__chan_send(ncomm *m, ncomm *ch, const void *buf, size_t bytes);
+int nccl__chan_recv(ncomm *m, ncomm *ch, void *buf, size_t bytes);
+int nccl__chan_flush(ncomm *m, const char *op);
+void nccl__chan_free(ncomm *m);
 
 /* ---- comm_nccl_a2a.c: the all-to-all ------------------------------------- */
 
@@ -165,6 +192,7 @@ int nccl__look(ncomm *m, const char *op, int streams);
 int nccl__wait_for(ncomm *m, const char *op, int streams);
 int nccl__finish(ncomm *m, const char *op);
 int nccl__after_caller(ncomm *m, const char *op);
+int nccl__stream_after_caller(ncomm *x, ncomm *m, const char *op);
 int nccl__join_caller(ncomm *x, ncomm *m, const char *op);
 int nccl__settle(ncomm *m, const char *op);
 int nccl__wait_gpu(ncomm *m, const char *op, cudaEvent_t ev);

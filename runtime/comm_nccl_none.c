@@ -60,6 +60,13 @@ int comm_nccl_flush(comm *c)
     return 0;
 }
 
+int comm_nccl_channels(comm *c, int ring)
+{
+    (void)c; /* no NCCL handle exists in this build: nothing to do */
+    (void)ring;
+    return 0;
+}
+
 int comm_nccl_defer(comm *c)
 {
     (void)c; /* no NCCL handle exists in this build */

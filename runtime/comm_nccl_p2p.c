@@ -3,7 +3,9 @@
  * with the process's next call (in one NCCL group with it when that call
  * is a receive), at a group's end, or when the handle is freed (the top
  * of comm_nccl.c says why); a receive from oneself outside a group copies
- * the oldest send to oneself without NCCL.
+ * the oldest send to oneself without NCCL. A send to (a receive from) a
+ * ring neighbour with a channel of its own goes there instead
+ * (comm_nccl_chan.c).
  */
 #include <stdio.h>  /* defines: snprintf */
 #include <stdlib.h> /* defines: realloc */
@@ -80,11 +82,13 @@ static int peer_ok(comm *c, int peer, const char *what)
     return 0;
 }
 
-/* A staging slot for a send of bytes, at the end of the pending ones;
- * NULL (with why) if out of memory. */
-static nslot *stage_slot(ncomm *m, size_t bytes)
+/* Slot i of m's (made, with the ones before it, if m has fewer), holding
+ * at least bytes: a smaller buffer is replaced, in stream's order (a
+ * cudaFree would wait for every stream of the GPU); NULL if out of
+ * memory. */
+nslot *nccl__slot(ncomm *m, int i, size_t bytes, cudaStream_t stream)
 {
-    if (m->pending == m->slots) {
+    while (i >= m->slots) {
         int n = m->slots ? 2 * m->slots : 4;
         nslot *s = realloc(m->slot, (size_t)n * sizeof *s);
         if (!s) return NULL;
@@ -92,12 +96,12 @@ static nslot *stage_slot(ncomm *m, size_t bytes)
         m->slot = s;
         m->slots = n;
     }
-    nslot *s = &m->slot[m->pending];
-    if (s->cap < bytes) { /* in the stream's order: a cudaFree would wait for every stream of the GPU */
-        if (s->data) (void)cudaFreeAsync(s->data, m->stream);
+    nslot *s = &m->slot[i];
+    if (s->cap < bytes) {
+        if (s->data) (void)cudaFreeAsync(s->data, stream);
         s->data = NULL;
         s->cap = 0;
-        if (cudaSetDevice(m->w->device) != cudaSuccess || cudaMallocAsync(&s->data, bytes, m->stream) != cudaSuccess) {
+        if (cudaSetDevice(m->w->device) != cudaSuccess || cudaMallocAsync(&s->data, bytes, stream) != cudaSuccess) {
             (void)cudaGetLastError();
             s->data = NULL;
             return NULL;
@@ -115,7 +119,9 @@ int nccl__send(comm *c, const void *buf, size_t bytes, int peer)
     if (!peer_ok(c, peer, "send to") || nccl__dead(m, "send") != 0 || nccl__on_device(m, "send", buf, bytes) != 0)
         return -1;
     if (bytes == 0) return 0; /* as the receive of 0 bytes: nothing moves */
-    nslot *s = stage_slot(m, bytes);
+    ncomm *ch = nccl__chan_of(m->out, peer);
+    if (ch) return nccl__chan_send(m, ch, buf, bytes);
+    nslot *s = nccl__slot(m, m->pending, bytes, m->stream); /* at the end of the pending ones */
     if (!s) return comm_fail(c, "send", "out of device memory staging %zu bytes", bytes);
     if (copy_in_turn(m, "send", s->data, buf, bytes) != 0) return -1;
     s->bytes = bytes;
@@ -152,6 +158,8 @@ int nccl__recv(comm *c, void *buf, size_t bytes, int peer)
         nccl__on_device(m, "receive", buf, bytes) != 0)
         return -1;
     if (bytes == 0) return 0;
+    ncomm *ch = nccl__chan_of(m->in, peer);
+    if (ch) return nccl__chan_recv(m, ch, buf, bytes);
     if (m->w->group)
         return nccl__after_caller(m, "receive") != 0
                  ? -1

@@ -39,7 +39,7 @@ void nccl__abort_world(nworld *w, const char *why)
         if (x->nc) (void)ncclCommAbort(x->nc);
         x->nc = NULL;
         x->pending = 0;
-        x->touched = 0;
+        x->touched = x->inflight = 0;
     }
     pthread_mutex_unlock(&w->mu);
 }
@@ -297,17 +297,20 @@ int nccl__wait_for(ncomm *m, const char *op, int streams)
 /* Waits until the work enqueued on the world's touched handles is done. */
 int nccl__finish(ncomm *m, const char *op) { return nccl__wait_for(m, op, 1); }
 
-/* Ordered world: m's stream waits for the caller's work so far, which
- * writes the call's buffers or reads those it writes. */
-int nccl__after_caller(ncomm *m, const char *op)
+/* Ordered world: x's stream waits for the caller's work so far, which
+ * writes the call's buffers or reads those it writes (failures recorded
+ * in m). */
+int nccl__stream_after_caller(ncomm *x, ncomm *m, const char *op)
 {
     nworld *w = m->w;
     if (!w->ordered) return 0;
     cudaError_t ce = cudaEventRecord(w->before, w->caller);
     if (ce != cudaSuccess) return nccl__cuda_fail(m, op, "cudaEventRecord", ce);
-    ce = cudaStreamWaitEvent(m->stream, w->before, 0);
+    ce = cudaStreamWaitEvent(x->stream, w->before, 0);
     return ce == cudaSuccess ? 0 : nccl__cuda_fail(m, op, "cudaStreamWaitEvent", ce);
 }
+
+int nccl__after_caller(ncomm *m, const char *op) { return nccl__stream_after_caller(m, m, op); }
 
 /* Ordered world: the caller's stream waits for the work on x's stream so
  * far (failures recorded in m). */

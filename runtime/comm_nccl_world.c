@@ -122,6 +122,7 @@ void nccl__free(comm *c)
     ncomm *m = (ncomm *)c;
     nworld *w = m->w;
     (void)nccl__take_abort(w);
+    nccl__chan_free(m);
     if (!w->aborted && m->nc && !w->group && nccl__flush_sends(m, "free") != 0)
         fprintf(stderr, "mesh: %s\n", c->error);
     if (m->nc) {
@@ -160,6 +161,8 @@ void nccl__free(comm *c)
     for (int i = 0; i < m->slots; i++)
         if (m->slot[i].data) (void)cudaFreeAsync(m->slot[i].data, m->stream);
     (void)cudaStreamSynchronize(m->stream);
+    for (int i = 0; i < m->slots; i++)
+        if (m->slot[i].sent) (void)cudaEventDestroy(m->slot[i].sent);
     if (m->chk[0].host) (void)cudaFreeHost(m->chk[0].host); /* (check_alloc's blocks) */
     free(m->chk[0].want);
     for (int i = 0; i < A2A_CHECKS; i++)
@@ -379,7 +382,8 @@ int comm_nccl_flush(comm *c)
     if (!c || c->v != &nccl__vtbl) return 0;
     ncomm *m = (ncomm *)c;
     if (nccl__dead(m, "flush") != 0) return -1;
-    return m->w->group ? 0 : nccl__flush_sends(m, "flush"); /* in a group: its end issues them */
+    if (m->w->group) return 0; /* in a group: its end issues them */
+    return nccl__flush_sends(m, "flush") != 0 ? -1 : nccl__chan_flush(m, "flush");
 }
 
 int comm_nccl_order(comm *c, void *stream)

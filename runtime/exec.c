@@ -468,6 +468,12 @@ static int join_axes(mesh__exec *ex, comm *world, comm *dworld, unsigned flags, 
     ex->world = dworld ? dworld : world;
     ex->hworld = world;
     if (split_groups(ex, ex->world, ex->axis, &ex->data, &ex->tied, err, errn) != 0) return -1;
+    /* over NCCL, the pipeline's transfers on channels of their own: as
+     * eager as the other backends', which the interleaved order needs */
+    if (ex->p->pp > 1 && comm_nccl_channels(ex->axis[2], ex->p->setup.schedule == SCHED_KIND_INTERLEAVED) != 0) {
+        set_err(err, errn, "rank %d: making the pipeline's channels: %s", ex->rank, ex->axis[2]->error);
+        return -1;
+    }
     ex->host_own = ex->world != world;
     if (!ex->host_own) {
         memcpy(ex->haxis, ex->axis, sizeof ex->haxis);

@@ -482,10 +482,14 @@ static int pipe_transfer(mesh__exec *ex, int grad, int send)
     return 0;
 }
 
-/* The stage's last transfer goes out before what follows the schedule: an
- * NCCL send waits for the rank's next NCCL call (comm_nccl_flush), and the
- * next may be on the host world (the loss's sum), which the receiver
- * reaches only after receiving it. Other backends' sends are eager. */
+/* The stage's sends are done before what follows the schedule
+ * (comm_nccl_flush): over NCCL, those on the pipeline's channels
+ * (comm_nccl_channels, made by exec.c), which no other call waits for,
+ * are waited for here (ordered: by the stream, watched), so that a send
+ * never received ends in the timeout naming it; a send deferred to the
+ * rank's next NCCL call goes out, as the next may be on the host world
+ * (the loss's sum), which the receiver reaches only after receiving it.
+ * Other backends' sends are eager. */
 static int pipe_flush(mesh__exec *ex)
 {
     if (ex->p->pp == 1 || !ex->axis[2] || EXEC_COMM(ex, STEP_SLICE, 0, comm_nccl_flush(ex->axis[2])) == 0) return 0;

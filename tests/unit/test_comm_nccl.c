@@ -1090,6 +1090,95 @@ out:
     return NULL;
 }
 
+/* Sends on the ring's channels (comm_nccl_channels): each rank sends K
+ * messages to its next rank and K to its previous one before it receives
+ * any, each buffer rewritten at once (the send copied it), then receives
+ * them in the order they were sent. Without channels this waits for ever:
+ * the deferred sends go out in one NCCL group with the first receive,
+ * which ends only once the peers have received them all. A send to a
+ * rank two away (no channel) stays deferred; a channel's call is refused
+ * in a group; the flush waits for the channels' sends. With abort_host 0
+ * and a short timeout, rank 0's send that rank 1 never receives ends in
+ * the flush's timeout naming the send, and the others' next call fails. */
+enum { CH_K = 3 };
+
+static void *rank_channels(void *arg)
+{
+    rank_job *j = arg;
+    int r = j->rank, p = j->size, next = (r + 1) % p, prev = (r + p - 1) % p;
+    char err[320] = "";
+    float h[M], want[M], got[M];
+    float *a = cudaSetDevice(r) == cudaSuccess ? gpu_alloc(M) : NULL, *b = gpu_alloc((size_t)2 * CH_K * M);
+    comm *boot = comm_threads_rank(j->tw, r), *c = NULL;
+    long bad;
+    RCHECK(j, a && b && boot, "cudaSetDevice, cudaMalloc or comm_threads_rank failed");
+    c = comm_nccl_world_mpi(boot, r, j->timeout_s, err, sizeof err);
+    RCHECK(j, c, "comm_nccl_world_mpi: %s", err);
+    RCHECK(j, !j->ordered || comm_nccl_order(c, NULL) == 0, "comm_nccl_order: %s", c->error);
+    if (j->ordered) {
+        RCHECK(j, dev_open(MESH_DEVICE_CUDA, r, &t_watched, err, sizeof err) == MESH_OK, "dev_open: %s", err);
+        dev_set_watch(t_watched, comm_nccl_watch, c);
+    }
+    RCALL(j, c, comm_nccl_channels(c, 1));
+    RCALL(j, c, comm_nccl_channels(c, 1)); /* (again: nothing) */
+    for (int round = 0; round < 2; round++) {
+        for (int k = 0; k < 2 * CH_K; k++) { /* message k: to next (k < K), else to prev */
+            for (int i = 0; i < M; i++) h[i] = (float)(r * 1000 + k * 100 + i + round);
+            RCHECK(j, dev_put(a, h, M) == 0, "copy");
+            RCALL(j, c, comm_send(c, a, M * sizeof *a, k < CH_K ? next : prev));
+            RCHECK(j, cudaMemset(a, 0, M * sizeof *a) == cudaSuccess, "memset"); /* the send copied it */
+        }
+        /* from prev, its messages to its next (k < K); from next, its to its prev (k >= K); p = 2: one peer,
+         * whose 2K messages come in the order it sent them */
+        for (int k = 0; k < 2 * CH_K; k++) {
+            int from = p == 2 ? next : k < CH_K ? prev : next;
+            RCALL(j, c, comm_recv(c, b + (size_t)k * M, M * sizeof *b, from));
+        }
+        for (int k = 0; k < 2 * CH_K; k++) {
+            int from = p == 2 ? next : k < CH_K ? prev : next;
+            for (int i = 0; i < M; i++) want[i] = (float)(from * 1000 + k * 100 + i + round);
+            RCHECK(j, dev_get(got, b + (size_t)k * M, M) == 0, "copy");
+            RCHECK(j, (bad = differs(got, want, M)) < 0, "round %d, message %d from rank %d: [%ld] = %g, not %g",
+                   round, k, from, bad, got[bad], want[bad]);
+        }
+        RCALL(j, c, comm_nccl_flush(c));
+    }
+    if (p > 2) { /* two away: no channel; deferred, and in one group with the receive */
+        int far = (r + 2) % p, back = (r + p - 2) % p;
+        for (int i = 0; i < M; i++) h[i] = (float)(r * 7 + i);
+        for (int i = 0; i < M; i++) want[i] = (float)(back * 7 + i);
+        RCHECK(j, dev_put(a, h, M) == 0, "copy");
+        RCALL(j, c, comm_send(c, a, M * sizeof *a, far));
+        RCALL(j, c, comm_recv(c, b, M * sizeof *b, back));
+        RCHECK(j, dev_get(got, b, M) == 0, "copy");
+        RCHECK(j, (bad = differs(got, want, M)) < 0, "two away: [%ld] = %g, not %g", bad, got[bad], want[bad]);
+    }
+    RCALL(j, c, comm_group_begin(c));
+    RCHECK(j, comm_send(c, a, M * sizeof *a, next) == -1 && strstr(c->error, "takes no call between group_begin"),
+           "a channel's send in a group: %s", c->error);
+    RCALL(j, c, comm_group_end(c));
+    RCALL(j, c, comm_barrier(c));
+    if (!j->abort_host) { /* rank 0's send never received: its flush times out naming it */
+        if (r == 0) {
+            RCALL(j, c, comm_send(c, a, M * sizeof *a, 1));
+            RCHECK(j, comm_nccl_flush(c) == -1 && strstr(c->error, "send to rank 1 over") &&
+                          strstr(c->error, "waited more than 2 s"),
+                   "an unreceived send's flush: %s", c->error);
+        } else {
+            RCHECK(j, comm_barrier(c) == -1, "the barrier after rank 0's failure passed");
+        }
+    }
+out:
+    if (t_watched) dev_set_watch(t_watched, NULL, NULL);
+    dev_close(t_watched);
+    t_watched = NULL;
+    if (c) comm_free(c);
+    if (boot) comm_free(boot);
+    cudaFree(a);
+    cudaFree(b);
+    return NULL;
+}
+
 /* size ranks, each a thread running fn on its own GPU (with ordered set,
  * in ordered worlds); the sum of their jobs' pending counts. */
 static int run_ranks_ordered(int size, double timeout_s, int abort_host, int ordered, void *(*fn)(void *))
@@ -1168,6 +1257,20 @@ TEST_IMPL(comm_nccl_ordered_calls_follow_the_stream)
     run_ranks_ordered(n, 60, 0, 1, rank_counts_ordered);
 }
 
+/* The ring's channels: eager sends in an order the deferred ones cannot
+ * take, waited for and ordered; and a send never received, which times
+ * out (waited for: the flush waits on the host). */
+TEST_IMPL(comm_nccl_ring_channels)
+{
+    int n = gpus_for_ranks();
+    if (n < 2) return;
+    run_ranks_ordered(n, 60, 1, 0, rank_channels);
+    run_ranks_ordered(n, 60, 1, 1, rank_channels);
+    if (n > 2) run_ranks_ordered(2, 60, 1, 1, rank_channels);
+    if (n > 3) run_ranks_ordered(3, 60, 1, 0, rank_channels);
+    run_ranks_ordered(n, 2, 0, 0, rank_channels);
+}
+
 /* A communication queue ordered on the GPU (comm_async_hooks.deferred):
  * the sums right with no host waiting for the GPU, and a failed rank
  * noticed by the queue's own thread. */
@@ -1194,5 +1297,6 @@ TEST_IMPL(comm_nccl_ranks_over_threads) {}
 TEST_IMPL(comm_nccl_failed_rank_stops_the_others) {}
 TEST_IMPL(comm_nccl_ordered_calls_follow_the_stream) {}
 TEST_IMPL(comm_nccl_queue_ordered_on_the_gpu) {}
+TEST_IMPL(comm_nccl_ring_channels) {}
 
 #endif

@@ -196,6 +196,7 @@ TEST(comm_nccl_ranks_over_threads)
 TEST(comm_nccl_failed_rank_stops_the_others)
 TEST(comm_nccl_ordered_calls_follow_the_stream)
 TEST(comm_nccl_queue_ordered_on_the_gpu)
+TEST(comm_nccl_ring_channels)
 
 /* runtime: devices and the choice of one, test_device.c */
 TEST(device_cpu_round_trips)

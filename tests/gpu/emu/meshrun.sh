@@ -237,20 +237,35 @@ MESH_EMU_GPUS=1 MESH_ATTN_FWD_ROWS=96 timeout 60 "$B/meshrun_emu" "$T/h64.plan" 
 [ $? -ne 0 ] && grep -q "^meshrun: error: .*MESH_DETERMINISTIC=yes: expected 0, 1 or 2$" "$T/h64g.log"
 check "MESH_ATTN_FWD_ROWS=96, MESH_GEMM_TUNE=yes, MESH_ATTN_CUDNN=bwd, MESH_TF32=on, MESH_DETERMINISTIC=yes: meshrun stops, naming the variable and what it takes" $?
 
-# The interleaved schedule over NCCL is refused at once, not left to wait
-# for the timeout (4 micro-batches on pp 2: two stages each in an NCCL
-# group that waits for a receive the other posts after its own; found by
-# tests/sweep/mesh_sweep.py); with the GPUs shared (transfers through the
-# host, eager) it trains
-"$B/meshc" --set model.layers=4 --set mesh.pp=2 --set train.schedule=interleaved --set train.virtual_stages=2 \
-    --set train.micro_batch=1 --set train.global_batch=4 --set train.seq_len=32 examples/gpt-tiny.mesh \
-    -o "$T/inter.plan" >/dev/null 2>&1 &&
-    timeout 60 "$B/meshrun_emu" "$T/inter.plan" --data "$T/train.bin" --device cuda --steps 1 >"$T/inter.log" 2>&1
-[ $? -eq 1 ] &&
-    grep -q "^meshrun: error: .*the GPU executor does not train this plan yet: the interleaved pipeline schedule's transfers over NCCL can wait on each other for ever" "$T/inter.log" &&
-    MESH_GPU_SHARED=1 timeout 120 "$B/meshrun_emu" "$T/inter.plan" --data "$T/train.bin" --device cuda --steps 1 \
-        --checkpoint "$T/inter-ck" >"$T/inter-shared.log" 2>&1 && grep -q "^step 1/1 | loss" "$T/inter-shared.log"
-check "the interleaved schedule on 2 GPUs over NCCL: refused at once, saying why; with MESH_GPU_SHARED=1 it trains" $?
+# The interleaved schedule over NCCL: its transfers on the pipeline's
+# channels (comm_nccl_channels), as eager as the CPU's, so that 4
+# micro-batches on pp 2 (two stages whose sends went out in one NCCL
+# group with a receive the other posted only after its own; found by
+# tests/sweep/mesh_sweep.py, refused until then) and pp 4 (the ring's
+# last stage to the first) train with the CPU's losses, ordered on the
+# stream and with MESH_NCCL_BLOCKING=1; and with the GPUs shared (through
+# the host)
+inter() { # inter PP NAME [ENV...]: 3 steps on PP emulated GPUs, the losses into $T/NAME.losses
+    local pp=$1 name=$2
+    shift 2
+    env MESH_EMU_GPUS=4 "$@" timeout 120 "$B/meshrun_emu" "$T/inter$pp.plan" --data "$T/train.bin" --device cuda \
+        --steps 3 >"$T/$name.log" 2>&1 && grep "^step" "$T/$name.log" | cut -d'|' -f2 >"$T/$name.losses" &&
+        [ "$(wc -l <"$T/$name.losses")" = 2 ]
+}
+ok=1
+for pp in 2 4; do
+    "$B/meshc" --set model.layers=$((2 * pp)) --set mesh.pp=$pp --set train.schedule=interleaved \
+        --set train.virtual_stages=2 --set train.micro_batch=1 --set train.global_batch=$((2 * pp)) \
+        --set train.seq_len=32 examples/gpt-tiny.mesh -o "$T/inter$pp.plan" >/dev/null 2>&1 &&
+        timeout 120 "$B/meshrun_emu" "$T/inter$pp.plan" --data "$T/train.bin" --device cpu --steps 3 2>&1 |
+        grep "^step" | cut -d'|' -f2 >"$T/inter$pp-cpu.losses" &&
+        inter $pp inter$pp && inter $pp inter$pp-blocking MESH_NCCL_BLOCKING=1 &&
+        cmp -s "$T/inter$pp.losses" "$T/inter$pp-cpu.losses" &&
+        cmp -s "$T/inter$pp-blocking.losses" "$T/inter$pp-cpu.losses" || { ok=0; break; }
+done
+[ $ok = 1 ] && inter 2 inter2-shared MESH_GPU_SHARED=1 &&
+    cmp -s "$T/inter2-shared.losses" "$T/inter2-cpu.losses"
+check "the interleaved schedule over NCCL on 2 and 4 GPUs (pp 2 and 4): the CPU's losses, ordered and blocking; shared GPUs too" $?
 
 # A GPU too small (EMU_GPU_MEM_MB): meshrun stops, saying how full the
 # device is and what the plan and the kernels take (for the plan's arena;

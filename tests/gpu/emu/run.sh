@@ -132,7 +132,7 @@ if [ -x "$B/unit_tests_emu" ]; then
         comm_nccl_failure_aborts_the_world comm_nccl_world_times_out_without_its_ranks
         comm_nccl_world_names_a_rank_without_its_gpu comm_nccl_queue_on_its_own_world comm_nccl_ranks_over_threads
         comm_nccl_failed_rank_stops_the_others comm_nccl_ordered_calls_follow_the_stream
-        comm_nccl_queue_ordered_on_the_gpu)
+        comm_nccl_queue_ordered_on_the_gpu comm_nccl_ring_channels)
     run "the NCCL communicator on 4 GPUs" env MESH_EMU_GPUS=4 "$B/unit_tests_emu" "${NCCL_TESTS[@]}"
     skipped
     # again, every world meeting through a node's files, as processes' do
