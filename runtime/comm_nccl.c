@@ -70,11 +70,15 @@
  * that call is a receive, otherwise just before it (then the call waits for
  * the receiver), or at group_end, or when the handle is freed. Pending
  * sends of every handle of the world go out together, in the order they
- * were made. Hence the executor's patterns work: a pipeline stage's send of
- * activations and its receive of gradients form one group, which matches
- * the peer's send of gradients and receive of activations (Megatron's
- * send_forward_recv_backward); a send before a collective reaches a peer
- * already waiting to receive it. What NCCL cannot do is a send that is
+ * were made. Hence a send before a collective reaches a peer already
+ * waiting to receive it, and a send and a receive that two ranks post in
+ * the same order pair up. That is not every order a pipeline makes (the
+ * interleaved schedule's is not), so a handle may have ring channels
+ * (comm_nccl_channels, comm_nccl_chan.c): sends to its neighbours, and
+ * receives from them, on a communicator and stream per direction, issued
+ * at once and waiting for nothing but their own receive: eager as the
+ * threads' and MPI's (the executor's pipeline group has them). What a
+ * deferred send cannot do is a send that is
  * received only after the receiver has waited for the sender in something
  * else (a rank that sends, then enters an all-reduce that the receiver
  * enters before receiving): that deadlocks until the timeout, where the
