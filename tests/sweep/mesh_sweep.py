@@ -23,7 +23,8 @@ meshrun for a few steps, and checks that:
     TCP): the threads' losses, bit for bit; some with a process per
     rank, one of which is killed or stopped once the job trains: every
     other one must end with an error within 30 s; and data parallelism
-    alone with --deterministic (one rank's, bit for bit).
+    alone with --deterministic (one rank's, bit for bit); on the emulated
+    GPUs, some with MESH_NCCL_BLOCKING=1 (the same losses, bit for bit).
 
 With --device cuda it runs meshrun_emu: the CUDA executor on emulated GPUs,
 NCCL between them (MESH_EMU_GPUS), against the one-rank CPU run.
@@ -120,11 +121,17 @@ def draw(rng, device):
     again = "no-overlap" if dp * ep > 1 and resume is None and rng.random() < 0.2 else None
     # one process per rank (mpirun, or torchrun's variables over TCP): the
     # threads run's losses, bit for bit
-    if dp * tp * pp * ep > 1 and resume is None and not again and rng.random() < 0.25:
+    # (on the emulated GPUs, whose processes meet through files, which
+    # tests/gpu/emu/meshrun.sh tests: none; the NCCL calls waited for,
+    # MESH_NCCL_BLOCKING=1, instead of ordered on the stream: the same
+    # losses, bit for bit)
+    if device == "cuda" and dp * tp * pp * ep > 1 and resume is None and not again and rng.random() < 0.3:
+        again = "blocking"
+    if device == "cpu" and dp * tp * pp * ep > 1 and resume is None and not again and rng.random() < 0.25:
         again = rng.choice(["mpirun", "torchrun"])
     # a rank per process (torchrun's way), one of them killed or stopped
     # once the job trains: every other process ends with an error, soon
-    if dp * tp * pp * ep > 1 and resume is None and not again and rng.random() < 0.1:
+    if device == "cpu" and dp * tp * pp * ep > 1 and resume is None and not again and rng.random() < 0.1:
         again = ("fault", rng.randrange(dp * tp * pp * ep), rng.choice(["KILL", "STOP"]))
     # data parallelism alone (ZeRO 0) with --deterministic: one rank's losses, bit for bit
     if dp > 1 and tp == pp == ep == 1 and sets["train.zero"] == 0 and resume is None and not again \
@@ -225,9 +232,10 @@ class Sweep:
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
         return p.returncode, p.stdout
 
-    def train_run(self, plan, log, steps, device, extra=(), launcher=None, world=1):
+    def train_run(self, plan, log, steps, device, extra=(), launcher=None, world=1, more_env=None):
         """meshrun on plan; launcher None: its ranks as threads of one process;
-        "mpirun" or "torchrun": one process per rank (world of them)."""
+        "mpirun" or "torchrun": one process per rank (world of them);
+        more_env: variables added to its environment (threads only)."""
         metrics = log + ".jsonl"
         if os.path.exists(metrics):
             os.remove(metrics)
@@ -239,7 +247,7 @@ class Sweep:
         if launcher == "torchrun":
             out, rc = self.torchrun(cmd, world)
         else:
-            env = dict(self.env, **MPI_ENV) if launcher == "mpirun" else self.env
+            env = dict(self.env, **MPI_ENV) if launcher == "mpirun" else dict(self.env, **(more_env or {}))
             if launcher == "mpirun" and "ASAN_OPTIONS" in env:  # (Open MPI's own leaks cannot be suppressed)
                 env["ASAN_OPTIONS"] += ":detect_leaks=0:abort_on_error=0"
             try:
@@ -284,14 +292,16 @@ class Sweep:
             rc = rc or p.returncode
         return "".join(outs), rc
 
-    def rerun(self, plan, steps, name, options, launcher=None, world=1):
-        """plan trained again with options (its own checkpoint folder):
-        (losses, validation loss, output), or a str saying how it failed."""
+    def rerun(self, plan, steps, name, options, launcher=None, world=1, env=None):
+        """plan trained again with options (its own checkpoint folder) and
+        env's variables: (losses, validation loss, output), or a str saying
+        how it failed."""
         rc, out, losses, val, cmd = self.train_run(plan, plan + "." + name, steps, self.a.device,
                                                    list(options) + ["--checkpoint", plan + ".ck-" + name],
-                                                   launcher, world)
+                                                   launcher, world, env)
         if rc != 0:
-            return "meshrun %s exited %d:\n%s\n%s" % (" ".join(options) or launcher, rc, tail(out, 40), " ".join(cmd))
+            how = " ".join(options) or launcher or " ".join("%s=%s" % kv for kv in (env or {}).items())
+            return "meshrun %s exited %d:\n%s\n%s" % (how, rc, tail(out, 40), " ".join(cmd))
         return losses, val, out
 
     def fault(self, plan, d, world, victim, sig):
@@ -440,6 +450,13 @@ class Sweep:
             why = self.fault(plan, d, world_of(sets), victim, sig)
             if why:
                 bad.append(why)
+        elif again_in_turn == "blocking":
+            what += " blocking"
+            got = self.rerun(plan, first, "blocking", [], env={"MESH_NCCL_BLOCKING": "1"})
+            if isinstance(got, str):
+                return "fail", what, got
+            if got[:2] != (losses, val):
+                bad.append("MESH_NCCL_BLOCKING=1: losses %s, ordered on the stream %s" % (got[0], losses))
         elif again_in_turn == "no-overlap":
             what += " no-overlap"
             got = self.rerun(plan, first, "noov", ["--no-overlap"])
