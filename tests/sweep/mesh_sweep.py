@@ -16,7 +16,8 @@ meshrun for a few steps, and checks that:
     tests' 1e-5 by step 4, on dp 2 as on tp 2; bf16 and fp16: 2e-2, the
     unit tests' bound), and so is the validation loss;
   - some trainings stop halfway with a checkpoint and resume on another
-    mesh (a checkpoint loads into any mesh): the steps after the resume
+    mesh (a checkpoint loads into any mesh; on the emulated GPUs, half of
+    them on the CPU: any device too): the steps after the resume
     are the uninterrupted one rank's too;
   - some run again with --no-overlap (the same losses, bit for bit), some
     with a process per rank, under mpirun or as torchrun starts them (over
@@ -60,7 +61,8 @@ SENT = re.compile(r"^meshrun: bytes rank 0 sent per step \(the plan's\): (.*)$",
 
 
 def draw(rng, device):
-    """One random training: (source, [KEY=VALUE...], description, resume mesh or None)."""
+    """One random training: (source, kind, {KEY: VALUE}, the mesh it resumes on or None, how it
+    runs again or None, the device it resumes on)."""
     kind = rng.choice(["gpt", "gpt", "llama", "moe"])
     sets = {}
     if kind == "gpt":
@@ -113,9 +115,12 @@ def draw(rng, device):
     sets["train.eval_every"] = 0
     sets["train.lr_schedule"] = "cosine(warmup: 2, min_lr: 1e-4)"
     sets["train.checkpoint_every"] = 0
-    resume = None
+    resume, resume_on = None, device
     if rng.random() < 0.25:
         resume = random_mesh(rng, kind, device)
+        # on GPUs, half resume on the CPU (a checkpoint loads on any device)
+        if device == "cuda" and rng.random() < 0.5:
+            resume_on = "cpu"
     # and again with --no-overlap: the gradient sync and ZeRO's collectives
     # in their turn, not on the communication thread: the same losses, bit for bit
     again = "no-overlap" if dp * ep > 1 and resume is None and rng.random() < 0.2 else None
@@ -137,7 +142,7 @@ def draw(rng, device):
     if dp > 1 and tp == pp == ep == 1 and sets["train.zero"] == 0 and resume is None and not again \
             and rng.random() < 0.8:
         again = "deterministic"
-    return src, kind, sets, resume, again
+    return src, kind, sets, resume, again, resume_on
 
 
 def random_mesh(rng, kind, device):
@@ -381,7 +386,7 @@ class Sweep:
         return self.refs[key]
 
     def case(self, n, rng):
-        src, kind, sets, resume, again_in_turn = draw(rng, self.a.device)
+        src, kind, sets, resume, again_in_turn, resume_on = draw(rng, self.a.device)
         what = describe(kind, sets)
         d = os.path.join(self.tmp, "c%d" % n)
         os.makedirs(d, exist_ok=True)
@@ -465,8 +470,8 @@ class Sweep:
             if got[:2] != (losses, val):
                 bad.append("--no-overlap: losses %s, overlapped %s" % (got[0], losses))
         if rsets:
-            what += " resumed dp%d tp%d pp%d ep%d" % resume
-            rc, out, losses, val, cmd = self.train_run(rplan, rplan + ".log", steps, self.a.device,
+            what += " resumed dp%d tp%d pp%d ep%d" % resume + (" on the cpu" if resume_on != self.a.device else "")
+            rc, out, losses, val, cmd = self.train_run(rplan, rplan + ".log", steps, resume_on,
                                                        ["--checkpoint", ck, "--resume"])
             if rc != 0:
                 return "fail", what, "meshrun --resume exited %d:\n%s\n%s" % (rc, tail(out), " ".join(cmd))
