@@ -155,7 +155,8 @@ int memplan_build(memplan *m, const struct plan *p, int float_bytes, unsigned fl
 void memplan_free(memplan *m);
 
 /* bytes rounded as the layout rounds an activation's room and each
- * region: up to 16 with 2-byte floats, unchanged with 4-byte ones. */
+ * region: up to a multiple of 16, whatever the float type (memplan.c says
+ * why). */
 int64_t memplan_round(const memplan *m, int64_t bytes);
 
 /* A position embedding in a bf16 or fp16 plan: id = embed(arange(T),

@@ -282,7 +282,7 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
     case G_BIAS_ADD:
         if (ex->fuse[t->in[0]].into == id) { /* x @ w + bias (and its GELU) in one kernel */
             const plan_tensor *mm = a;
-            int g = ex->recomputing ? -1 : ex->fuse[id].gelu;
+            int g = ex->fuse[id].gelu; /* (recomputing too: the GELU's bits are the forward's) */
             int K = exec__lastd(ex, mm->in[0]), N = exec__lastd(ex, t->in[0]), M = (int)(n / (size_t)N);
             K(matmul_bias_forward, g >= 0 ? exec__vptr(ex, g, it) : OUT, g >= 0 ? OUT : NULL,
               exec__val_in(ex, mm->in[0], t->region, it), exec__val_in(ex, mm->in[1], t->region, it), IN(1), M, K,
@@ -331,7 +331,7 @@ int exec__forward_node(mesh__exec *ex, int id, int it)
         break;
     }
     case G_GELU:
-        if (ex->fuse[id].into < 0 || ex->recomputing) K(gelu_forward, OUT, IN(0), n); /* else with its bias add */
+        if (ex->fuse[id].into < 0) K(gelu_forward, OUT, IN(0), n); /* else with its bias add */
         break;
     case G_SILU: K(silu_forward, OUT, IN(0), n); break;
     case G_SWIGLU: K(swiglu_forward, OUT, IN(0), IN(1), n); break;

@@ -92,7 +92,7 @@ TEST(memplan_saved_activations_by_hand)
 TEST(memplan_recompute_keeps_layer_inputs)
 TEST(memplan_slots_follow_the_schedule)
 TEST(memplan_zero3_gathers_two_layers)
-TEST(memplan_bf16_aligns_to_16_bytes)
+TEST(memplan_every_room_aligns_to_16_bytes)
 TEST(memplan_moe_route_room_fits_every_device)
 
 /* kernels/cpu: each area keeps its own list */

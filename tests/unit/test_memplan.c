@@ -77,7 +77,8 @@ TEST_IMPL(memplan_saved_activations_by_hand)
     long long outside = rows * 4         /* the token ids (embed, and the targets) */
                       + rows * D * fl    /* the LM head's input: the last layer's output */
                       + rows * V * fl    /* the logits */
-                      + 4 + rows * 3 * 4; /* the loss; cross-entropy's loss, max and sum per token */
+                      + 16 + rows * 3 * 4; /* the loss (its room: 16 bytes); cross-entropy's loss, max and
+                                              sum per token */
     ASSERT_INT_EQ(m.stage[0].layer_stride, layer);
     ASSERT_INT_EQ(m.stage[0].slot_bytes, 2 * layer + outside);
     ASSERT_INT_EQ(m.stage[0].slots, 1);
@@ -142,43 +143,56 @@ TEST_IMPL(memplan_zero3_gathers_two_layers)
     teardown(&x3, &m3);
 }
 
-/* With 2-byte floats (bf16) every activation's room, every slot entry (a
- * value and its fp32 statistics) and every region is a multiple of 16
- * bytes, so the statistics and int32 ids after bf16 values are aligned:
- * the loss, one bf16 number, takes 16 bytes before its statistics; the
- * params stay dense (2 bytes each), the masters are in the optimizer's
- * 12 bytes a param. fp32 layouts are not padded. */
-TEST_IMPL(memplan_bf16_aligns_to_16_bytes)
+/* Every activation's room, every slot entry (a value and its fp32
+ * statistics) and every region is a multiple of 16 bytes, in bf16 and
+ * fp32 plans alike, with full recomputation or without: the statistics
+ * and int32 ids after bf16 values are aligned, and a GPU kernel that
+ * loads 16-byte packs where its buffers allow them finds every buffer
+ * allowing them (were the layout to decide, a plan would sum in another
+ * order than the same plan laid out otherwise: memplan.c). The loss, one
+ * number, takes 16 bytes before its statistics; the params stay dense
+ * (bf16: 2 bytes each), the masters are in the optimizer's 12 bytes a
+ * param. */
+static void rooms_of_16(const built *x, const memplan *m)
 {
-    static const char *const bf16[] = {"train.precision=bf16", "mesh.pp=2", "train.micro_batch=1"},
-                             *const fp32[] = {"train.precision=fp32", "mesh.pp=2", "train.micro_batch=1"};
-    built xb, xf;
-    memplan mb, mf;
-    build(bf16, 3, &xb, &mb);
-    build(fp32, 3, &xf, &mf);
-    ASSERT_INT_EQ(mb.float_bytes, 2);
-    for (int s = 0; s < mb.pp; s++) {
-        const mem_stage *ms = &mb.stage[s];
+    for (int s = 0; s < m->pp; s++) {
+        const mem_stage *ms = &m->stage[s];
         int64_t regions[] = {ms->params, ms->grads, ms->optim, ms->slot_bytes, ms->pinned, ms->shared,
                              ms->recompute, ms->gathered, ms->comm, ms->layer_stride};
         for (int k = 0; k < (int)(sizeof regions / sizeof regions[0]); k++) ASSERT_INT_EQ(regions[k] % 16, 0);
-        for (int id = 0; id < xb.pl.n_tensors; id++) {
-            const mem_buf *b = memplan_buf(&mb, s, id);
+        for (int id = 0; id < x->pl.n_tensors; id++) {
+            const mem_buf *b = memplan_buf(m, s, id);
             if (b->region != MEM_SLOT && b->region != MEM_WORKSPACE && b->region != MEM_RECOMPUTE) continue;
             ASSERT_INT_EQ(b->offset % 16, 0);
             ASSERT_INT_EQ(b->bytes % 16, 0); /* the statistics right after it */
             ASSERT_INT_EQ(b->stride % 16, 0);
         }
     }
-    const mem_buf *loss = memplan_buf(&mb, mb.pp - 1, xb.pl.loss);
-    ASSERT_INT_EQ(loss->bytes, 16);
-    ASSERT_INT_EQ(memplan_buf(&mf, mf.pp - 1, xf.pl.loss)->bytes, 4);
+    ASSERT_INT_EQ(memplan_buf(m, m->pp - 1, x->pl.loss)->bytes, 16);
+}
+
+TEST_IMPL(memplan_every_room_aligns_to_16_bytes)
+{
+    static const char *const bf16[] = {"train.precision=bf16", "mesh.pp=2", "train.micro_batch=1"},
+                             *const fp32[] = {"train.precision=fp32", "mesh.pp=2", "train.micro_batch=1"},
+                             *const fp32r[] = {"train.precision=fp32", "train.recompute=full", "train.micro_batch=1"};
+    built xb, xf, xr;
+    memplan mb, mf, mr;
+    build(bf16, 3, &xb, &mb);
+    build(fp32, 3, &xf, &mf);
+    build(fp32r, 3, &xr, &mr);
+    ASSERT_INT_EQ(mb.float_bytes, 2);
+    rooms_of_16(&xb, &mb);
+    rooms_of_16(&xf, &mf);
+    rooms_of_16(&xr, &mr);
+    ASSERT_INT_GE(mr.stage[0].recompute, 16);
     long long n = (32 * 16 + 2 * (16 + 16 * 64 + 64 * 16)); /* emb, then each layer's g, w1, w2 */
     ASSERT_INT_EQ(mb.stage[0].params + mb.stage[1].params, (n + 32 * 16) * 2); /* emb on both ends (tied) */
     ASSERT_INT_EQ(mb.stage[0].optim % 12, 0);
     ASSERT_INT_EQ(mb.stage[0].optim, mb.stage[0].params / 2 * 12);
     teardown(&xb, &mb);
     teardown(&xf, &mf);
+    teardown(&xr, &mr);
 }
 
 /* A moe layer's routing room holds every device's layout: the CPU
