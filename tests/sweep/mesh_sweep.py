@@ -28,7 +28,9 @@ meshrun for a few steps, and checks that:
     GPUs, some with MESH_NCCL_BLOCKING=1 (the same losses, bit for bit).
 
 With --device cuda it runs meshrun_emu: the CUDA executor on emulated GPUs,
-NCCL between them (MESH_EMU_GPUS), against the one-rank CPU run.
+NCCL between them (MESH_EMU_GPUS), against the one-rank CPU run; a step
+after the second may also be off by NOISE_TIMES one emulated GPU's own
+distance from the CPU there (rounding, grown by an ill-conditioned draw).
 
 Each case is printed as one line (`ok N ...` or `FAIL N ...` with the
 commands to run it again); the last line is `N passed, N failed, N
@@ -404,6 +406,24 @@ class Sweep:
         ref_losses, ref_val = ref
         tol = 1e-4 if sets["train.precision"] == "fp32" else 2e-2
         bad = []
+        # On GPUs, rounding's own spread: one GPU's losses against the CPU's
+        # one rank. An ill-conditioned draw grows it past the tolerance in a
+        # few steps (seed 900's draw 16: 8 layers of 2 heads, a gradient
+        # spike at step 5, one GPU 1.8e-3 off the CPU at step 6), so a step
+        # may be off by NOISE_TIMES that too; before rounding can grow
+        # (steps 1 and 2) one GPU must be within the tolerance itself.
+        noise = None
+        if self.a.device == "cuda":
+            dev, why = self.reference(src, sets, steps, "cuda")
+            if dev is None:
+                return "fail", what, why
+            noise = {k: abs(dev[0][k] - ref_losses[k]) for k in dev[0] if k in ref_losses}
+            if dev[1] is not None and ref_val is not None:
+                noise["val"] = abs(dev[1] - ref_val)
+            for k in (1, 2):
+                if k in noise and noise[k] > tol * abs(ref_losses[k]):
+                    bad.append("one GPU's step %d: loss %r against the CPU's one rank's %r" % (k, dev[0][k],
+                                                                                           ref_losses[k]))
         rsets = with_mesh(sets, resume) if resume else None
         rplan = os.path.join(d, "resume.plan")
         if rsets:
@@ -428,7 +448,7 @@ class Sweep:
                     bad.append("rank 0 sent other bytes than the plan's: " + item)
         elif world_of(sets) > 1:
             bad.append("no line of the bytes rank 0 sent")
-        compare(bad, ref_losses, losses, range(1, first + 1), tol, "")
+        compare(bad, ref_losses, losses, range(1, first + 1), tol, "", noise)
         if again_in_turn == "deterministic":
             what += " deterministic"
             got = self.rerun(plan, first, "det", ["--deterministic"])
@@ -475,8 +495,8 @@ class Sweep:
                                                        ["--checkpoint", ck, "--resume"])
             if rc != 0:
                 return "fail", what, "meshrun --resume exited %d:\n%s\n%s" % (rc, tail(out), " ".join(cmd))
-            compare(bad, ref_losses, losses, range(first + 1, steps + 1), tol, " after the resume")
-        if ref_val is not None and (val is None or abs(val - ref_val) > tol * abs(ref_val) + 1e-12):
+            compare(bad, ref_losses, losses, range(first + 1, steps + 1), tol, " after the resume", noise)
+        if ref_val is not None and (val is None or abs(val - ref_val) > room(tol, ref_val, noise, "val")):
             bad.append("validation loss %r against one rank's %r" % (val, ref_val))
         if bad:
             return "fail", what, "\n".join(bad[:6]) + "\n" + remake + "\n" + " ".join(cmd)
@@ -487,12 +507,21 @@ def text_of(b):
     return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
 
 
-def compare(bad, ref, got, steps, tol, where):
+NOISE_TIMES = 4  # (a GPU run's room past the tolerance: that many times one GPU's distance from the CPU)
+
+
+def room(tol, ref, noise, k):
+    """How far a loss may be from one rank's ref at step k (or "val")."""
+    return max(tol * abs(ref) + 1e-12, NOISE_TIMES * noise.get(k, 0.0) if noise else 0.0)
+
+
+def compare(bad, ref, got, steps, tol, where, noise=None):
     for k in steps:
         if k not in got:
             bad.append("step %d%s: no loss logged" % (k, where))
-        elif k not in ref or abs(got[k] - ref[k]) > tol * abs(ref[k]):
-            bad.append("step %d%s: loss %.7f against one rank's %s" % (k, where, got[k], ref.get(k)))
+        elif k not in ref or abs(got[k] - ref[k]) > room(tol, ref[k], noise, k):
+            spread = " (one GPU's: %.2g off it)" % noise[k] if noise and k in noise else ""
+            bad.append("step %d%s: loss %.7f against one rank's %s%s" % (k, where, got[k], ref.get(k), spread))
 
 
 def tail(text, n=25):
