@@ -83,11 +83,6 @@ static int64_t local_elems(const mp *x, int id) {
  * the layout no longer decides a result's bits. */
 static int64_t round16(int64_t bytes) { return (bytes + 15) & ~(int64_t)15; }
 
-static int64_t rnd(const mp *x, int64_t bytes) {
-    (void)x; /* (every type alike) */
-    return round16(bytes);
-}
-
 int64_t memplan_round(const memplan *m, int64_t bytes) {
     (void)m;
     return round16(bytes);
@@ -97,7 +92,7 @@ static int64_t local_bytes(const mp *x, int id) {
     const plan_tensor *t = &x->p->tensors[id];
     int64_t e = local_elems(x, id);
     if (t->pl.kind[AX_TP] == PL_SPLIT && gathered_over_tp(x->p, id)) e *= x->p->setup.tp;
-    return rnd(x, e * (t->dtype == PLAN_DTYPE_I32 ? 4 : x->fb));
+    return round16(e * (t->dtype == PLAN_DTYPE_I32 ? 4 : x->fb));
 }
 
 /* A transpose of a param read only as a matmul's weight: the matmul reads
@@ -395,7 +390,7 @@ static void place_values(mp *x) {
             b->stride = copies > 1 ? b->bytes : 0;
             continue;
         }
-        int64_t one = rnd(x, b->bytes + b->aux);
+        int64_t one = round16(b->bytes + b->aux);
         if (recompute && x->seg[id] == SEG_LAYER && !b->carried) {
             b->region = MEM_RECOMPUTE;
             b->offset = rec;
@@ -708,11 +703,11 @@ static int place_params(mp *x, int stg, mem_stage *ms) {
          * [r s, (r + 1) s) of its flat elements, the last rank fewer) */
         sharded += (double)((e + dp_group - 1) / dp_group * copies);
     }
-    ms->params = rnd(x, (int64_t)((s->zero == 3 ? sharded : n_params) * x->fb));
-    ms->grads = rnd(x, (int64_t)((s->zero >= 2 ? sharded : n_params) * x->gb));
-    ms->optim = rnd(x, (int64_t)((s->zero >= 1 ? sharded : n_params) * (x->masters ? 12 : 8)));
-    ms->zfixed = rnd(x, ms->zfixed);
-    ms->zlayer = rnd(x, ms->zlayer);
+    ms->params = round16((int64_t)((s->zero == 3 ? sharded : n_params) * x->fb));
+    ms->grads = round16((int64_t)((s->zero >= 2 ? sharded : n_params) * x->gb));
+    ms->optim = round16((int64_t)((s->zero >= 1 ? sharded : n_params) * (x->masters ? 12 : 8)));
+    ms->zfixed = round16(ms->zfixed);
+    ms->zlayer = round16(ms->zlayer);
     /* mixed precision: the largest sum of the stage's param gradients one
      * op's backward writes, in the plan's precision (the op's contribution,
      * added to the fp32 gradients after it) */
@@ -722,7 +717,7 @@ static int place_params(mp *x, int stg, mem_stage *ms) {
         int64_t sum = 0;
         for (int k = 0; k < t->n_in; k++)
             if (memplan_grad_staged(p, c, k) && held[memplan_grad_param(p, c, k)] > 0)
-                sum += rnd(x, local_elems(x, memplan_grad_param(p, c, k)) * x->fb);
+                sum += round16(local_elems(x, memplan_grad_param(p, c, k)) * x->fb);
         if (sum > ms->gstage) ms->gstage = sum;
     }
     free(held);
@@ -792,7 +787,7 @@ int memplan_build(memplan *m, const plan *p, int float_bytes, unsigned flags) {
             if (peak < 0) goto done;
             if (peak > shared) shared = peak;
         }
-    int64_t comm = rnd(&x, comm_bytes(&x));
+    int64_t comm = round16(comm_bytes(&x));
     int chunks = p->pp * p->v;
     for (int stg = 0; stg < p->pp; stg++) {
         mem_stage *ms = &m->stage[stg];

@@ -287,8 +287,7 @@ mesh_status mesh__context_create(const mesh_plan *mp, int rank, comm *world, mes
     unsigned flags = (deterministic ? MESH__EXEC_DETERMINISTIC : 0) | (no_overlap ? MESH__EXEC_NO_OVERLAP : 0) |
                      (profile ? MESH__EXEC_PROFILE : 0) | (ctx->device == MESH_DEVICE_CUDA ? MESH__EXEC_CUDA : 0) |
                      extra_flags;
-    if (ctx->device == MESH_DEVICE_CUDA &&
-        mesh__exec_gpu_supported(&mp->p, err, sizeof err) != 0) {
+    if (ctx->device == MESH_DEVICE_CUDA && mesh__exec_gpu_supported(&mp->p, err, sizeof err) != 0) {
         char why[600];
         snprintf(why, sizeof why, "the GPU executor does not train this plan yet: %s (train it on the CPU: "
                  "--device cpu)", err);

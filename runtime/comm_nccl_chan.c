@@ -141,25 +141,27 @@ static int in_group(ncomm *m, const char *op)
     return comm_fail(&m->c, op, "its channel (comm_nccl_channels) takes no call between group_begin and group_end");
 }
 
+/* The start of a channel's call: as nccl__begin's (the world alive, an
+ * ordered world's all-to-all counts, the deferred sends out), without
+ * ordering m's stream, which the call does not use but to stage a send. */
+static int chan_begin(ncomm *m, const char *op)
+{
+    if (m->w->group) return in_group(m, op);
+    nccl__on_gpu(m);
+    if (nccl__dead(m, op) != 0 || (m->w->ordered && nccl__check_counts(m) != 0)) return -1;
+    return nccl__flush_sends(m, op);
+}
+
 int nccl__chan_send(ncomm *m, ncomm *ch, const void *buf, size_t bytes)
 {
     const char *op = ch->what;
-    if (m->w->group) return in_group(m, op);
-    if (nccl__begin(m, op) != 0) return -1; /* (m's stream after the caller's work) */
+    if (chan_begin(m, op) != 0) return -1;
     nslot *s = free_slot(ch, m, bytes);
     if (!s) return comm_fail(&m->c, op, "out of device memory staging %zu bytes", bytes);
-    cudaError_t ce = cudaMemcpyAsync(s->data, buf, bytes, cudaMemcpyDeviceToDevice, m->stream);
-    if (ce != cudaSuccess) return nccl__cuda_fail(m, op, "cudaMemcpyAsync", ce);
-    if (m->w->ordered) { /* the caller's later work after the copy, which the host does not wait for */
-        m->touched = 1;
-        m->last = ch->what;
-        if (nccl__join_caller(m, m, op) != 0) return -1;
-    } else {
-        ce = cudaEventRecord(m->done, m->stream);
-        if (ce != cudaSuccess) return nccl__cuda_fail(m, op, "cudaEventRecord", ce);
-        if (nccl__wait_gpu(m, op, m->done) != 0) return -1;
-    }
-    ce = cudaStreamWaitEvent(ch->stream, m->done, 0); /* the send after the copy */
+    /* staged on m's stream (the caller's later work after it; unordered:
+     * waited for), then the send on the channel's after it */
+    if (nccl__copy_in_turn(m, op, s->data, buf, bytes) != 0) return -1;
+    cudaError_t ce = m->w->ordered ? cudaStreamWaitEvent(ch->stream, m->done, 0) : cudaSuccess;
     if (ce != cudaSuccess) return nccl__cuda_fail(m, op, "cudaStreamWaitEvent", ce);
     ncclResult_t rc = LONE(m, ncclSend(s->data, bytes, ncclChar, 1 - ch->c.rank, ch->nc, ch->stream));
     if (nccl__failed(rc)) return nccl__nccl_fail(ch->nc, m, op, "ncclSend", rc);
@@ -176,11 +178,7 @@ int nccl__chan_send(ncomm *m, ncomm *ch, const void *buf, size_t bytes)
 int nccl__chan_recv(ncomm *m, ncomm *ch, void *buf, size_t bytes)
 {
     const char *op = ch->what;
-    if (m->w->group) return in_group(m, op);
-    nccl__on_gpu(m);
-    if (nccl__dead(m, op) != 0 || (m->w->ordered && nccl__check_counts(m) != 0) ||
-        nccl__flush_sends(m, op) != 0 || nccl__stream_after_caller(ch, m, op) != 0)
-        return -1;
+    if (chan_begin(m, op) != 0 || nccl__stream_after_caller(ch, m, op) != 0) return -1;
     ncclResult_t rc = LONE(m, ncclRecv(buf, bytes, ncclChar, 1 - ch->c.rank, ch->nc, ch->stream));
     if (nccl__failed(rc)) return nccl__nccl_fail(ch->nc, m, op, "ncclRecv", rc);
     nccl__mark(ch, ch->what);

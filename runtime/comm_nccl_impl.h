@@ -160,6 +160,7 @@ int nccl__flush_sends(ncomm *m, const char *op);
 int nccl__send(comm *c, const void *buf, size_t bytes, int peer);
 int nccl__recv(comm *c, void *buf, size_t bytes, int peer);
 nslot *nccl__slot(ncomm *m, int i, size_t bytes, cudaStream_t stream);
+int nccl__copy_in_turn(ncomm *m, const char *op, void *dst, const void *src, size_t bytes);
 
 /* ---- comm_nccl_chan.c: ring channels ------------------------------------ */
 

@@ -63,8 +63,8 @@ int nccl__flush_sends(ncomm *m, const char *op)
 
 /* A copy between device buffers for a call (a send's staging, a receive
  * from oneself): waited for, or, in an ordered world, between the
- * caller's work before and after it. */
-static int copy_in_turn(ncomm *m, const char *op, void *dst, const void *src, size_t bytes)
+ * caller's work before and after it (m->done recorded after it). */
+int nccl__copy_in_turn(ncomm *m, const char *op, void *dst, const void *src, size_t bytes)
 {
     if (!m->w->ordered) return nccl__copy_wait(m, op, dst, src, bytes, cudaMemcpyDeviceToDevice);
     if (nccl__after_caller(m, op) != 0) return -1;
@@ -123,7 +123,7 @@ int nccl__send(comm *c, const void *buf, size_t bytes, int peer)
     if (ch) return nccl__chan_send(m, ch, buf, bytes);
     nslot *s = nccl__slot(m, m->pending, bytes, m->stream); /* at the end of the pending ones */
     if (!s) return comm_fail(c, "send", "out of device memory staging %zu bytes", bytes);
-    if (copy_in_turn(m, "send", s->data, buf, bytes) != 0) return -1;
+    if (nccl__copy_in_turn(m, "send", s->data, buf, bytes) != 0) return -1;
     s->bytes = bytes;
     s->peer = peer;
     m->pending++;
@@ -147,7 +147,7 @@ static int recv_self(ncomm *m, void *buf, size_t bytes)
                  s.bytes, bytes);
         return -1;
     }
-    return copy_in_turn(m, "receive", buf, s.data, bytes);
+    return nccl__copy_in_turn(m, "receive", buf, s.data, bytes);
 }
 
 /* Outside a group: one NCCL group with the world's deferred sends. */
