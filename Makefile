@@ -8,7 +8,8 @@
 #   make test            build, then tests/run.sh (prints `N passed, N failed`)
 #   make asan            the same in build-asan/ with ASan+UBSan+LSan
 #   make fuzz            libFuzzer on the front end for FUZZ_SECONDS (clang)
-#   make fuzz-ci         the same for 30 s (CI)
+#   make fuzz-plan       libFuzzer on meshrun's plan reader and runtime (CPU ranks)
+#   make fuzz-ci         fuzz for 20 s and fuzz-plan for 15 s (CI)
 #   make sweep           trainings drawn at random (model, mesh, schedule,
 #                        ZeRO, precision...) against one rank's losses, for
 #                        SWEEP_SECONDS (600) from SWEEP_SEED (the time);
@@ -219,14 +220,14 @@ KCPU_OBJ     = $(KCPU_SRC:%.c=$(OBJ)/%.o)
 # libmesh; built by $(NVCC) (see "CUDA kernels" below).
 CUDA_OBJ     = $(CUDA_SRC:%.cu=$(OBJ)/%.o)
 
-FUZZ_OBJ     = $(OBJ)/tests/fuzz/fuzz_lang.o
+FUZZ_OBJ     = $(OBJ)/tests/fuzz/fuzz_lang.o $(OBJ)/tests/fuzz/fuzz_plan.o
 
 ALL_OBJ = $(LANG_OBJ) $(COMPILER_OBJ) $(RUNTIME_OBJ) \
           $(OBJ)/runtime/meshrun.o $(UNIT_OBJ) $(FUZZ_OBJ) $(MPI_TEST_OBJ)
 
 # ---- Top-level targets --------------------------------------------------
 
-.PHONY: all test asan tsan fuzz fuzz-ci fuzz-build check-exports install bench sweep sweep-gpu \
+.PHONY: all test asan tsan fuzz fuzz-plan fuzz-ci fuzz-build check-exports install bench sweep sweep-gpu \
         install-runtime install-compiler deps demo clean FORCE
 
 all: $(BUILD)/libmesh.a $(BUILD)/libmesh.so $(BUILD)/meshrun $(BUILD)/meshc
@@ -706,10 +707,9 @@ $(BUILD)/ignoring_emu: $(OBJ)/$(EMU_DIR)/ignoring.o $(EMU_LINK_WITH)
 # The corpus folder keeps what libFuzzer finds between runs; it is seeded
 # from tests/fuzz/seeds/, examples/*.mesh and lang/std/*.mesh on every run.
 # Crashes are written to $(FUZZ_BUILD)/crash-* (and leak-*, timeout-*).
-FUZZ_DICT = $(wildcard tests/fuzz/mesh.dict)
 FUZZ_ARGS = -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 \
             -rss_limit_mb=2048 -print_final_stats=1 \
-            -artifact_prefix=$(FUZZ_BUILD)/ $(FUZZ_DICT:%=-dict=%)
+            -artifact_prefix=$(FUZZ_BUILD)/
 
 fuzz:
 	$(MAKE) BUILD=$(FUZZ_BUILD) SAN=fuzz CC=$(FUZZ_CC) fuzz-build
@@ -718,14 +718,35 @@ fuzz:
 	  [ -f "$$f" ] || continue; \
 	  cp "$$f" "$(FUZZ_BUILD)/corpus/seed-$$(printf '%s' "$$f" | tr '/' '_')"; \
 	done
-	$(FUZZ_BUILD)/fuzz_lang $(FUZZ_ARGS) $(FUZZ_BUILD)/corpus
+	$(FUZZ_BUILD)/fuzz_lang $(FUZZ_ARGS) -dict=tests/fuzz/mesh.dict $(FUZZ_BUILD)/corpus
+
+# meshrun's side: plan text (seeds: the examples compiled small by this
+# build's meshc, on several meshes) read, then stepped on the CPU's ranks.
+FUZZ_PLAN_SMALL = train.global_batch=2,train.seq_len=16
+FUZZ_PLAN_LM    = model.vocab=256,model.dim=64,model.heads=4,model.kv_heads=2,model.ffn_dim=64,model.layers=1,mesh.dp=1,mesh.tp=1,mesh.pp=1,mesh.ep=1,train.micro_batch=1,train.schedule=1f1b,train.virtual_stages=1,train.zero=0,train.sequence_parallel=false
+FUZZ_PLAN_SEEDS = gpt-tiny: gpt-tiny:mesh.tp=2 gpt-tiny:mesh.pp=2,train.micro_batch=1 \
+                  gpt-tiny:mesh.dp=2,train.micro_batch=1,train.zero=3 \
+                  gpt-tiny:train.precision=bf16,train.recompute=full \
+                  llama:$(FUZZ_PLAN_LM) moe:$(FUZZ_PLAN_LM),model.experts=4,model.top_k=2,mesh.ep=2
+fuzz-plan:
+	$(MAKE) BUILD=$(FUZZ_BUILD) SAN=fuzz CC=$(FUZZ_CC) fuzz-build
+	@mkdir -p $(FUZZ_BUILD)/plan-corpus
+	@i=0; for s in $(FUZZ_PLAN_SEEDS); do \
+	  i=$$((i + 1)); ex=$${s%%:*}; sets=$$(printf '%s' "$(FUZZ_PLAN_SMALL),$${s#*:}" | sed 's/,$$//; s/,/ --set /g'); \
+	  $(FUZZ_BUILD)/meshc --set $$sets examples/$$ex.mesh -o $(FUZZ_BUILD)/plan-corpus/seed-$$i-$$ex >/dev/null || exit 1; \
+	done
+	$(FUZZ_BUILD)/fuzz_plan $(FUZZ_ARGS) -dict=tests/fuzz/plan.dict $(FUZZ_BUILD)/plan-corpus
 
 fuzz-ci:
-	$(MAKE) fuzz FUZZ_SECONDS=30
+	$(MAKE) fuzz FUZZ_SECONDS=20
+	$(MAKE) fuzz-plan FUZZ_SECONDS=15
 
-fuzz-build: $(BUILD)/fuzz_lang
+fuzz-build: $(BUILD)/fuzz_lang $(BUILD)/fuzz_plan $(BUILD)/meshc
 
-$(BUILD)/fuzz_lang: $(FUZZ_OBJ) $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
+$(BUILD)/fuzz_plan: $(OBJ)/tests/fuzz/fuzz_plan.o $(BUILD)/libmesh.a
+	$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)
+
+$(BUILD)/fuzz_lang: $(OBJ)/tests/fuzz/fuzz_lang.o $(BUILD)/libmeshcomp.a $(BUILD)/libmeshlang.a $(BUILD)/libmesh.a
 	$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 # ---- Install ------------------------------------------------------------

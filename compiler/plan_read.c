@@ -14,6 +14,7 @@
  * bounded by the input's length, and every id is checked before use.
  */
 #include "plan.h"
+#include "plan_check.h" /* plan_check_tensor */
 
 #include <errno.h>  /* errno, ERANGE */
 #include <math.h>   /* isfinite */
@@ -590,7 +591,11 @@ static int read_tensor(rd *r, int v, int id, plan *p) {
     if (t->region >= 0 && (id < p->regions[t->region].first || id >= p->regions[t->region].end))
         return fail(r, f[7], "%s: region %d holds tensors %d to %d, not %d", what, t->region,
                     p->regions[t->region].first, p->regions[t->region].end - 1, id);
-    return read_placement(r, f[8], what, t->rank, &t->pl);
+    if (read_placement(r, f[8], what, t->rank, &t->pl) < 0) return -1;
+    char why[256];
+    if (plan_check_tensor(p, id, why, sizeof why) < 0)
+        return fail(r, v, "%s (%s): %s", what, graph_op_name(t->op), why);
+    return 0;
 }
 
 static int read_region(rd *r, int v, int id, plan *p) {
@@ -661,11 +666,53 @@ static int read_step(rd *r, int v, int i, plan *p, int prev_phase) {
     for (int k = 3; k < 8; k++)
         if (k != 6 && f[k] < 0) return fail(r, v, "%s has no key '%s'", what, keys[k] + 1);
     return get_name(r, f[3], what, "axis", axis_name, SHARD_AXES, &s->axis) < 0 ||
-                   get_i(r, f[4], what, "dim", -1, GRAPH_MAX_RANK - 1, &s->dim) < 0 ||
+                   get_i(r, f[4], what, "dim (-1, or below its tensor's rank)", -1, p->tensors[s->node].rank - 1,
+                         &s->dim) < 0 ||
                    get_int(r, f[5], what, "elems", 0, MAX_I64, &s->elems) < 0 ||
                    get_str(r, f[7], what, "why", &s->why) < 0
                ? -1
                : 0;
+}
+
+/* The program computes each tensor once in the forward, in the order of
+ * the ids (every input before its reader), and each at most once in the
+ * backward, in the reverse order (recomputations aside); a step's region
+ * is its tensor's, since where a step stands says which part of a stage
+ * (before the layer stack, in it, after it) runs it. */
+static int check_program(rd *r, int v, const plan *p) {
+    unsigned char *seen = calloc((size_t)p->n_tensors, 2);
+    if (!seen) return fail(r, v, "out of memory");
+    int rc = 0, last_fwd = -1, last_bwd = p->n_tensors;
+    for (int i = 0; i < p->n_steps && rc == 0; i++) {
+        const plan_step *s = &p->steps[i];
+        const plan_tensor *t = &p->tensors[s->node];
+        if (s->region != t->region)
+            rc = fail(r, v, "program step %d: region %d, where its tensor %d is in region %d", i, s->region, s->node,
+                      t->region);
+        if (rc != 0 || s->kind != STEP_COMPUTE || s->recompute) continue;
+        if (t->op == G_INPUT || t->op == G_PARAM)
+            rc = fail(r, v, "program step %d computes tensor %d, %s", i, s->node, t->op == G_INPUT ? "an input" : "a param");
+        else if (s->phase == PLAN_FORWARD && s->node <= last_fwd)
+            rc = fail(r, v, "program step %d computes tensor %d after tensor %d: the forward runs in the order of the "
+                            "ids, each once", i, s->node, last_fwd);
+        else if (s->phase == PLAN_BACKWARD && s->node >= last_bwd)
+            rc = fail(r, v, "program step %d takes the backward of tensor %d after tensor %d's: the backward runs "
+                            "in the reverse order of the ids, each once", i, s->node, last_bwd);
+        else if (s->phase == PLAN_BACKWARD && !seen[s->node])
+            rc = fail(r, v, "program step %d takes the backward of tensor %d, which the forward does not compute", i,
+                      s->node);
+        else if (s->phase == PLAN_FORWARD)
+            last_fwd = s->node, seen[s->node] = 1;
+        else if (s->phase == PLAN_BACKWARD)
+            last_bwd = s->node;
+    }
+    for (int id = 0; id < p->n_tensors && rc == 0; id++) {
+        g_op op = p->tensors[id].op;
+        if (!seen[id] && op != G_INPUT && op != G_PARAM && op != G_TRANSPOSE)
+            rc = fail(r, v, "the program never computes tensor %d (%s)", id, graph_op_name(op));
+    }
+    free(seen);
+    return rc;
 }
 
 /* Where a unit's data goes or comes from: the stage holding chunk c. */
@@ -922,11 +969,15 @@ static int read_plan(rd *r, int root, plan *p) {
     for (int i = 0; i < nt; i++, e = r->nodes[e].next)
         if (read_tensor(r, e, i, p) < 0) return -1;
     if (get_i(r, f[K_LOSS], t, "loss (a tensor id, or -1)", -1, nt - 1, &p->loss) < 0) return -1;
+    if (p->loss >= 0 && p->tensors[p->loss].rank != 0)
+        return fail(r, f[K_LOSS], "the loss, tensor %d (%s), must be a scalar", p->loss,
+                    graph_op_name(p->tensors[p->loss].op));
     e = r->nodes[f[K_PROGRAM]].first;
     for (int i = 0, prev = 0; i < ns; i++, e = r->nodes[e].next) {
         if (read_step(r, e, i, p, prev) < 0) return -1;
         prev = (int)p->steps[i].phase;
     }
+    if (check_program(r, f[K_PROGRAM], p) < 0) return -1;
     if (read_pipeline(r, f[K_PIPELINE], p) < 0) return -1;
     return read_memory(r, f[K_MEMORY], p);
 }

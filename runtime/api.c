@@ -89,22 +89,25 @@ mesh_status mesh_plan_batch(const mesh_plan *mp, int *micro_batch, int *micro_ba
     return MESH_OK;
 }
 
-/* The loss's classes: its vocab attribute, else the logits' last dimension. */
-static int loss_vocab(const plan *p)
+/* A cross-entropy's classes: its vocab attribute, else the logits' last dimension. */
+static int ce_vocab(const plan *p, const plan_tensor *ce)
 {
-    if (p->loss < 0) return 0;
-    const plan_tensor *ce = &p->tensors[p->loss], *logits = &p->tensors[ce->in[0]];
+    const plan_tensor *logits = &p->tensors[ce->in[0]];
     return ce->vocab > 0 ? (int)ce->vocab : logits->rank > 0 ? (int)logits->dims[logits->rank - 1] : 0;
 }
 
+/* The fewest classes of any cross-entropy (the loss's, in a plan meshc
+ * wrote) and rows of any embedding of the inputs: the ids every op takes. */
 int mesh__plan_vocab(const plan *p)
 {
-    int vocab = loss_vocab(p);
-    for (int id = 0; id < p->n_tensors; id++)
-        if (p->tensors[id].op == G_EMBED && p->tensors[p->tensors[id].in[0]].op == G_INPUT) {
-            int rows = (int)p->tensors[p->tensors[id].in[1]].dims[0];
-            if (vocab <= 0 || rows < vocab) vocab = rows;
-        }
+    int vocab = 0;
+    for (int id = 0; id < p->n_tensors; id++) {
+        const plan_tensor *t = &p->tensors[id];
+        int v = t->op == G_CROSS_ENTROPY ? ce_vocab(p, t)
+                : t->op == G_EMBED && p->tensors[t->in[0]].op == G_INPUT ? (int)p->tensors[t->in[1]].dims[0]
+                                                                         : 0;
+        if (v > 0 && (vocab <= 0 || v < vocab)) vocab = v;
+    }
     return vocab;
 }
 

@@ -656,6 +656,7 @@ mesh__exec *mesh__exec_create_rank(const plan *p, int rank, comm *world, comm *d
     /* deterministic: only where the gradients are whole (no ZeRO) and the
      * ranks differ only in their data */
     ex->chain = (flags & MESH__EXEC_DETERMINISTIC) && ex->data && p->setup.zero == 0;
+    if (exec__check_kernels(ex, err, errn) != 0) goto fail;
     find_fusions(ex, flags);
     ex->loss_read = p->loss >= 0 && readers(p, p->loss) > 0;
     ex->loss_terms = loss_of_terms(p);

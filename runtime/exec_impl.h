@@ -501,6 +501,9 @@ float *exec__gshard(const mesh__exec *ex, int id, int it);
 
 /* The last of tensor id's dims on this rank. */
 int exec__lastd(const mesh__exec *ex, int id);
+/* Every op's kernels on this rank within the buffers they read and write
+ * (exec_check.c): 0, or -1 with a message in err (size errn). */
+int exec__check_kernels(const mesh__exec *ex, char *err, size_t errn);
 /* An attention (or rope) node's batch, sequence, query and kv heads on
  * this rank, and head size (exec_ops.c). */
 void exec__attn_dims(const mesh__exec *ex, int id, int *B, int *T, int *H, int *KV, int *d);

@@ -1632,6 +1632,44 @@ static mesh_plan *tiny_plan(const char *const *sets, int n)
     return mp;
 }
 
+static mesh_status no_step(mesh_context *ctx, int rank, void *ud)
+{
+    (void)ctx, (void)rank, (void)ud;
+    return MESH_OK;
+}
+
+/* A plan whose placements meshc would not write, though each tensor fits
+ * its op and every buffer keeps its size: the GELU of tp 2's MLP split
+ * along the sequence where its input and its matmul split the width. Its
+ * matmul's kernel would read twice the GELU's buffer; every rank's
+ * executor refuses it when made (exec_check.c). */
+TEST_IMPL(exec_refuses_placements_meshc_did_not_write)
+{
+    static const char *const tp2[] = {"mesh.tp=2"};
+    char *text = NULL;
+    size_t len = 0;
+    mesh_compile_options opt = MESH_COMPILE_OPTIONS_INIT;
+    opt.sets = tp2;
+    opt.n_sets = 1;
+    ASSERT_INT_EQ(mesh_compile("tiny.mesh", tiny_src, strlen(tiny_src), &opt, &text, &len), MESH_OK);
+    char *gelu = strstr(text, "op: gelu\n  shape: [2, 8, 32]");
+    ASSERT_NOT_NULL(gelu);
+    char *pl = strstr(gelu, "placement: [S0, S2, R, S0]");
+    ASSERT_NOT_NULL(pl);
+    mesh_plan *mp = NULL;
+    ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK); /* as meshc wrote it: runs */
+    ASSERT_INT_EQ(mesh_run_ranks(mp, no_step, NULL), MESH_OK);
+    mesh_plan_free(mp);
+    pl[strlen("placement: [S0, S")] = '1';
+    ASSERT_INT_EQ(mesh_plan_from_memory(text, len, &mp), MESH_OK); /* each tensor still fits its op */
+    ASSERT_INT_NE(mesh_run_ranks(mp, no_step, NULL), MESH_OK);
+    if (!strstr(mesh_last_error(), "(matmul): its kernel reads 512 elements of input 0") ||
+        !strstr(mesh_last_error(), "which has 256 on this rank, by its placements: the plan is not one meshc wrote"))
+        unit_fail(__FILE__, __LINE__, "message: %s", mesh_last_error());
+    mesh_plan_free(mp);
+    mesh_free(text);
+}
+
 /* A rank that fails stops the others: mesh_run_ranks returns its status
  * and message, not a hang. */
 TEST_IMPL(parallel_failing_rank_stops_the_job)

@@ -285,13 +285,19 @@ static void refused_edit(const char *text, const char *from, const char *to, con
     free(bad);
 }
 
-TEST_IMPL(plan_read_refuses_bad_plans)
-{
+/* make_plan's model (tp 2) as plan text; the caller frees. */
+static char *model_text(size_t *len) {
     plan p;
     make_plan(&p, NULL, NULL, 0);
-    size_t len;
-    char *text = write_text(&p, &len);
+    char *text = write_text(&p, len);
     plan_free(&p);
+    return text;
+}
+
+TEST_IMPL(plan_read_refuses_bad_plans)
+{
+    size_t len;
+    char *text = model_text(&len);
 
     refused_edit(text, "magic: mesh-plan", "magic: mesh-plot", "not a mesh plan (magic is 'mesh-plot'");
     refused_edit(text, "magic: mesh-plan\n", "", "not a mesh plan (it has no 'magic: mesh-plan' line)");
@@ -337,6 +343,61 @@ TEST_IMPL(plan_read_refuses_bad_plans)
     refused("{magic: [mesh-plan]}", 20, "not a mesh plan (magic is 'a list or map'");
     refused("[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]", 80,
             "nested more than 16 levels deep");
+    free(text);
+}
+
+/* Each tensor is checked against its op (compiler/plan_check.c): a plan
+ * edited into one whose ops read past their inputs is refused where the
+ * tensor is, not run. */
+TEST_IMPL(plan_read_checks_each_op)
+{
+    size_t len;
+    char *text = model_text(&len);
+
+    refused_edit(text, "in: [0, 2]", "in: [0]", "tensor 4 (embed): it takes 2 inputs, not 1");
+    refused_edit(text, "in: [0, 2]", "in: [2, 0]", "its input 0 (tensor 2) must be i32, not f32");
+    refused_edit(text, "shape: [2, 16, 64]\n  dtype: f32\n  in: [0, 2]", "shape: [2, 16, 65]\n  dtype: f32\n  in: [0, 2]",
+                 "its shape [2, 16, 65] is not its ids' [2, 16] and a row of its table [256, 64]");
+    refused_edit(text, "in: [4, 6]", "in: [4, 2]", "tensor 7 (add): its inputs' shapes [2, 16, 64] and [256, 64] do not "
+                 "match");
+    refused_edit(text, "in: [4, 6]", "in: [4, 1]", "its input 1 (tensor 1) must be f32, not i32");
+    refused_edit(text, "    heads: 4\n    kv_heads: 4", "    heads: 3\n    kv_heads: 3",
+                 "(attention): packed qkv's last dimension (192) is not (heads + 2 x kv_heads) x a head size");
+    refused_edit(text, "    heads: 4\n    kv_heads: 4", "    heads: 4\n    kv_heads: 3",
+                 "heads (4) must be a positive multiple of kv_heads (3)");
+    refused_edit(text, "    heads: 4\n    kv_heads: 4", "    heads: 1\n    kv_heads: 1",
+                 "(attention): its heads (1) are split over tp = 2");
+    refused_edit(text, "shape: [256, 64]", "shape: [255, 64]", "tensor 2 (param): its dimension 0 (255) is split over "
+                 "tp = 2");
+    refused_edit(text, "vocab: 0", "vocab: 999", "vocab (999) must be from 1 to the logits' last dimension (256)");
+    refused_edit(text, "node: 4, axis: tp, dim: -1", "node: 4, axis: tp, dim: 3",
+                 "dim (-1, or below its tensor's rank) must be from -1 to 2, not 3");
+    /* the op of a tensor changed: its inputs no longer fit */
+    refused_edit(text, "op: embed", "op: matmul", "tensor 4 (matmul): its input 0 (tensor 0) must be f32, not i32");
+    refused_edit(text, "op: add", "op: mul", "tensor 7 (mul): its inputs' shapes [2, 16, 64] and [16, 64] do not match");
+    /* the program: each step in its tensor's region (which part of a stage
+     * runs it), the forward once per tensor in the ids' order, the
+     * backward at most once in the reverse order */
+    refused_edit(text, "{phase: forward, kind: compute, node: 4, region: -1}",
+                 "{phase: forward, kind: compute, node: 4, region: 0}", "region 0, where its tensor 4 is in region -1");
+    refused_edit(text, "{phase: forward, kind: compute, node: 6, region: -1}",
+                 "{phase: forward, kind: compute, node: 5, region: -1}",
+                 "computes tensor 5 after tensor 5: the forward runs in the order of the ids, each once");
+    refused_edit(text, "{phase: forward, kind: compute, node: 6, region: -1}", "{phase: forward, kind: compute, node: 3, "
+                 "region: -1}", "computes tensor 3, a param");
+    refused_edit(text, "{phase: backward, kind: compute, node: 38, region: -1}",
+                 "{phase: backward, kind: compute, node: 39, region: -1}", "takes the backward of tensor 39 after tensor "
+                 "39's: the backward runs in the reverse order of the ids, each once");
+    refused_edit(text, "- {phase: forward, kind: compute, node: 6, region: -1}\n", "",
+                 "takes the backward of tensor 6, which the forward does not compute");
+    /* the loss is a scalar (the logits were taken for it: their width then
+     * passed for the vocabulary, and the targets were not checked against
+     * the cross-entropy's own) */
+    char loss[32];
+    const char *at = strstr(text, "\nloss: ");
+    ASSERT_NOT_NULL(at);
+    snprintf(loss, sizeof loss, "loss: %d\n", atoi(at + 7));
+    refused_edit(text, loss, "loss: 4\n", "the loss, tensor 4 (embed), must be a scalar");
     free(text);
 }
 
