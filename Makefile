@@ -9,7 +9,8 @@
 #   make asan            the same in build-asan/ with ASan+UBSan+LSan
 #   make fuzz            libFuzzer on the front end for FUZZ_SECONDS (clang)
 #   make fuzz-plan       libFuzzer on meshrun's plan reader and runtime (CPU ranks)
-#   make fuzz-ci         fuzz for 20 s and fuzz-plan for 15 s (CI)
+#   make fuzz-ckpt       libFuzzer on loading checkpoints (safetensors)
+#   make fuzz-ci         fuzz 20 s, fuzz-plan 15 s, fuzz-ckpt 10 s (CI)
 #   make sweep           trainings drawn at random (model, mesh, schedule,
 #                        ZeRO, precision...) against one rank's losses, for
 #                        SWEEP_SECONDS (600) from SWEEP_SEED (the time);
@@ -220,14 +221,14 @@ KCPU_OBJ     = $(KCPU_SRC:%.c=$(OBJ)/%.o)
 # libmesh; built by $(NVCC) (see "CUDA kernels" below).
 CUDA_OBJ     = $(CUDA_SRC:%.cu=$(OBJ)/%.o)
 
-FUZZ_OBJ     = $(OBJ)/tests/fuzz/fuzz_lang.o $(OBJ)/tests/fuzz/fuzz_plan.o
+FUZZ_OBJ     = $(OBJ)/tests/fuzz/fuzz_lang.o $(OBJ)/tests/fuzz/fuzz_plan.o $(OBJ)/tests/fuzz/fuzz_ckpt.o
 
 ALL_OBJ = $(LANG_OBJ) $(COMPILER_OBJ) $(RUNTIME_OBJ) \
           $(OBJ)/runtime/meshrun.o $(UNIT_OBJ) $(FUZZ_OBJ) $(MPI_TEST_OBJ)
 
 # ---- Top-level targets --------------------------------------------------
 
-.PHONY: all test asan tsan fuzz fuzz-plan fuzz-ci fuzz-build check-exports install bench sweep sweep-gpu \
+.PHONY: all test asan tsan fuzz fuzz-plan fuzz-ckpt fuzz-ci fuzz-build check-exports install bench sweep sweep-gpu \
         install-runtime install-compiler deps demo clean FORCE
 
 all: $(BUILD)/libmesh.a $(BUILD)/libmesh.so $(BUILD)/meshrun $(BUILD)/meshc
@@ -737,11 +738,23 @@ fuzz-plan:
 	done
 	$(FUZZ_BUILD)/fuzz_plan $(FUZZ_ARGS) -dict=tests/fuzz/plan.dict $(FUZZ_BUILD)/plan-corpus
 
+# checkpoints: a small GPT's two safetensors files, saved by the harness
+# itself (its corpus' seeds), loaded mutated, then a training step.
+fuzz-ckpt:
+	$(MAKE) BUILD=$(FUZZ_BUILD) SAN=fuzz CC=$(FUZZ_CC) fuzz-build
+	@mkdir -p $(FUZZ_BUILD)/ckpt-corpus
+	MESH_FUZZ_SEEDS=$(FUZZ_BUILD)/ckpt-corpus $(FUZZ_BUILD)/fuzz_ckpt -runs=0 $(FUZZ_BUILD)/ckpt-corpus
+	$(FUZZ_BUILD)/fuzz_ckpt $(FUZZ_ARGS) -dict=tests/fuzz/ckpt.dict $(FUZZ_BUILD)/ckpt-corpus
+
 fuzz-ci:
 	$(MAKE) fuzz FUZZ_SECONDS=20
 	$(MAKE) fuzz-plan FUZZ_SECONDS=15
+	$(MAKE) fuzz-ckpt FUZZ_SECONDS=10
 
-fuzz-build: $(BUILD)/fuzz_lang $(BUILD)/fuzz_plan $(BUILD)/meshc
+fuzz-build: $(BUILD)/fuzz_lang $(BUILD)/fuzz_plan $(BUILD)/fuzz_ckpt $(BUILD)/meshc
+
+$(BUILD)/fuzz_ckpt: $(OBJ)/tests/fuzz/fuzz_ckpt.o $(BUILD)/libmesh.a
+	$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)
 
 $(BUILD)/fuzz_plan: $(OBJ)/tests/fuzz/fuzz_plan.o $(BUILD)/libmesh.a
 	$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(YAML_LIBS) $(BLAS_LIBS) $(PCRE_LIBS) $(MPI_LIBS) $(CUDA_LIBS) $(LDLIBS)
