@@ -265,7 +265,15 @@ static int check_op(chk *c)
     if (t->dtype != PLAN_DTYPE_F32 && t->op != G_INPUT && t->op != G_ARANGE)
         return bad(c, "its dtype must be f32");
     switch (t->op) {
-    case G_INPUT:
+    case G_INPUT: {
+        /* a micro-batch of ids, as the caller gives them (mesh_plan_batch) */
+        const fe_setup *s = &c->p->setup;
+        char a[96];
+        if (t->rank != 2 || t->dims[0] != s->micro_batch || t->dims[1] != s->seq_len)
+            return bad(c, "its shape %s is not [micro_batch, seq_len] = [%lld, %lld]", shape(t, a, sizeof a),
+                       s->micro_batch, s->seq_len);
+        return arity(c, 0, 0);
+    }
     case G_PARAM: return arity(c, 0, 0);
     case G_ARANGE:
         if (t->dtype != PLAN_DTYPE_I32 || t->rank != 1) return bad(c, "it must be i32, of rank 1");

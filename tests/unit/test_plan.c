@@ -375,6 +375,9 @@ TEST_IMPL(plan_read_checks_each_op)
     /* the op of a tensor changed: its inputs no longer fit */
     refused_edit(text, "op: embed", "op: matmul", "tensor 4 (matmul): its input 0 (tensor 0) must be f32, not i32");
     refused_edit(text, "op: add", "op: mul", "tensor 7 (mul): its inputs' shapes [2, 16, 64] and [16, 64] do not match");
+    /* the inputs are the micro-batches of ids the caller gives (mesh_plan_batch) */
+    refused_edit(text, "  seq_len: 16\n", "  seq_len: 8\n",
+                 "tensor 0 (input): its shape [2, 16] is not [micro_batch, seq_len] = [2, 8]");
     /* the program: each step in its tensor's region (which part of a stage
      * runs it), the forward once per tensor in the ids' order, the
      * backward at most once in the reverse order */
