@@ -10,7 +10,7 @@
 #   make fuzz            libFuzzer on the front end for FUZZ_SECONDS (clang)
 #   make fuzz-plan       libFuzzer on meshrun's plan reader and runtime (CPU ranks)
 #   make fuzz-ckpt       libFuzzer on loading checkpoints (safetensors)
-#   make fuzz-ci         fuzz 20 s, fuzz-plan 15 s, fuzz-ckpt 10 s (CI)
+#   make fuzz-ci         fuzz 15 s, fuzz-plan 10 s, fuzz-ckpt 5 s (CI)
 #   make sweep           trainings drawn at random (model, mesh, schedule,
 #                        ZeRO, precision...) against one rank's losses, for
 #                        SWEEP_SECONDS (600) from SWEEP_SEED (the time);
@@ -747,9 +747,9 @@ fuzz-ckpt:
 	$(FUZZ_BUILD)/fuzz_ckpt $(FUZZ_ARGS) -dict=tests/fuzz/ckpt.dict $(FUZZ_BUILD)/ckpt-corpus
 
 fuzz-ci:
-	$(MAKE) fuzz FUZZ_SECONDS=20
-	$(MAKE) fuzz-plan FUZZ_SECONDS=15
-	$(MAKE) fuzz-ckpt FUZZ_SECONDS=10
+	$(MAKE) fuzz FUZZ_SECONDS=15
+	$(MAKE) fuzz-plan FUZZ_SECONDS=10
+	$(MAKE) fuzz-ckpt FUZZ_SECONDS=5
 
 fuzz-build: $(BUILD)/fuzz_lang $(BUILD)/fuzz_plan $(BUILD)/fuzz_ckpt $(BUILD)/meshc
 

@@ -680,26 +680,27 @@ static int read_step(rd *r, int v, int i, plan *p, int prev_phase) {
  * is its tensor's, since where a step stands says which part of a stage
  * (before the layer stack, in it, after it) runs it. */
 static int check_program(rd *r, int v, const plan *p) {
-    unsigned char *seen = calloc((size_t)p->n_tensors, 2);
+    unsigned char *seen = calloc((size_t)p->n_tensors, 1);
     if (!seen) return fail(r, v, "out of memory");
-    int rc = 0, last_fwd = -1, last_bwd = p->n_tensors;
-    for (int i = 0; i < p->n_steps && rc == 0; i++) {
+    int rc = 0, last_fwd = -1, last_bwd = p->n_tensors, e = r->nodes[v].first;
+    for (int i = 0; i < p->n_steps && rc == 0; i++, e = r->nodes[e].next) {
         const plan_step *s = &p->steps[i];
         const plan_tensor *t = &p->tensors[s->node];
         if (s->region != t->region)
-            rc = fail(r, v, "program step %d: region %d, where its tensor %d is in region %d", i, s->region, s->node,
+            rc = fail(r, e, "program step %d: region %d, where its tensor %d is in region %d", i, s->region, s->node,
                       t->region);
         if (rc != 0 || s->kind != STEP_COMPUTE || s->recompute) continue;
         if (t->op == G_INPUT || t->op == G_PARAM)
-            rc = fail(r, v, "program step %d computes tensor %d, %s", i, s->node, t->op == G_INPUT ? "an input" : "a param");
+            rc = fail(r, e, "program step %d computes tensor %d, %s", i, s->node,
+                      t->op == G_INPUT ? "an input" : "a param");
         else if (s->phase == PLAN_FORWARD && s->node <= last_fwd)
-            rc = fail(r, v, "program step %d computes tensor %d after tensor %d: the forward runs in the order of the "
+            rc = fail(r, e, "program step %d computes tensor %d after tensor %d: the forward runs in the order of the "
                             "ids, each once", i, s->node, last_fwd);
         else if (s->phase == PLAN_BACKWARD && s->node >= last_bwd)
-            rc = fail(r, v, "program step %d takes the backward of tensor %d after tensor %d's: the backward runs "
+            rc = fail(r, e, "program step %d takes the backward of tensor %d after tensor %d's: the backward runs "
                             "in the reverse order of the ids, each once", i, s->node, last_bwd);
         else if (s->phase == PLAN_BACKWARD && !seen[s->node])
-            rc = fail(r, v, "program step %d takes the backward of tensor %d, which the forward does not compute", i,
+            rc = fail(r, e, "program step %d takes the backward of tensor %d, which the forward does not compute", i,
                       s->node);
         else if (s->phase == PLAN_FORWARD)
             last_fwd = s->node, seen[s->node] = 1;
