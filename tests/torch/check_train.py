@@ -30,6 +30,8 @@ steps may be checked that way too (--each).
 usage: check_train.py --plan PLAN --data SHARD [--val SHARD] --from CKPT
          --to CKPT --metrics JSONL [--each] [--loss-tol R] [--norm-tol R]
          [--param-tol R] [--dtype float64|float32]
+       check_train.py --batch FILE   (a line of those arguments and
+         --out OUT a check, in one process; see batch())
 
 The model (gpt2.mesh's, llama.mesh's or moe.mesh's blocks) is told by the
 checkpoint's parameter names, its sizes by their shapes, and the rest
@@ -46,10 +48,13 @@ rounding over GPT-2's 50304 logits was 1e-4 of the gradient norm, where
 meshrun's is 4e-8 (tests/torch/README.md).
 """
 import argparse
+import contextlib
 import json
 import math
 import os
+import shlex
 import sys
+import traceback
 
 import torch
 
@@ -68,7 +73,7 @@ def rel(a, b, floor=1e-3):
     return abs(a - b) / max(abs(b), floor)
 
 
-def main():
+def parser():
     ap = argparse.ArgumentParser(description="train in PyTorch next to meshrun, step for step")
     ap.add_argument("--plan", required=True, help="the plan meshrun trained")
     ap.add_argument("--data", required=True, help="its training shard (one)")
@@ -84,12 +89,51 @@ def main():
                     help="PyTorch's arithmetic (default float64: exact next to meshrun's fp32)")
     ap.add_argument("--each", action="store_true", help="each step from meshrun's checkpoint of the step "
                     "before (train.checkpoint_every=1; always, for a bf16 or fp16 plan)")
-    a = ap.parse_args()
+    return ap
+
+
+def checked(a):
+    """check(a), a missing file, a bad checkpoint or plan a FAIL line."""
     try:
         return check(a)
-    except (OSError, ValueError, KeyError) as e:  # a missing file, a bad checkpoint or plan
+    except (OSError, ValueError, KeyError) as e:
         print(f"FAIL check_train: {type(e).__name__}: {e}")
         return 1
+
+
+def batch(path):
+    """--batch FILE: each line a check's arguments, shell-quoted, and
+    --out OUT, the file its lines go to; one process for them all (torch's
+    import alone takes some 2 s). Prints `NAME: PASS` or `NAME: FAIL` a
+    line, NAME the OUT file's; exits 1 if any failed."""
+    ap = parser()
+    ap.add_argument("--out", required=True)
+    bad = 0
+    with open(path) as f:
+        cases = [shlex.split(line) for line in f if line.strip()]
+    for words in cases:
+        try:
+            a = ap.parse_args(words)
+        except SystemExit:  # (argparse said why, on stderr)
+            print(f"FAIL check_train: bad arguments: {shlex.join(words)}", flush=True)
+            bad += 1
+            continue
+        with open(a.out, "w") as out, contextlib.redirect_stdout(out):
+            try:
+                rc = checked(a)
+            except Exception:  # noqa: BLE001 (one case's bug, the next case still runs)
+                traceback.print_exc(file=out)
+                print("FAIL check_train: the check raised the exception above")
+                rc = 1
+        bad += rc != 0
+        print(f"{os.path.basename(a.out)}: {'FAIL' if rc else 'PASS'}", flush=True)
+    return 1 if bad else 0
+
+
+def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--batch":
+        return batch(sys.argv[2])
+    return checked(parser().parse_args())
 
 
 def load(ck, dtype):
