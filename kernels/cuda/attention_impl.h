@@ -149,14 +149,14 @@ __device__ __forceinline__ void att_mask_scores(float (&s)[8][4], const attn_arg
 
 /* The online softmax's step over a key tile for the warp's 16 rows: the
  * running max m (of the raw scores, q.k) and sum l of the lane's rows g and
- * g + 8, the output rows rescaled by exp(m_old - m_new), and s turned into
- * the probabilities p = exp(scale (s - m_new)) that the product with V
- * takes. In log2 units: each exponential is one FFMA, s scale log2(e) -
+ * g + 8, s turned into the probabilities p = exp(scale (s - m_new)) that
+ * the product with V takes, and corr[r] = exp(m_old - m_new), the factor
+ * that row's output takes before that product adds to it (att_rescale).
+ * In log2 units: each exponential is one FFMA, s scale log2(e) -
  * m_new scale log2(e), and one kc_exp2 (a max of the raw scores is the
  * max of the scaled ones: the scale is positive). */
-template <int DP>
-__device__ __forceinline__ void att_online_softmax(float (&s)[8][4], float (&m)[2], float (&l)[2],
-                                                   float (&acc)[DP / 8][4], float scale2)
+__device__ __forceinline__ void att_softmax_step(float (&s)[8][4], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                                 float scale2)
 {
 #pragma unroll
     for (int r = 0; r < 2; r++) { /* the lane's rows g and g + 8 */
@@ -167,7 +167,7 @@ __device__ __forceinline__ void att_online_softmax(float (&s)[8][4], float (&m)[
         mt = quad_max(mt);
         float mn = fmaxf(m[r], mt);
         float ms = __fmul_rn(mn == -INFINITY ? 0.0f : mn, scale2);
-        float corr = kc_exp2(__fmaf_rn(m[r], scale2, -ms)); /* 0 on the first tile */
+        corr[r] = kc_exp2(__fmaf_rn(m[r], scale2, -ms)); /* 0 on the first tile */
         float ls = 0.0f;
 #pragma unroll
         for (int j = 0; j < 8; j++)
@@ -180,14 +180,33 @@ __device__ __forceinline__ void att_online_softmax(float (&s)[8][4], float (&m)[
         /* (rounded apart, as the CPU does: nvcc would contract a * b + c
          * into an FMA where it chooses, not the same way in every
          * instantiation) */
-        l[r] = __fadd_rn(__fmul_rn(l[r], corr), quad_sum(ls));
+        l[r] = __fadd_rn(__fmul_rn(l[r], corr[r]), quad_sum(ls));
         m[r] = mn;
-#pragma unroll
-        for (int n = 0; n < DP / 8; n++) {
-            acc[n][2 * r] *= corr;
-            acc[n][2 * r + 1] *= corr;
-        }
     }
+}
+
+/* The lane's output rows g and g + 8 times corr[0] and corr[1]. */
+template <int DP>
+__device__ __forceinline__ void att_rescale(float (&acc)[DP / 8][4], const float (&corr)[2])
+{
+#pragma unroll
+    for (int n = 0; n < DP / 8; n++) {
+        acc[n][0] *= corr[0];
+        acc[n][1] *= corr[0];
+        acc[n][2] *= corr[1];
+        acc[n][3] *= corr[1];
+    }
+}
+
+/* att_softmax_step, then the output rows rescaled at once (the product
+ * with V comes next). */
+template <int DP>
+__device__ __forceinline__ void att_online_softmax(float (&s)[8][4], float (&m)[2], float (&l)[2],
+                                                   float (&acc)[DP / 8][4], float scale2)
+{
+    float corr[2];
+    att_softmax_step(s, m, l, corr, scale2);
+    att_rescale<DP>(acc, corr);
 }
 
 /* The warp's 16 output rows from `row0` (acc / l, those before T) and

@@ -25,8 +25,10 @@
  * A operands held in registers over the loop, ptxas (CUDA 13, sm_90a)
  * gave those registers to other values after the first tile's products,
  * in nvdisasm's listing); P is the A operand of the second product in
- * registers, as in attn_fwd_kernel. Each product waits for its result
- * before the softmax (no overlap between tiles yet). Only the
+ * registers, as in attn_fwd_kernel. The softmax of a key tile runs while
+ * the tensor cores add the tile before's P V (attn_fwd_wg), and dq's
+ * kernel overlaps its products alike (attn_bwd_dq_wg); the dk/dv kernel's
+ * products each wait for their results. Only the
  * accumulators' order within a product differs from attn_fwd_kernel's,
  * so the results may differ in their last bits on a GPU (not on the
  * emulation). 2-byte types, a.vec, sm_90a (kcuda_attention_wgmma). */
@@ -86,30 +88,6 @@ __device__ void queue_tile_cm(T *dst, const T *src, long long stride, int row0, 
     }
 }
 
-/* kv_tile for tiles of core matrices (K and V at tiles base + 2 (it % 2)
- * and the next): the tensor cores read them (the async proxy), so each
- * thread's landed copies are fenced for it before the barrier. */
-template <typename T, int DP>
-__device__ __forceinline__ void kv_tile_cm(unsigned char *smem, int base, int it, int tiles, const T *k,
-                                           const T *v, const attn_args &a, const T **sK, const T **sV)
-{
-    constexpr size_t TB = att_cm_bytes<T, DP>();
-    int cur = it & 1;
-    *sK = (const T *)(smem + (base + 2 * cur) * TB);
-    *sV = (const T *)(smem + (base + 1 + 2 * cur) * TB);
-    if (it + 1 < tiles) {
-        int j1 = (it + 1) * ATT_TILE;
-        queue_tile_cm<T, DP>((T *)(smem + (base + 2 - 2 * cur) * TB), k, a.ks, j1, a.T, a.d);
-        queue_tile_cm<T, DP>((T *)(smem + (base + 3 - 2 * cur) * TB), v, a.vs, j1, a.T, a.d);
-        kc_cp_async_commit();
-        kc_cp_async_wait<1>();
-    } else {
-        kc_cp_async_wait<0>();
-    }
-    kc_fence_proxy_async();
-    __syncthreads(); /* this tile is everyone's */
-}
-
 /* pa = the warp's [16 x 64] tile a (P or dS, rows the warp's) rounded to
  * 2 bytes, as the A operands of 4 products over the tile's columns. */
 template <typename T>
@@ -146,6 +124,28 @@ __device__ __forceinline__ void wg_abt(float (&s)[8][4], const T *A, const T *B)
                                     ATT_CM_CHUNK, 128, kk);
 }
 
+/* queue_tile_cm of key tile `it` of K and of V, as one group of copies:
+ * K into the kernel's tile KB + it % KN, V into VB + it % VN (KN and VN
+ * copies of each, for the products still reading the tiles before). */
+template <typename T, int DP, int KB, int KN, int VB, int VN>
+__device__ __forceinline__ void wg_queue_kv(unsigned char *smem, int it, const T *k, const T *v, const attn_args &a)
+{
+    constexpr size_t TB = att_cm_bytes<T, DP>();
+    int j0 = it * ATT_TILE;
+    queue_tile_cm<T, DP>((T *)(smem + (KB + it % KN) * TB), k, a.ks, j0, a.T, a.d);
+    queue_tile_cm<T, DP>((T *)(smem + (VB + it % VN) * TB), v, a.vs, j0, a.T, a.d);
+    kc_cp_async_commit();
+}
+
+/* The forward's loop, FlashAttention-3's overlap within a warpgroup: the
+ * products of key tile it (S = Q K^T) and of the tile before (O += P V)
+ * are queued together, and the softmax of tile it runs while the tensor
+ * cores still add P V; only then is O rescaled (its registers are the
+ * product's until it is waited for) and tile it's P packed. So O takes
+ * exp(m_old - m_new) after the tile before's P V, not before it as in
+ * attn_fwd_kernel: the same operations on the same values, in the same
+ * order. Shared memory: Q, K twice, V three times (tile it - 1's V is
+ * read while tile it + 1's loads). */
 template <typename T, int DP>
 __device__ __forceinline__ void attn_fwd_wg(const attn_args &a, unsigned char *smem)
 {
@@ -153,39 +153,60 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args &a, unsigned char *s
     att_qhead<T> hd;
     if (!att_q_head<T>(a, ATT_TILE, &hd))
         return;
-    int i0 = hd.i0;
+    int i0 = hd.i0, row0 = 16 * w;
     const T *k = hd.k, *v = hd.v;
     constexpr size_t TB = att_cm_bytes<T, DP>();
-    const T *sQ = (const T *)smem; /* then K and V twice */
+    const T *sQ = (const T *)smem; /* then K twice, V three times */
     int end = a.causal ? min(a.T, i0 + ATT_TILE) : a.T;
     int tiles = (end + ATT_TILE - 1) / ATT_TILE;
     queue_tile_cm<T, DP>((T *)smem, hd.q, a.qs, i0, a.T, a.d);
-    queue_tile_cm<T, DP>((T *)(smem + TB), k, a.ks, 0, a.T, a.d);
-    queue_tile_cm<T, DP>((T *)(smem + 2 * TB), v, a.vs, 0, a.T, a.d);
-    kc_cp_async_commit();
-    int row0 = 16 * w;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[DP / 8][4];
+    wg_queue_kv<T, DP, 1, 2, 3, 3>(smem, 0, k, v, a);
+    kc_cp_async_wait<0>();
+    kc_fence_proxy_async();
+    __syncthreads(); /* Q and tile 0 are everyone's */
+    if (tiles > 1)
+        wg_queue_kv<T, DP, 1, 2, 3, 3>(smem, 1, k, v, a);
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, corr[2], acc[DP / 8][4], s[8][4];
+    uint32_t pa[ATT_TILE / 16][4];
     zero_acc<DP>(acc);
-    for (int it = 0; it < tiles; it++) {
+    kc_wgmma_fence();
+    wg_abt<T, DP>(s, sQ, (const T *)(smem + TB));
+    kc_wgmma_commit();
+    kc_wgmma_wait<0>();
+    kc_wgmma_hold(s);
+    if (!att_full(a, i0, 0, false))
+        att_mask_scores(s, a, i0 + row0, 0);
+    att_softmax_step(s, m, l, corr, a.scale2); /* O is 0: nothing to rescale */
+    wg_pack<T>(pa, s);
+    for (int it = 1; it < tiles; it++) {
         int j0 = it * ATT_TILE;
-        const T *sK, *sV;
-        kv_tile_cm<T, DP>(smem, 1, it, tiles, k, v, a, &sK, &sV);
-        float s[8][4];
+        kc_cp_async_wait<0>();
+        kc_fence_proxy_async();
+        /* tile it is everyone's; tile it - 1's S and tile it - 2's P V
+         * are done in every warp, so their buffers take tile it + 1 */
+        __syncthreads();
+        if (it + 1 < tiles)
+            wg_queue_kv<T, DP, 1, 2, 3, 3>(smem, it + 1, k, v, a);
         kc_wgmma_fence();
-        wg_abt<T, DP>(s, sQ, sK); /* Q and K both K-major */
+        wg_abt<T, DP>(s, sQ, (const T *)(smem + (1 + it % 2) * TB));
         kc_wgmma_commit();
-        kc_wgmma_wait<0>();
+        wg_acc_x<T, DP>(acc, pa, (const T *)(smem + (3 + (it - 1) % 3) * TB)); /* tile it - 1's */
+        kc_wgmma_commit();
+        kc_wgmma_wait<1>(); /* S; P V may still run */
+        kc_wgmma_hold(s);
         if (!att_full(a, i0, j0, false))
             att_mask_scores(s, a, i0 + row0, j0);
-        att_online_softmax<DP>(s, m, l, acc, a.scale2);
-        uint32_t pa[ATT_TILE / 16][4];
-        wg_pack<T>(pa, s);
-        kc_wgmma_fence();
-        wg_acc_x<T, DP>(acc, pa, sV); /* over the keys: V N-major */
-        kc_wgmma_commit();
+        att_softmax_step(s, m, l, corr, a.scale2);
         kc_wgmma_wait<0>();
-        __syncthreads(); /* this pair is read: the next iteration refills it */
+        kc_wgmma_hold(acc);
+        att_rescale<DP>(acc, corr);
+        wg_pack<T>(pa, s);
     }
+    kc_wgmma_fence();
+    wg_acc_x<T, DP>(acc, pa, (const T *)(smem + (3 + (tiles - 1) % 3) * TB));
+    kc_wgmma_commit();
+    kc_wgmma_wait<0>();
+    kc_wgmma_hold(acc);
     float *lse = a.lse + ((long long)hd.b * a.H + hd.h) * a.T;
     att_store_rows<T, DP>(hd.o, lse, a, i0 + row0, acc, m, l);
 }
@@ -209,8 +230,10 @@ __global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, 1>())
 /* The dk/dv kernel's blocks an SM: 3 at head sizes up to 64 (168
  * registers, no spills, where ptxas (sm_90a, CUDA 13) takes 186 with no
  * minimum, 2 blocks), else the registers ptxas chooses (235 at d 128,
- * 2 blocks). dq's takes 147 at d 64 (3 blocks) with no minimum; 4 would
- * spill. */
+ * 2 blocks). dq's takes 161 at d 64 (3 blocks) with no minimum; 4 would
+ * spill. Overlapping the dk/dv kernel's products as dq's would keep
+ * p, dS, dk, dv and the packed P and dS (160 registers at d 64) live at
+ * once: 2 blocks an SM. */
 template <int DP>
 constexpr int att_dkv_wg_min_blocks()
 {
@@ -269,6 +292,8 @@ __device__ __forceinline__ void attn_bwd_dkv_wg(const attn_args &a, unsigned cha
         wg_abt<T, DP>(ds, sV, sO); /* dp^T */
         kc_wgmma_commit();
         kc_wgmma_wait<0>();
+        kc_wgmma_hold(p);
+        kc_wgmma_hold(ds);
         att_tile_math(att_full(a, i0, j0, true), [&](auto masked) {
             att_probs_kq<decltype(masked)::value>(p, ds, a, j0, i0, sL, sD);
         });
@@ -280,6 +305,8 @@ __device__ __forceinline__ void attn_bwd_dkv_wg(const attn_args &a, unsigned cha
         wg_acc_x<T, DP>(dk, da, sQ);
         kc_wgmma_commit();
         kc_wgmma_wait<0>();
+        kc_wgmma_hold(dv);
+        kc_wgmma_hold(dk);
         __syncthreads(); /* this buffer is read: the next step refills it */
     }
     add_rows_out<T, DP>((T *)a.dk + bt0 * a.ks + (long long)kvh * a.d, a.ks, dk, j0, a.T, a.d, a.assign & 2);
@@ -290,6 +317,12 @@ template <typename T, int DP>
 __global__ void __launch_bounds__(ATT_THREADS, att_dkv_wg_min_blocks<DP>())
     attn_bwd_dkv_wg_kernel(attn_args a) ATT_WG_KERNEL(attn_bwd_dkv_wg)
 
+/* dq's kernel, its products overlapped as the forward's (attn_fwd_wg):
+ * key tile it's S and dP are queued with the tile before's dq += dS K,
+ * and tile it's dS is computed while that last product runs. dq's sums
+ * are the same, in the same order. Shared memory: Q, dout, K three
+ * times (tile it - 1's is read while tile it + 1's loads), V twice, lse
+ * and D. */
 template <typename T, int DP>
 __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args &a, unsigned char *smem)
 {
@@ -301,35 +334,59 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args &a, unsigned char
     long long bt0 = (long long)hd.b * a.T;
     int end = a.causal ? min(a.T, i0 + ATT_TILE) : a.T;
     int tiles = (end + ATT_TILE - 1) / ATT_TILE;
-    /* Q, dout, then K and V twice, then lse and D */
     const T *sQ = (const T *)smem, *sO = (const T *)(smem + TB);
-    float *sL = (float *)(smem + 6 * TB), *sD = sL + ATT_TILE;
+    float *sL = (float *)(smem + 7 * TB), *sD = sL + ATT_TILE;
     att_dq_queue_first<T>(a, hd, sL, sD, [&](int n, const T *src, long long stride, int row0) {
-        queue_tile_cm<T, DP>((T *)(smem + n * TB), src, stride, row0, a.T, a.d);
+        queue_tile_cm<T, DP>((T *)(smem + (n == 3 ? 5 : n) * TB), src, stride, row0, a.T, a.d); /* V: 5 */
     });
-    float dq[DP / 8][4];
+    kc_cp_async_wait<0>();
+    kc_fence_proxy_async();
+    __syncthreads(); /* Q, dout, lse, D and key tile 0 are everyone's */
+    if (tiles > 1)
+        wg_queue_kv<T, DP, 2, 3, 5, 2>(smem, 1, hd.k, hd.v, a);
+    float dq[DP / 8][4], p[8][4], ds[8][4];
+    uint32_t da[4][4];
     zero_acc<DP>(dq);
-    for (int it = 0; it < tiles; it++) {
+    kc_wgmma_fence();
+    wg_abt<T, DP>(p, sQ, (const T *)(smem + 2 * TB));
+    wg_abt<T, DP>(ds, sO, (const T *)(smem + 5 * TB));
+    kc_wgmma_commit();
+    kc_wgmma_wait<0>();
+    kc_wgmma_hold(p);
+    kc_wgmma_hold(ds);
+    att_tile_math(att_full(a, i0, 0, true),
+                  [&](auto masked) { att_probs_qk<decltype(masked)::value>(ds, p, a, i0, 0, sL, sD); });
+    wg_pack<T>(da, ds);
+    for (int it = 1; it < tiles; it++) {
         int j0 = it * ATT_TILE;
-        const T *sK, *sV;
-        kv_tile_cm<T, DP>(smem, 2, it, tiles, hd.k, hd.v, a, &sK, &sV);
-        float p[8][4], ds[8][4];
+        kc_cp_async_wait<0>();
+        kc_fence_proxy_async();
+        /* tile it is everyone's; tile it - 1's S and dP and tile it - 2's
+         * dq product are done in every warp, so their buffers take tile
+         * it + 1 */
+        __syncthreads();
+        if (it + 1 < tiles)
+            wg_queue_kv<T, DP, 2, 3, 5, 2>(smem, it + 1, hd.k, hd.v, a);
         kc_wgmma_fence();
-        wg_abt<T, DP>(p, sQ, sK);
-        wg_abt<T, DP>(ds, sO, sV);
+        wg_abt<T, DP>(p, sQ, (const T *)(smem + (2 + it % 3) * TB));
+        wg_abt<T, DP>(ds, sO, (const T *)(smem + (5 + it % 2) * TB));
         kc_wgmma_commit();
+        wg_acc_x<T, DP>(dq, da, (const T *)(smem + (2 + (it - 1) % 3) * TB)); /* tile it - 1's */
+        kc_wgmma_commit();
+        kc_wgmma_wait<1>(); /* S and dP; dq's may still run */
+        kc_wgmma_hold(p);
+        kc_wgmma_hold(ds);
+        att_tile_math(att_full(a, i0, j0, true),
+                      [&](auto masked) { att_probs_qk<decltype(masked)::value>(ds, p, a, i0, j0, sL, sD); });
         kc_wgmma_wait<0>();
-        att_tile_math(att_full(a, i0, j0, true), [&](auto masked) {
-            att_probs_qk<decltype(masked)::value>(ds, p, a, i0, j0, sL, sD);
-        });
-        uint32_t da[4][4];
+        kc_wgmma_hold(dq);
         wg_pack<T>(da, ds);
-        kc_wgmma_fence();
-        wg_acc_x<T, DP>(dq, da, sK);
-        kc_wgmma_commit();
-        kc_wgmma_wait<0>();
-        __syncthreads(); /* this pair is read: the next iteration refills it */
     }
+    kc_wgmma_fence();
+    wg_acc_x<T, DP>(dq, da, (const T *)(smem + (2 + (tiles - 1) % 3) * TB));
+    kc_wgmma_commit();
+    kc_wgmma_wait<0>();
+    kc_wgmma_hold(dq);
     add_rows_out<T, DP>((T *)a.dq + bt0 * a.qs + (long long)hd.h * a.d, a.qs, dq, i0, a.T, a.d, a.assign & 1);
 }
 
@@ -375,9 +432,11 @@ template <typename T, int DP>
 static void (*wg_kernel(int which, size_t *bytes))(attn_args)
 {
     constexpr size_t TB = att_cm_bytes<T, DP>();
-    /* the forward: Q, K and V twice; dk/dv: K, V, Q and dout twice, lse
-     * and D twice; dq: Q, dout, K and V twice, lse and D */
-    *bytes = which == ATT_FWD ? 5 * TB : 6 * TB + (which == ATT_DKV ? 4 : 2) * ATT_TILE * sizeof(float);
+    /* the forward: Q, K twice and V three times; dk/dv: K, V, Q and dout twice, lse
+     * and D twice; dq: Q, dout, K three times, V twice, lse and D */
+    *bytes = which == ATT_FWD ? 6 * TB
+             : which == ATT_DKV ? 6 * TB + 4 * ATT_TILE * sizeof(float)
+                                : 7 * TB + 2 * ATT_TILE * sizeof(float);
     return which == ATT_FWD ? attn_fwd_wg_kernel<T, DP>
            : which == ATT_DKV ? attn_bwd_dkv_wg_kernel<T, DP>
                               : attn_bwd_dq_wg_kernel<T, DP>;

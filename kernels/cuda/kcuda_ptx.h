@@ -23,7 +23,7 @@
  *                             global memory (acquire and release)
  *   kc_wgmma<L, N, TRANSB>(d, a, b, lbo, sbo, acc), kc_wgmma_ss (A from
  *   shared memory too), kc_wgmma_fence,
- *   kc_wgmma_commit, kc_wgmma_wait<N>, kc_fence_proxy_async, kc_wgmma_desc
+ *   kc_wgmma_commit, kc_wgmma_wait<N>, kc_wgmma_hold, kc_fence_proxy_async, kc_wgmma_desc
  *                             warpgroup products (sm_90a, at the end)
  *
  * Layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating
@@ -442,6 +442,25 @@ template <int N> __device__ __forceinline__ void kc_wgmma_wait()
     ::emu::wgmma_wait(N);
 #elif defined(KC_WGMMA)
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+/* Pins d's registers at this point of the program, after the
+ * kc_wgmma_wait that completed the products writing them: nvcc sees
+ * the product's asm as the registers' last writer, so without this it
+ * could move an instruction that reads or writes them above the wait
+ * (CUTLASS's warpgroup_fence_operand does the same). No instruction. */
+template <int N>
+__device__ __forceinline__ void kc_wgmma_hold(float (&d)[N][4])
+{
+#if defined(KC_WGMMA)
+#pragma unroll
+    for (int j = 0; j < N; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            asm volatile("" : "+f"(d[j][e])::"memory");
+#else
+    (void)d;
 #endif
 }
 

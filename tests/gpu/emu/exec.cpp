@@ -224,7 +224,7 @@ inline void tsan_write(void *, size_t) {}
 enum : uint8_t { READY, AT_WARP, AT_BLOCK, EXITED, TRAPPED };
 
 enum { CP_MAX = 128 }; /* cp.async copies queued per thread (fp32 attention tiles at d 128: 80) */
-enum { WG_MAX = 16 }; /* wgmma products queued per thread */
+enum { WG_MAX = 32 }; /* wgmma products queued per thread (the dq kernel at d 128: 20) */
 
 const size_t STACK_BYTES = 256 * 1024; /* per CUDA thread, plus a guard page */
 
