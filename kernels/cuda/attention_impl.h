@@ -298,13 +298,16 @@ __device__ __forceinline__ float att_ds(float p, float dp, float Ds, float scale
 }
 
 /* The dk/dv kernels' probabilities and their gradients for a step, in
- * place: p = exp(s - lse) (0 where masked, when M) from the scores s^T
- * of the warp's 16 keys from j0 (rows) by the 64 queries from i0, and
- * ds = p (dp - D) scale from dp^T; the queries' lse log2(e) and D scale
- * in sL and sD. */
-template <bool M>
-__device__ __forceinline__ void att_probs_kq(float (&p)[8][4], float (&ds)[8][4], const attn_args &a, int j0, int i0,
-                                             const float *sL, const float *sD)
+ * place: where P, p = exp(s - lse) (0 where masked, when M) from the
+ * scores s^T of the warp's 16 keys from j0 (rows) by the 64 queries from
+ * i0; where DS, ds = p (dp - D) scale from dp^T; the queries' lse
+ * log2(e) and D scale in sL and sD (by column). One pass over the tile
+ * for both (the mma.sync kernel's, att_probs_kq), or a pass each
+ * (attention_wg.cu's: att_p_kq while dp^T is still being summed, then
+ * att_ds_kq). */
+template <bool M, bool P, bool DS>
+__device__ __forceinline__ void att_kq_pass(float (&p)[8][4], float (&ds)[8][4], const attn_args &a, int j0, int i0,
+                                            const float *sL, const float *sD)
 {
     int w = threadIdx.x >> 5;
 #pragma unroll
@@ -313,23 +316,36 @@ __device__ __forceinline__ void att_probs_kq(float (&p)[8][4], float (&ds)[8][4]
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             int qc = 8 * j + att_col(e), qr = i0 + qc;
-            float pv = att_prob(p[j][e], sL[qc], a.scale2);
-            if constexpr (M)
-                if (key >= a.T || qr >= a.T || (a.causal && key > qr))
-                    pv = 0.0f;
-            p[j][e] = pv;
-            ds[j][e] = att_ds(pv, ds[j][e], sD[qc], a.scale);
+            float pv = p[j][e];
+            if constexpr (P) {
+                pv = att_prob(pv, sL[qc], a.scale2);
+                if constexpr (M)
+                    if (key >= a.T || qr >= a.T || (a.causal && key > qr))
+                        pv = 0.0f;
+                p[j][e] = pv;
+            }
+            if constexpr (DS)
+                ds[j][e] = att_ds(pv, ds[j][e], sD[qc], a.scale);
         }
     }
 }
 
-/* The dq kernels' gradients of the probabilities, in place: ds = p
- * (dp - D) scale from dp, p = exp(s - lse) (0 where masked, when M) from
- * the scores s of the warp's 16 queries from i0 (rows) by the 64 keys
- * from j0; the queries' lse log2(e) and D scale in sL and sD (by row). */
 template <bool M>
-__device__ __forceinline__ void att_probs_qk(float (&ds)[8][4], const float (&s)[8][4], const attn_args &a, int i0,
-                                             int j0, const float *sL, const float *sD)
+__device__ __forceinline__ void att_probs_kq(float (&p)[8][4], float (&ds)[8][4], const attn_args &a, int j0, int i0,
+                                             const float *sL, const float *sD)
+{
+    att_kq_pass<M, true, true>(p, ds, a, j0, i0, sL, sD);
+}
+
+/* The dq kernels' probabilities and their gradients, in place: where P,
+ * the scores s of the warp's 16 queries from i0 (rows) by the 64 keys
+ * from j0 become p = exp(s - lse) (0 where masked, when M); where DS,
+ * ds = p (dp - D) scale from dp; the queries' lse log2(e) and D scale in
+ * sL and sD (by row). One pass for both (att_probs_qk), or a pass each
+ * (att_p_qk, then att_ds_qk), as att_kq_pass. */
+template <bool M, bool P, bool DS>
+__device__ __forceinline__ void att_qk_pass(float (&ds)[8][4], float (&s)[8][4], const attn_args &a, int i0, int j0,
+                                            const float *sL, const float *sD)
 {
     int w = threadIdx.x >> 5;
 #pragma unroll
@@ -338,13 +354,25 @@ __device__ __forceinline__ void att_probs_qk(float (&ds)[8][4], const float (&s)
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             int col = j0 + 8 * j + att_col(e);
-            float pv = att_prob(s[j][e], sL[r], a.scale2);
-            if constexpr (M)
-                if (row >= a.T || col >= a.T || (a.causal && col > row))
-                    pv = 0.0f;
-            ds[j][e] = att_ds(pv, ds[j][e], sD[r], a.scale);
+            float pv = s[j][e];
+            if constexpr (P) {
+                pv = att_prob(pv, sL[r], a.scale2);
+                if constexpr (M)
+                    if (row >= a.T || col >= a.T || (a.causal && col > row))
+                        pv = 0.0f;
+                s[j][e] = pv;
+            }
+            if constexpr (DS)
+                ds[j][e] = att_ds(pv, ds[j][e], sD[r], a.scale);
         }
     }
+}
+
+template <bool M>
+__device__ __forceinline__ void att_probs_qk(float (&ds)[8][4], float (&s)[8][4], const attn_args &a, int i0,
+                                             int j0, const float *sL, const float *sD)
+{
+    att_qk_pass<M, true, true>(ds, s, a, i0, j0, sL, sD);
 }
 
 /* Queues the copy of dst[64] = the per-row values src[row0 .. row0 + 64)

@@ -27,8 +27,8 @@
  * in nvdisasm's listing); P is the A operand of the second product in
  * registers, as in attn_fwd_kernel. The softmax of a key tile runs while
  * the tensor cores add the tile before's P V (attn_fwd_wg), and dq's
- * kernel overlaps its products alike (attn_bwd_dq_wg); the dk/dv kernel's
- * products each wait for their results. Only the
+ * kernel overlaps its products alike (attn_bwd_dq_wg); the dk/dv kernel
+ * computes P while dP^T is being summed, no more. Only the
  * accumulators' order within a product differs from attn_fwd_kernel's,
  * so the results may differ in their last bits on a GPU (not on the
  * emulation). 2-byte types, a.vec, sm_90a (kcuda_attention_wgmma). */
@@ -230,10 +230,11 @@ __global__ void __launch_bounds__(ATT_THREADS, att_fwd_min_blocks<T, DP, 1>())
 /* The dk/dv kernel's blocks an SM: 3 at head sizes up to 64 (168
  * registers, no spills, where ptxas (sm_90a, CUDA 13) takes 186 with no
  * minimum, 2 blocks), else the registers ptxas chooses (235 at d 128,
- * 2 blocks). dq's takes 161 at d 64 (3 blocks) with no minimum; 4 would
- * spill. Overlapping the dk/dv kernel's products as dq's would keep
- * p, dS, dk, dv and the packed P and dS (160 registers at d 64) live at
- * once: 2 blocks an SM. */
+ * 2 blocks; 158 since P is computed while dP^T is summed). dq's takes
+ * 151 at d 64 (3 blocks) with no minimum; 4 would spill. Overlapping
+ * the dk/dv kernel's dS with its dV product, or a step with the next,
+ * keeps p, dS, dk, dv and the packed P or dS live at once: ptxas
+ * serialised the wgmmas at 168 registers (C7512). */
 template <int DP>
 constexpr int att_dkv_wg_min_blocks()
 {
@@ -286,17 +287,23 @@ __device__ __forceinline__ void attn_bwd_dkv_wg(const attn_args &a, unsigned cha
         }
         kc_fence_proxy_async();
         __syncthreads(); /* this step's tiles are everyone's */
+        /* S^T and dP^T as two groups: P is computed while dP^T is still
+         * being summed (overlapping dS with dV's product too would keep
+         * more registers than 3 blocks an SM leave: ptxas serialises) */
         float p[8][4], ds[8][4];
         kc_wgmma_fence();
-        wg_abt<T, DP>(p, sK, sQ);  /* s^T */
+        wg_abt<T, DP>(p, sK, sQ); /* s^T */
+        kc_wgmma_commit();
         wg_abt<T, DP>(ds, sV, sO); /* dp^T */
         kc_wgmma_commit();
-        kc_wgmma_wait<0>();
+        kc_wgmma_wait<1>();
         kc_wgmma_hold(p);
-        kc_wgmma_hold(ds);
         att_tile_math(att_full(a, i0, j0, true), [&](auto masked) {
-            att_probs_kq<decltype(masked)::value>(p, ds, a, j0, i0, sL, sD);
+            att_kq_pass<decltype(masked)::value, true, false>(p, ds, a, j0, i0, sL, sD);
         });
+        kc_wgmma_wait<0>();
+        kc_wgmma_hold(ds);
+        att_kq_pass<false, false, true>(p, ds, a, j0, i0, sL, sD);
         uint32_t pa[4][4], da[4][4];
         wg_pack<T>(pa, p);
         wg_pack<T>(da, ds);
@@ -318,8 +325,9 @@ __global__ void __launch_bounds__(ATT_THREADS, att_dkv_wg_min_blocks<DP>())
     attn_bwd_dkv_wg_kernel(attn_args a) ATT_WG_KERNEL(attn_bwd_dkv_wg)
 
 /* dq's kernel, its products overlapped as the forward's (attn_fwd_wg):
- * key tile it's S and dP are queued with the tile before's dq += dS K,
- * and tile it's dS is computed while that last product runs. dq's sums
+ * key tile it's S and dP are queued with the tile before's dq += dS K
+ * (three groups), tile it's P is computed while dP and that product
+ * still run, and its dS while the product does. dq's sums
  * are the same, in the same order. Shared memory: Q, dout, K three
  * times (tile it - 1's is read while tile it + 1's loads), V twice, lse
  * and D. */
@@ -349,13 +357,16 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args &a, unsigned char
     zero_acc<DP>(dq);
     kc_wgmma_fence();
     wg_abt<T, DP>(p, sQ, (const T *)(smem + 2 * TB));
+    kc_wgmma_commit();
     wg_abt<T, DP>(ds, sO, (const T *)(smem + 5 * TB));
     kc_wgmma_commit();
-    kc_wgmma_wait<0>();
+    kc_wgmma_wait<1>(); /* S: P while dP is summed */
     kc_wgmma_hold(p);
-    kc_wgmma_hold(ds);
     att_tile_math(att_full(a, i0, 0, true),
-                  [&](auto masked) { att_probs_qk<decltype(masked)::value>(ds, p, a, i0, 0, sL, sD); });
+                  [&](auto masked) { att_qk_pass<decltype(masked)::value, true, false>(ds, p, a, i0, 0, sL, sD); });
+    kc_wgmma_wait<0>();
+    kc_wgmma_hold(ds);
+    att_qk_pass<false, false, true>(ds, p, a, i0, 0, sL, sD);
     wg_pack<T>(da, ds);
     for (int it = 1; it < tiles; it++) {
         int j0 = it * ATT_TILE;
@@ -369,15 +380,18 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args &a, unsigned char
             wg_queue_kv<T, DP, 2, 3, 5, 2>(smem, it + 1, hd.k, hd.v, a);
         kc_wgmma_fence();
         wg_abt<T, DP>(p, sQ, (const T *)(smem + (2 + it % 3) * TB));
+        kc_wgmma_commit();
         wg_abt<T, DP>(ds, sO, (const T *)(smem + (5 + it % 2) * TB));
         kc_wgmma_commit();
         wg_acc_x<T, DP>(dq, da, (const T *)(smem + (2 + (it - 1) % 3) * TB)); /* tile it - 1's */
         kc_wgmma_commit();
-        kc_wgmma_wait<1>(); /* S and dP; dq's may still run */
+        kc_wgmma_wait<2>(); /* S; dP and dq's may still run */
         kc_wgmma_hold(p);
-        kc_wgmma_hold(ds);
         att_tile_math(att_full(a, i0, j0, true),
-                      [&](auto masked) { att_probs_qk<decltype(masked)::value>(ds, p, a, i0, j0, sL, sD); });
+                      [&](auto masked) { att_qk_pass<decltype(masked)::value, true, false>(ds, p, a, i0, j0, sL, sD); });
+        kc_wgmma_wait<1>(); /* dP */
+        kc_wgmma_hold(ds);
+        att_qk_pass<false, false, true>(ds, p, a, i0, j0, sL, sD);
         kc_wgmma_wait<0>();
         kc_wgmma_hold(dq);
         wg_pack<T>(da, ds);
