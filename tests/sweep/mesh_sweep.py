@@ -25,7 +25,9 @@ meshrun for a few steps, and checks that:
     rank, one of which is killed or stopped once the job trains: every
     other one must end with an error within 30 s; and data parallelism
     alone with --deterministic (one rank's, bit for bit); on the emulated
-    GPUs, some with MESH_NCCL_BLOCKING=1 (the same losses, bit for bit).
+    GPUs, some with MESH_NCCL_BLOCKING=1 and some bf16 and fp16 ones with
+    MESH_ATTN_WGMMA=1 (each the same losses, bit for bit: the emulation
+    sums a warpgroup's products as mma.sync's).
 
 With --device cuda it runs meshrun_emu: the CUDA executor on emulated GPUs,
 NCCL between them (MESH_EMU_GPUS), against the one-rank CPU run; a step
@@ -134,6 +136,17 @@ def draw(rng, device):
     # losses, bit for bit)
     if device == "cuda" and dp * tp * pp * ep > 1 and resume is None and not again and rng.random() < 0.3:
         again = "blocking"
+    # on the emulated GPUs, 2-byte precisions with the attention on
+    # warpgroup products (MESH_ATTN_WGMMA=1), whose products the emulation
+    # sums as mma.sync's: the same losses, bit for bit
+    if device == "cuda" and prec != "fp32" and resume is None and not again and rng.random() < 0.5:
+        again = "wgmma"
+        # sequences of 2 or 3 key tiles of 64 (the last one ragged), so
+        # that the kernels' overlap of one tile's softmax with the tile
+        # before's product runs
+        sets["train.seq_len"] = rng.choice([96, 160])
+        if kind == "gpt":
+            sets["model.context"] = 160
     if device == "cpu" and dp * tp * pp * ep > 1 and resume is None and not again and rng.random() < 0.25:
         again = rng.choice(["mpirun", "torchrun"])
     # a rank per process (torchrun's way), one of them killed or stopped
@@ -479,6 +492,13 @@ class Sweep:
                 return "fail", what, got
             if got[:2] != (losses, val):
                 bad.append("MESH_NCCL_BLOCKING=1: losses %s, ordered on the stream %s" % (got[0], losses))
+        elif again_in_turn == "wgmma":
+            what += " wgmma"
+            got = self.rerun(plan, first, "wgmma", [], env={"MESH_ATTN_WGMMA": "1"})
+            if isinstance(got, str):
+                return "fail", what, got
+            if got[:2] != (losses, val):
+                bad.append("MESH_ATTN_WGMMA=1: losses %s, on mma.sync %s" % (got[0], losses))
         elif again_in_turn == "no-overlap":
             what += " no-overlap"
             got = self.rerun(plan, first, "noov", ["--no-overlap"])
