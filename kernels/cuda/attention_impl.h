@@ -303,8 +303,8 @@ __device__ __forceinline__ float att_ds(float p, float dp, float Ds, float scale
  * i0; where DS, ds = p (dp - D) scale from dp^T; the queries' lse
  * log2(e) and D scale in sL and sD (by column). One pass over the tile
  * for both (the mma.sync kernel's, att_probs_kq), or a pass each
- * (attention_wg.cu's: att_p_kq while dp^T is still being summed, then
- * att_ds_kq). */
+ * (attention_wg.cu's: P's while dp^T is still being summed, then DS's
+ * over the p it left). */
 template <bool M, bool P, bool DS>
 __device__ __forceinline__ void att_kq_pass(float (&p)[8][4], float (&ds)[8][4], const attn_args &a, int j0, int i0,
                                             const float *sL, const float *sD)
@@ -342,7 +342,7 @@ __device__ __forceinline__ void att_probs_kq(float (&p)[8][4], float (&ds)[8][4]
  * from j0 become p = exp(s - lse) (0 where masked, when M); where DS,
  * ds = p (dp - D) scale from dp; the queries' lse log2(e) and D scale in
  * sL and sD (by row). One pass for both (att_probs_qk), or a pass each
- * (att_p_qk, then att_ds_qk), as att_kq_pass. */
+ * (P's, then DS's), as att_kq_pass. */
 template <bool M, bool P, bool DS>
 __device__ __forceinline__ void att_qk_pass(float (&ds)[8][4], float (&s)[8][4], const attn_args &a, int i0, int j0,
                                             const float *sL, const float *sD)
