@@ -60,6 +60,14 @@ FAULT_S = 30  # how soon the other ranks of a job with a rank killed or stopped 
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_btl": "self,vader",
            "OMPI_MCA_mpi_yield_when_idle": "1"}
+# The ways a case runs again whose losses must be its first run's, bit
+# for bit: meshrun's options and environment, what they are called in a
+# failure, and what the first run was.
+SAME_BITS = {
+    "blocking": ([], {"MESH_NCCL_BLOCKING": "1"}, "MESH_NCCL_BLOCKING=1", "ordered on the stream"),
+    "wgmma": ([], {"MESH_ATTN_WGMMA": "1"}, "MESH_ATTN_WGMMA=1", "on mma.sync"),
+    "no-overlap": (["--no-overlap"], None, "--no-overlap", "overlapped"),
+}
 DIAG = re.compile(r"^[^:\n]+:\d+:\d+: error: ", re.M)
 SENT = re.compile(r"^meshrun: bytes rank 0 sent per step \(the plan's\): (.*)$", re.M)
 
@@ -485,27 +493,14 @@ class Sweep:
             why = self.fault(plan, d, world_of(sets), victim, sig)
             if why:
                 bad.append(why)
-        elif again_in_turn == "blocking":
-            what += " blocking"
-            got = self.rerun(plan, first, "blocking", [], env={"MESH_NCCL_BLOCKING": "1"})
+        elif again_in_turn in SAME_BITS:
+            options, env, how, first_run = SAME_BITS[again_in_turn]
+            what += " " + again_in_turn
+            got = self.rerun(plan, first, again_in_turn, options, env=env)
             if isinstance(got, str):
                 return "fail", what, got
             if got[:2] != (losses, val):
-                bad.append("MESH_NCCL_BLOCKING=1: losses %s, ordered on the stream %s" % (got[0], losses))
-        elif again_in_turn == "wgmma":
-            what += " wgmma"
-            got = self.rerun(plan, first, "wgmma", [], env={"MESH_ATTN_WGMMA": "1"})
-            if isinstance(got, str):
-                return "fail", what, got
-            if got[:2] != (losses, val):
-                bad.append("MESH_ATTN_WGMMA=1: losses %s, on mma.sync %s" % (got[0], losses))
-        elif again_in_turn == "no-overlap":
-            what += " no-overlap"
-            got = self.rerun(plan, first, "noov", ["--no-overlap"])
-            if isinstance(got, str):
-                return "fail", what, got
-            if got[:2] != (losses, val):
-                bad.append("--no-overlap: losses %s, overlapped %s" % (got[0], losses))
+                bad.append("%s: losses %s, %s %s" % (how, got[0], first_run, losses))
         if rsets:
             what += " resumed dp%d tp%d pp%d ep%d" % resume + (" on the cpu" if resume_on != self.a.device else "")
             rc, out, losses, val, cmd = self.train_run(rplan, rplan + ".log", steps, resume_on,
