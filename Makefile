@@ -580,7 +580,7 @@ torch-gpt2: all
 
 # tests/gpu/run.sh, the GPU machine's script, rehearsed whole on the
 # emulation at cut sizes (its plumbing, not the GPU; results in OUT,
-# default tests/gpu/out/): 6 to 10 minutes here
+# default tests/gpu/out/): some 18 minutes here (budget 1800 s)
 gpu-rehearse:
 	MESH_GPU_REHEARSE=1 MESH_GPU_BUILD=$(EMU_BUILD) tests/gpu/run.sh
 
