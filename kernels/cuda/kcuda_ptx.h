@@ -304,7 +304,9 @@ __device__ __forceinline__ void kc_add_release(int *p, int v)
  * host never launches such a kernel there (attn_wg_available's probe).
  * On the CPU emulation these are
  * emu/ptx.h's wgmma_rs, wgmma_commit and wgmma_wait, with the same
- * layouts and the same deferral.
+ * layouts and the same deferral, and the two fences its wgmma_fence and
+ * fence_proxy_async, which let it check at each product that neither is
+ * missing.
  */
 
 /* The 64-bit matrix descriptor of B at shared address `saddr` (no
@@ -422,7 +424,9 @@ __device__ __forceinline__ void kc_wgmma_ss(float (&d)[N / 8][4], const void *a,
 
 __device__ __forceinline__ void kc_wgmma_fence()
 {
-#if defined(KC_WGMMA)
+#ifdef EMU_CUDA_RUNTIME_H
+    ::emu::wgmma_fence();
+#elif defined(KC_WGMMA)
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #endif
 }
@@ -468,7 +472,9 @@ __device__ __forceinline__ void kc_wgmma_hold(float (&d)[N][4])
  * cp.async copies) before later reads by the async proxy (wgmma's B). */
 __device__ __forceinline__ void kc_fence_proxy_async()
 {
-#if defined(KC_WGMMA)
+#ifdef EMU_CUDA_RUNTIME_H
+    ::emu::fence_proxy_async();
+#elif defined(KC_WGMMA)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }

@@ -225,6 +225,8 @@ enum : uint8_t { READY, AT_WARP, AT_BLOCK, EXITED, TRAPPED };
 
 enum { CP_MAX = 128 }; /* cp.async copies queued per thread (fp32 attention tiles at d 128: 80) */
 enum { WG_MAX = 32 }; /* wgmma products queued per thread (the dq kernel at d 128: 20) */
+enum { PEND = 32 };   /* copies a thread's fence.proxy.async finds without a scan */
+enum { CHUNKS = SMEM_OPTIN / 16 };
 
 const size_t STACK_BYTES = 256 * 1024; /* per CUDA thread, plus a guard page */
 
@@ -266,6 +268,20 @@ struct Lane {
         bool acc;
     } wg[WG_MAX];
     unsigned nwg, wg_commits;
+    /* wgmma.fence (the fences of warpgroup products, below): the
+     * thread's stack from its last fence's frame up, as the fence left it
+     * (snap_lo .. + snap_len; snap, of snap_cap bytes, kept from block to
+     * block); fenced once it has had one */
+    unsigned char *snap;
+    size_t snap_cap, snap_len;
+    uintptr_t snap_lo;
+    bool fenced;
+    /* fence.proxy.async (the same): the 16-byte chunks of the dynamic
+     * shared memory its copies wrote since its last one, the first PEND of
+     * them (pend_all: more) */
+    uint16_t pend[PEND];
+    unsigned npend;
+    bool pend_all;
 };
 
 struct Job {
@@ -306,6 +322,12 @@ struct Runner {
     char hb_warp[32][32][2];
     char hb_done;
     char hb_trap; /* a trapping thread's message -> the runner */
+    /* which thread's cp.async wrote each 16-byte chunk of the dynamic
+     * shared memory with no fence.proxy.async of its own after it (its
+     * index + 1; 0: none), up to chunk proxy_hi (the fences of
+     * warpgroup products, below) */
+    uint16_t proxy[CHUNKS] = {};
+    unsigned proxy_hi = 0;
 #ifdef EMU_TSAN
     void *sched_fiber = nullptr;
 #endif
@@ -398,7 +420,9 @@ void resume(Runner *r, Lane *L)
 /* Writes a copy's 16 bytes: its source bytes, then zeros. Called in the
  * issuing thread's fiber, which TSan sees make the copy's accesses (here
  * memcpy and memset may be inlined, out of TSan's interceptors' sight). */
-void cp_write(const Lane::Copy &c)
+void proxy_mark(Lane *L, const unsigned char *dst);
+
+void cp_write(Lane *L, const Lane::Copy &c)
 {
     if (c.bytes)
         tsan_read(c.src, c.bytes);
@@ -406,6 +430,7 @@ void cp_write(const Lane::Copy &c)
     if (c.bytes)
         memcpy(c.dst, c.src, c.bytes);
     memset(c.dst + c.bytes, 0, 16 - c.bytes);
+    proxy_mark(L, c.dst);
 }
 
 /* Lands the lane's queued copies of groups <= upto, in the order issued
@@ -417,12 +442,123 @@ void cp_land(Lane *L, unsigned upto)
         const Lane::Copy &c = L->cp[i];
         if (c.group <= upto) {
             if (c.dst)
-                cp_write(c);
+                cp_write(L, c);
         } else {
             L->cp[keep++] = c;
         }
     }
     L->ncp = keep;
+}
+
+/* ---- the fences of warpgroup products ------------------------------------- *
+ *
+ * On a GPU, wgmma.mma_async reads its registers (A, and D) and its
+ * shared memory operands asynchronously, so two fences order what other
+ * instructions did before it (PTX ISA, "Asynchronous Warpgroup Level
+ * Matrix Instructions"); a missing one gives no error there, only, at
+ * times, a product of stale values. The emulation completes a product at
+ * its wait from what is there then, so it checks both at the issue:
+ *
+ * - wgmma.fence (kc_wgmma_fence): between another instruction's write
+ *   of a product's registers and the product, and before a thread's first
+ *   one. The fence keeps a copy of the thread's stack from its own frame
+ *   up (where the kernel's arrays of registers live, their addresses
+ *   having been given to the emulator); a product whose A or D bytes there
+ *   differ from the copy was given registers written since the fence, and
+ *   the block stops, saying so. (Completing a product at its wait updates
+ *   the copy: the emulator's write is the product's, not another
+ *   instruction's. A read since the fence, which the rule covers too, and
+ *   registers in a frame the fence did not see are not checked.)
+ * - fence.proxy.async (kc_fence_proxy_async): shared memory written by a
+ *   thread's generic stores is seen by the tensor cores only after that
+ *   thread's fence (then a barrier, for the other threads' products). Each
+ *   cp.async marks its 16 bytes with its thread when it lands; the thread's
+ *   fence clears its marks; a product (checked in lane 0 of each warp)
+ *   whose shared operand has a marked chunk stops the block, naming the
+ *   thread and the byte. Plain stores to shared memory are not seen.
+ *
+ * Copies and compares of a thread's stack here go through raw_copy and
+ * raw_same, which no sanitizer's interceptor sees: ASan's memcpy would
+ * find the kernels' poisoned redzones there, and TSan would take the
+ * runner's updates of a copy for a race with the thread. */
+__attribute__((optimize("no-tree-loop-distribute-patterns"))) void raw_copy(unsigned char *dst,
+                                                                             const unsigned char *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = src[i];
+}
+
+__attribute__((optimize("no-tree-loop-distribute-patterns"))) bool raw_same(const unsigned char *a,
+                                                                             const unsigned char *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i])
+            return false;
+    return true;
+}
+
+unsigned lane_index(const Lane *L)
+{
+    return (unsigned)(L - L->runner->lanes.data());
+}
+
+void proxy_mark(Lane *L, const unsigned char *dst)
+{
+    if (dst < smem || dst >= smem + SMEM_OPTIN)
+        return;
+    Runner *r = L->runner;
+    unsigned ch = (unsigned)((dst - smem) / 16);
+    r->proxy[ch] = (uint16_t)(lane_index(L) + 1);
+    r->proxy_hi = std::max(r->proxy_hi, ch + 1);
+    if (L->npend < PEND)
+        L->pend[L->npend++] = (uint16_t)ch;
+    else
+        L->pend_all = true;
+}
+
+/* A product's registers (`what`: "A" or "D", n bytes at p), at its issue:
+ * fenced since another instruction last wrote them. */
+void regs_fenced(Lane *L, const char *what, const void *p, size_t n)
+{
+    if (!L->fenced)
+        trap(cudaErrorIllegalInstruction,
+             "wgmma.mma_async with no wgmma.fence before it in this thread (kc_wgmma_fence: before its first "
+             "product, and after other instructions write a product's registers)");
+    uintptr_t a = (uintptr_t)p;
+    if (a < L->snap_lo || a + n > L->snap_lo + L->snap_len)
+        return; /* not in the frames the fence saw */
+    if (!raw_same(L->snap + (a - L->snap_lo), static_cast<const unsigned char *>(p), n))
+        trap(cudaErrorIllegalInstruction,
+             "wgmma.mma_async: its %s registers were written after the last wgmma.fence (kc_wgmma_fence must "
+             "come after other instructions write them)",
+             what);
+}
+
+/* A product's shared operand (`what`), at its issue: no chunk of it
+ * written by a cp.async without its thread's fence.proxy.async after it. */
+void operand_fenced(Lane *L, const char *what, const WgmmaB &o)
+{
+    Runner *r = L->runner;
+    if (o.b < smem || o.b >= smem + SMEM_OPTIN)
+        return; /* (the wait says where it is) */
+    size_t base = (size_t)(o.b - smem);
+    for (unsigned k = 0; k < 16; k++)
+        for (unsigned c = 0; c < o.n; c++) {
+            size_t ch = (base + wgmma_offset(o, k, c)) / 16;
+            if (ch < r->proxy_hi && r->proxy[ch])
+                trap(cudaErrorIllegalInstruction,
+                     "wgmma.mma_async reads %s at shared byte %zu, which thread %u's cp.async wrote with no "
+                     "fence.proxy.async after it in that thread (kc_fence_proxy_async, then a barrier)",
+                     what, 16 * ch, (unsigned)r->proxy[ch] - 1);
+        }
+}
+
+/* A completed product's D (n bytes at p) into its thread's copy. */
+void snap_update(Lane *L, const void *p, size_t n)
+{
+    uintptr_t a = (uintptr_t)p;
+    if (L->fenced && a >= L->snap_lo && a + n <= L->snap_lo + L->snap_len)
+        raw_copy(L->snap + (a - L->snap_lo), static_cast<const unsigned char *>(p), n);
 }
 
 void lane_main(void *arg)
@@ -801,6 +937,7 @@ bool do_wgmma_wait(Runner *r, Lane *w0, unsigned warp)
             for (unsigned j = 0; j < o.n / 8; j++)
                 for (unsigned e = 0; e < 4; e++)
                     d[4 * j + e] = D[(g + 8 * (e / 2)) * o.n + 8 * j + 2 * t + e % 2];
+            snap_update(&w0[m], d, o.n / 2 * sizeof *d);
         }
     }
     for (unsigned m = 0; m < 32; m++)
@@ -1002,6 +1139,8 @@ void run_block(Runner *r, Job *j, unsigned long long b)
     unsigned long long gx = d.grid.x, gy = d.grid.y;
     r->bid = uint3{(unsigned)(b % gx), (unsigned)(b / gx % gy), (unsigned)(b / (gx * gy))};
     fill_shared(r, d.smem);
+    memset(r->proxy, 0, r->proxy_hi * sizeof r->proxy[0]);
+    r->proxy_hi = 0;
     ensure_lanes(r, n);
     for (unsigned i = 0; i < n; i++) {
         Lane &L = r->lanes[i];
@@ -1020,6 +1159,9 @@ void run_block(Runner *r, Job *j, unsigned long long b)
         L.cp_commits = 0;
         L.nwg = 0;
         L.wg_commits = 0;
+        L.fenced = false;
+        L.npend = 0;
+        L.pend_all = false;
         ctx_make(&L.ctx, L.stack, STACK_BYTES, lane_main, &L);
     }
     r->nthreads = n;
@@ -1264,7 +1406,7 @@ void cp_async16(void *dst, const void *src, unsigned n)
     Lane::Copy c = {static_cast<unsigned char *>(dst), static_cast<const unsigned char *>(src),
                     n, L->cp_commits + 1};
     if (g_cp_early) { /* lands now, but stays queued (counted) until its wait */
-        cp_write(c);
+        cp_write(L, c);
         c.dst = nullptr;
     }
     L->cp[L->ncp++] = c;
@@ -1294,6 +1436,10 @@ void wgmma_rs(float *d, int n, const uint32_t *a, const void *b, unsigned lbo, u
     if (L->nwg == WG_MAX)
         trap(cudaErrorLaunchFailure, "more than %d wgmma products queued in one thread (wait for some)",
              (int)WG_MAX);
+    regs_fenced(L, "D", d, (size_t)n / 2 * sizeof *d);
+    regs_fenced(L, "A", a, 4 * sizeof *a);
+    if (L->t.lane == 0)
+        operand_fenced(L, "B", WgmmaB{static_cast<const unsigned char *>(b), (unsigned)n, lbo, sbo, trans});
     L->wg[L->nwg++] = Lane::Wg{d, a, nullptr, 0, 0, static_cast<const unsigned char *>(b), (unsigned)n, lbo, sbo,
                                L->wg_commits + 1, trans, bf16 ? ELEM_BF16 : ELEM_F16, acc};
 }
@@ -1308,9 +1454,51 @@ void wgmma_ss(float *d, int n, const void *a, unsigned albo, unsigned asbo, cons
     if (L->nwg == WG_MAX)
         trap(cudaErrorLaunchFailure, "more than %d wgmma products queued in one thread (wait for some)",
              (int)WG_MAX);
+    regs_fenced(L, "D", d, (size_t)n / 2 * sizeof *d);
+    if (L->t.lane == 0) {
+        operand_fenced(L, "A", WgmmaB{static_cast<const unsigned char *>(a), 64, albo, asbo, 0});
+        operand_fenced(L, "B", WgmmaB{static_cast<const unsigned char *>(b), (unsigned)n, lbo, sbo, trans});
+    }
     L->wg[L->nwg++] = Lane::Wg{d, nullptr, static_cast<const unsigned char *>(a), albo, asbo,
                                static_cast<const unsigned char *>(b), (unsigned)n, lbo, sbo,
                                L->wg_commits + 1, trans, bf16 ? ELEM_BF16 : ELEM_F16, acc};
+}
+
+void wgmma_fence()
+{
+    Lane *L = current();
+    unsigned char here = 0;
+    uintptr_t lo = (uintptr_t)&here & ~(uintptr_t)63, hi = (uintptr_t)(L->stack + STACK_BYTES);
+    size_t len = hi - lo;
+    if (len > L->snap_cap) {
+        free(L->snap);
+        L->snap = static_cast<unsigned char *>(malloc(len));
+        if (!L->snap) {
+            diag("out of host memory for wgmma.fence's copy of a thread's registers");
+            abort();
+        }
+        L->snap_cap = len;
+    }
+    raw_copy(L->snap, reinterpret_cast<const unsigned char *>(lo), len);
+    L->snap_lo = lo;
+    L->snap_len = len;
+    L->fenced = true;
+}
+
+void fence_proxy_async()
+{
+    Lane *L = current();
+    Runner *r = L->runner;
+    uint16_t me = (uint16_t)(lane_index(L) + 1);
+    for (unsigned i = 0; i < L->npend; i++)
+        if (r->proxy[L->pend[i]] == me)
+            r->proxy[L->pend[i]] = 0;
+    if (L->pend_all)
+        for (unsigned ch = 0; ch < r->proxy_hi; ch++)
+            if (r->proxy[ch] == me)
+                r->proxy[ch] = 0;
+    L->npend = 0;
+    L->pend_all = false;
 }
 
 void wgmma_commit()

@@ -916,6 +916,86 @@ static void t_wgmma_divergent()
     expect_fault(cudaErrorIllegalInstruction);
 }
 
+/* The fences a product needs (exec.cpp, "the fences of warpgroup
+ * products"): B's 2048 bytes come into shared memory by cp.async (each of
+ * the 128 threads one 16-byte chunk of src), then the product. how 0: as
+ * the kernels do it (the copies waited for, fence.proxy.async, a barrier,
+ * wgmma.fence, the product); 1: no wgmma.fence; 2: D written after the
+ * fence; 3: A written after it; 4: no fence.proxy.async; 5: the
+ * fence.proxy.async before the wait, so before the copy has landed
+ * (EMU_CP_ASYNC=late: with the copies landing as issued it would be after
+ * them). Each but 0 stops the kernel at the product. */
+__global__ void k_wgmma_fences(float *out, const unsigned char *src, int how)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    float d[4][4] = {};
+    uint32_t ra[4] = {0x3f803f80u, 0, 0, 0};
+    unsigned tid = threadIdx.x;
+    kc_cp_async16(smem + 16 * tid, src + 16 * tid, true);
+    kc_cp_async_commit();
+    if (how == 5)
+        kc_fence_proxy_async();
+    kc_cp_async_wait<0>();
+    if (how != 4 && how != 5)
+        kc_fence_proxy_async();
+    __syncthreads();
+    if (how != 1)
+        kc_wgmma_fence();
+    if (how == 2)
+        d[1][2] = 1.0f;
+    if (how == 3)
+        ra[2] = 0x3f80u;
+    kc_wgmma<bf16, 32, 0>(d, ra, smem, 1024, 128, 1);
+    kc_wgmma_commit();
+    kc_wgmma_wait<0>();
+    out[tid] = d[0][0];
+}
+
+static void wgmma_fences(int how)
+{
+    unsigned char *src = dalloc<unsigned char>(2048);
+    CHECK(cudaMemset(src, 0, 2048) == cudaSuccess);
+    float *out = dalloc<float>(128);
+    k_wgmma_fences<<<1, 128, 2048>>>(out, src, how);
+    if (how == 0) {
+        float h[128];
+        CHECK(cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost) == cudaSuccess);
+        CHECK(h[0] == 0.0f); /* (B is zeros) */
+    } else {
+        expect_fault(cudaErrorIllegalInstruction);
+    }
+}
+
+static void t_wgmma_fenced()
+{
+    wgmma_fences(0);
+}
+
+static void t_wgmma_no_fence()
+{
+    wgmma_fences(1);
+}
+
+static void t_wgmma_d_written_after_fence()
+{
+    wgmma_fences(2);
+}
+
+static void t_wgmma_a_written_after_fence()
+{
+    wgmma_fences(3);
+}
+
+static void t_wgmma_no_proxy_fence()
+{
+    wgmma_fences(4);
+}
+
+static void t_wgmma_proxy_fence_before_the_copy()
+{
+    wgmma_fences(5);
+}
+
 /* Dynamic shared memory past the launch's bytes, where a GPU has none for
  * the block: writes all of its 1024 bytes (fill), or reads byte 512 of a
  * launch of 256 (look): 0xff, not what the launch before wrote there;
@@ -1802,6 +1882,12 @@ static const Case cases[] = {
     {"wgmma_past_dynamic_shared_memory", t_wgmma_past_dynamic, 0, 0, 0},
     {"wgmma_not_waited", t_wgmma_not_waited, 0, 0, 0},
     {"wgmma_divergent", t_wgmma_divergent, 0, 0, 0},
+    {"wgmma_fenced", t_wgmma_fenced, 0, 0, 0},
+    {"wgmma_no_fence", t_wgmma_no_fence, 0, 0, 0},
+    {"wgmma_d_written_after_fence", t_wgmma_d_written_after_fence, 0, 0, 0},
+    {"wgmma_a_written_after_fence", t_wgmma_a_written_after_fence, 0, 0, 0},
+    {"wgmma_no_proxy_fence", t_wgmma_no_proxy_fence, 0, 0, 0},
+    {"wgmma_proxy_fence_before_the_copy", t_wgmma_proxy_fence_before_the_copy, 0, 0, MODE_CP_LATE},
     {"shared_memory_past_the_launchs_bytes", t_smem_past_dynamic, 0, 0, 0},
     {"cp_async", t_cp_async, 0, 0, MODE_CP_LATE},
     {"cp_async_early", t_cp_async_early, 0, 0, MODE_CP_EARLY},

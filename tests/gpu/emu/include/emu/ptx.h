@@ -166,9 +166,12 @@ void cp_async_wait(int n);
  * (N, b, lbo, sbo, trans, type), the block has the warpgroup's 128
  * threads, b 16-byte aligned and every element in shared memory, lbo and
  * sbo multiples of 16 below 2^18 (the descriptor's encoding); a thread
- * that exits with products not waited for traps. wgmma.fence and
- * fence.proxy.async order nothing here (kc_wgmma_fence,
- * kc_fence_proxy_async): a missing one is not caught. */
+ * that exits with products not waited for traps. Checked at the issue
+ * (exec.cpp, "the fences of warpgroup products"): a wgmma.fence
+ * (wgmma_fence) since another instruction wrote the product's A or D
+ * registers, and before the thread's first product; and in the shared
+ * operands no bytes a cp.async wrote without its thread's
+ * fence.proxy.async (fence_proxy_async) after it. */
 void wgmma_rs(float *d, int n, const uint32_t *a, const void *b, unsigned lbo, unsigned sbo, int trans,
               bool bf16, bool acc);
 /* The same with A [64 x 16] in shared memory, K-major: (m, k) at
@@ -177,6 +180,8 @@ void wgmma_rs(float *d, int n, const uint32_t *a, const void *b, unsigned lbo, u
 void wgmma_ss(float *d, int n, const void *a, unsigned albo, unsigned asbo, const void *b, unsigned lbo,
               unsigned sbo, int trans, bool bf16, bool acc);
 void wgmma_commit();
+void wgmma_fence();
+void fence_proxy_async();
 
 /* The B operands (WgmmaB, emu/device.h) of the calling thread's products
  * that wgmma_wait(n) completes (at most max, their number returned). */
