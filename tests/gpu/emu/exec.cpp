@@ -481,18 +481,25 @@ void cp_land(Lane *L, unsigned upto)
  * raw_same, which no sanitizer's interceptor sees: ASan's memcpy would
  * find the kernels' poisoned redzones there, and TSan would take the
  * runner's updates of a copy for a race with the thread. */
-__attribute__((optimize("no-tree-loop-distribute-patterns"))) void raw_copy(unsigned char *dst,
-                                                                             const unsigned char *src, size_t n)
+void raw_copy(unsigned char *dst, const unsigned char *src, size_t n)
 {
+    if (((uintptr_t)dst | (uintptr_t)src | n) % 8 == 0) { /* (a fence's copy: in words) */
+        const volatile uint64_t *s = reinterpret_cast<const uint64_t *>(src); /* (volatile: never memcpy) */
+        uint64_t *d = reinterpret_cast<uint64_t *>(dst);
+        for (size_t i = 0; i < n / 8; i++)
+            d[i] = s[i];
+        return;
+    }
+    const volatile unsigned char *s = src;
     for (size_t i = 0; i < n; i++)
-        dst[i] = src[i];
+        dst[i] = s[i];
 }
 
-__attribute__((optimize("no-tree-loop-distribute-patterns"))) bool raw_same(const unsigned char *a,
-                                                                             const unsigned char *b, size_t n)
+bool raw_same(const unsigned char *a, const unsigned char *b, size_t n)
 {
+    const volatile unsigned char *x = a, *y = b;
     for (size_t i = 0; i < n; i++)
-        if (a[i] != b[i])
+        if (x[i] != y[i])
             return false;
     return true;
 }
@@ -1297,6 +1304,8 @@ namespace {
  * they faulted: then their threads never ended, and what they point at
  * (the arguments) must stay. A device stopped at an earlier fault runs
  * nothing. */
+std::string g_last_failure; /* last_failure()'s, under g_launch_mutex */
+
 bool run_launch(const LaunchDesc &d, int device, bool doomed)
 {
     std::lock_guard<std::mutex> lk(g_launch_mutex);
@@ -1327,6 +1336,7 @@ bool run_launch(const LaunchDesc &d, int device, bool doomed)
         j.cv.wait(jl, [&j] { return j.pending == 0; });
     }
     if (j.trapped) {
+        g_last_failure = j.msg;
         set_sticky(j.err, device);
         diag("kernel %s (%s:%d) failed: %s [%s]", d.name, d.file, d.line, j.msg.c_str(),
              cudaGetErrorName(j.err));
@@ -1334,6 +1344,12 @@ bool run_launch(const LaunchDesc &d, int device, bool doomed)
     return !j.trapped;
 }
 } /* namespace */
+
+const char *last_failure()
+{
+    std::lock_guard<std::mutex> lk(g_launch_mutex);
+    return g_last_failure.c_str();
+}
 
 void launch(const LaunchDesc &d, void (*drop)(const void *state))
 {

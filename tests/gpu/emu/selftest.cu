@@ -25,7 +25,7 @@
 #include <math.h>     /* tanhf */
 #include <stdio.h>    /* printf */
 #include <stdlib.h>   /* exit */
-#include <string.h>   /* strcmp, memcmp */
+#include <string.h>   /* strcmp, memcmp, strstr */
 #include <sys/wait.h> /* waitpid */
 #include <unistd.h>   /* fork, execv */
 
@@ -951,7 +951,9 @@ __global__ void k_wgmma_fences(float *out, const unsigned char *src, int how)
     out[tid] = d[0][0];
 }
 
-static void wgmma_fences(int how)
+/* ... and the emulator's message must name the mistake (`why`), not
+ * another one (a case only the emulation runs). */
+static void wgmma_fences(int how, const char *why)
 {
     unsigned char *src = dalloc<unsigned char>(2048);
     CHECK(cudaMemset(src, 0, 2048) == cudaSuccess);
@@ -961,39 +963,46 @@ static void wgmma_fences(int how)
         float h[128];
         CHECK(cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost) == cudaSuccess);
         CHECK(h[0] == 0.0f); /* (B is zeros) */
-    } else {
-        expect_fault(cudaErrorIllegalInstruction);
+        return;
     }
+    expect_fault(cudaErrorIllegalInstruction);
+#ifdef EMU_CUDA_RUNTIME_H
+    if (!strstr(emu::last_failure(), why))
+        fprintf(stderr, "# the kernel stopped for another reason than \"%s\": %s\n", why, emu::last_failure());
+    CHECK(strstr(emu::last_failure(), why) != nullptr);
+#else
+    (void)why;
+#endif
 }
 
 static void t_wgmma_fenced()
 {
-    wgmma_fences(0);
+    wgmma_fences(0, "");
 }
 
 static void t_wgmma_no_fence()
 {
-    wgmma_fences(1);
+    wgmma_fences(1, "with no wgmma.fence before it");
 }
 
 static void t_wgmma_d_written_after_fence()
 {
-    wgmma_fences(2);
+    wgmma_fences(2, "its D registers were written after the last wgmma.fence");
 }
 
 static void t_wgmma_a_written_after_fence()
 {
-    wgmma_fences(3);
+    wgmma_fences(3, "its A registers were written after the last wgmma.fence");
 }
 
 static void t_wgmma_no_proxy_fence()
 {
-    wgmma_fences(4);
+    wgmma_fences(4, "reads B at shared byte 0, which thread 0's cp.async wrote with no fence.proxy.async");
 }
 
 static void t_wgmma_proxy_fence_before_the_copy()
 {
-    wgmma_fences(5);
+    wgmma_fences(5, "reads B at shared byte 0, which thread 0's cp.async wrote with no fence.proxy.async");
 }
 
 /* Dynamic shared memory past the launch's bytes, where a GPU has none for

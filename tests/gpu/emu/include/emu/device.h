@@ -135,6 +135,10 @@ void syncthreads();
 [[noreturn]] void trap(cudaError_t err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* The message of the last kernel that stopped (a trap, or a check the
+ * emulator made; "" before any): for the self-tests, which check why. */
+const char *last_failure();
+
 template <class T>
 inline T shfl(int kind, unsigned mask, T var, int arg, int width)
 {
